@@ -1,0 +1,13 @@
+"""Backends: one module per provider, each registering itself with ``@register``.
+
+Modules here must import cheaply: optional libraries (AITER, FlashMLA) are probed lazily through
+:mod:`mlabench.extras` when a backend is asked whether it is available.
+"""
+
+from mlabench.backends import aiter as _aiter  # noqa: F401
+from mlabench.backends import flashmla as _flashmla  # noqa: F401
+from mlabench.backends import reference as _reference  # noqa: F401
+from mlabench.backends import triton as _triton  # noqa: F401
+from mlabench.backends.registry import available_backends, backend_names, get_backend, register
+
+__all__ = ["available_backends", "backend_names", "get_backend", "register"]

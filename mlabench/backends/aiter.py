@@ -1,0 +1,1 @@
+"""aiter backends (being written)."""

@@ -1,0 +1,115 @@
+"""The backend contract: every provider answers for itself; nothing else branches on its name.
+
+A backend says whether it can run here (:meth:`Backend.available`), which shapes it takes
+(:meth:`Backend.supports`), which parameters it has (:attr:`Backend.params`) and builds a
+zero-argument callable for ``(inputs, params)`` (:meth:`Backend.prepare`).  Setup happens in
+``prepare`` and is never timed; the timer only calls ``PreparedCall.fn``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from mlabench.errors import ConfigError
+from mlabench.inputs import MLADecodeInputs
+from mlabench.shapes import MLADecodeShape
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter of a backend.
+
+    ``kind`` is ``int`` or ``str``; ``choices`` lists the allowed strings; ``low``/``high`` bound
+    integers (inclusive).  ``default`` may be a callable ``shape -> value``.
+    """
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    choices: tuple[str, ...] = ()
+    low: int | None = None
+    high: int | None = None
+
+    def default_for(self, shape: MLADecodeShape) -> Any:
+        return self.default(shape) if callable(self.default) else self.default
+
+    def validate(self, value: Any) -> Any:
+        """Coerce and check ``value``; raises :class:`ConfigError` with one clear line."""
+        if self.kind is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                try:
+                    value = int(str(value))
+                except ValueError:
+                    raise ConfigError(f"{self.name} must be an integer, got {value!r}") from None
+            if self.low is not None and value < self.low:
+                raise ConfigError(f"{self.name} must be >= {self.low}, got {value}")
+            if self.high is not None and value > self.high:
+                raise ConfigError(f"{self.name} must be <= {self.high}, got {value}")
+            return value
+        value = str(value)
+        if self.choices and value not in self.choices:
+            raise ConfigError(f"{self.name} must be one of {', '.join(self.choices)}, got {value!r}")
+        return value
+
+
+@dataclass
+class PreparedCall:
+    """A ready-to-time decode call.
+
+    - ``fn``: runs the whole decode (every kernel, padding copies included) and returns the output
+      ``[B, H, 512]``; it takes no arguments and allocates nothing when ``graph_safe``.
+    - ``out``: the buffer ``fn`` writes (already poisoned with NaN by ``prepare``).
+    - ``effective_params``: what actually runs (e.g. the split count a library picked).
+    - ``setup_us``: untimed setup steps (e.g. scheduling metadata) and their wall time, µs.
+    - ``workspace_bytes``: bytes of intermediate buffers (split partials) the call writes and reads.
+    - ``graph_safe``: whether ``fn`` may be captured into a CUDA/HIP graph.
+    """
+
+    fn: Callable[[], torch.Tensor]
+    out: torch.Tensor
+    effective_params: dict[str, Any] = field(default_factory=dict)
+    setup_us: dict[str, float] = field(default_factory=dict)
+    workspace_bytes: int = 0
+    graph_safe: bool = True
+
+
+class Backend(ABC):
+    """Base class of every MLA decode backend; subclasses register with ``@register``."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    params: ClassVar[tuple[ParamSpec, ...]] = ()
+    #: True for backends that are themselves the correctness oracle (not checked against it).
+    is_reference: ClassVar[bool] = False
+
+    @abstractmethod
+    def available(self) -> tuple[bool, str]:
+        """``(True, "")`` when it can run here, else ``(False, reason)`` naming what is missing."""
+
+    def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
+        """``(True, "")`` when ``shape`` can run, else ``(False, reason)``."""
+        return True, ""
+
+    @abstractmethod
+    def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
+        """Build the call for ``inputs`` with validated ``params`` (see :meth:`resolve_params`)."""
+
+    # ---- parameters ------------------------------------------------------------------------------
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    def resolve_params(self, shape: MLADecodeShape, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Fill defaults and validate; unknown names raise :class:`ConfigError`."""
+        params = dict(params or {})
+        unknown = sorted(set(params) - set(self.param_names()))
+        if unknown:
+            known = ", ".join(self.param_names()) or "none"
+            raise ConfigError(f"{self.name}: unknown parameter {unknown[0]!r} (known: {known})")
+        return {p.name: p.validate(params[p.name]) if p.name in params else p.default_for(shape)
+                for p in self.params}

@@ -1,0 +1,1 @@
+"""flashmla backends (being written)."""

@@ -1,0 +1,88 @@
+"""Backends computed with plain PyTorch: the fp32 oracle and a portable split-KV implementation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mlabench.backends.base import Backend, ParamSpec, PreparedCall
+from mlabench.backends.registry import register
+from mlabench.inputs import MLADecodeInputs
+from mlabench.kernels.reference import mla_decode_reference
+from mlabench.kernels.splitkv_torch import mla_decode_splitkv_torch, splitkv_torch_elements
+from mlabench.shapes import MLADecodeShape
+
+MAX_KV_SPLITS = 512
+
+#: The split-count parameter shared by every split-KV backend.
+NUM_KV_SPLITS = ParamSpec(
+    "num_kv_splits", int, default=lambda s: default_num_kv_splits(s),
+    help="KV splits per request (1-512); the split-KV (flash-decoding) grid's second axis",
+    low=1, high=MAX_KV_SPLITS,
+)
+
+
+def default_num_kv_splits(shape: MLADecodeShape, num_sms: int = 132) -> int:
+    """vLLM's Triton MLA heuristic: ``min(next_pow2(max_len // 512), 2 * num_SMs)``, at least 1.
+
+    Source: vLLM ``triton_mla.py`` (facts file §3).  A baseline, not a tuned choice.
+    """
+    want = max(1, shape.max_context_len // 512)
+    pow2 = 1 << (want - 1).bit_length()
+    return max(1, min(pow2, 2 * num_sms, MAX_KV_SPLITS))
+
+
+@register
+class ReferenceBackend(Backend):
+    """fp32 PyTorch attention over gathered pages; the oracle every other backend is checked against."""
+
+    name = "reference"
+    summary = "fp32 PyTorch attention over gathered pages (the correctness oracle)"
+    is_reference = True
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
+        s = inputs.shape
+        lens = list(s.context_lens)
+        out = torch.full((s.batch, s.num_heads, s.v_head_dim), float("nan"), device=inputs.device)
+
+        def fn() -> torch.Tensor:
+            o, _ = mla_decode_reference(inputs.q, inputs.kv_cache, inputs.block_table, lens, s.scale,
+                                        s.kv_lora_rank)
+            return out.copy_(o)
+
+        return PreparedCall(fn=fn, out=out, graph_safe=False)
+
+
+@register
+class TorchSplitKVBackend(Backend):
+    """The two-stage split-KV algorithm in vectorised PyTorch: runs anywhere, small shapes only."""
+
+    name = "torch-splitkv"
+    summary = "split-KV (flash-decoding) in plain PyTorch; portable, small shapes"
+    params = (NUM_KV_SPLITS,)
+    max_elements = 1 << 27
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
+        n = splitkv_torch_elements(shape.batch, shape.num_heads, shape.max_context_len, MAX_KV_SPLITS)
+        if n > self.max_elements:
+            return False, f"too large for the PyTorch split-KV ({n:.2e} > {self.max_elements:.2e} elements)"
+        return True, ""
+
+    def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
+        s = inputs.shape
+        splits = params["num_kv_splits"]
+        out = inputs.new_output()
+
+        def fn() -> torch.Tensor:
+            return mla_decode_splitkv_torch(inputs.q, inputs.kv_cache, inputs.block_table,
+                                            inputs.cache_seqlens, splits, s.scale, out=out)
+
+        return PreparedCall(fn=fn, out=out, effective_params={"num_kv_splits": splits},
+                            workspace_bytes=2 * s.batch * splits * s.num_heads * (s.v_head_dim * 4 + 4))

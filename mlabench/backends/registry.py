@@ -1,0 +1,48 @@
+"""One registry, one decorator: ``@register`` adds a backend class under its ``name``.
+
+A duplicate name is an error at import time; an unknown name raises :class:`UnknownBackendError`
+listing the known ones.
+"""
+
+from __future__ import annotations
+
+from mlabench.backends.base import Backend
+from mlabench.errors import UnknownBackendError
+
+_REGISTRY: dict[str, type[Backend]] = {}
+_INSTANCES: dict[str, Backend] = {}
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    """Class decorator; raises ValueError if ``cls.name`` is already registered."""
+    name = cls.name
+    if name in _REGISTRY:
+        raise ValueError(f"backend {name!r} registered twice ({_REGISTRY[name].__module__}, {cls.__module__})")
+    _REGISTRY[name] = cls
+    return cls
+
+
+def backend_names() -> list[str]:
+    """Registered names in registration order."""
+    _load_builtin()
+    return list(_REGISTRY)
+
+
+def get_backend(name: str) -> Backend:
+    """The (cached) instance of backend ``name``; :class:`UnknownBackendError` if none."""
+    _load_builtin()
+    if name not in _REGISTRY:
+        raise UnknownBackendError(f"unknown backend {name!r}; known: {', '.join(_REGISTRY)}")
+    if name not in _INSTANCES:
+        _INSTANCES[name] = _REGISTRY[name]()
+    return _INSTANCES[name]
+
+
+def available_backends() -> list[Backend]:
+    """Instances of every backend that can run here."""
+    return [b for b in (get_backend(n) for n in backend_names()) if b.available()[0]]
+
+
+def _load_builtin() -> None:
+    # Importing the package registers the built-in backends (each module decorates its classes).
+    import mlabench.backends  # noqa: F401

@@ -1,0 +1,115 @@
+"""Random paged MLA decode inputs: q, latent cache with a permuted block table, context lengths.
+
+The cache is never zeros (random normal, scaled so scores are O(1)), pages are assigned to requests
+through a random permutation so that kernels which ignore the block table fail the check, and the
+slots past each request's length in its last page hold random values too (a kernel that reads them
+is wrong).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mlabench.device import DeviceInfo, current_device, free_memory_bytes
+from mlabench.errors import OutOfMemoryError
+from mlabench.shapes import MLADecodeShape
+
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"bfloat16"`` -> ``torch.bfloat16`` (and float16, float32)."""
+    return _TORCH_DTYPES[name]
+
+
+@dataclass
+class MLADecodeInputs:
+    """Tensors of one decode step on one device.
+
+    - ``q``: ``[B, H, 576]`` in ``shape.q_dtype``
+    - ``kv_cache``: ``[num_pages, page_size, 1, 576]`` in ``shape.kv_dtype``
+    - ``block_table``: ``[B, max_pages]`` int32; entries past a request's pages are 0 (a valid page)
+    - ``cache_seqlens``: ``[B]`` int32, the context lengths
+    """
+
+    shape: MLADecodeShape
+    q: torch.Tensor
+    kv_cache: torch.Tensor
+    block_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    def new_output(self, num_heads: int | None = None, poison: bool = True) -> torch.Tensor:
+        """An output buffer ``[B, H, 512]`` in ``q_dtype``, filled with NaN when ``poison``."""
+        s = self.shape
+        out = torch.empty(
+            (s.batch, num_heads or s.num_heads, s.v_head_dim), dtype=self.q.dtype, device=self.device
+        )
+        if poison:
+            out.fill_(float("nan"))
+        return out
+
+
+def input_bytes(shape: MLADecodeShape) -> int:
+    """Bytes :func:`make_inputs` allocates for ``shape`` (cache, q, block table, lengths)."""
+    max_pages = max(shape.pages_per_request)
+    return shape.kv_cache_bytes + shape.q_bytes + 4 * shape.batch * (max_pages + 1)
+
+
+def check_fits(shape: MLADecodeShape, copies: int = 1, device: DeviceInfo | None = None,
+               extra_bytes: int = 0, headroom: float = 0.9) -> None:
+    """Raise :class:`OutOfMemoryError` unless ``copies`` input sets fit in free memory.
+
+    Checked before any allocation; ``headroom`` keeps 10% free for workspaces and outputs.
+    """
+    device = device or current_device()
+    need = copies * input_bytes(shape) + extra_bytes
+    free = free_memory_bytes(device)
+    if need > headroom * free:
+        raise OutOfMemoryError(
+            f"{shape.label()}: needs {need / 2**30:.1f} GiB ({copies} input copies), "
+            f"{free / 2**30:.1f} GiB free on {device.name}"
+        )
+
+
+def make_inputs(shape: MLADecodeShape, device: str | torch.device | None = None,
+                seed: int = 0) -> MLADecodeInputs:
+    """Random inputs for ``shape`` on ``device`` (default: the current device).
+
+    Raises :class:`OutOfMemoryError` before allocating when the cache would not fit.
+    """
+    info = current_device()
+    dev = torch.device(device or info.torch_device)
+    check_fits(shape, device=info if dev.type != "cpu" else _cpu_info())
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    s = shape
+    # Scores q.k ~ N(0, 576) * scale: unit-variance q and k give O(1) logits after the 576**-0.5
+    # scale, so softmax is neither one-hot nor flat.  Drawn on the device, in the target dtype,
+    # so a multi-GB cache needs no fp32 or host copy.
+    q = torch.randn((s.batch, s.num_heads, s.head_dim_qk), generator=gen, device=dev,
+                    dtype=torch_dtype(s.q_dtype))
+    kv = torch.randn((s.num_pages, s.page_size, 1, s.head_dim_qk), generator=gen, device=dev,
+                     dtype=torch_dtype(s.kv_dtype))
+    perm = torch.randperm(s.num_pages, generator=gen, device=dev).to(torch.int32)
+    max_pages = max(s.pages_per_request)
+    block_table = torch.zeros((s.batch, max_pages), dtype=torch.int32, device=dev)
+    start = 0
+    for i, n in enumerate(s.pages_per_request):
+        block_table[i, :n] = perm[start:start + n]
+        start += n
+    return MLADecodeInputs(
+        shape=s,
+        q=q,
+        kv_cache=kv,
+        block_table=block_table,
+        cache_seqlens=torch.tensor(s.context_lens, dtype=torch.int32, device=dev),
+    )
+
+
+def _cpu_info() -> DeviceInfo:
+    return DeviceInfo("cpu", "cpu", "cpu", 1, 0, "cpu", 0)

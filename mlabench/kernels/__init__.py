@@ -1,0 +1,1 @@
+"""The project's own kernels: pure functions on tensors, with no registry knowledge."""

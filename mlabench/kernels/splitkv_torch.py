@@ -1,0 +1,58 @@
+"""Split-KV (flash-decoding) MLA decode in plain PyTorch: the algorithm, not a fast kernel.
+
+Stage 1: each request's KV is cut into ``num_kv_splits`` contiguous splits of
+``ceil(L / num_kv_splits)`` tokens (the last ones may be short or empty); each split yields a
+partial output and its log-sum-exp.  Stage 2: partials merge with weights ``exp(lse_s - lse)``.
+Empty splits carry ``lse = -inf`` and weight 0.  (Flash-decoding: Dao et al., 2023.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def splitkv_torch_elements(batch: int, heads: int, max_len: int, splits: int) -> int:
+    """Largest intermediate this implementation builds, in elements (``B*H*L*S``)."""
+    return batch * heads * max_len * min(splits, max_len)
+
+
+def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                             cache_seqlens: torch.Tensor, num_kv_splits: int, softmax_scale: float,
+                             out: torch.Tensor | None = None,
+                             kv_lora_rank: int = 512) -> torch.Tensor:
+    """Decode ``q`` ``[B, H, 576]`` against the paged cache with ``num_kv_splits`` splits.
+
+    ``kv_cache`` ``[P, page, 1, 576]``, ``block_table`` ``[B, max_pages]`` int32,
+    ``cache_seqlens`` ``[B]`` int32 (each >= 1).  Returns ``out`` ``[B, H, kv_lora_rank]`` in
+    q's dtype.  Computes in float32.  Raises ValueError if ``num_kv_splits < 1``.
+    """
+    if num_kv_splits < 1:
+        raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
+    batch, heads, _ = q.shape
+    page = kv_cache.shape[1]
+    max_pages = block_table.shape[1]
+    lens = cache_seqlens.long()
+    kv = kv_cache[block_table.long()].reshape(batch, max_pages * page, -1).float()  # [B, Lp, 576]
+    pos = torch.arange(kv.shape[1], device=q.device)
+    valid = pos[None, :] < lens[:, None]  # [B, Lp]
+    split_len = (lens + num_kv_splits - 1) // num_kv_splits  # [B]
+    split_id = torch.where(valid, pos[None, :] // split_len[:, None], num_kv_splits)  # [B, Lp]
+    scores = torch.einsum("bhd,btd->bht", q.float(), kv) * softmax_scale
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    # Stage 1: per-split max, exp-sum and weighted V.
+    onehot = torch.nn.functional.one_hot(split_id, num_kv_splits + 1)[..., :num_kv_splits].float()
+    masked = scores[..., None] + torch.where(onehot > 0, 0.0, float("-inf"))[:, None]  # [B,H,Lp,S]
+    m = masked.amax(dim=2)  # [B, H, S]
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(masked - m_safe[:, :, None, :])  # zero outside the split
+    denom = p.sum(dim=2)  # [B, H, S]
+    partial = torch.einsum("bhts,btd->bhsd", p, kv[..., :kv_lora_rank])
+    partial = partial / denom.clamp_min(1e-30)[..., None]
+    lse = torch.where(denom > 0, m_safe + torch.log(denom.clamp_min(1e-30)), float("-inf"))
+    # Stage 2: merge.
+    lse_max = lse.amax(dim=2, keepdim=True)
+    w = torch.exp(lse - lse_max)  # empty splits -> 0
+    merged = (w[..., None] * partial).sum(dim=2) / w.sum(dim=2)[..., None]
+    if out is None:
+        out = torch.empty((batch, heads, kv_lora_rank), dtype=q.dtype, device=q.device)
+    return out.copy_(merged)

@@ -1,0 +1,321 @@
+"""MLA decode shapes, model presets, tensor-parallel head counts and Hugging Face config reading.
+
+Absorbed-MLA decode (DeepSeek-V2/V3, Kimi K2/K3): the query of each head is ``kv_lora_rank +
+qk_rope_head_dim`` wide (512 + 64 = 576), there is one latent KV head shared by all query heads,
+K is all 576 columns of the latent cache and V its first ``kv_lora_rank`` columns.
+
+Tensor shapes (B = batch, H = local heads, qo_len = 1):
+
+- q: ``[B, H, 576]``, ``q_dtype``
+- kv_cache: ``[num_pages, page_size, 1, 576]``, ``kv_dtype``
+- block_table: ``[B, max_pages_per_request]`` int32; cache_seqlens: ``[B]`` int32
+- out: ``[B, H, 512]``, ``q_dtype``
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tomllib
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mlabench.errors import ConfigError, ShapeError, UnknownModelError
+
+SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
+SUPPORTED_PAGE_SIZES = (1, 16, 64)
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def configs_dir() -> Path:
+    """Folder holding ``models/``, ``sweeps/`` and ``serve/``: ``$MLABENCH_CONFIGS`` or the repo's ``configs/``."""
+    env = os.environ.get("MLABENCH_CONFIGS")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "configs"
+
+
+class MLADecodeShape(BaseModel):
+    """One MLA decode step: the problem every backend solves.
+
+    Attributes are validated on construction; bad values raise :class:`ShapeError`.
+    ``context_lens`` holds one KV length per request (ragged batches allowed), so
+    ``batch == len(context_lens)``.  ``softmax_scale`` defaults to ``576 ** -0.5``
+    (the kernels' default when no model is named; facts file §1).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_heads: int = Field(description="Local query heads on one GPU (model heads / TP).")
+    context_lens: tuple[int, ...] = Field(description="KV length of each request, tokens.")
+    qo_len: int = Field(1, description="Query tokens per request; 1 for plain decode.")
+    kv_lora_rank: int = Field(512, description="Latent width; also the value (output) dim.")
+    qk_rope_head_dim: int = Field(64, description="Decoupled RoPE width appended to the latent.")
+    page_size: int = Field(64, description="Tokens per KV-cache page.")
+    q_dtype: str = Field("bfloat16", description="Query and output dtype.")
+    kv_dtype: str = Field("bfloat16", description="Latent cache dtype.")
+    softmax_scale: float | None = Field(None, description="Score scale; None means 576**-0.5.")
+
+    @field_validator("num_heads")
+    @classmethod
+    def _heads_positive(cls, v: int) -> int:
+        if v <= 0:
+            raise ValueError(f"num_heads must be > 0, got {v}")
+        return v
+
+    @field_validator("context_lens")
+    @classmethod
+    def _contexts_positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v:
+            raise ValueError("context_lens must name at least one request")
+        bad = [c for c in v if c <= 0]
+        if bad:
+            raise ValueError(f"context length must be > 0, got {bad[0]}")
+        return v
+
+    @field_validator("qo_len")
+    @classmethod
+    def _qo_len_one(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError(f"only qo_len 1 (plain decode) is supported, got {v}")
+        return v
+
+    @field_validator("page_size")
+    @classmethod
+    def _page_size(cls, v: int) -> int:
+        if v not in SUPPORTED_PAGE_SIZES:
+            raise ValueError(f"page_size must be one of {SUPPORTED_PAGE_SIZES}, got {v}")
+        return v
+
+    @field_validator("q_dtype", "kv_dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        if v not in SUPPORTED_DTYPES:
+            raise ValueError(f"dtype must be one of {SUPPORTED_DTYPES}, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _dims(self) -> MLADecodeShape:
+        if self.kv_lora_rank <= 0 or self.qk_rope_head_dim < 0:
+            raise ValueError("kv_lora_rank must be > 0 and qk_rope_head_dim >= 0")
+        return self
+
+    @classmethod
+    def create(cls, **kwargs: Any) -> MLADecodeShape:
+        """Build a shape, turning validation failures into one-line :class:`ShapeError`."""
+        try:
+            return cls(**kwargs)
+        except ValidationError as exc:
+            raise ShapeError(_first_error(exc)) from None
+
+    @classmethod
+    def uniform(cls, batch: int, context_len: int, num_heads: int, **kwargs: Any) -> MLADecodeShape:
+        """``batch`` requests of the same ``context_len``; raises :class:`ShapeError` on bad values."""
+        if batch <= 0:
+            raise ShapeError(f"batch must be > 0, got {batch}")
+        return cls.create(num_heads=num_heads, context_lens=(context_len,) * batch, **kwargs)
+
+    # ---- derived sizes -------------------------------------------------------------------------
+    @property
+    def batch(self) -> int:
+        return len(self.context_lens)
+
+    @property
+    def head_dim_qk(self) -> int:
+        """Query/key width: kv_lora_rank + qk_rope_head_dim (576 for DeepSeek-V3)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        """Value/output width: the latent, kv_lora_rank (512)."""
+        return self.kv_lora_rank
+
+    @property
+    def scale(self) -> float:
+        """Softmax scale in use: ``softmax_scale`` or ``head_dim_qk ** -0.5``."""
+        return self.softmax_scale if self.softmax_scale is not None else self.head_dim_qk**-0.5
+
+    @property
+    def max_context_len(self) -> int:
+        return max(self.context_lens)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.context_lens)
+
+    @property
+    def pages_per_request(self) -> tuple[int, ...]:
+        return tuple(-(-c // self.page_size) for c in self.context_lens)
+
+    @property
+    def num_pages(self) -> int:
+        return sum(self.pages_per_request)
+
+    @cached_property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the allocated latent cache (whole pages)."""
+        return self.num_pages * self.page_size * self.head_dim_qk * _DTYPE_BYTES[self.kv_dtype]
+
+    @property
+    def kv_read_bytes(self) -> int:
+        """Bytes of latent cache one decode step must read: ``sum(L) * 576 * dtype`` (facts §1)."""
+        return self.total_tokens * self.head_dim_qk * _DTYPE_BYTES[self.kv_dtype]
+
+    @property
+    def q_bytes(self) -> int:
+        return self.batch * self.qo_len * self.num_heads * self.head_dim_qk * _DTYPE_BYTES[self.q_dtype]
+
+    @property
+    def out_bytes(self) -> int:
+        return self.batch * self.qo_len * self.num_heads * self.v_head_dim * _DTYPE_BYTES[self.q_dtype]
+
+    @property
+    def min_bytes_moved(self) -> int:
+        """The fewest bytes any kernel must move: KV read once, q read once, output written once."""
+        return self.kv_read_bytes + self.q_bytes + self.out_bytes
+
+    @property
+    def flops(self) -> int:
+        """``2 * B * H * L * (576 + 512)`` summed over requests (QK^T plus PV; facts §1)."""
+        per_token = 2 * self.num_heads * self.qo_len * (self.head_dim_qk + self.v_head_dim)
+        return per_token * self.total_tokens
+
+    def floor_us(self, bandwidth_tbps: float) -> float:
+        """Memory-bandwidth floor in µs: ``min_bytes_moved / bandwidth`` (bandwidth in TB/s)."""
+        return self.min_bytes_moved / (bandwidth_tbps * 1e12) * 1e6
+
+    def label(self) -> str:
+        """Short human label, e.g. ``B=1 H=12 L=4096 page=64 bf16``."""
+        lens = self.context_lens
+        ctx = str(lens[0]) if len(set(lens)) == 1 else f"{min(lens)}..{max(lens)}"
+        return f"B={self.batch} H={self.num_heads} L={ctx} page={self.page_size} {self.kv_dtype}"
+
+    def key(self) -> dict[str, Any]:
+        """JSON-able identity of the shape (used in result keys)."""
+        return self.model_dump()
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    msg = err.get("msg", str(exc)).removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg
+
+
+# ---- models ------------------------------------------------------------------------------------
+class ModelSpec(BaseModel):
+    """The MLA attention fields of a model, named as in its Hugging Face ``config.json``."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str = Field(description="Preset name or the config's model_type.")
+    num_attention_heads: int = Field(description="Query heads of the whole model (before TP).")
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
+    qk_nope_head_dim: int = 128
+    rope_scaling: dict[str, Any] | None = Field(None, description="HF rope_scaling (YaRN for V3).")
+    source: str = Field("", description="Where the numbers come from.")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def local_heads(self, tp: int) -> int:
+        """Query heads per GPU at tensor-parallel size ``tp``; :class:`ShapeError` if not divisible."""
+        if tp <= 0:
+            raise ShapeError(f"--tp must be > 0, got {tp}")
+        if self.num_attention_heads % tp:
+            raise ShapeError(
+                f"{self.name}: {self.num_attention_heads} heads are not divisible by tp={tp}"
+            )
+        return self.num_attention_heads // tp
+
+    def softmax_scale(self) -> float:
+        """Decode softmax scale as the model computes it.
+
+        ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``, times ``mscale ** 2`` under YaRN rope
+        scaling with ``mscale = 0.1 * mscale_all_dim * ln(factor) + 1`` (1 when factor <= 1).
+        Source: DeepSeek-V3's ``modeling_deepseek.py`` (``yarn_get_mscale`` and
+        ``DeepseekV3Attention.__init__``), which vLLM's ``deepseek_v2.py`` follows.
+        """
+        scale = self.qk_head_dim**-0.5
+        rs = self.rope_scaling or {}
+        kind = rs.get("type") or rs.get("rope_type")
+        if kind in ("yarn", "deepseek_yarn"):
+            factor = float(rs.get("factor", 1.0))
+            mscale_all_dim = float(rs.get("mscale_all_dim", 0.0) or 0.0)
+            if mscale_all_dim and factor > 1.0:
+                mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0
+                scale *= mscale * mscale
+        return scale
+
+
+def list_models() -> list[str]:
+    """Names of the presets under ``configs/models/`` (file stems), sorted."""
+    return sorted(p.stem for p in (configs_dir() / "models").glob("*.toml"))
+
+
+def load_model(name: str) -> ModelSpec:
+    """Load preset ``configs/models/<name>.toml``; :class:`UnknownModelError` lists the known ones."""
+    path = configs_dir() / "models" / f"{name}.toml"
+    if not path.is_file():
+        raise UnknownModelError(f"unknown model {name!r}; known: {', '.join(list_models())}")
+    try:
+        data = tomllib.loads(path.read_text())
+        return ModelSpec(name=name, **{k: v for k, v in data.items() if k != "name"})
+    except (tomllib.TOMLDecodeError, ValidationError) as exc:
+        raise ConfigError(f"{path}: {exc}".splitlines()[0]) from None
+
+
+def read_hf_config(path: str | Path) -> ModelSpec:
+    """Read a model's Hugging Face ``config.json`` (a file or a folder holding one).
+
+    Needs ``num_attention_heads`` and ``kv_lora_rank``; raises :class:`ConfigError` otherwise.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"model config not found: {p}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{p}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a JSON object")
+    # Multimodal wrappers (Kimi K2.5-style) keep the language model under text_config.
+    if "kv_lora_rank" not in data and isinstance(data.get("text_config"), dict):
+        data = data["text_config"]
+    missing = [k for k in ("num_attention_heads", "kv_lora_rank") if data.get(k) is None]
+    if missing:
+        raise ConfigError(f"{p}: not an MLA model config (missing {', '.join(missing)})")
+    try:
+        return ModelSpec(name=str(data.get("model_type", p.parent.name)), **data)
+    except ValidationError as exc:
+        raise ConfigError(f"{p}: {_first_error(exc)}") from None
+
+
+def resolve_heads(
+    *, model: str | None = None, model_config: str | Path | None = None, tp: int = 1,
+    heads: int | None = None,
+) -> tuple[int, float | None, ModelSpec | None]:
+    """Local heads and softmax scale from ``--model``/``--model-config``/``--tp`` or ``--heads``.
+
+    Returns ``(num_heads, softmax_scale or None, spec or None)``.  Without a model the scale is
+    None (576 ** -0.5 is used).  Raises :class:`ConfigError` when both or none are given.
+    """
+    if model and model_config:
+        raise ConfigError("give --model or --model-config, not both")
+    spec = load_model(model) if model else read_hf_config(model_config) if model_config else None
+    if spec is None:
+        if heads is None:
+            raise ConfigError("give --model NAME --tp N, --model-config PATH, or --heads N")
+        if heads <= 0:
+            raise ShapeError(f"heads must be > 0, got {heads}")
+        return heads, None, None
+    local = spec.local_heads(tp)
+    if heads is not None and heads != local:
+        raise ConfigError(f"--heads {heads} contradicts {spec.name} at tp={tp} ({local} heads)")
+    return local, spec.softmax_scale(), spec
