@@ -1,0 +1,271 @@
+"""Split-KV (flash-decoding) MLA decode in Triton, with an explicit runtime ``num_kv_splits``.
+
+Stage 1 runs one program per (request, split, 16-row head tile).  Each request's ``L`` tokens are
+cut on the device into ``num_kv_splits`` contiguous splits of ``chunk = ceil(L / S)`` tokens
+rounded up to :data:`SPLIT_ALIGN_TOKENS` (trailing splits may be short or empty), so a captured
+CUDA graph stays correct when ``cache_seqlens`` change; only the split count is fixed at capture.
+Each split writes an fp32 partial output (already normalised) and its log-sum-exp in base 2.
+Stage 2 merges a request's partials with weights ``2^(lse_s - max lse)`` (Dao et al.,
+"Flash-Decoding for long-context inference", 2023).  Empty splits write a zero partial with
+``lse = -inf`` and get weight 0; both divisions are guarded, so 0/0 and 0 x NaN never happen
+(facts file §9, last bullet).
+
+The 576-wide key is handled as two blocks: the 512-column latent ("nope", also V) and the 64-column
+RoPE part; V is the nope block of the same loaded tile, so the cache is read once.
+
+Under Triton's CPU interpreter ``tl.dot`` on bf16 operands is wrong (facts file §8): the wrapper
+passes ``UPCAST=True`` there and operands are converted to fp32 before every dot; on a GPU they stay
+in their native dtype.
+
+The tile loop (:func:`attend_tokens`) and the merge kernel (:func:`merge_partials_kernel`) are
+shared with :mod:`mlabench.kernels.persistent`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mlabench.device import triton_interpreting
+
+D_NOPE = 512  #: latent (kv_lora_rank) width, also the value/output width
+D_ROPE = 64  #: decoupled RoPE width
+D_QK = D_NOPE + D_ROPE
+BLOCK_H = 16  #: head rows per tile (the smallest M of tl.dot)
+SPLIT_ALIGN_TOKENS = 16  #: split length is rounded up to this many tokens
+MAX_KV_SPLITS = 512
+LOG2E = 1.4426950408889634
+MERGE_BLOCK_SLOTS = 16  #: partials merged per loop step in stage 2
+
+#: Launch defaults of stage 1 (the GPU probe ``scripts/gpu_kernel_probe.py`` sweeps these).
+DEFAULT_BLOCK_N = 64
+DEFAULT_NUM_WARPS = 4
+DEFAULT_NUM_STAGES = 2
+
+
+@triton.jit
+def attend_tokens(q_nope, q_pe, kv_ptr, bt_row_ptr, tok_lo, tok_hi, qk_scale_log2,
+                  stride_kv_page, stride_kv_tok,
+                  PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+                  UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Online softmax over tokens ``[tok_lo, tok_hi)`` of one request.
+
+    ``q_nope`` ``[BLOCK_H, 512]`` and ``q_pe`` ``[BLOCK_H, 64]`` are in registers; ``bt_row_ptr``
+    points at the request's block-table row.  Returns ``(acc [BLOCK_H, 512] fp32 unnormalised,
+    l [BLOCK_H] fp32 sum of 2^(s - m), m [BLOCK_H] fp32 running max in base-2 units)``.  An empty
+    range returns ``acc = 0, l = 0, m = -inf``.
+    """
+    offs_d = tl.arange(0, 512)
+    offs_r = tl.arange(0, 64)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, 512], tl.float32)
+    for start in tl.range(tok_lo, tok_hi, BLOCK_N, num_stages=NUM_STAGES):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        valid = offs_n < tok_hi
+        page = tl.load(bt_row_ptr + offs_n // PAGE_SIZE, mask=valid, other=0)
+        row = page.to(tl.int64) * stride_kv_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kv_tok
+        k_nope = tl.load(kv_ptr + row[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+        k_pe = tl.load(kv_ptr + row[:, None] + 512 + offs_r[None, :], mask=valid[:, None], other=0.0)
+        if UPCAST:
+            k_nope = k_nope.to(tl.float32)
+            k_pe = k_pe.to(tl.float32)
+        s = tl.dot(q_nope, tl.trans(k_nope)) + tl.dot(q_pe, tl.trans(k_pe))
+        s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds >= 1 valid token
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(k_nope.dtype), k_nope)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def load_q_tile(q_ptr, b, ht, num_heads, stride_qb, stride_qh, UPCAST: tl.constexpr,
+                BLOCK_H: tl.constexpr):
+    """Rows ``ht*BLOCK_H ..`` of request ``b``'s query: ``([BLOCK_H, 512], [BLOCK_H, 64], heads)``;
+    rows at or past ``num_heads`` are zero."""
+    heads = ht * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < num_heads
+    base = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh
+    q_nope = tl.load(base + tl.arange(0, 512)[None, :], mask=hmask[:, None], other=0.0)
+    q_pe = tl.load(base + 512 + tl.arange(0, 64)[None, :], mask=hmask[:, None], other=0.0)
+    if UPCAST:
+        q_nope = q_nope.to(tl.float32)
+        q_pe = q_pe.to(tl.float32)
+    return q_nope, q_pe, heads
+
+
+@triton.jit
+def store_partial(po_ptr, plse_ptr, slot, heads, num_heads, acc, l_i, m_i, stride_ps,
+                  stride_ph, stride_ls, store_ok):
+    """Write ``acc / l`` (0 when ``l == 0``) and ``lse2 = m + log2(l)`` (-inf when empty) to
+    partial slot ``slot``; rows past ``num_heads`` and ``store_ok == False`` are not written."""
+    nonempty = l_i > 0.0
+    l_safe = tl.where(nonempty, l_i, 1.0)
+    lse2 = tl.where(nonempty, m_i + tl.log2(l_safe), float("-inf"))
+    hmask = (heads < num_heads) & store_ok
+    slot64 = slot.to(tl.int64)
+    o_ptrs = po_ptr + slot64 * stride_ps + heads[:, None] * stride_ph + tl.arange(0, 512)[None, :]
+    tl.store(o_ptrs, acc / l_safe[:, None], mask=hmask[:, None])
+    tl.store(plse_ptr + slot64 * stride_ls + heads, lse2, mask=hmask)
+
+
+@triton.jit
+def _splitkv_stage1(q_ptr, kv_ptr, bt_ptr, seqlens_ptr, po_ptr, plse_ptr,
+                    num_splits, num_heads, qk_scale_log2,
+                    stride_qb, stride_qh, stride_kv_page, stride_kv_tok, stride_btb,
+                    stride_ps, stride_ph, stride_ls,
+                    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+                    SPLIT_ALIGN: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr):
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    ht = tl.program_id(2)
+    seq_len = tl.load(seqlens_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), SPLIT_ALIGN) * SPLIT_ALIGN
+    tok_lo = tl.minimum(split * chunk, seq_len)
+    tok_hi = tl.minimum(tok_lo + chunk, seq_len)
+    q_nope, q_pe, heads = load_q_tile(q_ptr, b, ht, num_heads, stride_qb, stride_qh, UPCAST, BLOCK_H)
+    acc, l_i, m_i = attend_tokens(q_nope, q_pe, kv_ptr, bt_ptr + b.to(tl.int64) * stride_btb,
+                                  tok_lo, tok_hi, qk_scale_log2, stride_kv_page, stride_kv_tok,
+                                  PAGE_SIZE, BLOCK_N, BLOCK_H, UPCAST, NUM_STAGES)
+    store_partial(po_ptr, plse_ptr, b * num_splits + split, heads, num_heads, acc, l_i, m_i,
+                  stride_ps, stride_ph, stride_ls, True)
+
+
+@triton.jit
+def merge_partials_kernel(po_ptr, plse_ptr, out_ptr, slot_lo_ptr, slot_hi_ptr, num_splits,
+                          stride_ps, stride_ph, stride_ls, stride_ob, stride_oh,
+                          FROM_RANGES: tl.constexpr, BLOCK_S: tl.constexpr):
+    """One program per (request b, head h): merge partial slots ``[lo, hi)`` into ``out[b, h]``.
+
+    ``FROM_RANGES``: the slot range comes from ``slot_lo_ptr[b]`` / ``slot_hi_ptr[b]`` (persistent
+    work list); otherwise it is ``[b * num_splits, (b + 1) * num_splits)``.  A request with no
+    non-empty partial gets a zero output row.
+    """
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    if FROM_RANGES:
+        lo = tl.load(slot_lo_ptr + b)
+        hi = tl.load(slot_hi_ptr + b)
+    else:
+        lo = b * num_splits
+        hi = lo + num_splits
+    offs_d = tl.arange(0, 512)
+    m_run = tl.full([1], float("-inf"), tl.float32)
+    w_sum = tl.zeros([1], tl.float32)
+    acc = tl.zeros([512], tl.float32)
+    for c in range(lo, hi, BLOCK_S):
+        slots = c + tl.arange(0, BLOCK_S)
+        smask = slots < hi
+        lse = tl.load(plse_ptr + slots.to(tl.int64) * stride_ls + h, mask=smask, other=float("-inf"))
+        part = tl.load(po_ptr + slots.to(tl.int64)[:, None] * stride_ps + h * stride_ph + offs_d[None, :],
+                       mask=smask[:, None], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(lse, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: avoid -inf - -inf
+        alpha = tl.exp2(m_run - m_safe)
+        w = tl.exp2(lse - m_safe)  # empty slots: 2^-inf = 0, and their partial is 0, not NaN
+        acc = acc * alpha + tl.sum(w[:, None] * part, 0)
+        w_sum = w_sum * alpha + tl.sum(w, 0)
+        m_run = m_new
+    res = tl.where(w_sum > 0.0, acc / tl.where(w_sum > 0.0, w_sum, 1.0), 0.0)
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, res.to(out_ptr.dtype.element_ty))
+
+
+def splitkv_workspace_shapes(batch: int, num_heads: int, num_kv_splits: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of the fp32 partials: ``([B * S, H, 512], [B * S, H])`` (slot = b * S + split)."""
+    slots = batch * num_kv_splits
+    return (slots, num_heads, D_NOPE), (slots, num_heads)
+
+
+def alloc_splitkv_workspace(batch: int, num_heads: int, num_kv_splits: int,
+                            device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate ``(partial_out [B*S, H, 512] fp32, partial_lse [B*S, H] fp32)`` (uninitialised:
+    stage 1 writes every slot before stage 2 reads it)."""
+    o_shape, l_shape = splitkv_workspace_shapes(batch, num_heads, num_kv_splits)
+    return (torch.empty(o_shape, dtype=torch.float32, device=device),
+            torch.empty(l_shape, dtype=torch.float32, device=device))
+
+
+def splitkv_workspace_bytes(batch: int, num_heads: int, num_kv_splits: int) -> int:
+    """Bytes of partials written by stage 1 and read by stage 2: ``2 * B*S*H*(512*4 + 4)``
+    (facts file §1)."""
+    return 2 * batch * num_kv_splits * num_heads * (D_NOPE * 4 + 4)
+
+
+def check_decode_args(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                      cache_seqlens: torch.Tensor, out: torch.Tensor) -> None:
+    """Raise ValueError unless the tensors have the MLA decode layout this module assumes."""
+    if q.dim() != 3 or q.shape[-1] != D_QK or q.stride(-1) != 1:
+        raise ValueError(f"q must be [B, H, {D_QK}] with unit last stride, got {tuple(q.shape)}")
+    if kv_cache.dim() != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] != D_QK:
+        raise ValueError(f"kv_cache must be [pages, page_size, 1, {D_QK}], got {tuple(kv_cache.shape)}")
+    if kv_cache.stride(-1) != 1:
+        raise ValueError("kv_cache must have a unit last stride")
+    batch, heads, _ = q.shape
+    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.dtype != torch.int32:
+        raise ValueError("block_table must be [B, max_pages] int32")
+    if cache_seqlens.shape != (batch,) or cache_seqlens.dtype != torch.int32:
+        raise ValueError("cache_seqlens must be [B] int32")
+    if out.shape != (batch, heads, D_NOPE) or out.stride(-1) != 1:
+        raise ValueError(f"out must be [B, H, {D_NOPE}] with unit last stride, got {tuple(out.shape)}")
+    if block_table.stride(-1) != 1:
+        raise ValueError("block_table must have a unit last stride")
+
+
+def upcast_for_interpreter(dtype: torch.dtype) -> bool:
+    """True when dots must run in fp32: bf16 operands under the Triton CPU interpreter (facts §8)."""
+    return triton_interpreting() and dtype == torch.bfloat16
+
+
+def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                       cache_seqlens: torch.Tensor, out: torch.Tensor, num_kv_splits: int,
+                       softmax_scale: float, *, partial_out: torch.Tensor | None = None,
+                       partial_lse: torch.Tensor | None = None, block_n: int = DEFAULT_BLOCK_N,
+                       num_warps: int = DEFAULT_NUM_WARPS,
+                       num_stages: int = DEFAULT_NUM_STAGES) -> torch.Tensor:
+    """Split-KV MLA decode: ``out = softmax(q K^T * softmax_scale) V`` per request and head.
+
+    Args:
+        q: ``[B, H, 576]`` bf16/fp16/fp32, any H (rows of 16-row tiles; extra rows are masked).
+        kv_cache: ``[num_pages, page_size, 1, 576]``, same dtype as q; page size any (1/16/64 tested).
+        block_table: ``[B, max_pages]`` int32.  cache_seqlens: ``[B]`` int32, read on the device.
+        out: ``[B, H, 512]`` in q's dtype; written in place and returned.
+        num_kv_splits: splits per request, 1..512, a runtime argument (no recompilation per value).
+        softmax_scale: multiplier of ``q . k``.
+        partial_out / partial_lse: workspace from :func:`alloc_splitkv_workspace`
+            (allocated here when None: pass them for graph capture and timing).
+        block_n: tokens per tile (16, 32, 64 ...); num_warps / num_stages: Triton launch options,
+            num_stages is the software-pipelining depth of the token loop.
+
+    Returns ``out``.  Raises ValueError for bad layouts, split counts or a too-small workspace.
+    """
+    check_decode_args(q, kv_cache, block_table, cache_seqlens, out)
+    if not 1 <= int(num_kv_splits) <= MAX_KV_SPLITS:
+        raise ValueError(f"num_kv_splits must be in 1..{MAX_KV_SPLITS}, got {num_kv_splits}")
+    batch, heads, _ = q.shape
+    if partial_out is None or partial_lse is None:
+        partial_out, partial_lse = alloc_splitkv_workspace(batch, heads, num_kv_splits, q.device)
+    o_shape, l_shape = splitkv_workspace_shapes(batch, heads, num_kv_splits)
+    if (partial_out.shape[0] < o_shape[0] or tuple(partial_out.shape[1:]) != o_shape[1:]
+            or partial_lse.shape[0] < l_shape[0] or partial_lse.shape[1] != heads):
+        raise ValueError(f"workspace too small for B={batch} H={heads} splits={num_kv_splits}")
+    upcast = upcast_for_interpreter(q.dtype)
+    grid = (batch, int(num_kv_splits), triton.cdiv(heads, BLOCK_H))
+    _splitkv_stage1[grid](
+        q, kv_cache, block_table, cache_seqlens, partial_out, partial_lse,
+        int(num_kv_splits), heads, float(softmax_scale) * LOG2E,
+        q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
+        partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
+        PAGE_SIZE=kv_cache.shape[1], BLOCK_N=block_n, BLOCK_H=BLOCK_H,
+        SPLIT_ALIGN=SPLIT_ALIGN_TOKENS, UPCAST=upcast, NUM_STAGES=num_stages,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    merge_partials_kernel[(batch, heads)](
+        partial_out, partial_lse, out, cache_seqlens, cache_seqlens, int(num_kv_splits),
+        partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
+        out.stride(0), out.stride(1), FROM_RANGES=False, BLOCK_S=MERGE_BLOCK_SLOTS, num_warps=4,
+    )
+    return out
