@@ -100,13 +100,13 @@ def load_q_tile(q_ptr, b, ht, num_heads, stride_qb, stride_qh, UPCAST: tl.conste
 
 @triton.jit
 def store_partial(po_ptr, plse_ptr, slot, heads, num_heads, acc, l_i, m_i, stride_ps,
-                  stride_ph, stride_ls, store_ok):
+                  stride_ph, stride_ls):
     """Write ``acc / l`` (0 when ``l == 0``) and ``lse2 = m + log2(l)`` (-inf when empty) to
-    partial slot ``slot``; rows past ``num_heads`` and ``store_ok == False`` are not written."""
+    partial slot ``slot``; rows at or past ``num_heads`` are not written (pass 0 to skip all)."""
     nonempty = l_i > 0.0
     l_safe = tl.where(nonempty, l_i, 1.0)
     lse2 = tl.where(nonempty, m_i + tl.log2(l_safe), float("-inf"))
-    hmask = (heads < num_heads) & store_ok
+    hmask = heads < num_heads
     slot64 = slot.to(tl.int64)
     o_ptrs = po_ptr + slot64 * stride_ps + heads[:, None] * stride_ph + tl.arange(0, 512)[None, :]
     tl.store(o_ptrs, acc / l_safe[:, None], mask=hmask[:, None])
@@ -132,7 +132,7 @@ def _splitkv_stage1(q_ptr, kv_ptr, bt_ptr, seqlens_ptr, po_ptr, plse_ptr,
                                   tok_lo, tok_hi, qk_scale_log2, stride_kv_page, stride_kv_tok,
                                   PAGE_SIZE, BLOCK_N, BLOCK_H, UPCAST, NUM_STAGES)
     store_partial(po_ptr, plse_ptr, b * num_splits + split, heads, num_heads, acc, l_i, m_i,
-                  stride_ps, stride_ph, stride_ls, True)
+                  stride_ps, stride_ph, stride_ls)
 
 
 @triton.jit

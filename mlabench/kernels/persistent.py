@@ -1,0 +1,132 @@
+"""Persistent MLA decode in Triton: a grid sized to the GPU walks a balanced work list.
+
+The grid is ``(num_programs, H / 16)`` with ``num_programs`` a multiple of the SM/CU count chosen
+by the caller.  Program ``p`` owns the global tokens ``[p*C, (p+1)*C)`` of the work list
+(:mod:`mlabench.kernels.worklist`), walks the requests it overlaps and writes one fp32 partial per
+non-empty (program, request) segment into slot ``p + i``; :func:`merge_partials_kernel` then merges
+each request's slot range.  Every program reads about the same number of KV bytes whatever the mix
+of lengths, which is the point of FlashMLA's persistent "tile scheduler" (facts file §4).
+
+The kernel works on whole 16-row head tiles: the query must already be padded to a multiple of 16
+heads (see :mod:`mlabench.kernels.padding`); every padded row is computed and written.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mlabench.kernels.splitkv import (
+    BLOCK_H, D_NOPE, DEFAULT_BLOCK_N, DEFAULT_NUM_STAGES, DEFAULT_NUM_WARPS, LOG2E,
+    MERGE_BLOCK_SLOTS, attend_tokens, check_decode_args, load_q_tile, merge_partials_kernel,
+    store_partial, upcast_for_interpreter,
+)
+from mlabench.kernels.worklist import WorkList, build_work_list
+
+
+@triton.jit
+def _persistent_stage1(q_ptr, kv_ptr, bt_ptr, cu_ptr, chunk_ptr, first_req_ptr, po_ptr, plse_ptr,
+                       batch, num_heads, qk_scale_log2,
+                       stride_qb, stride_qh, stride_kv_page, stride_kv_tok, stride_btb,
+                       stride_ps, stride_ph, stride_ls,
+                       PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+                       UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr):
+    p = tl.program_id(0)
+    ht = tl.program_id(1)
+    chunk = tl.load(chunk_ptr)
+    total = tl.load(cu_ptr + batch)
+    pos = tl.minimum(p * chunk, total)
+    hi = tl.minimum(pos + chunk, total)
+    i = tl.load(first_req_ptr + p)
+    while pos < hi:
+        r_start = tl.load(cu_ptr + i)
+        r_end = tl.load(cu_ptr + i + 1)
+        seg_end = tl.minimum(r_end, hi)
+        q_nope, q_pe, heads = load_q_tile(q_ptr, i, ht, num_heads, stride_qb, stride_qh, UPCAST,
+                                          BLOCK_H)
+        acc, l_i, m_i = attend_tokens(q_nope, q_pe, kv_ptr, bt_ptr + i.to(tl.int64) * stride_btb,
+                                      pos - r_start, seg_end - r_start, qk_scale_log2,
+                                      stride_kv_page, stride_kv_tok,
+                                      PAGE_SIZE, BLOCK_N, BLOCK_H, UPCAST, NUM_STAGES)
+        # An empty request (r_end == pos) must not write: its slot p + i may belong to another
+        # program's non-empty segment.
+        store_partial(po_ptr, plse_ptr, p + i, heads, tl.where(seg_end > pos, num_heads, 0),
+                      acc, l_i, m_i, stride_ps, stride_ph, stride_ls)
+        pos = tl.maximum(pos, seg_end)
+        i += 1
+
+
+def persistent_workspace_shapes(num_programs: int, batch: int,
+                                padded_heads: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of the fp32 partials: ``([G + B - 1, Hp, 512], [G + B - 1, Hp])``."""
+    slots = num_programs + batch - 1
+    return (slots, padded_heads, D_NOPE), (slots, padded_heads)
+
+
+def alloc_persistent_workspace(num_programs: int, batch: int, padded_heads: int,
+                               device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate ``(partial_out, partial_lse)`` fp32 of :func:`persistent_workspace_shapes`
+    (uninitialised: every slot the merge reads is written first)."""
+    o_shape, l_shape = persistent_workspace_shapes(num_programs, batch, padded_heads)
+    return (torch.empty(o_shape, dtype=torch.float32, device=device),
+            torch.empty(l_shape, dtype=torch.float32, device=device))
+
+
+def persistent_workspace_bytes(num_programs: int, batch: int, padded_heads: int) -> int:
+    """Upper bound of partial bytes written then read: ``2 * (G + B - 1) * Hp * (512*4 + 4)``."""
+    return 2 * (num_programs + batch - 1) * padded_heads * (D_NOPE * 4 + 4)
+
+
+def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                          cache_seqlens: torch.Tensor, out: torch.Tensor, softmax_scale: float,
+                          num_programs: int, *, work: WorkList | None = None,
+                          partial_out: torch.Tensor | None = None,
+                          partial_lse: torch.Tensor | None = None,
+                          block_n: int = DEFAULT_BLOCK_N, num_warps: int = DEFAULT_NUM_WARPS,
+                          num_stages: int = DEFAULT_NUM_STAGES) -> torch.Tensor:
+    """Persistent-grid MLA decode of 16-row head tiles.
+
+    Args:
+        q: ``[B, Hp, 576]`` with ``Hp`` a multiple of 16 (pad first), bf16/fp16/fp32.
+        kv_cache: ``[num_pages, page_size, 1, 576]``; block_table ``[B, max_pages]`` int32;
+            cache_seqlens ``[B]`` int32 (only read through ``work``).
+        out: ``[B, Hp, 512]`` in q's dtype, written in place and returned.
+        softmax_scale: multiplier of ``q . k``.
+        num_programs: ``G``, programs per head tile (a multiple of the SM count is sensible).
+        work: a :class:`WorkList` built with the same ``num_programs`` and ``block_n``
+            (built here when None; pass it for graph capture).
+        partial_out / partial_lse: workspace from :func:`alloc_persistent_workspace`.
+        block_n, num_warps, num_stages: tile tokens and Triton launch options.
+
+    Returns ``out``.  Raises ValueError when ``Hp % 16 != 0``, the work list does not match, or the
+    workspace is too small.
+    """
+    check_decode_args(q, kv_cache, block_table, cache_seqlens, out)
+    batch, heads, _ = q.shape
+    if heads % BLOCK_H:
+        raise ValueError(f"persistent kernel needs heads padded to a multiple of {BLOCK_H}, got {heads}")
+    if work is None:
+        work = build_work_list(cache_seqlens, num_programs, block_n)
+    if work.num_programs != num_programs or work.batch != batch:
+        raise ValueError("work list was built for another num_programs or batch")
+    if partial_out is None or partial_lse is None:
+        partial_out, partial_lse = alloc_persistent_workspace(num_programs, batch, heads, q.device)
+    o_shape, _ = persistent_workspace_shapes(num_programs, batch, heads)
+    if partial_out.shape[0] < o_shape[0] or partial_out.shape[1] != heads or partial_lse.shape[1] != heads:
+        raise ValueError(f"workspace too small for G={num_programs} B={batch} H={heads}")
+    upcast = upcast_for_interpreter(q.dtype)
+    _persistent_stage1[(num_programs, heads // BLOCK_H)](
+        q, kv_cache, block_table, work.cu_seqlens, work.chunk_tokens, work.prog_first_req,
+        partial_out, partial_lse, batch, heads, float(softmax_scale) * LOG2E,
+        q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
+        partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
+        PAGE_SIZE=kv_cache.shape[1], BLOCK_N=block_n, BLOCK_H=BLOCK_H, UPCAST=upcast,
+        NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages,
+    )
+    merge_partials_kernel[(batch, heads)](
+        partial_out, partial_lse, out, work.req_slot_lo, work.req_slot_hi, 0,
+        partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
+        out.stride(0), out.stride(1), FROM_RANGES=True, BLOCK_S=MERGE_BLOCK_SLOTS, num_warps=4,
+    )
+    return out
