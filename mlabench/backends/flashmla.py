@@ -1,1 +1,199 @@
-"""flashmla backends (being written)."""
+"""FlashMLA dense decode on Hopper (``flashmla``): the NVIDIA padded persistent kernel.
+
+Works with the two packages that ship FlashMLA's SM90 dense decode under the module name
+``flash_mla`` (facts file §4):
+
+- ``sgl-flash-mla`` (1.0.0): dense decode only on the legacy side, reached with ``use_legacy=True``
+  on ``flash_mla_with_kvcache``; ``get_mla_metadata()`` returns an empty ``FlashMLASchedMeta`` and
+  ``get_mla_decoding_metadata(seqlens, s_q*h_q//h_kv, h_kv, use_legacy=True)`` hoists the
+  scheduler, returning ``(tile_scheduler_metadata [num_sm_parts, 8] int32, num_splits [B+1] int32)``.
+- FlashMLA built from source before its 2026-09-30 release: ``get_mla_metadata(seqlens,
+  s_q*h_q//h_kv, h_kv)`` returns those two tensors, and ``flash_mla_with_kvcache`` takes them.
+
+The PyPI ``flash-mla`` package is a 6 kB stub with neither function; :func:`flashmla_api` says so.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from mlabench.backends.aiter_args import accepts_kwarg, timed_us
+from mlabench.backends.base import Backend, PreparedCall
+from mlabench.backends.registry import register
+from mlabench.errors import BackendUnavailableError
+from mlabench.extras import optional_import, package_version
+from mlabench.inputs import MLADecodeInputs
+from mlabench.shapes import MLADecodeShape
+
+FLASHMLA_PAGE_SIZE = 64
+FLASHMLA_DTYPES = ("bfloat16", "float16")
+API_LEGACY_FLAG = "use_legacy"  # sgl-flash-mla: dense decode behind use_legacy=True
+API_TENSOR_METADATA = "tensor-metadata"  # FlashMLA source builds before 2026-09-30
+API_STUB = "stub"
+
+
+def flashmla_api(mod: ModuleType | Any) -> str:
+    """Which FlashMLA Python surface ``mod`` (the imported ``flash_mla``) offers.
+
+    Returns :data:`API_LEGACY_FLAG` when ``flash_mla_with_kvcache`` takes ``use_legacy``
+    (sgl-flash-mla), :data:`API_TENSOR_METADATA` when it does not, and :data:`API_STUB` when
+    ``get_mla_metadata`` or ``flash_mla_with_kvcache`` is missing (the PyPI ``flash-mla`` stub).
+    """
+    fwd = getattr(mod, "flash_mla_with_kvcache", None)
+    meta = getattr(mod, "get_mla_metadata", None)
+    if not callable(fwd) or not callable(meta):
+        return API_STUB
+    return API_LEGACY_FLAG if accepts_kwarg(fwd, API_LEGACY_FLAG) is True else API_TENSOR_METADATA
+
+
+def flashmla_query(q: torch.Tensor) -> torch.Tensor:
+    """``[B, H, 576]`` -> ``[B, s_q=1, H, 576]`` (a view, same dtype)."""
+    if q.dim() != 3:
+        raise ValueError(f"q must be [B, H, D], got {tuple(q.shape)}")
+    return q.unsqueeze(1)
+
+
+def metadata_args(cache_seqlens: torch.Tensor, num_heads: int, qo_len: int = 1,
+                  num_kv_heads: int = 1) -> tuple[torch.Tensor, int, int]:
+    """Positional arguments of FlashMLA's decode scheduler: ``(seqlens int32 [B], s_q*h_q//h_kv, h_kv)``."""
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    return cache_seqlens.to(torch.int32), qo_len * num_heads // num_kv_heads, num_kv_heads
+
+
+def split_stats(tile_scheduler_metadata: torch.Tensor | None,
+                num_splits: torch.Tensor | None) -> dict[str, Any]:
+    """What the scheduler chose: ``num_sm_parts`` (rows of the metadata) and the splits.
+
+    ``num_splits`` is FlashMLA's ``[B + 1]`` int32 prefix sum of splits per request, so request
+    ``b`` has ``num_splits[b+1] - num_splits[b]`` splits.  Missing tensors give an empty dict.
+    """
+    stats: dict[str, Any] = {}
+    if tile_scheduler_metadata is not None:
+        stats["num_sm_parts"] = int(tile_scheduler_metadata.shape[0])
+    if num_splits is not None and num_splits.numel() > 1:
+        per_request = (num_splits[1:] - num_splits[:-1]).cpu()
+        stats["num_splits_total"] = int(per_request.sum())
+        stats["num_splits_max"] = int(per_request.max())
+        stats["num_splits_min"] = int(per_request.min())
+    return stats
+
+
+def flashmla_workspace_bytes(batch: int, num_heads: int, num_sm_parts: int, qo_len: int = 1,
+                             head_dim_v: int = 512) -> int:
+    """fp32 split partials FlashMLA writes and reads: ``(B + num_sm_parts)`` rows of ``[H, s_q, Dv]``
+    output plus one lse each (FlashMLA ``flash_api.cpp`` sizes ``out_accum``/``softmax_lse_accum``
+    so; an estimate, it is allocated inside the call)."""
+    rows = (batch + num_sm_parts) * num_heads * qo_len
+    return 2 * rows * (head_dim_v * 4 + 4)
+
+
+@register
+class FlashMLABackend(Backend):
+    """FlashMLA's SM90 dense MLA decode (``flash_mla.flash_mla_with_kvcache``).
+
+    ``prepare`` runs the scheduler (``get_mla_decoding_metadata`` / ``get_mla_metadata``) once,
+    untimed, reporting its wall time as ``setup_us["metadata_us"]``, as servers do per step outside
+    the attention call.  ``fn`` runs only ``flash_mla_with_kvcache`` on ``q`` viewed as
+    ``[B, 1, H, 576]`` and the cache ``[num_pages, 64, 1, 576]``; FlashMLA takes no output buffer
+    and returns a new ``[B, 1, H, 512]`` tensor, so ``fn`` copies it into the poisoned ``out``
+    (one extra small copy kernel inside the timed call, about ``B * H * 1 KiB``).
+    Where the scheduler cannot be hoisted, one decode call in ``prepare`` fills it and
+    ``metadata_us`` includes that call (``effective_params["metadata"]`` says so).
+    """
+
+    name = "flashmla"
+    summary = "FlashMLA dense decode (NVIDIA Hopper SM90, page size 64; sgl-flash-mla or source build)"
+
+    def available(self) -> tuple[bool, str]:
+        if not torch.cuda.is_available() or torch.version.hip is not None:
+            return False, "needs an NVIDIA Hopper GPU (SM90) with a CUDA build of torch"
+        cap = torch.cuda.get_device_capability()
+        if tuple(cap) != (9, 0):
+            return False, f"needs an NVIDIA Hopper GPU (SM90); found sm_{cap[0]}{cap[1]}"
+        mod, reason = optional_import("flash_mla")
+        if mod is None:
+            return False, reason
+        api = flashmla_api(mod)
+        if api == API_STUB:
+            return False, ("flash_mla is importable but has no get_mla_metadata/"
+                           "flash_mla_with_kvcache (the PyPI flash-mla stub?): pip install sgl-flash-mla")
+        has_legacy = getattr(mod, "has_legacy", None)
+        if api == API_LEGACY_FLAG and callable(has_legacy) and not has_legacy():
+            return False, "flash_mla was built without its legacy (SM90 dense decode) kernels"
+        return True, ""
+
+    def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
+        if shape.page_size != FLASHMLA_PAGE_SIZE:
+            return False, f"FlashMLA needs page size {FLASHMLA_PAGE_SIZE}, got {shape.page_size}"
+        if shape.q_dtype not in FLASHMLA_DTYPES or shape.kv_dtype != shape.q_dtype:
+            return False, f"FlashMLA needs bf16 or fp16 q and KV of one dtype (got {shape.q_dtype}/{shape.kv_dtype})"
+        if shape.kv_lora_rank != 512 or shape.qk_rope_head_dim != 64:
+            return False, "FlashMLA decode is built for kv_lora_rank 512 + rope 64"
+        if shape.num_heads * shape.qo_len > 128:
+            return False, f"FlashMLA decode takes at most 128 query rows per KV head, got {shape.num_heads}"
+        return True, ""
+
+    def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
+        mod, reason = optional_import("flash_mla")
+        if mod is None:
+            raise BackendUnavailableError(reason)
+        api = flashmla_api(mod)
+        if api == API_STUB:
+            raise BackendUnavailableError("flash_mla has no flash_mla_with_kvcache (stub package)")
+        s = inputs.shape
+        dev = inputs.device
+        q4 = flashmla_query(inputs.q)
+        seqlens, rows_per_kv_head, kv_heads = metadata_args(inputs.cache_seqlens, s.num_heads, s.qo_len)
+        block_table = inputs.block_table.to(torch.int32)
+        extra = {API_LEGACY_FLAG: True} if api == API_LEGACY_FLAG else {}
+        out = inputs.new_output()
+        metadata_note = "hoisted scheduler"
+
+        def decode(sched: Any, splits: Any) -> torch.Tensor:
+            o, _lse = mod.flash_mla_with_kvcache(q4, inputs.kv_cache, block_table, seqlens,
+                                                 s.v_head_dim, sched, splits,
+                                                 softmax_scale=s.scale, causal=False, **extra)
+            return o
+
+        sched: Any = None
+        splits_arg: Any = None
+        tile_md = num_splits = None
+        if api == API_TENSOR_METADATA:
+            result, metadata_us = timed_us(
+                dev, lambda: tuple(mod.get_mla_metadata(seqlens, rows_per_kv_head, kv_heads)))
+            if isinstance(result[0], torch.Tensor):  # FlashMLA before its FlashMLASchedMeta API
+                sched, splits_arg = tile_md, num_splits = result[0], result[1]
+            else:
+                sched = result[0]
+        else:
+            sched = mod.get_mla_metadata()[0]  # an empty FlashMLASchedMeta
+            hoist = getattr(mod, "get_mla_decoding_metadata", None)
+            if callable(hoist):
+                (tile_md, num_splits), metadata_us = timed_us(
+                    dev, lambda: tuple(hoist(seqlens, rows_per_kv_head, kv_heads, use_legacy=True)))
+                sched.tile_scheduler_metadata, sched.num_splits = tile_md, num_splits
+        if sched is not None and tile_md is None:
+            # No way to hoist the scheduler: the first call fills the FlashMLASchedMeta.
+            _, metadata_us = timed_us(dev, lambda: decode(sched, None))
+            tile_md = getattr(sched, "tile_scheduler_metadata", None)
+            num_splits = getattr(sched, "num_splits", None)
+            metadata_note = "filled by a first decode call (metadata_us includes it)"
+
+        out3 = out.view(s.batch, s.qo_len, s.num_heads, s.v_head_dim)
+
+        def fn() -> torch.Tensor:
+            out3.copy_(decode(sched, splits_arg))
+            return out
+
+        stats = split_stats(tile_md, num_splits)
+        effective = {"api": api, "metadata": metadata_note, "page_size": FLASHMLA_PAGE_SIZE,
+                     "flash_mla_version": package_version(("sgl-flash-mla", "flash-mla", "flash_mla"))
+                     or getattr(mod, "__version__", None), **stats}
+        workspace = flashmla_workspace_bytes(s.batch, s.num_heads, stats.get("num_sm_parts", 0),
+                                             s.qo_len, s.v_head_dim)
+        return PreparedCall(fn=fn, out=out, effective_params=effective,
+                            setup_us={"metadata_us": metadata_us}, workspace_bytes=workspace)
