@@ -1,9 +1,215 @@
-"""Kernel commands: backends, check, sweep, compare (being written)."""
+"""Kernel commands: ``backends``, ``check``, ``sweep``, ``compare``."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from rich.console import Console
+
+from mlabench.errors import ConfigError
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    """``"1,2, 4"`` -> ``[1, 2, 4]``; ConfigError naming ``flag`` on anything else."""
+    if text is None:
+        return None
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ConfigError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values:
+        raise ConfigError(f"{flag} is empty")
+    return values
+
+
+def _positive(values: list[int] | None, what: str) -> list[int] | None:
+    for v in values or []:
+        if v <= 0:
+            raise ConfigError(f"{what} must be > 0, got {v}")
+    return values
+
+
+def _emit(tables: list, as_json: bool, markdown: bool) -> None:
+    from mlabench.tables import to_json, to_markdown, to_rich
+
+    if as_json:
+        sys.stdout.write(to_json(tables) + "\n")
+    elif markdown:
+        sys.stdout.write("\n".join(to_markdown(t) for t in tables))
+    else:
+        for t in tables:
+            out.print(to_rich(t))
 
 
 def register(app: typer.Typer) -> None:
     """Add the kernel commands to ``app``."""
+
+    @app.command()
+    def backends(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+        """List every backend: available here or not, and why."""
+        import json
+
+        from mlabench.backends import backend_names, get_backend
+        from mlabench.device import current_device
+        from mlabench.tables import Table
+
+        dev = current_device()
+        t = Table(f"Backends on {dev.name} ({dev.kind}, {dev.arch})",
+                  ["backend", "family", "available", "reason / parameters", "summary"])
+        for name in backend_names():
+            b = get_backend(name)
+            ok, why = b.available()
+            params = ", ".join(p.name for p in b.params) or "—"
+            t.rows.append([name, b.family, ok, why if not ok else f"params: {params}", b.summary])
+        if as_json:
+            sys.stdout.write(json.dumps(t.as_dicts(), indent=2) + "\n")
+        else:
+            _emit([t], False, False)
+
+    @app.command()
+    def check(
+        model: Annotated[str | None, typer.Option(help="Model preset (configs/models/).")] = None,
+        tp: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
+        model_config: Annotated[Path | None, typer.Option(help="A model's HF config.json.")] = None,
+        heads: Annotated[int | None, typer.Option(help="Local heads (without a model).")] = None,
+        backend: Annotated[list[str] | None, typer.Option(help="Backend(s); default: all.")] = None,
+        splits: Annotated[str | None, typer.Option(help="num_kv_splits to check, e.g. 1,3,16,64,256.")] = None,
+        batch: Annotated[int | None, typer.Option(help="Batch (with --context).")] = None,
+        context: Annotated[str | None, typer.Option(help="Context lengths, e.g. 4096 or 1,100,4097 (ragged).")] = None,
+        page_size: Annotated[int, typer.Option(help="KV page size: 1, 16 or 64.")] = 64,
+        dtype: Annotated[str, typer.Option(help="q and KV dtype.")] = "bfloat16",
+        atol: Annotated[float, typer.Option(help="Absolute tolerance.")] = 1e-2,
+        rtol: Annotated[float, typer.Option(help="Relative tolerance.")] = 1e-2,
+        seed: Annotated[int, typer.Option(help="Input seed.")] = 0,
+        as_json: Annotated[bool, typer.Option("--json")] = False,
+        markdown: Annotated[bool, typer.Option("--markdown")] = False,
+    ) -> None:
+        """Check every backend against the fp32 reference; exit 1 on any failure."""
+        from mlabench.check import DEFAULT_CHECK_SPLITS, default_check_shapes, run_check
+        from mlabench.shapes import MLADecodeShape, resolve_heads
+        from mlabench.tables import check_table
+
+        h, scale, _ = resolve_heads(model=model, model_config=model_config, tp=tp,
+                                    heads=heads if (model or model_config) or heads else 12)
+        ctx = _positive(_ints(context, "--context"), "context length")
+        split_list = _positive(_ints(splits, "--splits"), "--splits") or list(DEFAULT_CHECK_SPLITS)
+        if ctx is None:
+            shapes = default_check_shapes(h, scale, page_size, dtype)
+        else:
+            lens = tuple(ctx) * (batch or 1) if len(ctx) == 1 else tuple(ctx)
+            shapes = [MLADecodeShape.create(num_heads=h, context_lens=lens, page_size=page_size,
+                                            q_dtype=dtype, kv_dtype=dtype, softmax_scale=scale)]
+        records, unavailable = run_check(shapes, backend, split_list, atol, rtol, seed)
+        table = check_table(records)
+        table.notes += [f"not available here: {n} ({why})" for n, why in unavailable.items()]
+        _emit([table], as_json, markdown)
+        failed = [r for r in records if r.status in ("incorrect", "error")]
+        if failed:
+            err.print(f"[red]{len(failed)} of {len(records)} checks failed[/red]")
+            raise typer.Exit(1)
+
+    @app.command()
+    def sweep(
+        config: Annotated[str | None, typer.Option(help="Sweep TOML (path, or a name under configs/sweeps/).")] = None,
+        model: Annotated[str | None, typer.Option(help="Model preset.")] = None,
+        tp: Annotated[int | None, typer.Option(help="Tensor-parallel size.")] = None,
+        heads: Annotated[str | None, typer.Option(help="Local heads axis, e.g. 8,12,16 (no model).")] = None,
+        backend: Annotated[list[str] | None, typer.Option(help="Backend(s); default: every available.")] = None,
+        batch: Annotated[str | None, typer.Option(help="Batch sizes, e.g. 1,16.")] = None,
+        context: Annotated[str | None, typer.Option(help="Context lengths, e.g. 4096,131072.")] = None,
+        splits: Annotated[str | None, typer.Option(help="num_kv_splits axis, e.g. 1,16,64.")] = None,
+        page_size: Annotated[int | None, typer.Option(help="KV page size: 1, 16 or 64.")] = None,
+        budget_s: Annotated[float | None, typer.Option(help="Timing budget per point, seconds.")] = None,
+        results_dir: Annotated[Path, typer.Option(help="Where run folders go.")] = Path("results"),
+        resume: Annotated[Path | None, typer.Option(help="Resume this run folder (skips finished points).")] = None,
+        as_json: Annotated[bool, typer.Option("--json")] = False,
+        markdown: Annotated[bool, typer.Option("--markdown")] = False,
+    ) -> None:
+        """Microbenchmark backends over batch x context x splits; results in results/<run-id>/."""
+        from mlabench.device import current_device
+        from mlabench.sweep import default_sweep_config, load_sweep_config
+        from mlabench.tables import sweep_summary
+
+        cfg = _sweep_config(config, model, tp, heads, backend, batch, context, splits, page_size, budget_s,
+                            resume)
+        dev = current_device()
+        if not dev.is_gpu and config is None and resume is None:
+            err.print(f"[yellow]No GPU found: running a small CPU sweep ({cfg.name}) on {dev.name}.[/yellow]")
+        store, records = _run_with_progress(cfg, results_dir, resume)
+        _emit([sweep_summary(records)], as_json, markdown)
+        err.print(f"results: {store.run_dir}/ (results.jsonl, results.csv, manifest.json)")
+        del default_sweep_config, load_sweep_config
+
+    @app.command()
+    def compare(
+        config: Annotated[str | None, typer.Option(help="Sweep TOML naming backends and axes.")] = None,
+        from_run: Annotated[list[Path] | None, typer.Option("--from", help="Only read these run folders.")] = None,
+        resume: Annotated[Path | None, typer.Option(help="Measure what is missing into this run folder.")] = None,
+        batch: Annotated[str | None, typer.Option(help="Batch sizes.")] = None,
+        context: Annotated[str | None, typer.Option(help="Context lengths.")] = None,
+        splits: Annotated[str | None, typer.Option(help="num_kv_splits axis.")] = None,
+        backend: Annotated[list[str] | None, typer.Option(help="Backend(s).")] = None,
+        results_dir: Annotated[Path, typer.Option(help="Where run folders go.")] = Path("results"),
+        as_json: Annotated[bool, typer.Option("--json")] = False,
+        markdown: Annotated[bool, typer.Option("--markdown")] = False,
+    ) -> None:
+        """Padded persistent kernels vs the best split count of split-KV kernels, per batch and context."""
+        from mlabench.backends import backend_names, get_backend
+        from mlabench.sweep import records_of
+        from mlabench.tables import compare_table
+
+        if from_run:
+            records = records_of(from_run)
+        else:
+            cfg = _sweep_config(config, None, None, None, backend, batch, context, splits, None, None, resume)
+            _store, records = _run_with_progress(cfg, results_dir, resume)
+        families = {n: get_backend(n).family for n in backend_names()}
+        _emit([compare_table(records, families)], as_json, markdown)
+
+
+def _sweep_config(config, model, tp, heads, backend, batch, context, splits, page_size, budget_s, resume):
+    from mlabench.sweep import SweepConfig, default_sweep_config, load_sweep_config
+    from mlabench.results import ResultStore
+
+    overrides: dict[str, Any] = {
+        "model": model, "tp": tp, "backends": backend or None,
+        "heads": _positive(_ints(heads, "--heads"), "heads"),
+        "batch": _positive(_ints(batch, "--batch"), "batch"),
+        "context_lens": _positive(_ints(context, "--context"), "context length"),
+        "page_size": page_size,
+        "params": {"num_kv_splits": _positive(_ints(splits, "--splits"), "--splits")} if splits else None,
+        "timing": {"budget_s": budget_s} if budget_s else None,
+    }
+    if heads and not model:
+        overrides["model"] = None
+    if resume is not None and config is None and not any(v for v in overrides.values()):
+        return SweepConfig.model_validate(ResultStore(resume).manifest().config)
+    if config is None and not any(v for v in overrides.values()):
+        return default_sweep_config()
+    base = None if config is None else config
+    cfg = load_sweep_config(base, overrides)
+    if heads and not model and config is None:
+        cfg = cfg.model_copy(update={"model": None})
+    return cfg
+
+
+def _run_with_progress(cfg, results_dir: Path, resume: Path | None):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mlabench.sweep import run_sweep
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=False) as bar:
+        task = bar.add_task("sweep", total=None)
+
+        def progress(point, record, done, total):
+            bar.update(task, total=total, completed=done,
+                       description=f"{point.backend} {point.shape.label()} {record.status if record else ''}")
+
+        return run_sweep(cfg, results_dir, resume, progress)

@@ -87,6 +87,9 @@ class Backend(ABC):
     params: ClassVar[tuple[ParamSpec, ...]] = ()
     #: True for backends that are themselves the correctness oracle (not checked against it).
     is_reference: ClassVar[bool] = False
+    #: ``"split-kv"`` (flash decoding, a split count to choose), ``"persistent"`` (a grid sized to
+    #: the GPU over a balanced work list, heads padded to a tile) or ``"reference"``.
+    family: ClassVar[str] = "other"
 
     @abstractmethod
     def available(self) -> tuple[bool, str]:

@@ -40,6 +40,7 @@ class ReferenceBackend(Backend):
     name = "reference"
     summary = "fp32 PyTorch attention over gathered pages (the correctness oracle)"
     is_reference = True
+    family = "reference"
 
     def available(self) -> tuple[bool, str]:
         return True, ""
@@ -64,6 +65,7 @@ class TorchSplitKVBackend(Backend):
     name = "torch-splitkv"
     summary = "split-KV (flash-decoding) in plain PyTorch; portable, small shapes"
     params = (NUM_KV_SPLITS,)
+    family = "split-kv"
     max_elements = 1 << 27
 
     def available(self) -> tuple[bool, str]:

@@ -1,0 +1,56 @@
+"""``mlabench check``: every backend's agreement with the fp32 reference on fresh random inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mlabench.backends import backend_names, get_backend
+from mlabench.errors import BackendUnavailableError
+from mlabench.measure import ShapeBench
+from mlabench.results import Record
+from mlabench.shapes import MLADecodeShape
+from mlabench.sweep import param_grid
+from mlabench.timing import TimingConfig
+
+#: Split counts checked by default: 1, a non-power of two, typical counts, and more splits than a
+#: short request has tokens.
+DEFAULT_CHECK_SPLITS = (1, 3, 16, 64, 256)
+
+
+def default_check_shapes(num_heads: int, softmax_scale: float | None, page_size: int = 64,
+                         dtype: str = "bfloat16") -> list[MLADecodeShape]:
+    """The seed pull request's case (batch 1, context 4096 -> output ``[1, H, 512]``) and a ragged
+    batch with lengths 1, a non-multiple of the page size, an exact multiple, and one past it."""
+    kw = dict(num_heads=num_heads, softmax_scale=softmax_scale, page_size=page_size, q_dtype=dtype,
+              kv_dtype=dtype)
+    return [MLADecodeShape.create(context_lens=(4096,), **kw),
+            MLADecodeShape.create(context_lens=(1, 100, 1024, 4097), **kw)]
+
+
+def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None = None,
+              splits: Sequence[int] = DEFAULT_CHECK_SPLITS, atol: float = 1e-2, rtol: float = 1e-2,
+              seed: int = 0) -> tuple[list[Record], dict[str, str]]:
+    """One record per (backend, params, shape), and ``{backend: why}`` for those unavailable here.
+
+    Named backends must exist (:class:`UnknownBackendError`); fresh inputs per shape (``seed``),
+    outputs poisoned with NaN before each run.
+    """
+    names = list(backends) if backends else [n for n in backend_names() if not get_backend(n).is_reference]
+    chosen = [get_backend(n) for n in names]
+    if backends:
+        for b in chosen:
+            ok, why = b.available()
+            if not ok:
+                raise BackendUnavailableError(f"backend {b.name} is not available here: {why}")
+    records: list[Record] = []
+    unavailable = {b.name: b.available()[1] for b in chosen if not b.available()[0]}
+    for shape in shapes:
+        bench: ShapeBench | None = None
+        for b in chosen:
+            if b.name in unavailable:
+                continue
+            bench = bench or ShapeBench(shape, TimingConfig(), seed=seed, copies=1)
+            for params in param_grid(b, shape, {"num_kv_splits": list(splits)}, all_choices=True):
+                records.append(bench.run(b, params, copy_bw_tbps=None, run_id="check", atol=atol,
+                                         rtol=rtol, time_it=False))
+    return records, unavailable

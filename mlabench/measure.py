@@ -1,0 +1,136 @@
+"""Measure one point: prepare, check against the reference on its own inputs, time, record.
+
+Shared by ``check``, ``sweep`` and ``compare``.  :class:`ShapeBench` owns the inputs of one shape
+(``copies`` independent sets for a cold cache) and their fp32 reference; :meth:`ShapeBench.run`
+turns one (backend, params) into a :class:`~mlabench.results.Record`, whatever happens: an
+unsupported shape, a wrong output or an exception is a row with its status, never a gap.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import torch
+
+from mlabench.backends.base import Backend, PreparedCall
+from mlabench.device import DeviceInfo, current_device
+from mlabench.errors import MlabenchError, OutOfMemoryError, UnsupportedShapeError
+from mlabench.inputs import MLADecodeInputs, check_fits, input_bytes, make_inputs
+from mlabench.kernels.reference import mla_decode_reference
+from mlabench.observers import gpu_state
+from mlabench.results import Record, point_key, utc_now
+from mlabench.shapes import MLADecodeShape
+from mlabench.timing import TimingConfig, cold_cache_copies, time_calls
+from mlabench.verdict import DEFAULT_ATOL, DEFAULT_RTOL, Verdict, compare_outputs
+
+
+class ShapeBench:
+    """Inputs and reference output of one shape.
+
+    ``copies`` input sets are drawn with seeds ``seed, seed+1, ...``; the reference ``[B, H, 512]``
+    fp32 is computed for copy 0, on which every correctness verdict is taken.  Raises
+    :class:`OutOfMemoryError` when even one copy does not fit.
+    """
+
+    def __init__(self, shape: MLADecodeShape, timing: TimingConfig | None = None, seed: int = 0,
+                 device: DeviceInfo | None = None, copies: int | None = None):
+        self.shape = shape
+        self.device = device or current_device()
+        self.timing = timing or TimingConfig()
+        want = copies or cold_cache_copies(input_bytes(shape), self.device, self.timing)
+        while True:  # fewer copies when memory is short; one copy must fit
+            try:
+                check_fits(shape, copies=want + 1, device=self.device)  # +1: reference scratch
+                break
+            except OutOfMemoryError:
+                if want == 1:
+                    check_fits(shape, copies=1, device=self.device)
+                    break
+                want = max(1, want // 2)
+        self.inputs: list[MLADecodeInputs] = [make_inputs(shape, seed=seed + i) for i in range(want)]
+        x = self.inputs[0]
+        self.reference, _ = mla_decode_reference(x.q, x.kv_cache, x.block_table, list(shape.context_lens),
+                                                 shape.scale, shape.kv_lora_rank)
+
+    def check(self, backend: Backend, params: dict[str, Any], atol: float = DEFAULT_ATOL,
+              rtol: float = DEFAULT_RTOL) -> tuple[PreparedCall, Verdict]:
+        """Prepare on copy 0, run once (output poisoned by prepare) and compare with the reference."""
+        call = backend.prepare(self.inputs[0], params)
+        out = call.fn()
+        if self.device.is_gpu:
+            torch.cuda.synchronize()
+        return call, compare_outputs(out, self.reference, atol, rtol)
+
+    def run(self, backend: Backend, params: dict[str, Any], *, copy_bw_tbps: float | None, run_id: str,
+            atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, time_it: bool = True) -> Record:
+        """Check and time ``backend`` with ``params`` on this shape; always returns a record."""
+        s = self.shape
+        base: dict[str, Any] = dict(
+            key=point_key(backend.name, params, s.key()), run_id=run_id, backend=backend.name,
+            params=params, shape=s.key(), batch=s.batch, num_heads=s.num_heads,
+            context_len=s.max_context_len, bytes_moved=s.min_bytes_moved, timestamp=utc_now(),
+            copy_bandwidth_tbps=copy_bw_tbps,
+            floor_us=s.floor_us(copy_bw_tbps) if copy_bw_tbps else None,
+        )
+        ok, why = backend.supports(s)
+        if not ok:
+            return Record(status="unsupported", message=why, **base)
+        try:
+            call, verdict = self.check(backend, params, atol, rtol)
+            base.update(verdict=verdict, effective_params=call.effective_params, setup_us=call.setup_us,
+                        workspace_bytes=call.workspace_bytes)
+            status = "ok" if verdict.passed else "incorrect"
+            message = "" if verdict.passed else _verdict_message(verdict)
+            if not time_it:
+                return Record(status=status, message=message, **base)
+            calls = [call.fn] + [backend.prepare(x, params).fn for x in self.inputs[1:]]
+            timed = self._time(calls, call.graph_safe)
+        except UnsupportedShapeError as exc:
+            return Record(status="unsupported", message=str(exc), **base)
+        except (MlabenchError, RuntimeError, ValueError, TypeError, AssertionError) as exc:
+            if self.device.is_gpu:
+                torch.cuda.synchronize()
+            msg = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            return Record(status="error", message=msg[:500] + _where(exc), **base)
+        stats = timed["stats"]
+        achieved = s.min_bytes_moved / (stats.median_us * 1e-6) / 1e12
+        return Record(
+            status=status, message=(message + timed["note"]).strip(), timing_mode=timed["mode"],
+            stats=stats, eager_stats=timed.get("eager"), cold_cache_copies=len(calls),
+            achieved_tbps=achieved,
+            pct_of_floor=100 * base["floor_us"] / stats.median_us if base["floor_us"] else None,
+            gpu_state=gpu_state(), **base,
+        )
+
+    def _time(self, calls: list, graph_safe: bool) -> dict[str, Any]:
+        cfg = self.timing
+        if not self.device.is_gpu:
+            return {"mode": "wall", "stats": time_calls(calls, cfg, use_graph=False), "note": ""}
+        result: dict[str, Any] = {"note": ""}
+        if cfg.eager or not (cfg.graph and graph_safe):
+            result["eager"] = time_calls(calls, cfg, use_graph=False)
+        if cfg.graph and graph_safe:
+            try:
+                result.update(mode="graph", stats=time_calls(calls, cfg, use_graph=True))
+                return result
+            except RuntimeError as exc:  # capture failed: keep the eager time, say why
+                torch.cuda.synchronize()
+                result["note"] = f" graph capture failed ({str(exc).splitlines()[0][:200]}); eager time"
+                if "eager" not in result:
+                    result["eager"] = time_calls(calls, cfg, use_graph=False)
+        result.update(mode="eager", stats=result.pop("eager"))
+        return result
+
+
+def _verdict_message(v: Verdict) -> str:
+    if not v.shape_ok:
+        return f"wrong output shape {v.output_shape}"
+    if not v.all_finite:
+        return "non-finite output (NaN/Inf: unwritten or overflowed elements)"
+    return f"max abs err {v.max_abs_err:.3g} over atol={v.atol:g} rtol={v.rtol:g}"
+
+
+def _where(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    return f" [{tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}]" if tb else ""

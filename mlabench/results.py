@@ -1,0 +1,265 @@
+"""Result records, the append-only JSONL store, CSV export and the run manifest.
+
+A run folder ``results/<run-id>/`` holds ``manifest.json`` (identity: device, driver, library
+versions, git revision, command line, measured copy bandwidth), ``results.jsonl`` (one
+:class:`Record` per line, appended and fsync'ed, never rewritten) and ``results.csv`` (regenerated
+from the JSONL).  Resuming refuses a folder whose identity differs from this process's, and skips
+points whose key is already recorded.  A last line cut short by an interrupted write is dropped on
+resume (the file is truncated back to its last complete line before appending).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mlabench.errors import ResultsError
+from mlabench.stats import Stats
+from mlabench.verdict import Verdict
+
+SCHEMA_VERSION = 1
+Status = Literal["ok", "unsupported", "incorrect", "error", "timeout"]
+
+
+class Record(BaseModel):
+    """One measured configuration: backend + params on one shape.  Failures are rows too."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(description="Identity of the point (backend, params, shape); resume skips recorded keys.")
+    run_id: str = Field(description="Run folder this record belongs to.")
+    backend: str = Field(description="Backend name.")
+    params: dict[str, Any] = Field(description="Parameters asked for.")
+    effective_params: dict[str, Any] = Field(default_factory=dict, description="What actually ran (e.g. a library's own split count).")
+    shape: dict[str, Any] = Field(description="MLADecodeShape fields.")
+    batch: int = Field(description="Requests in the batch.")
+    num_heads: int = Field(description="Local query heads.")
+    context_len: int = Field(description="Longest context length in the batch, tokens.")
+    status: Status = Field(description="ok / unsupported / incorrect / error / timeout.")
+    message: str = Field("", description="Why the status is not ok.")
+    verdict: Verdict | None = Field(None, description="Correctness on this point's own inputs.")
+    timing_mode: str = Field("", description="graph (replay), eager, or wall (CPU clock).")
+    stats: Stats | None = Field(None, description="Per-call time of the primary mode (graph on GPU), µs.")
+    eager_stats: Stats | None = Field(None, description="Eager per-call time on a GPU, µs.")
+    cold_cache_copies: int = Field(1, description="Input copies rotated per sample.")
+    bytes_moved: int = Field(0, description="Fewest bytes the call must move (KV + q + out).")
+    workspace_bytes: int = Field(0, description="Intermediate bytes the backend reports (split partials).")
+    achieved_tbps: float | None = Field(None, description="bytes_moved / median time, TB/s.")
+    copy_bandwidth_tbps: float | None = Field(None, description="Measured device copy bandwidth, TB/s.")
+    floor_us: float | None = Field(None, description="bytes_moved / copy bandwidth, µs.")
+    pct_of_floor: float | None = Field(None, description="100 * floor_us / median time.")
+    setup_us: dict[str, float] = Field(default_factory=dict, description="Untimed setup steps, µs.")
+    gpu_state: dict[str, Any] = Field(default_factory=dict, description="Clocks, temperature, power read after timing.")
+    timestamp: str = Field(description="UTC time the record was written, ISO 8601.")
+
+    @property
+    def median_us(self) -> float | None:
+        return self.stats.median_us if self.stats else None
+
+
+class Manifest(BaseModel):
+    """Identity and provenance of a run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    created: str
+    command: list[str]
+    git_revision: str
+    git_dirty: bool
+    host: str
+    device: dict[str, Any]
+    driver: str
+    versions: dict[str, str | None]
+    copy_bandwidth_tbps: float
+    config: dict[str, Any] = Field(default_factory=dict, description="The sweep configuration as run.")
+
+    def identity(self) -> dict[str, Any]:
+        """What must match to append to this run: device, driver, versions, git revision, schema."""
+        return {"schema_version": self.schema_version, "device": self.device.get("name"),
+                "driver": self.driver, "versions": self.versions, "git_revision": self.git_revision}
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_run_id(prefix: str = "run") -> str:
+    """``<prefix>-YYYYmmdd-HHMMSS-<pid>``: unique per process and second."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{prefix}-{stamp}-{os.getpid()}"
+
+
+def point_key(backend: str, params: dict[str, Any], shape: dict[str, Any]) -> str:
+    """Stable 16-hex-digit key of a point."""
+    blob = json.dumps({"b": backend, "p": params, "s": shape}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def git_revision(repo: Path | None = None) -> tuple[str, bool]:
+    """``(revision, dirty)`` of the mlabench checkout, or ``("unknown", False)`` outside git."""
+    repo = repo or Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "mlabench"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+        return rev, dirty
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", False
+
+
+class ResultStore:
+    """Append-only JSONL records of one run folder."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.jsonl = self.run_dir / "results.jsonl"
+        self.manifest_path = self.run_dir / "manifest.json"
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    @classmethod
+    def create(cls, run_dir: Path, manifest: Manifest) -> ResultStore:
+        """Make a new run folder; :class:`ResultsError` if it already holds results."""
+        store = cls(run_dir)
+        if store.manifest_path.exists():
+            raise ResultsError(f"{run_dir} already holds a run; use --resume to continue it")
+        store.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = store.manifest_path.with_suffix(".tmp")
+        tmp.write_text(manifest.model_dump_json(indent=2) + "\n")
+        tmp.replace(store.manifest_path)
+        return store
+
+    @classmethod
+    def open_existing(cls, run_dir: Path, identity: dict[str, Any] | None = None) -> ResultStore:
+        """Reopen a run to resume it; refuses a folder whose identity differs from ``identity``."""
+        store = cls(run_dir)
+        if not store.manifest_path.exists():
+            raise ResultsError(f"{run_dir}: no manifest.json, nothing to resume")
+        if identity is not None:
+            theirs = store.manifest().identity()
+            diff = sorted(k for k in identity if identity[k] != theirs.get(k))
+            if diff:
+                raise ResultsError(
+                    f"{run_dir} was recorded with another {', '.join(diff)} "
+                    f"({theirs[diff[0]]} vs {identity[diff[0]]}); start a new run instead"
+                )
+        store._drop_partial_line()
+        return store
+
+    def manifest(self) -> Manifest:
+        try:
+            return Manifest.model_validate_json(self.manifest_path.read_text())
+        except (OSError, ValidationError) as exc:
+            raise ResultsError(f"{self.manifest_path}: unreadable manifest ({str(exc).splitlines()[0]})") from None
+
+    # ---- records -------------------------------------------------------------------------------
+    def append(self, record: Record) -> None:
+        """Append one record as a JSON line, flushed and fsync'ed before returning."""
+        line = record.model_dump_json() + "\n"
+        with open(self.jsonl, "a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def records(self) -> list[Record]:
+        """Every complete record, in order; a cut-short last line is ignored."""
+        if not self.jsonl.exists():
+            return []
+        out = []
+        with open(self.jsonl, encoding="utf-8") as fh:
+            lines = fh.read().split("\n")
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                out.append(Record.model_validate_json(line))
+            except ValidationError:
+                if i == len(lines) - 1:  # an interrupted write: no newline after it
+                    break
+                raise ResultsError(f"{self.jsonl}:{i + 1}: not a valid record") from None
+        return out
+
+    def finished_keys(self) -> set[str]:
+        return {r.key for r in self.records()}
+
+    def _drop_partial_line(self) -> None:
+        if not self.jsonl.exists():
+            return
+        data = self.jsonl.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(self.jsonl, "r+b") as fh:
+                fh.truncate(data.rfind(b"\n") + 1)
+
+    # ---- exports -------------------------------------------------------------------------------
+    def write_csv(self, path: Path | None = None) -> Path:
+        """Flatten the records into ``results.csv`` (regenerated, never appended); returns its path."""
+        path = path or self.run_dir / "results.csv"
+        rows = [csv_row(r) for r in self.records()]
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+        tmp.replace(path)
+        return path
+
+
+CSV_FIELDS = [
+    "backend", "params", "effective_params", "batch", "num_heads", "context_len", "page_size",
+    "kv_dtype", "status", "verdict_passed", "max_abs_err", "timing_mode", "median_us", "iqr_us",
+    "min_us", "n_samples", "median_rel_ci", "noisy", "eager_median_us", "achieved_tbps", "floor_us",
+    "pct_of_floor", "cold_cache_copies", "bytes_moved", "workspace_bytes", "message", "key",
+]
+
+
+def csv_row(r: Record) -> dict[str, Any]:
+    s, e, v = r.stats, r.eager_stats, r.verdict
+    return {
+        "backend": r.backend, "params": json.dumps(r.params, sort_keys=True),
+        "effective_params": json.dumps(r.effective_params, sort_keys=True), "batch": r.batch,
+        "num_heads": r.num_heads, "context_len": r.context_len, "page_size": r.shape.get("page_size"),
+        "kv_dtype": r.shape.get("kv_dtype"), "status": r.status,
+        "verdict_passed": v.passed if v else "", "max_abs_err": v.max_abs_err if v else "",
+        "timing_mode": r.timing_mode, "median_us": s.median_us if s else "",
+        "iqr_us": s.iqr_us if s else "", "min_us": s.min_us if s else "", "n_samples": s.n if s else "",
+        "median_rel_ci": s.median_rel_ci if s else "", "noisy": s.noisy if s else "",
+        "eager_median_us": e.median_us if e else "", "achieved_tbps": r.achieved_tbps or "",
+        "floor_us": r.floor_us or "", "pct_of_floor": r.pct_of_floor or "",
+        "cold_cache_copies": r.cold_cache_copies, "bytes_moved": r.bytes_moved,
+        "workspace_bytes": r.workspace_bytes, "message": r.message, "key": r.key,
+    }
+
+
+def library_versions() -> dict[str, str | None]:
+    """Versions of python, torch (with its CUDA/HIP), triton, AITER, FlashMLA and mlabench."""
+    import torch
+
+    from mlabench import __version__
+    from mlabench.extras import package_version
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": torch.version.hip,
+        "triton": package_version(("triton", "pytorch-triton-rocm", "pytorch-triton")),
+        "aiter": package_version(("amd-aiter", "aiter")),
+        "flash_mla": package_version(("sgl-flash-mla", "flash-mla", "flash_mla")),
+        "mlabench": __version__,
+    }
+
+
+def command_line() -> list[str]:
+    return [Path(sys.argv[0]).name, *sys.argv[1:]]

@@ -1,0 +1,74 @@
+"""One statistics type for timing samples, and the stopping rule's spread estimate.
+
+All values are microseconds; printers format them, nothing here rounds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Stats(BaseModel):
+    """Summary of timing samples (µs each), raw samples kept."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(description="Number of samples.")
+    median_us: float = Field(description="Median sample, µs.")
+    iqr_us: float = Field(description="Inter-quartile range (p75 - p25), µs.")
+    min_us: float = Field(description="Fastest sample, µs.")
+    max_us: float = Field(description="Slowest sample, µs.")
+    mean_us: float = Field(description="Mean sample, µs.")
+    median_rel_ci: float = Field(
+        description="Half-width of the 95% confidence interval of the median over the median."
+    )
+    converged: bool = Field(description="True when median_rel_ci reached the target before the budget.")
+    noisy: bool = Field(description="True when the spread stayed above the target (a flag, not a filter).")
+    samples_us: list[float] = Field(description="Raw samples in the order taken, µs.")
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated quantile of an already sorted, non-empty list (NumPy's default method)."""
+    if not sorted_values:
+        raise ValueError("quantile of no values")
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def median_rel_ci(samples: list[float], z: float = 1.96) -> float:
+    """Relative half-width of a distribution-free confidence interval of the median.
+
+    The interval is bounded by the order statistics of rank ``n/2 -+ z*sqrt(n)/2`` (normal
+    approximation to the binomial; Conover, *Practical Nonparametric Statistics*, §3.2).  Returns
+    ``inf`` for fewer than 3 samples or a non-positive median.
+    """
+    n = len(samples)
+    if n < 3:
+        return math.inf
+    xs = sorted(samples)
+    med = statistics.median(xs)
+    if med <= 0:
+        return math.inf
+    half = z * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half))
+    hi = min(n - 1, math.ceil(n / 2 + half) - 1)
+    return (xs[hi] - xs[lo]) / 2 / med
+
+
+def summarize(samples_us: list[float], target_rel_ci: float = 0.01) -> Stats:
+    """Build :class:`Stats` from raw samples; raises ValueError on an empty list."""
+    if not samples_us:
+        raise ValueError("no samples")
+    xs = sorted(samples_us)
+    rel = median_rel_ci(samples_us)
+    ok = rel <= target_rel_ci
+    return Stats(
+        n=len(xs), median_us=statistics.median(xs), iqr_us=quantile(xs, 0.75) - quantile(xs, 0.25),
+        min_us=xs[0], max_us=xs[-1], mean_us=statistics.fmean(xs), median_rel_ci=rel,
+        converged=ok, noisy=not ok, samples_us=list(samples_us),
+    )
