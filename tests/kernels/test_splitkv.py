@@ -1,0 +1,75 @@
+"""Triton split-KV kernel against the fp32 reference, in the Triton interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mlabench.kernels.splitkv import alloc_splitkv_workspace, mla_decode_splitkv
+from tests.kernels.helpers import TOL, make_case, max_err, reference
+
+CASES = [
+    # heads, lens, page, splits, dtype, block_n
+    (12, (1, 64, 100), 16, 1, "float16", 32),   # one split; lengths 1 and an exact page multiple
+    (12, (1, 64, 100), 16, 3, "float16", 32),   # non-power-of-two splits
+    (12, (5, 2), 16, 7, "float16", 16),         # more splits than tokens: most splits are empty
+    (8, (33, 128), 64, 5, "float16", 64),       # page 64, exact multiple, 8 heads
+    (16, (17, 40), 1, 4, "float16", 16),        # page 1: every token its own page
+    (32, (20,), 16, 2, "float16", 16),          # two head tiles
+    (12, (50, 1), 16, 3, "bfloat16", 32),       # bf16: fp32 upcast before tl.dot in the interpreter
+    (12, (30,), 16, 2, "float32", 16),
+]
+
+
+@pytest.mark.parametrize("heads,lens,page,splits,dtype,block_n", CASES)
+def test_matches_reference(heads, lens, page, splits, dtype, block_n):
+    inp, ref = make_case(heads, lens, page, dtype)
+    out = inp.new_output()  # NaN-poisoned: every row must be written
+    part_o, part_lse = alloc_splitkv_workspace(inp.shape.batch, heads, splits, "cpu")
+    part_o.fill_(float("nan"))  # every slot stage 2 reads must be written by stage 1
+    part_lse.fill_(float("nan"))
+    res = mla_decode_splitkv(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, out, splits,
+                             inp.shape.scale, partial_out=part_o, partial_lse=part_lse,
+                             block_n=block_n)
+    assert res is out
+    assert max_err(out, ref) < TOL[dtype]
+
+
+def test_split_bounds_follow_lengths_on_device():
+    """Same workspace and split count, lengths shortened in place (as under a replayed graph)."""
+    inp, _ = make_case(12, (90, 45), 16)
+    splits = 5
+    part_o, part_lse = alloc_splitkv_workspace(2, 12, splits, "cpu")
+    out = inp.new_output()
+    args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, out, splits, inp.shape.scale)
+    mla_decode_splitkv(*args, partial_out=part_o, partial_lse=part_lse, block_n=16)
+    inp.cache_seqlens.copy_(torch.tensor([3, 44], dtype=torch.int32))
+    out.fill_(float("nan"))
+    mla_decode_splitkv(*args, partial_out=part_o, partial_lse=part_lse, block_n=16)
+    assert max_err(out, reference(inp, inp.q)) < TOL["float16"]
+
+
+def test_sensitive_to_the_softmax_scale():
+    """A kernel that ignored the scale would pass a loose check; this one must not."""
+    inp, ref = make_case(12, (40,), 16)
+    out = inp.new_output()
+    mla_decode_splitkv(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, out, 2,
+                       inp.shape.scale * 2, block_n=16)
+    assert max_err(out, ref) > 0.05
+
+
+@pytest.mark.parametrize("splits", [0, 513])
+def test_rejects_bad_split_counts(splits):
+    inp, _ = make_case(12, (8,), 16)
+    with pytest.raises(ValueError, match="num_kv_splits"):
+        mla_decode_splitkv(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens,
+                           inp.new_output(), splits, inp.shape.scale)
+
+
+def test_rejects_small_workspace():
+    inp, _ = make_case(12, (8, 8), 16)
+    part_o, part_lse = alloc_splitkv_workspace(2, 12, 2, "cpu")
+    with pytest.raises(ValueError, match="workspace"):
+        mla_decode_splitkv(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens,
+                           inp.new_output(), 4, inp.shape.scale, partial_out=part_o,
+                           partial_lse=part_lse)

@@ -1,0 +1,73 @@
+"""The triton-splitkv and triton-persistent backends through the backend contract."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mlabench.backends import get_backend
+from mlabench.backends.triton import NO_GPU_REASON, _HeadPadder
+from mlabench.errors import ConfigError
+from mlabench.kernels.padding import pad_heads
+from tests.kernels.helpers import TOL, make_case, max_err
+
+
+def test_module_import_does_not_import_triton():
+    code = "import sys, mlabench.backends.triton; print('triton' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "False"
+
+
+def test_available_only_when_interpreting_on_cpu(monkeypatch):
+    for name in ("triton-splitkv", "triton-persistent"):
+        assert get_backend(name).available() == (True, "")
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        assert get_backend(name).available() == (False, NO_GPU_REASON)
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.mark.parametrize("heads,mode", [(12, "zero"), (12, "repeat"), (8, "repeat"), (20, "repeat")])
+def test_head_padder_matches_pad_heads(heads, mode):
+    q = torch.randn(3, heads, 576)
+    padder = _HeadPadder(q, -(-heads // 16) * 16, mode)
+    first = padder().clone()
+    q.mul_(2)  # the padder reads q anew on every call
+    assert torch.equal(padder(), pad_heads(q, -(-heads // 16) * 16, mode))
+    assert not torch.equal(first, padder())
+
+
+def test_splitkv_backend():
+    inp, ref = make_case(12, (33, 70), 16)
+    be = get_backend("triton-splitkv")
+    params = be.resolve_params(inp.shape, {"num_kv_splits": 3})
+    call = be.prepare(inp, params)
+    assert torch.isnan(call.out).all()
+    res = call.fn()
+    assert res is call.out and max_err(res, ref) < TOL["float16"]
+    assert call.effective_params == {"num_kv_splits": 3}
+    assert call.workspace_bytes == 2 * 2 * 3 * 12 * (512 * 4 + 4)
+
+
+@pytest.mark.parametrize("mode", ["zero", "repeat"])
+def test_persistent_backend(mode):
+    inp, ref = make_case(12, (33, 70), 16)
+    be = get_backend("triton-persistent")
+    call = be.prepare(inp, be.resolve_params(inp.shape, {"head_padding": mode, "programs_per_sm": 2}))
+    assert torch.isnan(call.out).all()
+    res = call.fn()
+    assert res.shape == (2, 12, 512) and max_err(res, ref) < TOL["float16"]
+    assert call.effective_params["padded_heads"] == 16
+    assert call.effective_params["head_padding"] == mode
+    assert call.effective_params["num_programs"] % 2 == 0
+
+
+def test_persistent_params_are_validated():
+    be = get_backend("triton-persistent")
+    inp, _ = make_case(12, (8,), 16)
+    with pytest.raises(ConfigError):
+        be.resolve_params(inp.shape, {"programs_per_sm": 9})
+    with pytest.raises(ConfigError):
+        be.resolve_params(inp.shape, {"head_padding": "mirror"})
