@@ -1,0 +1,209 @@
+"""Driving ``vllm bench serve`` for each variant, concurrency and repeat; one run folder per run.
+
+Layout of ``results/<run-id>/`` (append-only; a new run never reuses a folder):
+``manifest.json`` (config, vllm executable, start time), ``commands.txt`` (every command run),
+``server-<variant>.log``, ``<variant>-c<conc>-r<repeat>.json`` (vLLM's saved result) and ``.log``,
+``results.jsonl`` (one :class:`BenchResult` per line, written as each run ends), ``table.md`` and
+``table.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from mlabench.errors import ConfigError, ServerError
+from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
+from mlabench.serving.lifecycle import (
+    ManagedServer, log_tail, require_reachable, served_model, stop_group,
+)
+from mlabench.serving.results import BenchResult, load_result
+
+Progress = Callable[[str], None]
+
+
+def new_run_dir(
+    results_root: Path, label: str, now: _dt.datetime | None = None, kind: str = "serve"
+) -> Path:
+    """Create and return a fresh ``results_root/<kind>-<UTC time>-<label>[-N]`` folder.
+
+    Never returns an existing folder (``mkdir`` without ``exist_ok``, so two runs started in the
+    same second get ``-2``, ``-3``...).
+    """
+    stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    base = f"{kind}-{stamp}-{label}"
+    results_root.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        path = results_root / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise ConfigError(f"cannot make a new run folder under {results_root}")
+
+
+def bench_command(
+    vllm_bin: str, base_url: str, model: str, tokenizer: str, params: BenchParams,
+    concurrency: int, result_dir: Path, result_filename: str, metadata: dict[str, str],
+) -> list[str]:
+    """argv of one ``vllm bench serve`` run (flags: vLLM ``vllm bench serve --help``)."""
+    p = params
+    argv = [
+        vllm_bin, "bench", "serve", "--backend", p.backend, "--base-url", base_url,
+        "--endpoint", p.endpoint, "--model", model, "--tokenizer", tokenizer,
+        "--dataset-name", p.dataset_name,
+    ]
+    if p.dataset_name == "random":
+        argv += [
+            "--random-input-len", str(p.random_input_len),
+            "--random-output-len", str(p.random_output_len),
+            "--random-range-ratio", repr(float(p.random_range_ratio)),
+        ]
+    argv += [
+        "--max-concurrency", str(concurrency), "--num-prompts", str(p.num_prompts),
+        "--seed", str(p.seed), "--request-rate", p.request_rate,
+        "--percentile-metrics", p.percentile_metrics, "--metric-percentiles", p.metric_percentiles,
+    ]
+    if p.num_warmups:
+        argv += ["--num-warmups", str(p.num_warmups)]
+    argv += [flag for on, flag in ((p.ignore_eos, "--ignore-eos"),
+                                   (p.trust_remote_code, "--trust-remote-code"),
+                                   (p.disable_tqdm, "--disable-tqdm")) if on]
+    argv += ["--save-result", "--result-dir", str(result_dir), "--result-filename", result_filename]
+    argv += list(p.extra_args)
+    argv += ["--metadata", *(f"{k}={v}" for k, v in metadata.items())]
+    return argv
+
+
+def run_one(
+    argv: list[str], log_path: Path, timeout_s: float,
+    server: ManagedServer | None = None, poll_s: float = 0.5,
+) -> int:
+    """Run one bench command (own process group, output to ``log_path``); returns its exit code.
+
+    Raises :class:`ServerError` when ``server`` (a launched one) exits meanwhile, and
+    :class:`ServerError` on timeout. The bench process group is stopped on any exit path,
+    KeyboardInterrupt included.
+    """
+    with open(log_path, "ab") as log:
+        log.write(f"# {shlex.join(argv)}\n".encode())
+        log.flush()
+        try:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot run {argv[0]!r}: {exc} (set MLABENCH_VLLM_BIN, --vllm-bin or vllm_bin)"
+            ) from None
+    deadline = time.monotonic() + timeout_s
+    try:
+        while proc.poll() is None:
+            if server is not None and not server.alive():
+                raise ServerError(
+                    f"server exited during the benchmark; last lines of {server.log_path}:\n"
+                    f"{log_tail(server.log_path)}"
+                )
+            if time.monotonic() > deadline:
+                raise ServerError(f"vllm bench serve ran past {timeout_s:.0f} s; see {log_path}")
+            time.sleep(poll_s)
+        return proc.returncode
+    finally:
+        if proc.poll() is None:
+            stop_group(proc, grace_s=5.0)
+
+
+@contextlib.contextmanager
+def variant_server(
+    variant: Variant, run_dir: Path, vllm_bin: str, progress: Progress
+) -> Iterator[ManagedServer | None]:
+    """Yield a launched server for a variant with ``[launch]``, else check ``base_url`` is up."""
+    if variant.launch is None:
+        require_reachable(variant.base_url)
+        yield None
+        return
+    srv = ManagedServer(variant.launch, variant.base_url, run_dir / f"server-{variant.name}.log",
+                        vllm_bin=vllm_bin)
+    progress(f"[{variant.name}] launching: {shlex.join(srv.argv())}")
+    with srv:
+        progress(f"[{variant.name}] healthy after {srv.startup_s:.0f} s")
+        yield srv
+    progress(f"[{variant.name}] server stopped")
+
+
+def run_serve_bench(
+    config: ServeConfig, results_root: Path, label: str = "serve",
+    vllm_bin_flag: str | None = None, progress: Progress = lambda _: None,
+    run_dir: Path | None = None,
+) -> tuple[Path, list[BenchResult]]:
+    """Run every (variant, concurrency, repeat); returns (run folder, results in run order).
+
+    Results are appended to ``results.jsonl`` as each run ends, so an interrupted run keeps what
+    it measured. A bench run that fails or writes no JSON becomes a ``missing``/``error`` result
+    (never dropped). Raises :class:`ServerError` when a server cannot be reached, dies, or fails
+    to start (fail fast: later variants are not run); servers launched here are always stopped.
+    """
+    vllm_bin = resolve_vllm_bin(config.vllm_bin, vllm_bin_flag)
+    run_dir = run_dir or new_run_dir(results_root, label)
+    manifest = {
+        "kind": "serve-bench", "schema_version": 1,
+        "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "vllm_bin": vllm_bin, "env": env_summary(), "config": config.model_dump(mode="json"),
+    }
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    results: list[BenchResult] = []
+    for variant in config.variants:
+        params = config.bench_for(variant)
+        with variant_server(variant, run_dir, vllm_bin, progress) as srv:
+            model = expand(variant.model or config.model or served_model(variant.base_url))
+            tokenizer = expand(config.tokenizer) if config.tokenizer else model
+            for conc in config.concurrencies:
+                for rep in range(config.repeats):
+                    stem = f"{variant.name}-c{conc}-r{rep}"
+                    argv = bench_command(
+                        vllm_bin, variant.base_url, model, tokenizer, params, conc, run_dir,
+                        f"{stem}.json",
+                        {"variant": variant.name, "concurrency": str(conc), "repeat": str(rep)},
+                    )
+                    with open(run_dir / "commands.txt", "a") as fh:
+                        fh.write(shlex.join(argv) + "\n")
+                    progress(f"[{variant.name}] concurrency {conc}, repeat {rep + 1}/{config.repeats}")
+                    code = run_one(argv, run_dir / f"{stem}.log", config.bench_timeout_s, srv)
+                    res = load_result(run_dir / f"{stem}.json", variant.name, conc, rep, run_dir)
+                    if code != 0 and res.status == "ok":
+                        res = res.model_copy(update={"status": "error",
+                                                     "error": f"vllm bench serve exited {code}"})
+                    elif res.status == "missing":
+                        tail = log_tail(run_dir / f"{stem}.log", 8)
+                        res = res.model_copy(update={"error": f"{res.error}; exit code {code}; "
+                                                     f"log tail:\n{tail}"})
+                    results.append(res)
+                    with open(run_dir / "results.jsonl", "a") as fh:
+                        fh.write(res.model_dump_json() + "\n")
+                    progress(f"[{variant.name}] c={conc} r={rep}: {res.status}"
+                             + (f", mean TPOT {res.tpot.mean_ms:.2f} ms"
+                                if res.tpot.mean_ms is not None else ""))
+    return run_dir, results
+
+
+def read_run(run_dir: Path) -> tuple[ServeConfig, list[BenchResult]]:
+    """Re-read a finished (or interrupted) run folder: its config and results.jsonl."""
+    try:
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        config = ServeConfig.model_validate(manifest["config"])
+        lines = (run_dir / "results.jsonl").read_text().splitlines()
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"{run_dir} is not a readable serve-bench run: {exc}") from None
+    return config, [BenchResult.model_validate_json(line) for line in lines if line.strip()]
+
+
+def env_summary() -> dict[str, str]:
+    """Environment variables that change vLLM's kernels (VLLM_*), for the manifest."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")}

@@ -1,0 +1,214 @@
+"""Serving configuration: server variants, bench parameters, greedy-check parameters.
+
+A ``configs/serve/*.toml`` file is validated into :class:`ServeConfig` (pydantic, ``extra="forbid"``,
+a description on every field). Bench defaults are the seed's hand-run ``vllm bench serve`` line
+(ROCm 12-head MLA PR: random dataset, 100000 in / 1000 out, 3 prompts, 1 warm-up, seed 0,
+request rate inf, ignore-eos, ``/v1/completions``, backend ``vllm``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from mlabench.errors import ConfigError
+
+VLLM_BIN_ENV = "MLABENCH_VLLM_BIN"
+_UNEXPANDED = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BenchParams(_Strict):
+    """Flags of ``vllm bench serve`` that mlabench sets; each maps to one ``--flag``."""
+
+    backend: str = Field("vllm", description="--backend (vLLM's own default moved to 'openai').")
+    endpoint: str = Field("/v1/completions", description="--endpoint, the API path requests go to.")
+    dataset_name: str = Field("random", description="--dataset-name.")
+    random_input_len: int = Field(100000, gt=0, description="--random-input-len, prompt tokens.")
+    random_output_len: int = Field(1000, gt=1, description="--random-output-len, output tokens.")
+    random_range_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="--random-range-ratio.")
+    num_prompts: int = Field(3, gt=0, description="--num-prompts, measured requests per run.")
+    num_warmups: int = Field(1, ge=0, description="--num-warmups, unmeasured requests first.")
+    seed: int = Field(0, description="--seed of the random dataset.")
+    request_rate: str = Field("inf", description="--request-rate, requests/s or 'inf'.")
+    ignore_eos: bool = Field(True, description="--ignore-eos: every request yields the full output.")
+    trust_remote_code: bool = Field(True, description="--trust-remote-code.")
+    disable_tqdm: bool = Field(True, description="--disable-tqdm.")
+    percentile_metrics: str = Field(
+        "ttft,tpot,itl,e2el", description="--percentile-metrics, metrics given percentiles."
+    )
+    metric_percentiles: str = Field("50,99", description="--metric-percentiles (99 gives p99_*).")
+    extra_args: list[str] = Field(
+        default_factory=list, description="Raw flags appended as they are (pass-through)."
+    )
+
+
+class LaunchSpec(_Strict):
+    """How to start a server: its command line and environment (``$VAR`` and ``~`` expanded)."""
+
+    command: list[str] = Field(
+        ..., min_length=1,
+        description="argv of the server, e.g. ['{vllm_bin}', 'serve', MODEL, '--port', '8000']; "
+        "'{vllm_bin}' becomes the resolved vllm executable.",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Variables added to the inherited environment."
+    )
+    cwd: str | None = Field(None, description="Working directory of the server (default: here).")
+    health_timeout_s: float = Field(
+        1800.0, gt=0, description="Seconds to wait for GET /health to answer 200."
+    )
+    stop_grace_s: float = Field(
+        30.0, gt=0, description="Seconds after SIGINT (and again after SIGTERM) before escalating."
+    )
+
+
+class Variant(_Strict):
+    """One server variant: an existing base URL, or a launch spec that serves at ``base_url``."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Label in tables/file names.")
+    base_url: str = Field(..., description="Where the server answers, e.g. http://127.0.0.1:8000.")
+    launch: LaunchSpec | None = Field(None, description="Start the server here when given.")
+    model: str | None = Field(
+        None, description="--model for this variant (default: the config's, else /v1/models)."
+    )
+    bench: dict[str, Any] = Field(
+        default_factory=dict, description="Per-variant overrides of [bench] keys."
+    )
+
+
+class CheckParams(_Strict):
+    """Greedy output check (``serve-check``): one fixed prompt, temperature 0."""
+
+    prompt: str = Field(
+        "The quick brown fox jumps over the lazy dog. " * 8,
+        description="Fixed prompt text sent to /v1/completions.",
+    )
+    max_tokens: int = Field(64, gt=0, description="N: output tokens asked for and expected.")
+    logprobs: int = Field(5, ge=2, description="Top logprobs per position (2 needed for gaps).")
+    tie_threshold: float = Field(
+        0.05, ge=0, description="A divergence where top-1 minus top-2 logprob (nats) is below "
+        "this is a near tie.",
+    )
+    timeout_s: float = Field(600.0, gt=0, description="HTTP timeout of the request, seconds.")
+
+
+class ServeConfig(_Strict):
+    """A ``configs/serve/*.toml`` file."""
+
+    description: str = Field("", description="Free text shown in the run manifest.")
+    model: str | None = Field(None, description="--model (default: first id of /v1/models).")
+    tokenizer: str | None = Field(None, description="--tokenizer (default: the model).")
+    vllm_bin: str | None = Field(
+        None, description=f"vllm executable for 'vllm bench serve' (overridden by ${VLLM_BIN_ENV})."
+    )
+    baseline: str = Field(..., description="Name of the variant speedups are taken against.")
+    concurrencies: list[int] = Field(
+        default_factory=lambda: [1, 16], min_length=1, description="--max-concurrency values."
+    )
+    repeats: int = Field(1, ge=1, description="Runs of vllm bench serve per (variant, concurrency).")
+    bench_timeout_s: float = Field(7200.0, gt=0, description="Limit of one bench run, seconds.")
+    variants: list[Variant] = Field(..., min_length=1, description="Server variants, in order.")
+    bench: BenchParams = Field(default_factory=BenchParams, description="Bench flags.")
+    check: CheckParams = Field(default_factory=CheckParams, description="serve-check settings.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ServeConfig":
+        names = [v.name for v in self.variants]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"duplicate variant names: {sorted(dup)}")
+        if self.baseline not in names:
+            raise ValueError(f"baseline {self.baseline!r} is not a variant (variants: {names})")
+        if len(set(self.concurrencies)) != len(self.concurrencies) or min(self.concurrencies) < 1:
+            raise ValueError(f"concurrencies must be distinct and >= 1: {self.concurrencies}")
+        for v in self.variants:
+            self.bench_for(v)
+        return self
+
+    def variant(self, name: str) -> Variant:
+        """The variant called ``name``; raises :class:`ConfigError` listing the known names."""
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise ConfigError(f"unknown variant {name!r}; known: {[v.name for v in self.variants]}")
+
+    def bench_for(self, variant: Variant) -> BenchParams:
+        """Bench params of ``variant``: the config's ``[bench]`` with the variant's overrides."""
+        merged = {**self.bench.model_dump(), **variant.bench}
+        return BenchParams.model_validate(merged)
+
+
+def expand(text: str) -> str:
+    """Expand ``~`` and ``$VAR``; raises :class:`ConfigError` when a variable is not set."""
+    out = os.path.expanduser(os.path.expandvars(text))
+    left = _UNEXPANDED.search(out)
+    if left:
+        raise ConfigError(f"environment variable {left.group(0)} in {text!r} is not set")
+    return out
+
+
+def resolve_vllm_bin(config_value: str | None = None, flag: str | None = None) -> str:
+    """The vllm executable: ``flag``, else ``$MLABENCH_VLLM_BIN``, else the config's, else 'vllm'."""
+    for candidate in (flag, os.environ.get(VLLM_BIN_ENV), config_value):
+        if candidate:
+            return expand(candidate)
+    return "vllm"
+
+
+def _apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` strings (value parsed as TOML, else kept as a string)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not KEY=VALUE (e.g. bench.num_prompts=8)")
+        key, raw = item.split("=", 1)
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a table")
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ServeConfig:
+    """Read and validate a serve config TOML; raises :class:`ConfigError` with one clear line.
+
+    ``overrides`` are ``key.path=value`` strings (e.g. ``bench.random_input_len=256``,
+    ``concurrencies=[1]``) applied before validation.
+    """
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"serve config not found: {p}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: bad TOML: {exc}") from None
+    data = _apply_overrides(data, overrides or [])
+    try:
+        return ServeConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "(top level)"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ConfigError(f"{p}: {where}: {first['msg']}{more}") from None
+
+
+def config_from_url(base_url: str, model: str | None = None, **kwargs: Any) -> ServeConfig:
+    """A one-variant config for a server already running at ``base_url`` (named 'server')."""
+    return ServeConfig(
+        model=model, baseline="server", variants=[Variant(name="server", base_url=base_url)], **kwargs
+    )

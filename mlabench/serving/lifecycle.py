@@ -1,0 +1,213 @@
+"""Server lifecycle: launch ``vllm serve`` in its own process group, wait for health, stop cleanly.
+
+Stop order is SIGINT, then SIGTERM, then SIGKILL, each sent to the whole process group (vLLM
+forks engine-core and worker processes), with a grace period between steps, so that no process is
+left behind on success, error or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from pathlib import Path
+from typing import Callable
+
+from mlabench.errors import ServerError
+from mlabench.serving.config import LaunchSpec, expand
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a text file ('' when it does not exist)."""
+    try:
+        with open(path, errors="replace") as fh:
+            return "".join(deque(fh, maxlen=lines)).rstrip()
+    except FileNotFoundError:
+        return ""
+
+
+def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
+    """GET ``url``; returns (status, body). Raises ``OSError`` (URLError) when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read() if exc.fp else b""
+
+
+def is_healthy(base_url: str, timeout_s: float = 5.0) -> bool:
+    """True when ``GET {base_url}/health`` answers 200 (vLLM's OpenAI server health route)."""
+    try:
+        status, _ = http_get(base_url.rstrip("/") + "/health", timeout_s)
+    except (OSError, ValueError):
+        return False
+    return status == 200
+
+
+def served_model(base_url: str, timeout_s: float = 10.0) -> str:
+    """First model id of ``GET /v1/models``; raises :class:`ServerError` when it cannot be read."""
+    try:
+        status, body = http_get(base_url.rstrip("/") + "/v1/models", timeout_s)
+        if status != 200:
+            raise ServerError(f"{base_url}/v1/models answered HTTP {status}")
+        return json.loads(body)["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        raise ServerError(f"cannot read the served model from {base_url}/v1/models: {exc}") from None
+
+
+def require_reachable(base_url: str) -> None:
+    """Raise :class:`ServerError` unless the server at ``base_url`` answers /health with 200."""
+    if not is_healthy(base_url):
+        raise ServerError(f"no healthy server at {base_url} (GET /health did not answer 200)")
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> int | None:
+    """Stop ``proc`` and its process group: SIGINT, then SIGTERM, then SIGKILL.
+
+    Waits ``grace_s`` seconds after SIGINT and after SIGTERM. Returns the exit code of ``proc``
+    (None if it could not be reaped). Safe to call on a process that already exited: the group is
+    still signalled, since children can outlive the leader.
+    """
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = proc.pid  # leader gone; its group id was its pid (start_new_session)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break  # nothing left in the group
+        deadline = time.monotonic() + (grace_s if sig != signal.SIGKILL else 5.0)
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not _group_alive(pgid):
+                break
+            time.sleep(0.1)
+        else:
+            continue
+        break
+    try:
+        return proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ManagedServer:
+    """A server launched from a :class:`LaunchSpec`, used as a context manager.
+
+    ``with ManagedServer(spec, base_url, log_path) as srv:`` starts the command in a new session
+    (its own process group) with stdout/stderr going to ``log_path``, waits until ``/health``
+    answers 200, and on exit (normal, exception or KeyboardInterrupt) stops the whole group.
+
+    Raises :class:`ServerError` when the command cannot start, exits before it is healthy (the
+    message carries the tail of its log), or is not healthy within ``spec.health_timeout_s``.
+    """
+
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        base_url: str,
+        log_path: Path,
+        vllm_bin: str = "vllm",
+        on_wait: Callable[[float], None] | None = None,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.spec = spec
+        self.base_url = base_url
+        self.log_path = Path(log_path)
+        self.vllm_bin = vllm_bin
+        self.on_wait = on_wait
+        self.poll_s = poll_s
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    def argv(self) -> list[str]:
+        """The command line after ``{vllm_bin}``, ``$VAR`` and ``~`` expansion."""
+        return [expand(a.replace("{vllm_bin}", self.vllm_bin)) for a in self.spec.command]
+
+    def start(self) -> None:
+        """Start the process and wait for health (see the class docstring for errors)."""
+        if is_healthy(self.base_url, timeout_s=2.0):
+            raise ServerError(
+                f"something already answers at {self.base_url}; refusing to launch a second server "
+                "there (stop it, or give the variant no [launch] to use it as it is)"
+            )
+        env = {**os.environ, **{k: expand(v) for k, v in self.spec.env.items()}}
+        argv = self.argv()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        log.write(f"# mlabench launch: {' '.join(argv)}\n".encode())
+        log.flush()
+        t0 = time.monotonic()
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                cwd=expand(self.spec.cwd) if self.spec.cwd else None, start_new_session=True,
+            )
+        except OSError as exc:
+            raise ServerError(f"cannot start server {argv[0]!r}: {exc}") from None
+        finally:
+            log.close()
+        try:
+            self._wait_healthy(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+
+    def _wait_healthy(self, t0: float) -> None:
+        assert self.proc is not None
+        deadline = t0 + self.spec.health_timeout_s
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ServerError(
+                    f"server exited with code {code} before it was healthy; last lines of "
+                    f"{self.log_path}:\n{log_tail(self.log_path)}"
+                )
+            if is_healthy(self.base_url, timeout_s=min(5.0, self.poll_s + 1)):
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                raise ServerError(
+                    f"server not healthy at {self.base_url}/health after "
+                    f"{self.spec.health_timeout_s:.0f} s; last lines of {self.log_path}:\n"
+                    f"{log_tail(self.log_path)}"
+                )
+            if self.on_wait:
+                self.on_wait(now - t0)
+            time.sleep(self.poll_s)
+
+    def alive(self) -> bool:
+        """True while the launched process has not exited."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> int | None:
+        """Stop the process group (idempotent); returns the exit code, if reaped."""
+        if self.proc is None:
+            return None
+        code = stop_group(self.proc, self.spec.stop_grace_s)
+        with open(self.log_path, "ab") as log:
+            log.write(f"# mlabench stopped server, exit code {code}\n".encode())
+        return code
+
+    def __enter__(self) -> "ManagedServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

