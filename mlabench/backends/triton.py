@@ -57,6 +57,8 @@ class TritonSplitKVBackend(Backend):
     """Two-stage split-KV Triton kernel (:func:`mlabench.kernels.splitkv.mla_decode_splitkv`)."""
 
     name = "triton-splitkv"
+    family = "split-kv"
+    gpu_kernel = True
     summary = "project Triton split-KV (flash-decoding) kernel, explicit num_kv_splits"
     params = (NUM_KV_SPLITS,)
 
@@ -120,6 +122,8 @@ class TritonPersistentBackend(Backend):
     """
 
     name = "triton-persistent"
+    family = "persistent"
+    gpu_kernel = True
     summary = "project Triton persistent kernel, balanced work list, 16-head tiles"
     params = (HEAD_PADDING, PROGRAMS_PER_SM)
 
@@ -131,7 +135,8 @@ class TritonPersistentBackend(Backend):
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         from mlabench.kernels.persistent import (
-            alloc_persistent_workspace, mla_decode_persistent, persistent_workspace_bytes,
+            WORK_GRANULARITY_TOKENS, alloc_persistent_workspace, mla_decode_persistent,
+            persistent_workspace_bytes,
         )
         from mlabench.kernels.splitkv import DEFAULT_BLOCK_N
         from mlabench.kernels.worklist import build_work_list
@@ -145,7 +150,7 @@ class TritonPersistentBackend(Backend):
         out = inputs.new_output()
         part_o, part_lse = alloc_persistent_workspace(num_programs, s.batch, hp, inputs.device)
         t0 = time.perf_counter()
-        work = build_work_list(inputs.cache_seqlens, num_programs, DEFAULT_BLOCK_N)
+        work = build_work_list(inputs.cache_seqlens, num_programs, WORK_GRANULARITY_TOKENS)
         if inputs.device.type == "cuda":
             torch.cuda.synchronize()
         setup_us = {"work_list": (time.perf_counter() - t0) * 1e6}

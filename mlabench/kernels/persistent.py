@@ -24,6 +24,10 @@ from mlabench.kernels.splitkv import (
 )
 from mlabench.kernels.worklist import WorkList, build_work_list
 
+#: Work-list chunk granularity in tokens: chunks are rounded up to this, not to block_n, so short
+#: contexts still spread over the whole grid (a half-masked tile costs no extra memory traffic).
+WORK_GRANULARITY_TOKENS = 16
+
 
 @triton.jit
 def _persistent_stage1(q_ptr, kv_ptr, bt_ptr, cu_ptr, chunk_ptr, first_req_ptr, po_ptr, plse_ptr,
@@ -94,8 +98,8 @@ def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: 
         out: ``[B, Hp, 512]`` in q's dtype, written in place and returned.
         softmax_scale: multiplier of ``q . k``.
         num_programs: ``G``, programs per head tile (a multiple of the SM count is sensible).
-        work: a :class:`WorkList` built with the same ``num_programs`` and ``block_n``
-            (built here when None; pass it for graph capture).
+        work: a :class:`WorkList` built with the same ``num_programs`` (any granularity; built
+            here with :data:`WORK_GRANULARITY_TOKENS` when None; pass it for graph capture).
         partial_out / partial_lse: workspace from :func:`alloc_persistent_workspace`.
         block_n, num_warps, num_stages: tile tokens and Triton launch options.
 
@@ -107,7 +111,7 @@ def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: 
     if heads % BLOCK_H:
         raise ValueError(f"persistent kernel needs heads padded to a multiple of {BLOCK_H}, got {heads}")
     if work is None:
-        work = build_work_list(cache_seqlens, num_programs, block_n)
+        work = build_work_list(cache_seqlens, num_programs, WORK_GRANULARITY_TOKENS)
     if work.num_programs != num_programs or work.batch != batch:
         raise ValueError("work list was built for another num_programs or batch")
     if partial_out is None or partial_lse is None:

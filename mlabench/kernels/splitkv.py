@@ -113,7 +113,7 @@ def store_partial(po_ptr, plse_ptr, slot, heads, num_heads, acc, l_i, m_i, strid
     tl.store(plse_ptr + slot64 * stride_ls + heads, lse2, mask=hmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # one compilation for every split count
 def _splitkv_stage1(q_ptr, kv_ptr, bt_ptr, seqlens_ptr, po_ptr, plse_ptr,
                     num_splits, num_heads, qk_scale_log2,
                     stride_qb, stride_qh, stride_kv_page, stride_kv_tok, stride_btb,
@@ -135,7 +135,7 @@ def _splitkv_stage1(q_ptr, kv_ptr, bt_ptr, seqlens_ptr, po_ptr, plse_ptr,
                   stride_ps, stride_ph, stride_ls)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def merge_partials_kernel(po_ptr, plse_ptr, out_ptr, slot_lo_ptr, slot_hi_ptr, num_splits,
                           stride_ps, stride_ph, stride_ls, stride_ob, stride_oh,
                           FROM_RANGES: tl.constexpr, BLOCK_S: tl.constexpr):
