@@ -133,7 +133,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Microbenchmark backends over batch x context x splits; results in results/<run-id>/."""
         from mlabench.device import current_device
-        from mlabench.sweep import default_sweep_config, load_sweep_config
         from mlabench.tables import sweep_summary
 
         cfg = _sweep_config(config, model, tp, heads, backend, batch, context, splits, page_size, budget_s,
@@ -141,10 +140,9 @@ def register(app: typer.Typer) -> None:
         dev = current_device()
         if not dev.is_gpu and config is None and resume is None:
             err.print(f"[yellow]No GPU found: running a small CPU sweep ({cfg.name}) on {dev.name}.[/yellow]")
-        store, records = _run_with_progress(cfg, results_dir, resume)
+        store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
         _emit([sweep_summary(records)], as_json, markdown)
         err.print(f"results: {store.run_dir}/ (results.jsonl, results.csv, manifest.json)")
-        del default_sweep_config, load_sweep_config
 
     @app.command()
     def compare(
@@ -168,7 +166,7 @@ def register(app: typer.Typer) -> None:
             records = records_of(from_run)
         else:
             cfg = _sweep_config(config, None, None, None, backend, batch, context, splits, None, None, resume)
-            _store, records = _run_with_progress(cfg, results_dir, resume)
+            _store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
         families = {n: get_backend(n).family for n in backend_names()}
         _emit([compare_table(records, families)], as_json, markdown)
 
@@ -199,7 +197,7 @@ def _sweep_config(config, model, tp, heads, backend, batch, context, splits, pag
     return cfg
 
 
-def _run_with_progress(cfg, results_dir: Path, resume: Path | None):
+def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mlabench.sweep import run_sweep
@@ -212,4 +210,5 @@ def _run_with_progress(cfg, results_dir: Path, resume: Path | None):
             bar.update(task, total=total, completed=done,
                        description=f"{point.backend} {point.shape.label()} {record.status if record else ''}")
 
-        return run_sweep(cfg, results_dir, resume, progress)
+        return run_sweep(cfg, results_dir, resume, progress, strict_backends=strict,
+                         warn=lambda line: err.print(f"[yellow]{line}[/yellow]"))

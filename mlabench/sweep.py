@@ -165,20 +165,30 @@ def param_grid(backend: Backend, shape: MLADecodeShape, axes: dict[str, list[Any
     return out
 
 
-def select_backends(names: list[str] | None, include_reference: bool = False) -> list[Backend]:
-    """Backends named (each must exist and be available) or every available one.
+def select_backends(names: list[str] | None, include_reference: bool = False, strict: bool = True,
+                    warn: Callable[[str], None] | None = None) -> list[Backend]:
+    """Backends named, or by default every available non-reference one (on a CPU, no GPU kernels).
 
-    Raises :class:`UnknownBackendError` / :class:`BackendUnavailableError` with the reason.
+    Unknown names raise :class:`UnknownBackendError`.  A named backend that is unavailable raises
+    :class:`BackendUnavailableError` when ``strict`` (names from flags), else is left out with a
+    ``warn`` line (names from a shipped config that must run on any hardware).
     """
+    device = current_device()
     if names:
         chosen = [get_backend(n) for n in names]  # unknown names raise here, before anything runs
+        keep = []
         for b in chosen:
             ok, why = b.available()
-            if not ok:
+            if ok:
+                keep.append(b)
+            elif strict:
                 raise BackendUnavailableError(f"backend {b.name} is not available here: {why}")
-        return chosen
+            elif warn:
+                warn(f"skipping {b.name}: not available here ({why})")
+        return keep
     return [b for b in map(get_backend, backend_names())
-            if b.available()[0] and (include_reference or not b.is_reference)]
+            if b.available()[0] and (include_reference or not b.is_reference)
+            and (device.is_gpu or not b.gpu_kernel)]
 
 
 def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
@@ -193,11 +203,10 @@ def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
 
 def expand(cfg: SweepConfig, backends: list[Backend]) -> list[Point]:
     """All points of the sweep, grouped by shape; parameters not in any backend raise ConfigError."""
-    known = {p.name for b in backends for p in b.params}
+    known = {p.name for b in map(get_backend, backend_names()) for p in b.params}
     stray = sorted(set(cfg.params) - known)
     if stray:
-        raise ConfigError(f"parameter {stray[0]!r} belongs to none of the backends "
-                          f"{', '.join(b.name for b in backends)}")
+        raise ConfigError(f"parameter {stray[0]!r} belongs to no backend (known: {', '.join(sorted(known))})")
     points = []
     for shape in shapes_of(cfg):
         for b in backends:
@@ -223,14 +232,15 @@ ProgressFn = Callable[[Point, Record | None, int, int], None]
 
 
 def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Path | None = None,
-              progress: ProgressFn | None = None, time_it: bool = True) -> tuple[ResultStore, list[Record]]:
+              progress: ProgressFn | None = None, time_it: bool = True, strict_backends: bool = True,
+              warn: Callable[[str], None] | None = None) -> tuple[ResultStore, list[Record]]:
     """Run (or resume) a sweep; returns the store and every record of the run.
 
     Validation (backends, parameters, shapes, memory) happens before any file is written.  With
     ``resume`` the points already in ``resume/results.jsonl`` are skipped; the folder must have been
     recorded on the same device, driver, library versions and git revision.
     """
-    backends = select_backends(cfg.backends)
+    backends = select_backends(cfg.backends, strict=strict_backends, warn=warn)
     if not backends:
         raise BackendUnavailableError("no backend available here (see `mlabench backends`)")
     points = expand(cfg, backends)

@@ -81,7 +81,8 @@ def _require(name: str) -> ModuleType:
 
 def _bf16_only(shape: MLADecodeShape) -> tuple[bool, str]:
     if shape.q_dtype != "bfloat16" or shape.kv_dtype != "bfloat16":
-        return False, f"AITER MLA decode here runs bf16 q and KV only (got {shape.q_dtype}/{shape.kv_dtype})"
+        got = f"{shape.q_dtype}/{shape.kv_dtype}"
+        return False, f"AITER MLA decode here runs bf16 q and KV only (got {got})"
     if shape.kv_lora_rank != 512 or shape.qk_rope_head_dim != 64:
         return False, "AITER MLA decode kernels are built for kv_lora_rank 512 + rope 64"
     return True, ""
@@ -105,6 +106,8 @@ class AiterAsmBackend(Backend):
     """
 
     name = "aiter-asm"
+    family = "persistent"
+    gpu_kernel = True
     summary = "AITER persistent ASM MLA decode (ROCm gfx942/gfx950), heads padded to 16"
     params = (HEAD_PADDING,)
 
@@ -130,23 +133,22 @@ class AiterAsmBackend(Backend):
         kv_view = page1_cache_view(inputs.kv_cache)
         q_dt, kv_dt = inputs.q.dtype, inputs.kv_cache.dtype
 
-        def build_metadata() -> tuple[torch.Tensor, ...]:
-            info = aiter.get_mla_metadata_info_v1(s.batch, s.qo_len, kernel_heads, q_dt, kv_dt,
-                                                  is_sparse=False, fast_mode=True)
-            bufs = tuple(torch.empty(size, dtype=dtype, device=dev) for size, dtype in info)
-            meta, indptr, info_set, r_indptr, r_final, r_partial = bufs
-            extra = ({"dtype_q": q_dt, "dtype_kv": kv_dt}
-                     if accepts_kwarg(aiter.get_mla_metadata_v1, "dtype_q") is not False else {})
+        info = aiter.get_mla_metadata_info_v1(s.batch, s.qo_len, kernel_heads, q_dt, kv_dt,
+                                              is_sparse=False, fast_mode=True)
+        bufs = tuple(torch.empty(size, dtype=dtype, device=dev) for size, dtype in info)
+        meta, indptr, info_set, r_indptr, r_final, r_partial = bufs
+        extra = ({"dtype_q": q_dt, "dtype_kv": kv_dt}
+                 if accepts_kwarg(aiter.get_mla_metadata_v1, "dtype_q") is not False else {})
+
+        def build_metadata() -> None:
             # AITER's positional order puts work_info_set before work_indptr.
             aiter.get_mla_metadata_v1(
                 layout.qo_indptr, layout.kv_indptr, layout.kv_last_page_lens, kernel_heads, 1, True,
                 meta, info_set, indptr, r_indptr, r_final, r_partial,
                 page_size=1, kv_granularity=16, max_seqlen_qo=s.qo_len, uni_seqlen_qo=s.qo_len,
                 fast_mode=True, **extra)
-            return bufs
 
-        bufs, metadata_us = timed_us(dev, build_metadata)
-        meta, indptr, info_set, r_indptr, r_final, r_partial = bufs
+        _, metadata_us = timed_us(dev, build_metadata)  # the buffers are allocated outside
         out = inputs.new_output()
         padded = kernel_heads != s.num_heads
         q_pad = pad_heads(inputs.q, kernel_heads, mode) if padded else inputs.q.contiguous()
@@ -229,6 +231,8 @@ class AiterGluonBackend(Backend):
     """
 
     name = "aiter-gluon"
+    family = "split-kv"
+    gpu_kernel = True
     summary = "AITER Gluon MLA decode (ROCm gfx950), split-KV with AITER's split heuristic"
     params = (NUM_KV_SPLITS_GLUON, MIN_KV_SEQ_LEN)
 
@@ -249,7 +253,8 @@ class AiterGluonBackend(Backend):
         h = shape.num_heads
         if h <= 16 or (h in (64, 128) and shape.batch % 64 == 0):
             return True, ""
-        return False, f"{h} heads at batch {shape.batch}: Gluon takes <= 16 heads, or 64/128 at batch % 64 == 0"
+        return False, (f"{h} heads at batch {shape.batch}: Gluon takes <= 16 heads, "
+                       "or 64/128 at batch % 64 == 0")
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         s = inputs.shape
@@ -262,7 +267,8 @@ class AiterGluonBackend(Backend):
                                 s.batch, s.qo_len, s.num_heads, params["min_kv_seq_len"],
                                 params.get("num_kv_splits"), bounded=bounded)
         if api == "mla_decode_gluon" and s.num_heads % 64:
-            raise UnsupportedShapeError(f"{s.num_heads} heads: the older mla_decode_gluon needs a multiple of 64")
+            raise UnsupportedShapeError(
+                f"{s.num_heads} heads: the older mla_decode_gluon needs a multiple of 64")
         layout = page1_kv_layout(inputs.block_table, s.context_lens, s.page_size, s.qo_len)
         rows = inputs.kv_cache.view(-1, inputs.kv_cache.shape[-1])  # [P * page, 576]
         lora = s.kv_lora_rank
@@ -306,7 +312,8 @@ def gluon_split_plan(api: str, takes_num_kv_splits: bool, version: tuple[int, in
 
     Returns ``{"num_kv_splits": effective, "min_kv_seq_len": passed, "pass_num_kv_splits": bool,
     "split_source": str, "split_rule": str}``.  ``bounded`` overrides the version test of
-    :func:`aiter_gluon_effective_splits` (see :func:`gluon_rule_from_source`).  A requested ``num_kv_splits`` goes to AITER as its own argument where
+    :func:`aiter_gluon_effective_splits` (see :func:`gluon_rule_from_source`).  A requested
+    ``num_kv_splits`` goes to AITER as its own argument where
     the function takes one, else through ``min_kv_seq_len = n * 64`` on AITER <= 0.1.19.
     Raises :class:`UnsupportedShapeError` when the installed AITER cannot be steered.
     """

@@ -90,6 +90,9 @@ class Backend(ABC):
     #: ``"split-kv"`` (flash decoding, a split count to choose), ``"persistent"`` (a grid sized to
     #: the GPU over a balanced work list, heads padded to a tile) or ``"reference"``.
     family: ClassVar[str] = "other"
+    #: True for GPU kernels that run on the CPU only through an interpreter (tests, not timing):
+    #: a default sweep on the CPU leaves them out.
+    gpu_kernel: ClassVar[bool] = False
 
     @abstractmethod
     def available(self) -> tuple[bool, str]:

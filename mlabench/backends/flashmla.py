@@ -106,6 +106,8 @@ class FlashMLABackend(Backend):
     """
 
     name = "flashmla"
+    family = "persistent"
+    gpu_kernel = True
     summary = "FlashMLA dense decode (NVIDIA Hopper SM90, page size 64; sgl-flash-mla or source build)"
 
     def available(self) -> tuple[bool, str]:
@@ -130,11 +132,13 @@ class FlashMLABackend(Backend):
         if shape.page_size != FLASHMLA_PAGE_SIZE:
             return False, f"FlashMLA needs page size {FLASHMLA_PAGE_SIZE}, got {shape.page_size}"
         if shape.q_dtype not in FLASHMLA_DTYPES or shape.kv_dtype != shape.q_dtype:
-            return False, f"FlashMLA needs bf16 or fp16 q and KV of one dtype (got {shape.q_dtype}/{shape.kv_dtype})"
+            got = f"{shape.q_dtype}/{shape.kv_dtype}"
+            return False, f"FlashMLA needs bf16 or fp16 q and KV of one dtype (got {got})"
         if shape.kv_lora_rank != 512 or shape.qk_rope_head_dim != 64:
             return False, "FlashMLA decode is built for kv_lora_rank 512 + rope 64"
         if shape.num_heads * shape.qo_len > 128:
-            return False, f"FlashMLA decode takes at most 128 query rows per KV head, got {shape.num_heads}"
+            rows = shape.num_heads * shape.qo_len
+            return False, f"FlashMLA decode takes at most 128 query rows per KV head, got {rows}"
         return True, ""
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:

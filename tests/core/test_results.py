@@ -1,0 +1,69 @@
+import json
+
+import pytest
+
+from mlabench.errors import ResultsError
+from mlabench.results import Manifest, Record, ResultStore, point_key, utc_now
+
+
+def manifest(run_id="r1", rev="abc"):
+    return Manifest(run_id=run_id, created=utc_now(), command=["mlabench", "sweep"], git_revision=rev,
+                    git_dirty=False, host="h", device={"name": "cpu"}, driver="n/a",
+                    versions={"torch": "2.13.0"}, copy_bandwidth_tbps=0.02)
+
+
+def record(i, status="ok"):
+    shape = {"num_heads": 12, "context_lens": [i]}
+    return Record(key=point_key("b", {"num_kv_splits": i}, shape), run_id="r1", backend="b",
+                  params={"num_kv_splits": i}, shape=shape, batch=1, num_heads=12, context_len=i,
+                  status=status, timestamp=utc_now())
+
+
+def test_append_read_csv(tmp_path):
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    for i in range(1, 4):
+        store.append(record(i, "ok" if i != 2 else "incorrect"))
+    recs = store.records()
+    assert [r.context_len for r in recs] == [1, 2, 3] and recs[1].status == "incorrect"
+    csv_text = store.write_csv().read_text().splitlines()
+    assert csv_text[0].startswith("backend,params") and len(csv_text) == 4
+
+
+def test_create_refuses_existing_run(tmp_path):
+    ResultStore.create(tmp_path / "r1", manifest())
+    with pytest.raises(ResultsError, match="--resume"):
+        ResultStore.create(tmp_path / "r1", manifest())
+
+
+def test_resume_drops_a_cut_short_line_and_keeps_the_rest(tmp_path):
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    store.append(record(1))
+    store.append(record(2))
+    with open(store.jsonl, "a") as fh:  # an interrupted write
+        fh.write(record(3).model_dump_json()[:40])
+    assert len(store.records()) == 2
+    again = ResultStore.open_existing(tmp_path / "r1", identity=manifest().identity())
+    again.append(record(3))
+    assert [r.context_len for r in again.records()] == [1, 2, 3]
+    assert all(json.loads(line) for line in again.jsonl.read_text().splitlines())
+
+
+def test_resume_refuses_another_identity(tmp_path):
+    ResultStore.create(tmp_path / "r1", manifest(rev="abc"))
+    with pytest.raises(ResultsError, match="git_revision"):
+        ResultStore.open_existing(tmp_path / "r1", identity=manifest(rev="def").identity())
+
+
+def test_corrupt_middle_line_is_an_error(tmp_path):
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    store.append(record(1))
+    with open(store.jsonl, "a") as fh:
+        fh.write("{garbage}\n")
+    store.append(record(2))
+    with pytest.raises(ResultsError, match=":2: not a valid record"):
+        store.records()
+
+
+def test_records_forbid_unknown_fields():
+    with pytest.raises(Exception):
+        Record.model_validate({**record(1).model_dump(), "surprise": 1})

@@ -1,0 +1,93 @@
+import json
+import math
+
+import pytest
+
+from mlabench.errors import ConfigError, ShapeError, UnknownModelError
+from mlabench.shapes import MLADecodeShape, list_models, load_model, read_hf_config, resolve_heads
+
+
+def test_presets_local_heads():
+    assert {"deepseek-v3", "kimi-k2", "kimi-k3", "deepseek-v2-lite"} <= set(list_models())
+    assert load_model("kimi-k3").local_heads(8) == 12
+    assert load_model("deepseek-v3").local_heads(8) == 16
+    assert load_model("kimi-k2").local_heads(8) == 8
+    assert load_model("deepseek-v2-lite").local_heads(1) == 16
+
+
+def test_heads_not_divisible_by_tp():
+    with pytest.raises(ShapeError, match="not divisible by tp=5"):
+        load_model("kimi-k3").local_heads(5)
+
+
+def test_unknown_model_lists_known():
+    with pytest.raises(UnknownModelError, match="kimi-k3"):
+        load_model("kimi-k9")
+
+
+def test_deepseek_v3_scale_has_yarn_mscale():
+    # (128 + 64)^-0.5 * (0.1 * 1.0 * ln 40 + 1)^2
+    want = 192**-0.5 * (0.1 * math.log(40) + 1) ** 2
+    assert load_model("deepseek-v3").softmax_scale() == pytest.approx(want, rel=1e-12)
+    # no rope scaling: plain (nope + rope)^-0.5
+    assert load_model("kimi-k3").softmax_scale() == pytest.approx(192**-0.5)
+
+
+def test_read_hf_config(tmp_path):
+    cfg = {"model_type": "deepseek_v3", "num_attention_heads": 96, "kv_lora_rank": 512,
+           "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "hidden_size": 7168,
+           "rope_scaling": {"type": "yarn", "factor": 32.0, "mscale_all_dim": 0.707}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = read_hf_config(tmp_path)
+    assert spec.local_heads(8) == 12
+    assert spec.softmax_scale() == pytest.approx(192**-0.5 * (0.1 * 0.707 * math.log(32) + 1) ** 2)
+    heads, scale, _ = resolve_heads(model_config=tmp_path / "config.json", tp=8)
+    assert heads == 12 and scale == pytest.approx(spec.softmax_scale())
+
+
+def test_read_hf_config_errors(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        read_hf_config(tmp_path / "bad.json")
+    (tmp_path / "llama.json").write_text(json.dumps({"num_attention_heads": 32}))
+    with pytest.raises(ConfigError, match="missing kv_lora_rank"):
+        read_hf_config(tmp_path / "llama.json")
+    with pytest.raises(ConfigError, match="not found"):
+        read_hf_config(tmp_path / "nope.json")
+
+
+def test_shape_defaults_and_sizes():
+    s = MLADecodeShape.uniform(16, 4096, 12)
+    assert (s.batch, s.head_dim_qk, s.v_head_dim) == (16, 576, 512)
+    assert s.scale == pytest.approx(576**-0.5)
+    assert s.kv_read_bytes == 16 * 4096 * 576 * 2
+    assert s.flops == 2 * 16 * 12 * 4096 * (576 + 512)
+    # facts file §2: B=16, 4K, 12 heads at 4.3 TB/s is 17.7 µs
+    assert s.floor_us(4.3) == pytest.approx(17.7, abs=0.1)
+
+
+def test_ragged_pages():
+    s = MLADecodeShape.create(num_heads=12, context_lens=(1, 64, 65), page_size=64)
+    assert s.pages_per_request == (1, 1, 2) and s.num_pages == 4 and s.max_context_len == 65
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    ({"context_lens": (0,)}, "context length must be > 0"),
+    ({"context_lens": (-5,)}, "context length must be > 0"),
+    ({"num_heads": 0, "context_lens": (4,)}, "num_heads must be > 0"),
+    ({"context_lens": (4,), "page_size": 32}, "page_size must be one of"),
+    ({"context_lens": (4,), "q_dtype": "int8"}, "dtype must be one of"),
+    ({"context_lens": (4,), "qo_len": 2}, "qo_len 1"),
+])
+def test_bad_shapes(kwargs, msg):
+    kwargs.setdefault("num_heads", 12)
+    with pytest.raises(ShapeError, match=msg):
+        MLADecodeShape.create(**kwargs)
+
+
+def test_resolve_heads_conflicts():
+    with pytest.raises(ConfigError, match="not both"):
+        resolve_heads(model="kimi-k3", model_config="x", tp=8)
+    with pytest.raises(ConfigError, match="contradicts"):
+        resolve_heads(model="kimi-k3", tp=8, heads=16)
+    assert resolve_heads(heads=12) == (12, None, None)

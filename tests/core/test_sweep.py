@@ -1,0 +1,128 @@
+import pytest
+
+from mlabench.backends import get_backend
+from mlabench.errors import BackendUnavailableError, ConfigError, UnknownBackendError
+from mlabench.results import ResultStore
+from mlabench.sweep import (SweepConfig, default_sweep_config, expand, load_sweep_config, param_grid,
+                            run_sweep, select_backends)
+from mlabench.timing import TimingConfig
+
+FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
+
+
+def small_config(**kw):
+    base = dict(name="t", heads=[12], batch=[1, 2], context_lens=[16, 40], page_size=16,
+                backends=["torch-splitkv"], params={"num_kv_splits": [1, 3]}, timing=FAST)
+    base.update(kw)
+    return SweepConfig(**base)
+
+
+def test_shipped_kimi_config_expands_to_the_issue_grid():
+    cfg = load_sweep_config("configs/sweeps/kimi-k3-tp8.toml")
+    assert cfg.model == "kimi-k3" and cfg.tp == 8 and cfg.page_size == 64
+    assert cfg.batch == [1, 16] and len(cfg.context_lens) == 8
+    assert cfg.params["num_kv_splits"] == [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
+    pts = expand(cfg, [get_backend("torch-splitkv")])
+    assert len(pts) == 2 * 8 * 12 and {p.shape.num_heads for p in pts} == {12}
+
+
+def test_param_grid_defaults_and_choices():
+    from mlabench.shapes import MLADecodeShape
+
+    b = get_backend("torch-splitkv")
+    s = MLADecodeShape.uniform(1, 40960, 12)
+    assert param_grid(b, s, {}) == [{"num_kv_splits": 128}]  # vLLM's heuristic: next_pow2(40960 // 512)
+    assert param_grid(b, s, {"num_kv_splits": [4, 4, "7"]}) == [{"num_kv_splits": 4}, {"num_kv_splits": 7}]
+    with pytest.raises(ConfigError, match="must be >= 1"):
+        param_grid(b, s, {"num_kv_splits": [0]})
+    with pytest.raises(ConfigError, match="must be <= 512"):
+        param_grid(b, s, {"num_kv_splits": [513]})
+
+
+def test_expand_rejects_a_stray_parameter():
+    with pytest.raises(ConfigError, match="belongs to no backend"):
+        expand(small_config(params={"block_q": [1]}), [get_backend("torch-splitkv")])
+
+
+def test_backend_selection():
+    with pytest.raises(UnknownBackendError, match="known: .*reference"):
+        select_backends(["nope"])
+    with pytest.raises(BackendUnavailableError, match="aiter-asm is not available"):
+        select_backends(["aiter-asm"])
+    warned = []
+    assert [b.name for b in select_backends(["aiter-asm", "torch-splitkv"], strict=False,
+                                            warn=warned.append)] == ["torch-splitkv"]
+    assert "skipping aiter-asm" in warned[0]
+    default = [b.name for b in select_backends(None)]
+    assert "reference" not in default and "torch-splitkv" in default
+    assert "triton-splitkv" not in default  # GPU kernels stay out of a CPU sweep
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("batch = [1,\n", "malformed TOML"),
+    ("batch = [0]\n", "batch: must be > 0"),
+    ("context_lens = [-1]\n", "context_lens: must be > 0"),
+    ("colour = 'red'\n", "colour: Extra inputs"),
+    ("[params]\nnum_kv_splits = 4\n", "params.num_kv_splits"),
+])
+def test_bad_sweep_files(tmp_path, text, msg):
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=msg):
+        load_sweep_config(p)
+
+
+def test_run_records_every_point_with_its_verdict(tmp_path):
+    store, recs = run_sweep(small_config(), tmp_path)
+    assert len(recs) == 2 * 2 * 2
+    assert all(r.status == "ok" and r.verdict.passed and r.stats.n == 3 for r in recs)
+    assert all(r.floor_us and r.achieved_tbps for r in recs)
+    assert (store.run_dir / "results.csv").exists() and (store.run_dir / "manifest.json").exists()
+
+
+def test_interrupted_run_resumes_without_repeating_points(tmp_path):
+    cfg = small_config()
+    seen = []
+
+    def stop_after_three(point, record, done, total):
+        seen.append(point.key)
+        if done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(cfg, tmp_path, progress=stop_after_three)
+    (run_dir,) = list(tmp_path.iterdir())
+    assert len(ResultStore(run_dir).records()) == 3
+    resumed = []
+    _, recs = run_sweep(cfg, tmp_path, resume=run_dir, progress=lambda p, r, d, t: resumed.append(p.key))
+    assert len(resumed) == 5 and not set(resumed) & set(seen)
+    assert len(recs) == 8 and len({r.key for r in recs}) == 8
+    _, again = run_sweep(cfg, tmp_path, resume=run_dir)  # nothing left to do
+    assert len(again) == 8
+
+
+def test_a_wrong_backend_is_recorded_as_incorrect(tmp_path, monkeypatch):
+    from mlabench.backends import reference
+
+    real = reference.mla_decode_splitkv_torch
+
+    def off_by_a_bit(*args, **kwargs):
+        return real(*args, **kwargs).add_(0.5)
+
+    monkeypatch.setattr(reference, "mla_decode_splitkv_torch", off_by_a_bit)
+    _, recs = run_sweep(small_config(batch=[1], context_lens=[16]), tmp_path)
+    assert {r.status for r in recs} == {"incorrect"}
+    assert all(not r.verdict.passed and r.verdict.max_abs_err >= 0.49 for r in recs)
+    from mlabench.tables import sweep_summary
+
+    row = sweep_summary(recs).rows[0]
+    assert row[3] == "(none ok)"  # a fast wrong answer never wins
+
+
+def test_default_cpu_config_is_small():
+    from mlabench.device import DeviceInfo
+
+    cfg = default_sweep_config(DeviceInfo("cpu", "cpu", "cpu", 2, 0, "cpu", 0))
+    assert cfg.name == "default-cpu" and max(cfg.context_lens) <= 1024
+    gpu = default_sweep_config(DeviceInfo("cuda", "cuda", "H200", 132, 1, "sm_90", 1))
+    assert max(gpu.context_lens) == 131072
