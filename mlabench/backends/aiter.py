@@ -313,8 +313,8 @@ def gluon_split_plan(api: str, takes_num_kv_splits: bool, version: tuple[int, in
     Returns ``{"num_kv_splits": effective, "min_kv_seq_len": passed, "pass_num_kv_splits": bool,
     "split_source": str, "split_rule": str}``.  ``bounded`` overrides the version test of
     :func:`aiter_gluon_effective_splits` (see :func:`gluon_rule_from_source`).  A requested
-    ``num_kv_splits`` goes to AITER as its own argument where
-    the function takes one, else through ``min_kv_seq_len = n * 64`` on AITER <= 0.1.19.
+    ``num_kv_splits`` goes to AITER as its own argument where the function takes one, else through
+    ``min_kv_seq_len = n * 64`` where the split count is bounded by it (AITER <= 0.1.19).
     Raises :class:`UnsupportedShapeError` when the installed AITER cannot be steered.
     """
     if api == "mla_decode_gluon":

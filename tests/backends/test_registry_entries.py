@@ -1,0 +1,42 @@
+"""The three library backends are registered, import cheaply and describe their parameters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mlabench.backends import backend_names, get_backend
+from mlabench.errors import ConfigError
+from mlabench.shapes import MLADecodeShape
+
+
+def test_registered_with_params():
+    names = backend_names()
+    for name in ("flashmla", "aiter-asm", "aiter-gluon"):
+        assert name in names
+        assert get_backend(name).summary
+    assert get_backend("flashmla").param_names() == ()
+    assert get_backend("aiter-asm").param_names() == ("head_padding",)
+    assert get_backend("aiter-gluon").param_names() == ("num_kv_splits", "min_kv_seq_len")
+
+
+def test_param_defaults_and_validation():
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(100, 4000))
+    assert get_backend("aiter-asm").resolve_params(shape) == {"head_padding": "zero"}
+    assert get_backend("aiter-gluon").resolve_params(shape) == {"num_kv_splits": None,
+                                                                "min_kv_seq_len": 4000}
+    with pytest.raises(ConfigError):
+        get_backend("aiter-asm").resolve_params(shape, {"head_padding": "mirror"})
+    with pytest.raises(ConfigError):
+        get_backend("aiter-gluon").resolve_params(shape, {"num_kv_splits": 257})
+    with pytest.raises(ConfigError):
+        get_backend("flashmla").resolve_params(shape, {"num_kv_splits": 4})
+
+
+def test_import_does_not_touch_optional_packages():
+    code = ("import sys, mlabench.backends.aiter, mlabench.backends.flashmla; "
+            "print([m for m in ('aiter', 'flash_mla') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
