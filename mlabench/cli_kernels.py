@@ -138,7 +138,7 @@ def register(app: typer.Typer) -> None:
         cfg = _sweep_config(config, model, tp, heads, backend, batch, context, splits, page_size, budget_s,
                             resume)
         dev = current_device()
-        if not dev.is_gpu and config is None and resume is None:
+        if not dev.is_gpu and cfg.name == "default-cpu":
             err.print(f"[yellow]No GPU found: running a small CPU sweep ({cfg.name}) on {dev.name}.[/yellow]")
         store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
         _emit([sweep_summary(records)], as_json, markdown)
@@ -198,17 +198,25 @@ def _sweep_config(config, model, tp, heads, backend, batch, context, splits, pag
 
 
 def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool):
+    """Run the sweep; the progress bar starts with the first finished point, after validation."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mlabench.sweep import run_sweep
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=False) as bar:
-        task = bar.add_task("sweep", total=None)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=err, transient=False)
+    task = None
 
-        def progress(point, record, done, total):
-            bar.update(task, total=total, completed=done,
-                       description=f"{point.backend} {point.shape.label()} {record.status if record else ''}")
+    def progress(point, record, done, total):
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task("sweep", total=total)
+        bar.update(task, total=total, completed=done,
+                   description=f"{point.backend} {point.shape.label()} {record.status if record else ''}")
 
+    try:
         return run_sweep(cfg, results_dir, resume, progress, strict_backends=strict,
                          warn=lambda line: err.print(f"[yellow]{line}[/yellow]"))
+    finally:
+        bar.stop()

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install mlabench (editable) into the current Python, with the extras named in $1 (e.g. "test").
+#
+# torch: an installed torch (a CUDA or ROCm build on a GPU machine) is kept.  With no torch at all,
+# a machine with an NVIDIA or AMD driver gets PyPI's default torch, and a machine without one gets
+# torch 2.13.0, whose CPU build is the one this project's CPU machines carry (a plain `torch` there
+# would pull a CUDA build of several GB).  Triton comes with GPU torch builds; on the CPU it is a
+# dependency of mlabench (its interpreter runs the kernel tests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extra="${1:-}"
+target="."
+[ -n "$extra" ] && target=".[${extra}]"
+args=(-e "$target")
+if ! python3 -c "import torch" >/dev/null 2>&1; then
+  if command -v nvidia-smi >/dev/null 2>&1 || command -v rocm-smi >/dev/null 2>&1; then
+    args+=("torch")
+  else
+    args+=("torch==2.13.0")
+  fi
+fi
+python3 -m pip install -q --disable-pip-version-check "${args[@]}"
+python3 -c "import mlabench, torch; print(f'mlabench {mlabench.__version__} installed (torch {torch.__version__})')"
