@@ -1,0 +1,5 @@
+"""``python -m mlabench``: the same as the ``mlabench`` console script."""
+
+from mlabench.cli import main
+
+main()
