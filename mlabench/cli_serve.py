@@ -22,6 +22,13 @@ from mlabench.serving.lifecycle import served_model
 err = Console(stderr=True)
 
 
+def _exit(code: int) -> None:
+    # SystemExit, not typer.Exit: cli.main runs the app with standalone_mode=False, where click
+    # returns typer.Exit's code instead of raising it, and the code would be lost.
+    if code:
+        raise SystemExit(code)
+
+
 def _progress(message: str) -> None:
     err.print(message, markup=False, highlight=False)
 
@@ -77,7 +84,7 @@ def serve_bench(
         t = tbl.build_table(results, [v.name for v in conf.variants], conf.concurrencies,
                             conf.baseline, stat)  # type: ignore[arg-type]
         _emit(t, None, markdown, as_json)
-        raise typer.Exit(0 if t.ok else 1)
+        _exit(0 if t.ok else 1)
     if config_path is None:
         raise ConfigError("give a serve config (configs/serve/*.toml) or --from-run RUN_DIR")
     overrides = list(set_)
@@ -91,7 +98,7 @@ def serve_bench(
     try:
         _, results = bench.run_serve_bench(conf, results_dir, vllm_bin_flag=vllm_bin,
                                            progress=_progress, run_dir=run_dir)
-    except BaseException:
+    except BaseException as exc:
         if (run_dir / "results.jsonl").exists():  # keep what was measured, then re-raise
             _, partial = bench.read_run(run_dir)
             t = tbl.build_table(partial, [v.name for v in conf.variants], conf.concurrencies,
@@ -99,12 +106,15 @@ def serve_bench(
             (run_dir / "table.md").write_text(tbl.to_markdown(t))
             (run_dir / "table.json").write_text(tbl.to_json(t))
         err.print(f"partial results kept in {run_dir}")
+        if isinstance(exc, KeyboardInterrupt):  # servers are stopped by now
+            err.print("aborted")
+            raise SystemExit(130) from None
         raise
     t = tbl.build_table(results, [v.name for v in conf.variants], conf.concurrencies,
                         conf.baseline, stat)  # type: ignore[arg-type]
     _emit(t, run_dir, markdown, as_json)
     if not t.ok:
-        raise typer.Exit(1)
+        _exit(1)
 
 
 def serve_check(
@@ -139,10 +149,14 @@ def serve_check(
         raise ConfigError(f"bad check option: {str(exc).splitlines()[-1]}") from None
     expected = None if save_fixture else check.load_fixture(fixture)
     run_dir = bench.new_run_dir(results_dir, var.name, kind="check") if var.launch else None
-    with bench.variant_server(var, run_dir or Path("."), cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin),
-                              _progress):
-        mid = model or var.model or conf.model or served_model(var.base_url)
-        out = check.request_greedy(var.base_url, mid, params)
+    try:
+        with bench.variant_server(var, run_dir or Path("."),
+                                  cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin), _progress):
+            mid = model or var.model or conf.model or served_model(var.base_url)
+            out = check.request_greedy(var.base_url, mid, params)
+    except KeyboardInterrupt:  # the launched server is stopped by now
+        err.print("aborted")
+        raise SystemExit(130) from None
     if save_fixture:
         report = check.validate_alone(out)
         if report.verdict == "match":
@@ -163,7 +177,7 @@ def serve_check(
             Console().print(f"  {p}")
     ok = report.verdict == "match" or (report.verdict == "near_tie_divergence" and not strict)
     if not ok:
-        raise typer.Exit(1)
+        _exit(1)
 
 
 def register(app: typer.Typer) -> None:

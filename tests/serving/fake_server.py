@@ -1,0 +1,49 @@
+"""A stand-in for `vllm serve` in lifecycle tests: python fake_server.py PORT MODE PIDFILE.
+
+MODE: ok (healthy), die (exit 3 at once), unhealthy (/health 503 forever),
+stubborn (healthy, ignores SIGINT, so stop must escalate), slow (healthy after 1.5 s).
+It also starts a child process in its group, to check that the whole group is stopped.
+"""
+
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+port, mode, pidfile = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+with open(pidfile, "w") as fh:
+    fh.write(f"{os.getpid()} {child.pid}\n")
+print(f"fake server starting, mode {mode}", flush=True)
+if mode == "die":
+    print("RuntimeError: fake engine failed to start", flush=True)
+    child.kill()
+    sys.exit(3)
+if mode == "stubborn":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+if mode == "slow":
+    time.sleep(1.5)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/health":
+            self.send_response(503 if mode == "unhealthy" else 200)
+            self.end_headers()
+        elif self.path == "/v1/models":
+            body = json.dumps({"data": [{"id": "fake-model"}]}).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.send_response(404)
+            self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()

@@ -1,0 +1,48 @@
+"""A stand-in for `vllm bench serve`: writes a result JSON like vLLM 0.32.0 does.
+
+Behaviour from the environment: FAKE_TPOT_MS_<VARIANT> (TPOT at concurrency 1, default 10; it
+grows by 5% per extra concurrent request), FAKE_BENCH_MODE = ok | fail_requests | no_result |
+sleep (sleeps 600 s after writing FAKE_BENCH_PIDFILE) | exit1.
+"""
+
+import json
+import os
+import sys
+import time
+
+args = sys.argv[1:]
+assert args[:2] == ["bench", "serve"], args
+
+
+def opt(name):
+    return args[args.index(name) + 1]
+
+
+meta = dict(kv.split("=", 1) for kv in args[args.index("--metadata") + 1:])
+mode = os.environ.get("FAKE_BENCH_MODE", "ok")
+if mode == "sleep":
+    with open(os.environ["FAKE_BENCH_PIDFILE"], "w") as fh:
+        fh.write(str(os.getpid()))
+    time.sleep(600)
+if mode == "exit1":
+    print("Traceback: fake failure", flush=True)
+    sys.exit(1)
+conc = int(opt("--max-concurrency"))
+n = int(opt("--num-prompts"))
+tpot = float(os.environ.get(f"FAKE_TPOT_MS_{meta['variant'].upper()}", "10")) * (1 + 0.05 * (conc - 1))
+failed = 1 if mode == "fail_requests" else 0
+result = {
+    "date": "20261130-000000", "backend": opt("--backend"), "model_id": opt("--model"),
+    "num_prompts": n, "request_rate": "inf", "max_concurrency": conc, "duration": 1.0,
+    "completed": n - failed, "failed": failed, "total_output_tokens": 100,
+    "output_throughput": 1000.0 / tpot, "request_throughput": 1.0,
+    "errors": ["", "fake: connection reset"] if failed else [],
+    **{f"{s}_tpot_ms": tpot for s in ("mean", "median", "p50")}, "p99_tpot_ms": tpot * 1.5,
+    "mean_ttft_ms": 50.0, "median_ttft_ms": 50.0, "p99_ttft_ms": 60.0,
+    "mean_itl_ms": tpot, "median_itl_ms": tpot, "p99_itl_ms": tpot * 2,
+    **meta,
+}
+if mode != "no_result":
+    with open(os.path.join(opt("--result-dir"), opt("--result-filename")), "w") as fh:
+        json.dump(result, fh)
+print("fake bench done", flush=True)

@@ -1,0 +1,120 @@
+"""Server lifecycle against a stand-in server: start, death at start, never healthy, escalation,
+and Ctrl-C in the middle of a serve-bench run (no orphans in every case)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mlabench.errors import ServerError
+from mlabench.serving.config import LaunchSpec
+from mlabench.serving.lifecycle import ManagedServer, is_healthy
+
+from .conftest import free_port, pid_alive, server_command
+
+
+def _pids(pidfile: Path) -> list[int]:
+    return [int(x) for x in pidfile.read_text().split()]
+
+
+def _spec(port, mode, pidfile, **kw) -> LaunchSpec:
+    return LaunchSpec(command=server_command(port, mode, pidfile), **kw)
+
+
+def test_start_healthy_then_stop_kills_group(tmp_path):
+    port, pidfile = free_port(), tmp_path / "pids"
+    srv = ManagedServer(_spec(port, "slow", pidfile), f"http://127.0.0.1:{port}",
+                        tmp_path / "server.log", poll_s=0.2)
+    with srv:
+        assert is_healthy(f"http://127.0.0.1:{port}")
+        leader, child = _pids(pidfile)
+        assert pid_alive(leader) and pid_alive(child)
+        assert srv.startup_s is not None and srv.startup_s >= 1.4
+    assert not pid_alive(leader) and not pid_alive(child)
+    assert not is_healthy(f"http://127.0.0.1:{port}")
+    assert "mlabench stopped server" in (tmp_path / "server.log").read_text()
+
+
+def test_server_dying_at_start_fails_fast_with_log_tail(tmp_path):
+    port, pidfile = free_port(), tmp_path / "pids"
+    srv = ManagedServer(_spec(port, "die", pidfile, health_timeout_s=60), f"http://127.0.0.1:{port}",
+                        tmp_path / "server.log", poll_s=0.2)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError) as exc:
+        srv.start()
+    assert time.monotonic() - t0 < 20  # fail fast, not after the 60 s health timeout
+    msg = str(exc.value)
+    assert "exited with code 3" in msg
+    assert "fake engine failed to start" in msg  # the tail of its log
+
+
+def test_never_healthy_times_out_and_leaves_nothing(tmp_path):
+    port, pidfile = free_port(), tmp_path / "pids"
+    srv = ManagedServer(_spec(port, "unhealthy", pidfile, health_timeout_s=2, stop_grace_s=3),
+                        f"http://127.0.0.1:{port}", tmp_path / "server.log", poll_s=0.2)
+    with pytest.raises(ServerError, match="not healthy .* after 2 s"):
+        srv.start()
+    leader, child = _pids(pidfile)
+    assert not pid_alive(leader) and not pid_alive(child)
+
+
+def test_stop_escalates_when_sigint_is_ignored(tmp_path):
+    port, pidfile = free_port(), tmp_path / "pids"
+    srv = ManagedServer(_spec(port, "stubborn", pidfile, stop_grace_s=1),
+                        f"http://127.0.0.1:{port}", tmp_path / "server.log", poll_s=0.2)
+    srv.start()
+    leader, child = _pids(pidfile)
+    t0 = time.monotonic()
+    code = srv.stop()
+    assert code == -signal.SIGTERM  # SIGINT ignored, SIGTERM did it
+    assert 0.9 < time.monotonic() - t0 < 10
+    assert not pid_alive(leader) and not pid_alive(child)
+
+
+def test_refuses_to_launch_over_a_running_server(tmp_path):
+    port, pidfile = free_port(), tmp_path / "pids"
+    with ManagedServer(_spec(port, "ok", pidfile), f"http://127.0.0.1:{port}",
+                       tmp_path / "a.log", poll_s=0.2):
+        second = ManagedServer(_spec(port, "ok", tmp_path / "p2"), f"http://127.0.0.1:{port}",
+                               tmp_path / "b.log")
+        with pytest.raises(ServerError, match="already answers"):
+            second.start()
+
+
+def test_ctrl_c_mid_run_stops_server_and_bench(tmp_path, fake_vllm):
+    port, pidfile, bench_pidfile = free_port(), tmp_path / "pids", tmp_path / "bench.pid"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'baseline = "a"\nconcurrencies = [1]\nvllm_bin = "{fake_vllm}"\nmodel = "m"\n'
+        f'[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
+        f"[variants.launch]\ncommand = {json.dumps(server_command(port, 'ok', pidfile))}\n"
+        f"stop_grace_s = 3\n"
+    )
+    env = {**os.environ, "FAKE_BENCH_MODE": "sleep", "FAKE_BENCH_PIDFILE": str(bench_pidfile)}
+    env.pop("MLABENCH_VLLM_BIN", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from mlabench.cli import main; main()", "serve-bench", str(cfg),
+         "--results-dir", str(tmp_path / "results")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not bench_pidfile.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "bench never started"
+        time.sleep(0.1)
+    time.sleep(0.3)
+    leader, child = _pids(pidfile)
+    bench_pid = int(bench_pidfile.read_text())
+    assert pid_alive(leader) and pid_alive(bench_pid)
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
+    out, errtext = proc.communicate(timeout=60)
+    assert proc.returncode == 130, errtext
+    for pid in (leader, child, bench_pid):
+        assert not pid_alive(pid), f"process {pid} survived Ctrl-C"
+    run = next((tmp_path / "results").iterdir())
+    assert (run / "server-a.log").exists() and (run / "manifest.json").exists()
