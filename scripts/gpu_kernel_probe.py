@@ -42,6 +42,18 @@ HEADS = 12
 DEVICE = "cuda"  # "cpu" with --cpu-smoke (TRITON_INTERPRET=1), to test this script without a GPU
 
 
+REPORT: dict = {"env": {}, "args": {}, "checks": [], "timings": []}
+
+
+def save_report() -> None:
+    """Write :data:`REPORT` to ``$OUT/kernel_probe.json`` (after every block: a killed run keeps
+    what it measured)."""
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        with open(os.path.join(out_dir, "kernel_probe.json"), "w") as fh:
+            json.dump(REPORT, fh, indent=1, default=str)
+
+
 def parse_variants(text: str) -> list[tuple[int, int, int]]:
     """``"64,4,2;32,4,3"`` -> ``[(64, 4, 2), (32, 4, 3)]`` (block_n, num_warps, num_stages)."""
     return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
@@ -132,7 +144,7 @@ def time_graph(calls, replays: int) -> tuple[float, list[float]]:
 
 
 def correctness(args, sk_variants, ps_variants, num_sms) -> list[dict]:
-    rows = []
+    rows = REPORT["checks"]
     cases = [("B=1 L=4096", (4096,)), ("B=4 ragged", (1, 1000, 4096, 777))]
     if DEVICE == "cpu":
         cases = [("B=1 L=300", (300,)), ("B=4 ragged", (1, 100, 200, 77))]
@@ -165,11 +177,12 @@ def correctness(args, sk_variants, ps_variants, num_sms) -> list[dict]:
                   f"{'splits=' + str(r.get('splits')) if 'splits' in r else 'G=' + str(r.get('num_programs')):10s} "
                   f"err={r.get('max_abs_err', float('nan')):.2e} {'PASS' if r['pass'] else 'FAIL'} "
                   f"{r.get('error', '')}", flush=True)
+        save_report()
     return rows
 
 
 def timings(args, sk_variants, ps_variants, num_sms, l2_bytes, t_start) -> list[dict]:
-    rows = []
+    rows = REPORT["timings"]
     for batch in args.batches:
         for ctx in args.contexts:
             shape = MLADecodeShape.uniform(batch, ctx, HEADS, page_size=64)
@@ -215,6 +228,7 @@ def timings(args, sk_variants, ps_variants, num_sms, l2_bytes, t_start) -> list[
                 else:
                     print(f"time {kernel} B={batch} L={ctx} {extra} {v}: {row['status']}", flush=True)
             del inputs
+            save_report()
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
     return rows
@@ -255,19 +269,15 @@ def smoke(args) -> int:
     t0 = time.time()
     checks = correctness(args, sk, ps, 2)
     rows = timings(args, sk, ps, 2, 2**20, t0)
-    out_dir = os.environ.get("OUT")
-    if out_dir:
-        with open(os.path.join(out_dir, "kernel_probe.json"), "w") as fh:
-            json.dump({"checks": checks, "timings": rows}, fh, indent=1, default=str)
     summary(rows, checks)
     return 0 if all(c["pass"] for c in checks) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--splitkv-variants", default="64,4,2;32,4,3;64,8,2;32,4,2;64,4,3",
+    ap.add_argument("--splitkv-variants", default="32,4,6;64,4,2;64,4,5;32,4,7;16,4,8;32,8,6",
                     help="block_n,num_warps,num_stages triples separated by ';'")
-    ap.add_argument("--persistent-variants", default="64,4,2;32,4,3")
+    ap.add_argument("--persistent-variants", default="32,4,6;64,4,5;16,4,8")
     ap.add_argument("--batches", type=ints, default=[1, 16])
     ap.add_argument("--contexts", type=ints, default=[4096, 32768, 131072])
     ap.add_argument("--splits", type=ints, default=[16, 32, 64, 132, 264])
@@ -295,21 +305,18 @@ def main(argv: list[str] | None = None) -> int:
     env = {"gpu": props.name, "num_sms": num_sms, "l2_bytes": l2_bytes, "torch": torch.__version__,
            "triton": triton.__version__, "copy_tbps_assumed": COPY_TBPS}
     print(json.dumps(env), flush=True)
+    REPORT["env"], REPORT["args"] = env, vars(args)
     sk_variants = parse_variants(args.splitkv_variants)
     ps_variants = parse_variants(args.persistent_variants)
     checks = [] if args.skip_check else correctness(args, sk_variants, ps_variants, num_sms)
     print(f"checks done in {time.time() - t_start:.0f} s", flush=True)
-    rows = []
+    rows = REPORT["timings"]
     try:
-        rows = timings(args, sk_variants, ps_variants, num_sms, l2_bytes, t_start)
+        timings(args, sk_variants, ps_variants, num_sms, l2_bytes, t_start)
     except Exception:  # noqa: BLE001 - keep what was measured
         traceback.print_exc()
     finally:
-        out_dir = os.environ.get("OUT")
-        if out_dir:
-            with open(os.path.join(out_dir, "kernel_probe.json"), "w") as fh:
-                json.dump({"env": env, "args": vars(args), "checks": checks, "timings": rows}, fh,
-                          indent=1, default=str)
+        save_report()
     summary(rows, checks)
     failed = [c for c in checks if not c["pass"]]
     print(f"\n{len(checks) - len(failed)}/{len(checks)} checks passed; "

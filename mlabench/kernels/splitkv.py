@@ -38,10 +38,15 @@ MAX_KV_SPLITS = 512
 LOG2E = 1.4426950408889634
 MERGE_BLOCK_SLOTS = 16  #: partials merged per loop step in stage 2
 
-#: Launch defaults of stage 1 (the GPU probe ``scripts/gpu_kernel_probe.py`` sweeps these).
-DEFAULT_BLOCK_N = 64
+#: Launch defaults of stage 1, not yet measured (``scripts/gpu_kernel_probe.py`` sweeps them).
+#: Why 6 stages: compiled for sm_90 with Triton 3.9, the pipeliner spends stages on the block-table
+#: load and the address computation that follows it, so the KV tile gets ``num_stages - 3``
+#: shared-memory buffers: stages 2-4 leave it single-buffered (no load overlaps the dot products,
+#: the latency-bound regime of facts file §9); 6 stages give two 32-token buffers (~94 KB shared
+#: memory, two programs per SM).
+DEFAULT_BLOCK_N = 32
 DEFAULT_NUM_WARPS = 4
-DEFAULT_NUM_STAGES = 2
+DEFAULT_NUM_STAGES = 6
 
 
 @triton.jit
