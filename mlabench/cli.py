@@ -34,7 +34,10 @@ _register_commands()
 def main() -> None:
     """Console-script entry point."""
     try:
-        app(standalone_mode=False)
+        # With standalone_mode=False click returns the code of a typer.Exit instead of raising it.
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except MlabenchError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -41,14 +41,14 @@ def test_check_passes_for_kimi_k3_tp8():
     assert all(r["verdict"] == "pass" and r["finite"] and r["max abs err"] < 1e-2 for r in rows)
 
 
-def test_check_fails_with_exit_1_on_a_wrong_backend(monkeypatch):
+def test_check_fails_with_exit_1_on_a_wrong_backend(monkeypatch, capsys):
     from mlabench.backends import reference
 
     real = reference.mla_decode_splitkv_torch
     monkeypatch.setattr(reference, "mla_decode_splitkv_torch", lambda *a, **k: real(*a, **k).mul_(1.1))
-    result = CliRunner().invoke(cli.app, ["check", "--heads", "12", "--backend", "torch-splitkv",
-                                          "--splits", "2", "--context", "64"])
-    assert result.exit_code == 1 and "FAIL" in result.stdout
+    code, out, err = run(["check", "--heads", "12", "--backend", "torch-splitkv", "--splits", "2",
+                          "--context", "64", "--markdown"], monkeypatch, capsys)
+    assert code == 1 and "FAIL" in out and "1 of 1 checks failed" in err
 
 
 def test_default_sweep_runs_on_cpu_and_says_so(tmp_path, monkeypatch, capsys):
