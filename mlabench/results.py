@@ -80,6 +80,7 @@ class Manifest(BaseModel):
     git_dirty: bool
     host: str
     device: dict[str, Any]
+    gpu_state: dict[str, Any] = Field(default_factory=dict, description="Clocks, temperature, power at the start.")
     driver: str
     versions: dict[str, str | None]
     copy_bandwidth_tbps: float

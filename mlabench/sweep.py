@@ -22,7 +22,7 @@ from mlabench.device import DeviceInfo, current_device
 from mlabench.errors import BackendUnavailableError, ConfigError, MlabenchError
 from mlabench.inputs import check_fits
 from mlabench.measure import ShapeBench
-from mlabench.observers import driver_version
+from mlabench.observers import driver_version, gpu_state
 from mlabench.results import (Manifest, Record, ResultStore, command_line, git_revision, library_versions,
                               new_run_id, point_key, utc_now)
 from mlabench.shapes import MLADecodeShape, configs_dir, resolve_heads
@@ -222,7 +222,7 @@ def make_manifest(run_id: str, cfg: SweepConfig, copy_bw_tbps: float) -> Manifes
 
     return Manifest(
         run_id=run_id, created=utc_now(), command=command_line(), git_revision=rev, git_dirty=dirty,
-        host=socket.gethostname(), device=dev.__dict__ | {"gpu_state": {}}, driver=driver_version(),
+        host=socket.gethostname(), device=dict(dev.__dict__), gpu_state=gpu_state(), driver=driver_version(),
         versions=library_versions(), copy_bandwidth_tbps=copy_bw_tbps,
         config=cfg.model_dump(mode="json", by_alias=True),
     )

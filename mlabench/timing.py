@@ -130,10 +130,11 @@ def capture_graph(calls: Sequence[Callable[[], object]]) -> torch.cuda.CUDAGraph
 
 
 def measure_copy_bandwidth_tbps(device: DeviceInfo | None = None, size_bytes: int | None = None,
-                                reps: int = 20) -> float:
+                                reps: int = 20, warmup: int = 5) -> float:
     """Device-to-device copy bandwidth in TB/s, counting bytes read plus bytes written.
 
-    Uses a 1 GiB copy on a GPU (256 MiB on the CPU) and the median of ``reps`` timed copies.  This
+    Uses a 1 GiB copy on a GPU (256 MiB on the CPU) and the median of ``reps`` timed copies after
+    ``warmup`` untimed ones.  This
     is the roofline ceiling against which every point's % of floor is reported (facts file §2:
     4.27 TB/s on an H200).
     """
@@ -142,7 +143,7 @@ def measure_copy_bandwidth_tbps(device: DeviceInfo | None = None, size_bytes: in
     src = torch.empty(size // 4, dtype=torch.float32, device=device.torch_device).uniform_()
     dst = torch.empty_like(src)
     samples = []
-    for i in range(reps + 2):
+    for i in range(reps + warmup):
         if device.is_gpu:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
@@ -154,7 +155,7 @@ def measure_copy_bandwidth_tbps(device: DeviceInfo | None = None, size_bytes: in
             t0 = time.perf_counter_ns()
             dst.copy_(src)
             us = (time.perf_counter_ns() - t0) / 1e3
-        if i >= 2:
+        if i >= warmup:
             samples.append(us)
     samples.sort()
     median_us = samples[len(samples) // 2]
