@@ -85,6 +85,7 @@ def serve_bench(
                             conf.baseline, stat)  # type: ignore[arg-type]
         _emit(t, None, markdown, as_json)
         _exit(0 if t.ok else 1)
+        return
     if config_path is None:
         raise ConfigError("give a serve config (configs/serve/*.toml) or --from-run RUN_DIR")
     overrides = list(set_)

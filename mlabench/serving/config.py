@@ -12,9 +12,11 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator,
+)
 
 from mlabench.errors import ConfigError
 
@@ -38,7 +40,9 @@ class BenchParams(_Strict):
     num_prompts: int = Field(3, gt=0, description="--num-prompts, measured requests per run.")
     num_warmups: int = Field(1, ge=0, description="--num-warmups, unmeasured requests first.")
     seed: int = Field(0, description="--seed of the random dataset.")
-    request_rate: str = Field("inf", description="--request-rate, requests/s or 'inf'.")
+    request_rate: Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, (int, float))
+                                                 else v)] = Field(
+        "inf", description="--request-rate, requests/s or 'inf'.")
     ignore_eos: bool = Field(True, description="--ignore-eos: every request yields the full output.")
     trust_remote_code: bool = Field(True, description="--trust-remote-code.")
     disable_tqdm: bool = Field(True, description="--disable-tqdm.")

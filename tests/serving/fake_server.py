@@ -1,7 +1,9 @@
 """A stand-in for `vllm serve` in lifecycle tests: python fake_server.py PORT MODE PIDFILE.
 
 MODE: ok (healthy), die (exit 3 at once), unhealthy (/health 503 forever),
-stubborn (healthy, ignores SIGINT, so stop must escalate), slow (healthy after 1.5 s).
+stubborn (healthy, ignores SIGINT, so stop must escalate), slow (healthy after 1.5 s);
+for POST /v1/completions: ok answers ids 5,6,7,5,...; tie / wrong change position 2 to id 99
+with a top-2 gap of 0.01 / 2.0 nats; short answers one token less than asked.
 It also starts a child process in its group, to check that the whole group is stopped.
 """
 
@@ -41,6 +43,23 @@ class Handler(http.server.BaseHTTPRequestHandler):
         else:
             self.send_response(404)
             self.end_headers()
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = req["max_tokens"] - (1 if mode == "short" else 0)
+        ids = [5 + i % 3 for i in range(n)]
+        gaps = [1.0] * n
+        if mode in ("tie", "wrong") and n > 2:
+            ids[2], gaps[2] = 99, (0.01 if mode == "tie" else 2.0)
+        lp = {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-0.1] * n,
+              "top_logprobs": [{f"token_id:{t}": -0.1, "token_id:1": -0.1 - g}
+                               for t, g in zip(ids, gaps)]}
+        body = json.dumps({"model": "fake-model", "choices": [
+            {"text": "", "logprobs": lp, "finish_reason": "length"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *args):
         pass

@@ -1,0 +1,41 @@
+"""The `vllm bench serve` command line and run folders."""
+
+import datetime as dt
+from pathlib import Path
+
+from mlabench.serving.bench import bench_command, new_run_dir
+from mlabench.serving.config import BenchParams
+
+
+def test_command_has_the_seed_flags_and_save_result():
+    argv = bench_command("/v/bin/vllm", "http://h:1", "M", "T", BenchParams(), 16, Path("/r"),
+                         "x.json", {"variant": "asm", "concurrency": "16"})
+    s = " ".join(argv)
+    assert argv[:3] == ["/v/bin/vllm", "bench", "serve"]
+    for part in ("--backend vllm", "--base-url http://h:1", "--endpoint /v1/completions",
+                 "--model M", "--tokenizer T", "--dataset-name random", "--random-input-len 100000",
+                 "--random-output-len 1000", "--random-range-ratio 0.0", "--max-concurrency 16",
+                 "--num-prompts 3", "--num-warmups 1", "--seed 0", "--request-rate inf",
+                 "--ignore-eos", "--trust-remote-code", "--disable-tqdm", "--save-result",
+                 "--result-dir /r", "--result-filename x.json"):
+        assert part in s, part
+    assert argv[-3:] == ["--metadata", "variant=asm", "concurrency=16"]
+
+
+def test_overrides_and_pass_through():
+    p = BenchParams(random_input_len=64, ignore_eos=False, num_warmups=0, dataset_name="sharegpt",
+                    extra_args=["--dataset-path", "/d.json"])
+    argv = bench_command("vllm", "u", "M", "M", p, 1, Path("/r"), "f", {"variant": "a"})
+    assert "--ignore-eos" not in argv and "--num-warmups" not in argv
+    assert "--random-input-len" not in argv  # random flags only for the random dataset
+    i = argv.index("--dataset-path")
+    assert argv[i + 1] == "/d.json" and i < argv.index("--metadata")
+
+
+def test_run_dirs_are_never_reused(tmp_path):
+    now = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.timezone.utc)
+    a = new_run_dir(tmp_path, "cfg", now)
+    (a / "keep.json").write_text("{}")
+    b = new_run_dir(tmp_path, "cfg", now)
+    assert a.name == "serve-20261130T120000Z-cfg" and b.name == a.name + "-2"
+    assert (a / "keep.json").exists()

@@ -1,0 +1,137 @@
+"""`mlabench serve-bench` / `serve-check` end to end with a stand-in server and `vllm`."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlabench.serving.config import LaunchSpec
+from mlabench.serving.lifecycle import ManagedServer
+
+from .conftest import free_port, server_command
+
+
+def run_cli(*args, env=None, cwd=None):
+    e = {**os.environ, **(env or {})}
+    e.pop("MLABENCH_VLLM_BIN", None)
+    return subprocess.run([sys.executable, "-c", "from mlabench.cli import main; main()", *args],
+                          env=e, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def two_variant_config(tmp_path, fake_vllm, port_a, port_b, extra=""):
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(
+        f'baseline = "base"\nvllm_bin = "{fake_vllm}"\nmodel = "fake-model"\n{extra}\n'
+        f'[bench]\nrandom_input_len = 64\nrandom_output_len = 8\n'
+        f'[[variants]]\nname = "base"\nbase_url = "http://127.0.0.1:{port_a}"\n'
+        f"[variants.launch]\ncommand = {json.dumps(server_command(port_a, 'ok', tmp_path / 'pa'))}\n"
+        f'[[variants]]\nname = "fast"\nbase_url = "http://127.0.0.1:{port_b}"\n'
+        f"[variants.launch]\ncommand = {json.dumps(server_command(port_b, 'ok', tmp_path / 'pb'))}\n"
+    )
+    return cfg
+
+
+def test_serve_bench_table_speedup_and_files(tmp_path, fake_vllm):
+    cfg = two_variant_config(tmp_path, fake_vllm, free_port(), free_port(), "repeats = 2")
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"), "--json",
+                env={"FAKE_TPOT_MS_BASE": "40", "FAKE_TPOT_MS_FAST": "10"})
+    assert r.returncode == 0, r.stderr
+    t = json.loads(r.stdout)
+    assert t["ok"] and [row["concurrency"] for row in t["rows"]] == [1, 16]
+    base1, fast1 = t["rows"][0]["cells"]
+    assert base1["tpot_mean_ms"] == pytest.approx(40.0) and fast1["speedup"] == pytest.approx(4.0)
+    assert t["rows"][1]["cells"][0]["tpot_mean_ms"] == pytest.approx(40 * 1.75)
+    assert fast1["completed"] == 6 and fast1["repeats"] == 2
+    run = next((tmp_path / "res").iterdir())
+    names = {p.name for p in run.iterdir()}
+    for v in ("base", "fast"):
+        for c in (1, 16):
+            for rep in (0, 1):
+                assert f"{v}-c{c}-r{rep}.json" in names
+        assert f"server-{v}.log" in names
+    assert {"manifest.json", "commands.txt", "results.jsonl", "table.md", "table.json"} <= names
+    assert len((run / "results.jsonl").read_text().splitlines()) == 8
+    again = run_cli("serve-bench", "--from-run", str(run), "--markdown")
+    assert again.returncode == 0 and "4.00x" in again.stdout
+
+
+def test_failed_requests_exit_non_zero(tmp_path, fake_vllm):
+    cfg = two_variant_config(tmp_path, fake_vllm, free_port(), free_port(), "concurrencies = [1]")
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"), "--markdown",
+                env={"FAKE_BENCH_MODE": "fail_requests"})
+    assert r.returncode == 1
+    assert "2/1 FAILED_REQUESTS" in r.stdout and "connection reset" in r.stdout
+
+
+def test_missing_result_exit_non_zero(tmp_path, fake_vllm):
+    cfg = two_variant_config(tmp_path, fake_vllm, free_port(), free_port(), "concurrencies = [1]")
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"), "--markdown",
+                env={"FAKE_BENCH_MODE": "exit1"})
+    assert r.returncode == 1
+    assert "MISSING" in r.stdout and "exit code 1" in r.stdout
+
+
+def test_user_errors_are_one_line_exit_2(tmp_path, fake_vllm):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('baseline = "x"\n[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:1"\n')
+    r = run_cli("serve-bench", str(bad))
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: ")
+    assert "baseline 'x' is not a variant" in r.stderr and "Traceback" not in r.stderr
+    down = tmp_path / "down.toml"
+    down.write_text(f'baseline = "a"\n[[variants]]\nname = "a"\n'
+                    f'base_url = "http://127.0.0.1:{free_port()}"\n')
+    r = run_cli("serve-bench", str(down), "--results-dir", str(tmp_path / "res"))
+    assert r.returncode == 2 and "no healthy server" in r.stderr
+    dies = tmp_path / "dies.toml"
+    port = free_port()
+    dies.write_text(f'baseline = "a"\n[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
+                    f"[variants.launch]\ncommand = {json.dumps(server_command(port, 'die', tmp_path / 'p'))}\n")
+    r = run_cli("serve-bench", str(dies), "--results-dir", str(tmp_path / "res"))
+    assert r.returncode == 2 and "fake engine failed to start" in r.stderr
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    started = []
+
+    def start(mode):
+        port = free_port()
+        srv = ManagedServer(LaunchSpec(command=server_command(port, mode, tmp_path / f"{mode}.pid")),
+                            f"http://127.0.0.1:{port}", tmp_path / f"{mode}.log", poll_s=0.2)
+        srv.start()
+        started.append(srv)
+        return srv.base_url
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def test_serve_check_fixture_match_tie_mismatch(tmp_path, server_factory):
+    fx = str(tmp_path / "fx.json")
+    ok_url = server_factory("ok")
+    r = run_cli("serve-check", "--base-url", ok_url, "--fixture", fx, "--save-fixture", "-n", "8")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(Path(fx).read_text())["token_ids"] == [5, 6, 7, 5, 6, 7, 5, 6]
+    r = run_cli("serve-check", "--base-url", ok_url, "--fixture", fx, "-n", "8", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["verdict"] == "match"
+    r = run_cli("serve-check", "--base-url", server_factory("tie"), "--fixture", fx, "-n", "8",
+                "--json")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 0 and rep["verdict"] == "near_tie_divergence"
+    assert rep["first_divergence"] == 2 and rep["got_token"] == 99
+    r = run_cli("serve-check", "--base-url", server_factory("tie"), "--fixture", fx, "-n", "8",
+                "--strict")
+    assert r.returncode == 1
+    r = run_cli("serve-check", "--base-url", server_factory("wrong"), "--fixture", fx, "-n", "8",
+                "--json")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 1 and rep["verdict"] == "mismatch" and rep["expected_token"] == 7
+    r = run_cli("serve-check", "--base-url", server_factory("short"), "--fixture", fx, "-n", "8",
+                "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["verdict"] == "invalid"
+    r = run_cli("serve-check", "--base-url", ok_url, "--fixture", fx, "--save-fixture", "-n", "8")
+    assert r.returncode == 2 and "exists" in r.stderr

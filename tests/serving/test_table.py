@@ -1,0 +1,78 @@
+"""TPOT table math: repeats, speedup, failures kept visible."""
+
+import json
+
+import pytest
+
+from mlabench.serving.results import BenchResult, MetricStats
+from mlabench.serving.table import build_table, to_json, to_markdown
+
+
+def res(variant, conc, rep, tpot, status="ok", completed=3, failed=0, ttft=100.0):
+    return BenchResult(variant=variant, concurrency=conc, repeat=rep, status=status,
+                       completed=completed, failed=failed, output_throughput_tok_s=1000 / tpot,
+                       tpot=MetricStats(mean_ms=tpot, median_ms=tpot - 1, p99_ms=tpot * 2),
+                       ttft=MetricStats(mean_ms=ttft), itl=MetricStats(mean_ms=tpot))
+
+
+def test_speedup_against_baseline_per_concurrency():
+    results = [res("asm", 1, 0, 87.29), res("gluon", 1, 0, 23.58),
+               res("asm", 16, 0, 149.17), res("gluon", 16, 0, 89.70)]
+    t = build_table(results, ["asm", "gluon"], [1, 16], "asm")
+    assert t.ok
+    c1, c16 = t.rows
+    assert c1.cells[1].speedup == pytest.approx(87.29 / 23.58)  # 3.70x, the seed PR's table
+    assert c16.cells[1].speedup == pytest.approx(149.17 / 89.70)  # 1.66x
+    assert c1.cells[0].speedup == pytest.approx(1.0)
+    md = to_markdown(t)
+    assert "| 1 | 87.29 | 1.00x (base) |" in md and "3.70x" in md and "1.66x" in md
+
+
+def test_repeats_are_averaged_and_counts_summed():
+    results = [res("a", 1, 0, 10.0), res("a", 1, 1, 12.0), res("b", 1, 0, 5.0), res("b", 1, 1, 7.0)]
+    t = build_table(results, ["a", "b"], [1], "a")
+    a, b = t.rows[0].cells
+    assert a.tpot_mean_ms == pytest.approx(11.0) and a.completed == 6 and a.repeats == 2
+    assert b.speedup == pytest.approx(11.0 / 6.0)
+
+
+def test_median_and_p99_speedups():
+    results = [res("a", 1, 0, 11.0), res("b", 1, 0, 6.0)]
+    assert build_table(results, ["a", "b"], [1], "a", "median").rows[0].cells[1].speedup == \
+        pytest.approx(10.0 / 5.0)
+    assert build_table(results, ["a", "b"], [1], "a", "p99").rows[0].cells[1].speedup == \
+        pytest.approx(22.0 / 12.0)
+
+
+def test_failed_requests_are_not_averaged_away():
+    results = [res("a", 1, 0, 10.0), res("a", 1, 1, 10.0, "failed_requests", 2, 1),
+               res("b", 1, 0, 5.0)]
+    t = build_table(results, ["a", "b"], [1], "a")
+    a = t.rows[0].cells[0]
+    assert a.status == "failed_requests" and a.failed == 1 and a.completed == 5
+    assert not t.ok
+    assert "5/1 FAILED_REQUESTS" in to_markdown(t)
+    assert json.loads(to_json(t))["ok"] is False
+
+
+def test_missing_result_is_a_row_not_a_gap():
+    results = [res("a", 1, 0, 10.0), res("a", 16, 0, 20.0), res("b", 1, 0, 5.0),
+               BenchResult(variant="b", concurrency=16, repeat=0, status="missing",
+                           error="no result file b-c16-r0.json")]
+    t = build_table(results, ["a", "b"], [1, 16], "a")
+    assert [r.concurrency for r in t.rows] == [1, 16]
+    b16 = t.rows[1].cells[1]
+    assert b16.status == "missing" and b16.speedup is None
+    md = to_markdown(t)
+    assert "MISSING" in md and "no result file b-c16-r0.json" in md
+    assert not t.ok
+
+
+def test_never_recorded_cell_is_missing():
+    t = build_table([res("a", 1, 0, 10.0)], ["a", "b"], [1], "a")
+    assert t.rows[0].cells[1].status == "missing" and not t.ok
+
+
+def test_baseline_missing_gives_no_speedups():
+    t = build_table([res("b", 1, 0, 5.0)], ["a", "b"], [1], "a")
+    assert t.rows[0].cells[1].speedup is None
