@@ -18,8 +18,9 @@ import triton
 import triton.language as tl
 
 from mlabench.kernels.splitkv import (
-    BLOCK_H, D_NOPE, DEFAULT_BLOCK_N, DEFAULT_NUM_STAGES, DEFAULT_NUM_WARPS, LOG2E,
-    MERGE_BLOCK_SLOTS, attend_tokens, check_decode_args, load_q_tile, merge_partials_kernel,
+    BLOCK_H, D_NOPE, DEFAULT_BLOCK_N, DEFAULT_NUM_STAGES, DEFAULT_NUM_WARPS, LOG2E, MERGE_BLOCK_DV,
+    MERGE_BLOCK_SLOTS, MERGE_NUM_STAGES, attend_tokens, check_decode_args, load_q_tile,
+    merge_partials_kernel,
     store_partial, upcast_for_interpreter,
 )
 from mlabench.kernels.worklist import WorkList, build_work_list
@@ -128,9 +129,10 @@ def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: 
         PAGE_SIZE=kv_cache.shape[1], BLOCK_N=block_n, BLOCK_H=BLOCK_H, UPCAST=upcast,
         NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages,
     )
-    merge_partials_kernel[(batch, heads)](
+    merge_partials_kernel[(batch, heads, D_NOPE // MERGE_BLOCK_DV)](
         partial_out, partial_lse, out, work.req_slot_lo, work.req_slot_hi, 0,
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
-        out.stride(0), out.stride(1), FROM_RANGES=True, BLOCK_S=MERGE_BLOCK_SLOTS, num_warps=4,
+        out.stride(0), out.stride(1), FROM_RANGES=True, BLOCK_S=MERGE_BLOCK_SLOTS,
+        BLOCK_DV=MERGE_BLOCK_DV, NUM_STAGES=MERGE_NUM_STAGES, num_warps=4,
     )
     return out

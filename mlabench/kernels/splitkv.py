@@ -36,7 +36,9 @@ BLOCK_H = 16  #: head rows per tile (the smallest M of tl.dot)
 SPLIT_ALIGN_TOKENS = 16  #: split length is rounded up to this many tokens
 MAX_KV_SPLITS = 512
 LOG2E = 1.4426950408889634
-MERGE_BLOCK_SLOTS = 16  #: partials merged per loop step in stage 2
+MERGE_BLOCK_SLOTS = 32  #: partials merged per loop step in stage 2
+MERGE_BLOCK_DV = 128  #: output columns per stage-2 program (grid axis 2 = 512 / this)
+MERGE_NUM_STAGES = 2
 
 #: Launch defaults of stage 1, not yet measured (``scripts/gpu_kernel_probe.py`` sweeps them).
 #: Why 6 stages: compiled for sm_90 with Triton 3.9, the pipeliner spends stages on the block-table
@@ -143,8 +145,11 @@ def _splitkv_stage1(q_ptr, kv_ptr, bt_ptr, seqlens_ptr, po_ptr, plse_ptr,
 @triton.jit(do_not_specialize=["num_splits"])
 def merge_partials_kernel(po_ptr, plse_ptr, out_ptr, slot_lo_ptr, slot_hi_ptr, num_splits,
                           stride_ps, stride_ph, stride_ls, stride_ob, stride_oh,
-                          FROM_RANGES: tl.constexpr, BLOCK_S: tl.constexpr):
-    """One program per (request b, head h): merge partial slots ``[lo, hi)`` into ``out[b, h]``.
+                          FROM_RANGES: tl.constexpr, BLOCK_S: tl.constexpr,
+                          BLOCK_DV: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """One program per (request b, head h, column block): merge partial slots ``[lo, hi)`` into
+    ``out[b, h, cols]``; grid ``(B, H, 512 // BLOCK_DV)`` so that a batch-1 merge still spreads
+    over many SMs.
 
     ``FROM_RANGES``: the slot range comes from ``slot_lo_ptr[b]`` / ``slot_hi_ptr[b]`` (persistent
     work list); otherwise it is ``[b * num_splits, (b + 1) * num_splits)``.  A request with no
@@ -152,17 +157,17 @@ def merge_partials_kernel(po_ptr, plse_ptr, out_ptr, slot_lo_ptr, slot_hi_ptr, n
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
+    offs_d = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     if FROM_RANGES:
         lo = tl.load(slot_lo_ptr + b)
         hi = tl.load(slot_hi_ptr + b)
     else:
         lo = b * num_splits
         hi = lo + num_splits
-    offs_d = tl.arange(0, 512)
     m_run = tl.full([1], float("-inf"), tl.float32)
     w_sum = tl.zeros([1], tl.float32)
-    acc = tl.zeros([512], tl.float32)
-    for c in range(lo, hi, BLOCK_S):
+    acc = tl.zeros([BLOCK_DV], tl.float32)
+    for c in tl.range(lo, hi, BLOCK_S, num_stages=NUM_STAGES):
         slots = c + tl.arange(0, BLOCK_S)
         smask = slots < hi
         lse = tl.load(plse_ptr + slots.to(tl.int64) * stride_ls + h, mask=smask, other=float("-inf"))
@@ -268,9 +273,10 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
         SPLIT_ALIGN=SPLIT_ALIGN_TOKENS, UPCAST=upcast, NUM_STAGES=num_stages,
         num_warps=num_warps, num_stages=num_stages,
     )
-    merge_partials_kernel[(batch, heads)](
+    merge_partials_kernel[(batch, heads, D_NOPE // MERGE_BLOCK_DV)](
         partial_out, partial_lse, out, cache_seqlens, cache_seqlens, int(num_kv_splits),
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
-        out.stride(0), out.stride(1), FROM_RANGES=False, BLOCK_S=MERGE_BLOCK_SLOTS, num_warps=4,
+        out.stride(0), out.stride(1), FROM_RANGES=False, BLOCK_S=MERGE_BLOCK_SLOTS,
+        BLOCK_DV=MERGE_BLOCK_DV, NUM_STAGES=MERGE_NUM_STAGES, num_warps=4,
     )
     return out

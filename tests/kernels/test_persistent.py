@@ -33,6 +33,7 @@ CASES = [
     (12, (17, 40), 1, 5, "float16"),        # page 1
     (32, (30, 9), 16, 2, "float16"),        # two head tiles
     (12, (50, 3), 16, 3, "bfloat16"),       # fp32 upcast path
+    (12, (1600, 300), 64, 48, "float16"),   # request 0 spans 34 slots: merge crosses slot blocks
 ]
 
 

@@ -18,6 +18,7 @@ CASES = [
     (32, (20,), 16, 2, "float16", 16),          # two head tiles
     (12, (50, 1), 16, 3, "bfloat16", 32),       # bf16: fp32 upcast before tl.dot in the interpreter
     (12, (30,), 16, 2, "float32", 16),
+    (12, (1100, 3), 16, 70, "float16", 16),   # 69 non-empty splits: the merge crosses slot blocks
 ]
 
 
