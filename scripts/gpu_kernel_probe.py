@@ -252,6 +252,17 @@ def summary(rows: list[dict], checks: list[dict]) -> None:
         knob = f"S={r['splits']}" if "splits" in r else f"pps={r['programs_per_sm']}"
         print(f"{kernel:17s} B={b:<3d} L={ctx:<7d} {r['us']:9.1f} {r['pct_of_floor']:5.1f}%  "
               f"{knob:8s} {r['variant']}")
+    print("\n== split-KV: best µs over variants, per split count ==")
+    grid: dict[tuple, dict[int, float]] = {}
+    for r in rows:
+        if (r.get("status") == "ok" and r["kernel"] == "triton-splitkv"
+                and ("triton-splitkv", tuple(r["variant"])) not in bad):
+            cell = grid.setdefault((r["batch"], r["context"]), {})
+            cell[r["splits"]] = min(cell.get(r["splits"], float("inf")), r["us"])
+    all_splits = sorted({k for cell in grid.values() for k in cell})
+    print("B    L       " + "".join(f"{'S=' + str(k):>10s}" for k in all_splits))
+    for (b, ctx), cell in sorted(grid.items()):
+        print(f"{b:<4d} {ctx:<7d} " + "".join(f"{cell.get(k, float('nan')):10.1f}" for k in all_splits))
     print("\n== split-KV variants: median over all (B, L, S) of % of floor ==")
     by_variant: dict[tuple, list[float]] = {}
     for r in rows:
