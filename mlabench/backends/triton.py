@@ -138,7 +138,7 @@ class TritonPersistentBackend(Backend):
             WORK_GRANULARITY_TOKENS, alloc_persistent_workspace, mla_decode_persistent,
             persistent_workspace_bytes,
         )
-        from mlabench.kernels.splitkv import DEFAULT_BLOCK_N
+        from mlabench.kernels.splitkv import default_launch
         from mlabench.kernels.worklist import build_work_list
 
         s = inputs.shape
@@ -162,10 +162,12 @@ class TritonPersistentBackend(Backend):
                                   partial_out=part_o, partial_lse=part_lse)
             return out.copy_(out_pad[:, :s.num_heads])
 
+        block_n, num_warps, num_stages = default_launch(inputs.q)
         return PreparedCall(
             fn=fn, out=out,
             effective_params={"head_padding": mode, "num_programs": num_programs,
-                              "padded_heads": hp, "block_n": DEFAULT_BLOCK_N},
+                              "padded_heads": hp, "block_n": block_n, "num_warps": num_warps,
+                              "num_stages": num_stages},
             setup_us=setup_us,
             workspace_bytes=persistent_workspace_bytes(num_programs, s.batch, hp),
         )

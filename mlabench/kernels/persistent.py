@@ -18,10 +18,9 @@ import triton
 import triton.language as tl
 
 from mlabench.kernels.splitkv import (
-    BLOCK_H, D_NOPE, DEFAULT_BLOCK_N, DEFAULT_NUM_STAGES, DEFAULT_NUM_WARPS, LOG2E, MERGE_BLOCK_DV,
-    MERGE_BLOCK_SLOTS, MERGE_NUM_STAGES, attend_tokens, check_decode_args, load_q_tile,
-    merge_partials_kernel,
-    store_partial, upcast_for_interpreter,
+    BLOCK_H, D_NOPE, LOG2E, MERGE_BLOCK_DV, MERGE_BLOCK_SLOTS, MERGE_NUM_STAGES, attend_tokens,
+    check_decode_args, load_q_tile, merge_partials_kernel, resolve_launch, store_partial,
+    upcast_for_interpreter,
 )
 from mlabench.kernels.worklist import WorkList, build_work_list
 
@@ -88,8 +87,8 @@ def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: 
                           num_programs: int, *, work: WorkList | None = None,
                           partial_out: torch.Tensor | None = None,
                           partial_lse: torch.Tensor | None = None,
-                          block_n: int = DEFAULT_BLOCK_N, num_warps: int = DEFAULT_NUM_WARPS,
-                          num_stages: int = DEFAULT_NUM_STAGES) -> torch.Tensor:
+                          block_n: int | None = None, num_warps: int | None = None,
+                          num_stages: int | None = None) -> torch.Tensor:
     """Persistent-grid MLA decode of 16-row head tiles.
 
     Args:
@@ -102,12 +101,14 @@ def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: 
         work: a :class:`WorkList` built with the same ``num_programs`` (any granularity; built
             here with :data:`WORK_GRANULARITY_TOKENS` when None; pass it for graph capture).
         partial_out / partial_lse: workspace from :func:`alloc_persistent_workspace`.
-        block_n, num_warps, num_stages: tile tokens and Triton launch options.
+        block_n, num_warps, num_stages: tile tokens and Triton launch options (None: the
+            defaults of :func:`mlabench.kernels.splitkv.default_launch`).
 
     Returns ``out``.  Raises ValueError when ``Hp % 16 != 0``, the work list does not match, or the
     workspace is too small.
     """
     check_decode_args(q, kv_cache, block_table, cache_seqlens, out)
+    block_n, num_warps, num_stages = resolve_launch(q, block_n, num_warps, num_stages)
     batch, heads, _ = q.shape
     if heads % BLOCK_H:
         raise ValueError(f"persistent kernel needs heads padded to a multiple of {BLOCK_H}, got {heads}")

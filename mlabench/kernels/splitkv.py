@@ -49,6 +49,26 @@ MERGE_NUM_STAGES = 2
 DEFAULT_BLOCK_N = 32
 DEFAULT_NUM_WARPS = 4
 DEFAULT_NUM_STAGES = 6
+#: On ROCm the stream pipeliner gives a KV buffer per stage and LDS is 64-160 KB: stay at 2
+#: (untested on AMD hardware).
+ROCM_NUM_STAGES = 2
+
+
+def default_launch(q: torch.Tensor) -> tuple[int, int, int]:
+    """``(block_n, num_warps, num_stages)`` used when the caller passes None, for q's device."""
+    rocm = q.is_cuda and torch.version.hip is not None
+    return DEFAULT_BLOCK_N, DEFAULT_NUM_WARPS, ROCM_NUM_STAGES if rocm else DEFAULT_NUM_STAGES
+
+
+def resolve_launch(q: torch.Tensor, block_n: int | None, num_warps: int | None,
+                   num_stages: int | None) -> tuple[int, int, int]:
+    """Fill None launch options from :func:`default_launch`; ValueError unless block_n is a
+    power of two >= 16 (the smallest tl.dot size)."""
+    d_bn, d_nw, d_ns = default_launch(q)
+    block_n, num_warps, num_stages = block_n or d_bn, num_warps or d_nw, num_stages or d_ns
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
+    return block_n, num_warps, num_stages
 
 
 @triton.jit
@@ -233,9 +253,9 @@ def upcast_for_interpreter(dtype: torch.dtype) -> bool:
 def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                        cache_seqlens: torch.Tensor, out: torch.Tensor, num_kv_splits: int,
                        softmax_scale: float, *, partial_out: torch.Tensor | None = None,
-                       partial_lse: torch.Tensor | None = None, block_n: int = DEFAULT_BLOCK_N,
-                       num_warps: int = DEFAULT_NUM_WARPS,
-                       num_stages: int = DEFAULT_NUM_STAGES) -> torch.Tensor:
+                       partial_lse: torch.Tensor | None = None, block_n: int | None = None,
+                       num_warps: int | None = None,
+                       num_stages: int | None = None) -> torch.Tensor:
     """Split-KV MLA decode: ``out = softmax(q K^T * softmax_scale) V`` per request and head.
 
     Args:
@@ -248,11 +268,13 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
         partial_out / partial_lse: workspace from :func:`alloc_splitkv_workspace`
             (allocated here when None: pass them for graph capture and timing).
         block_n: tokens per tile (16, 32, 64 ...); num_warps / num_stages: Triton launch options,
-            num_stages is the software-pipelining depth of the token loop.
+            num_stages is the software-pipelining depth of the token loop; None takes
+            :func:`default_launch`.
 
     Returns ``out``.  Raises ValueError for bad layouts, split counts or a too-small workspace.
     """
     check_decode_args(q, kv_cache, block_table, cache_seqlens, out)
+    block_n, num_warps, num_stages = resolve_launch(q, block_n, num_warps, num_stages)
     if not 1 <= int(num_kv_splits) <= MAX_KV_SPLITS:
         raise ValueError(f"num_kv_splits must be in 1..{MAX_KV_SPLITS}, got {num_kv_splits}")
     batch, heads, _ = q.shape

@@ -74,3 +74,11 @@ def test_rejects_small_workspace():
         mla_decode_splitkv(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens,
                            inp.new_output(), 4, inp.shape.scale, partial_out=part_o,
                            partial_lse=part_lse)
+
+
+@pytest.mark.parametrize("block_n", [8, 24])
+def test_rejects_bad_block_n(block_n):
+    inp, _ = make_case(12, (8,), 16)
+    with pytest.raises(ValueError, match="block_n"):
+        mla_decode_splitkv(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens,
+                           inp.new_output(), 2, inp.shape.scale, block_n=block_n)
