@@ -11,6 +11,7 @@ from a real mismatch.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import urllib.error
@@ -21,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mlabench.errors import ConfigError, ServerError
-from mlabench.serving.config import CheckParams
+from mlabench.serving.config import CheckParams, prompt_text
 
 Verdict = Literal["match", "near_tie_divergence", "mismatch", "invalid"]
 
@@ -32,7 +33,9 @@ class GreedyOutput(BaseModel):
     model_config = ConfigDict(extra="forbid")
     schema_version: int = Field(1, description="Fixture format version.")
     model: str = Field(..., description="Served model id.")
-    prompt: str = Field(..., description="Prompt text sent.")
+    prompt_sha256: str = Field(..., description="SHA-256 of the prompt text sent (UTF-8).")
+    prompt_head: str = Field(..., description="First 200 characters of the prompt, for people.")
+    prompt_chars: int = Field(..., description="Prompt length, characters.")
     max_tokens: int = Field(..., description="N, output tokens asked for.")
     token_ids: list[int] = Field(..., description="Generated token ids, in order.")
     logprobs: list[float | None] = Field(..., description="Logprob of each chosen token, nats.")
@@ -62,6 +65,10 @@ class CheckReport(BaseModel):
     problems: list[str] = Field(default_factory=list, description="Why the verdict is not match.")
 
 
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _token_id(name: str) -> int:
     if not name.startswith("token_id:"):
         raise ServerError(f"server returned token {name!r}, not 'token_id:<id>' "
@@ -76,7 +83,8 @@ def parse_completion(body: dict[str, Any], prompt: str, max_tokens: int) -> Gree
         lp = choice["logprobs"]
         ids = [_token_id(t) for t in lp["tokens"]]
         top = [{_token_id(k): v for k, v in (d or {}).items()} for d in lp["top_logprobs"]]
-        return GreedyOutput(model=body.get("model", ""), prompt=prompt, max_tokens=max_tokens,
+        return GreedyOutput(model=body.get("model", ""), prompt_sha256=_sha256(prompt),
+                            prompt_head=prompt[:200], prompt_chars=len(prompt), max_tokens=max_tokens,
                             token_ids=ids, logprobs=list(lp["token_logprobs"]), top_logprobs=top,
                             finish_reason=choice.get("finish_reason"))
     except (KeyError, IndexError, TypeError, ValueError) as exc:
@@ -85,8 +93,9 @@ def parse_completion(body: dict[str, Any], prompt: str, max_tokens: int) -> Gree
 
 def request_greedy(base_url: str, model: str, params: CheckParams) -> GreedyOutput:
     """Send the fixed greedy request; raises :class:`ServerError` on HTTP or format errors."""
+    prompt = prompt_text(params)
     payload = {
-        "model": model, "prompt": params.prompt, "max_tokens": params.max_tokens,
+        "model": model, "prompt": prompt, "max_tokens": params.max_tokens,
         "temperature": 0.0, "logprobs": params.logprobs, "ignore_eos": True,
         "return_tokens_as_token_ids": True, "seed": 0,
     }
@@ -102,7 +111,7 @@ def request_greedy(base_url: str, model: str, params: CheckParams) -> GreedyOutp
                           f"{exc.read()[:300].decode(errors='replace')}") from None
     except (OSError, ValueError) as exc:
         raise ServerError(f"{base_url}/v1/completions failed: {exc}") from None
-    return parse_completion(body, params.prompt, params.max_tokens)
+    return parse_completion(body, prompt, params.max_tokens)
 
 
 def top2_gap(top: dict[int, float | None]) -> float | None:
@@ -120,7 +129,7 @@ def compare(out: GreedyOutput, fixture: GreedyOutput, tie_threshold: float) -> C
         problems.append("non-finite logprob returned")
     if len(out.token_ids) != out.max_tokens:
         problems.append(f"{len(out.token_ids)} tokens returned, {out.max_tokens} asked for")
-    if out.prompt != fixture.prompt or out.max_tokens != fixture.max_tokens:
+    if out.prompt_sha256 != fixture.prompt_sha256 or out.max_tokens != fixture.max_tokens:
         problems.append("prompt or max_tokens differ from the fixture's")
     first = next((i for i, (a, b) in enumerate(zip(out.token_ids, fixture.token_ids)) if a != b),
                  None)

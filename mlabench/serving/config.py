@@ -96,6 +96,12 @@ class CheckParams(_Strict):
         "The quick brown fox jumps over the lazy dog. " * 8,
         description="Fixed prompt text sent to /v1/completions.",
     )
+    prompt_file: str | None = Field(
+        None, description="Read the prompt text from this file instead ($VAR and ~ expanded)."
+    )
+    prompt_repeat: int = Field(
+        1, ge=1, description="Send the prompt text this many times over (long-context checks)."
+    )
     max_tokens: int = Field(64, gt=0, description="N: output tokens asked for and expected.")
     logprobs: int = Field(5, ge=2, description="Top logprobs per position (2 needed for gaps).")
     tie_threshold: float = Field(
@@ -103,6 +109,21 @@ class CheckParams(_Strict):
         "this is a near tie.",
     )
     timeout_s: float = Field(600.0, gt=0, description="HTTP timeout of the request, seconds.")
+
+
+def prompt_text(params: CheckParams) -> str:
+    """The prompt serve-check sends: ``prompt_file`` or ``prompt``, times ``prompt_repeat``.
+
+    Raises :class:`ConfigError` when the prompt file cannot be read.
+    """
+    text = params.prompt
+    if params.prompt_file:
+        path = expand(params.prompt_file)
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read check.prompt_file {path}: {exc}") from None
+    return text * params.prompt_repeat
 
 
 class ServeConfig(_Strict):

@@ -13,7 +13,8 @@ from mlabench.serving.check import (
 def out(ids, gaps=None, n=None, lp=-1.0):
     gaps = gaps or [1.0] * len(ids)
     tops = [{t: lp, t + 1000: lp - g} for t, g in zip(ids, gaps)]
-    return GreedyOutput(model="m", prompt="p", max_tokens=n or len(ids), token_ids=list(ids),
+    return GreedyOutput(model="m", prompt_sha256="0" * 64, prompt_head="p", prompt_chars=1,
+                        max_tokens=n or len(ids), token_ids=list(ids),
                         logprobs=[lp] * len(ids), top_logprobs=tops, finish_reason="length")
 
 
