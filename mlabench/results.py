@@ -114,7 +114,9 @@ def git_revision(repo: Path | None = None) -> tuple[str, bool]:
     try:
         rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "mlabench"],
+        # Only code that can change a measurement counts (not the serving driver).
+        paths = ["mlabench", ":!mlabench/serving", ":!mlabench/cli_serve.py"]
+        dirty = bool(subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", *paths],
                                     capture_output=True, text=True, timeout=10).stdout.strip())
         return rev, dirty
     except (OSError, subprocess.SubprocessError):

@@ -27,8 +27,9 @@ HEAD_PADDING = ParamSpec(
     help="how q is padded to 16-head tiles: zero heads, or the heads repeated in order",
 )
 PROGRAMS_PER_SM = ParamSpec(
-    "programs_per_sm", int, default=1, low=1, high=8,
-    help="persistent grid size per SM/CU (grid = programs_per_sm x SM count, per 16-head tile)",
+    "programs_per_sm", int, default=2, low=1, high=8,
+    help="persistent grid size per SM/CU (grid = programs_per_sm x SM count, per 16-head tile); "
+         "default 2: best at all but batch 1 / 4K on an H200 (results/h200/kernel-probe/)",
 )
 
 
