@@ -109,7 +109,14 @@ def point_key(backend: str, params: dict[str, Any], shape: dict[str, Any]) -> st
 
 
 def git_revision(repo: Path | None = None) -> tuple[str, bool]:
-    """``(revision, dirty)`` of the mlabench checkout, or ``("unknown", False)`` outside git."""
+    """``(revision, dirty)`` of the mlabench checkout, or ``("unknown", False)`` outside git.
+
+    ``$MLABENCH_GIT_REVISION`` (``<sha>`` or ``<sha>-dirty``) overrides it, for copies of the tree
+    made without ``.git`` (e.g. a working tree shipped to a GPU machine).
+    """
+    env = os.environ.get("MLABENCH_GIT_REVISION")
+    if env:
+        return env.removesuffix("-dirty"), env.endswith("-dirty")
     repo = repo or Path(__file__).resolve().parent.parent
     try:
         rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
@@ -265,4 +272,6 @@ def library_versions() -> dict[str, str | None]:
 
 
 def command_line() -> list[str]:
-    return [Path(sys.argv[0]).name, *sys.argv[1:]]
+    """``sys.argv`` with the program shown as ``mlabench`` (also under ``python -m mlabench``)."""
+    prog = Path(sys.argv[0]).name
+    return ["mlabench" if prog in ("__main__.py", "mlabench") else prog, *sys.argv[1:]]

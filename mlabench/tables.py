@@ -148,8 +148,8 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
     count; a configuration with no ok record shows as a dash.
     """
     t = Table("Padded persistent vs best split-KV",
-              ["batch", "context", "persistent", "params", "µs", "% floor", "split-KV", "best splits",
-               "split-KV µs", "split-KV % floor", "speedup"])
+              ["batch", "context", "persistent", "params", "µs", "% floor", "setup µs", "split-KV",
+               "best splits", "split-KV µs", "split-KV % floor", "speedup"])
     cells: dict[tuple[int, int], dict[str, list[Record]]] = {}
     for r in records:
         cells.setdefault((r.batch, r.context_len), {}).setdefault(r.backend, []).append(r)
@@ -164,9 +164,13 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
                 t.rows.append([
                     batch, ctx, p, params_label(pb.params) if pb else None,
                     pb.stats.median_us if pb else None, pb.pct_of_floor if pb else None,
-                    s, sb.effective_params.get("num_kv_splits", sb.params.get("num_kv_splits")) if sb else None,
+                    sum(pb.setup_us.values()) if pb and pb.setup_us else None, s, sb.effective_params.get("num_kv_splits", sb.params.get("num_kv_splits")) if sb else None,
                     sb.stats.median_us if sb else None, sb.pct_of_floor if sb else None, speedup,
                 ])
     t.notes.append("speedup = split-KV µs / persistent µs (> 1: padding to 16 heads and running the "
                    "persistent kernel wins); only configurations that passed the correctness check count")
+    t.notes.append("setup µs: scheduling metadata / work list built once per decode step outside the "
+                   "timed call (wall clock, as servers share it across layers)")
+    t.notes.append("% floor is against the measured device-to-device copy bandwidth (read + write); a "
+                   "read-mostly kernel can exceed it by a few percent")
     return t
