@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tomllib
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mlabench.configfile import read_toml, validation_line
 from mlabench.errors import ConfigError, ShapeError, UnknownModelError
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
@@ -108,7 +108,7 @@ class MLADecodeShape(BaseModel):
         try:
             return cls(**kwargs)
         except ValidationError as exc:
-            raise ShapeError(_first_error(exc)) from None
+            raise ShapeError(validation_line(exc)) from None
 
     @classmethod
     def uniform(cls, batch: int, context_len: int, num_heads: int, **kwargs: Any) -> MLADecodeShape:
@@ -197,13 +197,6 @@ class MLADecodeShape(BaseModel):
         return self.model_dump()
 
 
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err.get("loc", ()))
-    msg = err.get("msg", str(exc)).removeprefix("Value error, ")
-    return f"{loc}: {msg}" if loc else msg
-
-
 # ---- models ------------------------------------------------------------------------------------
 class ModelSpec(BaseModel):
     """The MLA attention fields of a model, named as in its Hugging Face ``config.json``."""
@@ -262,11 +255,11 @@ def load_model(name: str) -> ModelSpec:
     path = configs_dir() / "models" / f"{name}.toml"
     if not path.is_file():
         raise UnknownModelError(f"unknown model {name!r}; known: {', '.join(list_models())}")
+    data = read_toml(path, "model preset")
     try:
-        data = tomllib.loads(path.read_text())
         return ModelSpec(name=name, **{k: v for k, v in data.items() if k != "name"})
-    except (tomllib.TOMLDecodeError, ValidationError) as exc:
-        raise ConfigError(f"{path}: {exc}".splitlines()[0]) from None
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {validation_line(exc)}") from None
 
 
 def read_hf_config(path: str | Path) -> ModelSpec:
@@ -294,7 +287,7 @@ def read_hf_config(path: str | Path) -> ModelSpec:
     try:
         return ModelSpec(name=str(data.get("model_type", p.parent.name)), **data)
     except ValidationError as exc:
-        raise ConfigError(f"{p}: {_first_error(exc)}") from None
+        raise ConfigError(f"{p}: {validation_line(exc)}") from None
 
 
 def resolve_heads(

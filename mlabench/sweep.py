@@ -8,7 +8,6 @@ folder is created, so bad input leaves nothing half-written.
 from __future__ import annotations
 
 import itertools
-import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mlabench.backends import backend_names, get_backend
 from mlabench.backends.base import Backend
 from mlabench.device import DeviceInfo, current_device
+from mlabench.configfile import read_toml, validation_line
 from mlabench.errors import BackendUnavailableError, ConfigError, MlabenchError
 from mlabench.inputs import check_fits
 from mlabench.measure import ShapeBench
@@ -88,12 +88,7 @@ def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None 
         p = Path(path)
         if not p.exists() and not p.suffix:
             p = configs_dir() / "sweeps" / f"{path}.toml"
-        try:
-            data = tomllib.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"sweep config not found: {path}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{p}: malformed TOML ({exc})") from None
+        data = read_toml(p, "sweep config")
     for key, value in (overrides or {}).items():
         if value is None:
             continue
@@ -106,9 +101,7 @@ def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None 
     try:
         return SweepConfig.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise ConfigError(f"sweep config: {loc}: {err['msg'].removeprefix('Value error, ')}") from None
+        raise ConfigError(f"sweep config: {validation_line(exc)}") from None
 
 
 def default_sweep_config(device: DeviceInfo | None = None) -> SweepConfig:
