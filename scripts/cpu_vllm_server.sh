@@ -81,12 +81,10 @@ except Exception:
 PYEOF
 }
 
-# Serve the tiny model (dummy weights, bf16, eager, 2 GiB KV cache); prints the command.
-serve_argv() {
-    echo "$VENV/bin/vllm" serve "$MODEL_DIR" --served-model-name tiny-mla-12h \
-        --host 127.0.0.1 --port "$PORT" --load-format dummy --dtype bfloat16 \
-        --max-model-len 4096 --enforce-eager --max-num-seqs 32 --disable-log-stats
-}
+# Serve the tiny model (dummy weights, bf16, eager, 2 GiB KV cache).
+SERVE_ARGV=("$VENV/bin/vllm" serve "$MODEL_DIR" --served-model-name tiny-mla-12h
+    --host 127.0.0.1 --port "$PORT" --load-format dummy --dtype bfloat16
+    --max-model-len 4096 --enforce-eager --max-num-seqs 32 --disable-log-stats)
 
 start() {
     [[ -f "$READY_MARK" && -f "$MODEL_DIR/.mlabench-ready" ]] || { log "run '$0 setup' first"; exit 1; }
@@ -96,7 +94,7 @@ start() {
     fi
     if healthy; then log "something else already answers at $(base_url)"; exit 1; fi
     # setsid: own session and process group, so `stop` can signal every vLLM process at once.
-    VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" setsid $(serve_argv) \
+    VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" setsid "${SERVE_ARGV[@]}" \
         > "$RUN_DIR/server.log" 2>&1 < /dev/null &
     echo $! > "$RUN_DIR/server.pid"
     local timeout="${MLABENCH_VLLM_START_TIMEOUT:-600}" t=0
@@ -126,7 +124,12 @@ stop() {
 }
 
 case "${1:-}" in
-    setup) setup_venv; setup_model ;;
+    setup)
+        # one setup at a time per cache folder (parallel test sessions would race on the venv)
+        mkdir -p "$(dirname "$VENV")"
+        exec 9> "$(dirname "$VENV")/.mlabench-setup.lock"
+        flock 9
+        setup_venv; setup_model ;;
     start) start ;;
     stop) stop ;;
     env)
@@ -134,6 +137,6 @@ case "${1:-}" in
         echo "MLABENCH_TINY_MODEL_DIR=$MODEL_DIR"
         echo "MLABENCH_VLLM_BASE_URL=$(base_url)"
         ;;
-    argv) serve_argv ;;
+    argv) printf '%q ' "${SERVE_ARGV[@]}"; echo ;;
     *) echo "usage: $0 setup|start|stop|env|argv" >&2; exit 2 ;;
 esac
