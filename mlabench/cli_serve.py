@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mlabench.errors import ConfigError, MlabenchError
+from mlabench.errors import ConfigError
 from mlabench.serving import bench, check, config as cfg, table as tbl
 from mlabench.serving.lifecycle import served_model
 

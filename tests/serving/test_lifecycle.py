@@ -118,3 +118,44 @@ def test_ctrl_c_mid_run_stops_server_and_bench(tmp_path, fake_vllm):
         assert not pid_alive(pid), f"process {pid} survived Ctrl-C"
     run = next((tmp_path / "results").iterdir())
     assert (run / "server-a.log").exists() and (run / "manifest.json").exists()
+
+
+def test_server_dying_mid_bench_fails_fast_and_cleans_up(tmp_path, fake_vllm):
+    port, pidfile, bench_pidfile = free_port(), tmp_path / "pids", tmp_path / "bench.pid"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'baseline = "a"\nconcurrencies = [1]\nvllm_bin = "{fake_vllm}"\nmodel = "m"\n'
+        f'[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
+        f"[variants.launch]\ncommand = {json.dumps(server_command(port, 'ok', pidfile))}\n"
+    )
+    env = {**os.environ, "FAKE_BENCH_MODE": "sleep", "FAKE_BENCH_PIDFILE": str(bench_pidfile)}
+    env.pop("MLABENCH_VLLM_BIN", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from mlabench.cli import main; main()", "serve-bench", str(cfg),
+         "--results-dir", str(tmp_path / "results")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not bench_pidfile.exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    leader, child = _pids(pidfile)
+    bench_pid = int(bench_pidfile.read_text())
+    os.kill(leader, signal.SIGKILL)  # the server crashes while the benchmark runs
+    _, errtext = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "server exited during the benchmark" in errtext and "fake server starting" in errtext
+    assert not pid_alive(bench_pid) and not pid_alive(child)
+
+
+def test_prompt_text_file_and_repeat(tmp_path, monkeypatch):
+    from mlabench.errors import ConfigError
+    from mlabench.serving.config import CheckParams, prompt_text
+
+    assert prompt_text(CheckParams(prompt="ab ", prompt_repeat=3)) == "ab ab ab "
+    (tmp_path / "p.txt").write_text("long context. ")
+    monkeypatch.setenv("MLB_PROMPT_DIR", str(tmp_path))
+    assert prompt_text(CheckParams(prompt_file="$MLB_PROMPT_DIR/p.txt", prompt_repeat=2)) == \
+        "long context. long context. "
+    with pytest.raises(ConfigError, match="cannot read check.prompt_file"):
+        prompt_text(CheckParams(prompt_file=str(tmp_path / "none.txt")))
