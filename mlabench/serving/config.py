@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator,
 )
 
+from mlabench.configfile import read_toml, validation_line
 from mlabench.errors import ConfigError
 
 VLLM_BIN_ENV = "MLABENCH_VLLM_BIN"
@@ -216,20 +217,12 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> ServeCo
     ``concurrencies=[1]``) applied before validation.
     """
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"serve config not found: {p}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: bad TOML: {exc}") from None
-    data = _apply_overrides(data, overrides or [])
+    data = _apply_overrides(read_toml(p, "serve config"), overrides or [])
     try:
         return ServeConfig.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "(top level)"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ConfigError(f"{p}: {where}: {first['msg']}{more}") from None
+        raise ConfigError(f"{p}: {validation_line(exc)}{more}") from None
 
 
 def config_from_url(base_url: str, model: str | None = None, **kwargs: Any) -> ServeConfig:

@@ -41,7 +41,7 @@ def test_duplicate_variants_and_bad_toml(tmp_path):
     dup = MINIMAL + '[[variants]]\nname = "a"\nbase_url = "http://x"\n'
     with pytest.raises(ConfigError, match="duplicate variant"):
         load_config(write(tmp_path, dup))
-    with pytest.raises(ConfigError, match="bad TOML"):
+    with pytest.raises(ConfigError, match="malformed TOML"):
         load_config(write(tmp_path, "baseline = "))
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.toml")
