@@ -34,12 +34,20 @@ def _progress(message: str) -> None:
 
 
 def _rich_table(t: tbl.ServeTable) -> Table:
+    """Terminal layout: one block of rows per concurrency, one row per variant (fits 80 columns;
+    the markdown export keeps one row per concurrency with per-variant columns)."""
     out = Table(title=f"TPOT by concurrency (speedup vs {t.baseline}, {t.stat} TPOT)")
-    for h in tbl.headers(t):
-        out.add_column(h, justify="right")
-    for row in tbl.body(t):
-        out.add_row(*[f"[red]{x}[/red]" if "FAIL" in x or "MISSING" in x or "ERROR" in x else x
-                      for x in row])
+    out.add_column("conc", justify="right")
+    out.add_column("variant")
+    for h in tbl.CELL_HEADERS:
+        out.add_column(h.format(stat=t.stat).replace("completed/failed", "done/failed"),
+                       justify="right", no_wrap=h in ("speedup", "completed/failed"))
+    for row in t.rows:
+        for i, cell in enumerate(row.cells):
+            texts = tbl.cell_texts(cell, t.stat, cell.variant == t.baseline)
+            style = None if cell.status == "ok" else "red"
+            out.add_row(str(row.concurrency) if i == 0 else "", cell.variant, *texts, style=style,
+                        end_section=i == len(row.cells) - 1)
     return out
 
 
