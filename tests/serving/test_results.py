@@ -92,3 +92,21 @@ def test_missing_and_unreadable_files(tmp_path):
     assert load_result(tmp_path / "bad.json", "v", 1, 0).status == "missing"
     (tmp_path / "list.json").write_text("[]")
     assert load_result(tmp_path / "list.json", "v", 1, 0).status == "error"
+
+
+def test_committed_cpu_run_re_renders_to_its_table():
+    """results/cpu-vllm: the raw vLLM 0.32.0 files parse to the committed results and table."""
+    from mlabench.serving.bench import read_run
+    from mlabench.serving.table import build_table, to_markdown
+
+    repo = HERE.parents[1]
+    runs = sorted((repo / "results" / "cpu-vllm").glob("serve-*"))
+    assert runs, "results/cpu-vllm has no serve-bench run"
+    run = runs[0]
+    config, recorded = read_run(run)
+    for rec in recorded:
+        again = load_result(run / rec.result_file, rec.variant, rec.concurrency, rec.repeat, run)
+        assert again == rec
+    table = build_table(recorded, [v.name for v in config.variants], config.concurrencies,
+                        config.baseline)
+    assert table.ok and to_markdown(table) == (run / "table.md").read_text()
