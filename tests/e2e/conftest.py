@@ -36,6 +36,9 @@ def cpu_server(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("cpu-server")
     env = {**os.environ, "MLABENCH_VLLM_PORT": str(free_port()),
            "MLABENCH_VLLM_RUN_DIR": str(run_dir)}
+    # tests/conftest.py sets TRITON_INTERPRET for the kernel tests; the vLLM server and client
+    # must not inherit it
+    env.pop("TRITON_INTERPRET", None)
     setup = subprocess.run(["bash", str(SCRIPT), "setup"], env=env, capture_output=True,
                            text=True, timeout=1800)
     assert setup.returncode == 0, f"cpu_vllm_server.sh setup failed:\n{setup.stderr[-3000:]}"
