@@ -160,7 +160,8 @@ def param_grid(backend: Backend, shape: MLADecodeShape, axes: dict[str, list[Any
 
 def select_backends(names: list[str] | None, include_reference: bool = False, strict: bool = True,
                     warn: Callable[[str], None] | None = None) -> list[Backend]:
-    """Backends named, or by default every available non-reference one (on a CPU, no GPU kernels).
+    """Backends named, or by default every available non-reference one native to the device found
+    (GPU kernels on a GPU; on a CPU the portable PyTorch ones, not GPU kernels in an interpreter).
 
     Unknown names raise :class:`UnknownBackendError`.  A named backend that is unavailable raises
     :class:`BackendUnavailableError` when ``strict`` (names from flags), else is left out with a
@@ -181,7 +182,7 @@ def select_backends(names: list[str] | None, include_reference: bool = False, st
         return keep
     return [b for b in map(get_backend, backend_names())
             if b.available()[0] and (include_reference or not b.is_reference)
-            and (device.is_gpu or not b.gpu_kernel)]
+            and b.gpu_kernel == device.is_gpu]
 
 
 def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:

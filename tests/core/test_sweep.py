@@ -58,6 +58,16 @@ def test_backend_selection():
     assert "triton-splitkv" not in default  # GPU kernels stay out of a CPU sweep
 
 
+def test_default_backends_on_a_gpu_are_the_gpu_kernels(monkeypatch):
+    from mlabench import sweep
+    from mlabench.device import DeviceInfo
+
+    monkeypatch.setattr(sweep, "current_device", lambda: DeviceInfo("cuda", "cuda", "H200", 132, 1, "sm_90", 1))
+    names = [b.name for b in select_backends(None)]  # triton backends are available: TRITON_INTERPRET=1
+    assert "triton-splitkv" in names and "triton-persistent" in names
+    assert "torch-splitkv" not in names and "reference" not in names
+
+
 @pytest.mark.parametrize("text, msg", [
     ("batch = [1,\n", "malformed TOML"),
     ("batch = [0]\n", "batch: must be > 0"),
