@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mlabench.backends import backend_names, get_backend
-from mlabench.errors import BackendUnavailableError
-from mlabench.measure import ShapeBench
+from mlabench.errors import BackendUnavailableError, MlabenchError
+from mlabench.measure import ShapeBench, failed_record
 from mlabench.results import Record
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep import param_grid
@@ -18,11 +18,11 @@ DEFAULT_CHECK_SPLITS = (1, 3, 16, 64, 256)
 
 
 def default_check_shapes(num_heads: int, softmax_scale: float | None, page_size: int = 64,
-                         dtype: str = "bfloat16") -> list[MLADecodeShape]:
+                         dtype: str = "bfloat16", **dims: int) -> list[MLADecodeShape]:
     """The seed pull request's case (batch 1, context 4096 -> output ``[1, H, 512]``) and a ragged
     batch with lengths 1, a non-multiple of the page size, an exact multiple, and one past it."""
     kw = dict(num_heads=num_heads, softmax_scale=softmax_scale, page_size=page_size, q_dtype=dtype,
-              kv_dtype=dtype)
+              kv_dtype=dtype, **dims)
     return [MLADecodeShape.create(context_lens=(4096,), **kw),
             MLADecodeShape.create(context_lens=(1, 100, 1024, 4097), **kw)]
 
@@ -49,8 +49,15 @@ def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None =
         for b in chosen:
             if b.name in unavailable:
                 continue
-            bench = bench or ShapeBench(shape, TimingConfig(), seed=seed, copies=1)
-            for params in param_grid(b, shape, {"num_kv_splits": list(splits)}, all_choices=True):
+            grid = param_grid(b, shape, {"num_kv_splits": list(splits)}, all_choices=True)
+            if bench is None:
+                try:
+                    bench = ShapeBench(shape, TimingConfig(), seed=seed, copies=1)
+                except (MlabenchError, RuntimeError) as exc:  # the allocator ran out after all
+                    why = f"inputs could not be created: {str(exc).splitlines()[0][:300]}"
+                    records += [failed_record(b.name, p, shape, "check", None, why) for p in grid]
+                    continue
+            for params in grid:
                 records.append(bench.run(b, params, copy_bw_tbps=None, run_id="check", atol=atol,
                                          rtol=rtol, time_it=False))
     return records, unavailable

@@ -1,7 +1,8 @@
 """The ``mlabench`` command line: parse, call library functions, render with Rich.
 
 Every :class:`~mlabench.errors.MlabenchError` becomes one ``error: ...`` line on stderr and exit
-code 2; tables go to stdout, progress to stderr.
+code 2 (or the error's own ``exit_code``); a usage mistake prints click's usage message and exits
+2; tables go to stdout, progress to stderr.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 
 import typer
 
+from mlabench import __version__
 from mlabench.errors import MlabenchError
 
 app = typer.Typer(
@@ -19,6 +21,18 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"mlabench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Which MLA decode path, which split count, and what it buys end to end."""
 
 
 def _register_commands() -> None:
@@ -31,6 +45,11 @@ def _register_commands() -> None:
 _register_commands()
 
 
+def _is_usage_error(exc: BaseException) -> bool:
+    """Click-style exceptions (``show()`` and ``exit_code``), whichever click typer bundles."""
+    return callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
@@ -40,16 +59,14 @@ def main() -> None:
             sys.exit(code)
     except MlabenchError as exc:
         typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(getattr(exc, "exit_code", 2))
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("aborted", err=True)
         sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.ClickException):
+    except Exception as exc:
+        if _is_usage_error(exc):
             exc.show()
-            sys.exit(exc.exit_code)
+            sys.exit(exc.exit_code or 2)
         raise

@@ -45,3 +45,9 @@ class ResultsError(MlabenchError):
 
 class ServerError(MlabenchError):
     """A vLLM server that failed to start, died, or is not reachable."""
+
+
+class Interrupted(MlabenchError):
+    """A run stopped by Ctrl-C after saving what it measured; exits 130 like a plain Ctrl-C."""
+
+    exit_code = 130

@@ -66,13 +66,7 @@ class ShapeBench:
             atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, time_it: bool = True) -> Record:
         """Check and time ``backend`` with ``params`` on this shape; always returns a record."""
         s = self.shape
-        base: dict[str, Any] = dict(
-            key=point_key(backend.name, params, s.key()), run_id=run_id, backend=backend.name,
-            params=params, shape=s.key(), batch=s.batch, num_heads=s.num_heads,
-            context_len=s.max_context_len, bytes_moved=s.min_bytes_moved, timestamp=utc_now(),
-            copy_bandwidth_tbps=copy_bw_tbps,
-            floor_us=s.floor_us(copy_bw_tbps) if copy_bw_tbps else None,
-        )
+        base = record_fields(backend.name, params, s, run_id, copy_bw_tbps)
         ok, why = backend.supports(s)
         if not ok:
             return Record(status="unsupported", message=why, **base)
@@ -121,6 +115,25 @@ class ShapeBench:
                     result["eager"] = time_calls(calls, cfg, use_graph=False)
         result.update(mode="eager", stats=result.pop("eager"))
         return result
+
+
+def record_fields(backend: str, params: dict[str, Any], shape: MLADecodeShape, run_id: str,
+                  copy_bw_tbps: float | None) -> dict[str, Any]:
+    """The fields every :class:`Record` of a point carries, whatever its status."""
+    return dict(
+        key=point_key(backend, params, shape.key()), run_id=run_id, backend=backend, params=params,
+        shape=shape.key(), batch=shape.batch, num_heads=shape.num_heads,
+        context_len=shape.max_context_len, bytes_moved=shape.min_bytes_moved, timestamp=utc_now(),
+        copy_bandwidth_tbps=copy_bw_tbps,
+        floor_us=shape.floor_us(copy_bw_tbps) if copy_bw_tbps else None,
+    )
+
+
+def failed_record(backend: str, params: dict[str, Any], shape: MLADecodeShape, run_id: str,
+                  copy_bw_tbps: float | None, message: str) -> Record:
+    """An ``error`` row for a point that could not even start (e.g. its inputs did not fit)."""
+    return Record(status="error", message=message,
+                  **record_fields(backend, params, shape, run_id, copy_bw_tbps))
 
 
 def _verdict_message(v: Verdict) -> str:

@@ -8,6 +8,7 @@ folder is created, so bad input leaves nothing half-written.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,9 @@ from mlabench.backends import backend_names, get_backend
 from mlabench.backends.base import Backend
 from mlabench.device import DeviceInfo, current_device
 from mlabench.configfile import read_toml, validation_line
-from mlabench.errors import BackendUnavailableError, ConfigError, MlabenchError
+from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, MlabenchError, ResultsError
 from mlabench.inputs import check_fits
-from mlabench.measure import ShapeBench
+from mlabench.measure import ShapeBench, failed_record
 from mlabench.observers import driver_version, gpu_state
 from mlabench.results import (Manifest, Record, ResultStore, command_line, git_revision, library_versions,
                               new_run_id, point_key, utc_now)
@@ -69,6 +70,20 @@ class SweepConfig(BaseModel):
                 raise ValueError(f"must be > 0, got {x}")
         return v
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v):
+            raise ValueError(f"must be letters, digits, '.', '_' or '-' (it names the run folder), got {v!r}")
+        return v
+
+    @field_validator("heads")
+    @classmethod
+    def _heads(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(h <= 0 for h in v)):
+            raise ValueError("must be a non-empty list of values > 0")
+        return v
+
     @field_validator("params")
     @classmethod
     def _axes(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
@@ -78,12 +93,14 @@ class SweepConfig(BaseModel):
         return v
 
 
-def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> SweepConfig:
-    """Read a sweep TOML (``configs/sweeps/<name>.toml`` may be given by name) and apply overrides.
+def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None = None,
+                      base: dict[str, Any] | None = None) -> SweepConfig:
+    """Read a sweep TOML (``configs/sweeps/<name>.toml`` may be given by name), or start from
+    ``base``, and apply ``overrides`` (None values are ignored).
 
     Raises :class:`ConfigError` with one line for a missing file, bad TOML or a bad field.
     """
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = dict(base or {})
     if path is not None:
         p = Path(path)
         if not p.exists() and not p.suffix:
@@ -186,13 +203,26 @@ def select_backends(names: list[str] | None, include_reference: bool = False, st
 
 
 def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
-    """Every shape of the sweep (heads x batch x context), validated."""
-    local, scale, _ = resolve_heads(model=cfg.model, model_config=cfg.model_config_path, tp=cfg.tp,
-                                    heads=cfg.heads[0] if cfg.heads and len(cfg.heads) == 1 else None)
-    heads_axis = cfg.heads if cfg.heads and (cfg.model is None and cfg.model_config_path is None) else [local]
-    return [MLADecodeShape.uniform(b, L, h, page_size=cfg.page_size, q_dtype=cfg.q_dtype,
-                                   kv_dtype=cfg.kv_dtype, softmax_scale=scale)
-            for h in heads_axis for b in cfg.batch for L in cfg.context_lens]
+    """Every shape of the sweep (heads x batch x context), validated and without repeats.
+
+    The heads axis is ``cfg.heads`` when given, else the model's local heads at ``cfg.tp``; a model
+    (preset or config.json) also sets the softmax scale and the latent widths.
+    """
+    spec = None
+    if cfg.model or cfg.model_config_path:
+        _local, _scale, spec = resolve_heads(model=cfg.model, model_config=cfg.model_config_path, tp=cfg.tp)
+    if cfg.heads:
+        heads_axis = cfg.heads
+    elif spec is not None:
+        heads_axis = [spec.local_heads(cfg.tp)]
+    else:
+        raise ConfigError("give a model (--model NAME --tp N, or --model-config PATH) or --heads")
+    dims = {"kv_lora_rank": spec.kv_lora_rank, "qk_rope_head_dim": spec.qk_rope_head_dim,
+            "softmax_scale": spec.softmax_scale()} if spec else {}
+    shapes = [MLADecodeShape.uniform(b, L, h, page_size=cfg.page_size, q_dtype=cfg.q_dtype,
+                                     kv_dtype=cfg.kv_dtype, **dims)
+              for h in heads_axis for b in cfg.batch for L in cfg.context_lens]
+    return list(dict.fromkeys(shapes))
 
 
 def expand(cfg: SweepConfig, backends: list[Backend]) -> list[Point]:
@@ -201,12 +231,13 @@ def expand(cfg: SweepConfig, backends: list[Backend]) -> list[Point]:
     stray = sorted(set(cfg.params) - known)
     if stray:
         raise ConfigError(f"parameter {stray[0]!r} belongs to no backend (known: {', '.join(sorted(known))})")
-    points = []
+    points: dict[str, Point] = {}
     for shape in shapes_of(cfg):
         for b in backends:
             for params in param_grid(b, shape, cfg.params):
-                points.append(Point(b.name, params, shape))
-    return points
+                point = Point(b.name, params, shape)
+                points.setdefault(point.key, point)
+    return list(points.values())
 
 
 def make_manifest(run_id: str, cfg: SweepConfig, copy_bw_tbps: float) -> Manifest:
@@ -232,7 +263,10 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
 
     Validation (backends, parameters, shapes, memory) happens before any file is written.  With
     ``resume`` the points already in ``resume/results.jsonl`` are skipped; the folder must have been
-    recorded on the same device, driver, library versions and git revision.
+    recorded with the same configuration, on the same device, driver, library versions and git
+    revision (:class:`ConfigError` / :class:`ResultsError` otherwise).  A shape whose inputs do
+    not fit after all becomes ``error`` rows.  Ctrl-C saves the CSV and raises
+    :class:`Interrupted`, naming the folder to resume.
     """
     backends = select_backends(cfg.backends, strict=strict_backends, warn=warn)
     if not backends:
@@ -243,6 +277,10 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     if resume is not None:
         here = make_manifest("resume", cfg, 0.0).identity()
         store = ResultStore.open_existing(resume, identity=here)
+        recorded = SweepConfig.model_validate(store.manifest().config)
+        if recorded != cfg:
+            raise ConfigError(f"{resume} was recorded with another sweep configuration; resume it "
+                              "without axis flags, or start a new run")
         copy_bw = store.manifest().copy_bandwidth_tbps
     else:
         copy_bw = measure_copy_bandwidth_tbps()
@@ -252,29 +290,67 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     done = store.finished_keys()
     todo = [p for p in points if p.key not in done]
     total, finished = len(points), len(points) - len(todo)
+    if resume is not None and warn:
+        warn(f"resuming {store.run_dir}: {finished} of {total} points already recorded")
     by_shape: dict[MLADecodeShape, list[Point]] = {}
     for p in todo:
         by_shape.setdefault(p.shape, []).append(p)
-    for shape, shape_points in by_shape.items():
-        bench = ShapeBench(shape, cfg.timing, seed=cfg.seed)
-        for p in shape_points:
-            rec = bench.run(get_backend(p.backend), p.params, copy_bw_tbps=copy_bw, run_id=run_id,
-                            atol=cfg.check.atol, rtol=cfg.check.rtol, time_it=time_it)
-            store.append(rec)
-            finished += 1
-            if progress:
-                progress(p, rec, finished, total)
-        del bench
+    try:
+        for shape, shape_points in by_shape.items():
+            try:
+                bench: ShapeBench | None = ShapeBench(shape, cfg.timing, seed=cfg.seed)
+                setup_error = ""
+            except (MlabenchError, RuntimeError) as exc:  # e.g. the allocator ran out after all
+                bench, setup_error = None, f"inputs could not be created: {str(exc).splitlines()[0][:300]}"
+            for p in shape_points:
+                if bench is None:
+                    rec = failed_record(p.backend, p.params, shape, run_id, copy_bw, setup_error)
+                else:
+                    rec = bench.run(get_backend(p.backend), p.params, copy_bw_tbps=copy_bw, run_id=run_id,
+                                    atol=cfg.check.atol, rtol=cfg.check.rtol, time_it=time_it)
+                store.append(rec)
+                finished += 1
+                if progress:
+                    progress(p, rec, finished, total)
+            del bench
+    except KeyboardInterrupt:
+        store.write_csv()
+        raise Interrupted(f"interrupted: {finished} of {total} points recorded in {store.run_dir}; "
+                          f"continue with: mlabench sweep --resume {store.run_dir}") from None
     store.write_csv()
     return store, store.records()
 
 
+def run_folders(paths: Iterable[Path]) -> list[Path]:
+    """Run folders named, or found one level inside the folders named (e.g. ``results/h200/x``).
+
+    Raises :class:`ResultsError` for a path that holds no run.
+    """
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if (path / "results.jsonl").is_file():
+            found.append(path)
+            continue
+        inner = sorted(p.parent for p in path.glob("*/results.jsonl")) if path.is_dir() else []
+        if not inner:
+            raise ResultsError(f"{path}: no results.jsonl here or in its sub-folders")
+        found.extend(inner)
+    return found
+
+
 def records_of(runs: Iterable[Path]) -> list[Record]:
-    """Every record of the given run folders (read-only)."""
+    """Every record of the given run folders (read-only).
+
+    Runs recorded on different devices are refused (:class:`ResultsError`): their times do not
+    compare.
+    """
     out: list[Record] = []
-    for run in runs:
-        store = ResultStore(Path(run))
-        if not store.jsonl.exists():
-            raise MlabenchError(f"{run}: no results.jsonl")
+    devices: dict[str, Path] = {}
+    for run in run_folders(runs):
+        store = ResultStore(run)
+        devices.setdefault(str(store.manifest().device.get("name")), run)
         out.extend(store.records())
+    if len(devices) > 1:
+        raise ResultsError("runs from different devices do not compare: "
+                           + "; ".join(f"{d} ({p})" for d, p in devices.items()))
     return out

@@ -90,7 +90,7 @@ def sweep_summary(records: Sequence[Record], fixed_splits: Sequence[int] = (1, 1
     present = sorted({r.params.get("num_kv_splits") for r in records} - {None})
     fixed = [s for s in fixed_splits if s in present]
     cols = ["backend", "batch", "context", "best params", "µs", "TB/s", "% floor"]
-    cols += [f"µs @{s} splits" for s in fixed] + ["not ok"]
+    cols += [f"µs @{s} splits" for s in fixed] + ["not ok", "noisy"]
     table = Table("Sweep: best configuration per backend, batch and context", cols)
     groups: dict[tuple, list[Record]] = {}
     for r in records:
@@ -105,7 +105,14 @@ def sweep_summary(records: Sequence[Record], fixed_splits: Sequence[int] = (1, 1
             row.append(hit.stats.median_us if hit else None)
         bad = [r for r in recs if r.status != "ok"]
         row.append(", ".join(sorted({f"{r.status}" for r in bad})) + f" ({len(bad)})" if bad else "")
+        noisy = [r for r in recs if r.stats is not None and r.stats.noisy]
+        row.append(f"{len(noisy)}{' incl. best' if best in noisy else ''}" if noisy else "")
         table.rows.append(row)
+    noisy = sum(1 for r in records if r.stats is not None and r.stats.noisy)
+    if noisy:
+        table.notes.append(f"{noisy} of {len(records)} points are noisy: the 95% CI of their median stayed wider "
+                           "than the target within the budget; their times are less certain (raise --budget-s, "
+                           "or quiet the machine)")
     if records:
         r0 = records[0]
         table.notes.append(f"heads={r0.num_heads} page={r0.shape.get('page_size')} {r0.shape.get('kv_dtype')}; "

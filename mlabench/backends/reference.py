@@ -8,6 +8,7 @@ import torch
 
 from mlabench.backends.base import Backend, ParamSpec, PreparedCall
 from mlabench.backends.registry import register
+from mlabench.errors import UnsupportedShapeError
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.kernels.splitkv_torch import mla_decode_splitkv_torch, splitkv_torch_elements
@@ -71,15 +72,22 @@ class TorchSplitKVBackend(Backend):
     def available(self) -> tuple[bool, str]:
         return True, ""
 
-    def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
-        n = splitkv_torch_elements(shape.batch, shape.num_heads, shape.max_context_len, MAX_KV_SPLITS)
+    def _too_large(self, shape: MLADecodeShape, splits: int) -> str:
+        n = splitkv_torch_elements(shape.batch, shape.num_heads, shape.max_context_len, splits)
         if n > self.max_elements:
-            return False, f"too large for the PyTorch split-KV ({n:.2e} > {self.max_elements:.2e} elements)"
-        return True, ""
+            return (f"too large for the PyTorch split-KV at {splits} splits "
+                    f"({n:,} intermediate elements > {self.max_elements:,})")
+        return ""
+
+    def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
+        why = self._too_large(shape, 1)
+        return not why, why
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         s = inputs.shape
         splits = params["num_kv_splits"]
+        if why := self._too_large(s, splits):
+            raise UnsupportedShapeError(why)
         out = inputs.new_output()
 
         def fn() -> torch.Tensor:

@@ -135,3 +135,100 @@ def test_compare_from_recorded_runs(tmp_path, monkeypatch, capsys):
     assert code == 0, err
     (row,) = json.loads(out)[0]["rows"]
     assert row["split-KV"] == "torch-splitkv" and row["best splits"] in (1, 2) and row["persistent"] is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["check", "--tp", "abc"], "Invalid value for '--tp'"),
+    (["check", "--bogus"], "No such option: --bogus"),
+    (["frobnicate"], "No such command 'frobnicate'"),
+])
+def test_usage_mistakes_give_usage_and_exit_2_without_traceback(monkeypatch, capsys, args, message):
+    code, _, err = run(args, monkeypatch, capsys)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_version(monkeypatch, capsys):
+    code, out, _ = run(["--version"], monkeypatch, capsys)
+    assert code == 0 and out.startswith("mlabench ")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["check", "--heads", "0"], "heads must be > 0"),
+    (["check", "--heads", "12", "--batch", "0", "--context", "100"], "--batch takes a value > 0"),
+    (["check", "--heads", "12", "--batch", "2", "--context", "100,200"], "exactly one --context"),
+    (["check", "--heads", "12", "--batch", "5"], "exactly one --context"),
+    (["check", "--heads", "12", "--atol", "nan"], "--atol must be a finite number > 0"),
+    (["check", "--heads", "12", "--json", "--markdown"], "choose one of --json and --markdown"),
+    (["sweep", "--context", "4096", "--splits", "513"], "num_kv_splits must be <= 512"),
+    (["sweep", "--page-size", "32"], "page_size must be one of"),
+    (["sweep", "--budget-s", "0"], "budget_s"),
+    (["compare", "--from", "nowhere"], "no results.jsonl"),
+])
+def test_more_bad_input(tmp_path, monkeypatch, capsys, args, message):
+    code, _, err = run([*args, *(["--results-dir", str(tmp_path)] if args[0] == "sweep" else [])],
+                       monkeypatch, capsys)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_flag_changes_the_default_sweep_and_keeps_its_model(tmp_path, monkeypatch, capsys):
+    code, out, err = run(["sweep", "--context", "48", "--batch", "1", "--splits", "2", "--budget-s", "0.05",
+                          "--results-dir", str(tmp_path), "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    (row,) = json.loads(out)[0]["rows"]
+    assert (row["batch"], row["context"], row["best params"]) == (1, 48, "num_kv_splits=2")
+    (run_dir,) = list(tmp_path.iterdir())
+    cfg = json.loads((run_dir / "manifest.json").read_text())["config"]
+    assert cfg["model"] == "kimi-k3" and cfg["tp"] == 8 and cfg["page_size"] == 16  # from the CPU default
+
+
+def test_heads_axis_from_the_cli(tmp_path, monkeypatch, capsys):
+    code, out, err = run(["sweep", "--heads", "8,12", "--batch", "1", "--context", "32", "--splits", "1",
+                          "--budget-s", "0.05", "--results-dir", str(tmp_path), "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    (run_dir,) = list(tmp_path.iterdir())
+    from mlabench.results import ResultStore
+
+    assert sorted(r.num_heads for r in ResultStore(run_dir).records()) == [8, 12]
+
+
+def test_compare_from_filters_and_refuses_mixed_devices(tmp_path, monkeypatch, capsys):
+    args = ["sweep", "--heads", "12", "--backend", "torch-splitkv", "--batch", "1,2", "--context", "32",
+            "--splits", "1", "--budget-s", "0.05", "--results-dir", str(tmp_path / "a")]
+    assert run(args, monkeypatch, capsys)[0] == 0
+    code, out, err = run(["compare", "--from", str(tmp_path / "a"), "--batch", "2", "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    assert [r["batch"] for r in json.loads(out)[0]["rows"]] == [2]  # a parent folder of runs works too
+    (run_dir,) = list((tmp_path / "a").iterdir())
+    other = tmp_path / "b" / run_dir.name
+    other.mkdir(parents=True)
+    (other / "results.jsonl").write_text((run_dir / "results.jsonl").read_text())
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["device"]["name"] = "NVIDIA H200"
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = run(["compare", "--from", str(run_dir), "--from", str(other)], monkeypatch, capsys)
+    assert code == 2 and "different devices" in err
+
+
+def test_ctrl_c_says_how_to_resume(tmp_path, monkeypatch, capsys):
+    from mlabench import measure
+
+    calls = {"n": 0}
+    real = measure.ShapeBench.run
+
+    def interrupt_second(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(measure.ShapeBench, "run", interrupt_second)
+    code, _, err = run(["sweep", "--heads", "12", "--backend", "torch-splitkv", "--batch", "1", "--context", "32",
+                        "--splits", "1,2", "--budget-s", "0.05", "--results-dir", str(tmp_path)], monkeypatch, capsys)
+    (run_dir,) = list(tmp_path.iterdir())
+    assert code == 130 and f"continue with: mlabench sweep --resume {run_dir}" in err
+    monkeypatch.setattr(measure.ShapeBench, "run", real)
+    code, _, err = run(["sweep", "--resume", str(run_dir)], monkeypatch, capsys)
+    assert code == 0 and "1 of 2 points already recorded" in err

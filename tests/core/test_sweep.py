@@ -1,7 +1,7 @@
 import pytest
 
 from mlabench.backends import get_backend
-from mlabench.errors import BackendUnavailableError, ConfigError, UnknownBackendError
+from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, UnknownBackendError
 from mlabench.results import ResultStore
 from mlabench.sweep import (SweepConfig, default_sweep_config, expand, load_sweep_config, param_grid,
                             run_sweep, select_backends)
@@ -99,10 +99,12 @@ def test_interrupted_run_resumes_without_repeating_points(tmp_path):
         if done == 3:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted, match="3 of 8 points recorded") as info:
         run_sweep(cfg, tmp_path, progress=stop_after_three)
     (run_dir,) = list(tmp_path.iterdir())
+    assert f"mlabench sweep --resume {run_dir}" in str(info.value) and info.value.exit_code == 130
     assert len(ResultStore(run_dir).records()) == 3
+    assert len((run_dir / "results.csv").read_text().splitlines()) == 4  # CSV saved at the interrupt
     resumed = []
     _, recs = run_sweep(cfg, tmp_path, resume=run_dir, progress=lambda p, r, d, t: resumed.append(p.key))
     assert len(resumed) == 5 and not set(resumed) & set(seen)
@@ -136,3 +138,61 @@ def test_default_cpu_config_is_small():
     assert cfg.name == "default-cpu" and max(cfg.context_lens) <= 1024
     gpu = default_sweep_config(DeviceInfo("cuda", "cuda", "H200", 132, 1, "sm_90", 1))
     assert max(gpu.context_lens) == 131072
+
+
+def test_resume_refuses_another_configuration(tmp_path):
+    run_sweep(small_config(batch=[1], context_lens=[16]), tmp_path)
+    (run_dir,) = list(tmp_path.iterdir())
+    with pytest.raises(ConfigError, match="another sweep configuration"):
+        run_sweep(small_config(batch=[1], context_lens=[16], page_size=64), tmp_path, resume=run_dir)
+
+
+def test_repeated_axis_values_give_one_record_per_point(tmp_path):
+    _, recs = run_sweep(small_config(batch=[1, 1], context_lens=[16, 16], params={"num_kv_splits": [1, 1]}),
+                        tmp_path)
+    assert len(recs) == 1
+
+
+def test_heads_axis_without_a_model_and_with_one():
+    cfg = small_config(heads=[8, 12], model=None)
+    assert sorted({s.num_heads for s in expand_shapes(cfg)}) == [8, 12]
+    with_model = small_config(heads=[8, 12], model="deepseek-v3", tp=8)
+    shapes = expand_shapes(with_model)
+    assert sorted({s.num_heads for s in shapes}) == [8, 12]  # the axis wins, the model sets the scale
+    assert all(s.softmax_scale == pytest.approx(0.1352, abs=1e-4) for s in shapes)
+    with pytest.raises(ConfigError, match="give a model"):
+        expand_shapes(small_config(heads=None, model=None))
+
+
+def expand_shapes(cfg):
+    from mlabench.sweep import shapes_of
+
+    return shapes_of(cfg)
+
+
+def test_model_config_dims_reach_the_shape(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 32, "kv_lora_rank": 256,
+                                                      "qk_rope_head_dim": 64, "qk_nope_head_dim": 128}))
+    cfg = small_config(heads=None, model_config=str(tmp_path / "config.json"), tp=2)
+    (shape,) = {(s.num_heads, s.kv_lora_rank, s.head_dim_qk) for s in expand_shapes(cfg)}
+    assert shape == (16, 256, 320)
+
+
+@pytest.mark.parametrize("name", ["../../etc/x", "a/b", ""])
+def test_run_name_cannot_leave_the_results_folder(name):
+    with pytest.raises(Exception, match="name"):
+        SweepConfig(name=name)
+
+
+def test_inputs_that_fail_to_allocate_become_error_rows(tmp_path, monkeypatch):
+    from mlabench import sweep
+
+    def no_memory(*a, **k):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory\nmore")
+
+    monkeypatch.setattr(sweep, "ShapeBench", no_memory)
+    _, recs = run_sweep(small_config(batch=[1], context_lens=[16]), tmp_path)
+    assert len(recs) == 2 and {r.status for r in recs} == {"error"}
+    assert all("can't allocate memory" in r.message for r in recs)
