@@ -86,14 +86,16 @@ def test_refuses_to_launch_over_a_running_server(tmp_path):
             second.start()
 
 
-def test_ctrl_c_mid_run_stops_server_and_bench(tmp_path, fake_vllm):
+def _serve_bench_with_a_sleeping_bench(tmp_path, fake_vllm, launch_extra=""):
+    """Start ``mlabench serve-bench`` on a launched fake server whose bench sleeps; return
+    ``(proc, leader_pid, child_pid, bench_pid)`` once the bench is running."""
     port, pidfile, bench_pidfile = free_port(), tmp_path / "pids", tmp_path / "bench.pid"
     cfg = tmp_path / "c.toml"
     cfg.write_text(
         f'baseline = "a"\nconcurrencies = [1]\nvllm_bin = "{fake_vllm}"\nmodel = "m"\n'
         f'[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
         f"[variants.launch]\ncommand = {json.dumps(server_command(port, 'ok', pidfile))}\n"
-        f"stop_grace_s = 3\n"
+        + launch_extra
     )
     env = {**os.environ, "FAKE_BENCH_MODE": "sleep", "FAKE_BENCH_PIDFILE": str(bench_pidfile)}
     env.pop("MLABENCH_VLLM_BIN", None)
@@ -109,7 +111,12 @@ def test_ctrl_c_mid_run_stops_server_and_bench(tmp_path, fake_vllm):
         time.sleep(0.1)
     time.sleep(0.3)
     leader, child = _pids(pidfile)
-    bench_pid = int(bench_pidfile.read_text())
+    return proc, leader, child, int(bench_pidfile.read_text())
+
+
+def test_ctrl_c_mid_run_stops_server_and_bench(tmp_path, fake_vllm):
+    proc, leader, child, bench_pid = _serve_bench_with_a_sleeping_bench(tmp_path, fake_vllm,
+                                                                        "stop_grace_s = 3\n")
     assert pid_alive(leader) and pid_alive(bench_pid)
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
     out, errtext = proc.communicate(timeout=60)
@@ -121,26 +128,7 @@ def test_ctrl_c_mid_run_stops_server_and_bench(tmp_path, fake_vllm):
 
 
 def test_server_dying_mid_bench_fails_fast_and_cleans_up(tmp_path, fake_vllm):
-    port, pidfile, bench_pidfile = free_port(), tmp_path / "pids", tmp_path / "bench.pid"
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
-        f'baseline = "a"\nconcurrencies = [1]\nvllm_bin = "{fake_vllm}"\nmodel = "m"\n'
-        f'[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
-        f"[variants.launch]\ncommand = {json.dumps(server_command(port, 'ok', pidfile))}\n"
-    )
-    env = {**os.environ, "FAKE_BENCH_MODE": "sleep", "FAKE_BENCH_PIDFILE": str(bench_pidfile)}
-    env.pop("MLABENCH_VLLM_BIN", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from mlabench.cli import main; main()", "serve-bench", str(cfg),
-         "--results-dir", str(tmp_path / "results")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not bench_pidfile.exists():
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.1)
-    leader, child = _pids(pidfile)
-    bench_pid = int(bench_pidfile.read_text())
+    proc, leader, child, bench_pid = _serve_bench_with_a_sleeping_bench(tmp_path, fake_vllm)
     os.kill(leader, signal.SIGKILL)  # the server crashes while the benchmark runs
     _, errtext = proc.communicate(timeout=60)
     assert proc.returncode == 2
