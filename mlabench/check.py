@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mlabench.backends import backend_names, get_backend
-from mlabench.errors import BackendUnavailableError, MlabenchError
+from mlabench.errors import MlabenchError
 from mlabench.measure import ShapeBench, failed_record
 from mlabench.results import Record
 from mlabench.shapes import MLADecodeShape
-from mlabench.sweep import param_grid
+from mlabench.sweep import param_grid, select_backends
 from mlabench.timing import TimingConfig
 
 #: Split counts checked by default: 1, a non-power of two, typical counts, and more splits than a
@@ -32,18 +32,17 @@ def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None =
               seed: int = 0) -> tuple[list[Record], dict[str, str]]:
     """One record per (backend, params, shape), and ``{backend: why}`` for those unavailable here.
 
-    Named backends must exist (:class:`UnknownBackendError`); fresh inputs per shape (``seed``),
+    Named backends must exist (:class:`UnknownBackendError`) and be available
+    (:class:`BackendUnavailableError`, via :func:`select_backends`); fresh inputs per shape (``seed``),
     outputs poisoned with NaN before each run.
     """
-    names = list(backends) if backends else [n for n in backend_names() if not get_backend(n).is_reference]
-    chosen = [get_backend(n) for n in names]
-    if backends:
-        for b in chosen:
-            ok, why = b.available()
-            if not ok:
-                raise BackendUnavailableError(f"backend {b.name} is not available here: {why}")
+    if backends:  # named: each must exist and be available
+        chosen = select_backends(list(backends), strict=True)
+    else:  # every one, so that the table can say why some are not available here
+        chosen = [b for b in map(get_backend, backend_names()) if not b.is_reference]
+    availability = {b.name: b.available() for b in chosen}
+    unavailable = {name: why for name, (ok, why) in availability.items() if not ok}
     records: list[Record] = []
-    unavailable = {b.name: b.available()[1] for b in chosen if not b.available()[0]}
     for shape in shapes:
         bench: ShapeBench | None = None
         for b in chosen:
