@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mlabench.backends import backend_names, get_backend
+from mlabench.backends.base import param_grid
+from mlabench.backends.registry import select_backends
 from mlabench.errors import MlabenchError
 from mlabench.measure import ShapeBench, failed_record
 from mlabench.results import Record
 from mlabench.shapes import MLADecodeShape
-from mlabench.sweep import param_grid, select_backends
 from mlabench.timing import TimingConfig
 
 #: Split counts checked by default: 1, a non-power of two, typical counts, and more splits than a

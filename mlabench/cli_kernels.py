@@ -184,7 +184,7 @@ def register(app: typer.Typer) -> None:
         the sweep it needs first.
         """
         from mlabench.backends import backend_names, get_backend
-        from mlabench.sweep import records_of
+        from mlabench.results import records_of
         from mlabench.tables import compare_table
 
         _one_format(as_json, markdown)

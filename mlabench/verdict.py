@@ -1,4 +1,4 @@
-"""Correctness verdict of one backend output against the fp32 reference."""
+"""Correctness verdict of one backend output against the fp32 reference, and its tolerances."""
 
 from __future__ import annotations
 
@@ -7,6 +7,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_ATOL = 1e-2
 DEFAULT_RTOL = 1e-2
+
+
+class CheckConfig(BaseModel):
+    """Tolerances of the per-point correctness check (``[check]`` table)."""
+
+    model_config = ConfigDict(extra="forbid")
+    atol: float = Field(DEFAULT_ATOL, gt=0, description="Absolute tolerance.")
+    rtol: float = Field(DEFAULT_RTOL, ge=0, description="Relative tolerance.")
 
 
 class Verdict(BaseModel):

@@ -3,8 +3,9 @@ import pytest
 from mlabench.backends import get_backend
 from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, UnknownBackendError
 from mlabench.results import ResultStore
-from mlabench.sweep import (SweepConfig, default_sweep_config, expand, load_sweep_config, param_grid,
-                            run_sweep, select_backends)
+from mlabench.backends.base import param_grid
+from mlabench.backends.registry import select_backends
+from mlabench.sweep import SweepConfig, default_sweep_config, expand, load_sweep_config, run_sweep
 from mlabench.timing import TimingConfig
 
 FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
@@ -59,10 +60,10 @@ def test_backend_selection():
 
 
 def test_default_backends_on_a_gpu_are_the_gpu_kernels(monkeypatch):
-    from mlabench import sweep
+    from mlabench.backends import registry
     from mlabench.device import DeviceInfo
 
-    monkeypatch.setattr(sweep, "current_device", lambda: DeviceInfo("cuda", "cuda", "H200", 132, 1, "sm_90", 1))
+    monkeypatch.setattr(registry, "current_device", lambda: DeviceInfo("cuda", "cuda", "H200", 132, 1, "sm_90", 1))
     names = [b.name for b in select_backends(None)]  # triton backends are available: TRITON_INTERPRET=1
     assert "triton-splitkv" in names and "triton-persistent" in names
     assert "torch-splitkv" not in names and "reference" not in names
