@@ -129,6 +129,49 @@ def default_sweep_config(device: DeviceInfo | None = None) -> SweepConfig:
                        timing=TimingConfig(budget_s=1.0, min_samples=5, warmup_iters=1, target_rel_ci=0.05))
 
 
+
+def sweep_overrides(*, model: str | None = None, tp: int | None = None, model_config: str | Path | None = None,
+                    heads: list[int] | None = None, backends: list[str] | None = None,
+                    batch: list[int] | None = None, context_lens: list[int] | None = None,
+                    splits: list[int] | None = None, page_size: int | None = None,
+                    budget_s: float | None = None) -> dict[str, Any]:
+    """Sweep fields changed by flags, in :class:`SweepConfig`'s layout; None where not given
+    (``splits`` is the ``num_kv_splits`` axis, ``budget_s`` the per-point timing budget, seconds)."""
+    return {
+        "model": model, "tp": tp, "model_config": str(model_config) if model_config else None,
+        "backends": backends or None, "heads": heads, "batch": batch, "context_lens": context_lens,
+        "page_size": page_size,
+        "params": {"num_kv_splits": splits} if splits else None,
+        "timing": {"budget_s": budget_s} if budget_s is not None else None,
+    }
+
+
+def resolve_sweep_config(config: str | Path | None, overrides: dict[str, Any],
+                         resume: Path | None = None) -> SweepConfig:
+    """The sweep to run: ``config``'s, or the default one, or a resumed run's own, changed by
+    ``overrides`` (:func:`sweep_overrides`).
+
+    Resume policy: resuming without ``config`` re-runs the configuration recorded in the run's
+    manifest (flags change it, and :func:`run_sweep` then refuses a configuration that differs
+    from the recorded one).  On the default sweep a heads axis without a model drops the model
+    (576**-0.5 scale), and any override renames the run ``sweep``.  Raises :class:`ConfigError` /
+    :class:`ResultsError` for a bad file, field or run folder.
+    """
+    given = any(v is not None for v in overrides.values())
+    if resume is not None and config is None:
+        recorded = SweepConfig.model_validate(ResultStore(resume).manifest().config)
+        if not given:
+            return recorded
+        return load_sweep_config(None, overrides, base=recorded.model_dump(mode="json", by_alias=True))
+    if config is not None:
+        return load_sweep_config(config, overrides)
+    base = default_sweep_config().model_dump(mode="json", by_alias=True)
+    if overrides.get("heads") and not (overrides.get("model") or overrides.get("model_config")):
+        base["model"] = None
+    if given:
+        base["name"] = "sweep"
+    return load_sweep_config(None, overrides, base=base)
+
 @dataclass(frozen=True)
 class Point:
     """One configuration to measure."""
