@@ -33,16 +33,16 @@ def default_check_shapes(num_heads: int, softmax_scale: float | None, page_size:
 
 
 
-def check_shapes(*, model: str | None = None, model_config: str | Path | None = None, tp: int = 1,
+def check_shapes(*, model: str | None = None, model_config: str | Path | None = None, tp: int | None = None,
                  heads: Sequence[int] | None = None, context_lens: Sequence[int] | None = None,
-                 batch: Sequence[int] | None = None, page_size: int = 64,
+                 batch: Sequence[int] | None = None, page_size: int | None = None,
                  dtype: str = "bfloat16") -> list[MLADecodeShape]:
     """The shapes ``mlabench check`` runs, per local head count.
 
-    Heads come from the model (``model`` or ``model_config`` at ``tp``), else ``heads``, else
+    Heads come from the model (``model`` or ``model_config`` at ``tp``, default 1), else ``heads``, else
     :data:`DEFAULT_CHECK_HEADS`.  Without ``context_lens``: :func:`default_check_shapes`.  With
     them and no ``batch``: one ragged batch, one request per length.  With ``batch``: for each
-    value, that many requests of the one length given.  Raises :class:`ConfigError` for a batch
+    value, that many requests of the one length given.  ``page_size`` defaults to 64.  Raises :class:`ConfigError` for a batch
     <= 0 or a batch with other than one length, and the errors of :func:`resolve_heads` and
     :class:`MLADecodeShape` (unknown model, bad tp, heads or length <= 0).
     """
@@ -51,6 +51,8 @@ def check_shapes(*, model: str | None = None, model_config: str | Path | None = 
     if batch is not None and (any(b <= 0 for b in batch) or not context_lens or len(context_lens) != 1):
         raise ConfigError("--batch takes a value > 0 and exactly one --context length "
                           "(a ragged batch is --context L1,L2,... without --batch)")
+    tp = 1 if tp is None else tp
+    page_size = 64 if page_size is None else page_size
     shapes: list[MLADecodeShape] = []
     for wanted in heads or [None]:
         h, scale, spec = resolve_heads(model=model, model_config=model_config, tp=tp, heads=wanted)

@@ -1,8 +1,10 @@
-"""The ``mlabench`` command line: parse, call library functions, render with Rich.
+"""The Typer app, the registration of every command group, and the one mapping of errors to exit
+codes.
 
-Every :class:`~mlabench.errors.MlabenchError` becomes one ``error: ...`` line on stderr and exit
-code 2 (or the error's own ``exit_code``); a usage mistake prints click's usage message and exits
-2; tables go to stdout, progress to stderr.
+Exit codes (:class:`~mlabench.errors.ExitCode`): 0 done; 1 a check failed or a result is missing
+(a command raises ``typer.Exit(ExitCode.FAILED)``); 2 a usage mistake (click's usage message) or
+a :class:`~mlabench.errors.MlabenchError` (one ``error: ...`` line on stderr, or the error's own
+``exit_code``); 130 Ctrl-C.  Tables go to stdout, progress and notices to stderr.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import sys
 import typer
 
 from mlabench import __version__
-from mlabench.errors import MlabenchError
+from mlabench.cli import kernels, serve
+from mlabench.errors import ExitCode, MlabenchError
 
 app = typer.Typer(
     name="mlabench",
@@ -21,6 +24,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+#: Command groups: modules whose ``COMMANDS`` maps command names to top-level functions, in the
+#: order ``mlabench --help`` lists them.  A new group (tune, report) is one more entry here.
+GROUPS = (kernels, serve)
 
 
 def _version(value: bool) -> None:
@@ -35,14 +42,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Which MLA decode path, which split count, and what it buys end to end."""
 
 
-def _register_commands() -> None:
-    from mlabench import cli_kernels, cli_serve
-
-    cli_kernels.register(app)
-    cli_serve.register(app)
-
-
-_register_commands()
+for _group in GROUPS:
+    for _name, _command in _group.COMMANDS.items():
+        app.command(_name)(_command)
 
 
 def _is_usage_error(exc: BaseException) -> bool:
@@ -51,7 +53,7 @@ def _is_usage_error(exc: BaseException) -> bool:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: run the app and turn what it raised into an exit code."""
     try:
         # With standalone_mode=False click returns the code of a typer.Exit instead of raising it.
         code = app(standalone_mode=False)
@@ -59,14 +61,14 @@ def main() -> None:
             sys.exit(code)
     except MlabenchError as exc:
         typer.echo(f"error: {exc}", err=True)
-        sys.exit(getattr(exc, "exit_code", 2))
-    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
         typer.echo("aborted", err=True)
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception as exc:
         if _is_usage_error(exc):
             exc.show()
-            sys.exit(exc.exit_code or 2)
+            sys.exit(exc.exit_code or ExitCode.ERROR)
         raise
