@@ -62,6 +62,10 @@ class ResultsError(MlabenchError):
     """A results folder that cannot be appended to (identity mismatch, corrupt file)."""
 
 
+class DependencyError(MlabenchError):
+    """A package a command needs that is missing or fails to import (the message says what to install)."""
+
+
 class ServerError(MlabenchError):
     """A vLLM server that failed to start, died, or is not reachable."""
 

@@ -253,3 +253,13 @@ def test_importing_the_cli_loads_neither_optuna_nor_matplotlib():
             "assert not loaded, loaded")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_optuna_and_matplotlib_come_through_extras(monkeypatch):
+    from mlabench import extras
+    from mlabench.errors import DependencyError
+
+    assert extras.optuna().__name__ == "optuna" and extras.pyplot().__name__ == "matplotlib.pyplot"
+    monkeypatch.setitem(sys.modules, "no_such_dep_for_mlabench", None)
+    with pytest.raises(DependencyError, match="no_such_dep_for_mlabench not installed"):
+        extras.require("no_such_dep_for_mlabench")
