@@ -32,19 +32,19 @@ def default_check_shapes(num_heads: int, softmax_scale: float | None, page_size:
             MLADecodeShape.create(context_lens=(1, 100, 1024, 4097), **kw)]
 
 
-
 def check_shapes(*, model: str | None = None, model_config: str | Path | None = None, tp: int | None = None,
                  heads: Sequence[int] | None = None, context_lens: Sequence[int] | None = None,
                  batch: Sequence[int] | None = None, page_size: int | None = None,
                  dtype: str = "bfloat16") -> list[MLADecodeShape]:
     """The shapes ``mlabench check`` runs, per local head count.
 
-    Heads come from the model (``model`` or ``model_config`` at ``tp``, default 1), else ``heads``, else
-    :data:`DEFAULT_CHECK_HEADS`.  Without ``context_lens``: :func:`default_check_shapes`.  With
-    them and no ``batch``: one ragged batch, one request per length.  With ``batch``: for each
-    value, that many requests of the one length given.  ``page_size`` defaults to 64.  Raises :class:`ConfigError` for a batch
-    <= 0 or a batch with other than one length, and the errors of :func:`resolve_heads` and
-    :class:`MLADecodeShape` (unknown model, bad tp, heads or length <= 0).
+    Heads come from the model (``model`` or ``model_config`` at ``tp``, default 1), else from
+    ``heads``, else :data:`DEFAULT_CHECK_HEADS`.  Without ``context_lens``:
+    :func:`default_check_shapes`.  With them and no ``batch``: one ragged batch, one request per
+    length.  With ``batch``: for each value, that many requests of the one length given.
+    ``page_size`` defaults to 64.  Raises :class:`ConfigError` for a batch <= 0 or a batch with
+    other than one length, and the errors of :func:`resolve_heads` and :class:`MLADecodeShape`
+    (unknown model, bad tp, heads or length <= 0).
     """
     if not heads and not (model or model_config):
         heads = [DEFAULT_CHECK_HEADS]
@@ -64,6 +64,7 @@ def check_shapes(*, model: str | None = None, model_config: str | Path | None = 
         shapes += [MLADecodeShape.create(num_heads=h, context_lens=lens, page_size=page_size, q_dtype=dtype,
                                          kv_dtype=dtype, softmax_scale=scale, **dims) for lens in ragged]
     return list(dict.fromkeys(shapes))
+
 
 def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None = None,
               splits: Sequence[int] = DEFAULT_CHECK_SPLITS, atol: float = 1e-2, rtol: float = 1e-2,

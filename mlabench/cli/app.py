@@ -55,14 +55,17 @@ def _is_usage_error(exc: BaseException) -> bool:
 def main() -> None:
     """Console-script entry point: run the app and turn what it raised into an exit code."""
     try:
-        # With standalone_mode=False click returns the code of a typer.Exit instead of raising it.
+        # With standalone_mode=False click returns the code of a typer.Exit instead of raising it,
+        # and typer turns Ctrl-C inside a command into code 130.
         code = app(standalone_mode=False)
+        if code == ExitCode.INTERRUPTED:
+            typer.echo("aborted", err=True)
         if isinstance(code, int) and code:
             sys.exit(code)
     except MlabenchError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+    except (typer.Abort, KeyboardInterrupt):  # Ctrl-C outside a command
         typer.echo("aborted", err=True)
         sys.exit(ExitCode.INTERRUPTED)
     except typer.Exit as exc:
