@@ -139,7 +139,7 @@ class TritonPersistentBackend(Backend):
             WORK_GRANULARITY_TOKENS, alloc_persistent_workspace, mla_decode_persistent,
             persistent_workspace_bytes,
         )
-        from mlabench.kernels.splitkv import default_launch
+        from mlabench.kernels.common import default_launch
         from mlabench.kernels.worklist import build_work_list
 
         s = inputs.shape
