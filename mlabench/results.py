@@ -19,7 +19,7 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -289,21 +289,28 @@ def csv_row(r: Record) -> dict[str, Any]:
     }
 
 
-def library_versions() -> dict[str, str | None]:
-    """Versions of python, torch (with its CUDA/HIP), triton, AITER, FlashMLA and mlabench."""
+def library_versions(packages: Mapping[str, Sequence[str]] | None = None) -> dict[str, str | None]:
+    """Versions of python, torch (with its CUDA/HIP), mlabench, and each of ``packages``.
+
+    ``packages`` maps a manifest key to distribution names, the first installed one counting
+    (``{"triton": ("triton", "pytorch-triton-rocm")}``); None takes what every registered backend
+    declares (:func:`mlabench.backends.registry.backend_packages`).  A missing package is None.
+    """
     import torch
 
     from mlabench import __version__
     from mlabench.extras import package_version
 
+    if packages is None:  # imported here: the backends import this module, not the reverse
+        from mlabench.backends.registry import backend_packages
+
+        packages = backend_packages()
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "hip": torch.version.hip,
-        "triton": package_version(("triton", "pytorch-triton-rocm", "pytorch-triton")),
-        "aiter": package_version(("amd-aiter", "aiter")),
-        "flash_mla": package_version(("sgl-flash-mla", "flash-mla", "flash_mla")),
+        **{key: package_version(tuple(names)) for key, names in packages.items()},
         "mlabench": __version__,
     }
 

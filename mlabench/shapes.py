@@ -35,8 +35,8 @@ class MLADecodeShape(BaseModel):
 
     Attributes are validated on construction; bad values raise :class:`ShapeError`.
     ``context_lens`` holds one KV length per request (ragged batches allowed), so
-    ``batch == len(context_lens)``.  ``softmax_scale`` defaults to ``576 ** -0.5``, one over the
-    square root of the query width (what the decode kernels use when no model is named).
+    ``batch == len(context_lens)``.  ``softmax_scale`` defaults to ``576 ** -0.5``
+    (``1 / sqrt`` of the 576-wide query: the kernels' default when no model is named).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -153,8 +153,7 @@ class MLADecodeShape(BaseModel):
 
     @property
     def kv_read_bytes(self) -> int:
-        """Bytes of latent cache one decode step must read: ``sum(L) * 576 * dtype`` (every cached
-        token's 576-wide latent row once: K is all 576 columns, V its first 512)."""
+        """Bytes of latent cache one decode step must read: ``sum(L) * 576 * dtype`` (each row once)."""
         return self.total_tokens * self.head_dim_qk * _DTYPE_BYTES[self.kv_dtype]
 
     @property
@@ -172,8 +171,7 @@ class MLADecodeShape(BaseModel):
 
     @property
     def flops(self) -> int:
-        """``2 * H * L * (576 + 512)`` summed over requests: a multiply-add per element of QK^T
-        (576 wide) and of PV (512 wide)."""
+        """``2 * B * H * L * (576 + 512)`` summed over requests (QK^T over 576 columns plus PV over 512)."""
         per_token = 2 * self.num_heads * self.qo_len * (self.head_dim_qk + self.v_head_dim)
         return per_token * self.total_tokens
 

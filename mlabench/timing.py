@@ -134,8 +134,9 @@ def measure_copy_bandwidth_tbps(device: DeviceInfo | None = None, size_bytes: in
     """Device-to-device copy bandwidth in TB/s, counting bytes read plus bytes written.
 
     Uses a 1 GiB copy on a GPU (256 MiB on the CPU) and the median of ``reps`` timed copies after
-    ``warmup`` untimed ones.  This is the roofline ceiling against which every point's % of floor
-    is reported (4.18 TB/s on the H200 of docs/h200.md).
+    ``warmup`` untimed ones.  This
+    is the roofline ceiling against which every point's % of floor is reported (4.18 TB/s in the
+    H200 run of [docs/h200.md](../docs/h200.md)).
     """
     device = device or current_device()
     size = size_bytes or (1 << 30 if device.is_gpu else 1 << 28)

@@ -27,8 +27,8 @@ import traceback
 
 import torch
 
-from mlabench.backends.triton import _HeadPadder
 from mlabench.inputs import make_inputs
+from mlabench.kernels.padding import HeadPadder
 from mlabench.kernels.persistent import (
     WORK_GRANULARITY_TOKENS, alloc_persistent_workspace, mla_decode_persistent,
 )
@@ -85,7 +85,7 @@ class PersistentCall:
     def __init__(self, inp, num_programs, variant, ws, mode="zero"):
         s = inp.shape
         self.inp, self.g, self.variant, self.ws = inp, num_programs, variant, ws
-        self.pad = _HeadPadder(inp.q, 16, mode)
+        self.pad = HeadPadder(inp.q, 16, mode)
         self.out_pad = torch.empty((s.batch, 16, 512), dtype=inp.q.dtype, device=inp.device)
         self.out = inp.new_output()
         self.work = build_work_list(inp.cache_seqlens, num_programs, WORK_GRANULARITY_TOKENS)

@@ -6,11 +6,12 @@ which is exact for every page size.  AITER is imported only when a backend is pr
 
 Sources (read, not copied): AITER ``aiter/mla.py`` (``mla_decode_fwd``, persistent batch gate),
 ``aiter/ops/attention.py`` (``get_mla_metadata_info_v1`` / ``get_mla_metadata_v1``),
-``aiter/ops/triton/gluon/mla_gluon.py`` and ``mla_decode_gluon.py``; facts file §5.
+``aiter/ops/triton/gluon/mla_gluon.py`` and ``mla_decode_gluon.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 from types import ModuleType
@@ -19,7 +20,6 @@ from typing import Any
 import torch
 
 from mlabench.backends.aiter_args import (
-    accepts_kwarg,
     aiter_asm_persistent,
     aiter_gluon_effective_splits,
     aiter_version_is_exact,
@@ -29,21 +29,26 @@ from mlabench.backends.aiter_args import (
     page1_kv_layout,
     parse_aiter_version,
     persistent_max_batch,
-    timed_us,
 )
 from mlabench.backends.base import Backend, ParamSpec, PreparedCall
+from mlabench.backends.common import (
+    HEAD_PADDING, NUM_KV_SPLITS, accepts_kwarg, check_mla_dims, require, timed_us,
+)
 from mlabench.backends.registry import register
 from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, UnsupportedShapeError
 from mlabench.extras import optional_import, package_version
 from mlabench.inputs import MLADecodeInputs
-from mlabench.kernels.padding import HEAD_PADDINGS, pad_heads, padded_heads, slice_heads
+from mlabench.kernels.padding import HeadPadder, padded_heads, slice_heads
+from mlabench.kernels.workspace import split_workspace_bytes
 from mlabench.shapes import MLADecodeShape
 
 ASM_ARCHS = ("gfx942", "gfx950")
 GLUON_ARCHS = ("gfx950",)
 GLUON_MODULES = (("aiter.ops.triton.gluon.mla_gluon", "mla_gluon"),
                  ("aiter.ops.triton.gluon.mla_decode_gluon", "mla_decode_gluon"))
+#: Distributions that install the ``aiter`` module (ROCm images and source builds name it either way).
+AITER_PACKAGES = {"aiter": ("amd-aiter", "aiter")}
 
 
 def rocm_reason(archs: tuple[str, ...], modules: tuple[str, ...]) -> tuple[bool, str]:
@@ -66,32 +71,17 @@ def rocm_reason(archs: tuple[str, ...], modules: tuple[str, ...]) -> tuple[bool,
 
 def aiter_version_text(aiter_mod: ModuleType | None = None) -> str | None:
     """Installed AITER version: distribution ``amd-aiter``/``aiter``, else ``aiter.__version__``."""
-    text = package_version(("amd-aiter", "aiter"))
+    text = package_version(AITER_PACKAGES["aiter"])
     if text is None and aiter_mod is not None:
         text = getattr(aiter_mod, "__version__", None)
     return str(text) if text else None
-
-
-def _require(name: str) -> ModuleType:
-    mod, reason = optional_import(name)
-    if mod is None:
-        raise BackendUnavailableError(reason)
-    return mod
 
 
 def _bf16_only(shape: MLADecodeShape) -> tuple[bool, str]:
     if shape.q_dtype != "bfloat16" or shape.kv_dtype != "bfloat16":
         got = f"{shape.q_dtype}/{shape.kv_dtype}"
         return False, f"AITER MLA decode here runs bf16 q and KV only (got {got})"
-    if shape.kv_lora_rank != 512 or shape.qk_rope_head_dim != 64:
-        return False, "AITER MLA decode kernels are built for kv_lora_rank 512 + rope 64"
-    return True, ""
-
-
-HEAD_PADDING = ParamSpec(
-    "head_padding", str, default="zero", choices=HEAD_PADDINGS,
-    help="how q is padded to a 16-head tile: zero heads, or heads repeated (vLLM's layout)",
-)
+    return check_mla_dims(shape, "AITER's MLA decode")
 
 
 @register
@@ -100,14 +90,15 @@ class AiterAsmBackend(Backend):
 
     ``prepare`` builds the persistent metadata for ``T = padded_heads(H)`` heads (12 -> 16) and the
     page-size-1 addressing, untimed (``setup_us["metadata_us"]``).  ``fn`` pads q into a
-    preallocated contiguous ``[B, T, 576]`` buffer (the layout of :func:`pad_heads`), runs
-    ``mla_decode_fwd`` into a preallocated ``[B, T, 512]`` buffer and copies the first ``H`` heads
-    into ``out``.  AITER allocates its split partials inside ``mla_decode_fwd``.
+    preallocated contiguous ``[B, T, 576]`` buffer (:class:`~mlabench.kernels.padding.HeadPadder`),
+    runs ``mla_decode_fwd`` into a preallocated ``[B, T, 512]`` buffer and copies the first ``H``
+    heads into ``out``.  AITER allocates its split partials inside ``mla_decode_fwd``.
     """
 
     name = "aiter-asm"
     family = "persistent"
     gpu_kernel = True
+    packages = AITER_PACKAGES
     summary = "AITER persistent ASM MLA decode (ROCm gfx942/gfx950), heads padded to 16"
     params = (HEAD_PADDING,)
 
@@ -123,8 +114,8 @@ class AiterAsmBackend(Backend):
         return True, ""
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
-        aiter = _require("aiter")
-        mla = _require("aiter.mla")
+        aiter = require("aiter")
+        mla = require("aiter.mla")
         s = inputs.shape
         dev = inputs.device
         mode = params["head_padding"]
@@ -151,18 +142,13 @@ class AiterAsmBackend(Backend):
         _, metadata_us = timed_us(dev, build_metadata)  # the buffers are allocated outside
         out = inputs.new_output()
         padded = kernel_heads != s.num_heads
-        q_pad = pad_heads(inputs.q, kernel_heads, mode) if padded else inputs.q.contiguous()
         o_pad = inputs.new_output(kernel_heads) if padded else out
-        repeat_index = torch.arange(kernel_heads, device=dev) % s.num_heads
         q, H = inputs.q, s.num_heads
+        # The kernel takes a contiguous [B, T, 576] q: pad it (or copy a strided q) on every call.
+        padder = HeadPadder(q, kernel_heads, mode) if padded or not q.is_contiguous() else None
 
         def fn() -> torch.Tensor:
-            if padded and mode == "zero":
-                q_pad[:, :H].copy_(q)  # rows H.. stay zero from pad_heads
-            elif padded:
-                torch.index_select(q, 1, repeat_index, out=q_pad)
-            elif q_pad.data_ptr() != q.data_ptr():
-                q_pad.copy_(q)
+            q_pad = padder() if padder is not None else q
             mla.mla_decode_fwd(
                 q_pad, kv_view, o_pad, layout.qo_indptr, layout.kv_indptr, layout.kv_indices,
                 layout.kv_last_page_lens, s.qo_len, page_size=1, nhead_kv=1, sm_scale=s.scale,
@@ -186,7 +172,8 @@ class AiterAsmBackend(Backend):
             "aiter_version": version,
         }
         # AITER's partials: reduce_partial_map.size(0) rows of [T, 512] fp32 plus one fp32 lse each.
-        workspace = 2 * int(r_partial.shape[0]) * s.qo_len * kernel_heads * (s.v_head_dim * 4 + 4)
+        workspace = split_workspace_bytes(int(r_partial.shape[0]) * s.qo_len * kernel_heads,
+                                          s.v_head_dim)
         return PreparedCall(fn=fn, out=out, effective_params=effective,
                             setup_us={"metadata_us": metadata_us}, workspace_bytes=workspace)
 
@@ -206,8 +193,8 @@ def resolve_gluon() -> tuple[Any, str]:
     raise BackendUnavailableError("AITER Gluon MLA decode not found: " + "; ".join(reasons))
 
 
-NUM_KV_SPLITS_GLUON = ParamSpec(
-    "num_kv_splits", int, default=None, low=1, high=256,
+NUM_KV_SPLITS_GLUON = dataclasses.replace(
+    NUM_KV_SPLITS, default=None, high=256,
     help="KV splits; None = AITER's choice. Steerable only where AITER allows (num_kv_splits "
          "argument, or min_kv_seq_len on AITER <= 0.1.19)",
 )
@@ -233,6 +220,7 @@ class AiterGluonBackend(Backend):
     name = "aiter-gluon"
     family = "split-kv"
     gpu_kernel = True
+    packages = AITER_PACKAGES
     summary = "AITER Gluon MLA decode (ROCm gfx950), split-KV with AITER's split heuristic"
     params = (NUM_KV_SPLITS_GLUON, MIN_KV_SEQ_LEN)
 
@@ -300,8 +288,8 @@ class AiterGluonBackend(Backend):
             "page_size_view": 1,
         }
         # Split partials (output dtype) plus fp32 lse, written then read back; none with 1 split.
-        per_split = lora * out.element_size() + 4
-        workspace = 0 if splits == 1 else 2 * s.batch * s.qo_len * s.num_heads * splits * per_split
+        partial_rows = s.batch * s.qo_len * s.num_heads * splits
+        workspace = 0 if splits == 1 else split_workspace_bytes(partial_rows, lora, out.element_size())
         return PreparedCall(fn=fn, out=out, effective_params=effective, workspace_bytes=workspace)
 
 

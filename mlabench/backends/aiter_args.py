@@ -20,7 +20,8 @@ import torch
 GLUON_MAX_SPLITS = 256
 #: Tokens per Gluon bh16 tile (BLOCK_N) that bound the split count by ``min_kv_seq_len``.
 GLUON_BLOCK_N = 64
-#: First AITER release whose Gluon split count no longer depends on ``min_kv_seq_len`` (facts §5).
+#: First AITER release whose Gluon split count no longer depends on ``min_kv_seq_len`` (its
+#: ``mla_gluon.py`` from v0.1.20 on fixes the count by batch and heads).
 GLUON_FIXED_SPLITS_SINCE = (0, 1, 20)
 #: Environment variable and default of AITER's persistent-kernel batch gate (``aiter/mla.py``).
 PERSISTENT_MAX_BATCH_ENV = "AITER_MLA_DECODE_PERSISTENT_MAX_BATCH"
@@ -146,8 +147,8 @@ def aiter_gluon_effective_splits(version: tuple[int, int, int] | str | None, bat
     - AITER <= v0.1.19: ``max(1, min(256 // (B * qlen * ceil(H / 16)), cdiv(min_kv_seq_len, 64)))``
     - AITER >= v0.1.20: ``max(1, 256 // (B * qlen * ceil(H / 16)))``
 
-    Source: AITER ``aiter/ops/triton/gluon/mla_gluon.py`` split heuristic of those releases (facts
-    file §5).  ``version`` is a tuple or a version string (see :func:`parse_aiter_version`);
+    Source: AITER ``aiter/ops/triton/gluon/mla_gluon.py`` split heuristic of those releases.
+    ``version`` is a tuple or a version string (see :func:`parse_aiter_version`);
     ``bounded`` overrides the version test (True: the ``min_kv_seq_len``-bounded rule).
     Raises ValueError for non-positive batch, qo_len or heads.
     """
@@ -206,36 +207,3 @@ def aiter_asm_persistent(arch: str, q_dtype: str, kv_dtype: str, kernel_heads: i
     if not profile or max_batch <= 0:
         return True
     return batch < max_batch
-
-
-# ---- setup helpers shared by the library backends (aiter, flashmla) ------------------------------
-def timed_us(device: torch.device, step):
-    """Run ``step()`` between two device synchronisations; returns ``(result, wall_us)``.
-
-    Used for untimed setup (scheduling metadata) that ``PreparedCall.setup_us`` reports.
-    """
-    import time
-
-    _sync(device)
-    start = time.perf_counter()
-    result = step()
-    _sync(device)
-    return result, (time.perf_counter() - start) * 1e6
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def accepts_kwarg(fn, name: str) -> bool | None:
-    """Whether callable ``fn`` takes a keyword ``name``: True/False, or None when uninspectable."""
-    import inspect
-
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return None
-    if name in params:
-        return True
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

@@ -12,13 +12,18 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
 from mlabench.errors import ConfigError
 from mlabench.inputs import MLADecodeInputs
 from mlabench.shapes import MLADecodeShape
+
+
+#: ``"split-kv"`` (flash decoding, a split count to choose), ``"persistent"`` (a grid sized to the GPU
+#: over a balanced work list, heads padded to a tile) or ``"reference"`` (the oracle).
+Family = Literal["split-kv", "persistent", "reference"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,8 @@ class PreparedCall:
       ``[B, H, 512]``; it takes no arguments and allocates nothing when ``graph_safe``.
     - ``out``: the buffer ``fn`` writes (already poisoned with NaN by ``prepare``).
     - ``effective_params``: what actually runs (e.g. the split count a library picked).
-    - ``setup_us``: untimed setup steps (e.g. scheduling metadata) and their wall time, µs.
+    - ``setup_us``: untimed setup steps and their wall time, µs, keyed ``<step>_us``
+      (``metadata_us`` for a library's scheduling metadata, ``work_list_us`` for a work list).
     - ``workspace_bytes``: bytes of intermediate buffers (split partials) the call writes and reads.
     - ``graph_safe``: whether ``fn`` may be captured into a CUDA/HIP graph.
     """
@@ -88,9 +94,10 @@ class Backend(ABC):
     params: ClassVar[tuple[ParamSpec, ...]] = ()
     #: True for backends that are themselves the correctness oracle (not checked against it).
     is_reference: ClassVar[bool] = False
-    #: ``"split-kv"`` (flash decoding, a split count to choose), ``"persistent"`` (a grid sized to
-    #: the GPU over a balanced work list, heads padded to a tile) or ``"reference"``.
-    family: ClassVar[str] = "other"
+    family: ClassVar[Family]
+    #: Packages whose versions the results depend on: manifest key -> distribution names, the
+    #: first installed one counts (e.g. ``{"triton": ("triton", "pytorch-triton-rocm")}``).
+    packages: ClassVar[dict[str, tuple[str, ...]]] = {}
     #: True for GPU kernels that run on the CPU only through an interpreter (tests, not timing):
     #: a default sweep on the CPU leaves them out.
     gpu_kernel: ClassVar[bool] = False

@@ -1,7 +1,7 @@
 """FlashMLA dense decode on Hopper (``flashmla``): the NVIDIA padded persistent kernel.
 
 Works with the two packages that ship FlashMLA's SM90 dense decode under the module name
-``flash_mla`` (facts file §4):
+``flash_mla`` (read from their wheels and sources):
 
 - ``sgl-flash-mla`` (1.0.0): dense decode only on the legacy side, reached with ``use_legacy=True``
   on ``flash_mla_with_kvcache``; ``get_mla_metadata()`` returns an empty ``FlashMLASchedMeta`` and
@@ -20,12 +20,13 @@ from typing import Any
 
 import torch
 
-from mlabench.backends.aiter_args import accepts_kwarg, timed_us
 from mlabench.backends.base import Backend, PreparedCall
+from mlabench.backends.common import accepts_kwarg, check_mla_dims, require, timed_us
 from mlabench.backends.registry import register
 from mlabench.errors import BackendUnavailableError
 from mlabench.extras import optional_import, package_version
 from mlabench.inputs import MLADecodeInputs
+from mlabench.kernels.workspace import split_workspace_bytes
 from mlabench.shapes import MLADecodeShape
 
 FLASHMLA_PAGE_SIZE = 64
@@ -33,6 +34,8 @@ FLASHMLA_DTYPES = ("bfloat16", "float16")
 API_LEGACY_FLAG = "use_legacy"  # sgl-flash-mla: dense decode behind use_legacy=True
 API_TENSOR_METADATA = "tensor-metadata"  # FlashMLA source builds before 2026-09-30
 API_STUB = "stub"
+#: Distributions that install the ``flash_mla`` module, in the order their versions are read.
+FLASHMLA_PACKAGES = {"flash_mla": ("sgl-flash-mla", "flash-mla", "flash_mla")}
 
 
 def flashmla_api(mod: ModuleType | Any) -> str:
@@ -87,8 +90,7 @@ def flashmla_workspace_bytes(batch: int, num_heads: int, num_sm_parts: int, qo_l
     """fp32 split partials FlashMLA writes and reads: ``(B + num_sm_parts)`` rows of ``[H, s_q, Dv]``
     output plus one lse each (FlashMLA ``flash_api.cpp`` sizes ``out_accum``/``softmax_lse_accum``
     so; an estimate, it is allocated inside the call)."""
-    rows = (batch + num_sm_parts) * num_heads * qo_len
-    return 2 * rows * (head_dim_v * 4 + 4)
+    return split_workspace_bytes((batch + num_sm_parts) * num_heads * qo_len, head_dim_v)
 
 
 @register
@@ -108,6 +110,7 @@ class FlashMLABackend(Backend):
     name = "flashmla"
     family = "persistent"
     gpu_kernel = True
+    packages = FLASHMLA_PACKAGES
     summary = "FlashMLA dense decode (NVIDIA Hopper SM90, page size 64; sgl-flash-mla or source build)"
 
     def available(self) -> tuple[bool, str]:
@@ -134,17 +137,14 @@ class FlashMLABackend(Backend):
         if shape.q_dtype not in FLASHMLA_DTYPES or shape.kv_dtype != shape.q_dtype:
             got = f"{shape.q_dtype}/{shape.kv_dtype}"
             return False, f"FlashMLA needs bf16 or fp16 q and KV of one dtype (got {got})"
-        if shape.kv_lora_rank != 512 or shape.qk_rope_head_dim != 64:
-            return False, "FlashMLA decode is built for kv_lora_rank 512 + rope 64"
-        if shape.num_heads * shape.qo_len > 128:
-            rows = shape.num_heads * shape.qo_len
+        ok, why = check_mla_dims(shape, "FlashMLA decode")
+        rows = shape.num_heads * shape.qo_len
+        if ok and rows > 128:
             return False, f"FlashMLA decode takes at most 128 query rows per KV head, got {rows}"
-        return True, ""
+        return ok, why
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
-        mod, reason = optional_import("flash_mla")
-        if mod is None:
-            raise BackendUnavailableError(reason)
+        mod = require("flash_mla")
         api = flashmla_api(mod)
         if api == API_STUB:
             raise BackendUnavailableError("flash_mla has no flash_mla_with_kvcache (stub package)")
@@ -195,7 +195,7 @@ class FlashMLABackend(Backend):
 
         stats = split_stats(tile_md, num_splits)
         effective = {"api": api, "metadata": metadata_note, "page_size": FLASHMLA_PAGE_SIZE,
-                     "flash_mla_version": package_version(("sgl-flash-mla", "flash-mla", "flash_mla"))
+                     "flash_mla_version": package_version(FLASHMLA_PACKAGES["flash_mla"])
                      or getattr(mod, "__version__", None), **stats}
         workspace = flashmla_workspace_bytes(s.batch, s.num_heads, stats.get("num_sm_parts", 0),
                                              s.qo_len, s.v_head_dim)

@@ -6,32 +6,15 @@ from typing import Any
 
 import torch
 
-from mlabench.backends.base import Backend, ParamSpec, PreparedCall
+from mlabench.backends.base import Backend, PreparedCall
+from mlabench.backends.common import NUM_KV_SPLITS
 from mlabench.backends.registry import register
 from mlabench.errors import UnsupportedShapeError
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.kernels.splitkv_torch import mla_decode_splitkv_torch, splitkv_torch_elements
+from mlabench.kernels.workspace import split_workspace_bytes
 from mlabench.shapes import MLADecodeShape
-
-MAX_KV_SPLITS = 512
-
-#: The split-count parameter shared by every split-KV backend.
-NUM_KV_SPLITS = ParamSpec(
-    "num_kv_splits", int, default=lambda s: default_num_kv_splits(s),
-    help="KV splits per request (1-512); the split-KV (flash-decoding) grid's second axis",
-    low=1, high=MAX_KV_SPLITS,
-)
-
-
-def default_num_kv_splits(shape: MLADecodeShape, num_sms: int = 132) -> int:
-    """vLLM's Triton MLA heuristic: ``min(next_pow2(max_len // 512), 2 * num_SMs)``, at least 1.
-
-    Source: vLLM ``triton_mla.py`` (facts file §3).  A baseline, not a tuned choice.
-    """
-    want = max(1, shape.max_context_len // 512)
-    pow2 = 1 << (want - 1).bit_length()
-    return max(1, min(pow2, 2 * num_sms, MAX_KV_SPLITS))
 
 
 @register
@@ -95,4 +78,5 @@ class TorchSplitKVBackend(Backend):
                                             inputs.cache_seqlens, splits, s.scale, out=out)
 
         return PreparedCall(fn=fn, out=out, effective_params={"num_kv_splits": splits},
-                            workspace_bytes=2 * s.batch * splits * s.num_heads * (s.v_head_dim * 4 + 4))
+                            workspace_bytes=split_workspace_bytes(s.batch * splits * s.num_heads,
+                                                                  s.v_head_dim))

@@ -7,8 +7,9 @@ listing the known ones.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import get_args
 
-from mlabench.backends.base import Backend
+from mlabench.backends.base import Backend, Family
 from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, UnknownBackendError
 
@@ -17,10 +18,13 @@ _INSTANCES: dict[str, Backend] = {}
 
 
 def register(cls: type[Backend]) -> type[Backend]:
-    """Class decorator; raises ValueError if ``cls.name`` is already registered."""
+    """Class decorator; raises ValueError if ``cls.name`` is already registered or ``cls.family``
+    is not a :data:`~mlabench.backends.base.Family`."""
     name = cls.name
     if name in _REGISTRY:
         raise ValueError(f"backend {name!r} registered twice ({_REGISTRY[name].__module__}, {cls.__module__})")
+    if getattr(cls, "family", None) not in get_args(Family):
+        raise ValueError(f"backend {name!r}: family must be one of {get_args(Family)}")
     _REGISTRY[name] = cls
     return cls
 
@@ -44,6 +48,13 @@ def get_backend(name: str) -> Backend:
 def available_backends() -> list[Backend]:
     """Instances of every backend that can run here."""
     return [b for b in (get_backend(n) for n in backend_names()) if b.available()[0]]
+
+
+def backend_packages() -> dict[str, tuple[str, ...]]:
+    """Every registered backend's :attr:`~mlabench.backends.base.Backend.packages`, merged:
+    manifest key -> distribution names (the first installed one counts)."""
+    _load_builtin()
+    return {key: names for cls in _REGISTRY.values() for key, names in cls.packages.items()}
 
 
 def _load_builtin() -> None:

@@ -6,26 +6,23 @@ every CLI start and must not fail where Triton is missing or broken.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
 from mlabench.backends.base import Backend, ParamSpec, PreparedCall
-from mlabench.backends.reference import NUM_KV_SPLITS
+from mlabench.backends.common import HEAD_PADDING, NUM_KV_SPLITS, check_mla_dims, timed_us
 from mlabench.backends.registry import register
 from mlabench.device import current_device, triton_interpreting
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
-from mlabench.kernels.padding import HEAD_PADDINGS, HEAD_TILE, padded_heads
+from mlabench.kernels.padding import HEAD_TILE, HeadPadder, padded_heads
 from mlabench.shapes import MLADecodeShape
 
 NO_GPU_REASON = "no GPU: set TRITON_INTERPRET=1 to run it in Triton's CPU interpreter (slow)"
+#: Distributions that ship Triton: upstream, and the builds torch's ROCm and CUDA wheels pull in.
+TRITON_PACKAGES = {"triton": ("triton", "pytorch-triton-rocm", "pytorch-triton")}
 
-HEAD_PADDING = ParamSpec(
-    "head_padding", str, default="zero", choices=HEAD_PADDINGS,
-    help="how q is padded to 16-head tiles: zero heads, or the heads repeated in order",
-)
 PROGRAMS_PER_SM = ParamSpec(
     "programs_per_sm", int, default=2, low=1, high=8,
     help="persistent grid size per SM/CU (grid = programs_per_sm x SM count, per 16-head tile); "
@@ -42,32 +39,31 @@ def triton_available() -> tuple[bool, str]:
     return (True, "") if _mod is not None else (False, reason)
 
 
-def _supports(shape: MLADecodeShape) -> tuple[bool, str]:
-    if shape.qo_len != 1:
-        return False, f"only qo_len 1 is supported, got {shape.qo_len}"
-    if (shape.kv_lora_rank, shape.qk_rope_head_dim) != (512, 64):
-        return False, (f"kernels are written for kv_lora_rank 512 + rope 64, got "
-                       f"{shape.kv_lora_rank} + {shape.qk_rope_head_dim}")
-    if shape.q_dtype != shape.kv_dtype:
-        return False, f"q and kv dtypes must match, got {shape.q_dtype} / {shape.kv_dtype}"
-    return True, ""
+class _TritonBackend(Backend):
+    """What the project's two Triton kernels share: availability, the shapes they take, versions."""
 
-
-@register
-class TritonSplitKVBackend(Backend):
-    """Two-stage split-KV Triton kernel (:func:`mlabench.kernels.splitkv.mla_decode_splitkv`)."""
-
-    name = "triton-splitkv"
-    family = "split-kv"
     gpu_kernel = True
-    summary = "project Triton split-KV (flash-decoding) kernel, explicit num_kv_splits"
-    params = (NUM_KV_SPLITS,)
+    packages = TRITON_PACKAGES
 
     def available(self) -> tuple[bool, str]:
         return triton_available()
 
     def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
-        return _supports(shape)
+        if shape.qo_len != 1:
+            return False, f"only qo_len 1 is supported, got {shape.qo_len}"
+        if shape.q_dtype != shape.kv_dtype:
+            return False, f"q and kv dtypes must match, got {shape.q_dtype} / {shape.kv_dtype}"
+        return check_mla_dims(shape, "the project's Triton kernels")
+
+
+@register
+class TritonSplitKVBackend(_TritonBackend):
+    """Two-stage split-KV Triton kernel (:func:`mlabench.kernels.splitkv.mla_decode_splitkv`)."""
+
+    name = "triton-splitkv"
+    family = "split-kv"
+    summary = "project Triton split-KV (flash-decoding) kernel, explicit num_kv_splits"
+    params = (NUM_KV_SPLITS,)
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         from mlabench.kernels.splitkv import (
@@ -88,31 +84,8 @@ class TritonSplitKVBackend(Backend):
                             workspace_bytes=splitkv_workspace_bytes(s.batch, s.num_heads, splits))
 
 
-class _HeadPadder:
-    """Copies q ``[B, H, 576]`` into a preallocated ``[B, Hp, 576]`` as
-    :func:`mlabench.kernels.padding.pad_heads` lays it out, allocating nothing per call.
-
-    ``zero``: the padding rows are zeroed once here and never written again.  ``repeat``: row
-    ``r`` receives head ``r % H``, done as ``ceil(Hp / H)`` slice copies.
-    """
-
-    def __init__(self, q: torch.Tensor, target_heads: int, mode: str) -> None:
-        batch, heads, dim = q.shape
-        self.q = q
-        self.buf = q.new_zeros((batch, target_heads, dim))
-        self.copies = [(0, heads)]
-        if mode == "repeat":
-            self.copies = [(start, min(heads, target_heads - start))
-                           for start in range(0, target_heads, heads)]
-
-    def __call__(self) -> torch.Tensor:
-        for start, n in self.copies:
-            self.buf[:, start:start + n].copy_(self.q[:, :n])
-        return self.buf
-
-
 @register
-class TritonPersistentBackend(Backend):
+class TritonPersistentBackend(_TritonBackend):
     """Persistent Triton kernel over a balanced work list, on 16-head tiles
     (:func:`mlabench.kernels.persistent.mla_decode_persistent`).
 
@@ -124,37 +97,27 @@ class TritonPersistentBackend(Backend):
 
     name = "triton-persistent"
     family = "persistent"
-    gpu_kernel = True
     summary = "project Triton persistent kernel, balanced work list, 16-head tiles"
     params = (HEAD_PADDING, PROGRAMS_PER_SM)
 
-    def available(self) -> tuple[bool, str]:
-        return triton_available()
-
-    def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
-        return _supports(shape)
-
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
+        from mlabench.kernels.common import default_launch
         from mlabench.kernels.persistent import (
             WORK_GRANULARITY_TOKENS, alloc_persistent_workspace, mla_decode_persistent,
             persistent_workspace_bytes,
         )
-        from mlabench.kernels.splitkv import default_launch
         from mlabench.kernels.worklist import build_work_list
 
         s = inputs.shape
         mode = str(params["head_padding"])
         num_programs = int(params["programs_per_sm"]) * current_device().num_sms
         hp = padded_heads(s.num_heads, HEAD_TILE)
-        padder = _HeadPadder(inputs.q, hp, mode)
+        padder = HeadPadder(inputs.q, hp, mode)
         out_pad = torch.empty((s.batch, hp, s.v_head_dim), dtype=inputs.q.dtype, device=inputs.device)
         out = inputs.new_output()
         part_o, part_lse = alloc_persistent_workspace(num_programs, s.batch, hp, inputs.device)
-        t0 = time.perf_counter()
-        work = build_work_list(inputs.cache_seqlens, num_programs, WORK_GRANULARITY_TOKENS)
-        if inputs.device.type == "cuda":
-            torch.cuda.synchronize()
-        setup_us = {"work_list": (time.perf_counter() - t0) * 1e6}
+        work, work_list_us = timed_us(inputs.device, lambda: build_work_list(
+            inputs.cache_seqlens, num_programs, WORK_GRANULARITY_TOKENS))
 
         def fn() -> torch.Tensor:
             q_pad = padder()
@@ -169,6 +132,6 @@ class TritonPersistentBackend(Backend):
             effective_params={"head_padding": mode, "num_programs": num_programs,
                               "padded_heads": hp, "block_n": block_n, "num_warps": num_warps,
                               "num_stages": num_stages},
-            setup_us=setup_us,
+            setup_us={"work_list_us": work_list_us},
             workspace_bytes=persistent_workspace_bytes(num_programs, s.batch, hp),
         )

@@ -3,9 +3,11 @@
 The grid is ``(num_programs, H / 16)`` with ``num_programs`` a multiple of the SM/CU count chosen
 by the caller.  Program ``p`` owns the global tokens ``[p*C, (p+1)*C)`` of the work list
 (:mod:`mlabench.kernels.worklist`), walks the requests it overlaps and writes one fp32 partial per
-non-empty (program, request) segment into slot ``p + i``; :func:`merge_partials_kernel` then merges
-each request's slot range.  Every program reads about the same number of KV bytes whatever the mix
-of lengths, which is the point of FlashMLA's persistent "tile scheduler" (facts file §4).
+non-empty (program, request) segment into slot ``p + i``; the shared merge kernel
+(:func:`mlabench.kernels.common.merge_partials_kernel`) then merges each request's slot range.
+Every program reads about the same number of KV bytes whatever the mix of lengths, which is the
+point of the persistent "tile scheduler" of FlashMLA's decode on Hopper (its ``get_mla_metadata``
+cuts the batch's tokens over a grid of one part per SM).
 
 The kernel works on whole 16-row head tiles: the query must already be padded to a multiple of 16
 heads (see :mod:`mlabench.kernels.padding`); every padded row is computed and written.
@@ -17,11 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
-from mlabench.kernels.splitkv import (
-    BLOCK_H, D_NOPE, LOG2E, MERGE_BLOCK_DV, MERGE_BLOCK_SLOTS, MERGE_NUM_STAGES, attend_tokens,
-    check_decode_args, load_q_tile, merge_partials_kernel, resolve_launch, store_partial,
-    upcast_for_interpreter,
+from mlabench.kernels.common import (
+    BLOCK_H, D_NOPE, LOG2E, attend_tokens, check_decode_args, launch_merge, load_q_tile,
+    resolve_launch, store_partial, upcast_for_interpreter,
 )
+from mlabench.kernels.workspace import split_workspace_bytes
 from mlabench.kernels.worklist import WorkList, build_work_list
 
 #: Work-list chunk granularity in tokens: chunks are rounded up to this, not to block_n, so short
@@ -78,8 +80,9 @@ def alloc_persistent_workspace(num_programs: int, batch: int, padded_heads: int,
 
 
 def persistent_workspace_bytes(num_programs: int, batch: int, padded_heads: int) -> int:
-    """Upper bound of partial bytes written then read: ``2 * (G + B - 1) * Hp * (512*4 + 4)``."""
-    return 2 * (num_programs + batch - 1) * padded_heads * (D_NOPE * 4 + 4)
+    """Upper bound of partial bytes written then read: ``2 * (G + B - 1) * Hp * (512*4 + 4)``
+    (:func:`mlabench.kernels.workspace.split_workspace_bytes`)."""
+    return split_workspace_bytes((num_programs + batch - 1) * padded_heads, D_NOPE)
 
 
 def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -102,7 +105,7 @@ def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: 
             here with :data:`WORK_GRANULARITY_TOKENS` when None; pass it for graph capture).
         partial_out / partial_lse: workspace from :func:`alloc_persistent_workspace`.
         block_n, num_warps, num_stages: tile tokens and Triton launch options (None: the
-            defaults of :func:`mlabench.kernels.splitkv.default_launch`).
+            defaults of :func:`mlabench.kernels.common.default_launch`).
 
     Returns ``out``.  Raises ValueError when ``Hp % 16 != 0``, the work list does not match, or the
     workspace is too small.
@@ -130,10 +133,6 @@ def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: 
         PAGE_SIZE=kv_cache.shape[1], BLOCK_N=block_n, BLOCK_H=BLOCK_H, UPCAST=upcast,
         NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages,
     )
-    merge_partials_kernel[(batch, heads, D_NOPE // MERGE_BLOCK_DV)](
-        partial_out, partial_lse, out, work.req_slot_lo, work.req_slot_hi, 0,
-        partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
-        out.stride(0), out.stride(1), FROM_RANGES=True, BLOCK_S=MERGE_BLOCK_SLOTS,
-        BLOCK_DV=MERGE_BLOCK_DV, NUM_STAGES=MERGE_NUM_STAGES, num_warps=4,
-    )
+    launch_merge(partial_out, partial_lse, out, work.req_slot_lo, work.req_slot_hi, 0,
+                 from_ranges=True)
     return out

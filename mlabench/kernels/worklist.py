@@ -14,7 +14,7 @@ between intersects it, so every slot read was written.
 The builder uses only device-side torch ops with fixed output sizes (no ``.item()``, no host sync),
 so it can be captured in a CUDA graph together with the kernels and stays correct when lengths
 change.  The idea of one balanced token partition over a persistent grid follows FlashMLA's
-``get_mla_metadata`` and AITER's ``get_mla_metadata_v1`` (facts file §4, §5); the layout is ours.
+``get_mla_metadata`` and AITER's ``get_mla_metadata_v1``; the layout is ours.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from mlabench.backends.aiter_args import (
-    accepts_kwarg,
     aiter_asm_persistent,
     aiter_gluon_effective_splits,
     aiter_version_is_exact,
@@ -111,16 +110,3 @@ def test_persistent_batch_gate():
     assert aiter_asm_persistent("gfx942", "bfloat16", "bfloat16", 16, 1, batch=64, max_batch=32)
     assert aiter_asm_persistent("gfx950", "bfloat16", "bfloat16", 32, 1, batch=64, max_batch=32)
     assert aiter_asm_persistent("gfx950", "float16", "float16", 16, 1, batch=64, max_batch=32)
-
-
-def test_accepts_kwarg():
-    def f(a, b=1):
-        return a
-
-    def g(a, **kw):
-        return a
-
-    assert accepts_kwarg(f, "b") is True
-    assert accepts_kwarg(f, "c") is False
-    assert accepts_kwarg(g, "anything") is True
-    assert accepts_kwarg(len, "x") in (False, None)

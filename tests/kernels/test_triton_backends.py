@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from mlabench.backends import get_backend
-from mlabench.backends.triton import NO_GPU_REASON, _HeadPadder
+from mlabench.backends.triton import NO_GPU_REASON
 from mlabench.errors import ConfigError
-from mlabench.kernels.padding import pad_heads
 from tests.kernels.helpers import TOL, make_case, max_err
 
 
@@ -27,16 +26,6 @@ def test_available_only_when_interpreting_on_cpu(monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "0")
         assert get_backend(name).available() == (False, NO_GPU_REASON)
         monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-@pytest.mark.parametrize("heads,mode", [(12, "zero"), (12, "repeat"), (8, "repeat"), (20, "repeat")])
-def test_head_padder_matches_pad_heads(heads, mode):
-    q = torch.randn(3, heads, 576)
-    padder = _HeadPadder(q, -(-heads // 16) * 16, mode)
-    first = padder().clone()
-    q.mul_(2)  # the padder reads q anew on every call
-    assert torch.equal(padder(), pad_heads(q, -(-heads // 16) * 16, mode))
-    assert not torch.equal(first, padder())
 
 
 def test_splitkv_backend():

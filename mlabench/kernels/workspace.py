@@ -1,0 +1,30 @@
+"""Bytes of the split partials a split-KV or persistent MLA decode writes and reads back.
+
+Both kinds of kernel cut a request's context into pieces; each piece writes a partial output row of
+``v_head_dim`` values (fp32 in every kernel here, the output dtype in some libraries) plus one fp32
+log-sum-exp, and a merge step reads them all back.  That traffic comes on top of the latent cache
+read, and at short context it can exceed it: at 12 heads, 132 splits write about 6.5 MB of fp32
+partials, 5.5x the 1.2 MB of a 1K-token bf16 cache.
+
+No Triton here: the portable backends and the library adapters import this module too.
+"""
+
+from __future__ import annotations
+
+LSE_BYTES = 4  #: one fp32 log-sum-exp per partial row
+
+
+def split_workspace_bytes(rows: int, v_head_dim: int = 512, partial_elem_bytes: int = 4) -> int:
+    """Bytes written then read for ``rows`` partial rows: ``2 * rows * (v_head_dim * elem + 4)``.
+
+    Args:
+        rows: partial rows, i.e. slots x heads x query tokens (e.g. ``B * S * H`` for S splits).
+        v_head_dim: width of one partial output row (kv_lora_rank, 512).
+        partial_elem_bytes: bytes per partial output element (4 for fp32 partials).
+
+    Raises ValueError for negative ``rows`` or non-positive widths.
+    """
+    if rows < 0 or v_head_dim < 1 or partial_elem_bytes < 1:
+        raise ValueError(f"need rows >= 0 and positive widths, got {rows}, {v_head_dim}, "
+                         f"{partial_elem_bytes}")
+    return 2 * rows * (v_head_dim * partial_elem_bytes + LSE_BYTES)

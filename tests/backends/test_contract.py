@@ -1,0 +1,117 @@
+"""The backend contract, checked for every registered backend: the registry is the list.
+
+A backend added with ``@register`` is picked up here without editing this file.
+"""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+import pytest
+import torch
+
+from mlabench.backends import backend_names, get_backend
+from mlabench.backends.base import Backend, Family
+from mlabench.errors import ConfigError
+from mlabench.inputs import make_inputs
+from mlabench.kernels.reference import mla_decode_reference
+from mlabench.shapes import MLADecodeShape
+from mlabench.verdict import compare_outputs
+
+NAMES = backend_names()
+#: bf16, page size 64, 12 heads: a shape every built-in backend takes (FlashMLA needs page 64 and
+#: bf16/fp16, AITER bf16); lengths 1, a non-multiple and one past a multiple of the page size.
+TINY = MLADecodeShape.create(num_heads=12, context_lens=(1, 70, 129), page_size=64)
+#: Shapes some backends refuse: each refusal must say why.
+ODD_SHAPES = [
+    MLADecodeShape.create(num_heads=12, context_lens=(8,), page_size=16, q_dtype="float32",
+                          kv_dtype="float32"),
+    MLADecodeShape.create(num_heads=12, context_lens=(8,), kv_lora_rank=256),
+    MLADecodeShape.create(num_heads=256, context_lens=(8,), page_size=64),
+]
+
+
+def runnable(name: str) -> Backend:
+    """The backend, or a skip naming why it cannot run here."""
+    backend = get_backend(name)
+    ok, why = backend.available()
+    if not ok:
+        pytest.skip(f"{name} not available here: {why}")
+    return backend
+
+
+def param_variants(backend: Backend, shape: MLADecodeShape) -> list[dict[str, Any]]:
+    """The defaults, then one parameter at a time moved: every choice of a string parameter, the
+    lowest and a higher value of an integer one."""
+    defaults = backend.resolve_params(shape)
+    variants = [defaults]
+    for spec in backend.params:
+        if spec.kind is int:
+            values = [spec.low or 1, min(spec.high or 7, 7)]
+        else:
+            values = list(spec.choices)
+        variants += [{**defaults, spec.name: v} for v in values if v != defaults[spec.name]]
+    return variants
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_describes_itself(name):
+    backend = get_backend(name)
+    assert backend.name == name and backend.summary.strip()
+    assert backend.family in get_args(Family)
+    assert len(set(backend.param_names())) == len(backend.params)
+    for key, dists in backend.packages.items():
+        assert key and dists and all(isinstance(d, str) and d for d in dists)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_available_gives_a_reason_when_false(name):
+    ok, why = get_backend(name).available()
+    assert isinstance(ok, bool) and isinstance(why, str)
+    assert why == "" if ok else why.strip(), why
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_supports_gives_a_reason_when_false(name):
+    backend = get_backend(name)
+    assert backend.supports(TINY) == (True, "")
+    for shape in ODD_SHAPES:
+        ok, why = backend.supports(shape)
+        assert isinstance(ok, bool) and (why == "" if ok else why.strip())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_resolve_params_rejects_unknown_names(name):
+    backend = get_backend(name)
+    with pytest.raises(ConfigError, match="unknown parameter 'no_such_param'"):
+        backend.resolve_params(TINY, {"no_such_param": 1})
+    resolved = backend.resolve_params(TINY)
+    assert tuple(resolved) == backend.param_names()
+    for spec in backend.params:  # a default given is a valid value (None: the library chooses)
+        if resolved[spec.name] is not None:
+            assert spec.validate(resolved[spec.name]) == resolved[spec.name]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_prepare_poisons_the_output(name):
+    backend = runnable(name)
+    inputs = make_inputs(TINY, seed=1)
+    call = backend.prepare(inputs, backend.resolve_params(TINY))
+    assert call.out.shape == (TINY.batch, TINY.num_heads, TINY.v_head_dim)
+    assert torch.isnan(call.out).all()  # nothing ran yet: a row the call forgets stays NaN
+    assert call.fn() is call.out
+    assert torch.isfinite(call.out).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_matches_the_reference_on_this_machine(name):
+    """Every parameter moved once.  On the CPU: the portable backends, and the Triton kernels in
+    Triton's interpreter; on a GPU, every backend available there."""
+    backend = runnable(name)
+    inputs = make_inputs(TINY, seed=2)
+    ref, _ = mla_decode_reference(inputs.q, inputs.kv_cache, inputs.block_table,
+                                  inputs.cache_seqlens, TINY.scale)
+    for params in param_variants(backend, TINY):
+        out = backend.prepare(inputs, backend.resolve_params(TINY, params)).fn()
+        verdict = compare_outputs(out, ref)
+        assert verdict.passed, (params, verdict)
