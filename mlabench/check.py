@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from mlabench.backends import backend_names, get_backend
-from mlabench.errors import MlabenchError
+from mlabench.backends.base import param_grid
+from mlabench.backends.registry import select_backends
+from mlabench.errors import ConfigError, MlabenchError
 from mlabench.measure import ShapeBench, failed_record
 from mlabench.results import Record
-from mlabench.shapes import MLADecodeShape
-from mlabench.sweep import param_grid, select_backends
+from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.timing import TimingConfig
 
 #: Split counts checked by default: 1, a non-power of two, typical counts, and more splits than a
 #: short request has tokens.
 DEFAULT_CHECK_SPLITS = (1, 3, 16, 64, 256)
+#: Local heads checked when neither a model nor heads are named: Kimi K3's 96 heads at TP8, the
+#: head count the persistent kernels must pad to 16.
+DEFAULT_CHECK_HEADS = 12
 
 
 def default_check_shapes(num_heads: int, softmax_scale: float | None, page_size: int = 64,
@@ -25,6 +30,40 @@ def default_check_shapes(num_heads: int, softmax_scale: float | None, page_size:
               kv_dtype=dtype, **dims)
     return [MLADecodeShape.create(context_lens=(4096,), **kw),
             MLADecodeShape.create(context_lens=(1, 100, 1024, 4097), **kw)]
+
+
+def check_shapes(*, model: str | None = None, model_config: str | Path | None = None, tp: int | None = None,
+                 heads: Sequence[int] | None = None, context_lens: Sequence[int] | None = None,
+                 batch: Sequence[int] | None = None, page_size: int | None = None,
+                 dtype: str = "bfloat16") -> list[MLADecodeShape]:
+    """The shapes ``mlabench check`` runs, per local head count.
+
+    Heads come from the model (``model`` or ``model_config`` at ``tp``, default 1), else from
+    ``heads``, else :data:`DEFAULT_CHECK_HEADS`.  Without ``context_lens``:
+    :func:`default_check_shapes`.  With them and no ``batch``: one ragged batch, one request per
+    length.  With ``batch``: for each value, that many requests of the one length given.
+    ``page_size`` defaults to 64.  Raises :class:`ConfigError` for a batch <= 0 or a batch with
+    other than one length, and the errors of :func:`resolve_heads` and :class:`MLADecodeShape`
+    (unknown model, bad tp, heads or length <= 0).
+    """
+    if not heads and not (model or model_config):
+        heads = [DEFAULT_CHECK_HEADS]
+    if batch is not None and (any(b <= 0 for b in batch) or not context_lens or len(context_lens) != 1):
+        raise ConfigError("--batch takes a value > 0 and exactly one --context length "
+                          "(a ragged batch is --context L1,L2,... without --batch)")
+    tp = 1 if tp is None else tp
+    page_size = 64 if page_size is None else page_size
+    shapes: list[MLADecodeShape] = []
+    for wanted in heads or [None]:
+        h, scale, spec = resolve_heads(model=model, model_config=model_config, tp=tp, heads=wanted)
+        dims = {"kv_lora_rank": spec.kv_lora_rank, "qk_rope_head_dim": spec.qk_rope_head_dim} if spec else {}
+        if context_lens is None:
+            shapes += default_check_shapes(h, scale, page_size, dtype, **dims)
+            continue
+        ragged = [tuple(context_lens)] if batch is None else [tuple(context_lens) * b for b in batch]
+        shapes += [MLADecodeShape.create(num_heads=h, context_lens=lens, page_size=page_size, q_dtype=dtype,
+                                         kv_dtype=dtype, softmax_scale=scale, **dims) for lens in ragged]
+    return list(dict.fromkeys(shapes))
 
 
 def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None = None,
@@ -40,6 +79,7 @@ def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None =
         chosen = select_backends(list(backends), strict=True)
     else:  # every one, so that the table can say why some are not available here
         chosen = [b for b in map(get_backend, backend_names()) if not b.is_reference]
+    splits = list(dict.fromkeys(splits))
     availability = {b.name: b.available() for b in chosen}
     unavailable = {name: why for name, (ok, why) in availability.items() if not ok}
     records: list[Record] = []
@@ -60,3 +100,9 @@ def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None =
                 records.append(bench.run(b, params, copy_bw_tbps=None, run_id="check", atol=atol,
                                          rtol=rtol, time_it=False))
     return records, unavailable
+
+
+def check_failures(records: Sequence[Record]) -> list[Record]:
+    """The records that fail the check: a wrong answer (``incorrect``) or a call that raised
+    (``error``); ``unsupported`` shapes are not failures."""
+    return [r for r in records if r.status in ("incorrect", "error")]

@@ -1,7 +1,9 @@
-"""Reading configuration files with one-line errors (TOML files, pydantic validation)."""
+"""Where the shipped configuration lives, and reading configuration files with one-line errors
+(TOML files, pydantic validation)."""
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -9,6 +11,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from mlabench.errors import ConfigError
+
+
+def configs_dir() -> Path:
+    """Folder holding ``models/``, ``sweeps/`` and ``serve/``: ``$MLABENCH_CONFIGS`` or the repo's ``configs/``."""
+    env = os.environ.get("MLABENCH_CONFIGS")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "configs"
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:

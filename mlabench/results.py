@@ -1,11 +1,12 @@
-"""Result records, the append-only JSONL store, CSV export and the run manifest.
+"""Result records, the append-only JSONL store, reading run folders, CSV export and the run manifest.
 
 A run folder ``results/<run-id>/`` holds ``manifest.json`` (identity: device, driver, library
 versions, git revision, command line, measured copy bandwidth), ``results.jsonl`` (one
 :class:`Record` per line, appended and fsync'ed, never rewritten) and ``results.csv`` (regenerated
 from the JSONL).  Resuming refuses a folder whose identity differs from this process's, and skips
 points whose key is already recorded.  A last line cut short by an interrupted write is dropped on
-resume (the file is truncated back to its last complete line before appending).
+resume (the file is truncated back to its last complete line before appending).  Readers of
+recorded runs (``compare --from``, reports, tuning) use :func:`records_of`, not the sweep runner.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -123,7 +124,7 @@ def git_revision(repo: Path | None = None) -> tuple[str, bool]:
         rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
         # Only code that can change a measurement counts (not the serving driver).
-        paths = ["mlabench", ":!mlabench/serving", ":!mlabench/cli_serve.py"]
+        paths = ["mlabench", ":!mlabench/serving", ":!mlabench/cli/serve.py"]
         dirty = bool(subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", *paths],
                                     capture_output=True, text=True, timeout=10).stdout.strip())
         return rev, dirty
@@ -225,6 +226,41 @@ class ResultStore:
             writer.writerows(rows)
         tmp.replace(path)
         return path
+
+
+def run_folders(paths: Iterable[Path]) -> list[Path]:
+    """Run folders named, or found one level inside the folders named (e.g. ``results/h200/x``).
+
+    Raises :class:`ResultsError` for a path that holds no run.
+    """
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if (path / "results.jsonl").is_file():
+            found.append(path)
+            continue
+        inner = sorted(p.parent for p in path.glob("*/results.jsonl")) if path.is_dir() else []
+        if not inner:
+            raise ResultsError(f"{path}: no results.jsonl here or in its sub-folders")
+        found.extend(inner)
+    return found
+
+
+def records_of(runs: Iterable[Path]) -> list[Record]:
+    """Every record of the given run folders (read-only).
+
+    Runs recorded on different devices are refused (:class:`ResultsError`): their times do not
+    compare.
+    """
+    out: list[Record] = []
+    devices: dict[str, Path] = {}
+    for run in run_folders(runs):
+        store = ResultStore(run)
+        devices.setdefault(str(store.manifest().device.get("name")), run)
+        out.extend(store.records())
+    if len(devices) > 1:
+        raise ResultsError("runs from different devices do not compare: "
+                           + "; ".join(f"{d} ({p})" for d, p in devices.items()))
+    return out
 
 
 CSV_FIELDS = [

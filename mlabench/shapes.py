@@ -16,25 +16,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mlabench.configfile import read_toml, validation_line
+from mlabench.configfile import configs_dir, read_toml, validation_line
 from mlabench.errors import ConfigError, ShapeError, UnknownModelError
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 SUPPORTED_PAGE_SIZES = (1, 16, 64)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-
-
-def configs_dir() -> Path:
-    """Folder holding ``models/``, ``sweeps/`` and ``serve/``: ``$MLABENCH_CONFIGS`` or the repo's ``configs/``."""
-    env = os.environ.get("MLABENCH_CONFIGS")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "configs"
 
 
 class MLADecodeShape(BaseModel):

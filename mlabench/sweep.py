@@ -1,4 +1,4 @@
-"""Sweep configuration, grid expansion and resumable runs.
+"""Sweep configuration, grid expansion and the resumable runner (imported only by the CLI).
 
 A sweep is backends x batch x context lengths x heads, and per backend the product of its
 parameter axes (``num_kv_splits``, ``head_padding``, ...).  Everything is validated before a run
@@ -7,9 +7,8 @@ folder is created, so bad input leaves nothing half-written.
 
 from __future__ import annotations
 
-import itertools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,27 +16,19 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mlabench.backends import backend_names, get_backend
-from mlabench.backends.base import Backend
+from mlabench.backends.base import Backend, param_grid
+from mlabench.backends.registry import select_backends
+from mlabench.configfile import configs_dir, read_toml, validation_line
 from mlabench.device import DeviceInfo, current_device
-from mlabench.configfile import read_toml, validation_line
-from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, MlabenchError, ResultsError
+from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, MlabenchError
 from mlabench.inputs import check_fits
 from mlabench.measure import ShapeBench, failed_record
 from mlabench.observers import driver_version, gpu_state
 from mlabench.results import (Manifest, Record, ResultStore, command_line, git_revision, library_versions,
                               new_run_id, point_key, utc_now)
-from mlabench.shapes import MLADecodeShape, configs_dir, resolve_heads
+from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.timing import TimingConfig, measure_copy_bandwidth_tbps
-from mlabench.verdict import DEFAULT_ATOL, DEFAULT_RTOL
-
-
-class CheckConfig(BaseModel):
-    """Tolerances of the per-point correctness check (``[check]`` table)."""
-
-    model_config = ConfigDict(extra="forbid")
-    atol: float = Field(DEFAULT_ATOL, gt=0, description="Absolute tolerance.")
-    rtol: float = Field(DEFAULT_RTOL, ge=0, description="Relative tolerance.")
-
+from mlabench.verdict import CheckConfig
 
 class SweepConfig(BaseModel):
     """A sweep, as read from ``configs/sweeps/*.toml`` and/or flags."""
@@ -138,6 +129,49 @@ def default_sweep_config(device: DeviceInfo | None = None) -> SweepConfig:
                        timing=TimingConfig(budget_s=1.0, min_samples=5, warmup_iters=1, target_rel_ci=0.05))
 
 
+
+def sweep_overrides(*, model: str | None = None, tp: int | None = None, model_config: str | Path | None = None,
+                    heads: list[int] | None = None, backends: list[str] | None = None,
+                    batch: list[int] | None = None, context_lens: list[int] | None = None,
+                    splits: list[int] | None = None, page_size: int | None = None,
+                    budget_s: float | None = None) -> dict[str, Any]:
+    """Sweep fields changed by flags, in :class:`SweepConfig`'s layout; None where not given
+    (``splits`` is the ``num_kv_splits`` axis, ``budget_s`` the per-point timing budget, seconds)."""
+    return {
+        "model": model, "tp": tp, "model_config": str(model_config) if model_config else None,
+        "backends": backends or None, "heads": heads, "batch": batch, "context_lens": context_lens,
+        "page_size": page_size,
+        "params": {"num_kv_splits": splits} if splits else None,
+        "timing": {"budget_s": budget_s} if budget_s is not None else None,
+    }
+
+
+def resolve_sweep_config(config: str | Path | None, overrides: dict[str, Any],
+                         resume: Path | None = None) -> SweepConfig:
+    """The sweep to run: ``config``'s, or the default one, or a resumed run's own, changed by
+    ``overrides`` (:func:`sweep_overrides`).
+
+    Resume policy: resuming without ``config`` re-runs the configuration recorded in the run's
+    manifest (flags change it, and :func:`run_sweep` then refuses a configuration that differs
+    from the recorded one).  On the default sweep a heads axis without a model drops the model
+    (576**-0.5 scale), and any override renames the run ``sweep``.  Raises :class:`ConfigError` /
+    :class:`ResultsError` for a bad file, field or run folder.
+    """
+    given = any(v is not None for v in overrides.values())
+    if resume is not None and config is None:
+        recorded = SweepConfig.model_validate(ResultStore(resume).manifest().config)
+        if not given:
+            return recorded
+        return load_sweep_config(None, overrides, base=recorded.model_dump(mode="json", by_alias=True))
+    if config is not None:
+        return load_sweep_config(config, overrides)
+    base = default_sweep_config().model_dump(mode="json", by_alias=True)
+    if overrides.get("heads") and not (overrides.get("model") or overrides.get("model_config")):
+        base["model"] = None
+    if given:
+        base["name"] = "sweep"
+    return load_sweep_config(None, overrides, base=base)
+
 @dataclass(frozen=True)
 class Point:
     """One configuration to measure."""
@@ -149,58 +183,6 @@ class Point:
     @property
     def key(self) -> str:
         return point_key(self.backend, self.params, self.shape.key())
-
-
-def param_grid(backend: Backend, shape: MLADecodeShape, axes: dict[str, list[Any]],
-               all_choices: bool = False) -> list[dict[str, Any]]:
-    """Parameter dicts for ``backend``: the product of the axes it has (others at their default).
-
-    With ``all_choices`` a string parameter with no axis given takes every choice (used by
-    ``check``).  Values are validated (:class:`ConfigError` on a bad one) and de-duplicated.
-    """
-    lists = []
-    for spec in backend.params:
-        if spec.name in axes:
-            lists.append([spec.validate(v) for v in axes[spec.name]])
-        elif all_choices and spec.choices:
-            lists.append(list(spec.choices))
-        else:
-            lists.append([spec.default_for(shape)])
-    seen, out = set(), []
-    for combo in itertools.product(*lists):
-        params = dict(zip(backend.param_names(), combo))
-        marker = tuple(sorted(params.items(), key=lambda kv: kv[0]))
-        if marker not in seen:
-            seen.add(marker)
-            out.append(params)
-    return out
-
-
-def select_backends(names: list[str] | None, include_reference: bool = False, strict: bool = True,
-                    warn: Callable[[str], None] | None = None) -> list[Backend]:
-    """Backends named, or by default every available non-reference one native to the device found
-    (GPU kernels on a GPU; on a CPU the portable PyTorch ones, not GPU kernels in an interpreter).
-
-    Unknown names raise :class:`UnknownBackendError`.  A named backend that is unavailable raises
-    :class:`BackendUnavailableError` when ``strict`` (names from flags), else is left out with a
-    ``warn`` line (names from a shipped config that must run on any hardware).
-    """
-    device = current_device()
-    if names:
-        chosen = [get_backend(n) for n in names]  # unknown names raise here, before anything runs
-        keep = []
-        for b in chosen:
-            ok, why = b.available()
-            if ok:
-                keep.append(b)
-            elif strict:
-                raise BackendUnavailableError(f"backend {b.name} is not available here: {why}")
-            elif warn:
-                warn(f"skipping {b.name}: not available here ({why})")
-        return keep
-    return [b for b in map(get_backend, backend_names())
-            if b.available()[0] and (include_reference or not b.is_reference)
-            and b.gpu_kernel == device.is_gpu]
 
 
 def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
@@ -320,38 +302,3 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
                           f"continue with: mlabench sweep --resume {store.run_dir}") from None
     store.write_csv()
     return store, store.records()
-
-
-def run_folders(paths: Iterable[Path]) -> list[Path]:
-    """Run folders named, or found one level inside the folders named (e.g. ``results/h200/x``).
-
-    Raises :class:`ResultsError` for a path that holds no run.
-    """
-    found: list[Path] = []
-    for path in map(Path, paths):
-        if (path / "results.jsonl").is_file():
-            found.append(path)
-            continue
-        inner = sorted(p.parent for p in path.glob("*/results.jsonl")) if path.is_dir() else []
-        if not inner:
-            raise ResultsError(f"{path}: no results.jsonl here or in its sub-folders")
-        found.extend(inner)
-    return found
-
-
-def records_of(runs: Iterable[Path]) -> list[Record]:
-    """Every record of the given run folders (read-only).
-
-    Runs recorded on different devices are refused (:class:`ResultsError`): their times do not
-    compare.
-    """
-    out: list[Record] = []
-    devices: dict[str, Path] = {}
-    for run in run_folders(runs):
-        store = ResultStore(run)
-        devices.setdefault(str(store.manifest().device.get("name")), run)
-        out.extend(store.records())
-    if len(devices) > 1:
-        raise ResultsError("runs from different devices do not compare: "
-                           + "; ".join(f"{d} ({p})" for d, p in devices.items()))
-    return out

@@ -1,35 +1,32 @@
-"""Tables as data: pure functions from records to (columns, rows), and their renderers.
+"""Tables as data, and their one set of renderers: Rich, markdown, JSON and CSV.
 
-Numbers stay numbers until a renderer formats them, so the same table becomes a Rich table, a
-markdown table or JSON.
+Builders (here for records; :mod:`mlabench.serving.table` and :mod:`mlabench.serving.check` for
+serving) return a :class:`Table` whose rows hold raw values: numbers stay numbers until a renderer
+formats them.  JSON and CSV carry the raw values of the columns meant for machines; the Rich table
+and markdown show the text of the columns meant for people (:class:`ColumnStyle`).  Every ``--json``
+prints the same structure: a list of ``{"title", "columns", "rows": [{column: value}], "notes"}``.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from mlabench.results import Record
+if TYPE_CHECKING:  # records are only read here; importing results would load torch for the CLI
+    from mlabench.results import Record
 
-
-@dataclass
-class Table:
-    """A titled table: ``columns`` names, ``rows`` of raw values (None prints as an em dash)."""
-
-    title: str
-    columns: list[str]
-    rows: list[list[Any]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def as_dicts(self) -> list[dict[str, Any]]:
-        return [dict(zip(self.columns, r)) for r in self.rows]
+#: The output formats of every command (``--format``).
+FORMATS = ("table", "json", "markdown", "csv")
+Format = Literal["table", "json", "markdown", "csv"]
 
 
 def fmt(value: Any) -> str:
-    """Human formatting: floats to 3-4 significant digits, None to an em dash."""
+    """Human formatting: floats to 3-4 significant digits, None to an em dash, booleans yes/no."""
     if value is None:
         return "—"
     if isinstance(value, bool):
@@ -47,30 +44,125 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+@dataclass(frozen=True)
+class ColumnStyle:
+    """How one column renders.
+
+    ``text`` turns a raw value into what people read (default :func:`fmt`); ``header`` is the
+    heading people read (default: the column's name, which JSON and CSV use); ``show`` is ``all``,
+    ``human`` (Rich and markdown only) or ``machine`` (JSON and CSV only).
+    """
+
+    text: Callable[[Any], str] = fmt
+    header: str | None = None
+    justify: Literal["left", "right"] = "left"
+    no_wrap: bool = False
+    show: Literal["all", "human", "machine"] = "all"
+
+
+PLAIN = ColumnStyle()
+
+
+@dataclass
+class Table:
+    """A titled table: ``columns`` names, ``rows`` of raw values (None prints as an em dash).
+
+    ``styles`` maps a column name to its :class:`ColumnStyle` (default :data:`PLAIN`);
+    ``row_styles`` holds an optional Rich style per row (e.g. ``"red"`` for a failed one);
+    ``group_by`` names a column that the Rich table shows once per run of equal values, with a
+    line after each run.  An empty title is not printed.
+    """
+
+    title: str
+    columns: list[str]
+    rows: list[list[Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    styles: dict[str, ColumnStyle] = field(default_factory=dict)
+    row_styles: list[str | None] = field(default_factory=list)
+    group_by: str | None = None
+
+    def add_row(self, values: list[Any], style: str | None = None) -> None:
+        """Append a row (as many values as columns) with an optional Rich style."""
+        self.row_styles += [None] * (len(self.rows) - len(self.row_styles)) + [style]
+        self.rows.append(values)
+
+    def style(self, column: str) -> ColumnStyle:
+        return self.styles.get(column, PLAIN)
+
+    def shown(self, human: bool) -> list[int]:
+        """Indices of the columns people (``human``) or machines see."""
+        hidden = "machine" if human else "human"
+        return [i for i, c in enumerate(self.columns) if self.style(c).show != hidden]
+
+    def as_dicts(self) -> list[dict[str, Any]]:
+        """The rows as ``{column: raw value}`` over the machine columns."""
+        keep = self.shown(human=False)
+        return [{self.columns[i]: row[i] for i in keep} for row in self.rows]
+
+    def texts(self) -> tuple[list[str], list[list[str]]]:
+        """Headers and row texts of the human columns."""
+        keep = self.shown(human=True)
+        styles = [self.style(self.columns[i]) for i in keep]
+        headers = [s.header or self.columns[i] for s, i in zip(styles, keep)]
+        return headers, [[s.text(row[i]) for s, i in zip(styles, keep)] for row in self.rows]
+
+
 def to_markdown(table: Table) -> str:
-    """GitHub-flavoured markdown (title as a bold line, notes below)."""
-    lines = [f"**{table.title}**", "", "| " + " | ".join(table.columns) + " |",
-             "|" + "|".join("---" for _ in table.columns) + "|"]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in table.rows]
+    """GitHub-flavoured markdown (title as a bold line, notes as a list below)."""
+    headers, rows = table.texts()
+    lines = [f"**{table.title}**", ""] if table.title else []
+    lines += ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += [""] + [f"- {n}" for n in table.notes] if table.notes else []
     return "\n".join(lines) + "\n"
 
 
 def to_rich(table: Table) -> Any:
-    """A ``rich.table.Table``."""
+    """A ``rich.table.Table`` (notes as its caption)."""
     from rich.table import Table as RichTable
 
-    t = RichTable(title=table.title, caption="\n".join(table.notes) or None, caption_justify="left")
-    for c in table.columns:
-        t.add_column(c, overflow="fold")
-    for row in table.rows:
-        t.add_row(*(fmt(v) for v in row))
+    headers, rows = table.texts()
+    keep = table.shown(human=True)
+    t = RichTable(title=table.title or None, caption="\n".join(table.notes) or None, caption_justify="left")
+    for header, i in zip(headers, keep):
+        s = table.style(table.columns[i])
+        t.add_column(header, justify=s.justify, no_wrap=s.no_wrap, overflow="fold")
+    g = table.columns.index(table.group_by) if table.group_by else None
+    for n, (raw, row) in enumerate(zip(table.rows, rows)):
+        ends = g is not None and (n + 1 == len(rows) or table.rows[n + 1][g] != raw[g])
+        if g is not None and g in keep and n and table.rows[n - 1][g] == raw[g]:
+            row[keep.index(g)] = ""
+        t.add_row(*row, style=table.row_styles[n] if n < len(table.row_styles) else None, end_section=ends)
     return t
 
 
 def to_json(tables: Sequence[Table]) -> str:
-    return json.dumps([{"title": t.title, "columns": t.columns, "rows": t.as_dicts(), "notes": t.notes}
-                       for t in tables], indent=2, default=str)
+    """``[{"title", "columns", "rows": [{column: raw value}], "notes"}]`` over the machine columns."""
+    return json.dumps([{"title": t.title, "columns": [t.columns[i] for i in t.shown(human=False)],
+                        "rows": t.as_dicts(), "notes": t.notes} for t in tables], indent=2, default=str)
+
+
+def to_csv(table: Table) -> str:
+    """The machine columns as CSV: a header row, raw values (None empty, lists and dicts as JSON)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([table.columns[i] for i in table.shown(human=False)])
+    for row in table.as_dicts():
+        writer.writerow(["" if v is None else json.dumps(v) if isinstance(v, (list, dict)) else v
+                         for v in row.values()])
+    return buf.getvalue()
+
+
+def render(tables: Sequence[Table], format: Format) -> str:
+    """The text of ``tables`` in ``format`` (json, markdown or csv; several tables one after the
+    other).  The ``table`` format is Rich's: print :func:`to_rich` to a console instead."""
+    if format == "json":
+        return to_json(tables) + "\n"
+    if format == "markdown":
+        return "\n".join(to_markdown(t) for t in tables)
+    if format == "csv":
+        return "\n".join(to_csv(t) for t in tables)
+    raise ValueError(f"render: no text form for format {format!r}")
 
 
 # ---- sweep summary ----------------------------------------------------------------------------
@@ -121,8 +213,9 @@ def sweep_summary(records: Sequence[Record], fixed_splits: Sequence[int] = (1, 1
     return table
 
 
-def check_table(records: Sequence[Record]) -> Table:
-    """``backend | params | shape | max abs err | RMSE | cosine | finite | verdict``."""
+def check_table(records: Sequence[Record], unavailable: dict[str, str] | None = None) -> Table:
+    """``backend | params | shape | max abs err | RMSE | cosine | finite | verdict``, with a note
+    per backend of ``unavailable`` (``{name: why}``) saying why it is not available here."""
     t = Table("Correctness against the fp32 reference",
               ["backend", "params", "shape", "max abs err", "RMSE", "cosine", "finite", "verdict"])
     for r in records:
@@ -138,6 +231,7 @@ def check_table(records: Sequence[Record]) -> Table:
     if records and records[0].verdict:
         t.notes.append(f"atol={records[0].verdict.atol:g} rtol={records[0].verdict.rtol:g}; "
                        "outputs poisoned with NaN before every run")
+    t.notes += [f"not available here: {n} ({why})" for n, why in (unavailable or {}).items()]
     return t
 
 

@@ -1,12 +1,36 @@
-"""Correctness verdict of one backend output against the fp32 reference."""
+"""Correctness verdict of one backend output against the fp32 reference, and its tolerances."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from mlabench.errors import ConfigError
+
 DEFAULT_ATOL = 1e-2
 DEFAULT_RTOL = 1e-2
+
+
+class CheckConfig(BaseModel):
+    """Tolerances of the correctness check (a sweep's ``[check]`` table, or ``check``'s flags):
+    an output passes when ``|out - ref| <= atol + rtol * |ref|`` everywhere."""
+
+    model_config = ConfigDict(extra="forbid")
+    atol: float = Field(DEFAULT_ATOL, gt=0, description="Absolute tolerance.")
+    rtol: float = Field(DEFAULT_RTOL, ge=0, description="Relative tolerance.")
+
+
+def check_config(atol: float, rtol: float) -> CheckConfig:
+    """Tolerances given as flags, checked: ``atol`` finite and > 0, ``rtol`` finite and >= 0.
+
+    Raises :class:`ConfigError` naming the flag (``--atol`` / ``--rtol``) and the bad value.
+    """
+    for flag, tol, positive in (("--atol", atol, True), ("--rtol", rtol, False)):
+        if not math.isfinite(tol) or tol < 0 or (positive and tol == 0):
+            raise ConfigError(f"{flag} must be a finite number {'> 0' if positive else '>= 0'}, got {tol}")
+    return CheckConfig(atol=atol, rtol=rtol)
 
 
 class Verdict(BaseModel):

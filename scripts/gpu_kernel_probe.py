@@ -10,7 +10,7 @@ Run on one GPU (written for an H200: 132 SMs, 60 MiB L2), well under 5 minutes::
     ragged B=4 batch, for every launch variant; max abs error, pass at atol = rtol = 1e-2.
 (b) Timing: CUDA graph replay over N input copies whose bytes exceed 2x L2 (cold L2), N calls
     captured in one graph, replays timed with CUDA events, time / N, median of ``--replays``.
-    Floor = B * L * 576 * 2 bytes / 4.3 TB/s (facts file §2).  Variants are
+    Floor = B * L * 576 * 2 bytes / 4.3 TB/s (about an H200's copy bandwidth).  Variants are
     ``block_n,num_warps,num_stages`` triples; a variant that fails to compile or run is recorded
     as an error row.  Results go to ``$OUT/kernel_probe.json`` when ``$OUT`` is set.
 """

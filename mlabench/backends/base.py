@@ -8,6 +8,7 @@ zero-argument callable for ``(inputs, params)`` (:meth:`Backend.prepare`).  Setu
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -126,3 +127,28 @@ class Backend(ABC):
             raise ConfigError(f"{self.name}: unknown parameter {unknown[0]!r} (known: {known})")
         return {p.name: p.validate(params[p.name]) if p.name in params else p.default_for(shape)
                 for p in self.params}
+
+
+def param_grid(backend: Backend, shape: MLADecodeShape, axes: dict[str, list[Any]],
+               all_choices: bool = False) -> list[dict[str, Any]]:
+    """Parameter dicts for ``backend``: the product of the axes it has (others at their default).
+
+    With ``all_choices`` a string parameter with no axis given takes every choice (used by
+    ``check``).  Values are validated (:class:`ConfigError` on a bad one) and de-duplicated.
+    """
+    lists = []
+    for spec in backend.params:
+        if spec.name in axes:
+            lists.append([spec.validate(v) for v in axes[spec.name]])
+        elif all_choices and spec.choices:
+            lists.append(list(spec.choices))
+        else:
+            lists.append([spec.default_for(shape)])
+    seen, out = set(), []
+    for combo in itertools.product(*lists):
+        params = dict(zip(backend.param_names(), combo))
+        marker = tuple(sorted(params.items(), key=lambda kv: kv[0]))
+        if marker not in seen:
+            seen.add(marker)
+            out.append(params)
+    return out

@@ -6,10 +6,12 @@ listing the known ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import get_args
 
 from mlabench.backends.base import Backend, Family
-from mlabench.errors import UnknownBackendError
+from mlabench.device import current_device
+from mlabench.errors import BackendUnavailableError, UnknownBackendError
 
 _REGISTRY: dict[str, type[Backend]] = {}
 _INSTANCES: dict[str, Backend] = {}
@@ -58,3 +60,30 @@ def backend_packages() -> dict[str, tuple[str, ...]]:
 def _load_builtin() -> None:
     # Importing the package registers the built-in backends (each module decorates its classes).
     import mlabench.backends  # noqa: F401
+
+
+def select_backends(names: list[str] | None, include_reference: bool = False, strict: bool = True,
+                    warn: Callable[[str], None] | None = None) -> list[Backend]:
+    """Backends named, or by default every available non-reference one native to the device found
+    (GPU kernels on a GPU; on a CPU the portable PyTorch ones, not GPU kernels in an interpreter).
+
+    Unknown names raise :class:`UnknownBackendError`.  A named backend that is unavailable raises
+    :class:`BackendUnavailableError` when ``strict`` (names from flags), else is left out with a
+    ``warn`` line (names from a shipped config that must run on any hardware).
+    """
+    device = current_device()
+    if names:
+        chosen = [get_backend(n) for n in names]  # unknown names raise here, before anything runs
+        keep = []
+        for b in chosen:
+            ok, why = b.available()
+            if ok:
+                keep.append(b)
+            elif strict:
+                raise BackendUnavailableError(f"backend {b.name} is not available here: {why}")
+            elif warn:
+                warn(f"skipping {b.name}: not available here ({why})")
+        return keep
+    return [b for b in map(get_backend, backend_names())
+            if b.available()[0] and (include_reference or not b.is_reference)
+            and b.gpu_kernel == device.is_gpu]

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mlabench.errors import ConfigError, ServerError
 from mlabench.serving.config import CheckParams, prompt_text
+from mlabench.tables import ColumnStyle, Table
 
 Verdict = Literal["match", "near_tie_divergence", "mismatch", "invalid"]
 
@@ -64,6 +65,31 @@ class CheckReport(BaseModel):
     matched_prefix: int = Field(..., description="Tokens equal before the first divergence.")
     problems: list[str] = Field(default_factory=list, description="Why the verdict is not match.")
 
+
+_MACHINE = ColumnStyle(show="machine")
+_REPORT_STYLES = {
+    "verdict": ColumnStyle(no_wrap=True), "tokens": ColumnStyle(justify="right", show="human"),
+    "n_tokens": _MACHINE, "expected_tokens": _MACHINE, "all_finite": ColumnStyle(header="finite"),
+    "matched_prefix": ColumnStyle(header="matched", justify="right"), "first_divergence": _MACHINE,
+    "fixture_got": ColumnStyle(header="fixture/got", justify="right", show="human"),
+    "expected_token": _MACHINE, "got_token": _MACHINE,
+    "top2_gap": ColumnStyle(header="top-2 gap", justify="right"), "tie_threshold": _MACHINE,
+}
+
+
+def report_table(report: CheckReport) -> Table:
+    """The report as a one-row :class:`~mlabench.tables.Table`: JSON and CSV carry every field but
+    ``problems`` under its own name; people see the verdict, tokens returned of N, finite logprobs,
+    the matched prefix, fixture and returned token at the divergence and the top-2 gap (nats).
+    The problems are notes; the row is green (match), yellow (near tie) or red."""
+    values = report.model_dump(exclude={"problems"})
+    values["tokens"] = f"{report.n_tokens}/{report.expected_tokens}"
+    values["fixture_got"] = (None if report.first_divergence is None
+                             else f"{report.expected_token}/{report.got_token}")
+    t = Table("Greedy output check", list(_REPORT_STYLES), notes=list(report.problems), styles=_REPORT_STYLES)
+    t.add_row([values[c] for c in t.columns],
+              style={"match": "green", "near_tie_divergence": "yellow"}.get(report.verdict, "red"))
+    return t
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
@@ -184,3 +210,8 @@ def load_fixture(path: Path) -> GreedyOutput:
         raise ConfigError(f"fixture not found: {path} (record one with --save-fixture)") from None
     except (OSError, ValidationError, ValueError) as exc:
         raise ConfigError(f"bad fixture {path}: {str(exc).splitlines()[0]}") from None
+
+
+def passes(report: CheckReport, strict: bool = False) -> bool:
+    """Whether the check passed: a match, or a near-tie divergence unless ``strict``."""
+    return report.verdict == "match" or (report.verdict == "near_tie_divergence" and not strict)

@@ -8,6 +8,7 @@ request rate inf, ignore-eos, ``/v1/completions``, backend ``vllm``).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
@@ -210,6 +211,18 @@ def _apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, An
     return data
 
 
+def bench_overrides(sets: list[str], concurrencies: list[int] | None = None,
+                    repeats: int | None = None) -> list[str]:
+    """``--set`` strings, then ``--concurrency`` / ``--repeats`` as the same ``key=value`` strings
+    (they replace the config's ``concurrencies`` and ``repeats``)."""
+    out = list(sets)
+    if concurrencies:
+        out.append(f"concurrencies={json.dumps(concurrencies)}")
+    if repeats is not None:
+        out.append(f"repeats={repeats}")
+    return out
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ServeConfig:
     """Read and validate a serve config TOML; raises :class:`ConfigError` with one clear line.
 
@@ -230,3 +243,13 @@ def config_from_url(base_url: str, model: str | None = None, **kwargs: Any) -> S
     return ServeConfig(
         model=model, baseline="server", variants=[Variant(name="server", base_url=base_url)], **kwargs
     )
+
+
+def with_check_options(params: CheckParams, **options: Any) -> CheckParams:
+    """``params`` with the options given (None values ignored, e.g. ``max_tokens``, ``prompt``,
+    ``tie_threshold``), validated again; :class:`ConfigError` names a bad one."""
+    update = {k: v for k, v in options.items() if v is not None}
+    try:
+        return CheckParams.model_validate({**params.model_dump(), **update})
+    except ValidationError as exc:
+        raise ConfigError(f"bad check option: {str(exc).splitlines()[-1]}") from None

@@ -1,4 +1,4 @@
-"""The TPOT table: rows are concurrencies, per variant TPOT and speedup against the baseline.
+"""The TPOT table: per concurrency and variant, TPOT and speedup against the baseline.
 
 Repeats of one (variant, concurrency) are combined by the mean of their per-run statistics (each
 run has the same request count). Failures are never averaged away: completed/failed are summed
@@ -6,17 +6,22 @@ over repeats, a cell takes its worst repeat's status, and any cell that is not `
 table not ok (the CLI then exits non-zero).
 
 Speedup = baseline TPOT / variant TPOT (same statistic, same concurrency): above 1 is faster.
+
+:class:`ServeTable` is the data; :func:`tpot_table` and :func:`tpot_markdown_table` lay it out as
+:class:`mlabench.tables.Table` for the one set of renderers (:func:`view` picks the layout).
 """
 
 from __future__ import annotations
 
-import json
+from pathlib import Path
 from statistics import fmean
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mlabench.serving.config import ServeConfig
 from mlabench.serving.results import BenchResult, Status
+from mlabench.tables import ColumnStyle, Table, to_json, to_markdown
 
 Stat = Literal["mean", "median", "p99"]
 _SEVERITY = {"ok": 0, "failed_requests": 1, "error": 2, "missing": 3}
@@ -111,6 +116,11 @@ def build_table(
     return ServeTable(baseline=baseline, stat=stat, variants=variants, rows=rows)
 
 
+def table_of(config: ServeConfig, results: list[BenchResult], stat: Stat = "mean") -> ServeTable:
+    """The table of a serve config's variants (in config order) and concurrencies from ``results``."""
+    return build_table(results, [v.name for v in config.variants], config.concurrencies, config.baseline, stat)
+
+
 def _f(value: float | None, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
@@ -147,18 +157,60 @@ def body(table: ServeTable) -> list[list[str]]:
             for r in table.rows]
 
 
-def to_markdown(table: ServeTable) -> str:
-    """GitHub markdown of the table, with a line listing failures under it."""
-    head = headers(table)
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(row) + " |" for row in body(table)]
-    problems = [f"- c={r.concurrency} {c.variant}: {c.status}; {'; '.join(c.errors)}"
-                for r in table.rows for c in r.cells if c.status != "ok"]
-    if problems:
-        lines += ["", "Failures:", *problems]
-    return "\n".join(lines) + "\n"
+def failures(table: ServeTable) -> list[str]:
+    """One line per cell that is not ok: concurrency, variant, status and the repeats' errors."""
+    return [f"c={r.concurrency} {c.variant}: {c.status}; {'; '.join(c.errors)}"
+            for r in table.rows for c in r.cells if c.status != "ok"]
 
 
-def to_json(table: ServeTable) -> str:
-    """JSON of the table (``ok`` included)."""
-    return json.dumps({**table.model_dump(mode="json"), "ok": table.ok}, indent=2) + "\n"
+def tpot_markdown_table(table: ServeTable) -> Table:
+    """Variants side by side, as in docs/serving.md: one row per concurrency, per variant the
+    printed cell texts (:func:`cell_texts`); failures listed under it."""
+    return Table("", headers(table), body(table), failures(table))
+
+
+_DATA = ColumnStyle(show="machine")
+
+
+def tpot_table(table: ServeTable) -> Table:
+    """One row per concurrency and variant (the terminal layout: fits 80 columns).
+
+    People see the ``--stat`` TPOT, speedup, TTFT, ITL, output throughput and completed/failed
+    requests; JSON and CSV carry every :class:`Cell` field (mean, median and p99 TPOT, request
+    counts, status, errors) under its own name, beside ``concurrency``.
+    """
+    stat_col = f"tpot_{table.stat}_ms"
+    tpot = {f"tpot_{s}_ms": ColumnStyle(text=_f, header=f"TPOT {s} ms", justify="right",
+                                        show="all" if f"tpot_{s}_ms" == stat_col else "machine")
+            for s in ("mean", "median", "p99")}
+    styles = {
+        "concurrency": ColumnStyle(header="conc", justify="right"), "variant": ColumnStyle(), **tpot,
+        "speedup": ColumnStyle(text=lambda v: "—" if v is None else f"{v:.2f}x", justify="right", no_wrap=True),
+        "ttft_mean_ms": ColumnStyle(text=_f, header="TTFT mean ms", justify="right"),
+        "itl_mean_ms": ColumnStyle(text=_f, header="ITL mean ms", justify="right"),
+        "output_throughput_tok_s": ColumnStyle(text=lambda v: _f(v, 1), header="out tok/s", justify="right"),
+        "done_failed": ColumnStyle(header="done/failed", justify="right", no_wrap=True, show="human"),
+        "status": _DATA, "repeats": _DATA, "completed": _DATA, "failed": _DATA, "errors": _DATA,
+    }
+    out = Table(f"TPOT by concurrency (speedup vs {table.baseline}, {table.stat} TPOT)", list(styles),
+                notes=failures(table), styles=styles, group_by="concurrency")
+    for row in table.rows:
+        for c in row.cells:
+            done = f"{c.completed}/{c.failed}" + ("" if c.status == "ok" else f" {c.status.upper()}")
+            values = {**c.model_dump(), "concurrency": row.concurrency, "done_failed": done}
+            out.add_row([values[name] for name in out.columns], style=None if c.status == "ok" else "red")
+    return out
+
+
+def view(table: ServeTable, format: str) -> Table:
+    """The layout for an output format: markdown keeps variants side by side
+    (:func:`tpot_markdown_table`); the terminal table, JSON and CSV have a row per concurrency and
+    variant (:func:`tpot_table`)."""
+    return tpot_markdown_table(table) if format == "markdown" else tpot_table(table)
+
+
+def write_table_files(table: ServeTable, run_dir: Path) -> None:
+    """Save ``table.md`` (:func:`tpot_markdown_table`) and ``table.json`` (:func:`tpot_table`, as
+    ``--json`` prints it) in the run folder."""
+    (run_dir / "table.md").write_text(to_markdown(tpot_markdown_table(table)))
+    (run_dir / "table.json").write_text(to_json([tpot_table(table)]) + "\n")

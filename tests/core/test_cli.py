@@ -24,7 +24,7 @@ def run(args, monkeypatch, capsys):
 def test_backends_lists_every_backend_with_a_reason():
     result = CliRunner().invoke(cli.app, ["backends", "--json"])
     assert result.exit_code == 0
-    rows = {r["backend"]: r for r in json.loads(result.stdout)}
+    rows = {r["backend"]: r for r in json.loads(result.stdout)[0]["rows"]}  # the one --json structure
     assert {"reference", "torch-splitkv", "triton-splitkv", "triton-persistent", "flashmla",
             "aiter-asm", "aiter-gluon"} <= set(rows)
     assert rows["reference"]["available"] is True
@@ -232,3 +232,34 @@ def test_ctrl_c_says_how_to_resume(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(measure.ShapeBench, "run", real)
     code, _, err = run(["sweep", "--resume", str(run_dir)], monkeypatch, capsys)
     assert code == 0 and "1 of 2 points already recorded" in err
+
+
+def test_every_command_takes_format_and_the_same_json_structure(monkeypatch, capsys):
+    code, out, err = run(["backends", "--format", "csv"], monkeypatch, capsys)
+    assert code == 0 and out.startswith("backend,family,available,reason / parameters,summary\n"), err
+    code, out, err = run(["check", "--heads", "12", "--backend", "torch-splitkv", "--splits", "2",
+                          "--context", "40", "--format", "json"], monkeypatch, capsys)
+    assert code == 0, err
+    (table,) = json.loads(out)
+    assert set(table) == {"title", "columns", "rows", "notes"} and table["rows"][0]["verdict"] == "pass"
+    code, _, err = run(["check", "--heads", "12", "--format", "csv", "--markdown"], monkeypatch, capsys)
+    assert code == 2 and "contradicts --markdown" in err
+
+
+def test_importing_the_cli_loads_neither_optuna_nor_matplotlib():
+    import subprocess
+
+    code = ("import sys, mlabench.cli; loaded = {'optuna', 'matplotlib'} & set(sys.modules); "
+            "assert not loaded, loaded")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_optuna_and_matplotlib_come_through_extras(monkeypatch):
+    from mlabench import extras
+    from mlabench.errors import DependencyError
+
+    assert extras.optuna().__name__ == "optuna" and extras.pyplot().__name__ == "matplotlib.pyplot"
+    monkeypatch.setitem(sys.modules, "no_such_dep_for_mlabench", None)
+    with pytest.raises(DependencyError, match="no_such_dep_for_mlabench not installed"):
+        extras.require("no_such_dep_for_mlabench")

@@ -67,3 +67,19 @@ def test_corrupt_middle_line_is_an_error(tmp_path):
 def test_records_forbid_unknown_fields():
     with pytest.raises(Exception):
         Record.model_validate({**record(1).model_dump(), "surprise": 1})
+
+
+def test_run_folders_and_records_of(tmp_path):
+    from mlabench.results import records_of, run_folders
+
+    for name in ("r1", "r2"):
+        ResultStore.create(tmp_path / "parent" / name, manifest(name)).append(record(int(name[1])))
+    runs = run_folders([tmp_path / "parent"])
+    assert [p.name for p in runs] == ["r1", "r2"] and run_folders([runs[0]]) == [runs[0]]
+    assert [r.context_len for r in records_of([tmp_path / "parent"])] == [1, 2]
+    with pytest.raises(ResultsError, match="no results.jsonl"):
+        run_folders([tmp_path / "nowhere"])
+    other = manifest("r3").model_copy(update={"device": {"name": "NVIDIA H200"}})
+    ResultStore.create(tmp_path / "r3", other).append(record(3))
+    with pytest.raises(ResultsError, match="different devices"):
+        records_of([tmp_path / "parent", tmp_path / "r3"])

@@ -3,8 +3,9 @@ import pytest
 from mlabench.backends import get_backend
 from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, UnknownBackendError
 from mlabench.results import ResultStore
-from mlabench.sweep import (SweepConfig, default_sweep_config, expand, load_sweep_config, param_grid,
-                            run_sweep, select_backends)
+from mlabench.backends.base import param_grid
+from mlabench.backends.registry import select_backends
+from mlabench.sweep import SweepConfig, default_sweep_config, expand, load_sweep_config, run_sweep
 from mlabench.timing import TimingConfig
 
 FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
@@ -59,10 +60,10 @@ def test_backend_selection():
 
 
 def test_default_backends_on_a_gpu_are_the_gpu_kernels(monkeypatch):
-    from mlabench import sweep
+    from mlabench.backends import registry
     from mlabench.device import DeviceInfo
 
-    monkeypatch.setattr(sweep, "current_device", lambda: DeviceInfo("cuda", "cuda", "H200", 132, 1, "sm_90", 1))
+    monkeypatch.setattr(registry, "current_device", lambda: DeviceInfo("cuda", "cuda", "H200", 132, 1, "sm_90", 1))
     names = [b.name for b in select_backends(None)]  # triton backends are available: TRITON_INTERPRET=1
     assert "triton-splitkv" in names and "triton-persistent" in names
     assert "torch-splitkv" not in names and "reference" not in names
@@ -196,3 +197,36 @@ def test_inputs_that_fail_to_allocate_become_error_rows(tmp_path, monkeypatch):
     _, recs = run_sweep(small_config(batch=[1], context_lens=[16]), tmp_path)
     assert len(recs) == 2 and {r.status for r in recs} == {"error"}
     assert all("can't allocate memory" in r.message for r in recs)
+
+
+def test_flags_become_overrides_in_the_config_layout():
+    from mlabench.sweep import sweep_overrides
+
+    o = sweep_overrides(heads=[8], splits=[1, 2], budget_s=0.5, model_config="m/config.json")
+    assert o["params"] == {"num_kv_splits": [1, 2]} and o["timing"] == {"budget_s": 0.5}
+    assert o["model_config"] == "m/config.json" and o["heads"] == [8] and o["batch"] is None
+    assert all(v is None for v in sweep_overrides().values())
+
+
+def test_resolve_the_default_sweep_changed_by_flags():
+    from mlabench.sweep import resolve_sweep_config, sweep_overrides
+
+    assert resolve_sweep_config(None, sweep_overrides()) == default_sweep_config()
+    changed = resolve_sweep_config(None, sweep_overrides(context_lens=[48]))
+    assert changed.name == "sweep" and changed.model == "kimi-k3" and changed.context_lens == [48]
+    heads_only = resolve_sweep_config(None, sweep_overrides(heads=[8, 16]))
+    assert heads_only.model is None and heads_only.heads == [8, 16]  # a heads axis drops the model
+    shipped = resolve_sweep_config("kimi-k3-tp8", sweep_overrides(batch=[4]))
+    assert shipped.name == "kimi-k3-tp8" and shipped.batch == [4]
+
+
+def test_resume_policy_reruns_the_recorded_configuration(tmp_path):
+    from mlabench.sweep import resolve_sweep_config, sweep_overrides
+
+    cfg = small_config(batch=[1], context_lens=[16])
+    store, _ = run_sweep(cfg, tmp_path)
+    assert resolve_sweep_config(None, sweep_overrides(), resume=store.run_dir) == cfg
+    flagged = resolve_sweep_config(None, sweep_overrides(page_size=64), resume=store.run_dir)
+    assert flagged.page_size == 64 and flagged.name == cfg.name  # run_sweep then refuses it
+    with pytest.raises(ConfigError, match="another sweep configuration"):
+        run_sweep(flagged, tmp_path, resume=store.run_dir)

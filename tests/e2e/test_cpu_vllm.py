@@ -12,7 +12,7 @@ from .conftest import REPO, free_port
 
 pytestmark = pytest.mark.e2e
 
-# keys that vLLM 0.32.0's saved result must carry for the parser (facts file §6)
+# keys that vLLM 0.32.0's saved result (--save-result) must carry for the parser
 REQUIRED_KEYS = {"completed", "failed", "num_prompts", "max_concurrency", "duration",
                  "output_throughput", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
                  "mean_ttft_ms", "mean_itl_ms", "variant", "concurrency", "repeat"}
@@ -21,6 +21,13 @@ REQUIRED_KEYS = {"completed", "failed", "num_prompts", "max_concurrency", "durat
 def cli(*args, env, timeout=900):
     return subprocess.run([sys.executable, "-c", "from mlabench.cli import main; main()", *args],
                           env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def report(r):
+    """The greedy check report row of ``serve-check --json``."""
+    (table,) = json.loads(r.stdout)
+    (row,) = table["rows"]
+    return row
 
 
 def test_serve_bench_running_and_launched(cpu_server, tmp_path):
@@ -33,15 +40,15 @@ def test_serve_bench_running_and_launched(cpu_server, tmp_path):
     cfg.write_text(text.replace("8765", running_port).replace("8766", launched_port))
     r = cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"), "--json", env=env)
     assert r.returncode == 0, r.stderr[-4000:]
-    table = json.loads(r.stdout)
-    assert table["ok"] is True
-    assert [row["concurrency"] for row in table["rows"]] == [1, 16]
-    for row in table["rows"]:
-        for cell in row["cells"]:
-            assert (cell["completed"], cell["failed"], cell["status"]) == (16, 0, "ok"), cell
-            assert 0 < cell["tpot_mean_ms"] < 5000 and cell["tpot_p99_ms"] >= cell["tpot_median_ms"]
-            assert cell["speedup"] > 0
-    assert table["rows"][0]["cells"][0]["speedup"] == pytest.approx(1.0)
+    (table,) = json.loads(r.stdout)  # one row per concurrency and variant
+    rows = table["rows"]
+    assert [(row["concurrency"], row["variant"]) for row in rows] == [
+        (1, "running"), (1, "launched"), (16, "running"), (16, "launched")]
+    for cell in rows:
+        assert (cell["completed"], cell["failed"], cell["status"]) == (16, 0, "ok"), cell
+        assert 0 < cell["tpot_mean_ms"] < 5000 and cell["tpot_p99_ms"] >= cell["tpot_median_ms"]
+        assert cell["speedup"] > 0
+    assert rows[0]["speedup"] == pytest.approx(1.0)
     run = next((tmp_path / "res").iterdir())
     for variant in ("running", "launched"):
         for conc in (1, 16):
@@ -65,7 +72,7 @@ def test_serve_check_fixture_and_divergence(cpu_server, tmp_path):
     assert len(saved["token_ids"]) == 32 and len(saved["top_logprobs"]) == 32
     r = cli("serve-check", "--base-url", base_url, "--fixture", str(fx), "-n", "32", "--json",
             env=env, timeout=300)
-    rep = json.loads(r.stdout)
+    rep = report(r)
     assert r.returncode == 0 and rep["verdict"] == "match" and rep["all_finite"], rep
     assert rep["n_tokens"] == 32
     # a fixture that differs at position 5 must be reported there; with dummy weights every
@@ -75,7 +82,7 @@ def test_serve_check_fixture_and_divergence(cpu_server, tmp_path):
     bad.write_text(json.dumps(saved))
     r = cli("serve-check", "--base-url", base_url, "--fixture", str(bad), "-n", "32", "--json",
             env=env, timeout=300)
-    rep = json.loads(r.stdout)
+    rep = report(r)
     assert rep["first_divergence"] == 5 and rep["matched_prefix"] == 5
     assert rep["verdict"] == "near_tie_divergence" and rep["top2_gap"] < 0.05
     r = cli("serve-check", "--base-url", base_url, "--fixture", str(bad), "-n", "32", "--strict",

@@ -21,6 +21,13 @@ def run_cli(*args, env=None, cwd=None):
                           env=e, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
+def report(r):
+    """The greedy check report row of ``serve-check --json``."""
+    (table,) = json.loads(r.stdout)
+    (row,) = table["rows"]
+    return row
+
+
 def two_variant_config(tmp_path, fake_vllm, port_a, port_b, extra=""):
     cfg = tmp_path / "cfg.toml"
     cfg.write_text(
@@ -39,11 +46,14 @@ def test_serve_bench_table_speedup_and_files(tmp_path, fake_vllm):
     r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"), "--json",
                 env={"FAKE_TPOT_MS_BASE": "40", "FAKE_TPOT_MS_FAST": "10"})
     assert r.returncode == 0, r.stderr
-    t = json.loads(r.stdout)
-    assert t["ok"] and [row["concurrency"] for row in t["rows"]] == [1, 16]
-    base1, fast1 = t["rows"][0]["cells"]
+    (t,) = json.loads(r.stdout)  # one table, one row per concurrency and variant
+    rows = t["rows"]
+    assert all(row["status"] == "ok" for row in rows)
+    assert [(row["concurrency"], row["variant"]) for row in rows] == [(1, "base"), (1, "fast"), (16, "base"),
+                                                                      (16, "fast")]
+    base1, fast1 = rows[0], rows[1]
     assert base1["tpot_mean_ms"] == pytest.approx(40.0) and fast1["speedup"] == pytest.approx(4.0)
-    assert t["rows"][1]["cells"][0]["tpot_mean_ms"] == pytest.approx(40 * 1.75)
+    assert rows[2]["tpot_mean_ms"] == pytest.approx(40 * 1.75)
     assert fast1["completed"] == 6 and fast1["repeats"] == 2
     run = next((tmp_path / "res").iterdir())
     names = {p.name for p in run.iterdir()}
@@ -54,6 +64,7 @@ def test_serve_bench_table_speedup_and_files(tmp_path, fake_vllm):
         assert f"server-{v}.log" in names
     assert {"manifest.json", "commands.txt", "results.jsonl", "table.md", "table.json"} <= names
     assert len((run / "results.jsonl").read_text().splitlines()) == 8
+    assert json.loads((run / "table.json").read_text()) == [t]
     again = run_cli("serve-bench", "--from-run", str(run), "--markdown")
     assert again.returncode == 0 and "4.00x" in again.stdout
 
@@ -117,10 +128,10 @@ def test_serve_check_fixture_match_tie_mismatch(tmp_path, server_factory):
     assert r.returncode == 0, r.stderr
     assert json.loads(Path(fx).read_text())["token_ids"] == [5, 6, 7, 5, 6, 7, 5, 6]
     r = run_cli("serve-check", "--base-url", ok_url, "--fixture", fx, "-n", "8", "--json")
-    assert r.returncode == 0 and json.loads(r.stdout)["verdict"] == "match"
+    assert r.returncode == 0 and report(r)["verdict"] == "match"
     r = run_cli("serve-check", "--base-url", server_factory("tie"), "--fixture", fx, "-n", "8",
                 "--json")
-    rep = json.loads(r.stdout)
+    rep = report(r)
     assert r.returncode == 0 and rep["verdict"] == "near_tie_divergence"
     assert rep["first_divergence"] == 2 and rep["got_token"] == 99
     r = run_cli("serve-check", "--base-url", server_factory("tie"), "--fixture", fx, "-n", "8",
@@ -128,10 +139,10 @@ def test_serve_check_fixture_match_tie_mismatch(tmp_path, server_factory):
     assert r.returncode == 1
     r = run_cli("serve-check", "--base-url", server_factory("wrong"), "--fixture", fx, "-n", "8",
                 "--json")
-    rep = json.loads(r.stdout)
+    rep = report(r)
     assert r.returncode == 1 and rep["verdict"] == "mismatch" and rep["expected_token"] == 7
     r = run_cli("serve-check", "--base-url", server_factory("short"), "--fixture", fx, "-n", "8",
                 "--json")
-    assert r.returncode == 1 and json.loads(r.stdout)["verdict"] == "invalid"
+    assert r.returncode == 1 and report(r)["verdict"] == "invalid"
     r = run_cli("serve-check", "--base-url", ok_url, "--fixture", fx, "--save-fixture", "-n", "8")
     assert r.returncode == 2 and "exists" in r.stderr

@@ -120,7 +120,7 @@ def test_ctrl_c_mid_run_stops_server_and_bench(tmp_path, fake_vllm):
     assert pid_alive(leader) and pid_alive(bench_pid)
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
     out, errtext = proc.communicate(timeout=60)
-    assert proc.returncode == 130, errtext
+    assert proc.returncode == 130 and "aborted" in errtext and "partial results kept" in errtext, errtext
     for pid in (leader, child, bench_pid):
         assert not pid_alive(pid), f"process {pid} survived Ctrl-C"
     run = next((tmp_path / "results").iterdir())

@@ -5,7 +5,14 @@ import json
 import pytest
 
 from mlabench.serving.results import BenchResult, MetricStats
-from mlabench.serving.table import build_table, to_json, to_markdown
+from mlabench.serving.table import build_table, tpot_markdown_table, tpot_table
+from mlabench.tables import to_json
+from mlabench.tables import to_markdown as _to_markdown
+
+
+def to_markdown(t):
+    """The markdown layout: variants side by side."""
+    return _to_markdown(tpot_markdown_table(t))
 
 
 def res(variant, conc, rep, tpot, status="ok", completed=3, failed=0, ttft=100.0):
@@ -52,7 +59,8 @@ def test_failed_requests_are_not_averaged_away():
     assert a.status == "failed_requests" and a.failed == 1 and a.completed == 5
     assert not t.ok
     assert "5/1 FAILED_REQUESTS" in to_markdown(t)
-    assert json.loads(to_json(t))["ok"] is False
+    rows = json.loads(to_json([tpot_table(t)]))[0]["rows"]
+    assert [(r["variant"], r["status"], r["failed"]) for r in rows] == [("a", "failed_requests", 1), ("b", "ok", 0)]
 
 
 def test_missing_result_is_a_row_not_a_gap():

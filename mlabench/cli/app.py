@@ -1,0 +1,77 @@
+"""The Typer app, the registration of every command group, and the one mapping of errors to exit
+codes.
+
+Exit codes (:class:`~mlabench.errors.ExitCode`): 0 done; 1 a check failed or a result is missing
+(a command raises ``typer.Exit(ExitCode.FAILED)``); 2 a usage mistake (click's usage message) or
+a :class:`~mlabench.errors.MlabenchError` (one ``error: ...`` line on stderr, or the error's own
+``exit_code``); 130 Ctrl-C.  Tables go to stdout, progress and notices to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from mlabench import __version__
+from mlabench.cli import kernels, serve
+from mlabench.errors import ExitCode, MlabenchError
+
+app = typer.Typer(
+    name="mlabench",
+    help="Which MLA decode path, which split count, and what it buys end to end.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+#: Command groups: modules whose ``COMMANDS`` maps command names to top-level functions, in the
+#: order ``mlabench --help`` lists them.  A new group (tune, report) is one more entry here.
+GROUPS = (kernels, serve)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"mlabench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Which MLA decode path, which split count, and what it buys end to end."""
+
+
+for _group in GROUPS:
+    for _name, _command in _group.COMMANDS.items():
+        app.command(_name)(_command)
+
+
+def _is_usage_error(exc: BaseException) -> bool:
+    """Click-style exceptions (``show()`` and ``exit_code``), whichever click typer bundles."""
+    return callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int)
+
+
+def main() -> None:
+    """Console-script entry point: run the app and turn what it raised into an exit code."""
+    try:
+        # With standalone_mode=False click returns the code of a typer.Exit instead of raising it,
+        # and typer turns Ctrl-C inside a command into code 130.
+        code = app(standalone_mode=False)
+        if code == ExitCode.INTERRUPTED:
+            typer.echo("aborted", err=True)
+        if isinstance(code, int) and code:
+            sys.exit(code)
+    except MlabenchError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):  # Ctrl-C outside a command
+        typer.echo("aborted", err=True)
+        sys.exit(ExitCode.INTERRUPTED)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except Exception as exc:
+        if _is_usage_error(exc):
+            exc.show()
+            sys.exit(exc.exit_code or ExitCode.ERROR)
+        raise

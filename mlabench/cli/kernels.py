@@ -1,0 +1,165 @@
+"""Kernel commands: ``backends``, ``check``, ``sweep``, ``compare``.
+
+Each parses its flags, calls one library function (:mod:`mlabench.check`, :mod:`mlabench.sweep`,
+:mod:`mlabench.compare`) and renders a :class:`~mlabench.tables.Table`.  Library modules are
+imported inside the commands, so that ``mlabench --help`` does not load torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mlabench.cli.options import (Backends, Batch, BudgetS, Context, Format, Heads, Json, Markdown, Model,
+                                  ModelConfig, PageSize, ResultsDir, Resume, Splits, SweepFile, Tp, int_list,
+                                  output_format)
+from mlabench.cli.output import emit, err, fail, notice
+from mlabench.errors import ConfigError
+
+
+def backends(format: Format = None, as_json: Json = False, markdown: Markdown = False) -> None:
+    """List every backend: available here or not, and why."""
+    from mlabench.backends import backend_names, get_backend
+    from mlabench.device import current_device
+    from mlabench.tables import Table
+
+    fmt = output_format(format, as_json, markdown)
+    dev = current_device()
+    t = Table(f"Backends on {dev.name} ({dev.kind}, {dev.arch})",
+              ["backend", "family", "available", "reason / parameters", "summary"])
+    for name in backend_names():
+        b = get_backend(name)
+        ok, why = b.available()
+        params = ", ".join(p.name for p in b.params) or "—"
+        t.rows.append([name, b.family, ok, why if not ok else f"params: {params}", b.summary])
+    emit([t], fmt)
+
+
+def check(
+    model: Model = None, tp: Tp = None, model_config: ModelConfig = None, heads: Heads = None,
+    backend: Backends = None, splits: Splits = None, batch: Batch = None, context: Context = None,
+    page_size: PageSize = None,
+    dtype: Annotated[str, typer.Option(help="q and KV dtype.")] = "bfloat16",
+    atol: Annotated[float, typer.Option(help="Absolute tolerance.")] = 1e-2,
+    rtol: Annotated[float, typer.Option(help="Relative tolerance.")] = 1e-2,
+    seed: Annotated[int, typer.Option(help="Input seed.")] = 0,
+    format: Format = None, as_json: Json = False, markdown: Markdown = False,
+) -> None:
+    """Check every backend against the fp32 reference; exit 1 on any failure."""
+    from mlabench.check import DEFAULT_CHECK_SPLITS, check_failures, check_shapes, run_check
+    from mlabench.tables import check_table
+    from mlabench.verdict import check_config
+
+    fmt = output_format(format, as_json, markdown)
+    tol = check_config(atol, rtol)
+    shapes = check_shapes(model=model, model_config=model_config, tp=tp, heads=int_list(heads, "--heads"),
+                          context_lens=int_list(context, "--context", "context length"),
+                          batch=int_list(batch, "--batch"), page_size=page_size, dtype=dtype)
+    split_list = int_list(splits, "--splits", "--splits") or DEFAULT_CHECK_SPLITS
+    records, unavailable = run_check(shapes, backend, split_list, tol.atol, tol.rtol, seed)
+    emit([check_table(records, unavailable)], fmt)
+    failed = check_failures(records)
+    if failed:
+        fail(f"{len(failed)} of {len(records)} checks failed")
+
+
+def sweep(
+    config: SweepFile = None, model: Model = None, tp: Tp = None, model_config: ModelConfig = None,
+    heads: Heads = None, backend: Backends = None, batch: Batch = None, context: Context = None,
+    splits: Splits = None, page_size: PageSize = None, budget_s: BudgetS = None,
+    results_dir: ResultsDir = Path("results"), resume: Resume = None,
+    format: Format = None, as_json: Json = False, markdown: Markdown = False,
+) -> None:
+    """Microbenchmark backends over batch x context x splits; results in results/<run-id>/.
+
+    Flags change the default sweep (or --config's); --heads without a model sets the heads axis.
+    """
+    from mlabench.device import current_device
+    from mlabench.sweep import resolve_sweep_config
+    from mlabench.tables import sweep_summary
+
+    fmt = output_format(format, as_json, markdown)
+    overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s)
+    cfg = resolve_sweep_config(config, overrides, resume)
+    if not current_device().is_gpu and cfg.name == "default-cpu":
+        notice(f"No GPU found: running a small CPU sweep ({cfg.name}) on {current_device().name}.")
+    store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
+    emit([sweep_summary(records)], fmt)
+    err.print(f"results: {store.run_dir}/ (results.jsonl, results.csv, manifest.json)")
+
+
+def compare(
+    config: SweepFile = None,
+    from_run: Annotated[list[Path] | None, typer.Option(
+        "--from", help="Only read these run folders (or folders holding runs).")] = None,
+    resume: Annotated[Path | None, typer.Option(help="Measure what is missing into this run folder.")] = None,
+    model: Model = None, tp: Tp = None, model_config: ModelConfig = None, heads: Heads = None,
+    batch: Batch = None, context: Context = None, splits: Splits = None, backend: Backends = None,
+    page_size: PageSize = None, budget_s: BudgetS = None, results_dir: ResultsDir = Path("results"),
+    format: Format = None, as_json: Json = False, markdown: Markdown = False,
+) -> None:
+    """Padded persistent kernels vs the best split count of split-KV kernels, per batch and context.
+
+    With --from it only reads recorded runs; otherwise it measures (or, with --resume, completes)
+    the sweep it needs first.
+    """
+    from mlabench.compare import backend_families, recorded_records
+    from mlabench.tables import compare_table
+
+    fmt = output_format(format, as_json, markdown)
+    if from_run:
+        if config or resume or any(v is not None for v in (model, tp, model_config, heads, splits, page_size,
+                                                           budget_s)):
+            raise ConfigError("--from only reads recorded runs: it takes --batch, --context and "
+                              "--backend as filters, nothing else")
+        records = recorded_records(from_run, int_list(batch, "--batch"), int_list(context, "--context"), backend)
+    else:
+        from mlabench.sweep import resolve_sweep_config
+
+        overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s)
+        _store, records = _run_with_progress(resolve_sweep_config(config, overrides, resume), results_dir, resume,
+                                             strict=bool(backend))
+    emit([compare_table(records, backend_families())], fmt)
+
+
+#: The commands of this group, registered by :mod:`mlabench.cli.app`.
+COMMANDS = {"backends": backends, "check": check, "sweep": sweep, "compare": compare}
+
+
+def _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s) -> dict:
+    """The sweep flags, parsed, as :func:`mlabench.sweep.sweep_overrides`."""
+    from mlabench.sweep import sweep_overrides
+
+    return sweep_overrides(
+        model=model, tp=tp, model_config=model_config, heads=int_list(heads, "--heads", "heads"),
+        backends=backend, batch=int_list(batch, "--batch", "batch"),
+        context_lens=int_list(context, "--context", "context length"),
+        splits=int_list(splits, "--splits", "--splits"), page_size=page_size, budget_s=budget_s)
+
+
+def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool):
+    """Run the sweep; the progress bar starts with the first finished point, after validation."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mlabench.sweep import run_sweep
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=err, transient=False)
+    task = None
+
+    def progress(point, record, done, total):
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task("sweep", total=total)
+        bar.update(task, total=total, completed=done,
+                   description=f"{point.backend} {point.shape.label()} {record.status if record else ''}")
+
+    try:
+        return run_sweep(cfg, results_dir, resume, progress, strict_backends=strict,
+                         warn=notice)
+    finally:
+        if task is not None:
+            bar.stop()

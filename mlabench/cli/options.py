@@ -1,0 +1,91 @@
+"""Options shared by commands, declared once as ``Annotated`` aliases, and parsing of their text.
+
+A command names its parameter after the option (``model_config: ModelConfig = None`` is
+``--model-config``).  Lists of integers are comma-separated text (``--context 4096,131072``),
+parsed by :func:`int_list`; their meaning (a sweep axis, one ragged batch, a filter) is the
+library's.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mlabench.errors import ConfigError
+
+# ---- what to measure ----------------------------------------------------------------------------
+Model = Annotated[str | None, typer.Option(help="Model preset (configs/models/).")]
+Tp = Annotated[int | None, typer.Option(help="Tensor-parallel size (default 1, or the sweep config's).")]
+ModelConfig = Annotated[Path | None, typer.Option(help="A model's Hugging Face config.json.")]
+Heads = Annotated[str | None, typer.Option(
+    help="Local heads, e.g. 12 or 8,12,16, without a model (check's default: 12).")]
+Batch = Annotated[str | None, typer.Option(
+    help="Batch sizes, e.g. 1,16 (check: requests of --context's one length; compare --from: a filter).")]
+Context = Annotated[str | None, typer.Option(
+    help="Context lengths, e.g. 4096,131072 (check: one request each; compare --from: a filter).")]
+PageSize = Annotated[int | None, typer.Option(help="KV page size: 1, 16 or 64 (default 64, or the sweep config's).")]
+Backends = Annotated[list[str] | None, typer.Option(
+    "--backend", help="Backend(s), repeatable; default: every available one.")]
+Splits = Annotated[str | None, typer.Option(help="num_kv_splits values, e.g. 1,16,64.")]
+
+# ---- sweeps and runs ------------------------------------------------------------------------------
+SweepFile = Annotated[str | None, typer.Option(
+    "--config", help="Sweep TOML (a path, or a name under configs/sweeps/).")]
+BudgetS = Annotated[float | None, typer.Option(help="Timing budget per point, seconds.")]
+ResultsDir = Annotated[Path, typer.Option(help="Parent folder of run folders.")]
+Resume = Annotated[Path | None, typer.Option(help="Resume this run folder (skips finished points).")]
+VllmBin = Annotated[str | None, typer.Option(
+    help="vllm executable (before $MLABENCH_VLLM_BIN and the config's vllm_bin).")]
+
+
+# ---- output -------------------------------------------------------------------------------------
+class OutputFormat(str, Enum):
+    """``--format``: a Rich table on the terminal, or JSON, markdown or CSV text."""
+
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+    csv = "csv"
+
+
+Format = Annotated[OutputFormat | None, typer.Option(
+    "--format", help="Output: table (default), json, markdown or csv.")]
+Json = Annotated[bool, typer.Option("--json", help="Same as --format json.")]
+Markdown = Annotated[bool, typer.Option("--markdown", help="Same as --format markdown.")]
+
+
+def output_format(format: OutputFormat | None, as_json: bool = False, markdown: bool = False) -> str:
+    """The one output format of ``--format`` and its aliases ``--json`` / ``--markdown``.
+
+    Raises :class:`ConfigError` when they ask for different formats.
+    """
+    if as_json and markdown:
+        raise ConfigError("choose one of --json and --markdown")
+    alias = "json" if as_json else "markdown" if markdown else None
+    chosen = format.value if format is not None else None
+    if alias and chosen and alias != chosen:
+        raise ConfigError(f"--format {chosen} contradicts --{alias}")
+    return alias or chosen or "table"
+
+
+def int_list(text: str | None, flag: str, positive: str | None = None) -> list[int] | None:
+    """``"1,2, 4"`` -> ``[1, 2, 4]``; None when the flag was not given.
+
+    Raises :class:`ConfigError` naming ``flag`` for anything but comma-separated integers, and,
+    when ``positive`` names the values (e.g. ``"context length"``), for a value <= 0.
+    """
+    if text is None:
+        return None
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ConfigError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values:
+        raise ConfigError(f"{flag} is empty")
+    for v in values if positive else []:
+        if v <= 0:
+            raise ConfigError(f"{positive} must be > 0, got {v}")
+    return values
