@@ -289,22 +289,18 @@ def csv_row(r: Record) -> dict[str, Any]:
     }
 
 
-def library_versions(packages: Mapping[str, Sequence[str]] | None = None) -> dict[str, str | None]:
+def library_versions(packages: Mapping[str, Sequence[str]]) -> dict[str, str | None]:
     """Versions of python, torch (with its CUDA/HIP), mlabench, and each of ``packages``.
 
     ``packages`` maps a manifest key to distribution names, the first installed one counting
-    (``{"triton": ("triton", "pytorch-triton-rocm")}``); None takes what every registered backend
-    declares (:func:`mlabench.backends.registry.backend_packages`).  A missing package is None.
+    (``{"triton": ("triton", "pytorch-triton-rocm")}``); callers pass what the registered backends
+    declare (:func:`mlabench.backends.registry.backend_packages`).  A missing package is None.
     """
     import torch
 
     from mlabench import __version__
     from mlabench.extras import package_version
 
-    if packages is None:  # imported here: the backends import this module, not the reverse
-        from mlabench.backends.registry import backend_packages
-
-        packages = backend_packages()
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mlabench.backends import backend_names, get_backend
 from mlabench.backends.base import Backend, param_grid
-from mlabench.backends.registry import select_backends
+from mlabench.backends.registry import backend_packages, select_backends
 from mlabench.configfile import configs_dir, read_toml, validation_line
 from mlabench.device import DeviceInfo, current_device
 from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, MlabenchError
@@ -231,7 +231,7 @@ def make_manifest(run_id: str, cfg: SweepConfig, copy_bw_tbps: float) -> Manifes
     return Manifest(
         run_id=run_id, created=utc_now(), command=command_line(), git_revision=rev, git_dirty=dirty,
         host=socket.gethostname(), device=dict(dev.__dict__), gpu_state=gpu_state(), driver=driver_version(),
-        versions=library_versions(), copy_bandwidth_tbps=copy_bw_tbps,
+        versions=library_versions(backend_packages()), copy_bandwidth_tbps=copy_bw_tbps,
         config=cfg.model_dump(mode="json", by_alias=True),
     )
 
