@@ -1,4 +1,4 @@
-"""Optional dependencies (AITER, FlashMLA, vLLM), imported lazily in one place.
+"""Optional dependencies (AITER, FlashMLA, vLLM, matplotlib), imported lazily in one place.
 
 Nothing in mlabench imports these at module load; a backend asks :func:`optional_import` when it is
 probed, and the reason string names what to install.
@@ -12,6 +12,7 @@ from types import ModuleType
 
 INSTALL_HINTS = {
     "aiter": "AITER (ROCm only): install amd-aiter from source or use a ROCm image that ships it",
+    "matplotlib": "matplotlib (figures and reports): pip install matplotlib",
     "flash_mla": "FlashMLA: pip install sgl-flash-mla (Hopper, SM90) or build FlashMLA from source",
     "sgl_flash_mla": "FlashMLA: pip install sgl-flash-mla (Hopper, SM90)",
     "triton": "Triton: pip install triton",
