@@ -201,7 +201,8 @@ def write_figures(runs: Any, out_dir: Path, kinds: Sequence[str] | None = None,
     if bad or not formats:
         raise ConfigError(f"figure format must be one of {', '.join(FORMATS)}, got {bad[0] if bad else 'none'!r}")
     specs, skipped = plan(runs, kinds)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if specs:
+        out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for spec in specs:
         paths = []
