@@ -59,7 +59,7 @@ def _where(runs: Any, group: D.ShapeGroup, records: Sequence[Any]) -> str:
     heads = f"{group.num_heads} heads" + (f" ({model} at TP{tp})" if model and tp else "")
     parts = [runs.device_name or "unknown device", heads, f"page {group.page_size}",
              style.DTYPE_SHORT.get(group.kv_dtype or "", group.kv_dtype or "?"),
-             style.TIMING_TEXT.get(mode, mode)]
+             style.timing_text(mode, runs.kernel_runs[0].manifest.device.get("kind") if runs.kernel_runs else None)]
     return " · ".join(p for p in parts if p)
 
 
@@ -184,10 +184,12 @@ def plan(runs: Any, kinds: Sequence[str] | None = None,
 
 
 def render(spec: FigureSpec, fmt: str = "png") -> bytes:
-    """Draw ``spec`` and return the image file's bytes (``png`` or ``svg``; no timestamp inside)."""
+    """Draw ``spec`` and return the image file's bytes: ``png`` (256 colours) or ``svg`` (no timestamp)."""
     fig = spec.draw()
+    if fmt == "png":
+        return _draw().png_bytes(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format=fmt, dpi=100, metadata={"Date": None} if fmt == "svg" else None)
+    fig.savefig(buf, format=fmt, metadata={"Date": None})
     return buf.getvalue()
 
 

@@ -8,6 +8,7 @@ Legends sit outside the axes (constrained layout, ``outside`` locations) so they
 
 from __future__ import annotations
 
+import io
 import textwrap
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -33,6 +34,22 @@ def _mpl() -> SimpleNamespace:
     top, figure, ticker, colors, patches = (mod for mod, _ in mods)
     return SimpleNamespace(figure=figure, ticker=ticker, colors=colors, patches=patches,
                            colormaps=top.colormaps)
+
+
+def png_bytes(fig: Any) -> bytes:
+    """``fig`` as a PNG of at most 256 colours (a third of the size of matplotlib's RGBA PNG, the same
+    to the eye for line, bar and heat-map figures)."""
+    from mlabench.extras import optional_import
+
+    raw = io.BytesIO()
+    fig.savefig(raw, format="png", dpi=100)
+    image_mod, _why = optional_import("PIL.Image")
+    if image_mod is None:  # Pillow comes with matplotlib; keep the plain PNG without it
+        return raw.getvalue()
+    small = io.BytesIO()
+    image = image_mod.open(io.BytesIO(raw.getvalue())).convert("RGB")
+    image.quantize(colors=256, method=image_mod.Quantize.MEDIANCUT).save(small, format="png", optimize=True)
+    return small.getvalue()
 
 
 def _panels(n: int, title: str, where: str, width: float = PANEL_W, height: float = PANEL_H,
@@ -100,7 +117,8 @@ def latency(data: LatencyData, title: str, where: str, metric: str = "us") -> An
         else:
             ax.axhline(100, linestyle="--", color=style.FLOOR_COLOR, linewidth=1.2,
                        label=f"100% = floor (bytes / copy bandwidth, {bw})")
-            ax.set_ylabel("% of floor (copy bandwidth)")
+            if ax is axes[0]:
+                ax.set_ylabel("% of floor (copy bandwidth)")
             ax.set_ylim(0, max(110, ax.get_ylim()[1]))
         _context_x(ax, contexts)
         ax.set_title(f"batch {batch}", fontsize=10)
@@ -197,7 +215,8 @@ def speedups(points: Sequence[Speedup], title: str, where: str) -> Any:
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="1.0 = equal")
         ax.set_xticks(range(len(contexts)), [style.context_text(c) for c in contexts])
         ax.set_xlabel(style.CONTEXT_AXIS)
-        ax.set_ylabel("speedup: best split-KV µs / persistent µs (×)")
+        if ax is axes[0]:
+            ax.set_ylabel("speedup: best split-KV µs / persistent µs (×)")
         ax.set_ylim(0, top * 1.22)
         ax.set_title(f"batch {batch} (above 1.0: the padded persistent kernel wins)", fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)

@@ -82,5 +82,11 @@ def context_text(tokens: int) -> str:
 
 CONTEXT_AXIS = "context length, tokens (K = 1024, k = 1000)"
 DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
-TIMING_TEXT = {"graph": "CUDA/HIP graph replay, cold cache", "eager": "eager launches, cold cache",
+TIMING_TEXT = {"graph": "{api} graph replay, cold cache", "eager": "eager launches, cold cache",
                "wall": "CPU wall clock"}
+GRAPH_API = {"cuda": "CUDA", "rocm": "HIP"}
+
+
+def timing_text(mode: str, device_kind: str | None) -> str:
+    """How a run's times were taken, e.g. 'CUDA graph replay, cold cache' for ``graph`` on NVIDIA."""
+    return TIMING_TEXT.get(mode, mode).replace("{api}", GRAPH_API.get(device_kind or "", "CUDA/HIP"))

@@ -34,9 +34,12 @@ def _sweep_text(cfg: dict[str, Any]) -> str:
             + (f"; {params}" if params else ""))
 
 
-def _timing_text(timing: dict[str, Any]) -> str:
-    how = "CUDA/HIP graph replay" if timing.get("graph") else "eager launches"
-    if timing.get("cold_cache"):
+def _timing_text(timing: dict[str, Any], device_kind: str | None) -> str:
+    if device_kind == "cpu":
+        how = "CPU wall clock"
+    else:
+        how = style.timing_text("graph" if timing.get("graph") else "eager", device_kind).split(",")[0]
+    if timing.get("cold_cache") and device_kind != "cpu":
         how += f", cold cache (up to {timing.get('max_copies')} input copies)"
     return (f"{how}; {timing.get('warmup_iters')} warm-up calls, {timing.get('min_samples')}-"
             f"{timing.get('max_samples')} samples until the median's 95% CI is within "
@@ -66,7 +69,7 @@ def kernel_environment(run: Any, records: Sequence[Record]) -> Table:
         ["versions", ", ".join(f"{k} {v}" for k, v in m.versions.items() if v)],
         ["copy bandwidth", f"{m.copy_bandwidth_tbps:.2f} TB/s (device-to-device copy, read + write; the floor "
                            "of every point is bytes / this bandwidth)"],
-        ["sweep", _sweep_text(m.config)], ["timing", _timing_text(m.config.get("timing", {}))],
+        ["sweep", _sweep_text(m.config)], ["timing", _timing_text(m.config.get("timing", {}), dev.get("kind"))],
         ["points", f"{len(mine)} ({sum(r.status == 'ok' for r in mine)} ok)"],
     ]
     return Table(f"Kernel run {m.run_id}", ["field", "value"], rows)
