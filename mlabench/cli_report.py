@@ -43,8 +43,8 @@ def plot(
 
 def report(
     from_run: FromRuns,
-    out: Annotated[Path | None, typer.Option(help="Folder for the report (default: the first --from folder).")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="markdown (report.md + figures/) or html (one file).")] = "markdown",
+    out: Annotated[Path | None, typer.Option(help="Folder for the report (default: the first --from).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="markdown (report.md + figures/) or html.")] = "markdown",
 ) -> None:
     """Write one report from recorded runs: environment, correctness, best split, compare, serving, figures."""
     from mlabench.report import write_report

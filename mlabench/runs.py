@@ -38,6 +38,7 @@ class ServeRun:
 
     @property
     def name(self) -> str:
+        """The run folder's name."""
         return self.path.name
 
 

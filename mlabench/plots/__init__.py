@@ -48,6 +48,7 @@ class Skipped:
     reason: str
 
     def line(self) -> str:
+        """``skipped <kind>: <reason>``, the one line a command prints."""
         return f"skipped {self.kind}: {self.reason}"
 
 
@@ -68,7 +69,8 @@ def _groups(runs: Any) -> list[tuple[str, str, list[Any]]]:
     groups = D.shape_groups(runs.records)
     out = []
     for g, recs in groups.items():
-        suffix = "" if len(groups) == 1 else f"-h{g.num_heads}-p{g.page_size}-{style.DTYPE_SHORT.get(g.kv_dtype or '', g.kv_dtype)}"
+        dtype = style.DTYPE_SHORT.get(g.kv_dtype or "", g.kv_dtype)
+        suffix = "" if len(groups) == 1 else f"-h{g.num_heads}-p{g.page_size}-{dtype}"
         out.append((suffix, _where(runs, g, recs), recs))
     return out
 

@@ -30,6 +30,7 @@ class Report:
 
     @property
     def figures(self) -> list[FigureBlock]:
+        """The report's figures, in document order."""
         return [b for b in self.blocks if isinstance(b, FigureBlock)]
 
 

@@ -19,6 +19,8 @@ from mlabench.tables import Table, fmt, to_markdown
 
 @dataclass
 class Heading:
+    """A section heading (level 1 is the title)."""
+
     text: str
     level: int = 2
 
@@ -39,6 +41,8 @@ class Code:
 
 @dataclass
 class Bullets:
+    """A list of plain-text items."""
+
     items: list[str]
 
 
@@ -51,6 +55,8 @@ class Missing:
 
 @dataclass
 class TableBlock:
+    """A :class:`mlabench.tables.Table`; its numbers are rounded by column when rendered."""
+
     table: Table
 
 

@@ -4,6 +4,7 @@ is missing and how to get it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -104,12 +105,10 @@ def correctness_table(records: Sequence[Record]) -> Table:
     for backend in sorted({r.backend for r in records}):
         mine = [r for r in records if r.backend == backend]
         verdicts = [r.verdict for r in mine if r.verdict]
-        bad: dict[str, int] = {}
-        for r in mine:
-            if r.status != "ok":
-                bad[r.status] = bad.get(r.status, 0) + 1
+        bad = Counter(r.status for r in mine if r.status != "ok")
         t.rows.append([backend, len({str(sorted(r.params.items())) for r in mine}), len(mine),
-                       sum(r.status == "ok" for r in mine), ", ".join(f"{k} {n}" for k, n in sorted(bad.items())) or "0",
+                       sum(r.status == "ok" for r in mine),
+                       ", ".join(f"{k} {n}" for k, n in sorted(bad.items())) or "0",
                        max((v.max_abs_err for v in verdicts), default=None),
                        max((v.rmse for v in verdicts), default=None),
                        min((v.cosine for v in verdicts), default=None)])
@@ -121,6 +120,7 @@ def correctness_table(records: Sequence[Record]) -> Table:
 
 
 def environment(runs: Any) -> list[Block]:
+    """A key/value table per run: what ran where, with which versions and commands."""
     blocks: list[Block] = [Heading("Environment")]
     blocks += [TableBlock(kernel_environment(k, runs.records)) for k in runs.kernel_runs]
     blocks += [TableBlock(serve_environment(s)) for s in runs.serve_runs]
@@ -186,6 +186,7 @@ def tuning_section(runs: Any) -> list[Block]:
 
 
 def figures_section(specs: Sequence[FigureSpec], skipped: Sequence[Skipped], figure_dir: str | None) -> list[Block]:
+    """The figures drawn (files under ``figure_dir``, or inline when None) and each kind skipped, with why."""
     where = f" (under {figure_dir}/)" if figure_dir else " (inline above)"
     blocks: list[Block] = [Heading("Figures"),
                            Para(f"{len(specs)} figures{where}: " + ", ".join(s.stem for s in specs) + "."
@@ -196,6 +197,7 @@ def figures_section(specs: Sequence[FigureSpec], skipped: Sequence[Skipped], fig
 
 
 def header(runs: Any, title: str, command: str | None = None) -> list[Block]:
+    """Title, the runs read, the commands that measured them and ``command`` (the report's own)."""
     kinds = [f"{k.path} (kernel run, {len([r for r in runs.records if r.run_id == k.manifest.run_id])} points)"
              for k in runs.kernel_runs] + [f"{s.path} (serve-bench run)" for s in runs.serve_runs]
     blocks: list[Block] = [Heading(title, 1), Para("Runs read:"), Bullets(kinds)]
@@ -208,6 +210,7 @@ def header(runs: Any, title: str, command: str | None = None) -> list[Block]:
 
 
 def report_title(runs: Any) -> str:
+    """'mlabench report: <device> · <model> TP<n>' from the kernel runs (serve run names without one)."""
     where = [runs.device_name] if runs.device_name else []
     models = {(k.manifest.config.get("model"), k.manifest.config.get("tp")) for k in runs.kernel_runs}
     if len(models) == 1 and None not in next(iter(models)):
