@@ -237,7 +237,8 @@ def serving(data: ServingData, title: str, where: str) -> Any:
             x = i + (k - (len(data.variants) - 1) / 2) * width
             label = variant + (" (baseline)" if variant == data.baseline else "")
             if bar.tpot_ms is None:
-                ax.text(x, top * 0.02, bar.status, rotation=90, ha="center", va="bottom", fontsize=8)
+                ax.text(x, top * 0.02, f"{variant}: {bar.status}", rotation=90, ha="center", va="bottom",
+                        fontsize=8, color="#b00020")
                 continue
             ax.bar([x], [bar.tpot_ms], width * 0.92, color=colors[variant], label=label,
                    hatch=None if bar.status == "ok" else "xx")
@@ -246,6 +247,7 @@ def serving(data: ServingData, title: str, where: str) -> Any:
             ax.text(x, bar.tpot_ms + top * 0.02, f"{style.sig3(bar.tpot_ms)} ms\n{speed}{note}",
                     ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(data.concurrencies)), [f"concurrency {c}" for c in data.concurrencies])
+    ax.set_xlim(-0.5, len(data.concurrencies) - 0.5)
     ax.set_ylabel(f"TPOT, {data.stat} over requests, ms")
     ax.set_ylim(0, top * 1.3)
     ax.grid(True, axis="y", alpha=0.3)

@@ -96,3 +96,26 @@ def test_plot_command_refuses_bad_flags(args, message, tmp_path, monkeypatch, ca
 def test_plot_command_refuses_a_folder_without_runs(tmp_path, monkeypatch, capsys):
     code, _out, err = run_cli(["plot", "--from", str(tmp_path)], monkeypatch, capsys)
     assert code == 2 and err.strip() == f"error: {tmp_path}: no results.jsonl here or in its sub-folders"
+
+
+def test_a_serve_run_with_a_missing_result_still_draws_and_says_so(tmp_path):
+    import shutil
+
+    from mlabench.plots import data as D
+    from mlabench.runs import load_runs
+    from tests.report.conftest import SERVE_RUN
+
+    run = tmp_path / SERVE_RUN.name
+    shutil.copytree(SERVE_RUN, run)
+    lines = (run / "results.jsonl").read_text().splitlines()
+    (run / "results.jsonl").write_text("\n".join(line for line in lines if '"variant":"launched","concurrency":16'
+                                                 not in line) + "\n")
+    runs = load_runs([run])
+    bars = {(b.variant, b.concurrency): b for b in D.serving_tpot(runs.serve_runs[0]).bars}
+    assert bars[("launched", 16)].tpot_ms is None and bars[("launched", 16)].status == "missing"
+    written, _ = write_figures(runs, tmp_path / "figs", kinds=["serving-tpot"])
+    fig_text = " ".join(t.get_text() for t in written[0][0].draw().axes[0].texts)
+    assert "missing" in fig_text and "0.89×" in fig_text
+    assert_real_png(written[0][1][0])
+    (run / "results.jsonl").write_text("")
+    assert plan(load_runs([run]))[1][-1].reason == "no serve-bench run with a TPOT result among the runs given"
