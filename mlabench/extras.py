@@ -16,6 +16,7 @@ from mlabench.errors import DependencyError
 
 INSTALL_HINTS = {
     "aiter": "AITER (ROCm only): install amd-aiter from source or use a ROCm image that ships it",
+    "matplotlib": "matplotlib (figures and reports): pip install matplotlib",
     "flash_mla": "FlashMLA: pip install sgl-flash-mla (Hopper, SM90) or build FlashMLA from source",
     "sgl_flash_mla": "FlashMLA: pip install sgl-flash-mla (Hopper, SM90)",
     "triton": "Triton: pip install triton",

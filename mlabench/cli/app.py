@@ -14,7 +14,7 @@ import sys
 import typer
 
 from mlabench import __version__
-from mlabench.cli import kernels, serve
+from mlabench.cli import kernels, report, serve
 from mlabench.errors import ExitCode, MlabenchError
 
 app = typer.Typer(
@@ -26,8 +26,8 @@ app = typer.Typer(
 )
 
 #: Command groups: modules whose ``COMMANDS`` maps command names to top-level functions, in the
-#: order ``mlabench --help`` lists them.  A new group (tune, report) is one more entry here.
-GROUPS = (kernels, serve)
+#: order ``mlabench --help`` lists them.  A new group is one more entry here.
+GROUPS = (kernels, serve, report)
 
 
 def _version(value: bool) -> None:

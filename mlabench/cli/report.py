@@ -1,0 +1,60 @@
+"""Report commands: ``plot`` (figures) and ``report`` (one markdown or HTML document), from recorded
+runs; neither measures anything nor needs a GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from mlabench.errors import ConfigError
+from mlabench.plots import KINDS
+
+err = Console(stderr=True)
+
+FromRuns = Annotated[list[Path], typer.Option(
+    "--from", help="Run folders (sweep or serve-bench), or folders holding runs one level down.")]
+
+
+def plot(
+    from_run: FromRuns,
+    out: Annotated[Path | None, typer.Option(help="Folder for the figures (default: <first --from>/figures).")] = None,
+    kind: Annotated[list[str] | None, typer.Option(
+        help="Only this figure kind (repeatable; default: all): " + ", ".join(KINDS) + ".")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="png, svg, or png,svg.")] = "png",
+) -> None:
+    """Draw the figures of recorded runs (PNG/SVG); a figure without data is skipped with the reason."""
+    from mlabench.plots import write_figures
+    from mlabench.runs import load_runs
+
+    runs = load_runs(from_run)
+    formats = [f.strip() for f in fmt.split(",") if f.strip()]
+    written, skipped = write_figures(runs, out or from_run[0] / "figures", kind, formats)
+    if not written:
+        raise ConfigError("no figure to draw from these runs (" + "; ".join(s.line() for s in skipped) + ")")
+    for s in skipped:
+        err.print(s.line(), markup=False, highlight=False)
+    for _spec, paths in written:
+        for path in paths:
+            typer.echo(str(path))
+
+
+def report(
+    from_run: FromRuns,
+    out: Annotated[Path | None, typer.Option(help="Folder for the report (default: the first --from).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="markdown (report.md + figures/) or html.")] = "markdown",
+) -> None:
+    """Write one report from recorded runs: environment, correctness, best split, compare, serving, figures."""
+    from mlabench.report import write_report
+    from mlabench.results import command_line
+    from mlabench.runs import load_runs
+
+    runs = load_runs(from_run)
+    path = write_report(runs, out or from_run[0], fmt, command=" ".join(command_line()))
+    typer.echo(str(path))
+
+
+#: The commands of this group, registered by :mod:`mlabench.cli.app`.
+COMMANDS = {"plot": plot, "report": report}

@@ -1,0 +1,218 @@
+"""Figures from recorded runs (``mlabench plot``, and the figures of ``mlabench report``).
+
+A figure is data plus drawing: :mod:`mlabench.plots.data` turns records into the numbers of a
+figure (pure, tested without matplotlib), :mod:`mlabench.plots.draw` draws them. :func:`plan`
+decides which figures the runs can give, and says why for each kind it cannot (a figure whose data
+is absent is skipped, never drawn empty). Importing this package does not import matplotlib.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from mlabench.errors import ConfigError
+from mlabench.plots import data as D
+from mlabench.plots import style
+
+KINDS: dict[str, str] = {
+    "latency": "decode latency vs context length per backend, with the floor (log-log)",
+    "pct-of-floor": "% of the floor vs context length per backend",
+    "split-sweep": "latency vs num_kv_splits per context, the best starred (each split-KV backend)",
+    "split-heatmap": "context x num_kv_splits, µs relative to each context's best (each split-KV backend)",
+    "persistent-vs-splitkv": "speedup of padded persistent kernels over the best split-KV count",
+    "serving-tpot": "serve-bench TPOT per concurrency and variant, with the speedup over the baseline",
+}
+FORMATS = ("png", "svg")
+
+
+@dataclass
+class FigureSpec:
+    """One figure to draw: its kind, file stem, a caption for reports, and a drawing callable."""
+
+    kind: str
+    stem: str
+    caption: str
+    draw: Callable[[], Any]
+
+
+@dataclass
+class Skipped:
+    """A figure kind the runs cannot give, and why."""
+
+    kind: str
+    reason: str
+
+    def line(self) -> str:
+        """``skipped <kind>: <reason>``, the one line a command prints."""
+        return f"skipped {self.kind}: {self.reason}"
+
+
+def _where(runs: Any, group: D.ShapeGroup, records: Sequence[Any]) -> str:
+    """Device, model (when every kernel run names the same one), heads, page, dtype, timing."""
+    mode = next((r.timing_mode for r in records if r.timing_mode), "")
+    models = {(k.manifest.config.get("model"), k.manifest.config.get("tp")) for k in runs.kernel_runs}
+    model, tp = models.pop() if len(models) == 1 else (None, None)
+    heads = f"{group.num_heads} heads" + (f" ({model} at TP{tp})" if model and tp else "")
+    parts = [runs.device_name or "unknown device", heads, f"page {group.page_size}",
+             style.DTYPE_SHORT.get(group.kv_dtype or "", group.kv_dtype or "?"),
+             style.timing_text(mode, runs.kernel_runs[0].manifest.device.get("kind") if runs.kernel_runs else None)]
+    return " · ".join(p for p in parts if p)
+
+
+def _groups(runs: Any) -> list[tuple[str, str, list[Any]]]:
+    """``(stem suffix, where text, records)`` per shape group; no suffix when there is one group."""
+    groups = D.shape_groups(runs.records)
+    out = []
+    for g, recs in groups.items():
+        dtype = style.DTYPE_SHORT.get(g.kv_dtype or "", g.kv_dtype)
+        suffix = "" if len(groups) == 1 else f"-h{g.num_heads}-p{g.page_size}-{dtype}"
+        out.append((suffix, _where(runs, g, recs), recs))
+    return out
+
+
+def _latency(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] | str:
+    specs = []
+    for suffix, where, recs in _groups(runs):
+        data = D.latency_vs_context(recs)
+        if not data.curves:
+            continue
+        bw = f"{data.copy_bandwidth_tbps:.2f} TB/s" if data.copy_bandwidth_tbps else "measured"
+        if kind == "latency":
+            title = "MLA decode latency vs context length, best correct configuration per backend"
+            caption = (f"Median µs per decode call of each backend's fastest correct configuration; dashed: the "
+                       f"floor, bytes the call must move / the run's measured copy bandwidth ({bw}).")
+            specs.append(FigureSpec(kind, "latency-vs-context" + suffix, caption,
+                                    partial(_draw().latency, data, title, where, "us")))
+        elif any(p.pct_of_floor is not None for cs in data.curves.values() for c in cs for p in c.points):
+            title = "Share of the memory-bandwidth floor reached, best correct configuration per backend"
+            caption = (f"100 x floor µs / measured µs; the floor uses the copy bandwidth ({bw}, read + write), "
+                       "so a read-mostly kernel can pass 100% by a few percent.")
+            specs.append(FigureSpec(kind, "pct-of-floor-vs-context" + suffix, caption,
+                                    partial(_draw().latency, data, title, where, "pct")))
+    return specs or "no correct, timed kernel records among the runs given"
+
+
+def _splits(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] | str:
+    specs = []
+    for suffix, where, recs in _groups(runs):
+        for backend in D.split_kv_backends(recs, families):
+            curves = D.split_sweep(recs, backend)
+            if not any(c.best_splits is not None for cs in curves.values() for c in cs):
+                continue
+            if kind == "split-sweep":
+                title = f"{backend}: latency vs num_kv_splits at each context length (★ = best)"
+                caption = f"{backend}: median µs per call against the split count asked for, a line per context."
+                specs.append(FigureSpec(kind, f"split-sweep-{backend}{suffix}", caption,
+                                        partial(_draw().split_sweep, curves, title, where)))
+            else:
+                maps = {b: D.split_heatmap(cs) for b, cs in curves.items()}
+                title = f"{backend}: latency relative to each context's best split count (boxed; ✗ = not correct)"
+                caption = (f"{backend}: each cell is µs / the fastest correct split count at that context "
+                           "(boxed); the colour scale is logarithmic.")
+                specs.append(FigureSpec(kind, f"split-heatmap-{backend}{suffix}", caption,
+                                        partial(_draw().split_heatmap, maps, title, where)))
+    return specs or "no split-KV backend measured at more than one num_kv_splits with a correct result"
+
+
+def _persistent(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] | str:
+    specs = []
+    for suffix, where, recs in _groups(runs):
+        points = D.persistent_vs_splitkv(recs, families)
+        if points:
+            title = "Padded persistent kernels vs the best split count of split-KV"
+            caption = ("Speedup = best split-KV µs / persistent µs at each batch and context (the persistent "
+                       "kernels pad the heads to 16); above 1.0 padding wins.")
+            specs.append(FigureSpec(kind, "persistent-vs-splitkv" + suffix, caption,
+                                    partial(_draw().speedups, points, title, where)))
+    return specs or "no batch and context where both a persistent and a split-KV backend have a correct result"
+
+
+def _serving(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] | str:
+    specs = []
+    for run in runs.serve_runs:
+        data = D.serving_tpot(run)
+        if not any(b.tpot_ms is not None for b in data.bars):
+            continue
+        suffix = "" if len(runs.serve_runs) == 1 else f"-{run.name}"
+        title = f"Serving TPOT by concurrency ({data.stat} TPOT; speedup vs {data.baseline})"
+        caption = (f"{run.name}: {data.stat} time per output token of each server variant, labelled with the "
+                   f"speedup over {data.baseline} (baseline TPOT / variant TPOT).")
+        specs.append(FigureSpec(kind, "serving-tpot" + suffix, caption,
+                                partial(_draw().serving, data, title, f"{data.description} · {data.workload}")))
+    return specs or "no serve-bench run with a TPOT result among the runs given"
+
+
+_PLANNERS = {"latency": _latency, "pct-of-floor": _latency, "split-sweep": _splits,
+             "split-heatmap": _splits, "persistent-vs-splitkv": _persistent, "serving-tpot": _serving}
+
+
+def _draw() -> Any:
+    from mlabench.plots import draw
+
+    return draw
+
+
+def plan(runs: Any, kinds: Sequence[str] | None = None,
+         families: dict[str, str] | None = None) -> tuple[list[FigureSpec], list[Skipped]]:
+    """The figures ``runs`` (a :class:`mlabench.runs.Runs`) can give, of ``kinds`` (default: all).
+
+    Returns the figures to draw and, for each kind with nothing to draw, a :class:`Skipped` saying
+    why. An unknown kind raises :class:`ConfigError` listing the known ones.
+    """
+    from mlabench.runs import backend_families
+
+    kinds = list(dict.fromkeys(kinds or KINDS))
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise ConfigError(f"unknown figure kind {unknown[0]!r}; known: {', '.join(KINDS)}")
+    families = families if families is not None else backend_families()
+    specs: list[FigureSpec] = []
+    skipped: list[Skipped] = []
+    for kind in kinds:
+        if kind != "serving-tpot" and not runs.records:
+            skipped.append(Skipped(kind, "no kernel sweep records among the runs given"))
+            continue
+        made = _PLANNERS[kind](runs, families, kind)
+        if isinstance(made, str):
+            skipped.append(Skipped(kind, made))
+        else:
+            specs.extend(made)
+    return specs, skipped
+
+
+def render(spec: FigureSpec, fmt: str = "png") -> bytes:
+    """Draw ``spec`` and return the image file's bytes: ``png`` (256 colours) or ``svg`` (no timestamp)."""
+    fig = spec.draw()
+    if fmt == "png":
+        return _draw().png_bytes(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, metadata={"Date": None})
+    return buf.getvalue()
+
+
+def write_figures(runs: Any, out_dir: Path, kinds: Sequence[str] | None = None,
+                  formats: Sequence[str] = ("png",)) -> tuple[list[tuple[FigureSpec, list[Path]]], list[Skipped]]:
+    """Draw the figures of ``runs`` into ``out_dir`` as ``<stem>.<format>`` (derived files: an
+    existing figure of the same name is replaced). Returns each figure with its files, and the kinds
+    skipped. :class:`ConfigError` for an unknown kind or format.
+    """
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise ConfigError(f"figure format must be one of {', '.join(FORMATS)}, got {bad[0] if bad else 'none'!r}")
+    specs, skipped = plan(runs, kinds)
+    if specs:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for spec in specs:
+        paths = []
+        for fmt in formats:
+            path = out_dir / f"{spec.stem}.{fmt}"
+            path.write_bytes(render(spec, fmt))
+            paths.append(path)
+        written.append((spec, paths))
+    return written, skipped

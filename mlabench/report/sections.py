@@ -1,0 +1,222 @@
+"""The sections of a report, each built from recorded runs; a section the runs cannot fill says what
+is missing and how to get it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from mlabench.plots import FigureSpec, Skipped, style
+from mlabench.report.document import Block, Bullets, Code, FigureBlock, Heading, Missing, Para, TableBlock
+from mlabench.results import Record
+from mlabench.tables import Table, compare_table, sweep_summary
+
+
+def _figures(specs: Sequence[FigureSpec], *kinds: str) -> list[Block]:
+    return [FigureBlock(s.stem, s.caption, s.draw) for s in specs if s.kind in kinds]
+
+
+def _range(values: Sequence[float], unit: str) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:g} {unit}" if lo == hi else f"{lo:g}-{hi:g} {unit}"
+
+
+def _list(values: Any, as_text: Any = str) -> str:
+    return ", ".join(as_text(v) for v in values) if values else "—"
+
+
+def _sweep_text(cfg: dict[str, Any]) -> str:
+    params = "; ".join(f"{k} {_list(v)}" for k, v in (cfg.get("params") or {}).items())
+    return (f"model {cfg.get('model') or '—'}, TP {cfg.get('tp')}; batch {_list(cfg.get('batch'))}; contexts "
+            f"{_list(cfg.get('context_lens'), style.context_text)}; page {cfg.get('page_size')}; backends "
+            f"{_list(cfg.get('backends')) if cfg.get('backends') else 'every available one'}"
+            + (f"; {params}" if params else ""))
+
+
+def _timing_text(timing: dict[str, Any], device_kind: str | None) -> str:
+    if device_kind == "cpu":
+        how = "CPU wall clock"
+    else:
+        how = style.timing_text("graph" if timing.get("graph") else "eager", device_kind).split(",")[0]
+    if timing.get("cold_cache") and device_kind != "cpu":
+        how += f", cold cache (up to {timing.get('max_copies')} input copies)"
+    return (f"{how}; {timing.get('warmup_iters')} warm-up calls, {timing.get('min_samples')}-"
+            f"{timing.get('max_samples')} samples until the median's 95% CI is within "
+            f"{100 * timing.get('target_rel_ci', 0):g}%, {timing.get('budget_s'):g} s budget per point")
+
+
+def _clocks_text(state: dict[str, Any]) -> str:
+    parts = [f"{label}{state[k]:.0f} {unit}" for k, label, unit in (
+        ("sm_clock_mhz", "SM ", "MHz"), ("mem_clock_mhz", "memory ", "MHz"), ("temperature_c", "", "°C"),
+        ("power_w", "", "W")) if state.get(k) is not None]
+    return ", ".join(parts) or "—"
+
+
+def kernel_environment(run: Any, records: Sequence[Record]) -> Table:
+    """Key/value table of one kernel run: device, clocks, driver, versions, revision, command, axes."""
+    m, dev = run.manifest, run.manifest.device
+    mine = [r for r in records if r.run_id == m.run_id]
+    during = [r.gpu_state["sm_clock_mhz"] for r in mine if r.gpu_state.get("sm_clock_mhz") is not None]
+    memory = f", {dev['total_memory_bytes'] / 2**30:.0f} GiB" if dev.get("total_memory_bytes") else ""
+    rows = [
+        ["run", f"{m.run_id} ({run.path})"], ["recorded", m.created],
+        ["command", " ".join(m.command)],
+        ["git revision", m.git_revision[:12] + (" (with uncommitted changes)" if m.git_dirty else "")],
+        ["device", f"{dev.get('name')} ({dev.get('arch')}, {dev.get('num_sms')} SMs{memory})"],
+        ["driver", m.driver], ["clocks at start", _clocks_text(m.gpu_state)],
+        ["SM clock after each point", _range(during, "MHz") if during else "—"],
+        ["versions", ", ".join(f"{k} {v}" for k, v in m.versions.items() if v)],
+        ["copy bandwidth", f"{m.copy_bandwidth_tbps:.2f} TB/s (device-to-device copy, read + write; the floor "
+                           "of every point is bytes / this bandwidth)"],
+        ["sweep", _sweep_text(m.config)], ["timing", _timing_text(m.config.get("timing", {}), dev.get("kind"))],
+        ["points", f"{len(mine)} ({sum(r.status == 'ok' for r in mine)} ok)"],
+    ]
+    return Table(f"Kernel run {m.run_id}", ["field", "value"], rows)
+
+
+def serve_environment(run: Any) -> Table:
+    """Key/value table of one serve-bench run: vLLM, model, variants, workload, environment."""
+    conf, b = run.config, run.config.bench
+    variants = [f"{v.name}: " + (f"launched by mlabench: {' '.join(v.launch.command)}" if v.launch
+                                 else f"already running at {v.base_url}") for v in conf.variants]
+    versions = sorted({r.vllm_version for r in run.results if r.vllm_version})
+    rows = [
+        ["run", str(run.path)], ["started", run.manifest.get("started_utc", "—")],
+        ["description", conf.description or "—"],
+        ["vllm", f"{run.manifest.get('vllm_bin', '—')}" + (f" ({', '.join(versions)})" if versions else "")],
+        ["model", f"{conf.model or 'first served model'} (tokenizer {conf.tokenizer or 'the model'})"],
+        ["variants", "; ".join(variants)],
+        ["workload", f"{b.dataset_name}, {b.random_input_len} in / {b.random_output_len} out tokens, "
+                     f"{b.num_prompts} prompts, {b.num_warmups} warm-up, request rate {b.request_rate}, "
+                     f"concurrency {', '.join(map(str, conf.concurrencies))}, {conf.repeats} repeat(s)"],
+        ["VLLM_* environment", ", ".join(f"{k}={v}" for k, v in run.manifest.get("env", {}).items()) or "none set"],
+        ["commands", f"{run.path / 'commands.txt'}"],
+    ]
+    return Table(f"Serve-bench run {run.name}", ["field", "value"], rows)
+
+
+def correctness_table(records: Sequence[Record]) -> Table:
+    """Per backend: configurations and points checked, how many passed, the worst errors seen."""
+    t = Table("Correctness of every measured point against the fp32 reference",
+              ["backend", "configurations", "points", "passed", "not ok", "worst max abs err", "worst RMSE",
+               "lowest cosine"])
+    for backend in sorted({r.backend for r in records}):
+        mine = [r for r in records if r.backend == backend]
+        verdicts = [r.verdict for r in mine if r.verdict]
+        bad = Counter(r.status for r in mine if r.status != "ok")
+        t.rows.append([backend, len({str(sorted(r.params.items())) for r in mine}), len(mine),
+                       sum(r.status == "ok" for r in mine),
+                       ", ".join(f"{k} {n}" for k, n in sorted(bad.items())) or "0",
+                       max((v.max_abs_err for v in verdicts), default=None),
+                       max((v.rmse for v in verdicts), default=None),
+                       min((v.cosine for v in verdicts), default=None)])
+    tol = next((r.verdict for r in records if r.verdict), None)
+    t.notes.append("each point is checked on its own inputs, output poisoned with NaN first"
+                   + (f"; atol={tol.atol:g} rtol={tol.rtol:g}" if tol else "")
+                   + "; a point that is not ok is never shown as a time")
+    return t
+
+
+def environment(runs: Any) -> list[Block]:
+    """A key/value table per run: what ran where, with which versions and commands."""
+    blocks: list[Block] = [Heading("Environment")]
+    blocks += [TableBlock(kernel_environment(k, runs.records)) for k in runs.kernel_runs]
+    blocks += [TableBlock(serve_environment(s)) for s in runs.serve_runs]
+    if not runs.kernel_runs:
+        blocks.append(Missing("no kernel run (`mlabench sweep`) among the folders given: no GPU, clocks or "
+                              "library versions of a kernel measurement to show"))
+    return blocks
+
+
+def kernel_sections(runs: Any, families: dict[str, str], specs: Sequence[FigureSpec]) -> list[Block]:
+    """Correctness, latency and floor, best split count, and padded persistent vs split-KV."""
+    recs = runs.records
+    if not recs:
+        return [Heading("Kernels"), Missing("no kernel sweep records among the folders given (run `mlabench "
+                                             "sweep`, then pass its folder to --from)")]
+    blocks: list[Block] = [Heading("Correctness"), TableBlock(correctness_table(recs)),
+                           Heading("Latency and the memory-bandwidth floor")]
+    blocks += _figures(specs, "latency", "pct-of-floor") or [Missing("no correct, timed point to draw")]
+    blocks.append(Heading("Best split count"))
+    split_kv = [r for r in recs if families.get(r.backend) == "split-kv"]
+    if split_kv:
+        summary = sweep_summary(split_kv)
+        summary.title = "Best split count per split-KV backend, batch and context (µs per call)"
+        blocks += [TableBlock(summary)] + _figures(specs, "split-sweep", "split-heatmap")
+    else:
+        blocks.append(Missing("no split-KV backend in these runs"))
+    blocks.append(Heading("Padded persistent vs best split-KV"))
+    table = compare_table(recs, families)
+    if any(row[-1] is not None for row in table.rows):
+        blocks += [TableBlock(table)] + _figures(specs, "persistent-vs-splitkv")
+    else:
+        blocks.append(Missing("no batch and context where both a persistent and a split-KV backend passed"))
+    return blocks
+
+
+def serving_section(runs: Any, specs: Sequence[FigureSpec]) -> list[Block]:
+    """The serve-bench TPOT table of each serve run (the serve-bench table's own numbers) and figure."""
+    from mlabench.serving.table import body, build_table, headers
+
+    blocks: list[Block] = [Heading("Serving: TPOT by concurrency")]
+    if not runs.serve_runs:
+        return blocks + [Missing("no serve-bench run among the folders given (`mlabench serve-bench "
+                                 "configs/serve/...`, then pass its run folder to --from)")]
+    for run in runs.serve_runs:
+        conf = run.config
+        t = build_table(run.results, [v.name for v in conf.variants], conf.concurrencies, conf.baseline)
+        table = Table(f"{run.name}: TPOT by concurrency (speedup vs {t.baseline}, {t.stat} TPOT)",
+                      headers(t), body(t))
+        table.notes += [f"c={r.concurrency} {c.variant}: {c.status}; {'; '.join(c.errors)}"
+                        for r in t.rows for c in r.cells if c.status != "ok"]
+        blocks.append(TableBlock(table))
+        blocks += [f for f in _figures(specs, "serving-tpot") if f.stem.endswith(run.name)
+                   or len(runs.serve_runs) == 1]
+    return blocks
+
+
+def tuning_section(runs: Any) -> list[Block]:
+    """The tuned policy and its validation on a held-out grid; missing until a tune run is given."""
+    return [Heading("Tuned policy and validation"),
+            Missing("no tuning run among the folders given: `mlabench tune` writes the chosen split count "
+                    "per batch and context bucket and its regret on a held-out grid; this section shows them "
+                    "for a tune run passed to --from")]
+
+
+def figures_section(specs: Sequence[FigureSpec], skipped: Sequence[Skipped], figure_dir: str | None) -> list[Block]:
+    """The figures drawn (files under ``figure_dir``, or inline when None) and each kind skipped, with why."""
+    where = f" (under {figure_dir}/)" if figure_dir else " (inline above)"
+    blocks: list[Block] = [Heading("Figures"),
+                           Para(f"{len(specs)} figures{where}: " + ", ".join(s.stem for s in specs) + "."
+                                if specs else "No figure could be drawn from these runs.")]
+    if skipped:
+        blocks.append(Bullets([s.line() for s in skipped]))
+    return blocks
+
+
+def header(runs: Any, title: str, command: str | None = None) -> list[Block]:
+    """Title, the runs read, the commands that measured them and ``command`` (the report's own)."""
+    kinds = [f"{k.path} (kernel run, {len([r for r in runs.records if r.run_id == k.manifest.run_id])} points)"
+             for k in runs.kernel_runs] + [f"{s.path} (serve-bench run)" for s in runs.serve_runs]
+    blocks: list[Block] = [Heading(title, 1), Para("Runs read:"), Bullets(kinds)]
+    commands = sorted({" ".join(k.manifest.command) for k in runs.kernel_runs})
+    if commands:
+        blocks += [Para("Measured with:"), Code("\n".join(commands))]
+    if command:
+        blocks += [Para("This report:"), Code(command)]
+    return blocks
+
+
+def report_title(runs: Any) -> str:
+    """'mlabench report: <device> · <model> TP<n>' from the kernel runs (serve run names without one)."""
+    where = [runs.device_name] if runs.device_name else []
+    models = {(k.manifest.config.get("model"), k.manifest.config.get("tp")) for k in runs.kernel_runs}
+    if len(models) == 1 and None not in next(iter(models)):
+        model, tp = next(iter(models))
+        where.append(f"{model} TP{tp}")
+    if runs.serve_runs and not where:
+        where.append(", ".join(s.name for s in runs.serve_runs))
+    return "mlabench report" + (f": {' · '.join(where)}" if where else "")
+

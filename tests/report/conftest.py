@@ -1,0 +1,46 @@
+"""Fixtures of the plot and report tests: runs cut from the committed H200 sweep and CPU serve run."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+H200 = FIXTURES / "h200-kimi-k3-tp8"
+H200_RUN = H200 / "kimi-k3-tp8-20261130-105953-511"
+SERVE = FIXTURES / "cpu-serve"
+SERVE_RUN = SERVE / "serve-20261130T105730Z-cpu-tiny"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def raw_records(run: Path = H200_RUN) -> list[dict]:
+    """The fixture's records as plain JSON, for checks that do not go through mlabench's reader."""
+    return [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def h200_runs():
+    from mlabench.runs import load_runs
+
+    return load_runs([H200])
+
+
+@pytest.fixture(scope="session")
+def serve_runs():
+    from mlabench.runs import load_runs
+
+    return load_runs([SERVE])
+
+
+@pytest.fixture(scope="session")
+def both_runs():
+    from mlabench.runs import load_runs
+
+    return load_runs([H200, SERVE])
+
+
+@pytest.fixture(scope="session")
+def families():
+    from mlabench.runs import backend_families
+
+    return backend_families()

@@ -1,0 +1,145 @@
+"""Figure data functions, without matplotlib: each returns the numbers in the fixture."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mlabench.plots import data as D
+from mlabench.plots import style
+from tests.report.conftest import H200, H200_RUN, REPO, SERVE, SERVE_RUN, raw_records
+
+
+def _raw_best(backend, batch, ctx, splits=None):
+    """Fastest ok record of the raw fixture JSON, optionally at one split count."""
+    ok = [r for r in raw_records() if r["backend"] == backend and r["batch"] == batch and r["context_len"] == ctx
+          and r["status"] == "ok" and (splits is None or r["params"].get("num_kv_splits") == splits)]
+    return min(ok, key=lambda r: r["stats"]["median_us"])
+
+
+def test_fixture_is_cut_from_the_committed_run():
+    committed = {r["key"]: r for r in raw_records(REPO / "results/h200/kimi-k3-tp8" / H200_RUN.name)}
+    cut = raw_records()
+    assert len(cut) == 102
+    for r in cut:
+        assert r["stats"]["median_us"] == committed[r["key"]]["stats"]["median_us"]
+        assert r["floor_us"] == committed[r["key"]]["floor_us"]
+
+
+def test_data_and_report_plans_need_no_matplotlib():
+    code = f"""
+import sys
+sys.modules['matplotlib'] = None  # any import of matplotlib fails
+import mlabench.cli
+from mlabench.runs import load_runs
+from mlabench.plots import plan
+from mlabench.report import build_report
+from mlabench.report.document import to_markdown_document
+runs = load_runs([{str(H200)!r}, {str(SERVE)!r}])
+specs, skipped = plan(runs)
+assert len(specs) == 6 and not skipped, (specs, skipped)
+text = to_markdown_document(build_report(runs).blocks)
+assert '## Best split count' in text
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_importing_the_cli_loads_no_matplotlib():
+    code = "import sys, mlabench.cli; print('matplotlib' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.stdout.strip() == "False", done.stderr[-2000:]
+
+
+def test_best_split_per_bucket(h200_runs):
+    curves = D.split_sweep(h200_runs.records, "triton-splitkv")
+    assert sorted(curves) == [1, 16]
+    for batch, per_ctx in curves.items():
+        assert [c.context_len for c in per_ctx] == [4096, 32768, 131072]
+        for c in per_ctx:
+            raw = _raw_best("triton-splitkv", batch, c.context_len)
+            assert c.best_splits == raw["params"]["num_kv_splits"]
+            assert c.best_us == raw["stats"]["median_us"]
+            assert c.splits == [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
+            assert all(us == _raw_best("triton-splitkv", batch, c.context_len, s)["stats"]["median_us"]
+                       for s, us in zip(c.splits, c.median_us))
+    # the numbers the README quotes from this run
+    best = {(b, c.context_len): (c.best_splits, round(c.best_us, 1)) for b, cs in curves.items() for c in cs}
+    assert best[(1, 131072)] == (256, 71.7) and best[(1, 4096)] == (64, 14.7)
+    assert best[(16, 131072)] == (16, 763.3) and best[(16, 32768)] == (16, 210.3)
+
+
+def test_heatmap_is_relative_to_each_contexts_best(h200_runs):
+    curves = D.split_sweep(h200_runs.records, "triton-splitkv")[1]
+    heat = D.split_heatmap(curves)
+    assert heat.contexts == [4096, 32768, 131072]
+    for c, row, best_col in zip(curves, heat.ratio, heat.best_column):
+        assert row[best_col] == 1.0 and min(row) == 1.0
+        assert row[0] == pytest.approx(c.median_us[0] / c.best_us)
+    assert heat.ratio[2][0] == pytest.approx(9630.1 / 71.66, rel=1e-3)  # 1 split vs 256 at 128K
+
+
+def test_latency_curves_and_floor(h200_runs):
+    data = D.latency_vs_context(h200_runs.records)
+    assert data.copy_bandwidth_tbps == pytest.approx(4.1807, rel=1e-4) and data.timing_mode == "graph"
+    for batch in (1, 16):
+        names = [c.backend for c in data.curves[batch]]
+        assert names == ["flashmla", "triton-persistent", "triton-splitkv"]
+        for curve in data.curves[batch]:
+            for p in curve.points:
+                raw = _raw_best(curve.backend, batch, p.context_len)
+                assert (p.median_us, p.pct_of_floor, p.params) == (raw["stats"]["median_us"], raw["pct_of_floor"],
+                                                                   raw["params"])
+        floors = {r["context_len"]: r["floor_us"] for r in raw_records() if r["batch"] == batch}
+        assert data.floor_us[batch] == sorted(floors.items())
+
+
+def test_an_incorrect_point_never_wins(h200_runs):
+    records = [r.model_copy(deep=True) for r in h200_runs.records]
+    fastest = min((r for r in records if r.backend == "triton-splitkv" and r.batch == 1 and r.context_len == 131072),
+                  key=lambda r: r.stats.median_us)
+    fastest.status = "incorrect"
+    curve = D.split_sweep(records, "triton-splitkv")[1][2]
+    assert curve.best_splits == 192 and curve.statuses[-1] == "incorrect" and curve.median_us[-1] is None
+    assert D.split_heatmap([curve]).ratio[0][-1] is None
+    latency = D.latency_vs_context(records)
+    splitkv = next(c for c in latency.curves[1] if c.backend == "triton-splitkv")
+    assert splitkv.points[-1].params == {"num_kv_splits": 192}
+
+
+def test_persistent_vs_splitkv_speedups(h200_runs, families):
+    points = D.persistent_vs_splitkv(h200_runs.records, families)
+    assert len(points) == 2 * 3 * 2  # (flashmla, triton-persistent) x contexts x batches
+    for p in points:
+        split = _raw_best("triton-splitkv", p.batch, p.context_len)["stats"]["median_us"]
+        pers = _raw_best(p.persistent, p.batch, p.context_len)["stats"]["median_us"]
+        assert p.speedup == pytest.approx(split / pers) and p.split_kv == "triton-splitkv"
+    by = {(p.batch, p.context_len, p.persistent): round(p.speedup, 2) for p in points}
+    assert by[(16, 131072, "flashmla")] == 1.36 and by[(1, 4096, "flashmla")] == 0.59
+
+
+def test_split_kv_backends_need_more_than_one_split_count(h200_runs, families):
+    assert D.split_kv_backends(h200_runs.records, families) == ["triton-splitkv"]
+    one = [r for r in h200_runs.records if r.params.get("num_kv_splits") in (None, 16)]
+    assert D.split_kv_backends(one, families) == []
+
+
+def test_serving_tpot_matches_the_serve_bench_table(serve_runs):
+    data = D.serving_tpot(serve_runs.serve_runs[0])
+    table = json.loads((SERVE_RUN / "table.json").read_text())
+    expected = {(row["concurrency"], c["variant"]): (c["tpot_mean_ms"], c["speedup"])
+                for row in table["rows"] for c in row["cells"]}
+    assert {(b.concurrency, b.variant): (b.tpot_ms, b.speedup) for b in data.bars} == expected
+    assert data.baseline == "running" and data.concurrencies == [1, 16] and data.variants == ["running", "launched"]
+    assert "128 in / 16 out" in data.workload
+
+
+def test_readable_numbers_and_one_colour_per_backend():
+    assert [style.sig3(v) for v in (7361.4, 71.66, 14.734, 0.28841, 9.996, 1000.4)] == \
+        ["7360", "71.7", "14.7", "0.288", "10.0", "1000"]
+    assert style.speedup_text(1.3562) == "1.36×" and style.ratio_text(134.4) == "134"
+    assert [style.context_text(c) for c in (4096, 100000, 131072, 777)] == ["4K", "100k", "128K", "777"]
+    names = ["triton-splitkv", "triton-persistent", "flashmla", "aiter-asm", "aiter-gluon", "torch-splitkv"]
+    assert len({style.backend_color(n) for n in names}) == len(names)
+    assert style.backend_color("some-new-backend") == style.backend_color("some-new-backend")

@@ -1,0 +1,121 @@
+"""Every figure kind is drawn, as a valid non-empty PNG and SVG; missing data is skipped with a reason."""
+
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from mlabench import cli
+from mlabench.plots import KINDS, plan, write_figures
+from tests.report.conftest import H200, SERVE
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_real_png(path):
+    """A PNG that decodes, is at least 400x200 and is not one flat colour."""
+    from matplotlib.image import imread
+
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    pixels = imread(path)
+    assert pixels.shape[0] >= 200 and pixels.shape[1] >= 400
+    assert pixels[..., :3].std() > 0.05
+    assert (pixels[..., :3].min(axis=-1) < 0.9).mean() > 0.02  # some ink, not a blank canvas
+
+
+def test_every_kind_is_drawn_as_png_and_svg(both_runs, tmp_path):
+    written, skipped = write_figures(both_runs, tmp_path, formats=("png", "svg"))
+    assert not skipped
+    assert sorted({spec.kind for spec, _ in written}) == sorted(KINDS)
+    stems = sorted(spec.stem for spec, _ in written)
+    assert stems == ["latency-vs-context", "pct-of-floor-vs-context", "persistent-vs-splitkv", "serving-tpot",
+                     "split-heatmap-triton-splitkv", "split-sweep-triton-splitkv"]
+    for _spec, (png, svg) in written:
+        assert_real_png(png)
+        root = ET.parse(svg).getroot()
+        assert root.tag.endswith("svg") and len(list(root.iter())) > 100
+
+
+def test_figures_without_data_are_skipped_with_a_reason(serve_runs, h200_runs):
+    specs, skipped = plan(serve_runs)
+    assert [s.kind for s in specs] == ["serving-tpot"]
+    assert {s.kind for s in skipped} == set(KINDS) - {"serving-tpot"}
+    assert all("no kernel sweep records" in s.line() for s in skipped)
+    specs, skipped = plan(h200_runs, kinds=["serving-tpot", "latency"])
+    assert [s.kind for s in specs] == ["latency"]
+    assert skipped[0].line() == "skipped serving-tpot: no serve-bench run with a TPOT result among the runs given"
+
+
+def test_a_figure_title_says_what_and_where(h200_runs):
+    specs, _ = plan(h200_runs, kinds=["latency"])
+    fig = specs[0].draw()
+    title = fig._suptitle.get_text()
+    assert "NVIDIA H200" in title and "12 heads (kimi-k3 at TP8)" in title and "graph replay" in title
+    axes = fig.get_axes()
+    assert [a.get_title() for a in axes] == ["batch 1", "batch 16"]
+    assert all("µs" in a.get_ylabel() and "tokens" in a.get_xlabel() for a in axes)
+    assert "4.18 TB/s" in " ".join(t.get_text() for t in fig.legends[0].get_texts())
+
+
+def run_cli(args, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["mlabench", *args])
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_plot_command(tmp_path, monkeypatch, capsys):
+    code, out, err = run_cli(["plot", "--from", str(H200), "--from", str(SERVE), "--out", str(tmp_path),
+                              "--kind", "split-heatmap", "--kind", "serving-tpot", "--format", "png,svg"],
+                             monkeypatch, capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "serving-tpot.png", "serving-tpot.svg", "split-heatmap-triton-splitkv.png", "split-heatmap-triton-splitkv.svg"]
+    assert out.split() == [str(tmp_path / n) for n in ("split-heatmap-triton-splitkv.png",
+                                                        "split-heatmap-triton-splitkv.svg",
+                                                        "serving-tpot.png", "serving-tpot.svg")]
+    code, out, err = run_cli(["plot", "--from", str(SERVE), "--out", str(tmp_path / "none"), "--kind", "latency"],
+                             monkeypatch, capsys)
+    assert code == 2 and err.startswith("error: no figure to draw") and "no kernel sweep records" in err
+    assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kind", "bogus"], "unknown figure kind 'bogus'; known: latency"),
+    (["--format", "jpg"], "figure format must be one of png, svg"),
+])
+def test_plot_command_refuses_bad_flags(args, message, tmp_path, monkeypatch, capsys):
+    code, _out, err = run_cli(["plot", "--from", str(SERVE), "--out", str(tmp_path), *args], monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1 and message in err
+
+
+def test_plot_command_refuses_a_folder_without_runs(tmp_path, monkeypatch, capsys):
+    code, _out, err = run_cli(["plot", "--from", str(tmp_path)], monkeypatch, capsys)
+    assert code == 2 and err.strip() == f"error: {tmp_path}: no results.jsonl here or in its sub-folders"
+
+
+def test_a_serve_run_with_a_missing_result_still_draws_and_says_so(tmp_path):
+    import shutil
+
+    from mlabench.plots import data as D
+    from mlabench.runs import load_runs
+    from tests.report.conftest import SERVE_RUN
+
+    run = tmp_path / SERVE_RUN.name
+    shutil.copytree(SERVE_RUN, run)
+    lines = (run / "results.jsonl").read_text().splitlines()
+    (run / "results.jsonl").write_text("\n".join(line for line in lines if '"variant":"launched","concurrency":16'
+                                                 not in line) + "\n")
+    runs = load_runs([run])
+    bars = {(b.variant, b.concurrency): b for b in D.serving_tpot(runs.serve_runs[0]).bars}
+    assert bars[("launched", 16)].tpot_ms is None and bars[("launched", 16)].status == "missing"
+    written, _ = write_figures(runs, tmp_path / "figs", kinds=["serving-tpot"])
+    fig_text = " ".join(t.get_text() for t in written[0][0].draw().axes[0].texts)
+    assert "missing" in fig_text and "0.89×" in fig_text
+    assert_real_png(written[0][1][0])
+    (run / "results.jsonl").write_text("")
+    assert plan(load_runs([run]))[1][-1].reason == "no serve-bench run with a TPOT result among the runs given"

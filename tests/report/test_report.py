@@ -1,0 +1,118 @@
+"""The report: every section in markdown, what is missing said, and the HTML page opened in a real
+headless Chromium (non-blank screenshot, every figure loaded)."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from mlabench import cli
+from mlabench.report import build_report, write_report
+from mlabench.report.document import to_markdown_document
+from tests.report.conftest import H200, SERVE
+
+SECTIONS = ["# mlabench report: NVIDIA H200 · kimi-k3 TP8", "## Environment", "## Correctness",
+            "## Latency and the memory-bandwidth floor", "## Best split count",
+            "## Padded persistent vs best split-KV", "## Serving: TPOT by concurrency",
+            "## Tuned policy and validation", "## Figures"]
+
+
+def test_markdown_report_has_every_section_and_its_figures(both_runs, tmp_path):
+    path = write_report(both_runs, tmp_path, "markdown", command="mlabench report --from x")
+    text = path.read_text()
+    positions = [text.find(s + "\n") for s in SECTIONS]
+    assert -1 not in positions and positions == sorted(positions), dict(zip(SECTIONS, positions))
+    links = re.findall(r"!\[[^\]]*\]\((figures/[^)]+\.png)\)", text)
+    assert len(links) == 6 and all((tmp_path / link).stat().st_size > 10_000 for link in links)
+    assert "NVIDIA H200 (sm_90, 132 SMs, 140 GiB)" in text and "580.159.04" in text
+    assert "SM 1980 MHz, memory 3201 MHz" in text and "4.18 TB/s" in text and "mlabench report --from x" in text
+    assert "| triton-splitkv | 12 | 72 | 72 | 0 |" in text  # correctness: 12 configurations, 72 points
+    # best split at batch 1, 128K: 256 splits, 71.7 µs (3 significant digits), 50% of the floor
+    assert "| triton-splitkv | 1 | 131072 | num_kv_splits=256 | 71.7 | 2.11 | 50 | 9630 |" in text
+    assert "| 16 | 131072 | flashmla | — | 562 |" in text and "| 1.36 |" in text  # compare, speedup to 2 decimals
+    assert "| 16 | 19.63 | 1.00x (base) |" in text and "1.34x" in text  # the serve-bench table's own cells
+    assert "> **Missing:** no tuning run among the folders given" in text
+
+
+def test_a_report_says_what_is_missing(serve_runs, h200_runs):
+    serve_only = to_markdown_document(build_report(serve_runs).blocks)
+    assert "> **Missing:** no kernel run (`mlabench sweep`)" in serve_only
+    assert "> **Missing:** no kernel sweep records among the folders given" in serve_only
+    assert "- skipped latency: no kernel sweep records among the runs given" in serve_only
+    assert "![serving-tpot](figures/serving-tpot.png)" in serve_only
+    sweep_only = to_markdown_document(build_report(h200_runs).blocks)
+    assert "> **Missing:** no serve-bench run among the folders given" in sweep_only
+    assert "- skipped serving-tpot: no serve-bench run with a TPOT result" in sweep_only
+
+
+def chromium():
+    """A Chromium executable, or skip saying why (scripts/test.sh installs Debian's chromium)."""
+    for name in (os.environ.get("MLABENCH_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    pytest.skip("no chromium here: scripts/test.sh installs it (apt-get install chromium) and could not")
+
+
+def headless(browser, profile, *args):
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", *args]
+    return subprocess.run([browser, *flags], capture_output=True, text=True, timeout=120)
+
+
+PROBE = ("<script>window.addEventListener('load', () => { const imgs = [...document.images]; "
+         "document.body.setAttribute('data-figures', imgs.length + ':' + "
+         "imgs.filter(i => i.complete && i.naturalWidth > 0).length); });</script>")
+
+
+def figures_loaded(browser, page, profile):
+    """``(figures, loaded)`` as the browser saw them once the page's load event fired."""
+    probe = page.with_name("probe-" + page.name)
+    probe.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    done = headless(browser, profile, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri())
+    found = re.search(r'data-figures="(\d+):(\d+)"', done.stdout)
+    assert found, done.stderr[-2000:]
+    return int(found[1]), int(found[2])
+
+
+def test_html_report_opens_in_a_real_browser(both_runs, tmp_path):
+    from matplotlib.image import imread
+
+    browser = chromium()
+    page = write_report(both_runs, tmp_path / "out", "html")
+    html = page.read_text()
+    assert sorted(os.listdir(tmp_path / "out")) == ["report.html"]  # one self-contained file
+    assert not re.search(r'(src|href)="(?!data:)', html)
+    assert figures_loaded(browser, page, tmp_path / "profile") == (6, 6)
+    shot = tmp_path / "shot.png"
+    done = headless(browser, tmp_path / "profile2", "--hide-scrollbars", "--window-size=1280,2400",
+                    f"--screenshot={shot}", page.as_uri())
+    assert shot.exists(), done.stderr[-2000:]
+    pixels = imread(shot)[..., :3]
+    assert pixels.shape[:2] == (2400, 1280)
+    assert (pixels.min(axis=-1) < 0.8).mean() > 0.03 and pixels.std() > 0.05  # text, tables and figures drawn
+
+
+def test_the_browser_probe_sees_a_broken_figure(both_runs, tmp_path):
+    browser = chromium()
+    page = write_report(both_runs, tmp_path, "html")
+    text = page.read_text()
+    page.write_text(text.replace("data:image/png;base64,", "data:image/png;base64,AAAA", 1))
+    assert figures_loaded(browser, page, tmp_path / "profile") == (6, 5)
+
+
+def test_report_command(tmp_path, monkeypatch, capsys):
+    for fmt, name in (("markdown", "report.md"), ("html", "report.html")):
+        monkeypatch.setattr(sys, "argv", ["mlabench", "report", "--from", str(H200), "--from", str(SERVE),
+                                          "--out", str(tmp_path), "--format", fmt])
+        cli.main()
+        assert capsys.readouterr().out.strip() == str(tmp_path / name)
+    assert f"mlabench report --from {H200} --from {SERVE}" in (tmp_path / "report.md").read_text()
+    assert len(list((tmp_path / "figures").glob("*.png"))) == 6
+    monkeypatch.setattr(sys, "argv", ["mlabench", "report", "--from", str(H200), "--format", "pdf"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2 and "report format must be one of markdown, html" in capsys.readouterr().err
