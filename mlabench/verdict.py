@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from mlabench.errors import ConfigError
+
+if TYPE_CHECKING:  # torch is imported where outputs are compared, so reading results needs none
+    import torch
 
 DEFAULT_ATOL = 1e-2
 DEFAULT_RTOL = 1e-2
@@ -56,6 +59,8 @@ def compare_outputs(out: torch.Tensor, ref: torch.Tensor, atol: float = DEFAULT_
     The tolerance rule is ``torch.allclose``'s: ``|out - ref| <= atol + rtol * |ref|``.  A shape
     mismatch gives a failed verdict with NaN errors rather than raising.
     """
+    import torch
+
     shape = list(out.shape)
     if out.shape != ref.shape:
         nan = float("nan")

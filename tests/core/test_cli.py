@@ -246,10 +246,10 @@ def test_every_command_takes_format_and_the_same_json_structure(monkeypatch, cap
     assert code == 2 and "contradicts --markdown" in err
 
 
-def test_importing_the_cli_loads_neither_optuna_nor_matplotlib():
+def test_importing_the_cli_loads_neither_optuna_nor_matplotlib_nor_torch():
     import subprocess
 
-    code = ("import sys, mlabench.cli; loaded = {'optuna', 'matplotlib'} & set(sys.modules); "
+    code = ("import sys, mlabench.cli; loaded = {'optuna', 'matplotlib', 'torch'} & set(sys.modules); "
             "assert not loaded, loaded")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
