@@ -10,7 +10,7 @@ import mlabench.backends.aiter as aiter_backend
 from mlabench.backends import get_backend
 from mlabench.device import DeviceInfo
 from mlabench.errors import BackendUnavailableError, UnsupportedShapeError
-from mlabench.inputs import make_inputs
+from mlabench.inputs import SPARE_PAGES, make_inputs
 from mlabench.kernels.padding import pad_heads
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.shapes import MLADecodeShape
@@ -145,7 +145,7 @@ def test_asm_prepare_calls_aiter_correctly(monkeypatch, page_size, mode):
     q_pad, kv, o_pad = f_args[:3]
     assert q_pad.shape == (3, 16, 576) and q_pad.is_contiguous()
     assert torch.equal(q_pad, pad_heads(inp.q, 16, mode))
-    assert kv.shape == (s.num_pages * page_size, 1, 1, 576)
+    assert kv.shape == ((s.num_pages + SPARE_PAGES) * page_size, 1, 1, 576)
     assert kv.data_ptr() == inp.kv_cache.data_ptr()
     assert o_pad.shape == (3, 16, 512)
     assert f_args[7] == 1
@@ -197,7 +197,7 @@ def test_gluon_prepare_calls_mla_gluon(monkeypatch, page_size):
     assert q_nope.shape == (3, 12, 512) and q_pe.shape == (3, 12, 64)
     assert q_nope.data_ptr() == inp.q.data_ptr()  # views of q, no copy
     assert q_pe.data_ptr() == inp.q[..., 512:].data_ptr()
-    assert kv_c.shape == (s.num_pages * page_size, 576)
+    assert kv_c.shape == ((s.num_pages + SPARE_PAGES) * page_size, 576)
     assert kw["o"] is call.out and kw["use_2d_view"] is False and kw["kv_pe_offset"] == 512
     assert kw["seq_info"].tolist() == [0, 70, 75, 204] and kw["page_table"].dtype == torch.int32
     assert kw["min_kv_seq_len"] == 129 and "num_kv_splits" not in kw

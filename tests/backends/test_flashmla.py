@@ -20,7 +20,7 @@ from mlabench.backends.flashmla import (
     metadata_args,
     split_stats,
 )
-from mlabench.inputs import make_inputs
+from mlabench.inputs import SPARE_PAGES, make_inputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.shapes import MLADecodeShape
 from tests.backends.fakes import Recorder, install, module
@@ -152,7 +152,7 @@ def test_prepare_sgl_legacy(monkeypatch):
     (args, kw), = fakes.fwd.calls
     q4, k_cache, block_table, seqlens, head_dim_v, sched, num_splits = args
     assert q4.shape == (3, 1, 12, 576) and k_cache is inp.kv_cache
-    assert k_cache.shape == (s.num_pages, 64, 1, 576)
+    assert k_cache.shape == (s.num_pages + SPARE_PAGES, 64, 1, 576)
     assert block_table.dtype == torch.int32 and seqlens.dtype == torch.int32
     assert head_dim_v == 512 and num_splits is None
     assert sched.tile_scheduler_metadata.shape == (SM_PARTS, 8)
