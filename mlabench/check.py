@@ -1,4 +1,5 @@
-"""``mlabench check``: every backend's agreement with the fp32 reference on fresh random inputs."""
+"""``mlabench check``: every backend's agreement with the fp32 reference on fresh inputs (random,
+needles, peaky, flat: :mod:`mlabench.verification`), poisoned with NaN wherever no request may read."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from mlabench.measure import ShapeBench, failed_record
 from mlabench.results import Record
 from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.timing import TimingConfig
+from mlabench.verdict import CheckConfig
 
 #: Split counts checked by default: 1, a non-power of two, typical counts, and more splits than a
 #: short request has tokens.
@@ -67,13 +69,14 @@ def check_shapes(*, model: str | None = None, model_config: str | Path | None = 
 
 
 def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None = None,
-              splits: Sequence[int] = DEFAULT_CHECK_SPLITS, atol: float = 1e-2, rtol: float = 1e-2,
+              splits: Sequence[int] = DEFAULT_CHECK_SPLITS, check: CheckConfig | None = None,
               seed: int = 0) -> tuple[list[Record], dict[str, str]]:
     """One record per (backend, params, shape), and ``{backend: why}`` for those unavailable here.
 
     Named backends must exist (:class:`UnknownBackendError`) and be available
     (:class:`BackendUnavailableError`, via :func:`select_backends`); fresh inputs per shape (``seed``),
-    outputs poisoned with NaN before each run.
+    outputs poisoned with NaN before each run, judged by ``check`` (default: every input set, the
+    dtypes' relative limits).
     """
     if backends:  # named: each must exist and be available
         chosen = select_backends(list(backends), strict=True)
@@ -97,8 +100,8 @@ def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None =
                     records += [failed_record(b.name, p, shape, "check", None, why) for p in grid]
                     continue
             for params in grid:
-                records.append(bench.run(b, params, copy_bw_tbps=None, run_id="check", atol=atol,
-                                         rtol=rtol, time_it=False))
+                records.append(bench.run(b, params, copy_bw_tbps=None, run_id="check", check=check,
+                                         time_it=False))
     return records, unavailable
 
 

@@ -290,7 +290,7 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
                     rec = failed_record(p.backend, p.params, shape, run_id, copy_bw, setup_error)
                 else:
                     rec = bench.run(get_backend(p.backend), p.params, copy_bw_tbps=copy_bw, run_id=run_id,
-                                    atol=cfg.check.atol, rtol=cfg.check.rtol, time_it=time_it)
+                                    check=cfg.check, time_it=time_it)
                 store.append(rec)
                 finished += 1
                 if progress:

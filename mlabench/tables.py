@@ -214,23 +214,28 @@ def sweep_summary(records: Sequence[Record], fixed_splits: Sequence[int] = (1, 1
 
 
 def check_table(records: Sequence[Record], unavailable: dict[str, str] | None = None) -> Table:
-    """``backend | params | shape | max abs err | RMSE | cosine | finite | verdict``, with a note
+    """``backend | params | shape | rel RMSE | rel max err | max abs err | finite | verdict`` (errors
+    of each point's worst input set; a failure says why and which needle went missing), with a note
     per backend of ``unavailable`` (``{name: why}``) saying why it is not available here."""
     t = Table("Correctness against the fp32 reference",
-              ["backend", "params", "shape", "max abs err", "RMSE", "cosine", "finite", "verdict"])
+              ["backend", "params", "shape", "rel RMSE", "rel max err", "max abs err", "finite", "verdict"])
     for r in records:
         v = r.verdict
         shape = f"B={r.batch} H={r.num_heads} L={_ctx(r)} p{r.shape.get('page_size')}"
         if v:
             shape += f" → [{','.join(map(str, v.output_shape))}]"
         verdict = {"ok": "pass", "incorrect": "FAIL"}.get(r.status, r.status)
-        if r.status not in ("ok", "incorrect") and r.message:
+        if r.status != "ok" and r.message:
             verdict += f": {r.message}"
-        t.rows.append([r.backend, params_label(r.params), shape, v.max_abs_err if v else None,
-                       v.rmse if v else None, v.cosine if v else None, v.all_finite if v else None, verdict])
-    if records and records[0].verdict:
-        t.notes.append(f"atol={records[0].verdict.atol:g} rtol={records[0].verdict.rtol:g}; "
-                       "outputs poisoned with NaN before every run")
+        t.rows.append([r.backend, params_label(r.params), shape, v.rel_rmse if v else None,
+                       v.rel_max_err if v else None, v.max_abs_err if v else None,
+                       v.all_finite if v else None, verdict])
+    v0 = next((r.verdict for r in records if r.verdict and r.verdict.rel_rmse_limit), None)
+    if v0:
+        sets = ", ".join(v0.by_input_set) or v0.input_set or "random"
+        t.notes.append(f"rel RMSE = RMSE / RMS of the reference (limit {v0.rel_rmse_limit:.2g}), rel max err = "
+                       f"max |error| / RMS of the reference (limit {v0.rel_max_err_limit:.2g}), on the worst of "
+                       f"the input sets {sets}; unread cache slots and outputs poisoned with NaN")
     t.notes += [f"not available here: {n} ({why})" for n, why in (unavailable or {}).items()]
     return t
 

@@ -76,6 +76,9 @@ class PreparedCall:
       (``metadata_us`` for a library's scheduling metadata, ``work_list_us`` for a work list).
     - ``workspace_bytes``: bytes of intermediate buffers (split partials) the call writes and reads.
     - ``graph_safe``: whether ``fn`` may be captured into a CUDA/HIP graph.
+    - ``split_starts``: per request, the first token of each piece of KV the call reduces
+      separately (split, work-list segment), when the backend knows them; the correctness check
+      puts needle tokens at their edges (:mod:`mlabench.verification`).  None: not known.
     """
 
     fn: Callable[[], torch.Tensor]
@@ -84,6 +87,7 @@ class PreparedCall:
     setup_us: dict[str, float] = field(default_factory=dict)
     workspace_bytes: int = 0
     graph_safe: bool = True
+    split_starts: list[list[int]] | None = None
 
 
 class Backend(ABC):
