@@ -67,8 +67,9 @@ class TritonSplitKVBackend(_TritonBackend):
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         from mlabench.kernels.splitkv import (
-            alloc_splitkv_workspace, mla_decode_splitkv, splitkv_workspace_bytes,
+            SPLIT_ALIGN_TOKENS, alloc_splitkv_workspace, mla_decode_splitkv, splitkv_workspace_bytes,
         )
+        from mlabench.kernels.splitkv_torch import split_starts
 
         s = inputs.shape
         splits = int(params["num_kv_splits"])
@@ -81,7 +82,8 @@ class TritonSplitKVBackend(_TritonBackend):
                                       partial_out=part_o, partial_lse=part_lse)
 
         return PreparedCall(fn=fn, out=out, effective_params={"num_kv_splits": splits},
-                            workspace_bytes=splitkv_workspace_bytes(s.batch, s.num_heads, splits))
+                            workspace_bytes=splitkv_workspace_bytes(s.batch, s.num_heads, splits),
+                            split_starts=split_starts(s.context_lens, splits, SPLIT_ALIGN_TOKENS))
 
 
 @register
@@ -106,7 +108,7 @@ class TritonPersistentBackend(_TritonBackend):
             WORK_GRANULARITY_TOKENS, alloc_persistent_workspace, mla_decode_persistent,
             persistent_workspace_bytes,
         )
-        from mlabench.kernels.worklist import build_work_list
+        from mlabench.kernels.worklist import build_work_list, request_split_starts
 
         s = inputs.shape
         mode = str(params["head_padding"])
@@ -134,4 +136,5 @@ class TritonPersistentBackend(_TritonBackend):
                               "num_stages": num_stages},
             setup_us={"work_list_us": work_list_us},
             workspace_bytes=persistent_workspace_bytes(num_programs, s.batch, hp),
+            split_starts=request_split_starts(work),
         )

@@ -15,6 +15,7 @@ from mlabench.backends.base import Backend, Family
 from mlabench.errors import ConfigError
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import mla_decode_reference
+from mlabench.measure import ShapeBench
 from mlabench.shapes import MLADecodeShape
 from mlabench.verdict import compare_outputs
 
@@ -115,3 +116,12 @@ def test_matches_the_reference_on_this_machine(name):
         out = backend.prepare(inputs, backend.resolve_params(TINY, params)).fn()
         verdict = compare_outputs(out, ref)
         assert verdict.passed, (params, verdict)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_passes_every_input_set_with_its_defaults(name):
+    """On poisoned inputs (NaN in every slot no request may read), with needles at its splits'
+    edges, the peaky and the flat sets: what ``check`` and ``sweep`` verify on."""
+    backend = runnable(name)
+    _call, verdict = ShapeBench(TINY, seed=3, copies=1).check(backend, backend.resolve_params(TINY))
+    assert verdict.passed and set(verdict.by_input_set) == {"random", "needles", "peaky", "flat"}, verdict

@@ -11,6 +11,7 @@ import torch
 
 from mlabench.backends import get_backend
 from mlabench.backends.flashmla import (
+    flashmla_split_starts,
     API_LEGACY_FLAG,
     API_STUB,
     API_TENSOR_METADATA,
@@ -103,6 +104,15 @@ def test_split_stats_and_workspace():
     assert stats == {"num_sm_parts": 132, "num_splits_total": 9, "num_splits_max": 4, "num_splits_min": 2}
     assert split_stats(None, None) == {}
     assert flashmla_workspace_bytes(2, 12, 132) == 2 * 134 * 12 * (512 * 4 + 4)
+
+
+def test_split_starts_from_the_scheduler_metadata():
+    """Rows (begin_idx, begin_seqlen, end_idx, end_seqlen, ...): partition 1 starts inside request 0
+    and runs into request 1, partition 2 starts at token 64 of request 1, partition 3 is idle."""
+    rows = [[0, 0, 0, 128], [0, 128, 1, 64], [1, 64, 1, 100], [2, 0, 2, 0]]
+    tile = torch.tensor([r + [0] * 4 for r in rows], dtype=torch.int32)
+    assert flashmla_split_starts(tile, batch=2) == [[0, 128], [0, 64]]
+    assert flashmla_split_starts(None, batch=2) is None
 
 
 def test_supports():

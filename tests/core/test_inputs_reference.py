@@ -6,7 +6,7 @@ import torch
 from mlabench.errors import OutOfMemoryError
 from mlabench.inputs import SPARE_PAGES, check_fits, make_inputs
 from mlabench.kernels.reference import gather_kv, mla_decode_reference
-from mlabench.kernels.splitkv_torch import mla_decode_splitkv_torch
+from mlabench.kernels.splitkv_torch import mla_decode_splitkv_torch, split_starts
 from mlabench.shapes import MLADecodeShape
 from mlabench.verdict import compare_outputs
 
@@ -129,3 +129,11 @@ def test_torch_splitkv_matches_reference(splits):
     out = mla_decode_splitkv_torch(x.q, x.kv_cache, x.block_table, x.cache_seqlens, splits, s.scale)
     assert torch.isfinite(out).all()
     assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_split_starts_of_the_split_kv_cuts():
+    assert split_starts([100, 5, 1], 3) == [[0, 34, 68], [0, 2, 4], [0]]  # ceil(L / 3) tokens
+    assert split_starts([100, 5], 3, align=16) == [[0, 48, 96], [0]]  # rounded up to 16
+    assert split_starts([4096], 512, align=16) == [list(range(0, 4096, 16))]
+    with pytest.raises(ValueError):
+        split_starts([10], 0)
