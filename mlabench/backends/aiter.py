@@ -3,6 +3,11 @@
 Both run AITER's page-size-1 kernels on our paged cache viewed as ``[P * page, 1, 1, 576]`` with
 ``kv_indices`` that map every token to its row (:func:`mlabench.backends.aiter_args.page1_kv_layout`),
 which is exact for every page size.  AITER is imported only when a backend is probed or prepared.
+Every index AITER is given is a valid token's row: no page tail or block-table padding is
+reachable through its arguments, so cache slots no request may read (NaN in the correctness
+check) stay unread unless a kernel reads past its ``kv_indptr`` range, which the check on a GPU
+would show.  Where AITER's splits start is not known here: the check places needles at the cuts
+of ``num_kv_splits`` (:func:`mlabench.verification.split_starts_for`).
 
 Sources (read, not copied): AITER ``aiter/mla.py`` (``mla_decode_fwd``, persistent batch gate),
 ``aiter/ops/attention.py`` (``get_mla_metadata_info_v1`` / ``get_mla_metadata_v1``),

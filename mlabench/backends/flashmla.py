@@ -130,6 +130,10 @@ class FlashMLABackend(Backend):
     (one extra small copy kernel inside the timed call, about ``B * H * 1 KiB``).
     Where the scheduler cannot be hoisted, one decode call in ``prepare`` fills it and
     ``metadata_us`` includes that call (``effective_params["metadata"]`` says so).
+    Unread cache slots: FlashMLA reads whole 64-token blocks, but zero-fills the rows of a
+    request's last block past its length and reads block-table entries only below
+    ``ceil(L / 64)``, so the NaN the check puts there never reaches its products.  Its split
+    starts come from the scheduler metadata (:func:`flashmla_split_starts`).
     """
 
     name = "flashmla"
