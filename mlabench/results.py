@@ -22,7 +22,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -215,21 +215,7 @@ class ResultStore:
 
     def records(self) -> list[Record]:
         """Every complete record, in order; a cut-short last line is ignored."""
-        if not self.jsonl.exists():
-            return []
-        out = []
-        with open(self.jsonl, encoding="utf-8") as fh:
-            lines = fh.read().split("\n")
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                out.append(Record.model_validate_json(line))
-            except ValidationError:
-                if i == len(lines) - 1:  # an interrupted write: no newline after it
-                    break
-                raise ResultsError(f"{self.jsonl}:{i + 1}: not a valid record") from None
-        return out
+        return read_jsonl(self.jsonl, Record, "record")
 
     def finished_keys(self) -> set[str]:
         return {r.key for r in self.records()}
@@ -254,6 +240,31 @@ class ResultStore:
             writer.writerows(rows)
         tmp.replace(path)
         return path
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_jsonl(path: Path, model: type[M], what: str) -> list[M]:
+    """Every line of a JSONL file as ``model``, in order; [] when the file does not exist.
+
+    A last line cut short (an interrupted write: no newline after it) is ignored; a bad line
+    elsewhere raises :class:`ResultsError` naming the file, the line and ``what`` it should be.
+    """
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(model.model_validate_json(line))
+        except ValidationError:
+            if i == len(lines) - 1:
+                break
+            raise ResultsError(f"{path}:{i + 1}: not a valid {what}") from None
+    return out
 
 
 def run_folders(paths: Iterable[Path]) -> list[Path]:

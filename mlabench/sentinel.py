@@ -17,10 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from mlabench.errors import ResultsError
-from mlabench.results import Manifest, Record
+from mlabench.results import Manifest, Record, read_jsonl
 from mlabench.tables import fmt, params_label
 
 SENTINEL_FILE = "sentinel.jsonl"
@@ -80,21 +79,7 @@ def read_sentinels(run_dir: Path) -> list[SentinelMeasurement]:
 
     A cut-short last line is ignored; raises :class:`ResultsError` for a bad line elsewhere.
     """
-    path = Path(run_dir) / SENTINEL_FILE
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").split("\n")
-    out = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            out.append(SentinelMeasurement.model_validate_json(line))
-        except ValidationError:
-            if i == len(lines) - 1:
-                break
-            raise ResultsError(f"{path}:{i + 1}: not a valid sentinel measurement") from None
-    return out
+    return read_jsonl(Path(run_dir) / SENTINEL_FILE, SentinelMeasurement, "sentinel measurement")
 
 
 def repeat_noise(medians_us: Sequence[float]) -> float | None:

@@ -11,6 +11,7 @@ from typing import Any
 from mlabench.plots import FigureSpec, Skipped, style
 from mlabench.report.document import Block, Bullets, Code, FigureBlock, Heading, Missing, Para, TableBlock
 from mlabench.results import Record
+from mlabench.sentinel import health_notes
 from mlabench.tables import Table, compare_table, sweep_summary
 
 
@@ -83,6 +84,7 @@ def kernel_environment(run: Any, records: Sequence[Record]) -> Table:
         ["sweep", _sweep_text(m.config)], ["timing", _timing_text(m.config.get("timing", {}), dev.get("kind"))],
         ["points", f"{len(mine)} ({sum(r.status == 'ok' for r in mine)} ok)"],
     ]
+    rows += [["health", note] for note in health_notes(m, mine)]
     return Table(f"Kernel run {m.run_id}", ["field", "value"], rows)
 
 

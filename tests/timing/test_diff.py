@@ -11,6 +11,7 @@ from mlabench.diff import diff_runs, diff_tables
 from mlabench.results import ResultStore
 from mlabench.sentinel import append_sentinel
 from mlabench.stats import summarize
+from tests.core.test_cli import run as mlabench
 
 H200_RUN = Path(__file__).resolve().parents[2] / "results/h200/kimi-k3-tp8/kimi-k3-tp8-20261130-105953-511"
 
@@ -84,20 +85,6 @@ def test_geometric_mean_and_agreement_per_backend(tmp_path):
     assert rows["all"]["geomean_ratio"] == pytest.approx(1.02)
     assert rows["all"]["points_over_min"] == 246  # the points of 20 µs or more
     assert rows["all"]["within_1pct"] == 0 and rows["all"]["worst"] == pytest.approx(0.02)
-
-
-def mlabench(args, monkeypatch, capsys):
-    """Run ``mlabench ARGS`` through the console script's entry point: (exit code, stdout, stderr)."""
-    from mlabench import cli
-
-    monkeypatch.setattr(sys, "argv", ["mlabench", *args])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_diff_command(tmp_path, monkeypatch, capsys):
