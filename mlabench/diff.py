@@ -213,8 +213,8 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
                       f"slower / faster: points whose |ln(B/A)| exceeds {Z_CRITICAL:g} x the combined uncertainty "
                       f"of the two medians (their samples' 95% CI and each run's repeat noise from its "
                       f"sentinel: {noise})",
-                      f"≥{min_us:g}µs, in 1%, worst: the points whose A median is ≥ {min_us:g} µs, the share of them "
-                      "within 1%, the largest |B/A - 1| among them"]
+                      f"≥{min_us:g}µs, in 1%, worst: the points whose A median is ≥ {min_us:g} µs, the share "
+                      "of them within 1%, the largest |B/A - 1| among them"]
     summary.notes += d.manifest_notes or ["the two runs were recorded with the same GPU, driver, library versions, "
                                           "revision and settings"]
     shown = d.points if show_all else [p for p in d.points if p.significant]

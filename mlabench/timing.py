@@ -48,11 +48,11 @@ class TimingConfig(BaseModel):
     eager: bool = Field(True, description="Also time eager launches on a GPU.")
     cold_cache: bool = Field(True, description="Rotate input copies to exceed 2x L2 on a GPU.")
     max_copies: int = Field(64, ge=1, description="Most input copies rotated for a cold cache.")
-    min_replay_us: float = Field(2000.0, ge=0, description="Least work one GPU sample holds, µs (calls cycle the copies).")
+    min_replay_us: float = Field(2000.0, ge=0, description="Least work one GPU sample holds, µs.")
     min_calls_per_replay: int = Field(1, ge=1, description="Fewest calls one GPU sample holds.")
     max_calls_per_replay: int = Field(4096, ge=1, description="Most calls one GPU sample holds.")
     steady_min_s: float = Field(5.0, ge=0, description="Least GPU warm-up before a sweep's first point, seconds.")
-    steady_max_s: float = Field(30.0, ge=0, description="Most GPU warm-up waiting for steady clocks and power, seconds.")
+    steady_max_s: float = Field(30.0, ge=0, description="Most GPU warm-up waiting for steady clocks, seconds.")
 
 
 def run_until_stable(sample_us: Callable[[], float], cfg: TimingConfig,

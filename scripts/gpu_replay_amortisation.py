@@ -84,9 +84,12 @@ def main() -> None:
         print(f"| {r['context']} | {r['splits']} | {r['copies']} | " + " | ".join(cells)
               + f" | {100 * r['spread_fixed']:.2f}% |")
     worst = max(r["spread_fixed"] for r in results)
+    longest = f"{calls[-1]} calls"
+    default = max(abs(r["rows"]["default"]["mean_us"] / r["rows"][longest]["mean_us"] - 1) for r in results)
     print(f"\nµs per call (calls per replay), mean of two rounds; {args.backend}, batch 1, 12 heads, page "
           f"{args.page_size}.\nper-call time from {calls[0]} to {calls[-1]} calls flat within 1%: "
-          f"{'yes' if worst <= 0.01 else 'NO'} (worst spread {100 * worst:.2f}%)")
+          f"{'yes' if worst <= 0.01 else 'NO'} (worst spread {100 * worst:.2f}%); the sweep's default replay "
+          f"length within {100 * default:.2f}% of {longest}")
     if args.out:
         args.out.write_text(json.dumps({"warmup": steady.model_dump(), "results": results}, indent=1))
 

@@ -14,18 +14,20 @@ if [[ -n "${FLASHMLA_WHEEL:-}" ]]; then
   python3 -m pip install --quiet --no-deps "$FLASHMLA_WHEEL" || echo "FlashMLA wheel not installed" >&2
 fi
 start=$SECONDS
-python3 scripts/gpu_replay_amortisation.py --out "$out/amortisation.json" | tee "$out/amortisation.md"
-echo "amortisation: $((SECONDS - start)) s" >&2
+python3 scripts/gpu_replay_amortisation.py --out "$out/amortisation.json" > "$out/amortisation.md" \
+  || { cat "$out/amortisation.md"; exit 1; }
+echo "amortisation: $((SECONDS - start)) s"
 for i in 1 2; do
   t=$SECONDS
   "${mlabench[@]}" sweep --config configs/sweeps/kimi-k3-tp8.toml --results-dir "$out/runs" --markdown \
-    > "$out/sweep-$i.md" || exit
-  echo "sweep $i: $((SECONDS - t)) s" >&2
+    > "$out/sweep-$i.md" 2> "$out/sweep-$i.log" || { tail -n 20 "$out/sweep-$i.log"; exit 1; }
+  echo "sweep $i: $((SECONDS - t)) s"
 done
 mapfile -t runs < <(ls -d "$out"/runs/kimi-k3-tp8-* | sort)
 "${mlabench[@]}" diff "${runs[0]}" "${runs[1]}" --markdown > "$out/diff.md"
 "${mlabench[@]}" diff "${runs[0]}" "${runs[1]}" --all --json > "$out/diff.json"
-echo "total: $((SECONDS - start)) s" >&2
+echo "total: $((SECONDS - start)) s"
+echo; cat "$out/amortisation.md"
 python3 - "$out" "${runs[@]}" <<'PY'
 import json, sys
 from pathlib import Path
@@ -52,4 +54,3 @@ for run in runs:
           f"{m.get('datasheet_bandwidth_tbps')} TB/s; sentinel drift max {100 * d.get('max_abs_drift', 0):.2f}%, "
           f"repeat noise {noise}{' DRIFTING' if d.get('drifting') else ''}")
 PY
-tail -n 2 "$out/amortisation.md"

@@ -78,7 +78,7 @@ def sweep(
     Flags change the default sweep (or --config's); --heads without a model sets the heads axis.
     """
     from mlabench.device import current_device
-    from mlabench.sentinel import health_notes
+    from mlabench.sentinel import ceilings_note, health_notes
     from mlabench.sweep import resolve_sweep_config
     from mlabench.tables import sweep_summary
 
@@ -90,7 +90,7 @@ def sweep(
         notice(f"No GPU found: running a small CPU sweep ({cfg.name}) on {current_device().name}.")
     store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
     summary = sweep_summary(records)
-    summary.notes += health_notes(store.manifest(), records)
+    summary.notes += [ceilings_note(store.manifest()), *health_notes(store.manifest(), records)]
     emit([summary], fmt)
     err.print(f"results: {store.run_dir}/ (results.jsonl, results.csv, manifest.json)")
 

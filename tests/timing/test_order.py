@@ -59,7 +59,8 @@ def test_a_resumed_shuffled_run_keeps_its_order(tmp_path, monkeypatch):
 
     cfg = SweepConfig(name="t", heads=[12], batch=[1, 2], context_lens=[16, 40], page_size=16,
                       backends=["torch-splitkv"], params={"num_kv_splits": [1, 2, 3]}, order="shuffled",
-                      sentinel_every=0, timing=TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01))
+                      sentinel_every=0,
+                      timing=TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01))
     real, calls = measure.ShapeBench.run, {"n": 0}
 
     def stop_after_five_points(self, *a, **k):
