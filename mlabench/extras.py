@@ -1,4 +1,4 @@
-"""Optional dependencies (AITER, FlashMLA, vLLM), imported lazily in one place.
+"""Optional dependencies (AITER, FlashMLA, vLLM, Optuna), imported lazily in one place.
 
 Nothing in mlabench imports these at module load; a backend asks :func:`optional_import` when it is
 probed, and the reason string names what to install.
@@ -12,6 +12,8 @@ from types import ModuleType
 
 INSTALL_HINTS = {
     "aiter": "AITER (ROCm only): install amd-aiter from source or use a ROCm image that ships it",
+    "optuna": "Optuna: pip install optuna",
+    "psycopg2": "the PostgreSQL driver: pip install psycopg2-binary",
     "flash_mla": "FlashMLA: pip install sgl-flash-mla (Hopper, SM90) or build FlashMLA from source",
     "sgl_flash_mla": "FlashMLA: pip install sgl-flash-mla (Hopper, SM90)",
     "triton": "Triton: pip install triton",
@@ -45,3 +47,14 @@ def package_version(dist_names: tuple[str, ...]) -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+def require(name: str) -> ModuleType:
+    """Import optional package ``name`` or raise :class:`~mlabench.errors.MlabenchError` naming what
+    to install (e.g. ``require("optuna")`` inside the tuner, so ``import mlabench.cli`` never loads it)."""
+    from mlabench.errors import MlabenchError
+
+    module, reason = optional_import(name)
+    if module is None:
+        raise MlabenchError(reason)
+    return module
