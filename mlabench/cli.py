@@ -36,10 +36,11 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def _register_commands() -> None:
-    from mlabench import cli_kernels, cli_serve
+    from mlabench import cli_kernels, cli_serve, cli_tune
 
     cli_kernels.register(app)
     cli_serve.register(app)
+    cli_tune.register(app)
 
 
 _register_commands()

@@ -84,17 +84,22 @@ def gpu_model(devices: list[str | None]) -> str:
     return models[named[0]]
 
 
-def _manifest(run_id: str, cfg: TuneConfig, specs: list[StudySpec], copy_bw: float, device: str) -> Manifest:
+def run_manifest(run_id: str, copy_bw: float, config: dict[str, Any], device: str | None = None) -> Manifest:
+    """The manifest of a tuning or validation run (database passwords in the command line redacted)."""
     rev, dirty = git_revision()
-    dev = dict(current_device().__dict__, name=device)
-    config = cfg.model_dump(mode="json", by_alias=True)
-    if cfg.storage:
-        config["storage"] = redact_url(cfg.storage)
+    dev = dict(current_device().__dict__, name=device or current_device().name)
     command = [redact_url(x) if "://" in x else x for x in command_line()]
     return Manifest(run_id=run_id, created=utc_now(), command=command, git_revision=rev, git_dirty=dirty,
                     host=socket.gethostname(), device=dev, gpu_state=gpu_state(), driver=driver_version(),
-                    versions=library_versions(), copy_bandwidth_tbps=copy_bw,
-                    config={"tune": config, "studies": [dataclasses.asdict(s) for s in specs]})
+                    versions=library_versions(), copy_bandwidth_tbps=copy_bw, config=config)
+
+
+def _manifest(run_id: str, cfg: TuneConfig, specs: list[StudySpec], copy_bw: float, device: str) -> Manifest:
+    config = cfg.model_dump(mode="json", by_alias=True)
+    if cfg.storage:
+        config["storage"] = redact_url(cfg.storage)
+    return run_manifest(run_id, copy_bw, {"tune": config, "studies": [dataclasses.asdict(s) for s in specs]},
+                        device)
 
 
 def recorded_config(run_dir: Path) -> tuple[TuneConfig, list[StudySpec]]:
@@ -238,7 +243,8 @@ def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list
             full_params(backend, fixed, fastest.params), fastest.median_us,
             best_h.user_attrs["enqueued_as"] if best_h else None, best_h.value if best_h else None))
     source = {"run_id": store.manifest().run_id, "noise": cfg.noise, "created": utc_now(),
-              "studies": [s.name for s in specs], "buckets": cfg.buckets, "representative": cfg.representative}
+              "studies": [s.name for s in specs], "buckets": cfg.buckets, "representative": cfg.representative,
+              "lengths": sorted({s.length for s in specs})}
     policy = build_policy(cfg, picks, device, versions, source)
     return TuneResult(store, policy, rows, write_exports(policy, store.run_dir))
 

@@ -29,6 +29,10 @@ from mlabench.errors import ConfigError, MlabenchError
 from mlabench.results import Record, ResultStore
 
 
+#: Comma-separated modules every worker imports first (e.g. one that registers extra backends).
+IMPORTS_ENV = "MLABENCH_WORKER_IMPORTS"
+
+
 @dataclass
 class Worker:
     """A started worker: its index, the device it sees (None: the parent's devices) and its log."""
@@ -199,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m mlabench.workers ENTRY PAYLOAD INDEX``: run one worker; errors a user can cause
     print one ``error:`` line and exit 2."""
     entry, payload_path, index = (argv if argv is not None else sys.argv[1:])[:3]
+    for extra in filter(None, os.environ.get(IMPORTS_ENV, "").split(",")):
+        importlib.import_module(extra.strip())  # e.g. a module registering out-of-tree backends
     module_name, func_name = entry.split(":")
     func = getattr(importlib.import_module(module_name), func_name)
     payload = json.loads(Path(payload_path).read_text())

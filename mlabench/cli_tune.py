@@ -1,0 +1,194 @@
+"""The ``tune`` command: Optuna search of split counts per context bucket, validation, export.
+
+Thin: parse flags, call :func:`mlabench.tune_run.run_tune`, :func:`mlabench.tune_validate.validate_policy`
+or :func:`mlabench.tune_run.export_run`, render.  Optuna is imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from mlabench.cli_kernels import _emit, _ints, _one_format, _positive
+from mlabench.errors import ConfigError
+
+err = Console(stderr=True)
+
+
+def parse_space(items: list[str] | None) -> dict[str, dict[str, Any]] | None:
+    """``["num_kv_splits=1:256", "head_padding=zero"]`` -> ``{name: {low, high} | {choices}}``."""
+    if not items:
+        return None
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ConfigError(f"--space takes NAME=LOW:HIGH or NAME=A,B,..., got {item!r}")
+        if ":" in value:
+            low, _, high = value.partition(":")
+            try:
+                out[name] = {"low": int(low), "high": int(high)}
+            except ValueError:
+                raise ConfigError(f"--space {name}: LOW:HIGH must be integers, got {value!r}") from None
+        else:
+            out[name] = {"choices": [v for v in value.split(",") if v]}
+    return out
+
+
+class LiveView:
+    """A Rich live table on stderr: per study, trials done/total and the best so far; an ETA."""
+
+    def __init__(self) -> None:
+        from rich.live import Live
+
+        self.start = time.monotonic()
+        self.live = Live(console=err, refresh_per_second=2, transient=False)
+
+    def __call__(self, progress: list[Any]) -> None:
+        from rich.table import Table as RichTable
+
+        done, total = sum(p.done for p in progress), sum(p.total for p in progress)
+        elapsed = time.monotonic() - self.start
+        eta = f"{elapsed / done * max(0, total - done):.0f} s" if done else "—"
+        t = RichTable(title=f"tune: {done}/{total} trials, {elapsed:.0f} s elapsed, ETA {eta}")
+        for col in ("batch", "bucket", "length", "trials", "running", "best µs", "best params"):
+            t.add_column(col)
+        for p in progress:
+            best = "—" if p.best_us is None else f"{p.best_us:.1f}"
+            params = " ".join(f"{k}={v}" for k, v in p.best_params.items()) or "—"
+            t.add_row(str(p.batch), p.bucket, str(p.length), f"{p.done}/{p.total}", str(p.running), best, params)
+        if not self.live.is_started:
+            self.live.start()
+        self.live.update(t)
+
+    def stop(self) -> None:
+        if self.live.is_started:
+            self.live.stop()
+
+
+def tune(
+    backend: Annotated[str | None, typer.Option(help="Backend to tune, e.g. triton-splitkv.")] = None,
+    config: Annotated[str | None, typer.Option(help="Sweep TOML whose model, batch sizes and context lengths (bucket edges) to use.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model preset.")] = None,
+    tp: Annotated[int | None, typer.Option(help="Tensor-parallel size.")] = None,
+    model_config: Annotated[Path | None, typer.Option(help="A model's HF config.json.")] = None,
+    heads: Annotated[int | None, typer.Option(help="Local heads (without a model).")] = None,
+    batch: Annotated[str | None, typer.Option(help="Batch sizes, e.g. 1,16.")] = None,
+    buckets: Annotated[str | None, typer.Option(help="Context bucket upper edges, e.g. 1024,4096,32768,131072.")] = None,
+    representative: Annotated[str | None, typer.Option(help="Length measured per bucket: geomean or upper.")] = None,
+    page_size: Annotated[int | None, typer.Option(help="KV page size: 1, 16 or 64.")] = None,
+    sampler: Annotated[str | None, typer.Option(help="auto, tpe, gp, grid or brute.")] = None,
+    trials: Annotated[int | None, typer.Option(help="Finished trials per study (heuristics included).")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Seconds per study and worker.")] = None,
+    space: Annotated[list[str] | None, typer.Option(help="Narrow a parameter: NAME=LOW:HIGH or NAME=A,B.")] = None,
+    noise: Annotated[float | None, typer.Option(help="Ties within this fraction of the best (default 0.01).")] = None,
+    no_heuristics: Annotated[bool, typer.Option("--no-heuristics", help="Do not enqueue the public heuristics.")] = False,
+    budget_s: Annotated[float | None, typer.Option(help="Timing budget per configuration, seconds.")] = None,
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL (e.g. postgresql://...); default: a journal file in the run folder.")] = None,
+    gpus: Annotated[str | None, typer.Option(help="One worker per GPU, e.g. 0,1.")] = None,
+    workers: Annotated[int | None, typer.Option(help="Worker processes sharing this host's devices (without --gpus).")] = None,
+    results_dir: Annotated[Path, typer.Option(help="Where run folders go.")] = Path("results"),
+    resume: Annotated[Path | None, typer.Option(help="Continue this tuning run folder.")] = None,
+    validate: Annotated[Path | None, typer.Option(help="Measure this policy JSON on held-out lengths instead.")] = None,
+    lengths: Annotated[int, typer.Option(help="With --validate: lengths per batch size.")] = 48,
+    min_context: Annotated[int, typer.Option(help="With --validate: shortest length.")] = 1024,
+    max_context: Annotated[int, typer.Option(help="With --validate: longest length.")] = 131072,
+    ladder: Annotated[str | None, typer.Option(help="With --validate: split counts of the exhaustive reference.")] = None,
+    export: Annotated[Path | None, typer.Option(help="Rebuild the policy files of this tuning run.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown")] = False,
+) -> None:
+    """Tune split counts (and launch parameters) per batch and context bucket; write a policy.
+
+    One Optuna study per (batch, bucket); the public heuristics are the first trials; results in
+    results/<run-id>/ with policy.json, policy.h and policy.py.  See docs/tuning.md.
+    """
+    _one_format(as_json, markdown)
+    if validate is not None:
+        return _validate(validate, lengths, min_context, max_context, ladder, budget_s, results_dir, as_json, markdown)
+    if export is not None:
+        from mlabench.tune_run import export_run
+
+        return _report(export_run(export, storage, noise), as_json, markdown)
+    from mlabench.tune import load_tune_config
+    from mlabench.tune_run import recorded_config, run_tune
+    from mlabench.workers import parse_devices
+
+    values = {"backend": backend, "model": model, "tp": tp, "model_config": str(model_config) if model_config else None,
+              "heads": heads, "batch": _positive(_ints(batch, "--batch"), "batch"),
+              "buckets": _positive(_ints(buckets, "--buckets"), "--buckets"), "representative": representative,
+              "page_size": page_size, "sampler": sampler, "trials": trials, "timeout_s": timeout,
+              "space": parse_space(space), "noise": noise, "heuristics": False if no_heuristics else None,
+              "timing": {"budget_s": budget_s, "eager": False} if budget_s is not None else None, "storage": storage}
+    if resume is not None:
+        if any(v is not None for k, v in values.items() if k != "storage") or config:
+            raise ConfigError("--resume continues the run as recorded: only --storage, --gpus and --workers go with it")
+        cfg = recorded_config(resume)[0].model_copy(update={"storage": storage})
+    else:
+        if backend is None:
+            raise ConfigError("give --backend (e.g. triton-splitkv)")
+        if buckets is None and config is None:
+            raise ConfigError("give --buckets (context bucket edges) or --config (a sweep TOML)")
+        cfg = load_tune_config(config, values)
+    if workers is not None and (workers < 1 or gpus):
+        raise ConfigError("--workers takes a count >= 1, and not with --gpus")
+    devices = parse_devices(gpus) if gpus else [None] * (workers or 1)
+    view = LiveView()
+    try:
+        result = run_tune(cfg, results_dir, resume, devices, monitor=view)
+    finally:
+        view.stop()
+    _report(result, as_json, markdown)
+    err.print(f"results: {result.store.run_dir}/ (policy.json, policy.h, policy.py, results.jsonl, study)")
+
+
+def _report(result: Any, as_json: bool, markdown: bool) -> None:
+    from mlabench.tables import Table
+
+    choices = Table("Choice per batch and context bucket (µs: median of the measurement engine)",
+                    ["batch", "bucket", "length", "trials", "pruned", "chosen", "chosen µs", "fastest µs",
+                     "best heuristic", "heuristic µs", "speedup"])
+    for c in result.choices:
+        speedup = c.best_heuristic_us / c.chosen_us if c.best_heuristic_us else None
+        choices.rows.append([c.batch, c.bucket, c.length, c.finished, c.pruned, _params(c.chosen), c.chosen_us,
+                             c.fastest_us, c.best_heuristic, c.best_heuristic_us, speedup])
+    policy = Table(f"Policy for {result.policy.backend} on {result.policy.device} (adjacent buckets merged)",
+                   ["batch", "max context", "params"])
+    for b in result.policy.batches:
+        policy.rows += [[b.batch, e.max_context_len, _params(e.params)] for e in b.entries]
+    _emit([choices, policy], as_json, markdown)
+
+
+def _params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _validate(path: Path, lengths: int, low: int, high: int, ladder: str | None, budget_s: float | None,
+              results_dir: Path, as_json: bool, markdown: bool) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mlabench.policy import load_policy
+    from mlabench.tune import tune_timing
+    from mlabench.tune_validate import validate_policy, validation_tables
+
+    policy = load_policy(path)
+    timing = tune_timing().model_copy(update={"budget_s": budget_s}) if budget_s else None
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=err)
+    task = bar.add_task("validate", total=None)
+    with bar:
+        result = validate_policy(policy, lengths, low, high, _positive(_ints(ladder, "--ladder"), "--ladder"),
+                                 timing, results_dir,
+                                 lambda done, total, label: bar.update(task, completed=done, total=total,
+                                                                       description=label))
+    _emit(validation_tables(result), as_json, markdown)
+    err.print(f"results: {result.store.run_dir}/ (validation.md, validation.json, results.jsonl)")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``tune`` to ``app``."""
+    app.command()(tune)
