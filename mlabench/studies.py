@@ -10,6 +10,7 @@ URL Optuna supports (PostgreSQL shares studies between machines).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,11 +130,10 @@ def make_sampler(name: str, dims: list[Any], seed: int | None) -> Any:
     raise ConfigError(f"unknown sampler {name!r} (tpe, gp, grid, brute or auto)")
 
 
-def finished_trials(study: Any) -> list[Any]:
-    """COMPLETE and PRUNED trials (what counts towards ``--trials``)."""
-    optuna = optuna_module()
-    states = tuple(getattr(optuna.trial.TrialState, s) for s in FINISHED_STATES)
-    return study.get_trials(deepcopy=False, states=states)
+def distinct_finished(trials: list[Any]) -> int:
+    """Distinct configurations among COMPLETE and PRUNED ``trials``: what counts towards ``--trials``
+    (a repeat of a configuration, reused rather than measured again, does not)."""
+    return len({json.dumps(t.params, sort_keys=True) for t in trials if t.state.name in FINISHED_STATES})
 
 
 @dataclass
@@ -153,10 +153,9 @@ class StudyProgress:
 def study_progress(study: Any, spec: StudySpec, total: int) -> StudyProgress:
     """A :class:`StudyProgress` read from the storage now."""
     trials = study.get_trials(deepcopy=False)
-    done = [t for t in trials if t.state.name in FINISHED_STATES]
-    ok = [t for t in done if t.state.name == "COMPLETE" and t.value is not None]
+    ok = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None]
     best = min(ok, key=lambda t: t.value) if ok else None
-    return StudyProgress(spec.batch, f"{spec.lo + 1}-{spec.hi}", spec.length, len(done),
+    return StudyProgress(spec.batch, f"{spec.lo + 1}-{spec.hi}", spec.length, distinct_finished(trials),
                          sum(t.state.name == "RUNNING" for t in trials), total,
                          best.value if best else None, dict(best.params) if best else {})
 

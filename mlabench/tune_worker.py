@@ -20,7 +20,7 @@ from mlabench.backends.base import Backend
 from mlabench.device import current_device
 from mlabench.measure import ShapeBench
 from mlabench.results import Record, ResultStore, point_key
-from mlabench.studies import (FINISHED_STATES, check_device, finished_trials, make_sampler, open_storage,
+from mlabench.studies import (FINISHED_STATES, check_device, distinct_finished, make_sampler, open_storage,
                               optuna_module)
 from mlabench.tune import (Dimension, TuneConfig, full_params, resolve_sampler, search_space, shape_dims,
                            tune_shape)
@@ -98,16 +98,20 @@ class Objective:
 
 
 class StopAtTrials:
-    """Optuna callback: stop once finished trials plus other workers' running ones reach ``n``."""
+    """Optuna callback: stop once distinct finished configurations plus other workers' running
+    trials reach ``n``."""
 
     def __init__(self, n: int):
         self.n = n
 
-    def __call__(self, study: Any, trial: Any) -> None:
-        running = sum(t.state.name == "RUNNING" and t.number != trial.number
-                      for t in study.get_trials(deepcopy=False))
-        if len(finished_trials(study)) + running >= self.n:
+    def __call__(self, study: Any, trial: Any | None = None) -> None:
+        if self.reached(study, trial.number if trial is not None else None):
             study.stop()
+
+    def reached(self, study: Any, own: int | None = None) -> bool:
+        trials = study.get_trials(deepcopy=False)
+        running = sum(t.state.name == "RUNNING" and t.number != own for t in trials)
+        return distinct_finished(trials) + running >= self.n
 
 
 def worker_main(payload: dict[str, Any], index: int) -> None:
@@ -131,8 +135,7 @@ def worker_main(payload: dict[str, Any], index: int) -> None:
         study = optuna.load_study(study_name=spec["name"], storage=storage, sampler=sampler)
         check_device(study, device)
         stop = StopAtTrials(cfg.trials)
-        running = sum(t.state.name == "RUNNING" for t in study.get_trials(deepcopy=False))
-        if len(finished_trials(study)) + running >= cfg.trials:
+        if stop.reached(study):
             continue
         bench = ShapeBench(shape, cfg.timing, seed=cfg.seed)
         objective = Objective(backend, bench, dims, fixed, store, records, cfg, manifest.copy_bandwidth_tbps)
