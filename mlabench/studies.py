@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,11 +123,15 @@ def make_sampler(name: str, dims: list[Any], seed: int | None) -> Any:
     if name == "tpe":
         return samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if name == "gp":
-        return samplers.GPSampler(seed=seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return samplers.GPSampler(seed=seed)
     if name == "grid":
         return samplers.GridSampler({d.name: d.values() for d in dims}, seed=seed)
     if name == "brute":
-        return samplers.BruteForceSampler(seed=seed)
+        with warnings.catch_warnings():  # experimental since Optuna 3.1, and still the exhaustive one
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return samplers.BruteForceSampler(seed=seed)
     raise ConfigError(f"unknown sampler {name!r} (tpe, gp, grid, brute or auto)")
 
 
