@@ -48,9 +48,11 @@ def open_storage(url: str | None, run_dir: Path) -> Any:
 
         return optuna.storages.JournalStorage(JournalFileBackend(str(run_dir / JOURNAL_FILE)))
     try:
-        return optuna.storages.RDBStorage(
-            url, heartbeat_interval=15, grace_period=60,
-            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1))
+        with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna, and the way to recover
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
+            return optuna.storages.RDBStorage(url, heartbeat_interval=15, grace_period=60,
+                                              heartbeat_stale_trial_callback=retry)
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors have no common base here
         line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"--storage {redact_url(url)}: cannot open ({line})") from None
@@ -104,15 +106,28 @@ def prepare_study(storage: Any, spec: StudySpec, attrs: dict[str, Any],
 
 def recover_stale(study: Any) -> int:
     """Fail RUNNING trials whose worker on this host is gone (e.g. ``kill -9``) and enqueue their
-    parameters again, so the configuration is still measured; returns how many were failed."""
+    parameters again (once), so the configuration is still measured; returns how many were failed.
+
+    Optuna's ``skip_if_exists`` would skip them (it counts failed trials too), and an exhaustive
+    sampler takes a failed trial's point as visited, hence the explicit re-enqueue.
+    """
     optuna = optuna_module()
-    stale = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-             if worker_alive(str(t.user_attrs.get("worker", ""))) is False]
+    trials = study.get_trials(deepcopy=False)
+    stale = [t for t in trials if t.state.name == "RUNNING"
+             and worker_alive(str(t.user_attrs.get("worker", ""))) is False]
+    live = {json.dumps(_params_of(t), sort_keys=True) for t in trials if t.state.name != "FAIL" and t not in stale}
     for t in stale:
         study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
-        if t.params:
-            study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number}, skip_if_exists=True)
+        key = json.dumps(dict(t.params), sort_keys=True)
+        if t.params and key not in live:
+            study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
+            live.add(key)
     return len(stale)
+
+
+def _params_of(trial: Any) -> dict[str, Any]:
+    """A trial's parameters, or the fixed ones of a trial still waiting in the queue."""
+    return dict(trial.params) or dict(trial.system_attrs.get("fixed_params", {}))
 
 
 def make_sampler(name: str, dims: list[Any], seed: int | None) -> Any:
