@@ -81,6 +81,7 @@ def tune(
     buckets: Annotated[str | None, typer.Option(help="Context bucket upper edges, e.g. 1024,4096,32768,131072.")] = None,
     representative: Annotated[str | None, typer.Option(help="Length measured per bucket: geomean or upper.")] = None,
     page_size: Annotated[int | None, typer.Option(help="KV page size: 1, 16 or 64.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="q and KV dtype (default bfloat16).")] = None,
     sampler: Annotated[str | None, typer.Option(help="auto, tpe, gp, grid or brute.")] = None,
     trials: Annotated[int | None, typer.Option(help="Finished trials per study (heuristics included).")] = None,
     timeout: Annotated[float | None, typer.Option(help="Seconds per study and worker.")] = None,
@@ -121,7 +122,7 @@ def tune(
     values = {"backend": backend, "model": model, "tp": tp, "model_config": str(model_config) if model_config else None,
               "heads": heads, "batch": _positive(_ints(batch, "--batch"), "batch"),
               "buckets": _positive(_ints(buckets, "--buckets"), "--buckets"), "representative": representative,
-              "page_size": page_size, "sampler": sampler, "trials": trials, "timeout_s": timeout,
+              "page_size": page_size, "q_dtype": dtype, "kv_dtype": dtype, "sampler": sampler, "trials": trials, "timeout_s": timeout,
               "space": parse_space(space), "noise": noise, "heuristics": False if no_heuristics else None,
               "timing": {"budget_s": budget_s, "eager": False} if budget_s is not None else None, "storage": storage}
     if resume is not None:

@@ -172,14 +172,23 @@ def tune_shape(dims: dict[str, Any], batch: int, length: int) -> MLADecodeShape:
 
 
 # ---- the search space ----------------------------------------------------------------------------
+#: An integer range at least this wide (high / low) is sampled on a log scale by TPE and GP.
+LOG_SCALE_RATIO = 64
+
+
 @dataclass(frozen=True)
 class Dimension:
-    """One searched parameter: integers ``low..high`` or a list of ``choices``."""
+    """One searched parameter: integers ``low..high`` or a list of ``choices``.
+
+    ``log``: sample the integers on a log scale (split counts from 1 to 512: the time changes as
+    much from 2 to 4 splits as from 128 to 256); exhaustive samplers enumerate every value anyway.
+    """
 
     name: str
     low: int | None = None
     high: int | None = None
     choices: tuple[Any, ...] = ()
+    log: bool = False
 
     def values(self) -> list[Any]:
         return list(self.choices) if self.choices else list(range(self.low, self.high + 1))
@@ -214,7 +223,8 @@ def search_space(backend: Backend, shape: MLADecodeShape,
             if low == high:
                 fixed[spec.name] = low
             else:
-                dims.append(Dimension(spec.name, low=low, high=high))
+                wide = low >= 1 and high >= LOG_SCALE_RATIO * low
+                dims.append(Dimension(spec.name, low=low, high=high, log=wide))
         elif spec.choices:
             dims.append(Dimension(spec.name, choices=tuple(spec.choices)))
         else:

@@ -56,7 +56,7 @@ class Objective:
     def suggest(self, trial: Any) -> dict[str, Any]:
         """The searched parameters of ``trial`` (fixed ones are not Optuna parameters)."""
         return {d.name: (trial.suggest_categorical(d.name, list(d.choices)) if d.choices
-                         else trial.suggest_int(d.name, d.low, d.high)) for d in self.dims}
+                         else trial.suggest_int(d.name, d.low, d.high, log=d.log)) for d in self.dims}
 
     def __call__(self, trial: Any) -> float:
         optuna = optuna_module()
