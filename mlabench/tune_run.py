@@ -94,6 +94,17 @@ def run_manifest(run_id: str, copy_bw: float, config: dict[str, Any], device: st
                     versions=library_versions(), copy_bandwidth_tbps=copy_bw, config=config)
 
 
+def fresh_run_id(results_root: Path, prefix: str) -> str:
+    """:func:`new_run_id`, with ``-2``, ``-3``... appended when a run of this process already took it
+    (two runs started within one second)."""
+    run_id = base = new_run_id(prefix)
+    n = 1
+    while (results_root / run_id).exists():
+        n += 1
+        run_id = f"{base}-{n}"
+    return run_id
+
+
 def _manifest(run_id: str, cfg: TuneConfig, specs: list[StudySpec], copy_bw: float, device: str) -> Manifest:
     config = cfg.model_dump(mode="json", by_alias=True)
     if cfg.storage:
@@ -168,7 +179,7 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
         storage_url = cfg.storage
         copy_bw = measure_copy_bandwidth_tbps()
         _free_cached_memory()
-        run_id = new_run_id(cfg.name)
+        run_id = fresh_run_id(results_root, cfg.name)
         store = ResultStore.create(results_root / run_id, _manifest(run_id, cfg, specs, copy_bw, device))
     storage = open_storage(storage_url, store.run_dir)
     studies = [_prepare(storage, cfg, spec, store, device) for spec in specs]

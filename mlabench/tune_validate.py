@@ -22,7 +22,7 @@ from mlabench.errors import BackendUnavailableError, ConfigError
 from mlabench.heuristics import heuristic_splits
 from mlabench.measure import ShapeBench
 from mlabench.policy import Policy
-from mlabench.results import ResultStore, new_run_id
+from mlabench.results import ResultStore
 from mlabench.shapes import MLADecodeShape
 from mlabench.tables import Table
 from mlabench.timing import TimingConfig
@@ -108,7 +108,7 @@ def validate_policy(policy: Policy, count: int = 48, low: int = 1024, high: int 
     """
     from mlabench.timing import measure_copy_bandwidth_tbps
     from mlabench.tune import tune_timing
-    from mlabench.tune_run import run_manifest
+    from mlabench.tune_run import fresh_run_id, run_manifest
 
     backend = get_backend(policy.backend)
     ok, why = backend.available()
@@ -118,7 +118,7 @@ def validate_policy(policy: Policy, count: int = 48, low: int = 1024, high: int 
     lengths = validation_lengths(count, low, high, avoid | set(policy.source.get("lengths", [])))
     timing = timing or tune_timing()
     copy_bw = measure_copy_bandwidth_tbps()
-    run_id = new_run_id("validate")
+    run_id = fresh_run_id(results_root, "validate")
     config = {"validate": {"policy_source": policy.source, "backend": policy.backend, "lengths": lengths,
                            "ladder": ladder, "timing": timing.model_dump()}}
     store = ResultStore.create(results_root / run_id, run_manifest(run_id, copy_bw, config))
