@@ -66,6 +66,7 @@ class LiveView:
         self.live.update(t)
 
     def stop(self) -> None:
+        """Leave the last table on screen and stop refreshing."""
         if self.live.is_started:
             self.live.stop()
 

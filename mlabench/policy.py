@@ -92,6 +92,7 @@ class Policy(BaseModel):
         return lookup_rows(self.rows(), batch, context_len)
 
     def to_json(self) -> str:
+        """The policy as indented JSON (``schema_version`` first), newline-terminated."""
         return self.model_dump_json(indent=2) + "\n"
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import statistics
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -52,7 +51,8 @@ class TuneConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    name: str = Field("tune", description="Run-id prefix.")
+    name: str = Field("tune", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                      description="Run-id prefix: letters, digits, '.', '_' or '-' (it names the run folder).")
     backend: str = Field(description="Backend to tune.")
     model: str | None = Field(None, description="Model preset under configs/models/.")
     model_config_path: str | None = Field(None, alias="model_config", description="A model's HF config.json.")
@@ -91,12 +91,6 @@ class TuneConfig(BaseModel):
             raise ValueError(f"must be increasing context lengths > 0, got {v}")
         return v
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v):
-            raise ValueError(f"must be letters, digits, '.', '_' or '-' (it names the run folder), got {v!r}")
-        return v
 
 
 def load_tune_config(sweep: str | None, values: dict[str, Any]) -> TuneConfig:
@@ -138,9 +132,6 @@ class Bucket:
     lo: int
     hi: int
     length: int
-
-    def label(self) -> str:
-        return f"{self.lo + 1}-{self.hi}"
 
 
 def buckets_of(edges: list[int], representative: str = "geomean") -> list[Bucket]:
@@ -191,6 +182,7 @@ class Dimension:
     log: bool = False
 
     def values(self) -> list[Any]:
+        """Every value of the dimension, in order."""
         return list(self.choices) if self.choices else list(range(self.low, self.high + 1))
 
 
@@ -241,6 +233,7 @@ def full_params(backend: Backend, fixed: dict[str, Any], searched: dict[str, Any
 
 
 def space_size(dims: list[Dimension]) -> int:
+    """Number of points of the search space (the product of every dimension's values)."""
     return math.prod(len(d.values()) for d in dims)
 
 

@@ -55,6 +55,8 @@ class BucketChoice:
 
 @dataclass
 class TuneResult:
+    """A finished tuning run: its folder, the policy, each study's choice and the exported files."""
+
     store: ResultStore
     policy: Policy
     choices: list[BucketChoice]

@@ -70,6 +70,8 @@ class PointResult:
 
 @dataclass
 class Validation:
+    """A validation run: its folder, every point, and the heuristics compared."""
+
     store: ResultStore
     points: list[PointResult]
     heuristic_names: list[str]

@@ -109,6 +109,7 @@ class StopAtTrials:
             study.stop()
 
     def reached(self, study: Any, own: int | None = None) -> bool:
+        """Whether the study has its trials, counting running ones other than trial ``own``."""
         trials = study.get_trials(deepcopy=False)
         running = sum(t.state.name == "RUNNING" and t.number != own for t in trials)
         return distinct_finished(trials) + running >= self.n
