@@ -20,6 +20,7 @@ from typing import Any
 from mlabench.errors import ConfigError, ResultsError
 from mlabench.extras import require
 from mlabench.shapes import MLADecodeShape
+from mlabench.tune import Bucket
 from mlabench.workers import worker_alive
 
 JOURNAL_FILE = "study.journal"
@@ -59,14 +60,11 @@ def open_storage(url: str | None, run_dir: Path) -> Any:
 
 
 @dataclass(frozen=True)
-class StudySpec:
-    """One study of a run: batch size, bucket ``(lo, hi]`` and the length it measures."""
+class StudySpec(Bucket):
+    """One study of a run: its name and batch size, and the bucket it tunes."""
 
-    name: str
-    batch: int
-    lo: int
-    hi: int
-    length: int
+    name: str = ""
+    batch: int = 1
 
 
 def study_name(backend: str, shape: MLADecodeShape, lo: int, hi: int, device: str,

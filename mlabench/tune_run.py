@@ -151,7 +151,7 @@ def plan(cfg: TuneConfig, device: str, versions: dict[str, Any], revision: str) 
             check_fits(shape)
             search_space(backend, shape, cfg.space)
             name = study_name(backend.name, shape, bucket.lo, bucket.hi, device, versions, revision)
-            specs.append(StudySpec(name, batch, bucket.lo, bucket.hi, bucket.length))
+            specs.append(StudySpec(bucket.lo, bucket.hi, bucket.length, name=name, batch=batch))
     return specs
 
 

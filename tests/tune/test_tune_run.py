@@ -139,7 +139,7 @@ def test_two_workers_share_one_study_postgresql(tmp_path, tiny_timing, monkeypat
 def test_worker_on_another_gpu_model_refuses(tmp_path, tiny_timing):
     store = ResultStore.create(tmp_path / "run", run_manifest("run", 1.0, {}))
     storage = open_storage(None, store.run_dir)
-    spec = StudySpec("study", 1, 0, 48, 48)
+    spec = StudySpec(0, 48, 48, name="study", batch=1)
     prepare_study(storage, spec, {"device": "NVIDIA H200"}, [], "NVIDIA H200")
     with pytest.raises(ResultsError, match="another GPU model"):
         prepare_study(storage, spec, {"device": "x"}, [], "AMD Instinct MI355X")
