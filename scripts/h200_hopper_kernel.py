@@ -1,0 +1,304 @@
+#!/usr/bin/env python
+"""Kernel speed on one Hopper GPU: gluon-splitkv against triton-splitkv and FlashMLA, one run.
+
+Reproduces results/h200/hopper-kernel/ (docs/PERFORMANCE.md) in one command, on one H200::
+
+    python3 scripts/h200_hopper_kernel.py --out results/h200/hopper-kernel
+
+Kimi K3 at TP8 (12 heads, bf16 q and cache, page 64, qo_len 1), the kimi-k3-tp8 grid (batch 1 and
+16, contexts 1K-128K).  Every point goes through mlabench's own engine (``ShapeBench``: fp32
+reference check on a NaN-poisoned output, CUDA-graph replay over input copies that exceed twice
+the L2, median per call), the same for every backend.  Also written:
+
+- ``env.json``: device, versions, copy bandwidth (read + write counted) and read bandwidth
+  (``torch.amax`` over 4 GiB, read only), the compiled kernel's registers and shared memory;
+- ``checks.json``: bf16 correctness of gluon-splitkv on ragged batches, empty splits, partial
+  pages, and a captured graph replayed after the lengths changed;
+- ``records.jsonl``: one mlabench Record per (backend, parameters, shape);
+- ``stages.jsonl``: stage 1 alone vs stage 1 + merge for the best gluon-splitkv configuration;
+- ``summary.md``: per (batch, context) the read floor, the best of each backend and the ratios.
+
+FlashMLA is measured when ``sgl_flash_mla`` imports (install its wheel first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mlabench.backends import get_backend  # noqa: E402
+from mlabench.backends import gluon as _gluon  # noqa: E402,F401  (registers gluon-splitkv)
+from mlabench.device import current_device  # noqa: E402
+from mlabench.inputs import make_inputs  # noqa: E402
+from mlabench.kernels.reference import mla_decode_reference  # noqa: E402
+from mlabench.measure import ShapeBench  # noqa: E402
+from mlabench.shapes import MLADecodeShape  # noqa: E402
+from mlabench.timing import TimingConfig, measure_copy_bandwidth_tbps, time_calls  # noqa: E402
+
+HEADS = 12
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def write_json(out: Path, name: str, obj) -> None:
+    (out / name).write_text(json.dumps(obj, indent=1, default=str))
+
+
+def read_bandwidth_tbps(size_bytes: int = 4 << 30, reps: int = 10) -> float:
+    """Read-only streaming bandwidth: ``torch.amax`` over ``size_bytes`` of fp32, median, TB/s."""
+    x = torch.empty(size_bytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    samples = []
+    for i in range(reps + 3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.amax(x)
+        b.record()
+        b.synchronize()
+        if i >= 3:
+            samples.append(a.elapsed_time(b) * 1e-3)
+    del x
+    return size_bytes / statistics.median(samples) / 1e12
+
+
+def environment() -> dict:
+    import triton
+
+    dev = current_device()
+    env = {"device": dev.name, "num_sms": dev.num_sms, "l2_bytes": dev.l2_bytes, "arch": dev.arch,
+           "torch": torch.__version__, "triton": triton.__version__,
+           "copy_tbps": measure_copy_bandwidth_tbps(), "read_tbps": read_bandwidth_tbps()}
+    try:
+        import sgl_flash_mla  # noqa: F401
+        from importlib.metadata import version
+        env["sgl_flash_mla"] = version("sgl-flash-mla")
+    except Exception as exc:  # noqa: BLE001 - FlashMLA is optional
+        env["sgl_flash_mla"] = f"absent ({type(exc).__name__})"
+    from mlabench.kernels.gluon_splitkv import compile_stage1_sm90
+
+    for stages in (1, 2):
+        try:
+            k = compile_stage1_sm90(stages)
+            k._init_handles()
+            env[f"stage1_ns{stages}"] = {"shared_bytes": k.metadata.shared, "registers": k.n_regs,
+                                         "spills": k.n_spills}
+        except Exception as exc:  # noqa: BLE001 - a report line, not a failure
+            env[f"stage1_ns{stages}"] = f"{type(exc).__name__}: {exc}"[:300]
+    return env
+
+
+def _check_one(inp, lens, params, ref=None) -> dict:
+    backend = get_backend("gluon-splitkv")
+    call = backend.prepare(inp, params)
+    out = call.fn().float()
+    torch.cuda.synchronize()
+    if ref is None:
+        ref, _ = mla_decode_reference(inp.q, inp.kv_cache, inp.block_table, lens, inp.shape.scale)
+    finite = bool(torch.isfinite(out).all())
+    err = (out - ref).abs()
+    return {"params": params, "lens": list(lens), "finite": finite,
+            "max_abs_err": float(err.max()) if finite else float("nan"),
+            "rel_err": float((out - ref).norm() / ref.norm()) if finite else float("nan"),
+            "pass": finite and bool((err <= 1e-2 + 1e-2 * ref.abs()).all()), "call": call}
+
+
+def checks(stages_list: list[int]) -> list[dict]:
+    """bf16 gluon-splitkv against the fp32 reference; every output poisoned with NaN first."""
+    rows = []
+    cases = [((4096,), (1, 7, 64, 132)), ((1, 1000, 4096, 777), (1, 7, 64)),
+             ((65, 130), (5, 40)), ((100000,), (132, 264)), ((2, 3000), (512,))]
+    for lens, split_list in cases:
+        shape = MLADecodeShape.create(num_heads=HEADS, context_lens=lens, page_size=64)
+        inp = make_inputs(shape, seed=len(rows) + 3)
+        ref, _ = mla_decode_reference(inp.q, inp.kv_cache, inp.block_table, list(lens), shape.scale)
+        for stages in stages_list:
+            for splits in split_list:
+                row = _check_one(inp, lens, {"num_kv_splits": splits, "num_stages": stages}, ref)
+                row.pop("call")
+                rows.append(row)
+    # A captured graph must follow lengths written into the same cache_seqlens tensor.
+    shape = MLADecodeShape.create(num_heads=HEADS, context_lens=(8192, 20000, 100), page_size=64)
+    inp = make_inputs(shape, seed=11)
+    for stages in stages_list:
+        row = _check_one(inp, shape.context_lens, {"num_kv_splits": 64, "num_stages": stages})
+        call = row.pop("call")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call.fn()
+        new = [9000, 12000, 64]
+        inp.cache_seqlens.copy_(torch.tensor(new, dtype=torch.int32))
+        call.out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = mla_decode_reference(inp.q, inp.kv_cache, inp.block_table, new, shape.scale)
+        err = (call.out.float() - ref).abs()
+        rows.append({"params": {"num_kv_splits": 64, "num_stages": stages}, "lens": new,
+                     "graph_replay_after_length_change": True,
+                     "max_abs_err": float(err.max()), "pass": bool(torch.isfinite(err).all())
+                     and bool((err <= 1e-2 + 1e-2 * ref.abs()).all())})
+        inp.cache_seqlens.copy_(torch.tensor(shape.context_lens, dtype=torch.int32))
+    for r in rows:
+        print(f"check {str(r['lens'])[:28]:28s} {r['params']} err={r['max_abs_err']:.2e} "
+              f"{'PASS' if r['pass'] else 'FAIL'}{' (graph)' if 'graph_replay_after_length_change' in r else ''}",
+              flush=True)
+    return rows
+
+
+def param_sets(batch: int, args) -> list[tuple[str, dict]]:
+    """(backend, params) measured at one shape."""
+    jobs = []
+    for stages in args.stages:
+        for s in (args.gluon_splits_b1 if batch == 1 else args.gluon_splits_bn):
+            jobs.append(("gluon-splitkv", {"num_kv_splits": s, "num_stages": stages}))
+    for s in (args.triton_splits_b1 if batch == 1 else args.triton_splits_bn):
+        jobs.append(("triton-splitkv", {"num_kv_splits": s}))
+    if get_backend("flashmla").available()[0]:
+        jobs.append(("flashmla", {}))
+    return jobs
+
+
+def stage_split(bench: ShapeBench, params: dict, cfg: TimingConfig) -> dict:
+    """Stage 1 alone and stage 1 + merge of one gluon-splitkv configuration, graph-replayed."""
+    from mlabench.kernels.gluon_splitkv import kv_descriptors, mla_decode_gluon_splitkv
+    from mlabench.kernels.splitkv import alloc_splitkv_workspace
+
+    s = bench.shape
+    splits, stages = params["num_kv_splits"], params["num_stages"]
+    po, pl = alloc_splitkv_workspace(s.batch, HEADS, splits, "cuda")
+    res = {"batch": s.batch, "context": s.max_context_len, **params}
+    for label, kw in (("stage1_us", {"stage1_only": True}), ("full_us", {}),
+                      ("full_merge_dv128_us", {"merge_block_dv": 128})):
+        calls = []
+        for x in bench.inputs:
+            out, descs = x.new_output(), kv_descriptors(x.kv_cache)
+            calls.append(lambda x=x, out=out, descs=descs, kw=kw: mla_decode_gluon_splitkv(
+                x.q, x.kv_cache, x.block_table, x.cache_seqlens, out, splits, s.scale,
+                partial_out=po, partial_lse=pl, descriptors=descs, num_stages=stages, **kw))
+        res[label] = time_calls(calls, cfg, use_graph=True).median_us
+    return res
+
+
+def timings(args, env: dict, out: Path) -> tuple[list, list]:
+    cfg = TimingConfig(warmup_iters=2, min_samples=8, max_samples=100, target_rel_ci=0.01,
+                       budget_s=args.point_budget_s, graph=True, eager=False)
+    records, stages_rows, t0 = [], [], time.time()
+    grid = [(1, c) for c in args.contexts_b1] + [(args.batch_n, c) for c in args.contexts_bn]
+    with open(out / "records.jsonl", "w") as rec_fh, open(out / "stages.jsonl", "w") as st_fh:
+        for batch, ctx in grid:
+            if time.time() - t0 > args.budget_s:
+                print(f"time budget spent: skipping B={batch} L={ctx}", flush=True)
+                continue
+            shape = MLADecodeShape.uniform(batch, ctx, HEADS, page_size=64)
+            bench = ShapeBench(shape, cfg, seed=0)
+            best = None
+            for name, params in param_sets(batch, args):
+                rec = bench.run(get_backend(name), params, copy_bw_tbps=env["copy_tbps"],
+                                run_id="hopper-kernel")
+                records.append(rec)
+                rec_fh.write(rec.model_dump_json() + "\n")
+                rec_fh.flush()
+                us = rec.median_us
+                print(f"time {name:15s} B={batch:<3d} L={ctx:<7d} {json.dumps(params):45s} "
+                      f"{rec.status:9s} {us if us else float('nan'):9.2f} us", flush=True)
+                if name == "gluon-splitkv" and rec.status == "ok" and (best is None or us < best[0]):
+                    best = (us, params)
+            if best and args.stage_split:
+                row = stage_split(bench, best[1], cfg)
+                stages_rows.append(row)
+                st_fh.write(json.dumps(row) + "\n")
+                print(f"stages B={batch} L={ctx} {row}", flush=True)
+            del bench
+            torch.cuda.empty_cache()
+    return records, stages_rows
+
+
+def summary(records: list, stages_rows: list, env: dict) -> str:
+    """Markdown: per (batch, context) read floor, best ok µs of each backend, % of read floor."""
+    read_bw = env["read_tbps"]
+    best: dict[tuple, dict] = {}
+    for r in records:
+        if r.status != "ok" or r.median_us is None:
+            continue
+        key = (r.batch, r.context_len)
+        cell = best.setdefault(key, {"bytes": r.bytes_moved})
+        if r.backend not in cell or r.median_us < cell[r.backend][0]:
+            cell[r.backend] = (r.median_us, r.params)
+    stage = {(s["batch"], s["context"]): s for s in stages_rows}
+    lines = [f"read floor = bytes / {read_bw:.2f} TB/s (torch.amax over 4 GiB, read only); "
+             f"copy bandwidth {env['copy_tbps']:.2f} TB/s; {env['device']}, triton {env['triton']}",
+             "",
+             "| batch | context | read floor µs | gluon-splitkv µs | % floor | params | stage 1 alone µs "
+             "| triton-splitkv µs | % floor | FlashMLA µs | % floor | gluon / FlashMLA |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (b, ctx), cell in sorted(best.items()):
+        floor = cell["bytes"] / (read_bw * 1e12) * 1e6
+
+        def fmt(name):
+            if name not in cell:
+                return "—", "—"
+            return f"{cell[name][0]:.1f}", f"{100 * floor / cell[name][0]:.0f}%"
+
+        g, gp = fmt("gluon-splitkv")
+        t, tp = fmt("triton-splitkv")
+        f, fp = fmt("flashmla")
+        params = ", ".join(f"{k}={v}" for k, v in cell["gluon-splitkv"][1].items()) if "gluon-splitkv" in cell else "—"
+        ratio = (f"{cell['gluon-splitkv'][0] / cell['flashmla'][0]:.2f}"
+                 if "gluon-splitkv" in cell and "flashmla" in cell else "—")
+        st = f"{stage[(b, ctx)]['stage1_us']:.1f}" if (b, ctx) in stage else "—"
+        lines.append(f"| {b} | {ctx} | {floor:.1f} | {g} | {gp} | {params} | {st} | {t} | {tp} | "
+                     f"{f} | {fp} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "hopper-kernel-out"))
+    ap.add_argument("--contexts-b1", type=ints, default=[1024, 4096, 8192, 16384, 32768, 65536, 100000, 131072])
+    ap.add_argument("--contexts-bn", type=ints, default=[1024, 4096, 8192, 16384, 32768, 65536, 100000, 131072])
+    ap.add_argument("--batch-n", type=int, default=16)
+    ap.add_argument("--stages", type=ints, default=[1, 2])
+    ap.add_argument("--gluon-splits-b1", type=ints, default=[16, 32, 66, 132, 264])
+    ap.add_argument("--gluon-splits-bn", type=ints, default=[4, 8, 16, 33])
+    ap.add_argument("--triton-splits-b1", type=ints, default=[32, 64, 128, 256])
+    ap.add_argument("--triton-splits-bn", type=ints, default=[16])
+    ap.add_argument("--point-budget-s", type=float, default=0.4)
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new shapes after this")
+    ap.add_argument("--no-stage-split", dest="stage_split", action="store_false")
+    ap.add_argument("--skip-checks", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no GPU: this script needs an NVIDIA Hopper GPU", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    print(json.dumps(env), flush=True)
+    write_json(out, "env.json", env)
+    ok, why = get_backend("gluon-splitkv").available()
+    if not ok:
+        print(f"gluon-splitkv unavailable: {why}", file=sys.stderr)
+        return 2
+    rows = [] if args.skip_checks else checks(args.stages)
+    write_json(out, "checks.json", rows)
+    records, stages_rows = timings(args, env, out)
+    table = summary(records, stages_rows, env)
+    (out / "summary.md").write_text(table)
+    failed = [r for r in rows if not r["pass"]]
+    print("\n" + table)
+    print(f"{len(rows) - len(failed)}/{len(rows)} checks passed; "
+          f"{sum(r.status == 'ok' for r in records)}/{len(records)} points ok")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
