@@ -78,12 +78,11 @@ def environment() -> dict:
     env = {"device": dev.name, "num_sms": dev.num_sms, "l2_bytes": dev.l2_bytes, "arch": dev.arch,
            "torch": torch.__version__, "triton": triton.__version__,
            "copy_tbps": measure_copy_bandwidth_tbps(), "read_tbps": read_bandwidth_tbps()}
-    try:
-        import sgl_flash_mla  # noqa: F401
-        from importlib.metadata import version
-        env["sgl_flash_mla"] = version("sgl-flash-mla")
-    except Exception as exc:  # noqa: BLE001 - FlashMLA is optional
-        env["sgl_flash_mla"] = f"absent ({type(exc).__name__})"
+    from mlabench.extras import package_version
+
+    env["flashmla"] = (package_version(("sgl-flash-mla", "flash-mla"))
+                       if get_backend("flashmla").available()[0] else "unavailable")
+    env["launch_overhead"] = launch_overhead()
     from mlabench.kernels.gluon_splitkv import compile_stage1_sm90
 
     for stages in (1, 2):
@@ -97,8 +96,26 @@ def environment() -> dict:
     return env
 
 
+def launch_overhead() -> dict:
+    """µs per call of an empty kernel replayed from a CUDA graph: one call per replay (each
+    event-timed sample then includes the graph launch) and 64 calls per replay."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _touch(ptr):
+        tl.store(ptr + tl.program_id(0), 1.0)
+
+    buf = torch.empty(132, device="cuda")
+    cfg = TimingConfig(warmup_iters=3, min_samples=30, max_samples=200, budget_s=0.5, eager=False)
+    one = lambda: _touch[(132,)](buf)  # noqa: E731
+    return {"empty_kernel_1_per_replay_us": time_calls([one], cfg, use_graph=True).median_us,
+            "empty_kernel_64_per_replay_us": time_calls([one] * 64, cfg, use_graph=True).median_us}
+
+
 def _check_one(inp, lens, params, ref=None) -> dict:
     backend = get_backend("gluon-splitkv")
+    params = backend.resolve_params(inp.shape, params)
     call = backend.prepare(inp, params)
     out = call.fn().float()
     torch.cuda.synchronize()
@@ -121,10 +138,15 @@ def checks(stages_list: list[int]) -> list[dict]:
         shape = MLADecodeShape.create(num_heads=HEADS, context_lens=lens, page_size=64)
         inp = make_inputs(shape, seed=len(rows) + 3)
         ref, _ = mla_decode_reference(inp.q, inp.kv_cache, inp.block_table, list(lens), shape.scale)
-        for stages in stages_list:
+        for stages, pdl in [(st, 1) for st in stages_list] + [(2, 0)]:
             for splits in split_list:
-                row = _check_one(inp, lens, {"num_kv_splits": splits, "num_stages": stages}, ref)
-                row.pop("call")
+                params = {"num_kv_splits": splits, "num_stages": stages, "pdl": pdl}
+                try:
+                    row = _check_one(inp, lens, params, ref)
+                    row.pop("call")
+                except Exception as exc:  # noqa: BLE001 - a failing configuration is a row
+                    row = {"params": params, "lens": list(lens), "max_abs_err": float("nan"),
+                           "pass": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
                 rows.append(row)
     # A captured graph must follow lengths written into the same cache_seqlens tensor.
     shape = MLADecodeShape.create(num_heads=HEADS, context_lens=(8192, 20000, 100), page_size=64)
@@ -142,7 +164,7 @@ def checks(stages_list: list[int]) -> list[dict]:
         torch.cuda.synchronize()
         ref, _ = mla_decode_reference(inp.q, inp.kv_cache, inp.block_table, new, shape.scale)
         err = (call.out.float() - ref).abs()
-        rows.append({"params": {"num_kv_splits": 64, "num_stages": stages}, "lens": new,
+        rows.append({"params": row["params"], "lens": new,
                      "graph_replay_after_length_change": True,
                      "max_abs_err": float(err.max()), "pass": bool(torch.isfinite(err).all())
                      and bool((err <= 1e-2 + 1e-2 * ref.abs()).all())})
@@ -154,12 +176,18 @@ def checks(stages_list: list[int]) -> list[dict]:
     return rows
 
 
-def param_sets(batch: int, args) -> list[tuple[str, dict]]:
-    """(backend, params) measured at one shape."""
-    jobs = []
-    for stages in args.stages:
-        for s in (args.gluon_splits_b1 if batch == 1 else args.gluon_splits_bn):
-            jobs.append(("gluon-splitkv", {"num_kv_splits": s, "num_stages": stages}))
+def param_sets(shape: MLADecodeShape, args) -> list[tuple[str, dict]]:
+    """(backend, params) measured at one shape: gluon-splitkv over split counts (2 stages, PDL
+    merge), its default split count also with 1 stage and without PDL, the portable kernel over
+    split counts, FlashMLA."""
+    from mlabench.backends.gluon import default_gluon_splits
+
+    batch = shape.batch
+    default = default_gluon_splits(shape)
+    splits = sorted(set(args.gluon_splits_b1 if batch == 1 else args.gluon_splits_bn) | {default})
+    jobs = [("gluon-splitkv", {"num_kv_splits": s, "num_stages": 2, "pdl": 1}) for s in splits]
+    jobs += [("gluon-splitkv", {"num_kv_splits": default, "num_stages": 1, "pdl": 1}),
+             ("gluon-splitkv", {"num_kv_splits": default, "num_stages": 2, "pdl": 0})]
     for s in (args.triton_splits_b1 if batch == 1 else args.triton_splits_bn):
         jobs.append(("triton-splitkv", {"num_kv_splits": s}))
     if get_backend("flashmla").available()[0]:
@@ -168,16 +196,21 @@ def param_sets(batch: int, args) -> list[tuple[str, dict]]:
 
 
 def stage_split(bench: ShapeBench, params: dict, cfg: TimingConfig) -> dict:
-    """Stage 1 alone and stage 1 + merge of one gluon-splitkv configuration, graph-replayed."""
+    """Where the time of one gluon-splitkv configuration goes, graph-replayed over the bench's
+    input copies: stage 1 alone, stage 1 + merge (PDL on / off, old 128-column merge blocks), and
+    where the bench has one copy (each sample then carries a graph launch), the same call and
+    FlashMLA's with 4 calls per replay."""
     from mlabench.kernels.gluon_splitkv import kv_descriptors, mla_decode_gluon_splitkv
     from mlabench.kernels.splitkv import alloc_splitkv_workspace
 
     s = bench.shape
     splits, stages = params["num_kv_splits"], params["num_stages"]
     po, pl = alloc_splitkv_workspace(s.batch, HEADS, splits, "cuda")
-    res = {"batch": s.batch, "context": s.max_context_len, **params}
-    for label, kw in (("stage1_us", {"stage1_only": True}), ("full_us", {}),
-                      ("full_merge_dv128_us", {"merge_block_dv": 128})):
+    res = {"batch": s.batch, "context": s.max_context_len, "copies": len(bench.inputs), **params}
+    variants = [("stage1_us", {"stage1_only": True}), ("full_pdl_us", {"pdl": True}),
+                ("full_nopdl_us", {"pdl": False}),
+                ("full_pdl_merge_dv128_us", {"pdl": True, "merge_block_dv": 128})]
+    for label, kw in variants:
         calls = []
         for x in bench.inputs:
             out, descs = x.new_output(), kv_descriptors(x.kv_cache)
@@ -185,6 +218,11 @@ def stage_split(bench: ShapeBench, params: dict, cfg: TimingConfig) -> dict:
                 x.q, x.kv_cache, x.block_table, x.cache_seqlens, out, splits, s.scale,
                 partial_out=po, partial_lse=pl, descriptors=descs, num_stages=stages, **kw))
         res[label] = time_calls(calls, cfg, use_graph=True).median_us
+        if len(calls) == 1 and label == "full_pdl_us":
+            res["full_pdl_4_per_replay_us"] = time_calls(calls * 4, cfg, use_graph=True).median_us
+    if len(bench.inputs) == 1 and get_backend("flashmla").available()[0]:
+        fm = get_backend("flashmla").prepare(bench.inputs[0], {})
+        res["flashmla_4_per_replay_us"] = time_calls([fm.fn] * 4, cfg, use_graph=True).median_us
     return res
 
 
@@ -201,7 +239,7 @@ def timings(args, env: dict, out: Path) -> tuple[list, list]:
             shape = MLADecodeShape.uniform(batch, ctx, HEADS, page_size=64)
             bench = ShapeBench(shape, cfg, seed=0)
             best = None
-            for name, params in param_sets(batch, args):
+            for name, params in param_sets(shape, args):
                 rec = bench.run(get_backend(name), params, copy_bw_tbps=env["copy_tbps"],
                                 run_id="hopper-kernel")
                 records.append(rec)
@@ -266,9 +304,8 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts-b1", type=ints, default=[1024, 4096, 8192, 16384, 32768, 65536, 100000, 131072])
     ap.add_argument("--contexts-bn", type=ints, default=[1024, 4096, 8192, 16384, 32768, 65536, 100000, 131072])
     ap.add_argument("--batch-n", type=int, default=16)
-    ap.add_argument("--stages", type=ints, default=[1, 2])
-    ap.add_argument("--gluon-splits-b1", type=ints, default=[16, 32, 66, 132, 264])
-    ap.add_argument("--gluon-splits-bn", type=ints, default=[4, 8, 16, 33])
+    ap.add_argument("--gluon-splits-b1", type=ints, default=[16, 32, 64, 132, 264])
+    ap.add_argument("--gluon-splits-bn", type=ints, default=[8, 16])
     ap.add_argument("--triton-splits-b1", type=ints, default=[32, 64, 128, 256])
     ap.add_argument("--triton-splits-bn", type=ints, default=[16])
     ap.add_argument("--point-budget-s", type=float, default=0.4)
@@ -288,7 +325,7 @@ def main(argv=None) -> int:
     if not ok:
         print(f"gluon-splitkv unavailable: {why}", file=sys.stderr)
         return 2
-    rows = [] if args.skip_checks else checks(args.stages)
+    rows = [] if args.skip_checks else checks([1, 2])
     write_json(out, "checks.json", rows)
     records, stages_rows = timings(args, env, out)
     table = summary(records, stages_rows, env)

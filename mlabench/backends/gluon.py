@@ -12,12 +12,33 @@ from typing import Any
 import torch
 
 from mlabench.backends.base import Backend, ParamSpec, PreparedCall
-from mlabench.backends.reference import NUM_KV_SPLITS
 from mlabench.backends.registry import register
+from mlabench.device import current_device
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.shapes import MLADecodeShape
 
+PAGE_TOKENS = 64
+MAX_KV_SPLITS = 512
+
+
+def default_gluon_splits(shape: MLADecodeShape, num_sms: int | None = None) -> int:
+    """One wave of page-granular splits: ``min(pages of the longest request, SMs // batch)``,
+    at least 1.  From the H200 measurements in docs/PERFORMANCE.md: the best split count was the
+    page count up to 4K at batch 1, 132 from 32K up, and 8 (= 132 // 16) at batch 16."""
+    sms = num_sms or (current_device().num_sms if current_device().is_gpu else 132)
+    pages = -(-shape.max_context_len // PAGE_TOKENS)
+    return max(1, min(pages, sms // shape.batch, MAX_KV_SPLITS))
+
+
+KV_SPLITS = ParamSpec(
+    "num_kv_splits", int, default=lambda s: default_gluon_splits(s), low=1, high=MAX_KV_SPLITS,
+    help="page-granular KV splits per request (1-512); default min(pages, SMs // batch)",
+)
+PDL = ParamSpec(
+    "pdl", int, default=1, low=0, high=1,
+    help="1: the merge is a programmatic dependent launch scheduled while stage 1 runs; 0: plain",
+)
 RING_STAGES = ParamSpec(
     "num_stages", int, default=2, low=1, high=2,
     help="pages in the shared-memory TMA ring: 2 (one CTA per SM, default) or 1 (two CTAs per SM)",
@@ -48,7 +69,7 @@ class GluonSplitKVBackend(Backend):
     family = "split-kv"
     gpu_kernel = True
     summary = "project Gluon split-KV kernel for Hopper: TMA page ring, wgmma, explicit num_kv_splits"
-    params = (NUM_KV_SPLITS, RING_STAGES)
+    params = (KV_SPLITS, RING_STAGES, PDL)
 
     def available(self) -> tuple[bool, str]:
         return hopper_gluon_available()
@@ -71,6 +92,7 @@ class GluonSplitKVBackend(Backend):
 
         s = inputs.shape
         splits, stages = int(params["num_kv_splits"]), int(params["num_stages"])
+        pdl = bool(params["pdl"])
         out = inputs.new_output()
         part_o, part_lse = alloc_splitkv_workspace(s.batch, s.num_heads, splits, inputs.device)
         descs = kv_descriptors(inputs.kv_cache)
@@ -79,8 +101,9 @@ class GluonSplitKVBackend(Backend):
             return mla_decode_gluon_splitkv(inputs.q, inputs.kv_cache, inputs.block_table,
                                             inputs.cache_seqlens, out, splits, s.scale,
                                             partial_out=part_o, partial_lse=part_lse,
-                                            descriptors=descs, num_stages=stages)
+                                            descriptors=descs, num_stages=stages, pdl=pdl)
 
         return PreparedCall(fn=fn, out=out,
-                            effective_params={"num_kv_splits": splits, "num_stages": stages},
+                            effective_params={"num_kv_splits": splits, "num_stages": stages,
+                                              "pdl": int(pdl)},
                             workspace_bytes=splitkv_workspace_bytes(s.batch, s.num_heads, splits))

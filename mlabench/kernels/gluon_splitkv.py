@@ -108,7 +108,10 @@ def _store_partial(po_ptr, plse_ptr, slot, ht, num_heads, o, l_i, m_i, stride_ps
 def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, po_ptr, plse_ptr,
                           num_splits, num_heads, qk_scale_log2,
                           stride_qb, stride_qh, stride_btb, stride_ps, stride_ph, stride_ls,
-                          NUM_STAGES: gl.constexpr, num_warps: gl.constexpr):
+                          NUM_STAGES: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+    if PDL:  # let the merge grid be scheduled now; it waits for this grid before reading
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
     b = gl.program_id(0)
     split = gl.program_id(1)
     ht = gl.program_id(2)
@@ -207,7 +210,8 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
                              softmax_scale: float, *, partial_out: torch.Tensor,
                              partial_lse: torch.Tensor,
                              descriptors: tuple[TensorDescriptor, TensorDescriptor] | None = None,
-                             num_stages: int = DEFAULT_NUM_STAGES, merge_block_dv: int | None = None,
+                             num_stages: int = DEFAULT_NUM_STAGES, pdl: bool = True,
+                             merge_block_dv: int | None = None,
                              stage1_only: bool = False) -> torch.Tensor:
     """Split-KV MLA decode on Hopper: ``out = softmax(q K^T * softmax_scale) V``.
 
@@ -223,7 +227,8 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
             (:func:`mlabench.kernels.splitkv.alloc_splitkv_workspace` has these shapes).
         descriptors: from :func:`kv_descriptors` (built here when None; pass them when capturing).
         num_stages: pages in the shared-memory ring (1 or 2 fit an H200).
-        merge_block_dv: output columns per merge program (None: the merge's default).
+        pdl: launch the merge as a programmatic dependent launch, scheduled while stage 1 runs.
+        merge_block_dv: output columns per merge program (None: sized to the GPU).
         stage1_only: skip the merge (for timing stage 1 alone; ``out`` is then not written).
 
     Returns ``out``.  Raises ValueError on bad layouts, split counts or workspace sizes.
@@ -241,13 +246,16 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
         q, kvn_desc, kvr_desc, block_table, cache_seqlens, partial_out, partial_lse,
         int(num_kv_splits), heads, float(softmax_scale) * LOG2E,
         q.stride(0), q.stride(1), block_table.stride(0), partial_out.stride(0),
-        partial_out.stride(1), partial_lse.stride(0), NUM_STAGES=num_stages, num_warps=4,
+        partial_out.stride(1), partial_lse.stride(0), NUM_STAGES=num_stages,
+        PDL=pdl and not stage1_only, num_warps=4,
     )
     if not stage1_only:
-        from mlabench.kernels.wide_merge import DEFAULT_BLOCK_DV, wide_merge
+        from mlabench.kernels.wide_merge import wide_merge
 
-        wide_merge(partial_out, partial_lse, out, int(num_kv_splits),
-                   block_dv=merge_block_dv or DEFAULT_BLOCK_DV)
+        from mlabench.device import current_device
+
+        wide_merge(partial_out, partial_lse, out, int(num_kv_splits), block_dv=merge_block_dv,
+                   num_sms=current_device().num_sms, pdl=pdl)
     return out
 
 
@@ -271,10 +279,10 @@ def compile_stage1_sm90(num_stages: int = DEFAULT_NUM_STAGES, dtype: str = "bf16
            "num_splits": "i32", "num_heads": "i32", "qk_scale_log2": "fp32"}
     sig |= {n: "i32" for n in ("stride_qb", "stride_qh", "stride_btb", "stride_ps", "stride_ph",
                                "stride_ls")}
-    sig |= {"NUM_STAGES": "constexpr", "num_warps": "constexpr"}
+    sig |= {"NUM_STAGES": "constexpr", "PDL": "constexpr", "num_warps": "constexpr"}
     # what Triton's launcher would specialise: 16-byte aligned pointers and strides
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
              if t.startswith("*") or n.startswith("stride")}
     src = GluonASTSource(fn=_gluon_splitkv_stage1, signature=sig, attrs=attrs,
-                         constexprs={"NUM_STAGES": num_stages, "num_warps": 4})
+                         constexprs={"NUM_STAGES": num_stages, "PDL": True, "num_warps": 4})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})

@@ -19,7 +19,8 @@ import torch
 
 from mlabench.backends import get_backend
 from mlabench.backends import gluon as _gluon_backend  # noqa: F401  (registers gluon-splitkv)
-from mlabench.kernels.wide_merge import wide_merge
+from mlabench.backends.gluon import default_gluon_splits
+from mlabench.kernels.wide_merge import merge_blocks, wide_merge
 from mlabench.shapes import MLADecodeShape
 from tests.kernels.helpers import make_case, max_err
 
@@ -75,6 +76,25 @@ def test_wide_merge_rejects_bad_arguments(kwargs, match):
     po, pl = torch.zeros((16, 12, 512)), torch.zeros((16, 12))
     with pytest.raises(ValueError, match=match):
         wide_merge(po, pl, torch.empty((2, 12, 512)), **kwargs)
+
+
+@pytest.mark.parametrize("batch,splits,want", [
+    (1, 132, (32, 64)),    # 12 heads x 16 column blocks = 192 programs, 64 slots a step
+    (16, 8, (256, 8)),     # 192 x 2 = 384 programs, all 8 slots at once
+    (4, 33, (128, 64)),
+    (64, 2, (512, 2)),     # many requests: whole rows
+])
+def test_merge_blocks_fill_about_two_programs_per_sm(batch, splits, want):
+    block_dv, block_s = merge_blocks(batch, 12, splits, 132)
+    assert (block_dv, block_s) == want
+    assert block_s * block_dv <= 8192
+
+
+@pytest.mark.parametrize("batch,ctx,want", [(1, 1024, 16), (1, 4096, 64), (1, 131072, 132),
+                                            (16, 16384, 8), (200, 4096, 1)])
+def test_default_splits_are_one_wave_of_pages(batch, ctx, want):
+    shape = MLADecodeShape.uniform(batch, ctx, 12)
+    assert default_gluon_splits(shape, num_sms=132) == want
 
 
 def test_backend_says_why_not_here_and_which_shapes():
