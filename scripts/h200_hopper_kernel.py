@@ -71,13 +71,45 @@ def read_bandwidth_tbps(size_bytes: int = 4 << 30, reps: int = 10) -> float:
     return size_bytes / statistics.median(samples) / 1e12
 
 
+def read_bandwidth_triton_tbps(size_bytes: int = 4 << 30) -> float:
+    """Read-only streaming bandwidth of a plain Triton reduction (16-byte loads, 4 programs per
+    SM, pipelined), median of 10, TB/s: a second read ceiling beside ``torch.amax``."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _stream_sum(x_ptr, out_ptr, n_blocks, BLOCK: tl.constexpr):
+        acc = tl.zeros([BLOCK], tl.float32)
+        for blk in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=4):
+            acc += tl.load(x_ptr + blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
+        tl.store(out_ptr + tl.program_id(0), tl.sum(acc, 0))
+
+    block = 4096
+    x = torch.empty(size_bytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    grid = 4 * current_device().num_sms
+    out = torch.empty(grid, device="cuda")
+    samples = []
+    for i in range(13):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        _stream_sum[(grid,)](x, out, x.numel() // block, BLOCK=block, num_warps=8)
+        b.record()
+        b.synchronize()
+        if i >= 3:
+            samples.append(a.elapsed_time(b) * 1e-3)
+    del x
+    return size_bytes / statistics.median(samples) / 1e12
+
+
 def environment() -> dict:
     import triton
 
     dev = current_device()
     env = {"device": dev.name, "num_sms": dev.num_sms, "l2_bytes": dev.l2_bytes, "arch": dev.arch,
            "torch": torch.__version__, "triton": triton.__version__,
-           "copy_tbps": measure_copy_bandwidth_tbps(), "read_tbps": read_bandwidth_tbps()}
+           "copy_tbps": measure_copy_bandwidth_tbps(), "read_amax_tbps": read_bandwidth_tbps(),
+           "read_triton_tbps": read_bandwidth_triton_tbps()}
+    env["read_tbps"] = max(env["read_amax_tbps"], env["read_triton_tbps"])
     from mlabench.extras import package_version
 
     env["flashmla"] = (package_version(("sgl-flash-mla", "flash-mla"))
@@ -177,17 +209,19 @@ def checks(stages_list: list[int]) -> list[dict]:
 
 
 def param_sets(shape: MLADecodeShape, args) -> list[tuple[str, dict]]:
-    """(backend, params) measured at one shape: gluon-splitkv over split counts (2 stages, PDL
-    merge), its default split count also with 1 stage and without PDL, the portable kernel over
-    split counts, FlashMLA."""
+    """(backend, params) measured at one shape: gluon-splitkv over split counts (2 stages, the
+    default merge launch), its default split count also with the other merge launches and with 1
+    stage, the portable kernel over split counts, FlashMLA."""
     from mlabench.backends.gluon import default_gluon_splits
 
     batch = shape.batch
     default = default_gluon_splits(shape)
+    pdl = get_backend("gluon-splitkv").resolve_params(shape)["pdl"]
     splits = sorted(set(args.gluon_splits_b1 if batch == 1 else args.gluon_splits_bn) | {default})
-    jobs = [("gluon-splitkv", {"num_kv_splits": s, "num_stages": 2, "pdl": 1}) for s in splits]
-    jobs += [("gluon-splitkv", {"num_kv_splits": default, "num_stages": 1, "pdl": 1}),
-             ("gluon-splitkv", {"num_kv_splits": default, "num_stages": 2, "pdl": 0})]
+    jobs = [("gluon-splitkv", {"num_kv_splits": s, "num_stages": 2, "pdl": pdl}) for s in splits]
+    jobs += [("gluon-splitkv", {"num_kv_splits": default, "num_stages": 2, "pdl": other})
+             for other in (0, 1, 2) if other != pdl]
+    jobs.append(("gluon-splitkv", {"num_kv_splits": default, "num_stages": 1, "pdl": pdl}))
     for s in (args.triton_splits_b1 if batch == 1 else args.triton_splits_bn):
         jobs.append(("triton-splitkv", {"num_kv_splits": s}))
     if get_backend("flashmla").available()[0]:
@@ -197,7 +231,7 @@ def param_sets(shape: MLADecodeShape, args) -> list[tuple[str, dict]]:
 
 def stage_split(bench: ShapeBench, params: dict, cfg: TimingConfig) -> dict:
     """Where the time of one gluon-splitkv configuration goes, graph-replayed over the bench's
-    input copies: stage 1 alone, stage 1 + merge (PDL on / off, old 128-column merge blocks), and
+    input copies: stage 1 alone, stage 1 + merge, the same with 128-column merge blocks, and
     where the bench has one copy (each sample then carries a graph launch), the same call and
     FlashMLA's with 4 calls per replay."""
     from mlabench.kernels.gluon_splitkv import kv_descriptors, mla_decode_gluon_splitkv
@@ -207,9 +241,8 @@ def stage_split(bench: ShapeBench, params: dict, cfg: TimingConfig) -> dict:
     splits, stages = params["num_kv_splits"], params["num_stages"]
     po, pl = alloc_splitkv_workspace(s.batch, HEADS, splits, "cuda")
     res = {"batch": s.batch, "context": s.max_context_len, "copies": len(bench.inputs), **params}
-    variants = [("stage1_us", {"stage1_only": True}), ("full_pdl_us", {"pdl": True}),
-                ("full_nopdl_us", {"pdl": False}),
-                ("full_pdl_merge_dv128_us", {"pdl": True, "merge_block_dv": 128})]
+    variants = [("stage1_us", {"stage1_only": True}), ("full_us", {"pdl": params["pdl"]}),
+                ("full_merge_dv128_us", {"pdl": params["pdl"], "merge_block_dv": 128})]
     for label, kw in variants:
         calls = []
         for x in bench.inputs:
@@ -218,11 +251,52 @@ def stage_split(bench: ShapeBench, params: dict, cfg: TimingConfig) -> dict:
                 x.q, x.kv_cache, x.block_table, x.cache_seqlens, out, splits, s.scale,
                 partial_out=po, partial_lse=pl, descriptors=descs, num_stages=stages, **kw))
         res[label] = time_calls(calls, cfg, use_graph=True).median_us
-        if len(calls) == 1 and label == "full_pdl_us":
-            res["full_pdl_4_per_replay_us"] = time_calls(calls * 4, cfg, use_graph=True).median_us
+        if len(calls) == 1 and label == "full_us":
+            res["full_4_per_replay_us"] = time_calls(calls * 4, cfg, use_graph=True).median_us
     if len(bench.inputs) == 1 and get_backend("flashmla").available()[0]:
         fm = get_backend("flashmla").prepare(bench.inputs[0], {})
         res["flashmla_4_per_replay_us"] = time_calls([fm.fn] * 4, cfg, use_graph=True).median_us
+    return res
+
+
+def portable_with_wide_merge(bench: ShapeBench, splits: int, cfg: TimingConfig) -> dict:
+    """Proposal numbers for the portable kernel: its own stage 1 followed by its own merge
+    (``mla_decode_splitkv``) vs by :func:`wide_merge` sized to the GPU, graph-replayed."""
+    import triton
+
+    from mlabench.kernels import splitkv as sk
+    from mlabench.kernels.wide_merge import wide_merge
+
+    s = bench.shape
+    po, pl = sk.alloc_splitkv_workspace(s.batch, HEADS, splits, bench.inputs[0].device)
+    bn, nw, ns = sk.default_launch(bench.inputs[0].q)
+
+    def stage1(x):
+        sk._splitkv_stage1[(s.batch, splits, triton.cdiv(HEADS, sk.BLOCK_H))](
+            x.q, x.kv_cache, x.block_table, x.cache_seqlens, po, pl, splits, HEADS,
+            s.scale * sk.LOG2E, x.q.stride(0), x.q.stride(1), x.kv_cache.stride(0),
+            x.kv_cache.stride(1), x.block_table.stride(0), po.stride(0), po.stride(1),
+            pl.stride(0), PAGE_SIZE=64, BLOCK_N=bn, BLOCK_H=sk.BLOCK_H,
+            SPLIT_ALIGN=sk.SPLIT_ALIGN_TOKENS, UPCAST=sk.upcast_for_interpreter(x.q.dtype),
+            NUM_STAGES=ns, num_warps=nw,
+            num_stages=ns)
+
+    res = {"batch": s.batch, "context": s.max_context_len, "num_kv_splits": splits}
+    outs = [x.new_output() for x in bench.inputs]
+    own = [lambda x=x, o=o: sk.mla_decode_splitkv(x.q, x.kv_cache, x.block_table, x.cache_seqlens,
+                                                  o, splits, s.scale, partial_out=po,
+                                                  partial_lse=pl)
+           for x, o in zip(bench.inputs, outs)]
+    wide = [lambda x=x, o=o: (stage1(x), wide_merge(po, pl, o, splits,
+                                                    num_sms=current_device().num_sms))
+            for x, o in zip(bench.inputs, outs)]
+    res["own_merge_us"] = time_calls(own, cfg, use_graph=True).median_us
+    res["wide_merge_us"] = time_calls(wide, cfg, use_graph=True).median_us
+    res["stage1_us"] = time_calls([lambda x=x: stage1(x) for x in bench.inputs], cfg,
+                                  use_graph=True).median_us
+    wide[0]()
+    ref = bench.reference
+    res["wide_merge_max_abs_err"] = float((outs[0].float() - ref).abs().max())
     return res
 
 
@@ -238,7 +312,7 @@ def timings(args, env: dict, out: Path) -> tuple[list, list]:
                 continue
             shape = MLADecodeShape.uniform(batch, ctx, HEADS, page_size=64)
             bench = ShapeBench(shape, cfg, seed=0)
-            best = None
+            best = best_triton = None
             for name, params in param_sets(shape, args):
                 rec = bench.run(get_backend(name), params, copy_bw_tbps=env["copy_tbps"],
                                 run_id="hopper-kernel")
@@ -250,11 +324,18 @@ def timings(args, env: dict, out: Path) -> tuple[list, list]:
                       f"{rec.status:9s} {us if us else float('nan'):9.2f} us", flush=True)
                 if name == "gluon-splitkv" and rec.status == "ok" and (best is None or us < best[0]):
                     best = (us, params)
+                if name == "triton-splitkv" and rec.status == "ok" and (
+                        best_triton is None or us < best_triton[0]):
+                    best_triton = (us, params["num_kv_splits"])
             if best and args.stage_split:
                 row = stage_split(bench, best[1], cfg)
                 stages_rows.append(row)
                 st_fh.write(json.dumps(row) + "\n")
                 print(f"stages B={batch} L={ctx} {row}", flush=True)
+            if ctx in args.portable_contexts and best_triton:
+                row = {"portable": True, **portable_with_wide_merge(bench, best_triton[1], cfg)}
+                st_fh.write(json.dumps(row) + "\n")
+                print(f"portable B={batch} L={ctx} {row}", flush=True)
             del bench
             torch.cuda.empty_cache()
     return records, stages_rows
@@ -271,13 +352,16 @@ def summary(records: list, stages_rows: list, env: dict) -> str:
         cell = best.setdefault(key, {"bytes": r.bytes_moved})
         if r.backend not in cell or r.median_us < cell[r.backend][0]:
             cell[r.backend] = (r.median_us, r.params)
-    stage = {(s["batch"], s["context"]): s for s in stages_rows}
-    lines = [f"read floor = bytes / {read_bw:.2f} TB/s (torch.amax over 4 GiB, read only); "
-             f"copy bandwidth {env['copy_tbps']:.2f} TB/s; {env['device']}, triton {env['triton']}",
+    stage = {(s["batch"], s["context"]): s for s in stages_rows if "portable" not in s}
+    lines = [f"read floor = bytes / {read_bw:.2f} TB/s, the larger of two 4 GiB read-only "
+             f"reductions (torch.amax {env['read_amax_tbps']:.2f}, Triton {env['read_triton_tbps']:.2f}); "
+             f"copy bandwidth {env['copy_tbps']:.2f} TB/s; {env['device']}, triton {env['triton']}; "
+             "best measured configuration per backend; every point checked against fp32",
              "",
              "| batch | context | read floor µs | gluon-splitkv µs | % floor | params | stage 1 alone µs "
-             "| triton-splitkv µs | % floor | FlashMLA µs | % floor | gluon / FlashMLA |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| triton-splitkv µs | % floor | FlashMLA µs | % floor | gluon / FlashMLA "
+             "| gluon, FlashMLA µs at 4 calls a replay |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (b, ctx), cell in sorted(best.items()):
         floor = cell["bytes"] / (read_bw * 1e12) * 1e6
 
@@ -292,9 +376,12 @@ def summary(records: list, stages_rows: list, env: dict) -> str:
         params = ", ".join(f"{k}={v}" for k, v in cell["gluon-splitkv"][1].items()) if "gluon-splitkv" in cell else "—"
         ratio = (f"{cell['gluon-splitkv'][0] / cell['flashmla'][0]:.2f}"
                  if "gluon-splitkv" in cell and "flashmla" in cell else "—")
-        st = f"{stage[(b, ctx)]['stage1_us']:.1f}" if (b, ctx) in stage else "—"
+        row = stage.get((b, ctx), {})
+        st = f"{row['stage1_us']:.1f}" if row else "—"
+        x4 = (f"{row['full_4_per_replay_us']:.1f}, {row.get('flashmla_4_per_replay_us', float('nan')):.1f}"
+              if "full_4_per_replay_us" in row else "—")
         lines.append(f"| {b} | {ctx} | {floor:.1f} | {g} | {gp} | {params} | {st} | {t} | {tp} | "
-                     f"{f} | {fp} | {ratio} |")
+                     f"{f} | {fp} | {ratio} | {x4} |")
     return "\n".join(lines) + "\n"
 
 
@@ -311,6 +398,8 @@ def main(argv=None) -> int:
     ap.add_argument("--point-budget-s", type=float, default=0.4)
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new shapes after this")
     ap.add_argument("--no-stage-split", dest="stage_split", action="store_false")
+    ap.add_argument("--portable-contexts", type=ints, default=[1024, 32768, 131072, 16384],
+                    help="contexts where the portable kernel is also timed with the wide merge")
     ap.add_argument("--skip-checks", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

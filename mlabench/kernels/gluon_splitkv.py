@@ -104,14 +104,21 @@ def _store_partial(po_ptr, plse_ptr, slot, ht, num_heads, o, l_i, m_i, stride_ps
     gl.store(plse_ptr + slot64 * stride_ls + heads, lse_st, mask=heads < num_heads)
 
 
+@gluon.jit
+def _launch_dependents():
+    """``griddepcontrol.launch_dependents``: the next grid, launched as a programmatic dependent
+    launch, may be scheduled once every program of this one has executed it (or exited)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
 @gluon.jit(do_not_specialize=["num_splits"])
 def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, po_ptr, plse_ptr,
                           num_splits, num_heads, qk_scale_log2,
                           stride_qb, stride_qh, stride_btb, stride_ps, stride_ph, stride_ls,
                           NUM_STAGES: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
-    if PDL:  # let the merge grid be scheduled now; it waits for this grid before reading
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
-                                  dtype=gl.int32, is_pure=False, pack=1)
+    if PDL == 1:  # let the merge grid be scheduled now; it waits for this grid before reading
+        _launch_dependents()
     b = gl.program_id(0)
     split = gl.program_id(1)
     ht = gl.program_id(2)
@@ -175,6 +182,8 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, po_ptr
         o = warpgroup_mma(kn.permute((1, 0)), p_smem, o, is_async=True)
         o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
         m_i = m_new
+    if PDL == 2:  # the merge's launch overlaps this program's epilogue only
+        _launch_dependents()
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(bars.index(i))
     _store_partial(po_ptr, plse_ptr, b * num_splits + split, ht, num_heads, o, l_i, m_i,
@@ -210,7 +219,7 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
                              softmax_scale: float, *, partial_out: torch.Tensor,
                              partial_lse: torch.Tensor,
                              descriptors: tuple[TensorDescriptor, TensorDescriptor] | None = None,
-                             num_stages: int = DEFAULT_NUM_STAGES, pdl: bool = True,
+                             num_stages: int = DEFAULT_NUM_STAGES, pdl: int = 1,
                              merge_block_dv: int | None = None,
                              stage1_only: bool = False) -> torch.Tensor:
     """Split-KV MLA decode on Hopper: ``out = softmax(q K^T * softmax_scale) V``.
@@ -227,7 +236,9 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
             (:func:`mlabench.kernels.splitkv.alloc_splitkv_workspace` has these shapes).
         descriptors: from :func:`kv_descriptors` (built here when None; pass them when capturing).
         num_stages: pages in the shared-memory ring (1 or 2 fit an H200).
-        pdl: launch the merge as a programmatic dependent launch, scheduled while stage 1 runs.
+        pdl: 0: the merge is an ordinary launch; 1: a programmatic dependent launch that stage 1
+            releases at its start (merge programs wait, resident, while stage 1 streams); 2: one
+            that stage 1 releases after its token loop (the launch overlaps the epilogue).
         merge_block_dv: output columns per merge program (None: sized to the GPU).
         stage1_only: skip the merge (for timing stage 1 alone; ``out`` is then not written).
 
@@ -247,7 +258,7 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
         int(num_kv_splits), heads, float(softmax_scale) * LOG2E,
         q.stride(0), q.stride(1), block_table.stride(0), partial_out.stride(0),
         partial_out.stride(1), partial_lse.stride(0), NUM_STAGES=num_stages,
-        PDL=pdl and not stage1_only, num_warps=4,
+        PDL=0 if stage1_only else int(pdl), num_warps=4,
     )
     if not stage1_only:
         from mlabench.kernels.wide_merge import wide_merge
@@ -255,7 +266,7 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
         from mlabench.device import current_device
 
         wide_merge(partial_out, partial_lse, out, int(num_kv_splits), block_dv=merge_block_dv,
-                   num_sms=current_device().num_sms, pdl=pdl)
+                   num_sms=current_device().num_sms, pdl=bool(pdl))
     return out
 
 
@@ -284,5 +295,5 @@ def compile_stage1_sm90(num_stages: int = DEFAULT_NUM_STAGES, dtype: str = "bf16
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
              if t.startswith("*") or n.startswith("stride")}
     src = GluonASTSource(fn=_gluon_splitkv_stage1, signature=sig, attrs=attrs,
-                         constexprs={"NUM_STAGES": num_stages, "PDL": True, "num_warps": 4})
+                         constexprs={"NUM_STAGES": num_stages, "PDL": 1, "num_warps": 4})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
