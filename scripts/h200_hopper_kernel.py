@@ -239,7 +239,7 @@ def stage_split(bench: ShapeBench, params: dict, cfg: TimingConfig) -> dict:
 
     s = bench.shape
     splits, stages = params["num_kv_splits"], params["num_stages"]
-    po, pl = alloc_splitkv_workspace(s.batch, HEADS, splits, "cuda")
+    po, pl = alloc_splitkv_workspace(s.batch, HEADS, splits, bench.inputs[0].device)
     res = {"batch": s.batch, "context": s.max_context_len, "copies": len(bench.inputs), **params}
     variants = [("stage1_us", {"stage1_only": True}), ("full_us", {"pdl": params["pdl"]}),
                 ("full_merge_dv128_us", {"pdl": params["pdl"], "merge_block_dv": 128})]
@@ -265,11 +265,12 @@ def portable_with_wide_merge(bench: ShapeBench, splits: int, cfg: TimingConfig) 
     import triton
 
     from mlabench.kernels import splitkv as sk
+    from mlabench.kernels.common import default_launch, upcast_for_interpreter
     from mlabench.kernels.wide_merge import wide_merge
 
     s = bench.shape
     po, pl = sk.alloc_splitkv_workspace(s.batch, HEADS, splits, bench.inputs[0].device)
-    bn, nw, ns = sk.default_launch(bench.inputs[0].q)
+    bn, nw, ns = default_launch(bench.inputs[0].q)
 
     def stage1(x):
         sk._splitkv_stage1[(s.batch, splits, triton.cdiv(HEADS, sk.BLOCK_H))](
@@ -277,7 +278,7 @@ def portable_with_wide_merge(bench: ShapeBench, splits: int, cfg: TimingConfig) 
             s.scale * sk.LOG2E, x.q.stride(0), x.q.stride(1), x.kv_cache.stride(0),
             x.kv_cache.stride(1), x.block_table.stride(0), po.stride(0), po.stride(1),
             pl.stride(0), PAGE_SIZE=64, BLOCK_N=bn, BLOCK_H=sk.BLOCK_H,
-            SPLIT_ALIGN=sk.SPLIT_ALIGN_TOKENS, UPCAST=sk.upcast_for_interpreter(x.q.dtype),
+            SPLIT_ALIGN=sk.SPLIT_ALIGN_TOKENS, UPCAST=upcast_for_interpreter(x.q.dtype),
             NUM_STAGES=ns, num_warps=nw,
             num_stages=ns)
 
@@ -327,15 +328,24 @@ def timings(args, env: dict, out: Path) -> tuple[list, list]:
                 if name == "triton-splitkv" and rec.status == "ok" and (
                         best_triton is None or us < best_triton[0]):
                     best_triton = (us, params["num_kv_splits"])
+            diagnostics = []
             if best and args.stage_split:
-                row = stage_split(bench, best[1], cfg)
-                stages_rows.append(row)
-                st_fh.write(json.dumps(row) + "\n")
-                print(f"stages B={batch} L={ctx} {row}", flush=True)
+                diagnostics.append(("stages", lambda: stage_split(bench, best[1], cfg)))
             if ctx in args.portable_contexts and best_triton:
-                row = {"portable": True, **portable_with_wide_merge(bench, best_triton[1], cfg)}
+                diagnostics.append(("portable", lambda: {
+                    "portable": True, **portable_with_wide_merge(bench, best_triton[1], cfg)}))
+            for label, run in diagnostics:
+                try:
+                    row = run()
+                except Exception as exc:  # noqa: BLE001 - a diagnostic must not end the run
+                    row = {"batch": batch, "context": ctx, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                    if label == "portable":
+                        row["portable"] = True
+                    torch.cuda.synchronize()
+                if label == "stages" and "error" not in row:
+                    stages_rows.append(row)
                 st_fh.write(json.dumps(row) + "\n")
-                print(f"portable B={batch} L={ctx} {row}", flush=True)
+                print(f"{label} B={batch} L={ctx} {row}", flush=True)
             del bench
             torch.cuda.empty_cache()
     return records, stages_rows

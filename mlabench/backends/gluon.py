@@ -7,19 +7,21 @@ not elsewhere.  Triton is imported lazily: this module is imported on every CLI 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 from mlabench.backends.base import Backend, ParamSpec, PreparedCall
+from mlabench.backends.common import MAX_KV_SPLITS, NUM_KV_SPLITS, check_mla_dims
 from mlabench.backends.registry import register
+from mlabench.backends.triton import TRITON_PACKAGES
 from mlabench.device import current_device
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.shapes import MLADecodeShape
 
 PAGE_TOKENS = 64
-MAX_KV_SPLITS = 512
 
 
 def default_gluon_splits(shape: MLADecodeShape, num_sms: int | None = None) -> int:
@@ -31,8 +33,8 @@ def default_gluon_splits(shape: MLADecodeShape, num_sms: int | None = None) -> i
     return max(1, min(pages, sms // shape.batch, MAX_KV_SPLITS))
 
 
-KV_SPLITS = ParamSpec(
-    "num_kv_splits", int, default=lambda s: default_gluon_splits(s), low=1, high=MAX_KV_SPLITS,
+KV_SPLITS = dataclasses.replace(
+    NUM_KV_SPLITS, default=lambda s: default_gluon_splits(s),
     help="page-granular KV splits per request (1-512); default min(pages, SMs // batch)",
 )
 PDL = ParamSpec(
@@ -70,6 +72,7 @@ class GluonSplitKVBackend(Backend):
     name = "gluon-splitkv"
     family = "split-kv"
     gpu_kernel = True
+    packages = TRITON_PACKAGES
     summary = "project Gluon split-KV kernel for Hopper: TMA page ring, wgmma, explicit num_kv_splits"
     params = (KV_SPLITS, RING_STAGES, PDL)
 
@@ -79,9 +82,9 @@ class GluonSplitKVBackend(Backend):
     def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
         if shape.qo_len != 1:
             return False, f"only qo_len 1 is supported, got {shape.qo_len}"
-        if (shape.kv_lora_rank, shape.qk_rope_head_dim) != (512, 64):
-            return False, (f"written for kv_lora_rank 512 + rope 64, got "
-                           f"{shape.kv_lora_rank} + {shape.qk_rope_head_dim}")
+        ok, why = check_mla_dims(shape, "the Hopper Gluon kernel")
+        if not ok:
+            return ok, why
         if shape.page_size != 64:
             return False, f"page size must be 64 (one TMA tile per page), got {shape.page_size}"
         if shape.q_dtype != shape.kv_dtype or shape.q_dtype not in ("bfloat16", "float16"):
