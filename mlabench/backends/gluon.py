@@ -25,17 +25,19 @@ PAGE_TOKENS = 64
 
 
 def default_gluon_splits(shape: MLADecodeShape, num_sms: int | None = None) -> int:
-    """One wave of page-granular splits: ``min(pages of the longest request, SMs // batch)``,
-    at least 1.  From the H200 measurements in docs/PERFORMANCE.md: the best split count was the
-    page count up to 4K at batch 1, 132 from 32K up, and 8 (= 132 // 16) at batch 16."""
+    """One wave of splits of at least two pages: ``min(ceil(pages / 2), SMs // batch)``, at least
+    1.  Two pages are what the default 2-stage ring loads at once, so a second page per split costs
+    little latency and halves the partials to merge; beyond one wave every SM's share of the pages
+    decides.  On an H200 (docs/PERFORMANCE.md) two pages per split beat one at 8K and 16K, and
+    132 // 16 = 8 splits was the best count at batch 16."""
     sms = num_sms or (current_device().num_sms if current_device().is_gpu else 132)
     pages = -(-shape.max_context_len // PAGE_TOKENS)
-    return max(1, min(pages, sms // shape.batch, MAX_KV_SPLITS))
+    return max(1, min(-(-pages // 2), sms // shape.batch, MAX_KV_SPLITS))
 
 
 KV_SPLITS = dataclasses.replace(
     NUM_KV_SPLITS, default=lambda s: default_gluon_splits(s),
-    help="page-granular KV splits per request (1-512); default min(pages, SMs // batch)",
+    help="page-granular KV splits per request (1-512); default min(ceil(pages / 2), SMs // batch)",
 )
 PDL = ParamSpec(
     "pdl", int, default=lambda s: 1 if s.batch == 1 else 0, low=0, high=2,

@@ -90,9 +90,10 @@ def test_merge_blocks_fill_about_two_programs_per_sm(batch, splits, want):
     assert block_s * block_dv <= 8192
 
 
-@pytest.mark.parametrize("batch,ctx,want", [(1, 1024, 16), (1, 4096, 64), (1, 131072, 132),
-                                            (16, 16384, 8), (200, 4096, 1)])
-def test_default_splits_are_one_wave_of_pages(batch, ctx, want):
+@pytest.mark.parametrize("batch,ctx,want", [(1, 1024, 8), (1, 4096, 32), (1, 8192, 64),
+                                            (1, 131072, 132), (16, 16384, 8), (200, 4096, 1),
+                                            (1, 64, 1)])
+def test_default_splits_are_one_wave_of_two_page_splits(batch, ctx, want):
     shape = MLADecodeShape.uniform(batch, ctx, 12)
     assert default_gluon_splits(shape, num_sms=132) == want
 
