@@ -210,18 +210,20 @@ def checks(stages_list: list[int]) -> list[dict]:
 
 def param_sets(shape: MLADecodeShape, args) -> list[tuple[str, dict]]:
     """(backend, params) measured at one shape: gluon-splitkv over split counts (2 stages, the
-    default merge launch), its default split count also with the other merge launches and with 1
+    default merge launch), at two pages a split also with the other merge launches and with 1
     stage, the portable kernel over split counts, FlashMLA."""
     from mlabench.backends.gluon import default_gluon_splits
 
     batch = shape.batch
-    default = default_gluon_splits(shape)
+    pages = -(-shape.max_context_len // 64)
+    ab = max(1, min(-(-pages // 2), current_device().num_sms // batch))  # two pages a split
     pdl = get_backend("gluon-splitkv").resolve_params(shape)["pdl"]
-    splits = sorted(set(args.gluon_splits_b1 if batch == 1 else args.gluon_splits_bn) | {default})
+    splits = sorted(set(args.gluon_splits_b1 if batch == 1 else args.gluon_splits_bn)
+                    | {ab, default_gluon_splits(shape)})
     jobs = [("gluon-splitkv", {"num_kv_splits": s, "num_stages": 2, "pdl": pdl}) for s in splits]
-    jobs += [("gluon-splitkv", {"num_kv_splits": default, "num_stages": 2, "pdl": other})
+    jobs += [("gluon-splitkv", {"num_kv_splits": ab, "num_stages": 2, "pdl": other})
              for other in (0, 1, 2) if other != pdl]
-    jobs.append(("gluon-splitkv", {"num_kv_splits": default, "num_stages": 1, "pdl": pdl}))
+    jobs.append(("gluon-splitkv", {"num_kv_splits": ab, "num_stages": 1, "pdl": pdl}))
     for s in (args.triton_splits_b1 if batch == 1 else args.triton_splits_bn):
         jobs.append(("triton-splitkv", {"num_kv_splits": s}))
     if get_backend("flashmla").available()[0]:

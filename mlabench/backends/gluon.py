@@ -16,7 +16,7 @@ from mlabench.backends.base import Backend, ParamSpec, PreparedCall
 from mlabench.backends.common import MAX_KV_SPLITS, NUM_KV_SPLITS, check_mla_dims
 from mlabench.backends.registry import register
 from mlabench.backends.triton import TRITON_PACKAGES
-from mlabench.device import current_device
+from mlabench.device import current_device, triton_interpreting
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.shapes import MLADecodeShape
@@ -25,19 +25,22 @@ PAGE_TOKENS = 64
 
 
 def default_gluon_splits(shape: MLADecodeShape, num_sms: int | None = None) -> int:
-    """One wave of splits of at least two pages: ``min(ceil(pages / 2), SMs // batch)``, at least
-    1.  Two pages are what the default 2-stage ring loads at once, so a second page per split costs
-    little latency and halves the partials to merge; beyond one wave every SM's share of the pages
-    decides.  On an H200 (docs/PERFORMANCE.md) two pages per split beat one at 8K and 16K, and
-    132 // 16 = 8 splits was the best count at batch 16."""
+    """Page-granular split count: one page per split while that fills at most half a wave
+    (``pages <= (SMs // batch) // 2``), else one wave, ``SMs // batch``; at least 1.
+
+    From the H200 run in results/h200/hopper-kernel/ (every count measured at every point): at
+    batch 1 one page per split was best at 1K and 4K (16 and 64 splits), 132 splits was best from
+    32K up and within 7% of the best at 8K and 16K, and 8 = 132 // 16 was best at batch 16."""
     sms = num_sms or (current_device().num_sms if current_device().is_gpu else 132)
     pages = -(-shape.max_context_len // PAGE_TOKENS)
-    return max(1, min(-(-pages // 2), sms // shape.batch, MAX_KV_SPLITS))
+    wave = max(1, sms // shape.batch)
+    return max(1, min(pages if pages <= wave // 2 else wave, MAX_KV_SPLITS))
 
 
 KV_SPLITS = dataclasses.replace(
     NUM_KV_SPLITS, default=lambda s: default_gluon_splits(s),
-    help="page-granular KV splits per request (1-512); default min(ceil(pages / 2), SMs // batch)",
+    help="page-granular KV splits per request (1-512); default: pages while they fill at most "
+         "half a wave, else SMs // batch",
 )
 PDL = ParamSpec(
     "pdl", int, default=lambda s: 1 if s.batch == 1 else 0, low=0, high=2,
@@ -54,6 +57,8 @@ RING_STAGES = ParamSpec(
 def hopper_gluon_available() -> tuple[bool, str]:
     """``(True, "")`` on an NVIDIA compute-capability-9.0 GPU with Triton's Gluon importable,
     else ``(False, reason)``."""
+    if triton_interpreting():
+        return False, "TRITON_INTERPRET=1: Gluon kernels have no interpreter (unset it on a GPU)"
     if not torch.cuda.is_available():
         return False, "no GPU: this kernel needs an NVIDIA Hopper GPU (sm_90: TMA, wgmma)"
     if torch.version.hip is not None:

@@ -90,19 +90,19 @@ def test_merge_blocks_fill_about_two_programs_per_sm(batch, splits, want):
     assert block_s * block_dv <= 8192
 
 
-@pytest.mark.parametrize("batch,ctx,want", [(1, 1024, 8), (1, 4096, 32), (1, 8192, 64),
-                                            (1, 131072, 132), (16, 16384, 8), (200, 4096, 1),
-                                            (1, 64, 1)])
-def test_default_splits_are_one_wave_of_two_page_splits(batch, ctx, want):
+@pytest.mark.parametrize("batch,ctx,want", [(1, 1024, 16), (1, 4096, 64), (1, 8192, 132),
+                                            (1, 131072, 132), (16, 1024, 8), (16, 131072, 8),
+                                            (200, 4096, 1), (1, 64, 1)])
+def test_default_splits_are_pages_or_one_wave(batch, ctx, want):
     shape = MLADecodeShape.uniform(batch, ctx, 12)
     assert default_gluon_splits(shape, num_sms=132) == want
 
 
 def test_backend_says_why_not_here_and_which_shapes():
     backend = get_backend("gluon-splitkv")
-    if not torch.cuda.is_available():
-        ok, reason = backend.available()
-        assert not ok and "Hopper" in reason
+    ok, reason = backend.available()
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        assert not ok and ("Hopper" in reason or "interpreter" in reason)
     shape = MLADecodeShape.create(num_heads=12, context_lens=(100,), page_size=16)
     ok, reason = backend.supports(shape)
     assert not ok and "page size" in reason
