@@ -55,25 +55,23 @@ def write_json(out: Path, name: str, obj) -> None:
     (out / name).write_text(json.dumps(obj, indent=1, default=str))
 
 
-def read_bandwidth_tbps(size_bytes: int = 4 << 30, reps: int = 10) -> float:
-    """Read-only streaming bandwidth: ``torch.amax`` over ``size_bytes`` of fp32, median, TB/s."""
-    x = torch.empty(size_bytes // 4, dtype=torch.float32, device="cuda").uniform_()
+def read_tbps(read_once, size_bytes: int, reps: int = 10, warmup: int = 3) -> float:
+    """``size_bytes`` over the median event-timed duration of ``read_once()``, TB/s."""
     samples = []
-    for i in range(reps + 3):
+    for i in range(reps + warmup):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        torch.amax(x)
+        read_once()
         b.record()
         b.synchronize()
-        if i >= 3:
+        if i >= warmup:
             samples.append(a.elapsed_time(b) * 1e-3)
-    del x
     return size_bytes / statistics.median(samples) / 1e12
 
 
-def read_bandwidth_triton_tbps(size_bytes: int = 4 << 30) -> float:
-    """Read-only streaming bandwidth of a plain Triton reduction (16-byte loads, 4 programs per
-    SM, pipelined), median of 10, TB/s: a second read ceiling beside ``torch.amax``."""
+def read_ceilings_tbps(size_bytes: int = 4 << 30) -> dict:
+    """Read-only streaming bandwidth over ``size_bytes`` of fp32, two ways: ``torch.amax``, and a
+    plain Triton reduction (16-byte loads, 4 programs per SM, pipelined)."""
     import triton
     import triton.language as tl
 
@@ -88,17 +86,11 @@ def read_bandwidth_triton_tbps(size_bytes: int = 4 << 30) -> float:
     x = torch.empty(size_bytes // 4, dtype=torch.float32, device="cuda").uniform_()
     grid = 4 * current_device().num_sms
     out = torch.empty(grid, device="cuda")
-    samples = []
-    for i in range(13):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        _stream_sum[(grid,)](x, out, x.numel() // block, BLOCK=block, num_warps=8)
-        b.record()
-        b.synchronize()
-        if i >= 3:
-            samples.append(a.elapsed_time(b) * 1e-3)
+    res = {"read_amax_tbps": read_tbps(lambda: torch.amax(x), size_bytes),
+           "read_triton_tbps": read_tbps(lambda: _stream_sum[(grid,)](
+               x, out, x.numel() // block, BLOCK=block, num_warps=8), size_bytes)}
     del x
-    return size_bytes / statistics.median(samples) / 1e12
+    return res
 
 
 def environment() -> dict:
@@ -107,8 +99,7 @@ def environment() -> dict:
     dev = current_device()
     env = {"device": dev.name, "num_sms": dev.num_sms, "l2_bytes": dev.l2_bytes, "arch": dev.arch,
            "torch": torch.__version__, "triton": triton.__version__,
-           "copy_tbps": measure_copy_bandwidth_tbps(), "read_amax_tbps": read_bandwidth_tbps(),
-           "read_triton_tbps": read_bandwidth_triton_tbps()}
+           "copy_tbps": measure_copy_bandwidth_tbps(), **read_ceilings_tbps()}
     env["read_tbps"] = max(env["read_amax_tbps"], env["read_triton_tbps"])
     from mlabench.extras import package_version
 
