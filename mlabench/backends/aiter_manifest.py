@@ -83,6 +83,7 @@ class RuleVariant(_Strict):
     present: bool | None = Field(None, description="attribute: whether it must exist.")
     file: str | None = Field(None, description="asm_blob: kernel file under AITER_ASM_DIR.")
     blobs: tuple[str, ...] = Field((), description="asm_blob: git blob ids of that file.")
+    evidence: str = Field("", description="source: the AITER lines the markers are written from.")
     source: str = Field(description="Where in AITER the variant was read.")
 
 
