@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlabench.errors import UnsupportedShapeError
+from mlabench.kernels.workspace import split_workspace_bytes
 
 #: Workgroups one MI350 wave holds; AITER's Gluon split budget fills it.
 GLUON_WAVE = 256
@@ -186,7 +187,7 @@ def gluon_workspace_bytes(plan: GluonPlan, num_heads: int, v_head_dim: int = 512
     AITER launches one split (stage 1 writes the output directly)."""
     if plan.launched == 1:
         return 0
-    return 2 * sum(plan.per_request) * qo_len * num_heads * (v_head_dim * out_bytes + 4)
+    return split_workspace_bytes(sum(plan.per_request) * qo_len * num_heads, v_head_dim, out_bytes)
 
 
 # ---- ASM ------------------------------------------------------------------------------------------
@@ -218,11 +219,6 @@ def asm_nonpersistent_splits(batch: int, total_kv_tokens: int, cu_num: int) -> i
         if score > best_score:
             best, best_score = i, score
     return best
-
-
-def split_partial_bytes(rows: int, kernel_heads: int, v_head_dim: int = 512) -> int:
-    """fp32 split partials ``[rows, H, 512]`` plus fp32 lse ``[rows, H]``, written then read."""
-    return 2 * rows * kernel_heads * (v_head_dim * 4 + 4)
 
 
 # ---- known crashes and wrong results --------------------------------------------------------------

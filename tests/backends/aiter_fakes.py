@@ -238,3 +238,14 @@ BEHAVIOURS: dict[str, Callable[[FakeAiter, dict[str, Any]], Any]] = {
     "get_gfx": _get_gfx, "get_cu_num": lambda fake, a: fake.cu_num, "gate": _gate,
     "gate_max_batch": _gate_max_batch,
 }
+
+
+def pretend_rocm(monkeypatch: pytest.MonkeyPatch, device_arch: str = "gfx950") -> None:
+    """Make torch look like a ROCm build with a GPU whose device 0 is ``device_arch``."""
+    from mlabench.backends import aiter_gluon
+    from mlabench.device import DeviceInfo
+
+    monkeypatch.setattr(torch.version, "hip", "7.0.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    info = DeviceInfo("rocm", "cuda", "AMD Instinct", 256, 0, device_arch, 0)
+    monkeypatch.setattr(aiter_gluon, "current_device", lambda: info)
