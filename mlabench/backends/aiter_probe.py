@@ -63,6 +63,7 @@ class AiterInstall:
     - ``gluon_api``: ``"mla_gluon"`` / ``"mla_decode_gluon"`` or None.
     - ``problems``: ``"asm"`` / ``"gluon"`` -> reasons that backend cannot run (empty: it can).
     - ``notes``: differences that do not stop a backend (signature drift in unused parameters).
+    - ``rule_notes``: rule kind -> where the version range and the installed AITER disagree.
     - ``param_names``: logical call -> the installed function's parameter names.
     """
 
@@ -75,6 +76,7 @@ class AiterInstall:
     gluon_api: str | None = None
     problems: dict[str, list[str]] = field(default_factory=lambda: {"asm": [], "gluon": []})
     notes: list[str] = field(default_factory=list)
+    rule_notes: dict[str, str] = field(default_factory=dict)
     param_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def rule(self, kind: str) -> str | None:
@@ -85,14 +87,18 @@ class AiterInstall:
         return {k: r.variant for k, r in self.rules.items()}
 
     def describe(self, kinds: tuple[str, ...] | None = None) -> str:
-        """One line for ``mlabench backends``: version, range, and the rules in force."""
-        head = f"AITER {self.version or 'version unknown'} ({self.version_from}"
-        head += f"; range {self.version_range})" if self.version_range else ")"
+        """One line for ``mlabench backends``: version, range, the rules ``kinds`` in force and how
+        each was decided, then any disagreement or signature drift."""
+        facts = [self.version_from]
+        if self.version_range:
+            facts.append(f"range {self.version_range}")
         if self.behaves_like:
-            head += f", behaves like {self.behaves_like}"
-        shown = [f"{k}={r.variant or '?'} [{r.how}]" for k, r in self.rules.items()
-                 if kinds is None or k in kinds]
-        return "; ".join([head, *shown, *self.notes])
+            facts.append(f"behaves like {self.behaves_like}")
+        wanted = [k for k in self.rules if kinds is None or k in kinds]
+        shown = ", ".join(f"{k}={self.rules[k].variant or '?'} ({self.rules[k].how})" for k in wanted)
+        extra = [self.rule_notes[k] for k in wanted if k in self.rule_notes] + self.notes
+        return "; ".join([f"AITER {self.version or 'version unknown'} ({', '.join(facts)}): {shown}",
+                          *extra])
 
 
 _CACHE: dict[str, AiterInstall] = {}
@@ -222,8 +228,8 @@ def _detect_rules(m: Manifest, rng: Range | None, found: AiterInstall, gluon_mod
         if len(hits) == 1:
             found.rules[kind] = RuleInForce(hits[0], _how(variants[hits[0]]))
             if fallback and fallback != hits[0]:
-                found.notes.append(f"{kind}: version {found.version} (range {rng.name}) says "
-                                   f"{fallback}; the installed AITER shows {hits[0]}, used")
+                found.rule_notes[kind] = (f"{kind}: version {found.version} (range {rng.name}) says "
+                                          f"{fallback}, the installed AITER shows {hits[0]}: used")
         elif fallback:
             found.rules[kind] = RuleInForce(fallback, f"version {found.version}, range {rng.name}")
         else:

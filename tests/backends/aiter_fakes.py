@@ -242,10 +242,12 @@ BEHAVIOURS: dict[str, Callable[[FakeAiter, dict[str, Any]], Any]] = {
 
 def pretend_rocm(monkeypatch: pytest.MonkeyPatch, device_arch: str = "gfx950") -> None:
     """Make torch look like a ROCm build with a GPU whose device 0 is ``device_arch``."""
-    from mlabench.backends import aiter_gluon
+    import mlabench.backends  # noqa: F401 - every backend module loaded, so all are patched
     from mlabench.device import DeviceInfo
 
     monkeypatch.setattr(torch.version, "hip", "7.0.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     info = DeviceInfo("rocm", "cuda", "AMD Instinct", 256, 0, device_arch, 0)
-    monkeypatch.setattr(aiter_gluon, "current_device", lambda: info)
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("mlabench") and hasattr(mod, "current_device"):
+            monkeypatch.setattr(mod, "current_device", lambda: info)

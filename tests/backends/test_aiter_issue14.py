@@ -162,7 +162,7 @@ def test_rule_detected_from_the_installed_aiter(monkeypatch, tmp_path, dist, ver
     assert eff["aiter_behaves_like"] == ("v0.1.20" if dist or version_file else None)
     assert eff["aiter_version"] == (dist or version_file)
     details = get_backend("aiter-gluon").details()
-    assert "budget [installed source]" in details
+    assert "budget (installed source)" in details
     assert ("range v0.1.19.post2" in details) if (dist or version_file) else "version unknown" in details
 
 

@@ -136,3 +136,22 @@ def test_manifest_checker_reads_signatures_from_source():
     assert checker.declared_params(src, "f") == ["a", "b=MlaVersion.V32.value", "c=2"]
     assert checker.declared_params(src, "g") is None
     assert checker.defines(src, "X") and checker.defines(src, "f") and not checker.defines(src, "g")
+
+
+def test_backends_command_shows_the_aiter_version_and_rules(monkeypatch, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from mlabench import cli
+
+    pretend_rocm(monkeypatch)
+    install_fake_aiter(monkeypatch, tmp_path, "v0.1.18-v0.1.19", dist_version="0.1.19")
+    result = CliRunner().invoke(cli.app, ["backends", "--json"])
+    assert result.exit_code == 0, result.output
+    (table,) = json.loads(result.stdout)
+    notes = {n.split(":", 1)[0]: n for n in table["notes"]}
+    assert "AITER 0.1.19 (distribution record, range v0.1.18-v0.1.19" in notes["aiter-asm"]
+    assert "asm_gate=batch_gate (installed attribute)" in notes["aiter-asm"]
+    assert "gluon_bh16_splits=bounded (installed source)" in notes["aiter-gluon"]
+    assert "gluon_over_2gib=int32_overflow" in notes["aiter-gluon"]
