@@ -12,7 +12,7 @@ with a shape under those rules is in :mod:`mlabench.backends.aiter_rules`.  The 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -96,8 +96,20 @@ def install_details(kinds: tuple[str, ...]) -> str:
     return found.describe(kinds) if found is not None else ""
 
 
+class AiterBackend(Backend):
+    """What the AITER backends share: the package they depend on, and the listing line naming the
+    installed AITER and the rules (``rule_kinds``) they follow."""
+
+    gpu_kernel = True
+    packages = AITER_PACKAGES
+    rule_kinds: ClassVar[tuple[str, ...]] = ()
+
+    def details(self) -> str:
+        return install_details(self.rule_kinds)
+
+
 @register
-class AiterAsmBackend(Backend):
+class AiterAsmBackend(AiterBackend):
     """AITER's persistent ASM MLA decode (``aiter.mla.mla_decode_fwd`` with v1 work metadata).
 
     ``prepare`` builds the persistent metadata for ``T = padded_heads(H)`` heads (12 -> 16) and the
@@ -116,8 +128,7 @@ class AiterAsmBackend(Backend):
 
     name = "aiter-asm"
     family = "persistent"
-    gpu_kernel = True
-    packages = AITER_PACKAGES
+    rule_kinds = ASM_RULES
     summary = "AITER persistent ASM MLA decode (ROCm gfx942/gfx950), heads padded to 16"
     params = (HEAD_PADDING,)
 
@@ -132,9 +143,6 @@ class AiterAsmBackend(Backend):
             return False, why or (f"needs an AMD {'/'.join(ASM_ARCHS)} GPU; AITER's get_gfx() reports "
                                   f"{gfx}" + (f" (GPU_ARCHS={archs})" if archs else ""))
         return True, ""
-
-    def details(self) -> str:
-        return install_details(ASM_RULES)
 
     def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
         ok, reason = bf16_mla(shape)

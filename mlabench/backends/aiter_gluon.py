@@ -15,9 +15,8 @@ from typing import Any
 import torch
 
 from mlabench.backends.aiter import (
-    AITER_PACKAGES,
+    AiterBackend,
     bf16_mla,
-    install_details,
     installed_aiter,
     require_aiter,
     rocm_reason,
@@ -31,7 +30,7 @@ from mlabench.backends.aiter_rules import (
     gluon_plan,
     gluon_workspace_bytes,
 )
-from mlabench.backends.base import Backend, ParamSpec, PreparedCall
+from mlabench.backends.base import ParamSpec, PreparedCall
 from mlabench.backends.common import NUM_KV_SPLITS
 from mlabench.backends.registry import register
 from mlabench.device import current_device
@@ -55,7 +54,7 @@ MIN_KV_SEQ_LEN = ParamSpec(
 
 
 @register
-class AiterGluonBackend(Backend):
+class AiterGluonBackend(AiterBackend):
     """AITER's Gluon MLA decode (gfx950).
 
     q is passed as two views, ``q_nope = q[..., :512]`` and ``q_pe = q[..., 512:]``; the cache as
@@ -73,8 +72,7 @@ class AiterGluonBackend(Backend):
 
     name = "aiter-gluon"
     family = "split-kv"
-    gpu_kernel = True
-    packages = AITER_PACKAGES
+    rule_kinds = GLUON_RULES
     summary = "AITER Gluon MLA decode (ROCm gfx950), split-KV with AITER's split rule"
     params = (NUM_KV_SPLITS_GLUON, MIN_KV_SEQ_LEN)
 
@@ -87,9 +85,6 @@ class AiterGluonBackend(Backend):
         if arch not in GLUON_ARCHS:
             return False, f"needs an AMD gfx950 GPU; found {arch}"
         return True, ""
-
-    def details(self) -> str:
-        return install_details(GLUON_RULES)
 
     def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
         ok, reason = bf16_mla(shape)

@@ -152,7 +152,8 @@ def _resolve_call(m: Manifest, found: AiterInstall, call: str) -> None:
     mod, reason = optional_import(module)
     fn = getattr(mod, name, None) if mod is not None else None
     if fn is None:
-        found.problems["asm"].append(f"{call}: {module}.{name} not found" + (f" ({reason})" if reason else ""))
+        why = f" ({reason})" if reason else ""
+        found.problems["asm"].append(f"{call}: {module}.{name} not found{why}")
         return
     found.functions[call] = fn
     _check_signature(m, found, "asm", call, fn, f"{module}.{name}")

@@ -192,19 +192,20 @@ def _decode(fake: FakeAiter, a: dict[str, Any]) -> tuple[None, None]:
 def _gluon(fake: FakeAiter, a: dict[str, Any]) -> tuple[torch.Tensor, None]:
     """AITER's wrapper checks (regime by heads, bh64 batch and min_kv_seq_len), then attention."""
     batch, nhead, _ = a["q_nope"].shape
-    regime = rules.gluon_regime(nhead, int(fake.rule("gluon_bh16_max_heads")))
-    assert regime is not None, f"mla_gluon requires nhead <= {fake.rule('gluon_bh16_max_heads')} or 64/128, got {nhead}"
+    max_heads, min_kv = int(fake.rule("gluon_bh16_max_heads")), a["min_kv_seq_len"]
+    regime = rules.gluon_regime(nhead, max_heads)
+    assert regime is not None, f"mla_gluon requires nhead <= {max_heads} or 64/128, got {nhead}"
     if regime == "bh64":
-        ok = batch in rules.GLUON_BH64_LISTED_BATCHES if fake.rule("gluon_bh64") == "listed" else batch % 64 == 0
+        listed = fake.rule("gluon_bh64") == "listed"
+        ok = batch in rules.GLUON_BH64_LISTED_BATCHES if listed else batch % 64 == 0
         assert ok, f"mla_gluon[bh64] batch_size {batch}"
         n = rules.gluon_bh64_splits(batch, nhead)
         need = rules.gluon_bh64_min_kv_required(n)
-        assert a["min_kv_seq_len"] > need, (
-            f"mla_gluon[bh64] requires min_kv_seq_len > {need} (NUM_KV_SPLITS={n}), got {a['min_kv_seq_len']}")
+        assert min_kv > need, f"mla_gluon[bh64] requires min_kv_seq_len > {need}, got {min_kv}"
     else:
         cap = rules.gluon_bh16_cap(batch, nhead)
         n = cap if fake.rule("gluon_bh16_splits") == "budget" else max(
-            1, min(cap, -(-a["min_kv_seq_len"] // rules.GLUON_BLOCK_N)))
+            1, min(cap, -(-min_kv // rules.GLUON_BLOCK_N)))
     assert a["use_2d_view"] is False and a["k_pe"] is None and a["kv_pe_offset"] == 512
     fake.last["launched"] = n
     q = torch.cat([a["q_nope"], a["q_pe"]], dim=-1)
@@ -242,9 +243,9 @@ BEHAVIOURS: dict[str, Callable[[FakeAiter, dict[str, Any]], Any]] = {
 
 def pretend_rocm(monkeypatch: pytest.MonkeyPatch, device_arch: str = "gfx950") -> None:
     """Make torch look like a ROCm build with a GPU whose device 0 is ``device_arch``."""
-    import mlabench.backends  # noqa: F401 - every backend module loaded, so all are patched
     from mlabench.device import DeviceInfo
 
+    importlib.import_module("mlabench.backends")  # every backend module loaded, so all are patched
     monkeypatch.setattr(torch.version, "hip", "7.0.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     info = DeviceInfo("rocm", "cuda", "AMD Instinct", 256, 0, device_arch, 0)
