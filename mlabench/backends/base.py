@@ -72,7 +72,9 @@ class PreparedCall:
       ``[B, H, 512]``; it takes no arguments.  When ``graph_safe`` it neither synchronises with
       the host nor decides on device values; tensors it allocates through torch's caching
       allocator are allowed (graph capture serves them from the graph's private pool, and a
-      replay reuses them), and a backend whose ``fn`` does so says ``allocates_per_call``.
+      replay reuses them), and a backend whose ``fn`` does so says ``allocates_per_call``.  It
+      reads q and the cache anew on every call: the correctness check writes its input sets into
+      them in place after ``prepare`` (:mod:`mlabench.verification`).
     - ``out``: the buffer ``fn`` writes (already poisoned with NaN by ``prepare``).
     - ``effective_params``: what actually runs (e.g. the split count a library picked).
     - ``setup_us``: untimed setup steps and their wall time, µs, keyed ``<step>_us``

@@ -35,7 +35,8 @@ def test_needles_sit_at_split_edges_page_edges_and_the_last_token():
 
 def test_split_starts_come_from_the_backend_or_from_num_kv_splits():
     assert split_starts_for([100, 5], {}, [[0, 40, 80, 120], [3]]) == [[0, 40, 80], [0, 3]]
-    assert split_starts_for([100], {"num_kv_splits": 3}, None) == [[0, 34, 48, 68, 96]]  # 34 tokens, and 48
+    assert split_starts_for([100], {"num_kv_splits": 3}, None) == [[0, 34, 48, 64, 68, 96]]  # 34, 48, 64 tokens
+    assert split_starts_for([100, 40], {"num_kv_splits": [2, 1]}, None) == [[0, 50, 64], [0]]  # per request
     assert split_starts_for([100, 7], {"num_kv_splits": None}, None) == [[0], [0]]
 
 
