@@ -190,10 +190,12 @@ def _verdict_message(v: Verdict) -> str:
         return f"wrong output shape {v.output_shape}"
     if not v.all_finite:
         return f"{where}non-finite output (NaN/Inf: unwritten or overflowed elements, or a poisoned slot read)"
-    if v.rel_rmse is None or (v.rel_rmse <= (v.rel_rmse_limit or 0) and v.rel_max_err <= (v.rel_max_err_limit or 0)):
+    within = v.rel_rmse is not None and v.rel_rmse <= (v.rel_rmse_limit or 0) \
+        and (v.rel_max_err or 0) <= (v.rel_max_err_limit or 0)
+    if v.rel_rmse is None or within:
         return f"{where}max abs err {v.max_abs_err:.3g} over atol={v.atol:g} rtol={v.rtol or 0:g}"
-    text = (f"{where}relative RMSE {v.rel_rmse:.3g} (limit {v.rel_rmse_limit:.2g}), "
-            f"normalised max error {v.rel_max_err:.3g} (limit {v.rel_max_err_limit:.2g})")
+    text = (f"{where}relative RMSE {v.rel_rmse:.3g} (limit {v.rel_rmse_limit:.3g}), "
+            f"normalised max error {v.rel_max_err:.3g} (limit {v.rel_max_err_limit:.3g})")
     return f"{text}; {v.missing}" if v.missing else text
 
 

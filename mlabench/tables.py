@@ -234,8 +234,8 @@ def check_table(records: Sequence[Record], unavailable: dict[str, str] | None = 
     v0 = next((r.verdict for r in records if r.verdict and r.verdict.rel_rmse_limit), None)
     if v0:
         sets = ", ".join(v0.by_input_set) or v0.input_set or "random"
-        t.notes.append(f"rel RMSE = RMSE / RMS of the reference (limit {v0.rel_rmse_limit:.2g}), rel max err = "
-                       f"max |error| / RMS of the reference (limit {v0.rel_max_err_limit:.2g}), on the worst of "
+        t.notes.append(f"rel RMSE = RMSE / RMS of the reference (limit {v0.rel_rmse_limit:.3g}), rel max err = "
+                       f"max |error| / RMS of the reference (limit {v0.rel_max_err_limit:.3g}), on the worst of "
                        f"the input sets {sets}; unread cache slots and outputs poisoned with NaN")
     t.notes += [f"not available here: {n} ({why})" for n, why in (unavailable or {}).items()]
     return t

@@ -92,8 +92,10 @@ class CheckConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
-    rel_rmse_limit: float | None = Field(None, gt=0, description="Relative RMSE limit; None: from the dtypes.")
-    rel_max_err_limit: float | None = Field(None, gt=0, description="Normalised max-error limit; None: from the dtypes.")
+    rel_rmse_limit: float | None = Field(None, gt=0,
+                                         description="Relative RMSE limit; None: from the dtypes.")
+    rel_max_err_limit: float | None = Field(None, gt=0,
+                                            description="Normalised max-error limit; None: from the dtypes.")
     input_sets: list[str] = Field(list(INPUT_SETS), min_length=1,
                                   description="Verification input sets: random, needles, peaky, flat.")
     atol: float | None = Field(None, gt=0, description="Elementwise absolute tolerance (optional).")
@@ -187,7 +189,8 @@ def compare_outputs(out: torch.Tensor, ref: torch.Tensor, limits: ErrorLimits | 
     max_abs = float(diff.max()) if n else 0.0
     rmse = float(diff.pow(2).mean().sqrt()) if n else 0.0
     ref_rms = float(r.pow(2).mean().sqrt()) if n else 0.0
-    cos = float(torch.nn.functional.cosine_similarity(o.flatten(), r.flatten(), dim=0)) if finite and n else math.nan
+    cos = (float(torch.nn.functional.cosine_similarity(o.flatten(), r.flatten(), dim=0))
+           if finite and n else math.nan)
     rel_rmse, rel_max = _relative(rmse, ref_rms), _relative(max_abs, ref_rms)
     worst = [int(i) for i in torch.unravel_index(diff.nan_to_num(math.inf).argmax(), diff.shape)] if n else None
     within = finite and rel_rmse <= limits.rel_rmse and rel_max <= limits.rel_max_err

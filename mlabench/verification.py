@@ -154,7 +154,8 @@ def needle_positions(length: int, page_size: int, starts: Sequence[int], num_hea
     return {t: ", ".join(why) for t, why in sorted(where.items())}
 
 
-def needle_rows(inputs: MLADecodeInputs, needles: Sequence[Needle], scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def needle_rows(inputs: MLADecodeInputs, needles: Sequence[Needle],
+                scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cache rows and new key rows ``([N], [N, 576])`` giving each needle its scaled score
     ``scores[i]`` for its head (see the module docstring)."""
     s = inputs.shape
@@ -229,8 +230,9 @@ def find_missing(out: torch.Tensor, case: VerificationCase, rows: int = 3, limit
     row): a needle of softmax weight ``p_j`` that is dropped gives ``c_j = -p_j / (1 - p_j)``, one
     counted twice ``c_j = p_j / (1 + p_j)``.  Needles with ``c_j < -p_j / 2`` are named missing,
     with ``c_j > p_j / 4`` counted twice; when most of a head's needles (of 4 or more) go one way,
-    the head is named instead (a scale or merge error moves them all).  At most ``limit`` entries.  Returns ``""`` when no
-    needle explains the error, the set has none, or the output is not finite.
+    the head is named instead (a scale or merge error moves them all).  At most ``limit``
+    entries.  Returns ``""`` when no needle explains the error, the set has none, or the output is
+    not finite.
     """
     if not case.needles or case.reference is None or not bool(torch.isfinite(out).all()):
         return ""

@@ -127,7 +127,7 @@ def correctness_table(records: Sequence[Record]) -> Table:
                        max((v.max_abs_err for v in verdicts), default=None)])
     v = next((r.verdict for r in records if r.verdict), None)
     if v is not None and v.rel_rmse_limit is not None:
-        rule = (f"; limits: relative RMSE {v.rel_rmse_limit:.2g}, max error {v.rel_max_err_limit:.2g} "
+        rule = (f"; limits: relative RMSE {v.rel_rmse_limit:.3g}, max error {v.rel_max_err_limit:.3g} "
                 f"(both relative to the reference's RMS), on the input sets {', '.join(v.by_input_set)}")
     elif v is not None and v.atol is not None:
         rule = f"; atol={v.atol:g} rtol={v.rtol or 0:g}"
