@@ -61,6 +61,7 @@ class Record(BaseModel):
     floor_us: float | None = Field(None, description="bytes_moved / copy bandwidth, µs.")
     pct_of_floor: float | None = Field(None, description="100 * floor_us / median time.")
     setup_us: dict[str, float] = Field(default_factory=dict, description="Untimed setup steps, µs.")
+    refresh_us: float | None = Field(None, description="Untimed per-step rebuild of the call's length-dependent metadata (work list, scheduler), median wall µs; a server pays it once per step for all layers, not per layer. 0 when the call reads the lengths only on the device.")
     gpu_state: dict[str, Any] = Field(default_factory=dict, description="Clocks, temperature, power read after timing.")
     timestamp: str = Field(description="UTC time the record was written, ISO 8601.")
 

@@ -2,7 +2,8 @@
 
 Both run AITER's page-size-1 kernels on our paged cache viewed as ``[P * page, 1, 1, 576]`` with
 ``kv_indices`` that map every token to its row (:func:`mlabench.backends.aiter_args.page1_kv_layout`),
-which is exact for every page size.  AITER is imported only when a backend is probed or prepared.
+which is exact for every page size; ``refresh`` rewrites them (and aiter-asm's work metadata) in
+place for new lengths.  AITER is imported only when a backend is probed or prepared.
 
 Sources (read, not copied): AITER ``aiter/mla.py`` (``mla_decode_fwd``, persistent batch gate),
 ``aiter/ops/attention.py`` (``get_mla_metadata_info_v1`` / ``get_mla_metadata_v1``),
@@ -26,7 +27,7 @@ from mlabench.backends.aiter_args import (
     gluon_splits_bounded_by_min_kv,
     min_kv_seq_len_for_splits,
     page1_cache_view,
-    page1_kv_layout,
+    page1_layout_for_steps,
     parse_aiter_version,
     persistent_max_batch,
 )
@@ -120,7 +121,8 @@ class AiterAsmBackend(Backend):
         dev = inputs.device
         mode = params["head_padding"]
         kernel_heads = padded_heads(s.num_heads)
-        layout = page1_kv_layout(inputs.block_table, s.context_lens, s.page_size, s.qo_len)
+        layout, refill = page1_layout_for_steps(inputs.block_table, s.context_lens, s.page_size,
+                                                s.qo_len)
         kv_view = page1_cache_view(inputs.kv_cache)
         q_dt, kv_dt = inputs.q.dtype, inputs.kv_cache.dtype
 
@@ -140,6 +142,10 @@ class AiterAsmBackend(Backend):
                 fast_mode=True, **extra)
 
         _, metadata_us = timed_us(dev, build_metadata)  # the buffers are allocated outside
+
+        def refresh() -> None:  # page-size-1 indices, then the work metadata, in place
+            refill(inputs.cache_seqlens.tolist())
+            build_metadata()
         out = inputs.new_output()
         padded = kernel_heads != s.num_heads
         o_pad = inputs.new_output(kernel_heads) if padded else out
@@ -175,7 +181,8 @@ class AiterAsmBackend(Backend):
         workspace = split_workspace_bytes(int(r_partial.shape[0]) * s.qo_len * kernel_heads,
                                           s.v_head_dim)
         return PreparedCall(fn=fn, out=out, effective_params=effective,
-                            setup_us={"metadata_us": metadata_us}, workspace_bytes=workspace)
+                            setup_us={"metadata_us": metadata_us}, workspace_bytes=workspace,
+                            refresh=refresh)
 
 
 def resolve_gluon() -> tuple[Any, str]:
@@ -257,7 +264,8 @@ class AiterGluonBackend(Backend):
         if api == "mla_decode_gluon" and s.num_heads % 64:
             raise UnsupportedShapeError(
                 f"{s.num_heads} heads: the older mla_decode_gluon needs a multiple of 64")
-        layout = page1_kv_layout(inputs.block_table, s.context_lens, s.page_size, s.qo_len)
+        layout, refill = page1_layout_for_steps(inputs.block_table, s.context_lens, s.page_size,
+                                                s.qo_len)
         rows = inputs.kv_cache.view(-1, inputs.kv_cache.shape[-1])  # [P * page, 576]
         lora = s.kv_lora_rank
         q_nope, q_pe = inputs.q[..., :lora], inputs.q[..., lora:]
@@ -290,7 +298,9 @@ class AiterGluonBackend(Backend):
         # Split partials (output dtype) plus fp32 lse, written then read back; none with 1 split.
         partial_rows = s.batch * s.qo_len * s.num_heads * splits
         workspace = 0 if splits == 1 else split_workspace_bytes(partial_rows, lora, out.element_size())
-        return PreparedCall(fn=fn, out=out, effective_params=effective, workspace_bytes=workspace)
+        # The split count (and min_kv_seq_len) stay what prepare chose: a host-side choice.
+        return PreparedCall(fn=fn, out=out, effective_params=effective, workspace_bytes=workspace,
+                            refresh=lambda: refill(inputs.cache_seqlens.tolist()))
 
 
 def gluon_split_plan(api: str, takes_num_kv_splits: bool, version: tuple[int, int, int] | None,
