@@ -361,8 +361,8 @@ def assess(row: GraphCheckRow, tolerance: float) -> GraphCheckRow:
 def graph_check_table(result: GraphCheckResult, cfg: GraphCheckConfig) -> Table:
     """One row per (subject, batch, context): captured-graph µs, tuned µs and count, the count the
     graph froze, slowdown, refresh µs per step, correctness and the flag."""
-    t = Table(f"graph-check: captured at {cfg.capture_len} tokens, replayed after refresh, "
-              "against the call tuned for each length",
+    t = Table(f"graph-check: captured with {cfg.capture_len} token(s) per request, replayed after "
+              "refresh, against the call tuned for each length",
               ["subject", "batch", "context", "graph_us", "tuned_us", "tuned_splits",
                "captured_splits", "slowdown_pct", "refresh_us", "correct", "flagged", "note"],
               group_by="subject")

@@ -30,6 +30,7 @@ def graph_check(
         help="Split policy JSON: the tune command's, or (max_len, splits) rows per batch size "
              "(docs/graphs.md). Default: the counts tuned by this run.")] = None,
     policy_out: Annotated[Path | None, typer.Option(help="Write the policy used here to this file.")] = None,
+    save: Annotated[Path | None, typer.Option(help="Also write the table as JSON to this file.")] = None,
     heads: Annotated[str | None, typer.Option(help="Local heads (one value; default 12).")] = None,
     batch: Batch = None, context: Context = None, page_size: PageSize = None,
     dtype: Annotated[str, typer.Option(help="q and KV dtype.")] = "bfloat16",
@@ -47,6 +48,7 @@ def graph_check(
     from mlabench.graphcheck import (DEFAULT_CONTEXTS, DEFAULT_SPLITS, GraphCheckConfig, graph_check_table,
                                      run_graph_check, subjects_for)
     from mlabench.split_policy import load_split_policy
+    from mlabench.tables import render
     from mlabench.timing import TimingConfig
 
     fmt = output_format(format, as_json, markdown)
@@ -65,7 +67,10 @@ def graph_check(
         path = policy_out or Path(tmp) / "policy.json"
         result = run_graph_check(cfg, subjects, policy=given, policy_path=path,
                                  progress=lambda msg: notice(msg, style="dim"))
-    emit([graph_check_table(result, cfg)], fmt)
+    table = graph_check_table(result, cfg)
+    if save is not None:
+        save.write_text(render([table], "json"))
+    emit([table], fmt)
     flagged = sorted({r.subject for r in result.rows if r.flagged})
     if flagged:
         fail(f"flagged: {', '.join(flagged)}")
