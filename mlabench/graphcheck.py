@@ -43,9 +43,8 @@ from mlabench.inputs import MLADecodeInputs, input_bytes, make_inputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.shapes import MLADecodeShape
 from mlabench.split_policy import SplitPolicy
-from mlabench.stats import Stats
 from mlabench.tables import ColumnStyle, Table
-from mlabench.timing import TimingConfig, capture_graph, cold_cache_copies, run_until_stable
+from mlabench.timing import TimingConfig, capture_graph, cold_cache_copies, time_calls
 from mlabench.verdict import compare_outputs
 
 DEFAULT_CONTEXTS = (4096, 16384, 32768, 65536, 100000, 131072)
@@ -155,7 +154,7 @@ class GraphCheckResult:
 
 # ---- engines -------------------------------------------------------------------------------------
 class GraphEngine:
-    """Captures and times CUDA/HIP graphs.  Raises :class:`GPURequiredError` without a GPU."""
+    """Captures CUDA/HIP graphs.  Raises :class:`GPURequiredError` without a GPU."""
 
     def __init__(self) -> None:
         if not current_device().is_gpu:
@@ -168,22 +167,9 @@ class GraphEngine:
     def sync(self) -> None:
         torch.cuda.synchronize()
 
-    def time(self, replay: Callable[[], None], calls: int, cfg: TimingConfig) -> Stats:
-        """Per-call µs of ``replay`` (``calls`` decode calls per replay), timed with device events."""
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-        def sample() -> float:
-            start.record()
-            replay()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) * 1e3 / calls
-
-        return run_until_stable(sample, cfg)
-
 
 class EagerEngine:
-    """CPU stand-in for tests: "replays" call the functions again (nothing frozen), wall clock."""
+    """CPU stand-in for tests: a "replay" calls the functions again, so nothing is frozen."""
 
     def capture(self, fns: Sequence[Callable[[], object]]) -> Callable[[], None]:
         fns = list(fns)
@@ -192,13 +178,11 @@ class EagerEngine:
     def sync(self) -> None:
         pass
 
-    def time(self, replay: Callable[[], None], calls: int, cfg: TimingConfig) -> Stats:
-        def sample() -> float:
-            t0 = time.perf_counter_ns()
-            replay()
-            return (time.perf_counter_ns() - t0) / 1e3 / calls
 
-        return run_until_stable(sample, cfg)
+def replay_us(replay: Callable[[], None], calls: int, cfg: TimingConfig) -> float:
+    """Median µs per decode call of ``replay`` (``calls`` calls per replay) under the stopping rule
+    of ``cfg``: device events on a GPU, wall clock on the CPU (:func:`mlabench.timing.time_calls`)."""
+    return time_calls([replay], cfg, use_graph=False).median_us / calls
 
 
 # ---- the run -------------------------------------------------------------------------------------
@@ -284,7 +268,7 @@ class _Bench:
 
     def time_calls(self, calls: list[PreparedCall]) -> float:
         replay = self.engine.capture([c.fn for c in calls])
-        return self.engine.time(replay, len(calls), self.cfg.timing).median_us
+        return replay_us(replay, len(calls), self.cfg.timing)
 
     def tuned(self, backend: str, params: dict[str, Any], length: int,
               say: Callable[[str], None]) -> tuple[float | None, int | None]:
@@ -335,7 +319,7 @@ class _Bench:
             calls[0].out.fill_(float("nan"))
             replay()
             correct, err = self._correct(calls[0])
-            graph_us = self.engine.time(replay, len(calls), cfg.timing).median_us
+            graph_us = replay_us(replay, len(calls), cfg.timing)
             tuned_us, tuned_splits = tuned[length]
             row = GraphCheckRow(context_len=length, graph_us=graph_us, tuned_us=tuned_us,
                                 tuned_splits=tuned_splits, captured_splits=frozen, refresh_us=refresh_us,

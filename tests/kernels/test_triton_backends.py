@@ -40,13 +40,18 @@ def test_splitkv_backend():
     assert call.workspace_bytes == 2 * 2 * 3 * 12 * (512 * 4 + 4)
 
 
-def test_splitkv_backend_device_policy(tmp_path):
-    """Each request its own count, looked up on the device; the grid holds the largest."""
+def policy_call(tmp_path, mode: str):
+    """triton-splitkv on lengths (33, 70) with the policy ``<= 40: 2 splits, else 5``."""
     path = tmp_path / "policy.json"
     path.write_text("[[40, 2], [1000, 5]]")
     inp, ref = make_case(12, (33, 70), 16)
     be = get_backend("triton-splitkv")
-    call = be.prepare(inp, be.resolve_params(inp.shape, {"split_policy": f"device:{path}"}))
+    return inp, ref, path, be.prepare(inp, be.resolve_params(inp.shape, {"split_policy": f"{mode}:{path}"}))
+
+
+def test_splitkv_backend_device_policy(tmp_path):
+    """Each request its own count, looked up on the device; the grid holds the largest."""
+    _inp, ref, path, call = policy_call(tmp_path, "device")
     assert max_err(call.fn(), ref) < TOL["float16"]
     assert call.refresh is None  # nothing depends on the lengths outside the kernel
     assert call.effective_params == {"num_kv_splits": 5, "split_policy": "device",
@@ -56,11 +61,7 @@ def test_splitkv_backend_device_policy(tmp_path):
 
 def test_splitkv_backend_host_policy_follows_refresh(tmp_path):
     """One count per step from the longest context, chosen on the host when refresh runs."""
-    path = tmp_path / "policy.json"
-    path.write_text("[[40, 2], [1000, 5]]")
-    inp, _ = make_case(12, (33, 70), 16)
-    be = get_backend("triton-splitkv")
-    call = be.prepare(inp, be.resolve_params(inp.shape, {"split_policy": f"host:{path}"}))
+    inp, _ref, _path, call = policy_call(tmp_path, "host")
     assert call.effective_params["num_kv_splits"] == 5
     inp.cache_seqlens.copy_(torch.tensor([10, 30], dtype=torch.int32))
     call.refresh_for_new_lengths()
