@@ -89,6 +89,9 @@ def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None =
             if b.name in unavailable:
                 continue
             grid = param_grid(b, shape, {"num_kv_splits": list(splits)}, all_choices=True)
+            own = b.resolve_params(shape)
+            if "num_kv_splits" in own and own["num_kv_splits"] is None and own not in grid:
+                grid.insert(0, own)  # a library that picks its own split count: check its pick too
             if bench is None:
                 try:
                     bench = ShapeBench(shape, TimingConfig(), seed=seed, copies=1)

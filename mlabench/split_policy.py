@@ -8,8 +8,8 @@ rows sorted by ``max_context_len``.  Lookup (the rule of the ``tune`` command's 
 
 :func:`load_split_policy` reads two JSON layouts:
 
-- the ``tune`` command's policy file (``schema_version``, ``batches: [{batch, entries:
-  [{max_context_len, params: {num_kv_splits, ...}}]}]``; the other params are ignored here);
+- the ``tune`` command's policy file (:func:`mlabench.policy.load_policy`; its other tuned
+  parameters are ignored here);
 - a minimal one written by hand or by ``graph-check``: ``{"num_kv_splits": {"<batch>":
   [[max_context_len, splits], ...]}}``, or a bare list ``[[max_context_len, splits], ...]`` that
   applies to every batch size.
@@ -157,15 +157,14 @@ def _tables_of(data: Any, path: Path) -> dict[int, Any]:
             return {int(b): rows for b, rows in data["num_kv_splits"].items()}
         except ValueError:
             raise ConfigError(f"{path}: num_kv_splits keys must be batch sizes") from None
-    if isinstance(data, dict) and isinstance(data.get("batches"), list):  # the tune policy
-        tables = {}
-        for b in data["batches"]:
-            try:
-                tables[int(b["batch"])] = [(e["max_context_len"], e["params"]["num_kv_splits"])
-                                           for e in b["entries"]]
-            except (KeyError, TypeError, ValueError):
-                raise ConfigError(f"{path}: a tune policy whose entries have no num_kv_splits "
-                                  "(tuned for another backend?)") from None
-        return tables
+    if isinstance(data, dict) and "batches" in data:  # the tune command's policy
+        from mlabench.policy import load_policy
+
+        policy = load_policy(path)  # its schema and one-line errors
+        if "num_kv_splits" not in policy.param_names:
+            raise ConfigError(f"{path}: a tune policy without num_kv_splits (tuned for "
+                              f"{policy.backend}, parameters {', '.join(policy.param_names)})")
+        return {batch: [(n, params["num_kv_splits"]) for n, params in rows]
+                for batch, rows in policy.rows()}
     raise ConfigError(f"{path}: expected {{\"num_kv_splits\": {{batch: [[max_len, splits], ...]}}}}, "
                       "a list of [max_len, splits], or a tune policy file")

@@ -20,7 +20,8 @@ from mlabench.errors import ConfigError
 
 
 def backends(format: Format = None, as_json: Json = False, markdown: Markdown = False) -> None:
-    """List every backend: available here or not, and why."""
+    """List every backend: available here or not, and why; for library backends, the installed
+    version and the behaviour rules in force."""
     from mlabench.backends import backend_names, get_backend
     from mlabench.device import current_device
     from mlabench.tables import Table
@@ -34,6 +35,9 @@ def backends(format: Format = None, as_json: Json = False, markdown: Markdown = 
         ok, why = b.available()
         params = ", ".join(p.name for p in b.params) or "—"
         t.rows.append([name, b.family, ok, why if not ok else f"params: {params}", b.summary])
+        details = b.details()  # e.g. the installed library's version and the rules in force
+        if details:
+            t.notes.append(f"{name}: {details}")
     emit([t], fmt)
 
 

@@ -1,7 +1,9 @@
 """``refresh`` of the library adapters (flashmla, aiter-asm, aiter-gluon) on the CPU, against fake
 libraries whose kernels follow their metadata as the real ones do: the fake decode takes each
 request's token range from the schedule it is given (FlashMLA's ``num_splits``, AITER's work
-metadata, the page-size-1 ``kv_indptr``), not from ``cache_seqlens``.  Stale metadata then gives a
+metadata, the page-size-1 ``kv_indptr``), not from ``cache_seqlens``.  The AITER fakes are the
+ones generated from the AITER manifest (tests/backends/aiter_fakes.py), with the persistent
+decode made to follow its work metadata.  Stale metadata then gives a
 wrong output, as it does on a GPU (a captured flashmla call went stale: max abs error 0.09).
 
 Each test: prepare at :data:`LENS`, run, write :data:`NEW_LENS` into ``cache_seqlens`` in place;
@@ -17,8 +19,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import mlabench.backends.aiter as aiter_backend
 from mlabench.backends import get_backend
+from mlabench.errors import UnsupportedShapeError
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.shapes import MLADecodeShape
@@ -83,31 +85,24 @@ def flashmla_source_build():
                   flash_mla_with_kvcache=fwd)
 
 
-def fake_aiter():
-    """AITER whose persistent decode takes token ranges from its work metadata (written by
-    ``get_mla_metadata_v1`` from ``kv_indptr``) and whose Gluon decode from ``seq_info``."""
-    def info_v1(batch, max_seqlen_qo, heads, q_dtype, kv_dtype, is_sparse, fast_mode=True):
-        return ((2, torch.uint64), (SM_PARTS + 1, torch.int32), ((batch + 1, 8), torch.int32),
-                (batch + 1, torch.int32), ((batch, 2), torch.int32), (2 * SM_PARTS, torch.int32))
+def schedule_following(fake) -> None:
+    """Make the generated fake AITER's persistent decode take its token ranges from the work
+    metadata (``get_mla_metadata_v1`` records ``kv_indptr`` in ``work_info_set``), as the real
+    kernel follows its work list; the Gluon decode already reads ``seq_info``, the layout."""
+    from tests.backends import aiter_fakes
 
-    def metadata_v1(qo_indptr, kv_indptr, last_page_lens, heads, heads_k, causal, meta, info_set,
-                    indptr, r_indptr, r_final, r_partial, **kwargs):
-        info_set[:, 0].copy_(kv_indptr)
+    def metadata(fake, a):
+        aiter_fakes.BEHAVIOURS["metadata"](fake, a)
+        a["work_info_set"][:, 0] = 0
+        a["work_info_set"][: a["seqlens_kv_indptr"].numel(), 0] = a["seqlens_kv_indptr"]
 
-    def decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, last_page_lens, max_seqlen_q,
-                   sm_scale=None, work_info_set=None, **kwargs):
-        rows = kv_buffer.view(-1, kv_buffer.shape[-1])
-        o.copy_(csr_attention(q, rows, work_info_set[:, 0], kv_indices, sm_scale))
+    def decode(fake, a):
+        lens_indptr = a["work_info_set"][: a["kv_indptr"].numel(), 0]
+        rows = a["kv_buffer"].view(-1, a["kv_buffer"].shape[-1])
+        a["o"].copy_(csr_attention(a["q"], rows, lens_indptr, a["kv_indices"], a["sm_scale"]))
+        return None, None
 
-    def gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, sm_scale, k_pe=None, kv_pe_offset=512,
-              use_2d_view=True, min_kv_seq_len=1):
-        o.copy_(csr_attention(torch.cat([q_nope, q_pe], dim=-1), kv_c, seq_info, page_table, sm_scale))
-
-    return {"aiter": module("aiter", __version__="0.1.19", get_mla_metadata_info_v1=info_v1,
-                            get_mla_metadata_v1=metadata_v1),
-            "aiter.mla": module("aiter.mla", mla_decode_fwd=decode_fwd),
-            "aiter.ops.triton.gluon.mla_gluon": module("aiter.ops.triton.gluon.mla_gluon",
-                                                       mla_gluon=gluon)}
+    fake.behaviours.update(metadata=metadata, decode=decode)
 
 
 def metadata_tensors(call) -> list[int]:
@@ -155,8 +150,24 @@ def test_flashmla_without_hoisting_refills_eagerly_and_is_not_graph_safe(monkeyp
 
 @pytest.mark.parametrize("name", ["aiter-asm", "aiter-gluon"])
 @pytest.mark.parametrize("page_size", [1, 64])
-def test_aiter_refresh_rewrites_layout_and_metadata_in_place(monkeypatch, name, page_size):
-    install(monkeypatch, fake_aiter())
-    monkeypatch.setattr(aiter_backend, "package_version", lambda names: None)
+def test_aiter_refresh_rewrites_layout_and_metadata_in_place(monkeypatch, tmp_path, name, page_size):
+    from tests.backends.aiter_fakes import install_fake_aiter
+
+    schedule_following(install_fake_aiter(monkeypatch, tmp_path, "v0.1.20"))
     res = check_refresh(name, {}, page_size)
     assert res.call.graph_safe and res.call.refresh is not None
+
+
+def test_aiter_gluon_refresh_refuses_lengths_below_its_min_kv_seq_len(monkeypatch, tmp_path):
+    """min_kv_seq_len is chosen on the host at prepare (AITER takes it as the shortest context):
+    a step with a shorter context breaks AITER's contract, so refresh says so."""
+    from tests.backends.aiter_fakes import install_fake_aiter
+
+    install_fake_aiter(monkeypatch, tmp_path, "v0.1.20")
+    backend = get_backend("aiter-gluon")
+    shape = MLADecodeShape.create(num_heads=12, context_lens=LENS, page_size=64)
+    inp = make_inputs(shape, device="cpu", seed=8)
+    call = backend.prepare(inp, backend.resolve_params(shape))  # min_kv_seq_len 3
+    inp.cache_seqlens.copy_(torch.tensor([2, 50, 50], dtype=torch.int32))
+    with pytest.raises(UnsupportedShapeError, match="below the min_kv_seq_len 3"):
+        call.refresh_for_new_lengths()

@@ -10,6 +10,7 @@ import torch
 
 from mlabench.backends.common import default_num_kv_splits
 from mlabench.errors import ConfigError
+from mlabench.policy import BatchPolicy, Policy, PolicyEntry
 from mlabench.shapes import MLADecodeShape
 from mlabench.split_policy import INT32_MAX, SplitPolicy, heuristic_policy, load_split_policy
 
@@ -70,9 +71,11 @@ def test_round_trip_and_both_layouts(tmp_path):
     bare.write_text(json.dumps([[1000, 2], [5000, 8]]))
     assert load_split_policy(bare).lookup(32, 3000) == 8
     tune = tmp_path / "tune.json"  # the tune command's layout; other params are ignored
-    tune.write_text(json.dumps({"schema_version": 1, "backend": "triton-splitkv", "batches": [
-        {"batch": 1, "entries": [{"max_context_len": 8192, "params": {"num_kv_splits": 8, "block_n": 32}},
-                                 {"max_context_len": 131072, "params": {"num_kv_splits": 32, "block_n": 32}}]}]}))
+    entries = [PolicyEntry(max_context_len=8192, params={"num_kv_splits": 8, "block_n": 32}),
+               PolicyEntry(max_context_len=131072, params={"num_kv_splits": 32, "block_n": 32})]
+    tune.write_text(Policy(backend="triton-splitkv", shape={}, device="H200",
+                           param_names=["num_kv_splits", "block_n"],
+                           batches=[BatchPolicy(batch=1, entries=entries)]).to_json())
     assert load_split_policy(tune).tables == {1: ((8192, 8), (131072, 32))}
 
 
@@ -80,8 +83,9 @@ def test_round_trip_and_both_layouts(tmp_path):
     ("{", "not a split policy JSON"),
     ('{"x": 1}', "expected"),
     ('{"num_kv_splits": {"one": [[1, 1]]}}', "keys must be batch sizes"),
-    ('{"batches": [{"batch": 1, "entries": [{"max_context_len": 9, "params": {"block_n": 16}}]}]}',
-     "no num_kv_splits"),
+    ('{"backend": "x", "shape": {}, "device": "d", "param_names": ["block_n"], "batches": [{"batch": 1, '
+     '"entries": [{"max_context_len": 9, "params": {"block_n": 16}}]}]}', "without num_kv_splits"),
+    ('{"batches": []}', "batches"),
 ])
 def test_load_rejects(tmp_path, text, match):
     path = tmp_path / "p.json"
