@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mlabench.backends import get_backend
 from mlabench.measure import ShapeBench
+from mlabench.results import csv_row
 from mlabench.shapes import MLADecodeShape
 from mlabench.timing import TimingConfig
 
@@ -20,3 +21,4 @@ def test_refresh_cost_recorded():
     assert ref.refresh_us is not None and ref.refresh_us > 0  # reads the lengths on the host
     assert split.refresh_us == 0.0  # reads them on the device only: nothing to refresh
     assert ref.stats is not None and split.stats is not None
+    assert csv_row(ref)["refresh_us"] == ref.refresh_us and csv_row(split)["refresh_us"] == 0.0
