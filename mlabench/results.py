@@ -268,7 +268,8 @@ CSV_FIELDS = [
     "backend", "params", "effective_params", "batch", "num_heads", "context_len", "page_size",
     "kv_dtype", "status", "verdict_passed", "max_abs_err", "timing_mode", "median_us", "iqr_us",
     "min_us", "n_samples", "median_rel_ci", "noisy", "eager_median_us", "refresh_us",
-    "achieved_tbps", "floor_us", "pct_of_floor", "cold_cache_copies", "bytes_moved", "workspace_bytes", "message", "key",
+    "achieved_tbps", "floor_us", "pct_of_floor", "cold_cache_copies", "bytes_moved", "workspace_bytes",
+    "message", "key",
 ]
 
 
