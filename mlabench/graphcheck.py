@@ -266,8 +266,13 @@ class _Bench:
         resolved = b.resolve_params(self.shape, params)
         return [b.prepare(x, resolved) for x in self.inputs]
 
-    def time_calls(self, calls: list[PreparedCall]) -> float:
-        replay = self.engine.capture([c.fn for c in calls])
+    def time_calls(self, calls: list[PreparedCall]) -> float | None:
+        """Per-call µs of ``calls`` captured together; None when they cannot be captured."""
+        try:
+            replay = self.engine.capture([c.fn for c in calls])
+        except RuntimeError:
+            self.engine.sync()
+            return None
         return replay_us(replay, len(calls), self.cfg.timing)
 
     def tuned(self, backend: str, params: dict[str, Any], length: int,
@@ -283,7 +288,7 @@ class _Bench:
         for count in counts:
             calls = self.prepare(backend, params if count is None else {**params, SPLITS_PARAM: count})
             us = self.time_calls(calls)
-            if us < best[0] and self._correct(calls[0])[0]:
+            if us is not None and us < best[0] and self._correct(calls[0])[0]:
                 best = (us, count)
         return best if best[0] < float("inf") else (None, None)
 
@@ -304,10 +309,14 @@ class _Bench:
         calls = self.prepare(s.backend, params)
         eff = calls[0].effective_params
         frozen = "per request" if eff.get(POLICY_PARAM) == "device" else eff.get(SPLITS_PARAM)
-        if not calls[0].graph_safe:
-            return [GraphCheckRow(context_len=L, flagged=True, note="not graph-safe: cannot be captured",
-                                  **base) for L in cfg.contexts]
-        replay = self.engine.capture([c.fn for c in calls])
+        why = "" if calls[0].graph_safe else "not graph-safe: cannot be captured"
+        try:
+            replay = self.engine.capture([c.fn for c in calls]) if not why else None
+        except RuntimeError as exc:
+            self.engine.sync()
+            why = f"capture failed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+        if why:
+            return [GraphCheckRow(context_len=L, flagged=True, note=why, **base) for L in cfg.contexts]
         rows = []
         for length in cfg.contexts:
             self.set_lengths(length)

@@ -112,3 +112,15 @@ def test_refuses_without_a_gpu_in_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.strip().count("\n") == 0
     assert err.startswith("error: graph-check needs a CUDA or ROCm GPU")
+
+
+class FailingEngine(EagerEngine):
+    def capture(self, fns):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_call_that_cannot_be_captured_is_a_flagged_row():
+    result = run_graph_check(small_config(contexts=(48,)), [Subject("torch-splitkv")], engine=FailingEngine())
+    r, = result.rows
+    assert r.flagged and r.note == "capture failed: operation not permitted when stream is capturing"
+    assert r.tuned_us is None and r.graph_us is None
