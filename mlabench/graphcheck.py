@@ -38,8 +38,8 @@ import torch
 from mlabench.backends import get_backend
 from mlabench.backends.base import PreparedCall
 from mlabench.device import current_device, free_memory_bytes
-from mlabench.errors import BackendUnavailableError, ConfigError, GPURequiredError
-from mlabench.inputs import MLADecodeInputs, input_bytes, make_inputs
+from mlabench.errors import BackendUnavailableError, ConfigError, GPURequiredError, UnsupportedShapeError
+from mlabench.inputs import input_bytes, make_inputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.shapes import MLADecodeShape
 from mlabench.split_policy import SplitPolicy
@@ -195,7 +195,8 @@ def run_graph_check(cfg: GraphCheckConfig, subjects: Sequence[Subject], engine: 
     ``policy_mode``; without it the tuned counts measured here are.  ``engine`` defaults to
     :class:`GraphEngine`.  Raises :class:`ConfigError` for a bad configuration, an unknown
     backend or a policy subject without ``policy_path``, :class:`GPURequiredError` without a GPU,
-    and :class:`BackendUnavailableError` for a backend that cannot run here.
+    :class:`BackendUnavailableError` for a backend that cannot run here and
+    :class:`UnsupportedShapeError` for one that does not take the shape.
     """
     cfg.validate()
     engine = engine or GraphEngine()
@@ -210,6 +211,10 @@ def run_graph_check(cfg: GraphCheckConfig, subjects: Sequence[Subject], engine: 
     tuned_tables: dict[int, list[tuple[int, int]]] = {}
     for batch in cfg.batches:
         bench = _Bench(cfg, batch, engine)
+        for s in subjects:
+            ok, why = get_backend(s.backend).supports(bench.shape)
+            if not ok:
+                raise UnsupportedShapeError(f"{s.backend}: {why}")
         result.copies[batch] = len(bench.inputs)
         tuned = {key: {L: bench.tuned(key[0], dict(key[1]), L, say) for L in cfg.contexts}
                  for key in dict.fromkeys(map(baseline_key, subjects))}
@@ -384,6 +389,7 @@ def graph_check_table(result: GraphCheckResult, cfg: GraphCheckConfig) -> Table:
                    f"at the context length; input copies rotated ({copies}); refresh µs: wall clock "
                    "per step, outside the graph, paid once per step for all layers")
     if result.policy is not None:
-        t.notes.append(f"split policy: {result.policy.source}: " + "; ".join(
-            f"B={b}: " + ", ".join(f"<={n}:{c}" for n, c in rows) for b, rows in result.policy.tables.items()))
+        tables = result.policy.tables.items()
+        t.notes.append(f"split policy ({result.policy.source}), context <= tokens: splits: " + "; ".join(
+            f"B={b}: " + ", ".join(f"<={n}:{c}" for n, c in rows) for b, rows in tables))
     return t
