@@ -344,15 +344,17 @@ class _Bench:
 
 def assess(row: GraphCheckRow, tolerance: float) -> GraphCheckRow:
     """Flag ``row`` (in place, returned) when wrong after refresh or more than ``tolerance`` slower
-    than the tuned call, with a note saying which."""
+    than the tuned call, with a short note saying which (and, when the graph holds another split
+    count than the tuned one, that the count was frozen at capture)."""
     slow = row.slowdown
     if row.correct is False:
-        row.flagged, row.note = True, "wrong after refresh: metadata the graph reads went stale"
+        row.flagged, row.note = True, "wrong after refresh (stale metadata)"
     elif slow is not None and slow > tolerance:
+        frozen = (isinstance(row.captured_splits, int) and isinstance(row.tuned_splits, int)
+                  and row.captured_splits != row.tuned_splits)
         row.flagged = True
-        row.note = (f"{100 * slow:.0f}% slower than tuned for this length: a choice frozen at capture"
-                    + (f" ({SPLITS_PARAM} {row.captured_splits} vs {row.tuned_splits})"
-                       if row.captured_splits is not None and row.tuned_splits is not None else ""))
+        row.note = f"{100 * slow:.0f}% slower than tuned"
+        row.note += "; split count frozen at capture" if frozen else ""
     return row
 
 
