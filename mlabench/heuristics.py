@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mlabench.backends.aiter_args import aiter_gluon_effective_splits
+from mlabench.backends.aiter_rules import GLUON_BLOCK_N, gluon_bh16_cap
 from mlabench.backends.common import default_num_kv_splits
 from mlabench.shapes import MLADecodeShape
 
@@ -63,8 +63,8 @@ def aiter_gluon_v0119_splits(shape: MLADecodeShape, num_sms: int) -> int:
 
     Source: AITER ``aiter/ops/triton/gluon/mla_gluon.py`` of those releases.  ``num_sms`` is unused.
     """
-    return aiter_gluon_effective_splits((0, 1, 19), shape.batch, shape.qo_len, shape.num_heads,
-                                        min(shape.context_lens), bounded=True)
+    cap = gluon_bh16_cap(shape.batch, shape.num_heads, shape.qo_len)
+    return max(1, min(cap, -(-min(shape.context_lens) // GLUON_BLOCK_N)))
 
 
 def aiter_gluon_v0120_splits(shape: MLADecodeShape, num_sms: int) -> int:
@@ -73,8 +73,7 @@ def aiter_gluon_v0120_splits(shape: MLADecodeShape, num_sms: int) -> int:
 
     Source: AITER ``aiter/ops/triton/gluon/mla_gluon.py`` since v0.1.20.  ``num_sms`` is unused.
     """
-    return aiter_gluon_effective_splits((0, 1, 20), shape.batch, shape.qo_len, shape.num_heads,
-                                        min(shape.context_lens), bounded=False)
+    return gluon_bh16_cap(shape.batch, shape.num_heads, shape.qo_len)
 
 
 def rocm_bucket_splits(shape: MLADecodeShape, num_sms: int) -> int:
