@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from mlabench.errors import ConfigError
+from mlabench.files import read_text
 
 
 def configs_dir() -> Path:
@@ -20,18 +21,14 @@ def configs_dir() -> Path:
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
-    """Parse the TOML file ``path``; :class:`ConfigError` names ``what`` when it is missing or malformed."""
+    """Parse the TOML file ``path``; :class:`ConfigError` names ``what`` when it is missing,
+    unreadable, not text (:class:`~mlabench.errors.FileAccessError`) or malformed."""
     p = Path(path)
+    text = read_text(p, what)
     try:
-        return tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{what} not found: {p}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{what} is a folder, not a file: {p}") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: malformed TOML ({exc})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{p}: not a text file") from None
 
 
 def validation_line(exc: ValidationError) -> str:

@@ -14,7 +14,6 @@ Tensor shapes (B = batch, H = local heads, qo_len = 1):
 
 from __future__ import annotations
 
-import json
 import math
 from functools import cached_property
 from pathlib import Path
@@ -24,10 +23,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mlabench.configfile import configs_dir, read_toml, validation_line
 from mlabench.errors import ConfigError, ShapeError, UnknownModelError
+from mlabench.files import read_json
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 SUPPORTED_PAGE_SIZES = (1, 16, 64)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+#: Rope types whose effect on the decode softmax scale is known: ``default`` (none) and YaRN, whose
+#: mscale multiplies it (DeepSeek-V3's ``modeling_deepseek.py``; vLLM calls it ``deepseek_yarn``).
+ROPE_TYPES = ("default", "yarn", "deepseek_yarn")
 
 
 class MLADecodeShape(BaseModel):
@@ -202,7 +205,17 @@ class ModelSpec(BaseModel):
     qk_rope_head_dim: int = 64
     qk_nope_head_dim: int = 128
     rope_scaling: dict[str, Any] | None = Field(None, description="HF rope_scaling (YaRN for V3).")
+    rope_parameters: dict[str, Any] | None = Field(
+        None, description="The same settings as newer transformers versions save them (with rope_theta).")
     source: str = Field("", description="Where the numbers come from.")
+
+    @model_validator(mode="after")
+    def _rope_understood(self) -> ModelSpec:
+        try:
+            self.rope()
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix(f"{self.name}: ")) from None
+        return self
 
     @property
     def qk_head_dim(self) -> int:
@@ -218,17 +231,35 @@ class ModelSpec(BaseModel):
             )
         return self.num_attention_heads // tp
 
+    def rope(self) -> tuple[str, dict[str, Any]]:
+        """The rope type and its settings, from ``rope_scaling`` or, when that is absent, from
+        ``rope_parameters`` (where transformers 5 writes them).
+
+        The type is ``type`` or ``rope_type``; settings with neither and no ``factor`` are the
+        ``default`` rope.  Raises :class:`ConfigError` naming a type outside :data:`ROPE_TYPES`
+        (its effect on the softmax scale would be a guess).
+        """
+        settings = self.rope_scaling or self.rope_parameters or {}
+        kind = settings.get("type") or settings.get("rope_type")
+        if kind is None and "factor" in settings:
+            raise ConfigError(f"{self.name}: rope settings with a factor but no rope_type: {settings}")
+        kind = str(kind or "default")
+        if kind not in ROPE_TYPES:
+            raise ConfigError(f"{self.name}: rope type {kind!r} is not understood (known: "
+                              f"{', '.join(ROPE_TYPES)}); its effect on the softmax scale is unknown")
+        return kind, settings
+
     def softmax_scale(self) -> float:
         """Decode softmax scale as the model computes it.
 
         ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``, times ``mscale ** 2`` under YaRN rope
         scaling with ``mscale = 0.1 * mscale_all_dim * ln(factor) + 1`` (1 when factor <= 1).
         Source: DeepSeek-V3's ``modeling_deepseek.py`` (``yarn_get_mscale`` and
-        ``DeepseekV3Attention.__init__``), which vLLM's ``deepseek_v2.py`` follows.
+        ``DeepseekV3Attention.__init__``), which vLLM's ``deepseek_v2.py`` follows.  Raises
+        :class:`ConfigError` for a rope type it does not understand (:meth:`rope`).
         """
         scale = self.qk_head_dim**-0.5
-        rs = self.rope_scaling or {}
-        kind = rs.get("type") or rs.get("rope_type")
+        kind, rs = self.rope()
         if kind in ("yarn", "deepseek_yarn"):
             factor = float(rs.get("factor", 1.0))
             mscale_all_dim = float(rs.get("mscale_all_dim", 0.0) or 0.0)
@@ -263,12 +294,7 @@ def read_hf_config(path: str | Path) -> ModelSpec:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"model config not found: {p}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{p}: not valid JSON ({exc})") from None
+    data = read_json(p, "model config")
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a JSON object")
     # Multimodal wrappers (Kimi K2.5-style) keep the language model under text_config.

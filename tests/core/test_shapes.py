@@ -91,3 +91,47 @@ def test_resolve_heads_conflicts():
     with pytest.raises(ConfigError, match="contradicts"):
         resolve_heads(model="kimi-k3", tp=8, heads=16)
     assert resolve_heads(heads=12) == (12, None, None)
+
+
+V3_ATTENTION = {"model_type": "deepseek_v3", "num_attention_heads": 128, "kv_lora_rank": 512,
+                "qk_rope_head_dim": 64, "qk_nope_head_dim": 128}
+YARN_40 = {"rope_type": "yarn", "factor": 40, "mscale_all_dim": 1.0}
+
+
+@pytest.mark.parametrize("layout", [
+    {"rope_scaling": YARN_40},                                      # older transformers
+    {"rope_scaling": {**YARN_40, "type": "yarn"}},                  # original DeepSeek-V3 file
+    {"rope_parameters": {**YARN_40, "rope_theta": 10000.0}},        # transformers 5
+    {"rope_scaling": None, "rope_parameters": {**YARN_40, "rope_theta": 10000.0}},
+])
+def test_yarn_mscale_from_either_rope_layout(tmp_path, layout):
+    (tmp_path / "config.json").write_text(json.dumps({**V3_ATTENTION, **layout}))
+    # 192^-0.5 * (0.1 * ln 40 + 1)^2 = 0.135234, not the plain 192^-0.5 = 0.072169
+    assert read_hf_config(tmp_path).softmax_scale() == pytest.approx(0.135234, abs=5e-7)
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "default", "rope_theta": 10000.0}, {"rope_theta": 5e4}])
+def test_default_rope_keeps_the_plain_scale(tmp_path, rope):
+    (tmp_path / "config.json").write_text(json.dumps({**V3_ATTENTION, "rope_parameters": rope}))
+    assert read_hf_config(tmp_path).softmax_scale() == pytest.approx(192**-0.5)
+
+
+@pytest.mark.parametrize("rope, named", [
+    ({"rope_type": "longrope", "factor": 40}, "'longrope'"),
+    ({"type": "llama3", "factor": 8}, "'llama3'"),
+    ({"factor": 40, "mscale_all_dim": 1.0}, "no rope_type"),
+])
+def test_a_rope_type_not_understood_is_an_error_naming_it(tmp_path, rope, named):
+    for key in ("rope_scaling", "rope_parameters"):
+        (tmp_path / "config.json").write_text(json.dumps({**V3_ATTENTION, key: rope}))
+        with pytest.raises(ConfigError, match=named):
+            read_hf_config(tmp_path)
+
+
+def test_model_config_that_cannot_be_read_is_one_line(tmp_path):
+    (tmp_path / "binary").write_bytes(bytes(range(256)))
+    with pytest.raises(ConfigError, match="not a text file"):
+        read_hf_config(tmp_path / "binary")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ConfigError, match="not found: .*folder/config.json"):
+        read_hf_config(tmp_path / "folder")
