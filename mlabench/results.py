@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import hashlib
+import io
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mlabench.errors import ResultsError
+from mlabench.files import append_text, make_dir, read_text, user_path, write_text
 from mlabench.stats import Stats
 from mlabench.verdict import Verdict
 
@@ -147,10 +149,8 @@ class ResultStore:
         store = cls(run_dir)
         if store.manifest_path.exists():
             raise ResultsError(f"{run_dir} already holds a run; use --resume to continue it")
-        store.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = store.manifest_path.with_suffix(".tmp")
-        tmp.write_text(manifest.model_dump_json(indent=2) + "\n")
-        tmp.replace(store.manifest_path)
+        make_dir(store.run_dir, "run folder")
+        write_text(store.manifest_path, manifest.model_dump_json(indent=2) + "\n", "run manifest", atomic=True)
         return store
 
     @classmethod
@@ -171,27 +171,23 @@ class ResultStore:
         return store
 
     def manifest(self) -> Manifest:
+        text = read_text(self.manifest_path, "run manifest")
         try:
-            return Manifest.model_validate_json(self.manifest_path.read_text())
-        except (OSError, ValidationError) as exc:
+            return Manifest.model_validate_json(text)
+        except ValidationError as exc:
             raise ResultsError(f"{self.manifest_path}: unreadable manifest ({str(exc).splitlines()[0]})") from None
 
     # ---- records -------------------------------------------------------------------------------
     def append(self, record: Record) -> None:
         """Append one record as a JSON line, flushed and fsync'ed before returning."""
-        line = record.model_dump_json() + "\n"
-        with open(self.jsonl, "a", encoding="utf-8") as fh:
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_text(self.jsonl, record.model_dump_json() + "\n", "run results", sync=True)
 
     def records(self) -> list[Record]:
         """Every complete record, in order; a cut-short last line is ignored."""
         if not self.jsonl.exists():
             return []
         out = []
-        with open(self.jsonl, encoding="utf-8") as fh:
-            lines = fh.read().split("\n")
+        lines = read_text(self.jsonl, "run results").split("\n")
         for i, line in enumerate(lines):
             if not line.strip():
                 continue
@@ -209,23 +205,22 @@ class ResultStore:
     def _drop_partial_line(self) -> None:
         if not self.jsonl.exists():
             return
-        data = self.jsonl.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with open(self.jsonl, "r+b") as fh:
-                fh.truncate(data.rfind(b"\n") + 1)
+        with user_path(self.jsonl, "run results"):
+            data = self.jsonl.read_bytes()
+            if data and not data.endswith(b"\n"):
+                with open(self.jsonl, "r+b") as fh:
+                    fh.truncate(data.rfind(b"\n") + 1)
 
     # ---- exports -------------------------------------------------------------------------------
     def write_csv(self, path: Path | None = None) -> Path:
         """Flatten the records into ``results.csv`` (regenerated, never appended); returns its path."""
         path = path or self.run_dir / "results.csv"
         rows = [csv_row(r) for r in self.records()]
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
-            writer.writeheader()
-            writer.writerows(rows)
-        tmp.replace(path)
-        return path
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\r\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return write_text(path, buf.getvalue(), "results CSV", atomic=True)
 
 
 def run_folders(paths: Iterable[Path]) -> list[Path]:

@@ -30,6 +30,10 @@ from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.timing import TimingConfig, measure_copy_bandwidth_tbps
 from mlabench.verdict import CheckConfig
 
+#: The two ways to name a model; one given by a flag replaces either in a file.
+MODEL_SOURCES = ("model", "model_config")
+
+
 class SweepConfig(BaseModel):
     """A sweep, as read from ``configs/sweeps/*.toml`` and/or flags."""
 
@@ -87,7 +91,8 @@ class SweepConfig(BaseModel):
 def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None = None,
                       base: dict[str, Any] | None = None) -> SweepConfig:
     """Read a sweep TOML (``configs/sweeps/<name>.toml`` may be given by name), or start from
-    ``base``, and apply ``overrides`` (None values are ignored).
+    ``base``, and apply ``overrides`` (None values are ignored).  A flag replaces what the file
+    says: ``model`` or ``model_config`` given as a flag drops the file's other one.
 
     Raises :class:`ConfigError` with one line for a missing file, bad TOML or a bad field.
     """
@@ -97,9 +102,11 @@ def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None 
         if not p.exists() and not p.suffix:
             p = configs_dir() / "sweeps" / f"{path}.toml"
         data = read_toml(p, "sweep config")
-    for key, value in (overrides or {}).items():
-        if value is None:
-            continue
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    for source in MODEL_SOURCES:  # a model named by a flag replaces the file's, whichever kind
+        if source in given:
+            data.update({other: None for other in MODEL_SOURCES if other != source})
+    for key, value in given.items():
         if key == "params":
             data.setdefault("params", {}).update(value)
         elif key == "timing":

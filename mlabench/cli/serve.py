@@ -16,6 +16,7 @@ import typer
 from mlabench.cli.options import Format, Json, Markdown, ResultsDir, VllmBin, output_format
 from mlabench.cli.output import emit, err, fail, notice
 from mlabench.errors import ConfigError
+from mlabench.files import write_text
 from mlabench.serving import bench, check as greedy, config as cfg, table as tbl
 from mlabench.serving.lifecycle import served_model
 
@@ -109,7 +110,7 @@ def serve_check(
     else:
         report = greedy.compare(out, expected, params.tie_threshold)
     if run_dir is not None:
-        (run_dir / "check.json").write_text(report.model_dump_json(indent=2) + "\n")
+        write_text(run_dir / "check.json", report.model_dump_json(indent=2) + "\n", "check report")
     emit([greedy.report_table(report)], fmt)
     if not greedy.passes(report, strict):
         fail(f"greedy check: {report.verdict}")

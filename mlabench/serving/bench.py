@@ -19,7 +19,11 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from pydantic import ValidationError
+
+from mlabench.configfile import validation_line
 from mlabench.errors import ConfigError, ServerError
+from mlabench.files import append_text, make_dir, read_json, read_text, write_text
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.lifecycle import (
     ManagedServer, log_tail, require_reachable, served_model, stop_group,
@@ -39,12 +43,11 @@ def new_run_dir(
     """
     stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
     base = f"{kind}-{stamp}-{label}"
-    results_root.mkdir(parents=True, exist_ok=True)
+    make_dir(results_root, "results folder")
     for n in range(1, 1000):
         path = results_root / (base if n == 1 else f"{base}-{n}")
         try:
-            path.mkdir()
-            return path
+            return make_dir(path, "run folder", exist_ok=False)
         except FileExistsError:
             continue
     raise ConfigError(f"cannot make a new run folder under {results_root}")
@@ -157,7 +160,7 @@ def run_serve_bench(
         "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "vllm_bin": vllm_bin, "env": env_summary(), "config": config.model_dump(mode="json"),
     }
-    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n", "run manifest")
     results: list[BenchResult] = []
     for variant in config.variants:
         params = config.bench_for(variant)
@@ -172,8 +175,7 @@ def run_serve_bench(
                         f"{stem}.json",
                         {"variant": variant.name, "concurrency": str(conc), "repeat": str(rep)},
                     )
-                    with open(run_dir / "commands.txt", "a") as fh:
-                        fh.write(shlex.join(argv) + "\n")
+                    append_text(run_dir / "commands.txt", shlex.join(argv) + "\n", "run folder file")
                     progress(f"[{variant.name}] concurrency {conc}, repeat {rep + 1}/{config.repeats}")
                     code = run_one(argv, run_dir / f"{stem}.log", config.bench_timeout_s, srv)
                     res = load_result(run_dir / f"{stem}.json", variant.name, conc, rep, run_dir)
@@ -185,8 +187,7 @@ def run_serve_bench(
                         res = res.model_copy(update={"error": f"{res.error}; exit code {code}; "
                                                      f"log tail:\n{tail}"})
                     results.append(res)
-                    with open(run_dir / "results.jsonl", "a") as fh:
-                        fh.write(res.model_dump_json() + "\n")
+                    append_text(run_dir / "results.jsonl", res.model_dump_json() + "\n", "run results", sync=True)
                     progress(f"[{variant.name}] c={conc} r={rep}: {res.status}"
                              + (f", mean TPOT {res.tpot.mean_ms:.2f} ms"
                                 if res.tpot.mean_ms is not None else ""))
@@ -195,13 +196,14 @@ def run_serve_bench(
 
 def read_run(run_dir: Path) -> tuple[ServeConfig, list[BenchResult]]:
     """Re-read a finished (or interrupted) run folder: its config and results.jsonl."""
+    manifest = read_json(run_dir / "manifest.json", "serve-bench run manifest")
+    lines = read_text(run_dir / "results.jsonl", "serve-bench run results").splitlines()
     try:
-        manifest = json.loads((run_dir / "manifest.json").read_text())
         config = ServeConfig.model_validate(manifest["config"])
-        lines = (run_dir / "results.jsonl").read_text().splitlines()
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"{run_dir} is not a readable serve-bench run: {exc}") from None
-    return config, [BenchResult.model_validate_json(line) for line in lines if line.strip()]
+        return config, [BenchResult.model_validate_json(line) for line in lines if line.strip()]
+    except (ValidationError, KeyError, TypeError) as exc:
+        why = validation_line(exc) if isinstance(exc, ValidationError) else f"no {exc}"
+        raise ConfigError(f"{run_dir} is not a readable serve-bench run: {why}") from None
 
 
 def env_summary() -> dict[str, str]:

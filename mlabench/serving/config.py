@@ -21,6 +21,7 @@ from pydantic import (
 
 from mlabench.configfile import read_toml, validation_line
 from mlabench.errors import ConfigError
+from mlabench.files import read_text
 
 VLLM_BIN_ENV = "MLABENCH_VLLM_BIN"
 _UNEXPANDED = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
@@ -120,11 +121,7 @@ def prompt_text(params: CheckParams) -> str:
     """
     text = params.prompt
     if params.prompt_file:
-        path = expand(params.prompt_file)
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read check.prompt_file {path}: {exc}") from None
+        text = read_text(expand(params.prompt_file), "check.prompt_file")
     return text * params.prompt_repeat
 
 

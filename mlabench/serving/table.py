@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mlabench.files import write_text
 from mlabench.serving.config import ServeConfig
 from mlabench.serving.results import BenchResult, Status
 from mlabench.tables import ColumnStyle, Table, to_json, to_markdown
@@ -212,5 +213,5 @@ def view(table: ServeTable, format: str) -> Table:
 def write_table_files(table: ServeTable, run_dir: Path) -> None:
     """Save ``table.md`` (:func:`tpot_markdown_table`) and ``table.json`` (:func:`tpot_table`, as
     ``--json`` prints it) in the run folder."""
-    (run_dir / "table.md").write_text(to_markdown(tpot_markdown_table(table)))
-    (run_dir / "table.json").write_text(to_json([tpot_table(table)]) + "\n")
+    write_text(run_dir / "table.md", to_markdown(tpot_markdown_table(table)), "run table")
+    write_text(run_dir / "table.json", to_json([tpot_table(table)]) + "\n", "run table")
