@@ -9,6 +9,7 @@ from mlabench.backends import backend_names, get_backend
 from mlabench.backends.base import param_grid
 from mlabench.backends.registry import select_backends
 from mlabench.errors import ConfigError, MlabenchError
+from mlabench.inputs import check_fits
 from mlabench.measure import ShapeBench, failed_record
 from mlabench.results import Record
 from mlabench.shapes import MLADecodeShape, resolve_heads
@@ -43,8 +44,10 @@ def check_shapes(*, model: str | None = None, model_config: str | Path | None = 
     :func:`default_check_shapes`.  With them and no ``batch``: one ragged batch, one request per
     length.  With ``batch``: for each value, that many requests of the one length given.
     ``page_size`` defaults to 64.  Raises :class:`ConfigError` for a batch <= 0 or a batch with
-    other than one length, and the errors of :func:`resolve_heads` and :class:`MLADecodeShape`
-    (unknown model, bad tp, heads or length <= 0).
+    other than one length, the errors of :func:`resolve_heads` and :class:`MLADecodeShape`
+    (unknown model, bad tp, heads or length <= 0, a length past int32), and
+    :class:`OutOfMemoryError` for a shape whose inputs cannot fit here, judged from its numbers
+    before it is built.
     """
     if not heads and not (model or model_config):
         heads = [DEFAULT_CHECK_HEADS]
@@ -60,9 +63,11 @@ def check_shapes(*, model: str | None = None, model_config: str | Path | None = 
         if context_lens is None:
             shapes += default_check_shapes(h, scale, page_size, dtype, **dims)
             continue
-        ragged = [tuple(context_lens)] if batch is None else [tuple(context_lens) * b for b in batch]
-        shapes += [MLADecodeShape.create(num_heads=h, context_lens=lens, page_size=page_size, q_dtype=dtype,
-                                         kv_dtype=dtype, softmax_scale=scale, **dims) for lens in ragged]
+        kw = dict(num_heads=h, page_size=page_size, q_dtype=dtype, kv_dtype=dtype, softmax_scale=scale, **dims)
+        one = MLADecodeShape.create(context_lens=tuple(context_lens), **kw)
+        for b in batch or [1]:
+            check_fits(one, repeat=b)  # from the numbers, before b lengths are built
+            shapes.append(MLADecodeShape.create(context_lens=tuple(context_lens) * b, **kw))
     return list(dict.fromkeys(shapes))
 
 
@@ -72,9 +77,12 @@ def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None =
     """One record per (backend, params, shape), and ``{backend: why}`` for those unavailable here.
 
     Named backends must exist (:class:`UnknownBackendError`) and be available
-    (:class:`BackendUnavailableError`, via :func:`select_backends`); fresh inputs per shape (``seed``),
-    outputs poisoned with NaN before each run.
+    (:class:`BackendUnavailableError`, via :func:`select_backends`), and every shape's inputs must
+    fit in free memory (:class:`OutOfMemoryError`), all checked before anything runs; fresh inputs
+    per shape (``seed``), outputs poisoned with NaN before each run.
     """
+    for shape in shapes:
+        check_fits(shape)
     if backends:  # named: each must exist and be available
         chosen = select_backends(list(backends), strict=True)
     else:  # every one, so that the table can say why some are not available here

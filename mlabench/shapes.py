@@ -28,6 +28,8 @@ from mlabench.files import read_json
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 SUPPORTED_PAGE_SIZES = (1, 16, 64)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+#: Context lengths (``cache_seqlens``) and page indices (the block table) are int32 on the device.
+INT32_MAX = 2**31 - 1
 #: Rope types whose effect on the decode softmax scale is known: ``default`` (none) and YaRN, whose
 #: mscale multiplies it (DeepSeek-V3's ``modeling_deepseek.py``; vLLM calls it ``deepseek_yarn``).
 ROPE_TYPES = ("default", "yarn", "deepseek_yarn")
@@ -66,9 +68,10 @@ class MLADecodeShape(BaseModel):
     def _contexts_positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if not v:
             raise ValueError("context_lens must name at least one request")
-        bad = [c for c in v if c <= 0]
+        bad = [c for c in v if not 0 < c <= INT32_MAX]
         if bad:
-            raise ValueError(f"context length must be > 0, got {bad[0]}")
+            raise ValueError(f"context length must be > 0, got {bad[0]}" if bad[0] <= 0 else
+                             f"context length must be <= {INT32_MAX:,} (int32 lengths), got {bad[0]:,}")
         return v
 
     @field_validator("qo_len")
@@ -96,6 +99,9 @@ class MLADecodeShape(BaseModel):
     def _dims(self) -> MLADecodeShape:
         if self.kv_lora_rank <= 0 or self.qk_rope_head_dim < 0:
             raise ValueError("kv_lora_rank must be > 0 and qk_rope_head_dim >= 0")
+        if self.num_pages > INT32_MAX:
+            raise ValueError(f"{self.num_pages:,} KV pages are more than an int32 block table can "
+                             f"index ({INT32_MAX:,})")
         return self
 
     @classmethod
@@ -182,11 +188,12 @@ class MLADecodeShape(BaseModel):
         """Memory-bandwidth floor in µs: ``min_bytes_moved / bandwidth`` (bandwidth in TB/s)."""
         return self.min_bytes_moved / (bandwidth_tbps * 1e12) * 1e6
 
-    def label(self) -> str:
-        """Short human label, e.g. ``B=1 H=12 L=4096 page=64 bf16``."""
+    def label(self, repeat: int = 1) -> str:
+        """Short human label, e.g. ``B=1 H=12 L=4096 page=64 bf16``; ``repeat`` multiplies the
+        batch (a batch of ``repeat`` times these requests)."""
         lens = self.context_lens
         ctx = str(lens[0]) if len(set(lens)) == 1 else f"{min(lens)}..{max(lens)}"
-        return f"B={self.batch} H={self.num_heads} L={ctx} page={self.page_size} {self.kv_dtype}"
+        return f"B={self.batch * repeat} H={self.num_heads} L={ctx} page={self.page_size} {self.kv_dtype}"
 
     def key(self) -> dict[str, Any]:
         """JSON-able identity of the shape (used in result keys)."""

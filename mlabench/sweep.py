@@ -196,7 +196,10 @@ def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
     """Every shape of the sweep (heads x batch x context), validated and without repeats.
 
     The heads axis is ``cfg.heads`` when given, else the model's local heads at ``cfg.tp``; a model
-    (preset or config.json) also sets the softmax scale and the latent widths.
+    (preset or config.json) also sets the softmax scale and the latent widths.  Each shape's size
+    is checked against free memory from its numbers before it is built
+    (:class:`OutOfMemoryError`: a batch of a billion requests is refused, not built); bad values
+    raise :class:`ShapeError`.
     """
     spec = None
     if cfg.model or cfg.model_config_path:
@@ -209,9 +212,11 @@ def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
         raise ConfigError("give a model (--model NAME --tp N, or --model-config PATH) or --heads")
     dims = {"kv_lora_rank": spec.kv_lora_rank, "qk_rope_head_dim": spec.qk_rope_head_dim,
             "softmax_scale": spec.softmax_scale()} if spec else {}
-    shapes = [MLADecodeShape.uniform(b, L, h, page_size=cfg.page_size, q_dtype=cfg.q_dtype,
-                                     kv_dtype=cfg.kv_dtype, **dims)
-              for h in heads_axis for b in cfg.batch for L in cfg.context_lens]
+    dims.update(page_size=cfg.page_size, q_dtype=cfg.q_dtype, kv_dtype=cfg.kv_dtype)
+    shapes = []
+    for h, b, L in ((h, b, L) for h in heads_axis for b in cfg.batch for L in cfg.context_lens):
+        check_fits(MLADecodeShape.uniform(1, L, h, **dims), repeat=b)  # before b lengths are built
+        shapes.append(MLADecodeShape.uniform(b, L, h, **dims))
     return list(dict.fromkeys(shapes))
 
 

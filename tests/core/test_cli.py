@@ -263,3 +263,25 @@ def test_optuna_and_matplotlib_come_through_extras(monkeypatch):
     monkeypatch.setitem(sys.modules, "no_such_dep_for_mlabench", None)
     with pytest.raises(DependencyError, match="no_such_dep_for_mlabench not installed"):
         extras.require("no_such_dep_for_mlabench")
+
+
+IMPOSSIBLE = [
+    (["check", "--context", "1000000000000"], "context length must be <= 2,147,483,647"),
+    (["check", "--context", "4096", "--batch", "1000000000"], "B=1000000000 H=12 L=4096"),
+    (["check", "--heads", "100000000", "--context", "1"], "GiB free"),
+    (["sweep", "--batch", "1000000000", "--context", "4096"], "B=1000000000 H=12 L=4096"),
+    (["sweep", "--context", "1000000000000"], "context length must be <= 2,147,483,647"),
+    (["compare", "--batch", "1000000000", "--context", "4096"], "B=1000000000 H=12 L=4096"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, message", IMPOSSIBLE, ids=[" ".join(a) for a, _ in IMPOSSIBLE])
+def test_impossible_sizes_are_refused_from_their_numbers(tmp_path, monkeypatch, capsys, args, message):
+    """Issue 8 item 8: a billion requests or a trillion tokens is one error line and exit 2 from
+    every command, judged before any per-request tuple or tensor exists (so it is also quick)."""
+    code, out, err = run([*args, *(["--results-dir", str(tmp_path)] if args[0] != "check" else [])],
+                         monkeypatch, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    assert out == "" and not list(tmp_path.iterdir())

@@ -135,3 +135,11 @@ def test_model_config_that_cannot_be_read_is_one_line(tmp_path):
     (tmp_path / "folder").mkdir()
     with pytest.raises(ConfigError, match="not found: .*folder/config.json"):
         read_hf_config(tmp_path / "folder")
+
+
+def test_sizes_past_int32_are_shape_errors():
+    with pytest.raises(ShapeError, match="int32 lengths"):
+        MLADecodeShape.create(num_heads=12, context_lens=(2**31,))
+    with pytest.raises(ShapeError, match="int32 block table"):  # 2 x 2^30 pages of one token
+        MLADecodeShape.uniform(2, 2**30, 12, page_size=1)
+    assert MLADecodeShape.create(num_heads=12, context_lens=(2**31 - 1,)).max_context_len == 2**31 - 1
