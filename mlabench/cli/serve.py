@@ -72,7 +72,8 @@ def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str) -> None:
         err.print(f"run folder: {run_dir}")
     if not t.ok:
         bad = [c for r in t.rows for c in r.cells if c.status != "ok"]
-        fail(f"{len(bad)} of {sum(len(r.cells) for r in t.rows)} results have failed requests or are missing")
+        fail(f"{len(bad)} of {sum(len(r.cells) for r in t.rows)} results failed (failed requests, cut short, "
+             "measured nothing, or missing): see the notes under the table")
 
 
 def serve_check(

@@ -28,7 +28,7 @@ from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, r
 from mlabench.serving.lifecycle import (
     ManagedServer, log_tail, require_reachable, served_model, stop_group,
 )
-from mlabench.serving.results import BenchResult, load_result
+from mlabench.serving.results import BenchResult, judge, load_result
 
 Progress = Callable[[str], None]
 
@@ -178,7 +178,8 @@ def run_serve_bench(
                     append_text(run_dir / "commands.txt", shlex.join(argv) + "\n", "run folder file")
                     progress(f"[{variant.name}] concurrency {conc}, repeat {rep + 1}/{config.repeats}")
                     code = run_one(argv, run_dir / f"{stem}.log", config.bench_timeout_s, srv)
-                    res = load_result(run_dir / f"{stem}.json", variant.name, conc, rep, run_dir)
+                    res = judge(load_result(run_dir / f"{stem}.json", variant.name, conc, rep, run_dir),
+                                params.min_output_tokens())
                     if code != 0 and res.status == "ok":
                         res = res.model_copy(update={"status": "error",
                                                      "error": f"vllm bench serve exited {code}"})
@@ -195,15 +196,19 @@ def run_serve_bench(
 
 
 def read_run(run_dir: Path) -> tuple[ServeConfig, list[BenchResult]]:
-    """Re-read a finished (or interrupted) run folder: its config and results.jsonl."""
+    """Re-read a finished (or interrupted) run folder: its config and results.jsonl, each result
+    judged again (:func:`~mlabench.serving.results.judge`) with its variant's parameters, so that a
+    run recorded before a check existed is shown as that check sees it."""
     manifest = read_json(run_dir / "manifest.json", "serve-bench run manifest")
     lines = read_text(run_dir / "results.jsonl", "serve-bench run results").splitlines()
     try:
         config = ServeConfig.model_validate(manifest["config"])
-        return config, [BenchResult.model_validate_json(line) for line in lines if line.strip()]
+        results = [BenchResult.model_validate_json(line) for line in lines if line.strip()]
     except (ValidationError, KeyError, TypeError) as exc:
         why = validation_line(exc) if isinstance(exc, ValidationError) else f"no {exc}"
         raise ConfigError(f"{run_dir} is not a readable serve-bench run: {why}") from None
+    least = {v.name: config.bench_for(v).min_output_tokens() for v in config.variants}
+    return config, [judge(r, least.get(r.variant)) for r in results]
 
 
 def env_summary() -> dict[str, str]:

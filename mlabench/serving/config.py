@@ -9,6 +9,7 @@ request rate inf, ignore-eos, ``/v1/completions``, backend ``vllm``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tomllib
@@ -56,6 +57,23 @@ class BenchParams(_Strict):
     extra_args: list[str] = Field(
         default_factory=list, description="Raw flags appended as they are (pass-through)."
     )
+
+
+    def min_output_tokens(self) -> int | None:
+        """Fewest output tokens a complete run of these parameters yields, or None when the
+        lengths are not fixed (a dataset other than ``random``, EOS honoured, or the lengths or
+        prompt count passed through ``extra_args``).
+
+        With ``ignore_eos`` every request of the random dataset produces its drawn output length,
+        and vLLM draws it from ``[floor(L * (1 - r)), ceil(L * (1 + r))]`` (``L`` =
+        ``random_output_len``, ``r`` = ``random_range_ratio``), so a complete run yields at least
+        ``num_prompts * floor(L * (1 - r))`` tokens.
+        """
+        own = ("--random-output-len", "--random-range-ratio", "--num-prompts", "--dataset-name")
+        if not self.ignore_eos or self.dataset_name != "random" or \
+                any(a.split("=", 1)[0] in own for a in self.extra_args):
+            return None
+        return self.num_prompts * math.floor(self.random_output_len * (1 - self.random_range_ratio))
 
 
 class LaunchSpec(_Strict):

@@ -146,3 +146,36 @@ def test_serve_check_fixture_match_tie_mismatch(tmp_path, server_factory):
     assert r.returncode == 1 and report(r)["verdict"] == "invalid"
     r = run_cli("serve-check", "--base-url", ok_url, "--fixture", fx, "--save-fixture", "-n", "8")
     assert r.returncode == 2 and "exists" in r.stderr
+
+
+@pytest.mark.parametrize("mode, shown, why", [
+    ("one_token", "ERROR", "TPOT measured nothing"),
+    ("truncated", "TRUNCATED", "cut short: 12 output tokens of the 24"),  # 3 prompts x 8 tokens
+])
+def test_a_result_that_measured_nothing_or_was_cut_short_fails(tmp_path, fake_vllm, mode, shown, why):
+    """Issue 8 items 2 and 3: a failed cell with its reason and exit 1, never a 0.00x speedup."""
+    cfg = two_variant_config(tmp_path, fake_vllm, free_port(), free_port(), "concurrencies = [1]")
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"), "--markdown",
+                env={"FAKE_BENCH_MODE": mode})
+    assert r.returncode == 1, r.stderr
+    assert shown in r.stdout and why in r.stdout and "0.00x" not in r.stdout
+    assert "results failed" in r.stderr
+
+
+def test_a_recorded_run_is_judged_again_when_re_rendered(tmp_path):
+    """A run recorded before these checks existed: --from-run shows what they find."""
+    import shutil
+
+    from mlabench.serving.results import BenchResult
+
+    repo = Path(__file__).parents[2]
+    run = tmp_path / "old-run"
+    shutil.copytree(sorted((repo / "results" / "cpu-vllm").glob("serve-*"))[0], run)
+    lines = (run / "results.jsonl").read_text().splitlines()
+    first = BenchResult.model_validate_json(lines[0])
+    lines[0] = first.model_copy(update={"total_output_tokens": 100}).model_dump_json()
+    (run / "results.jsonl").write_text("\n".join(lines) + "\n")
+    r = run_cli("serve-bench", "--from-run", str(run), "--json")
+    assert r.returncode == 1
+    rows = json.loads(r.stdout)[0]["rows"]
+    assert [row["status"] for row in rows].count("truncated") == 1

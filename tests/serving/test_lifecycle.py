@@ -145,5 +145,5 @@ def test_prompt_text_file_and_repeat(tmp_path, monkeypatch):
     monkeypatch.setenv("MLB_PROMPT_DIR", str(tmp_path))
     assert prompt_text(CheckParams(prompt_file="$MLB_PROMPT_DIR/p.txt", prompt_repeat=2)) == \
         "long context. long context. "
-    with pytest.raises(ConfigError, match="cannot read check.prompt_file"):
+    with pytest.raises(ConfigError, match="check.prompt_file not found"):
         prompt_text(CheckParams(prompt_file=str(tmp_path / "none.txt")))
