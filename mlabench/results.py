@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mlabench.configfile import validation_line
 from mlabench.errors import ResultsError
 from mlabench.files import append_text, make_dir, read_text, user_path, write_text
 from mlabench.stats import Stats
@@ -175,7 +176,7 @@ class ResultStore:
         try:
             return Manifest.model_validate_json(text)
         except ValidationError as exc:
-            raise ResultsError(f"{self.manifest_path}: unreadable manifest ({str(exc).splitlines()[0]})") from None
+            raise ResultsError(f"{self.manifest_path}: unreadable manifest ({validation_line(exc)})") from None
 
     # ---- records -------------------------------------------------------------------------------
     def append(self, record: Record) -> None:

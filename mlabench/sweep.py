@@ -20,7 +20,7 @@ from mlabench.backends.base import Backend, param_grid
 from mlabench.backends.registry import backend_packages, select_backends
 from mlabench.configfile import configs_dir, read_toml, validation_line
 from mlabench.device import DeviceInfo, current_device
-from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, MlabenchError
+from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, MlabenchError, ResultsError
 from mlabench.inputs import check_fits
 from mlabench.measure import ShapeBench, failed_record
 from mlabench.observers import driver_version, gpu_state
@@ -119,6 +119,16 @@ def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None 
         raise ConfigError(f"sweep config: {validation_line(exc)}") from None
 
 
+def recorded_config(store: ResultStore) -> SweepConfig:
+    """The sweep configuration a run folder's manifest recorded; :class:`ResultsError` when it is
+    not one (a folder of another tool, or a manifest edited by hand)."""
+    try:
+        return SweepConfig.model_validate(store.manifest().config)
+    except ValidationError as exc:
+        raise ResultsError(f"{store.run_dir}: the manifest holds no sweep configuration "
+                           f"({validation_line(exc)})") from None
+
+
 def default_sweep_config(device: DeviceInfo | None = None) -> SweepConfig:
     """The sweep ``mlabench sweep`` runs with no arguments, sized for the hardware found.
 
@@ -166,7 +176,7 @@ def resolve_sweep_config(config: str | Path | None, overrides: dict[str, Any],
     """
     given = any(v is not None for v in overrides.values())
     if resume is not None and config is None:
-        recorded = SweepConfig.model_validate(ResultStore(resume).manifest().config)
+        recorded = recorded_config(ResultStore(resume))
         if not given:
             return recorded
         return load_sweep_config(None, overrides, base=recorded.model_dump(mode="json", by_alias=True))
@@ -272,7 +282,7 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     if resume is not None:
         here = make_manifest("resume", cfg, 0.0).identity()
         store = ResultStore.open_existing(resume, identity=here)
-        recorded = SweepConfig.model_validate(store.manifest().config)
+        recorded = recorded_config(store)
         if recorded != cfg:
             raise ConfigError(f"{resume} was recorded with another sweep configuration; resume it "
                               "without axis flags, or start a new run")

@@ -50,15 +50,15 @@ def serve_bench(
     if config_path is None:
         raise ConfigError("give a serve config (configs/serve/*.toml) or --from-run RUN_DIR")
     conf = cfg.load_config(config_path, cfg.bench_overrides(set_ or [], concurrency, repeats))
+    bench.preflight(conf.variants, cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin))
     run_dir = bench.new_run_dir(results_dir, label or config_path.stem)
-    err.print(f"run folder: {run_dir}")
     try:
         _, results = bench.run_serve_bench(conf, results_dir, vllm_bin_flag=vllm_bin,
                                            progress=_progress, run_dir=run_dir)
     except BaseException:  # keep what was measured, then re-raise (servers are stopped by now)
-        if (run_dir / "results.jsonl").exists():
+        if bench.discard_unmeasured(run_dir, "results.jsonl"):
             tbl.write_table_files(tbl.table_of(conf, bench.read_run(run_dir)[1], stat), run_dir)  # type: ignore[arg-type]
-        err.print(f"partial results kept in {run_dir}")
+            notice(f"partial results kept in {run_dir}")
         raise
     _show(tbl.table_of(conf, results, stat), run_dir, fmt)  # type: ignore[arg-type]
 
@@ -99,10 +99,17 @@ def serve_check(
     var = conf.variant(variant or conf.baseline)
     params = cfg.with_check_options(conf.check, max_tokens=tokens, prompt=prompt, tie_threshold=tie_threshold)
     expected = None if save_fixture else greedy.load_fixture(fixture)
+    server_bin = cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin)
+    bench.preflight([var], server_bin, bench=False)
     run_dir = bench.new_run_dir(results_dir, var.name, kind="check") if var.launch else None
-    with bench.variant_server(var, run_dir or Path("."), cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin), _progress):
-        out = greedy.request_greedy(var.base_url, model or var.model or conf.model or served_model(var.base_url),
-                                    params)
+    try:
+        with bench.variant_server(var, run_dir or Path("."), server_bin, _progress):
+            out = greedy.request_greedy(var.base_url, model or var.model or conf.model or served_model(var.base_url),
+                                        params)
+    except BaseException:
+        if run_dir is not None:
+            bench.discard_unmeasured(run_dir, "check.json")
+        raise
     if expected is None:
         report = greedy.validate_alone(out)
         if report.verdict == "match":

@@ -14,6 +14,7 @@ import datetime as _dt
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ from mlabench.errors import ConfigError, ServerError
 from mlabench.files import append_text, make_dir, read_json, read_text, write_text
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.lifecycle import (
-    ManagedServer, log_tail, require_reachable, served_model, stop_group,
+    ManagedServer, log_tail, require_launchable, require_reachable, served_model, stop_group,
 )
 from mlabench.serving.results import BenchResult, judge, load_result
 
@@ -123,6 +124,36 @@ def run_one(
             stop_group(proc, grace_s=5.0)
 
 
+def preflight(variants: list[Variant], vllm_bin: str, bench: bool = True) -> None:
+    """What can fail before a run folder exists, checked first: every variant without ``[launch]``
+    answers ``/health``, every launch command's program exists, and, for ``bench``, the vllm
+    executable that runs ``vllm bench serve`` exists.
+
+    Raises :class:`ServerError` (a server not reachable, a launch program missing) or
+    :class:`ConfigError` (no vllm executable), each one line.
+    """
+    for variant in variants:
+        try:
+            if variant.launch is None:
+                require_reachable(variant.base_url)
+            else:
+                require_launchable(variant.launch, vllm_bin)
+        except ServerError as exc:
+            raise ServerError(f"[{variant.name}] {exc}") from None
+    if bench and shutil.which(vllm_bin) is None:
+        raise ConfigError(f"cannot run vllm bench serve: {vllm_bin!r} is not an executable program here "
+                          "(set MLABENCH_VLLM_BIN, --vllm-bin or the config's vllm_bin)")
+
+
+def discard_unmeasured(run_dir: Path, measured: str) -> bool:
+    """Remove ``run_dir``, a folder this run made, unless ``measured`` (the file results go to)
+    was written in it; True when the folder is kept.  Nothing measured leaves no folder behind."""
+    if (run_dir / measured).exists():
+        return True
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return False
+
+
 @contextlib.contextmanager
 def variant_server(
     variant: Variant, run_dir: Path, vllm_bin: str, progress: Progress
@@ -134,7 +165,7 @@ def variant_server(
         return
     srv = ManagedServer(variant.launch, variant.base_url, run_dir / f"server-{variant.name}.log",
                         vllm_bin=vllm_bin)
-    progress(f"[{variant.name}] launching: {shlex.join(srv.argv())}")
+    progress(f"[{variant.name}] launching (log: {srv.log_path}): {shlex.join(srv.argv())}")
     with srv:
         progress(f"[{variant.name}] healthy after {srv.startup_s:.0f} s")
         yield srv

@@ -260,11 +260,18 @@ def config_from_url(base_url: str, model: str | None = None, **kwargs: Any) -> S
     )
 
 
+#: The serve-check flags that set :class:`CheckParams` fields, for error messages.
+CHECK_FLAGS = {"max_tokens": "--tokens", "prompt": "--prompt", "tie_threshold": "--tie-threshold"}
+
+
 def with_check_options(params: CheckParams, **options: Any) -> CheckParams:
     """``params`` with the options given (None values ignored, e.g. ``max_tokens``, ``prompt``,
-    ``tie_threshold``), validated again; :class:`ConfigError` names a bad one."""
+    ``tie_threshold``), validated again; :class:`ConfigError` names a bad one by its flag and
+    says why (``--tokens: Input should be greater than 0``)."""
     update = {k: v for k, v in options.items() if v is not None}
     try:
         return CheckParams.model_validate({**params.model_dump(), **update})
     except ValidationError as exc:
-        raise ConfigError(f"bad check option: {str(exc).splitlines()[-1]}") from None
+        field = str(exc.errors()[0]["loc"][0]) if exc.errors()[0]["loc"] else ""
+        why = validation_line(exc).removeprefix(f"{field}: ")
+        raise ConfigError(f"{CHECK_FLAGS.get(field, field)}: {why}") from None

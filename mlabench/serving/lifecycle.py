@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -106,6 +107,21 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def launch_argv(spec: LaunchSpec, vllm_bin: str) -> list[str]:
+    """The command line of ``spec`` after ``{vllm_bin}``, ``$VAR`` and ``~`` expansion."""
+    return [expand(a.replace("{vllm_bin}", vllm_bin)) for a in spec.command]
+
+
+def require_launchable(spec: LaunchSpec, vllm_bin: str) -> None:
+    """Raise :class:`ServerError` unless the program of ``spec``'s command exists and is executable
+    (looked up on ``PATH``, or relative to ``spec.cwd``), checked before anything is started."""
+    program = launch_argv(spec, vllm_bin)[0]
+    if os.sep in program and not os.path.isabs(program) and spec.cwd:
+        program = os.path.join(expand(spec.cwd), program)
+    if shutil.which(program) is None:
+        raise ServerError(f"cannot start server: {program!r} is not an executable program here")
+
+
 class ManagedServer:
     """A server launched from a :class:`LaunchSpec`, used as a context manager.
 
@@ -137,7 +153,7 @@ class ManagedServer:
 
     def argv(self) -> list[str]:
         """The command line after ``{vllm_bin}``, ``$VAR`` and ``~`` expansion."""
-        return [expand(a.replace("{vllm_bin}", self.vllm_bin)) for a in self.spec.command]
+        return launch_argv(self.spec, self.vllm_bin)
 
     def start(self) -> None:
         """Start the process and wait for health (see the class docstring for errors)."""
@@ -176,8 +192,8 @@ class ManagedServer:
             code = self.proc.poll()
             if code is not None:
                 raise ServerError(
-                    f"server exited with code {code} before it was healthy; last lines of "
-                    f"{self.log_path}:\n{log_tail(self.log_path)}"
+                    f"server exited with code {code} before it was healthy; last lines of its "
+                    f"log:\n{log_tail(self.log_path)}"
                 )
             if is_healthy(self.base_url, timeout_s=min(5.0, self.poll_s + 1)):
                 return
@@ -185,7 +201,7 @@ class ManagedServer:
             if now >= deadline:
                 raise ServerError(
                     f"server not healthy at {self.base_url}/health after "
-                    f"{self.spec.health_timeout_s:.0f} s; last lines of {self.log_path}:\n"
+                    f"{self.spec.health_timeout_s:.0f} s; last lines of its log:\n"
                     f"{log_tail(self.log_path)}"
                 )
             if self.on_wait:

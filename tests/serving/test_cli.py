@@ -98,10 +98,67 @@ def test_user_errors_are_one_line_exit_2(tmp_path, fake_vllm):
     assert r.returncode == 2 and "no healthy server" in r.stderr
     dies = tmp_path / "dies.toml"
     port = free_port()
-    dies.write_text(f'baseline = "a"\n[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
+    dies.write_text(f'baseline = "a"\nvllm_bin = "{fake_vllm}"\n[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
                     f"[variants.launch]\ncommand = {json.dumps(server_command(port, 'die', tmp_path / 'p'))}\n")
     r = run_cli("serve-bench", str(dies), "--results-dir", str(tmp_path / "res"))
     assert r.returncode == 2 and "fake engine failed to start" in r.stderr
+    assert not list((tmp_path / "res").iterdir())  # nothing measured: no run folder
+
+
+def one_variant(tmp_path, port, launch=None, extra=""):
+    cfg = tmp_path / f"one-{len(list(tmp_path.glob('one-*')))}.toml"
+    cfg.write_text(f'baseline = "a"\n{extra}[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
+                   + (f"[variants.launch]\ncommand = {json.dumps(launch)}\n" if launch else ""))
+    return cfg
+
+
+@pytest.mark.parametrize("case, why", [
+    ("closed port", "[a] no healthy server at"),
+    ("no launch program", "[a] cannot start server: 'no-such-server' is not an executable program"),
+    ("no vllm", "cannot run vllm bench serve: '/no/vllm' is not an executable program"),
+])
+def test_nothing_measured_leaves_no_folder_and_one_line(tmp_path, fake_vllm, case, why):
+    """Issue 8 item 9: what can fail before a run folder exists is checked first."""
+    port = free_port()
+    cfg = {"closed port": one_variant(tmp_path, port),
+           "no launch program": one_variant(tmp_path, port, ["no-such-server", "serve"]),
+           "no vllm": one_variant(tmp_path, port, server_command(port, "ok", tmp_path / "p"),
+                                  'vllm_bin = "/no/vllm"\n')}[case]
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+    assert r.stderr.startswith("error: ") and why in r.stderr
+    assert not (tmp_path / "res").exists()
+    r = run_cli("serve-check", str(cfg), "--fixture", str(tmp_path / "fx.json"), "--save-fixture",
+                "--results-dir", str(tmp_path / "res"))
+    if case != "no vllm":  # serve-check runs no benchmark
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and why in r.stderr
+        assert not (tmp_path / "res").exists()
+
+
+def test_serve_check_with_a_launched_server_that_dies_leaves_no_folder(tmp_path):
+    port = free_port()
+    cfg = one_variant(tmp_path, port, server_command(port, "die", tmp_path / "p"))
+    r = run_cli("serve-check", str(cfg), "--fixture", str(tmp_path / "fx.json"), "--save-fixture",
+                "--results-dir", str(tmp_path / "res"))
+    assert r.returncode == 2 and "fake engine failed to start" in r.stderr
+    assert not list((tmp_path / "res").iterdir())
+
+
+def test_what_was_measured_is_kept_when_a_later_variant_fails(tmp_path, fake_vllm):
+    port_a, port_b = free_port(), free_port()
+    cfg = two_variant_config(tmp_path, fake_vllm, port_a, port_b, "concurrencies = [1]")
+    cfg.write_text(cfg.read_text().replace(f"{port_b}, 'ok'", f"{port_b}, 'die'").replace(
+        json.dumps(server_command(port_b, "ok", tmp_path / "pb")), json.dumps(server_command(port_b, "die", tmp_path / "pb"))))
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"))
+    assert r.returncode == 2 and "fake engine failed to start" in r.stderr
+    (run,) = (tmp_path / "res").iterdir()
+    assert f"partial results kept in {run}" in r.stderr.replace("\n", "")
+    assert len((run / "results.jsonl").read_text().splitlines()) == 1 and (run / "table.md").exists()
+
+
+def test_serve_check_zero_tokens_says_why():
+    r = run_cli("serve-check", "-n", "0", "--base-url", "http://127.0.0.1:9", "--fixture", "fx.json")
+    assert r.returncode == 2 and r.stderr.strip() == "error: --tokens: Input should be greater than 0"
 
 
 @pytest.fixture

@@ -120,11 +120,11 @@ def test_ctrl_c_mid_run_stops_server_and_bench(tmp_path, fake_vllm):
     assert pid_alive(leader) and pid_alive(bench_pid)
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
     out, errtext = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "aborted" in errtext and "partial results kept" in errtext, errtext
+    assert proc.returncode == 130 and "aborted" in errtext, errtext
     for pid in (leader, child, bench_pid):
         assert not pid_alive(pid), f"process {pid} survived Ctrl-C"
-    run = next((tmp_path / "results").iterdir())
-    assert (run / "server-a.log").exists() and (run / "manifest.json").exists()
+    # stopped during the first benchmark: nothing was measured, so no run folder is left
+    assert "partial results kept" not in errtext and not list((tmp_path / "results").iterdir())
 
 
 def test_server_dying_mid_bench_fails_fast_and_cleans_up(tmp_path, fake_vllm):
