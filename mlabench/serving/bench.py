@@ -208,7 +208,8 @@ def run_serve_bench(
                     )
                     append_text(run_dir / "commands.txt", shlex.join(argv) + "\n", "run folder file")
                     progress(f"[{variant.name}] concurrency {conc}, repeat {rep + 1}/{config.repeats}")
-                    code = run_one(argv, run_dir / f"{stem}.log", config.bench_timeout_s, srv)
+                    code = run_one(argv, run_dir / f"{stem}.log", config.bench_timeout_s, srv,
+                                   poll_s=config.bench_poll_s)
                     res = judge(load_result(run_dir / f"{stem}.json", variant.name, conc, rep, run_dir),
                                 params.min_output_tokens())
                     if code != 0 and res.status == "ok":

@@ -94,6 +94,9 @@ class LaunchSpec(_Strict):
     stop_grace_s: float = Field(
         30.0, gt=0, description="Seconds after SIGINT (and again after SIGTERM) before escalating."
     )
+    health_poll_s: float = Field(
+        1.0, gt=0, description="Seconds between GET /health tries while the server starts."
+    )
 
 
 class Variant(_Strict):
@@ -158,6 +161,9 @@ class ServeConfig(_Strict):
     )
     repeats: int = Field(1, ge=1, description="Runs of vllm bench serve per (variant, concurrency).")
     bench_timeout_s: float = Field(7200.0, gt=0, description="Limit of one bench run, seconds.")
+    bench_poll_s: float = Field(
+        0.5, gt=0, description="Seconds between checks of a running bench (done? server alive?)."
+    )
     variants: list[Variant] = Field(..., min_length=1, description="Server variants, in order.")
     bench: BenchParams = Field(default_factory=BenchParams, description="Bench flags.")
     check: CheckParams = Field(default_factory=CheckParams, description="serve-check settings.")

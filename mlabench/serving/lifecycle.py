@@ -98,13 +98,26 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> int | None:
 
 
 def _group_alive(pgid: int) -> bool:
+    """True while a process of group ``pgid`` still runs.  A zombie (exited, waiting for its new
+    parent to reap it) holds nothing and does not count: an init that reaps slowly, as in some
+    containers, would otherwise add seconds to every stop.  Without ``/proc`` any member counts."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        try:  # /proc/<pid>/stat: "pid (comm) state ppid pgrp ..."
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else []
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 def launch_argv(spec: LaunchSpec, vllm_bin: str) -> list[str]:
@@ -129,8 +142,9 @@ class ManagedServer:
     (its own process group) with stdout/stderr going to ``log_path``, waits until ``/health``
     answers 200, and on exit (normal, exception or KeyboardInterrupt) stops the whole group.
 
-    Raises :class:`ServerError` when the command cannot start, exits before it is healthy (the
-    message carries the tail of its log), or is not healthy within ``spec.health_timeout_s``.
+    Health is tried every ``poll_s`` seconds (default ``spec.health_poll_s``; tests use short
+    ones).  Raises :class:`ServerError` when the command cannot start, exits before it is healthy
+    (the message carries the tail of its log), or is not healthy within ``spec.health_timeout_s``.
     """
 
     def __init__(
@@ -140,14 +154,14 @@ class ManagedServer:
         log_path: Path,
         vllm_bin: str = "vllm",
         on_wait: Callable[[float], None] | None = None,
-        poll_s: float = 1.0,
+        poll_s: float | None = None,
     ) -> None:
         self.spec = spec
         self.base_url = base_url
         self.log_path = Path(log_path)
         self.vllm_bin = vllm_bin
         self.on_wait = on_wait
-        self.poll_s = poll_s
+        self.poll_s = spec.health_poll_s if poll_s is None else poll_s
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
 

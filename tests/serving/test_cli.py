@@ -11,7 +11,7 @@ import pytest
 from mlabench.serving.config import LaunchSpec
 from mlabench.serving.lifecycle import ManagedServer
 
-from .conftest import free_port, server_command
+from .conftest import BENCH_POLL, HEALTH_POLL, POLL_S, free_port, launch_table, server_command
 
 
 def run_cli(*args, env=None, cwd=None):
@@ -31,12 +31,12 @@ def report(r):
 def two_variant_config(tmp_path, fake_vllm, port_a, port_b, extra=""):
     cfg = tmp_path / "cfg.toml"
     cfg.write_text(
-        f'baseline = "base"\nvllm_bin = "{fake_vllm}"\nmodel = "fake-model"\n{extra}\n'
+        f'baseline = "base"\nvllm_bin = "{fake_vllm}"\nmodel = "fake-model"\n{BENCH_POLL}{extra}\n'
         f'[bench]\nrandom_input_len = 64\nrandom_output_len = 8\n'
         f'[[variants]]\nname = "base"\nbase_url = "http://127.0.0.1:{port_a}"\n'
-        f"[variants.launch]\ncommand = {json.dumps(server_command(port_a, 'ok', tmp_path / 'pa'))}\n"
+        f"{launch_table(port_a, 'ok', tmp_path / 'pa')}"
         f'[[variants]]\nname = "fast"\nbase_url = "http://127.0.0.1:{port_b}"\n'
-        f"[variants.launch]\ncommand = {json.dumps(server_command(port_b, 'ok', tmp_path / 'pb'))}\n"
+        f"{launch_table(port_b, 'ok', tmp_path / 'pb')}"
     )
     return cfg
 
@@ -99,7 +99,7 @@ def test_user_errors_are_one_line_exit_2(tmp_path, fake_vllm):
     dies = tmp_path / "dies.toml"
     port = free_port()
     dies.write_text(f'baseline = "a"\nvllm_bin = "{fake_vllm}"\n[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
-                    f"[variants.launch]\ncommand = {json.dumps(server_command(port, 'die', tmp_path / 'p'))}\n")
+                    f"{launch_table(port, 'die', tmp_path / 'p')}")
     r = run_cli("serve-bench", str(dies), "--results-dir", str(tmp_path / "res"))
     assert r.returncode == 2 and "fake engine failed to start" in r.stderr
     assert not list((tmp_path / "res").iterdir())  # nothing measured: no run folder
@@ -107,8 +107,8 @@ def test_user_errors_are_one_line_exit_2(tmp_path, fake_vllm):
 
 def one_variant(tmp_path, port, launch=None, extra=""):
     cfg = tmp_path / f"one-{len(list(tmp_path.glob('one-*')))}.toml"
-    cfg.write_text(f'baseline = "a"\n{extra}[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
-                   + (f"[variants.launch]\ncommand = {json.dumps(launch)}\n" if launch else ""))
+    cfg.write_text(f'baseline = "a"\n{BENCH_POLL}{extra}[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
+                   + (f"[variants.launch]\ncommand = {json.dumps(launch)}\n{HEALTH_POLL}" if launch else ""))
     return cfg
 
 
@@ -147,8 +147,8 @@ def test_serve_check_with_a_launched_server_that_dies_leaves_no_folder(tmp_path)
 def test_what_was_measured_is_kept_when_a_later_variant_fails(tmp_path, fake_vllm):
     port_a, port_b = free_port(), free_port()
     cfg = two_variant_config(tmp_path, fake_vllm, port_a, port_b, "concurrencies = [1]")
-    cfg.write_text(cfg.read_text().replace(f"{port_b}, 'ok'", f"{port_b}, 'die'").replace(
-        json.dumps(server_command(port_b, "ok", tmp_path / "pb")), json.dumps(server_command(port_b, "die", tmp_path / "pb"))))
+    cfg.write_text(cfg.read_text().replace(json.dumps(server_command(port_b, "ok", tmp_path / "pb")),
+                                           json.dumps(server_command(port_b, "die", tmp_path / "pb"))))
     r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"))
     assert r.returncode == 2 and "fake engine failed to start" in r.stderr
     (run,) = (tmp_path / "res").iterdir()
@@ -168,7 +168,7 @@ def server_factory(tmp_path):
     def start(mode):
         port = free_port()
         srv = ManagedServer(LaunchSpec(command=server_command(port, mode, tmp_path / f"{mode}.pid")),
-                            f"http://127.0.0.1:{port}", tmp_path / f"{mode}.log", poll_s=0.2)
+                            f"http://127.0.0.1:{port}", tmp_path / f"{mode}.log", poll_s=POLL_S)
         srv.start()
         started.append(srv)
         return srv.base_url
