@@ -114,16 +114,27 @@ def point_key(backend: str, params: dict[str, Any], shape: dict[str, Any]) -> st
 
 
 def git_revision(repo: Path | None = None) -> tuple[str, bool]:
-    """``(revision, dirty)`` of the mlabench checkout, or ``("unknown", False)`` outside git.
+    """``(revision, dirty)`` of the mlabench checkout; outside one (an installed wheel) the
+    package version, ``("mlabench-0.1.0", False)``.
 
-    ``$MLABENCH_GIT_REVISION`` (``<sha>`` or ``<sha>-dirty``) overrides it, for copies of the tree
-    made without ``.git`` (e.g. a working tree shipped to a GPU machine).
+    Only a git work tree whose top level is ``repo`` (default: the folder above the package)
+    counts, so a wheel installed in a virtual environment inside some other repository does not
+    record that repository's revision.  ``$MLABENCH_GIT_REVISION`` (``<sha>`` or ``<sha>-dirty``)
+    overrides it, for copies of the tree made without ``.git`` (e.g. a working tree shipped to a
+    GPU machine).
     """
+    from mlabench import __version__
+
     env = os.environ.get("MLABENCH_GIT_REVISION")
     if env:
         return env.removesuffix("-dirty"), env.endswith("-dirty")
-    repo = repo or Path(__file__).resolve().parent.parent
+    repo = (repo or Path(__file__).resolve().parent.parent).resolve()
+    no_git = (f"mlabench-{__version__}", False)
     try:
+        top = subprocess.run(["git", "-C", str(repo), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=10)
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != repo:
+            return no_git
         rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
         # Only code that can change a measurement counts (not the serving driver).
@@ -132,7 +143,7 @@ def git_revision(repo: Path | None = None) -> tuple[str, bool]:
                                     capture_output=True, text=True, timeout=10).stdout.strip())
         return rev, dirty
     except (OSError, subprocess.SubprocessError):
-        return "unknown", False
+        return no_git
 
 
 class ResultStore:

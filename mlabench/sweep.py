@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mlabench.backends import backend_names, get_backend
 from mlabench.backends.base import Backend, param_grid
 from mlabench.backends.registry import backend_packages, select_backends
-from mlabench.configfile import configs_dir, read_toml, validation_line
+from mlabench.configfile import config_file, read_toml, validation_line
 from mlabench.device import DeviceInfo, current_device
 from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, MlabenchError, ResultsError
 from mlabench.inputs import check_fits
@@ -98,10 +98,7 @@ def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None 
     """
     data: dict[str, Any] = dict(base or {})
     if path is not None:
-        p = Path(path)
-        if not p.exists() and not p.suffix:
-            p = configs_dir() / "sweeps" / f"{path}.toml"
-        data = read_toml(p, "sweep config")
+        data = read_toml(config_file(path, "sweeps", "sweep config"), "sweep config")
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     for source in MODEL_SOURCES:  # a model named by a flag replaces the file's, whichever kind
         if source in given:

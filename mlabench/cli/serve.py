@@ -20,7 +20,8 @@ from mlabench.files import write_text
 from mlabench.serving import bench, check as greedy, config as cfg, table as tbl
 from mlabench.serving.lifecycle import served_model
 
-ServeFile = Annotated[Path | None, typer.Argument(metavar="CONFIG", help="configs/serve/*.toml")]
+ServeFile = Annotated[Path | None, typer.Argument(
+    metavar="CONFIG", help="Serve config: a path, or a name under configs/serve/ (e.g. cpu-tiny).")]
 
 
 def _progress(message: str) -> None:

@@ -20,7 +20,7 @@ from pydantic import (
     BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator,
 )
 
-from mlabench.configfile import read_toml, validation_line
+from mlabench.configfile import config_file, read_toml, validation_line
 from mlabench.errors import ConfigError
 from mlabench.files import read_text
 
@@ -247,10 +247,11 @@ def bench_overrides(sets: list[str], concurrencies: list[int] | None = None,
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ServeConfig:
     """Read and validate a serve config TOML; raises :class:`ConfigError` with one clear line.
 
+    ``path`` is a file, or the name of a shipped config (``configs/serve/<name>.toml``).
     ``overrides`` are ``key.path=value`` strings (e.g. ``bench.random_input_len=256``,
     ``concurrencies=[1]``) applied before validation.
     """
-    p = Path(path)
+    p = config_file(path, "serve", "serve config")
     data = _apply_overrides(read_toml(p, "serve config"), overrides or [])
     try:
         return ServeConfig.model_validate(data)
