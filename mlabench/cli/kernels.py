@@ -87,7 +87,7 @@ def sweep(
         notice(f"No GPU found: running a small CPU sweep ({cfg.name}) on {current_device().name}.")
     store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
     emit([sweep_summary(records)], fmt)
-    err.print(f"results: {store.run_dir}/ (results.jsonl, results.csv, manifest.json)")
+    notice(f"results: {store.run_dir}/ (results.jsonl, results.csv, manifest.json)", style="")
 
 
 def compare(

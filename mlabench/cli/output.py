@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from mlabench.errors import ExitCode
-from mlabench.tables import Table, render, to_rich
+from mlabench.tables import Table, min_width, render, to_rich
 
 out = Console()
 err = Console(stderr=True)
@@ -20,14 +20,16 @@ def emit(tables: Sequence[Table], format: str) -> None:
     """Print ``tables`` to stdout: Rich tables for ``table``, else their JSON, markdown or CSV."""
     if format == "table":
         for t in tables:
-            out.print(to_rich(t))
+            rich_table = to_rich(t, out.width)
+            out.print(rich_table, width=max(out.width, min_width(rich_table)))
     else:
         sys.stdout.write(render(tables, format))  # type: ignore[arg-type]
 
 
 def notice(message: str, style: str = "yellow") -> None:
-    """One line for people on stderr (taken literally: no Rich markup in ``message``)."""
-    err.print(message, style=style, markup=False, highlight=False)
+    """One line for people on stderr (taken literally: no Rich markup in ``message``), never
+    broken by Rich, so that a path in it stays whole (the terminal wraps it, a log keeps it)."""
+    err.print(message, style=style, markup=False, highlight=False, soft_wrap=True)
 
 
 def fail(message: str) -> NoReturn:

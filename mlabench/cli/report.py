@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from mlabench.cli.output import notice
 from mlabench.errors import ConfigError
 from mlabench.plots import KINDS
 
-err = Console(stderr=True)
 
 FromRuns = Annotated[list[Path], typer.Option(
     "--from", help="Run folders (sweep or serve-bench), or folders holding runs one level down.")]
@@ -35,7 +34,7 @@ def plot(
     if not written:
         raise ConfigError("no figure to draw from these runs (" + "; ".join(s.line() for s in skipped) + ")")
     for s in skipped:
-        err.print(s.line(), markup=False, highlight=False)
+        notice(s.line(), style="")
     for _spec, paths in written:
         for path in paths:
             typer.echo(str(path))

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from mlabench.cli.options import Format, Json, Markdown, ResultsDir, VllmBin, output_format
-from mlabench.cli.output import emit, err, fail, notice
+from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
 from mlabench.files import write_text
 from mlabench.serving import bench, check as greedy, config as cfg, table as tbl
@@ -25,7 +25,7 @@ ServeFile = Annotated[Path | None, typer.Argument(
 
 
 def _progress(message: str) -> None:
-    err.print(message, markup=False, highlight=False)
+    notice(message, style="")
 
 
 def serve_bench(
@@ -70,7 +70,7 @@ def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str) -> None:
         tbl.write_table_files(t, run_dir)
     emit([tbl.view(t, fmt)], fmt)
     if run_dir is not None:
-        err.print(f"run folder: {run_dir}")
+        notice(f"run folder: {run_dir}", style="")
     if not t.ok:
         bad = [c for r in t.rows for c in r.cells if c.status != "ok"]
         fail(f"{len(bad)} of {sum(len(r.cells) for r in t.rows)} results failed (failed requests, cut short, "
