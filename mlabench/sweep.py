@@ -267,7 +267,8 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     ``resume`` the points already in ``resume/results.jsonl`` are skipped; the folder must have been
     recorded with the same configuration, on the same device, driver, library versions and git
     revision (:class:`ConfigError` / :class:`ResultsError` otherwise).  A shape whose inputs do
-    not fit after all becomes ``error`` rows.  Ctrl-C saves the CSV and raises
+    not fit after all becomes ``error`` rows.  ``progress(point, record, done, total)`` is called
+    before each point (``record`` None) and after it.  Ctrl-C saves the CSV and raises
     :class:`Interrupted`, naming the folder to resume.
     """
     backends = select_backends(cfg.backends, strict=strict_backends, warn=warn)
@@ -305,6 +306,8 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
             except (MlabenchError, RuntimeError) as exc:  # e.g. the allocator ran out after all
                 bench, setup_error = None, f"inputs could not be created: {str(exc).splitlines()[0][:300]}"
             for p in shape_points:
+                if progress:
+                    progress(p, None, finished, total)
                 if bench is None:
                     rec = failed_record(p.backend, p.params, shape, run_id, copy_bw, setup_error)
                 else:

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from mlabench.cli.options import Format, Json, Markdown, ResultsDir, VllmBin, output_format
+from mlabench.cli.options import Format, Json, Markdown, ResultsDir, VllmBin, int_list, output_format
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
 from mlabench.files import write_text
@@ -30,14 +30,17 @@ def _progress(message: str) -> None:
 
 def serve_bench(
     config_path: ServeFile = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a config key: bench.num_prompts=8")] = None,
-    concurrency: Annotated[list[int] | None, typer.Option("--concurrency", "-c", help="Replace concurrencies.")] = None,
-    repeats: Annotated[int | None, typer.Option(help="Runs per (variant, concurrency).")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", metavar="KEY=VALUE", help="Override a config key, e.g. bench.num_prompts=8; repeatable.")] = None,
+    concurrency: Annotated[list[str] | None, typer.Option(
+        "--concurrency", "-c", metavar="N[,N...]", help="Replace the concurrencies, e.g. 1,16.")] = None,
+    repeats: Annotated[int | None, typer.Option(metavar="N", help="Runs per (variant, concurrency).")] = None,
     results_dir: ResultsDir = Path("results"),
-    label: Annotated[str | None, typer.Option(help="Run folder label (default: config name).")] = None,
+    label: Annotated[str | None, typer.Option(metavar="TEXT", help="Run folder label (default: config name).")] = None,
     vllm_bin: VllmBin = None,
-    stat: Annotated[str, typer.Option(help="TPOT statistic for speedup: mean, median, p99.")] = "mean",
-    from_run: Annotated[Path | None, typer.Option(help="Re-render a saved run folder; runs nothing.")] = None,
+    stat: Annotated[str, typer.Option(metavar="mean|median|p99", help="TPOT statistic for speedup.")] = "mean",
+    from_run: Annotated[Path | None, typer.Option(
+        metavar="RUN", help="Re-render a saved run folder; runs nothing.")] = None,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Benchmark server variants with `vllm bench serve`; table of TPOT per concurrency."""
@@ -50,7 +53,8 @@ def serve_bench(
         return
     if config_path is None:
         raise ConfigError("give a serve config (configs/serve/*.toml) or --from-run RUN_DIR")
-    conf = cfg.load_config(config_path, cfg.bench_overrides(set_ or [], concurrency, repeats))
+    concurrencies = int_list(",".join(concurrency), "--concurrency", "concurrency") if concurrency else None
+    conf = cfg.load_config(config_path, cfg.bench_overrides(set_ or [], concurrencies, repeats))
     bench.preflight(conf.variants, cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin))
     run_dir = bench.new_run_dir(results_dir, label or config_path.stem)
     try:
@@ -78,15 +82,16 @@ def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str) -> None:
 
 
 def serve_check(
-    fixture: Annotated[Path, typer.Option(help="Greedy fixture JSON to compare with (or write).")],
+    fixture: Annotated[Path, typer.Option(metavar="PATH", help="Greedy fixture JSON to compare with (or write).")],
     config_path: ServeFile = None,
     save_fixture: Annotated[bool, typer.Option(help="Record the fixture instead of comparing.")] = False,
-    variant: Annotated[str | None, typer.Option(help="Variant to check (default: baseline).")] = None,
-    base_url: Annotated[str | None, typer.Option(help="A running server instead of a config.")] = None,
-    model: Annotated[str | None, typer.Option(help="Served model id (default: config, else /v1/models).")] = None,
-    tokens: Annotated[int | None, typer.Option("--tokens", "-n", help="N output tokens (default 64).")] = None,
-    prompt: Annotated[str | None, typer.Option(help="Replace the fixed prompt.")] = None,
-    tie_threshold: Annotated[float | None, typer.Option(help="Near-tie gap, nats.")] = None,
+    variant: Annotated[str | None, typer.Option(metavar="NAME", help="Variant to check (default: baseline).")] = None,
+    base_url: Annotated[str | None, typer.Option(metavar="URL", help="A running server instead of a config.")] = None,
+    model: Annotated[str | None, typer.Option(
+        metavar="ID", help="Served model id (default: config, else /v1/models).")] = None,
+    tokens: Annotated[int | None, typer.Option("--tokens", "-n", metavar="N", help="N output tokens (default 64).")] = None,
+    prompt: Annotated[str | None, typer.Option(metavar="TEXT", help="Replace the fixed prompt.")] = None,
+    tie_threshold: Annotated[float | None, typer.Option(metavar="NATS", help="Near-tie gap.")] = None,
     strict: Annotated[bool, typer.Option(help="A near-tie divergence fails too.")] = False,
     results_dir: ResultsDir = Path("results"),
     vllm_bin: VllmBin = None,

@@ -236,3 +236,10 @@ def test_a_recorded_run_is_judged_again_when_re_rendered(tmp_path):
     assert r.returncode == 1
     rows = json.loads(r.stdout)[0]["rows"]
     assert [row["status"] for row in rows].count("truncated") == 1
+
+
+def test_concurrency_takes_commas_like_every_list(tmp_path, fake_vllm):
+    cfg = two_variant_config(tmp_path, fake_vllm, free_port(), free_port())
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"), "-c", "1,4", "-c", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [row["concurrency"] for row in json.loads(r.stdout)[0]["rows"]] == [1, 1, 4, 4, 2, 2]
