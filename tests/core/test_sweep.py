@@ -107,7 +107,8 @@ def test_interrupted_run_resumes_without_repeating_points(tmp_path):
     assert len(ResultStore(run_dir).records()) == 3
     assert len((run_dir / "results.csv").read_text().splitlines()) == 4  # CSV saved at the interrupt
     resumed = []
-    _, recs = run_sweep(cfg, tmp_path, resume=run_dir, progress=lambda p, r, d, t: resumed.append(p.key))
+    _, recs = run_sweep(cfg, tmp_path, resume=run_dir,
+                        progress=lambda p, r, d, t: r is not None and resumed.append(p.key))
     assert len(resumed) == 5 and not set(resumed) & set(seen)
     assert len(recs) == 8 and len({r.key for r in recs}) == 8
     _, again = run_sweep(cfg, tmp_path, resume=run_dir)  # nothing left to do
