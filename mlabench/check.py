@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mlabench.backends import backend_names, get_backend
-from mlabench.backends.base import param_grid
+from mlabench.backends.base import Backend, param_grid
 from mlabench.backends.registry import select_backends
 from mlabench.errors import ConfigError, MlabenchError
 from mlabench.inputs import check_fits
@@ -94,7 +94,7 @@ def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None =
     unavailable = {b.name: why for b in chosen for ok, why in [b.available()] if not ok}
     grid = {"num_kv_splits": list(dict.fromkeys(splits))}
     plan = [(shape, b, params) for shape in shapes for b in chosen if b.name not in unavailable
-            for params in param_grid(b, shape, grid, all_choices=True)]
+            for params in _grid(b, shape, grid)]
     records: list[Record] = []
     bench: tuple[MLADecodeShape | None, ShapeBench | str] = (None, "")
     for done, (shape, b, params) in enumerate(plan):
@@ -110,6 +110,16 @@ def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None =
     if progress and plan:
         progress(len(plan), len(plan), "checked")
     return records, unavailable
+
+
+def _grid(backend: Backend, shape: MLADecodeShape, axes: dict[str, list[int]]) -> list[dict]:
+    """Every choice of ``backend``'s parameters on ``shape`` with ``axes``; a library that picks its
+    own split count (aiter-gluon) is checked on its pick too."""
+    grid = param_grid(backend, shape, axes, all_choices=True)
+    own = backend.resolve_params(shape)
+    if "num_kv_splits" in own and own["num_kv_splits"] is None and own not in grid:
+        grid.insert(0, own)
+    return grid
 
 
 def _bench_or_why(shape: MLADecodeShape, seed: int) -> ShapeBench | str:

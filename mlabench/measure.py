@@ -63,10 +63,15 @@ class ShapeBench:
         return call, compare_outputs(out, self.reference, atol, rtol)
 
     def run(self, backend: Backend, params: dict[str, Any], *, copy_bw_tbps: float | None, run_id: str,
-            atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, time_it: bool = True) -> Record:
-        """Check and time ``backend`` with ``params`` on this shape; always returns a record."""
+            atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, time_it: bool = True,
+            read_bw_tbps: float | None = None) -> Record:
+        """Check and time ``backend`` with ``params`` on this shape; always returns a record.
+
+        The floor divides the bytes moved by ``read_bw_tbps`` when given, else by ``copy_bw_tbps``;
+        the GPU's clocks, power and temperature are read just before and just after the timing.
+        """
         s = self.shape
-        base = record_fields(backend.name, params, s, run_id, copy_bw_tbps)
+        base = record_fields(backend.name, params, s, run_id, copy_bw_tbps, read_bw_tbps)
         ok, why = backend.supports(s)
         if not ok:
             return Record(status="unsupported", message=why, **base)
@@ -79,6 +84,7 @@ class ShapeBench:
             if not time_it:
                 return Record(status=status, message=message, **base)
             calls = [call.fn] + [backend.prepare(x, params).fn for x in self.inputs[1:]]
+            base["gpu_state_before"] = gpu_state()
             timed = self._time(calls, call.graph_safe)
         except UnsupportedShapeError as exc:
             return Record(status="unsupported", message=str(exc), **base)
@@ -118,22 +124,28 @@ class ShapeBench:
 
 
 def record_fields(backend: str, params: dict[str, Any], shape: MLADecodeShape, run_id: str,
-                  copy_bw_tbps: float | None) -> dict[str, Any]:
-    """The fields every :class:`Record` of a point carries, whatever its status."""
+                  copy_bw_tbps: float | None, read_bw_tbps: float | None = None) -> dict[str, Any]:
+    """The fields every :class:`Record` of a point carries, whatever its status.
+
+    The floor is ``shape.min_bytes_moved`` over the read bandwidth when given (the ceiling of a
+    read-only stream), else over the copy bandwidth.
+    """
+    floor_bw = read_bw_tbps or copy_bw_tbps
     return dict(
         key=point_key(backend, params, shape.key()), run_id=run_id, backend=backend, params=params,
         shape=shape.key(), batch=shape.batch, num_heads=shape.num_heads,
         context_len=shape.max_context_len, bytes_moved=shape.min_bytes_moved, timestamp=utc_now(),
-        copy_bandwidth_tbps=copy_bw_tbps,
-        floor_us=shape.floor_us(copy_bw_tbps) if copy_bw_tbps else None,
+        copy_bandwidth_tbps=copy_bw_tbps, read_bandwidth_tbps=read_bw_tbps,
+        floor_bandwidth="read" if read_bw_tbps else "copy",
+        floor_us=shape.floor_us(floor_bw) if floor_bw else None,
     )
 
 
 def failed_record(backend: str, params: dict[str, Any], shape: MLADecodeShape, run_id: str,
-                  copy_bw_tbps: float | None, message: str) -> Record:
+                  copy_bw_tbps: float | None, message: str, read_bw_tbps: float | None = None) -> Record:
     """An ``error`` row for a point that could not even start (e.g. its inputs did not fit)."""
     return Record(status="error", message=message,
-                  **record_fields(backend, params, shape, run_id, copy_bw_tbps))
+                  **record_fields(backend, params, shape, run_id, copy_bw_tbps, read_bw_tbps))
 
 
 def _verdict_message(v: Verdict) -> str:

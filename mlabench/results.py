@@ -1,9 +1,10 @@
 """Result records, the append-only JSONL store, reading run folders, CSV export and the run manifest.
 
 A run folder ``results/<run-id>/`` holds ``manifest.json`` (identity: device, driver, library
-versions, git revision, command line, measured copy bandwidth), ``results.jsonl`` (one
-:class:`Record` per line, appended and fsync'ed, never rewritten) and ``results.csv`` (regenerated
-from the JSONL).  Resuming refuses a folder whose identity differs from this process's, and skips
+versions, git revision, command line; measured read and copy bandwidth; warm-up and drift),
+``results.jsonl`` (one :class:`Record` per line, appended and fsync'ed, never rewritten),
+``results.csv`` (regenerated from the JSONL) and, for sweeps, ``sentinel.jsonl`` (the sentinel
+point's re-measurements).  Resuming refuses a folder whose identity differs from this process's, and skips
 points whose key is already recorded.  A last line cut short by an interrupted write is dropped on
 resume (the file is truncated back to its last complete line before appending).  Readers of
 recorded runs (``compare --from``, reports, tuning) use :func:`records_of`, not the sweep runner.
@@ -22,7 +23,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -60,11 +61,17 @@ class Record(BaseModel):
     bytes_moved: int = Field(0, description="Fewest bytes the call must move (KV + q + out).")
     workspace_bytes: int = Field(0, description="Intermediate bytes the backend reports (split partials).")
     achieved_tbps: float | None = Field(None, description="bytes_moved / median time, TB/s.")
-    copy_bandwidth_tbps: float | None = Field(None, description="Measured device copy bandwidth, TB/s.")
-    floor_us: float | None = Field(None, description="bytes_moved / copy bandwidth, µs.")
+    copy_bandwidth_tbps: float | None = Field(None, description="Measured device copy bandwidth (read + write), TB/s.")
+    read_bandwidth_tbps: float | None = Field(None, description="Measured streaming read bandwidth, TB/s.")
+    floor_bandwidth: Literal["read", "copy"] = Field(
+        "copy", description="Which measured bandwidth floor_us divides by (copy in runs recorded before read was).")
+    floor_us: float | None = Field(None, description="bytes_moved / the floor_bandwidth one, µs.")
     pct_of_floor: float | None = Field(None, description="100 * floor_us / median time.")
     setup_us: dict[str, float] = Field(default_factory=dict, description="Untimed setup steps, µs.")
     gpu_state: dict[str, Any] = Field(default_factory=dict, description="Clocks, temperature, power read after timing.")
+    gpu_state_before: dict[str, Any] = Field(default_factory=dict, description="The same, read just before timing.")
+    clock_below_steady: bool | None = Field(
+        None, description="SM clock before or after timing below the run's steady clock (None: not known).")
     timestamp: str = Field(description="UTC time the record was written, ISO 8601.")
 
     @property
@@ -89,7 +96,12 @@ class Manifest(BaseModel):
     driver: str
     versions: dict[str, str | None]
     copy_bandwidth_tbps: float
+    read_bandwidth_tbps: float | None = Field(None, description="Streaming read bandwidth (the floor's), TB/s.")
+    datasheet_bandwidth_tbps: float | None = Field(None, description="The vendor's memory bandwidth figure, TB/s.")
     config: dict[str, Any] = Field(default_factory=dict, description="The sweep configuration as run.")
+    warmups: list[dict[str, Any]] = Field(
+        default_factory=list, description="GPU warm-up to steady clocks, one per session (start, each resume).")
+    drift: dict[str, Any] | None = Field(None, description="Sentinel re-measurements and the drift they show.")
 
     def identity(self) -> dict[str, Any]:
         """What must match to append to this run: device, driver, versions, git revision, schema."""
@@ -162,8 +174,24 @@ class ResultStore:
         if store.manifest_path.exists():
             raise ResultsError(f"{run_dir} already holds a run; use --resume to continue it")
         make_dir(store.run_dir, "run folder")
-        write_text(store.manifest_path, manifest.model_dump_json(indent=2) + "\n", "run manifest", atomic=True)
+        store._write_manifest(manifest)
         return store
+
+    def _write_manifest(self, manifest: Manifest) -> None:
+        write_text(self.manifest_path, manifest.model_dump_json(indent=2) + "\n", "run manifest", atomic=True)
+
+    def update_manifest(self, **fields: Any) -> Manifest:
+        """Rewrite ``manifest.json`` with ``fields`` replaced (a temporary file replaces it whole).
+
+        For the run's summaries (``warmups``, ``drift``); fields of :meth:`Manifest.identity` are
+        refused with ValueError, since resuming compares them.
+        """
+        fixed = set(fields) & {"schema_version", "device", "driver", "versions", "git_revision", "run_id"}
+        if fixed:
+            raise ValueError(f"the manifest's identity does not change: {sorted(fixed)}")
+        manifest = self.manifest().model_copy(update=fields)
+        self._write_manifest(Manifest.model_validate(manifest.model_dump()))
+        return manifest
 
     @classmethod
     def open_existing(cls, run_dir: Path, identity: dict[str, Any] | None = None) -> ResultStore:
@@ -196,20 +224,7 @@ class ResultStore:
 
     def records(self) -> list[Record]:
         """Every complete record, in order; a cut-short last line is ignored."""
-        if not self.jsonl.exists():
-            return []
-        out = []
-        lines = read_text(self.jsonl, "run results").split("\n")
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                out.append(Record.model_validate_json(line))
-            except ValidationError:
-                if i == len(lines) - 1:  # an interrupted write: no newline after it
-                    break
-                raise ResultsError(f"{self.jsonl}:{i + 1}: not a valid record") from None
-        return out
+        return read_jsonl(self.jsonl, Record, "record")
 
     def finished_keys(self) -> set[str]:
         return {r.key for r in self.records()}
@@ -233,6 +248,31 @@ class ResultStore:
         writer.writeheader()
         writer.writerows(rows)
         return write_text(path, buf.getvalue(), "results CSV", atomic=True)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_jsonl(path: Path, model: type[M], what: str) -> list[M]:
+    """Every line of a JSONL file as ``model``, in order; [] when the file does not exist.
+
+    A last line cut short (an interrupted write: no newline after it) is ignored; a bad line
+    elsewhere raises :class:`ResultsError` naming the file, the line and ``what`` it should be.
+    """
+    if not path.exists():
+        return []
+    lines = read_text(path, f"{what}s file").split("\n")
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(model.model_validate_json(line))
+        except ValidationError:
+            if i == len(lines) - 1:
+                break
+            raise ResultsError(f"{path}:{i + 1}: not a valid {what}") from None
+    return out
 
 
 def run_folders(paths: Iterable[Path]) -> list[Path]:
@@ -275,6 +315,7 @@ CSV_FIELDS = [
     "kv_dtype", "status", "verdict_passed", "max_abs_err", "timing_mode", "median_us", "iqr_us",
     "min_us", "n_samples", "median_rel_ci", "noisy", "eager_median_us", "achieved_tbps", "floor_us",
     "pct_of_floor", "cold_cache_copies", "bytes_moved", "workspace_bytes", "message", "key",
+    "calls_per_sample", "floor_bandwidth", "clock_below_steady",
 ]
 
 
@@ -293,6 +334,9 @@ def csv_row(r: Record) -> dict[str, Any]:
         "floor_us": r.floor_us or "", "pct_of_floor": r.pct_of_floor or "",
         "cold_cache_copies": r.cold_cache_copies, "bytes_moved": r.bytes_moved,
         "workspace_bytes": r.workspace_bytes, "message": r.message, "key": r.key,
+        "calls_per_sample": s.calls_per_sample if s and s.calls_per_sample else "",
+        "floor_bandwidth": r.floor_bandwidth,
+        "clock_below_steady": "" if r.clock_below_steady is None else r.clock_below_steady,
     }
 
 

@@ -28,6 +28,8 @@ class Stats(BaseModel):
     converged: bool = Field(description="True when median_rel_ci reached the target before the budget.")
     noisy: bool = Field(description="True when the spread stayed above the target (a flag, not a filter).")
     samples_us: list[float] = Field(description="Raw samples in the order taken, µs.")
+    calls_per_sample: int | None = Field(
+        None, description="Calls one sample held (its time divided by them); None in runs recorded before it was.")
 
 
 def quantile(sorted_values: list[float], q: float) -> float:

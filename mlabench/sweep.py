@@ -8,6 +8,7 @@ folder is created, so bad input leaves nothing half-written.
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,16 +19,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mlabench.backends import backend_names, get_backend
 from mlabench.backends.base import Backend, param_grid
 from mlabench.backends.registry import backend_packages, select_backends
+from mlabench.bandwidth import datasheet_bandwidth_tbps, measure_copy_bandwidth_tbps, measure_read_bandwidth_tbps
 from mlabench.configfile import config_file, read_toml, validation_line
 from mlabench.device import DeviceInfo, current_device
-from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, MlabenchError, ResultsError
+from mlabench.errors import BackendUnavailableError, ConfigError, ResultsError
 from mlabench.inputs import check_fits
-from mlabench.measure import ShapeBench, failed_record
 from mlabench.observers import driver_version, gpu_state
+from mlabench.order import DEFAULT_ORDER, Order, order_points
 from mlabench.results import (Manifest, Record, ResultStore, command_line, git_revision, library_versions,
                               new_run_id, point_key, utc_now)
+from mlabench.runner import ProgressFn, SweepRunner, choose_sentinel
 from mlabench.shapes import MLADecodeShape, resolve_heads
-from mlabench.timing import TimingConfig, measure_copy_bandwidth_tbps
+from mlabench.steady import warm_up
+from mlabench.timing import TimingConfig
 from mlabench.verdict import CheckConfig
 
 #: The two ways to name a model; one given by a flag replaces either in a file.
@@ -52,6 +56,11 @@ class SweepConfig(BaseModel):
     params: dict[str, list[Any]] = Field(default_factory=dict, description="Parameter axes, e.g. num_kv_splits = [1, 16].")
     check: CheckConfig = Field(default_factory=CheckConfig)
     timing: TimingConfig = Field(default_factory=TimingConfig)
+    order: Order = Field(DEFAULT_ORDER, description="Measuring order: grid, shuffled or interleaved (mlabench.order).")
+    order_seed: int | None = Field(None, description="Seed of the order; drawn and recorded when not given.")
+    sentinel_every: int = Field(20, ge=0, description="Re-measure the sentinel point after every N points (0: only "
+                                                      "at the start and end).")
+    drift_target: float = Field(0.01, gt=0, description="Sentinel drift (relative) beyond which the run is flagged.")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -139,7 +148,7 @@ def default_sweep_config(device: DeviceInfo | None = None) -> SweepConfig:
                            context_lens=[4096, 32768, 131072],
                            params={"num_kv_splits": [1, 16, 32, 64, 128, 256]})
     return SweepConfig(name="default-cpu", model="kimi-k3", tp=8, batch=[1, 2], context_lens=[256, 1024],
-                       page_size=16, params={"num_kv_splits": [1, 4, 16]},
+                       page_size=16, params={"num_kv_splits": [1, 4, 16]}, drift_target=0.1,
                        timing=TimingConfig(budget_s=1.0, min_samples=5, warmup_iters=1, target_rel_ci=0.05))
 
 
@@ -148,10 +157,13 @@ def sweep_overrides(*, model: str | None = None, tp: int | None = None, model_co
                     heads: list[int] | None = None, backends: list[str] | None = None,
                     batch: list[int] | None = None, context_lens: list[int] | None = None,
                     splits: list[int] | None = None, page_size: int | None = None,
-                    budget_s: float | None = None) -> dict[str, Any]:
+                    budget_s: float | None = None, order: str | None = None,
+                    order_seed: int | None = None) -> dict[str, Any]:
     """Sweep fields changed by flags, in :class:`SweepConfig`'s layout; None where not given
-    (``splits`` is the ``num_kv_splits`` axis, ``budget_s`` the per-point timing budget, seconds)."""
+    (``splits`` is the ``num_kv_splits`` axis, ``budget_s`` the per-point timing budget, seconds,
+    ``order`` and ``order_seed`` the measuring order, :mod:`mlabench.order`)."""
     return {
+        "order": order, "order_seed": order_seed,
         "model": model, "tp": tp, "model_config": str(model_config) if model_config else None,
         "backends": backends or None, "heads": heads, "batch": batch, "context_lens": context_lens,
         "page_size": page_size,
@@ -242,7 +254,9 @@ def expand(cfg: SweepConfig, backends: list[Backend]) -> list[Point]:
     return list(points.values())
 
 
-def make_manifest(run_id: str, cfg: SweepConfig, copy_bw_tbps: float) -> Manifest:
+def make_manifest(run_id: str, cfg: SweepConfig, copy_bw_tbps: float, read_bw_tbps: float | None = None,
+                  warmups: list[dict[str, Any]] | None = None) -> Manifest:
+    """The manifest of a new run: identity, the measured bandwidths beside the datasheet's, warm-up."""
     dev = current_device()
     rev, dirty = git_revision()
     import socket
@@ -251,11 +265,9 @@ def make_manifest(run_id: str, cfg: SweepConfig, copy_bw_tbps: float) -> Manifes
         run_id=run_id, created=utc_now(), command=command_line(), git_revision=rev, git_dirty=dirty,
         host=socket.gethostname(), device=dict(dev.__dict__), gpu_state=gpu_state(), driver=driver_version(),
         versions=library_versions(backend_packages()), copy_bandwidth_tbps=copy_bw_tbps,
-        config=cfg.model_dump(mode="json", by_alias=True),
+        read_bandwidth_tbps=read_bw_tbps, datasheet_bandwidth_tbps=datasheet_bandwidth_tbps(dev.name),
+        config=cfg.model_dump(mode="json", by_alias=True), warmups=warmups or [],
     )
-
-
-ProgressFn = Callable[[Point, Record | None, int, int], None]
 
 
 def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Path | None = None,
@@ -265,11 +277,13 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
 
     Validation (backends, parameters, shapes, memory) happens before any file is written.  With
     ``resume`` the points already in ``resume/results.jsonl`` are skipped; the folder must have been
-    recorded with the same configuration, on the same device, driver, library versions and git
-    revision (:class:`ConfigError` / :class:`ResultsError` otherwise).  A shape whose inputs do
-    not fit after all becomes ``error`` rows.  ``progress(point, record, done, total)`` is called
-    before each point (``record`` None) and after it.  Ctrl-C saves the CSV and raises
-    :class:`Interrupted`, naming the folder to resume.
+    recorded with the same configuration (its order seed is taken when ``cfg`` has none), on the
+    same device, driver, library versions and git revision (:class:`ConfigError` /
+    :class:`ResultsError` otherwise).  The GPU is warmed up to steady clocks first
+    (:func:`~mlabench.steady.warm_up`); a new run then measures the copy and read bandwidths.  The
+    points run in ``cfg.order`` with the sentinel (:class:`~mlabench.runner.SweepRunner`);
+    ``progress(point, record, done, total)`` is called before each point (``record`` None) and
+    after it.  Ctrl-C saves the CSV and raises :class:`Interrupted`, naming the folder to resume.
     """
     backends = select_backends(cfg.backends, strict=strict_backends, warn=warn)
     if not backends:
@@ -277,50 +291,32 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     points = expand(cfg, backends)
     for shape in {p.shape for p in points}:
         check_fits(shape)
-    if resume is not None:
-        here = make_manifest("resume", cfg, 0.0).identity()
-        store = ResultStore.open_existing(resume, identity=here)
-        recorded = recorded_config(store)
-        if recorded != cfg:
-            raise ConfigError(f"{resume} was recorded with another sweep configuration; resume it "
-                              "without axis flags, or start a new run")
-        copy_bw = store.manifest().copy_bandwidth_tbps
-    else:
-        copy_bw = measure_copy_bandwidth_tbps()
+    store = _reopen(cfg, resume) if resume is not None else None
+    if store is not None:
+        cfg = cfg.model_copy(update={"order_seed": recorded_config(store).order_seed})
+    elif cfg.order_seed is None:
+        cfg = cfg.model_copy(update={"order_seed": secrets.randbelow(2**31)})
+    steady = warm_up(cfg.timing)
+    if store is None:
+        copy_bw, read_bw = measure_copy_bandwidth_tbps(), measure_read_bandwidth_tbps()
         run_id = new_run_id(cfg.name)
-        store = ResultStore.create(results_root / run_id, make_manifest(run_id, cfg, copy_bw))
-    run_id = store.manifest().run_id
-    done = store.finished_keys()
-    todo = [p for p in points if p.key not in done]
-    total, finished = len(points), len(points) - len(todo)
-    if resume is not None and warn:
-        warn(f"resuming {store.run_dir}: {finished} of {total} points already recorded")
-    by_shape: dict[MLADecodeShape, list[Point]] = {}
-    for p in todo:
-        by_shape.setdefault(p.shape, []).append(p)
-    try:
-        for shape, shape_points in by_shape.items():
-            try:
-                bench: ShapeBench | None = ShapeBench(shape, cfg.timing, seed=cfg.seed)
-                setup_error = ""
-            except (MlabenchError, RuntimeError) as exc:  # e.g. the allocator ran out after all
-                bench, setup_error = None, f"inputs could not be created: {str(exc).splitlines()[0][:300]}"
-            for p in shape_points:
-                if progress:
-                    progress(p, None, finished, total)
-                if bench is None:
-                    rec = failed_record(p.backend, p.params, shape, run_id, copy_bw, setup_error)
-                else:
-                    rec = bench.run(get_backend(p.backend), p.params, copy_bw_tbps=copy_bw, run_id=run_id,
-                                    atol=cfg.check.atol, rtol=cfg.check.rtol, time_it=time_it)
-                store.append(rec)
-                finished += 1
-                if progress:
-                    progress(p, rec, finished, total)
-            del bench
-    except KeyboardInterrupt:
-        store.write_csv()
-        raise Interrupted(f"interrupted: {finished} of {total} points recorded in {store.run_dir}; "
-                          f"continue with: mlabench sweep --resume {store.run_dir}") from None
-    store.write_csv()
+        store = ResultStore.create(results_root / run_id,
+                                   make_manifest(run_id, cfg, copy_bw, read_bw, [steady.model_dump()]))
+    else:
+        store.update_manifest(warmups=[*store.manifest().warmups, steady.model_dump()])
+        if warn:
+            warn(f"resuming {store.run_dir}: {len(store.finished_keys())} of {len(points)} points already recorded")
+    runner = SweepRunner(cfg, store, steady_mhz=steady.sm_clock_mhz, time_it=time_it)
+    runner.run(order_points(points, cfg.order, cfg.order_seed), choose_sentinel(points), progress)
     return store, store.records()
+
+
+def _reopen(cfg: SweepConfig, resume: Path) -> ResultStore:
+    """The run folder to resume; refuses another identity or another configuration."""
+    store = ResultStore.open_existing(resume, identity=make_manifest("resume", cfg, 0.0).identity())
+    recorded = recorded_config(store)
+    seed = recorded.order_seed if cfg.order_seed is None else cfg.order_seed
+    if recorded != cfg.model_copy(update={"order_seed": seed}):
+        raise ConfigError(f"{resume} was recorded with another sweep configuration; resume it "
+                          "without axis flags, or start a new run")
+    return store

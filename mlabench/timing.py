@@ -1,16 +1,23 @@
-"""The measurement engine: warm-up, graph replay, cold cache, stopping rule, copy bandwidth.
+"""The measurement engine: warm-up, graph replay, cold cache, replay length, stopping rule.
 
 Method (design.md, "Timing method"):
 
 - Cold cache: the caller prepares ``copies`` independent input sets whose total exceeds twice the
-  L2 (see :func:`cold_cache_copies`); one sample runs the call once on every copy, in order, and
-  reports the time divided by the number of copies, so no call finds its cache lines in L2.
-- Graph replay: on a GPU all ``copies`` calls are captured into one CUDA/HIP graph and a sample is
+  L2 (see :func:`cold_cache_copies`); consecutive calls run on different copies, so no call finds
+  its cache lines in L2.
+- Replay length: one sample runs the calls in turn, cycling the copies, until it holds at least
+  ``min_replay_us`` of work and ``min_calls_per_replay`` calls (:func:`calls_per_replay`, planned
+  from one timed pilot pass), and reports its time divided by the calls it held.  The one launch
+  of a replay (a few µs) is then spread over at least ``min_replay_us`` at every shape, instead of
+  over however many copies the cold-cache rule chose: on an H200, triton-splitkv at batch 1, 32K
+  context measured 32.0 µs per call over its 4 copies and 30.4 µs over 512 calls.
+- Graph replay: on a GPU the calls of a sample are captured into one CUDA/HIP graph and a sample is
   one replay timed with device events.  Eager timing (the same loop without a graph) is kept too.
 - Stopping rule: after warm-up, samples are taken until the relative half-width of the median's
   95% confidence interval is below ``target_rel_ci`` (at least ``min_samples``) or the time budget
   ends; a point that never converges is flagged ``noisy``, not dropped.
-- On the CPU the same loop runs with a wall-clock timer.
+- On the CPU the same loop runs with a wall-clock timer over one pass of the copies (no launch to
+  amortise).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from collections.abc import Callable, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from mlabench.bandwidth import measure_copy_bandwidth_tbps  # noqa: F401 - its home before bandwidth.py
 from mlabench.device import DeviceInfo, current_device
 from mlabench.stats import Stats, median_rel_ci, summarize
 
@@ -40,6 +48,11 @@ class TimingConfig(BaseModel):
     eager: bool = Field(True, description="Also time eager launches on a GPU.")
     cold_cache: bool = Field(True, description="Rotate input copies to exceed 2x L2 on a GPU.")
     max_copies: int = Field(64, ge=1, description="Most input copies rotated for a cold cache.")
+    min_replay_us: float = Field(2000.0, ge=0, description="Least work one GPU sample holds, µs.")
+    min_calls_per_replay: int = Field(1, ge=1, description="Fewest calls one GPU sample holds.")
+    max_calls_per_replay: int = Field(4096, ge=1, description="Most calls one GPU sample holds.")
+    steady_min_s: float = Field(5.0, ge=0, description="Least GPU warm-up before a sweep's first point, seconds.")
+    steady_max_s: float = Field(30.0, ge=0, description="Most GPU warm-up waiting for steady clocks, seconds.")
 
 
 def run_until_stable(sample_us: Callable[[], float], cfg: TimingConfig,
@@ -70,6 +83,18 @@ def cold_cache_copies(bytes_per_copy: int, device: DeviceInfo, cfg: TimingConfig
     return max(1, min(cfg.max_copies, math.ceil(2 * device.l2_bytes / max(1, bytes_per_copy))))
 
 
+def calls_per_replay(pilot_call_us: float, copies: int, cfg: TimingConfig) -> int:
+    """How many calls one GPU sample holds, cycling ``copies`` input sets.
+
+    Enough calls for ``cfg.min_replay_us`` of work at ``pilot_call_us`` µs per call, and at least
+    ``cfg.min_calls_per_replay``, rounded up to whole passes over the copies (every copy equally
+    often); at most ``cfg.max_calls_per_replay`` rounded down to whole passes, never below one pass.
+    """
+    want = max(cfg.min_calls_per_replay, math.ceil(cfg.min_replay_us / max(pilot_call_us, 1e-3)))
+    passes = min(math.ceil(want / copies), max(1, cfg.max_calls_per_replay // copies))
+    return copies * passes
+
+
 def _run_all(calls: Sequence[Callable[[], object]]) -> None:
     for fn in calls:
         fn()
@@ -77,40 +102,51 @@ def _run_all(calls: Sequence[Callable[[], object]]) -> None:
 
 def time_calls(calls: Sequence[Callable[[], object]], cfg: TimingConfig, *, use_graph: bool,
                device: DeviceInfo | None = None) -> Stats:
-    """Time one pass over ``calls`` per sample and return per-call statistics (µs).
+    """Time ``calls`` (one per input copy) and return per-call statistics (µs).
 
-    On a GPU with ``use_graph`` the pass is captured into one graph (raises RuntimeError if a call
-    cannot be captured); otherwise it is launched eagerly and timed with device events.  On the
-    CPU a wall-clock timer is used.
+    On a GPU one pass over ``calls`` is timed as a pilot, then each sample runs
+    :func:`calls_per_replay` calls cycling the copies: captured into one graph with ``use_graph``
+    (raises RuntimeError if a call cannot be captured), else launched eagerly; device events time
+    it.  On the CPU a sample is one pass timed with the wall clock.  The returned
+    :class:`~mlabench.stats.Stats` says how many calls each sample held (``calls_per_sample``).
     """
     device = device or current_device()
-    n = len(calls)
     if not device.is_gpu:
+        n = len(calls)
+
         def wall_sample() -> float:
             t0 = time.perf_counter_ns()
             _run_all(calls)
             return (time.perf_counter_ns() - t0) / 1e3 / n
 
-        return run_until_stable(wall_sample, cfg)
+        return run_until_stable(wall_sample, cfg).model_copy(update={"calls_per_sample": n})
 
+    one_pass = _gpu_step(calls, use_graph)
+    pilot_us = min(_event_us(one_pass) for _ in range(3)) / len(calls)
+    n = calls_per_replay(pilot_us, len(calls), cfg)
+    step = one_pass if n == len(calls) else _gpu_step([calls[i % len(calls)] for i in range(n)], use_graph)
+    torch.cuda.synchronize()
+    stats = run_until_stable(lambda: _event_us(step) / n, cfg)
+    return stats.model_copy(update={"calls_per_sample": n})
+
+
+def _gpu_step(calls: Sequence[Callable[[], object]], use_graph: bool) -> Callable[[], None]:
+    """One replay of ``calls`` captured as a graph, or (compiled first) an eager pass over them."""
+    if use_graph:
+        return capture_graph(calls).replay
+    _run_all(calls)  # compile / autotune outside the samples
+    return lambda: _run_all(calls)
+
+
+def _event_us(step: Callable[[], None]) -> float:
+    """Device time of one ``step()``, µs, between two events on the current stream."""
     start_ev = torch.cuda.Event(enable_timing=True)
     end_ev = torch.cuda.Event(enable_timing=True)
-    if use_graph:
-        graph = capture_graph(calls)
-        step: Callable[[], None] = graph.replay
-    else:
-        _run_all(calls)  # compile / autotune outside the samples
-        step = lambda: _run_all(calls)  # noqa: E731
-
-    def event_sample() -> float:
-        start_ev.record()
-        step()
-        end_ev.record()
-        end_ev.synchronize()
-        return start_ev.elapsed_time(end_ev) * 1e3 / n
-
-    torch.cuda.synchronize()
-    return run_until_stable(event_sample, cfg)
+    start_ev.record()
+    step()
+    end_ev.record()
+    end_ev.synchronize()
+    return start_ev.elapsed_time(end_ev) * 1e3
 
 
 def capture_graph(calls: Sequence[Callable[[], object]]) -> torch.cuda.CUDAGraph:
@@ -127,37 +163,3 @@ def capture_graph(calls: Sequence[Callable[[], object]]) -> torch.cuda.CUDAGraph
         _run_all(calls)
     torch.cuda.synchronize()
     return graph
-
-
-def measure_copy_bandwidth_tbps(device: DeviceInfo | None = None, size_bytes: int | None = None,
-                                reps: int = 20, warmup: int = 5) -> float:
-    """Device-to-device copy bandwidth in TB/s, counting bytes read plus bytes written.
-
-    Uses a 1 GiB copy on a GPU (256 MiB on the CPU) and the median of ``reps`` timed copies after
-    ``warmup`` untimed ones.  This
-    is the roofline ceiling against which every point's % of floor is reported (4.18 TB/s in the
-    H200 run of [docs/h200.md](../docs/h200.md)).
-    """
-    device = device or current_device()
-    size = size_bytes or (1 << 30 if device.is_gpu else 1 << 28)
-    src = torch.empty(size // 4, dtype=torch.float32, device=device.torch_device).uniform_()
-    dst = torch.empty_like(src)
-    samples = []
-    for i in range(reps + warmup):
-        if device.is_gpu:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            dst.copy_(src)
-            b.record()
-            b.synchronize()
-            us = a.elapsed_time(b) * 1e3
-        else:
-            t0 = time.perf_counter_ns()
-            dst.copy_(src)
-            us = (time.perf_counter_ns() - t0) / 1e3
-        if i >= warmup:
-            samples.append(us)
-    samples.sort()
-    median_us = samples[len(samples) // 2]
-    del src, dst
-    return 2 * size / (median_us * 1e-6) / 1e12

@@ -5,7 +5,9 @@ Modules here must import cheaply: optional libraries (AITER, FlashMLA) are probe
 """
 
 from mlabench.backends import aiter as _aiter  # noqa: F401
+from mlabench.backends import aiter_gluon as _aiter_gluon  # noqa: F401
 from mlabench.backends import flashmla as _flashmla  # noqa: F401
+from mlabench.backends import gluon as _gluon  # noqa: F401
 from mlabench.backends import reference as _reference  # noqa: F401
 from mlabench.backends import triton as _triton  # noqa: F401
 from mlabench.backends.registry import available_backends, backend_names, get_backend, register

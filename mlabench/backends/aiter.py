@@ -1,349 +1,231 @@
-"""AITER MLA decode on ROCm: the persistent ASM path (``aiter-asm``) and the Gluon path (``aiter-gluon``).
+"""AITER MLA decode on ROCm: the persistent ASM path (``aiter-asm``) and what both AITER backends share.
 
-Both run AITER's page-size-1 kernels on our paged cache viewed as ``[P * page, 1, 1, 576]`` with
-``kv_indices`` that map every token to its row (:func:`mlabench.backends.aiter_args.page1_kv_layout`),
-which is exact for every page size.  AITER is imported only when a backend is probed or prepared.
-
-Sources (read, not copied): AITER ``aiter/mla.py`` (``mla_decode_fwd``, persistent batch gate),
-``aiter/ops/attention.py`` (``get_mla_metadata_info_v1`` / ``get_mla_metadata_v1``),
-``aiter/ops/triton/gluon/mla_gluon.py`` and ``mla_decode_gluon.py``.
+Both backends run AITER's page-size-1 kernels on our paged cache viewed as ``[P * page, 1, 1, 576]``
+with ``kv_indices`` that map every token to its row (:func:`~mlabench.backends.aiter_args.page1_kv_layout`),
+exact for every page size.  Which AITER is installed -- its version, whether its functions still
+take what we pass, which behaviour rules it has -- comes from :mod:`mlabench.backends.aiter_probe`,
+checked against the manifest written from AITER's source (``aiter_manifest.toml``); what AITER does
+with a shape under those rules is in :mod:`mlabench.backends.aiter_rules`.  The Gluon backend is in
+:mod:`mlabench.backends.aiter_gluon`.  AITER is imported only when a backend is probed or prepared.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import re
-from types import ModuleType
-from typing import Any
+import os
+from typing import Any, ClassVar
 
 import torch
 
-from mlabench.backends.aiter_args import (
-    aiter_asm_persistent,
-    aiter_gluon_effective_splits,
-    aiter_version_is_exact,
-    gluon_splits_bounded_by_min_kv,
-    min_kv_seq_len_for_splits,
-    page1_cache_view,
-    page1_kv_layout,
-    parse_aiter_version,
-    persistent_max_batch,
-)
-from mlabench.backends.base import Backend, ParamSpec, PreparedCall
-from mlabench.backends.common import (
-    HEAD_PADDING, NUM_KV_SPLITS, accepts_kwarg, check_mla_dims, require, timed_us,
-)
+from mlabench.backends.aiter_args import page1_cache_view, page1_kv_layout
+from mlabench.backends.aiter_manifest import load_manifest
+from mlabench.backends.aiter_probe import AiterInstall, probe_aiter
+from mlabench.backends.aiter_rules import asm_nonpersistent_splits, asm_wrong_result_reason
+from mlabench.backends.base import Backend, PreparedCall
+from mlabench.backends.common import HEAD_PADDING, check_mla_dims, timed_us
 from mlabench.backends.registry import register
-from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, UnsupportedShapeError
-from mlabench.extras import optional_import, package_version
+from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.padding import HeadPadder, padded_heads, slice_heads
 from mlabench.kernels.workspace import split_workspace_bytes
 from mlabench.shapes import MLADecodeShape
 
 ASM_ARCHS = ("gfx942", "gfx950")
-GLUON_ARCHS = ("gfx950",)
-GLUON_MODULES = (("aiter.ops.triton.gluon.mla_gluon", "mla_gluon"),
-                 ("aiter.ops.triton.gluon.mla_decode_gluon", "mla_decode_gluon"))
 #: Distributions that install the ``aiter`` module (ROCm images and source builds name it either way).
 AITER_PACKAGES = {"aiter": ("amd-aiter", "aiter")}
+ASM_RULES = ("asm_gate", "asm_kv_offsets")
 
 
-def rocm_reason(archs: tuple[str, ...], modules: tuple[str, ...]) -> tuple[bool, str]:
-    """``(ok, reason)`` for an AITER backend: ROCm GPU, then the package, then the architecture."""
+def rocm_reason(archs: tuple[str, ...]) -> str:
+    """Why this is no ROCm machine with a GPU (empty when it is one)."""
     want = "/".join(archs)
     if torch.version.hip is None:
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only"
-        return False, f"needs ROCm (AMD GPU, {want}); this torch is a {build} build"
+        return f"needs ROCm (AMD GPU, {want}); this torch is a {build} build"
     if not torch.cuda.is_available():
-        return False, f"needs ROCm (AMD GPU, {want}); torch sees no GPU"
-    for name in modules:
-        mod, reason = optional_import(name)
-        if mod is None:
-            return False, reason
-    arch = current_device().arch
-    if arch not in archs:
-        return False, f"needs an AMD {want} GPU; found {arch}"
-    return True, ""
+        return f"needs ROCm (AMD GPU, {want}); torch sees no GPU"
+    return ""
 
 
-def aiter_version_text(aiter_mod: ModuleType | None = None) -> str | None:
-    """Installed AITER version: distribution ``amd-aiter``/``aiter``, else ``aiter.__version__``."""
-    text = package_version(AITER_PACKAGES["aiter"])
-    if text is None and aiter_mod is not None:
-        text = getattr(aiter_mod, "__version__", None)
-    return str(text) if text else None
+def installed_aiter(backend: str) -> tuple[AiterInstall | None, str]:
+    """``(install, "")`` when AITER imports and ``backend`` ("asm"/"gluon") can call it, else
+    ``(install or None, reason)``: the import failure, or every way the installed AITER differs
+    from what the adapter calls (signatures, undetectable rules)."""
+    found = probe_aiter()
+    if found is None:
+        return None, optional_import("aiter")[1]
+    if found.problems[backend]:
+        who = f"AITER {found.version or '(version unknown)'}"
+        return found, f"{who} differs from the manifest: " + "; ".join(found.problems[backend])
+    return found, ""
 
 
-def _bf16_only(shape: MLADecodeShape) -> tuple[bool, str]:
+def rules_in_force() -> dict[str, str | None]:
+    """Rule kind -> variant of the installed AITER; without AITER, the newest manifest range's."""
+    found = probe_aiter()
+    return found.rule_variants() if found is not None else dict(load_manifest().ranges[-1].rules)
+
+
+def require_aiter(backend: str) -> AiterInstall:
+    """The installed AITER for ``backend``; :class:`BackendUnavailableError` with the reason."""
+    found, reason = installed_aiter(backend)
+    if found is None or reason:
+        raise BackendUnavailableError(reason)
+    return found
+
+
+def aiter_gfx(found: AiterInstall) -> tuple[str | None, str]:
+    """The architecture AITER's own ``get_gfx()`` reports (it honours ``GPU_ARCHS``, last entry),
+    or ``(None, reason)`` when it fails."""
+    try:
+        return str(found.functions["get_gfx"]()), ""
+    except Exception as exc:  # noqa: BLE001 - AITER raises RuntimeError/KeyError for a bad setup
+        return None, f"AITER's get_gfx() failed: {exc}"
+
+
+def bf16_mla(shape: MLADecodeShape) -> tuple[bool, str]:
+    """bf16 q and KV, kv_lora_rank 512 + rope 64, one query token: what these adapters run."""
     if shape.q_dtype != "bfloat16" or shape.kv_dtype != "bfloat16":
-        got = f"{shape.q_dtype}/{shape.kv_dtype}"
-        return False, f"AITER MLA decode here runs bf16 q and KV only (got {got})"
+        return False, f"AITER MLA decode here runs bf16 q and KV only (got {shape.q_dtype}/{shape.kv_dtype})"
     return check_mla_dims(shape, "AITER's MLA decode")
 
 
+def install_details(kinds: tuple[str, ...]) -> str:
+    """The AITER line of ``mlabench backends``: version, range, the rules ``kinds`` in force."""
+    found = probe_aiter()
+    return found.describe(kinds) if found is not None else ""
+
+
+class AiterBackend(Backend):
+    """What the AITER backends share: the package they depend on, and the listing line naming the
+    installed AITER and the rules (``rule_kinds``) they follow."""
+
+    gpu_kernel = True
+    packages = AITER_PACKAGES
+    rule_kinds: ClassVar[tuple[str, ...]] = ()
+
+    def details(self) -> str:
+        return install_details(self.rule_kinds)
+
+
 @register
-class AiterAsmBackend(Backend):
+class AiterAsmBackend(AiterBackend):
     """AITER's persistent ASM MLA decode (``aiter.mla.mla_decode_fwd`` with v1 work metadata).
 
     ``prepare`` builds the persistent metadata for ``T = padded_heads(H)`` heads (12 -> 16) and the
-    page-size-1 addressing, untimed (``setup_us["metadata_us"]``).  ``fn`` pads q into a
-    preallocated contiguous ``[B, T, 576]`` buffer (:class:`~mlabench.kernels.padding.HeadPadder`),
-    runs ``mla_decode_fwd`` into a preallocated ``[B, T, 512]`` buffer and copies the first ``H``
-    heads into ``out``.  AITER allocates its split partials inside ``mla_decode_fwd``.
+    page-size-1 addressing, untimed: one warm-up call (AITER may load or build its metadata module
+    the first time), then the timed one, ``setup_us["metadata_us"]``.  ``fn`` pads q into a
+    preallocated contiguous ``[B, T, 576]`` buffer, runs ``mla_decode_fwd`` into a preallocated
+    ``[B, T, 512]`` buffer and copies the first ``H`` heads into ``out``.  AITER allocates its split
+    partials inside ``mla_decode_fwd`` (from the caching allocator; a graph captures them).
+
+    Whether AITER keeps the persistent kernel is AITER's own answer (``_use_persistent_mla_decode``,
+    on its ``get_gfx()``) where it has the batch gate; ``workspace_bytes`` counts the partials that
+    path writes: the metadata's reduce rows when persistent, ``B * splits`` rows of the
+    non-persistent fallback otherwise.  KV caches past 2 GiB are refused on gfx950 where the
+    installed kernels use 32-bit KV offsets.
     """
 
     name = "aiter-asm"
     family = "persistent"
-    gpu_kernel = True
-    packages = AITER_PACKAGES
+    rule_kinds = ASM_RULES
     summary = "AITER persistent ASM MLA decode (ROCm gfx942/gfx950), heads padded to 16"
     params = (HEAD_PADDING,)
 
     def available(self) -> tuple[bool, str]:
-        return rocm_reason(ASM_ARCHS, ("aiter", "aiter.mla"))
+        why = rocm_reason(ASM_ARCHS)
+        found, reason = (None, why) if why else installed_aiter("asm")
+        if found is None or reason:
+            return False, reason
+        gfx, why = aiter_gfx(found)
+        if gfx not in ASM_ARCHS:
+            archs = os.environ.get("GPU_ARCHS")
+            return False, why or (f"needs an AMD {'/'.join(ASM_ARCHS)} GPU; AITER's get_gfx() reports "
+                                  f"{gfx}" + (f" (GPU_ARCHS={archs})" if archs else ""))
+        return True, ""
 
     def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
-        ok, reason = _bf16_only(shape)
+        ok, reason = bf16_mla(shape)
         if not ok:
             return ok, reason
         if padded_heads(shape.num_heads) > 128:
             return False, f"{shape.num_heads} heads: AITER's ASM decode takes at most 128"
-        return True, ""
+        found = probe_aiter()
+        if found is None or "get_gfx" not in found.functions:
+            return True, ""  # no AITER here: nothing to refuse by version
+        refusal = asm_wrong_result_reason(found.rule("asm_kv_offsets"), aiter_gfx(found)[0] or "",
+                                          shape.kv_cache_bytes)
+        return (False, refusal) if refusal else (True, "")
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
-        aiter = require("aiter")
-        mla = require("aiter.mla")
-        s = inputs.shape
-        dev = inputs.device
-        mode = params["head_padding"]
-        kernel_heads = padded_heads(s.num_heads)
+        found = require_aiter("asm")
+        ok, why = self.supports(inputs.shape)
+        if not ok:
+            raise UnsupportedShapeError(why)
+        f = found.functions
+        s, dev = inputs.shape, inputs.device
+        mode, kernel_heads = params["head_padding"], padded_heads(s.num_heads)
         layout = page1_kv_layout(inputs.block_table, s.context_lens, s.page_size, s.qo_len)
         kv_view = page1_cache_view(inputs.kv_cache)
         q_dt, kv_dt = inputs.q.dtype, inputs.kv_cache.dtype
-
-        info = aiter.get_mla_metadata_info_v1(s.batch, s.qo_len, kernel_heads, q_dt, kv_dt,
-                                              is_sparse=False, fast_mode=True)
-        bufs = tuple(torch.empty(size, dtype=dtype, device=dev) for size, dtype in info)
-        meta, indptr, info_set, r_indptr, r_final, r_partial = bufs
-        extra = ({"dtype_q": q_dt, "dtype_kv": kv_dt}
-                 if accepts_kwarg(aiter.get_mla_metadata_v1, "dtype_q") is not False else {})
+        info = f["metadata_info"](s.batch, s.qo_len, kernel_heads, q_dt, kv_dt,
+                                  is_sparse=False, fast_mode=True)
+        meta, indptr, info_set, r_indptr, r_final, r_partial = (
+            torch.empty(size, dtype=dtype, device=dev) for size, dtype in info)
 
         def build_metadata() -> None:
             # AITER's positional order puts work_info_set before work_indptr.
-            aiter.get_mla_metadata_v1(
-                layout.qo_indptr, layout.kv_indptr, layout.kv_last_page_lens, kernel_heads, 1, True,
-                meta, info_set, indptr, r_indptr, r_final, r_partial,
-                page_size=1, kv_granularity=16, max_seqlen_qo=s.qo_len, uni_seqlen_qo=s.qo_len,
-                fast_mode=True, **extra)
+            f["metadata"](layout.qo_indptr, layout.kv_indptr, layout.kv_last_page_lens, kernel_heads,
+                          1, True, meta, info_set, indptr, r_indptr, r_final, r_partial,
+                          page_size=1, kv_granularity=16, max_seqlen_qo=s.qo_len,
+                          uni_seqlen_qo=s.qo_len, fast_mode=True, dtype_q=q_dt, dtype_kv=kv_dt)
 
-        _, metadata_us = timed_us(dev, build_metadata)  # the buffers are allocated outside
+        build_metadata()  # warm-up: AITER loads (or JIT-builds) its metadata module on first use
+        _, metadata_us = timed_us(dev, build_metadata)
         out = inputs.new_output()
         padded = kernel_heads != s.num_heads
         o_pad = inputs.new_output(kernel_heads) if padded else out
-        q, H = inputs.q, s.num_heads
-        # The kernel takes a contiguous [B, T, 576] q: pad it (or copy a strided q) on every call.
+        q, heads = inputs.q, s.num_heads
         padder = HeadPadder(q, kernel_heads, mode) if padded or not q.is_contiguous() else None
 
         def fn() -> torch.Tensor:
             q_pad = padder() if padder is not None else q
-            mla.mla_decode_fwd(
-                q_pad, kv_view, o_pad, layout.qo_indptr, layout.kv_indptr, layout.kv_indices,
-                layout.kv_last_page_lens, s.qo_len, page_size=1, nhead_kv=1, sm_scale=s.scale,
-                logit_cap=0.0, work_meta_data=meta, work_indptr=indptr, work_info_set=info_set,
-                reduce_indptr=r_indptr, reduce_final_map=r_final, reduce_partial_map=r_partial)
+            f["decode"](q_pad, kv_view, o_pad, layout.qo_indptr, layout.kv_indptr, layout.kv_indices,
+                        layout.kv_last_page_lens, s.qo_len, page_size=1, nhead_kv=1,
+                        sm_scale=s.scale, logit_cap=0.0, work_meta_data=meta, work_indptr=indptr,
+                        work_info_set=info_set, reduce_indptr=r_indptr, reduce_final_map=r_final,
+                        reduce_partial_map=r_partial)
             if padded:
-                out.copy_(slice_heads(o_pad, H))
+                out.copy_(slice_heads(o_pad, heads))
             return out
 
-        gate = persistent_max_batch()
-        arch = current_device().arch
-        version = aiter_version_text(aiter)
-        effective = {
-            "head_padding": mode if padded else "none",
-            "kernel_heads": kernel_heads,
-            "page_size_view": 1,
-            "persistent": aiter_asm_persistent(arch, s.q_dtype, s.kv_dtype, kernel_heads, s.qo_len,
-                                               s.batch, gate),
-            "persistent_max_batch": gate,
-            "num_work_items_max": int(info_set.shape[0]),
-            "aiter_version": version,
-        }
-        # AITER's partials: reduce_partial_map.size(0) rows of [T, 512] fp32 plus one fp32 lse each.
-        workspace = split_workspace_bytes(int(r_partial.shape[0]) * s.qo_len * kernel_heads,
-                                          s.v_head_dim)
+        effective, partial_rows = self._path(found, s, kernel_heads, q_dt, kv_dt, int(r_indptr[-1]))
+        effective.update(head_padding=mode if padded else "none", kernel_heads=kernel_heads,
+                         page_size_view=1, num_work_items_max=int(info_set.shape[0]),
+                         allocates_per_call=True)
         return PreparedCall(fn=fn, out=out, effective_params=effective,
-                            setup_us={"metadata_us": metadata_us}, workspace_bytes=workspace)
+                            setup_us={"metadata_us": metadata_us},
+                            workspace_bytes=split_workspace_bytes(partial_rows, s.v_head_dim))
 
-
-def resolve_gluon() -> tuple[Any, str]:
-    """The installed Gluon MLA decode entry: ``(function, name)``; newest API first.
-
-    Raises :class:`BackendUnavailableError` naming what is missing.
-    """
-    reasons = []
-    for module, attr in GLUON_MODULES:
-        mod, reason = optional_import(module)
-        fn = getattr(mod, attr, None) if mod is not None else None
-        if callable(fn):
-            return fn, attr
-        reasons.append(reason or f"{module} has no {attr}")
-    raise BackendUnavailableError("AITER Gluon MLA decode not found: " + "; ".join(reasons))
-
-
-NUM_KV_SPLITS_GLUON = dataclasses.replace(
-    NUM_KV_SPLITS, default=None, high=256,
-    help="KV splits; None = AITER's choice. Steerable only where AITER allows (num_kv_splits "
-         "argument, or min_kv_seq_len on AITER <= 0.1.19)",
-)
-MIN_KV_SEQ_LEN = ParamSpec(
-    "min_kv_seq_len", int, default=lambda s: s.max_context_len, low=1,
-    help="min_kv_seq_len passed to mla_gluon (default: the real max context length; 1 reproduces "
-         "vLLM's graph-capture hazard on AITER <= 0.1.19)",
-)
-
-
-@register
-class AiterGluonBackend(Backend):
-    """AITER's Gluon MLA decode (gfx950): ``mla_gluon`` (or the older ``mla_decode_gluon``).
-
-    q is passed as two views, ``q_nope = q[..., :512]`` and ``q_pe = q[..., 512:]``; the cache as
-    rows ``[P * page, 576]`` with ``page_table = kv_indices`` and ``seq_info = kv_indptr``
-    (``use_2d_view=False``, AITER's flattened varlen form).  The output is written in place into
-    the poisoned ``out``; AITER allocates its split partials inside the call.
-    ``effective_params["num_kv_splits"]`` is the split count the installed AITER launches
-    (:func:`aiter_gluon_effective_splits`), recorded in every result.
-    """
-
-    name = "aiter-gluon"
-    family = "split-kv"
-    gpu_kernel = True
-    packages = AITER_PACKAGES
-    summary = "AITER Gluon MLA decode (ROCm gfx950), split-KV with AITER's split heuristic"
-    params = (NUM_KV_SPLITS_GLUON, MIN_KV_SEQ_LEN)
-
-    def available(self) -> tuple[bool, str]:
-        ok, reason = rocm_reason(GLUON_ARCHS, ("aiter",))
-        if not ok:
-            return ok, reason
-        try:
-            resolve_gluon()
-        except BackendUnavailableError as exc:
-            return False, str(exc)
-        return True, ""
-
-    def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
-        ok, reason = _bf16_only(shape)
-        if not ok:
-            return ok, reason
-        h = shape.num_heads
-        if h <= 16 or (h in (64, 128) and shape.batch % 64 == 0):
-            return True, ""
-        return False, (f"{h} heads at batch {shape.batch}: Gluon takes <= 16 heads, "
-                       "or 64/128 at batch % 64 == 0")
-
-    def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
-        s = inputs.shape
-        gluon, api = resolve_gluon()
-        aiter_mod, _ = optional_import("aiter")
-        version_text = aiter_version_text(aiter_mod)
-        version = parse_aiter_version(version_text)
-        bounded = gluon_rule_from_source(gluon)
-        plan = gluon_split_plan(api, accepts_kwarg(gluon, "num_kv_splits") is True, version,
-                                s.batch, s.qo_len, s.num_heads, params["min_kv_seq_len"],
-                                params.get("num_kv_splits"), bounded=bounded)
-        if api == "mla_decode_gluon" and s.num_heads % 64:
-            raise UnsupportedShapeError(
-                f"{s.num_heads} heads: the older mla_decode_gluon needs a multiple of 64")
-        layout = page1_kv_layout(inputs.block_table, s.context_lens, s.page_size, s.qo_len)
-        rows = inputs.kv_cache.view(-1, inputs.kv_cache.shape[-1])  # [P * page, 576]
-        lora = s.kv_lora_rank
-        q_nope, q_pe = inputs.q[..., :lora], inputs.q[..., lora:]
-        out = inputs.new_output()
-        kwargs: dict[str, Any] = {"sm_scale": s.scale, "kv_pe_offset": lora, "use_2d_view": False}
-        if api == "mla_gluon":
-            kwargs["min_kv_seq_len"] = plan["min_kv_seq_len"]
-            if plan["pass_num_kv_splits"]:
-                kwargs["num_kv_splits"] = plan["num_kv_splits"]
-        else:
-            kwargs["k_pe"] = rows  # positional in the old API, and its kv_pe_offset defaults to 0
-
-        def fn() -> torch.Tensor:
-            gluon(q_nope, q_pe, rows, o=out, page_table=layout.kv_indices,
-                  seq_info=layout.kv_indptr, **kwargs)
-            return out
-
-        splits = plan["num_kv_splits"]
-        effective = {
-            "num_kv_splits": splits,
-            "min_kv_seq_len": plan["min_kv_seq_len"],
-            "split_source": plan["split_source"],
-            "split_rule": plan["split_rule"],
-            "split_rule_from": "installed source" if bounded is not None else "version",
-            "api": api,
-            "aiter_version": version_text,
-            "aiter_version_exact": aiter_version_is_exact(version_text),
-            "page_size_view": 1,
+    @staticmethod
+    def _path(found: AiterInstall, s: MLADecodeShape, kernel_heads: int, q_dt: torch.dtype,
+              kv_dt: torch.dtype, reduce_rows: int) -> tuple[dict[str, Any], int]:
+        """Which kernel AITER runs and the partial rows it writes: ``(effective params, rows)``."""
+        f, gate = found.functions, found.rule("asm_gate")
+        gfx = aiter_gfx(found)[0]
+        if gate == "batch_gate":
+            max_batch = int(f["gate_max_batch"]())
+            keep = bool(f["gate"](s.batch, kernel_heads, s.qo_len, q_dt, kv_dt))
+        else:  # no gate in this AITER: it stays persistent whatever the batch
+            max_batch, keep = None, True
+        effective: dict[str, Any] = {
+            "persistent": keep, "persistent_gate": gate, "persistent_max_batch": max_batch,
+            "aiter_gfx": gfx, "aiter_version": found.version, "aiter_behaves_like": found.behaves_like,
         }
-        # Split partials (output dtype) plus fp32 lse, written then read back; none with 1 split.
-        partial_rows = s.batch * s.qo_len * s.num_heads * splits
-        workspace = 0 if splits == 1 else split_workspace_bytes(partial_rows, lora, out.element_size())
-        return PreparedCall(fn=fn, out=out, effective_params=effective, workspace_bytes=workspace)
+        if keep:
+            effective["reduce_partial_rows"] = reduce_rows
+            return effective, reduce_rows * s.qo_len * kernel_heads
+        splits = asm_nonpersistent_splits(s.batch, s.total_tokens, int(f["get_cu_num"]()))
+        effective["num_kv_splits"] = splits
+        return effective, s.batch * s.qo_len * splits * kernel_heads
 
-
-def gluon_split_plan(api: str, takes_num_kv_splits: bool, version: tuple[int, int, int] | None,
-                     batch: int, qo_len: int, heads: int, min_kv_seq_len: int,
-                     num_kv_splits: int | None, bounded: bool | None = None) -> dict[str, Any]:
-    """What to pass to the Gluon entry and which split count results from it.
-
-    Returns ``{"num_kv_splits": effective, "min_kv_seq_len": passed, "pass_num_kv_splits": bool,
-    "split_source": str, "split_rule": str}``.  ``bounded`` overrides the version test of
-    :func:`aiter_gluon_effective_splits` (see :func:`gluon_rule_from_source`).  A requested
-    ``num_kv_splits`` goes to AITER as its own argument where the function takes one, else through
-    ``min_kv_seq_len = n * 64`` where the split count is bounded by it (AITER <= 0.1.19).
-    Raises :class:`UnsupportedShapeError` when the installed AITER cannot be steered.
-    """
-    if api == "mla_decode_gluon":
-        if num_kv_splits not in (None, 1):
-            raise UnsupportedShapeError("the older mla_decode_gluon runs 1 split only")
-        return {"num_kv_splits": 1, "min_kv_seq_len": min_kv_seq_len, "pass_num_kv_splits": False,
-                "split_source": "fixed (mla_decode_gluon)", "split_rule": "one split"}
-    if bounded is None:
-        bounded = gluon_splits_bounded_by_min_kv(version)
-    rule = "bounded by min_kv_seq_len" if bounded else "fixed by batch and heads"
-    if num_kv_splits is not None and takes_num_kv_splits:
-        return {"num_kv_splits": num_kv_splits, "min_kv_seq_len": min_kv_seq_len,
-                "pass_num_kv_splits": True, "split_source": "num_kv_splits argument",
-                "split_rule": rule}
-    if num_kv_splits is not None:
-        if not bounded:
-            shown = ".".join(map(str, version)) if version else "unknown"
-            raise UnsupportedShapeError(
-                f"AITER {shown} fixes the Gluon split count; num_kv_splits cannot be steered")
-        min_kv_seq_len = min_kv_seq_len_for_splits(num_kv_splits)
-        source = "min_kv_seq_len steering"
-    else:
-        source = "library heuristic"
-    effective = aiter_gluon_effective_splits(version, batch, qo_len, heads, min_kv_seq_len,
-                                             bounded=bounded)
-    return {"num_kv_splits": effective, "min_kv_seq_len": min_kv_seq_len,
-            "pass_num_kv_splits": False, "split_source": source, "split_rule": rule}
-
-
-_BOUNDED_RULE = re.compile(r"cdiv\(\s*min_kv_seq_len")
-
-
-def gluon_rule_from_source(fn: Any) -> bool | None:
-    """Read the installed Gluon wrapper: True when its split count uses ``cdiv(min_kv_seq_len, ...)``.
-
-    AITER's history does not follow release numbers cleanly (commits read on GitHub after the
-    v0.1.20 change still bound the bh16 split count by ``min_kv_seq_len``), so the installed
-    source, when readable, decides; None when it cannot be read (then the version decides).
-    """
-    try:
-        text = inspect.getsource(fn)
-    except (OSError, TypeError):
-        return None
-    return bool(_BOUNDED_RULE.search(text))

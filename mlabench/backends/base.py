@@ -69,7 +69,10 @@ class PreparedCall:
     """A ready-to-time decode call.
 
     - ``fn``: runs the whole decode (every kernel, padding copies included) and returns the output
-      ``[B, H, 512]``; it takes no arguments and allocates nothing when ``graph_safe``.
+      ``[B, H, 512]``; it takes no arguments.  When ``graph_safe`` it neither synchronises with
+      the host nor decides on device values; tensors it allocates through torch's caching
+      allocator are allowed (graph capture serves them from the graph's private pool, and a
+      replay reuses them), and a backend whose ``fn`` does so says ``allocates_per_call``.
     - ``out``: the buffer ``fn`` writes (already poisoned with NaN by ``prepare``).
     - ``effective_params``: what actually runs (e.g. the split count a library picked).
     - ``setup_us``: untimed setup steps and their wall time, µs, keyed ``<step>_us``
@@ -109,6 +112,11 @@ class Backend(ABC):
     def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
         """``(True, "")`` when ``shape`` can run, else ``(False, reason)``."""
         return True, ""
+
+    def details(self) -> str:
+        """What ``mlabench backends`` shows beyond availability (e.g. the installed library's
+        version and the behaviour rules in force); empty by default."""
+        return ""
 
     @abstractmethod
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:

@@ -4,8 +4,9 @@
   the one place that maps errors to exit codes (:class:`mlabench.errors.ExitCode`).
 - :mod:`~mlabench.cli.options`: options shared by commands, declared once as ``Annotated`` aliases.
 - :mod:`~mlabench.cli.output`: ``--format table|json|markdown|csv`` and where output goes.
-- one module per command group (:mod:`~mlabench.cli.kernels`, :mod:`~mlabench.cli.serve`; tune
-  and report join them), each command a top-level function: parse, call the library, render.
+- one module per command group (:mod:`~mlabench.cli.kernels`, :mod:`~mlabench.cli.diff`,
+  :mod:`~mlabench.cli.serve`, :mod:`~mlabench.cli.report`; tune joins them), each command a
+  top-level function: parse, call the library, render.
 """
 
 from mlabench.cli.app import app, main

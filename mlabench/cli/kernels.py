@@ -13,14 +13,15 @@ from typing import Annotated
 import typer
 
 from mlabench.cli.options import (Backends, Batch, BudgetS, Context, Format, Heads, Json, Markdown, Model,
-                                  ModelConfig, PageSize, ResultsDir, Resume, Splits, SweepFile, Tp, int_list,
-                                  name_list, output_format)
+                                  ModelConfig, Order, OrderSeed, PageSize, ResultsDir, Resume, Splits, SweepFile, Tp,
+                                  int_list, name_list, output_format)
 from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError
 
 
 def backends(format: Format = None, as_json: Json = False, markdown: Markdown = False) -> None:
-    """List every backend: available here or not, and why."""
+    """List every backend: available here or not, and why; for library backends, the installed
+    version and the behaviour rules in force."""
     from mlabench.backends import backend_names, get_backend
     from mlabench.device import current_device
     from mlabench.tables import Table
@@ -34,6 +35,9 @@ def backends(format: Format = None, as_json: Json = False, markdown: Markdown = 
         ok, why = b.available()
         params = ", ".join(p.name for p in b.params) or "—"
         t.rows.append([name, b.family, ok, why if not ok else f"params: {params}", b.summary])
+        details = b.details()  # e.g. the installed library's version and the rules in force
+        if details:
+            t.notes.append(f"{name}: {details}")
     emit([t], fmt)
 
 
@@ -70,7 +74,8 @@ def sweep(
     config: SweepFile = None, model: Model = None, tp: Tp = None, model_config: ModelConfig = None,
     heads: Heads = None, backend: Backends = None, batch: Batch = None, context: Context = None,
     splits: Splits = None, page_size: PageSize = None, budget_s: BudgetS = None,
-    results_dir: ResultsDir = Path("results"), resume: Resume = None,
+    results_dir: ResultsDir = Path("results"), resume: Resume = None, order: Order = None,
+    order_seed: OrderSeed = None,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Microbenchmark backends over batch x context x splits; results in results/<run-id>/.
@@ -78,16 +83,20 @@ def sweep(
     Flags change the default sweep (or --config's); --heads without a model sets the heads axis.
     """
     from mlabench.device import current_device
+    from mlabench.sentinel import ceilings_note, health_notes
     from mlabench.sweep import resolve_sweep_config
     from mlabench.tables import sweep_summary
 
     fmt = output_format(format, as_json, markdown)
     overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s)
+    overrides.update(order=order.value if order else None, order_seed=order_seed)
     cfg = resolve_sweep_config(config, overrides, resume)
     if not current_device().is_gpu and cfg.name == "default-cpu":
         notice(f"No GPU found: running a small CPU sweep ({cfg.name}) on {current_device().name}.")
     store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
-    emit([sweep_summary(records)], fmt)
+    summary = sweep_summary(records)
+    summary.notes += [ceilings_note(store.manifest()), *health_notes(store.manifest(), records)]
+    emit([summary], fmt)
     _results_went_to(store)
 
 

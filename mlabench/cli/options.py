@@ -42,6 +42,21 @@ SweepFile = Annotated[str | None, typer.Option(
 BudgetS = Annotated[float | None, typer.Option(metavar="SECONDS", help="Timing budget per point.")]
 ResultsDir = Annotated[Path, typer.Option(metavar="DIR", help="Parent folder of run folders.")]
 Resume = Annotated[Path | None, typer.Option(metavar="RUN", help="Resume this run folder (skips finished points).")]
+
+
+class OrderChoice(str, Enum):
+    """``--order``: the measuring order of a sweep (:mod:`mlabench.order`)."""
+
+    grid = "grid"
+    shuffled = "shuffled"
+    interleaved = "interleaved"
+
+
+Order = Annotated[OrderChoice | None, typer.Option(
+    metavar="grid|shuffled|interleaved",
+    help="Measuring order (default interleaved, or the config's; a resumed run keeps its own).")]
+OrderSeed = Annotated[int | None, typer.Option(
+    metavar="N", help="Seed of the order (default: drawn and recorded).")]
 VllmBin = Annotated[str | None, typer.Option(
     metavar="PATH", help="vllm executable (before $MLABENCH_VLLM_BIN and the config's vllm_bin).")]
 

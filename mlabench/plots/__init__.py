@@ -82,16 +82,19 @@ def _latency(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec]
         data = D.latency_vs_context(recs)
         if not data.curves:
             continue
-        bw = f"{data.copy_bandwidth_tbps:.2f} TB/s" if data.copy_bandwidth_tbps else "measured"
+        bw = f"{data.floor_bandwidth_tbps:.2f} TB/s" if data.floor_bandwidth_tbps else "measured"
         if kind == "latency":
             title = "MLA decode latency vs context length, best correct configuration per backend"
             caption = (f"Median µs per decode call of each backend's fastest correct configuration; dashed: the "
-                       f"floor, bytes the call must move / the run's measured copy bandwidth ({bw}).")
+                       f"floor, bytes the call must move / the run's measured {data.floor_bandwidth} bandwidth "
+                       f"({bw}).")
             specs.append(FigureSpec(kind, "latency-vs-context" + suffix, caption,
                                     partial(_draw().latency, data, title, where, "us")))
         elif any(p.pct_of_floor is not None for cs in data.curves.values() for c in cs for p in c.points):
             title = "Share of the memory-bandwidth floor reached, best correct configuration per backend"
-            caption = (f"100 x floor µs / measured µs; the floor uses the copy bandwidth ({bw}, read + write), "
+            caption = (f"100 x floor µs / measured µs; the floor uses the streaming read bandwidth ({bw})."
+                       if data.floor_bandwidth == "read" else
+                       f"100 x floor µs / measured µs; the floor uses the copy bandwidth ({bw}, read + write), "
                        "so a read-mostly kernel can pass 100% by a few percent.")
             specs.append(FigureSpec(kind, "pct-of-floor-vs-context" + suffix, caption,
                                     partial(_draw().latency, data, title, where, "pct")))

@@ -68,6 +68,8 @@ class LatencyData:
     floor_us: dict[int, list[tuple[int, float]]]
     copy_bandwidth_tbps: float | None
     timing_mode: str
+    floor_bandwidth: str = "copy"
+    floor_bandwidth_tbps: float | None = None
 
 
 def latency_vs_context(records: Sequence[Record]) -> LatencyData:
@@ -92,7 +94,10 @@ def latency_vs_context(records: Sequence[Record]) -> LatencyData:
             floors.setdefault(batch, []).append((ctx, min(known)))
     bw = next((r.copy_bandwidth_tbps for r in records if r.copy_bandwidth_tbps), None)
     mode = next((r.timing_mode for r in records if r.timing_mode), "")
-    return LatencyData(curves, floors, bw, mode)
+    timed = [r for r in records if r.floor_us]
+    if timed and all(r.floor_bandwidth == "read" for r in timed):
+        return LatencyData(curves, floors, bw, mode, "read", timed[0].read_bandwidth_tbps)
+    return LatencyData(curves, floors, bw, mode, "copy", bw)
 
 
 @dataclass

@@ -107,18 +107,19 @@ def latency(data: LatencyData, title: str, where: str, metric: str = "us") -> An
             if hollow:
                 noisy = True
                 ax.plot(*zip(*hollow), "o", color="white", markeredgecolor=color, markersize=4)
-        bw = f"{data.copy_bandwidth_tbps:.2f} TB/s" if data.copy_bandwidth_tbps else "measured"
+        bw = f"{data.floor_bandwidth_tbps:.2f} TB/s" if data.floor_bandwidth_tbps else "measured"
+        kind = f"{data.floor_bandwidth} bandwidth"
         if metric == "us":
             floor = data.floor_us.get(batch, [])
             if floor:
                 ax.plot(*zip(*floor), "--", color=style.FLOOR_COLOR, linewidth=1.2,
-                        label=f"floor: bytes / copy bandwidth ({bw})")
+                        label=f"floor: bytes / {kind} ({bw})")
             _log_y(ax, "µs per decode call (median, log scale)")
         else:
             ax.axhline(100, linestyle="--", color=style.FLOOR_COLOR, linewidth=1.2,
-                       label=f"100% = floor (bytes / copy bandwidth, {bw})")
+                       label=f"100% = floor (bytes / {kind}, {bw})")
             if ax is axes[0]:
-                ax.set_ylabel("% of floor (copy bandwidth)")
+                ax.set_ylabel(f"% of floor ({kind})")
             ax.set_ylim(0, max(110, ax.get_ylim()[1]))
         _context_x(ax, contexts)
         ax.set_title(f"batch {batch}", fontsize=10)

@@ -11,6 +11,7 @@ from typing import Any
 from mlabench.plots import FigureSpec, Skipped, style
 from mlabench.report.document import Block, Bullets, Code, FigureBlock, Heading, Missing, Para, TableBlock
 from mlabench.results import Record
+from mlabench.sentinel import health_notes
 from mlabench.tables import Table, compare_table, sweep_summary
 
 
@@ -54,6 +55,17 @@ def _clocks_text(state: dict[str, Any]) -> str:
     return ", ".join(parts) or "—"
 
 
+def _bandwidth_rows(m: Any) -> list[list[str]]:
+    """The measured memory ceilings of a run; the floor's is the read bandwidth where recorded."""
+    copy = f"{m.copy_bandwidth_tbps:.2f} TB/s (device-to-device copy, read + write"
+    if m.read_bandwidth_tbps is None:
+        return [["copy bandwidth", copy + "; the floor of every point is bytes / this bandwidth)"]]
+    sheet = f"{m.datasheet_bandwidth_tbps:.2f} TB/s" if m.datasheet_bandwidth_tbps else "unknown"
+    return [["read bandwidth", f"{m.read_bandwidth_tbps:.2f} TB/s (a large read-only reduction; the floor of "
+                               "every point is bytes / this bandwidth)"],
+            ["copy bandwidth", copy + ")"], ["datasheet bandwidth", sheet]]
+
+
 def kernel_environment(run: Any, records: Sequence[Record]) -> Table:
     """Key/value table of one kernel run: device, clocks, driver, versions, revision, command, axes."""
     m, dev = run.manifest, run.manifest.device
@@ -68,11 +80,11 @@ def kernel_environment(run: Any, records: Sequence[Record]) -> Table:
         ["driver", m.driver], ["clocks at start", _clocks_text(m.gpu_state)],
         ["SM clock after each point", _range(during, "MHz") if during else "—"],
         ["versions", ", ".join(f"{k} {v}" for k, v in m.versions.items() if v)],
-        ["copy bandwidth", f"{m.copy_bandwidth_tbps:.2f} TB/s (device-to-device copy, read + write; the floor "
-                           "of every point is bytes / this bandwidth)"],
+        *_bandwidth_rows(m),
         ["sweep", _sweep_text(m.config)], ["timing", _timing_text(m.config.get("timing", {}), dev.get("kind"))],
         ["points", f"{len(mine)} ({sum(r.status == 'ok' for r in mine)} ok)"],
     ]
+    rows += [["health", note] for note in health_notes(m, mine)]
     return Table(f"Kernel run {m.run_id}", ["field", "value"], rows)
 
 

@@ -1,20 +1,11 @@
-"""Pure AITER argument construction: page-size-1 addressing, versions, split rule, batch gate."""
+"""Pure AITER argument construction: the page-size-1 addressing of a paged cache."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mlabench.backends.aiter_args import (
-    aiter_asm_persistent,
-    aiter_gluon_effective_splits,
-    aiter_version_is_exact,
-    min_kv_seq_len_for_splits,
-    page1_cache_view,
-    page1_kv_layout,
-    parse_aiter_version,
-    persistent_max_batch,
-)
+from mlabench.backends.aiter_args import page1_cache_view, page1_kv_layout
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import gather_kv
 from mlabench.shapes import MLADecodeShape
@@ -54,59 +45,3 @@ def test_page1_layout_rejects_mismatches():
         page1_kv_layout(table, [4], page_size=4)
     with pytest.raises(ValueError, match="needs 2 pages"):
         page1_kv_layout(table, [4, 5], page_size=4)
-
-
-@pytest.mark.parametrize("text, expected", [
-    ("0.1.19", (0, 1, 19)), ("v0.1.20", (0, 1, 20)), ("0.1.20.dev12+g1a2b3c", (0, 1, 20)),
-    ("0.1.19+rocm7.0.0", (0, 1, 19)), ("0.2", (0, 2, 0)), ("1.0.0rc1", (1, 0, 0)),
-    ("unknown", None), ("", None), (None, None),
-])
-def test_parse_aiter_version(text, expected):
-    assert parse_aiter_version(text) == expected
-
-
-def test_version_exactness():
-    assert aiter_version_is_exact("0.1.19")
-    assert not aiter_version_is_exact("0.1.20.dev3")
-    assert not aiter_version_is_exact("0.1.19+rocm7")
-    assert not aiter_version_is_exact("garbage")
-
-
-@pytest.mark.parametrize("version, batch, heads, min_kv, expected", [
-    ((0, 1, 20), 1, 12, 1, 256),        # fixed rule ignores min_kv_seq_len
-    ((0, 1, 19), 1, 12, 1, 1),          # the graph-capture hazard: dummy length 1 -> 1 split
-    ((0, 1, 19), 1, 12, 100_000, 256),  # real 100K context -> capped at 256
-    ((0, 1, 19), 1, 12, 200, 4),        # cdiv(200, 64)
-    ((0, 1, 20), 16, 12, 1, 16),
-    ((0, 1, 21), 1, 32, 1, 128),        # two 16-head tiles
-    ((0, 1, 20), 300, 12, 1, 1),        # never below 1
-    (None, 2, 16, 1, 128),              # unknown version -> fixed rule
-    ("0.1.18", 1, 8, 64, 1),
-])
-def test_gluon_effective_splits(version, batch, heads, min_kv, expected):
-    assert aiter_gluon_effective_splits(version, batch, 1, heads, min_kv) == expected
-
-
-def test_gluon_splits_bounded_override_and_errors():
-    assert aiter_gluon_effective_splits((0, 1, 25), 1, 1, 12, 1, bounded=True) == 1
-    assert aiter_gluon_effective_splits((0, 1, 10), 1, 1, 12, 1, bounded=False) == 256
-    with pytest.raises(ValueError):
-        aiter_gluon_effective_splits((0, 1, 20), 0, 1, 12, 1)
-
-
-@pytest.mark.parametrize("n", [1, 2, 7, 64, 255, 256])
-def test_min_kv_steering_reaches_the_requested_split_count(n):
-    assert aiter_gluon_effective_splits((0, 1, 19), 1, 1, 12, min_kv_seq_len_for_splits(n)) == n
-
-
-def test_persistent_batch_gate():
-    assert persistent_max_batch({}) == 32
-    assert persistent_max_batch({"AITER_MLA_DECODE_PERSISTENT_MAX_BATCH": "8"}) == 8
-    assert persistent_max_batch({"AITER_MLA_DECODE_PERSISTENT_MAX_BATCH": "x"}) == 32
-    args = ("gfx950", "bfloat16", "bfloat16", 16, 1)
-    assert aiter_asm_persistent(*args, batch=31, max_batch=32)
-    assert not aiter_asm_persistent(*args, batch=32, max_batch=32)
-    assert aiter_asm_persistent(*args, batch=512, max_batch=0)  # 0 disables the gate
-    assert aiter_asm_persistent("gfx942", "bfloat16", "bfloat16", 16, 1, batch=64, max_batch=32)
-    assert aiter_asm_persistent("gfx950", "bfloat16", "bfloat16", 32, 1, batch=64, max_batch=32)
-    assert aiter_asm_persistent("gfx950", "float16", "float16", 16, 1, batch=64, max_batch=32)

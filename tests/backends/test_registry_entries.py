@@ -25,8 +25,9 @@ def test_registered_with_params():
 def test_param_defaults_and_validation():
     shape = MLADecodeShape.create(num_heads=12, context_lens=(100, 4000))
     assert get_backend("aiter-asm").resolve_params(shape) == {"head_padding": "zero"}
+    # min_kv_seq_len defaults to the shortest context: AITER takes it as the shortest
     assert get_backend("aiter-gluon").resolve_params(shape) == {"num_kv_splits": None,
-                                                                "min_kv_seq_len": 4000}
+                                                                "min_kv_seq_len": 100}
     with pytest.raises(ConfigError):
         get_backend("aiter-asm").resolve_params(shape, {"head_padding": "mirror"})
     with pytest.raises(ConfigError):

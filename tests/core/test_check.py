@@ -63,3 +63,27 @@ def test_repeated_splits_run_once_and_failures_are_incorrect_or_error():
     assert check_failures(records) == []
     bad = [records[0].model_copy(update={"status": s}) for s in ("incorrect", "error", "unsupported")]
     assert [r.status for r in check_failures(bad)] == ["incorrect", "error"]
+
+
+def test_a_library_that_picks_its_split_count_is_checked_on_its_own_pick(monkeypatch):
+    import dataclasses
+
+    import mlabench.check as check
+    from mlabench.backends import get_backend
+
+    splitkv = get_backend("torch-splitkv")
+    own_choice = dataclasses.replace(splitkv.params[0], default=None)  # like aiter-gluon's
+    library = type("Library", (type(splitkv),), {"params": (own_choice,)})()
+    picked = []
+    real_prepare = type(splitkv).prepare
+
+    def prepare(self, inputs, params):
+        picked.append(params["num_kv_splits"])
+        return real_prepare(self, inputs, {"num_kv_splits": params["num_kv_splits"] or 4})
+
+    monkeypatch.setattr(type(library), "prepare", prepare)
+    monkeypatch.setattr(check, "select_backends", lambda names, strict: [library])
+    (shape,) = check_shapes(heads=[12], context_lens=[40], page_size=16)
+    records, _ = run_check([shape], ["library"], [2])
+    assert [r.params["num_kv_splits"] for r in records] == [None, 2] and picked == [None, 2]
+    assert check_failures(records) == []

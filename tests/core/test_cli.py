@@ -220,13 +220,13 @@ def test_ctrl_c_says_how_to_resume(tmp_path, monkeypatch, capsys):
     calls = {"n": 0}
     real = measure.ShapeBench.run
 
-    def interrupt_second(self, *a, **k):
+    def interrupt_second_point(self, *a, **k):
         calls["n"] += 1
-        if calls["n"] == 2:
+        if calls["n"] == 3:  # the sentinel, the first point, then Ctrl-C
             raise KeyboardInterrupt
         return real(self, *a, **k)
 
-    monkeypatch.setattr(measure.ShapeBench, "run", interrupt_second)
+    monkeypatch.setattr(measure.ShapeBench, "run", interrupt_second_point)
     code, _, err = run(["sweep", "--heads", "12", "--backend", "torch-splitkv", "--batch", "1", "--context", "32",
                         "--splits", "1,2", "--budget-s", "0.05", "--results-dir", str(tmp_path)], monkeypatch, capsys)
     (run_dir,) = list(tmp_path.iterdir())

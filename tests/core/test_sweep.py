@@ -189,12 +189,12 @@ def test_run_name_cannot_leave_the_results_folder(name):
 
 
 def test_inputs_that_fail_to_allocate_become_error_rows(tmp_path, monkeypatch):
-    from mlabench import sweep
+    from mlabench import runner
 
     def no_memory(*a, **k):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory\nmore")
 
-    monkeypatch.setattr(sweep, "ShapeBench", no_memory)
+    monkeypatch.setattr(runner, "ShapeBench", no_memory)
     _, recs = run_sweep(small_config(batch=[1], context_lens=[16]), tmp_path)
     assert len(recs) == 2 and {r.status for r in recs} == {"error"}
     assert all("can't allocate memory" in r.message for r in recs)
@@ -226,7 +226,9 @@ def test_resume_policy_reruns_the_recorded_configuration(tmp_path):
 
     cfg = small_config(batch=[1], context_lens=[16])
     store, _ = run_sweep(cfg, tmp_path)
-    assert resolve_sweep_config(None, sweep_overrides(), resume=store.run_dir) == cfg
+    resumed = resolve_sweep_config(None, sweep_overrides(), resume=store.run_dir)
+    assert resumed.order_seed is not None  # drawn, recorded, and kept by a resume
+    assert resumed.model_copy(update={"order_seed": None}) == cfg
     flagged = resolve_sweep_config(None, sweep_overrides(page_size=64), resume=store.run_dir)
     assert flagged.page_size == 64 and flagged.name == cfg.name  # run_sweep then refuses it
     with pytest.raises(ConfigError, match="another sweep configuration"):

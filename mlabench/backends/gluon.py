@@ -1,0 +1,121 @@
+"""The project's Hopper-only Gluon kernel as a backend: ``gluon-splitkv``.
+
+It runs only on an NVIDIA sm_90 GPU (TMA and wgmma) with Triton's Gluon importable, and only with
+page size 64 (one TMA tile per block-table entry); :meth:`available` and :meth:`supports` say why
+not elsewhere.  Triton is imported lazily: this module is imported on every CLI start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from mlabench.backends.base import Backend, ParamSpec, PreparedCall
+from mlabench.backends.common import MAX_KV_SPLITS, NUM_KV_SPLITS, check_mla_dims
+from mlabench.backends.registry import register
+from mlabench.backends.triton import TRITON_PACKAGES
+from mlabench.device import current_device, triton_interpreting
+from mlabench.extras import optional_import
+from mlabench.inputs import MLADecodeInputs
+from mlabench.shapes import MLADecodeShape
+
+PAGE_TOKENS = 64
+
+
+def default_gluon_splits(shape: MLADecodeShape, num_sms: int | None = None) -> int:
+    """Page-granular split count: one page per split while that fills at most half a wave
+    (``pages <= (SMs // batch) // 2``), else one wave, ``SMs // batch``; at least 1.
+
+    From the H200 run in results/h200/hopper-kernel/ (every count measured at every point): at
+    batch 1 one page per split was best at 1K and 4K (16 and 64 splits), 132 splits was best from
+    32K up and within 7% of the best at 8K and 16K, and 8 = 132 // 16 was best at batch 16."""
+    sms = num_sms or (current_device().num_sms if current_device().is_gpu else 132)
+    pages = -(-shape.max_context_len // PAGE_TOKENS)
+    wave = max(1, sms // shape.batch)
+    return max(1, min(pages if pages <= wave // 2 else wave, MAX_KV_SPLITS))
+
+
+KV_SPLITS = dataclasses.replace(
+    NUM_KV_SPLITS, default=lambda s: default_gluon_splits(s),
+    help="page-granular KV splits per request (1-512); default: pages while they fill at most "
+         "half a wave, else SMs // batch",
+)
+PDL = ParamSpec(
+    "pdl", int, default=lambda s: 1 if s.batch == 1 else 0, low=0, high=2,
+    help="merge launch: 0 plain; 1 programmatic dependent launch released at stage 1's start; "
+         "2 released after stage 1's token loop.  Default 1 at batch 1, else 0 (H200: PDL saved "
+         "0.6-1.5 µs a call at batch 1 and cost 1-2 µs at batch 16)",
+)
+RING_STAGES = ParamSpec(
+    "num_stages", int, default=2, low=1, high=2,
+    help="pages in the shared-memory TMA ring: 2 (one CTA per SM, default) or 1 (two CTAs per SM)",
+)
+
+
+def hopper_gluon_available() -> tuple[bool, str]:
+    """``(True, "")`` on an NVIDIA compute-capability-9.0 GPU with Triton's Gluon importable,
+    else ``(False, reason)``."""
+    if triton_interpreting():
+        return False, "TRITON_INTERPRET=1: Gluon kernels have no interpreter (unset it on a GPU)"
+    if not torch.cuda.is_available():
+        return False, "no GPU: this kernel needs an NVIDIA Hopper GPU (sm_90: TMA, wgmma)"
+    if torch.version.hip is not None:
+        return False, "ROCm GPU: this kernel needs an NVIDIA Hopper GPU (sm_90: TMA, wgmma)"
+    major, minor = torch.cuda.get_device_capability(0)
+    if (major, minor) != (9, 0):
+        return False, f"sm_{major}{minor} GPU: this kernel is written for Hopper (sm_90) only"
+    _mod, reason = optional_import("triton.experimental.gluon")
+    return (True, "") if _mod is not None else (False, f"{reason} (Gluon ships with Triton >= 3.5)")
+
+
+@register
+class GluonSplitKVBackend(Backend):
+    """Split-KV decode with TMA page tiles and wgmma on Hopper
+    (:func:`mlabench.kernels.gluon_splitkv.mla_decode_gluon_splitkv`), merged by
+    :func:`mlabench.kernels.wide_merge.wide_merge`."""
+
+    name = "gluon-splitkv"
+    family = "split-kv"
+    gpu_kernel = True
+    packages = TRITON_PACKAGES
+    summary = "project Gluon split-KV kernel for Hopper: TMA page ring, wgmma, explicit num_kv_splits"
+    params = (KV_SPLITS, RING_STAGES, PDL)
+
+    def available(self) -> tuple[bool, str]:
+        return hopper_gluon_available()
+
+    def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
+        if shape.qo_len != 1:
+            return False, f"only qo_len 1 is supported, got {shape.qo_len}"
+        ok, why = check_mla_dims(shape, "the Hopper Gluon kernel")
+        if not ok:
+            return ok, why
+        if shape.page_size != 64:
+            return False, f"page size must be 64 (one TMA tile per page), got {shape.page_size}"
+        if shape.q_dtype != shape.kv_dtype or shape.q_dtype not in ("bfloat16", "float16"):
+            return False, f"q and kv must both be bf16 or fp16, got {shape.q_dtype} / {shape.kv_dtype}"
+        return True, ""
+
+    def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
+        from mlabench.kernels.gluon_splitkv import kv_descriptors, mla_decode_gluon_splitkv
+        from mlabench.kernels.splitkv import alloc_splitkv_workspace, splitkv_workspace_bytes
+
+        s = inputs.shape
+        splits, stages = int(params["num_kv_splits"]), int(params["num_stages"])
+        pdl = int(params["pdl"])
+        out = inputs.new_output()
+        part_o, part_lse = alloc_splitkv_workspace(s.batch, s.num_heads, splits, inputs.device)
+        descs = kv_descriptors(inputs.kv_cache)
+
+        def fn() -> torch.Tensor:
+            return mla_decode_gluon_splitkv(inputs.q, inputs.kv_cache, inputs.block_table,
+                                            inputs.cache_seqlens, out, splits, s.scale,
+                                            partial_out=part_o, partial_lse=part_lse,
+                                            descriptors=descs, num_stages=stages, pdl=pdl)
+
+        return PreparedCall(fn=fn, out=out,
+                            effective_params={"num_kv_splits": splits, "num_stages": stages,
+                                              "pdl": pdl},
+                            workspace_bytes=splitkv_workspace_bytes(s.batch, s.num_heads, splits))

@@ -1,0 +1,203 @@
+"""The ``tune`` command: Optuna search of split counts per context bucket, validation, export.
+
+Thin: parse flags, call :func:`mlabench.tune_run.run_tune`, :func:`mlabench.tune_validate.validate_policy`
+or :func:`mlabench.tune_run.export_run`, render.  Optuna is imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from mlabench.cli.options import (
+    Batch, BudgetS, Format, Heads, Json, Markdown, Model, ModelConfig, PageSize, ResultsDir, Resume,
+    SweepFile, Tp, int_list, output_format,
+)
+from mlabench.cli.output import emit, err
+from mlabench.errors import ConfigError
+
+
+def parse_space(items: list[str] | None) -> dict[str, dict[str, Any]] | None:
+    """``["num_kv_splits=1:256", "head_padding=zero"]`` -> ``{name: {low, high} | {choices}}``."""
+    if not items:
+        return None
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ConfigError(f"--space takes NAME=LOW:HIGH or NAME=A,B,..., got {item!r}")
+        if ":" in value:
+            low, _, high = value.partition(":")
+            try:
+                out[name] = {"low": int(low), "high": int(high)}
+            except ValueError:
+                raise ConfigError(f"--space {name}: LOW:HIGH must be integers, got {value!r}") from None
+        else:
+            out[name] = {"choices": [v for v in value.split(",") if v]}
+    return out
+
+
+class LiveView:
+    """A Rich live table on stderr: per study, trials done/total and the best so far; an ETA."""
+
+    def __init__(self) -> None:
+        from rich.live import Live
+
+        self.start = time.monotonic()
+        self.live = Live(console=err, refresh_per_second=2, transient=False)
+
+    def __call__(self, progress: list[Any]) -> None:
+        from rich.table import Table as RichTable
+
+        done, total = sum(p.done for p in progress), sum(p.total for p in progress)
+        elapsed = time.monotonic() - self.start
+        eta = f"{elapsed / done * max(0, total - done):.0f} s" if done else "—"
+        t = RichTable(title=f"tune: {done}/{total} trials, {elapsed:.0f} s elapsed, ETA {eta}")
+        for col in ("batch", "bucket", "length", "trials", "running", "best µs", "best params"):
+            t.add_column(col)
+        for p in progress:
+            best = "—" if p.best_us is None else f"{p.best_us:.1f}"
+            params = " ".join(f"{k}={v}" for k, v in p.best_params.items()) or "—"
+            t.add_row(str(p.batch), p.bucket, str(p.length), f"{p.done}/{p.total}", str(p.running), best, params)
+        if not self.live.is_started:
+            self.live.start()
+        self.live.update(t)
+
+    def stop(self) -> None:
+        """Leave the last table on screen and stop refreshing."""
+        if self.live.is_started:
+            self.live.stop()
+
+
+def tune(
+    backend: Annotated[str | None, typer.Option(help="Backend to tune, e.g. triton-splitkv.")] = None,
+    config: SweepFile = None,
+    model: Model = None,
+    tp: Tp = None,
+    model_config: ModelConfig = None,
+    heads: Heads = None,
+    batch: Batch = None,
+    buckets: Annotated[str | None, typer.Option(help="Context bucket upper edges, e.g. 1024,4096,32768,131072.")] = None,
+    representative: Annotated[str | None, typer.Option(help="Length measured per bucket: geomean or upper.")] = None,
+    page_size: PageSize = None,
+    dtype: Annotated[str | None, typer.Option(help="q and KV dtype (default bfloat16).")] = None,
+    sampler: Annotated[str | None, typer.Option(help="auto, tpe, gp, grid or brute.")] = None,
+    trials: Annotated[int | None, typer.Option(help="Finished trials per study (heuristics included).")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Seconds per study and worker.")] = None,
+    space: Annotated[list[str] | None, typer.Option(help="Narrow a parameter: NAME=LOW:HIGH or NAME=A,B.")] = None,
+    noise: Annotated[float | None, typer.Option(help="Ties within this fraction of the best (default 0.01).")] = None,
+    no_heuristics: Annotated[bool, typer.Option("--no-heuristics", help="Do not enqueue the public heuristics.")] = False,
+    budget_s: BudgetS = None,
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL (e.g. postgresql://...); default: a journal file in the run folder.")] = None,
+    gpus: Annotated[str | None, typer.Option(help="One worker per GPU, e.g. 0,1.")] = None,
+    workers: Annotated[int | None, typer.Option(help="Worker processes sharing this host's devices (without --gpus).")] = None,
+    results_dir: ResultsDir = Path("results"),
+    resume: Resume = None,
+    validate: Annotated[Path | None, typer.Option(help="Measure this policy JSON on held-out lengths instead.")] = None,
+    lengths: Annotated[int, typer.Option(help="With --validate: lengths per batch size.")] = 48,
+    min_context: Annotated[int, typer.Option(help="With --validate: shortest length.")] = 1024,
+    max_context: Annotated[int, typer.Option(help="With --validate: longest length.")] = 131072,
+    ladder: Annotated[str | None, typer.Option(help="With --validate: split counts of the exhaustive reference.")] = None,
+    export: Annotated[Path | None, typer.Option(help="Rebuild the policy files of this tuning run.")] = None,
+    format: Format = None,
+    as_json: Json = False,
+    markdown: Markdown = False,
+) -> None:
+    """Tune split counts (and launch parameters) per batch and context bucket; write a policy.
+
+    One Optuna study per (batch, bucket); the public heuristics are the first trials; results in
+    results/<run-id>/ with policy.json, policy.h and policy.py.  See docs/tuning.md.
+    """
+    fmt = output_format(format, as_json, markdown)
+    if validate is not None:
+        return _validate(validate, lengths, min_context, max_context, ladder, budget_s, results_dir, fmt)
+    if export is not None:
+        from mlabench.tune_run import export_run
+
+        return _report(export_run(export, storage, noise), fmt)
+    from mlabench.tune import load_tune_config
+    from mlabench.tune_run import recorded_config, run_tune
+    from mlabench.workers import parse_devices
+
+    values = {"backend": backend, "model": model, "tp": tp, "model_config": str(model_config) if model_config else None,
+              "heads": _one_value(int_list(heads, "--heads", "heads"), "--heads"),
+              "batch": int_list(batch, "--batch", "batch"),
+              "buckets": int_list(buckets, "--buckets", "--buckets"), "representative": representative,
+              "page_size": page_size, "q_dtype": dtype, "kv_dtype": dtype, "sampler": sampler, "trials": trials, "timeout_s": timeout,
+              "space": parse_space(space), "noise": noise, "heuristics": False if no_heuristics else None,
+              "timing": {"budget_s": budget_s, "eager": False} if budget_s is not None else None, "storage": storage}
+    if resume is not None:
+        if any(v is not None for k, v in values.items() if k != "storage") or config:
+            raise ConfigError("--resume continues the run as recorded: only --storage, --gpus and --workers go with it")
+        cfg = recorded_config(resume)[0].model_copy(update={"storage": storage})
+    else:
+        if backend is None:
+            raise ConfigError("give --backend (e.g. triton-splitkv)")
+        if buckets is None and config is None:
+            raise ConfigError("give --buckets (context bucket edges) or --config (a sweep TOML)")
+        cfg = load_tune_config(config, values)
+    if workers is not None and (workers < 1 or gpus):
+        raise ConfigError("--workers takes a count >= 1, and not with --gpus")
+    devices = parse_devices(gpus) if gpus else [None] * (workers or 1)
+    view = LiveView()
+    try:
+        result = run_tune(cfg, results_dir, resume, devices, monitor=view)
+    finally:
+        view.stop()
+    _report(result, fmt)
+    err.print(f"results: {result.store.run_dir}/ (policy.json, policy.h, policy.py, results.jsonl, study)")
+
+
+def _one_value(values: list[int] | None, flag: str) -> int | None:
+    if values is not None and len(values) != 1:
+        raise ConfigError(f"{flag} takes one value when tuning, got {len(values)}")
+    return values[0] if values else None
+
+
+def _report(result: Any, fmt: str) -> None:
+    from mlabench.tables import Table
+
+    choices = Table("Choice per batch and context bucket (µs: median of the measurement engine)",
+                    ["batch", "bucket", "length", "trials", "pruned", "chosen", "chosen µs", "fastest µs",
+                     "best heuristic", "heuristic µs", "speedup"])
+    for c in result.choices:
+        speedup = c.best_heuristic_us / c.chosen_us if c.best_heuristic_us else None
+        choices.rows.append([c.batch, c.bucket, c.length, c.finished, c.pruned, _params(c.chosen), c.chosen_us,
+                             c.fastest_us, c.best_heuristic, c.best_heuristic_us, speedup])
+    policy = Table(f"Policy for {result.policy.backend} on {result.policy.device} (adjacent buckets merged)",
+                   ["batch", "max context", "params"])
+    for b in result.policy.batches:
+        policy.rows += [[b.batch, e.max_context_len, _params(e.params)] for e in b.entries]
+    emit([choices, policy], fmt)
+
+
+def _params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _validate(path: Path, lengths: int, low: int, high: int, ladder: str | None, budget_s: float | None,
+              results_dir: Path, fmt: str) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mlabench.policy import load_policy
+    from mlabench.tune import tune_timing
+    from mlabench.tune_validate import validate_policy, validation_tables
+
+    policy = load_policy(path)
+    timing = tune_timing().model_copy(update={"budget_s": budget_s}) if budget_s else None
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=err)
+    task = bar.add_task("validate", total=None)
+    with bar:
+        result = validate_policy(policy, lengths, low, high, int_list(ladder, "--ladder", "--ladder"),
+                                 timing, results_dir,
+                                 lambda done, total, label: bar.update(task, completed=done, total=total,
+                                                                       description=label))
+    emit(validation_tables(result), fmt)
+    err.print(f"results: {result.store.run_dir}/ (validation.md, validation.json, results.jsonl)")
+
+
+#: The commands of this group, registered by :mod:`mlabench.cli.app`.
+COMMANDS = {"tune": tune}

@@ -1,0 +1,104 @@
+"""Merge of split-KV partials, spread over many programs and with no serial rescaling.
+
+Stage 1 of a split-KV decode leaves, per request ``b`` and split ``s``, a normalised fp32 partial
+output ``o_s [H, 512]`` at slot ``b * S + s`` and its base-2 log-sum-exp ``lse_s [H]`` (``-inf``
+for an empty split).  The result is ``sum_s w_s o_s / sum_s w_s`` with ``w_s = 2^(lse_s - max lse)``
+(Dao et al., "Flash-Decoding for long-context inference", 2023).
+
+At batch 1 the merge is on the critical path: with 132-264 splits a request's partials are
+3-6 MB, read back right after stage 1.  This kernel therefore
+
+- takes the maximum over all of a request's split log-sum-exps first (one vector load), so the
+  loop over slot blocks carries no running rescale and its loads can be in flight together;
+- sizes its grid to the GPU: one program per (request, head, ``BLOCK_DV`` output columns) with
+  ``BLOCK_DV`` chosen so that there are about two programs per SM (:func:`merge_blocks`): at batch
+  1 and 12 heads 192 programs of 32 columns, at batch 16 384 programs of 256 columns;
+- can be launched as a programmatic dependent launch (``pdl=True``, NVIDIA sm_90+): it is
+  scheduled while stage 1 still runs and waits on ``griddepcontrol.wait`` before its first read,
+  so the gap between the two launches leaves the critical path.
+
+Portable Triton (CUDA, ROCm, the CPU interpreter; ``pdl`` only on NVIDIA Hopper and later).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+D_V = 512  #: output width
+MAX_SPLITS_POW2 = 512  #: the lse vector of one request is loaded whole: S <= this
+TILE_ELEMENTS = 8192  #: BLOCK_S * BLOCK_DV fp32 per loop step: 64 registers a thread at 4 warps
+
+
+def merge_blocks(batch: int, heads: int, num_kv_splits: int, num_sms: int) -> tuple[int, int]:
+    """``(block_dv, block_s)``: output columns per program, so that ``batch * heads * 512 /
+    block_dv`` is near ``2 * num_sms`` (power-of-two column blocks, 1 to 16), and slots per loop
+    step (the split count rounded up to a power of two, at most 64 and ``8192 / block_dv``)."""
+    want = -(-2 * max(1, num_sms) // (batch * heads))
+    col_blocks = 1 << min(4, max(0, want.bit_length() - 1))
+    block_dv = D_V // col_blocks
+    block_s = min(triton.next_power_of_2(num_kv_splits), 64, TILE_ELEMENTS // block_dv)
+    return block_dv, max(block_s, 1)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _wide_merge_kernel(po_ptr, plse_ptr, out_ptr, num_splits, stride_ps, stride_ph, stride_ls,
+                       stride_ob, stride_oh, SPLITS_POW2: tl.constexpr, BLOCK_S: tl.constexpr,
+                       BLOCK_DV: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # launched early: wait until stage 1 has finished and its stores are visible
+        tl.extra.cuda.gdc_wait()
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    cols = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    first = b.to(tl.int64) * num_splits
+    every = tl.arange(0, SPLITS_POW2)
+    lse_all = tl.load(plse_ptr + (first + every) * stride_ls + h, mask=every < num_splits,
+                      other=float("-inf"))
+    top = tl.max(lse_all, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # no token at all: every weight is 0
+    w_total = tl.sum(tl.exp2(lse_all - top), 0)
+    acc = tl.zeros([BLOCK_DV], tl.float32)
+    for c in tl.range(0, num_splits, BLOCK_S, num_stages=3):
+        idx = c + tl.arange(0, BLOCK_S)
+        live = idx < num_splits
+        lse = tl.load(plse_ptr + (first + idx) * stride_ls + h, mask=live, other=float("-inf"))
+        w = tl.exp2(lse - top)  # empty split: 2^-inf = 0 times its zero partial
+        part = tl.load(po_ptr + (first + idx)[:, None] * stride_ps + h * stride_ph + cols[None, :],
+                       mask=live[:, None], other=0.0)
+        acc += tl.sum(w[:, None] * part, 0)
+    res = tl.where(w_total > 0.0, acc / tl.where(w_total > 0.0, w_total, 1.0), 0.0)
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + cols,
+             res.to(out_ptr.dtype.element_ty))
+
+
+def wide_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor,
+               num_kv_splits: int, *, block_dv: int | None = None, block_s: int | None = None,
+               num_sms: int = 132, pdl: bool = False) -> torch.Tensor:
+    """Merge ``partial_out [B*S, H, 512]`` fp32 / ``partial_lse [B*S, H]`` fp32 (base-2) into
+    ``out [B, H, 512]`` (any float dtype, unit last stride), in place; returns ``out``.
+
+    ``num_kv_splits`` = S, 1..512.  ``block_dv`` output columns per program (a power of two that
+    divides 512) and ``block_s`` slots per loop step default to :func:`merge_blocks` for
+    ``num_sms``.  ``pdl``: launch as a programmatic dependent launch of the kernel before it (that
+    kernel should execute ``griddepcontrol.launch_dependents``); NVIDIA sm_90+ only.  A request
+    whose partials are all empty gets a zero row.  Raises ValueError on a bad split count, block
+    size or workspace shape.
+    """
+    batch, heads, width = out.shape
+    auto_dv, auto_s = merge_blocks(batch, heads, num_kv_splits, num_sms)
+    block_dv, block_s = block_dv or auto_dv, block_s or auto_s
+    if not 1 <= num_kv_splits <= MAX_SPLITS_POW2:
+        raise ValueError(f"num_kv_splits must be in 1..{MAX_SPLITS_POW2}, got {num_kv_splits}")
+    if width != D_V or D_V % block_dv or block_dv & (block_dv - 1):
+        raise ValueError(f"block_dv must be a power of two dividing {D_V}, got {block_dv}")
+    if partial_out.shape[0] < batch * num_kv_splits or partial_out.shape[1:] != (heads, D_V):
+        raise ValueError(f"partials {tuple(partial_out.shape)} too small for B={batch} "
+                         f"S={num_kv_splits} H={heads}")
+    _wide_merge_kernel[(batch, heads, D_V // block_dv)](
+        partial_out, partial_lse, out, int(num_kv_splits), partial_out.stride(0),
+        partial_out.stride(1), partial_lse.stride(0), out.stride(0), out.stride(1),
+        SPLITS_POW2=max(16, triton.next_power_of_2(num_kv_splits)), BLOCK_S=block_s,
+        BLOCK_DV=block_dv, USE_PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+    )
+    return out

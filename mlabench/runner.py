@@ -1,0 +1,146 @@
+"""The sweep's measuring loop: points in their order, shape inputs reused, the sentinel, drift.
+
+:class:`SweepRunner` takes the points of a sweep in measuring order (:mod:`mlabench.order`),
+appends one record per point to the run's store, re-measures the sentinel point
+(:func:`choose_sentinel`) at the start, after every ``sentinel_every`` points and at the end
+(:mod:`mlabench.sentinel`), flags points measured below the GPU's steady clock
+(:mod:`mlabench.steady`), and writes the drift into the manifest when it stops, interrupted or not.
+Imported by :mod:`mlabench.sweep` only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from mlabench.backends import get_backend
+from mlabench.backends.base import param_grid
+from mlabench.device import current_device, free_memory_bytes
+from mlabench.errors import Interrupted, MlabenchError
+from mlabench.inputs import input_bytes
+from mlabench.measure import ShapeBench, failed_record
+from mlabench.results import Record, ResultStore
+from mlabench.sentinel import append_sentinel, drift_dict, drift_of, read_sentinels
+from mlabench.shapes import MLADecodeShape
+from mlabench.steady import below_steady
+
+if TYPE_CHECKING:
+    from mlabench.sweep import Point, SweepConfig
+
+ProgressFn = Callable[["Point", "Record | None", int, int], None]
+
+#: Share of the device's memory that inputs of shapes not being measured may keep.
+CACHE_SHARE = 0.25
+
+
+def choose_sentinel(points: Sequence[Point]) -> Point | None:
+    """The sentinel of a sweep: a point of its first backend at its smallest batch, first heads
+    count and middle context length, with that backend's default parameters where the sweep has
+    them (else the middle of its parameter grid).  None for no points."""
+    if not points:
+        return None
+    mine = [p for p in points if p.backend == points[0].backend]
+    heads, batch = mine[0].shape.num_heads, min(p.shape.batch for p in mine)
+    at = [p for p in mine if (p.shape.num_heads, p.shape.batch) == (heads, batch)]
+    contexts = sorted({p.shape.max_context_len for p in at})
+    middle = [p for p in at if p.shape.max_context_len == contexts[len(contexts) // 2]]
+    default = param_grid(get_backend(middle[0].backend), middle[0].shape, {})[0]
+    return next((p for p in middle if p.params == default), middle[len(middle) // 2])
+
+
+class BenchCache:
+    """Inputs of the shapes still to measure (:class:`ShapeBench`), least recently used dropped
+    first once they hold more than ``budget_bytes``; a shape's inputs go when its last point is done."""
+
+    def __init__(self, cfg: SweepConfig, remaining: Counter, budget_bytes: int):
+        self.cfg, self.remaining, self.budget_bytes = cfg, remaining, budget_bytes
+        self.benches: OrderedDict[MLADecodeShape, ShapeBench] = OrderedDict()
+
+    def get(self, shape: MLADecodeShape) -> ShapeBench:
+        """The inputs of ``shape``, made if needed (raises what :class:`ShapeBench` raises)."""
+        if shape in self.benches:
+            self.benches.move_to_end(shape)
+            return self.benches[shape]
+        while self.benches and self._held() + input_bytes(shape) > self.budget_bytes:
+            self.benches.popitem(last=False)
+        self.benches[shape] = ShapeBench(shape, self.cfg.timing, seed=self.cfg.seed)
+        return self.benches[shape]
+
+    def done(self, shape: MLADecodeShape) -> None:
+        """One point of ``shape`` finished: drop its inputs after its last one."""
+        self.remaining[shape] -= 1
+        if self.remaining[shape] <= 0:
+            self.benches.pop(shape, None)
+
+    def _held(self) -> int:
+        return sum(len(b.inputs) * input_bytes(s) for s, b in self.benches.items())
+
+
+class SweepRunner:
+    """Measures the points of one run into ``store`` (see the module's docstring)."""
+
+    def __init__(self, cfg: SweepConfig, store: ResultStore, *, steady_mhz: float | None = None,
+                 time_it: bool = True):
+        m = store.manifest()
+        self.cfg, self.store, self.time_it, self.steady_mhz = cfg, store, time_it, steady_mhz
+        self.copy_bw, self.read_bw = m.copy_bandwidth_tbps, m.read_bandwidth_tbps
+        self.run_id = m.run_id
+        self.recorded = len(store.records())
+
+    def run(self, ordered: Sequence[Point], sentinel: Point | None, progress: ProgressFn | None = None) -> None:
+        """Measure every point of ``ordered`` not yet recorded, in order; Ctrl-C saves what was
+        measured (CSV, drift) and raises :class:`Interrupted` naming the folder to resume.
+        ``progress(point, record, done, total)`` is called at the start and before each point
+        (``record`` None), and after each point."""
+        done = self.store.finished_keys()
+        todo = [p for p in ordered if p.key not in done]
+        total, finished = len(ordered), len(ordered) - len(todo)
+        budget = int(CACHE_SHARE * (current_device().total_memory_bytes or free_memory_bytes()))
+        cache = BenchCache(self.cfg, Counter(p.shape for p in todo), budget)
+        every = self.cfg.sentinel_every if sentinel is not None else 0
+        try:
+            if progress and todo:  # the bar shows from the start, before the first sentinel
+                progress(sentinel or todo[0], None, finished, total)
+            self._sentinel(sentinel)
+            for i, p in enumerate(todo, 1):
+                if progress:
+                    progress(p, None, finished + i - 1, total)
+                rec = self._measure(p, cache)
+                self.store.append(rec)
+                self.recorded += 1
+                cache.done(p.shape)
+                if progress:
+                    progress(p, rec, finished + i, total)
+                if every and i % every == 0 and i < len(todo):
+                    self._sentinel(sentinel)
+            self._sentinel(sentinel)
+        except KeyboardInterrupt:
+            self.finish()
+            raise Interrupted(f"interrupted: {self.recorded} of {total} points recorded in {self.store.run_dir}; "
+                              f"continue with: mlabench sweep --resume {self.store.run_dir}") from None
+        self.finish()
+
+    def finish(self) -> None:
+        """Regenerate the CSV and write the sentinel's drift into the manifest."""
+        self.store.write_csv()
+        drift = drift_of(read_sentinels(self.store.run_dir), self.store.records(), self.cfg.drift_target)
+        self.store.update_manifest(drift=drift_dict(drift))
+
+    def _measure(self, p: Point, cache: BenchCache | None) -> Record:
+        try:
+            bench = cache.get(p.shape) if cache else ShapeBench(p.shape, self.cfg.timing, seed=self.cfg.seed)
+        except (MlabenchError, RuntimeError) as exc:  # e.g. the allocator ran out after all
+            return failed_record(p.backend, p.params, p.shape, self.run_id, self.copy_bw,
+                                 f"inputs could not be created: {str(exc).splitlines()[0][:300]}", self.read_bw)
+        rec = bench.run(get_backend(p.backend), p.params, copy_bw_tbps=self.copy_bw, run_id=self.run_id,
+                        atol=self.cfg.check.atol, rtol=self.cfg.check.rtol, time_it=self.time_it,
+                        read_bw_tbps=self.read_bw)
+        low = below_steady(rec.gpu_state_before, rec.gpu_state, self.steady_mhz)
+        return rec.model_copy(update={"clock_below_steady": low}) if low is not None else rec
+
+    def _sentinel(self, sentinel: Point | None) -> None:
+        """Measure the sentinel on fresh inputs and append it to ``sentinel.jsonl``."""
+        if sentinel is None or not self.time_it:
+            return
+        append_sentinel(self.store.run_dir, self.recorded, self._measure(sentinel, None))

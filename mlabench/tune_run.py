@@ -1,0 +1,278 @@
+"""A tuning run: the run folder, its studies, the workers, and the policy they lead to.
+
+:func:`run_tune` validates everything, creates (or resumes) ``results/<run-id>/`` with its manifest,
+creates the studies and enqueues the public heuristics, starts one worker per device
+(:mod:`mlabench.workers`, :func:`mlabench.tune_worker.worker_main`), reports progress while they
+run, then chooses per study and writes the policy (``policy.json``, ``policy.h``, ``policy.py``).
+:func:`export_run` rebuilds the policy of a finished run (e.g. after workers on other machines).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlabench.backends import get_backend
+from mlabench.backends.registry import backend_packages
+from mlabench.device import current_device
+from mlabench.errors import (BackendUnavailableError, ConfigError, Interrupted, ResultsError,
+                             UnsupportedShapeError)
+from mlabench.inputs import check_fits
+from mlabench.observers import driver_version, gpu_state
+from mlabench.policy import Policy, write_exports
+from mlabench.results import (Manifest, ResultStore, command_line, git_revision, library_versions, new_run_id,
+                              utc_now)
+from mlabench.studies import (StudyProgress, StudySpec, open_storage, optuna_module, prepare_study,
+                              redact_url, study_name, study_progress)
+from mlabench.tune import (TuneConfig, buckets_of, build_policy, choose, full_params, heuristic_trials,
+                           measured_configs, resolve_sampler, search_space, shape_dims, space_size, tune_shape)
+from mlabench.tune_worker import STORAGE_ENV
+from mlabench.workers import start_workers, supervise
+
+Monitor = Callable[[list[StudyProgress]], None]
+
+
+@dataclass
+class BucketChoice:
+    """What one study chose, and what the fastest configuration and best heuristic measured."""
+
+    batch: int
+    bucket: str
+    length: int
+    finished: int
+    pruned: int
+    configs: int
+    chosen: dict[str, Any]
+    chosen_us: float
+    fastest: dict[str, Any]
+    fastest_us: float
+    best_heuristic: str | None
+    best_heuristic_us: float | None
+
+
+@dataclass
+class TuneResult:
+    """A finished tuning run: its folder, the policy, each study's choice and the exported files."""
+
+    store: ResultStore
+    policy: Policy
+    choices: list[BucketChoice]
+    exports: dict[str, Path]
+
+
+def gpu_model(devices: list[str | None]) -> str:
+    """The one GPU model of ``devices`` (CUDA/HIP indices; None: this process's first device).
+
+    Raises :class:`ConfigError` when ``--gpus`` names GPUs of different models or when there is no GPU.
+    """
+    import torch
+
+    named = [d for d in devices if d is not None]
+    if not named:
+        return current_device().name
+    if not torch.cuda.is_available():
+        raise ConfigError("--gpus needs GPUs, and this machine has none (leave it out to run on the CPU)")
+    count = torch.cuda.device_count()
+    bad = [d for d in named if int(d) >= count]
+    if bad:
+        raise ConfigError(f"--gpus: GPU {bad[0]} does not exist ({count} visible)")
+    models = {d: torch.cuda.get_device_name(int(d)) for d in named}
+    if len(set(models.values())) > 1:
+        raise ConfigError("--gpus names GPUs of different models (a study measures one model): "
+                          + ", ".join(f"{d}: {m}" for d, m in models.items()))
+    return models[named[0]]
+
+
+def run_manifest(run_id: str, copy_bw: float, config: dict[str, Any], device: str | None = None) -> Manifest:
+    """The manifest of a tuning or validation run (database passwords in the command line redacted)."""
+    rev, dirty = git_revision()
+    dev = dict(current_device().__dict__, name=device or current_device().name)
+    command = [redact_url(x) if "://" in x else x for x in command_line()]
+    return Manifest(run_id=run_id, created=utc_now(), command=command, git_revision=rev, git_dirty=dirty,
+                    host=socket.gethostname(), device=dev, gpu_state=gpu_state(), driver=driver_version(),
+                    versions=library_versions(backend_packages()), copy_bandwidth_tbps=copy_bw, config=config)
+
+
+def fresh_run_id(results_root: Path, prefix: str) -> str:
+    """:func:`new_run_id`, with ``-2``, ``-3``... appended when a run of this process already took it
+    (two runs started within one second)."""
+    run_id = base = new_run_id(prefix)
+    n = 1
+    while (results_root / run_id).exists():
+        n += 1
+        run_id = f"{base}-{n}"
+    return run_id
+
+
+def _manifest(run_id: str, cfg: TuneConfig, specs: list[StudySpec], copy_bw: float, device: str) -> Manifest:
+    config = cfg.model_dump(mode="json", by_alias=True)
+    if cfg.storage:
+        config["storage"] = redact_url(cfg.storage)
+    return run_manifest(run_id, copy_bw, {"tune": config, "studies": [dataclasses.asdict(s) for s in specs]},
+                        device)
+
+
+def recorded_config(run_dir: Path) -> tuple[TuneConfig, list[StudySpec]]:
+    """The configuration and studies a tuning run folder was created with (:class:`ResultsError`
+    when the folder holds no tuning run)."""
+    config = ResultStore(run_dir).manifest().config
+    if "tune" not in config:
+        raise ResultsError(f"{run_dir} is not a tuning run (its manifest has no tune configuration)")
+    return TuneConfig.model_validate(config["tune"]), [StudySpec(**s) for s in config["studies"]]
+
+
+def _storage_url(cfg: TuneConfig, recorded: str | None) -> str | None:
+    """The storage URL to open on resume: the one given again, which must match the recorded one."""
+    if recorded is None:
+        return cfg.storage
+    if cfg.storage is None or redact_url(cfg.storage) != recorded:
+        raise ConfigError(f"this run's studies are in {recorded}: give --storage with that URL again")
+    return cfg.storage
+
+
+def plan(cfg: TuneConfig, device: str, versions: dict[str, Any], revision: str) -> list[StudySpec]:
+    """The run's studies, batch by batch, bucket by bucket; validates the backend and every shape
+    (:class:`BackendUnavailableError`, :class:`UnsupportedShapeError`, :class:`ConfigError`)."""
+    backend = get_backend(cfg.backend)
+    ok, why = backend.available()
+    if not ok:
+        raise BackendUnavailableError(f"backend {backend.name} is not available here: {why}")
+    dims_kw = shape_dims(cfg)
+    specs = []
+    for batch in cfg.batch:
+        for bucket in buckets_of(cfg.buckets, cfg.representative):
+            shape = tune_shape(dims_kw, batch, bucket.length)
+            ok, why = backend.supports(shape)
+            if not ok:
+                raise UnsupportedShapeError(f"{backend.name}: {shape.label()}: {why}")
+            check_fits(shape)
+            search_space(backend, shape, cfg.space)
+            name = study_name(backend.name, shape, bucket.lo, bucket.hi, device, versions, revision)
+            specs.append(StudySpec(bucket.lo, bucket.hi, bucket.length, name=name, batch=batch))
+    return specs
+
+
+def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path | None = None,
+             devices: list[str | None] | None = None, monitor: Monitor | None = None) -> TuneResult:
+    """Tune (or resume tuning) ``cfg`` with one worker per entry of ``devices``; returns the run.
+
+    Everything is validated before a folder is written.  Ctrl-C stops the workers and raises
+    :class:`Interrupted` naming the command that resumes; trials finished so far are kept.
+    """
+    devices = devices or [None]
+    device = gpu_model(devices)
+    rev, dirty = git_revision()
+    versions = library_versions(backend_packages())
+    specs = plan(cfg, device, versions, rev[:12] + ("+dirty" if dirty else ""))
+    if resume is not None:
+        recorded, recorded_specs = recorded_config(resume)
+        storage_url = _storage_url(cfg, recorded.storage)
+        if recorded.model_copy(update={"storage": None}) != cfg.model_copy(update={"storage": None}):
+            raise ConfigError(f"{resume} was recorded with another tuning configuration; resume it without flags")
+        here = _manifest("resume", cfg, specs, 0.0, device).identity()
+        store = ResultStore.open_existing(resume, identity=here)
+        specs = recorded_specs
+    else:
+        from mlabench.timing import measure_copy_bandwidth_tbps
+
+        storage_url = cfg.storage
+        copy_bw = measure_copy_bandwidth_tbps()
+        _free_cached_memory()
+        run_id = fresh_run_id(results_root, cfg.name)
+        store = ResultStore.create(results_root / run_id, _manifest(run_id, cfg, specs, copy_bw, device))
+    storage = open_storage(storage_url, store.run_dir)
+    studies = [_prepare(storage, cfg, spec, store, device) for spec in specs]
+    payload = {"config": cfg.model_dump(mode="json", by_alias=True, exclude={"storage"}),
+               "run_dir": str(store.run_dir), "studies": [dataclasses.asdict(s) for s in specs]}
+    totals = [_target(cfg, spec) for spec in specs]
+    poll = (lambda: monitor([study_progress(st, sp, n) for st, sp, n in zip(studies, specs, totals)])) if monitor else None
+    import torch
+
+    env = {STORAGE_ENV: storage_url} if storage_url else {}
+    workers = start_workers("mlabench.tune_worker:worker_main", payload, devices, store.run_dir / "workers",
+                            rocm=torch.version.hip is not None, extra_env=env)
+    try:
+        supervise(workers, poll)
+    except KeyboardInterrupt:
+        store.write_csv()
+        raise Interrupted(f"interrupted: trials so far are kept in {store.run_dir}; continue with: "
+                          f"mlabench tune --resume {store.run_dir}") from None
+    store.write_csv()
+    return _finish(cfg, store, studies, specs, device, versions)
+
+
+def _free_cached_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _target(cfg: TuneConfig, spec: StudySpec) -> int:
+    """Trials a study will finish: ``trials``, or the whole space when an exhaustive sampler has fewer."""
+    backend = get_backend(cfg.backend)
+    dims, _fixed = search_space(backend, tune_shape(shape_dims(cfg), spec.batch, spec.length), cfg.space)
+    if resolve_sampler(cfg, dims) in ("grid", "brute"):
+        return min(cfg.trials, space_size(dims))
+    return cfg.trials
+
+
+def _prepare(storage: Any, cfg: TuneConfig, spec: StudySpec, store: ResultStore, device: str) -> Any:
+    backend = get_backend(cfg.backend)
+    shape = tune_shape(shape_dims(cfg), spec.batch, spec.length)
+    dims, _fixed = search_space(backend, shape, cfg.space)
+    enqueue = heuristic_trials(backend, shape, dims, current_device().num_sms) if cfg.heuristics else []
+    attrs = {"device": device, "backend": backend.name, "batch": spec.batch, "bucket_lo": spec.lo,
+             "bucket_hi": spec.hi, "length": spec.length, "shape": shape.key(),
+             "versions": store.manifest().versions, "run_id": store.manifest().run_id}
+    return prepare_study(storage, spec, attrs, enqueue, device)
+
+
+def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list[StudySpec], device: str,
+            versions: dict[str, Any]) -> TuneResult:
+    backend = get_backend(cfg.backend)
+    dims_kw = shape_dims(cfg)
+    picks: dict[tuple[int, int], dict[str, Any]] = {}
+    rows = []
+    for study, spec in zip(studies, specs):
+        trials = study.get_trials(deepcopy=False)
+        _dims, fixed = search_space(backend, tune_shape(dims_kw, spec.batch, spec.length), cfg.space)
+        try:
+            chosen, fastest = choose(measured_configs(trials), cfg.noise)
+        except ResultsError:
+            raise ResultsError(f"batch {spec.batch}, context {spec.lo + 1}-{spec.hi}: no configuration "
+                               f"passed the correctness check ({len(trials)} trials)") from None
+        picks[(spec.batch, spec.hi)] = full_params(backend, fixed, chosen.params)
+        heur = [t for t in trials if "enqueued_as" in t.user_attrs and t.state.name == "COMPLETE"]
+        best_h = min(heur, key=lambda t: t.value) if heur else None
+        rows.append(BucketChoice(
+            spec.batch, f"{spec.lo + 1}-{spec.hi}", spec.length,
+            sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials),
+            sum(t.state.name == "PRUNED" for t in trials), len(measured_configs(trials)),
+            full_params(backend, fixed, chosen.params), chosen.median_us,
+            full_params(backend, fixed, fastest.params), fastest.median_us,
+            best_h.user_attrs["enqueued_as"] if best_h else None, best_h.value if best_h else None))
+    source = {"run_id": store.manifest().run_id, "noise": cfg.noise, "created": utc_now(),
+              "studies": [s.name for s in specs], "buckets": cfg.buckets, "representative": cfg.representative,
+              "lengths": sorted({s.length for s in specs})}
+    policy = build_policy(cfg, picks, device, versions, source)
+    return TuneResult(store, policy, rows, write_exports(policy, store.run_dir))
+
+
+def export_run(run_dir: Path, storage: str | None = None, noise: float | None = None) -> TuneResult:
+    """Rebuild and write the policy of a tuning run from its studies (``noise`` overrides the run's)."""
+    cfg, specs = recorded_config(run_dir)
+    url = _storage_url(cfg.model_copy(update={"storage": storage}), cfg.storage)
+    if noise is not None:
+        cfg = cfg.model_copy(update={"noise": noise})
+    store = ResultStore(run_dir)
+    optuna = optuna_module()
+    handle = open_storage(url, run_dir)
+    studies = [optuna.load_study(study_name=s.name, storage=handle) for s in specs]
+    manifest = store.manifest()
+    return _finish(cfg, store, studies, specs, str(manifest.device.get("name")), manifest.versions)
+

@@ -1,0 +1,46 @@
+"""GPU-only timing tests (skipped without a GPU): the memory ceilings, the replay length, warm-up."""
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")]
+
+
+def test_read_bandwidth_is_above_copy_and_below_the_datasheet():
+    from mlabench.bandwidth import (datasheet_bandwidth_tbps, measure_copy_bandwidth_tbps,
+                                    measure_read_bandwidth_tbps)
+    from mlabench.device import current_device
+
+    read, copy = measure_read_bandwidth_tbps(), measure_copy_bandwidth_tbps()
+    assert read > 0.9 * copy
+    sheet = datasheet_bandwidth_tbps(current_device().name)
+    if sheet:
+        assert read < 1.02 * sheet
+
+
+def test_a_replay_holds_the_planned_work_and_per_call_time_is_flat():
+    from mlabench.backends import get_backend
+    from mlabench.measure import ShapeBench
+    from mlabench.shapes import MLADecodeShape
+    from mlabench.timing import TimingConfig
+
+    backend = get_backend("triton-splitkv")
+    bench = ShapeBench(MLADecodeShape.uniform(1, 32768, 12, page_size=64), TimingConfig(eager=False))
+    rec = bench.run(backend, {"num_kv_splits": 64}, copy_bw_tbps=None, run_id="t")
+    s = rec.stats
+    assert rec.status == "ok" and s.calls_per_sample % len(bench.inputs) == 0
+    assert s.calls_per_sample * s.median_us >= 0.9 * TimingConfig().min_replay_us
+    per_call = []
+    for n in (64, 256):
+        bench.timing = TimingConfig(eager=False, min_replay_us=0, min_calls_per_replay=n)
+        per_call.append(bench.run(backend, {"num_kv_splits": 64}, copy_bw_tbps=None, run_id="t").stats.median_us)
+    assert per_call[0] == pytest.approx(per_call[1], rel=0.02)
+
+
+def test_warm_up_reads_the_clocks():
+    from mlabench.steady import warm_up
+    from mlabench.timing import TimingConfig
+
+    s = warm_up(TimingConfig(steady_min_s=1.0, steady_max_s=10.0))
+    assert s.elapsed_s >= 1.0 and (s.steady is None or s.sm_clock_mhz > 0)

@@ -1,0 +1,122 @@
+"""Test-only backends for the tuner: correct (or deliberately wrong) and fast, with a synthetic
+cost landscape, so studies finish in seconds on a loaded CPU.
+
+The output is the fp32 reference computed in ``prepare`` (untimed); the timed call spins for a
+cost in µs that depends on the parameters, then copies it.  Workers started by the tuner import
+this module through ``MLABENCH_WORKER_IMPORTS``; ``TEST_TUNE_PREPARE_S`` slows every ``prepare``
+(to kill a worker mid-trial, or to let two workers overlap).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+from mlabench.backends import registry
+from mlabench.backends.base import Backend, ParamSpec, PreparedCall
+from mlabench.inputs import MLADecodeInputs
+from mlabench.kernels.reference import mla_decode_reference
+
+MODULE = "tests.tune.fake_backends"
+PREPARE_ENV = "TEST_TUNE_PREPARE_S"
+
+
+def spin_us(us: float) -> None:
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+class _Synthetic(Backend):
+    family = "split-kv"
+    summary = "test-only synthetic backend"
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def cost_us(self, params: dict[str, Any]) -> float:
+        raise NotImplementedError
+
+    def wrong(self, params: dict[str, Any]) -> bool:
+        return False
+
+    def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
+        time.sleep(float(os.environ.get(PREPARE_ENV, "0")))
+        s = inputs.shape
+        ref, _ = mla_decode_reference(inputs.q, inputs.kv_cache, inputs.block_table, list(s.context_lens),
+                                      s.scale, s.kv_lora_rank)
+        ref = ref.to(inputs.q.dtype) + (1.0 if self.wrong(params) else 0.0)
+        out = inputs.new_output()
+        cost = self.cost_us(params)
+
+        def fn() -> torch.Tensor:
+            spin_us(cost)
+            return out.copy_(ref)
+
+        return PreparedCall(fn=fn, out=out, effective_params=dict(params))
+
+
+class LaunchParamsBackend(_Synthetic):
+    """Declares a split count and three launch parameters (and one unbounded, hence fixed, int)."""
+
+    name = "test-launch"
+    params = (
+        ParamSpec("num_kv_splits", int, default=4, help="splits", low=1, high=64),
+        ParamSpec("block_n", str, default="32", help="tokens per tile", choices=("16", "32", "64")),
+        ParamSpec("num_warps", int, default=4, help="warps", low=1, high=8),
+        ParamSpec("num_stages", int, default=2, help="pipeline stages", low=1, high=4),
+        ParamSpec("tile_rows", int, default=16, help="unbounded: never searched"),
+    )
+
+    def cost_us(self, p: dict[str, Any]) -> float:
+        return (40 + 4 * abs(p["num_kv_splits"] - 12) + 30 * (p["block_n"] != "32")
+                + 8 * abs(p["num_warps"] - 4) + 10 * abs(p["num_stages"] - 2))
+
+
+class FastWrongBackend(_Synthetic):
+    """Splits 1-16; from 12 splits on it is 20x faster than anything else and wrong."""
+
+    name = "test-fast-wrong"
+    params = (ParamSpec("num_kv_splits", int, default=1, help="splits", low=1, high=16),)
+
+    def cost_us(self, p: dict[str, Any]) -> float:
+        return 10.0 if self.wrong(p) else 200.0 + 20 * abs(p["num_kv_splits"] - 6)
+
+    def wrong(self, p: dict[str, Any]) -> bool:
+        return p["num_kv_splits"] >= 12
+
+
+class FlatBackend(_Synthetic):
+    """Splits 1-64, all equally fast: the noise-aware choice must take the fewest."""
+
+    name = "test-flat"
+    params = (ParamSpec("num_kv_splits", int, default=8, help="splits", low=1, high=64),)
+
+    def cost_us(self, p: dict[str, Any]) -> float:
+        return 300.0
+
+
+CLASSES = (LaunchParamsBackend, FastWrongBackend, FlatBackend)
+
+
+def register_all() -> None:
+    """Register the test backends (again after :func:`unregister_all`)."""
+    for cls in CLASSES:
+        if cls.name not in registry._REGISTRY:
+            registry.register(cls)
+
+
+def unregister_all() -> None:
+    for cls in CLASSES:
+        registry._REGISTRY.pop(cls.name, None)
+        registry._INSTANCES.pop(cls.name, None)
+
+
+# A worker process started by the tuner imports this module through MLABENCH_WORKER_IMPORTS: it
+# registers the backends then.  In the test process the package fixture does it, so that merely
+# collecting these tests leaves other packages' tests with the built-in backends only.
+if MODULE in os.environ.get("MLABENCH_WORKER_IMPORTS", "").split(","):
+    register_all()

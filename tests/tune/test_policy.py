@@ -1,0 +1,100 @@
+"""The policy type: lookup, merging, the JSON schema, and the C++/Python exports agreeing."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+
+import pytest
+
+from mlabench.errors import ConfigError
+from mlabench.policy import (BatchPolicy, Policy, PolicyEntry, load_policy, merge_adjacent, to_cpp_header,
+                             write_exports)
+
+
+def entry(max_len: int, splits: int, **launch) -> PolicyEntry:
+    return PolicyEntry(max_context_len=max_len, params={"num_kv_splits": splits, "block_n": "32", **launch})
+
+
+def make_policy() -> Policy:
+    return Policy(backend="triton-splitkv", shape={"num_heads": 12, "page_size": 64, "kv_dtype": "bfloat16"},
+                  device="test", param_names=["num_kv_splits", "block_n"],
+                  batches=[BatchPolicy(batch=1, entries=[entry(1024, 32), entry(16384, 128), entry(131072, 256)]),
+                           BatchPolicy(batch=16, entries=[entry(4096, 8, block_n="64"), entry(131072, 16)])])
+
+
+def test_merge_adjacent_keeps_coverage():
+    merged = merge_adjacent([entry(1024, 32), entry(4096, 64), entry(8192, 64), entry(16384, 64),
+                             entry(32768, 128), entry(65536, 64)])
+    assert [(e.max_context_len, e.params["num_kv_splits"]) for e in merged] == [
+        (1024, 32), (16384, 64), (32768, 128), (65536, 64)]
+    assert merge_adjacent([entry(10, 1), entry(20, 1)]) == [entry(20, 1)]
+
+
+def test_lookup_rule():
+    p = make_policy()
+    assert p.lookup(1, 1)["num_kv_splits"] == 32
+    assert p.lookup(1, 1024)["num_kv_splits"] == 32
+    assert p.lookup(1, 1025)["num_kv_splits"] == 128
+    assert p.lookup(1, 10**7)["num_kv_splits"] == 256          # past the last bucket: the last entry
+    assert p.lookup(8, 2000)["num_kv_splits"] == 128           # largest tuned batch <= 8 is 1
+    assert p.lookup(64, 100)["block_n"] == "64"                # largest tuned batch <= 64 is 16
+    with pytest.raises(ValueError):
+        p.lookup(0, 100)
+
+
+def test_policy_rejects_unsorted_and_inconsistent_tables():
+    with pytest.raises(ValueError, match="increase"):
+        BatchPolicy(batch=1, entries=[entry(4096, 8), entry(1024, 4)])
+    with pytest.raises(ValueError, match="param_names"):
+        Policy(backend="b", shape={}, device="d", param_names=["num_kv_splits"],
+               batches=[BatchPolicy(batch=1, entries=[entry(10, 1)])])
+
+
+def test_json_round_trip_and_schema_errors(tmp_path):
+    p = make_policy()
+    paths = write_exports(p, tmp_path)
+    assert load_policy(paths["json"]) == p
+    bad = tmp_path / "bad.json"
+    bad.write_text(p.to_json().replace('"schema_version": 1', '"schema_version": 99'))
+    with pytest.raises(ConfigError, match="schema_version 99"):
+        load_policy(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        load_policy(tmp_path / "missing.json")
+
+
+LENGTHS = [1, 63, 64, 1023, 1024, 1025, 4095, 4096, 4097, 16384, 16385, 100000, 131072, 131073, 10**6]
+BATCHES = [1, 2, 15, 16, 17, 64]
+
+
+def test_exports_agree(tmp_path):
+    """The C++ header (compiled with g++), the Python module and the JSON give the same choice."""
+    p = make_policy()
+    paths = write_exports(p, tmp_path)
+    spec = importlib.util.spec_from_file_location("generated_policy", paths["python"])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from_json = load_policy(paths["json"])
+    expected = [(b, n, from_json.lookup(b, n)) for b in BATCHES for n in LENGTHS]
+    assert all(module.lookup(b, n) == params for b, n, params in expected)
+
+    if shutil.which("g++") is None:
+        pytest.fail("g++ is needed to check the C++ export (apt-get install g++)")
+    main = tmp_path / "main.cpp"
+    main.write_text('#include "policy.h"\n#include <cstdio>\n'
+                    "static_assert(mlabench_policy::lookup(1, 1024).num_kv_splits == 32);\n"
+                    "int main() {\n"
+                    f"  const long long b[] = {{{', '.join(map(str, BATCHES))}}};\n"
+                    f"  const long long n[] = {{{', '.join(map(str, LENGTHS))}}};\n"
+                    "  for (long long x : b) for (long long y : n) {\n"
+                    "    const auto& c = mlabench_policy::lookup(x, y);\n"
+                    '    std::printf("%lld %lld %d %s\\n", x, y, c.num_kv_splits, c.block_n);\n'
+                    "  }\n}\n")
+    exe = tmp_path / "main"
+    subprocess.run(["g++", "-std=c++17", "-Wall", "-Werror", "-I", str(tmp_path), str(main), "-o", str(exe)],
+                   check=True)
+    lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
+    got = [line.split() for line in lines if line]
+    assert got == [[str(b), str(n), str(c["num_kv_splits"]), c["block_n"]] for b, n, c in expected]
+    assert "constexpr" in to_cpp_header(p)

@@ -1,0 +1,154 @@
+"""Tuning runs with real worker processes: a real CPU backend end to end, resume after ``kill -9``,
+two workers on one study (journal file and PostgreSQL), and a worker on another GPU refusing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mlabench.errors import ConfigError, MlabenchError, ResultsError
+from mlabench.results import ResultStore
+from mlabench.studies import StudySpec, open_storage, optuna_module, prepare_study
+from mlabench.tune import TuneConfig
+from mlabench.tune_run import export_run, gpu_model, run_manifest, run_tune
+from mlabench.tune_worker import worker_main
+from tests.tune.fake_backends import PREPARE_ENV
+
+
+def study_trials(run_dir: Path, url: str | None = None) -> list:
+    optuna = optuna_module()
+    storage = open_storage(url, run_dir)
+    names = [s.name for s in __import__("mlabench.tune_run", fromlist=["x"]).recorded_config(run_dir)[1]]
+    return [t for name in names for t in optuna.load_study(study_name=name, storage=storage).trials]
+
+
+def assert_nothing_lost_or_twice(run_dir: Path, url: str | None = None) -> list:
+    """Every finished trial has its record in the run folder; no configuration was measured twice."""
+    keys = [r.key for r in ResultStore(run_dir).records()]
+    assert len(keys) == len(set(keys)), "a configuration was measured twice"
+    trials = study_trials(run_dir, url)
+    finished = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert {t.user_attrs["record_key"] for t in finished} == set(keys), "a trial has no record, or a record no trial"
+    return trials
+
+
+def fast_wrong_config(timing, **kw) -> TuneConfig:
+    values = dict(backend="test-fast-wrong", heads=2, batch=[1], buckets=[48], page_size=16, timing=timing,
+                  sampler="brute", trials=16)
+    values.update(kw)
+    return TuneConfig.model_validate(values)
+
+
+def test_real_cpu_backend_end_to_end(tmp_path, tiny_timing):
+    from mlabench.results import records_of
+
+    cfg = TuneConfig(backend="torch-splitkv", heads=2, batch=[1, 2], buckets=[32, 96], page_size=16, trials=4,
+                     space={"num_kv_splits": {"low": 1, "high": 6}}, timing=tiny_timing)
+    result = run_tune(cfg, tmp_path)
+    run_dir = result.store.run_dir
+    trials = assert_nothing_lost_or_twice(run_dir)
+    assert sum(t.state.name == "COMPLETE" for t in trials) >= 4 * 4 - 3      # repeats of a config are reused
+    assert any("enqueued_as" in t.user_attrs for t in trials)                # the heuristics went first
+    assert all(isinstance(t.user_attrs["samples_us"], list) for t in trials if t.state.name == "COMPLETE")
+    assert {p.name for p in run_dir.iterdir()} >= {"policy.json", "policy.h", "policy.py", "results.csv",
+                                                   "study.journal", "manifest.json"}
+    assert len(records_of([run_dir])) == len(ResultStore(run_dir).records())  # compare/plot read it
+    assert [b.batch for b in result.policy.batches] == [1, 2]
+    again = export_run(run_dir)
+    assert again.policy.batches == result.policy.batches
+
+
+def test_resume_after_kill9_repeats_no_finished_trial(tmp_path, tiny_timing, monkeypatch):
+    monkeypatch.setenv(PREPARE_ENV, "0.2")
+    cfg = fast_wrong_config(tiny_timing)
+    errors: list[BaseException] = []
+
+    def first_run():
+        try:
+            run_tune(cfg, tmp_path)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=first_run)
+    thread.start()
+    killed, deadline = None, time.monotonic() + 120
+    optuna = optuna_module()
+    while killed is None and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.2)
+        journals = list(tmp_path.glob("*/study.journal"))
+        if not journals:
+            continue
+        storage = open_storage(None, journals[0].parent)
+        names = optuna.get_all_study_names(storage)
+        if not names:
+            continue
+        trials = optuna.load_study(study_name=names[0], storage=storage).trials
+        running = [t for t in trials if t.state.name == "RUNNING" and "worker" in t.user_attrs]
+        if sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) >= 3 and running:
+            killed = running[0]
+            os.kill(int(killed.user_attrs["worker"].split(":")[1]), signal.SIGKILL)
+    thread.join(timeout=120)
+    assert killed is not None, "no trial was running to kill"
+    assert errors and isinstance(errors[0], MlabenchError) and "-9" in str(errors[0])
+    run_dir = journals[0].parent
+    before = {t.number: t.params for t in study_trials(run_dir) if t.state.name in ("COMPLETE", "PRUNED")}
+
+    result = run_tune(cfg, tmp_path, resume=run_dir)
+    trials = assert_nothing_lost_or_twice(run_dir)
+    failed = [t for t in trials if t.state.name == "FAIL"]
+    assert [t.number for t in failed] == [killed.number]
+    assert any(t.user_attrs.get("retry_of") == killed.number for t in trials)     # its config was retried
+    done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert sorted(t.params["num_kv_splits"] for t in done if "repeat_of" not in t.user_attrs) == list(range(1, 17))
+    after = {t.number: t.params for t in done}
+    assert all(after[n] == p for n, p in before.items())                           # finished trials kept
+    assert len(ResultStore(run_dir).records()) == 16
+    assert result.policy.lookup(1, 48)["num_kv_splits"] == 6
+
+
+def two_workers(tmp_path: Path, timing, url: str | None) -> None:
+    cfg = fast_wrong_config(timing, storage=url)
+    result = run_tune(cfg, tmp_path, devices=[None, None])
+    trials = assert_nothing_lost_or_twice(result.store.run_dir, url)
+    done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert sorted({t.params["num_kv_splits"] for t in done}) == list(range(1, 17))
+    assert len(result.store.records()) == 16                          # each configuration measured once
+    assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING", "FAIL")]
+    assert len({t.user_attrs["worker"] for t in done}) == 2           # both workers took trials
+    assert result.policy.lookup(1, 48)["num_kv_splits"] == 6
+
+
+def test_two_workers_share_one_study_journal(tmp_path, tiny_timing, monkeypatch):
+    monkeypatch.setenv(PREPARE_ENV, "0.2")
+    two_workers(tmp_path, tiny_timing, None)
+
+
+def test_two_workers_share_one_study_postgresql(tmp_path, tiny_timing, monkeypatch, postgres_url):
+    monkeypatch.setenv(PREPARE_ENV, "0.2")
+    two_workers(tmp_path, tiny_timing, postgres_url)
+    manifest = json.loads(next(tmp_path.glob("*/manifest.json")).read_text())
+    assert manifest["config"]["tune"]["storage"] == postgres_url          # no password to redact here
+
+
+def test_worker_on_another_gpu_model_refuses(tmp_path, tiny_timing):
+    store = ResultStore.create(tmp_path / "run", run_manifest("run", 1.0, {}))
+    storage = open_storage(None, store.run_dir)
+    spec = StudySpec(0, 48, 48, name="study", batch=1)
+    prepare_study(storage, spec, {"device": "NVIDIA H200"}, [], "NVIDIA H200")
+    with pytest.raises(ResultsError, match="another GPU model"):
+        prepare_study(storage, spec, {"device": "x"}, [], "AMD Instinct MI355X")
+    payload = {"config": fast_wrong_config(tiny_timing).model_dump(mode="json", by_alias=True),
+               "run_dir": str(store.run_dir), "studies": [spec.__dict__]}
+    with pytest.raises(ResultsError, match="does not join"):
+        worker_main(payload, 0)
+
+
+def test_gpus_need_gpus():
+    with pytest.raises(ConfigError, match="needs GPUs"):
+        gpu_model(["0", "1"])

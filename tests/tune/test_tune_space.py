@@ -1,0 +1,124 @@
+"""The search space comes from the backend's declared parameters; the objective, pruning and the
+noise-aware choice, on real Optuna studies run in this process."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlabench.backends import get_backend
+from mlabench.errors import ConfigError, ResultsError
+from mlabench.shapes import MLADecodeShape
+from mlabench.studies import optuna_module
+from mlabench.tune import (Measured, SpaceRange, TuneConfig, buckets_of, choose, heuristic_trials,
+                           measured_configs, resolve_sampler, search_space)
+from tests.tune.helpers import run_in_process, tiny_config
+
+SHAPE = MLADecodeShape.uniform(1, 48, 2, page_size=16)
+
+
+def test_space_is_every_declared_searchable_parameter():
+    dims, fixed = search_space(get_backend("test-launch"), SHAPE)
+    assert [d.name for d in dims] == ["num_kv_splits", "block_n", "num_warps", "num_stages"]
+    assert (dims[0].low, dims[0].high, dims[1].choices) == (1, 64, ("16", "32", "64"))
+    assert fixed == {"tile_rows": 16}                      # an unbounded integer is not searched
+    dims, fixed = search_space(get_backend("test-launch"), SHAPE,
+                               {"num_warps": SpaceRange(low=4, high=4), "block_n": SpaceRange(choices=["16", "64"])})
+    assert fixed == {"num_warps": 4, "tile_rows": 16}
+    assert next(d for d in dims if d.name == "block_n").choices == ("16", "64")
+
+
+@pytest.mark.parametrize("narrow, match", [({"bogus": SpaceRange(low=1)}, "no parameter 'bogus'"),
+                                           ({"num_kv_splits": SpaceRange(low=0, high=4)}, ">= 1"),
+                                           ({"block_n": SpaceRange(choices=["48"])}, "one of")])
+def test_bad_space_is_one_clear_error(narrow, match):
+    with pytest.raises(ConfigError, match=match):
+        search_space(get_backend("test-launch"), SHAPE, narrow)
+
+
+def test_sampler_auto_is_exhaustive_only_when_small(tiny_timing):
+    dims, _ = search_space(get_backend("test-fast-wrong"), SHAPE)
+    assert resolve_sampler(tiny_config("test-fast-wrong", tiny_timing, trials=16), dims) == "brute"
+    assert resolve_sampler(tiny_config("test-fast-wrong", tiny_timing, trials=15), dims) == "tpe"
+    assert resolve_sampler(tiny_config("test-fast-wrong", tiny_timing, sampler="gp"), dims) == "gp"
+
+
+def test_heuristics_enqueue_defaults_for_launch_params():
+    backend = get_backend("test-launch")
+    dims, _ = search_space(backend, SHAPE)
+    trials = heuristic_trials(backend, MLADecodeShape.uniform(1, 131072, 12), dims, num_sms=132)
+    assert {name for name, _ in trials} >= {"vllm-triton", "sglang", "rocm-buckets"}
+    for _name, params in trials:
+        assert params["block_n"] == "32" and params["num_warps"] == 4 and params["num_stages"] == 2
+        assert 1 <= params["num_kv_splits"] <= 64
+
+
+def test_buckets_and_representative_lengths():
+    assert [(b.lo, b.hi, b.length) for b in buckets_of([1024, 4096, 131072])] == [
+        (0, 1024, 724), (1024, 4096, 2048), (4096, 131072, 23170)]
+    assert [b.length for b in buckets_of([1024, 4096], "upper")] == [1024, 4096]
+
+
+def test_objective_searches_all_launch_parameters(tmp_path, tiny_timing):
+    """A backend declaring launch parameters is tuned over all of them with no change to the tuner."""
+    cfg = tiny_config("test-launch", tiny_timing, sampler="brute", trials=100,
+                      space={"num_kv_splits": {"low": 11, "high": 13}, "num_warps": {"low": 3, "high": 5},
+                             "num_stages": {"low": 1, "high": 2}})
+    study, store = run_in_process(tmp_path, cfg)
+    assert len(study.trials) == 3 * 3 * 3 * 2               # brute force covers the whole space once
+    assert all(set(t.params) == {"num_kv_splits", "block_n", "num_warps", "num_stages"} for t in study.trials)
+    records = store.records()
+    assert len(records) == len(study.trials) and len({r.key for r in records}) == len(records)
+    assert all(r.params["tile_rows"] == 16 for r in records)
+    chosen, fastest = choose(measured_configs(study.trials), 0.01)
+    assert chosen.params == {"num_kv_splits": 12, "block_n": "32", "num_warps": 4, "num_stages": 2}
+
+
+def test_fast_wrong_configuration_is_pruned_and_never_chosen(tmp_path, tiny_timing):
+    cfg = tiny_config("test-fast-wrong", tiny_timing, sampler="brute", trials=16)
+    study, store = run_in_process(tmp_path, cfg)
+    pruned = [t for t in study.trials if t.state.name == "PRUNED"]
+    assert sorted(t.params["num_kv_splits"] for t in pruned) == [12, 13, 14, 15, 16]
+    assert all(t.user_attrs["status"] == "incorrect" and t.user_attrs["verdict_passed"] is False for t in pruned)
+    assert all(t.user_attrs["median_us"] < 100 for t in pruned)          # they were the fastest
+    chosen, fastest = choose(measured_configs(study.trials), 0.01)
+    assert chosen.params["num_kv_splits"] == fastest.params["num_kv_splits"] == 6
+    assert {r.status for r in store.records() if r.params["num_kv_splits"] >= 12} == {"incorrect"}
+
+
+def test_flat_landscape_takes_the_fewest_splits(tmp_path, tiny_timing):
+    cfg = tiny_config("test-flat", tiny_timing, sampler="brute", trials=8, noise=0.25,
+                      space={"num_kv_splits": {"low": 3, "high": 10}})
+    study, _store = run_in_process(tmp_path, cfg)
+    chosen, _ = choose(measured_configs(study.trials), cfg.noise)
+    assert chosen.params["num_kv_splits"] == 3
+
+
+def test_noise_aware_choice():
+    m = [Measured({"num_kv_splits": 64}, 100.0, 0.002, 1), Measured({"num_kv_splits": 32}, 100.8, 0.002, 1),
+         Measured({"num_kv_splits": 16}, 101.5, 0.002, 1)]
+    assert choose(m, 0.01)[0].params["num_kv_splits"] == 32          # within 1% of the best
+    assert choose(m, 0.02)[0].params["num_kv_splits"] == 16
+    assert choose(m, 0.0)[0].params["num_kv_splits"] == 64
+    wide = [Measured({"num_kv_splits": 64}, 100.0, 0.03, 1), m[2]]
+    assert choose(wide, 0.01)[0].params["num_kv_splits"] == 16       # the best's own spread is wider
+    with pytest.raises(ResultsError):
+        choose([], 0.01)
+
+
+def test_measured_configs_pool_repeats_and_drop_pruned_and_failed():
+    optuna = optuna_module()
+    dist = {"num_kv_splits": optuna.distributions.IntDistribution(1, 64)}
+
+    def trial(n, state, value=None, status="ok"):
+        return optuna.trial.create_trial(params={"num_kv_splits": n}, distributions=dist, state=state,
+                                         value=value, user_attrs={"status": status, "median_rel_ci": 0.01})
+
+    S = optuna.trial.TrialState
+    got = measured_configs([trial(8, S.COMPLETE, 10.0), trial(8, S.COMPLETE, 12.0), trial(4, S.PRUNED, status="incorrect"),
+                            trial(2, S.FAIL), trial(16, S.COMPLETE, 5.0, status="noisy?")])
+    assert [(m.params, m.median_us, m.trials) for m in got] == [({"num_kv_splits": 8}, 11.0, 2)]
+
+
+def test_config_validation_is_one_line():
+    with pytest.raises(ValueError, match="increasing"):
+        TuneConfig(backend="x", buckets=[4096, 1024])
