@@ -331,4 +331,5 @@ def test_the_sweep_reports_progress_before_its_first_point(tmp_path):
     cfg = SweepConfig(heads=[12], backends=["torch-splitkv"], batch=[1], context_lens=[16], page_size=16,
                       params={"num_kv_splits": [1, 2]}, timing=TimingConfig(budget_s=0.05, min_samples=3))
     run_sweep(cfg, tmp_path, progress=lambda p, r, done, total: calls.append((r is None, done, total)))
-    assert calls == [(True, 0, 2), (False, 1, 2), (True, 1, 2), (False, 2, 2)]
+    # at the start (before the sentinel is measured), then before and after each point
+    assert calls == [(True, 0, 2), (True, 0, 2), (False, 1, 2), (True, 1, 2), (False, 2, 2)]
