@@ -30,6 +30,9 @@ SUPPORTED_PAGE_SIZES = (1, 16, 64)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 #: Context lengths (``cache_seqlens``) and page indices (the block table) are int32 on the device.
 INT32_MAX = 2**31 - 1
+#: The largest latent cache a shape may have: 1 TiB, several times the memory of the largest single
+#: GPU (141 GB on an H200, 288 GB on an MI355X), so no shape past it can run anywhere.
+MAX_CACHE_BYTES = 2**40
 #: Rope types whose effect on the decode softmax scale is known: ``default`` (none) and YaRN, whose
 #: mscale multiplies it (DeepSeek-V3's ``modeling_deepseek.py``; vLLM calls it ``deepseek_yarn``).
 ROPE_TYPES = ("default", "yarn", "deepseek_yarn")
@@ -114,9 +117,19 @@ class MLADecodeShape(BaseModel):
 
     @classmethod
     def uniform(cls, batch: int, context_len: int, num_heads: int, **kwargs: Any) -> MLADecodeShape:
-        """``batch`` requests of the same ``context_len``; raises :class:`ShapeError` on bad values."""
+        """``batch`` requests of the same ``context_len``; raises :class:`ShapeError` on bad values.
+
+        The batch's size is judged on one request's numbers before its ``batch`` lengths are built:
+        more pages than an int32 block table indexes, or a latent cache over
+        :data:`MAX_CACHE_BYTES`, is a :class:`ShapeError` (a billion requests is refused, not built).
+        """
         if batch <= 0:
             raise ShapeError(f"batch must be > 0, got {batch}")
+        one = cls.create(num_heads=num_heads, context_lens=(context_len,), **kwargs)
+        if batch * one.num_pages > INT32_MAX or batch * one.kv_cache_bytes > MAX_CACHE_BYTES:
+            raise ShapeError(f"{one.label(batch)}: {batch * one.num_pages:,} KV pages "
+                             f"({batch * one.kv_cache_bytes / 2**40:,.1f} TiB of latent cache) cannot be one "
+                             f"decode step (at most {INT32_MAX:,} pages and {MAX_CACHE_BYTES / 2**40:g} TiB)")
         return cls.create(num_heads=num_heads, context_lens=(context_len,) * batch, **kwargs)
 
     # ---- derived sizes -------------------------------------------------------------------------

@@ -274,6 +274,8 @@ IMPOSSIBLE = [
     (["sweep", "--batch", "1000000000", "--context", "4096"], "B=1000000000 H=12 L=4096"),
     (["sweep", "--context", "1000000000000"], "context length must be <= 2,147,483,647"),
     (["compare", "--batch", "1000000000", "--context", "4096"], "B=1000000000 H=12 L=4096"),
+    (["tune", "--backend", "torch-splitkv", "--heads", "12", "--buckets", "4096", "--batch", "1000000000"],
+     "cannot be one decode step"),
 ]
 
 

@@ -141,5 +141,16 @@ def test_sizes_past_int32_are_shape_errors():
     with pytest.raises(ShapeError, match="int32 lengths"):
         MLADecodeShape.create(num_heads=12, context_lens=(2**31,))
     with pytest.raises(ShapeError, match="int32 block table"):  # 2 x 2^30 pages of one token
-        MLADecodeShape.uniform(2, 2**30, 12, page_size=1)
+        MLADecodeShape.create(num_heads=12, context_lens=(2**30, 2**30), page_size=1)
     assert MLADecodeShape.create(num_heads=12, context_lens=(2**31 - 1,)).max_context_len == 2**31 - 1
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("batch, context, why", [
+    (10**9, 4096, "64,000,000,000 KV pages"),          # past the int32 block table
+    (10**8, 45, "6.7 TiB of latent cache"),            # pages fit int32, the cache fits no GPU
+])
+def test_a_batch_too_large_for_any_device_is_refused_before_it_is_built(batch, context, why):
+    with pytest.raises(ShapeError, match=why):
+        MLADecodeShape.uniform(batch, context, 12)
+    assert MLADecodeShape.uniform(4, context, 12).batch == 4
