@@ -55,6 +55,10 @@ class BackendUnavailableError(MlabenchError):
     """A registered backend that cannot run here (missing package, no GPU, wrong architecture)."""
 
 
+class GPURequiredError(MlabenchError):
+    """A command that is only meaningful on a CUDA/ROCm GPU (e.g. graph capture), run without one."""
+
+
 class UnsupportedShapeError(MlabenchError):
     """A backend that is available but does not support the shape or parameters asked for."""
 

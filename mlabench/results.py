@@ -68,6 +68,7 @@ class Record(BaseModel):
     floor_us: float | None = Field(None, description="bytes_moved / the floor_bandwidth one, µs.")
     pct_of_floor: float | None = Field(None, description="100 * floor_us / median time.")
     setup_us: dict[str, float] = Field(default_factory=dict, description="Untimed setup steps, µs.")
+    refresh_us: float | None = Field(None, description="Untimed per-step rebuild of the call's length-dependent metadata (work list, scheduler), median wall µs; a server pays it once per step for all layers, not per layer. 0 when the call reads the lengths only on the device.")
     gpu_state: dict[str, Any] = Field(default_factory=dict, description="Clocks, temperature, power read after timing.")
     gpu_state_before: dict[str, Any] = Field(default_factory=dict, description="The same, read just before timing.")
     clock_below_steady: bool | None = Field(
@@ -313,9 +314,9 @@ def records_of(runs: Iterable[Path]) -> list[Record]:
 CSV_FIELDS = [
     "backend", "params", "effective_params", "batch", "num_heads", "context_len", "page_size",
     "kv_dtype", "status", "verdict_passed", "max_abs_err", "timing_mode", "median_us", "iqr_us",
-    "min_us", "n_samples", "median_rel_ci", "noisy", "eager_median_us", "achieved_tbps", "floor_us",
-    "pct_of_floor", "cold_cache_copies", "bytes_moved", "workspace_bytes", "message", "key",
-    "calls_per_sample", "floor_bandwidth", "clock_below_steady",
+    "min_us", "n_samples", "median_rel_ci", "noisy", "eager_median_us", "refresh_us",
+    "achieved_tbps", "floor_us", "pct_of_floor", "cold_cache_copies", "bytes_moved", "workspace_bytes",
+    "message", "key", "calls_per_sample", "floor_bandwidth", "clock_below_steady",
 ]
 
 
@@ -330,7 +331,8 @@ def csv_row(r: Record) -> dict[str, Any]:
         "timing_mode": r.timing_mode, "median_us": s.median_us if s else "",
         "iqr_us": s.iqr_us if s else "", "min_us": s.min_us if s else "", "n_samples": s.n if s else "",
         "median_rel_ci": s.median_rel_ci if s else "", "noisy": s.noisy if s else "",
-        "eager_median_us": e.median_us if e else "", "achieved_tbps": r.achieved_tbps or "",
+        "eager_median_us": e.median_us if e else "",
+        "refresh_us": "" if r.refresh_us is None else r.refresh_us, "achieved_tbps": r.achieved_tbps or "",
         "floor_us": r.floor_us or "", "pct_of_floor": r.pct_of_floor or "",
         "cold_cache_copies": r.cold_cache_copies, "bytes_moved": r.bytes_moved,
         "workspace_bytes": r.workspace_bytes, "message": r.message, "key": r.key,

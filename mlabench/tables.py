@@ -251,7 +251,9 @@ def render(tables: Sequence[Table], format: Format) -> str:
 
 # ---- sweep summary ----------------------------------------------------------------------------
 def params_label(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "—"
+    """``k=v`` pairs sorted by name; empty-string values (an unset option such as
+    ``split_policy``) are left out."""
+    return " ".join(f"{k}={v}" for k, v in sorted(params.items()) if v != "") or "—"
 
 
 #: Parameter names as the terminal table abbreviates them (JSON, CSV keep the full label).

@@ -14,7 +14,7 @@ import sys
 import typer
 
 from mlabench import __version__
-from mlabench.cli import diff, kernels, report, serve, tune
+from mlabench.cli import diff, graphs, kernels, report, serve, tune
 from mlabench.errors import ExitCode, MlabenchError
 
 app = typer.Typer(
@@ -28,7 +28,7 @@ app = typer.Typer(
 
 #: Command groups: modules whose ``COMMANDS`` maps command names to top-level functions, in the
 #: order ``mlabench --help`` lists them.  A new group is one more entry here.
-GROUPS = (kernels, diff, serve, tune, report)
+GROUPS = (kernels, graphs, diff, serve, tune, report)
 
 
 def _version(value: bool) -> None:

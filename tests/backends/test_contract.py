@@ -22,6 +22,9 @@ NAMES = backend_names()
 #: bf16, page size 64, 12 heads: a shape every built-in backend takes (FlashMLA needs page 64 and
 #: bf16/fp16, AITER bf16); lengths 1, a non-multiple and one past a multiple of the page size.
 TINY = MLADecodeShape.create(num_heads=12, context_lens=(1, 70, 129), page_size=64)
+#: Lengths written into TINY's ``cache_seqlens`` in place after prepare: each fits the block table
+#: (3 pages of 64 per request), the longest request becomes the shortest and every work split moves.
+NEW_LENS = (150, 3, 90)
 #: Shapes some backends refuse: each refusal must say why.
 ODD_SHAPES = [
     MLADecodeShape.create(num_heads=12, context_lens=(8,), page_size=16, q_dtype="float32",
@@ -114,4 +117,23 @@ def test_matches_the_reference_on_this_machine(name):
     for params in param_variants(backend, TINY):
         out = backend.prepare(inputs, backend.resolve_params(TINY, params)).fn()
         verdict = compare_outputs(out, ref)
+        assert verdict.passed, (params, verdict)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_refresh_follows_new_lengths(name):
+    """What ``graph_safe`` promises, as far as this machine can check it: prepared and run at TINY's
+    lengths, lengths changed in place, ``refresh``, run again: the reference of the new lengths.
+    (A captured graph replayed after the refresh: tests/gpu/test_graph_refresh.py.)"""
+    backend = runnable(name)
+    for params in param_variants(backend, TINY):
+        inputs = make_inputs(TINY, seed=4)
+        call = backend.prepare(inputs, backend.resolve_params(TINY, params))
+        call.fn()
+        inputs.cache_seqlens.copy_(torch.tensor(NEW_LENS, dtype=torch.int32))
+        call.refresh_for_new_lengths()
+        call.out.fill_(float("nan"))
+        ref, _ = mla_decode_reference(inputs.q, inputs.kv_cache, inputs.block_table, NEW_LENS,
+                                      TINY.scale)
+        verdict = compare_outputs(call.fn(), ref)
         assert verdict.passed, (params, verdict)
