@@ -71,3 +71,12 @@ def test_a_prompt_file_that_is_binary_is_one_line(bad, tmp_path):
 
     with pytest.raises(FileAccessError, match="check.prompt_file is not a text file"):
         prompt_text(load_config(cfg).check)
+
+
+def test_graph_check_and_tune_read_their_files_with_one_line(bad, monkeypatch, capsys):
+    for args, message in ((["graph-check", "--policy", "{binary}"], "split policy is not a text file"),
+                          (["tune", "--validate", "{binary}"], "policy is not a text file"),
+                          (["tune", "--export", "{garbled_run}"], "run manifest is not a text file"),
+                          (["diff", "{garbled_run}", "{garbled_run}"], "is not a text file")):
+        code, _, err = run([a.format(**bad) for a in args], monkeypatch, capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, (args, err)
