@@ -34,6 +34,11 @@ class ConfigError(MlabenchError):
     """A configuration file or flag is malformed or inconsistent (bad TOML, unknown key, bad value)."""
 
 
+class FileAccessError(ConfigError):
+    """A file or folder the user named that cannot be read or written: missing, a folder where a
+    file belongs (or the reverse), not UTF-8 text, not valid JSON, no permission, disk full."""
+
+
 class UnknownModelError(ConfigError):
     """A model preset name that is not under ``configs/models/``."""
 

@@ -39,6 +39,7 @@ from mlabench.backends import get_backend
 from mlabench.backends.base import PreparedCall
 from mlabench.device import current_device, free_memory_bytes
 from mlabench.errors import BackendUnavailableError, ConfigError, GPURequiredError, UnsupportedShapeError
+from mlabench.files import write_text
 from mlabench.inputs import input_bytes, make_inputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.shapes import MLADecodeShape
@@ -224,7 +225,7 @@ def run_graph_check(cfg: GraphCheckConfig, subjects: Sequence[Subject], engine: 
             tuned_tables[batch] = [(L, source[L][1] or 1) for L in cfg.contexts]
             result.policy = SplitPolicy.create(tuned_tables, source="tuned by this graph-check run")
         if policy_subjects:
-            policy_path.write_text(result.policy.to_json())
+            write_text(policy_path, result.policy.to_json(), "split policy")
         for s in subjects:
             say(f"capture {s.label} B={batch} at L={cfg.capture_len}")
             result.rows += bench.captured(s, policy_path, tuned[baseline_key(s)])

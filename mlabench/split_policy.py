@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from mlabench.errors import ConfigError
+from mlabench.files import read_json
 
 #: The largest ``max_context_len`` an int32 table row can hold; the padding rows of
 #: :meth:`SplitPolicy.device_table` use it so that every length finds a row.
@@ -139,12 +140,7 @@ def load_split_policy(path: str | Path) -> SplitPolicy:
     Raises :class:`ConfigError` with one line for a missing file, malformed JSON or a bad layout.
     """
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"split policy not found: {p}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{p}: not a split policy JSON ({exc})") from None
+    data = read_json(p, "split policy")
     return SplitPolicy.create(_tables_of(data, p), source=str(p))
 
 

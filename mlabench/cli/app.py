@@ -23,6 +23,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,  # plain help: flags without a "<bool>", wrapped to the terminal
 )
 
 #: Command groups: modules whose ``COMMANDS`` maps command names to top-level functions, in the

@@ -14,31 +14,34 @@ from typing import Annotated
 import typer
 
 from mlabench.cli.options import (Batch, BudgetS, Context, Format, Json, Markdown, PageSize, Splits, int_list,
-                                  output_format)
+                                  name_list, output_format)
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
+from mlabench.files import write_text
 
 
 def graph_check(
     backend: Annotated[list[str] | None, typer.Option(
-        "--backend", help="Backend(s) to capture, repeatable; default: triton-splitkv.")] = None,
+        "--backend", metavar="NAME[,NAME...]", help="Backends to capture; default: triton-splitkv.")] = None,
     split_policy: Annotated[list[str] | None, typer.Option(
-        help="Policy modes to capture for backends with a split_policy: host (one count chosen on "
+        metavar="host|device[,...]", help="Policy modes to capture for backends with a split_policy: host (one count chosen on "
              "the host, frozen by capture) and/or device (each request's count looked up in device "
              "memory). Default: both.")] = None,
     policy: Annotated[Path | None, typer.Option(
-        help="Split policy JSON: the tune command's, or (max_len, splits) rows per batch size "
+        metavar="PATH", help="Split policy JSON: the tune command's, or (max_len, splits) rows per batch size "
              "(docs/graphs.md). Default: the counts tuned by this run.")] = None,
-    policy_out: Annotated[Path | None, typer.Option(help="Write the policy used here to this file.")] = None,
-    save: Annotated[Path | None, typer.Option(help="Also write the table as JSON to this file.")] = None,
-    heads: Annotated[str | None, typer.Option(help="Local heads (one value; default 12).")] = None,
+    policy_out: Annotated[Path | None, typer.Option(
+        metavar="PATH", help="Write the policy used here to this file.")] = None,
+    save: Annotated[Path | None, typer.Option(metavar="PATH", help="Also write the table as JSON to this file.")] = None,
+    heads: Annotated[str | None, typer.Option(metavar="H", help="Local heads (one value; default 12).")] = None,
     batch: Batch = None, context: Context = None, page_size: PageSize = None,
-    dtype: Annotated[str, typer.Option(help="q and KV dtype.")] = "bfloat16",
-    capture_len: Annotated[int, typer.Option(help="Tokens per request when the graph is captured.")] = 1,
+    dtype: Annotated[str, typer.Option(metavar="DTYPE", help="q and KV dtype.")] = "bfloat16",
+    capture_len: Annotated[int, typer.Option(
+        metavar="L", help="Tokens per request when the graph is captured.")] = 1,
     splits: Splits = None,
-    tolerance: Annotated[float, typer.Option(help="Flag a graph slower than tuned by more than this "
-                                             "fraction.")] = 0.05,
-    budget_s: BudgetS = None, seed: Annotated[int, typer.Option(help="Input seed.")] = 0,
+    tolerance: Annotated[float, typer.Option(metavar="FRACTION", help="Flag a graph slower than tuned by more "
+                                             "than this fraction.")] = 0.05,
+    budget_s: BudgetS = None, seed: Annotated[int, typer.Option(metavar="N", help="Input seed.")] = 0,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Capture decode at small lengths, replay at long ones after refresh; flag frozen choices.
@@ -61,7 +64,7 @@ def graph_check(
         page_size=64 if page_size is None else page_size, dtype=dtype, capture_len=capture_len,
         splits=tuple(int_list(splits, "--splits", "--splits") or DEFAULT_SPLITS), tolerance=tolerance,
         timing=TimingConfig(budget_s=0.5 if budget_s is None else budget_s), seed=seed)
-    subjects = subjects_for(backend or ["triton-splitkv"], split_policy or ["host", "device"])
+    subjects = subjects_for(name_list(backend) or ["triton-splitkv"], name_list(split_policy) or ["host", "device"])
     given = load_split_policy(policy) if policy else None
     with tempfile.TemporaryDirectory(prefix="mlabench-graph-check-") as tmp:
         path = policy_out or Path(tmp) / "policy.json"
@@ -69,7 +72,7 @@ def graph_check(
                                  progress=lambda msg: notice(msg, style="dim"))
     table = graph_check_table(result, cfg)
     if save is not None:
-        save.write_text(render([table], "json"))
+        write_text(save, render([table], "json"), "table file")
     emit([table], fmt)
     flagged = sorted({r.subject for r in result.rows if r.flagged})
     if flagged:

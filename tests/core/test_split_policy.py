@@ -80,7 +80,7 @@ def test_round_trip_and_both_layouts(tmp_path):
 
 
 @pytest.mark.parametrize("text,match", [
-    ("{", "not a split policy JSON"),
+    ("{", "split policy is not valid JSON"),
     ('{"x": 1}', "expected"),
     ('{"num_kv_splits": {"one": [[1, 1]]}}', "keys must be batch sizes"),
     ('{"backend": "x", "shape": {}, "device": "d", "param_names": ["block_n"], "batches": [{"batch": 1, '
