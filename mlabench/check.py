@@ -3,18 +3,22 @@ needles, peaky, flat: :mod:`mlabench.verification`), poisoned with NaN wherever 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mlabench.backends import backend_names, get_backend
-from mlabench.backends.base import param_grid
+from mlabench.backends.base import Backend, param_grid
 from mlabench.backends.registry import select_backends
 from mlabench.errors import ConfigError, MlabenchError
+from mlabench.inputs import check_fits
 from mlabench.measure import ShapeBench, failed_record
 from mlabench.results import Record
 from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.timing import TimingConfig
 from mlabench.verdict import CheckConfig
+
+#: ``progress(done, total, what)``: how far a run has come, for a progress bar.
+Progress = Callable[[int, int, str], None]
 
 #: Split counts checked by default: 1, a non-power of two, typical counts, and more splits than a
 #: short request has tokens.
@@ -45,8 +49,10 @@ def check_shapes(*, model: str | None = None, model_config: str | Path | None = 
     :func:`default_check_shapes`.  With them and no ``batch``: one ragged batch, one request per
     length.  With ``batch``: for each value, that many requests of the one length given.
     ``page_size`` defaults to 64.  Raises :class:`ConfigError` for a batch <= 0 or a batch with
-    other than one length, and the errors of :func:`resolve_heads` and :class:`MLADecodeShape`
-    (unknown model, bad tp, heads or length <= 0).
+    other than one length, the errors of :func:`resolve_heads` and :class:`MLADecodeShape`
+    (unknown model, bad tp, heads or length <= 0, a length past int32), and
+    :class:`OutOfMemoryError` for a shape whose inputs cannot fit here, judged from its numbers
+    before it is built.
     """
     if not heads and not (model or model_config):
         heads = [DEFAULT_CHECK_HEADS]
@@ -62,50 +68,70 @@ def check_shapes(*, model: str | None = None, model_config: str | Path | None = 
         if context_lens is None:
             shapes += default_check_shapes(h, scale, page_size, dtype, **dims)
             continue
-        ragged = [tuple(context_lens)] if batch is None else [tuple(context_lens) * b for b in batch]
-        shapes += [MLADecodeShape.create(num_heads=h, context_lens=lens, page_size=page_size, q_dtype=dtype,
-                                         kv_dtype=dtype, softmax_scale=scale, **dims) for lens in ragged]
+        kw = dict(num_heads=h, page_size=page_size, q_dtype=dtype, kv_dtype=dtype, softmax_scale=scale, **dims)
+        one = MLADecodeShape.create(context_lens=tuple(context_lens), **kw)
+        for b in batch or [1]:
+            check_fits(one, repeat=b)  # from the numbers, before b lengths are built
+            shapes.append(MLADecodeShape.create(context_lens=tuple(context_lens) * b, **kw))
     return list(dict.fromkeys(shapes))
 
 
 def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None = None,
               splits: Sequence[int] = DEFAULT_CHECK_SPLITS, check: CheckConfig | None = None,
-              seed: int = 0) -> tuple[list[Record], dict[str, str]]:
+              seed: int = 0, progress: Progress | None = None) -> tuple[list[Record], dict[str, str]]:
     """One record per (backend, params, shape), and ``{backend: why}`` for those unavailable here.
 
     Named backends must exist (:class:`UnknownBackendError`) and be available
-    (:class:`BackendUnavailableError`, via :func:`select_backends`); fresh inputs per shape (``seed``),
-    outputs poisoned with NaN before each run, judged by ``check`` (default: every input set, the
-    dtypes' relative limits).
+    (:class:`BackendUnavailableError`, via :func:`select_backends`), and every shape's inputs must
+    fit in free memory (:class:`OutOfMemoryError`), all checked before anything runs; fresh inputs
+    per shape (``seed``), outputs poisoned with NaN before each run, judged by ``check`` (default:
+    every input set, the dtypes' relative limits).  ``progress(done, total, what)`` is called before
+    each check and once at the end.
     """
+    for shape in shapes:
+        check_fits(shape)
     if backends:  # named: each must exist and be available
         chosen = select_backends(list(backends), strict=True)
     else:  # every one, so that the table can say why some are not available here
         chosen = [b for b in map(get_backend, backend_names()) if not b.is_reference]
-    splits = list(dict.fromkeys(splits))
-    availability = {b.name: b.available() for b in chosen}
-    unavailable = {name: why for name, (ok, why) in availability.items() if not ok}
+    unavailable = {b.name: why for b in chosen for ok, why in [b.available()] if not ok}
+    grid = {"num_kv_splits": list(dict.fromkeys(splits))}
+    plan = [(shape, b, params) for shape in shapes for b in chosen if b.name not in unavailable
+            for params in _grid(b, shape, grid)]
     records: list[Record] = []
-    for shape in shapes:
-        bench: ShapeBench | None = None
-        for b in chosen:
-            if b.name in unavailable:
-                continue
-            grid = param_grid(b, shape, {"num_kv_splits": list(splits)}, all_choices=True)
-            own = b.resolve_params(shape)
-            if "num_kv_splits" in own and own["num_kv_splits"] is None and own not in grid:
-                grid.insert(0, own)  # a library that picks its own split count: check its pick too
-            if bench is None:
-                try:
-                    bench = ShapeBench(shape, TimingConfig(), seed=seed, copies=1)
-                except (MlabenchError, RuntimeError) as exc:  # the allocator ran out after all
-                    why = f"inputs could not be created: {str(exc).splitlines()[0][:300]}"
-                    records += [failed_record(b.name, p, shape, "check", None, why) for p in grid]
-                    continue
-            for params in grid:
-                records.append(bench.run(b, params, copy_bw_tbps=None, run_id="check", check=check,
-                                         time_it=False))
+    bench: tuple[MLADecodeShape | None, ShapeBench | str] = (None, "")
+    for done, (shape, b, params) in enumerate(plan):
+        if progress:
+            progress(done, len(plan), f"{b.name} {shape.label()}")
+        if bench[0] != shape:
+            bench = (shape, _bench_or_why(shape, seed))
+        if isinstance(bench[1], ShapeBench):
+            records.append(bench[1].run(b, params, copy_bw_tbps=None, run_id="check", check=check,
+                                        time_it=False))
+        else:
+            records.append(failed_record(b.name, params, shape, "check", None, bench[1]))
+    if progress and plan:
+        progress(len(plan), len(plan), "checked")
     return records, unavailable
+
+
+def _grid(backend: Backend, shape: MLADecodeShape, axes: dict[str, list[int]]) -> list[dict]:
+    """Every choice of ``backend``'s parameters on ``shape`` with ``axes``; a library that picks its
+    own split count (aiter-gluon) is checked on its pick too."""
+    grid = param_grid(backend, shape, axes, all_choices=True)
+    own = backend.resolve_params(shape)
+    if "num_kv_splits" in own and own["num_kv_splits"] is None and own not in grid:
+        grid.insert(0, own)
+    return grid
+
+
+def _bench_or_why(shape: MLADecodeShape, seed: int) -> ShapeBench | str:
+    """The inputs and reference of ``shape``, or why they could not be made (the allocator ran out
+    after all)."""
+    try:
+        return ShapeBench(shape, TimingConfig(), seed=seed, copies=1)
+    except (MlabenchError, RuntimeError) as exc:
+        return f"inputs could not be created: {str(exc).splitlines()[0][:300]}"
 
 
 def check_failures(records: Sequence[Record]) -> list[Record]:

@@ -11,27 +11,50 @@ from typing import Any
 from pydantic import ValidationError
 
 from mlabench.errors import ConfigError
+from mlabench.files import read_text
 
 
 def configs_dir() -> Path:
-    """Folder holding ``models/``, ``sweeps/`` and ``serve/``: ``$MLABENCH_CONFIGS`` or the repo's ``configs/``."""
+    """Folder holding ``models/``, ``sweeps/`` and ``serve/``: ``$MLABENCH_CONFIGS``; else, running
+    from a checkout, its top-level ``configs/`` (where people edit them); else the copy an
+    installed wheel carries in ``mlabench/_configs/`` (``setup.py`` puts it there)."""
     env = os.environ.get("MLABENCH_CONFIGS")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "configs"
+    if env:
+        return Path(env)
+    package = Path(__file__).resolve().parent
+    checkout = package.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / "configs").is_dir():
+        return checkout / "configs"
+    return package / "_configs"
+
+
+def config_file(name_or_path: str | Path, kind: str, what: str) -> Path:
+    """The config file ``name_or_path`` names: a path to a file, or a bare name (no folder, no
+    suffix) of ``configs/<kind>/<name>.toml`` (``kind``: ``models``, ``sweeps`` or ``serve``).
+
+    Raises :class:`ConfigError` for a bare name that is neither a file here nor a shipped config,
+    listing the shipped ones.
+    """
+    path = Path(name_or_path)
+    if path.exists() or path.suffix or len(path.parts) != 1:
+        return path
+    shipped = configs_dir() / kind / f"{path}.toml"
+    if not shipped.is_file():
+        known = sorted(p.stem for p in (configs_dir() / kind).glob("*.toml"))
+        raise ConfigError(f"{what} not found: {path} is neither a file nor a shipped {what} "
+                          f"(known: {', '.join(known) or 'none'})")
+    return shipped
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
-    """Parse the TOML file ``path``; :class:`ConfigError` names ``what`` when it is missing or malformed."""
+    """Parse the TOML file ``path``; :class:`ConfigError` names ``what`` when it is missing,
+    unreadable, not text (:class:`~mlabench.errors.FileAccessError`) or malformed."""
     p = Path(path)
+    text = read_text(p, what)
     try:
-        return tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{what} not found: {p}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{what} is a folder, not a file: {p}") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: malformed TOML ({exc})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{p}: not a text file") from None
 
 
 def validation_line(exc: ValidationError) -> str:

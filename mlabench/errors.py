@@ -34,6 +34,11 @@ class ConfigError(MlabenchError):
     """A configuration file or flag is malformed or inconsistent (bad TOML, unknown key, bad value)."""
 
 
+class FileAccessError(ConfigError):
+    """A file or folder the user named that cannot be read or written: missing, a folder where a
+    file belongs (or the reverse), not UTF-8 text, not valid JSON, no permission, disk full."""
+
+
 class UnknownModelError(ConfigError):
     """A model preset name that is not under ``configs/models/``."""
 
@@ -48,6 +53,10 @@ class UnknownBackendError(ConfigError):
 
 class BackendUnavailableError(MlabenchError):
     """A registered backend that cannot run here (missing package, no GPU, wrong architecture)."""
+
+
+class GPURequiredError(MlabenchError):
+    """A command that is only meaningful on a CUDA/ROCm GPU (e.g. graph capture), run without one."""
 
 
 class UnsupportedShapeError(MlabenchError):

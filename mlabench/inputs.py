@@ -75,18 +75,21 @@ def input_bytes(shape: MLADecodeShape) -> int:
 
 
 def check_fits(shape: MLADecodeShape, copies: int = 1, device: DeviceInfo | None = None,
-               extra_bytes: int = 0, headroom: float = 0.9) -> None:
+               extra_bytes: int = 0, headroom: float = 0.9, repeat: int = 1) -> None:
     """Raise :class:`OutOfMemoryError` unless ``copies`` input sets fit in free memory.
 
     Checked before any allocation; ``headroom`` keeps 10% free for workspaces and outputs.
+    ``repeat`` checks a batch of ``repeat`` times the requests of ``shape`` instead (the inputs
+    grow linearly with the requests), so that a batch too large to build is refused from the
+    numbers of one copy, before its per-request lengths exist.
     """
     device = device or current_device()
-    need = copies * input_bytes(shape) + extra_bytes
+    need = copies * repeat * input_bytes(shape) + extra_bytes
     free = free_memory_bytes(device)
     if need > headroom * free:
         raise OutOfMemoryError(
-            f"{shape.label()}: needs {need / 2**30:.1f} GiB ({copies} input copies), "
-            f"{free / 2**30:.1f} GiB free on {device.name}"
+            f"{shape.label(repeat)}: needs {need / 2**30:,.1f} GiB ({copies} input "
+            f"cop{'y' if copies == 1 else 'ies'}), {free / 2**30:,.1f} GiB free on {device.name}"
         )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from mlabench.backends.base import Backend, PreparedCall
+from mlabench.backends.common import timed_us
 from mlabench.device import DeviceInfo, current_device
 from mlabench.errors import MlabenchError, OutOfMemoryError, UnsupportedShapeError
 from mlabench.inputs import MLADecodeInputs, check_fits, input_bytes, make_inputs
@@ -112,7 +113,7 @@ class ShapeBench:
         try:
             call, verdict = self.check(backend, params, check)
             base.update(verdict=verdict, effective_params=call.effective_params, setup_us=call.setup_us,
-                        workspace_bytes=call.workspace_bytes)
+                        workspace_bytes=call.workspace_bytes, refresh_us=refresh_cost_us(call, self.device))
             status = "ok" if verdict.passed else "incorrect"
             message = "" if verdict.passed else _verdict_message(verdict)
             if not time_it:
@@ -155,6 +156,16 @@ class ShapeBench:
                     result["eager"] = time_calls(calls, cfg, use_graph=False)
         result.update(mode="eager", stats=result.pop("eager"))
         return result
+
+
+def refresh_cost_us(call: PreparedCall, device: DeviceInfo, reps: int = 5) -> float:
+    """Median wall time of ``call.refresh`` (µs, between device synchronisations) over ``reps``
+    runs at unchanged lengths; 0.0 when the call has nothing to refresh."""
+    if call.refresh is None:
+        return 0.0
+    dev = torch.device(device.torch_device)
+    samples = sorted(timed_us(dev, call.refresh)[1] for _ in range(reps))
+    return samples[len(samples) // 2]
 
 
 def record_fields(backend: str, params: dict[str, Any], shape: MLADecodeShape, run_id: str,

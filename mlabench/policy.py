@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mlabench.errors import ConfigError
+from mlabench.files import read_json, write_text
 
 POLICY_SCHEMA_VERSION = 1
 
@@ -131,12 +132,7 @@ def merge_adjacent(entries: list[PolicyEntry]) -> list[PolicyEntry]:
 def load_policy(path: str | Path) -> Policy:
     """Read a policy JSON; :class:`ConfigError` with one line for a missing file or a bad schema."""
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"policy not found: {p}") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{p}: not a policy JSON ({exc})") from None
+    data = read_json(p, "policy")
     if isinstance(data, dict) and data.get("schema_version") not in (None, POLICY_SCHEMA_VERSION):
         raise ConfigError(f"{p}: policy schema_version {data.get('schema_version')} is not "
                           f"{POLICY_SCHEMA_VERSION} (written by another mlabench)")
@@ -222,11 +218,8 @@ def to_python_module(policy: Policy) -> str:
 
 def write_exports(policy: Policy, folder: Path, stem: str = "policy") -> dict[str, Path]:
     """Write ``<stem>.json``, ``<stem>.h`` and ``<stem>.py`` into ``folder``; returns their paths."""
-    folder.mkdir(parents=True, exist_ok=True)
     paths = {"json": folder / f"{stem}.json", "cpp": folder / f"{stem}.h", "python": folder / f"{stem}.py"}
     for kind, text in (("json", policy.to_json()), ("cpp", to_cpp_header(policy)),
                        ("python", to_python_module(policy))):
-        tmp = paths[kind].with_suffix(paths[kind].suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(paths[kind])
+        write_text(paths[kind], text, "policy file", atomic=True)
     return paths

@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import hashlib
+import io
 import json
 import os
 import platform
@@ -26,7 +27,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mlabench.configfile import validation_line
 from mlabench.errors import ResultsError
+from mlabench.files import append_text, make_dir, read_text, user_path, write_text
 from mlabench.stats import Stats
 from mlabench.verdict import Verdict
 
@@ -65,6 +68,7 @@ class Record(BaseModel):
     floor_us: float | None = Field(None, description="bytes_moved / the floor_bandwidth one, µs.")
     pct_of_floor: float | None = Field(None, description="100 * floor_us / median time.")
     setup_us: dict[str, float] = Field(default_factory=dict, description="Untimed setup steps, µs.")
+    refresh_us: float | None = Field(None, description="Untimed per-step rebuild of the call's length-dependent metadata (work list, scheduler), median wall µs; a server pays it once per step for all layers, not per layer. 0 when the call reads the lengths only on the device.")
     gpu_state: dict[str, Any] = Field(default_factory=dict, description="Clocks, temperature, power read after timing.")
     gpu_state_before: dict[str, Any] = Field(default_factory=dict, description="The same, read just before timing.")
     clock_below_steady: bool | None = Field(
@@ -123,16 +127,27 @@ def point_key(backend: str, params: dict[str, Any], shape: dict[str, Any]) -> st
 
 
 def git_revision(repo: Path | None = None) -> tuple[str, bool]:
-    """``(revision, dirty)`` of the mlabench checkout, or ``("unknown", False)`` outside git.
+    """``(revision, dirty)`` of the mlabench checkout; outside one (an installed wheel) the
+    package version, ``("mlabench-0.1.0", False)``.
 
-    ``$MLABENCH_GIT_REVISION`` (``<sha>`` or ``<sha>-dirty``) overrides it, for copies of the tree
-    made without ``.git`` (e.g. a working tree shipped to a GPU machine).
+    Only a git work tree whose top level is ``repo`` (default: the folder above the package)
+    counts, so a wheel installed in a virtual environment inside some other repository does not
+    record that repository's revision.  ``$MLABENCH_GIT_REVISION`` (``<sha>`` or ``<sha>-dirty``)
+    overrides it, for copies of the tree made without ``.git`` (e.g. a working tree shipped to a
+    GPU machine).
     """
+    from mlabench import __version__
+
     env = os.environ.get("MLABENCH_GIT_REVISION")
     if env:
         return env.removesuffix("-dirty"), env.endswith("-dirty")
-    repo = repo or Path(__file__).resolve().parent.parent
+    repo = (repo or Path(__file__).resolve().parent.parent).resolve()
+    no_git = (f"mlabench-{__version__}", False)
     try:
+        top = subprocess.run(["git", "-C", str(repo), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=10)
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != repo:
+            return no_git
         rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
         # Only code that can change a measurement counts (not the serving driver).
@@ -141,7 +156,7 @@ def git_revision(repo: Path | None = None) -> tuple[str, bool]:
                                     capture_output=True, text=True, timeout=10).stdout.strip())
         return rev, dirty
     except (OSError, subprocess.SubprocessError):
-        return "unknown", False
+        return no_git
 
 
 class ResultStore:
@@ -159,14 +174,12 @@ class ResultStore:
         store = cls(run_dir)
         if store.manifest_path.exists():
             raise ResultsError(f"{run_dir} already holds a run; use --resume to continue it")
-        store.run_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(store.run_dir, "run folder")
         store._write_manifest(manifest)
         return store
 
     def _write_manifest(self, manifest: Manifest) -> None:
-        tmp = self.manifest_path.with_suffix(".tmp")
-        tmp.write_text(manifest.model_dump_json(indent=2) + "\n")
-        tmp.replace(self.manifest_path)
+        write_text(self.manifest_path, manifest.model_dump_json(indent=2) + "\n", "run manifest", atomic=True)
 
     def update_manifest(self, **fields: Any) -> Manifest:
         """Rewrite ``manifest.json`` with ``fields`` replaced (a temporary file replaces it whole).
@@ -199,19 +212,16 @@ class ResultStore:
         return store
 
     def manifest(self) -> Manifest:
+        text = read_text(self.manifest_path, "run manifest")
         try:
-            return Manifest.model_validate_json(self.manifest_path.read_text())
-        except (OSError, ValidationError) as exc:
-            raise ResultsError(f"{self.manifest_path}: unreadable manifest ({str(exc).splitlines()[0]})") from None
+            return Manifest.model_validate_json(text)
+        except ValidationError as exc:
+            raise ResultsError(f"{self.manifest_path}: unreadable manifest ({validation_line(exc)})") from None
 
     # ---- records -------------------------------------------------------------------------------
     def append(self, record: Record) -> None:
         """Append one record as a JSON line, flushed and fsync'ed before returning."""
-        line = record.model_dump_json() + "\n"
-        with open(self.jsonl, "a", encoding="utf-8") as fh:
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_text(self.jsonl, record.model_dump_json() + "\n", "run results", sync=True)
 
     def records(self) -> list[Record]:
         """Every complete record, in order; a cut-short last line is ignored."""
@@ -223,23 +233,22 @@ class ResultStore:
     def _drop_partial_line(self) -> None:
         if not self.jsonl.exists():
             return
-        data = self.jsonl.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with open(self.jsonl, "r+b") as fh:
-                fh.truncate(data.rfind(b"\n") + 1)
+        with user_path(self.jsonl, "run results"):
+            data = self.jsonl.read_bytes()
+            if data and not data.endswith(b"\n"):
+                with open(self.jsonl, "r+b") as fh:
+                    fh.truncate(data.rfind(b"\n") + 1)
 
     # ---- exports -------------------------------------------------------------------------------
     def write_csv(self, path: Path | None = None) -> Path:
         """Flatten the records into ``results.csv`` (regenerated, never appended); returns its path."""
         path = path or self.run_dir / "results.csv"
         rows = [csv_row(r) for r in self.records()]
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
-            writer.writeheader()
-            writer.writerows(rows)
-        tmp.replace(path)
-        return path
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\r\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return write_text(path, buf.getvalue(), "results CSV", atomic=True)
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -253,7 +262,7 @@ def read_jsonl(path: Path, model: type[M], what: str) -> list[M]:
     """
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").split("\n")
+    lines = read_text(path, f"{what}s file").split("\n")
     out = []
     for i, line in enumerate(lines):
         if not line.strip():
@@ -305,9 +314,9 @@ def records_of(runs: Iterable[Path]) -> list[Record]:
 CSV_FIELDS = [
     "backend", "params", "effective_params", "batch", "num_heads", "context_len", "page_size",
     "kv_dtype", "status", "verdict_passed", "max_abs_err", "timing_mode", "median_us", "iqr_us",
-    "min_us", "n_samples", "median_rel_ci", "noisy", "eager_median_us", "achieved_tbps", "floor_us",
-    "pct_of_floor", "cold_cache_copies", "bytes_moved", "workspace_bytes", "message", "key",
-    "calls_per_sample", "floor_bandwidth", "clock_below_steady", "rel_rmse", "rel_max_err",
+    "min_us", "n_samples", "median_rel_ci", "noisy", "eager_median_us", "refresh_us",
+    "achieved_tbps", "floor_us", "pct_of_floor", "cold_cache_copies", "bytes_moved", "workspace_bytes",
+    "message", "key", "calls_per_sample", "floor_bandwidth", "clock_below_steady", "rel_rmse", "rel_max_err",
 ]
 
 
@@ -323,7 +332,8 @@ def csv_row(r: Record) -> dict[str, Any]:
         "timing_mode": r.timing_mode, "median_us": s.median_us if s else "",
         "iqr_us": s.iqr_us if s else "", "min_us": s.min_us if s else "", "n_samples": s.n if s else "",
         "median_rel_ci": s.median_rel_ci if s else "", "noisy": s.noisy if s else "",
-        "eager_median_us": e.median_us if e else "", "achieved_tbps": r.achieved_tbps or "",
+        "eager_median_us": e.median_us if e else "",
+        "refresh_us": "" if r.refresh_us is None else r.refresh_us, "achieved_tbps": r.achieved_tbps or "",
         "floor_us": r.floor_us or "", "pct_of_floor": r.pct_of_floor or "",
         "cold_cache_copies": r.cold_cache_copies, "bytes_moved": r.bytes_moved,
         "workspace_bytes": r.workspace_bytes, "message": r.message, "key": r.key,

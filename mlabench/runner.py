@@ -90,7 +90,9 @@ class SweepRunner:
 
     def run(self, ordered: Sequence[Point], sentinel: Point | None, progress: ProgressFn | None = None) -> None:
         """Measure every point of ``ordered`` not yet recorded, in order; Ctrl-C saves what was
-        measured (CSV, drift) and raises :class:`Interrupted` naming the folder to resume."""
+        measured (CSV, drift) and raises :class:`Interrupted` naming the folder to resume.
+        ``progress(point, record, done, total)`` is called at the start and before each point
+        (``record`` None), and after each point."""
         done = self.store.finished_keys()
         todo = [p for p in ordered if p.key not in done]
         total, finished = len(ordered), len(ordered) - len(todo)
@@ -98,8 +100,12 @@ class SweepRunner:
         cache = BenchCache(self.cfg, Counter(p.shape for p in todo), budget)
         every = self.cfg.sentinel_every if sentinel is not None else 0
         try:
+            if progress and todo:  # the bar shows from the start, before the first sentinel
+                progress(sentinel or todo[0], None, finished, total)
             self._sentinel(sentinel)
             for i, p in enumerate(todo, 1):
+                if progress:
+                    progress(p, None, finished + i - 1, total)
                 rec = self._measure(p, cache)
                 self.store.append(rec)
                 self.recorded += 1

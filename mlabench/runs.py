@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlabench.files import read_json
 from mlabench.results import Manifest, Record, ResultStore, records_of, run_folders
 from mlabench.serving.config import ServeConfig
 from mlabench.serving.results import BenchResult
@@ -79,7 +80,7 @@ def load_runs(paths: Iterable[Path | str]) -> Runs:
     for folder in dict.fromkeys(folders):
         if is_serve_run(folder):
             config, results = read_run(folder)
-            manifest = json.loads((folder / "manifest.json").read_text())
+            manifest = read_json(folder / "manifest.json", "serve-bench run manifest")
             runs.serve_runs.append(ServeRun(folder, manifest, config, results))
         else:
             kernel_folders.append(folder)

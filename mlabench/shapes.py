@@ -14,7 +14,6 @@ Tensor shapes (B = batch, H = local heads, qo_len = 1):
 
 from __future__ import annotations
 
-import json
 import math
 from functools import cached_property
 from pathlib import Path
@@ -24,10 +23,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mlabench.configfile import configs_dir, read_toml, validation_line
 from mlabench.errors import ConfigError, ShapeError, UnknownModelError
+from mlabench.files import read_json
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 SUPPORTED_PAGE_SIZES = (1, 16, 64)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+#: Context lengths (``cache_seqlens``) and page indices (the block table) are int32 on the device.
+INT32_MAX = 2**31 - 1
+#: The largest latent cache a shape may have: 1 TiB, several times the memory of the largest single
+#: GPU (141 GB on an H200, 288 GB on an MI355X), so no shape past it can run anywhere.
+MAX_CACHE_BYTES = 2**40
+#: Rope types whose effect on the decode softmax scale is known: ``default`` (none) and YaRN, whose
+#: mscale multiplies it (DeepSeek-V3's ``modeling_deepseek.py``; vLLM calls it ``deepseek_yarn``).
+ROPE_TYPES = ("default", "yarn", "deepseek_yarn")
 
 
 class MLADecodeShape(BaseModel):
@@ -63,9 +71,10 @@ class MLADecodeShape(BaseModel):
     def _contexts_positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if not v:
             raise ValueError("context_lens must name at least one request")
-        bad = [c for c in v if c <= 0]
+        bad = [c for c in v if not 0 < c <= INT32_MAX]
         if bad:
-            raise ValueError(f"context length must be > 0, got {bad[0]}")
+            raise ValueError(f"context length must be > 0, got {bad[0]}" if bad[0] <= 0 else
+                             f"context length must be <= {INT32_MAX:,} (int32 lengths), got {bad[0]:,}")
         return v
 
     @field_validator("qo_len")
@@ -93,6 +102,9 @@ class MLADecodeShape(BaseModel):
     def _dims(self) -> MLADecodeShape:
         if self.kv_lora_rank <= 0 or self.qk_rope_head_dim < 0:
             raise ValueError("kv_lora_rank must be > 0 and qk_rope_head_dim >= 0")
+        if self.num_pages > INT32_MAX:
+            raise ValueError(f"{self.num_pages:,} KV pages are more than an int32 block table can "
+                             f"index ({INT32_MAX:,})")
         return self
 
     @classmethod
@@ -105,9 +117,19 @@ class MLADecodeShape(BaseModel):
 
     @classmethod
     def uniform(cls, batch: int, context_len: int, num_heads: int, **kwargs: Any) -> MLADecodeShape:
-        """``batch`` requests of the same ``context_len``; raises :class:`ShapeError` on bad values."""
+        """``batch`` requests of the same ``context_len``; raises :class:`ShapeError` on bad values.
+
+        The batch's size is judged on one request's numbers before its ``batch`` lengths are built:
+        more pages than an int32 block table indexes, or a latent cache over
+        :data:`MAX_CACHE_BYTES`, is a :class:`ShapeError` (a billion requests is refused, not built).
+        """
         if batch <= 0:
             raise ShapeError(f"batch must be > 0, got {batch}")
+        one = cls.create(num_heads=num_heads, context_lens=(context_len,), **kwargs)
+        if batch * one.num_pages > INT32_MAX or batch * one.kv_cache_bytes > MAX_CACHE_BYTES:
+            raise ShapeError(f"{one.label(batch)}: {batch * one.num_pages:,} KV pages "
+                             f"({batch * one.kv_cache_bytes / 2**40:,.1f} TiB of latent cache) cannot be one "
+                             f"decode step (at most {INT32_MAX:,} pages and {MAX_CACHE_BYTES / 2**40:g} TiB)")
         return cls.create(num_heads=num_heads, context_lens=(context_len,) * batch, **kwargs)
 
     # ---- derived sizes -------------------------------------------------------------------------
@@ -179,11 +201,12 @@ class MLADecodeShape(BaseModel):
         """Memory-bandwidth floor in µs: ``min_bytes_moved / bandwidth`` (bandwidth in TB/s)."""
         return self.min_bytes_moved / (bandwidth_tbps * 1e12) * 1e6
 
-    def label(self) -> str:
-        """Short human label, e.g. ``B=1 H=12 L=4096 page=64 bf16``."""
+    def label(self, repeat: int = 1) -> str:
+        """Short human label, e.g. ``B=1 H=12 L=4096 page=64 bf16``; ``repeat`` multiplies the
+        batch (a batch of ``repeat`` times these requests)."""
         lens = self.context_lens
         ctx = str(lens[0]) if len(set(lens)) == 1 else f"{min(lens)}..{max(lens)}"
-        return f"B={self.batch} H={self.num_heads} L={ctx} page={self.page_size} {self.kv_dtype}"
+        return f"B={self.batch * repeat} H={self.num_heads} L={ctx} page={self.page_size} {self.kv_dtype}"
 
     def key(self) -> dict[str, Any]:
         """JSON-able identity of the shape (used in result keys)."""
@@ -202,7 +225,17 @@ class ModelSpec(BaseModel):
     qk_rope_head_dim: int = 64
     qk_nope_head_dim: int = 128
     rope_scaling: dict[str, Any] | None = Field(None, description="HF rope_scaling (YaRN for V3).")
+    rope_parameters: dict[str, Any] | None = Field(
+        None, description="The same settings as newer transformers versions save them (with rope_theta).")
     source: str = Field("", description="Where the numbers come from.")
+
+    @model_validator(mode="after")
+    def _rope_understood(self) -> ModelSpec:
+        try:
+            self.rope()
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix(f"{self.name}: ")) from None
+        return self
 
     @property
     def qk_head_dim(self) -> int:
@@ -218,17 +251,35 @@ class ModelSpec(BaseModel):
             )
         return self.num_attention_heads // tp
 
+    def rope(self) -> tuple[str, dict[str, Any]]:
+        """The rope type and its settings, from ``rope_scaling`` or, when that is absent, from
+        ``rope_parameters`` (where transformers 5 writes them).
+
+        The type is ``type`` or ``rope_type``; settings with neither and no ``factor`` are the
+        ``default`` rope.  Raises :class:`ConfigError` naming a type outside :data:`ROPE_TYPES`
+        (its effect on the softmax scale would be a guess).
+        """
+        settings = self.rope_scaling or self.rope_parameters or {}
+        kind = settings.get("type") or settings.get("rope_type")
+        if kind is None and "factor" in settings:
+            raise ConfigError(f"{self.name}: rope settings with a factor but no rope_type: {settings}")
+        kind = str(kind or "default")
+        if kind not in ROPE_TYPES:
+            raise ConfigError(f"{self.name}: rope type {kind!r} is not understood (known: "
+                              f"{', '.join(ROPE_TYPES)}); its effect on the softmax scale is unknown")
+        return kind, settings
+
     def softmax_scale(self) -> float:
         """Decode softmax scale as the model computes it.
 
         ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``, times ``mscale ** 2`` under YaRN rope
         scaling with ``mscale = 0.1 * mscale_all_dim * ln(factor) + 1`` (1 when factor <= 1).
         Source: DeepSeek-V3's ``modeling_deepseek.py`` (``yarn_get_mscale`` and
-        ``DeepseekV3Attention.__init__``), which vLLM's ``deepseek_v2.py`` follows.
+        ``DeepseekV3Attention.__init__``), which vLLM's ``deepseek_v2.py`` follows.  Raises
+        :class:`ConfigError` for a rope type it does not understand (:meth:`rope`).
         """
         scale = self.qk_head_dim**-0.5
-        rs = self.rope_scaling or {}
-        kind = rs.get("type") or rs.get("rope_type")
+        kind, rs = self.rope()
         if kind in ("yarn", "deepseek_yarn"):
             factor = float(rs.get("factor", 1.0))
             mscale_all_dim = float(rs.get("mscale_all_dim", 0.0) or 0.0)
@@ -263,12 +314,7 @@ def read_hf_config(path: str | Path) -> ModelSpec:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"model config not found: {p}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{p}: not valid JSON ({exc})") from None
+    data = read_json(p, "model config")
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a JSON object")
     # Multimodal wrappers (Kimi K2.5-style) keep the language model under text_config.

@@ -20,9 +20,9 @@ from mlabench.backends import backend_names, get_backend
 from mlabench.backends.base import Backend, param_grid
 from mlabench.backends.registry import backend_packages, select_backends
 from mlabench.bandwidth import datasheet_bandwidth_tbps, measure_copy_bandwidth_tbps, measure_read_bandwidth_tbps
-from mlabench.configfile import configs_dir, read_toml, validation_line
+from mlabench.configfile import config_file, read_toml, validation_line
 from mlabench.device import DeviceInfo, current_device
-from mlabench.errors import BackendUnavailableError, ConfigError
+from mlabench.errors import BackendUnavailableError, ConfigError, ResultsError
 from mlabench.inputs import check_fits
 from mlabench.observers import driver_version, gpu_state
 from mlabench.order import DEFAULT_ORDER, Order, order_points
@@ -33,6 +33,10 @@ from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.steady import warm_up
 from mlabench.timing import TimingConfig
 from mlabench.verdict import CheckConfig
+
+#: The two ways to name a model; one given by a flag replaces either in a file.
+MODEL_SOURCES = ("model", "model_config")
+
 
 class SweepConfig(BaseModel):
     """A sweep, as read from ``configs/sweeps/*.toml`` and/or flags."""
@@ -96,19 +100,19 @@ class SweepConfig(BaseModel):
 def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None = None,
                       base: dict[str, Any] | None = None) -> SweepConfig:
     """Read a sweep TOML (``configs/sweeps/<name>.toml`` may be given by name), or start from
-    ``base``, and apply ``overrides`` (None values are ignored).
+    ``base``, and apply ``overrides`` (None values are ignored).  A flag replaces what the file
+    says: ``model`` or ``model_config`` given as a flag drops the file's other one.
 
     Raises :class:`ConfigError` with one line for a missing file, bad TOML or a bad field.
     """
     data: dict[str, Any] = dict(base or {})
     if path is not None:
-        p = Path(path)
-        if not p.exists() and not p.suffix:
-            p = configs_dir() / "sweeps" / f"{path}.toml"
-        data = read_toml(p, "sweep config")
-    for key, value in (overrides or {}).items():
-        if value is None:
-            continue
+        data = read_toml(config_file(path, "sweeps", "sweep config"), "sweep config")
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    for source in MODEL_SOURCES:  # a model named by a flag replaces the file's, whichever kind
+        if source in given:
+            data.update({other: None for other in MODEL_SOURCES if other != source})
+    for key, value in given.items():
         if key == "params":
             data.setdefault("params", {}).update(value)
         elif key == "timing":
@@ -119,6 +123,16 @@ def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None 
         return SweepConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"sweep config: {validation_line(exc)}") from None
+
+
+def recorded_config(store: ResultStore) -> SweepConfig:
+    """The sweep configuration a run folder's manifest recorded; :class:`ResultsError` when it is
+    not one (a folder of another tool, or a manifest edited by hand)."""
+    try:
+        return SweepConfig.model_validate(store.manifest().config)
+    except ValidationError as exc:
+        raise ResultsError(f"{store.run_dir}: the manifest holds no sweep configuration "
+                           f"({validation_line(exc)})") from None
 
 
 def default_sweep_config(device: DeviceInfo | None = None) -> SweepConfig:
@@ -171,7 +185,7 @@ def resolve_sweep_config(config: str | Path | None, overrides: dict[str, Any],
     """
     given = any(v is not None for v in overrides.values())
     if resume is not None and config is None:
-        recorded = SweepConfig.model_validate(ResultStore(resume).manifest().config)
+        recorded = recorded_config(ResultStore(resume))
         if not given:
             return recorded
         return load_sweep_config(None, overrides, base=recorded.model_dump(mode="json", by_alias=True))
@@ -201,7 +215,10 @@ def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
     """Every shape of the sweep (heads x batch x context), validated and without repeats.
 
     The heads axis is ``cfg.heads`` when given, else the model's local heads at ``cfg.tp``; a model
-    (preset or config.json) also sets the softmax scale and the latent widths.
+    (preset or config.json) also sets the softmax scale and the latent widths.  Each shape's size
+    is checked against free memory from its numbers before it is built
+    (:class:`OutOfMemoryError`: a batch of a billion requests is refused, not built); bad values
+    raise :class:`ShapeError`.
     """
     spec = None
     if cfg.model or cfg.model_config_path:
@@ -214,9 +231,11 @@ def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
         raise ConfigError("give a model (--model NAME --tp N, or --model-config PATH) or --heads")
     dims = {"kv_lora_rank": spec.kv_lora_rank, "qk_rope_head_dim": spec.qk_rope_head_dim,
             "softmax_scale": spec.softmax_scale()} if spec else {}
-    shapes = [MLADecodeShape.uniform(b, L, h, page_size=cfg.page_size, q_dtype=cfg.q_dtype,
-                                     kv_dtype=cfg.kv_dtype, **dims)
-              for h in heads_axis for b in cfg.batch for L in cfg.context_lens]
+    dims.update(page_size=cfg.page_size, q_dtype=cfg.q_dtype, kv_dtype=cfg.kv_dtype)
+    shapes = []
+    for h, b, L in ((h, b, L) for h in heads_axis for b in cfg.batch for L in cfg.context_lens):
+        check_fits(MLADecodeShape.uniform(1, L, h, **dims), repeat=b)  # before b lengths are built
+        shapes.append(MLADecodeShape.uniform(b, L, h, **dims))
     return list(dict.fromkeys(shapes))
 
 
@@ -262,8 +281,9 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     same device, driver, library versions and git revision (:class:`ConfigError` /
     :class:`ResultsError` otherwise).  The GPU is warmed up to steady clocks first
     (:func:`~mlabench.steady.warm_up`); a new run then measures the copy and read bandwidths.  The
-    points run in ``cfg.order`` with the sentinel (:class:`~mlabench.runner.SweepRunner`).  Ctrl-C
-    saves the CSV and raises :class:`Interrupted`, naming the folder to resume.
+    points run in ``cfg.order`` with the sentinel (:class:`~mlabench.runner.SweepRunner`);
+    ``progress(point, record, done, total)`` is called before each point (``record`` None) and
+    after it.  Ctrl-C saves the CSV and raises :class:`Interrupted`, naming the folder to resume.
     """
     backends = select_backends(cfg.backends, strict=strict_backends, warn=warn)
     if not backends:
@@ -273,7 +293,7 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
         check_fits(shape)
     store = _reopen(cfg, resume) if resume is not None else None
     if store is not None:
-        cfg = cfg.model_copy(update={"order_seed": SweepConfig.model_validate(store.manifest().config).order_seed})
+        cfg = cfg.model_copy(update={"order_seed": recorded_config(store).order_seed})
     elif cfg.order_seed is None:
         cfg = cfg.model_copy(update={"order_seed": secrets.randbelow(2**31)})
     steady = warm_up(cfg.timing)
@@ -294,7 +314,7 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
 def _reopen(cfg: SweepConfig, resume: Path) -> ResultStore:
     """The run folder to resume; refuses another identity or another configuration."""
     store = ResultStore.open_existing(resume, identity=make_manifest("resume", cfg, 0.0).identity())
-    recorded = SweepConfig.model_validate(store.manifest().config)
+    recorded = recorded_config(store)
     seed = recorded.order_seed if cfg.order_seed is None else cfg.order_seed
     if recorded != cfg.model_copy(update={"order_seed": seed}):
         raise ConfigError(f"{resume} was recorded with another sweep configuration; resume it "

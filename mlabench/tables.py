@@ -48,16 +48,19 @@ def fmt(value: Any) -> str:
 class ColumnStyle:
     """How one column renders.
 
-    ``text`` turns a raw value into what people read (default :func:`fmt`); ``header`` is the
-    heading people read (default: the column's name, which JSON and CSV use); ``show`` is ``all``,
-    ``human`` (Rich and markdown only) or ``machine`` (JSON and CSV only).
+    ``text`` turns a raw value into what people read (default: :func:`column_texts`, one number
+    format for the whole column); ``header`` is the heading people read (default: the column's
+    name, which JSON and CSV use); ``show`` is ``all``, ``human`` (Rich and markdown only) or
+    ``machine`` (JSON and CSV only); ``drop`` orders the columns the terminal table may leave out
+    when it is too narrow (0: never; higher first).
     """
 
-    text: Callable[[Any], str] = fmt
+    text: Callable[[Any], str] | None = None
     header: str | None = None
     justify: Literal["left", "right"] = "left"
     no_wrap: bool = False
     show: Literal["all", "human", "machine"] = "all"
+    drop: int = 0
 
 
 PLAIN = ColumnStyle()
@@ -104,7 +107,29 @@ class Table:
         keep = self.shown(human=True)
         styles = [self.style(self.columns[i]) for i in keep]
         headers = [s.header or self.columns[i] for s, i in zip(styles, keep)]
-        return headers, [[s.text(row[i]) for s, i in zip(styles, keep)] for row in self.rows]
+        columns = [[s.text(row[i]) for row in self.rows] if s.text else column_texts([row[i] for row in self.rows])
+                   for s, i in zip(styles, keep)]
+        return headers, [list(cells) for cells in zip(*columns)] if columns else [[] for _ in self.rows]
+
+    def numeric(self, column: str) -> bool:
+        """True when every value of ``column`` is a number or None (and one is a number)."""
+        i = self.columns.index(column)
+        values = [row[i] for row in self.rows if row[i] is not None]
+        return bool(values) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def column_texts(values: Sequence[Any]) -> list[str]:
+    """The texts of one column's values with one number format for all its floats: fixed point
+    with enough decimals for 3 significant digits of the smallest magnitude (at most 3), or
+    scientific (``7.42e-04``) for all of them when the smallest is below 0.001 or the largest
+    1e6 or more.  Everything else as :func:`fmt`."""
+    floats = [abs(v) for v in values if isinstance(v, float) and math.isfinite(v) and v != 0]
+    if not floats:
+        return [fmt(v) for v in values]
+    low, high = min(floats), max(floats)
+    decimals = min(3, max(0, 2 - math.floor(math.log10(low))))
+    spec = ".2e" if low < 1e-3 or high >= 1e6 else f".{decimals}f"
+    return [format(v, spec) if isinstance(v, float) and math.isfinite(v) else fmt(v) for v in values]
 
 
 def to_markdown(table: Table) -> str:
@@ -117,16 +142,75 @@ def to_markdown(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_rich(table: Table) -> Any:
-    """A ``rich.table.Table`` (notes as its caption)."""
+def to_rich(table: Table, width: int | None = None) -> Any:
+    """A ``rich.table.Table`` (notes as its caption); number columns never wrap.
+
+    With ``width`` (the console's, e.g. 80 in a log) and a table wider than that, a column that
+    holds one value in every row moves to the caption (``split-KV: triton-splitkv``), then
+    columns whose style may be dropped (:attr:`ColumnStyle.drop`, highest first, rightmost first)
+    are left out, until the table fits; the caption names them.  Print it at least
+    :func:`min_width` wide, so that what still does not fit runs past the edge rather than
+    splitting a number.
+    """
+    headers, texts = table.texts()
+    shown = [table.columns[i] for i in table.shown(human=True)]
+    constant = [c for n, c in enumerate(shown) if len(texts) > 1 and len({row[n] for row in texts}) == 1
+                and c != table.group_by]
+    left_out: list[str] = []
+    moved: list[str] = []
+    narrow = False  # headers wrapped to their longest word
+    while width is not None and min_width(_rich_table(table, left_out + moved, narrow)) > width:
+        droppable = [c for c in shown if c not in left_out + moved and table.style(c).drop > 0]
+        if not narrow:
+            narrow = True
+        elif constant:
+            moved.append(constant.pop(0))
+        elif droppable:
+            left_out.append(max(reversed(droppable), key=lambda c: table.style(c).drop))
+        else:
+            break
+    t = _rich_table(table, left_out + moved, narrow)
+    extra = [f"{headers[shown.index(c)]}: {texts[0][shown.index(c)] or 'none'} (every row)" for c in moved]
+    if left_out:
+        extra.append(f"left out at {width} columns: {', '.join(headers[shown.index(c)] for c in left_out)} "
+                     "(a wider terminal, or --format markdown / json / csv, shows them)")
+    if extra:
+        t.caption = "\n".join(([t.caption] if t.caption else []) + extra)
+    return t
+
+
+def min_width(rich_table: Any) -> int:
+    """The fewest columns ``rich_table`` needs without splitting a word (or a number)."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console(width=100_000, file=io.StringIO())
+    return Measurement.get(console, console.options, rich_table).minimum
+
+
+def _rich_table(table: Table, left_out: Sequence[str] = (), narrow: bool = False) -> Any:
+    from rich import box
+    from rich.cells import cell_len
     from rich.table import Table as RichTable
+    from rich.text import Text
 
     headers, rows = table.texts()
-    keep = table.shown(human=True)
-    t = RichTable(title=table.title or None, caption="\n".join(table.notes) or None, caption_justify="left")
-    for header, i in zip(headers, keep):
-        s = table.style(table.columns[i])
-        t.add_column(header, justify=s.justify, no_wrap=s.no_wrap, overflow="fold")
+    shown = table.shown(human=True)
+    keep = [n for n, i in enumerate(shown) if table.columns[i] not in left_out]
+    headers, rows = [headers[n] for n in keep], [[row[n] for n in keep] for row in rows]
+    keep = [shown[n] for n in keep]
+    t = RichTable(title=table.title or None, caption="\n".join(table.notes) or None, caption_justify="left",
+                  box=box.SIMPLE_HEAD)
+    for n, (header, i) in enumerate(zip(headers, keep)):
+        s, name = table.style(table.columns[i]), table.columns[i]
+        numbers = table.numeric(name)
+        whole = numbers or s.no_wrap or all(" " not in row[n] for row in rows)  # numbers and names: never split
+        # Such a column is as wide as its widest cell or header (``narrow``: the header's longest
+        # word, the header wraps), so that Rich, short of room, narrows only columns of several words.
+        width = max([cell_len(row[n]) for row in rows]
+                    + [cell_len(w) for w in (header.split() if narrow else [header])]) if whole else None
+        t.add_column(Text(header, no_wrap=False, overflow="fold"), justify="right" if numbers else s.justify,
+                     no_wrap=whole, width=width, overflow="ellipsis" if whole else "fold")
     g = table.columns.index(table.group_by) if table.group_by else None
     for n, (raw, row) in enumerate(zip(table.rows, rows)):
         ends = g is not None and (n + 1 == len(rows) or table.rows[n + 1][g] != raw[g])
@@ -167,7 +251,24 @@ def render(tables: Sequence[Table], format: Format) -> str:
 
 # ---- sweep summary ----------------------------------------------------------------------------
 def params_label(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "—"
+    """``k=v`` pairs sorted by name; empty-string values (an unset option such as
+    ``split_policy``) are left out."""
+    return " ".join(f"{k}={v}" for k, v in sorted(params.items()) if v != "") or "—"
+
+
+#: Parameter names as the terminal table abbreviates them (JSON, CSV keep the full label).
+SHORT_PARAMS = {"num_kv_splits": "splits", "head_padding": "pad", "programs_per_sm": "prog/SM"}
+
+
+def short_params(label: str | None) -> str:
+    """A :func:`params_label` with the names of :data:`SHORT_PARAMS` abbreviated."""
+    if not label:
+        return "—"
+    return " ".join(SHORT_PARAMS.get(k, k) + sep + v for k, sep, v in (p.partition("=") for p in label.split()))
+
+
+#: The params column of the record tables: people read it abbreviated.
+PARAMS = ColumnStyle(text=short_params)
 
 
 def best_ok(records: Iterable[Record]) -> Record | None:
@@ -176,14 +277,17 @@ def best_ok(records: Iterable[Record]) -> Record | None:
     return min(ok, key=lambda r: r.stats.median_us) if ok else None
 
 
-def sweep_summary(records: Sequence[Record], fixed_splits: Sequence[int] = (1, 16, 64, 128)) -> Table:
-    """Per (backend, batch, context): best configuration and its µs / TB/s / % of floor, beside a few
-    fixed split counts (µs), and how many points were not ok."""
-    present = sorted({r.params.get("num_kv_splits") for r in records} - {None})
-    fixed = [s for s in fixed_splits if s in present]
-    cols = ["backend", "batch", "context", "best params", "µs", "TB/s", "% floor"]
-    cols += [f"µs @{s} splits" for s in fixed] + ["not ok", "noisy"]
-    table = Table("Sweep: best configuration per backend, batch and context", cols)
+def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None) -> Table:
+    """Per (backend, batch, context): best configuration and its µs / TB/s / % of floor, beside the
+    µs at each split count swept (or at ``splits``, those of them swept), and how many points
+    were not ok or noisy.  At a narrow terminal the TB/s, then the split columns (from the right),
+    then ``noisy`` are left out (:class:`ColumnStyle` ``drop``)."""
+    swept = sorted({r.params.get("num_kv_splits") for r in records} - {None})
+    swept = [s for s in swept if splits is None or s in splits]
+    at = {f"µs @{s} splits": ColumnStyle(header=f"µs @{s}", drop=2) for s in swept}
+    styles = {"best params": PARAMS, "TB/s": ColumnStyle(drop=3), **at, "noisy": ColumnStyle(drop=1)}
+    cols = ["backend", "batch", "context", "best params", "µs", "TB/s", "% floor", *at, "not ok", "noisy"]
+    table = Table("Sweep: best configuration per backend, batch and context", cols, styles=styles)
     groups: dict[tuple, list[Record]] = {}
     for r in records:
         groups.setdefault((r.backend, r.batch, r.num_heads, r.context_len), []).append(r)
@@ -192,7 +296,7 @@ def sweep_summary(records: Sequence[Record], fixed_splits: Sequence[int] = (1, 1
         row: list[Any] = [backend, batch, ctx]
         row += [params_label(best.params), best.stats.median_us, best.achieved_tbps, best.pct_of_floor] \
             if best else ["(none ok)", None, None, None]
-        for s in fixed:
+        for s in swept:
             hit = best_ok(r for r in recs if r.params.get("num_kv_splits") == s)
             row.append(hit.stats.median_us if hit else None)
         bad = [r for r in recs if r.status != "ok"]
@@ -209,8 +313,8 @@ def sweep_summary(records: Sequence[Record], fixed_splits: Sequence[int] = (1, 1
         r0 = records[0]
         bw = r0.read_bandwidth_tbps if r0.floor_bandwidth == "read" else r0.copy_bandwidth_tbps
         table.notes.append(f"heads={r0.num_heads} page={r0.shape.get('page_size')} {r0.shape.get('kv_dtype')}; "
-                           f"time: median per call ({r0.timing_mode or 'n/a'}); floor = bytes / measured "
-                           f"{r0.floor_bandwidth} bandwidth {fmt(bw)} TB/s")
+                           f"time: median µs per call ({r0.timing_mode or 'n/a'}); µs @N: at N splits; floor = "
+                           f"bytes / measured {r0.floor_bandwidth} bandwidth {fmt(bw)} TB/s")
     return table
 
 
@@ -219,7 +323,8 @@ def check_table(records: Sequence[Record], unavailable: dict[str, str] | None = 
     of each point's worst input set; a failure says why and which needle went missing), with a note
     per backend of ``unavailable`` (``{name: why}``) saying why it is not available here."""
     t = Table("Correctness against the fp32 reference",
-              ["backend", "params", "shape", "rel RMSE", "rel max err", "max abs err", "finite", "verdict"])
+              ["backend", "params", "shape", "rel RMSE", "rel max err", "max abs err", "finite", "verdict"],
+              styles=CHECK_STYLES)
     for r in records:
         v = r.verdict
         shape = f"B={r.batch} H={r.num_heads} L={_ctx(r)} p{r.shape.get('page_size')}"
@@ -241,9 +346,23 @@ def check_table(records: Sequence[Record], unavailable: dict[str, str] | None = 
     return t
 
 
+#: At a narrow terminal the check table leaves out the max abs error, then finite (the verdict
+#: says what failed); the relative errors, which the verdict is on, stay, to 3 significant digits
+#: (their limits are 2^-n: 0.00781, 0.0625).
+_SIG3 = ColumnStyle(text=lambda v: fmt(v) if v is None else f"{v:.3g}")
+CHECK_STYLES = {"params": PARAMS, "rel RMSE": _SIG3, "rel max err": _SIG3, "max abs err": ColumnStyle(drop=2),
+                "finite": ColumnStyle(drop=1)}
+
+
 def _ctx(r: Record) -> str:
     lens = r.shape.get("context_lens", [r.context_len])
     return str(lens[0]) if len(set(lens)) == 1 else ",".join(map(str, lens))
+
+
+#: At a narrow terminal the compare table leaves out the persistent params, setup µs, then the
+#: two % floor columns (the speedup and both times stay).
+COMPARE_STYLES = {"params": ColumnStyle(text=short_params, drop=5), "setup µs": ColumnStyle(drop=4),
+                  "% floor": ColumnStyle(drop=3), "split-KV % floor": ColumnStyle(drop=3)}
 
 
 def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
@@ -256,7 +375,7 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
     """
     t = Table("Padded persistent vs best split-KV",
               ["batch", "context", "persistent", "params", "µs", "% floor", "setup µs", "split-KV",
-               "best splits", "split-KV µs", "split-KV % floor", "speedup"])
+               "best splits", "split-KV µs", "split-KV % floor", "speedup"], styles=COMPARE_STYLES)
     cells: dict[tuple[int, int], dict[str, list[Record]]] = {}
     for r in records:
         cells.setdefault((r.batch, r.context_len), {}).setdefault(r.backend, []).append(r)

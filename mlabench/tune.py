@@ -22,10 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mlabench.backends import get_backend
 from mlabench.backends.base import Backend
-from mlabench.configfile import read_toml, validation_line
+from mlabench.configfile import config_file, read_toml, validation_line
 from mlabench.errors import ConfigError, ResultsError
 from mlabench.policy import BatchPolicy, Policy, PolicyEntry, merge_adjacent
-from mlabench.shapes import MLADecodeShape, configs_dir, resolve_heads
+from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.timing import TimingConfig
 from mlabench.verdict import CheckConfig
 
@@ -108,7 +108,7 @@ def load_tune_config(sweep: str | None, values: dict[str, Any]) -> TuneConfig:
     """
     data: dict[str, Any] = {}
     if sweep is not None:
-        path = configs_dir() / "sweeps" / f"{sweep}.toml" if "/" not in sweep and not sweep.endswith(".toml") else sweep
+        path = config_file(sweep, "sweeps", "sweep config")
         toml = read_toml(path, "sweep config")
         data = {k: toml[k] for k in ("model", "model_config", "tp", "batch", "page_size", "q_dtype",
                                      "kv_dtype", "seed") if k in toml}

@@ -70,25 +70,14 @@ def read_tbps(read_once, size_bytes: int, reps: int = 10, warmup: int = 3) -> fl
 
 
 def read_ceilings_tbps(size_bytes: int = 4 << 30) -> dict:
-    """Read-only streaming bandwidth over ``size_bytes`` of fp32, two ways: ``torch.amax``, and a
-    plain Triton reduction (16-byte loads, 4 programs per SM, pipelined)."""
-    import triton
-    import triton.language as tl
+    """Read-only streaming bandwidth over ``size_bytes`` of fp32, two ways: ``torch.amax``, and
+    the project's Triton streaming sum (mlabench.kernels.stream_read)."""
+    from mlabench.kernels.stream_read import STREAM_PROGRAMS_PER_SM, stream_sum
 
-    @triton.jit
-    def _stream_sum(x_ptr, out_ptr, n_blocks, BLOCK: tl.constexpr):
-        acc = tl.zeros([BLOCK], tl.float32)
-        for blk in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=4):
-            acc += tl.load(x_ptr + blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
-        tl.store(out_ptr + tl.program_id(0), tl.sum(acc, 0))
-
-    block = 4096
     x = torch.empty(size_bytes // 4, dtype=torch.float32, device="cuda").uniform_()
-    grid = 4 * current_device().num_sms
-    out = torch.empty(grid, device="cuda")
+    out = torch.empty(STREAM_PROGRAMS_PER_SM * current_device().num_sms, device="cuda")
     res = {"read_amax_tbps": read_tbps(lambda: torch.amax(x), size_bytes),
-           "read_triton_tbps": read_tbps(lambda: _stream_sum[(grid,)](
-               x, out, x.numel() // block, BLOCK=block, num_warps=8), size_bytes)}
+           "read_triton_tbps": read_tbps(lambda: stream_sum(x, out), size_bytes)}
     del x
     return res
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tunes triton-splitkv for Kimi K3 at TP8 (12 heads, bf16, page 64) on one GPU, at batch 1 and 16
-# over the context buckets of configs/sweeps/kimi-k3-tp8.toml; validates the policy on held-out
+# (configs/sweeps/kimi-k3-tp8.toml) over context buckets two to an octave from 1K to 128K
+# ($MLABENCH_TUNE_BUCKETS overrides them); validates the policy on held-out
 # lengths; exports it.  Everything lands in OUTDIR (the tuning run folder with its study journal,
 # the validation run folder, the policy as JSON / C++ header / Python module, markdown tables).
 #   bash scripts/h200_tune_kimi_k3_tp8.sh OUTDIR [GPUS]
@@ -9,8 +10,11 @@
 #
 # Sized for about 6 minutes of H200 time (estimated from the kimi-k3-tp8 sweep: ~0.1 s per
 # graph-replayed configuration without the eager pass):
-#   tune:     16 studies (2 batch sizes x 8 buckets), 40 trials each (the 5 public heuristics first,
-#             then TPE over num_kv_splits 1-512), at most 12 s per study: ~1-3 min;
+#   tune:     30 studies (2 batch sizes x 15 buckets), 40 trials each (the 5 public heuristics first,
+#             then TPE over num_kv_splits 1-512), at most 12 s per study: ~2-3 min.  Why two buckets
+#             to an octave: with the sweep's 8 buckets (results/h200/tune-kimi-k3-tp8/first-attempt/)
+#             the best count moved by up to 40% inside the 1K-4K bucket and one count per bucket
+#             cost up to 17% at held-out lengths;
 #   validate: 24 held-out lengths per batch size between 1K and 128K (none on a bucket edge), each
 #             measuring the 21-count split ladder, the policy and the 5 heuristics (~24 configurations,
 #             0.3 s timing budget each): ~2-3 min;
@@ -26,7 +30,8 @@ stage() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 
 stage "tune ${gpus[*]}" 2>&1 | tee "$out/tune.log"
 start=$(date +%s)
-"${mlabench[@]}" tune --backend triton-splitkv --config kimi-k3-tp8 --trials 40 --timeout 12 ${gpus[@]+"${gpus[@]}"} \
+buckets="${MLABENCH_TUNE_BUCKETS:-1024,1448,2048,2896,4096,5793,8192,11585,16384,23170,32768,46341,65536,92682,131072}"
+"${mlabench[@]}" tune --backend triton-splitkv --config kimi-k3-tp8 --buckets "$buckets" --trials 40 --timeout 12 ${gpus[@]+"${gpus[@]}"} \
   --results-dir "$out" --markdown > "$out/tune.md" || exit
 echo "tune wall time: $(( $(date +%s) - start )) s" | tee -a "$out/tune.log" >&2
 run="$(ls -d "$out"/tune-kimi-k3-tp8-* | tail -n 1)"

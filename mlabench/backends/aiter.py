@@ -2,7 +2,8 @@
 
 Both backends run AITER's page-size-1 kernels on our paged cache viewed as ``[P * page, 1, 1, 576]``
 with ``kv_indices`` that map every token to its row (:func:`~mlabench.backends.aiter_args.page1_kv_layout`),
-exact for every page size.  Which AITER is installed -- its version, whether its functions still
+exact for every page size; ``refresh`` rewrites them (and aiter-asm's work metadata) in place for
+new lengths.  Which AITER is installed -- its version, whether its functions still
 take what we pass, which behaviour rules it has -- comes from :mod:`mlabench.backends.aiter_probe`,
 checked against the manifest written from AITER's source (``aiter_manifest.toml``); what AITER does
 with a shape under those rules is in :mod:`mlabench.backends.aiter_rules`.  The Gluon backend is in
@@ -21,7 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from mlabench.backends.aiter_args import page1_cache_view, page1_kv_layout
+from mlabench.backends.aiter_args import page1_cache_view, page1_layout_for_steps
 from mlabench.backends.aiter_manifest import load_manifest
 from mlabench.backends.aiter_probe import AiterInstall, probe_aiter
 from mlabench.backends.aiter_rules import asm_nonpersistent_splits, asm_wrong_result_reason
@@ -170,7 +171,8 @@ class AiterAsmBackend(AiterBackend):
         f = found.functions
         s, dev = inputs.shape, inputs.device
         mode, kernel_heads = params["head_padding"], padded_heads(s.num_heads)
-        layout = page1_kv_layout(inputs.block_table, s.context_lens, s.page_size, s.qo_len)
+        layout, refill = page1_layout_for_steps(inputs.block_table, s.context_lens, s.page_size,
+                                                s.qo_len)
         kv_view = page1_cache_view(inputs.kv_cache)
         q_dt, kv_dt = inputs.q.dtype, inputs.kv_cache.dtype
         info = f["metadata_info"](s.batch, s.qo_len, kernel_heads, q_dt, kv_dt,
@@ -187,6 +189,10 @@ class AiterAsmBackend(AiterBackend):
 
         build_metadata()  # warm-up: AITER loads (or JIT-builds) its metadata module on first use
         _, metadata_us = timed_us(dev, build_metadata)
+
+        def refresh() -> None:  # page-size-1 indices, then the work metadata, in place
+            refill(inputs.cache_seqlens.tolist())
+            build_metadata()
         out = inputs.new_output()
         padded = kernel_heads != s.num_heads
         o_pad = inputs.new_output(kernel_heads) if padded else out
@@ -209,7 +215,7 @@ class AiterAsmBackend(AiterBackend):
                          page_size_view=1, num_work_items_max=int(info_set.shape[0]),
                          allocates_per_call=True)
         return PreparedCall(fn=fn, out=out, effective_params=effective,
-                            setup_us={"metadata_us": metadata_us},
+                            setup_us={"metadata_us": metadata_us}, refresh=refresh,
                             workspace_bytes=split_workspace_bytes(partial_rows, s.v_head_dim))
 
     @staticmethod

@@ -2,13 +2,14 @@
 
 :func:`page1_kv_layout` builds the ``qo_indptr`` / ``kv_indptr`` / ``kv_indices`` /
 ``kv_last_page_lens`` that address a ``[P, page, 1, 576]`` cache viewed as ``[P * page, 1, 1, 576]``
-(page size 1, :func:`page1_cache_view`).  What AITER then does with a shape (split counts, the
-persistent-kernel gate, refusals) is in :mod:`mlabench.backends.aiter_rules`.
+(page size 1, :func:`page1_cache_view`); :func:`page1_layout_for_steps` the same, rewritten in place
+when the lengths change.  What AITER then does with a shape (split counts, the persistent-kernel
+gate, refusals) is in :mod:`mlabench.backends.aiter_rules`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,8 @@ class Page1KVLayout:
 
     @property
     def total_tokens(self) -> int:
-        return int(self.kv_indices.numel())
+        """Tokens of all requests (``kv_indptr[-1]``; ``kv_indices`` may hold more rows)."""
+        return int(self.kv_indptr[-1])
 
 
 def page1_kv_layout(block_table: torch.Tensor, context_lens: Sequence[int], page_size: int,
@@ -76,6 +78,29 @@ def page1_kv_layout(block_table: torch.Tensor, context_lens: Sequence[int], page
         kv_indices=kv_indices.to(torch.int32),
         kv_last_page_lens=torch.ones(batch, dtype=torch.int32, device=dev),
     )
+
+
+def page1_layout_for_steps(block_table: torch.Tensor, context_lens: Sequence[int], page_size: int,
+                           qo_len: int = 1) -> tuple[Page1KVLayout, Callable[[Sequence[int]], None]]:
+    """A :func:`page1_kv_layout` whose ``kv_indices`` has room for every token the block table
+    addresses (``B * max_pages * page_size``), and ``refill(lens)``, which rewrites ``kv_indptr``
+    and the first ``sum(lens)`` indices in place for new lengths (the per-step refresh of a
+    captured AITER call; rows past ``sum(lens)`` are not read).  Raises the ValueError of
+    :func:`page1_kv_layout` for lengths the block table cannot hold.
+    """
+    capacity = block_table.shape[0] * block_table.shape[1] * page_size
+    exact = page1_kv_layout(block_table, context_lens, page_size, qo_len)
+    layout = Page1KVLayout(exact.qo_indptr, exact.kv_indptr,
+                           torch.zeros(capacity, dtype=torch.int32, device=block_table.device),
+                           exact.kv_last_page_lens)
+
+    def refill(lens: Sequence[int]) -> None:
+        new = page1_kv_layout(block_table, lens, page_size, qo_len)
+        layout.kv_indptr.copy_(new.kv_indptr)
+        layout.kv_indices[:new.kv_indices.numel()].copy_(new.kv_indices)
+
+    refill(context_lens)
+    return layout, refill
 
 
 def page1_cache_view(kv_cache: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from mlabench.backends.aiter import (
     rocm_reason,
     rules_in_force,
 )
-from mlabench.backends.aiter_args import page1_kv_layout
+from mlabench.backends.aiter_args import page1_layout_for_steps
 from mlabench.backends.aiter_probe import AiterInstall
 from mlabench.backends.aiter_rules import (
     GluonPlan,
@@ -112,7 +112,8 @@ class AiterGluonBackend(AiterBackend):
         plan = gluon_plan(s.context_lens, s.num_heads, rules, params["min_kv_seq_len"],
                           params["num_kv_splits"])
         gluon = found.functions["gluon"]
-        layout = page1_kv_layout(inputs.block_table, s.context_lens, s.page_size, s.qo_len)
+        layout, refill = page1_layout_for_steps(inputs.block_table, s.context_lens, s.page_size,
+                                                s.qo_len)
         rows = inputs.kv_cache.view(-1, inputs.kv_cache.shape[-1])  # [P * page, 576]
         lora = s.kv_lora_rank
         q_nope, q_pe = inputs.q[..., :lora], inputs.q[..., lora:]
@@ -124,7 +125,19 @@ class AiterGluonBackend(AiterBackend):
                   min_kv_seq_len=plan.min_kv_seq_len)
             return out
 
+        def refresh() -> None:
+            """The page-size-1 indices for the new lengths; the split count and min_kv_seq_len
+            stay what prepare chose (host-side choices, frozen in a graph too)."""
+            lens = inputs.cache_seqlens.tolist()
+            if min(lens) < plan.min_kv_seq_len:
+                raise UnsupportedShapeError(
+                    f"a context of {min(lens)} tokens is below the min_kv_seq_len "
+                    f"{plan.min_kv_seq_len} this call was prepared with (AITER takes it as the "
+                    "shortest context): prepare it with a smaller min_kv_seq_len")
+            refill(lens)
+
         return PreparedCall(fn=fn, out=out, effective_params=self._effective(found, plan),
+                            refresh=refresh,
                             workspace_bytes=gluon_workspace_bytes(plan, s.num_heads, s.v_head_dim,
                                                                   out.element_size()))
 

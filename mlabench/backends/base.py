@@ -4,6 +4,12 @@ A backend says whether it can run here (:meth:`Backend.available`), which shapes
 (:meth:`Backend.supports`), which parameters it has (:attr:`Backend.params`) and builds a
 zero-argument callable for ``(inputs, params)`` (:meth:`Backend.prepare`).  Setup happens in
 ``prepare`` and is never timed; the timer only calls ``PreparedCall.fn``.
+
+A server captures one decode graph per batch size and replays it every step with new lengths,
+rebuilding the metadata the graph reads (work lists, a library's tile schedule) outside the graph
+first.  ``PreparedCall.refresh`` is that per-step rebuild: after new lengths are written into
+``inputs.cache_seqlens`` (in place) and ``refresh`` runs, ``fn`` (and, when ``graph_safe``, a graph
+captured from it earlier) computes the new step.
 """
 
 from __future__ import annotations
@@ -80,7 +86,13 @@ class PreparedCall:
     - ``setup_us``: untimed setup steps and their wall time, µs, keyed ``<step>_us``
       (``metadata_us`` for a library's scheduling metadata, ``work_list_us`` for a work list).
     - ``workspace_bytes``: bytes of intermediate buffers (split partials) the call writes and reads.
-    - ``graph_safe``: whether ``fn`` may be captured into a CUDA/HIP graph.
+    - ``refresh``: the untimed per-step rebuild, in place, of everything ``fn`` reads that was
+      derived from the context lengths outside ``fn`` (a work list, a library's scheduling
+      metadata, page-size-1 indices, a host-side split count), from the current
+      ``inputs.cache_seqlens``; None when ``fn`` reads the lengths only on the device.  A server
+      pays it once per step for all layers, not per layer.
+    - ``graph_safe``: a CUDA/HIP graph captured from ``fn`` computes the right output after the
+      lengths change in place and ``refresh`` runs (so ``fn`` may be captured and replayed).
     - ``split_starts``: per request, the first token of each piece of KV the call reduces
       separately (split, work-list segment), when the backend knows them; the correctness check
       puts needle tokens at their edges (:mod:`mlabench.verification`).  None: not known.
@@ -92,7 +104,13 @@ class PreparedCall:
     setup_us: dict[str, float] = field(default_factory=dict)
     workspace_bytes: int = 0
     graph_safe: bool = True
+    refresh: Callable[[], None] | None = None
     split_starts: list[list[int]] | None = None
+
+    def refresh_for_new_lengths(self) -> None:
+        """Run :attr:`refresh` (nothing to do when it is None)."""
+        if self.refresh is not None:
+            self.refresh()
 
 
 class Backend(ABC):

@@ -15,6 +15,8 @@ The PyPI ``flash-mla`` package is a 6 kB stub with neither function; :func:`flas
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -124,7 +126,7 @@ class FlashMLABackend(Backend):
 
     ``prepare`` runs the scheduler (``get_mla_decoding_metadata`` / ``get_mla_metadata``) once,
     untimed, reporting its wall time as ``setup_us["metadata_us"]``, as servers do per step outside
-    the attention call.  ``fn`` runs only ``flash_mla_with_kvcache`` on ``q`` viewed as
+    the attention call; ``refresh`` runs it again into the same tensors (:func:`schedule`).  ``fn`` runs only ``flash_mla_with_kvcache`` on ``q`` viewed as
     ``[B, 1, H, 576]`` and the cache ``[num_pages, 64, 1, 576]``; FlashMLA takes no output buffer
     and returns a new ``[B, 1, H, 512]`` tensor, so ``fn`` copies it into the poisoned ``out``
     (one extra small copy kernel inside the timed call, about ``B * H * 1 KiB``).
@@ -178,13 +180,11 @@ class FlashMLABackend(Backend):
         if api == API_STUB:
             raise BackendUnavailableError("flash_mla has no flash_mla_with_kvcache (stub package)")
         s = inputs.shape
-        dev = inputs.device
         q4 = flashmla_query(inputs.q)
         seqlens, rows_per_kv_head, kv_heads = metadata_args(inputs.cache_seqlens, s.num_heads, s.qo_len)
         block_table = inputs.block_table.to(torch.int32)
         extra = {API_LEGACY_FLAG: True} if api == API_LEGACY_FLAG else {}
         out = inputs.new_output()
-        metadata_note = "hoisted scheduler"
 
         def decode(sched: Any, splits: Any) -> torch.Tensor:
             o, _lse = mod.flash_mla_with_kvcache(q4, inputs.kv_cache, block_table, seqlens,
@@ -192,42 +192,98 @@ class FlashMLABackend(Backend):
                                                  softmax_scale=s.scale, causal=False, **extra)
             return o
 
-        sched: Any = None
-        splits_arg: Any = None
-        tile_md = num_splits = None
-        if api == API_TENSOR_METADATA:
-            result, metadata_us = timed_us(
-                dev, lambda: tuple(mod.get_mla_metadata(seqlens, rows_per_kv_head, kv_heads)))
-            if isinstance(result[0], torch.Tensor):  # FlashMLA before its FlashMLASchedMeta API
-                sched, splits_arg = tile_md, num_splits = result[0], result[1]
-            else:
-                sched = result[0]
-        else:
-            sched = mod.get_mla_metadata()[0]  # an empty FlashMLASchedMeta
-            hoist = getattr(mod, "get_mla_decoding_metadata", None)
-            if callable(hoist):
-                (tile_md, num_splits), metadata_us = timed_us(
-                    dev, lambda: tuple(hoist(seqlens, rows_per_kv_head, kv_heads, use_legacy=True)))
-                sched.tile_scheduler_metadata, sched.num_splits = tile_md, num_splits
-        if sched is not None and tile_md is None:
-            # No way to hoist the scheduler: the first call fills the FlashMLASchedMeta.
-            _, metadata_us = timed_us(dev, lambda: decode(sched, None))
-            tile_md = getattr(sched, "tile_scheduler_metadata", None)
-            num_splits = getattr(sched, "num_splits", None)
-            metadata_note = "filled by a first decode call (metadata_us includes it)"
+        def sync_seqlens() -> None:  # only a copy when cache_seqlens is not int32 already
+            if seqlens is not inputs.cache_seqlens:
+                seqlens.copy_(inputs.cache_seqlens)
 
+        plan = schedule(mod, api, inputs.device, (seqlens, rows_per_kv_head, kv_heads), decode,
+                        sync_seqlens)
         out3 = out.view(s.batch, s.qo_len, s.num_heads, s.v_head_dim)
 
         def fn() -> torch.Tensor:
-            out3.copy_(decode(sched, splits_arg))
+            out3.copy_(decode(plan.sched, plan.splits_arg))
             return out
 
-        stats = split_stats(tile_md, num_splits)
-        effective = {"api": api, "metadata": metadata_note, "page_size": FLASHMLA_PAGE_SIZE,
+        stats = split_stats(plan.tile_md, plan.num_splits)
+        effective = {"api": api, "metadata": plan.note, "page_size": FLASHMLA_PAGE_SIZE,
                      "flash_mla_version": package_version(FLASHMLA_PACKAGES["flash_mla"])
                      or getattr(mod, "__version__", None), **stats}
         workspace = flashmla_workspace_bytes(s.batch, s.num_heads, stats.get("num_sm_parts", 0),
                                              s.qo_len, s.v_head_dim)
         return PreparedCall(fn=fn, out=out, effective_params=effective,
-                            setup_us={"metadata_us": metadata_us}, workspace_bytes=workspace,
-                            split_starts=flashmla_split_starts(tile_md, s.batch))
+                            setup_us={"metadata_us": plan.metadata_us}, workspace_bytes=workspace,
+                            refresh=plan.refresh, graph_safe=plan.graph_safe,
+                            split_starts=flashmla_split_starts(plan.tile_md, s.batch))
+
+
+@dataclass
+class Schedule:
+    """FlashMLA's scheduling metadata for one prepared call and how to rebuild it per step.
+
+    ``sched`` and ``splits_arg`` are what ``flash_mla_with_kvcache`` takes (tensors, or a
+    ``FlashMLASchedMeta`` and None); ``tile_md`` ``[num_sm_parts, 8]`` and ``num_splits``
+    ``[B + 1]`` int32 are the tensors the kernel reads; ``refresh`` rebuilds them for the current
+    lengths (in place when ``graph_safe``).
+    """
+
+    sched: Any
+    splits_arg: Any
+    tile_md: torch.Tensor | None
+    num_splits: torch.Tensor | None
+    metadata_us: float
+    note: str
+    refresh: Callable[[], None]
+    graph_safe: bool = True
+
+
+def schedule(mod: Any, api: str, device: torch.device, args: tuple[torch.Tensor, int, int],
+             decode: Callable[[Any, Any], torch.Tensor], sync_seqlens: Callable[[], None]) -> Schedule:
+    """Run FlashMLA's scheduler once (timed, untimed for the kernel) and build its refresh.
+
+    ``args`` are :func:`metadata_args`; ``decode(sched, splits)`` runs one decode call.  Where the
+    scheduler can be hoisted (``get_mla_metadata`` returning tensors, or sgl-flash-mla's
+    ``get_mla_decoding_metadata``) ``refresh`` runs it again and copies the result into the same
+    tensors, which a captured graph reads.  Where it cannot, the first decode call fills a
+    ``FlashMLASchedMeta``; ``refresh`` empties it and fills it again with one eager decode call, new
+    tensors a captured graph does not see, so the call is not ``graph_safe``.
+    """
+    def copy_into(compute: Callable[[], tuple], tile_md: torch.Tensor,
+                  num_splits: torch.Tensor) -> Callable[[], None]:
+        def refresh() -> None:
+            sync_seqlens()
+            new_tile, new_splits = compute()[:2]
+            tile_md.copy_(new_tile)
+            num_splits.copy_(new_splits)
+        return refresh
+
+    hoisted = "hoisted scheduler"
+    if api == API_TENSOR_METADATA:
+        compute = lambda: tuple(mod.get_mla_metadata(*args))  # noqa: E731
+        result, metadata_us = timed_us(device, compute)
+        if isinstance(result[0], torch.Tensor):  # FlashMLA before its FlashMLASchedMeta API
+            tile_md, num_splits = result[0], result[1]
+            return Schedule(tile_md, num_splits, tile_md, num_splits, metadata_us, hoisted,
+                            copy_into(compute, tile_md, num_splits))
+        sched = result[0]
+    else:
+        sched = mod.get_mla_metadata()[0]  # an empty FlashMLASchedMeta
+        hoist = getattr(mod, "get_mla_decoding_metadata", None)
+        if callable(hoist):
+            compute = lambda: tuple(hoist(*args, use_legacy=True))  # noqa: E731
+            (tile_md, num_splits), metadata_us = timed_us(device, compute)
+            sched.tile_scheduler_metadata, sched.num_splits = tile_md, num_splits
+            return Schedule(sched, None, tile_md, num_splits, metadata_us, hoisted,
+                            copy_into(compute, tile_md, num_splits))
+
+    def refill() -> None:  # no way to hoist the scheduler: the first call fills the FlashMLASchedMeta
+        sync_seqlens()
+        sched.tile_scheduler_metadata = sched.num_splits = None
+        if hasattr(sched, "have_initialized"):
+            sched.have_initialized = False
+        decode(sched, None)
+
+    _, metadata_us = timed_us(device, refill)
+    return Schedule(sched, None, getattr(sched, "tile_scheduler_metadata", None),
+                    getattr(sched, "num_splits", None), metadata_us,
+                    "filled by a first decode call (metadata_us includes it)", refill,
+                    graph_safe=False)

@@ -39,7 +39,10 @@ class ReferenceBackend(Backend):
                                         s.kv_lora_rank)
             return out.copy_(o)
 
-        return PreparedCall(fn=fn, out=out, graph_safe=False)
+        def refresh() -> None:  # the lengths fn slices with, read on the host
+            lens[:] = inputs.cache_seqlens.tolist()
+
+        return PreparedCall(fn=fn, out=out, graph_safe=False, refresh=refresh)
 
 
 @register

@@ -14,14 +14,28 @@ from mlabench.backends.base import Backend, ParamSpec, PreparedCall
 from mlabench.backends.common import HEAD_PADDING, NUM_KV_SPLITS, check_mla_dims, timed_us
 from mlabench.backends.registry import register
 from mlabench.device import current_device, triton_interpreting
+from mlabench.errors import ConfigError
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.padding import HEAD_TILE, HeadPadder, padded_heads
 from mlabench.shapes import MLADecodeShape
+from mlabench.split_policy import SplitPolicy, heuristic_policy, load_split_policy
 
 NO_GPU_REASON = "no GPU: set TRITON_INTERPRET=1 to run it in Triton's CPU interpreter (slow)"
 #: Distributions that ship Triton: upstream, and the builds torch's ROCm and CUDA wheels pull in.
 TRITON_PACKAGES = {"triton": ("triton", "pytorch-triton-rocm", "pytorch-triton")}
+
+SPLIT_POLICY = ParamSpec(
+    "split_policy", str, default="",
+    help="where the split count comes from: empty = num_kv_splits for every request; "
+         "'device[:POLICY.json]' = each request's own count looked up in a policy table in device "
+         "memory (one captured graph keeps the right count at every length); "
+         "'host[:POLICY.json]' = one count looked up on the host from the longest context at each "
+         "refresh (a captured graph keeps the count of capture time). Without a file: vLLM's "
+         "heuristic as a table. num_kv_splits is ignored in both policy modes",
+)
+#: The two policy modes of :data:`SPLIT_POLICY`.
+POLICY_MODES = ("host", "device")
 
 PROGRAMS_PER_SM = ParamSpec(
     "programs_per_sm", int, default=2, low=1, high=8,
@@ -56,14 +70,33 @@ class _TritonBackend(Backend):
         return check_mla_dims(shape, "the project's Triton kernels")
 
 
+def parse_split_policy(text: str, num_sms: int) -> tuple[str, SplitPolicy | None]:
+    """``(mode, policy)`` of a :data:`SPLIT_POLICY` value: ``("fixed", None)`` for ``""``, else
+    ``("host" | "device", policy)`` read from the file after the colon, or vLLM's heuristic for
+    ``num_sms`` SMs when there is none.  Raises :class:`ConfigError` for another mode or a bad file."""
+    if not text:
+        return "fixed", None
+    mode, _, path = text.partition(":")
+    if mode not in POLICY_MODES:
+        raise ConfigError(f"split_policy must be empty, 'host[:FILE]' or 'device[:FILE]', got {text!r}")
+    return mode, load_split_policy(path) if path else heuristic_policy(num_sms)
+
+
 @register
 class TritonSplitKVBackend(_TritonBackend):
-    """Two-stage split-KV Triton kernel (:func:`mlabench.kernels.splitkv.mla_decode_splitkv`)."""
+    """Two-stage split-KV Triton kernel (:func:`mlabench.kernels.splitkv.mla_decode_splitkv`).
+
+    The split count is ``num_kv_splits``, or comes from a split policy (:data:`SPLIT_POLICY`): in
+    ``device`` mode every request looks its own count up on the device (the grid is sized for the
+    policy's largest count for this batch size; nothing to refresh); in ``host`` mode ``refresh``
+    looks one count up from the longest context, as a server choosing the count on the host does,
+    which a captured graph cannot follow (``mlabench graph-check`` flags it).
+    """
 
     name = "triton-splitkv"
     family = "split-kv"
-    summary = "project Triton split-KV (flash-decoding) kernel, explicit num_kv_splits"
-    params = (NUM_KV_SPLITS,)
+    summary = "project Triton split-KV (flash-decoding) kernel, explicit num_kv_splits or a split policy"
+    params = (NUM_KV_SPLITS, SPLIT_POLICY)
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         from mlabench.kernels.splitkv import (
@@ -72,18 +105,35 @@ class TritonSplitKVBackend(_TritonBackend):
         from mlabench.kernels.splitkv_torch import split_starts
 
         s = inputs.shape
-        splits = int(params["num_kv_splits"])
+        mode, policy = parse_split_policy(str(params.get("split_policy") or ""),
+                                          current_device().num_sms)
+        grid_splits = int(params["num_kv_splits"]) if policy is None else policy.max_splits(s.batch)
+        table = policy.device_table(s.batch, inputs.device) if mode == "device" else None
+        state = {"splits": grid_splits}
         out = inputs.new_output()
-        part_o, part_lse = alloc_splitkv_workspace(s.batch, s.num_heads, splits, inputs.device)
+        part_o, part_lse = alloc_splitkv_workspace(s.batch, s.num_heads, grid_splits, inputs.device)
 
         def fn() -> torch.Tensor:
             return mla_decode_splitkv(inputs.q, inputs.kv_cache, inputs.block_table,
-                                      inputs.cache_seqlens, out, splits, s.scale,
-                                      partial_out=part_o, partial_lse=part_lse)
+                                      inputs.cache_seqlens, out, state["splits"], s.scale,
+                                      partial_out=part_o, partial_lse=part_lse, split_policy=table)
 
-        return PreparedCall(fn=fn, out=out, effective_params={"num_kv_splits": splits},
-                            workspace_bytes=splitkv_workspace_bytes(s.batch, s.num_heads, splits),
-                            split_starts=split_starts(s.context_lens, splits, SPLIT_ALIGN_TOKENS))
+        def refresh() -> None:  # host mode: one count for the step, from the longest context
+            state["splits"] = policy.lookup(s.batch, int(inputs.cache_seqlens.max()))
+            effective["num_kv_splits"] = state["splits"]
+
+        effective: dict[str, Any] = {"num_kv_splits": grid_splits}
+        if mode == "host":
+            refresh()
+        if policy is not None:
+            effective.update(split_policy=mode, policy_source=policy.source)
+        counts = ([policy.lookup(s.batch, n) for n in s.context_lens] if mode == "device"
+                  else [state["splits"]] * s.batch)
+        return PreparedCall(fn=fn, out=out, effective_params=effective,
+                            refresh=refresh if mode == "host" else None,
+                            workspace_bytes=splitkv_workspace_bytes(1, s.num_heads, sum(counts)),
+                            split_starts=[split_starts([n], c, SPLIT_ALIGN_TOKENS)[0]
+                                          for n, c in zip(s.context_lens, counts)])
 
 
 @register
@@ -93,8 +143,9 @@ class TritonPersistentBackend(_TritonBackend):
 
     The timed call pads q to 16-head tiles, runs the kernel into a ``[B, Hp, 512]`` buffer and
     copies the first H rows into the output: a server pays those copies every layer.  The work
-    list is built once in ``prepare`` (untimed, reported in ``setup_us``), like FlashMLA's
-    scheduling metadata, which servers build once per step for all layers.
+    list is built once in ``prepare`` (untimed, reported in ``setup_us``) and rebuilt in place by
+    ``refresh``, like FlashMLA's scheduling metadata, which servers build once per step for all
+    layers.
     """
 
     name = "triton-persistent"
@@ -108,7 +159,7 @@ class TritonPersistentBackend(_TritonBackend):
             WORK_GRANULARITY_TOKENS, alloc_persistent_workspace, mla_decode_persistent,
             persistent_workspace_bytes,
         )
-        from mlabench.kernels.worklist import build_work_list, request_split_starts
+        from mlabench.kernels.worklist import build_work_list, rebuild_work_list, request_split_starts
 
         s = inputs.shape
         mode = str(params["head_padding"])
@@ -120,6 +171,9 @@ class TritonPersistentBackend(_TritonBackend):
         part_o, part_lse = alloc_persistent_workspace(num_programs, s.batch, hp, inputs.device)
         work, work_list_us = timed_us(inputs.device, lambda: build_work_list(
             inputs.cache_seqlens, num_programs, WORK_GRANULARITY_TOKENS))
+
+        def refresh() -> None:  # the work list the kernel (or a graph of it) reads, in place
+            rebuild_work_list(work, inputs.cache_seqlens, WORK_GRANULARITY_TOKENS)
 
         def fn() -> torch.Tensor:
             q_pad = padder()
@@ -134,7 +188,7 @@ class TritonPersistentBackend(_TritonBackend):
             effective_params={"head_padding": mode, "num_programs": num_programs,
                               "padded_heads": hp, "block_n": block_n, "num_warps": num_warps,
                               "num_stages": num_stages},
-            setup_us={"work_list_us": work_list_us},
+            setup_us={"work_list_us": work_list_us}, refresh=refresh,
             workspace_bytes=persistent_workspace_bytes(num_programs, s.batch, hp),
             split_starts=request_split_starts(work),
         )

@@ -14,7 +14,7 @@ import sys
 import typer
 
 from mlabench import __version__
-from mlabench.cli import diff, kernels, report, serve, tune
+from mlabench.cli import diff, graphs, kernels, report, serve, tune
 from mlabench.errors import ExitCode, MlabenchError
 
 app = typer.Typer(
@@ -23,11 +23,12 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,  # plain help: flags without a "<bool>", wrapped to the terminal
 )
 
 #: Command groups: modules whose ``COMMANDS`` maps command names to top-level functions, in the
 #: order ``mlabench --help`` lists them.  A new group is one more entry here.
-GROUPS = (kernels, diff, serve, tune, report)
+GROUPS = (kernels, graphs, diff, serve, tune, report)
 
 
 def _version(value: bool) -> None:

@@ -16,7 +16,7 @@ def diff(
     run_a: Annotated[Path, typer.Argument(help="The baseline run folder (or a folder holding one run).")],
     run_b: Annotated[Path, typer.Argument(help="The run compared with it.")],
     all_points: Annotated[bool, typer.Option("--all", help="List every point, not only those that differ.")] = False,
-    min_us: Annotated[float, typer.Option(help="Agreement (within 1%, worst) over points of at least this many "
+    min_us: Annotated[float, typer.Option(metavar="US", help="Agreement (within 1%, worst) over points of at least this many "
                                                "µs in run A.")] = 20.0,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:

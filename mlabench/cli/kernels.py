@@ -14,8 +14,8 @@ import typer
 
 from mlabench.cli.options import (Backends, Batch, BudgetS, Context, Format, Heads, Json, Markdown, Model,
                                   ModelConfig, Order, OrderSeed, PageSize, ResultsDir, Resume, Splits, SweepFile, Tp,
-                                  int_list, output_format)
-from mlabench.cli.output import emit, err, fail, notice
+                                  int_list, name_list, output_format)
+from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError
 
 
@@ -45,16 +45,18 @@ def check(
     model: Model = None, tp: Tp = None, model_config: ModelConfig = None, heads: Heads = None,
     backend: Backends = None, splits: Splits = None, batch: Batch = None, context: Context = None,
     page_size: PageSize = None,
-    dtype: Annotated[str, typer.Option(help="q and KV dtype.")] = "bfloat16",
+    dtype: Annotated[str, typer.Option(metavar="DTYPE", help="q and KV dtype.")] = "bfloat16",
     rel_rmse_limit: Annotated[float | None, typer.Option(
-        help="Largest relative RMSE (RMSE / RMS of the reference) that passes; default from the dtype.")] = None,
+        metavar="X", help="Largest relative RMSE (RMSE / RMS of the reference) that passes; default from "
+        "the dtype.")] = None,
     rel_max_err_limit: Annotated[float | None, typer.Option(
-        help="Largest max |error| / RMS of the reference that passes; default from the dtype.")] = None,
+        metavar="X", help="Largest max |error| / RMS of the reference that passes; default from the dtype.")] = None,
     inputs: Annotated[str | None, typer.Option(
-        help="Input sets, e.g. random,needles (default: random,needles,peaky,flat).")] = None,
-    atol: Annotated[float | None, typer.Option(help="Also require |out - ref| <= atol + rtol |ref|.")] = None,
-    rtol: Annotated[float | None, typer.Option(help="Relative part of that elementwise bound.")] = None,
-    seed: Annotated[int, typer.Option(help="Input seed.")] = 0,
+        metavar="SETS", help="Input sets, e.g. random,needles (default: random,needles,peaky,flat).")] = None,
+    atol: Annotated[float | None, typer.Option(
+        metavar="X", help="Also require |out - ref| <= atol + rtol |ref|.")] = None,
+    rtol: Annotated[float | None, typer.Option(metavar="X", help="Relative part of that elementwise bound.")] = None,
+    seed: Annotated[int, typer.Option(metavar="N", help="Input seed.")] = 0,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Check every backend against the fp32 reference; exit 1 on any failure."""
@@ -69,7 +71,8 @@ def check(
                           context_lens=int_list(context, "--context", "context length"),
                           batch=int_list(batch, "--batch"), page_size=page_size, dtype=dtype)
     split_list = int_list(splits, "--splits", "--splits") or DEFAULT_CHECK_SPLITS
-    records, unavailable = run_check(shapes, backend, split_list, tol, seed)
+    with progress_bar("check") as update:
+        records, unavailable = run_check(shapes, name_list(backend), split_list, tol, seed, update)
     emit([check_table(records, unavailable)], fmt)
     failed = check_failures(records)
     if failed:
@@ -103,14 +106,15 @@ def sweep(
     summary = sweep_summary(records)
     summary.notes += [ceilings_note(store.manifest()), *health_notes(store.manifest(), records)]
     emit([summary], fmt)
-    err.print(f"results: {store.run_dir}/ (results.jsonl, results.csv, manifest.json)")
+    _results_went_to(store)
 
 
 def compare(
     config: SweepFile = None,
     from_run: Annotated[list[Path] | None, typer.Option(
-        "--from", help="Only read these run folders (or folders holding runs).")] = None,
-    resume: Annotated[Path | None, typer.Option(help="Measure what is missing into this run folder.")] = None,
+        "--from", metavar="RUN", help="Only read this run folder (or folder holding runs); repeatable.")] = None,
+    resume: Annotated[Path | None, typer.Option(
+        metavar="RUN", help="Measure what is missing into this run folder.")] = None,
     model: Model = None, tp: Tp = None, model_config: ModelConfig = None, heads: Heads = None,
     batch: Batch = None, context: Context = None, splits: Splits = None, backend: Backends = None,
     page_size: PageSize = None, budget_s: BudgetS = None, results_dir: ResultsDir = Path("results"),
@@ -130,14 +134,17 @@ def compare(
                                                            budget_s)):
             raise ConfigError("--from only reads recorded runs: it takes --batch, --context and "
                               "--backend as filters, nothing else")
-        records = recorded_records(from_run, int_list(batch, "--batch"), int_list(context, "--context"), backend)
+        records = recorded_records(from_run, int_list(batch, "--batch"), int_list(context, "--context"),
+                                   name_list(backend))
     else:
         from mlabench.sweep import resolve_sweep_config
 
         overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s)
-        _store, records = _run_with_progress(resolve_sweep_config(config, overrides, resume), results_dir, resume,
-                                             strict=bool(backend))
+        store, records = _run_with_progress(resolve_sweep_config(config, overrides, resume), results_dir, resume,
+                                            strict=bool(backend))
     emit([compare_table(records, backend_families())], fmt)
+    if not from_run:
+        _results_went_to(store)
 
 
 #: The commands of this group, registered by :mod:`mlabench.cli.app`.
@@ -150,32 +157,22 @@ def _overrides(model, tp, model_config, heads, backend, batch, context, splits, 
 
     return sweep_overrides(
         model=model, tp=tp, model_config=model_config, heads=int_list(heads, "--heads", "heads"),
-        backends=backend, batch=int_list(batch, "--batch", "batch"),
+        backends=name_list(backend), batch=int_list(batch, "--batch", "batch"),
         context_lens=int_list(context, "--context", "context length"),
         splits=int_list(splits, "--splits", "--splits"), page_size=page_size, budget_s=budget_s)
 
 
 def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool):
-    """Run the sweep; the progress bar starts with the first finished point, after validation."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    """Run the sweep with a progress bar from its first point."""
     from mlabench.sweep import run_sweep
 
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=err, transient=False)
-    task = None
+    with progress_bar("sweep") as update:
+        def progress(point, record, done, total):
+            status = record.status if record else "…"
+            update(done, total, f"{point.backend} {point.shape.label()} {status}")
 
-    def progress(point, record, done, total):
-        nonlocal task
-        if task is None:
-            bar.start()
-            task = bar.add_task("sweep", total=total)
-        bar.update(task, total=total, completed=done,
-                   description=f"{point.backend} {point.shape.label()} {record.status if record else ''}")
+        return run_sweep(cfg, results_dir, resume, progress, strict_backends=strict, warn=notice)
 
-    try:
-        return run_sweep(cfg, results_dir, resume, progress, strict_backends=strict,
-                         warn=notice)
-    finally:
-        if task is not None:
-            bar.stop()
+
+def _results_went_to(store) -> None:
+    notice(f"results: {store.run_dir}/ (results.jsonl, results.csv, manifest.json)", style="")

@@ -1,9 +1,11 @@
 """Options shared by commands, declared once as ``Annotated`` aliases, and parsing of their text.
 
 A command names its parameter after the option (``model_config: ModelConfig = None`` is
-``--model-config``).  Lists of integers are comma-separated text (``--context 4096,131072``),
-parsed by :func:`int_list`; their meaning (a sweep axis, one ragged batch, a filter) is the
-library's.
+``--model-config``).  Every list takes commas: lists of integers are comma-separated text
+(``--context 4096,131072``), parsed by :func:`int_list`, their meaning (a sweep axis, one ragged
+batch, a filter) the library's; lists of names are repeatable and take commas too (``--backend
+a,b`` or ``--backend a --backend b``), joined by :func:`name_list`.  Every option has a metavar,
+so that ``--help`` shows what to write (``L[,L...]``), never a Python type.
 """
 
 from __future__ import annotations
@@ -17,26 +19,31 @@ import typer
 from mlabench.errors import ConfigError
 
 # ---- what to measure ----------------------------------------------------------------------------
-Model = Annotated[str | None, typer.Option(help="Model preset (configs/models/).")]
-Tp = Annotated[int | None, typer.Option(help="Tensor-parallel size (default 1, or the sweep config's).")]
-ModelConfig = Annotated[Path | None, typer.Option(help="A model's Hugging Face config.json.")]
+Model = Annotated[str | None, typer.Option(metavar="NAME", help="Model preset (configs/models/).")]
+Tp = Annotated[int | None, typer.Option(metavar="N", help="Tensor-parallel size (default 1, or the sweep config's).")]
+ModelConfig = Annotated[Path | None, typer.Option(metavar="PATH", help="A model's Hugging Face config.json.")]
 Heads = Annotated[str | None, typer.Option(
-    help="Local heads, e.g. 12 or 8,12,16, without a model (check's default: 12).")]
+    metavar="H[,H...]", help="Local heads, e.g. 12 or 8,12,16, without a model (check's default: 12).")]
 Batch = Annotated[str | None, typer.Option(
+    metavar="B[,B...]",
     help="Batch sizes, e.g. 1,16 (check: requests of --context's one length; compare --from: a filter).")]
 Context = Annotated[str | None, typer.Option(
+    metavar="L[,L...]",
     help="Context lengths, e.g. 4096,131072 (check: one request each; compare --from: a filter).")]
-PageSize = Annotated[int | None, typer.Option(help="KV page size: 1, 16 or 64 (default 64, or the sweep config's).")]
+PageSize = Annotated[int | None, typer.Option(
+    metavar="N", help="KV page size: 1, 16 or 64 (default 64, or the sweep config's).")]
 Backends = Annotated[list[str] | None, typer.Option(
-    "--backend", help="Backend(s), repeatable; default: every available one.")]
-Splits = Annotated[str | None, typer.Option(help="num_kv_splits values, e.g. 1,16,64.")]
+    "--backend", metavar="NAME[,NAME...]", help="Backends, e.g. a,b (or repeated); default: every available one.")]
+Splits = Annotated[str | None, typer.Option(metavar="N[,N...]", help="num_kv_splits values, e.g. 1,16,64.")]
 
 # ---- sweeps and runs ------------------------------------------------------------------------------
 SweepFile = Annotated[str | None, typer.Option(
-    "--config", help="Sweep TOML (a path, or a name under configs/sweeps/).")]
-BudgetS = Annotated[float | None, typer.Option(help="Timing budget per point, seconds.")]
-ResultsDir = Annotated[Path, typer.Option(help="Parent folder of run folders.")]
-Resume = Annotated[Path | None, typer.Option(help="Resume this run folder (skips finished points).")]
+    "--config", metavar="NAME|PATH", help="Sweep TOML: a path, or a name under configs/sweeps/.")]
+BudgetS = Annotated[float | None, typer.Option(metavar="SECONDS", help="Timing budget per point.")]
+ResultsDir = Annotated[Path, typer.Option(metavar="DIR", help="Parent folder of run folders.")]
+Resume = Annotated[Path | None, typer.Option(metavar="RUN", help="Resume this run folder (skips finished points).")]
+
+
 class OrderChoice(str, Enum):
     """``--order``: the measuring order of a sweep (:mod:`mlabench.order`)."""
 
@@ -46,10 +53,12 @@ class OrderChoice(str, Enum):
 
 
 Order = Annotated[OrderChoice | None, typer.Option(
+    metavar="grid|shuffled|interleaved",
     help="Measuring order (default interleaved, or the config's; a resumed run keeps its own).")]
-OrderSeed = Annotated[int | None, typer.Option(help="Seed of the order (default: drawn and recorded).")]
+OrderSeed = Annotated[int | None, typer.Option(
+    metavar="N", help="Seed of the order (default: drawn and recorded).")]
 VllmBin = Annotated[str | None, typer.Option(
-    help="vllm executable (before $MLABENCH_VLLM_BIN and the config's vllm_bin).")]
+    metavar="PATH", help="vllm executable (before $MLABENCH_VLLM_BIN and the config's vllm_bin).")]
 
 
 # ---- output -------------------------------------------------------------------------------------
@@ -63,7 +72,7 @@ class OutputFormat(str, Enum):
 
 
 Format = Annotated[OutputFormat | None, typer.Option(
-    "--format", help="Output: table (default), json, markdown or csv.")]
+    "--format", metavar="table|json|markdown|csv", help="Output (default: table).")]
 Json = Annotated[bool, typer.Option("--json", help="Same as --format json.")]
 Markdown = Annotated[bool, typer.Option("--markdown", help="Same as --format markdown.")]
 
@@ -80,6 +89,14 @@ def output_format(format: OutputFormat | None, as_json: bool = False, markdown: 
     if alias and chosen and alias != chosen:
         raise ConfigError(f"--format {chosen} contradicts --{alias}")
     return alias or chosen or "table"
+
+
+def name_list(values: list[str] | None) -> list[str] | None:
+    """``["a,b", "c"]`` (a repeatable option, commas allowed) -> ``["a", "b", "c"]``; None when the
+    option was not given."""
+    if not values:
+        return None
+    return [name for value in values for name in (part.strip() for part in value.split(",")) if name] or None
 
 
 def int_list(text: str | None, flag: str, positive: str | None = None) -> list[int] | None:

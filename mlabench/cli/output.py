@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import NoReturn
 
 import typer
 from rich.console import Console
 
 from mlabench.errors import ExitCode
-from mlabench.tables import Table, render, to_rich
+from mlabench.tables import Table, min_width, render, to_rich
 
 out = Console()
 err = Console(stderr=True)
@@ -20,14 +21,40 @@ def emit(tables: Sequence[Table], format: str) -> None:
     """Print ``tables`` to stdout: Rich tables for ``table``, else their JSON, markdown or CSV."""
     if format == "table":
         for t in tables:
-            out.print(to_rich(t))
+            rich_table = to_rich(t, out.width)
+            out.print(rich_table, width=max(out.width, min_width(rich_table)))
     else:
         sys.stdout.write(render(tables, format))  # type: ignore[arg-type]
 
 
 def notice(message: str, style: str = "yellow") -> None:
-    """One line for people on stderr (taken literally: no Rich markup in ``message``)."""
-    err.print(message, style=style, markup=False, highlight=False)
+    """One line for people on stderr (taken literally: no Rich markup in ``message``), never
+    broken by Rich, so that a path in it stays whole (the terminal wraps it, a log keeps it)."""
+    err.print(message, style=style, markup=False, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def progress_bar(what: str) -> Iterator[Callable[[int, int, str], None]]:
+    """A progress bar on stderr, yielded as ``update(done, total, description)``: it appears with
+    the first update (after validation, so that an error stands alone) and stops on exit."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=err, transient=False)
+    task = None
+
+    def update(done: int, total: int, description: str) -> None:
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task(what, total=total)
+        bar.update(task, total=total, completed=done, description=description)
+
+    try:
+        yield update
+    finally:
+        if task is not None:
+            bar.stop()
 
 
 def fail(message: str) -> NoReturn:

@@ -7,23 +7,25 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from mlabench.cli.options import name_list
+from mlabench.cli.output import notice
 from mlabench.errors import ConfigError
 from mlabench.plots import KINDS
 
-err = Console(stderr=True)
 
 FromRuns = Annotated[list[Path], typer.Option(
-    "--from", help="Run folders (sweep or serve-bench), or folders holding runs one level down.")]
+    "--from", metavar="RUN",
+    help="A run folder (sweep or serve-bench), or a folder holding runs one level down; repeatable.")]
 
 
 def plot(
     from_run: FromRuns,
-    out: Annotated[Path | None, typer.Option(help="Folder for the figures (default: <first --from>/figures).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        metavar="DIR", help="Folder for the figures (default: <first --from>/figures).")] = None,
     kind: Annotated[list[str] | None, typer.Option(
-        help="Only this figure kind (repeatable; default: all): " + ", ".join(KINDS) + ".")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="png, svg, or png,svg.")] = "png",
+        metavar="KIND[,KIND...]", help="Only these figure kinds (default: all): " + ", ".join(KINDS) + ".")] = None,
+    fmt: Annotated[str, typer.Option("--format", metavar="png|svg|png,svg", help="Figure format(s).")] = "png",
 ) -> None:
     """Draw the figures of recorded runs (PNG/SVG); a figure without data is skipped with the reason."""
     from mlabench.plots import write_figures
@@ -31,11 +33,11 @@ def plot(
 
     runs = load_runs(from_run)
     formats = [f.strip() for f in fmt.split(",") if f.strip()]
-    written, skipped = write_figures(runs, out or from_run[0] / "figures", kind, formats)
+    written, skipped = write_figures(runs, out or from_run[0] / "figures", name_list(kind), formats)
     if not written:
         raise ConfigError("no figure to draw from these runs (" + "; ".join(s.line() for s in skipped) + ")")
     for s in skipped:
-        err.print(s.line(), markup=False, highlight=False)
+        notice(s.line(), style="")
     for _spec, paths in written:
         for path in paths:
             typer.echo(str(path))
@@ -43,8 +45,9 @@ def plot(
 
 def report(
     from_run: FromRuns,
-    out: Annotated[Path | None, typer.Option(help="Folder for the report (default: the first --from).")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="markdown (report.md + figures/) or html.")] = "markdown",
+    out: Annotated[Path | None, typer.Option(metavar="DIR", help="Folder for the report (default: the first --from).")] = None,
+    fmt: Annotated[str, typer.Option(
+        "--format", metavar="markdown|html", help="markdown (report.md + figures/) or html.")] = "markdown",
 ) -> None:
     """Write one report from recorded runs: environment, correctness, best split, compare, serving, figures."""
     from mlabench.report import write_report

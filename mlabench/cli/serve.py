@@ -13,29 +13,34 @@ from typing import Annotated
 
 import typer
 
-from mlabench.cli.options import Format, Json, Markdown, ResultsDir, VllmBin, output_format
-from mlabench.cli.output import emit, err, fail, notice
+from mlabench.cli.options import Format, Json, Markdown, ResultsDir, VllmBin, int_list, output_format
+from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
+from mlabench.files import write_text
 from mlabench.serving import bench, check as greedy, config as cfg, table as tbl
 from mlabench.serving.lifecycle import served_model
 
-ServeFile = Annotated[Path | None, typer.Argument(metavar="CONFIG", help="configs/serve/*.toml")]
+ServeFile = Annotated[Path | None, typer.Argument(
+    metavar="CONFIG", help="Serve config: a path, or a name under configs/serve/ (e.g. cpu-tiny).")]
 
 
 def _progress(message: str) -> None:
-    err.print(message, markup=False, highlight=False)
+    notice(message, style="")
 
 
 def serve_bench(
     config_path: ServeFile = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a config key: bench.num_prompts=8")] = None,
-    concurrency: Annotated[list[int] | None, typer.Option("--concurrency", "-c", help="Replace concurrencies.")] = None,
-    repeats: Annotated[int | None, typer.Option(help="Runs per (variant, concurrency).")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", metavar="KEY=VALUE", help="Override a config key, e.g. bench.num_prompts=8; repeatable.")] = None,
+    concurrency: Annotated[list[str] | None, typer.Option(
+        "--concurrency", "-c", metavar="N[,N...]", help="Replace the concurrencies, e.g. 1,16.")] = None,
+    repeats: Annotated[int | None, typer.Option(metavar="N", help="Runs per (variant, concurrency).")] = None,
     results_dir: ResultsDir = Path("results"),
-    label: Annotated[str | None, typer.Option(help="Run folder label (default: config name).")] = None,
+    label: Annotated[str | None, typer.Option(metavar="TEXT", help="Run folder label (default: config name).")] = None,
     vllm_bin: VllmBin = None,
-    stat: Annotated[str, typer.Option(help="TPOT statistic for speedup: mean, median, p99.")] = "mean",
-    from_run: Annotated[Path | None, typer.Option(help="Re-render a saved run folder; runs nothing.")] = None,
+    stat: Annotated[str, typer.Option(metavar="mean|median|p99", help="TPOT statistic for speedup.")] = "mean",
+    from_run: Annotated[Path | None, typer.Option(
+        metavar="RUN", help="Re-render a saved run folder; runs nothing.")] = None,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Benchmark server variants with `vllm bench serve`; table of TPOT per concurrency."""
@@ -48,16 +53,17 @@ def serve_bench(
         return
     if config_path is None:
         raise ConfigError("give a serve config (configs/serve/*.toml) or --from-run RUN_DIR")
-    conf = cfg.load_config(config_path, cfg.bench_overrides(set_ or [], concurrency, repeats))
+    concurrencies = int_list(",".join(concurrency), "--concurrency", "concurrency") if concurrency else None
+    conf = cfg.load_config(config_path, cfg.bench_overrides(set_ or [], concurrencies, repeats))
+    bench.preflight(conf.variants, cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin))
     run_dir = bench.new_run_dir(results_dir, label or config_path.stem)
-    err.print(f"run folder: {run_dir}")
     try:
         _, results = bench.run_serve_bench(conf, results_dir, vllm_bin_flag=vllm_bin,
                                            progress=_progress, run_dir=run_dir)
     except BaseException:  # keep what was measured, then re-raise (servers are stopped by now)
-        if (run_dir / "results.jsonl").exists():
+        if bench.discard_unmeasured(run_dir, "results.jsonl"):
             tbl.write_table_files(tbl.table_of(conf, bench.read_run(run_dir)[1], stat), run_dir)  # type: ignore[arg-type]
-        err.print(f"partial results kept in {run_dir}")
+            notice(f"partial results kept in {run_dir}")
         raise
     _show(tbl.table_of(conf, results, stat), run_dir, fmt)  # type: ignore[arg-type]
 
@@ -68,22 +74,24 @@ def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str) -> None:
         tbl.write_table_files(t, run_dir)
     emit([tbl.view(t, fmt)], fmt)
     if run_dir is not None:
-        err.print(f"run folder: {run_dir}")
+        notice(f"run folder: {run_dir}", style="")
     if not t.ok:
         bad = [c for r in t.rows for c in r.cells if c.status != "ok"]
-        fail(f"{len(bad)} of {sum(len(r.cells) for r in t.rows)} results have failed requests or are missing")
+        fail(f"{len(bad)} of {sum(len(r.cells) for r in t.rows)} results failed (failed requests, cut short, "
+             "measured nothing, or missing): see the notes under the table")
 
 
 def serve_check(
-    fixture: Annotated[Path, typer.Option(help="Greedy fixture JSON to compare with (or write).")],
+    fixture: Annotated[Path, typer.Option(metavar="PATH", help="Greedy fixture JSON to compare with (or write).")],
     config_path: ServeFile = None,
     save_fixture: Annotated[bool, typer.Option(help="Record the fixture instead of comparing.")] = False,
-    variant: Annotated[str | None, typer.Option(help="Variant to check (default: baseline).")] = None,
-    base_url: Annotated[str | None, typer.Option(help="A running server instead of a config.")] = None,
-    model: Annotated[str | None, typer.Option(help="Served model id (default: config, else /v1/models).")] = None,
-    tokens: Annotated[int | None, typer.Option("--tokens", "-n", help="N output tokens (default 64).")] = None,
-    prompt: Annotated[str | None, typer.Option(help="Replace the fixed prompt.")] = None,
-    tie_threshold: Annotated[float | None, typer.Option(help="Near-tie gap, nats.")] = None,
+    variant: Annotated[str | None, typer.Option(metavar="NAME", help="Variant to check (default: baseline).")] = None,
+    base_url: Annotated[str | None, typer.Option(metavar="URL", help="A running server instead of a config.")] = None,
+    model: Annotated[str | None, typer.Option(
+        metavar="ID", help="Served model id (default: config, else /v1/models).")] = None,
+    tokens: Annotated[int | None, typer.Option("--tokens", "-n", metavar="N", help="N output tokens (default 64).")] = None,
+    prompt: Annotated[str | None, typer.Option(metavar="TEXT", help="Replace the fixed prompt.")] = None,
+    tie_threshold: Annotated[float | None, typer.Option(metavar="NATS", help="Near-tie gap.")] = None,
     strict: Annotated[bool, typer.Option(help="A near-tie divergence fails too.")] = False,
     results_dir: ResultsDir = Path("results"),
     vllm_bin: VllmBin = None,
@@ -97,10 +105,17 @@ def serve_check(
     var = conf.variant(variant or conf.baseline)
     params = cfg.with_check_options(conf.check, max_tokens=tokens, prompt=prompt, tie_threshold=tie_threshold)
     expected = None if save_fixture else greedy.load_fixture(fixture)
+    server_bin = cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin)
+    bench.preflight([var], server_bin, bench=False)
     run_dir = bench.new_run_dir(results_dir, var.name, kind="check") if var.launch else None
-    with bench.variant_server(var, run_dir or Path("."), cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin), _progress):
-        out = greedy.request_greedy(var.base_url, model or var.model or conf.model or served_model(var.base_url),
-                                    params)
+    try:
+        with bench.variant_server(var, run_dir or Path("."), server_bin, _progress):
+            out = greedy.request_greedy(var.base_url, model or var.model or conf.model or served_model(var.base_url),
+                                        params)
+    except BaseException:
+        if run_dir is not None:
+            bench.discard_unmeasured(run_dir, "check.json")
+        raise
     if expected is None:
         report = greedy.validate_alone(out)
         if report.verdict == "match":
@@ -109,7 +124,7 @@ def serve_check(
     else:
         report = greedy.compare(out, expected, params.tie_threshold)
     if run_dir is not None:
-        (run_dir / "check.json").write_text(report.model_dump_json(indent=2) + "\n")
+        write_text(run_dir / "check.json", report.model_dump_json(indent=2) + "\n", "check report")
     emit([greedy.report_table(report)], fmt)
     if not greedy.passes(report, strict):
         fail(f"greedy check: {report.verdict}")

@@ -139,18 +139,39 @@ def store_partial(po_ptr, plse_ptr, slot, heads, num_heads, acc, l_i, m_i, strid
     tl.store(plse_ptr + slot64 * stride_ls + heads, lse2, mask=hmask)
 
 
+@triton.jit
+def policy_splits(seq_len, policy_ptr, cap, POLICY_ROWS: tl.constexpr):
+    """Split count of a request of ``seq_len`` tokens from a policy table in device memory.
+
+    ``policy_ptr`` points at ``POLICY_ROWS`` int32 rows ``(max_context_len, num_kv_splits)``
+    (row-major ``[POLICY_ROWS, 2]``, ``POLICY_ROWS`` a power of two): the count of the first row
+    with ``seq_len <= max_context_len``, else of the last row, clamped to ``[1, cap]``.  The rule of
+    :meth:`mlabench.split_policy.SplitPolicy.lookup`.
+    """
+    rows = tl.arange(0, POLICY_ROWS)
+    max_len = tl.load(policy_ptr + 2 * rows)
+    splits = tl.load(policy_ptr + 2 * rows + 1)
+    first = tl.min(tl.where(seq_len <= max_len, rows, POLICY_ROWS - 1), 0)
+    chosen = tl.sum(tl.where(rows == first, splits, 0), 0)
+    return tl.minimum(tl.maximum(chosen, 1), cap)
+
+
 @triton.jit(do_not_specialize=["num_splits"])
 def merge_partials_kernel(po_ptr, plse_ptr, out_ptr, slot_lo_ptr, slot_hi_ptr, num_splits,
+                          seqlens_ptr, policy_ptr,
                           stride_ps, stride_ph, stride_ls, stride_ob, stride_oh,
-                          FROM_RANGES: tl.constexpr, BLOCK_S: tl.constexpr,
-                          BLOCK_DV: tl.constexpr, NUM_STAGES: tl.constexpr):
+                          FROM_RANGES: tl.constexpr, POLICY_ROWS: tl.constexpr,
+                          BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+                          NUM_STAGES: tl.constexpr):
     """One program per (request b, head h, column block): merge partial slots ``[lo, hi)`` into
     ``out[b, h, cols]``; grid ``(B, H, 512 // BLOCK_DV)`` so that a batch-1 merge still spreads
     over many SMs.
 
     ``FROM_RANGES``: the slot range comes from ``slot_lo_ptr[b]`` / ``slot_hi_ptr[b]`` (persistent
-    work list); otherwise it is ``[b * num_splits, (b + 1) * num_splits)``.  A request with no
-    non-empty partial gets a zero output row.
+    work list); otherwise it starts at ``b * num_splits`` and holds ``num_splits`` slots, or, with
+    ``POLICY_ROWS > 0``, the request's own count from the policy table at ``policy_ptr`` for its
+    length ``seqlens_ptr[b]`` (:func:`policy_splits`).  A request with no non-empty partial gets a
+    zero output row.
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -160,7 +181,10 @@ def merge_partials_kernel(po_ptr, plse_ptr, out_ptr, slot_lo_ptr, slot_hi_ptr, n
         hi = tl.load(slot_hi_ptr + b)
     else:
         lo = b * num_splits
-        hi = lo + num_splits
+        if POLICY_ROWS > 0:
+            hi = lo + policy_splits(tl.load(seqlens_ptr + b), policy_ptr, num_splits, POLICY_ROWS)
+        else:
+            hi = lo + num_splits
     m_run = tl.full([1], float("-inf"), tl.float32)
     w_sum = tl.zeros([1], tl.float32)
     acc = tl.zeros([BLOCK_DV], tl.float32)
@@ -183,20 +207,26 @@ def merge_partials_kernel(po_ptr, plse_ptr, out_ptr, slot_lo_ptr, slot_hi_ptr, n
 
 def launch_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor,
                  slot_lo: torch.Tensor, slot_hi: torch.Tensor, num_splits: int,
-                 from_ranges: bool) -> None:
+                 from_ranges: bool, *, seqlens: torch.Tensor | None = None,
+                 policy: torch.Tensor | None = None) -> None:
     """Launch :func:`merge_partials_kernel` over ``(B, H, 512 / MERGE_BLOCK_DV)`` programs.
 
     ``partial_out`` ``[slots, H, 512]`` and ``partial_lse`` ``[slots, H]`` fp32; ``out``
     ``[B, H, 512]`` is written.  With ``from_ranges`` request ``b`` merges slots
-    ``[slot_lo[b], slot_hi[b])`` (``[B]`` int32 each); otherwise ``[b * num_splits, (b + 1) *
-    num_splits)`` and ``slot_lo`` / ``slot_hi`` are not read.
+    ``[slot_lo[b], slot_hi[b])`` (``[B]`` int32 each); otherwise the slots from ``b * num_splits``
+    on, ``num_splits`` of them, or with ``policy`` (an int32 ``[R, 2]`` table, R a power of two)
+    and ``seqlens`` (``[B]`` int32) the request's own count (:func:`policy_splits`);
+    ``slot_lo`` / ``slot_hi`` are then not read.
     """
     batch, heads = out.shape[0], out.shape[1]
+    rows = 0 if policy is None else policy.shape[0]
     merge_partials_kernel[(batch, heads, D_NOPE // MERGE_BLOCK_DV)](
         partial_out, partial_lse, out, slot_lo, slot_hi, num_splits,
+        slot_lo if seqlens is None else seqlens, slot_lo if policy is None else policy,
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
-        out.stride(0), out.stride(1), FROM_RANGES=from_ranges, BLOCK_S=MERGE_BLOCK_SLOTS,
-        BLOCK_DV=MERGE_BLOCK_DV, NUM_STAGES=MERGE_NUM_STAGES, num_warps=4,
+        out.stride(0), out.stride(1), FROM_RANGES=from_ranges, POLICY_ROWS=rows,
+        BLOCK_S=MERGE_BLOCK_SLOTS, BLOCK_DV=MERGE_BLOCK_DV, NUM_STAGES=MERGE_NUM_STAGES,
+        num_warps=4,
     )
 
 

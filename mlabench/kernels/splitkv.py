@@ -1,13 +1,23 @@
 """Split-KV (flash-decoding) MLA decode in Triton, with an explicit runtime ``num_kv_splits``.
 
 Stage 1 runs one program per (request, split, 16-row head tile).  Each request's ``L`` tokens are
-cut on the device into ``num_kv_splits`` contiguous splits of ``chunk = ceil(L / S)`` tokens
-rounded up to :data:`SPLIT_ALIGN_TOKENS` (trailing splits may be short or empty), so a captured
-CUDA graph stays correct when ``cache_seqlens`` change; only the split count is fixed at capture.
-Each split writes an fp32 partial output (already normalised) and its log-sum-exp in base 2, empty
-splits a zero partial with ``lse = -inf``.  Stage 2 merges a request's ``S`` partials
-(:func:`mlabench.kernels.common.merge_partials_kernel`).  The tile loop and the merge are shared
-with the persistent kernel (:mod:`mlabench.kernels.common`).
+cut on the device into ``S`` contiguous splits of ``chunk = ceil(L / S)`` tokens rounded up to
+:data:`SPLIT_ALIGN_TOKENS` (trailing splits may be short or empty), so a captured CUDA graph stays
+correct when ``cache_seqlens`` change.  Each split writes an fp32 partial output (already
+normalised) and its log-sum-exp in base 2, empty splits a zero partial with ``lse = -inf``.
+Stage 2 merges a request's ``S`` partials (:func:`mlabench.kernels.common.merge_partials_kernel`).
+The tile loop and the merge are shared with the persistent kernel (:mod:`mlabench.kernels.common`).
+
+Two ways to set ``S``:
+
+- fixed: ``S = num_kv_splits`` for every request, a kernel argument, so a captured graph keeps
+  the count of capture time;
+- from a split policy in device memory (``split_policy``, an int32 ``[R, 2]`` table of
+  ``(max_context_len, num_kv_splits)``): each request looks its own ``S`` up from its length,
+  inside both stages (:func:`mlabench.kernels.common.policy_splits`), so one captured graph keeps
+  the policy's count at every length.  The grid's split axis is ``num_kv_splits`` (the most any
+  request may take; counts are clamped to it) and programs past a request's own count exit at once.
+  A compile-time switch (``POLICY_ROWS == 0``) keeps the fixed path's code as it was.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ import triton.language as tl
 
 from mlabench.kernels.common import (
     BLOCK_H, D_NOPE, LOG2E, attend_tokens, check_decode_args, launch_merge, load_q_tile,
-    resolve_launch, store_partial, upcast_for_interpreter,
+    policy_splits, resolve_launch, store_partial, upcast_for_interpreter,
 )
 from mlabench.kernels.workspace import split_workspace_bytes
 
@@ -26,26 +36,50 @@ SPLIT_ALIGN_TOKENS = 16  #: split length is rounded up to this many tokens
 MAX_KV_SPLITS = 512
 
 
-@triton.jit(do_not_specialize=["num_splits"])  # one compilation for every split count
-def _splitkv_stage1(q_ptr, kv_ptr, bt_ptr, seqlens_ptr, po_ptr, plse_ptr,
-                    num_splits, num_heads, qk_scale_log2,
-                    stride_qb, stride_qh, stride_kv_page, stride_kv_tok, stride_btb,
-                    stride_ps, stride_ph, stride_ls,
-                    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-                    SPLIT_ALIGN: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr):
-    b = tl.program_id(0)
-    split = tl.program_id(1)
-    ht = tl.program_id(2)
-    seq_len = tl.load(seqlens_ptr + b)
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), SPLIT_ALIGN) * SPLIT_ALIGN
+@triton.jit
+def _split_partial(q_ptr, kv_ptr, bt_ptr, po_ptr, plse_ptr, b, split, ht, seq_len, splits, slot,
+                   num_heads, qk_scale_log2, stride_qb, stride_qh, stride_kv_page, stride_kv_tok,
+                   stride_btb, stride_ps, stride_ph, stride_ls,
+                   PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+                   SPLIT_ALIGN: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Split ``split`` of ``splits`` of request ``b`` (``seq_len`` tokens), head tile ``ht``: its
+    partial goes to slot ``slot``."""
+    chunk = tl.cdiv(tl.cdiv(seq_len, splits), SPLIT_ALIGN) * SPLIT_ALIGN
     tok_lo = tl.minimum(split * chunk, seq_len)
     tok_hi = tl.minimum(tok_lo + chunk, seq_len)
     q_nope, q_pe, heads = load_q_tile(q_ptr, b, ht, num_heads, stride_qb, stride_qh, UPCAST, BLOCK_H)
     acc, l_i, m_i = attend_tokens(q_nope, q_pe, kv_ptr, bt_ptr + b.to(tl.int64) * stride_btb,
                                   tok_lo, tok_hi, qk_scale_log2, stride_kv_page, stride_kv_tok,
                                   PAGE_SIZE, BLOCK_N, BLOCK_H, UPCAST, NUM_STAGES)
-    store_partial(po_ptr, plse_ptr, b * num_splits + split, heads, num_heads, acc, l_i, m_i,
+    store_partial(po_ptr, plse_ptr, slot, heads, num_heads, acc, l_i, m_i,
                   stride_ps, stride_ph, stride_ls)
+
+
+@triton.jit(do_not_specialize=["num_splits"])  # one compilation for every split count
+def _splitkv_stage1(q_ptr, kv_ptr, bt_ptr, seqlens_ptr, policy_ptr, po_ptr, plse_ptr,
+                    num_splits, num_heads, qk_scale_log2,
+                    stride_qb, stride_qh, stride_kv_page, stride_kv_tok, stride_btb,
+                    stride_ps, stride_ph, stride_ls,
+                    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+                    SPLIT_ALIGN: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr,
+                    POLICY_ROWS: tl.constexpr):
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    ht = tl.program_id(2)
+    seq_len = tl.load(seqlens_ptr + b)
+    slot = b * num_splits + split
+    if POLICY_ROWS > 0:  # the request's own count; programs past it have nothing to do
+        own = policy_splits(seq_len, policy_ptr, num_splits, POLICY_ROWS)
+        if split < own:
+            _split_partial(q_ptr, kv_ptr, bt_ptr, po_ptr, plse_ptr, b, split, ht, seq_len, own,
+                           slot, num_heads, qk_scale_log2, stride_qb, stride_qh, stride_kv_page,
+                           stride_kv_tok, stride_btb, stride_ps, stride_ph, stride_ls,
+                           PAGE_SIZE, BLOCK_N, BLOCK_H, SPLIT_ALIGN, UPCAST, NUM_STAGES)
+    else:
+        _split_partial(q_ptr, kv_ptr, bt_ptr, po_ptr, plse_ptr, b, split, ht, seq_len, num_splits,
+                       slot, num_heads, qk_scale_log2, stride_qb, stride_qh, stride_kv_page,
+                       stride_kv_tok, stride_btb, stride_ps, stride_ph, stride_ls,
+                       PAGE_SIZE, BLOCK_N, BLOCK_H, SPLIT_ALIGN, UPCAST, NUM_STAGES)
 
 
 def splitkv_workspace_shapes(batch: int, num_heads: int, num_kv_splits: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -73,8 +107,8 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
                        cache_seqlens: torch.Tensor, out: torch.Tensor, num_kv_splits: int,
                        softmax_scale: float, *, partial_out: torch.Tensor | None = None,
                        partial_lse: torch.Tensor | None = None, block_n: int | None = None,
-                       num_warps: int | None = None,
-                       num_stages: int | None = None) -> torch.Tensor:
+                       num_warps: int | None = None, num_stages: int | None = None,
+                       split_policy: torch.Tensor | None = None) -> torch.Tensor:
     """Split-KV MLA decode: ``out = softmax(q K^T * softmax_scale) V`` per request and head.
 
     Args:
@@ -82,15 +116,21 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
         kv_cache: ``[num_pages, page_size, 1, 576]``, same dtype as q; page size any (1/16/64 tested).
         block_table: ``[B, max_pages]`` int32.  cache_seqlens: ``[B]`` int32, read on the device.
         out: ``[B, H, 512]`` in q's dtype; written in place and returned.
-        num_kv_splits: splits per request, 1..512, a runtime argument (no recompilation per value).
+        num_kv_splits: splits per request, 1..512, a runtime argument (no recompilation per value);
+            with ``split_policy`` the most splits a request may take (the grid's split axis).
         softmax_scale: multiplier of ``q . k``.
         partial_out / partial_lse: workspace from :func:`alloc_splitkv_workspace`
             (allocated here when None: pass them for graph capture and timing).
         block_n: tokens per tile (16, 32, 64 ...); num_warps / num_stages: Triton launch options,
             num_stages is the software-pipelining depth of the token loop; None takes
             :func:`default_launch`.
+        split_policy: None (every request runs ``num_kv_splits`` splits), or an int32 ``[R, 2]``
+            table of ``(max_context_len, num_kv_splits)`` rows on q's device, ``R`` a power of two
+            (:meth:`mlabench.split_policy.SplitPolicy.device_table`): request ``b`` then runs
+            ``min(lookup(cache_seqlens[b]), num_kv_splits)`` splits, looked up on the device.
 
-    Returns ``out``.  Raises ValueError for bad layouts, split counts or a too-small workspace.
+    Returns ``out``.  Raises ValueError for bad layouts, split counts, policy tables or a
+    too-small workspace.
     """
     check_decode_args(q, kv_cache, block_table, cache_seqlens, out)
     block_n, num_warps, num_stages = resolve_launch(q, block_n, num_warps, num_stages)
@@ -103,17 +143,34 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     if (partial_out.shape[0] < o_shape[0] or tuple(partial_out.shape[1:]) != o_shape[1:]
             or partial_lse.shape[0] < l_shape[0] or partial_lse.shape[1] != heads):
         raise ValueError(f"workspace too small for B={batch} H={heads} splits={num_kv_splits}")
+    check_policy_table(split_policy, q.device)
+    rows = 0 if split_policy is None else split_policy.shape[0]
+    policy = cache_seqlens if split_policy is None else split_policy  # not read when rows == 0
     upcast = upcast_for_interpreter(q.dtype)
     grid = (batch, int(num_kv_splits), triton.cdiv(heads, BLOCK_H))
     _splitkv_stage1[grid](
-        q, kv_cache, block_table, cache_seqlens, partial_out, partial_lse,
+        q, kv_cache, block_table, cache_seqlens, policy, partial_out, partial_lse,
         int(num_kv_splits), heads, float(softmax_scale) * LOG2E,
         q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
         PAGE_SIZE=kv_cache.shape[1], BLOCK_N=block_n, BLOCK_H=BLOCK_H,
-        SPLIT_ALIGN=SPLIT_ALIGN_TOKENS, UPCAST=upcast, NUM_STAGES=num_stages,
+        SPLIT_ALIGN=SPLIT_ALIGN_TOKENS, UPCAST=upcast, NUM_STAGES=num_stages, POLICY_ROWS=rows,
         num_warps=num_warps, num_stages=num_stages,
     )
     launch_merge(partial_out, partial_lse, out, cache_seqlens, cache_seqlens, int(num_kv_splits),
-                 from_ranges=False)
+                 from_ranges=False, seqlens=cache_seqlens, policy=split_policy)
     return out
+
+
+def check_policy_table(table: torch.Tensor | None, device: torch.device) -> None:
+    """ValueError unless ``table`` is None or an int32 ``[R, 2]`` tensor on ``device`` with ``R``
+    a power of two (its values are read on the device only, never here)."""
+    if table is None:
+        return
+    rows = table.shape[0] if table.dim() == 2 else 0
+    if (table.dim() != 2 or table.shape[1] != 2 or table.dtype != torch.int32 or rows < 1
+            or rows & (rows - 1) or not table.is_contiguous()):
+        raise ValueError("split_policy must be a contiguous int32 [R, 2] table, R a power of two, "
+                         f"got {tuple(table.shape)} {table.dtype}")
+    if table.device != device:
+        raise ValueError(f"split_policy is on {table.device}, q on {device}")

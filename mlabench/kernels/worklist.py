@@ -86,6 +86,20 @@ def build_work_list(cache_seqlens: torch.Tensor, num_programs: int, block_n: int
     )
 
 
+def rebuild_work_list(work: WorkList, cache_seqlens: torch.Tensor, block_n: int) -> None:
+    """Rebuild ``work`` in place for new lengths ``cache_seqlens`` (``[B]``, same B and device).
+
+    The tensors keep their storage, so a graph captured with ``work`` reads the new list: this is
+    the per-step refresh of the persistent kernel.  Device ops only (no host sync); raises
+    ValueError when the batch differs.
+    """
+    if cache_seqlens.shape != (work.batch,):
+        raise ValueError(f"work list is for {work.batch} requests, got lengths {tuple(cache_seqlens.shape)}")
+    new = build_work_list(cache_seqlens, work.num_programs, block_n)
+    for name in ("cu_seqlens", "chunk_tokens", "prog_first_req", "req_slot_lo", "req_slot_hi"):
+        getattr(work, name).copy_(getattr(new, name))
+
+
 def segments(work: WorkList) -> list[tuple[int, int, int, int]]:
     """The segments the kernel will run, computed on the host (for tests and debugging).
 

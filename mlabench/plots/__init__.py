@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mlabench.errors import ConfigError
+from mlabench.files import make_dir, write_bytes
 from mlabench.plots import data as D
 from mlabench.plots import style
 
@@ -209,13 +210,9 @@ def write_figures(runs: Any, out_dir: Path, kinds: Sequence[str] | None = None,
         raise ConfigError(f"figure format must be one of {', '.join(FORMATS)}, got {bad[0] if bad else 'none'!r}")
     specs, skipped = plan(runs, kinds)
     if specs:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(out_dir, "figure folder")
     written = []
     for spec in specs:
-        paths = []
-        for fmt in formats:
-            path = out_dir / f"{spec.stem}.{fmt}"
-            path.write_bytes(render(spec, fmt))
-            paths.append(path)
+        paths = [write_bytes(out_dir / f"{spec.stem}.{fmt}", render(spec, fmt), "figure") for fmt in formats]
         written.append((spec, paths))
     return written, skipped

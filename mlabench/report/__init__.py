@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mlabench.errors import ConfigError
+from mlabench.files import make_dir, write_bytes, write_text
 from mlabench.report import sections as S
 from mlabench.report.document import Block, FigureBlock, to_html_document, to_markdown_document
 
@@ -62,16 +63,13 @@ def write_report(runs: Any, out_dir: Path, fmt: str = "markdown", command: str |
 
     if fmt not in FORMATS:
         raise ConfigError(f"report format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(out_dir, "report folder")
     path = out_dir / FORMATS[fmt]
     if fmt == "markdown":
         report = build_report(runs, command=command)
-        (out_dir / FIGURE_DIR).mkdir(exist_ok=True)
         for fig in report.figures:
-            (out_dir / FIGURE_DIR / f"{fig.stem}.png").write_bytes(render(fig, "png"))
-        path.write_text(to_markdown_document(report.blocks, FIGURE_DIR))
-    else:
-        report = build_report(runs, figure_dir=None, command=command)
-        pngs = {fig.stem: render(fig, "png") for fig in report.figures}
-        path.write_text(to_html_document(report.blocks, report.title, pngs))
-    return path
+            write_bytes(out_dir / FIGURE_DIR / f"{fig.stem}.png", render(fig, "png"), "figure")
+        return write_text(path, to_markdown_document(report.blocks, FIGURE_DIR), "report")
+    report = build_report(runs, figure_dir=None, command=command)
+    pngs = {fig.stem: render(fig, "png") for fig in report.figures}
+    return write_text(path, to_html_document(report.blocks, report.title, pngs), "report")

@@ -14,17 +14,22 @@ import datetime as _dt
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from pydantic import ValidationError
+
+from mlabench.configfile import validation_line
 from mlabench.errors import ConfigError, ServerError
+from mlabench.files import append_text, make_dir, read_json, read_text, write_text
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.lifecycle import (
-    ManagedServer, log_tail, require_reachable, served_model, stop_group,
+    ManagedServer, log_tail, require_launchable, require_reachable, served_model, stop_group,
 )
-from mlabench.serving.results import BenchResult, load_result
+from mlabench.serving.results import BenchResult, judge, load_result
 
 Progress = Callable[[str], None]
 
@@ -39,12 +44,11 @@ def new_run_dir(
     """
     stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
     base = f"{kind}-{stamp}-{label}"
-    results_root.mkdir(parents=True, exist_ok=True)
+    make_dir(results_root, "results folder")
     for n in range(1, 1000):
         path = results_root / (base if n == 1 else f"{base}-{n}")
         try:
-            path.mkdir()
-            return path
+            return make_dir(path, "run folder", exist_ok=False)
         except FileExistsError:
             continue
     raise ConfigError(f"cannot make a new run folder under {results_root}")
@@ -120,6 +124,36 @@ def run_one(
             stop_group(proc, grace_s=5.0)
 
 
+def preflight(variants: list[Variant], vllm_bin: str, bench: bool = True) -> None:
+    """What can fail before a run folder exists, checked first: every variant without ``[launch]``
+    answers ``/health``, every launch command's program exists, and, for ``bench``, the vllm
+    executable that runs ``vllm bench serve`` exists.
+
+    Raises :class:`ServerError` (a server not reachable, a launch program missing) or
+    :class:`ConfigError` (no vllm executable), each one line.
+    """
+    for variant in variants:
+        try:
+            if variant.launch is None:
+                require_reachable(variant.base_url)
+            else:
+                require_launchable(variant.launch, vllm_bin)
+        except ServerError as exc:
+            raise ServerError(f"[{variant.name}] {exc}") from None
+    if bench and shutil.which(vllm_bin) is None:
+        raise ConfigError(f"cannot run vllm bench serve: {vllm_bin!r} is not an executable program here "
+                          "(set MLABENCH_VLLM_BIN, --vllm-bin or the config's vllm_bin)")
+
+
+def discard_unmeasured(run_dir: Path, measured: str) -> bool:
+    """Remove ``run_dir``, a folder this run made, unless ``measured`` (the file results go to)
+    was written in it; True when the folder is kept.  Nothing measured leaves no folder behind."""
+    if (run_dir / measured).exists():
+        return True
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return False
+
+
 @contextlib.contextmanager
 def variant_server(
     variant: Variant, run_dir: Path, vllm_bin: str, progress: Progress
@@ -131,7 +165,7 @@ def variant_server(
         return
     srv = ManagedServer(variant.launch, variant.base_url, run_dir / f"server-{variant.name}.log",
                         vllm_bin=vllm_bin)
-    progress(f"[{variant.name}] launching: {shlex.join(srv.argv())}")
+    progress(f"[{variant.name}] launching (log: {srv.log_path}): {shlex.join(srv.argv())}")
     with srv:
         progress(f"[{variant.name}] healthy after {srv.startup_s:.0f} s")
         yield srv
@@ -157,7 +191,7 @@ def run_serve_bench(
         "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "vllm_bin": vllm_bin, "env": env_summary(), "config": config.model_dump(mode="json"),
     }
-    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n", "run manifest")
     results: list[BenchResult] = []
     for variant in config.variants:
         params = config.bench_for(variant)
@@ -172,11 +206,12 @@ def run_serve_bench(
                         f"{stem}.json",
                         {"variant": variant.name, "concurrency": str(conc), "repeat": str(rep)},
                     )
-                    with open(run_dir / "commands.txt", "a") as fh:
-                        fh.write(shlex.join(argv) + "\n")
+                    append_text(run_dir / "commands.txt", shlex.join(argv) + "\n", "run folder file")
                     progress(f"[{variant.name}] concurrency {conc}, repeat {rep + 1}/{config.repeats}")
-                    code = run_one(argv, run_dir / f"{stem}.log", config.bench_timeout_s, srv)
-                    res = load_result(run_dir / f"{stem}.json", variant.name, conc, rep, run_dir)
+                    code = run_one(argv, run_dir / f"{stem}.log", config.bench_timeout_s, srv,
+                                   poll_s=config.bench_poll_s)
+                    res = judge(load_result(run_dir / f"{stem}.json", variant.name, conc, rep, run_dir),
+                                params.min_output_tokens())
                     if code != 0 and res.status == "ok":
                         res = res.model_copy(update={"status": "error",
                                                      "error": f"vllm bench serve exited {code}"})
@@ -185,8 +220,7 @@ def run_serve_bench(
                         res = res.model_copy(update={"error": f"{res.error}; exit code {code}; "
                                                      f"log tail:\n{tail}"})
                     results.append(res)
-                    with open(run_dir / "results.jsonl", "a") as fh:
-                        fh.write(res.model_dump_json() + "\n")
+                    append_text(run_dir / "results.jsonl", res.model_dump_json() + "\n", "run results", sync=True)
                     progress(f"[{variant.name}] c={conc} r={rep}: {res.status}"
                              + (f", mean TPOT {res.tpot.mean_ms:.2f} ms"
                                 if res.tpot.mean_ms is not None else ""))
@@ -194,14 +228,19 @@ def run_serve_bench(
 
 
 def read_run(run_dir: Path) -> tuple[ServeConfig, list[BenchResult]]:
-    """Re-read a finished (or interrupted) run folder: its config and results.jsonl."""
+    """Re-read a finished (or interrupted) run folder: its config and results.jsonl, each result
+    judged again (:func:`~mlabench.serving.results.judge`) with its variant's parameters, so that a
+    run recorded before a check existed is shown as that check sees it."""
+    manifest = read_json(run_dir / "manifest.json", "serve-bench run manifest")
+    lines = read_text(run_dir / "results.jsonl", "serve-bench run results").splitlines()
     try:
-        manifest = json.loads((run_dir / "manifest.json").read_text())
         config = ServeConfig.model_validate(manifest["config"])
-        lines = (run_dir / "results.jsonl").read_text().splitlines()
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"{run_dir} is not a readable serve-bench run: {exc}") from None
-    return config, [BenchResult.model_validate_json(line) for line in lines if line.strip()]
+        results = [BenchResult.model_validate_json(line) for line in lines if line.strip()]
+    except (ValidationError, KeyError, TypeError) as exc:
+        why = validation_line(exc) if isinstance(exc, ValidationError) else f"no {exc}"
+        raise ConfigError(f"{run_dir} is not a readable serve-bench run: {why}") from None
+    least = {v.name: config.bench_for(v).min_output_tokens() for v in config.variants}
+    return config, [judge(r, least.get(r.variant)) for r in results]
 
 
 def env_summary() -> dict[str, str]:

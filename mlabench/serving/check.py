@@ -21,7 +21,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mlabench.configfile import validation_line
 from mlabench.errors import ConfigError, ServerError
+from mlabench.files import read_text, write_text
 from mlabench.serving.config import CheckParams, prompt_text
 from mlabench.tables import ColumnStyle, Table
 
@@ -198,18 +200,18 @@ def save_fixture(out: GreedyOutput, path: Path) -> None:
     path = Path(path)
     if path.exists():
         raise ConfigError(f"fixture {path} exists; remove it first to record a new one")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(out.model_dump_json(indent=1) + "\n")
+    write_text(path, out.model_dump_json(indent=1) + "\n", "fixture")
 
 
 def load_fixture(path: Path) -> GreedyOutput:
     """Read a fixture written by :func:`save_fixture`; raises :class:`ConfigError`."""
+    if not Path(path).exists():
+        raise ConfigError(f"fixture not found: {path} (record one with --save-fixture)")
+    text = read_text(path, "fixture")
     try:
-        return GreedyOutput.model_validate_json(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"fixture not found: {path} (record one with --save-fixture)") from None
-    except (OSError, ValidationError, ValueError) as exc:
-        raise ConfigError(f"bad fixture {path}: {str(exc).splitlines()[0]}") from None
+        return GreedyOutput.model_validate_json(text)
+    except ValidationError as exc:
+        raise ConfigError(f"bad fixture {path}: {validation_line(exc)}") from None
 
 
 def passes(report: CheckReport, strict: bool = False) -> bool:

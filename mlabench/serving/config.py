@@ -9,6 +9,7 @@ request rate inf, ignore-eos, ``/v1/completions``, backend ``vllm``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tomllib
@@ -19,8 +20,9 @@ from pydantic import (
     BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator,
 )
 
-from mlabench.configfile import read_toml, validation_line
+from mlabench.configfile import config_file, read_toml, validation_line
 from mlabench.errors import ConfigError
+from mlabench.files import read_text
 
 VLLM_BIN_ENV = "MLABENCH_VLLM_BIN"
 _UNEXPANDED = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
@@ -57,6 +59,23 @@ class BenchParams(_Strict):
     )
 
 
+    def min_output_tokens(self) -> int | None:
+        """Fewest output tokens a complete run of these parameters yields, or None when the
+        lengths are not fixed (a dataset other than ``random``, EOS honoured, or the lengths or
+        prompt count passed through ``extra_args``).
+
+        With ``ignore_eos`` every request of the random dataset produces its drawn output length,
+        and vLLM draws it from ``[floor(L * (1 - r)), ceil(L * (1 + r))]`` (``L`` =
+        ``random_output_len``, ``r`` = ``random_range_ratio``), so a complete run yields at least
+        ``num_prompts * floor(L * (1 - r))`` tokens.
+        """
+        own = ("--random-output-len", "--random-range-ratio", "--num-prompts", "--dataset-name")
+        if not self.ignore_eos or self.dataset_name != "random" or \
+                any(a.split("=", 1)[0] in own for a in self.extra_args):
+            return None
+        return self.num_prompts * math.floor(self.random_output_len * (1 - self.random_range_ratio))
+
+
 class LaunchSpec(_Strict):
     """How to start a server: its command line and environment (``$VAR`` and ``~`` expanded)."""
 
@@ -74,6 +93,9 @@ class LaunchSpec(_Strict):
     )
     stop_grace_s: float = Field(
         30.0, gt=0, description="Seconds after SIGINT (and again after SIGTERM) before escalating."
+    )
+    health_poll_s: float = Field(
+        1.0, gt=0, description="Seconds between GET /health tries while the server starts."
     )
 
 
@@ -120,11 +142,7 @@ def prompt_text(params: CheckParams) -> str:
     """
     text = params.prompt
     if params.prompt_file:
-        path = expand(params.prompt_file)
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read check.prompt_file {path}: {exc}") from None
+        text = read_text(expand(params.prompt_file), "check.prompt_file")
     return text * params.prompt_repeat
 
 
@@ -143,6 +161,9 @@ class ServeConfig(_Strict):
     )
     repeats: int = Field(1, ge=1, description="Runs of vllm bench serve per (variant, concurrency).")
     bench_timeout_s: float = Field(7200.0, gt=0, description="Limit of one bench run, seconds.")
+    bench_poll_s: float = Field(
+        0.5, gt=0, description="Seconds between checks of a running bench (done? server alive?)."
+    )
     variants: list[Variant] = Field(..., min_length=1, description="Server variants, in order.")
     bench: BenchParams = Field(default_factory=BenchParams, description="Bench flags.")
     check: CheckParams = Field(default_factory=CheckParams, description="serve-check settings.")
@@ -226,10 +247,11 @@ def bench_overrides(sets: list[str], concurrencies: list[int] | None = None,
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ServeConfig:
     """Read and validate a serve config TOML; raises :class:`ConfigError` with one clear line.
 
+    ``path`` is a file, or the name of a shipped config (``configs/serve/<name>.toml``).
     ``overrides`` are ``key.path=value`` strings (e.g. ``bench.random_input_len=256``,
     ``concurrencies=[1]``) applied before validation.
     """
-    p = Path(path)
+    p = config_file(path, "serve", "serve config")
     data = _apply_overrides(read_toml(p, "serve config"), overrides or [])
     try:
         return ServeConfig.model_validate(data)
@@ -245,11 +267,18 @@ def config_from_url(base_url: str, model: str | None = None, **kwargs: Any) -> S
     )
 
 
+#: The serve-check flags that set :class:`CheckParams` fields, for error messages.
+CHECK_FLAGS = {"max_tokens": "--tokens", "prompt": "--prompt", "tie_threshold": "--tie-threshold"}
+
+
 def with_check_options(params: CheckParams, **options: Any) -> CheckParams:
     """``params`` with the options given (None values ignored, e.g. ``max_tokens``, ``prompt``,
-    ``tie_threshold``), validated again; :class:`ConfigError` names a bad one."""
+    ``tie_threshold``), validated again; :class:`ConfigError` names a bad one by its flag and
+    says why (``--tokens: Input should be greater than 0``)."""
     update = {k: v for k, v in options.items() if v is not None}
     try:
         return CheckParams.model_validate({**params.model_dump(), **update})
     except ValidationError as exc:
-        raise ConfigError(f"bad check option: {str(exc).splitlines()[-1]}") from None
+        field = str(exc.errors()[0]["loc"][0]) if exc.errors()[0]["loc"] else ""
+        why = validation_line(exc).removeprefix(f"{field}: ")
+        raise ConfigError(f"{CHECK_FLAGS.get(field, field)}: {why}") from None

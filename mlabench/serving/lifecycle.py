@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -97,13 +98,41 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> int | None:
 
 
 def _group_alive(pgid: int) -> bool:
+    """True while a process of group ``pgid`` still runs.  A zombie (exited, waiting for its new
+    parent to reap it) holds nothing and does not count: an init that reaps slowly, as in some
+    containers, would otherwise add seconds to every stop.  Without ``/proc`` any member counts."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        try:  # /proc/<pid>/stat: "pid (comm) state ppid pgrp ..."
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else []
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+def launch_argv(spec: LaunchSpec, vllm_bin: str) -> list[str]:
+    """The command line of ``spec`` after ``{vllm_bin}``, ``$VAR`` and ``~`` expansion."""
+    return [expand(a.replace("{vllm_bin}", vllm_bin)) for a in spec.command]
+
+
+def require_launchable(spec: LaunchSpec, vllm_bin: str) -> None:
+    """Raise :class:`ServerError` unless the program of ``spec``'s command exists and is executable
+    (looked up on ``PATH``, or relative to ``spec.cwd``), checked before anything is started."""
+    program = launch_argv(spec, vllm_bin)[0]
+    if os.sep in program and not os.path.isabs(program) and spec.cwd:
+        program = os.path.join(expand(spec.cwd), program)
+    if shutil.which(program) is None:
+        raise ServerError(f"cannot start server: {program!r} is not an executable program here")
 
 
 class ManagedServer:
@@ -113,8 +142,9 @@ class ManagedServer:
     (its own process group) with stdout/stderr going to ``log_path``, waits until ``/health``
     answers 200, and on exit (normal, exception or KeyboardInterrupt) stops the whole group.
 
-    Raises :class:`ServerError` when the command cannot start, exits before it is healthy (the
-    message carries the tail of its log), or is not healthy within ``spec.health_timeout_s``.
+    Health is tried every ``poll_s`` seconds (default ``spec.health_poll_s``; tests use short
+    ones).  Raises :class:`ServerError` when the command cannot start, exits before it is healthy
+    (the message carries the tail of its log), or is not healthy within ``spec.health_timeout_s``.
     """
 
     def __init__(
@@ -124,20 +154,20 @@ class ManagedServer:
         log_path: Path,
         vllm_bin: str = "vllm",
         on_wait: Callable[[float], None] | None = None,
-        poll_s: float = 1.0,
+        poll_s: float | None = None,
     ) -> None:
         self.spec = spec
         self.base_url = base_url
         self.log_path = Path(log_path)
         self.vllm_bin = vllm_bin
         self.on_wait = on_wait
-        self.poll_s = poll_s
+        self.poll_s = spec.health_poll_s if poll_s is None else poll_s
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
 
     def argv(self) -> list[str]:
         """The command line after ``{vllm_bin}``, ``$VAR`` and ``~`` expansion."""
-        return [expand(a.replace("{vllm_bin}", self.vllm_bin)) for a in self.spec.command]
+        return launch_argv(self.spec, self.vllm_bin)
 
     def start(self) -> None:
         """Start the process and wait for health (see the class docstring for errors)."""
@@ -176,8 +206,8 @@ class ManagedServer:
             code = self.proc.poll()
             if code is not None:
                 raise ServerError(
-                    f"server exited with code {code} before it was healthy; last lines of "
-                    f"{self.log_path}:\n{log_tail(self.log_path)}"
+                    f"server exited with code {code} before it was healthy; last lines of its "
+                    f"log:\n{log_tail(self.log_path)}"
                 )
             if is_healthy(self.base_url, timeout_s=min(5.0, self.poll_s + 1)):
                 return
@@ -185,7 +215,7 @@ class ManagedServer:
             if now >= deadline:
                 raise ServerError(
                     f"server not healthy at {self.base_url}/health after "
-                    f"{self.spec.health_timeout_s:.0f} s; last lines of {self.log_path}:\n"
+                    f"{self.spec.health_timeout_s:.0f} s; last lines of its log:\n"
                     f"{log_tail(self.log_path)}"
                 )
             if self.on_wait:

@@ -27,7 +27,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
-Status = Literal["ok", "failed_requests", "missing", "error"]
+Status = Literal["ok", "failed_requests", "truncated", "missing", "error"]
+#: How bad each status is; a cell of several repeats takes its worst.
+SEVERITY = {"ok": 0, "failed_requests": 1, "truncated": 2, "error": 3, "missing": 4}
 
 
 class MetricStats(BaseModel):
@@ -48,7 +50,9 @@ class BenchResult(BaseModel):
     concurrency: int = Field(..., description="--max-concurrency of the run.")
     repeat: int = Field(..., description="Repeat index, 0-based.")
     status: Status = Field(
-        ..., description="ok; failed_requests (some failed); missing (no result file); error."
+        ..., description="ok; failed_requests (some failed or never completed); truncated (fewer "
+        "output tokens than the fixed lengths ask for); missing (no result file); error (e.g. a "
+        "TPOT that measured nothing)."
     )
     error: str = Field("", description="Why the result is missing or in error (log tail).")
     result_file: str | None = Field(None, description="Saved JSON, relative to the run folder.")
@@ -122,7 +126,7 @@ def parse_result(
     """Turn one saved result dict into a :class:`BenchResult` (see the module docstring).
 
     A result with no ``completed`` key, or with no TPOT at all while requests completed, is
-    ``status='error'``; any failed request makes it ``failed_requests``.
+    ``status='error'``; any failed request makes it ``failed_requests``; then :func:`judge`.
     """
     num_prompts = data.get("num_prompts")
     completed = data.get("completed")
@@ -145,7 +149,7 @@ def parse_result(
         error = f"{failed} failed" + (f"; first error: {str(errs[0])[:300]}" if errs else "")
     elif metrics["tpot"].mean_ms is None:
         status, error = "error", "result has no TPOT (mean_tpot_ms) and no per-request ITLs"
-    return BenchResult(
+    return judge(BenchResult(
         variant=variant, concurrency=concurrency, repeat=repeat, status=status, error=error,
         result_file=result_file, num_prompts=num_prompts if isinstance(num_prompts, int) else None,
         completed=completed, failed=failed, duration_s=_num(data.get("duration")),
@@ -155,7 +159,42 @@ def parse_result(
         if isinstance(data.get("total_output_tokens"), int) else None,
         vllm_version=str(data["vllm_version"]) if data.get("vllm_version") else None,
         **metrics,
-    )
+    ))
+
+
+def judge(result: BenchResult, min_output_tokens: int | None = None) -> BenchResult:
+    """``result`` failed with a reason when what it measured cannot be a result; an ``ok`` result
+    is the only one changed (so judging twice changes nothing).
+
+    - ``error``: a TPOT statistic that is not a positive finite number.  vLLM writes 0 when no
+      request produced more than one output token, so a 0 measured nothing; the statistic is
+      dropped (None) and the reason names it.
+    - ``failed_requests``: fewer requests completed than were sent, even with ``failed`` 0.
+    - ``truncated``: ``total_output_tokens`` below ``min_output_tokens``, the fewest a complete
+      run yields (:meth:`~mlabench.serving.config.BenchParams.min_output_tokens`): streams cut
+      short, e.g. by a server error.
+    """
+    if result.status != "ok":
+        return result
+    found: list[tuple[Status, str]] = []
+    stats = {s: getattr(result.tpot, s) for s in ("mean_ms", "median_ms", "p99_ms")}
+    bad = {s: v for s, v in stats.items() if v is not None and not (v > 0 and math.isfinite(v))}
+    if bad or result.tpot.mean_ms is None:
+        what = ", ".join(f"{s.removesuffix('_ms')} {v:g} ms" for s, v in bad.items()) or "no mean"
+        found.append(("error", f"TPOT measured nothing ({what}; vLLM writes 0 when no request "
+                               "produced more than one output token)"))
+    if result.num_prompts is not None and result.completed < result.num_prompts:
+        found.append(("failed_requests", f"only {result.completed} of {result.num_prompts} requests completed"))
+    if min_output_tokens and result.total_output_tokens is not None \
+            and result.total_output_tokens < min_output_tokens:
+        found.append(("truncated", f"cut short: {result.total_output_tokens} output tokens of the "
+                                   f"{min_output_tokens} the fixed lengths ask for"))
+    if not found:
+        return result
+    status = max((s for s, _ in found), key=SEVERITY.__getitem__)
+    tpot = result.tpot.model_copy(update={s: None for s in bad})
+    return result.model_copy(update={"status": status, "error": "; ".join(why for _, why in found),
+                                     "tpot": tpot})
 
 
 def load_result(

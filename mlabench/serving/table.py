@@ -19,12 +19,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mlabench.files import write_text
 from mlabench.serving.config import ServeConfig
-from mlabench.serving.results import BenchResult, Status
+from mlabench.serving.results import SEVERITY, BenchResult, Status
 from mlabench.tables import ColumnStyle, Table, to_json, to_markdown
 
 Stat = Literal["mean", "median", "p99"]
-_SEVERITY = {"ok": 0, "failed_requests": 1, "error": 2, "missing": 3}
 
 
 class Cell(BaseModel):
@@ -78,7 +78,7 @@ def combine(variant: str, runs: list[BenchResult]) -> Cell:
     """Combine the repeats of one (variant, concurrency); no runs gives a ``missing`` cell."""
     if not runs:
         return Cell(variant=variant, status="missing", repeats=0, errors=["no run recorded"])
-    status = max((r.status for r in runs), key=_SEVERITY.__getitem__)
+    status = max((r.status for r in runs), key=SEVERITY.__getitem__)
     return Cell(
         variant=variant, status=status, repeats=len(runs),
         completed=sum(r.completed for r in runs), failed=sum(r.failed for r in runs),
@@ -110,7 +110,7 @@ def build_table(
         base_t = tpot_of(base, stat)
         for c in cells:
             t = tpot_of(c, stat)
-            if base_t is not None and t:
+            if base_t and t and base_t > 0 and t > 0:  # a TPOT that measured nothing has no speedup
                 c.speedup = base_t / t
         rows.append(Row(concurrency=conc, cells=cells))
     return ServeTable(baseline=baseline, stat=stat, variants=variants, rows=rows)
@@ -212,5 +212,5 @@ def view(table: ServeTable, format: str) -> Table:
 def write_table_files(table: ServeTable, run_dir: Path) -> None:
     """Save ``table.md`` (:func:`tpot_markdown_table`) and ``table.json`` (:func:`tpot_table`, as
     ``--json`` prints it) in the run folder."""
-    (run_dir / "table.md").write_text(to_markdown(tpot_markdown_table(table)))
-    (run_dir / "table.json").write_text(to_json([tpot_table(table)]) + "\n")
+    write_text(run_dir / "table.md", to_markdown(tpot_markdown_table(table)), "run table")
+    write_text(run_dir / "table.json", to_json([tpot_table(table)]) + "\n", "run table")

@@ -23,6 +23,9 @@ NAMES = backend_names()
 #: bf16, page size 64, 12 heads: a shape every built-in backend takes (FlashMLA needs page 64 and
 #: bf16/fp16, AITER bf16); lengths 1, a non-multiple and one past a multiple of the page size.
 TINY = MLADecodeShape.create(num_heads=12, context_lens=(1, 70, 129), page_size=64)
+#: Lengths written into TINY's ``cache_seqlens`` in place after prepare: each fits the block table
+#: (3 pages of 64 per request), the longest request becomes the shortest and every work split moves.
+NEW_LENS = (150, 3, 90)
 #: Shapes some backends refuse: each refusal must say why.
 ODD_SHAPES = [
     MLADecodeShape.create(num_heads=12, context_lens=(8,), page_size=16, q_dtype="float32",
@@ -125,3 +128,22 @@ def test_passes_every_input_set_with_its_defaults(name):
     backend = runnable(name)
     _call, verdict = ShapeBench(TINY, seed=3, copies=1).check(backend, backend.resolve_params(TINY))
     assert verdict.passed and set(verdict.by_input_set) == {"random", "needles", "peaky", "flat"}, verdict
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_refresh_follows_new_lengths(name):
+    """What ``graph_safe`` promises, as far as this machine can check it: prepared and run at TINY's
+    lengths, lengths changed in place, ``refresh``, run again: the reference of the new lengths.
+    (A captured graph replayed after the refresh: tests/gpu/test_graph_refresh.py.)"""
+    backend = runnable(name)
+    for params in param_variants(backend, TINY):
+        inputs = make_inputs(TINY, seed=4, poison=False)  # the lengths grow into page tails and padding
+        call = backend.prepare(inputs, backend.resolve_params(TINY, params))
+        call.fn()
+        inputs.cache_seqlens.copy_(torch.tensor(NEW_LENS, dtype=torch.int32))
+        call.refresh_for_new_lengths()
+        call.out.fill_(float("nan"))
+        ref, _ = mla_decode_reference(inputs.q, inputs.kv_cache, inputs.block_table, NEW_LENS,
+                                      TINY.scale)
+        verdict = compare_outputs(call.fn(), ref)
+        assert verdict.passed, (params, verdict)

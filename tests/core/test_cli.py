@@ -2,11 +2,13 @@
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from mlabench import cli
+from mlabench.cli.app import GROUPS
 
 
 def run(args, monkeypatch, capsys):
@@ -284,3 +286,73 @@ def test_optuna_and_matplotlib_come_through_extras(monkeypatch):
     monkeypatch.setitem(sys.modules, "no_such_dep_for_mlabench", None)
     with pytest.raises(DependencyError, match="no_such_dep_for_mlabench not installed"):
         extras.require("no_such_dep_for_mlabench")
+
+
+IMPOSSIBLE = [
+    (["check", "--context", "1000000000000"], "context length must be <= 2,147,483,647"),
+    (["check", "--context", "4096", "--batch", "1000000000"], "B=1000000000 H=12 L=4096"),
+    (["check", "--heads", "100000000", "--context", "1"], "GiB free"),
+    (["sweep", "--batch", "1000000000", "--context", "4096"], "B=1000000000 H=12 L=4096"),
+    (["sweep", "--context", "1000000000000"], "context length must be <= 2,147,483,647"),
+    (["compare", "--batch", "1000000000", "--context", "4096"], "B=1000000000 H=12 L=4096"),
+    (["tune", "--backend", "torch-splitkv", "--heads", "12", "--buckets", "4096", "--batch", "1000000000"],
+     "cannot be one decode step"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, message", IMPOSSIBLE, ids=[" ".join(a) for a, _ in IMPOSSIBLE])
+def test_impossible_sizes_are_refused_from_their_numbers(tmp_path, monkeypatch, capsys, args, message):
+    """Issue 8 item 8: a billion requests or a trillion tokens is one error line and exit 2 from
+    every command, judged before any per-request tuple or tensor exists (so it is also quick)."""
+    code, out, err = run([*args, *(["--results-dir", str(tmp_path)] if args[0] != "check" else [])],
+                         monkeypatch, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    assert out == "" and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", [c for g in GROUPS for c in g.COMMANDS])
+def test_help_shows_what_to_write_not_python_types(command, monkeypatch, capsys):
+    """Issue 8 item 11: no ``--json <bool>`` or ``--backend <list[str]>`` in any help."""
+    import re
+
+    code, out, _ = run([command, "--help"], monkeypatch, capsys)
+    assert code == 0 and "Usage:" in out
+    options = [line for line in out.splitlines() if line.strip().startswith("-")]
+    assert options and not [line for line in options if re.search(r"<(str|int|float|bool|path|list)", line)]
+
+
+def test_lists_take_commas_everywhere(monkeypatch, capsys):
+    from mlabench.cli.options import name_list
+
+    assert name_list(["a,b", "c", " d , "]) == ["a", "b", "c", "d"] and name_list(None) is None
+    run_dir = str(Path(__file__).parents[2] / "results" / "h200" / "kimi-k3-tp8")
+    both = run(["compare", "--from", run_dir, "--backend", "flashmla,triton-splitkv", "--json"], monkeypatch, capsys)
+    repeated = run(["compare", "--from", run_dir, "--backend", "flashmla", "--backend", "triton-splitkv", "--json"],
+                   monkeypatch, capsys)
+    assert both[0] == 0 and both == repeated
+    rows = json.loads(both[1])[0]["rows"]
+    assert {r["persistent"] for r in rows} == {"flashmla"} and {r["split-KV"] for r in rows} == {"triton-splitkv"}
+
+
+def test_check_shows_progress_and_compare_says_where_its_results_went(tmp_path, monkeypatch, capsys):
+    code, _, err = run(["check", "--backend", "torch-splitkv", "--splits", "1,2", "--context", "64,100"],
+                       monkeypatch, capsys)
+    assert code == 0 and "checked" in err and "2/2" in err
+    code, _, err = run(["compare", "--backend", "torch-splitkv", "--context", "32", "--batch", "1", "--splits", "1",
+                        "--page-size", "16", "--budget-s", "0.05", "--results-dir", str(tmp_path)], monkeypatch, capsys)
+    (run_dir,) = tmp_path.iterdir()
+    assert code == 0 and f"results: {run_dir}/" in err
+
+
+def test_the_sweep_reports_progress_before_its_first_point(tmp_path):
+    from mlabench.sweep import SweepConfig, run_sweep
+    from mlabench.timing import TimingConfig
+
+    calls = []
+    cfg = SweepConfig(heads=[12], backends=["torch-splitkv"], batch=[1], context_lens=[16], page_size=16,
+                      params={"num_kv_splits": [1, 2]}, timing=TimingConfig(budget_s=0.05, min_samples=3))
+    run_sweep(cfg, tmp_path, progress=lambda p, r, done, total: calls.append((r is None, done, total)))
+    # at the start (before the sentinel is measured), then before and after each point
+    assert calls == [(True, 0, 2), (True, 0, 2), (False, 1, 2), (True, 1, 2), (False, 2, 2)]

@@ -83,3 +83,24 @@ def test_run_folders_and_records_of(tmp_path):
     ResultStore.create(tmp_path / "r3", other).append(record(3))
     with pytest.raises(ResultsError, match="different devices"):
         records_of([tmp_path / "parent", tmp_path / "r3"])
+
+
+def test_git_revision_only_of_the_checkout_itself(tmp_path, monkeypatch):
+    """A package folder inside some other repository (a venv in a project) records the package
+    version, not that repository's revision; the checkout records its HEAD."""
+    import subprocess
+
+    from mlabench import __version__
+    from mlabench.results import git_revision
+
+    monkeypatch.delenv("MLABENCH_GIT_REVISION", raising=False)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    inner = tmp_path / "venv" / "lib"
+    inner.mkdir(parents=True)
+    assert git_revision(inner) == (f"mlabench-{__version__}", False)
+    assert git_revision(tmp_path / "nowhere") == (f"mlabench-{__version__}", False)
+    from pathlib import Path
+
+    if (Path(__file__).parents[2] / ".git").exists():  # a checkout (not a copy of the tree)
+        rev, _ = git_revision()
+        assert len(rev) == 40 and int(rev, 16) >= 0

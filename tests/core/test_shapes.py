@@ -91,3 +91,66 @@ def test_resolve_heads_conflicts():
     with pytest.raises(ConfigError, match="contradicts"):
         resolve_heads(model="kimi-k3", tp=8, heads=16)
     assert resolve_heads(heads=12) == (12, None, None)
+
+
+V3_ATTENTION = {"model_type": "deepseek_v3", "num_attention_heads": 128, "kv_lora_rank": 512,
+                "qk_rope_head_dim": 64, "qk_nope_head_dim": 128}
+YARN_40 = {"rope_type": "yarn", "factor": 40, "mscale_all_dim": 1.0}
+
+
+@pytest.mark.parametrize("layout", [
+    {"rope_scaling": YARN_40},                                      # older transformers
+    {"rope_scaling": {**YARN_40, "type": "yarn"}},                  # original DeepSeek-V3 file
+    {"rope_parameters": {**YARN_40, "rope_theta": 10000.0}},        # transformers 5
+    {"rope_scaling": None, "rope_parameters": {**YARN_40, "rope_theta": 10000.0}},
+])
+def test_yarn_mscale_from_either_rope_layout(tmp_path, layout):
+    (tmp_path / "config.json").write_text(json.dumps({**V3_ATTENTION, **layout}))
+    # 192^-0.5 * (0.1 * ln 40 + 1)^2 = 0.135234, not the plain 192^-0.5 = 0.072169
+    assert read_hf_config(tmp_path).softmax_scale() == pytest.approx(0.135234, abs=5e-7)
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "default", "rope_theta": 10000.0}, {"rope_theta": 5e4}])
+def test_default_rope_keeps_the_plain_scale(tmp_path, rope):
+    (tmp_path / "config.json").write_text(json.dumps({**V3_ATTENTION, "rope_parameters": rope}))
+    assert read_hf_config(tmp_path).softmax_scale() == pytest.approx(192**-0.5)
+
+
+@pytest.mark.parametrize("rope, named", [
+    ({"rope_type": "longrope", "factor": 40}, "'longrope'"),
+    ({"type": "llama3", "factor": 8}, "'llama3'"),
+    ({"factor": 40, "mscale_all_dim": 1.0}, "no rope_type"),
+])
+def test_a_rope_type_not_understood_is_an_error_naming_it(tmp_path, rope, named):
+    for key in ("rope_scaling", "rope_parameters"):
+        (tmp_path / "config.json").write_text(json.dumps({**V3_ATTENTION, key: rope}))
+        with pytest.raises(ConfigError, match=named):
+            read_hf_config(tmp_path)
+
+
+def test_model_config_that_cannot_be_read_is_one_line(tmp_path):
+    (tmp_path / "binary").write_bytes(bytes(range(256)))
+    with pytest.raises(ConfigError, match="not a text file"):
+        read_hf_config(tmp_path / "binary")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ConfigError, match="not found: .*folder/config.json"):
+        read_hf_config(tmp_path / "folder")
+
+
+def test_sizes_past_int32_are_shape_errors():
+    with pytest.raises(ShapeError, match="int32 lengths"):
+        MLADecodeShape.create(num_heads=12, context_lens=(2**31,))
+    with pytest.raises(ShapeError, match="int32 block table"):  # 2 x 2^30 pages of one token
+        MLADecodeShape.create(num_heads=12, context_lens=(2**30, 2**30), page_size=1)
+    assert MLADecodeShape.create(num_heads=12, context_lens=(2**31 - 1,)).max_context_len == 2**31 - 1
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("batch, context, why", [
+    (10**9, 4096, "64,000,000,000 KV pages"),          # past the int32 block table
+    (10**8, 45, "6.7 TiB of latent cache"),            # pages fit int32, the cache fits no GPU
+])
+def test_a_batch_too_large_for_any_device_is_refused_before_it_is_built(batch, context, why):
+    with pytest.raises(ShapeError, match=why):
+        MLADecodeShape.uniform(batch, context, 12)
+    assert MLADecodeShape.uniform(4, context, 12).batch == 4

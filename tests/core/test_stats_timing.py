@@ -57,7 +57,8 @@ def test_cold_cache_copies():
     cfg = TimingConfig()
     assert cold_cache_copies(2**20, gpu, cfg) == 64  # capped at max_copies
     assert cold_cache_copies(10 * 2**20, gpu, cfg) == 12  # ceil(120 / 10)
-    assert cold_cache_copies(2**31, gpu, cfg) == 1
+    assert cold_cache_copies(2**31, gpu, cfg) == 4  # at least min_copies, each its own allocation
+    assert cold_cache_copies(2**31, gpu, TimingConfig(min_copies=1)) == 1
     assert cold_cache_copies(2**20, cpu, cfg) == 1
     assert cold_cache_copies(2**20, gpu, TimingConfig(cold_cache=False)) == 1
 

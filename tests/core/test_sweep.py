@@ -96,7 +96,8 @@ def test_interrupted_run_resumes_without_repeating_points(tmp_path):
     seen = []
 
     def stop_after_three(point, record, done, total):
-        seen.append(point.key)
+        if record is not None:
+            seen.append(point.key)
         if done == 3:
             raise KeyboardInterrupt
 
@@ -107,7 +108,8 @@ def test_interrupted_run_resumes_without_repeating_points(tmp_path):
     assert len(ResultStore(run_dir).records()) == 3
     assert len((run_dir / "results.csv").read_text().splitlines()) == 4  # CSV saved at the interrupt
     resumed = []
-    _, recs = run_sweep(cfg, tmp_path, resume=run_dir, progress=lambda p, r, d, t: resumed.append(p.key))
+    _, recs = run_sweep(cfg, tmp_path, resume=run_dir,
+                        progress=lambda p, r, d, t: r is not None and resumed.append(p.key))
     assert len(resumed) == 5 and not set(resumed) & set(seen)
     assert len(recs) == 8 and len({r.key for r in recs}) == 8
     _, again = run_sweep(cfg, tmp_path, resume=run_dir)  # nothing left to do
@@ -232,3 +234,27 @@ def test_resume_policy_reruns_the_recorded_configuration(tmp_path):
     assert flagged.page_size == 64 and flagged.name == cfg.name  # run_sweep then refuses it
     with pytest.raises(ConfigError, match="another sweep configuration"):
         run_sweep(flagged, tmp_path, resume=store.run_dir)
+
+
+def test_a_model_flag_replaces_the_files_model_whichever_kind(tmp_path):
+    """``sweep --model-config ds_v3_config.json --tp 8`` drives the default sweep (which names
+    kimi-k3), and ``--model`` replaces a config file's ``model_config`` (issue 8 item 6)."""
+    import json
+
+    from mlabench.sweep import resolve_sweep_config, sweep_overrides
+
+    hf = tmp_path / "ds_v3_config.json"
+    hf.write_text(json.dumps({"model_type": "deepseek_v3", "num_attention_heads": 128, "kv_lora_rank": 512,
+                              "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+                              "rope_scaling": {"type": "yarn", "factor": 40, "mscale_all_dim": 1.0}}))
+    cfg = resolve_sweep_config(None, sweep_overrides(model_config=hf, tp=8))
+    assert cfg.model is None and cfg.model_config_path == str(hf) and cfg.tp == 8
+    assert {(s.num_heads, round(s.scale, 6)) for s in expand_shapes(cfg)} == {(16, 0.135234)}
+    shipped = resolve_sweep_config("kimi-k3-tp8", sweep_overrides(model_config=hf))
+    assert shipped.model is None and {s.num_heads for s in expand_shapes(shipped)} == {16}
+    (tmp_path / "file.toml").write_text(f'model_config = "{hf}"\ntp = 8\n')
+    back = resolve_sweep_config(str(tmp_path / "file.toml"), sweep_overrides(model="kimi-k3"))
+    assert back.model == "kimi-k3" and back.model_config_path is None
+    assert {s.num_heads for s in expand_shapes(back)} == {12}
+    with pytest.raises(ConfigError, match="not both"):
+        expand_shapes(resolve_sweep_config(None, sweep_overrides(model="kimi-k3", model_config=hf)))

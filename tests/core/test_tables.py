@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -40,7 +41,7 @@ def test_rich_groups_rows_and_styles_them():
     console.print(to_rich(sample()))
     text = console.export_text()
     lines = [line for line in text.splitlines() if "one" in line or "two" in line or "three" in line]
-    assert lines[0].split()[1] == "1" and lines[1].split()[1] != "1"  # the group value shown once
+    assert lines[0].split()[0] == "1" and lines[1].split()[0] != "1"  # the group value shown once
     assert "time ms" in text and "raw" not in text and "a note" in text
     assert sample().row_styles == [None, "red", None]
 
@@ -62,3 +63,90 @@ def test_format_option_and_its_aliases():
         output_format(None, True, True)
     with pytest.raises(ConfigError, match="--format csv contradicts --json"):
         output_format(OutputFormat.csv, as_json=True)
+
+
+H200 = Path(__file__).parents[2] / "results" / "h200" / "kimi-k3-tp8"
+
+
+def rendered(table, width):
+    from rich.console import Console
+
+    from mlabench.tables import min_width
+
+    console = Console(width=width, record=True, color_system=None, file=io.StringIO())
+    rich_table = to_rich(table, width)
+    console.print(rich_table, width=max(width, min_width(rich_table)))
+    return console.export_text()
+
+
+def number_texts(table):
+    """Every number as people read it in ``table`` (the texts of its numeric columns)."""
+    headers, rows = table.texts()
+    shown = [table.columns[i] for i in table.shown(human=True)]
+    return {row[n] for row in rows for n, c in enumerate(shown) if table.numeric(c) and row[n] != "—"}
+
+
+def checked_records():
+    """Records of a real check on the CPU (the committed H200 run predates the relative verdict)."""
+    from mlabench.check import check_shapes, run_check
+
+    shapes = check_shapes(heads=[2, 4, 6, 8, 10, 12, 14, 16], context_lens=[40, 100], page_size=16)
+    return run_check(shapes, ["torch-splitkv"], [3], seed=1)[0]
+
+
+@pytest.mark.parametrize("which", ["compare", "sweep", "check"])
+def test_at_80_columns_numbers_never_wrap(which):
+    """Issue 8 item 10: in an 80-column log every number is whole on one line; columns are left
+    out (and said so) instead."""
+    from mlabench.compare import backend_families, recorded_records
+    from mlabench.tables import check_table, compare_table, sweep_summary
+
+    records = recorded_records([H200])
+    table = {"compare": lambda: compare_table(records, backend_families()),
+             "sweep": lambda: sweep_summary(records),
+             "check": lambda: check_table(checked_records())}[which]()
+    text = rendered(table, 80)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    words = {w for line in lines for w in line.split()}
+    kept = [c for c in table.columns if (table.style(c).header or c).split()[-1] in text]
+    shown = number_texts(table) & words
+    assert len(shown) > 10 and kept
+    if "left out at 80 columns" in text:
+        wide = rendered(table, 400)
+        assert "left out" not in wide and number_texts(table) <= {w for w in wide.split()}
+    else:
+        assert number_texts(table) <= words
+
+
+def test_the_summary_shows_the_splits_that_were_swept():
+    from mlabench.compare import recorded_records
+    from mlabench.tables import sweep_summary
+
+    records = recorded_records([H200])
+    swept = sorted({r.params["num_kv_splits"] for r in records if "num_kv_splits" in r.params})
+    assert [c for c in sweep_summary(records).columns if c.startswith("µs @")] == [f"µs @{s} splits" for s in swept]
+    four = [r for r in records if r.params.get("num_kv_splits") in (1, 4)]
+    assert [c for c in sweep_summary(four).columns if c.startswith("µs @")] == ["µs @1 splits", "µs @4 splits"]
+    assert [c for c in sweep_summary(records, splits=(4, 7)).columns if c.startswith("µs @")] == ["µs @4 splits"]
+
+
+@pytest.mark.parametrize("values, texts", [
+    ([7.42e-4, 0.0014, 0.5], ["7.42e-04", "1.40e-03", "5.00e-01"]),
+    ([14.66, 309.7, 7361.4, None], ["14.7", "309.7", "7361.4", "—"]),
+    ([0.0958, 2.0, 4.31], ["0.096", "2.000", "4.310"]),
+    ([1.5, 2_000_000.0], ["1.50e+00", "2.00e+06"]),
+    ([3, 0.0, "n/a"], ["3", "0", "n/a"]),
+])
+def test_one_number_format_per_column(values, texts):
+    from mlabench.tables import column_texts
+
+    assert column_texts(values) == texts
+
+
+def test_a_column_with_one_value_moves_to_the_caption_when_room_is_short():
+    t = Table("", ["name", "n"], [["same-everywhere" * 3, float(i)] for i in range(3)])
+    assert "same-everywhere" in rendered(t, 200).splitlines()[3]
+    narrow = rendered(t, 30)
+    assert "name:same-everywhere" in "".join(narrow.split()) and max(map(len, narrow.splitlines())) <= 30
+    assert "0.00" in narrow.split() and "2.00" in narrow.split()

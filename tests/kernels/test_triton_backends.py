@@ -14,7 +14,7 @@ from mlabench.errors import ConfigError
 from mlabench.kernels.splitkv_torch import split_starts
 from mlabench.measure import ShapeBench
 from mlabench.shapes import MLADecodeShape
-from tests.kernels.helpers import TOL, make_case, max_err
+from tests.kernels.helpers import TOL, make_case, max_err, reference
 
 
 def test_module_import_does_not_import_triton():
@@ -41,6 +41,47 @@ def test_splitkv_backend():
     assert res is call.out and max_err(res, ref) < TOL["float16"]
     assert call.effective_params == {"num_kv_splits": 3}
     assert call.workspace_bytes == 2 * 2 * 3 * 12 * (512 * 4 + 4)
+
+
+def policy_call(tmp_path, mode: str):
+    """triton-splitkv on lengths (33, 70) with the policy ``<= 40: 2 splits, else 5``."""
+    path = tmp_path / "policy.json"
+    path.write_text("[[40, 2], [1000, 5]]")
+    inp, ref = make_case(12, (33, 70), 16)
+    be = get_backend("triton-splitkv")
+    return inp, ref, path, be.prepare(inp, be.resolve_params(inp.shape, {"split_policy": f"{mode}:{path}"}))
+
+
+def test_splitkv_backend_device_policy(tmp_path):
+    """Each request its own count, looked up on the device; the grid holds the largest."""
+    _inp, ref, path, call = policy_call(tmp_path, "device")
+    assert max_err(call.fn(), ref) < TOL["float16"]
+    assert call.refresh is None  # nothing depends on the lengths outside the kernel
+    assert call.effective_params == {"num_kv_splits": 5, "split_policy": "device",
+                                     "policy_source": str(path)}
+    assert call.workspace_bytes == 2 * (2 + 5) * 12 * (512 * 4 + 4)  # the counts the requests run
+
+
+def test_splitkv_backend_host_policy_follows_refresh(tmp_path):
+    """One count per step from the longest context, chosen on the host when refresh runs."""
+    inp, _ref, _path, call = policy_call(tmp_path, "host")
+    assert call.effective_params["num_kv_splits"] == 5
+    inp.cache_seqlens.copy_(torch.tensor([10, 30], dtype=torch.int32))
+    call.refresh_for_new_lengths()
+    assert call.effective_params["num_kv_splits"] == 2
+    call.out.fill_(float("nan"))
+    assert max_err(call.fn(), reference(inp, inp.q)) < TOL["float16"]
+
+
+def test_splitkv_backend_heuristic_policy_and_bad_values():
+    inp, ref = make_case(12, (33, 1100), 16)
+    be = get_backend("triton-splitkv")
+    call = be.prepare(inp, be.resolve_params(inp.shape, {"split_policy": "device"}))
+    assert max_err(call.fn(), ref) < TOL["float16"]
+    assert call.effective_params["policy_source"] == "vllm heuristic"
+    for bad, match in (("sideways", "split_policy must be"), ("device:/no/such.json", "not found")):
+        with pytest.raises(ConfigError, match=match):
+            be.prepare(inp, be.resolve_params(inp.shape, {"split_policy": bad}))
 
 
 @pytest.mark.parametrize("mode", ["zero", "repeat"])

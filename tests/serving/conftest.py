@@ -40,3 +40,18 @@ def fake_vllm(tmp_path: Path) -> str:
 
 def server_command(port: int, mode: str, pidfile: Path) -> list[str]:
     return [sys.executable, str(HERE / "fake_server.py"), str(port), mode, str(pidfile)]
+
+
+#: Poll intervals for the stand-ins, which start and finish within a fraction of a second (the
+#: defaults, 1 s for health and 0.5 s for a bench run, suit real servers).
+POLL_S = 0.05
+#: Top-level serve config line and [variants.launch] line that set them.
+BENCH_POLL = f"bench_poll_s = {POLL_S}\n"
+HEALTH_POLL = f"health_poll_s = {POLL_S}\n"
+
+
+def launch_table(port: int, mode: str, pidfile: Path) -> str:
+    """A ``[variants.launch]`` table starting the stand-in server, polled every :data:`POLL_S`."""
+    import json
+
+    return f"[variants.launch]\ncommand = {json.dumps(server_command(port, mode, pidfile))}\n{HEALTH_POLL}"

@@ -2,7 +2,9 @@
 
 Behaviour from the environment: FAKE_TPOT_MS_<VARIANT> (TPOT at concurrency 1, default 10; it
 grows by 5% per extra concurrent request), FAKE_BENCH_MODE = ok | fail_requests | no_result |
-sleep (sleeps 600 s after writing FAKE_BENCH_PIDFILE) | exit1.
+sleep (sleeps 600 s after writing FAKE_BENCH_PIDFILE) | exit1 | one_token (every TPOT 0, as vLLM
+writes when no request produced a second token) | truncated (streams cut short: half the output
+tokens).  In the other modes every request yields its full --random-output-len.
 """
 
 import json
@@ -30,12 +32,14 @@ if mode == "exit1":
 conc = int(opt("--max-concurrency"))
 n = int(opt("--num-prompts"))
 tpot = float(os.environ.get(f"FAKE_TPOT_MS_{meta['variant'].upper()}", "10")) * (1 + 0.05 * (conc - 1))
+tpot = 0.0 if mode == "one_token" else tpot
 failed = 1 if mode == "fail_requests" else 0
 result = {
     "date": "20261130-000000", "backend": opt("--backend"), "model_id": opt("--model"),
     "num_prompts": n, "request_rate": "inf", "max_concurrency": conc, "duration": 1.0,
-    "completed": n - failed, "failed": failed, "total_output_tokens": 100,
-    "output_throughput": 1000.0 / tpot, "request_throughput": 1.0,
+    "completed": n - failed, "failed": failed,
+    "total_output_tokens": (n - failed) * int(opt("--random-output-len")) // (2 if mode == "truncated" else 1),
+    "output_throughput": 1000.0 / tpot if tpot else 0.0, "request_throughput": 1.0,
     "errors": ["", "fake: connection reset"] if failed else [],
     **{f"{s}_tpot_ms": tpot for s in ("mean", "median", "p50")}, "p99_tpot_ms": tpot * 1.5,
     "mean_ttft_ms": 50.0, "median_ttft_ms": 50.0, "p99_ttft_ms": 60.0,

@@ -11,7 +11,7 @@ import pytest
 from mlabench.serving.config import LaunchSpec
 from mlabench.serving.lifecycle import ManagedServer
 
-from .conftest import free_port, server_command
+from .conftest import BENCH_POLL, HEALTH_POLL, POLL_S, free_port, launch_table, server_command
 
 
 def run_cli(*args, env=None, cwd=None):
@@ -31,12 +31,12 @@ def report(r):
 def two_variant_config(tmp_path, fake_vllm, port_a, port_b, extra=""):
     cfg = tmp_path / "cfg.toml"
     cfg.write_text(
-        f'baseline = "base"\nvllm_bin = "{fake_vllm}"\nmodel = "fake-model"\n{extra}\n'
+        f'baseline = "base"\nvllm_bin = "{fake_vllm}"\nmodel = "fake-model"\n{BENCH_POLL}{extra}\n'
         f'[bench]\nrandom_input_len = 64\nrandom_output_len = 8\n'
         f'[[variants]]\nname = "base"\nbase_url = "http://127.0.0.1:{port_a}"\n'
-        f"[variants.launch]\ncommand = {json.dumps(server_command(port_a, 'ok', tmp_path / 'pa'))}\n"
+        f"{launch_table(port_a, 'ok', tmp_path / 'pa')}"
         f'[[variants]]\nname = "fast"\nbase_url = "http://127.0.0.1:{port_b}"\n'
-        f"[variants.launch]\ncommand = {json.dumps(server_command(port_b, 'ok', tmp_path / 'pb'))}\n"
+        f"{launch_table(port_b, 'ok', tmp_path / 'pb')}"
     )
     return cfg
 
@@ -98,10 +98,67 @@ def test_user_errors_are_one_line_exit_2(tmp_path, fake_vllm):
     assert r.returncode == 2 and "no healthy server" in r.stderr
     dies = tmp_path / "dies.toml"
     port = free_port()
-    dies.write_text(f'baseline = "a"\n[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
-                    f"[variants.launch]\ncommand = {json.dumps(server_command(port, 'die', tmp_path / 'p'))}\n")
+    dies.write_text(f'baseline = "a"\nvllm_bin = "{fake_vllm}"\n[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
+                    f"{launch_table(port, 'die', tmp_path / 'p')}")
     r = run_cli("serve-bench", str(dies), "--results-dir", str(tmp_path / "res"))
     assert r.returncode == 2 and "fake engine failed to start" in r.stderr
+    assert not list((tmp_path / "res").iterdir())  # nothing measured: no run folder
+
+
+def one_variant(tmp_path, port, launch=None, extra=""):
+    cfg = tmp_path / f"one-{len(list(tmp_path.glob('one-*')))}.toml"
+    cfg.write_text(f'baseline = "a"\n{BENCH_POLL}{extra}[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
+                   + (f"[variants.launch]\ncommand = {json.dumps(launch)}\n{HEALTH_POLL}" if launch else ""))
+    return cfg
+
+
+@pytest.mark.parametrize("case, why", [
+    ("closed port", "[a] no healthy server at"),
+    ("no launch program", "[a] cannot start server: 'no-such-server' is not an executable program"),
+    ("no vllm", "cannot run vllm bench serve: '/no/vllm' is not an executable program"),
+])
+def test_nothing_measured_leaves_no_folder_and_one_line(tmp_path, fake_vllm, case, why):
+    """Issue 8 item 9: what can fail before a run folder exists is checked first."""
+    port = free_port()
+    cfg = {"closed port": one_variant(tmp_path, port),
+           "no launch program": one_variant(tmp_path, port, ["no-such-server", "serve"]),
+           "no vllm": one_variant(tmp_path, port, server_command(port, "ok", tmp_path / "p"),
+                                  'vllm_bin = "/no/vllm"\n')}[case]
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+    assert r.stderr.startswith("error: ") and why in r.stderr
+    assert not (tmp_path / "res").exists()
+    r = run_cli("serve-check", str(cfg), "--fixture", str(tmp_path / "fx.json"), "--save-fixture",
+                "--results-dir", str(tmp_path / "res"))
+    if case != "no vllm":  # serve-check runs no benchmark
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and why in r.stderr
+        assert not (tmp_path / "res").exists()
+
+
+def test_serve_check_with_a_launched_server_that_dies_leaves_no_folder(tmp_path):
+    port = free_port()
+    cfg = one_variant(tmp_path, port, server_command(port, "die", tmp_path / "p"))
+    r = run_cli("serve-check", str(cfg), "--fixture", str(tmp_path / "fx.json"), "--save-fixture",
+                "--results-dir", str(tmp_path / "res"))
+    assert r.returncode == 2 and "fake engine failed to start" in r.stderr
+    assert not list((tmp_path / "res").iterdir())
+
+
+def test_what_was_measured_is_kept_when_a_later_variant_fails(tmp_path, fake_vllm):
+    port_a, port_b = free_port(), free_port()
+    cfg = two_variant_config(tmp_path, fake_vllm, port_a, port_b, "concurrencies = [1]")
+    cfg.write_text(cfg.read_text().replace(json.dumps(server_command(port_b, "ok", tmp_path / "pb")),
+                                           json.dumps(server_command(port_b, "die", tmp_path / "pb"))))
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"))
+    assert r.returncode == 2 and "fake engine failed to start" in r.stderr
+    (run,) = (tmp_path / "res").iterdir()
+    assert f"partial results kept in {run}" in r.stderr.replace("\n", "")
+    assert len((run / "results.jsonl").read_text().splitlines()) == 1 and (run / "table.md").exists()
+
+
+def test_serve_check_zero_tokens_says_why():
+    r = run_cli("serve-check", "-n", "0", "--base-url", "http://127.0.0.1:9", "--fixture", "fx.json")
+    assert r.returncode == 2 and r.stderr.strip() == "error: --tokens: Input should be greater than 0"
 
 
 @pytest.fixture
@@ -111,7 +168,7 @@ def server_factory(tmp_path):
     def start(mode):
         port = free_port()
         srv = ManagedServer(LaunchSpec(command=server_command(port, mode, tmp_path / f"{mode}.pid")),
-                            f"http://127.0.0.1:{port}", tmp_path / f"{mode}.log", poll_s=0.2)
+                            f"http://127.0.0.1:{port}", tmp_path / f"{mode}.log", poll_s=POLL_S)
         srv.start()
         started.append(srv)
         return srv.base_url
@@ -146,3 +203,43 @@ def test_serve_check_fixture_match_tie_mismatch(tmp_path, server_factory):
     assert r.returncode == 1 and report(r)["verdict"] == "invalid"
     r = run_cli("serve-check", "--base-url", ok_url, "--fixture", fx, "--save-fixture", "-n", "8")
     assert r.returncode == 2 and "exists" in r.stderr
+
+
+@pytest.mark.parametrize("mode, shown, why", [
+    ("one_token", "ERROR", "TPOT measured nothing"),
+    ("truncated", "TRUNCATED", "cut short: 12 output tokens of the 24"),  # 3 prompts x 8 tokens
+])
+def test_a_result_that_measured_nothing_or_was_cut_short_fails(tmp_path, fake_vllm, mode, shown, why):
+    """Issue 8 items 2 and 3: a failed cell with its reason and exit 1, never a 0.00x speedup."""
+    cfg = two_variant_config(tmp_path, fake_vllm, free_port(), free_port(), "concurrencies = [1]")
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"), "--markdown",
+                env={"FAKE_BENCH_MODE": mode})
+    assert r.returncode == 1, r.stderr
+    assert shown in r.stdout and why in r.stdout and "0.00x" not in r.stdout
+    assert "results failed" in r.stderr
+
+
+def test_a_recorded_run_is_judged_again_when_re_rendered(tmp_path):
+    """A run recorded before these checks existed: --from-run shows what they find."""
+    import shutil
+
+    from mlabench.serving.results import BenchResult
+
+    repo = Path(__file__).parents[2]
+    run = tmp_path / "old-run"
+    shutil.copytree(sorted((repo / "results" / "cpu-vllm").glob("serve-*"))[0], run)
+    lines = (run / "results.jsonl").read_text().splitlines()
+    first = BenchResult.model_validate_json(lines[0])
+    lines[0] = first.model_copy(update={"total_output_tokens": 100}).model_dump_json()
+    (run / "results.jsonl").write_text("\n".join(lines) + "\n")
+    r = run_cli("serve-bench", "--from-run", str(run), "--json")
+    assert r.returncode == 1
+    rows = json.loads(r.stdout)[0]["rows"]
+    assert [row["status"] for row in rows].count("truncated") == 1
+
+
+def test_concurrency_takes_commas_like_every_list(tmp_path, fake_vllm):
+    cfg = two_variant_config(tmp_path, fake_vllm, free_port(), free_port())
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"), "-c", "1,4", "-c", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [row["concurrency"] for row in json.loads(r.stdout)[0]["rows"]] == [1, 1, 4, 4, 2, 2]

@@ -111,3 +111,39 @@ def test_committed_cpu_run_re_renders_to_its_table():
     table = build_table(recorded, [v.name for v in config.variants], config.concurrencies,
                         config.baseline)
     assert table.ok and to_markdown(tpot_markdown_table(table)) == (run / "table.md").read_text()
+
+
+@pytest.mark.parametrize("zeros", [("mean",), ("mean", "median", "p99"), ("p99",)])
+def test_a_tpot_of_zero_measured_nothing(zeros):
+    """vLLM writes 0 when no request produced a second token: an error with the reason, and the
+    statistic is dropped rather than shown as 0.00 (issue 8 item 2)."""
+    r = parse_result(_old_style(**{f"{s}_tpot_ms": 0.0 for s in zeros}), "v", 1, 0)
+    assert r.status == "error" and "TPOT measured nothing" in r.error and f"{zeros[0]} 0 ms" in r.error
+    assert all(getattr(r.tpot, f"{s}_ms") is None for s in zeros)
+    assert parse_result(_old_style(mean_tpot_ms=-1.0), "v", 1, 0).status == "error"
+
+
+def test_fewer_completed_than_sent_fails_even_with_failed_zero():
+    r = parse_result(_old_style(completed=3, failed=0), "v", 1, 0)
+    assert r.status == "failed_requests" and "only 3 of 4 requests completed" in r.error
+
+
+def test_a_run_cut_short_is_truncated_and_judging_twice_changes_nothing():
+    from mlabench.serving.results import judge
+
+    r = parse_result(_old_style(total_output_tokens=100), "v", 1, 0)
+    assert r.status == "ok"  # parsing alone does not know the lengths asked for
+    cut = judge(r, min_output_tokens=256)  # 16 prompts x 16 tokens
+    assert cut.status == "truncated" and "cut short: 100 output tokens of the 256" in cut.error
+    assert judge(cut, 256) == cut and judge(r, 100).status == "ok" and judge(r, None).status == "ok"
+
+
+def test_the_fewest_output_tokens_of_fixed_lengths():
+    from mlabench.serving.config import BenchParams
+
+    assert BenchParams(num_prompts=16, random_output_len=16).min_output_tokens() == 256
+    # vLLM draws each length from [floor(L(1 - r)), ceil(L(1 + r))]
+    assert BenchParams(num_prompts=4, random_output_len=10, random_range_ratio=0.25).min_output_tokens() == 28
+    assert BenchParams(ignore_eos=False).min_output_tokens() is None
+    assert BenchParams(dataset_name="sharegpt").min_output_tokens() is None
+    assert BenchParams(extra_args=["--random-output-len=5"]).min_output_tokens() is None

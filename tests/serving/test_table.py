@@ -84,3 +84,11 @@ def test_never_recorded_cell_is_missing():
 def test_baseline_missing_gives_no_speedups():
     t = build_table([res("b", 1, 0, 5.0)], ["a", "b"], [1], "a")
     assert t.rows[0].cells[1].speedup is None
+
+
+def test_a_tpot_that_measured_nothing_gives_no_speedup():
+    zero = res("a", 1, 0, 10.0).model_copy(update={"tpot": MetricStats(mean_ms=0.0)})
+    t = build_table([zero, res("b", 1, 0, 5.0)], ["a", "b"], [1], "a")
+    assert [c.speedup for c in t.rows[0].cells] == [None, None]  # not 0.00x
+    t = build_table([res("a", 1, 0, 10.0), zero.model_copy(update={"variant": "b"})], ["a", "b"], [1], "a")
+    assert t.rows[0].cells[1].speedup is None

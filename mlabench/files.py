@@ -1,0 +1,114 @@
+"""Reading and writing the files and folders a user names, with one-line errors.
+
+Every path that comes from a flag or a config file (model configs, sweep and serve configs,
+fixtures, prompt files, run folders, output folders) is read or written through these helpers: an
+OS error (missing, a folder where a file is expected, a file where a folder is expected, no
+permission, disk full) or a file that is not UTF-8 text becomes a
+:class:`~mlabench.errors.FileAccessError` saying what the file is, why, and where, which the CLI
+prints as one ``error:`` line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mlabench.errors import FileAccessError
+
+
+def _reason(exc: OSError) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "not found"
+    if isinstance(exc, IsADirectoryError):
+        return "is a folder, not a file"
+    if isinstance(exc, NotADirectoryError):
+        return "is not a folder (or a part of its path is a file)"
+    if isinstance(exc, FileExistsError):
+        return "exists already as a file"
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    return exc.strerror or type(exc).__name__
+
+
+@contextmanager
+def user_path(path: str | Path, what: str) -> Iterator[None]:
+    """Run the block; an ``OSError`` or ``UnicodeError`` inside it becomes a
+    :class:`FileAccessError` like ``sweep config not found: x.toml``.
+
+    ``what`` names the file for people (``"model config"``, ``"run folder"``).
+    """
+    try:
+        yield
+    except UnicodeError:
+        raise FileAccessError(f"{what} is not a text file (not UTF-8): {path}") from None
+    except OSError as exc:
+        raise FileAccessError(f"{what} {_reason(exc)}: {path}") from None
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of ``path``; :class:`FileAccessError` when it cannot be read as text."""
+    with user_path(path, what):
+        return Path(path).read_text(encoding="utf-8")
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """The JSON value in ``path``; :class:`FileAccessError` when it cannot be read or parsed."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise FileAccessError(f"{what} is not valid JSON ({exc}): {path}") from None
+
+
+def write_text(path: str | Path, text: str, what: str, atomic: bool = False) -> Path:
+    """Write ``text`` (UTF-8) to ``path``, creating its folder; with ``atomic`` through a temporary
+    file renamed over it.  :class:`FileAccessError` when it cannot be written."""
+    p = Path(path)
+    with user_path(p, what):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        target = p.with_name(p.name + ".tmp") if atomic else p
+        target.write_text(text, encoding="utf-8")
+        if atomic:
+            target.replace(p)
+    return p
+
+
+def write_bytes(path: str | Path, data: bytes, what: str) -> Path:
+    """Write ``data`` to ``path``, creating its folder; :class:`FileAccessError` on failure."""
+    p = Path(path)
+    with user_path(p, what):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return p
+
+
+def append_text(path: str | Path, text: str, what: str, sync: bool = False) -> None:
+    """Append ``text`` to ``path`` (flushed, and fsync'ed with ``sync``); :class:`FileAccessError`."""
+    with user_path(path, what), open(path, "a", encoding="utf-8") as fh:
+        fh.write(text)
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def make_dir(path: str | Path, what: str, exist_ok: bool = True) -> Path:
+    """Create the folder ``path`` (and its parents); :class:`FileAccessError` when it cannot be made
+    (a file in the way, no permission).  Without ``exist_ok`` an existing folder raises
+    ``FileExistsError`` as :func:`os.mkdir` does, so that callers can pick another name."""
+    p = Path(path)
+    if not exist_ok:
+        make_dir(p.parent, what)
+        try:
+            p.mkdir()
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise FileAccessError(f"{what} {_reason(exc)}: {p}") from None
+        return p
+    with user_path(p, what):
+        p.mkdir(parents=True, exist_ok=True)
+    return p
