@@ -75,7 +75,10 @@ def attend_tokens(q_nope, q_pe, kv_ptr, bt_row_ptr, tok_lo, tok_hi, qk_scale_log
     """Online softmax over tokens ``[tok_lo, tok_hi)`` of one request.
 
     ``q_nope`` ``[BLOCK_H, 512]`` and ``q_pe`` ``[BLOCK_H, 64]`` are in registers; ``bt_row_ptr``
-    points at the request's block-table row.  Returns ``(acc [BLOCK_H, 512] fp32 unnormalised,
+    points at the request's block-table row.  Lanes at or past ``tok_hi`` read neither the block
+    table nor the cache: their K and V load as 0.0, their score is -inf and their weight 0 times a
+    zero row, so cache slots no request may read (which the correctness check fills with NaN)
+    never reach the arithmetic.  Returns ``(acc [BLOCK_H, 512] fp32 unnormalised,
     l [BLOCK_H] fp32 sum of 2^(s - m), m [BLOCK_H] fp32 running max in base-2 units)``.  An empty
     range returns ``acc = 0, l = 0, m = -inf``.
     """

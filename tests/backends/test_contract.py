@@ -15,6 +15,7 @@ from mlabench.backends.base import Backend, Family
 from mlabench.errors import ConfigError
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import mla_decode_reference
+from mlabench.measure import ShapeBench
 from mlabench.shapes import MLADecodeShape
 from mlabench.verdict import compare_outputs
 
@@ -121,13 +122,22 @@ def test_matches_the_reference_on_this_machine(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_passes_every_input_set_with_its_defaults(name):
+    """On poisoned inputs (NaN in every slot no request may read), with needles at its splits'
+    edges, the peaky and the flat sets: what ``check`` and ``sweep`` verify on."""
+    backend = runnable(name)
+    _call, verdict = ShapeBench(TINY, seed=3, copies=1).check(backend, backend.resolve_params(TINY))
+    assert verdict.passed and set(verdict.by_input_set) == {"random", "needles", "peaky", "flat"}, verdict
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_refresh_follows_new_lengths(name):
     """What ``graph_safe`` promises, as far as this machine can check it: prepared and run at TINY's
     lengths, lengths changed in place, ``refresh``, run again: the reference of the new lengths.
     (A captured graph replayed after the refresh: tests/gpu/test_graph_refresh.py.)"""
     backend = runnable(name)
     for params in param_variants(backend, TINY):
-        inputs = make_inputs(TINY, seed=4)
+        inputs = make_inputs(TINY, seed=4, poison=False)  # the lengths grow into page tails and padding
         call = backend.prepare(inputs, backend.resolve_params(TINY, params))
         call.fn()
         inputs.cache_seqlens.copy_(torch.tensor(NEW_LENS, dtype=torch.int32))
