@@ -76,3 +76,18 @@ def test_results_csv_values_are_rewritten_from_the_records(tmp_path):
     first = json.loads((RUN / "results.jsonl").read_text().splitlines()[0])
     assert float(now[0]["median_us"]) == first["stats"]["median_us"]
     assert float(now[0]["floor_us"]) == first["floor_us"] and now[0]["noisy"] == "False"
+
+
+def test_runs_of_two_devices_are_refused_naming_each_run(tmp_path):
+    from mlabench.errors import ResultsError
+
+    other = tmp_path / RUN.name
+    other.mkdir()
+    (other / "results.jsonl").write_text((RUN / "results.jsonl").read_text())
+    manifest = json.loads((RUN / "manifest.json").read_text())
+    manifest["device"]["name"] = "AMD Instinct MI355X"
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ResultsError) as info:
+        records_of([RUN, other])
+    assert str(info.value) == (f"runs from different devices do not compare: NVIDIA H200 ({RUN}); "
+                               f"AMD Instinct MI355X ({other})")

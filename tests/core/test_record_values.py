@@ -60,3 +60,26 @@ def test_sweep_summary_columns_from_hand_made_records():
     assert any(n.startswith("1 of 4 points are noisy") for n in table.notes)
     best_noisy = sweep_summary([record(1, 3.0, noisy=True), record(16, 5.0)])
     assert best_noisy.rows[0][3] == "num_kv_splits=1" and best_noisy.rows[0][-1] == "1 incl. best"
+
+
+def test_a_point_that_could_not_start_still_carries_its_floor():
+    from mlabench.measure import failed_record
+
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(4096,), page_size=64)
+    rec = failed_record("b", {"num_kv_splits": 4}, shape, "r", 4.0, "inputs could not be created")
+    assert rec.status == "error" and rec.message == "inputs could not be created"
+    assert rec.bytes_moved == 4_744_704 and rec.floor_us == pytest.approx(4_744_704 / 4.0e6)
+    assert rec.stats is None and rec.achieved_tbps is None
+
+
+def test_compare_table_best_splits_is_what_ran_and_a_missing_family_is_a_dash():
+    from mlabench.tables import compare_table
+
+    families = {"p": "persistent", "s": "split-kv"}
+    ran_7 = record(8, 4.0).model_copy(update={"backend": "s", "effective_params": {"num_kv_splits": 7}})
+    asked_16 = record(16, 6.0).model_copy(update={"backend": "s"})  # no effective value: the asked one
+    persistent = record(1, 2.0).model_copy(update={"backend": "p", "params": {}, "setup_us": {"a": 1.0, "b": 2.5}})
+    (row,) = compare_table([ran_7, asked_16, persistent], families).rows
+    assert row == [1, 64, "p", "—", 2.0, 50.0, 3.5, "s", 7, 4.0, 25.0, 2.0]
+    (row,) = compare_table([asked_16], families).rows  # no persistent backend recorded
+    assert row == [1, 64, None, None, None, None, None, "s", 16, 6.0, 100 / 6.0, None]
