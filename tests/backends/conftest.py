@@ -1,12 +1,12 @@
-import os
+"""Fixtures of the backend tests.
 
-# The contract tests run the Triton kernels too, in Triton's CPU interpreter where there is no GPU;
-# TRITON_INTERPRET must be set before the kernel modules are imported (as in tests/kernels).
-os.environ.setdefault("TRITON_INTERPRET", "1")
+Where the Triton kernels run is decided once, in tests/conftest.py: compiled on a GPU, in Triton's
+CPU interpreter (``TRITON_INTERPRET=1``) only where torch sees none.
+"""
 
-import pytest  # noqa: E402
+import pytest
 
-from mlabench.extras import optional_import  # noqa: E402
+from mlabench.extras import optional_import
 
 
 @pytest.fixture(autouse=True)

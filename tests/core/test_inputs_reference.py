@@ -105,7 +105,7 @@ def test_reference_matches_naive_loop():
     x = make_inputs(s, seed=5)
     ref, lse = mla_decode_reference(x.q, x.kv_cache, x.block_table, x.cache_seqlens, s.scale)
     want = naive_decode(x.q, x.kv_cache, x.block_table, s.context_lens, s.scale)
-    assert torch.allclose(ref.double(), want, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(ref.double(), want.to(ref.device), atol=1e-5, rtol=1e-5)
     # a single token: the output is that token's V row, for every head
     row = gather_kv(x.kv_cache, x.block_table, 1, 0)[0, :512].float()
     assert torch.allclose(ref[0], row.expand(3, 512), atol=1e-6)

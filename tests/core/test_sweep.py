@@ -5,6 +5,7 @@ from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, U
 from mlabench.results import ResultStore
 from mlabench.backends.base import param_grid
 from mlabench.backends.registry import select_backends
+from mlabench.device import current_device
 from mlabench.sweep import SweepConfig, default_sweep_config, expand, load_sweep_config, run_sweep
 from mlabench.timing import TimingConfig
 
@@ -55,8 +56,10 @@ def test_backend_selection():
                                             warn=warned.append)] == ["torch-splitkv"]
     assert "skipping aiter-asm" in warned[0]
     default = [b.name for b in select_backends(None)]
-    assert "reference" not in default and "torch-splitkv" in default
-    assert "triton-splitkv" not in default  # GPU kernels stay out of a CPU sweep
+    assert "reference" not in default
+    on_gpu = current_device().is_gpu
+    assert ("torch-splitkv" in default) == (not on_gpu)  # the portable backend, on a CPU only
+    assert ("triton-splitkv" in default) == on_gpu  # GPU kernels stay out of a CPU sweep
 
 
 def test_default_backends_on_a_gpu_are_the_gpu_kernels(monkeypatch):
@@ -64,7 +67,7 @@ def test_default_backends_on_a_gpu_are_the_gpu_kernels(monkeypatch):
     from mlabench.device import DeviceInfo
 
     monkeypatch.setattr(registry, "current_device", lambda: DeviceInfo("cuda", "cuda", "H200", 132, 1, "sm_90", 1))
-    names = [b.name for b in select_backends(None)]  # triton backends are available: TRITON_INTERPRET=1
+    names = [b.name for b in select_backends(None)]  # available: on a GPU, or TRITON_INTERPRET=1 on a CPU
     assert "triton-splitkv" in names and "triton-persistent" in names
     assert "torch-splitkv" not in names and "reference" not in names
 

@@ -1,24 +1,34 @@
-"""Small input builders shared by the kernel tests."""
+"""Small input builders shared by the kernel tests, and where the kernels run."""
 
 from __future__ import annotations
 
 import torch
 
+from mlabench.device import current_device, triton_interpreting
 from mlabench.inputs import MLADecodeInputs, make_inputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.shapes import MLADecodeShape
 
-#: fp16/fp32 dots in the interpreter are exact to fp32 rounding; bf16 inputs carry 8-bit mantissas.
+#: True when the kernels run in Triton's CPU interpreter (tests/conftest.py sets it without a GPU).
+INTERPRETED = triton_interpreting()
+#: The device the kernel tests put their tensors on: the GPU, where the kernels are compiled, or
+#: the CPU under the interpreter.
+DEVICE = "cpu" if INTERPRETED else current_device().torch_device
+
+#: Max abs error against the fp32 reference.  fp16 operands: exact products, fp32 accumulation,
+#: the softmax weights rounded to fp16 before P.V.  fp32 operands: exact in the interpreter, TF32
+#: (fp16's 10-bit mantissa) in a compiled ``tl.dot`` on NVIDIA GPUs, so fp16's bound holds for both.
+#: bf16 operands carry 8-bit mantissas (upcast to fp32 for the dots in the interpreter).
 TOL = {"float16": 2e-3, "bfloat16": 2e-2, "float32": 2e-3}
 
 
 def make_case(heads: int, lens: tuple[int, ...], page: int, dtype: str = "float16",
               seed: int = 0, poison: bool = True) -> tuple[MLADecodeInputs, torch.Tensor]:
-    """Inputs on the CPU (NaN in every slot no request may read unless ``poison`` is False: for
+    """Inputs on :data:`DEVICE` (NaN in every slot no request may read unless ``poison`` is False: for
     tests whose lengths grow in place) and the fp32 reference output ``[B, H, 512]``."""
     shape = MLADecodeShape.create(num_heads=heads, context_lens=lens, page_size=page,
                                   q_dtype=dtype, kv_dtype=dtype)
-    inp = make_inputs(shape, device="cpu", seed=seed, poison=poison)
+    inp = make_inputs(shape, device=DEVICE, seed=seed, poison=poison)
     return inp, reference(inp, inp.q)
 
 

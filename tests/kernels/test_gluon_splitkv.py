@@ -1,8 +1,9 @@
 """CPU tests of the Hopper Gluon split-KV backend's parts.
 
 The Gluon kernel has no CPU interpreter: here it is compiled for sm_90 (Triton bundles ptxas) and
-its PTX is checked for the instructions the design relies on; the wide merge runs in Triton's
-interpreter on partials computed in torch over page-granular splits.  tests/gpu/ runs the kernel.
+its PTX is checked for the instructions the design relies on; the wide merge runs on partials
+computed in torch over page-granular splits (compiled on a GPU, in Triton's interpreter without
+one).  tests/gpu/ runs the kernel.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from mlabench.backends import gluon as _gluon_backend  # noqa: F401  (registers 
 from mlabench.backends.gluon import default_gluon_splits
 from mlabench.kernels.wide_merge import merge_blocks, wide_merge
 from mlabench.shapes import MLADecodeShape
-from tests.kernels.helpers import make_case, max_err
+from tests.kernels.helpers import DEVICE, INTERPRETED, make_case, max_err
 
 LOG2E = 1.4426950408889634
 
@@ -33,8 +34,8 @@ def page_split_partials(inp, splits: int, page: int = 64) -> tuple[torch.Tensor,
     from mlabench.kernels.reference import gather_kv
 
     batch, heads, _ = inp.q.shape
-    po = torch.zeros((batch * splits, heads, 512))
-    pl = torch.full((batch * splits, heads), float("-inf"))
+    po = torch.zeros((batch * splits, heads, 512), device=inp.device)
+    pl = torch.full((batch * splits, heads), float("-inf"), device=inp.device)
     for b, n in enumerate(inp.cache_seqlens.tolist()):
         k = gather_kv(inp.kv_cache, inp.block_table, n, b).float()
         per = math.ceil(math.ceil(n / page) / splits)
@@ -62,9 +63,9 @@ def test_wide_merge_of_page_splits_matches_reference(lens, splits, block_dv):
 
 
 def test_wide_merge_all_empty_request_gives_zero_row():
-    po = torch.zeros((4, 12, 512))
-    pl = torch.full((4, 12), float("-inf"))
-    out = torch.full((2, 12, 512), float("nan"))
+    po = torch.zeros((4, 12, 512), device=DEVICE)
+    pl = torch.full((4, 12), float("-inf"), device=DEVICE)
+    out = torch.full((2, 12, 512), float("nan"), device=DEVICE)
     wide_merge(po, pl, out, 2)
     assert torch.equal(out, torch.zeros_like(out))
 
@@ -73,9 +74,9 @@ def test_wide_merge_all_empty_request_gives_zero_row():
                                           ({"num_kv_splits": 2, "block_dv": 48}, "block_dv"),
                                           ({"num_kv_splits": 9}, "too small")])
 def test_wide_merge_rejects_bad_arguments(kwargs, match):
-    po, pl = torch.zeros((16, 12, 512)), torch.zeros((16, 12))
+    po, pl = torch.zeros((16, 12, 512), device=DEVICE), torch.zeros((16, 12), device=DEVICE)
     with pytest.raises(ValueError, match=match):
-        wide_merge(po, pl, torch.empty((2, 12, 512)), **kwargs)
+        wide_merge(po, pl, torch.empty((2, 12, 512), device=DEVICE), **kwargs)
 
 
 @pytest.mark.parametrize("batch,splits,want", [
@@ -101,8 +102,10 @@ def test_default_splits_are_pages_or_one_wave(batch, ctx, want):
 def test_backend_says_why_not_here_and_which_shapes():
     backend = get_backend("gluon-splitkv")
     ok, reason = backend.available()
-    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+    if INTERPRETED or not torch.cuda.is_available():
         assert not ok and ("Hopper" in reason or "interpreter" in reason)
+    elif torch.cuda.get_device_capability() == (9, 0) and torch.version.hip is None:
+        assert ok, reason  # compiled on a Hopper GPU: nothing stands in the way
     shape = MLADecodeShape.create(num_heads=12, context_lens=(100,), page_size=16)
     ok, reason = backend.supports(shape)
     assert not ok and "page size" in reason

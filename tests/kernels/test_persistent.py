@@ -1,4 +1,5 @@
-"""Persistent Triton kernel against the fp32 reference, and head padding, in the interpreter."""
+"""Persistent Triton kernel against the fp32 reference, and head padding: compiled on a GPU, in
+the Triton interpreter without one."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from tests.kernels.helpers import TOL, assert_equal_up_to_rounding, make_case, m
 def run(inp, q_pad, programs, block_n=16, lens=None):
     """Run the kernel on padded ``q_pad`` with NaN-filled partials; returns ``[B, Hp, 512]``."""
     batch, hp, _ = q_pad.shape
-    out = torch.full((batch, hp, 512), float("nan"), dtype=q_pad.dtype)
-    part_o, part_lse = alloc_persistent_workspace(programs, batch, hp, "cpu")
+    out = torch.full((batch, hp, 512), float("nan"), dtype=q_pad.dtype, device=q_pad.device)
+    part_o, part_lse = alloc_persistent_workspace(programs, batch, hp, q_pad.device)
     part_o.fill_(float("nan"))
     part_lse.fill_(float("nan"))
     seqlens = inp.cache_seqlens if lens is None else lens
@@ -32,7 +33,7 @@ CASES = [
     (12, (1, 2), 16, 8, "float16"),         # more programs than tokens: idle programs
     (12, (17, 40), 1, 5, "float16"),        # page 1
     (32, (30, 9), 16, 2, "float16"),        # two head tiles
-    (12, (50, 3), 16, 3, "bfloat16"),       # fp32 upcast path
+    (12, (50, 3), 16, 3, "bfloat16"),       # bf16 (the fp32 upcast path in the interpreter)
     (12, (1600, 300), 64, 48, "float16"),   # request 0 spans 34 slots: merge crosses slot blocks
 ]
 
@@ -47,7 +48,7 @@ def test_matches_reference(heads, lens, page, programs, dtype):
 
 def test_zero_length_request_gets_zero_row_and_others_unaffected():
     inp, _ = make_case(16, (40, 20, 33), 16)
-    lens = torch.tensor([40, 0, 33], dtype=torch.int32)
+    lens = torch.tensor([40, 0, 33], dtype=torch.int32, device=inp.device)
     out = run(inp, inp.q, 4, lens=lens)
     inp.cache_seqlens.copy_(lens[[0, 0, 2]])  # reference needs L >= 1: recompute rows 0 and 2 only
     ref = reference(inp, inp.q)

@@ -1,4 +1,5 @@
-"""Triton split-KV kernel against the fp32 reference, in the Triton interpreter."""
+"""Triton split-KV kernel against the fp32 reference: compiled on a GPU, in the Triton interpreter
+without one."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ CASES = [
     (8, (33, 128), 64, 5, "float16", 64),       # page 64, exact multiple, 8 heads
     (16, (17, 40), 1, 4, "float16", 16),        # page 1: every token its own page
     (32, (20,), 16, 2, "float16", 16),          # two head tiles
-    (12, (50, 1), 16, 3, "bfloat16", 32),       # bf16: fp32 upcast before tl.dot in the interpreter
+    (12, (50, 1), 16, 3, "bfloat16", 32),       # bf16 (fp32 upcast before tl.dot in the interpreter)
     (12, (30,), 16, 2, "float32", 16),
     (12, (1100, 3), 16, 70, "float16", 16),   # 69 non-empty splits: the merge crosses slot blocks
 ]
@@ -26,7 +27,7 @@ CASES = [
 def test_matches_reference(heads, lens, page, splits, dtype, block_n):
     inp, ref = make_case(heads, lens, page, dtype)
     out = inp.new_output()  # NaN-poisoned: every row must be written
-    part_o, part_lse = alloc_splitkv_workspace(inp.shape.batch, heads, splits, "cpu")
+    part_o, part_lse = alloc_splitkv_workspace(inp.shape.batch, heads, splits, inp.device)
     part_o.fill_(float("nan"))  # every slot stage 2 reads must be written by stage 1
     part_lse.fill_(float("nan"))
     res = mla_decode_splitkv(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, out, splits,
@@ -40,7 +41,7 @@ def test_split_bounds_follow_lengths_on_device():
     """Same workspace and split count, lengths shortened in place (as under a replayed graph)."""
     inp, _ = make_case(12, (90, 45), 16)
     splits = 5
-    part_o, part_lse = alloc_splitkv_workspace(2, 12, splits, "cpu")
+    part_o, part_lse = alloc_splitkv_workspace(2, 12, splits, inp.device)
     out = inp.new_output()
     args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, out, splits, inp.shape.scale)
     mla_decode_splitkv(*args, partial_out=part_o, partial_lse=part_lse, block_n=16)
@@ -69,7 +70,7 @@ def test_rejects_bad_split_counts(splits):
 
 def test_rejects_small_workspace():
     inp, _ = make_case(12, (8, 8), 16)
-    part_o, part_lse = alloc_splitkv_workspace(2, 12, 2, "cpu")
+    part_o, part_lse = alloc_splitkv_workspace(2, 12, 2, inp.device)
     with pytest.raises(ValueError, match="workspace"):
         mla_decode_splitkv(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens,
                            inp.new_output(), 4, inp.shape.scale, partial_out=part_o,

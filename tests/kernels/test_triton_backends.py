@@ -1,4 +1,5 @@
-"""The triton-splitkv and triton-persistent backends through the backend contract."""
+"""The triton-splitkv and triton-persistent backends through the backend contract (compiled on a
+GPU, in Triton's interpreter without one)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,20 @@ def test_module_import_does_not_import_triton():
     assert res.stdout.strip() == "False"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's interpreter switch: a GPU compiles them")
 def test_available_only_when_interpreting_on_cpu(monkeypatch):
     for name in ("triton-splitkv", "triton-persistent"):
         assert get_backend(name).available() == (True, "")
         monkeypatch.setenv("TRITON_INTERPRET", "0")
         assert get_backend(name).available() == (False, NO_GPU_REASON)
         monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+def test_available_on_a_gpu_without_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for name in ("triton-splitkv", "triton-persistent"):
+        assert get_backend(name).available() == (True, "")
 
 
 def test_splitkv_backend():

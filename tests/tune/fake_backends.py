@@ -2,7 +2,8 @@
 cost landscape, so studies finish in seconds on a loaded CPU.
 
 The output is the fp32 reference of the inputs as they are (recomputed only when q or the cache
-changed); the timed call spins for a cost in µs that depends on the parameters, then copies it.  Workers started by the tuner import
+changed); the timed call spins for a cost in µs that depends on the parameters (on a GPU, in a
+kernel, so that graph replay times it), then copies it.  Workers started by the tuner import
 this module through ``MLABENCH_WORKER_IMPORTS``; ``TEST_TUNE_PREPARE_S`` slows every ``prepare``
 (to kill a worker mid-trial, or to let two workers overlap).
 """
@@ -24,7 +25,17 @@ MODULE = "tests.tune.fake_backends"
 PREPARE_ENV = "TEST_TUNE_PREPARE_S"
 
 
-def spin_us(us: float) -> None:
+#: GPU clock cycles per µs of synthetic cost (an H200's 1.98 GHz boost clock; only the order of the
+#: costs matters to the tests, not their scale).
+GPU_CYCLES_PER_US = 1980
+
+
+def spin_us(us: float, device: torch.device) -> None:
+    """Take about ``us`` µs where the measurement sees it: a busy wait on the CPU (wall clock); on a
+    GPU a kernel that spins (``torch.cuda._sleep``), which graph replay and device events time."""
+    if device.type == "cuda":
+        torch.cuda._sleep(int(us * GPU_CYCLES_PER_US))
+        return
     end = time.perf_counter() + us * 1e-6
     while time.perf_counter() < end:
         pass
@@ -59,7 +70,7 @@ class _Synthetic(Backend):
                 ref, _ = mla_decode_reference(inputs.q, inputs.kv_cache, inputs.block_table,
                                               list(s.context_lens), s.scale, s.kv_lora_rank)
                 seen.update(versions=versions, ref=ref.to(inputs.q.dtype) + bias)
-            spin_us(cost)
+            spin_us(cost, out.device)
             return out.copy_(seen["ref"])
 
         return PreparedCall(fn=fn, out=out, effective_params=dict(params))

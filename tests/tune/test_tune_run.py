@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from mlabench.device import current_device
 from mlabench.errors import ConfigError, MlabenchError, ResultsError
 from mlabench.results import ResultStore
 from mlabench.studies import StudySpec, open_storage, optuna_module, prepare_study
@@ -140,7 +142,8 @@ def test_worker_on_another_gpu_model_refuses(tmp_path, tiny_timing):
     store = ResultStore.create(tmp_path / "run", run_manifest("run", 1.0, {}))
     storage = open_storage(None, store.run_dir)
     spec = StudySpec(0, 48, 48, name="study", batch=1)
-    prepare_study(storage, spec, {"device": "NVIDIA H200"}, [], "NVIDIA H200")
+    elsewhere = f"{current_device().name} of another machine"  # never this process's device
+    prepare_study(storage, spec, {"device": elsewhere}, [], elsewhere)
     with pytest.raises(ResultsError, match="another GPU model"):
         prepare_study(storage, spec, {"device": "x"}, [], "AMD Instinct MI355X")
     payload = {"config": fast_wrong_config(tiny_timing).model_dump(mode="json", by_alias=True),
@@ -149,6 +152,15 @@ def test_worker_on_another_gpu_model_refuses(tmp_path, tiny_timing):
         worker_main(payload, 0)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 def test_gpus_need_gpus():
     with pytest.raises(ConfigError, match="needs GPUs"):
         gpu_model(["0", "1"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+def test_gpus_must_exist_and_name_their_model():
+    count = torch.cuda.device_count()
+    with pytest.raises(ConfigError, match=f"GPU {count} does not exist"):
+        gpu_model(["0", str(count)])
+    assert gpu_model(["0"]) == torch.cuda.get_device_name(0)
