@@ -52,7 +52,8 @@ class ShapeBench:
         self.inputs: list[MLADecodeInputs] = [make_inputs(shape, seed=seed + i) for i in range(want)]
         x = self.inputs[0]
         self.reference, _ = mla_decode_reference(x.q, x.kv_cache, x.block_table, list(shape.context_lens),
-                                                 shape.scale, shape.kv_lora_rank)
+                                                 shape.scale, shape.kv_lora_rank, qo_len=shape.qo_len,
+                                                 causal=shape.causal)
 
     def check(self, backend: Backend, params: dict[str, Any], atol: float = DEFAULT_ATOL,
               rtol: float = DEFAULT_RTOL) -> tuple[PreparedCall, Verdict]:
