@@ -102,11 +102,12 @@ class FlashMLABackend(Backend):
 
     ``prepare`` runs the scheduler (``get_mla_decoding_metadata`` / ``get_mla_metadata``) once,
     untimed, reporting its wall time as ``setup_us["metadata_us"]``, as servers do per step outside
-    the attention call; ``refresh`` runs it again into the same tensors (:func:`schedule`).  ``fn`` runs only ``flash_mla_with_kvcache`` on ``q`` viewed as
-    ``[B, s_q, H, 576]`` (``s_q = qo_len``, FlashMLA's own multi-token form, ``causal`` the
-    shape's mask) and the cache ``[num_pages, 64, 1, 576]``; FlashMLA takes no output buffer and
-    returns a new ``[B, s_q, H, 512]`` tensor, so ``fn`` copies it into the poisoned ``out`` (one
-    extra small copy kernel inside the timed call, about ``B * s_q * H * 1 KiB``).
+    the attention call; ``refresh`` runs it again into the same tensors (:func:`schedule`).
+    ``fn`` runs only ``flash_mla_with_kvcache`` on ``q`` viewed as ``[B, s_q, H, 576]``
+    (``s_q = qo_len``, FlashMLA's own multi-token form, ``causal`` the shape's mask) and the cache
+    ``[num_pages, 64, 1, 576]``; FlashMLA takes no output buffer and returns a new
+    ``[B, s_q, H, 512]`` tensor, so ``fn`` copies it into the poisoned ``out`` (one extra small
+    copy kernel inside the timed call, about ``B * s_q * H * 1 KiB``).
     Where the scheduler cannot be hoisted, one decode call in ``prepare`` fills it and
     ``metadata_us`` includes that call (``effective_params["metadata"]`` says so).
     """
