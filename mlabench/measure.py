@@ -29,7 +29,7 @@ from mlabench.verdict import DEFAULT_ATOL, DEFAULT_RTOL, Verdict, compare_output
 class ShapeBench:
     """Inputs and reference output of one shape.
 
-    ``copies`` input sets are drawn with seeds ``seed, seed+1, ...``; the reference ``[B, H, 512]``
+    ``copies`` input sets are drawn with seeds ``seed, seed+1, ...``; the reference ``[B * qo_len, H, 512]``
     fp32 is computed for copy 0, on which every correctness verdict is taken.  Raises
     :class:`OutOfMemoryError` when even one copy does not fit.
     """
@@ -146,7 +146,8 @@ def record_fields(backend: str, params: dict[str, Any], shape: MLADecodeShape, r
     return dict(
         key=point_key(backend, params, shape.key()), run_id=run_id, backend=backend, params=params,
         shape=shape.key(), batch=shape.batch, num_heads=shape.num_heads,
-        context_len=shape.max_context_len, bytes_moved=shape.min_bytes_moved, timestamp=utc_now(),
+        context_len=shape.max_context_len, qo_len=shape.qo_len, causal=shape.causal,
+        bytes_moved=shape.min_bytes_moved, timestamp=utc_now(),
         copy_bandwidth_tbps=copy_bw_tbps, read_bandwidth_tbps=read_bw_tbps,
         floor_bandwidth="read" if read_bw_tbps else "copy",
         floor_us=shape.floor_us(floor_bw) if floor_bw else None,
