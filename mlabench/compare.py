@@ -65,8 +65,8 @@ def path_winner(records: Sequence[Record], families: dict[str, str]) -> dict[str
 def _winner_text(w: dict[str, Any] | None) -> str:
     if w is None:
         return "(none ok)"
-    margin = "only one path ok" if w["margin"] is None else f"{w['margin']:.2f}x"
-    return f"{w['path']} ({w['backend']}, {fmt(w['us'])} µs, {margin})"
+    margin = "only path ok" if w["margin"] is None else f"{w['margin']:.2f}x"
+    return f"{w['path']}: {w['backend']} {fmt(w['us'])} µs ({margin})"
 
 
 def winners_table(records: Sequence[Record], families: dict[str, str]) -> Table:
