@@ -4,11 +4,9 @@ tune's shapes and graph-check's configuration."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from mlabench import cli
 from mlabench.backends import get_backend
 from mlabench.compare import path_winner, recorded_records, winners_table
 from mlabench.errors import ConfigError
@@ -16,19 +14,9 @@ from mlabench.results import ResultStore, point_key
 from mlabench.sweep import SweepConfig, expand, load_sweep_config, run_sweep
 from mlabench.tables import compare_table, sweep_summary
 from mlabench.timing import TimingConfig
+from tests.core.test_cli import run
 
 FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
-
-
-def run(args, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["mlabench", *args])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = exc.code or 0
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def small(**kw):
