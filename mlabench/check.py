@@ -1,4 +1,5 @@
-"""``mlabench check``: every backend's agreement with the fp32 reference on fresh random inputs."""
+"""``mlabench check``: every backend's agreement with the fp32 reference on fresh inputs (random,
+needles, peaky, flat: :mod:`mlabench.verification`), poisoned with NaN wherever no request may read."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from mlabench.measure import ShapeBench, failed_record
 from mlabench.results import Record
 from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.timing import TimingConfig
+from mlabench.verdict import CheckConfig
 
 #: ``progress(done, total, what)``: how far a run has come, for a progress bar.
 Progress = Callable[[int, int, str], None]
@@ -80,15 +82,16 @@ def check_shapes(*, model: str | None = None, model_config: str | Path | None = 
 
 
 def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None = None,
-              splits: Sequence[int] = DEFAULT_CHECK_SPLITS, atol: float = 1e-2, rtol: float = 1e-2,
+              splits: Sequence[int] = DEFAULT_CHECK_SPLITS, check: CheckConfig | None = None,
               seed: int = 0, progress: Progress | None = None) -> tuple[list[Record], dict[str, str]]:
     """One record per (backend, params, shape), and ``{backend: why}`` for those unavailable here.
 
     Named backends must exist (:class:`UnknownBackendError`) and be available
     (:class:`BackendUnavailableError`, via :func:`select_backends`), and every shape's inputs must
     fit in free memory (:class:`OutOfMemoryError`), all checked before anything runs; fresh inputs
-    per shape (``seed``), outputs poisoned with NaN before each run.  ``progress(done, total,
-    what)`` is called before each check and once at the end.
+    per shape (``seed``), outputs poisoned with NaN before each run, judged by ``check`` (default:
+    every input set, the dtypes' relative limits).  ``progress(done, total, what)`` is called before
+    each check and once at the end.
     """
     for shape in shapes:
         check_fits(shape)
@@ -108,7 +111,7 @@ def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None =
         if bench[0] != shape:
             bench = (shape, _bench_or_why(shape, seed))
         if isinstance(bench[1], ShapeBench):
-            records.append(bench[1].run(b, params, copy_bw_tbps=None, run_id="check", atol=atol, rtol=rtol,
+            records.append(bench[1].run(b, params, copy_bw_tbps=None, run_id="check", check=check,
                                         time_it=False))
         else:
             records.append(failed_record(b.name, params, shape, "check", None, bench[1]))

@@ -1,9 +1,13 @@
 """Random paged MLA decode inputs: q, latent cache with a permuted block table, context lengths.
 
-The cache is never zeros (random normal, scaled so scores are O(1)), pages are assigned to requests
-through a random permutation so that kernels which ignore the block table fail the check, and the
-slots past each request's length in its last page hold random values too (a kernel that reads them
-is wrong).
+The cache is never zeros (random normal, scaled so scores are O(1)), and pages are assigned to
+requests through a random permutation so that kernels which ignore the block table fail the check.
+The cache holds :data:`SPARE_PAGES` pages more than the requests use, at a random place in the
+permutation; block-table entries past a request's pages point at one of them.  Every slot no
+request may read (the tail of each request's last page, the spare pages) holds NaN in a poisoned
+input set (the ones every correctness verdict is taken on), random values otherwise: a kernel that
+lets such a slot reach its arithmetic, even multiplied by a zero softmax weight, returns NaN
+(0 x NaN = NaN) and fails the check.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ class MLADecodeInputs:
     - ``q``: ``[B * qo_len, H, 576]`` in ``shape.q_dtype`` (row ``b * qo_len + t``: query token
       ``t`` of request ``b``)
     - ``kv_cache``: ``[num_pages, page_size, 1, 576]`` in ``shape.kv_dtype``
-    - ``block_table``: ``[B, max_pages]`` int32; entries past a request's pages are 0 (a valid page)
+    - ``block_table``: ``[B, max_pages]`` int32; entries past a request's pages point at a spare
+      page no request uses
     - ``cache_seqlens``: ``[B]`` int32, the context lengths
+    - ``poisoned``: whether every unread slot holds NaN (see the module docstring)
     """
 
     shape: MLADecodeShape
@@ -40,6 +46,7 @@ class MLADecodeInputs:
     kv_cache: torch.Tensor
     block_table: torch.Tensor
     cache_seqlens: torch.Tensor
+    poisoned: bool = False
 
     @property
     def device(self) -> torch.device:
@@ -55,10 +62,16 @@ class MLADecodeInputs:
         return out
 
 
+#: Pages the cache holds beyond the ones the requests use; block-table padding points at them.
+SPARE_PAGES = 1
+
+
 def input_bytes(shape: MLADecodeShape) -> int:
-    """Bytes :func:`make_inputs` allocates for ``shape`` (cache, q, block table, lengths)."""
+    """Bytes :func:`make_inputs` allocates for ``shape`` (cache with its spare pages, q, block
+    table, lengths)."""
     max_pages = max(shape.pages_per_request)
-    return shape.kv_cache_bytes + shape.q_bytes + 4 * shape.batch * (max_pages + 1)
+    spare = SPARE_PAGES * shape.kv_cache_bytes // shape.num_pages
+    return shape.kv_cache_bytes + spare + shape.q_bytes + 4 * shape.batch * (max_pages + 1)
 
 
 def check_fits(shape: MLADecodeShape, copies: int = 1, device: DeviceInfo | None = None,
@@ -81,10 +94,13 @@ def check_fits(shape: MLADecodeShape, copies: int = 1, device: DeviceInfo | None
 
 
 def make_inputs(shape: MLADecodeShape, device: str | torch.device | None = None,
-                seed: int = 0) -> MLADecodeInputs:
+                seed: int = 0, poison: bool = True) -> MLADecodeInputs:
     """Random inputs for ``shape`` on ``device`` (default: the current device).
 
-    Raises :class:`OutOfMemoryError` before allocating when the cache would not fit.
+    The cache is ``[shape.num_pages + SPARE_PAGES, page_size, 1, 576]``.  With ``poison`` (inputs a
+    verdict is taken on) every slot no request may read is NaN; without (timing copies) it holds
+    random values like the rest.  Raises :class:`OutOfMemoryError` before allocating when the cache
+    would not fit.
     """
     info = current_device()
     dev = torch.device(device or info.torch_device)
@@ -96,21 +112,29 @@ def make_inputs(shape: MLADecodeShape, device: str | torch.device | None = None,
     # so a multi-GB cache needs no fp32 or host copy.
     q = torch.randn((s.num_query_tokens, s.num_heads, s.head_dim_qk), generator=gen, device=dev,
                     dtype=torch_dtype(s.q_dtype))
-    kv = torch.randn((s.num_pages, s.page_size, 1, s.head_dim_qk), generator=gen, device=dev,
+    total_pages = s.num_pages + SPARE_PAGES
+    kv = torch.randn((total_pages, s.page_size, 1, s.head_dim_qk), generator=gen, device=dev,
                      dtype=torch_dtype(s.kv_dtype))
-    perm = torch.randperm(s.num_pages, generator=gen, device=dev).to(torch.int32)
+    perm = torch.randperm(total_pages, generator=gen, device=dev).to(torch.int32)
+    spare = perm[s.num_pages:]  # pages no request uses
     max_pages = max(s.pages_per_request)
-    block_table = torch.zeros((s.batch, max_pages), dtype=torch.int32, device=dev)
+    block_table = spare[0].repeat(s.batch, max_pages)
     start = 0
     for i, n in enumerate(s.pages_per_request):
         block_table[i, :n] = perm[start:start + n]
         start += n
+    if poison:
+        kv[spare.long()] = float("nan")
+        for i, length in enumerate(s.context_lens):
+            last = block_table[i, (length - 1) // s.page_size].long()
+            kv[last, (length - 1) % s.page_size + 1:] = float("nan")  # the last page's unused tail
     return MLADecodeInputs(
         shape=s,
         q=q,
         kv_cache=kv,
         block_table=block_table,
         cache_seqlens=torch.tensor(s.context_lens, dtype=torch.int32, device=dev),
+        poisoned=poison,
     )
 
 

@@ -1,9 +1,10 @@
 """Measure one point: prepare, check against the reference on its own inputs, time, record.
 
 Shared by ``check``, ``sweep`` and ``compare``.  :class:`ShapeBench` owns the inputs of one shape
-(``copies`` independent sets for a cold cache) and their fp32 reference; :meth:`ShapeBench.run`
-turns one (backend, params) into a :class:`~mlabench.results.Record`, whatever happens: an
-unsupported shape, a wrong output or an exception is a row with its status, never a gap.
+(``copies`` independent sets for a cold cache; copy 0, the one verdicts are taken on, is poisoned
+with NaN wherever no request may read) and their fp32 references; :meth:`ShapeBench.run` turns one
+(backend, params) into a :class:`~mlabench.results.Record`, whatever happens: an unsupported shape,
+a wrong output or an exception is a row with its status, never a gap.
 """
 
 from __future__ import annotations
@@ -18,25 +19,28 @@ from mlabench.backends.common import timed_us
 from mlabench.device import DeviceInfo, current_device
 from mlabench.errors import MlabenchError, OutOfMemoryError, UnsupportedShapeError
 from mlabench.inputs import MLADecodeInputs, check_fits, input_bytes, make_inputs
-from mlabench.kernels.reference import mla_decode_reference
 from mlabench.observers import gpu_state
 from mlabench.results import Record, point_key, utc_now
 from mlabench.shapes import MLADecodeShape
 from mlabench.timing import TimingConfig, cold_cache_copies, time_calls
-from mlabench.verdict import DEFAULT_ATOL, DEFAULT_RTOL, Verdict, compare_outputs
+from mlabench.verdict import CheckConfig, Verdict, compare_outputs, worst_verdict
+from mlabench.verification import VerificationCase, find_missing, make_case, split_starts_for, with_reference
 
 
 class ShapeBench:
-    """Inputs and reference output of one shape.
+    """Inputs and reference outputs of one shape.
 
-    ``copies`` input sets are drawn with seeds ``seed, seed+1, ...``; the reference ``[B * qo_len, H, 512]``
-    fp32 is computed for copy 0, on which every correctness verdict is taken.  Raises
-    :class:`OutOfMemoryError` when even one copy does not fit.
+    ``copies`` input sets are drawn with seeds ``seed, seed+1, ...``; copy 0 is poisoned (NaN in
+    every slot no request may read) and every correctness verdict is taken on it, on each input
+    set of the check (:mod:`mlabench.verification`), against that set's fp32 reference
+    ``[B * qo_len, H, 512]``.  Raises :class:`OutOfMemoryError` when even one copy does not fit,
+    and RuntimeError when the reference of the random set is not finite.
     """
 
     def __init__(self, shape: MLADecodeShape, timing: TimingConfig | None = None, seed: int = 0,
                  device: DeviceInfo | None = None, copies: int | None = None):
         self.shape = shape
+        self.seed = seed
         self.device = device or current_device()
         self.timing = timing or TimingConfig()
         want = copies or cold_cache_copies(input_bytes(shape), self.device, self.timing)
@@ -49,27 +53,56 @@ class ShapeBench:
                     check_fits(shape, copies=1, device=self.device)
                     break
                 want = max(1, want // 2)
-        self.inputs: list[MLADecodeInputs] = [make_inputs(shape, seed=seed + i) for i in range(want)]
-        x = self.inputs[0]
-        self.reference, _ = mla_decode_reference(x.q, x.kv_cache, x.block_table, list(shape.context_lens),
-                                                 shape.scale, shape.kv_lora_rank, qo_len=shape.qo_len,
-                                                 causal=shape.causal)
+        self.inputs: list[MLADecodeInputs] = [make_inputs(shape, seed=seed + i, poison=i == 0)
+                                              for i in range(want)]
+        self.cases: dict[Any, VerificationCase] = {
+            "random": with_reference(VerificationCase("random"), self.inputs[0])}
+        if not bool(torch.isfinite(self.reference).all()):
+            raise RuntimeError("the fp32 reference is not finite (a poisoned slot reached it)")
 
-    def check(self, backend: Backend, params: dict[str, Any], atol: float = DEFAULT_ATOL,
-              rtol: float = DEFAULT_RTOL) -> tuple[PreparedCall, Verdict]:
-        """Prepare on copy 0, run once (output poisoned by prepare) and compare with the reference."""
+    @property
+    def reference(self) -> torch.Tensor:
+        """fp32 reference ``[B, H, 512]`` of the random input set (copy 0 as drawn)."""
+        return self.cases["random"].reference
+
+    def case(self, name: str, split_starts: list[list[int]]) -> VerificationCase:
+        """Input set ``name`` on copy 0, built once (the needles once per split layout)."""
+        key = (name, tuple(map(tuple, split_starts))) if name == "needles" else name
+        if key not in self.cases:
+            self.cases[key] = make_case(name, self.inputs[0], self.cases["random"], split_starts, self.seed)
+        return self.cases[key]
+
+    def check(self, backend: Backend, params: dict[str, Any],
+              check: CheckConfig | None = None) -> tuple[PreparedCall, Verdict]:
+        """Prepare on copy 0, then per input set of ``check``: write it into copy 0, poison the
+        output, run once, compare with that set's reference, put copy 0 back.  The verdict is the
+        worst set's, naming the needle tokens a failing output lacks where it can."""
+        check = check or CheckConfig()
+        s = self.shape
         call = backend.prepare(self.inputs[0], params)
-        out = call.fn()
-        if self.device.is_gpu:
-            torch.cuda.synchronize()
-        return call, compare_outputs(out, self.reference, atol, rtol)
+        limits = check.limits(s.q_dtype, s.kv_dtype)
+        starts = split_starts_for(s.context_lens, {**params, **call.effective_params}, call.split_starts)
+        verdicts: dict[str, Verdict] = {}
+        for name in check.input_sets:
+            case = self.case(name, starts)
+            with case.applied(self.inputs[0]):
+                call.out.fill_(float("nan"))  # what this run does not write must not pass for written
+                out = call.fn()
+                if self.device.is_gpu:
+                    torch.cuda.synchronize()
+            verdict = compare_outputs(out, case.reference, limits, check.atol, check.rtol)
+            if not verdict.passed:
+                verdict = verdict.model_copy(update={"missing": find_missing(out, case)})
+            verdicts[name] = verdict
+        return call, worst_verdict(verdicts)
 
     def run(self, backend: Backend, params: dict[str, Any], *, copy_bw_tbps: float | None, run_id: str,
-            atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, time_it: bool = True,
+            check: CheckConfig | None = None, time_it: bool = True,
             read_bw_tbps: float | None = None) -> Record:
         """Check and time ``backend`` with ``params`` on this shape; always returns a record.
 
-        The floor divides the bytes moved by ``read_bw_tbps`` when given, else by ``copy_bw_tbps``;
+        ``check`` says how outputs are judged (default: every input set, the dtypes' limits).  The
+        floor divides the bytes moved by ``read_bw_tbps`` when given, else by ``copy_bw_tbps``;
         the GPU's clocks, power and temperature are read just before and just after the timing.
         """
         s = self.shape
@@ -78,7 +111,7 @@ class ShapeBench:
         if not ok:
             return Record(status="unsupported", message=why, **base)
         try:
-            call, verdict = self.check(backend, params, atol, rtol)
+            call, verdict = self.check(backend, params, check)
             base.update(verdict=verdict, effective_params=call.effective_params, setup_us=call.setup_us,
                         workspace_bytes=call.workspace_bytes, refresh_us=refresh_cost_us(call, self.device))
             status = "ok" if verdict.passed else "incorrect"
@@ -162,11 +195,20 @@ def failed_record(backend: str, params: dict[str, Any], shape: MLADecodeShape, r
 
 
 def _verdict_message(v: Verdict) -> str:
+    """Why ``v`` failed, in one line: shape, non-finite output, or the relative errors of the worst
+    input set and the needles it lacks."""
+    where = f"{v.input_set} inputs: " if v.input_set else ""
     if not v.shape_ok:
         return f"wrong output shape {v.output_shape}"
     if not v.all_finite:
-        return "non-finite output (NaN/Inf: unwritten or overflowed elements)"
-    return f"max abs err {v.max_abs_err:.3g} over atol={v.atol:g} rtol={v.rtol:g}"
+        return f"{where}non-finite output (NaN/Inf: unwritten or overflowed elements, or a poisoned slot read)"
+    within = v.rel_rmse is not None and v.rel_rmse <= (v.rel_rmse_limit or 0) \
+        and (v.rel_max_err or 0) <= (v.rel_max_err_limit or 0)
+    if v.rel_rmse is None or within:
+        return f"{where}max abs err {v.max_abs_err:.3g} over atol={v.atol:g} rtol={v.rtol or 0:g}"
+    text = (f"{where}relative RMSE {v.rel_rmse:.3g} (limit {v.rel_rmse_limit:.3g}), "
+            f"normalised max error {v.rel_max_err:.3g} (limit {v.rel_max_err_limit:.3g})")
+    return f"{text}; {v.missing}" if v.missing else text
 
 
 def _where(exc: BaseException) -> str:

@@ -320,7 +320,7 @@ CSV_FIELDS = [
     "kv_dtype", "status", "verdict_passed", "max_abs_err", "timing_mode", "median_us", "iqr_us",
     "min_us", "n_samples", "median_rel_ci", "noisy", "eager_median_us", "refresh_us",
     "achieved_tbps", "floor_us", "pct_of_floor", "cold_cache_copies", "bytes_moved", "workspace_bytes",
-    "message", "key", "calls_per_sample", "floor_bandwidth", "clock_below_steady",
+    "message", "key", "calls_per_sample", "floor_bandwidth", "clock_below_steady", "rel_rmse", "rel_max_err",
 ]
 
 
@@ -333,6 +333,7 @@ def csv_row(r: Record) -> dict[str, Any]:
         "page_size": r.shape.get("page_size"),
         "kv_dtype": r.shape.get("kv_dtype"), "status": r.status,
         "verdict_passed": v.passed if v else "", "max_abs_err": v.max_abs_err if v else "",
+        "rel_rmse": _blank(v.rel_rmse if v else None), "rel_max_err": _blank(v.rel_max_err if v else None),
         "timing_mode": r.timing_mode, "median_us": s.median_us if s else "",
         "iqr_us": s.iqr_us if s else "", "min_us": s.min_us if s else "", "n_samples": s.n if s else "",
         "median_rel_ci": s.median_rel_ci if s else "", "noisy": s.noisy if s else "",
@@ -345,6 +346,10 @@ def csv_row(r: Record) -> dict[str, Any]:
         "floor_bandwidth": r.floor_bandwidth,
         "clock_below_steady": "" if r.clock_below_steady is None else r.clock_below_steady,
     }
+
+
+def _blank(value: Any) -> Any:
+    return "" if value is None else value
 
 
 def library_versions(packages: Mapping[str, Sequence[str]]) -> dict[str, str | None]:

@@ -134,8 +134,7 @@ class SweepRunner:
             return failed_record(p.backend, p.params, p.shape, self.run_id, self.copy_bw,
                                  f"inputs could not be created: {str(exc).splitlines()[0][:300]}", self.read_bw)
         rec = bench.run(get_backend(p.backend), p.params, copy_bw_tbps=self.copy_bw, run_id=self.run_id,
-                        atol=self.cfg.check.atol, rtol=self.cfg.check.rtol, time_it=self.time_it,
-                        read_bw_tbps=self.read_bw)
+                        check=self.cfg.check, time_it=self.time_it, read_bw_tbps=self.read_bw)
         low = below_steady(rec.gpu_state_before, rec.gpu_state, self.steady_mhz)
         return rec.model_copy(update={"clock_below_steady": low}) if low is not None else rec
 

@@ -27,7 +27,7 @@ from mlabench.errors import ConfigError, ResultsError
 from mlabench.policy import BatchPolicy, Policy, PolicyEntry, merge_adjacent
 from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.timing import TimingConfig
-from mlabench.verdict import DEFAULT_ATOL, DEFAULT_RTOL
+from mlabench.verdict import CheckConfig
 
 Sampler = Literal["auto", "tpe", "gp", "grid", "brute"]
 
@@ -74,8 +74,9 @@ class TuneConfig(BaseModel):
     space: dict[str, SpaceRange] = Field(default_factory=dict, description="Narrower ranges than the backend declares.")
     noise: float = Field(0.01, ge=0, description="Configurations within this fraction of the best are ties.")
     heuristics: bool = Field(True, description="Enqueue the public heuristics as the first trials.")
-    atol: float = Field(DEFAULT_ATOL, gt=0, description="Correctness check absolute tolerance.")
-    rtol: float = Field(DEFAULT_RTOL, ge=0, description="Correctness check relative tolerance.")
+    atol: float | None = Field(None, gt=0, description="Elementwise absolute tolerance on top of the "
+                               "relative verdict (optional; a sweep's [check] atol).")
+    rtol: float | None = Field(None, ge=0, description="Elementwise relative tolerance with atol (optional).")
     timing: TimingConfig = Field(default_factory=tune_timing)
     storage: str | None = Field(None, description="Optuna storage URL; None: a journal file in the run folder.")
 
@@ -92,6 +93,12 @@ class TuneConfig(BaseModel):
         if not v or any(x <= 0 for x in v) or v != sorted(set(v)):
             raise ValueError(f"must be increasing context lengths > 0, got {v}")
         return v
+
+    @property
+    def check(self) -> CheckConfig:
+        """How trial outputs are judged: every input set, the dtypes' relative limits, and the
+        elementwise bound when ``atol`` is set."""
+        return CheckConfig(atol=self.atol, rtol=self.rtol)
 
 
 

@@ -91,7 +91,7 @@ class Objective:
 
     def _measure(self, params: dict[str, Any]) -> dict[str, Any]:
         rec: Record = self.bench.run(self.backend, params, copy_bw_tbps=self.copy_bw_tbps, run_id=self.run_id,
-                                     atol=self.cfg.atol, rtol=self.cfg.rtol)
+                                     check=self.cfg.check)
         append_shared(self.store, rec)
         self.measured += 1
         return record_attrs(rec.model_dump(mode="json"))

@@ -8,6 +8,11 @@ take what we pass, which behaviour rules it has -- comes from :mod:`mlabench.bac
 checked against the manifest written from AITER's source (``aiter_manifest.toml``); what AITER does
 with a shape under those rules is in :mod:`mlabench.backends.aiter_rules`.  The Gluon backend is in
 :mod:`mlabench.backends.aiter_gluon`.  AITER is imported only when a backend is probed or prepared.
+Every index AITER is given is a valid token's row: no page tail or block-table padding is
+reachable through its arguments, so cache slots no request may read (NaN in the correctness
+check) stay unread unless a kernel reads past its ``kv_indptr`` range, which the check on a GPU
+would show.  Where AITER's splits start is not reported: the check places needles at the cuts
+of ``num_kv_splits`` (:func:`mlabench.verification.split_starts_for`).
 """
 
 from __future__ import annotations

@@ -78,7 +78,9 @@ class PreparedCall:
       ``[B, H, 512]``; it takes no arguments.  When ``graph_safe`` it neither synchronises with
       the host nor decides on device values; tensors it allocates through torch's caching
       allocator are allowed (graph capture serves them from the graph's private pool, and a
-      replay reuses them), and a backend whose ``fn`` does so says ``allocates_per_call``.
+      replay reuses them), and a backend whose ``fn`` does so says ``allocates_per_call``.  It
+      reads q and the cache anew on every call: the correctness check writes its input sets into
+      them in place after ``prepare`` (:mod:`mlabench.verification`).
     - ``out``: the buffer ``fn`` writes (already poisoned with NaN by ``prepare``).
     - ``effective_params``: what actually runs (e.g. the split count a library picked).
     - ``setup_us``: untimed setup steps and their wall time, µs, keyed ``<step>_us``
@@ -91,6 +93,9 @@ class PreparedCall:
       pays it once per step for all layers, not per layer.
     - ``graph_safe``: a CUDA/HIP graph captured from ``fn`` computes the right output after the
       lengths change in place and ``refresh`` runs (so ``fn`` may be captured and replayed).
+    - ``split_starts``: per request, the first token of each piece of KV the call reduces
+      separately (split, work-list segment), when the backend knows them; the correctness check
+      puts needle tokens at their edges (:mod:`mlabench.verification`).  None: not known.
     """
 
     fn: Callable[[], torch.Tensor]
@@ -100,6 +105,7 @@ class PreparedCall:
     workspace_bytes: int = 0
     graph_safe: bool = True
     refresh: Callable[[], None] | None = None
+    split_starts: list[list[int]] | None = None
 
     def refresh_for_new_lengths(self) -> None:
         """Run :attr:`refresh` (nothing to do when it is None)."""

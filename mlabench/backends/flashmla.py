@@ -88,6 +88,31 @@ def split_stats(tile_scheduler_metadata: torch.Tensor | None,
     return stats
 
 
+#: Tokens per KV block of FlashMLA's SM90 dense decode: a partition starts at a block boundary.
+FLASHMLA_BLOCK_TOKENS = 64
+
+
+def flashmla_split_starts(tile_scheduler_metadata: torch.Tensor | None, batch: int) -> list[list[int]] | None:
+    """Per request, the first token of each piece FlashMLA's scheduler gave a partition.
+
+    Row ``p`` of ``tile_scheduler_metadata`` (``[num_sm_parts, 8]`` int32) starts at token
+    ``begin_seqlen`` (field 1) of request ``begin_idx`` (field 0) and ends in request ``end_idx``
+    (field 2); the requests after ``begin_idx`` up to ``end_idx`` start at 0 in it.  The kernel
+    starts at KV block ``begin_seqlen // 64`` (FlashMLA ``flash_fwd_mla_kernel.h``).  Rows with
+    ``begin_idx >= batch`` are idle partitions.  None when there is no metadata.
+    """
+    if tile_scheduler_metadata is None:
+        return None
+    starts: list[set[int]] = [{0} for _ in range(batch)]
+    for begin_idx, begin_seqlen, end_idx, *_ in tile_scheduler_metadata.cpu().tolist():
+        if begin_idx >= batch:
+            continue
+        starts[begin_idx].add(begin_seqlen // FLASHMLA_BLOCK_TOKENS * FLASHMLA_BLOCK_TOKENS)
+        for b in range(begin_idx + 1, min(end_idx, batch - 1) + 1):
+            starts[b].add(0)
+    return [sorted(x) for x in starts]
+
+
 def flashmla_workspace_bytes(batch: int, num_heads: int, num_sm_parts: int, qo_len: int = 1,
                              head_dim_v: int = 512) -> int:
     """fp32 split partials FlashMLA writes and reads: ``(B + num_sm_parts)`` rows of ``[H, s_q, Dv]``
@@ -110,6 +135,10 @@ class FlashMLABackend(Backend):
     copy kernel inside the timed call, about ``B * s_q * H * 1 KiB``).
     Where the scheduler cannot be hoisted, one decode call in ``prepare`` fills it and
     ``metadata_us`` includes that call (``effective_params["metadata"]`` says so).
+    Unread cache slots: FlashMLA reads whole 64-token blocks, but zero-fills the rows of a
+    request's last block past its length and reads block-table entries only below
+    ``ceil(L / 64)``, so the NaN the check puts there never reaches its products.  Its split
+    starts come from the scheduler metadata (:func:`flashmla_split_starts`).
     """
 
     name = "flashmla"
@@ -187,7 +216,8 @@ class FlashMLABackend(Backend):
                                              s.qo_len, s.v_head_dim)
         return PreparedCall(fn=fn, out=out, effective_params=effective,
                             setup_us={"metadata_us": plan.metadata_us}, workspace_bytes=workspace,
-                            refresh=plan.refresh, graph_safe=plan.graph_safe)
+                            refresh=plan.refresh, graph_safe=plan.graph_safe,
+                            split_starts=flashmla_split_starts(plan.tile_md, s.batch))
 
 
 @dataclass

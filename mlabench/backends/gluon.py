@@ -102,6 +102,7 @@ class GluonSplitKVBackend(Backend):
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         from mlabench.kernels.gluon_splitkv import kv_descriptors, mla_decode_gluon_splitkv
         from mlabench.kernels.splitkv import alloc_splitkv_workspace, splitkv_workspace_bytes
+        from mlabench.kernels.splitkv_torch import split_starts
 
         s = inputs.shape
         splits, stages = int(params["num_kv_splits"]), int(params["num_stages"])
@@ -119,4 +120,5 @@ class GluonSplitKVBackend(Backend):
         return PreparedCall(fn=fn, out=out,
                             effective_params={"num_kv_splits": splits, "num_stages": stages,
                                               "pdl": pdl},
-                            workspace_bytes=splitkv_workspace_bytes(s.batch, s.num_heads, splits))
+                            workspace_bytes=splitkv_workspace_bytes(s.batch, s.num_heads, splits),
+                            split_starts=split_starts(s.context_lens, splits, align=PAGE_TOKENS))

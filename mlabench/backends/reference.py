@@ -12,7 +12,7 @@ from mlabench.backends.registry import register
 from mlabench.errors import UnsupportedShapeError
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.reference import mla_decode_reference
-from mlabench.kernels.splitkv_torch import mla_decode_splitkv_torch, splitkv_torch_elements
+from mlabench.kernels.splitkv_torch import mla_decode_splitkv_torch, split_starts, splitkv_torch_elements
 from mlabench.kernels.workspace import split_workspace_bytes
 from mlabench.shapes import MLADecodeShape
 
@@ -83,4 +83,5 @@ class TorchSplitKVBackend(Backend):
 
         rows = s.batch * splits * s.qo_len * s.num_heads
         return PreparedCall(fn=fn, out=out, effective_params={"num_kv_splits": splits},
-                            workspace_bytes=split_workspace_bytes(rows, s.v_head_dim))
+                            workspace_bytes=split_workspace_bytes(rows, s.v_head_dim),
+                            split_starts=split_starts(s.context_lens, splits))

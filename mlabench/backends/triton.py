@@ -99,8 +99,9 @@ class TritonSplitKVBackend(_TritonBackend):
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         from mlabench.kernels.splitkv import (
-            alloc_splitkv_workspace, mla_decode_splitkv, splitkv_workspace_bytes,
+            SPLIT_ALIGN_TOKENS, alloc_splitkv_workspace, mla_decode_splitkv, splitkv_workspace_bytes,
         )
+        from mlabench.kernels.splitkv_torch import split_starts
 
         s = inputs.shape
         mode, policy = parse_split_policy(str(params.get("split_policy") or ""),
@@ -131,7 +132,9 @@ class TritonSplitKVBackend(_TritonBackend):
                   else [state["splits"]] * s.batch)
         return PreparedCall(fn=fn, out=out, effective_params=effective,
                             refresh=refresh if mode == "host" else None,
-                            workspace_bytes=splitkv_workspace_bytes(1, rows, sum(counts)))
+                            workspace_bytes=splitkv_workspace_bytes(1, rows, sum(counts)),
+                            split_starts=[split_starts([n], c, SPLIT_ALIGN_TOKENS)[0]
+                                          for n, c in zip(s.context_lens, counts)])
 
 
 @register
@@ -159,7 +162,7 @@ class TritonPersistentBackend(_TritonBackend):
             WORK_GRANULARITY_TOKENS, alloc_persistent_workspace, mla_decode_persistent,
             persistent_workspace_bytes,
         )
-        from mlabench.kernels.worklist import build_work_list, rebuild_work_list
+        from mlabench.kernels.worklist import build_work_list, rebuild_work_list, request_split_starts
 
         s = inputs.shape
         mode = str(params["head_padding"])
@@ -191,4 +194,5 @@ class TritonPersistentBackend(_TritonBackend):
                               "num_stages": num_stages},
             setup_us={"work_list_us": work_list_us}, refresh=refresh,
             workspace_bytes=persistent_workspace_bytes(num_programs, s.batch, s.qo_len * hp),
+            split_starts=request_split_starts(work),
         )

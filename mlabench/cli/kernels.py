@@ -46,8 +46,16 @@ def check(
     backend: Backends = None, splits: Splits = None, batch: Batch = None, context: Context = None,
     qo_len: QoLens = None, non_causal: NonCausal = False, page_size: PageSize = None,
     dtype: Annotated[str, typer.Option(metavar="DTYPE", help="q and KV dtype.")] = "bfloat16",
-    atol: Annotated[float, typer.Option(metavar="X", help="Absolute tolerance.")] = 1e-2,
-    rtol: Annotated[float, typer.Option(metavar="X", help="Relative tolerance.")] = 1e-2,
+    rel_rmse_limit: Annotated[float | None, typer.Option(
+        metavar="X", help="Largest relative RMSE (RMSE / RMS of the reference) that passes; default from "
+        "the dtype.")] = None,
+    rel_max_err_limit: Annotated[float | None, typer.Option(
+        metavar="X", help="Largest max |error| / RMS of the reference that passes; default from the dtype.")] = None,
+    inputs: Annotated[str | None, typer.Option(
+        metavar="SETS", help="Input sets, e.g. random,needles (default: random,needles,peaky,flat).")] = None,
+    atol: Annotated[float | None, typer.Option(
+        metavar="X", help="Also require |out - ref| <= atol + rtol |ref|.")] = None,
+    rtol: Annotated[float | None, typer.Option(metavar="X", help="Relative part of that elementwise bound.")] = None,
     seed: Annotated[int, typer.Option(metavar="N", help="Input seed.")] = 0,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
@@ -57,14 +65,15 @@ def check(
     from mlabench.verdict import check_config
 
     fmt = output_format(format, as_json, markdown)
-    tol = check_config(atol, rtol)
+    input_sets = [x.strip() for x in inputs.split(",") if x.strip()] if inputs is not None else None
+    tol = check_config(atol, rtol, rel_rmse_limit, rel_max_err_limit, input_sets)
     shapes = check_shapes(model=model, model_config=model_config, tp=tp, heads=int_list(heads, "--heads"),
                           context_lens=int_list(context, "--context", "context length"),
                           batch=int_list(batch, "--batch"), page_size=page_size, dtype=dtype,
                           qo_lens=int_list(qo_len, "--qo-len", "--qo-len"), causal=not non_causal)
     split_list = int_list(splits, "--splits", "--splits") or DEFAULT_CHECK_SPLITS
     with progress_bar("check") as update:
-        records, unavailable = run_check(shapes, name_list(backend), split_list, tol.atol, tol.rtol, seed, update)
+        records, unavailable = run_check(shapes, name_list(backend), split_list, tol, seed, update)
     emit([check_table(records, unavailable)], fmt)
     failed = check_failures(records)
     if failed:

@@ -103,10 +103,14 @@ def attend_tokens(q_nope, q_pe, kv_ptr, bt_row_ptr, tok_lo, tok_hi, qk_scale_log
     """Online softmax over tokens ``[tok_lo, tok_hi)`` of one request.
 
     ``q_nope`` ``[BLOCK_H, 512]`` and ``q_pe`` ``[BLOCK_H, 64]`` are in registers; ``bt_row_ptr``
-    points at the request's block-table row.  With ``CAUSAL`` row ``i`` sees only tokens below
-    ``row_lim[i]`` (``[BLOCK_H]`` int32, :func:`causal_row_limits`); a row that sees none of the
-    range keeps ``l = 0, m = -inf`` (the running max is guarded, so no ``-inf - -inf``); without
-    it ``row_lim`` is not read.  Returns ``(acc [BLOCK_H, 512] fp32 unnormalised,
+    points at the request's block-table row.  Lanes at or past ``tok_hi`` read neither the block
+    table nor the cache: their K and V load as 0.0, their score is -inf and their weight 0 times a
+    zero row, so cache slots no request may read (which the correctness check fills with NaN)
+    never reach the arithmetic.  With ``CAUSAL`` row ``i`` also sees only tokens below
+    ``row_lim[i]`` (``[BLOCK_H]`` int32, :func:`causal_row_limits`; the tokens it may not see are
+    loaded, finite, and weighted 0); a row that sees none of the range keeps ``l = 0, m = -inf``
+    (the running max is guarded, so no ``-inf - -inf``); without it ``row_lim`` is not read.
+    Returns ``(acc [BLOCK_H, 512] fp32 unnormalised,
     l [BLOCK_H] fp32 sum of 2^(s - m), m [BLOCK_H] fp32 running max in base-2 units)``.  An empty
     range returns ``acc = 0, l = 0, m = -inf``.
     """

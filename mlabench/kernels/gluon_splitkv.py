@@ -23,8 +23,10 @@ Hopper alone:
   merges them.
 
 Limits: NVIDIA Hopper only (TMA, wgmma), page size 64, a contiguous cache, q/cache bf16 or fp16.
-Rows of the last page past a request's length are read (TMA copies whole pages) and get weight 0;
-they must hold finite values, as every cache written by a model does.
+Rows of a request's last page past its length are copied too (TMA copies whole pages), and may
+hold anything, NaN included (the correctness check puts NaN there): their scores are set to -inf,
+and before the output product their latent rows in shared memory are zeroed
+(:func:`_zero_rows_from`), since a zero weight times NaN is NaN.
 """
 
 from __future__ import annotations
@@ -105,6 +107,19 @@ def _store_partial(po_ptr, plse_ptr, slot, ht, num_heads, o, l_i, m_i, stride_ps
 
 
 @gluon.jit
+def _zero_rows_from(tile, first, num_warps: gl.constexpr):
+    """Zero rows ``first ..`` of a ``[64, 512]`` shared-memory page tile, 64 columns at a time
+    (a few registers per thread), then fence it for the wgmma that reads it next."""
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    keep = (gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1, ld)) < first)[:, None]
+    for c in gl.static_range(D_NOPE // 64):
+        block = tile.slice(c * 64, 64, dim=1)
+        x = block.load(ld)
+        block.store(gl.where(keep, x, gl.zeros_like(x)))
+    fence_async_shared()
+
+
+@gluon.jit
 def _launch_dependents():
     """``griddepcontrol.launch_dependents``: the next grid, launched as a programmatic dependent
     launch, may be scheduled once every program of this one has executed it (or exited)."""
@@ -172,6 +187,8 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, po_ptr
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         tok = (page_lo + t) * PAGE_TOKENS + offs_t
         s = gl.where((tok < seq_len)[:, None], s * qk_scale_log2, float("-inf"))
+        if (page_lo + t + 1) * PAGE_TOKENS > seq_len:  # the last page: rows past the length
+            _zero_rows_from(kn, seq_len - (page_lo + t) * PAGE_TOKENS, num_warps)
         m_new = gl.maximum(m_i, gl.max(s, axis=0))  # finite: a page holds >= 1 valid token
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[None, :])

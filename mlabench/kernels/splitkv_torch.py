@@ -8,7 +8,22 @@ Empty splits carry ``lse = -inf`` and weight 0.  (Flash-decoding: Dao et al., 20
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+
+
+def split_starts(context_lens: Sequence[int], num_kv_splits: int, align: int = 1) -> list[list[int]]:
+    """First token of each non-empty split, per request, when each request's ``L`` tokens are cut
+    into splits of ``ceil(L / num_kv_splits)`` tokens rounded up to ``align`` (1 here; the Triton
+    split-KV kernel rounds to 16).  Raises ValueError unless ``num_kv_splits`` and ``align`` >= 1."""
+    if num_kv_splits < 1 or align < 1:
+        raise ValueError(f"num_kv_splits and align must be >= 1, got {num_kv_splits}, {align}")
+    out = []
+    for n in context_lens:
+        chunk = -(-(-(-int(n) // num_kv_splits)) // align) * align
+        out.append(list(range(0, int(n), chunk)))
+    return out
 
 
 def splitkv_torch_elements(batch: int, heads: int, max_len: int, splits: int) -> int:
@@ -26,7 +41,8 @@ def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     ``cache_seqlens`` ``[B]`` int32 (each >= 1).  A request's splits cut its whole context; each
     of its ``qo_len`` query tokens sees the part its mask allows
     (:func:`mlabench.kernels.reference.visible_keys`), and one that sees none gets zeros.
-    Returns ``out`` ``[B * qo_len, H, kv_lora_rank]`` in q's dtype.  Computes in float32.
+    Returns ``out`` ``[B * qo_len, H, kv_lora_rank]`` in q's dtype.  Computes in float32.  Cache
+    slots past a request's length are never read into the arithmetic (they may hold NaN).
     Raises ValueError if ``num_kv_splits < 1``.
     """
     if num_kv_splits < 1:
@@ -38,6 +54,9 @@ def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     kv = kv_cache[block_table.long()].reshape(batch, max_pages * page, -1).float()  # [B, Lp, 576]
     pos = torch.arange(kv.shape[1], device=q.device)
     valid = pos[None, :] < lens[:, None]  # [B, Lp]
+    # Gathered slots past a request's length (its last page's tail, what block-table padding points
+    # at) may hold anything, NaN included: zero them, since a zero softmax weight times NaN is NaN.
+    kv = torch.where(valid[..., None], kv, 0.0)
     split_len = (lens + num_kv_splits - 1) // num_kv_splits  # [B]
     split_id = torch.where(valid, pos[None, :] // split_len[:, None], num_kv_splits)  # [B, Lp]
     # Rows are (query token, head) pairs, token-major: [B, qo_len * H, Lp].

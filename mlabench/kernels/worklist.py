@@ -119,3 +119,13 @@ def segments(work: WorkList) -> list[tuple[int, int, int, int]]:
             pos = max(pos, seg_end)
             i += 1
     return out
+
+
+def request_split_starts(work: WorkList) -> list[list[int]]:
+    """Per request, the first token (request-local) of each of its segments, sorted: where the
+    persistent kernel's partials of that request begin (host computation, for the correctness
+    check's needle tokens)."""
+    starts: list[set[int]] = [set() for _ in range(work.batch)]
+    for _program, request, lo, _hi in segments(work):
+        starts[request].add(lo)
+    return [sorted(s) for s in starts]

@@ -112,10 +112,11 @@ def serve_environment(run: Any) -> Table:
 
 
 def correctness_table(records: Sequence[Record]) -> Table:
-    """Per backend: configurations and points checked, how many passed, the worst errors seen."""
+    """Per backend: configurations and points checked, how many passed, the worst errors seen
+    (relative ones from records with the relative verdict; older records carry only absolute ones)."""
     t = Table("Correctness of every measured point against the fp32 reference",
-              ["backend", "configurations", "points", "passed", "not ok", "worst max abs err", "worst RMSE",
-               "lowest cosine"])
+              ["backend", "configurations", "points", "passed", "not ok", "worst rel RMSE", "worst rel max err",
+               "worst max abs err"])
     for backend in sorted({r.backend for r in records}):
         mine = [r for r in records if r.backend == backend]
         verdicts = [r.verdict for r in mine if r.verdict]
@@ -123,12 +124,18 @@ def correctness_table(records: Sequence[Record]) -> Table:
         t.rows.append([backend, len({str(sorted(r.params.items())) for r in mine}), len(mine),
                        sum(r.status == "ok" for r in mine),
                        ", ".join(f"{k} {n}" for k, n in sorted(bad.items())) or "0",
-                       max((v.max_abs_err for v in verdicts), default=None),
-                       max((v.rmse for v in verdicts), default=None),
-                       min((v.cosine for v in verdicts), default=None)])
-    tol = next((r.verdict for r in records if r.verdict), None)
-    t.notes.append("each point is checked on its own inputs, output poisoned with NaN first"
-                   + (f"; atol={tol.atol:g} rtol={tol.rtol:g}" if tol else "")
+                       max((v.rel_rmse for v in verdicts if v.rel_rmse is not None), default=None),
+                       max((v.rel_max_err for v in verdicts if v.rel_max_err is not None), default=None),
+                       max((v.max_abs_err for v in verdicts), default=None)])
+    v = next((r.verdict for r in records if r.verdict), None)
+    if v is not None and v.rel_rmse_limit is not None:
+        rule = (f"; limits: relative RMSE {v.rel_rmse_limit:.3g}, max error {v.rel_max_err_limit:.3g} "
+                f"(both relative to the reference's RMS), on the input sets {', '.join(v.by_input_set)}")
+    elif v is not None and v.atol is not None:
+        rule = f"; atol={v.atol:g} rtol={v.rtol or 0:g}"
+    else:
+        rule = ""
+    t.notes.append("each point is checked on its own inputs, output poisoned with NaN first" + rule
                    + "; a point that is not ok is never shown as a time")
     return t
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mlabench.backends.aiter_args import page1_cache_view, page1_kv_layout
-from mlabench.inputs import make_inputs
+from mlabench.inputs import SPARE_PAGES, make_inputs
 from mlabench.kernels.reference import gather_kv
 from mlabench.shapes import MLADecodeShape
 
@@ -20,7 +20,7 @@ def test_page1_layout_gathers_every_request_exactly(page_size):
     inp = make_inputs(shape, device="cpu", seed=3)
     lay = page1_kv_layout(inp.block_table, shape.context_lens, page_size)
     rows = page1_cache_view(inp.kv_cache).view(-1, 576)
-    assert page1_cache_view(inp.kv_cache).shape == (shape.num_pages * page_size, 1, 1, 576)
+    assert page1_cache_view(inp.kv_cache).shape == ((shape.num_pages + SPARE_PAGES) * page_size, 1, 1, 576)
     assert lay.kv_indptr.tolist() == [0, 1, 18, 82, 212, 275]
     assert lay.qo_indptr.tolist() == [0, 1, 2, 3, 4, 5]
     assert lay.kv_last_page_lens.tolist() == [1] * 5

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mlabench.backends import get_backend
-from mlabench.inputs import make_inputs
+from mlabench.inputs import SPARE_PAGES, make_inputs
 from mlabench.kernels.padding import pad_heads
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.shapes import MLADecodeShape
@@ -90,7 +90,7 @@ def test_asm_prepare_calls_aiter_correctly(monkeypatch, tmp_path, page_size, mod
     out = call.fn()
     dec, = fake.calls_to("decode")
     assert torch.equal(dec["q"], pad_heads(inp.q, 16, mode)) and dec["q"].is_contiguous()
-    assert dec["kv_buffer"].shape == (s.num_pages * page_size, 1, 1, 576)
+    assert dec["kv_buffer"].shape == ((s.num_pages + SPARE_PAGES) * page_size, 1, 1, 576)
     assert dec["kv_buffer"].data_ptr() == inp.kv_cache.data_ptr()
     assert dec["max_seqlen_q"] == 1 and dec["work_info_set"] is timed["work_info_set"]
     assert out is call.out and out.shape == (3, 12, 512)
@@ -122,7 +122,7 @@ def test_gluon_prepare_calls_the_entry_point(monkeypatch, tmp_path, rng, page_si
     a, = fake.calls_to("gluon")
     assert a["q_nope"].shape == (3, 12, 512) and a["q_pe"].shape == (3, 12, 64)
     assert a["q_nope"].data_ptr() == inp.q.data_ptr()  # views of q, no copy
-    assert a["kv_c"].shape == (inp.shape.num_pages * page_size, 576)
+    assert a["kv_c"].shape == ((inp.shape.num_pages + SPARE_PAGES) * page_size, 576)
     assert a["o"] is call.out and a["use_2d_view"] is False and a["kv_pe_offset"] == 512
     assert a["seq_info"].tolist() == [0, 70, 75, 204] and a["page_table"].dtype == torch.int32
     assert a["min_kv_seq_len"] == 5  # AITER means the shortest context

@@ -15,6 +15,7 @@ from mlabench.backends.base import Backend, Family
 from mlabench.errors import ConfigError
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import mla_decode_reference
+from mlabench.measure import ShapeBench
 from mlabench.shapes import MLADecodeShape
 from mlabench.verdict import compare_outputs
 
@@ -139,6 +140,17 @@ def test_matches_the_reference_on_this_machine(name, shape):
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", NAMES)
+def test_passes_every_input_set_with_its_defaults(name, shape):
+    """On poisoned inputs (NaN in every slot no request may read), with needles at its splits'
+    edges, the peaky and the flat sets: what ``check`` and ``sweep`` verify on."""
+    shape = SHAPES[shape]
+    backend = runnable(name, shape)
+    _call, verdict = ShapeBench(shape, seed=3, copies=1).check(backend, backend.resolve_params(shape))
+    assert verdict.passed and set(verdict.by_input_set) == {"random", "needles", "peaky", "flat"}, verdict
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name", NAMES)
 def test_refresh_follows_new_lengths(name, shape):
     """What ``graph_safe`` promises, as far as this machine can check it: prepared and run at TINY's
     lengths, lengths changed in place, ``refresh``, run again: the reference of the new lengths.
@@ -146,7 +158,7 @@ def test_refresh_follows_new_lengths(name, shape):
     shape = SHAPES[shape]
     backend = runnable(name, shape)
     for params in param_variants(backend, shape):
-        inputs = make_inputs(shape, seed=4)
+        inputs = make_inputs(shape, seed=4, poison=False)  # the lengths grow into page tails and padding
         call = backend.prepare(inputs, backend.resolve_params(shape, params))
         call.fn()
         inputs.cache_seqlens.copy_(torch.tensor(NEW_LENS, dtype=torch.int32))

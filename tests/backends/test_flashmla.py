@@ -11,6 +11,7 @@ import torch
 
 from mlabench.backends import get_backend
 from mlabench.backends.flashmla import (
+    flashmla_split_starts,
     API_LEGACY_FLAG,
     API_STUB,
     API_TENSOR_METADATA,
@@ -20,7 +21,7 @@ from mlabench.backends.flashmla import (
     metadata_args,
     split_stats,
 )
-from mlabench.inputs import make_inputs
+from mlabench.inputs import SPARE_PAGES, make_inputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.shapes import MLADecodeShape
 from tests.backends.fakes import Recorder, install, module
@@ -115,6 +116,15 @@ def test_split_stats_and_workspace():
     assert flashmla_workspace_bytes(2, 12, 132) == 2 * 134 * 12 * (512 * 4 + 4)
 
 
+def test_split_starts_from_the_scheduler_metadata():
+    """Rows (begin_idx, begin_seqlen, end_idx, end_seqlen, ...): partition 1 starts inside request 0
+    and runs into request 1, partition 2 starts at token 64 of request 1, partition 3 is idle."""
+    rows = [[0, 0, 0, 128], [0, 128, 1, 64], [1, 64, 1, 100], [2, 0, 2, 0]]
+    tile = torch.tensor([r + [0] * 4 for r in rows], dtype=torch.int32)
+    assert flashmla_split_starts(tile, batch=2) == [[0, 128], [0, 64]]
+    assert flashmla_split_starts(None, batch=2) is None
+
+
 def test_supports():
     b = get_backend("flashmla")
     assert b.supports(shape_of()) == (True, "")
@@ -165,7 +175,7 @@ def test_prepare_sgl_legacy(monkeypatch):
     (args, kw), = fakes.fwd.calls
     q4, k_cache, block_table, seqlens, head_dim_v, sched, num_splits = args
     assert q4.shape == (3, 1, 12, 576) and k_cache is inp.kv_cache
-    assert k_cache.shape == (s.num_pages, 64, 1, 576)
+    assert k_cache.shape == (s.num_pages + SPARE_PAGES, 64, 1, 576)
     assert block_table.dtype == torch.int32 and seqlens.dtype == torch.int32
     assert head_dim_v == 512 and num_splits is None
     assert sched.tile_scheduler_metadata.shape == (SM_PARTS, 8)

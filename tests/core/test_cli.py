@@ -40,7 +40,9 @@ def test_check_passes_for_kimi_k3_tp8():
     rows = json.loads(result.stdout)[0]["rows"]
     seed_case = [r for r in rows if "L=4096 p64" in r["shape"] and "B=1" in r["shape"]]
     assert len(seed_case) == 3 and all("[1,12,512]" in r["shape"] for r in seed_case)
-    assert all(r["verdict"] == "pass" and r["finite"] and r["max abs err"] < 1e-2 for r in rows)
+    assert all(r["verdict"] == "pass" and r["finite"] and r["rel RMSE"] < 0.0078 and r["rel max err"] < 0.0625
+               for r in rows)
+    assert "random, needles, peaky, flat" in json.loads(result.stdout)[0]["notes"][0]
 
 
 def test_check_fails_with_exit_1_on_a_wrong_backend(monkeypatch, capsys):
@@ -51,6 +53,25 @@ def test_check_fails_with_exit_1_on_a_wrong_backend(monkeypatch, capsys):
     code, out, err = run(["check", "--heads", "12", "--backend", "torch-splitkv", "--splits", "2",
                           "--context", "64", "--markdown"], monkeypatch, capsys)
     assert code == 1 and "FAIL" in out and "1 of 1 checks failed" in err
+    assert "relative RMSE" in out and "limit 0.0078" in out
+
+
+def test_check_names_the_needle_a_backend_drops(monkeypatch, capsys):
+    """A split-KV that loses each request's last token: the failing row says which needle it lost."""
+    from mlabench.backends import reference
+
+    real = reference.mla_decode_splitkv_torch
+
+    def short_by_one(q, kv, bt, lens, *a, **k):
+        return real(q, kv, bt, lens - 1, *a, **k)
+
+    monkeypatch.setattr(reference, "mla_decode_splitkv_torch", short_by_one)
+    code, out, err = run(["check", "--heads", "12", "--backend", "torch-splitkv", "--splits", "2",
+                          "--context", "640", "--json"], monkeypatch, capsys)
+    (row,) = json.loads(out)[0]["rows"]
+    assert code == 1 and row["verdict"].startswith("FAIL: needles inputs: relative RMSE")
+    assert "request 0 token 639 (last token of split 2/2, last token of page 9, last valid token)" in row["verdict"]
+    assert "missing" in row["verdict"]
 
 
 def test_default_sweep_runs_on_cpu_and_says_so(tmp_path, monkeypatch, capsys):

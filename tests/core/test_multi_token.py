@@ -134,3 +134,69 @@ def test_torch_splitkv_matches_the_reference(qo_len, causal, splits):
     out = mla_decode_splitkv_torch(*args, splits, s.scale, qo_len=qo_len, causal=causal)
     assert out.shape == ref.shape and torch.isfinite(out).all()
     assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+
+
+# ---- verification input sets with several query tokens ----------------------------------------
+def test_needles_belong_to_query_tokens_that_see_them():
+    from mlabench.kernels.reference import gather_kv
+    from mlabench.verification import VerificationCase, make_case, split_starts_for, with_reference
+
+    s = MLADecodeShape.create(num_heads=4, context_lens=(4, 130), qo_len=4, page_size=16)
+    x = make_inputs(s, device="cpu", seed=6)
+    random = with_reference(VerificationCase("random"), x)
+    assert random.reference.shape == (8, 4, 512) and random.qo_len == 4
+    for name in ("needles", "peaky"):
+        case = make_case(name, x, random, split_starts_for(s.context_lens, {"num_kv_splits": 3}, None))
+        assert {n.query for n in case.needles} == {0, 1, 2, 3}
+        for n in case.needles:  # a causal token t of 4 sees L - 4 + t + 1 keys
+            assert n.token < s.context_lens[n.request] - 4 + n.query + 1, n
+        with case.applied(x):
+            for i, n in enumerate(case.needles):
+                k = gather_kv(x.kv_cache, x.block_table, s.context_lens[n.request], n.request)[n.token]
+                score = float(x.q[n.row(4), n.head].double() @ k.double()) * s.scale
+                assert score == pytest.approx(float(case.scores[i]), abs=0.05)
+    assert "query token" in case.needles[0].describe()
+
+
+def _mutant(mask_error: str):
+    """A backend that gets the causal mask wrong: ``ignored`` (every token sees all keys) or
+    ``one short`` (token t sees one key fewer than it should)."""
+    from mlabench.backends.base import Backend, PreparedCall
+
+    class Mutant(Backend):
+        name, summary, family = "mutant", "a wrong causal mask", "split-kv"
+
+        def available(self):
+            return True, ""
+
+        def prepare(self, inputs, params):
+            s, out = inputs.shape, inputs.new_output()
+
+            def fn():
+                lens = inputs.cache_seqlens.tolist()
+                causal = mask_error != "ignored"
+                if mask_error == "one short":
+                    lens = [n - 1 for n in lens]  # the block's last token stays unread
+                o, _ = mla_decode_reference(inputs.q, inputs.kv_cache, inputs.block_table, lens, s.scale,
+                                            qo_len=s.qo_len, causal=causal)
+                return out.copy_(o)
+
+            return PreparedCall(fn=fn, out=out)
+
+    return Mutant()
+
+
+@pytest.mark.parametrize("mask_error", ["ignored", "one short"])
+def test_a_wrong_causal_mask_fails_the_check(mask_error):
+    """On check's ragged batch (the shortest request holds just the block) a kernel that ignores
+    the causal mask, or stops one key short, is found wrong."""
+    from mlabench.check import default_check_shapes
+    from mlabench.measure import ShapeBench
+
+    ragged = default_check_shapes(4, None, page_size=16, qo_len=4)[1]
+    small = MLADecodeShape.create(**{**ragged.model_dump(), "context_lens": (4, 100, 300)})
+    backend = _mutant(mask_error)
+    _call, verdict = ShapeBench(small, seed=1, copies=1).check(backend, {})
+    assert not verdict.passed, verdict
+    _call, right = ShapeBench(small, seed=1, copies=1).check(_mutant("none"), {})
+    assert right.passed, right

@@ -20,12 +20,14 @@ def _backend():
     return backend
 
 
-def _inputs(lens, seed=0):
+def _inputs(lens, seed=0, poison=True):
+    """Inputs whose unread cache slots (page tails, padding pages) hold NaN unless ``poison`` is
+    False."""
     from mlabench.inputs import make_inputs
     from mlabench.shapes import MLADecodeShape
 
     return make_inputs(MLADecodeShape.create(num_heads=12, context_lens=lens, page_size=64),
-                       seed=seed)
+                       seed=seed, poison=poison)
 
 
 def _ref(x, lens):
@@ -49,7 +51,7 @@ def test_bf16_matches_fp32(lens, splits, stages, pdl):
 
 def test_graph_follows_new_lengths():
     backend = _backend()
-    x = _inputs((8192, 20000, 100), seed=11)
+    x = _inputs((8192, 20000, 100), seed=11, poison=False)  # lengths grow into padding pages below
     call = backend.prepare(x, backend.resolve_params(x.shape, {"num_kv_splits": 64}))
     call.fn()
     graph = torch.cuda.CUDAGraph()
@@ -61,3 +63,18 @@ def test_graph_follows_new_lengths():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.allclose(call.out.float(), _ref(x, new), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("splits", [1, 7, 64, 512])
+def test_passes_every_input_set_on_poisoned_inputs(splits):
+    """NaN in every page tail and padding page, needles at its page-granular split edges, the
+    peaky and the flat sets: the check ``check`` and ``sweep`` take."""
+    from mlabench.measure import ShapeBench
+    from mlabench.shapes import MLADecodeShape
+
+    backend = _backend()
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(1, 1000, 4096, 777), page_size=64)
+    call, verdict = ShapeBench(shape, seed=3, copies=1).check(backend, backend.resolve_params(
+        shape, {"num_kv_splits": splits}))
+    assert verdict.passed, verdict
+    assert call.split_starts[2] == list(range(0, 4096, 64 * -(-64 // splits)))

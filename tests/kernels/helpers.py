@@ -13,11 +13,12 @@ TOL = {"float16": 2e-3, "bfloat16": 2e-2, "float32": 2e-3}
 
 
 def make_case(heads: int, lens: tuple[int, ...], page: int, dtype: str = "float16",
-              seed: int = 0) -> tuple[MLADecodeInputs, torch.Tensor]:
-    """Inputs on the CPU and the fp32 reference output ``[B, H, 512]``."""
+              seed: int = 0, poison: bool = True) -> tuple[MLADecodeInputs, torch.Tensor]:
+    """Inputs on the CPU (NaN in every slot no request may read unless ``poison`` is False: for
+    tests whose lengths grow in place) and the fp32 reference output ``[B, H, 512]``."""
     shape = MLADecodeShape.create(num_heads=heads, context_lens=lens, page_size=page,
                                   q_dtype=dtype, kv_dtype=dtype)
-    inp = make_inputs(shape, device="cpu", seed=seed)
+    inp = make_inputs(shape, device="cpu", seed=seed, poison=poison)
     return inp, reference(inp, inp.q)
 
 

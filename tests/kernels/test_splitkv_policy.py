@@ -79,7 +79,7 @@ def test_batch_size_picks_its_table():
 
 def test_one_launch_follows_new_lengths():
     """Lengths changed in place (as before a graph replay): the counts follow them on the device."""
-    inp, _ = make_case(12, (200, 30), 16, "float16", seed=6)
+    inp, _ = make_case(12, (200, 30), 16, "float16", seed=6, poison=False)  # request 1 grows to 150
     policy = SplitPolicy.create({1: [(32, 1), (128, 2), (256, 4)]})
     table = policy.device_table(2, "cpu")
     part_o, part_lse = alloc_splitkv_workspace(2, 12, 4, "cpu")

@@ -11,6 +11,9 @@ import torch
 from mlabench.backends import get_backend
 from mlabench.backends.triton import NO_GPU_REASON
 from mlabench.errors import ConfigError
+from mlabench.kernels.splitkv_torch import split_starts
+from mlabench.measure import ShapeBench
+from mlabench.shapes import MLADecodeShape
 from tests.kernels.helpers import TOL, make_case, max_err, reference
 
 
@@ -101,3 +104,24 @@ def test_persistent_params_are_validated():
         be.resolve_params(inp.shape, {"programs_per_sm": 9})
     with pytest.raises(ConfigError):
         be.resolve_params(inp.shape, {"head_padding": "mirror"})
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """Copy 0 poisoned (NaN in every unread slot), checked on every input set."""
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(1, 70, 300), page_size=16, q_dtype="float16",
+                                  kv_dtype="float16")
+    return ShapeBench(shape, seed=5, copies=1)
+
+
+@pytest.mark.parametrize("splits", [1, 3, 40])  # 40: more splits than the 70-token request fills
+def test_splitkv_passes_every_input_set_at_every_split_count(bench, splits):
+    call, v = bench.check(get_backend("triton-splitkv"), {"num_kv_splits": splits})
+    assert v.passed and set(v.by_input_set) == {"random", "needles", "peaky", "flat"}, v
+    assert call.split_starts == split_starts(bench.shape.context_lens, splits, 16)
+
+
+def test_persistent_passes_every_input_set(bench):
+    call, v = bench.check(get_backend("triton-persistent"), {"head_padding": "repeat", "programs_per_sm": 3})
+    assert v.passed, v
+    assert call.split_starts[2] != [0]  # the 300-token request is cut over several programs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlabench.kernels.worklist import build_work_list, segments
+from mlabench.kernels.worklist import build_work_list, request_split_starts, segments
 
 LENGTHS = [
     ((5, 0, 0, 130, 1, 0), 4, 16),       # zero-length requests around and between
@@ -73,3 +73,9 @@ def test_work_list_tensors_and_layout():
 def test_rejects_bad_arguments(programs, block_n):
     with pytest.raises(ValueError):
         build_work_list(torch.tensor([4], dtype=torch.int32), programs, block_n)
+
+
+def test_split_starts_are_where_each_requests_segments_begin():
+    work = build_work_list(torch.tensor([100, 0, 40], dtype=torch.int32), 4, 16)  # chunk 48
+    assert segments(work) == [(0, 0, 0, 48), (1, 0, 48, 96), (2, 0, 96, 100), (2, 2, 0, 40)]
+    assert request_split_starts(work) == [[0, 48, 96], [], [0]]
