@@ -13,7 +13,7 @@ from typing import Any
 
 from mlabench.backends import backend_names, get_backend
 from mlabench.results import Record, records_of
-from mlabench.tables import ColumnStyle, Table, best_ok, fmt, qo_label
+from mlabench.tables import ColumnStyle, Table, best_ok, fmt
 
 #: The two paths the 12-head question is about, by backend family.
 PATHS = {"persistent": "padded persistent", "split-kv": "split-KV"}
@@ -76,7 +76,7 @@ def winners_table(records: Sequence[Record], families: dict[str, str]) -> Table:
     JSON and CSV carry the winner as ``{"path", "backend", "us", "margin"}``."""
     cells: dict[tuple[int, int], dict[Any, list[Record]]] = {}
     for r in records:
-        cells.setdefault((r.batch, r.context_len), {}).setdefault(qo_label(r), []).append(r)
+        cells.setdefault((r.batch, r.context_len), {}).setdefault(r.qo_label, []).append(r)
     qos = sorted({q for by_qo in cells.values() for q in by_qo}, key=lambda q: (int(str(q).split()[0]), str(q)))
     columns = [f"qo={q}" for q in qos]
     styles = {c: ColumnStyle(text=_winner_text) for c in columns}

@@ -32,7 +32,7 @@ from mlabench.errors import ResultsError
 from mlabench.results import Manifest, Record, ResultStore, run_folders
 from mlabench.sentinel import read_sentinels, repeat_noise
 from mlabench.stats import median_rel_ci
-from mlabench.tables import ColumnStyle, Table, params_label, qo_label
+from mlabench.tables import ColumnStyle, Table, params_label
 
 #: Normal quantile a point's |ln ratio| must exceed, in units of its combined standard error.
 Z_CRITICAL = 3.0
@@ -191,7 +191,7 @@ def _change(ratio: Any) -> str:
 def _params(r: Record) -> str:
     """A point's parameters, after its query tokens per request when there are several."""
     label = params_label(r.params)
-    return label if r.qo_len == 1 else f"qo={qo_label(r)} {label}"
+    return label if r.qo_len == 1 else f"qo={r.qo_label} {label}"
 
 
 def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> list[Table]:

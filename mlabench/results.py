@@ -83,6 +83,11 @@ class Record(BaseModel):
     def median_us(self) -> float | None:
         return self.stats.median_us if self.stats else None
 
+    @property
+    def qo_label(self) -> int | str:
+        """Query tokens per request as tables show them: ``4``, or ``"4 non-causal"``."""
+        return self.qo_len if self.causal else f"{self.qo_len} non-causal"
+
 
 class Manifest(BaseModel):
     """Identity and provenance of a run."""

@@ -271,16 +271,6 @@ def short_params(label: str | None) -> str:
 PARAMS = ColumnStyle(text=short_params)
 
 
-def qo_label(r: Record) -> int | str:
-    """A record's query tokens per request as tables show them: ``4``, or ``"4 non-causal"``."""
-    return r.qo_len if r.causal else f"{r.qo_len} non-causal"
-
-
-def multi_token(records: Iterable[Record]) -> bool:
-    """Whether any record decodes several query tokens per request (then tables show ``qo_len``)."""
-    return any(r.qo_len != 1 for r in records)
-
-
 def best_ok(records: Iterable[Record]) -> Record | None:
     """Fastest record whose status is ok (a fast wrong answer never wins)."""
     ok = [r for r in records if r.status == "ok" and r.stats is not None]
@@ -296,7 +286,7 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
     swept = [s for s in swept if splits is None or s in splits]
     at = {f"µs @{s} splits": ColumnStyle(header=f"µs @{s}", drop=2) for s in swept}
     styles = {"best params": PARAMS, "TB/s": ColumnStyle(drop=3), **at, "noisy": ColumnStyle(drop=1)}
-    qo = multi_token(records)
+    qo = any(r.qo_len != 1 for r in records)  # several query tokens: a qo_len column
     cols = ["backend", "batch", "context", *(["qo_len"] if qo else []), "best params", "µs", "TB/s", "% floor",
             *at, "not ok", "noisy"]
     table = Table("Sweep: best configuration per backend, batch and context", cols, styles=styles)
@@ -305,7 +295,7 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
         groups.setdefault((r.backend, r.batch, r.num_heads, r.context_len, r.qo_len, not r.causal), []).append(r)
     for (backend, batch, _h, ctx, *_qo), recs in sorted(groups.items()):
         best = best_ok(recs)
-        row: list[Any] = [backend, batch, ctx, *([qo_label(recs[0])] if qo else [])]
+        row: list[Any] = [backend, batch, ctx, *([recs[0].qo_label] if qo else [])]
         row += [params_label(best.params), best.stats.median_us, best.achieved_tbps, best.pct_of_floor] \
             if best else ["(none ok)", None, None, None]
         for s in swept:
@@ -339,7 +329,7 @@ def check_table(records: Sequence[Record], unavailable: dict[str, str] | None = 
               styles=CHECK_STYLES)
     for r in records:
         v = r.verdict
-        qo = "" if r.qo_len == 1 else f" T={qo_label(r)}"
+        qo = "" if r.qo_len == 1 else f" T={r.qo_label}"
         shape = f"B={r.batch} H={r.num_heads} L={_ctx(r)}{qo} p{r.shape.get('page_size')}"
         if v:
             shape += f" → [{','.join(map(str, v.output_shape))}]"
@@ -386,7 +376,7 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
     split-KV µs / persistent µs: above 1 the padded persistent path is faster.  Only ok records
     count; a configuration with no ok record shows as a dash.
     """
-    qo = multi_token(records)
+    qo = any(r.qo_len != 1 for r in records)  # several query tokens: a qo_len column
     t = Table("Padded persistent vs best split-KV",
               ["batch", "context", *(["qo_len"] if qo else []), "persistent", "params", "µs", "% floor",
                "setup µs", "split-KV", "best splits", "split-KV µs", "split-KV % floor", "speedup"],
@@ -397,7 +387,7 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
     persistent = sorted({b for b, f in families.items() if f == "persistent"})
     splitkv = sorted({b for b, f in families.items() if f == "split-kv"})
     for (batch, ctx, *_qo), by_backend in sorted(cells.items()):
-        qo_cell = [qo_label(next(iter(by_backend.values()))[0])] if qo else []
+        qo_cell = [next(iter(by_backend.values()))[0].qo_label] if qo else []
         for p in [b for b in persistent if b in by_backend] or [None]:
             pb = best_ok(by_backend.get(p, [])) if p else None
             for s in [b for b in splitkv if b in by_backend] or [None]:
