@@ -29,20 +29,24 @@ DEFAULT_CHECK_HEADS = 12
 
 
 def default_check_shapes(num_heads: int, softmax_scale: float | None, page_size: int = 64,
-                         dtype: str = "bfloat16", **dims: int) -> list[MLADecodeShape]:
+                         dtype: str = "bfloat16", qo_len: int = 1, causal: bool = True,
+                         **dims: int) -> list[MLADecodeShape]:
     """The seed pull request's case (batch 1, context 4096 -> output ``[1, H, 512]``) and a ragged
-    batch with lengths 1, a non-multiple of the page size, an exact multiple, and one past it."""
+    batch with lengths 1 (a causal block: ``qo_len``, the shortest context that holds it), a
+    non-multiple of the page size, an exact multiple, and one past it."""
     kw = dict(num_heads=num_heads, softmax_scale=softmax_scale, page_size=page_size, q_dtype=dtype,
-              kv_dtype=dtype, **dims)
+              kv_dtype=dtype, qo_len=qo_len, causal=causal, **dims)
     return [MLADecodeShape.create(context_lens=(4096,), **kw),
-            MLADecodeShape.create(context_lens=(1, 100, 1024, 4097), **kw)]
+            MLADecodeShape.create(context_lens=(qo_len if causal else 1, 100, 1024, 4097), **kw)]
 
 
 def check_shapes(*, model: str | None = None, model_config: str | Path | None = None, tp: int | None = None,
                  heads: Sequence[int] | None = None, context_lens: Sequence[int] | None = None,
                  batch: Sequence[int] | None = None, page_size: int | None = None,
-                 dtype: str = "bfloat16") -> list[MLADecodeShape]:
-    """The shapes ``mlabench check`` runs, per local head count.
+                 dtype: str = "bfloat16", qo_lens: Sequence[int] | None = None,
+                 causal: bool = True) -> list[MLADecodeShape]:
+    """The shapes ``mlabench check`` runs, per local head count and per query-token count in
+    ``qo_lens`` (default 1) under the ``causal`` mask or not.
 
     Heads come from the model (``model`` or ``model_config`` at ``tp``, default 1), else from
     ``heads``, else :data:`DEFAULT_CHECK_HEADS`.  Without ``context_lens``:
@@ -62,9 +66,10 @@ def check_shapes(*, model: str | None = None, model_config: str | Path | None = 
     tp = 1 if tp is None else tp
     page_size = 64 if page_size is None else page_size
     shapes: list[MLADecodeShape] = []
-    for wanted in heads or [None]:
+    for wanted, qo_len in ((h, t) for h in heads or [None] for t in qo_lens or [1]):
         h, scale, spec = resolve_heads(model=model, model_config=model_config, tp=tp, heads=wanted)
         dims = {"kv_lora_rank": spec.kv_lora_rank, "qk_rope_head_dim": spec.qk_rope_head_dim} if spec else {}
+        dims.update(qo_len=qo_len, causal=causal)
         if context_lens is None:
             shapes += default_check_shapes(h, scale, page_size, dtype, **dims)
             continue

@@ -122,7 +122,8 @@ def diff_runs(path_a: Path | str, path_b: Path | str, z_critical: float = Z_CRIT
         else:
             d.untimed.append((ra, rb))
     d.only_b = [r for key, r in b.records.items() if key not in a.records]
-    order = lambda r: (r.backend, r.num_heads, r.batch, r.context_len, sorted(r.params.items()))  # noqa: E731
+    order = lambda r: (r.backend, r.num_heads, r.batch, r.context_len, r.qo_len, not r.causal,  # noqa: E731
+                       sorted(r.params.items()))
     d.points.sort(key=lambda p: order(p.a))
     for rows in (d.only_a, d.only_b):
         rows.sort(key=order)
@@ -187,6 +188,12 @@ def _change(ratio: Any) -> str:
     return "—" if ratio is None else f"{100 * (ratio - 1):+.2f}%"
 
 
+def _params(r: Record) -> str:
+    """A point's parameters, after its query tokens per request when there are several."""
+    label = params_label(r.params)
+    return label if r.qo_len == 1 else f"qo={r.qo_label} {label}"
+
+
 def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> list[Table]:
     """The diff as tables: a summary per backend, the points (only the significant ones unless
     ``show_all``), the points not compared.  Notes carry the method and the manifests' differences."""
@@ -226,7 +233,7 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
                            "ratio": ColumnStyle(text=_change, header="B/A", justify="right"),
                            "z": ColumnStyle(justify="right")})
     for p in shown:
-        points.add_row([p.a.backend, p.a.batch, p.a.context_len, params_label(p.a.params), p.a.stats.median_us,
+        points.add_row([p.a.backend, p.a.batch, p.a.context_len, _params(p.a), p.a.stats.median_us,
                         p.b.stats.median_us, p.ratio, p.z, p.significant], style="red" if p.significant else None)
     if show_all or shown:
         tables.append(points)
@@ -238,7 +245,7 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
     rows = [(r, r.status, "absent") for r in d.only_a] + [(r, "absent", r.status) for r in d.only_b]
     rows += [(ra, ra.status, rb.status) for ra, rb in d.untimed]
     for r, sa, sb in rows:
-        missing.rows.append([r.backend, r.batch, r.context_len, params_label(r.params), sa, sb])
+        missing.rows.append([r.backend, r.batch, r.context_len, _params(r), sa, sb])
     if missing.rows:
         tables.append(missing)
     return tables

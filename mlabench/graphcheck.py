@@ -104,19 +104,25 @@ class GraphCheckConfig:
     page_size: int = 64
     dtype: str = "bfloat16"
     capture_len: int = 1
+    qo_len: int = 1
+    causal: bool = True
     splits: tuple[int, ...] = DEFAULT_SPLITS
     tolerance: float = DEFAULT_TOLERANCE
     timing: TimingConfig = field(default_factory=lambda: TimingConfig(budget_s=0.5))
     seed: int = 0
 
     def validate(self) -> None:
-        """ConfigError for empty lists, lengths or batch sizes < 1, or a negative tolerance."""
+        """ConfigError for empty lists, lengths or batch sizes < 1, a negative tolerance, or a
+        causal block captured at fewer tokens than it holds."""
         if not self.batches or not self.contexts or not self.splits:
             raise ConfigError("graph-check needs batch sizes, context lengths and split counts")
         if min(self.batches) < 1 or min(self.contexts) < 1 or self.capture_len < 1 or min(self.splits) < 1:
             raise ConfigError("batch sizes, context lengths, --capture-len and split counts must be >= 1")
         if self.tolerance < 0:
             raise ConfigError(f"tolerance must be >= 0, got {self.tolerance}")
+        if self.causal and self.capture_len < self.qo_len:
+            raise ConfigError(f"--capture-len {self.capture_len} is shorter than a causal block of "
+                              f"--qo-len {self.qo_len} (its own tokens are in the cache)")
 
 
 @dataclass
@@ -245,11 +251,10 @@ class _Bench:
 
     def __init__(self, cfg: GraphCheckConfig, batch: int, engine: Any):
         self.cfg, self.batch, self.engine = cfg, batch, engine
-        self.shape = MLADecodeShape.create(
-            num_heads=cfg.num_heads, context_lens=(max(cfg.contexts),) * batch,
-            page_size=cfg.page_size, q_dtype=cfg.dtype, kv_dtype=cfg.dtype)
-        read = MLADecodeShape.create(num_heads=cfg.num_heads, context_lens=(min(cfg.contexts),) * batch,
-                                     page_size=cfg.page_size, q_dtype=cfg.dtype, kv_dtype=cfg.dtype)
+        kw = dict(num_heads=cfg.num_heads, page_size=cfg.page_size, q_dtype=cfg.dtype, kv_dtype=cfg.dtype,
+                  qo_len=cfg.qo_len, causal=cfg.causal)
+        self.shape = MLADecodeShape.create(context_lens=(max(cfg.contexts),) * batch, **kw)
+        read = MLADecodeShape.create(context_lens=(min(cfg.contexts),) * batch, **kw)
         dev = current_device()
         want = cold_cache_copies(read.min_bytes_moved, dev, cfg.timing)  # cold at the shortest L
         fit = int(0.8 * free_memory_bytes(dev)) // input_bytes(self.shape) - 1  # 1 set for scratch
@@ -263,8 +268,9 @@ class _Bench:
     def reference(self, length: int) -> torch.Tensor:
         if length not in self._refs:
             x = self.inputs[0]
-            self._refs[length], _ = mla_decode_reference(x.q, x.kv_cache, x.block_table,
-                                                         [length] * self.batch, self.shape.scale)
+            self._refs[length], _ = mla_decode_reference(
+                x.q, x.kv_cache, x.block_table, [length] * self.batch, self.shape.scale,
+                qo_len=self.shape.qo_len, causal=self.shape.causal)
         return self._refs[length]
 
     def prepare(self, backend: str, params: dict[str, Any]) -> list[PreparedCall]:
@@ -362,7 +368,8 @@ def assess(row: GraphCheckRow, tolerance: float) -> GraphCheckRow:
 def graph_check_table(result: GraphCheckResult, cfg: GraphCheckConfig) -> Table:
     """One row per (subject, batch, context): captured-graph µs, tuned µs and count, the count the
     graph froze, slowdown, refresh µs per step, correctness and the flag."""
-    t = Table(f"graph-check: captured with {cfg.capture_len} token(s) per request, replayed after "
+    qo = "" if cfg.qo_len == 1 else f", {cfg.qo_len} query tokens{'' if cfg.causal else ' (non-causal)'}"
+    t = Table(f"graph-check: captured with {cfg.capture_len} token(s) per request{qo}, replayed after "
               "refresh, against the call tuned for each length",
               ["subject", "batch", "context", "graph_us", "tuned_us", "tuned_splits",
                "captured_splits", "slowdown_pct", "refresh_us", "correct", "flagged", "note"],

@@ -32,7 +32,8 @@ def torch_dtype(name: str) -> torch.dtype:
 class MLADecodeInputs:
     """Tensors of one decode step on one device.
 
-    - ``q``: ``[B, H, 576]`` in ``shape.q_dtype``
+    - ``q``: ``[B * qo_len, H, 576]`` in ``shape.q_dtype`` (row ``b * qo_len + t``: query token
+      ``t`` of request ``b``)
     - ``kv_cache``: ``[num_pages, page_size, 1, 576]`` in ``shape.kv_dtype``
     - ``block_table``: ``[B, max_pages]`` int32; entries past a request's pages point at a spare
       page no request uses
@@ -52,11 +53,10 @@ class MLADecodeInputs:
         return self.q.device
 
     def new_output(self, num_heads: int | None = None, poison: bool = True) -> torch.Tensor:
-        """An output buffer ``[B, H, 512]`` in ``q_dtype``, filled with NaN when ``poison``."""
+        """An output buffer ``[B * qo_len, H, 512]`` in ``q_dtype``, filled with NaN when ``poison``."""
         s = self.shape
-        out = torch.empty(
-            (s.batch, num_heads or s.num_heads, s.v_head_dim), dtype=self.q.dtype, device=self.device
-        )
+        out = torch.empty((s.num_query_tokens, num_heads or s.num_heads, s.v_head_dim),
+                          dtype=self.q.dtype, device=self.device)
         if poison:
             out.fill_(float("nan"))
         return out
@@ -110,7 +110,7 @@ def make_inputs(shape: MLADecodeShape, device: str | torch.device | None = None,
     # Scores q.k ~ N(0, 576) * scale: unit-variance q and k give O(1) logits after the 576**-0.5
     # scale, so softmax is neither one-hot nor flat.  Drawn on the device, in the target dtype,
     # so a multi-GB cache needs no fp32 or host copy.
-    q = torch.randn((s.batch, s.num_heads, s.head_dim_qk), generator=gen, device=dev,
+    q = torch.randn((s.num_query_tokens, s.num_heads, s.head_dim_qk), generator=gen, device=dev,
                     dtype=torch_dtype(s.q_dtype))
     total_pages = s.num_pages + SPARE_PAGES
     kv = torch.randn((total_pages, s.page_size, 1, s.head_dim_qk), generator=gen, device=dev,

@@ -33,8 +33,8 @@ class ShapeBench:
     ``copies`` input sets are drawn with seeds ``seed, seed+1, ...``; copy 0 is poisoned (NaN in
     every slot no request may read) and every correctness verdict is taken on it, on each input
     set of the check (:mod:`mlabench.verification`), against that set's fp32 reference
-    ``[B, H, 512]``.  Raises :class:`OutOfMemoryError` when even one copy does not fit, and
-    RuntimeError when the reference of the random set is not finite.
+    ``[B * qo_len, H, 512]``.  Raises :class:`OutOfMemoryError` when even one copy does not fit,
+    and RuntimeError when the reference of the random set is not finite.
     """
 
     def __init__(self, shape: MLADecodeShape, timing: TimingConfig | None = None, seed: int = 0,
@@ -179,7 +179,8 @@ def record_fields(backend: str, params: dict[str, Any], shape: MLADecodeShape, r
     return dict(
         key=point_key(backend, params, shape.key()), run_id=run_id, backend=backend, params=params,
         shape=shape.key(), batch=shape.batch, num_heads=shape.num_heads,
-        context_len=shape.max_context_len, bytes_moved=shape.min_bytes_moved, timestamp=utc_now(),
+        context_len=shape.max_context_len, qo_len=shape.qo_len, causal=shape.causal,
+        bytes_moved=shape.min_bytes_moved, timestamp=utc_now(),
         copy_bandwidth_tbps=copy_bw_tbps, read_bandwidth_tbps=read_bw_tbps,
         floor_bandwidth="read" if read_bw_tbps else "copy",
         floor_us=shape.floor_us(floor_bw) if floor_bw else None,

@@ -51,6 +51,10 @@ class Record(BaseModel):
     batch: int = Field(description="Requests in the batch.")
     num_heads: int = Field(description="Local query heads.")
     context_len: int = Field(description="Longest context length in the batch, tokens.")
+    qo_len: int = Field(1, description="Query tokens per request (1: plain decode; records before multi-token "
+                                       "decode are 1).")
+    causal: bool = Field(True, description="Query token t sees the prefix and block tokens 0..t (False: all "
+                                           "cached tokens).")
     status: Status = Field(description="ok / unsupported / incorrect / error / timeout.")
     message: str = Field("", description="Why the status is not ok.")
     verdict: Verdict | None = Field(None, description="Correctness on this point's own inputs.")
@@ -78,6 +82,11 @@ class Record(BaseModel):
     @property
     def median_us(self) -> float | None:
         return self.stats.median_us if self.stats else None
+
+    @property
+    def qo_label(self) -> int | str:
+        """Query tokens per request as tables show them: ``4``, or ``"4 non-causal"``."""
+        return self.qo_len if self.causal else f"{self.qo_len} non-causal"
 
 
 class Manifest(BaseModel):
@@ -312,7 +321,7 @@ def records_of(runs: Iterable[Path]) -> list[Record]:
 
 
 CSV_FIELDS = [
-    "backend", "params", "effective_params", "batch", "num_heads", "context_len", "page_size",
+    "backend", "params", "effective_params", "batch", "num_heads", "context_len", "qo_len", "causal", "page_size",
     "kv_dtype", "status", "verdict_passed", "max_abs_err", "timing_mode", "median_us", "iqr_us",
     "min_us", "n_samples", "median_rel_ci", "noisy", "eager_median_us", "refresh_us",
     "achieved_tbps", "floor_us", "pct_of_floor", "cold_cache_copies", "bytes_moved", "workspace_bytes",
@@ -325,7 +334,8 @@ def csv_row(r: Record) -> dict[str, Any]:
     return {
         "backend": r.backend, "params": json.dumps(r.params, sort_keys=True),
         "effective_params": json.dumps(r.effective_params, sort_keys=True), "batch": r.batch,
-        "num_heads": r.num_heads, "context_len": r.context_len, "page_size": r.shape.get("page_size"),
+        "num_heads": r.num_heads, "context_len": r.context_len, "qo_len": r.qo_len, "causal": r.causal,
+        "page_size": r.shape.get("page_size"),
         "kv_dtype": r.shape.get("kv_dtype"), "status": r.status,
         "verdict_passed": v.passed if v else "", "max_abs_err": v.max_abs_err if v else "",
         "rel_rmse": _blank(v.rel_rmse if v else None), "rel_max_err": _blank(v.rel_max_err if v else None),

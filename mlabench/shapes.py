@@ -4,12 +4,20 @@ Absorbed-MLA decode (DeepSeek-V2/V3, Kimi K2/K3): the query of each head is ``kv
 qk_rope_head_dim`` wide (512 + 64 = 576), there is one latent KV head shared by all query heads,
 K is all 576 columns of the latent cache and V its first ``kv_lora_rank`` columns.
 
-Tensor shapes (B = batch, H = local heads, qo_len = 1):
+Tensor shapes (B = batch, H = local heads, T = qo_len query tokens per request, 1 for plain decode):
 
-- q: ``[B, H, 576]``, ``q_dtype``
+- q: ``[B * T, H, 576]``, ``q_dtype``; row ``b * T + t`` is query token ``t`` of request ``b``
+  (vLLM's token-major layout; for ``T = 1`` that is ``[B, H, 576]``)
 - kv_cache: ``[num_pages, page_size, 1, 576]``, ``kv_dtype``
 - block_table: ``[B, max_pages_per_request]`` int32; cache_seqlens: ``[B]`` int32
-- out: ``[B, H, 512]``, ``q_dtype``
+- out: ``[B * T, H, 512]``, ``q_dtype``
+
+Multi-token decode (speculative-decoding verify, multi-token prediction) scores ``T`` query tokens
+of each request against one cache.  Causal (the default): the cache of a request of length ``L``
+already holds the block's own ``T`` tokens at its end, and query token ``t`` sees the first
+``L - T + t + 1`` of them (the prefix and block tokens ``0..t``), as FlashMLA's ``causal=True``
+and AITER's masks do.  Non-causal: a draft block that sees only the prefix, which is then all of
+the ``L`` cached tokens, for every query token.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from mlabench.files import read_json
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 SUPPORTED_PAGE_SIZES = (1, 16, 64)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+#: Query tokens per request a shape may have: plain decode (1) to an 8-token speculative block.
+MAX_QO_LEN = 8
 #: Context lengths (``cache_seqlens``) and page indices (the block table) are int32 on the device.
 INT32_MAX = 2**31 - 1
 #: The largest latent cache a shape may have: 1 TiB, several times the memory of the largest single
@@ -45,13 +55,19 @@ class MLADecodeShape(BaseModel):
     ``context_lens`` holds one KV length per request (ragged batches allowed), so
     ``batch == len(context_lens)``.  ``softmax_scale`` defaults to ``576 ** -0.5``
     (``1 / sqrt`` of the 576-wide query: the kernels' default when no model is named).
+    ``qo_len`` query tokens per request (1-8); ``causal`` says which mask they take (module
+    docstring).  With one token both masks are the same, so ``causal`` is always True there and
+    the shape's key is the one it had before multi-token shapes existed.  A causal block needs
+    every context to hold its ``qo_len`` tokens.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     num_heads: int = Field(description="Local query heads on one GPU (model heads / TP).")
     context_lens: tuple[int, ...] = Field(description="KV length of each request, tokens.")
-    qo_len: int = Field(1, description="Query tokens per request; 1 for plain decode.")
+    qo_len: int = Field(1, description="Query tokens per request; 1 for plain decode, up to 8.")
+    causal: bool = Field(True, description="Query token t sees the prefix and block tokens 0..t "
+                                           "(False: every token sees all cached tokens).")
     kv_lora_rank: int = Field(512, description="Latent width; also the value (output) dim.")
     qk_rope_head_dim: int = Field(64, description="Decoupled RoPE width appended to the latent.")
     page_size: int = Field(64, description="Tokens per KV-cache page.")
@@ -79,10 +95,17 @@ class MLADecodeShape(BaseModel):
 
     @field_validator("qo_len")
     @classmethod
-    def _qo_len_one(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError(f"only qo_len 1 (plain decode) is supported, got {v}")
+    def _qo_len(cls, v: int) -> int:
+        if not 1 <= v <= MAX_QO_LEN:
+            raise ValueError(f"qo_len must be 1-{MAX_QO_LEN} query tokens per request, got {v}")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_token_is_causal(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("qo_len", 1) == 1 and "causal" in data:
+            data = {**data, "causal": True}  # one token: both masks are the same problem
+        return data
 
     @field_validator("page_size")
     @classmethod
@@ -105,6 +128,10 @@ class MLADecodeShape(BaseModel):
         if self.num_pages > INT32_MAX:
             raise ValueError(f"{self.num_pages:,} KV pages are more than an int32 block table can "
                              f"index ({INT32_MAX:,})")
+        if self.causal and min(self.context_lens) < self.qo_len:
+            raise ValueError(f"a causal block of {self.qo_len} query tokens is in the cache: every "
+                             f"context must hold >= {self.qo_len} tokens, got {min(self.context_lens)} "
+                             "(non-causal: a draft block that sees only the cache)")
         return self
 
     @classmethod
@@ -179,21 +206,30 @@ class MLADecodeShape(BaseModel):
         return self.total_tokens * self.head_dim_qk * _DTYPE_BYTES[self.kv_dtype]
 
     @property
+    def num_query_tokens(self) -> int:
+        """Rows of q and out: ``batch * qo_len``."""
+        return self.batch * self.qo_len
+
+    @property
     def q_bytes(self) -> int:
+        """Bytes of q, ``B * qo_len * H * 576 * dtype``: it scales with qo_len, the KV read does not."""
         return self.batch * self.qo_len * self.num_heads * self.head_dim_qk * _DTYPE_BYTES[self.q_dtype]
 
     @property
     def out_bytes(self) -> int:
+        """Bytes of the output, ``B * qo_len * H * 512 * dtype``."""
         return self.batch * self.qo_len * self.num_heads * self.v_head_dim * _DTYPE_BYTES[self.q_dtype]
 
     @property
     def min_bytes_moved(self) -> int:
-        """The fewest bytes any kernel must move: KV read once, q read once, output written once."""
+        """The fewest bytes any kernel must move: KV read once (whatever qo_len), q read once,
+        output written once."""
         return self.kv_read_bytes + self.q_bytes + self.out_bytes
 
     @property
     def flops(self) -> int:
-        """``2 * B * H * L * (576 + 512)`` summed over requests (QK^T over 576 columns plus PV over 512)."""
+        """``2 * B * qo_len * H * L * (576 + 512)`` summed over requests (QK^T over 576 columns plus PV
+        over 512); a causal block's masked scores are counted too (at most ``qo_len - 1`` per row)."""
         per_token = 2 * self.num_heads * self.qo_len * (self.head_dim_qk + self.v_head_dim)
         return per_token * self.total_tokens
 
@@ -202,15 +238,21 @@ class MLADecodeShape(BaseModel):
         return self.min_bytes_moved / (bandwidth_tbps * 1e12) * 1e6
 
     def label(self, repeat: int = 1) -> str:
-        """Short human label, e.g. ``B=1 H=12 L=4096 page=64 bf16``; ``repeat`` multiplies the
-        batch (a batch of ``repeat`` times these requests)."""
+        """Short human label, e.g. ``B=1 H=12 L=4096 page=64 bf16``, with ``qo=4`` (and
+        ``non-causal``) for multi-token shapes; ``repeat`` multiplies the batch (a batch of
+        ``repeat`` times these requests)."""
         lens = self.context_lens
         ctx = str(lens[0]) if len(set(lens)) == 1 else f"{min(lens)}..{max(lens)}"
-        return f"B={self.batch * repeat} H={self.num_heads} L={ctx} page={self.page_size} {self.kv_dtype}"
+        qo = "" if self.qo_len == 1 else f" qo={self.qo_len}" + ("" if self.causal else " non-causal")
+        return f"B={self.batch * repeat} H={self.num_heads} L={ctx}{qo} page={self.page_size} {self.kv_dtype}"
 
     def key(self) -> dict[str, Any]:
-        """JSON-able identity of the shape (used in result keys)."""
-        return self.model_dump()
+        """JSON-able identity of the shape (used in result keys).  One-token shapes leave
+        ``causal`` out, so their keys are those recorded before multi-token shapes existed."""
+        data = self.model_dump()
+        if self.qo_len == 1:
+            del data["causal"]
+        return data
 
 
 # ---- models ------------------------------------------------------------------------------------

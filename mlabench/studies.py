@@ -69,9 +69,11 @@ class StudySpec(Bucket):
 
 def study_name(backend: str, shape: MLADecodeShape, lo: int, hi: int, device: str,
                versions: dict[str, Any], revision: str) -> str:
-    """Readable, unique name of a study: backend, shape, batch, bucket, GPU model, versions."""
+    """Readable, unique name of a study: backend, shape (with ``qo<T>`` for several query tokens),
+    batch, bucket, GPU model, versions."""
     libs = " ".join(f"{k} {versions[k]}" for k in ("torch", "triton", "mlabench") if versions.get(k))
-    return (f"{backend} | h{shape.num_heads} r{shape.kv_lora_rank}+{shape.qk_rope_head_dim} "
+    qo = "" if shape.qo_len == 1 else f" qo{shape.qo_len}" + ("" if shape.causal else " non-causal")
+    return (f"{backend} | h{shape.num_heads} r{shape.kv_lora_rank}+{shape.qk_rope_head_dim}{qo} "
             f"page{shape.page_size} {shape.kv_dtype} | batch {shape.batch} | context {lo + 1}-{hi} at "
             f"{shape.max_context_len} | {device} | {libs} rev {revision}")
 

@@ -1,7 +1,7 @@
 """Sweep configuration, grid expansion and the resumable runner (imported only by the CLI).
 
-A sweep is backends x batch x context lengths x heads, and per backend the product of its
-parameter axes (``num_kv_splits``, ``head_padding``, ...).  Everything is validated before a run
+A sweep is backends x batch x context lengths x heads x query tokens per request (``qo_len``),
+and per backend the product of its parameter axes (``num_kv_splits``, ``head_padding``, ...).  Everything is validated before a run
 folder is created, so bad input leaves nothing half-written.
 """
 
@@ -49,6 +49,9 @@ class SweepConfig(BaseModel):
     backends: list[str] | None = Field(None, description="Backends to run; default: every available non-reference one.")
     batch: list[int] = Field([1], description="Batch sizes.")
     context_lens: list[int] = Field([4096], description="Context lengths, tokens (one per point, all requests equal).")
+    qo_len: list[int] = Field([1], description="Query tokens per request (1-8; speculative verify, MTP), an axis.")
+    causal: bool = Field(True, description="Query token t sees the prefix and block tokens 0..t (False: a draft "
+                                           "block that sees only the cache).")
     page_size: int = Field(64, description="KV-cache page size.")
     q_dtype: str = Field("bfloat16", description="Query/output dtype.")
     kv_dtype: str = Field("bfloat16", description="Latent cache dtype.")
@@ -64,7 +67,7 @@ class SweepConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    @field_validator("batch", "context_lens")
+    @field_validator("batch", "context_lens", "qo_len")
     @classmethod
     def _positive(cls, v: list[int], info: Any) -> list[int]:
         if not v:
@@ -158,15 +161,17 @@ def sweep_overrides(*, model: str | None = None, tp: int | None = None, model_co
                     batch: list[int] | None = None, context_lens: list[int] | None = None,
                     splits: list[int] | None = None, page_size: int | None = None,
                     budget_s: float | None = None, order: str | None = None,
-                    order_seed: int | None = None) -> dict[str, Any]:
+                    order_seed: int | None = None, qo_len: list[int] | None = None,
+                    causal: bool | None = None) -> dict[str, Any]:
     """Sweep fields changed by flags, in :class:`SweepConfig`'s layout; None where not given
     (``splits`` is the ``num_kv_splits`` axis, ``budget_s`` the per-point timing budget, seconds,
-    ``order`` and ``order_seed`` the measuring order, :mod:`mlabench.order`)."""
+    ``order`` and ``order_seed`` the measuring order, :mod:`mlabench.order`, ``qo_len`` the
+    query-token axis and ``causal`` its mask)."""
     return {
         "order": order, "order_seed": order_seed,
         "model": model, "tp": tp, "model_config": str(model_config) if model_config else None,
         "backends": backends or None, "heads": heads, "batch": batch, "context_lens": context_lens,
-        "page_size": page_size,
+        "qo_len": qo_len, "causal": causal, "page_size": page_size,
         "params": {"num_kv_splits": splits} if splits else None,
         "timing": {"budget_s": budget_s} if budget_s is not None else None,
     }
@@ -212,7 +217,7 @@ class Point:
 
 
 def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
-    """Every shape of the sweep (heads x batch x context), validated and without repeats.
+    """Every shape of the sweep (heads x batch x context x qo_len), validated and without repeats.
 
     The heads axis is ``cfg.heads`` when given, else the model's local heads at ``cfg.tp``; a model
     (preset or config.json) also sets the softmax scale and the latent widths.  Each shape's size
@@ -231,11 +236,12 @@ def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
         raise ConfigError("give a model (--model NAME --tp N, or --model-config PATH) or --heads")
     dims = {"kv_lora_rank": spec.kv_lora_rank, "qk_rope_head_dim": spec.qk_rope_head_dim,
             "softmax_scale": spec.softmax_scale()} if spec else {}
-    dims.update(page_size=cfg.page_size, q_dtype=cfg.q_dtype, kv_dtype=cfg.kv_dtype)
+    dims.update(page_size=cfg.page_size, q_dtype=cfg.q_dtype, kv_dtype=cfg.kv_dtype, causal=cfg.causal)
     shapes = []
-    for h, b, L in ((h, b, L) for h in heads_axis for b in cfg.batch for L in cfg.context_lens):
-        check_fits(MLADecodeShape.uniform(1, L, h, **dims), repeat=b)  # before b lengths are built
-        shapes.append(MLADecodeShape.uniform(b, L, h, **dims))
+    for h, b, L, t in ((h, b, L, t) for h in heads_axis for b in cfg.batch for L in cfg.context_lens
+                       for t in cfg.qo_len):
+        check_fits(MLADecodeShape.uniform(1, L, h, qo_len=t, **dims), repeat=b)  # before b lengths are built
+        shapes.append(MLADecodeShape.uniform(b, L, h, qo_len=t, **dims))
     return list(dict.fromkeys(shapes))
 
 

@@ -286,14 +286,16 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
     swept = [s for s in swept if splits is None or s in splits]
     at = {f"µs @{s} splits": ColumnStyle(header=f"µs @{s}", drop=2) for s in swept}
     styles = {"best params": PARAMS, "TB/s": ColumnStyle(drop=3), **at, "noisy": ColumnStyle(drop=1)}
-    cols = ["backend", "batch", "context", "best params", "µs", "TB/s", "% floor", *at, "not ok", "noisy"]
+    qo = any(r.qo_len != 1 for r in records)  # several query tokens: a qo_len column
+    cols = ["backend", "batch", "context", *(["qo_len"] if qo else []), "best params", "µs", "TB/s", "% floor",
+            *at, "not ok", "noisy"]
     table = Table("Sweep: best configuration per backend, batch and context", cols, styles=styles)
     groups: dict[tuple, list[Record]] = {}
     for r in records:
-        groups.setdefault((r.backend, r.batch, r.num_heads, r.context_len), []).append(r)
-    for (backend, batch, _h, ctx), recs in sorted(groups.items()):
+        groups.setdefault((r.backend, r.batch, r.num_heads, r.context_len, r.qo_len, not r.causal), []).append(r)
+    for (backend, batch, _h, ctx, *_qo), recs in sorted(groups.items()):
         best = best_ok(recs)
-        row: list[Any] = [backend, batch, ctx]
+        row: list[Any] = [backend, batch, ctx, *([recs[0].qo_label] if qo else [])]
         row += [params_label(best.params), best.stats.median_us, best.achieved_tbps, best.pct_of_floor] \
             if best else ["(none ok)", None, None, None]
         for s in swept:
@@ -327,7 +329,8 @@ def check_table(records: Sequence[Record], unavailable: dict[str, str] | None = 
               styles=CHECK_STYLES)
     for r in records:
         v = r.verdict
-        shape = f"B={r.batch} H={r.num_heads} L={_ctx(r)} p{r.shape.get('page_size')}"
+        qo = "" if r.qo_len == 1 else f" T={r.qo_label}"
+        shape = f"B={r.batch} H={r.num_heads} L={_ctx(r)}{qo} p{r.shape.get('page_size')}"
         if v:
             shape += f" → [{','.join(map(str, v.output_shape))}]"
         verdict = {"ok": "pass", "incorrect": "FAIL"}.get(r.status, r.status)
@@ -373,22 +376,25 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
     split-KV µs / persistent µs: above 1 the padded persistent path is faster.  Only ok records
     count; a configuration with no ok record shows as a dash.
     """
+    qo = any(r.qo_len != 1 for r in records)  # several query tokens: a qo_len column
     t = Table("Padded persistent vs best split-KV",
-              ["batch", "context", "persistent", "params", "µs", "% floor", "setup µs", "split-KV",
-               "best splits", "split-KV µs", "split-KV % floor", "speedup"], styles=COMPARE_STYLES)
-    cells: dict[tuple[int, int], dict[str, list[Record]]] = {}
+              ["batch", "context", *(["qo_len"] if qo else []), "persistent", "params", "µs", "% floor",
+               "setup µs", "split-KV", "best splits", "split-KV µs", "split-KV % floor", "speedup"],
+              styles=COMPARE_STYLES)
+    cells: dict[tuple, dict[str, list[Record]]] = {}
     for r in records:
-        cells.setdefault((r.batch, r.context_len), {}).setdefault(r.backend, []).append(r)
+        cells.setdefault((r.batch, r.context_len, r.qo_len, not r.causal), {}).setdefault(r.backend, []).append(r)
     persistent = sorted({b for b, f in families.items() if f == "persistent"})
     splitkv = sorted({b for b, f in families.items() if f == "split-kv"})
-    for (batch, ctx), by_backend in sorted(cells.items()):
+    for (batch, ctx, *_qo), by_backend in sorted(cells.items()):
+        qo_cell = [next(iter(by_backend.values()))[0].qo_label] if qo else []
         for p in [b for b in persistent if b in by_backend] or [None]:
             pb = best_ok(by_backend.get(p, [])) if p else None
             for s in [b for b in splitkv if b in by_backend] or [None]:
                 sb = best_ok(by_backend.get(s, [])) if s else None
                 speedup = sb.stats.median_us / pb.stats.median_us if pb and sb else None
                 t.rows.append([
-                    batch, ctx, p, params_label(pb.params) if pb else None,
+                    batch, ctx, *qo_cell, p, params_label(pb.params) if pb else None,
                     pb.stats.median_us if pb else None, pb.pct_of_floor if pb else None,
                     sum(pb.setup_us.values()) if pb and pb.setup_us else None, s, sb.effective_params.get("num_kv_splits", sb.params.get("num_kv_splits")) if sb else None,
                     sb.stats.median_us if sb else None, sb.pct_of_floor if sb else None, speedup,

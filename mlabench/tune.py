@@ -65,6 +65,8 @@ class TuneConfig(BaseModel):
     page_size: int = Field(64, description="KV-cache page size.")
     q_dtype: str = Field("bfloat16", description="Query/output dtype.")
     kv_dtype: str = Field("bfloat16", description="Latent cache dtype.")
+    qo_len: int = Field(1, ge=1, description="Query tokens per request (1-8; speculative verify, MTP).")
+    causal: bool = Field(True, description="Query token t sees the prefix and block tokens 0..t.")
     seed: int = Field(0, description="Seed of the inputs and the samplers.")
     sampler: Sampler = Field("auto", description="auto: brute force when the space has <= trials points, else TPE.")
     trials: int = Field(64, ge=1, description="Finished trials per study (enqueued heuristics count).")
@@ -111,16 +113,17 @@ def load_tune_config(sweep: str | None, values: dict[str, Any]) -> TuneConfig:
         path = config_file(sweep, "sweeps", "sweep config")
         toml = read_toml(path, "sweep config")
         data = {k: toml[k] for k in ("model", "model_config", "tp", "batch", "page_size", "q_dtype",
-                                     "kv_dtype", "seed") if k in toml}
+                                     "kv_dtype", "causal", "seed") if k in toml}
         if "name" in toml:
             data["name"] = f"tune-{toml['name']}"
         if "context_lens" in toml:
             data["buckets"] = sorted(set(toml["context_lens"]))
-        heads = toml.get("heads")
-        if isinstance(heads, list) and len(heads) > 1:
-            raise ConfigError(f"{path}: tuning takes one heads value, the sweep has {heads}")
-        if heads:
-            data["heads"] = heads[0] if isinstance(heads, list) else heads
+        for key in ("heads", "qo_len"):
+            value = toml.get(key)
+            if isinstance(value, list) and len(value) > 1:
+                raise ConfigError(f"{path}: tuning takes one {key} value, the sweep has {value}")
+            if value:
+                data[key] = value[0] if isinstance(value, list) else value
         for key in ("atol", "rtol"):
             if key in toml.get("check", {}):
                 data[key] = toml["check"][key]
@@ -154,13 +157,16 @@ def buckets_of(edges: list[int], representative: str = "geomean") -> list[Bucket
 
 
 def shape_dims(cfg: TuneConfig) -> dict[str, Any]:
-    """``MLADecodeShape`` keyword arguments shared by every point of the run (heads, widths, scale)."""
+    """``MLADecodeShape`` keyword arguments shared by every point of the run (heads, widths, scale,
+    and for a multi-token run its qo_len and mask; a one-token run names neither, as before)."""
     heads, scale, spec = resolve_heads(model=cfg.model, model_config=cfg.model_config_path, tp=cfg.tp,
                                        heads=cfg.heads)
     dims: dict[str, Any] = {"num_heads": heads, "page_size": cfg.page_size, "q_dtype": cfg.q_dtype,
                             "kv_dtype": cfg.kv_dtype, "softmax_scale": scale}
     if spec is not None:
         dims.update(kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.qk_rope_head_dim)
+    if cfg.qo_len != 1:
+        dims.update(qo_len=cfg.qo_len, causal=cfg.causal)
     return dims
 
 

@@ -78,7 +78,8 @@ class Validation:
 
 
 def _shape(policy: Policy, batch: int, length: int) -> MLADecodeShape:
-    keys = ("num_heads", "page_size", "q_dtype", "kv_dtype", "kv_lora_rank", "qk_rope_head_dim", "softmax_scale")
+    keys = ("num_heads", "page_size", "q_dtype", "kv_dtype", "kv_lora_rank", "qk_rope_head_dim", "softmax_scale",
+            "qo_len", "causal")
     return MLADecodeShape.uniform(batch, length, **{k: policy.shape[k] for k in keys if k in policy.shape})
 
 

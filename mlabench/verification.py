@@ -18,6 +18,12 @@ cache rows), computes its own fp32 reference, and puts the rows back afterwards:
 - ``flat``: q scaled by ``FLAT_Q_SCALE``: scores within about 0.01 of each other, the output is
   the mean of the values (a dropped or repeated range of tokens shows at once).
 
+With several query tokens per request (``qo_len`` T > 1) a needle belongs to a (query token, head)
+row: the needles of a request are dealt out to the heads in turn and, across rounds of heads, to
+the query tokens that see the needle's position (a causal block's earlier tokens do not see its
+later ones), so that each row's needles stay within what it sees.  With one token the needles are
+those it always had.
+
 The key of a needle for head ``h`` (with query ``q = [q_nope, q_pe]``): its latent part is the
 original random row with its component along ``q_nope`` removed (so the value stays random and
 distinct, and contributes 0 to the score), and its RoPE part is ``s / scale * q_pe / |q_pe|^2`` plus
@@ -41,7 +47,7 @@ from typing import Any
 import torch
 
 from mlabench.inputs import MLADecodeInputs
-from mlabench.kernels.reference import mla_decode_reference
+from mlabench.kernels.reference import mla_decode_reference, visible_keys
 from mlabench.kernels.splitkv_torch import split_starts
 
 #: Softmax weight all needles of one head carry together (the rest: the random tokens).
@@ -60,16 +66,23 @@ GENERIC_SPLIT_ALIGNS = (1, 16, 64)
 
 @dataclass(frozen=True)
 class Needle:
-    """A needle token: ``request``'s ``token``, high-scoring for ``head``; ``where`` says why it
-    is there (``"first token of split 2/8, last token of page 5"``)."""
+    """A needle token: ``request``'s ``token``, high-scoring for ``head`` of query token ``query``
+    (None: the one query token of a plain decode step); ``where`` says why it is there
+    (``"first token of split 2/8, last token of page 5"``)."""
 
     request: int
     head: int
     token: int
     where: str
+    query: int | None = None
 
     def describe(self) -> str:
-        return f"request {self.request} token {self.token} ({self.where}) for head {self.head}"
+        who = f"head {self.head}" if self.query is None else f"query token {self.query} head {self.head}"
+        return f"request {self.request} token {self.token} ({self.where}) for {who}"
+
+    def row(self, qo_len: int) -> int:
+        """The needle's row of q, the output and the lse: ``request * qo_len + query``."""
+        return self.request * qo_len + (self.query or 0)
 
 
 @dataclass
@@ -79,7 +92,8 @@ class VerificationCase:
     ``rows`` ``[N]`` index the cache viewed as ``[pages * page_size, 576]``; ``values`` ``[N, 576]``
     are written there (cache dtype); ``q`` replaces the query when not None.  ``needles[i]`` is
     ``rows[i]``'s needle and ``scores[i]`` its scaled score for its head.  ``reference``
-    ``[B, H, 512]`` and ``lse`` ``[B, H]`` (fp32) are filled by :func:`with_reference`.
+    ``[B * qo_len, H, 512]`` and ``lse`` ``[B * qo_len, H]`` (fp32) are filled by
+    :func:`with_reference`, with ``qo_len`` the shape's query tokens per request.
     """
 
     name: str
@@ -90,6 +104,7 @@ class VerificationCase:
     scores: torch.Tensor | None = None
     reference: torch.Tensor | None = None
     lse: torch.Tensor | None = None
+    qo_len: int = 1
 
     @contextmanager
     def applied(self, inputs: MLADecodeInputs) -> Iterator[MLADecodeInputs]:
@@ -116,7 +131,9 @@ def with_reference(case: VerificationCase, inputs: MLADecodeInputs) -> Verificat
     s = inputs.shape
     with case.applied(inputs):
         case.reference, case.lse = mla_decode_reference(
-            inputs.q, inputs.kv_cache, inputs.block_table, list(s.context_lens), s.scale, s.kv_lora_rank)
+            inputs.q, inputs.kv_cache, inputs.block_table, list(s.context_lens), s.scale, s.kv_lora_rank,
+            qo_len=s.qo_len, causal=s.causal)
+    case.qo_len = s.qo_len
     return case
 
 
@@ -164,9 +181,10 @@ def needle_rows(inputs: MLADecodeInputs, needles: Sequence[Needle],
     req = torch.tensor([n.request for n in needles], device=inputs.device)
     tok = torch.tensor([n.token for n in needles], device=inputs.device)
     head = torch.tensor([n.head for n in needles], device=inputs.device)
+    q_row = torch.tensor([n.row(s.qo_len) for n in needles], device=inputs.device)
     rows = inputs.block_table[req, tok // page].long() * page + tok % page
     k = inputs.kv_cache.view(-1, inputs.kv_cache.shape[-1])[rows].double()
-    q = inputs.q[req, head].double()
+    q = inputs.q[q_row, head].double()
     q_nope, q_pe = q[:, :lora], q[:, lora:]
     nope = k[:, :lora] - _along(k[:, :lora], q_nope)
     pe = k[:, lora:] - _along(k[:, lora:], q_pe)
@@ -181,13 +199,14 @@ def _along(x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 def needle_case(name: str, inputs: MLADecodeInputs, lse: torch.Tensor, needles: list[Needle],
                 share: float) -> VerificationCase:
-    """The case of ``needles`` on ``inputs`` (random, with log-sum-exp ``lse`` ``[B, H]``), each
-    head's needles carrying ``share`` of its weight together."""
+    """The case of ``needles`` on ``inputs`` (random, with log-sum-exp ``lse`` ``[B * qo_len, H]``),
+    each (query token, head) row's needles carrying ``share`` of its weight together."""
+    qo_len = inputs.shape.qo_len
     per_row: dict[tuple[int, int], int] = {}
     for n in needles:
-        per_row[n.request, n.head] = per_row.get((n.request, n.head), 0) + 1
+        per_row[n.row(qo_len), n.head] = per_row.get((n.row(qo_len), n.head), 0) + 1
     odds = math.log(share / (1.0 - share))
-    scores = torch.tensor([float(lse[n.request, n.head]) + odds - math.log(per_row[n.request, n.head])
+    scores = torch.tensor([float(lse[n.row(qo_len), n.head]) + odds - math.log(per_row[n.row(qo_len), n.head])
                            for n in needles], device=inputs.device)
     rows, values = needle_rows(inputs, needles, scores)
     return with_reference(VerificationCase(name, rows=rows, values=values, needles=needles, scores=scores),
@@ -196,24 +215,39 @@ def needle_case(name: str, inputs: MLADecodeInputs, lse: torch.Tensor, needles: 
 
 def needles_for(inputs: MLADecodeInputs, starts: list[list[int]]) -> list[Needle]:
     """The needles of the ``needles`` set: per request, its positions (:func:`needle_positions`)
-    dealt out to the heads in turn."""
+    dealt out to the heads in turn, and each round of heads to the next query token that sees the
+    position (one query token: the heads only, as always)."""
     s = inputs.shape
     out = []
     for b, (length, request_starts) in enumerate(zip(s.context_lens, starts)):
         where = needle_positions(length, s.page_size, request_starts, s.num_heads)
-        out += [Needle(b, i % s.num_heads, t, why) for i, (t, why) in enumerate(where.items())]
+        seen = visible_keys(length, s.qo_len, s.causal)
+        for i, (t, why) in enumerate(where.items()):
+            see = [q for q in range(s.qo_len) if t < seen[q]]
+            query = None if s.qo_len == 1 else see[(i // s.num_heads) % len(see)]
+            out.append(Needle(b, i % s.num_heads, t, why, query))
     return out
 
 
 def peak_needles(inputs: MLADecodeInputs, seed: int = 0) -> list[Needle]:
     """One needle per (request, head) at distinct random tokens (heads beyond a request's length
-    get none)."""
+    get none); with several query tokens, head ``h``'s belongs to query token ``h % qo_len`` and
+    lies where that token sees."""
     s = inputs.shape
     gen = torch.Generator().manual_seed(seed)
     out = []
     for b, length in enumerate(s.context_lens):
-        tokens = torch.randperm(length, generator=gen)[:s.num_heads].tolist()
-        out += [Needle(b, h, t, "the one dominant token") for h, t in enumerate(tokens)]
+        tokens = torch.randperm(length, generator=gen).tolist()
+        if s.qo_len == 1:
+            out += [Needle(b, h, t, "the one dominant token") for h, t in enumerate(tokens[:s.num_heads])]
+            continue
+        seen = visible_keys(length, s.qo_len, s.causal)
+        for h in range(s.num_heads):
+            query = h % s.qo_len
+            token = next((t for t in tokens if t < seen[query]), None)
+            if token is not None:
+                tokens.remove(token)
+                out.append(Needle(b, h, token, "the one dominant token", query))
     return out
 
 
@@ -223,9 +257,10 @@ def flat_case(inputs: MLADecodeInputs) -> VerificationCase:
 
 
 def find_missing(out: torch.Tensor, case: VerificationCase, rows: int = 3, limit: int = 3) -> str:
-    """Which needles of ``case`` the output ``[B, H, 512]`` lacks or counts twice, as one line.
+    """Which needles of ``case`` the output ``[B * qo_len, H, 512]`` lacks or counts twice, as one
+    line.
 
-    In each of the ``rows`` (request, head) rows with the largest error, the error is fitted by
+    In each of the ``rows`` (query row, head) rows with the largest error, the error is fitted by
     least squares as a sum of ``c_j (v_j - ref)`` over that head's needles ``j`` (``v_j`` the value
     row): a needle of softmax weight ``p_j`` that is dropped gives ``c_j = -p_j / (1 - p_j)``, one
     counted twice ``c_j = p_j / (1 + p_j)``.  Needles with ``c_j < -p_j / 2`` are named missing,
@@ -241,8 +276,8 @@ def find_missing(out: torch.Tensor, case: VerificationCase, rows: int = 3, limit
     heads = err.shape[1]
     worst = err.pow(2).sum(-1).flatten().topk(min(rows, err.shape[0] * heads)).indices.tolist()
     found: list[str] = []
-    for b, h in (divmod(i, heads) for i in worst):
-        mine = [i for i, n in enumerate(case.needles) if (n.request, n.head) == (b, h)]
+    for b, h in (divmod(i, heads) for i in worst):  # b: the query row, request * qo_len + token
+        mine = [i for i, n in enumerate(case.needles) if (n.row(case.qo_len), n.head) == (b, h)]
         if not mine:
             continue
         values = case.values[mine, :ref.shape[-1]].double().to(ref.device)
@@ -253,7 +288,9 @@ def find_missing(out: torch.Tensor, case: VerificationCase, rows: int = 3, limit
         extra = [case.needles[i] for i, r in zip(mine, ratio) if r > 0.25]
         for group, how in ((lost, "less"), (extra, "more")):
             if len(mine) >= 4 and len(group) > len(mine) / 2:  # most needles: not a token lost
-                found.append(f"request {b} head {h}: {len(group)} of {len(mine)} needles weigh {how} "
+                who = f"request {b}" if case.qo_len == 1 else \
+                    f"request {b // case.qo_len} query token {b % case.qo_len}"
+                found.append(f"{who} head {h}: {len(group)} of {len(mine)} needles weigh {how} "
                              "than they should (a scale or merge error?)")
                 continue
             found += [f"{n.describe()} {'missing' if how == 'less' else 'counted twice'}" for n in group]

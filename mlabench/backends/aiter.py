@@ -25,7 +25,7 @@ import torch
 from mlabench.backends.aiter_args import page1_cache_view, page1_layout_for_steps
 from mlabench.backends.aiter_manifest import load_manifest
 from mlabench.backends.aiter_probe import AiterInstall, probe_aiter
-from mlabench.backends.aiter_rules import asm_nonpersistent_splits, asm_wrong_result_reason
+from mlabench.backends.aiter_rules import asm_nonpersistent_splits, asm_qo_len_reason, asm_wrong_result_reason
 from mlabench.backends.base import Backend, PreparedCall
 from mlabench.backends.common import HEAD_PADDING, check_mla_dims, timed_us
 from mlabench.backends.registry import register
@@ -90,10 +90,16 @@ def aiter_gfx(found: AiterInstall) -> tuple[str | None, str]:
 
 
 def bf16_mla(shape: MLADecodeShape) -> tuple[bool, str]:
-    """bf16 q and KV, kv_lora_rank 512 + rope 64, one query token: what these adapters run."""
+    """bf16 q and KV, kv_lora_rank 512 + rope 64: what these adapters run."""
     if shape.q_dtype != "bfloat16" or shape.kv_dtype != "bfloat16":
         return False, f"AITER MLA decode here runs bf16 q and KV only (got {shape.q_dtype}/{shape.kv_dtype})"
     return check_mla_dims(shape, "AITER's MLA decode")
+
+
+def takes_causal(found: AiterInstall) -> bool:
+    """Whether the installed ``mla_decode_fwd`` has a ``causal`` argument (v0.1.20 on); an
+    uninspectable one is taken not to."""
+    return "causal" in found.param_names.get("decode", ())
 
 
 def install_details(kinds: tuple[str, ...]) -> str:
@@ -130,6 +136,11 @@ class AiterAsmBackend(AiterBackend):
     path writes: the metadata's reduce rows when persistent, ``B * splits`` rows of the
     non-persistent fallback otherwise.  KV caches past 2 GiB are refused on gfx950 where the
     installed kernels use 32-bit KV offsets.
+
+    Several query tokens per request: q ``[B * qo_len, H, 576]`` is padded per token (12 -> 16
+    heads of each), ``qo_indptr`` steps by ``qo_len`` and ``max_seqlen_q = qo_len``; AITER's
+    kernels take 1-4 tokens (padded to 4) and mask causally, non-causal only where AITER has the
+    argument and a kernel for it (:func:`~mlabench.backends.aiter_rules.asm_qo_len_reason`).
     """
 
     name = "aiter-asm"
@@ -157,10 +168,12 @@ class AiterAsmBackend(AiterBackend):
         if padded_heads(shape.num_heads) > 128:
             return False, f"{shape.num_heads} heads: AITER's ASM decode takes at most 128"
         found = probe_aiter()
-        if found is None or "get_gfx" not in found.functions:
-            return True, ""  # no AITER here: nothing to refuse by version
-        refusal = asm_wrong_result_reason(found.rule("asm_kv_offsets"), aiter_gfx(found)[0] or "",
-                                          shape.kv_cache_bytes)
+        if found is None or "get_gfx" not in found.functions:  # no AITER: nothing to refuse by version
+            refusal = asm_qo_len_reason(shape.qo_len, True, "", True)  # nor by GPU: the token count only
+            return (False, refusal) if refusal else (True, "")
+        gfx = aiter_gfx(found)[0] or ""
+        refusal = (asm_qo_len_reason(shape.qo_len, shape.causal, gfx, takes_causal(found))
+                   or asm_wrong_result_reason(found.rule("asm_kv_offsets"), gfx, shape.kv_cache_bytes))
         return (False, refusal) if refusal else (True, "")
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
@@ -183,7 +196,7 @@ class AiterAsmBackend(AiterBackend):
         def build_metadata() -> None:
             # AITER's positional order puts work_info_set before work_indptr.
             f["metadata"](layout.qo_indptr, layout.kv_indptr, layout.kv_last_page_lens, kernel_heads,
-                          1, True, meta, info_set, indptr, r_indptr, r_final, r_partial,
+                          1, s.causal, meta, info_set, indptr, r_indptr, r_final, r_partial,
                           page_size=1, kv_granularity=16, max_seqlen_qo=s.qo_len,
                           uni_seqlen_qo=s.qo_len, fast_mode=True, dtype_q=q_dt, dtype_kv=kv_dt)
 
@@ -198,6 +211,7 @@ class AiterAsmBackend(AiterBackend):
         o_pad = inputs.new_output(kernel_heads) if padded else out
         q, heads = inputs.q, s.num_heads
         padder = HeadPadder(q, kernel_heads, mode) if padded or not q.is_contiguous() else None
+        mask = {"causal": s.causal} if s.qo_len > 1 and takes_causal(found) else {}
 
         def fn() -> torch.Tensor:
             q_pad = padder() if padder is not None else q
@@ -205,7 +219,7 @@ class AiterAsmBackend(AiterBackend):
                         layout.kv_last_page_lens, s.qo_len, page_size=1, nhead_kv=1,
                         sm_scale=s.scale, logit_cap=0.0, work_meta_data=meta, work_indptr=indptr,
                         work_info_set=info_set, reduce_indptr=r_indptr, reduce_final_map=r_final,
-                        reduce_partial_map=r_partial)
+                        reduce_partial_map=r_partial, **mask)
             if padded:
                 out.copy_(slice_heads(o_pad, heads))
             return out

@@ -19,7 +19,7 @@ import torch
 class Page1KVLayout:
     """Flattened (CSR) addressing of a paged cache viewed with page size 1. All int32, on one device.
 
-    - ``qo_indptr``: ``[B + 1]``, ``0, 1, ..., B`` (one query token per request).
+    - ``qo_indptr``: ``[B + 1]``, ``0, T, ..., B * T`` (``T = qo_len`` query tokens per request).
     - ``kv_indptr``: ``[B + 1]``, cumulative context lengths (tokens).
     - ``kv_indices``: ``[sum(L)]``, row of each token in the ``[P * page, ...]`` view.
     - ``kv_last_page_lens``: ``[B]``, all ones (every page holds one token).

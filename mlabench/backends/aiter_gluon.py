@@ -28,6 +28,7 @@ from mlabench.backends.aiter_rules import (
     GluonPlan,
     gluon_crash_reason,
     gluon_plan,
+    gluon_qo_len_reason,
     gluon_workspace_bytes,
 )
 from mlabench.backends.base import ParamSpec, PreparedCall
@@ -39,7 +40,7 @@ from mlabench.inputs import MLADecodeInputs
 from mlabench.shapes import MLADecodeShape
 
 GLUON_ARCHS = ("gfx950",)
-GLUON_RULES = ("gluon_bh16_splits", "gluon_bh16_max_heads", "gluon_bh64", "gluon_over_2gib")
+GLUON_RULES = ("gluon_bh16_splits", "gluon_bh16_max_heads", "gluon_bh64", "gluon_over_2gib", "gluon_qo_len")
 
 NUM_KV_SPLITS_GLUON = dataclasses.replace(
     NUM_KV_SPLITS, default=None, high=256,
@@ -61,7 +62,9 @@ class AiterGluonBackend(AiterBackend):
     rows ``[P * page, 576]`` with ``page_table = kv_indices`` and ``seq_info = kv_indptr``
     (``use_2d_view=False``, AITER's flattened varlen form), ``min_kv_seq_len`` the shortest context
     unless a parameter says otherwise.  The output is written in place into the poisoned ``out``;
-    AITER allocates its split partials inside the call (from the caching allocator).
+    AITER allocates its split partials inside the call (from the caching allocator).  Several query
+    tokens per request go through AITER's 4-D multi-token entry where the installed AITER has it
+    (rule ``gluon_qo_len``: q and out viewed ``[B, qo_len, H, D]``, causal only).
 
     ``effective_params``: ``num_kv_splits`` -- the splits every request runs, or the per-request
     list where they differ; ``num_kv_splits_launched`` -- AITER's ``NUM_KV_SPLITS`` (a budget from
@@ -90,14 +93,13 @@ class AiterGluonBackend(AiterBackend):
         ok, reason = bf16_mla(shape)
         if not ok:
             return ok, reason
-        if shape.qo_len != 1:
-            return False, "AITER's Gluon decode is called here with one query token"
         rules = rules_in_force()
-        refusal = gluon_crash_reason(rules["gluon_over_2gib"], shape.kv_cache_bytes)
+        refusal = (gluon_qo_len_reason(rules["gluon_qo_len"], shape.qo_len, shape.causal)
+                   or gluon_crash_reason(rules["gluon_over_2gib"], shape.kv_cache_bytes))
         if refusal:
             return False, refusal
         try:
-            gluon_plan(shape.context_lens, shape.num_heads, rules)
+            gluon_plan(shape.context_lens, shape.num_heads, rules, qo_len=shape.qo_len)
         except UnsupportedShapeError as exc:
             return False, str(exc)
         return True, ""
@@ -110,17 +112,20 @@ class AiterGluonBackend(AiterBackend):
             raise UnsupportedShapeError(why)
         rules = found.rule_variants()
         plan = gluon_plan(s.context_lens, s.num_heads, rules, params["min_kv_seq_len"],
-                          params["num_kv_splits"])
+                          params["num_kv_splits"], qo_len=s.qo_len)
         gluon = found.functions["gluon"]
         layout, refill = page1_layout_for_steps(inputs.block_table, s.context_lens, s.page_size,
                                                 s.qo_len)
         rows = inputs.kv_cache.view(-1, inputs.kv_cache.shape[-1])  # [P * page, 576]
         lora = s.kv_lora_rank
-        q_nope, q_pe = inputs.q[..., :lora], inputs.q[..., lora:]
         out = inputs.new_output()
+        q, o = inputs.q, out  # [B, H, D] for one token; AITER's 4-D [B, qo_len, H, D] for more
+        if s.qo_len > 1:
+            q, o = q.view(s.batch, s.qo_len, *q.shape[1:]), out.view(s.batch, s.qo_len, *out.shape[1:])
+        q_nope, q_pe = q[..., :lora], q[..., lora:]
 
         def fn() -> torch.Tensor:
-            gluon(q_nope, q_pe, rows, o=out, page_table=layout.kv_indices, seq_info=layout.kv_indptr,
+            gluon(q_nope, q_pe, rows, o=o, page_table=layout.kv_indices, seq_info=layout.kv_indptr,
                   sm_scale=s.scale, kv_pe_offset=lora, use_2d_view=False,
                   min_kv_seq_len=plan.min_kv_seq_len)
             return out
@@ -139,7 +144,7 @@ class AiterGluonBackend(AiterBackend):
         return PreparedCall(fn=fn, out=out, effective_params=self._effective(found, plan),
                             refresh=refresh,
                             workspace_bytes=gluon_workspace_bytes(plan, s.num_heads, s.v_head_dim,
-                                                                  out.element_size()))
+                                                                  out.element_size(), s.qo_len))
 
     @staticmethod
     def _effective(found: AiterInstall, plan: GluonPlan) -> dict[str, Any]:

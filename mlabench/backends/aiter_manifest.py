@@ -28,7 +28,7 @@ from mlabench.errors import ConfigError
 MANIFEST_PATH = Path(__file__).with_name("aiter_manifest.toml")
 #: Rule kinds every range must name a variant of.
 RULE_KINDS = ("gluon_bh16_splits", "gluon_bh16_max_heads", "gluon_bh64", "gluon_over_2gib",
-              "asm_gate", "asm_kv_offsets")
+              "gluon_qo_len", "asm_gate", "asm_kv_offsets")
 
 
 class _Strict(BaseModel):

@@ -10,6 +10,8 @@ installed AITER has is decided by :mod:`mlabench.backends.aiter_probe`.  Here:
   split count of the non-persistent fallback (:func:`asm_nonpersistent_splits`).
 - Known crashes and wrong results by KV-cache size (:func:`gluon_crash_reason`,
   :func:`asm_wrong_result_reason`).
+- Several query tokens per request (speculative decoding, MTP): what each path takes
+  (:func:`asm_qo_len_reason`, :func:`gluon_qo_len_reason`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ GLUON_BH64_HEADS = (64, 128)
 GLUON_BH64_LISTED_BATCHES = (64, 128, 256)
 #: KV-cache size past which 32-bit KV offsets overflow (AITER's ``within_2gb`` bound).
 KV_OFFSET_LIMIT_BYTES = 1 << 31
+#: Query tokens per request of AITER's bf16 16-head persistent ASM kernels: ``asm_mla.cu`` pads
+#: 1-4 to 4 (``config_max_seqlen_q = 4; // padding it``, :282 @ 0730b33fcf (v0.1.16), :877 @
+#: fc2e5d57fb (v0.1.20)) and leaves more to a kernel lookup that gfx942 cannot answer
+#: (``hsa/gfx942/mla/mla_asm.csv`` lists qSeqLen 4 only: "cannot find suitable kernel").
+ASM_MAX_QO_LEN = 4
 #: ``get_meta_param``'s per-split overhead term and its split-count search range (bf16).
 ASM_SPLIT_OVERHEAD = 84.1
 ASM_MAX_SPLITS = 16
@@ -247,3 +254,48 @@ def asm_wrong_result_reason(offsets_rule: str | None, gfx: str, kv_cache_bytes: 
     return (f"KV cache {gib:.2f} GiB > 2 GiB: this AITER's gfx950 ASM decode kernels {known} "
             "compute KV offsets in 32 bits, wrong past 2 GiB (fixed by ROCm/aiter#4452, "
             "v0.1.19.post2); refused")
+
+
+# ---- several query tokens per request -----------------------------------------------------------
+def asm_qo_len_reason(qo_len: int, causal: bool, gfx: str, takes_causal: bool) -> str | None:
+    """Why ``mla_decode_fwd`` cannot run ``qo_len`` query tokens per request (bf16, 16 kernel
+    heads, persistent) under this mask, or None.
+
+    1-4 tokens run the kernel built for 4 (:data:`ASM_MAX_QO_LEN`); more are refused: gfx942 has no
+    kernel for them, and the gfx950 routing of 16 heads to its 32/64-head kernels is not claimed
+    here.  Non-causal needs ``mla_decode_fwd``'s ``causal`` argument (``takes_causal``, from
+    v0.1.20; before it every decode kernel masks causally) and a non-causal kernel, which gfx950
+    has (``msk0`` in ``hsa/gfx950/mla/mla_asm.csv`` @ fc2e5d57fb) and gfx942 has not.
+    """
+    if qo_len == 1:
+        return None
+    if qo_len > ASM_MAX_QO_LEN:
+        return (f"qo_len {qo_len}: AITER's bf16 16-head persistent ASM MLA decode has kernels for 1-"
+                f"{ASM_MAX_QO_LEN} query tokens (padded to {ASM_MAX_QO_LEN}, asm_mla.cu); none for more on "
+                "gfx942 ('cannot find suitable kernel'), and gfx950's routing to its 32/64-head kernels "
+                "is not claimed here")
+    if causal:
+        return None
+    if not takes_causal:
+        return (f"non-causal qo_len {qo_len}: this AITER's mla_decode_fwd has no causal argument "
+                "(added in v0.1.20); its decode kernels apply the causal mask")
+    if gfx != "gfx950":
+        return (f"non-causal qo_len {qo_len}: AITER has no non-causal (msk0) bf16 16-head persistent "
+                f"kernel for {gfx or 'this GPU'} (hsa/gfx942/mla/mla_asm.csv); asm_mla.cu finds no kernel")
+    return None
+
+
+def gluon_qo_len_reason(rule: str | None, qo_len: int, causal: bool) -> str | None:
+    """Why AITER's Gluon decode cannot run ``qo_len`` query tokens per request under this mask,
+    or None.  Under ``mtp_4d`` (v0.1.19 on, ROCm/aiter#3890) 4-D queries ``[B, qlen, H, D]`` take
+    any ``qlen``, always under the causal tail mask; under ``one_token`` queries are 3-D."""
+    if qo_len == 1:
+        return None
+    if rule == "mtp_4d":
+        return None if causal else (
+            f"non-causal qo_len {qo_len}: AITER's Gluon multi-token path always applies the causal "
+            "tail mask (query position t sees KV [0, L - qlen + t])")
+    if rule == "one_token":
+        return (f"qo_len {qo_len}: this AITER's Gluon MLA decode takes one query token per request "
+                "(3-D q); its 4-D multi-token entry came with v0.1.19 (ROCm/aiter#3890)")
+    return f"qo_len {qo_len}: cannot tell whether this AITER's Gluon entry takes 4-D multi-token queries"

@@ -54,11 +54,12 @@ def flashmla_api(mod: ModuleType | Any) -> str:
     return API_LEGACY_FLAG if accepts_kwarg(fwd, API_LEGACY_FLAG) is True else API_TENSOR_METADATA
 
 
-def flashmla_query(q: torch.Tensor) -> torch.Tensor:
-    """``[B, H, 576]`` -> ``[B, s_q=1, H, 576]`` (a view, same dtype)."""
-    if q.dim() != 3:
-        raise ValueError(f"q must be [B, H, D], got {tuple(q.shape)}")
-    return q.unsqueeze(1)
+def flashmla_query(q: torch.Tensor, qo_len: int = 1) -> torch.Tensor:
+    """``[B * s_q, H, 576]`` -> ``[B, s_q, H, 576]`` with ``s_q = qo_len`` (a view, same dtype);
+    ValueError for another rank or a row count that is not a multiple of ``qo_len``."""
+    if q.dim() != 3 or q.shape[0] % qo_len:
+        raise ValueError(f"q must be [B*qo_len, H, D] with qo_len {qo_len}, got {tuple(q.shape)}")
+    return q.view(q.shape[0] // qo_len, qo_len, *q.shape[1:])
 
 
 def metadata_args(cache_seqlens: torch.Tensor, num_heads: int, qo_len: int = 1,
@@ -126,10 +127,12 @@ class FlashMLABackend(Backend):
 
     ``prepare`` runs the scheduler (``get_mla_decoding_metadata`` / ``get_mla_metadata``) once,
     untimed, reporting its wall time as ``setup_us["metadata_us"]``, as servers do per step outside
-    the attention call; ``refresh`` runs it again into the same tensors (:func:`schedule`).  ``fn`` runs only ``flash_mla_with_kvcache`` on ``q`` viewed as
-    ``[B, 1, H, 576]`` and the cache ``[num_pages, 64, 1, 576]``; FlashMLA takes no output buffer
-    and returns a new ``[B, 1, H, 512]`` tensor, so ``fn`` copies it into the poisoned ``out``
-    (one extra small copy kernel inside the timed call, about ``B * H * 1 KiB``).
+    the attention call; ``refresh`` runs it again into the same tensors (:func:`schedule`).
+    ``fn`` runs only ``flash_mla_with_kvcache`` on ``q`` viewed as ``[B, s_q, H, 576]``
+    (``s_q = qo_len``, FlashMLA's own multi-token form, ``causal`` the shape's mask) and the cache
+    ``[num_pages, 64, 1, 576]``; FlashMLA takes no output buffer and returns a new
+    ``[B, s_q, H, 512]`` tensor, so ``fn`` copies it into the poisoned ``out`` (one extra small
+    copy kernel inside the timed call, about ``B * s_q * H * 1 KiB``).
     Where the scheduler cannot be hoisted, one decode call in ``prepare`` fills it and
     ``metadata_us`` includes that call (``effective_params["metadata"]`` says so).
     Unread cache slots: FlashMLA reads whole 64-token blocks, but zero-fills the rows of a
@@ -180,16 +183,17 @@ class FlashMLABackend(Backend):
         if api == API_STUB:
             raise BackendUnavailableError("flash_mla has no flash_mla_with_kvcache (stub package)")
         s = inputs.shape
-        q4 = flashmla_query(inputs.q)
+        q4 = flashmla_query(inputs.q, s.qo_len)
         seqlens, rows_per_kv_head, kv_heads = metadata_args(inputs.cache_seqlens, s.num_heads, s.qo_len)
         block_table = inputs.block_table.to(torch.int32)
         extra = {API_LEGACY_FLAG: True} if api == API_LEGACY_FLAG else {}
         out = inputs.new_output()
+        causal = s.causal and s.qo_len > 1  # one token: the call it always was
 
         def decode(sched: Any, splits: Any) -> torch.Tensor:
             o, _lse = mod.flash_mla_with_kvcache(q4, inputs.kv_cache, block_table, seqlens,
                                                  s.v_head_dim, sched, splits,
-                                                 softmax_scale=s.scale, causal=False, **extra)
+                                                 softmax_scale=s.scale, causal=causal, **extra)
             return o
 
         def sync_seqlens() -> None:  # only a copy when cache_seqlens is not int32 already

@@ -88,7 +88,8 @@ class GluonSplitKVBackend(Backend):
 
     def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
         if shape.qo_len != 1:
-            return False, f"only qo_len 1 is supported, got {shape.qo_len}"
+            return False, (f"qo_len {shape.qo_len}: the Hopper Gluon kernel is written for one query "
+                           "token per request (no packed multi-token rows or causal mask yet)")
         ok, why = check_mla_dims(shape, "the Hopper Gluon kernel")
         if not ok:
             return ok, why

@@ -32,11 +32,11 @@ class ReferenceBackend(Backend):
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         s = inputs.shape
         lens = list(s.context_lens)
-        out = torch.full((s.batch, s.num_heads, s.v_head_dim), float("nan"), device=inputs.device)
+        out = torch.full((s.num_query_tokens, s.num_heads, s.v_head_dim), float("nan"), device=inputs.device)
 
         def fn() -> torch.Tensor:
             o, _ = mla_decode_reference(inputs.q, inputs.kv_cache, inputs.block_table, lens, s.scale,
-                                        s.kv_lora_rank)
+                                        s.kv_lora_rank, qo_len=s.qo_len, causal=s.causal)
             return out.copy_(o)
 
         def refresh() -> None:  # the lengths fn slices with, read on the host
@@ -59,7 +59,7 @@ class TorchSplitKVBackend(Backend):
         return True, ""
 
     def _too_large(self, shape: MLADecodeShape, splits: int) -> str:
-        n = splitkv_torch_elements(shape.batch, shape.num_heads, shape.max_context_len, splits)
+        n = splitkv_torch_elements(shape.batch, shape.qo_len * shape.num_heads, shape.max_context_len, splits)
         if n > self.max_elements:
             return (f"too large for the PyTorch split-KV at {splits} splits "
                     f"({n:,} intermediate elements > {self.max_elements:,})")
@@ -78,9 +78,10 @@ class TorchSplitKVBackend(Backend):
 
         def fn() -> torch.Tensor:
             return mla_decode_splitkv_torch(inputs.q, inputs.kv_cache, inputs.block_table,
-                                            inputs.cache_seqlens, splits, s.scale, out=out)
+                                            inputs.cache_seqlens, splits, s.scale, out=out,
+                                            qo_len=s.qo_len, causal=s.causal)
 
+        rows = s.batch * splits * s.qo_len * s.num_heads
         return PreparedCall(fn=fn, out=out, effective_params={"num_kv_splits": splits},
-                            workspace_bytes=split_workspace_bytes(s.batch * splits * s.num_heads,
-                                                                  s.v_head_dim),
+                            workspace_bytes=split_workspace_bytes(rows, s.v_head_dim),
                             split_starts=split_starts(s.context_lens, splits))

@@ -63,8 +63,6 @@ class _TritonBackend(Backend):
         return triton_available()
 
     def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
-        if shape.qo_len != 1:
-            return False, f"only qo_len 1 is supported, got {shape.qo_len}"
         if shape.q_dtype != shape.kv_dtype:
             return False, f"q and kv dtypes must match, got {shape.q_dtype} / {shape.kv_dtype}"
         return check_mla_dims(shape, "the project's Triton kernels")
@@ -90,7 +88,8 @@ class TritonSplitKVBackend(_TritonBackend):
     ``device`` mode every request looks its own count up on the device (the grid is sized for the
     policy's largest count for this batch size; nothing to refresh); in ``host`` mode ``refresh``
     looks one count up from the longest context, as a server choosing the count on the host does,
-    which a captured graph cannot follow (``mlabench graph-check`` flags it).
+    which a captured graph cannot follow (``mlabench graph-check`` flags it).  A multi-token step
+    packs each request's ``qo_len x H`` rows into the kernel's 16-row tiles (no head padding).
     """
 
     name = "triton-splitkv"
@@ -111,12 +110,14 @@ class TritonSplitKVBackend(_TritonBackend):
         table = policy.device_table(s.batch, inputs.device) if mode == "device" else None
         state = {"splits": grid_splits}
         out = inputs.new_output()
-        part_o, part_lse = alloc_splitkv_workspace(s.batch, s.num_heads, grid_splits, inputs.device)
+        rows = s.qo_len * s.num_heads
+        part_o, part_lse = alloc_splitkv_workspace(s.batch, rows, grid_splits, inputs.device)
 
         def fn() -> torch.Tensor:
             return mla_decode_splitkv(inputs.q, inputs.kv_cache, inputs.block_table,
                                       inputs.cache_seqlens, out, state["splits"], s.scale,
-                                      partial_out=part_o, partial_lse=part_lse, split_policy=table)
+                                      partial_out=part_o, partial_lse=part_lse, split_policy=table,
+                                      qo_len=s.qo_len, causal=s.causal)
 
         def refresh() -> None:  # host mode: one count for the step, from the longest context
             state["splits"] = policy.lookup(s.batch, int(inputs.cache_seqlens.max()))
@@ -131,7 +132,7 @@ class TritonSplitKVBackend(_TritonBackend):
                   else [state["splits"]] * s.batch)
         return PreparedCall(fn=fn, out=out, effective_params=effective,
                             refresh=refresh if mode == "host" else None,
-                            workspace_bytes=splitkv_workspace_bytes(1, s.num_heads, sum(counts)),
+                            workspace_bytes=splitkv_workspace_bytes(1, rows, sum(counts)),
                             split_starts=[split_starts([n], c, SPLIT_ALIGN_TOKENS)[0]
                                           for n, c in zip(s.context_lens, counts)])
 
@@ -142,7 +143,9 @@ class TritonPersistentBackend(_TritonBackend):
     (:func:`mlabench.kernels.persistent.mla_decode_persistent`).
 
     The timed call pads q to 16-head tiles, runs the kernel into a ``[B, Hp, 512]`` buffer and
-    copies the first H rows into the output: a server pays those copies every layer.  The work
+    copies the first H rows into the output: a server pays those copies every layer.  With
+    ``qo_len`` query tokens the padding applies per token (``[B * qo_len, Hp, 576]``: 12 heads ->
+    16 of each token, one tile per token).  The work
     list is built once in ``prepare`` (untimed, reported in ``setup_us``) and rebuilt in place by
     ``refresh``, like FlashMLA's scheduling metadata, which servers build once per step for all
     layers.
@@ -166,9 +169,9 @@ class TritonPersistentBackend(_TritonBackend):
         num_programs = int(params["programs_per_sm"]) * current_device().num_sms
         hp = padded_heads(s.num_heads, HEAD_TILE)
         padder = HeadPadder(inputs.q, hp, mode)
-        out_pad = torch.empty((s.batch, hp, s.v_head_dim), dtype=inputs.q.dtype, device=inputs.device)
+        out_pad = inputs.new_output(hp, poison=False)  # [B * qo_len, Hp, 512]
         out = inputs.new_output()
-        part_o, part_lse = alloc_persistent_workspace(num_programs, s.batch, hp, inputs.device)
+        part_o, part_lse = alloc_persistent_workspace(num_programs, s.batch, s.qo_len * hp, inputs.device)
         work, work_list_us = timed_us(inputs.device, lambda: build_work_list(
             inputs.cache_seqlens, num_programs, WORK_GRANULARITY_TOKENS))
 
@@ -179,7 +182,8 @@ class TritonPersistentBackend(_TritonBackend):
             q_pad = padder()
             mla_decode_persistent(q_pad, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens,
                                   out_pad, s.scale, num_programs, work=work,
-                                  partial_out=part_o, partial_lse=part_lse)
+                                  partial_out=part_o, partial_lse=part_lse, qo_len=s.qo_len,
+                                  causal=s.causal)
             return out.copy_(out_pad[:, :s.num_heads])
 
         block_n, num_warps, num_stages = default_launch(inputs.q)
@@ -189,6 +193,6 @@ class TritonPersistentBackend(_TritonBackend):
                               "padded_heads": hp, "block_n": block_n, "num_warps": num_warps,
                               "num_stages": num_stages},
             setup_us={"work_list_us": work_list_us}, refresh=refresh,
-            workspace_bytes=persistent_workspace_bytes(num_programs, s.batch, hp),
+            workspace_bytes=persistent_workspace_bytes(num_programs, s.batch, s.qo_len * hp),
             split_starts=request_split_starts(work),
         )

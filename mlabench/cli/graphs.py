@@ -13,8 +13,8 @@ from typing import Annotated
 
 import typer
 
-from mlabench.cli.options import (Batch, BudgetS, Context, Format, Json, Markdown, PageSize, Splits, int_list,
-                                  name_list, output_format)
+from mlabench.cli.options import (Batch, BudgetS, Context, Format, Json, Markdown, NonCausal, PageSize, QoLen,
+                                  Splits, int_list, name_list, output_format)
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
 from mlabench.files import write_text
@@ -35,9 +35,10 @@ def graph_check(
     save: Annotated[Path | None, typer.Option(metavar="PATH", help="Also write the table as JSON to this file.")] = None,
     heads: Annotated[str | None, typer.Option(metavar="H", help="Local heads (one value; default 12).")] = None,
     batch: Batch = None, context: Context = None, page_size: PageSize = None,
+    qo_len: QoLen = None, non_causal: NonCausal = False,
     dtype: Annotated[str, typer.Option(metavar="DTYPE", help="q and KV dtype.")] = "bfloat16",
-    capture_len: Annotated[int, typer.Option(
-        metavar="L", help="Tokens per request when the graph is captured.")] = 1,
+    capture_len: Annotated[int | None, typer.Option(
+        metavar="L", help="Tokens per request when the graph is captured (default: --qo-len, 1).")] = None,
     splits: Splits = None,
     tolerance: Annotated[float, typer.Option(metavar="FRACTION", help="Flag a graph slower than tuned by more "
                                              "than this fraction.")] = 0.05,
@@ -61,7 +62,9 @@ def graph_check(
     cfg = GraphCheckConfig(
         num_heads=head_list[0], batches=tuple(int_list(batch, "--batch", "batch") or (1,)),
         contexts=tuple(int_list(context, "--context", "context length") or DEFAULT_CONTEXTS),
-        page_size=64 if page_size is None else page_size, dtype=dtype, capture_len=capture_len,
+        page_size=64 if page_size is None else page_size, dtype=dtype,
+        capture_len=capture_len if capture_len is not None else qo_len or 1, qo_len=qo_len or 1,
+        causal=not non_causal,
         splits=tuple(int_list(splits, "--splits", "--splits") or DEFAULT_SPLITS), tolerance=tolerance,
         timing=TimingConfig(budget_s=0.5 if budget_s is None else budget_s), seed=seed)
     subjects = subjects_for(name_list(backend) or ["triton-splitkv"], name_list(split_policy) or ["host", "device"])

@@ -13,8 +13,8 @@ from typing import Annotated
 import typer
 
 from mlabench.cli.options import (Backends, Batch, BudgetS, Context, Format, Heads, Json, Markdown, Model,
-                                  ModelConfig, Order, OrderSeed, PageSize, ResultsDir, Resume, Splits, SweepFile, Tp,
-                                  int_list, name_list, output_format)
+                                  ModelConfig, NonCausal, Order, OrderSeed, PageSize, QoLens, ResultsDir, Resume,
+                                  Splits, SweepFile, Tp, int_list, name_list, output_format)
 from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError
 
@@ -44,7 +44,7 @@ def backends(format: Format = None, as_json: Json = False, markdown: Markdown = 
 def check(
     model: Model = None, tp: Tp = None, model_config: ModelConfig = None, heads: Heads = None,
     backend: Backends = None, splits: Splits = None, batch: Batch = None, context: Context = None,
-    page_size: PageSize = None,
+    qo_len: QoLens = None, non_causal: NonCausal = False, page_size: PageSize = None,
     dtype: Annotated[str, typer.Option(metavar="DTYPE", help="q and KV dtype.")] = "bfloat16",
     rel_rmse_limit: Annotated[float | None, typer.Option(
         metavar="X", help="Largest relative RMSE (RMSE / RMS of the reference) that passes; default from "
@@ -69,7 +69,8 @@ def check(
     tol = check_config(atol, rtol, rel_rmse_limit, rel_max_err_limit, input_sets)
     shapes = check_shapes(model=model, model_config=model_config, tp=tp, heads=int_list(heads, "--heads"),
                           context_lens=int_list(context, "--context", "context length"),
-                          batch=int_list(batch, "--batch"), page_size=page_size, dtype=dtype)
+                          batch=int_list(batch, "--batch"), page_size=page_size, dtype=dtype,
+                          qo_lens=int_list(qo_len, "--qo-len", "--qo-len"), causal=not non_causal)
     split_list = int_list(splits, "--splits", "--splits") or DEFAULT_CHECK_SPLITS
     with progress_bar("check") as update:
         records, unavailable = run_check(shapes, name_list(backend), split_list, tol, seed, update)
@@ -82,6 +83,7 @@ def check(
 def sweep(
     config: SweepFile = None, model: Model = None, tp: Tp = None, model_config: ModelConfig = None,
     heads: Heads = None, backend: Backends = None, batch: Batch = None, context: Context = None,
+    qo_len: QoLens = None, non_causal: NonCausal = False,
     splits: Splits = None, page_size: PageSize = None, budget_s: BudgetS = None,
     results_dir: ResultsDir = Path("results"), resume: Resume = None, order: Order = None,
     order_seed: OrderSeed = None,
@@ -97,7 +99,8 @@ def sweep(
     from mlabench.tables import sweep_summary
 
     fmt = output_format(format, as_json, markdown)
-    overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s)
+    overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s,
+                           qo_len, non_causal)
     overrides.update(order=order.value if order else None, order_seed=order_seed)
     cfg = resolve_sweep_config(config, overrides, resume)
     if not current_device().is_gpu and cfg.name == "default-cpu":
@@ -116,33 +119,40 @@ def compare(
     resume: Annotated[Path | None, typer.Option(
         metavar="RUN", help="Measure what is missing into this run folder.")] = None,
     model: Model = None, tp: Tp = None, model_config: ModelConfig = None, heads: Heads = None,
-    batch: Batch = None, context: Context = None, splits: Splits = None, backend: Backends = None,
+    batch: Batch = None, context: Context = None, qo_len: QoLens = None, non_causal: NonCausal = False,
+    splits: Splits = None, backend: Backends = None,
     page_size: PageSize = None, budget_s: BudgetS = None, results_dir: ResultsDir = Path("results"),
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
-    """Padded persistent kernels vs the best split count of split-KV kernels, per batch and context.
+    """Padded persistent kernels vs the best split count of split-KV kernels, per batch and context
+    (and per qo_len: which path wins at each).
 
     With --from it only reads recorded runs; otherwise it measures (or, with --resume, completes)
     the sweep it needs first.
     """
-    from mlabench.compare import backend_families, recorded_records
+    from mlabench.compare import backend_families, recorded_records, winners_table
     from mlabench.tables import compare_table
 
     fmt = output_format(format, as_json, markdown)
     if from_run:
-        if config or resume or any(v is not None for v in (model, tp, model_config, heads, splits, page_size,
-                                                           budget_s)):
-            raise ConfigError("--from only reads recorded runs: it takes --batch, --context and "
+        if config or resume or non_causal or any(v is not None for v in (model, tp, model_config, heads, splits,
+                                                                         page_size, budget_s)):
+            raise ConfigError("--from only reads recorded runs: it takes --batch, --context, --qo-len and "
                               "--backend as filters, nothing else")
         records = recorded_records(from_run, int_list(batch, "--batch"), int_list(context, "--context"),
-                                   name_list(backend))
+                                   name_list(backend), int_list(qo_len, "--qo-len"))
     else:
         from mlabench.sweep import resolve_sweep_config
 
-        overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s)
+        overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s,
+                               qo_len, non_causal)
         store, records = _run_with_progress(resolve_sweep_config(config, overrides, resume), results_dir, resume,
                                             strict=bool(backend))
-    emit([compare_table(records, backend_families())], fmt)
+    families = backend_families()
+    tables = [compare_table(records, families)]
+    if len({(r.qo_len, r.causal) for r in records}) > 1:
+        tables.append(winners_table(records, families))
+    emit(tables, fmt)
     if not from_run:
         _results_went_to(store)
 
@@ -151,7 +161,8 @@ def compare(
 COMMANDS = {"backends": backends, "check": check, "sweep": sweep, "compare": compare}
 
 
-def _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s) -> dict:
+def _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s,
+               qo_len=None, non_causal=False) -> dict:
     """The sweep flags, parsed, as :func:`mlabench.sweep.sweep_overrides`."""
     from mlabench.sweep import sweep_overrides
 
@@ -159,7 +170,8 @@ def _overrides(model, tp, model_config, heads, backend, batch, context, splits, 
         model=model, tp=tp, model_config=model_config, heads=int_list(heads, "--heads", "heads"),
         backends=name_list(backend), batch=int_list(batch, "--batch", "batch"),
         context_lens=int_list(context, "--context", "context length"),
-        splits=int_list(splits, "--splits", "--splits"), page_size=page_size, budget_s=budget_s)
+        splits=int_list(splits, "--splits", "--splits"), page_size=page_size, budget_s=budget_s,
+        qo_len=int_list(qo_len, "--qo-len", "--qo-len"), causal=False if non_causal else None)
 
 
 def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool):

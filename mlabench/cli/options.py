@@ -35,6 +35,15 @@ PageSize = Annotated[int | None, typer.Option(
 Backends = Annotated[list[str] | None, typer.Option(
     "--backend", metavar="NAME[,NAME...]", help="Backends, e.g. a,b (or repeated); default: every available one.")]
 Splits = Annotated[str | None, typer.Option(metavar="N[,N...]", help="num_kv_splits values, e.g. 1,16,64.")]
+QoLens = Annotated[str | None, typer.Option(
+    "--qo-len", metavar="T[,T...]",
+    help="Query tokens per request, 1-8 (speculative-decoding verify, MTP), e.g. 1,2,4 (default 1; "
+         "compare --from: a filter).")]
+QoLen = Annotated[int | None, typer.Option(
+    "--qo-len", metavar="T", help="Query tokens per request, 1-8 (speculative-decoding verify, MTP; default 1).")]
+NonCausal = Annotated[bool, typer.Option(
+    "--non-causal", help="Several query tokens see only the cache (a draft block), not each other; default: "
+                         "causal, token t sees the prefix and block tokens 0..t.")]
 
 # ---- sweeps and runs ------------------------------------------------------------------------------
 SweepFile = Annotated[str | None, typer.Option(

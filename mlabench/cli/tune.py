@@ -12,8 +12,8 @@ from typing import Annotated, Any
 
 import typer
 from mlabench.cli.options import (
-    Batch, BudgetS, Format, Heads, Json, Markdown, Model, ModelConfig, PageSize, ResultsDir, Resume,
-    SweepFile, Tp, int_list, output_format,
+    Batch, BudgetS, Format, Heads, Json, Markdown, Model, ModelConfig, NonCausal, PageSize, QoLen, ResultsDir,
+    Resume, SweepFile, Tp, int_list, output_format,
 )
 from mlabench.cli.output import emit, err
 from mlabench.errors import ConfigError
@@ -82,6 +82,8 @@ def tune(
     buckets: Annotated[str | None, typer.Option(metavar="L[,L...]", help="Context bucket upper edges, e.g. 1024,4096,32768,131072.")] = None,
     representative: Annotated[str | None, typer.Option(metavar="geomean|upper", help="Length measured per bucket: geomean or upper.")] = None,
     page_size: PageSize = None,
+    qo_len: QoLen = None,
+    non_causal: NonCausal = False,
     dtype: Annotated[str | None, typer.Option(metavar="DTYPE", help="q and KV dtype (default bfloat16).")] = None,
     sampler: Annotated[str | None, typer.Option(metavar="auto|tpe|gp|grid|brute", help="auto, tpe, gp, grid or brute.")] = None,
     trials: Annotated[int | None, typer.Option(metavar="N", help="Finished trials per study (heuristics included).")] = None,
@@ -125,7 +127,8 @@ def tune(
               "heads": _one_value(int_list(heads, "--heads", "heads"), "--heads"),
               "batch": int_list(batch, "--batch", "batch"),
               "buckets": int_list(buckets, "--buckets", "--buckets"), "representative": representative,
-              "page_size": page_size, "q_dtype": dtype, "kv_dtype": dtype, "sampler": sampler, "trials": trials, "timeout_s": timeout,
+              "page_size": page_size, "q_dtype": dtype, "kv_dtype": dtype, "qo_len": qo_len,
+              "causal": False if non_causal else None, "sampler": sampler, "trials": trials, "timeout_s": timeout,
               "space": parse_space(space), "noise": noise, "heuristics": False if no_heuristics else None,
               "timing": {"budget_s": budget_s, "eager": False} if budget_s is not None else None, "storage": storage}
     if resume is not None:

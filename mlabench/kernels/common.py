@@ -1,9 +1,15 @@
 """Triton building blocks shared by the split-KV and the persistent MLA decode kernels.
 
-- :func:`load_q_tile`: one request's 16-row head tile of q, split into the 512-column latent
+- Rows: the kernels work on a request's query rows, ``qo_len x H`` of them packed token-major
+  (row ``r`` is head ``r % H`` of query token ``r // H``; 12 heads x 4 tokens = 48 rows), cut into
+  16-row tiles.  :func:`pack_rows` views ``[B * qo_len, H, D]`` as ``[B, qo_len * H, D]``; with one
+  token a row is a head, as before.
+- :func:`load_q_tile`: one request's 16-row tile of q, split into the 512-column latent
   ("nope") block and the 64-column RoPE block, kept in registers.
 - :func:`attend_tokens`: online softmax over a token range of one request.  The 576-wide key is
-  read once per tile as those two blocks; V is the nope block of the same loaded tile.
+  read once per tile as those two blocks; V is the nope block of the same loaded tile.  Under
+  ``CAUSAL`` (a compile-time switch, off for one query token, so that code is unchanged) each row
+  also stops at its own key limit (:func:`causal_row_limits`).
 - :func:`store_partial`: a normalised fp32 partial output and its base-2 log-sum-exp.
 - :func:`merge_partials_kernel` (launched by :func:`launch_merge`): merges a request's partials
   with weights ``2^(lse_s - max lse)`` (Dao et al., "Flash-Decoding for long-context inference",
@@ -67,18 +73,44 @@ def resolve_launch(q: torch.Tensor, block_n: int | None, num_warps: int | None,
     return block_n, num_warps, num_stages
 
 
+def pack_rows(t: torch.Tensor, batch: int, qo_len: int) -> torch.Tensor:
+    """``[B * qo_len, H, D]`` -> ``[B, qo_len * H, D]``, a view (row ``t * H + h`` of request ``b``
+    is ``t[b * qo_len + t, h]``).  ValueError when the first two dimensions cannot be merged
+    without a copy (a stride gap between query tokens)."""
+    rows, heads, dim = t.shape
+    if rows != batch * qo_len:
+        raise ValueError(f"{rows} query rows are not {batch} requests x qo_len {qo_len}")
+    try:
+        return t.view(batch, qo_len * heads, dim)
+    except RuntimeError:
+        raise ValueError(f"a [B*qo_len, H, D] tensor with strides {t.stride()} cannot be viewed as "
+                         "packed rows: make it contiguous") from None
+
+
+@triton.jit
+def causal_row_limits(seq_len, rows, heads_per_token, QO_LEN: tl.constexpr):
+    """Keys each packed row sees under the causal mask: row ``r`` is query token
+    ``t = r // heads_per_token`` of a block of ``QO_LEN`` at the end of the request's ``seq_len``
+    cached tokens, which sees the first ``seq_len - QO_LEN + t + 1`` (0 or fewer: none)."""
+    return seq_len - QO_LEN + 1 + rows // heads_per_token
+
+
 @triton.jit
 def attend_tokens(q_nope, q_pe, kv_ptr, bt_row_ptr, tok_lo, tok_hi, qk_scale_log2,
-                  stride_kv_page, stride_kv_tok,
+                  stride_kv_page, stride_kv_tok, row_lim,
                   PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-                  UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr):
+                  UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr, CAUSAL: tl.constexpr):
     """Online softmax over tokens ``[tok_lo, tok_hi)`` of one request.
 
     ``q_nope`` ``[BLOCK_H, 512]`` and ``q_pe`` ``[BLOCK_H, 64]`` are in registers; ``bt_row_ptr``
     points at the request's block-table row.  Lanes at or past ``tok_hi`` read neither the block
     table nor the cache: their K and V load as 0.0, their score is -inf and their weight 0 times a
     zero row, so cache slots no request may read (which the correctness check fills with NaN)
-    never reach the arithmetic.  Returns ``(acc [BLOCK_H, 512] fp32 unnormalised,
+    never reach the arithmetic.  With ``CAUSAL`` row ``i`` also sees only tokens below
+    ``row_lim[i]`` (``[BLOCK_H]`` int32, :func:`causal_row_limits`; the tokens it may not see are
+    loaded, finite, and weighted 0); a row that sees none of the range keeps ``l = 0, m = -inf``
+    (the running max is guarded, so no ``-inf - -inf``); without it ``row_lim`` is not read.
+    Returns ``(acc [BLOCK_H, 512] fp32 unnormalised,
     l [BLOCK_H] fp32 sum of 2^(s - m), m [BLOCK_H] fp32 running max in base-2 units)``.  An empty
     range returns ``acc = 0, l = 0, m = -inf``.
     """
@@ -98,10 +130,18 @@ def attend_tokens(q_nope, q_pe, kv_ptr, bt_row_ptr, tok_lo, tok_hi, qk_scale_log
             k_nope = k_nope.to(tl.float32)
             k_pe = k_pe.to(tl.float32)
         s = tl.dot(q_nope, tl.trans(k_nope)) + tl.dot(q_pe, tl.trans(k_pe))
-        s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds >= 1 valid token
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        if CAUSAL:
+            seen = valid[None, :] & (offs_n[None, :] < row_lim[:, None])
+            s = tl.where(seen, s * qk_scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # -inf for a row that has seen nothing yet
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+        else:
+            s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds >= 1 valid token
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(k_nope.dtype), k_nope)
         m_i = m_new
@@ -231,21 +271,23 @@ def launch_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torc
 
 
 def check_decode_args(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                      cache_seqlens: torch.Tensor, out: torch.Tensor) -> None:
-    """Raise ValueError unless the tensors have the MLA decode layout this module assumes."""
+                      cache_seqlens: torch.Tensor, out: torch.Tensor, qo_len: int = 1) -> None:
+    """Raise ValueError unless the tensors have the MLA decode layout this module assumes:
+    q ``[B * qo_len, H, 576]``, out ``[B * qo_len, H, 512]``, ``B`` the block table's rows."""
     if q.dim() != 3 or q.shape[-1] != D_QK or q.stride(-1) != 1:
-        raise ValueError(f"q must be [B, H, {D_QK}] with unit last stride, got {tuple(q.shape)}")
+        raise ValueError(f"q must be [B*qo_len, H, {D_QK}] with unit last stride, got {tuple(q.shape)}")
     if kv_cache.dim() != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] != D_QK:
         raise ValueError(f"kv_cache must be [pages, page_size, 1, {D_QK}], got {tuple(kv_cache.shape)}")
     if kv_cache.stride(-1) != 1:
         raise ValueError("kv_cache must have a unit last stride")
-    batch, heads, _ = q.shape
-    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.dtype != torch.int32:
-        raise ValueError("block_table must be [B, max_pages] int32")
+    rows, heads, _ = q.shape
+    batch = block_table.shape[0] if block_table.dim() == 2 else -1
+    if batch < 1 or rows != batch * qo_len or block_table.dtype != torch.int32:
+        raise ValueError(f"block_table must be [B, max_pages] int32 with B * qo_len = {rows} q rows")
     if cache_seqlens.shape != (batch,) or cache_seqlens.dtype != torch.int32:
         raise ValueError("cache_seqlens must be [B] int32")
-    if out.shape != (batch, heads, D_NOPE) or out.stride(-1) != 1:
-        raise ValueError(f"out must be [B, H, {D_NOPE}] with unit last stride, got {tuple(out.shape)}")
+    if out.shape != (rows, heads, D_NOPE) or out.stride(-1) != 1:
+        raise ValueError(f"out must be [B*qo_len, H, {D_NOPE}] with unit last stride, got {tuple(out.shape)}")
     if block_table.stride(-1) != 1:
         raise ValueError("block_table must have a unit last stride")
 

@@ -10,7 +10,10 @@ point of the persistent "tile scheduler" of FlashMLA's decode on Hopper (its ``g
 cuts the batch's tokens over a grid of one part per SM).
 
 The kernel works on whole 16-row head tiles: the query must already be padded to a multiple of 16
-heads (see :mod:`mlabench.kernels.padding`); every padded row is computed and written.
+heads (see :mod:`mlabench.kernels.padding`); every padded row is computed and written.  With
+``qo_len`` query tokens per request the padding applies per token (12 -> 16 heads of each token),
+a request's rows are packed token-major (:func:`mlabench.kernels.common.pack_rows`) and the grid's
+tile axis holds ``qo_len * Hp / 16`` tiles; a causal block masks each row at its own key limit.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import triton
 import triton.language as tl
 
 from mlabench.kernels.common import (
-    BLOCK_H, D_NOPE, LOG2E, attend_tokens, check_decode_args, launch_merge, load_q_tile,
-    resolve_launch, store_partial, upcast_for_interpreter,
+    BLOCK_H, D_NOPE, LOG2E, attend_tokens, causal_row_limits, check_decode_args, launch_merge,
+    load_q_tile, pack_rows, resolve_launch, store_partial, upcast_for_interpreter,
 )
 from mlabench.kernels.workspace import split_workspace_bytes
 from mlabench.kernels.worklist import WorkList, build_work_list
@@ -33,11 +36,12 @@ WORK_GRANULARITY_TOKENS = 16
 
 @triton.jit
 def _persistent_stage1(q_ptr, kv_ptr, bt_ptr, cu_ptr, chunk_ptr, first_req_ptr, po_ptr, plse_ptr,
-                       batch, num_heads, qk_scale_log2,
+                       batch, num_heads, heads_per_token, qk_scale_log2,
                        stride_qb, stride_qh, stride_kv_page, stride_kv_tok, stride_btb,
                        stride_ps, stride_ph, stride_ls,
                        PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-                       UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr):
+                       UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr, QO_LEN: tl.constexpr,
+                       CAUSAL: tl.constexpr):
     p = tl.program_id(0)
     ht = tl.program_id(1)
     chunk = tl.load(chunk_ptr)
@@ -51,10 +55,11 @@ def _persistent_stage1(q_ptr, kv_ptr, bt_ptr, cu_ptr, chunk_ptr, first_req_ptr, 
         seg_end = tl.minimum(r_end, hi)
         q_nope, q_pe, heads = load_q_tile(q_ptr, i, ht, num_heads, stride_qb, stride_qh, UPCAST,
                                           BLOCK_H)
+        row_lim = causal_row_limits(r_end - r_start, heads, heads_per_token, QO_LEN)
         acc, l_i, m_i = attend_tokens(q_nope, q_pe, kv_ptr, bt_ptr + i.to(tl.int64) * stride_btb,
                                       pos - r_start, seg_end - r_start, qk_scale_log2,
-                                      stride_kv_page, stride_kv_tok,
-                                      PAGE_SIZE, BLOCK_N, BLOCK_H, UPCAST, NUM_STAGES)
+                                      stride_kv_page, stride_kv_tok, row_lim,
+                                      PAGE_SIZE, BLOCK_N, BLOCK_H, UPCAST, NUM_STAGES, CAUSAL)
         # An empty request (r_end == pos) must not write: its slot p + i may belong to another
         # program's non-empty segment.
         store_partial(po_ptr, plse_ptr, p + i, heads, tl.where(seg_end > pos, num_heads, 0),
@@ -91,14 +96,16 @@ def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: 
                           partial_out: torch.Tensor | None = None,
                           partial_lse: torch.Tensor | None = None,
                           block_n: int | None = None, num_warps: int | None = None,
-                          num_stages: int | None = None) -> torch.Tensor:
+                          num_stages: int | None = None, qo_len: int = 1,
+                          causal: bool = True) -> torch.Tensor:
     """Persistent-grid MLA decode of 16-row head tiles.
 
     Args:
-        q: ``[B, Hp, 576]`` with ``Hp`` a multiple of 16 (pad first), bf16/fp16/fp32.
+        q: ``[B * qo_len, Hp, 576]`` with ``Hp`` a multiple of 16 (pad each token's heads
+            first), bf16/fp16/fp32.
         kv_cache: ``[num_pages, page_size, 1, 576]``; block_table ``[B, max_pages]`` int32;
             cache_seqlens ``[B]`` int32 (only read through ``work``).
-        out: ``[B, Hp, 512]`` in q's dtype, written in place and returned.
+        out: ``[B * qo_len, Hp, 512]`` in q's dtype, written in place and returned.
         softmax_scale: multiplier of ``q . k``.
         num_programs: ``G``, programs per head tile (a multiple of the SM count is sensible).
         work: a :class:`WorkList` built with the same ``num_programs`` (any granularity; built
@@ -106,15 +113,21 @@ def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: 
         partial_out / partial_lse: workspace from :func:`alloc_persistent_workspace`.
         block_n, num_warps, num_stages: tile tokens and Triton launch options (None: the
             defaults of :func:`mlabench.kernels.common.default_launch`).
+        qo_len, causal: query tokens per request and their mask, as
+            :func:`mlabench.kernels.splitkv.mla_decode_splitkv` takes them; the partials hold
+            ``qo_len * Hp`` rows per slot.
 
     Returns ``out``.  Raises ValueError when ``Hp % 16 != 0``, the work list does not match, or the
     workspace is too small.
     """
-    check_decode_args(q, kv_cache, block_table, cache_seqlens, out)
+    check_decode_args(q, kv_cache, block_table, cache_seqlens, out, qo_len)
     block_n, num_warps, num_stages = resolve_launch(q, block_n, num_warps, num_stages)
-    batch, heads, _ = q.shape
-    if heads % BLOCK_H:
-        raise ValueError(f"persistent kernel needs heads padded to a multiple of {BLOCK_H}, got {heads}")
+    batch, heads_per_token = block_table.shape[0], q.shape[1]
+    if heads_per_token % BLOCK_H:
+        raise ValueError(f"persistent kernel needs heads padded to a multiple of {BLOCK_H}, got "
+                         f"{heads_per_token}")
+    heads = qo_len * heads_per_token  # a request's packed rows
+    q, out_rows = pack_rows(q, batch, qo_len), pack_rows(out, batch, qo_len)
     if work is None:
         work = build_work_list(cache_seqlens, num_programs, WORK_GRANULARITY_TOKENS)
     if work.num_programs != num_programs or work.batch != batch:
@@ -127,12 +140,13 @@ def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: 
     upcast = upcast_for_interpreter(q.dtype)
     _persistent_stage1[(num_programs, heads // BLOCK_H)](
         q, kv_cache, block_table, work.cu_seqlens, work.chunk_tokens, work.prog_first_req,
-        partial_out, partial_lse, batch, heads, float(softmax_scale) * LOG2E,
+        partial_out, partial_lse, batch, heads, heads_per_token, float(softmax_scale) * LOG2E,
         q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
         PAGE_SIZE=kv_cache.shape[1], BLOCK_N=block_n, BLOCK_H=BLOCK_H, UPCAST=upcast,
-        NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages,
+        NUM_STAGES=num_stages, QO_LEN=qo_len, CAUSAL=causal and qo_len > 1,
+        num_warps=num_warps, num_stages=num_stages,
     )
-    launch_merge(partial_out, partial_lse, out, work.req_slot_lo, work.req_slot_hi, 0,
+    launch_merge(partial_out, partial_lse, out_rows, work.req_slot_lo, work.req_slot_hi, 0,
                  from_ranges=True)
     return out

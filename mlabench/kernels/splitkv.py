@@ -1,6 +1,9 @@
 """Split-KV (flash-decoding) MLA decode in Triton, with an explicit runtime ``num_kv_splits``.
 
-Stage 1 runs one program per (request, split, 16-row head tile).  Each request's ``L`` tokens are
+Stage 1 runs one program per (request, split, 16-row tile).  A request's rows are its ``qo_len``
+query tokens times ``H`` heads, packed token-major (:func:`mlabench.kernels.common.pack_rows`:
+12 heads x 4 tokens = 48 rows, three full tiles); a causal block applies each row's own key limit
+inside the tile loop, every split count alike.  Each request's ``L`` tokens are
 cut on the device into ``S`` contiguous splits of ``chunk = ceil(L / S)`` tokens rounded up to
 :data:`SPLIT_ALIGN_TOKENS` (trailing splits may be short or empty), so a captured CUDA graph stays
 correct when ``cache_seqlens`` change.  Each split writes an fp32 partial output (already
@@ -27,8 +30,8 @@ import triton
 import triton.language as tl
 
 from mlabench.kernels.common import (
-    BLOCK_H, D_NOPE, LOG2E, attend_tokens, check_decode_args, launch_merge, load_q_tile,
-    policy_splits, resolve_launch, store_partial, upcast_for_interpreter,
+    BLOCK_H, D_NOPE, LOG2E, attend_tokens, causal_row_limits, check_decode_args, launch_merge,
+    load_q_tile, pack_rows, policy_splits, resolve_launch, store_partial, upcast_for_interpreter,
 )
 from mlabench.kernels.workspace import split_workspace_bytes
 
@@ -38,31 +41,33 @@ MAX_KV_SPLITS = 512
 
 @triton.jit
 def _split_partial(q_ptr, kv_ptr, bt_ptr, po_ptr, plse_ptr, b, split, ht, seq_len, splits, slot,
-                   num_heads, qk_scale_log2, stride_qb, stride_qh, stride_kv_page, stride_kv_tok,
-                   stride_btb, stride_ps, stride_ph, stride_ls,
+                   num_rows, heads_per_token, qk_scale_log2, stride_qb, stride_qh, stride_kv_page,
+                   stride_kv_tok, stride_btb, stride_ps, stride_ph, stride_ls,
                    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-                   SPLIT_ALIGN: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """Split ``split`` of ``splits`` of request ``b`` (``seq_len`` tokens), head tile ``ht``: its
+                   SPLIT_ALIGN: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr,
+                   QO_LEN: tl.constexpr, CAUSAL: tl.constexpr):
+    """Split ``split`` of ``splits`` of request ``b`` (``seq_len`` tokens), row tile ``ht``: its
     partial goes to slot ``slot``."""
     chunk = tl.cdiv(tl.cdiv(seq_len, splits), SPLIT_ALIGN) * SPLIT_ALIGN
     tok_lo = tl.minimum(split * chunk, seq_len)
     tok_hi = tl.minimum(tok_lo + chunk, seq_len)
-    q_nope, q_pe, heads = load_q_tile(q_ptr, b, ht, num_heads, stride_qb, stride_qh, UPCAST, BLOCK_H)
+    q_nope, q_pe, rows = load_q_tile(q_ptr, b, ht, num_rows, stride_qb, stride_qh, UPCAST, BLOCK_H)
+    row_lim = causal_row_limits(seq_len, rows, heads_per_token, QO_LEN)  # read only when CAUSAL
     acc, l_i, m_i = attend_tokens(q_nope, q_pe, kv_ptr, bt_ptr + b.to(tl.int64) * stride_btb,
                                   tok_lo, tok_hi, qk_scale_log2, stride_kv_page, stride_kv_tok,
-                                  PAGE_SIZE, BLOCK_N, BLOCK_H, UPCAST, NUM_STAGES)
-    store_partial(po_ptr, plse_ptr, slot, heads, num_heads, acc, l_i, m_i,
+                                  row_lim, PAGE_SIZE, BLOCK_N, BLOCK_H, UPCAST, NUM_STAGES, CAUSAL)
+    store_partial(po_ptr, plse_ptr, slot, rows, num_rows, acc, l_i, m_i,
                   stride_ps, stride_ph, stride_ls)
 
 
 @triton.jit(do_not_specialize=["num_splits"])  # one compilation for every split count
 def _splitkv_stage1(q_ptr, kv_ptr, bt_ptr, seqlens_ptr, policy_ptr, po_ptr, plse_ptr,
-                    num_splits, num_heads, qk_scale_log2,
+                    num_splits, num_rows, heads_per_token, qk_scale_log2,
                     stride_qb, stride_qh, stride_kv_page, stride_kv_tok, stride_btb,
                     stride_ps, stride_ph, stride_ls,
                     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
                     SPLIT_ALIGN: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr,
-                    POLICY_ROWS: tl.constexpr):
+                    POLICY_ROWS: tl.constexpr, QO_LEN: tl.constexpr, CAUSAL: tl.constexpr):
     b = tl.program_id(0)
     split = tl.program_id(1)
     ht = tl.program_id(2)
@@ -72,18 +77,19 @@ def _splitkv_stage1(q_ptr, kv_ptr, bt_ptr, seqlens_ptr, policy_ptr, po_ptr, plse
         own = policy_splits(seq_len, policy_ptr, num_splits, POLICY_ROWS)
         if split < own:
             _split_partial(q_ptr, kv_ptr, bt_ptr, po_ptr, plse_ptr, b, split, ht, seq_len, own,
-                           slot, num_heads, qk_scale_log2, stride_qb, stride_qh, stride_kv_page,
-                           stride_kv_tok, stride_btb, stride_ps, stride_ph, stride_ls,
-                           PAGE_SIZE, BLOCK_N, BLOCK_H, SPLIT_ALIGN, UPCAST, NUM_STAGES)
+                           slot, num_rows, heads_per_token, qk_scale_log2, stride_qb, stride_qh,
+                           stride_kv_page, stride_kv_tok, stride_btb, stride_ps, stride_ph, stride_ls,
+                           PAGE_SIZE, BLOCK_N, BLOCK_H, SPLIT_ALIGN, UPCAST, NUM_STAGES, QO_LEN, CAUSAL)
     else:
         _split_partial(q_ptr, kv_ptr, bt_ptr, po_ptr, plse_ptr, b, split, ht, seq_len, num_splits,
-                       slot, num_heads, qk_scale_log2, stride_qb, stride_qh, stride_kv_page,
-                       stride_kv_tok, stride_btb, stride_ps, stride_ph, stride_ls,
-                       PAGE_SIZE, BLOCK_N, BLOCK_H, SPLIT_ALIGN, UPCAST, NUM_STAGES)
+                       slot, num_rows, heads_per_token, qk_scale_log2, stride_qb, stride_qh,
+                       stride_kv_page, stride_kv_tok, stride_btb, stride_ps, stride_ph, stride_ls,
+                       PAGE_SIZE, BLOCK_N, BLOCK_H, SPLIT_ALIGN, UPCAST, NUM_STAGES, QO_LEN, CAUSAL)
 
 
 def splitkv_workspace_shapes(batch: int, num_heads: int, num_kv_splits: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shapes of the fp32 partials: ``([B * S, H, 512], [B * S, H])`` (slot = b * S + split)."""
+    """Shapes of the fp32 partials: ``([B * S, R, 512], [B * S, R])`` (slot = b * S + split), with
+    ``R`` = ``num_heads`` the rows of a request (``qo_len * H`` for a multi-token step)."""
     slots = batch * num_kv_splits
     return (slots, num_heads, D_NOPE), (slots, num_heads)
 
@@ -108,14 +114,16 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
                        softmax_scale: float, *, partial_out: torch.Tensor | None = None,
                        partial_lse: torch.Tensor | None = None, block_n: int | None = None,
                        num_warps: int | None = None, num_stages: int | None = None,
-                       split_policy: torch.Tensor | None = None) -> torch.Tensor:
-    """Split-KV MLA decode: ``out = softmax(q K^T * softmax_scale) V`` per request and head.
+                       split_policy: torch.Tensor | None = None, qo_len: int = 1,
+                       causal: bool = True) -> torch.Tensor:
+    """Split-KV MLA decode: ``out = softmax(q K^T * softmax_scale) V`` per query token and head.
 
     Args:
-        q: ``[B, H, 576]`` bf16/fp16/fp32, any H (rows of 16-row tiles; extra rows are masked).
+        q: ``[B * qo_len, H, 576]`` bf16/fp16/fp32, any H; a request's ``qo_len * H`` rows are
+            packed into 16-row tiles (extra rows are masked).
         kv_cache: ``[num_pages, page_size, 1, 576]``, same dtype as q; page size any (1/16/64 tested).
         block_table: ``[B, max_pages]`` int32.  cache_seqlens: ``[B]`` int32, read on the device.
-        out: ``[B, H, 512]`` in q's dtype; written in place and returned.
+        out: ``[B * qo_len, H, 512]`` in q's dtype; written in place and returned.
         num_kv_splits: splits per request, 1..512, a runtime argument (no recompilation per value);
             with ``split_policy`` the most splits a request may take (the grid's split axis).
         softmax_scale: multiplier of ``q . k``.
@@ -128,36 +136,42 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
             table of ``(max_context_len, num_kv_splits)`` rows on q's device, ``R`` a power of two
             (:meth:`mlabench.split_policy.SplitPolicy.device_table`): request ``b`` then runs
             ``min(lookup(cache_seqlens[b]), num_kv_splits)`` splits, looked up on the device.
+        qo_len: query tokens per request; causal: each sees the prefix and the block tokens up to
+            itself (:func:`mlabench.kernels.common.causal_row_limits`; one whose limit is 0 gets
+            zeros), else all ``cache_seqlens[b]`` tokens.  One token compiles the same code as
+            before either way.
 
     Returns ``out``.  Raises ValueError for bad layouts, split counts, policy tables or a
-    too-small workspace.
+    too-small workspace (``[B * S, qo_len * H, 512]`` partials).
     """
-    check_decode_args(q, kv_cache, block_table, cache_seqlens, out)
+    check_decode_args(q, kv_cache, block_table, cache_seqlens, out, qo_len)
     block_n, num_warps, num_stages = resolve_launch(q, block_n, num_warps, num_stages)
     if not 1 <= int(num_kv_splits) <= MAX_KV_SPLITS:
         raise ValueError(f"num_kv_splits must be in 1..{MAX_KV_SPLITS}, got {num_kv_splits}")
-    batch, heads, _ = q.shape
+    batch, heads = block_table.shape[0], q.shape[1]
+    q_rows, out_rows = pack_rows(q, batch, qo_len), pack_rows(out, batch, qo_len)
+    rows = qo_len * heads
     if partial_out is None or partial_lse is None:
-        partial_out, partial_lse = alloc_splitkv_workspace(batch, heads, num_kv_splits, q.device)
-    o_shape, l_shape = splitkv_workspace_shapes(batch, heads, num_kv_splits)
+        partial_out, partial_lse = alloc_splitkv_workspace(batch, rows, num_kv_splits, q.device)
+    o_shape, l_shape = splitkv_workspace_shapes(batch, rows, num_kv_splits)
     if (partial_out.shape[0] < o_shape[0] or tuple(partial_out.shape[1:]) != o_shape[1:]
-            or partial_lse.shape[0] < l_shape[0] or partial_lse.shape[1] != heads):
-        raise ValueError(f"workspace too small for B={batch} H={heads} splits={num_kv_splits}")
+            or partial_lse.shape[0] < l_shape[0] or partial_lse.shape[1] != rows):
+        raise ValueError(f"workspace too small for B={batch} rows={rows} splits={num_kv_splits}")
     check_policy_table(split_policy, q.device)
-    rows = 0 if split_policy is None else split_policy.shape[0]
-    policy = cache_seqlens if split_policy is None else split_policy  # not read when rows == 0
+    policy_rows = 0 if split_policy is None else split_policy.shape[0]
+    policy = cache_seqlens if split_policy is None else split_policy  # not read when policy_rows == 0
     upcast = upcast_for_interpreter(q.dtype)
-    grid = (batch, int(num_kv_splits), triton.cdiv(heads, BLOCK_H))
+    grid = (batch, int(num_kv_splits), triton.cdiv(rows, BLOCK_H))
     _splitkv_stage1[grid](
-        q, kv_cache, block_table, cache_seqlens, policy, partial_out, partial_lse,
-        int(num_kv_splits), heads, float(softmax_scale) * LOG2E,
-        q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
-        partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
+        q_rows, kv_cache, block_table, cache_seqlens, policy, partial_out, partial_lse,
+        int(num_kv_splits), rows, heads, float(softmax_scale) * LOG2E,
+        q_rows.stride(0), q_rows.stride(1), kv_cache.stride(0), kv_cache.stride(1),
+        block_table.stride(0), partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
         PAGE_SIZE=kv_cache.shape[1], BLOCK_N=block_n, BLOCK_H=BLOCK_H,
-        SPLIT_ALIGN=SPLIT_ALIGN_TOKENS, UPCAST=upcast, NUM_STAGES=num_stages, POLICY_ROWS=rows,
-        num_warps=num_warps, num_stages=num_stages,
+        SPLIT_ALIGN=SPLIT_ALIGN_TOKENS, UPCAST=upcast, NUM_STAGES=num_stages, POLICY_ROWS=policy_rows,
+        QO_LEN=qo_len, CAUSAL=causal and qo_len > 1, num_warps=num_warps, num_stages=num_stages,
     )
-    launch_merge(partial_out, partial_lse, out, cache_seqlens, cache_seqlens, int(num_kv_splits),
+    launch_merge(partial_out, partial_lse, out_rows, cache_seqlens, cache_seqlens, int(num_kv_splits),
                  from_ranges=False, seqlens=cache_seqlens, policy=split_policy)
     return out
 

@@ -33,18 +33,21 @@ def splitkv_torch_elements(batch: int, heads: int, max_len: int, splits: int) ->
 
 def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                              cache_seqlens: torch.Tensor, num_kv_splits: int, softmax_scale: float,
-                             out: torch.Tensor | None = None,
-                             kv_lora_rank: int = 512) -> torch.Tensor:
-    """Decode ``q`` ``[B, H, 576]`` against the paged cache with ``num_kv_splits`` splits.
+                             out: torch.Tensor | None = None, kv_lora_rank: int = 512,
+                             qo_len: int = 1, causal: bool = True) -> torch.Tensor:
+    """Decode ``q`` ``[B * qo_len, H, 576]`` against the paged cache with ``num_kv_splits`` splits.
 
     ``kv_cache`` ``[P, page, 1, 576]``, ``block_table`` ``[B, max_pages]`` int32,
-    ``cache_seqlens`` ``[B]`` int32 (each >= 1).  Returns ``out`` ``[B, H, kv_lora_rank]`` in
-    q's dtype.  Computes in float32.  Cache slots past a request's length are never read into
-    the arithmetic (they may hold NaN).  Raises ValueError if ``num_kv_splits < 1``.
+    ``cache_seqlens`` ``[B]`` int32 (each >= 1).  A request's splits cut its whole context; each
+    of its ``qo_len`` query tokens sees the part its mask allows
+    (:func:`mlabench.kernels.reference.visible_keys`), and one that sees none gets zeros.
+    Returns ``out`` ``[B * qo_len, H, kv_lora_rank]`` in q's dtype.  Computes in float32.  Cache
+    slots past a request's length are never read into the arithmetic (they may hold NaN).
+    Raises ValueError if ``num_kv_splits < 1``.
     """
     if num_kv_splits < 1:
         raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
-    batch, heads, _ = q.shape
+    batch, heads = block_table.shape[0], q.shape[1]
     page = kv_cache.shape[1]
     max_pages = block_table.shape[1]
     lens = cache_seqlens.long()
@@ -56,8 +59,12 @@ def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     kv = torch.where(valid[..., None], kv, 0.0)
     split_len = (lens + num_kv_splits - 1) // num_kv_splits  # [B]
     split_id = torch.where(valid, pos[None, :] // split_len[:, None], num_kv_splits)  # [B, Lp]
-    scores = torch.einsum("bhd,btd->bht", q.float(), kv) * softmax_scale
-    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    # Rows are (query token, head) pairs, token-major: [B, qo_len * H, Lp].
+    scores = torch.einsum("bhd,btd->bht", q.float().reshape(batch, qo_len * heads, -1), kv) * softmax_scale
+    seen = lens[:, None] - qo_len + 1 + torch.arange(qo_len, device=q.device)[None, :] if causal \
+        else lens[:, None].expand(batch, qo_len)  # [B, qo_len] keys each token sees
+    visible = (pos[None, None, :] < seen[:, :, None]).repeat_interleave(heads, dim=1)  # [B, rows, Lp]
+    scores = scores.masked_fill(~visible, float("-inf"))
     # Stage 1: per-split max, exp-sum and weighted V.
     onehot = torch.nn.functional.one_hot(split_id, num_kv_splits + 1)[..., :num_kv_splits].float()
     masked = scores[..., None] + torch.where(onehot > 0, 0.0, float("-inf"))[:, None]  # [B,H,Lp,S]
@@ -70,8 +77,9 @@ def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     lse = torch.where(denom > 0, m_safe + torch.log(denom.clamp_min(1e-30)), float("-inf"))
     # Stage 2: merge.
     lse_max = lse.amax(dim=2, keepdim=True)
+    lse_max = torch.where(torch.isfinite(lse_max), lse_max, 0.0)  # a row that sees no key: all -inf
     w = torch.exp(lse - lse_max)  # empty splits -> 0
-    merged = (w[..., None] * partial).sum(dim=2) / w.sum(dim=2)[..., None]
+    merged = (w[..., None] * partial).sum(dim=2) / w.sum(dim=2).clamp_min(1e-30)[..., None]
     if out is None:
-        out = torch.empty((batch, heads, kv_lora_rank), dtype=q.dtype, device=q.device)
-    return out.copy_(merged)
+        out = torch.empty((batch * qo_len, heads, kv_lora_rank), dtype=q.dtype, device=q.device)
+    return out.copy_(merged.view(batch * qo_len, heads, kv_lora_rank))

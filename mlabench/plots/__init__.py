@@ -59,7 +59,8 @@ def _where(runs: Any, group: D.ShapeGroup, records: Sequence[Any]) -> str:
     models = {(k.manifest.config.get("model"), k.manifest.config.get("tp")) for k in runs.kernel_runs}
     model, tp = models.pop() if len(models) == 1 else (None, None)
     heads = f"{group.num_heads} heads" + (f" ({model} at TP{tp})" if model and tp else "")
-    parts = [runs.device_name or "unknown device", heads, f"page {group.page_size}",
+    qo = "" if group.qo_len == 1 else f"{group.qo_len} query tokens" + ("" if group.causal else " (non-causal)")
+    parts = [runs.device_name or "unknown device", heads, qo, f"page {group.page_size}",
              style.DTYPE_SHORT.get(group.kv_dtype or "", group.kv_dtype or "?"),
              style.timing_text(mode, runs.kernel_runs[0].manifest.device.get("kind") if runs.kernel_runs else None)]
     return " · ".join(p for p in parts if p)
@@ -71,7 +72,8 @@ def _groups(runs: Any) -> list[tuple[str, str, list[Any]]]:
     out = []
     for g, recs in groups.items():
         dtype = style.DTYPE_SHORT.get(g.kv_dtype or "", g.kv_dtype)
-        suffix = "" if len(groups) == 1 else f"-h{g.num_heads}-p{g.page_size}-{dtype}"
+        qo = "" if g.qo_len == 1 else f"-qo{g.qo_len}" + ("" if g.causal else "nc")
+        suffix = "" if len(groups) == 1 else f"-h{g.num_heads}-p{g.page_size}-{dtype}{qo}"
         out.append((suffix, _where(runs, g, recs), recs))
     return out
 

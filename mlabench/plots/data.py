@@ -17,21 +17,24 @@ from mlabench.tables import best_ok, compare_table
 
 @dataclass(frozen=True)
 class ShapeGroup:
-    """Records that share a figure: same local heads, page size and cache dtype."""
+    """Records that share a figure: same local heads, page size, cache dtype, and query tokens per
+    request with their mask (1 and causal for plain decode)."""
 
     num_heads: int
     page_size: int | None
     kv_dtype: str | None
+    qo_len: int = 1
+    causal: bool = True
 
 
 def shape_groups(records: Iterable[Record]) -> dict[ShapeGroup, list[Record]]:
-    """Records by :class:`ShapeGroup`, groups in (heads, page size, dtype) order."""
+    """Records by :class:`ShapeGroup`, groups in (heads, page size, dtype, qo_len) order."""
     groups: dict[ShapeGroup, list[Record]] = {}
     for r in records:
-        key = ShapeGroup(r.num_heads, r.shape.get("page_size"), r.shape.get("kv_dtype"))
+        key = ShapeGroup(r.num_heads, r.shape.get("page_size"), r.shape.get("kv_dtype"), r.qo_len, r.causal)
         groups.setdefault(key, []).append(r)
     return dict(sorted(groups.items(), key=lambda kv: (kv[0].num_heads, kv[0].page_size or 0,
-                                                       kv[0].kv_dtype or "")))
+                                                       kv[0].kv_dtype or "", kv[0].qo_len, not kv[0].causal)))
 
 
 def _by(records: Iterable[Record], *fields: str) -> dict[tuple, list[Record]]:

@@ -30,8 +30,10 @@ def _list(values: Any, as_text: Any = str) -> str:
 
 def _sweep_text(cfg: dict[str, Any]) -> str:
     params = "; ".join(f"{k} {_list(v)}" for k, v in (cfg.get("params") or {}).items())
+    qo = cfg.get("qo_len") or [1]
+    qo_text = "" if qo == [1] else f"; qo_len {_list(qo)}{'' if cfg.get('causal', True) else ' non-causal'}"
     return (f"model {cfg.get('model') or '—'}, TP {cfg.get('tp')}; batch {_list(cfg.get('batch'))}; contexts "
-            f"{_list(cfg.get('context_lens'), style.context_text)}; page {cfg.get('page_size')}; backends "
+            f"{_list(cfg.get('context_lens'), style.context_text)}{qo_text}; page {cfg.get('page_size')}; backends "
             f"{_list(cfg.get('backends')) if cfg.get('backends') else 'every available one'}"
             + (f"; {params}" if params else ""))
 

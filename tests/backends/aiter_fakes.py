@@ -184,14 +184,28 @@ def _decode(fake: FakeAiter, a: dict[str, Any]) -> tuple[None, None]:
         persistent = sys.modules["aiter.mla"]._use_persistent_mla_decode(
             a["qo_indptr"].shape[0] - 1, a["o"].shape[1], a["max_seqlen_q"], q.dtype, kv.dtype)
     fake.last["persistent"] = persistent
+    qo_len, causal = a["max_seqlen_q"], a.get("causal", True)  # before v0.1.20 kernels mask causally
+    step = (a["qo_indptr"][1:] - a["qo_indptr"][:-1]).unique().tolist()
+    assert step == [qo_len] and a["q"].shape[0] == qo_len * (a["qo_indptr"].shape[0] - 1)
+    gfx = sys.modules["aiter.jit.utils.chip_info"].get_gfx()
+    assert rules.asm_qo_len_reason(qo_len, causal, gfx, "causal" in a) is None, \
+        "mla_decode_stage1_asm_fwd: cannot find suitable kernel"  # asm_mla.cu's kernel lookup
     rows = a["kv_buffer"].view(-1, a["kv_buffer"].shape[-1])
-    a["o"].copy_(csr_attention(a["q"], rows, a["kv_indptr"], a["kv_indices"], a["sm_scale"]))
+    a["o"].copy_(csr_attention(a["q"], rows, a["kv_indptr"], a["kv_indices"], a["sm_scale"],
+                               qo_len=qo_len, causal=causal))
     return None, None
 
 
 def _gluon(fake: FakeAiter, a: dict[str, Any]) -> tuple[torch.Tensor, None]:
-    """AITER's wrapper checks (regime by heads, bh64 batch and min_kv_seq_len), then attention."""
-    batch, nhead, _ = a["q_nope"].shape
+    """AITER's wrapper checks (3-D or, from #3890, 4-D queries; regime by heads, bh64 batch and
+    min_kv_seq_len), then attention (a 4-D query under the causal tail mask)."""
+    q_nope = a["q_nope"]
+    if fake.rule("gluon_qo_len") == "one_token":
+        batch, nhead, _ = q_nope.shape  # ValueError for 4-D, as AITER's unpacking raises
+        qlen = 1
+    else:
+        assert q_nope.dim() in (3, 4), f"q_nope must be 3-D or 4-D, got {q_nope.dim()}-D"
+        batch, qlen, nhead = q_nope.shape[:3] if q_nope.dim() == 4 else (q_nope.shape[0], 1, q_nope.shape[1])
     max_heads, min_kv = int(fake.rule("gluon_bh16_max_heads")), a["min_kv_seq_len"]
     regime = rules.gluon_regime(nhead, max_heads)
     assert regime is not None, f"mla_gluon requires nhead <= {max_heads} or 64/128, got {nhead}"
@@ -199,17 +213,18 @@ def _gluon(fake: FakeAiter, a: dict[str, Any]) -> tuple[torch.Tensor, None]:
         listed = fake.rule("gluon_bh64") == "listed"
         ok = batch in rules.GLUON_BH64_LISTED_BATCHES if listed else batch % 64 == 0
         assert ok, f"mla_gluon[bh64] batch_size {batch}"
-        n = rules.gluon_bh64_splits(batch, nhead)
+        n = rules.gluon_bh64_splits(batch, nhead, qlen)
         need = rules.gluon_bh64_min_kv_required(n)
         assert min_kv > need, f"mla_gluon[bh64] requires min_kv_seq_len > {need}, got {min_kv}"
     else:
-        cap = rules.gluon_bh16_cap(batch, nhead)
+        cap = rules.gluon_bh16_cap(batch, nhead, qlen)
         n = cap if fake.rule("gluon_bh16_splits") == "budget" else max(
             1, min(cap, -(-min_kv // rules.GLUON_BLOCK_N)))
     assert a["use_2d_view"] is False and a["k_pe"] is None and a["kv_pe_offset"] == 512
     fake.last["launched"] = n
-    q = torch.cat([a["q_nope"], a["q_pe"]], dim=-1)
-    a["o"].copy_(csr_attention(q, a["kv_c"], a["seq_info"], a["page_table"], a["sm_scale"]))
+    q = torch.cat([q_nope, a["q_pe"]], dim=-1).reshape(batch * qlen, nhead, -1)
+    out = csr_attention(q, a["kv_c"], a["seq_info"], a["page_table"], a["sm_scale"], qo_len=qlen)
+    a["o"].copy_(out.view(a["o"].shape))
     return a["o"], None
 
 

@@ -10,17 +10,22 @@ import pytest
 import torch
 
 from mlabench.extras import optional_import
+from mlabench.kernels.reference import visible_keys
 
 
 def csr_attention(q: torch.Tensor, rows: torch.Tensor, kv_indptr: torch.Tensor,
-                  kv_indices: torch.Tensor, scale: float, v_dim: int = 512) -> torch.Tensor:
-    """fp32 attention of ``q [B, H, 576]`` over ``rows[kv_indices[kv_indptr[b]:kv_indptr[b+1]]]``."""
-    out = torch.empty(q.shape[0], q.shape[1], v_dim)
-    for b in range(q.shape[0]):
+                  kv_indices: torch.Tensor, scale: float, v_dim: int = 512, qo_len: int = 1,
+                  causal: bool = True) -> torch.Tensor:
+    """fp32 attention of ``q [B * qo_len, H, 576]`` over ``rows[kv_indices[kv_indptr[b]:kv_indptr[b+1]]]``;
+    query token ``t`` of request ``b`` sees the keys :func:`visible_keys` gives it (none: zeros)."""
+    out = torch.zeros(q.shape[0], q.shape[1], v_dim)
+    for b in range(q.shape[0] // qo_len):
         idx = kv_indices[int(kv_indptr[b]):int(kv_indptr[b + 1])].long()
         k = rows[idx].float()
-        p = torch.softmax(q[b].float() @ k.T * scale, dim=-1)
-        out[b] = p @ k[:, :v_dim]
+        for t, seen in enumerate(visible_keys(len(idx), qo_len, causal)):
+            if seen:
+                p = torch.softmax(q[b * qo_len + t].float() @ k[:seen].T * scale, dim=-1)
+                out[b * qo_len + t] = p @ k[:seen, :v_dim]
     return out
 
 

@@ -103,7 +103,7 @@ def test_shortest_context_reaches_the_bh64_assertion(monkeypatch, tmp_path):
 OVER_2GIB = MLADecodeShape.uniform(1, 1_900_000, 12)  # 2.04 GiB of bf16 latent cache
 
 
-@pytest.mark.parametrize("rng, refused", [("v0.1.17", True), ("v0.1.18-v0.1.19", True),
+@pytest.mark.parametrize("rng, refused", [("v0.1.17", True), ("v0.1.18", True),
                                           ("v0.1.19.post1", False), ("v0.1.20", False)])
 def test_gluon_refuses_the_2gib_segfault(monkeypatch, tmp_path, rng, refused):
     install_fake_aiter(monkeypatch, tmp_path, rng)
@@ -123,7 +123,7 @@ def test_asm_refuses_32bit_kv_offsets(monkeypatch, tmp_path, rng, gfx, refused):
 
 
 # 5 ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("rng, persistent", [("v0.1.17", True), ("v0.1.18-v0.1.19", False)])
+@pytest.mark.parametrize("rng, persistent", [("v0.1.17", True), ("v0.1.18", False)])
 def test_persistent_gate_by_version(monkeypatch, tmp_path, rng, persistent):
     fake = install_fake_aiter(monkeypatch, tmp_path, rng, gfx="gfx950", cu_num=256)
     shape = MLADecodeShape.uniform(32, 64, 12)
@@ -167,7 +167,7 @@ def test_rule_detected_from_the_installed_aiter(monkeypatch, tmp_path, dist, ver
 
 
 # 7 ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("rng, ok96", [("v0.1.18-v0.1.19", False), ("v0.1.19.post1", True)])
+@pytest.mark.parametrize("rng, ok96", [("v0.1.19", False), ("v0.1.19.post1", True)])
 def test_gluon_takes_17_to_96_heads_since_4412(monkeypatch, tmp_path, rng, ok96):
     install_fake_aiter(monkeypatch, tmp_path, rng)
     gluon = get_backend("aiter-gluon")

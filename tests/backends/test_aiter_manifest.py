@@ -76,7 +76,7 @@ def test_comments_do_not_count_as_source():
 
 @pytest.mark.parametrize("text, rng", [
     ("0.1.19.post3.dev12+gabc", "v0.1.19.post2"), ("0.1.20", "v0.1.20"), ("0.1.20.post1", "v0.1.20"),
-    ("0.1.19", "v0.1.18-v0.1.19"), ("0.1.19.post1", "v0.1.19.post1"), ("0.1.16", "v0.1.16"),
+    ("0.1.18.post1", "v0.1.18"), ("0.1.19", "v0.1.19"), ("0.1.19.post1", "v0.1.19.post1"), ("0.1.16", "v0.1.16"),
     ("0.1.15", None), ("garbage", None), (None, None),
 ])
 def test_versions_map_to_ranges(text, rng):
@@ -146,12 +146,12 @@ def test_backends_command_shows_the_aiter_version_and_rules(monkeypatch, tmp_pat
     from mlabench import cli
 
     pretend_rocm(monkeypatch)
-    install_fake_aiter(monkeypatch, tmp_path, "v0.1.18-v0.1.19", dist_version="0.1.19")
+    install_fake_aiter(monkeypatch, tmp_path, "v0.1.19", dist_version="0.1.19")
     result = CliRunner().invoke(cli.app, ["backends", "--json"])
     assert result.exit_code == 0, result.output
     (table,) = json.loads(result.stdout)
     notes = {n.split(":", 1)[0]: n for n in table["notes"]}
-    assert "AITER 0.1.19 (distribution record, range v0.1.18-v0.1.19" in notes["aiter-asm"]
+    assert "AITER 0.1.19 (distribution record, range v0.1.19" in notes["aiter-asm"]
     assert "asm_gate=batch_gate (installed attribute)" in notes["aiter-asm"]
     assert "gluon_bh16_splits=bounded (installed source)" in notes["aiter-gluon"]
     assert "gluon_over_2gib=int32_overflow" in notes["aiter-gluon"]

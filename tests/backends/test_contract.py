@@ -23,6 +23,9 @@ NAMES = backend_names()
 #: bf16, page size 64, 12 heads: a shape every built-in backend takes (FlashMLA needs page 64 and
 #: bf16/fp16, AITER bf16); lengths 1, a non-multiple and one past a multiple of the page size.
 TINY = MLADecodeShape.create(num_heads=12, context_lens=(1, 70, 129), page_size=64)
+#: TINY as a causal 2-token step (speculative verify, MTP): the shortest context holds just the block.
+TINY_MTP = MLADecodeShape.create(num_heads=12, context_lens=(2, 70, 129), page_size=64, qo_len=2)
+SHAPES = {"qo1": TINY, "qo2": TINY_MTP}
 #: Lengths written into TINY's ``cache_seqlens`` in place after prepare: each fits the block table
 #: (3 pages of 64 per request), the longest request becomes the shortest and every work split moves.
 NEW_LENS = (150, 3, 90)
@@ -35,13 +38,24 @@ ODD_SHAPES = [
 ]
 
 
-def runnable(name: str) -> Backend:
-    """The backend, or a skip naming why it cannot run here."""
+def runnable(name: str, shape: MLADecodeShape = TINY) -> Backend:
+    """The backend, or a skip naming why it cannot run here or does not take ``shape``."""
     backend = get_backend(name)
     ok, why = backend.available()
     if not ok:
         pytest.skip(f"{name} not available here: {why}")
+    ok, why = backend.supports(shape)
+    if not ok:
+        pytest.skip(f"{name} does not take {shape.label()}: {why}")
     return backend
+
+
+def reference(inputs, lens=None):
+    s = inputs.shape
+    out, _ = mla_decode_reference(inputs.q, inputs.kv_cache, inputs.block_table,
+                                  inputs.cache_seqlens if lens is None else lens, s.scale,
+                                  qo_len=s.qo_len, causal=s.causal)
+    return out
 
 
 def param_variants(backend: Backend, shape: MLADecodeShape) -> list[dict[str, Any]]:
@@ -79,7 +93,7 @@ def test_available_gives_a_reason_when_false(name):
 def test_supports_gives_a_reason_when_false(name):
     backend = get_backend(name)
     assert backend.supports(TINY) == (True, "")
-    for shape in ODD_SHAPES:
+    for shape in ODD_SHAPES + [TINY_MTP]:
         ok, why = backend.supports(shape)
         assert isinstance(ok, bool) and (why == "" if ok else why.strip())
 
@@ -96,54 +110,59 @@ def test_resolve_params_rejects_unknown_names(name):
             assert spec.validate(resolved[spec.name]) == resolved[spec.name]
 
 
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", NAMES)
-def test_prepare_poisons_the_output(name):
-    backend = runnable(name)
-    inputs = make_inputs(TINY, seed=1)
-    call = backend.prepare(inputs, backend.resolve_params(TINY))
-    assert call.out.shape == (TINY.batch, TINY.num_heads, TINY.v_head_dim)
+def test_prepare_poisons_the_output(name, shape):
+    shape = SHAPES[shape]
+    backend = runnable(name, shape)
+    inputs = make_inputs(shape, seed=1)
+    call = backend.prepare(inputs, backend.resolve_params(shape))
+    assert call.out.shape == (shape.batch * shape.qo_len, shape.num_heads, shape.v_head_dim)
     assert torch.isnan(call.out).all()  # nothing ran yet: a row the call forgets stays NaN
     assert call.fn() is call.out
     assert torch.isfinite(call.out).all()
 
 
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", NAMES)
-def test_matches_the_reference_on_this_machine(name):
+def test_matches_the_reference_on_this_machine(name, shape):
     """Every parameter moved once.  On the CPU: the portable backends, and the Triton kernels in
     Triton's interpreter; on a GPU, every backend available there."""
-    backend = runnable(name)
-    inputs = make_inputs(TINY, seed=2)
-    ref, _ = mla_decode_reference(inputs.q, inputs.kv_cache, inputs.block_table,
-                                  inputs.cache_seqlens, TINY.scale)
-    for params in param_variants(backend, TINY):
-        out = backend.prepare(inputs, backend.resolve_params(TINY, params)).fn()
+    shape = SHAPES[shape]
+    backend = runnable(name, shape)
+    inputs = make_inputs(shape, seed=2)
+    ref = reference(inputs)
+    for params in param_variants(backend, shape):
+        out = backend.prepare(inputs, backend.resolve_params(shape, params)).fn()
         verdict = compare_outputs(out, ref)
         assert verdict.passed, (params, verdict)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", NAMES)
-def test_passes_every_input_set_with_its_defaults(name):
+def test_passes_every_input_set_with_its_defaults(name, shape):
     """On poisoned inputs (NaN in every slot no request may read), with needles at its splits'
     edges, the peaky and the flat sets: what ``check`` and ``sweep`` verify on."""
-    backend = runnable(name)
-    _call, verdict = ShapeBench(TINY, seed=3, copies=1).check(backend, backend.resolve_params(TINY))
+    shape = SHAPES[shape]
+    backend = runnable(name, shape)
+    _call, verdict = ShapeBench(shape, seed=3, copies=1).check(backend, backend.resolve_params(shape))
     assert verdict.passed and set(verdict.by_input_set) == {"random", "needles", "peaky", "flat"}, verdict
 
 
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", NAMES)
-def test_refresh_follows_new_lengths(name):
+def test_refresh_follows_new_lengths(name, shape):
     """What ``graph_safe`` promises, as far as this machine can check it: prepared and run at TINY's
     lengths, lengths changed in place, ``refresh``, run again: the reference of the new lengths.
     (A captured graph replayed after the refresh: tests/gpu/test_graph_refresh.py.)"""
-    backend = runnable(name)
-    for params in param_variants(backend, TINY):
-        inputs = make_inputs(TINY, seed=4, poison=False)  # the lengths grow into page tails and padding
-        call = backend.prepare(inputs, backend.resolve_params(TINY, params))
+    shape = SHAPES[shape]
+    backend = runnable(name, shape)
+    for params in param_variants(backend, shape):
+        inputs = make_inputs(shape, seed=4, poison=False)  # the lengths grow into page tails and padding
+        call = backend.prepare(inputs, backend.resolve_params(shape, params))
         call.fn()
         inputs.cache_seqlens.copy_(torch.tensor(NEW_LENS, dtype=torch.int32))
         call.refresh_for_new_lengths()
         call.out.fill_(float("nan"))
-        ref, _ = mla_decode_reference(inputs.q, inputs.kv_cache, inputs.block_table, NEW_LENS,
-                                      TINY.scale)
-        verdict = compare_outputs(call.fn(), ref)
+        verdict = compare_outputs(call.fn(), reference(inputs, NEW_LENS))
         assert verdict.passed, (params, verdict)

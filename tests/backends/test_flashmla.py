@@ -29,9 +29,14 @@ from tests.backends.fakes import Recorder, install, module
 SM_PARTS = 6
 
 
-def _attention(q4, k_cache, block_table, cache_seqlens, head_dim_v, scale):
-    out, lse = mla_decode_reference(q4[:, 0], k_cache, block_table, cache_seqlens, scale, head_dim_v)
-    return out.to(q4.dtype).unsqueeze(1), lse.transpose(0, 1).unsqueeze(-1)
+def _attention(q4, k_cache, block_table, cache_seqlens, head_dim_v, scale, causal=False):
+    """FlashMLA's outputs: ``out [B, s_q, H, Dv]`` and ``lse [B, H, s_q]``; with ``causal`` query
+    token ``i`` of ``s_q`` sees the first ``L - s_q + i + 1`` keys (FlashMLA's bottom-right mask)."""
+    batch, s_q, heads, dim = q4.shape
+    out, lse = mla_decode_reference(q4.reshape(batch * s_q, heads, dim), k_cache, block_table,
+                                    cache_seqlens, scale, head_dim_v, qo_len=s_q, causal=causal)
+    return (out.to(q4.dtype).view(batch, s_q, heads, head_dim_v),
+            lse.view(batch, s_q, heads).transpose(1, 2))
 
 
 @dataclasses.dataclass
@@ -56,7 +61,7 @@ def fake_sgl(monkeypatch):
                                causal=False, is_fp8_kvcache=None, indices=None,
                                use_legacy=False):
         assert use_legacy and num_splits is None
-        return _attention(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale)
+        return _attention(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal)
 
     fakes = SimpleNamespace(meta=Recorder(get_mla_metadata), hoist=Recorder(get_mla_decoding_metadata),
                             fwd=Recorder(flash_mla_with_kvcache))
@@ -67,9 +72,9 @@ def fake_sgl(monkeypatch):
     return fakes
 
 
-def shape_of(heads=12, lens=(100, 64, 3), page_size=64, dtype="bfloat16"):
+def shape_of(heads=12, lens=(100, 64, 3), page_size=64, dtype="bfloat16", qo_len=1, causal=True):
     return MLADecodeShape.create(num_heads=heads, context_lens=lens, page_size=page_size,
-                                 q_dtype=dtype, kv_dtype=dtype)
+                                 q_dtype=dtype, kv_dtype=dtype, qo_len=qo_len, causal=causal)
 
 
 def test_api_detection():
@@ -93,6 +98,11 @@ def test_argument_shapes():
     assert q4.shape == (3, 1, 12, 576) and q4.data_ptr() == q.data_ptr()
     with pytest.raises(ValueError):
         flashmla_query(q[0])
+    q = torch.randn(8, 12, 576)  # 2 requests x 4 query tokens
+    q4 = flashmla_query(q, 4)
+    assert q4.shape == (2, 4, 12, 576) and torch.equal(q4[1, 2], q[6])
+    with pytest.raises(ValueError):
+        flashmla_query(q, 3)
     seqlens, rows, kv_heads = metadata_args(torch.tensor([5, 7]), 12)
     assert seqlens.dtype == torch.int32 and (rows, kv_heads) == (12, 1)
     with pytest.raises(ValueError):
@@ -123,6 +133,9 @@ def test_supports():
     assert not b.supports(shape_of(dtype="float32"))[0]
     assert b.supports(shape_of(dtype="float16"))[0]
     assert not b.supports(shape_of(heads=256))[0]
+    assert b.supports(shape_of(qo_len=8, lens=(100, 64, 8))) == (True, "")  # 96 rows of one KV head
+    ok, reason = b.supports(shape_of(heads=32, qo_len=8, lens=(100, 64, 8)))
+    assert not ok and "at most 128 query rows" in reason and "256" in reason
     assert b.params == ()
 
 
@@ -222,3 +235,24 @@ def test_prepare_without_hoisting_fills_metadata_with_a_first_call(monkeypatch):
     assert len(fakes.fwd.calls) == 1  # the filling call happened in prepare
     assert call.effective_params["num_sm_parts"] == 4
     assert "first decode call" in call.effective_params["metadata"]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_prepare_multi_token(monkeypatch, causal):
+    """s_q = qo_len: q viewed [B, 4, H, 576], the scheduler told 4 x 12 query rows per KV head,
+    the shape's mask passed as causal, the [B, 4, H, 512] output written token-major."""
+    fakes = fake_sgl(monkeypatch)
+    b = get_backend("flashmla")
+    inp = make_inputs(shape_of(lens=(100, 64, 5), qo_len=4, causal=causal), device="cpu", seed=6)
+    s = inp.shape
+    call = b.prepare(inp, b.resolve_params(s))
+    (h_args, _), = fakes.hoist.calls
+    assert h_args[1:] == (48, 1)
+    out = call.fn()
+    (args, kw), = fakes.fwd.calls
+    assert args[0].shape == (3, 4, 12, 576) and kw["causal"] is causal
+    assert out is call.out and out.shape == (12, 12, 512)
+    ref, _ = mla_decode_reference(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, s.scale,
+                                  qo_len=4, causal=causal)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    assert call.workspace_bytes == flashmla_workspace_bytes(3, 12, SM_PARTS, qo_len=4)

@@ -5,7 +5,6 @@ subjects, and the one-line refusal without a GPU."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
@@ -19,7 +18,6 @@ from mlabench.split_policy import load_split_policy
 from mlabench.tables import to_json, to_markdown
 from mlabench.timing import TimingConfig
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # triton-splitkv runs in the interpreter here
 
 FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.05)
 

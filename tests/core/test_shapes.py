@@ -77,7 +77,8 @@ def test_ragged_pages():
     ({"num_heads": 0, "context_lens": (4,)}, "num_heads must be > 0"),
     ({"context_lens": (4,), "page_size": 32}, "page_size must be one of"),
     ({"context_lens": (4,), "q_dtype": "int8"}, "dtype must be one of"),
-    ({"context_lens": (4,), "qo_len": 2}, "qo_len 1"),
+    ({"context_lens": (4,), "qo_len": 9}, "qo_len must be 1-8"),
+    ({"context_lens": (2,), "qo_len": 4}, "must hold >= 4 tokens"),
 ])
 def test_bad_shapes(kwargs, msg):
     kwargs.setdefault("num_heads", 12)

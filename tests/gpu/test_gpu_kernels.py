@@ -16,6 +16,27 @@ def _ref(x, lens):
     return out
 
 
+@pytest.mark.parametrize("backend", ["triton-splitkv", "triton-persistent", "flashmla", "aiter-asm",
+                                     "aiter-gluon"])
+@pytest.mark.parametrize("qo_len, causal", [(2, True), (4, True), (4, False)])
+def test_multi_token_bf16_matches_fp32(backend, qo_len, causal):
+    """Speculative verify / MTP in bf16: a ragged batch whose shortest request holds just the
+    block, every split count; refused shapes must say why."""
+    from mlabench.backends import get_backend
+    from mlabench.check import run_check
+    from mlabench.shapes import MLADecodeShape
+
+    if not get_backend(backend).available()[0]:
+        pytest.skip(get_backend(backend).available()[1])
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(4096, qo_len, 70, 1000), page_size=64,
+                                  qo_len=qo_len, causal=causal)
+    records, _ = run_check([shape], [backend], splits=(1, 7, 64))
+    if all(r.status == "unsupported" for r in records):
+        pytest.skip(records[0].message)
+    assert all(r.status == "ok" for r in records), [r.message for r in records]
+    assert all(r.verdict.output_shape == [4 * qo_len, 12, 512] for r in records)
+
+
 def _capture(fn):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
