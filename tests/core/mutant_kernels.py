@@ -68,11 +68,11 @@ def splitkv_decode(inputs: MLADecodeInputs, splits: int, fault: Fault = Fault())
     """``[B, H, 512]`` in q's dtype: split-KV decode of ``inputs`` with ``splits`` splits and
     ``fault`` applied (gathering only each request's own tokens, as the real kernels do)."""
     s = inputs.shape
-    out = torch.empty(s.batch, s.num_heads, s.v_head_dim, dtype=inputs.q.dtype)
+    out = torch.empty(s.batch, s.num_heads, s.v_head_dim, dtype=inputs.q.dtype, device=inputs.q.device)
     for b, length in enumerate(s.context_lens):
         k = gather_kv(inputs.kv_cache, inputs.block_table, length, b).float()  # [L, 576]
         bounds = split_bounds(length, splits)
-        counts = token_weights(length, s.page_size, bounds, fault)
+        counts = token_weights(length, s.page_size, bounds, fault).to(k.device)
         scores = inputs.q[b].float() @ k.T * (s.scale * fault.scale)  # [H, L]
         partials, lses = [], []
         for lo, hi in bounds:

@@ -52,10 +52,12 @@ def test_sweep_summary_columns_from_hand_made_records():
     recs = [record(1, 10.0, noisy=True), record(16, 5.0), record(64, 1.0, status="incorrect"),
             record(4, 7.0)]
     table = sweep_summary(recs)
+    # a column for every split count swept, in order (4 too, though it is no power of 16)
     assert table.columns == ["backend", "batch", "context", "best params", "µs", "TB/s", "% floor",
-                             "µs @1 splits", "µs @16 splits", "µs @64 splits", "not ok", "noisy"]
+                             "µs @1 splits", "µs @4 splits", "µs @16 splits", "µs @64 splits", "not ok",
+                             "noisy"]
     # the wrong 1 µs answer at 64 splits neither wins nor fills its split column
-    assert table.rows == [["b", 1, 64, "num_kv_splits=16", 5.0, 200.0, 20.0, 10.0, 5.0, None,
+    assert table.rows == [["b", 1, 64, "num_kv_splits=16", 5.0, 200.0, 20.0, 10.0, 7.0, 5.0, None,
                            "incorrect (1)", "1"]]
     assert any(n.startswith("1 of 4 points are noisy") for n in table.notes)
     best_noisy = sweep_summary([record(1, 3.0, noisy=True), record(16, 5.0)])
