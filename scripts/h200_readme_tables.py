@@ -6,7 +6,7 @@
    per batch and context, the floor (bytes / the run's read bandwidth), triton-splitkv at 1 split
    and at its fastest correct split count, the fastest correct triton-persistent configuration and
    FlashMLA, each with its % of the floor, as the records hold them.
-2. ``--hopper`` (default: results/h200/hopper-kernel/, another run on another machine): the fastest
+2. ``--hopper`` (default: results/h200/hopper-kernel/, another run on a freshly started H200): the fastest
    correct configuration of gluon-splitkv, triton-splitkv and FlashMLA, the floor and % of the
    floor against that run's read bandwidth (``read_tbps`` of its env.json: its records' own
    ``floor_us`` divides by the copy bandwidth), and gluon-splitkv / FlashMLA time.
