@@ -64,7 +64,7 @@ def test_best_split_per_bucket(h200_runs):
             assert c.splits == [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
             assert all(us == _raw_best("triton-splitkv", batch, c.context_len, s)["stats"]["median_us"]
                        for s, us in zip(c.splits, c.median_us))
-    # the numbers the README quotes from this run
+    # the best split-KV numbers of this run's compare.md (results/h200/kimi-k3-tp8/)
     best = {(b, c.context_len): (c.best_splits, round(c.best_us, 1)) for b, cs in curves.items() for c in cs}
     assert best[(1, 131072)] == (256, 71.7) and best[(1, 4096)] == (64, 14.7)
     assert best[(16, 131072)] == (16, 763.3) and best[(16, 32768)] == (16, 210.3)

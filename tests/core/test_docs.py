@@ -1,0 +1,53 @@
+"""The documentation against the repository: every relative link resolves, no document cites a file
+outside the repository, and the README's H200 tables are what scripts/h200_readme_tables.py prints
+from the committed records (so a number in the README is a number in results/, formatted by
+mlabench's own tables).
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = [REPO / "README.md", REPO / "results" / "README.md", *sorted((REPO / "docs").glob("*.md")),
+        *sorted((REPO / "results").rglob("*/README.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def relative_links(doc: Path) -> list[str]:
+    """The link targets of a markdown file that are paths in the repository (no URL, no anchor)."""
+    return [t.split("#")[0] for t in LINK.findall(doc.read_text()) if not re.match(r"[a-z]+:|#", t)]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves(doc):
+    missing = [t for t in relative_links(doc) if not (doc.parent / t).exists()]
+    assert not missing, f"{doc.relative_to(REPO)} links to missing paths: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_document_cites_a_file_outside_the_repository(doc):
+    text = doc.read_text()
+    assert not re.search(r"facts file|/work/|shared/reference", text, re.IGNORECASE)
+
+
+def test_the_link_pattern_finds_links_and_a_missing_target_is_caught(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("[a](docs/none.md) [b](https://example.org) [c](#top) [d](x.md#part)")
+    assert relative_links(doc) == ["docs/none.md", "x.md"]
+    assert not (doc.parent / "docs/none.md").exists()
+
+
+def test_readme_h200_tables_are_the_scripts_output():
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "h200_readme_tables.py")], cwd=REPO,
+                         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
+    tables = [t.strip() for t in out.split("\n\n") if t.startswith("|")]
+    assert len(tables) == 2
+    readme = (REPO / "README.md").read_text()
+    for table in tables:
+        assert table in readme
+    assert "272 + 162 records read, 0 not ok" in out
