@@ -38,13 +38,21 @@ def _sweep_text(cfg: dict[str, Any]) -> str:
             + (f"; {params}" if params else ""))
 
 
+def _run_timing(config: dict[str, Any]) -> dict[str, Any]:
+    """The ``[timing]`` settings a run recorded: a sweep's at the top of its configuration, a tuning
+    run's under ``tune``; empty when the manifest has none (a validation run)."""
+    return config.get("timing") or (config.get("tune") or {}).get("timing") or {}
+
+
 def _timing_text(timing: dict[str, Any], device_kind: str | None) -> str:
+    if not timing:
+        return "timing settings not recorded in this run's manifest"
     if device_kind == "cpu":
         how = "CPU wall clock"
     else:
         how = style.timing_text("graph" if timing.get("graph") else "eager", device_kind).split(",")[0]
     if timing.get("cold_cache") and device_kind != "cpu":
-        how += f", cold cache (up to {timing.get('max_copies')} input copies)"
+        how += f", cold cache ({timing.get('min_copies', 1)}-{timing.get('max_copies')} input copies)"
     return (f"{how}; {timing.get('warmup_iters')} warm-up calls, {timing.get('min_samples')}-"
             f"{timing.get('max_samples')} samples until the median's 95% CI is within "
             f"{100 * timing.get('target_rel_ci', 0):g}%, {timing.get('budget_s'):g} s budget per point")
@@ -83,7 +91,7 @@ def kernel_environment(run: Any, records: Sequence[Record]) -> Table:
         ["SM clock after each point", _range(during, "MHz") if during else "—"],
         ["versions", ", ".join(f"{k} {v}" for k, v in m.versions.items() if v)],
         *_bandwidth_rows(m),
-        ["sweep", _sweep_text(m.config)], ["timing", _timing_text(m.config.get("timing", {}), dev.get("kind"))],
+        ["sweep", _sweep_text(m.config)], ["timing", _timing_text(_run_timing(m.config), dev.get("kind"))],
         ["points", f"{len(mine)} ({sum(r.status == 'ok' for r in mine)} ok)"],
     ]
     rows += [["health", note] for note in health_notes(m, mine)]

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +117,16 @@ def test_report_command(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main()
     assert exc.value.code == 2 and "report format must be one of markdown, html" in capsys.readouterr().err
+
+
+def test_report_of_a_tuning_run_and_of_a_validation_run(tmp_path):
+    """Tuning runs keep their timing under ``tune``; validation runs record none: both render."""
+    from mlabench.report import write_report
+    from mlabench.runs import load_runs
+
+    base = Path(__file__).resolve().parents[2] / "results" / "h200" / "tune-kimi-k3-tp8" / "first-attempt"
+    tune_run = next(base.glob("tune-*"))
+    text = write_report(load_runs([tune_run]), tmp_path / "t", "markdown").read_text()
+    assert "cold cache (4-64 input copies)" in text and "0.5 s budget per point" in text
+    text = write_report(load_runs([next(base.glob("validate-*"))]), tmp_path / "v", "markdown").read_text()
+    assert "timing settings not recorded" in text
