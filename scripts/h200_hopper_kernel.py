@@ -204,6 +204,9 @@ def param_sets(shape: MLADecodeShape, args) -> list[tuple[str, dict]]:
     jobs += [("gluon-splitkv", {"num_kv_splits": ab, "num_stages": 2, "pdl": other})
              for other in (0, 1, 2) if other != pdl]
     jobs.append(("gluon-splitkv", {"num_kv_splits": ab, "num_stages": 1, "pdl": pdl}))
+    # One stage fits two CTAs per SM: with twice the splits one CTA's prologue (two dependent loads,
+    # the first page's latency) and epilogue can overlap the other's streaming.
+    jobs.append(("gluon-splitkv", {"num_kv_splits": min(2 * ab, 512), "num_stages": 1, "pdl": pdl}))
     for s in (args.triton_splits_b1 if batch == 1 else args.triton_splits_bn):
         jobs.append(("triton-splitkv", {"num_kv_splits": s}))
     if get_backend("flashmla").available()[0]:
