@@ -244,45 +244,43 @@ def stage_split(bench: ShapeBench, params: dict, cfg: TimingConfig) -> dict:
     return res
 
 
+def portable_calls(inputs: list, scale: float, splits: int, po: torch.Tensor, pl: torch.Tensor,
+                   num_sms: int) -> dict:
+    """Calls of the portable kernel over the input copies ``inputs`` (MLADecodeInputs, one request
+    row per request), all through :func:`mlabench.kernels.splitkv.mla_decode_splitkv` so that they
+    follow its signature: ``own`` (stage 1 + its own merge), ``wide`` (stage 1 alone, then
+    :func:`wide_merge` sized to ``num_sms``), ``stage1`` (stage 1 alone).  ``outs`` are the output
+    tensors the first two write (one per copy); ``po``/``pl`` the shared workspace."""
+    from mlabench.kernels.splitkv import mla_decode_splitkv
+    from mlabench.kernels.wide_merge import wide_merge
+
+    outs = [x.new_output() for x in inputs]
+
+    def run(x, o, stage1_only):
+        return mla_decode_splitkv(x.q, x.kv_cache, x.block_table, x.cache_seqlens, o, splits, scale,
+                                  partial_out=po, partial_lse=pl, stage1_only=stage1_only)
+
+    return {"outs": outs,
+            "own": [lambda x=x, o=o: run(x, o, False) for x, o in zip(inputs, outs)],
+            "wide": [lambda x=x, o=o: wide_merge(po, pl, run(x, o, True), splits, num_sms=num_sms)
+                     for x, o in zip(inputs, outs)],
+            "stage1": [lambda x=x, o=o: run(x, o, True) for x, o in zip(inputs, outs)]}
+
+
 def portable_with_wide_merge(bench: ShapeBench, splits: int, cfg: TimingConfig) -> dict:
     """Proposal numbers for the portable kernel: its own stage 1 followed by its own merge
     (``mla_decode_splitkv``) vs by :func:`wide_merge` sized to the GPU, graph-replayed."""
-    import triton
-
-    from mlabench.kernels import splitkv as sk
-    from mlabench.kernels.common import default_launch, upcast_for_interpreter
-    from mlabench.kernels.wide_merge import wide_merge
+    from mlabench.kernels.splitkv import alloc_splitkv_workspace
 
     s = bench.shape
-    po, pl = sk.alloc_splitkv_workspace(s.batch, HEADS, splits, bench.inputs[0].device)
-    bn, nw, ns = default_launch(bench.inputs[0].q)
-
-    def stage1(x):
-        sk._splitkv_stage1[(s.batch, splits, triton.cdiv(HEADS, sk.BLOCK_H))](
-            x.q, x.kv_cache, x.block_table, x.cache_seqlens, po, pl, splits, HEADS,
-            s.scale * sk.LOG2E, x.q.stride(0), x.q.stride(1), x.kv_cache.stride(0),
-            x.kv_cache.stride(1), x.block_table.stride(0), po.stride(0), po.stride(1),
-            pl.stride(0), PAGE_SIZE=64, BLOCK_N=bn, BLOCK_H=sk.BLOCK_H,
-            SPLIT_ALIGN=sk.SPLIT_ALIGN_TOKENS, UPCAST=upcast_for_interpreter(x.q.dtype),
-            NUM_STAGES=ns, num_warps=nw,
-            num_stages=ns)
-
+    po, pl = alloc_splitkv_workspace(s.batch, HEADS, splits, bench.inputs[0].device)
+    calls = portable_calls(bench.inputs, s.scale, splits, po, pl, current_device().num_sms)
     res = {"batch": s.batch, "context": s.max_context_len, "num_kv_splits": splits}
-    outs = [x.new_output() for x in bench.inputs]
-    own = [lambda x=x, o=o: sk.mla_decode_splitkv(x.q, x.kv_cache, x.block_table, x.cache_seqlens,
-                                                  o, splits, s.scale, partial_out=po,
-                                                  partial_lse=pl)
-           for x, o in zip(bench.inputs, outs)]
-    wide = [lambda x=x, o=o: (stage1(x), wide_merge(po, pl, o, splits,
-                                                    num_sms=current_device().num_sms))
-            for x, o in zip(bench.inputs, outs)]
-    res["own_merge_us"] = time_calls(own, cfg, use_graph=True).median_us
-    res["wide_merge_us"] = time_calls(wide, cfg, use_graph=True).median_us
-    res["stage1_us"] = time_calls([lambda x=x: stage1(x) for x in bench.inputs], cfg,
-                                  use_graph=True).median_us
-    wide[0]()
-    ref = bench.reference
-    res["wide_merge_max_abs_err"] = float((outs[0].float() - ref).abs().max())
+    for label in ("own", "wide", "stage1"):
+        key = "stage1_us" if label == "stage1" else f"{label}_merge_us"
+        res[key] = time_calls(calls[label], cfg, use_graph=True).median_us
+    calls["wide"][0]()
+    res["wide_merge_max_abs_err"] = float((calls["outs"][0].float() - bench.reference).abs().max())
     return res
 
 

@@ -115,7 +115,7 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
                        partial_lse: torch.Tensor | None = None, block_n: int | None = None,
                        num_warps: int | None = None, num_stages: int | None = None,
                        split_policy: torch.Tensor | None = None, qo_len: int = 1,
-                       causal: bool = True) -> torch.Tensor:
+                       causal: bool = True, stage1_only: bool = False) -> torch.Tensor:
     """Split-KV MLA decode: ``out = softmax(q K^T * softmax_scale) V`` per query token and head.
 
     Args:
@@ -140,6 +140,9 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
             itself (:func:`mlabench.kernels.common.causal_row_limits`; one whose limit is 0 gets
             zeros), else all ``cache_seqlens[b]`` tokens.  One token compiles the same code as
             before either way.
+        stage1_only: launch stage 1 alone (partials written, ``out`` untouched), for timing
+            stage 1 or pairing it with another merge such as
+            :func:`mlabench.kernels.wide_merge.wide_merge`.
 
     Returns ``out``.  Raises ValueError for bad layouts, split counts, policy tables or a
     too-small workspace (``[B * S, qo_len * H, 512]`` partials).
@@ -171,6 +174,8 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
         SPLIT_ALIGN=SPLIT_ALIGN_TOKENS, UPCAST=upcast, NUM_STAGES=num_stages, POLICY_ROWS=policy_rows,
         QO_LEN=qo_len, CAUSAL=causal and qo_len > 1, num_warps=num_warps, num_stages=num_stages,
     )
+    if stage1_only:
+        return out
     launch_merge(partial_out, partial_lse, out_rows, cache_seqlens, cache_seqlens, int(num_kv_splits),
                  from_ranges=False, seqlens=cache_seqlens, policy=split_policy)
     return out

@@ -3,10 +3,14 @@ without one."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
 from mlabench.kernels.splitkv import alloc_splitkv_workspace, mla_decode_splitkv
+from mlabench.kernels.wide_merge import wide_merge
 from tests.kernels.helpers import TOL, make_case, max_err, reference
 
 CASES = [
@@ -83,3 +87,40 @@ def test_rejects_bad_block_n(block_n):
     with pytest.raises(ValueError, match="block_n"):
         mla_decode_splitkv(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens,
                            inp.new_output(), 2, inp.shape.scale, block_n=block_n)
+
+
+def test_stage1_only_writes_partials_that_the_wide_merge_completes():
+    inp, ref = make_case(12, (300, 64, 1), 64)
+    splits = 6  # the 1- and 64-token requests leave most of their splits empty
+    part_o, part_lse = alloc_splitkv_workspace(3, 12, splits, inp.device)
+    out = inp.new_output()  # NaN-poisoned
+    res = mla_decode_splitkv(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, out, splits,
+                             inp.shape.scale, partial_out=part_o, partial_lse=part_lse,
+                             block_n=16, stage1_only=True)
+    assert res is out and torch.isnan(out).all()  # no merge ran
+    wide_merge(part_o, part_lse, out, splits)
+    assert max_err(out, ref) < TOL["float16"]
+
+
+def test_hopper_script_portable_calls_follow_the_kernel():
+    """scripts/h200_hopper_kernel.py times the portable kernel through ``portable_calls``; its
+    calls must run against the current kernel signature and give the reference (two copies)."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "h200_hopper_kernel.py"
+    spec = importlib.util.spec_from_file_location("h200_hopper_kernel", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    cases = [make_case(12, (200, 70), 64, seed=seed) for seed in (0, 1)]
+    splits = 4
+    part_o, part_lse = alloc_splitkv_workspace(2, 12, splits, cases[0][0].device)
+    calls = script.portable_calls([inp for inp, _ in cases], cases[0][0].shape.scale, splits,
+                                  part_o, part_lse, num_sms=4)
+    for label in ("own", "wide"):
+        for (_, ref), out, call in zip(cases, calls["outs"], calls[label]):
+            out.fill_(float("nan"))
+            call()
+            assert max_err(out, ref) < TOL["float16"], label
+    calls["outs"][1].fill_(float("nan"))
+    calls["stage1"][1]()
+    assert torch.isnan(calls["outs"][1]).all()
+    wide_merge(part_o, part_lse, calls["outs"][1], splits)
+    assert max_err(calls["outs"][1], cases[1][1]) < TOL["float16"]
