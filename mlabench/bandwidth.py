@@ -96,8 +96,8 @@ def measure_read_bandwidth_tbps(device: DeviceInfo | None = None, size_bytes: in
     (never zeros), median of ``reps`` timed reductions after ``warmup`` untimed ones.  The outputs
     (one element, or 4 bytes per program) are not counted.  This is the ceiling of every point's
     floor; the faster reduction is taken because a ceiling that a decode kernel can beat is no
-    ceiling (on an H200 ``torch.amax`` read 4.16-4.41 TB/s, the Triton sum 4.56-4.61 TB/s and the
-    Hopper decode kernel 4.47 TB/s: docs/PERFORMANCE.md).
+    ceiling (on an H200 ``torch.amax`` read 4.16-4.41 TB/s, the Triton sum 4.49-4.61 TB/s and the
+    Hopper decode kernel 4.41-4.47 TB/s: docs/PERFORMANCE.md).
     """
     device = device or current_device()
     size = _buffer_bytes(device, size_bytes, 4 << 30, 64 << 20, buffers=1) // 4 * 4

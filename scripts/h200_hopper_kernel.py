@@ -3,7 +3,7 @@
 
 Reproduces results/h200/hopper-kernel/ (docs/PERFORMANCE.md) in one command, on one H200::
 
-    python3 scripts/h200_hopper_kernel.py --out results/h200/hopper-kernel
+    python3 scripts/h200_hopper_kernel.py --out results/h200/hopper-kernel --budget-s 330
 
 Kimi K3 at TP8 (12 heads, bf16 q and cache, page 64, qo_len 1), the kimi-k3-tp8 grid (batch 1 and
 16, contexts 1K-128K).  Every point goes through mlabench's own engine (``ShapeBench``: fp32
@@ -15,7 +15,9 @@ the L2, median per call), the same for every backend.  Also written:
 - ``checks.json``: bf16 correctness of gluon-splitkv on ragged batches, empty splits, partial
   pages, and a captured graph replayed after the lengths changed;
 - ``records.jsonl``: one mlabench Record per (backend, parameters, shape);
-- ``stages.jsonl``: stage 1 alone vs stage 1 + merge for the best gluon-splitkv configuration;
+- ``stages.jsonl``: stage 1 alone vs stage 1 + merge for the best gluon-splitkv configuration,
+  and (rows with ``"portable": true``) the portable kernel's stage 1 with its own merge and with
+  the wide merge;
 - ``summary.md``: per (batch, context) the read floor, the best of each backend and the ratios.
 
 FlashMLA is measured when ``sgl_flash_mla`` imports (install its wheel first).

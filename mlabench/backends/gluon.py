@@ -28,9 +28,12 @@ def default_gluon_splits(shape: MLADecodeShape, num_sms: int | None = None) -> i
     """Page-granular split count: one page per split while that fills at most half a wave
     (``pages <= (SMs // batch) // 2``), else one wave, ``SMs // batch``; at least 1.
 
-    From the H200 run in results/h200/hopper-kernel/ (every count measured at every point): at
-    batch 1 one page per split was best at 1K and 4K (16 and 64 splits), 132 splits was best from
-    32K up and within 7% of the best at 8K and 16K, and 8 = 132 // 16 was best at batch 16."""
+    From the first H200 run in results/h200/hopper-kernel/first-run/ (every count measured at
+    every point): at batch 1 one page per split was best at 1K and 4K (16 and 64 splits), 132
+    splits was best from 32K up and within 7% of the best at 8K and 16K, and 8 = 132 // 16 was
+    best at batch 16.  The next run (results/h200/hopper-kernel/) agrees except at batch 1, 8K and
+    16K, where 132 splits took 31% and 15% longer than the best configuration (64 splits; 128
+    splits with pdl 2; docs/PERFORMANCE.md)."""
     sms = num_sms or (current_device().num_sms if current_device().is_gpu else 132)
     pages = -(-shape.max_context_len // PAGE_TOKENS)
     wave = max(1, sms // shape.batch)

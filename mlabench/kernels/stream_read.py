@@ -3,10 +3,10 @@
 Each program sums ``BLOCK``-element blocks of a flat fp32 buffer, stepping by the grid size, with a
 software-pipelined loop (16-byte loads, several blocks in flight per program), and writes one fp32
 partial sum.  It reads every byte once and writes ``programs * 4`` bytes, so its time is the time
-to stream the buffer from memory.  On an NVIDIA H200 (Triton 3.6) this read 4.56-4.61 TB/s where
+to stream the buffer from memory.  On an NVIDIA H200 (Triton 3.6) this read 4.49-4.61 TB/s where
 ``torch.amax`` over the same 4 GiB read 4.16-4.41 TB/s, and the project's Hopper decode kernel
-itself read 4.47 TB/s (docs/PERFORMANCE.md §1): a floor measured with ``torch.amax`` alone would let
-a decode kernel show more than 100%.
+itself read 4.41-4.47 TB/s (docs/PERFORMANCE.md §1): a floor measured with ``torch.amax`` alone
+would let a decode kernel show more than 100%.
 """
 
 from __future__ import annotations
