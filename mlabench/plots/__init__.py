@@ -64,23 +64,32 @@ class Skipped:
 
 
 def _where_text(device: str | None, heads: int | None, model: Any, tp: Any, qo_len: int, causal: bool,
-                page: Any, dtype: str | None, mode: str, device_kind: str | None) -> str:
-    """Device, heads (with the model and TP when known), query tokens, page, dtype, timing: ' · '-joined."""
+                page: Any, dtype: str | None, mode: str, device_kind: str | None,
+                name_one_token: bool = False) -> str:
+    """Device, heads (with the model and TP when known), query tokens, page, dtype, timing: ' · '-joined.
+
+    One query token is named only with ``name_one_token`` (when figures of other qo_lens stand beside it)."""
     heads_text = f"{heads} heads" + (f" ({model} at TP{tp})" if model and tp else "") if heads else ""
-    qo = "" if qo_len == 1 else f"{qo_len} query tokens" + ("" if causal else " (non-causal)")
+    if qo_len == 1:
+        qo = "1 query token" if name_one_token else ""
+    else:
+        qo = f"{qo_len} query tokens" + ("" if causal else " (non-causal)")
     parts = [device or "unknown device", heads_text, qo, f"page {page}" if page else "",
              style.DTYPE_SHORT.get(dtype or "", dtype or ""), style.timing_text(mode, device_kind) if mode else ""]
     return " · ".join(p for p in parts if p)
 
 
-def _where(runs: Any, group: D.ShapeGroup, records: Sequence[Any]) -> str:
-    """Device, model (when every kernel run names the same one), heads, page, dtype, timing."""
+def _where(runs: Any, group: D.ShapeGroup, records: Sequence[Any], name_one_token: bool = False) -> str:
+    """Device, model (when every kernel run names the same one), heads, page, dtype, timing; then the
+    backends with records in the group but no correct one, and their status (``not drawn: ...``)."""
     mode = next((r.timing_mode for r in records if r.timing_mode), "")
     models = {(k.manifest.config.get("model"), k.manifest.config.get("tp")) for k in runs.kernel_runs}
     model, tp = models.pop() if len(models) == 1 else (None, None)
-    return _where_text(runs.device_name, group.num_heads, model, tp, group.qo_len, group.causal, group.page_size,
-                       group.kv_dtype or "?", mode,
-                       runs.kernel_runs[0].manifest.device.get("kind") if runs.kernel_runs else None)
+    where = _where_text(runs.device_name, group.num_heads, model, tp, group.qo_len, group.causal,
+                        group.page_size, group.kv_dtype or "?", mode,
+                        runs.kernel_runs[0].manifest.device.get("kind") if runs.kernel_runs else None, name_one_token)
+    absent = ", ".join(f"{b} ({why})" for b, why in D.backends_without_result(records).items())
+    return f"{where} · not drawn: {absent}" if absent else where
 
 
 def _run_where(manifest: Any, records: Sequence[Any], model: Any = None, tp: Any = None) -> str:
@@ -95,12 +104,13 @@ def _run_where(manifest: Any, records: Sequence[Any], model: Any = None, tp: Any
 def _groups(runs: Any) -> list[tuple[str, str, list[Any]]]:
     """``(stem suffix, where text, records)`` per shape group; no suffix when there is one group."""
     groups = D.shape_groups(runs.records)
+    several_qo = len({(g.qo_len, g.causal) for g in groups}) > 1
     out = []
     for g, recs in groups.items():
         dtype = style.DTYPE_SHORT.get(g.kv_dtype or "", g.kv_dtype)
         qo = "" if g.qo_len == 1 else f"-qo{g.qo_len}" + ("" if g.causal else "nc")
         suffix = "" if len(groups) == 1 else f"-h{g.num_heads}-p{g.page_size}-{dtype}{qo}"
-        out.append((suffix, _where(runs, g, recs), recs))
+        out.append((suffix, _where(runs, g, recs, several_qo), recs))
     return out
 
 

@@ -7,6 +7,7 @@ records carry (``floor_us`` = bytes the call must move / the run's measured copy
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,16 @@ def shape_groups(records: Iterable[Record]) -> dict[ShapeGroup, list[Record]]:
         groups.setdefault(key, []).append(r)
     return dict(sorted(groups.items(), key=lambda kv: (kv[0].num_heads, kv[0].page_size or 0,
                                                        kv[0].kv_dtype or "", kv[0].qo_len, not kv[0].causal)))
+
+
+def backends_without_result(records: Iterable[Record]) -> dict[str, str]:
+    """Backends with records here but none ``ok``, each with its records' most common status
+    (``unsupported``, ``incorrect``, ``error``, ...): what a figure of these records leaves out, and why.
+    Backends in name order."""
+    statuses: dict[str, Counter] = {}
+    for r in records:
+        statuses.setdefault(r.backend, Counter())[r.status] += 1
+    return {b: c.most_common(1)[0][0] for b, c in sorted(statuses.items()) if "ok" not in c}
 
 
 def _by(records: Iterable[Record], *fields: str) -> dict[tuple, list[Record]]:

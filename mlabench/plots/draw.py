@@ -54,10 +54,12 @@ def png_bytes(fig: Any) -> bytes:
 
 def _panels(n: int, title: str, where: str, width: float = PANEL_W, height: float = PANEL_H,
             sharey: bool = False) -> tuple[Any, list[Any]]:
-    fig = _mpl().figure.Figure(figsize=(width * n, height), layout="constrained", dpi=100)
+    lines = textwrap.wrap(where, width=int(width * n * 11.5), break_on_hyphens=False)
+    # each subtitle line past the first gets its own height, so the panels keep theirs
+    fig = _mpl().figure.Figure(figsize=(width * n, height + 0.2 * max(len(lines) - 1, 0)), layout="constrained",
+                               dpi=100)
     axes = fig.subplots(1, n, squeeze=False, sharey=sharey)[0]
-    wrapped = "\n".join(textwrap.wrap(where, width=int(width * n * 11.5)))
-    fig.suptitle(f"{title}\n{wrapped}", fontsize=11)
+    fig.suptitle(title + "".join(f"\n{line}" for line in lines), fontsize=11)
     return fig, list(axes)
 
 
@@ -208,7 +210,7 @@ def speedups(points: Sequence[Speedup], title: str, where: str) -> Any:
             at = {p.context_len: p for p in mine if (p.persistent, p.split_kv) == (pers, skv)}
             xs = [i + (k - (len(pairs) - 1) / 2) * width for i, c in enumerate(contexts) if c in at]
             ys = [at[c].speedup for c in contexts if c in at]
-            label = f"{pers} vs {skv}" if several_split_kv else pers
+            label = f"{pers} vs {skv}"
             bars = ax.bar(xs, ys, width * 0.92, color=style.backend_color(pers), label=label,
                           hatch="//" if several_split_kv and k % 2 else None)
             ax.bar_label(bars, [f"{y:.2f}" for y in ys], label_type="center", fontsize=7.5, rotation=90,

@@ -43,8 +43,13 @@ def test_the_link_pattern_finds_links_and_a_missing_target_is_caught(tmp_path):
 
 
 def test_readme_h200_tables_are_the_scripts_output():
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "h200_readme_tables.py")], cwd=REPO,
-                         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
+    # The checkout goes before the inherited path, not instead of it: the GPU image finds pydantic on
+    # PYTHONPATH (/tmp/site), and without it the script dies importing mlabench.results.
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "h200_readme_tables.py")], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
     tables = [t.strip() for t in out.split("\n\n") if t.startswith("|")]
     assert len(tables) == 2
     readme = (REPO / "README.md").read_text()

@@ -28,7 +28,7 @@ def test_paged_inputs(page_size):
 def unread_rows(s: MLADecodeShape, block_table: torch.Tensor, total_pages: int) -> torch.Tensor:
     """``[pages, page_size]`` True where no request may read, by the definition: not among the
     first L slots, in block-table order, of any request."""
-    read = torch.zeros(total_pages, s.page_size, dtype=torch.bool)
+    read = torch.zeros(total_pages, s.page_size, dtype=torch.bool, device=block_table.device)
     for b, n in enumerate(s.context_lens):
         for t in range(n):
             read[block_table[b, t // s.page_size], t % s.page_size] = True
@@ -38,7 +38,7 @@ def unread_rows(s: MLADecodeShape, block_table: torch.Tensor, total_pages: int) 
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 def test_every_slot_no_request_reads_is_nan_and_only_those(page_size):
     s = MLADecodeShape.create(num_heads=4, context_lens=(1, 63, 64, 130), page_size=page_size)
-    x = make_inputs(s, seed=3, device="cpu")
+    x = make_inputs(s, seed=3)  # on the current device, as check and sweep build them
     unread = unread_rows(s, x.block_table, x.kv_cache.shape[0])
     assert x.poisoned and unread.any()  # at least the spare page
     nan_rows = torch.isnan(x.kv_cache[:, :, 0]).all(-1)

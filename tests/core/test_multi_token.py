@@ -29,7 +29,7 @@ def naive_decode(q, kv_cache, block_table, lens, scale, qo_len, causal):
     """Per request, query token, head and key, in float64 with an explicit softmax; a query token
     sees key ``j`` when ``j < L - qo_len + t + 1`` (causal) or ``j < L``; seeing none gives 0."""
     page = kv_cache.shape[1]
-    out = torch.zeros(q.shape[0], q.shape[1], 512, dtype=torch.float64)
+    out = torch.zeros(q.shape[0], q.shape[1], 512, dtype=torch.float64, device=q.device)
     for b, n in enumerate(lens):
         k = torch.stack([kv_cache[block_table[b, j // page], j % page, 0].double() for j in range(n)])
         for t in range(qo_len):

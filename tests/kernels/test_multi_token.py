@@ -1,4 +1,5 @@
-"""Packed multi-token rows in the Triton kernels, in the interpreter (fp16: its bf16 dots are wrong).
+"""Packed multi-token rows in the Triton kernels, compiled on a GPU or in the interpreter without
+one (fp16: the interpreter's bf16 dots are wrong).
 
 Each request's ``qo_len x H`` query rows share the kernels' 16-row tiles (split-KV) or take one
 16-row tile per token after per-token head padding (persistent); the causal mask is applied per
@@ -20,7 +21,7 @@ from mlabench.kernels.splitkv import alloc_splitkv_workspace, mla_decode_splitkv
 from mlabench.kernels.worklist import build_work_list
 from mlabench.shapes import MLADecodeShape
 from mlabench.split_policy import SplitPolicy
-from tests.kernels.helpers import TOL, assert_equal_up_to_rounding, max_err
+from tests.kernels.helpers import DEVICE, TOL, assert_equal_up_to_rounding, max_err
 
 #: Contexts shorter than the block (1, 2), as long as a 4-token block (4), one past it (5), and
 #: several 16-token pages (37, 70).
@@ -28,11 +29,11 @@ LENS = (1, 2, 4, 5, 37, 70)
 
 
 def case(qo_len, lens=LENS, heads=12, page=16, seed=0):
-    """fp16 inputs on the CPU (built non-causal, the shape that allows contexts shorter than the
+    """fp16 inputs on :data:`DEVICE` (built non-causal, the shape that allows contexts shorter than the
     block) and the fp32 references of both masks: ``(inputs, {causal: [B*qo_len, H, 512]})``."""
     shape = MLADecodeShape.create(num_heads=heads, context_lens=lens, qo_len=qo_len, causal=False,
                                   page_size=page, q_dtype="float16", kv_dtype="float16")
-    inp = make_inputs(shape, device="cpu", seed=seed)
+    inp = make_inputs(shape, device=DEVICE, seed=seed)
     refs = {c: mla_decode_reference(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens,
                                     shape.scale, qo_len=qo_len, causal=c)[0] for c in (True, False)}
     return inp, refs
@@ -40,7 +41,7 @@ def case(qo_len, lens=LENS, heads=12, page=16, seed=0):
 
 def splitkv(inp, qo_len, causal, splits, policy=None, block_n=16):
     rows = qo_len * inp.shape.num_heads
-    part_o, part_lse = alloc_splitkv_workspace(inp.shape.batch, rows, splits, "cpu")
+    part_o, part_lse = alloc_splitkv_workspace(inp.shape.batch, rows, splits, DEVICE)
     part_o.fill_(float("nan"))  # every slot the merge reads must be written
     part_lse.fill_(float("nan"))
     out = inp.new_output()
@@ -52,8 +53,8 @@ def splitkv(inp, qo_len, causal, splits, policy=None, block_n=16):
 def persistent(q_pad, inp, qo_len, causal, programs, block_n=16):
     """The persistent kernel on per-token padded ``q_pad`` ``[B*qo_len, Hp, 576]``."""
     hp = q_pad.shape[1]
-    out = torch.full((q_pad.shape[0], hp, 512), float("nan"), dtype=q_pad.dtype)
-    part_o, part_lse = alloc_persistent_workspace(programs, inp.shape.batch, qo_len * hp, "cpu")
+    out = torch.full((q_pad.shape[0], hp, 512), float("nan"), dtype=q_pad.dtype, device=q_pad.device)
+    part_o, part_lse = alloc_persistent_workspace(programs, inp.shape.batch, qo_len * hp, DEVICE)
     part_o.fill_(float("nan"))
     part_lse.fill_(float("nan"))
     work = build_work_list(inp.cache_seqlens, programs, block_n)
@@ -79,14 +80,14 @@ def test_splitkv_causal_rows_are_masked_per_token():
     out = splitkv(inp, 4, False, 3)
     assert max_err(out, refs[False]) < TOL["float16"]
     assert max_err(out, refs[True]) > 0.05
-    last = torch.arange(3, 4 * len(LENS), 4)  # each request's last token sees every key either way
+    last = torch.arange(3, 4 * len(LENS), 4, device=DEVICE)  # each request's last token: every key either way
     assert max_err(out[last], refs[True][last]) < TOL["float16"]
 
 
 def test_splitkv_device_policy_packed_rows():
     """Each request's own split count, looked up on the device, with 48 packed rows."""
     inp, refs = case(4, lens=(4, 5, 37, 300))
-    table = SplitPolicy.create({4: [[16, 1], [64, 3], [100000, 6]]}, "test").device_table(4, "cpu")
+    table = SplitPolicy.create({4: [[16, 1], [64, 3], [100000, 6]]}, "test").device_table(4, DEVICE)
     out = splitkv(inp, 4, True, 6, policy=table)
     assert max_err(out, refs[True]) < TOL["float16"]
 
@@ -122,7 +123,7 @@ def test_per_token_padding_is_exact():
 def test_backends_take_multi_token_shapes(name, params):
     shape = MLADecodeShape.create(num_heads=12, context_lens=(4, 70), qo_len=4, page_size=16,
                                   q_dtype="float16", kv_dtype="float16")
-    inp = make_inputs(shape, device="cpu", seed=3)
+    inp = make_inputs(shape, device=DEVICE, seed=3)
     ref, _ = mla_decode_reference(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens,
                                   shape.scale, qo_len=4, causal=True)
     be = get_backend(name)

@@ -1,5 +1,5 @@
-"""The split-KV kernel with a per-request split count from a policy table in device memory, in the
-Triton interpreter (fp16: the interpreter's bf16 dots are wrong).
+"""The split-KV kernel with a per-request split count from a policy table in device memory, compiled
+on a GPU or in the Triton interpreter without one (fp16: the interpreter's bf16 dots are wrong).
 
 The workspace is poisoned with NaN: stage 1 must write exactly the slots of each request's own
 count (the slots past it stay NaN) and the merge must read no others (a NaN read would reach the
@@ -13,7 +13,7 @@ import torch
 
 from mlabench.kernels.splitkv import alloc_splitkv_workspace, mla_decode_splitkv
 from mlabench.split_policy import SplitPolicy
-from tests.kernels.helpers import TOL, make_case, max_err, reference
+from tests.kernels.helpers import DEVICE, TOL, make_case, max_err, reference
 
 LENS = (1, 37, 100, 260)  # ragged: one token, a non-multiple of the page, several pages
 
@@ -21,13 +21,13 @@ LENS = (1, 37, 100, 260)  # ragged: one token, a non-multiple of the page, sever
 def run_policy(inp, policy: SplitPolicy, cap: int, block_n: int = 16):
     """Decode with ``policy`` and grid split axis ``cap``; returns ``(out, partial_lse)``."""
     batch, heads = inp.shape.batch, inp.shape.num_heads
-    part_o, part_lse = alloc_splitkv_workspace(batch, heads, cap, "cpu")
+    part_o, part_lse = alloc_splitkv_workspace(batch, heads, cap, DEVICE)
     part_o.fill_(float("nan"))
     part_lse.fill_(float("nan"))
     out = inp.new_output()
     mla_decode_splitkv(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, out, cap,
                        inp.shape.scale, partial_out=part_o, partial_lse=part_lse, block_n=block_n,
-                       split_policy=policy.device_table(batch, "cpu"))
+                       split_policy=policy.device_table(batch, DEVICE))
     return out, part_lse
 
 
@@ -81,13 +81,13 @@ def test_one_launch_follows_new_lengths():
     """Lengths changed in place (as before a graph replay): the counts follow them on the device."""
     inp, _ = make_case(12, (200, 30), 16, "float16", seed=6, poison=False)  # request 1 grows to 150
     policy = SplitPolicy.create({1: [(32, 1), (128, 2), (256, 4)]})
-    table = policy.device_table(2, "cpu")
-    part_o, part_lse = alloc_splitkv_workspace(2, 12, 4, "cpu")
+    table = policy.device_table(2, DEVICE)
+    part_o, part_lse = alloc_splitkv_workspace(2, 12, 4, DEVICE)
     out = inp.new_output()
     args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, out, 4, inp.shape.scale)
     mla_decode_splitkv(*args, partial_out=part_o, partial_lse=part_lse, block_n=16,
                        split_policy=table)
-    inp.cache_seqlens.copy_(torch.tensor([20, 150], dtype=torch.int32))
+    inp.cache_seqlens.copy_(torch.tensor([20, 150], dtype=torch.int32, device=DEVICE))
     out.fill_(float("nan"))
     part_lse.fill_(float("nan"))
     mla_decode_splitkv(*args, partial_out=part_o, partial_lse=part_lse, block_n=16,
@@ -102,6 +102,15 @@ def test_one_launch_follows_new_lengths():
                                  torch.zeros((8,), dtype=torch.int32)])
 def test_rejects_bad_tables(bad):
     inp, _ = make_case(12, (8,), 16)
-    with pytest.raises(ValueError, match="split_policy"):
+    with pytest.raises(ValueError, match="split_policy must be a contiguous int32"):
         mla_decode_splitkv(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens,
-                           inp.new_output(), 2, inp.shape.scale, split_policy=bad)
+                           inp.new_output(), 2, inp.shape.scale, split_policy=bad.to(DEVICE))
+
+
+def test_rejects_a_table_on_another_device():
+    inp, _ = make_case(12, (8,), 16)
+    other = "cpu" if DEVICE != "cpu" else "meta"
+    table = SplitPolicy.create({1: [(1000, 2)]}).device_table(1, other)
+    with pytest.raises(ValueError, match=f"split_policy is on {other}"):
+        mla_decode_splitkv(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens,
+                           inp.new_output(), 2, inp.shape.scale, split_policy=table)

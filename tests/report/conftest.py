@@ -1,5 +1,5 @@
 """Fixtures of the plot and report tests: runs cut from the committed H200 sweep and CPU serve run, and
-the committed H200 tuning, validation and graph-check results read in place."""
+the committed H200 tuning, validation, graph-check and multi-token results read in place."""
 
 import json
 from pathlib import Path
@@ -16,6 +16,7 @@ TUNE = REPO / "results/h200/tune-kimi-k3-tp8/first-attempt"
 TUNE_RUN = TUNE / "tune-kimi-k3-tp8-20261130-161711-925"
 VALIDATE_RUN = TUNE / "validate-20261130-161822-1004"
 GRAPH_CHECK = REPO / "results/h200/graph-check"
+QO_LEN_RUN = REPO / "results/h200/qo-len/kimi-k3-tp8-mtp-20261130-181848-687"
 
 
 def raw_records(run: Path = H200_RUN) -> list[dict]:

@@ -125,3 +125,30 @@ def test_a_serve_run_with_a_missing_result_still_draws_and_says_so(tmp_path):
     (run / "results.jsonl").write_text("")
     skipped = {s.kind: s.reason for s in plan(load_runs([run]))[1]}
     assert skipped["serving-tpot"] == "no serve-bench run with a TPOT result among the runs given"
+
+
+def test_figures_per_qo_len_name_the_token_count_and_what_they_leave_out():
+    """The committed H200 multi-token run (qo_len 1, 2, 4; gluon-splitkv unsupported above 1 token): the
+    one-token figure names its token count beside the others, and a backend with no correct record at a
+    qo_len is named as not drawn, with its status, instead of vanishing."""
+    from mlabench.plots import data as D
+    from mlabench.runs import load_runs
+    from tests.report.conftest import QO_LEN_RUN
+
+    runs = load_runs([QO_LEN_RUN])
+    specs, _ = plan(runs, kinds=["latency", "persistent-vs-splitkv"])
+    figs = {s.stem: s for s in specs}
+    assert sorted(figs) == sorted(f"{k}-h12-p64-bf16{q}" for k in ("latency-vs-context", "persistent-vs-splitkv")
+                                  for q in ("", "-qo2", "-qo4"))
+    one = figs["latency-vs-context-h12-p64-bf16"].draw()._suptitle.get_text()
+    assert " · 1 query token · " in one and "not drawn" not in one
+    two = figs["latency-vs-context-h12-p64-bf16-qo2"].draw()
+    assert "2 query tokens" in two._suptitle.get_text()
+    assert "not drawn: gluon-splitkv (unsupported)" in two._suptitle.get_text().replace("\n", " ")
+    assert "gluon-splitkv" not in " ".join(t.get_text() for t in two.legends[0].get_texts())
+    bars = figs["persistent-vs-splitkv-h12-p64-bf16-qo4"].draw()
+    labels = [t.get_text() for t in bars.legends[0].get_texts()]
+    assert labels[:2] == ["flashmla vs triton-splitkv", "triton-persistent vs triton-splitkv"]
+    qo1 = [r for r in runs.records if r.qo_len == 1]
+    assert D.backends_without_result(qo1) == {}
+    assert D.backends_without_result([r for r in runs.records if r.qo_len == 2]) == {"gluon-splitkv": "unsupported"}
