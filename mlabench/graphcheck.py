@@ -157,6 +157,7 @@ class GraphCheckResult:
     rows: list[GraphCheckRow]
     policy: SplitPolicy | None = None
     copies: dict[int, int] = field(default_factory=dict)
+    device: str | None = None
 
 
 # ---- engines -------------------------------------------------------------------------------------
@@ -214,7 +215,7 @@ def run_graph_check(cfg: GraphCheckConfig, subjects: Sequence[Subject], engine: 
         if not ok:
             raise BackendUnavailableError(f"{s.backend}: {why}")
     say = progress or (lambda _msg: None)
-    result = GraphCheckResult(rows=[], policy=policy)
+    result = GraphCheckResult(rows=[], policy=policy, device=current_device().name)
     tuned_tables: dict[int, list[tuple[int, int]]] = {}
     for batch in cfg.batches:
         bench = _Bench(cfg, batch, engine)
@@ -398,6 +399,8 @@ def graph_check_table(result: GraphCheckResult, cfg: GraphCheckConfig) -> Table:
     t.notes.append(f"heads={cfg.num_heads} page={cfg.page_size} {cfg.dtype}; every request of a step "
                    f"at the context length; input copies rotated ({copies}); refresh µs: wall clock "
                    "per step, outside the graph, paid once per step for all layers")
+    if result.device:
+        t.notes.append(f"device: {result.device}")
     if result.policy is not None:
         tables = result.policy.tables.items()
         t.notes.append(f"split policy ({result.policy.source}), context <= tokens: splits: " + "; ".join(

@@ -159,7 +159,9 @@ def _measure_point(backend, shape, policy, ladder, timing, seed, store, run_id, 
                        json.loads(best_key) if best_key else {}, configs["policy"], us["policy"], heur)
 
 
-def _geomean_regret_pct(values: list[float | None]) -> float | None:
+def geomean_regret_pct(values: list[float | None]) -> float | None:
+    """``100 * (geometric mean of (1 + regret) - 1)``, percent; None when ``values`` is empty or holds
+    a None (a configuration that failed)."""
     vals = [v for v in values if v is not None]
     if not vals or len(vals) < len(values):
         return None
@@ -175,8 +177,8 @@ def validation_tables(v: Validation) -> list[Table]:
         pts = [p for p in v.points if batch is None or p.batch == batch]
         policy = [p.regret(p.policy_us) for p in pts]
         worst = None if None in policy else 100 * max(policy)
-        summary.rows.append(["all" if batch is None else batch, len(pts), worst, _geomean_regret_pct(policy)]
-                            + [_geomean_regret_pct([p.regret(p.heuristics[h]["us"]) for p in pts])
+        summary.rows.append(["all" if batch is None else batch, len(pts), worst, geomean_regret_pct(policy)]
+                            + [geomean_regret_pct([p.regret(p.heuristics[h]["us"]) for p in pts])
                                for h in v.heuristic_names])
     summary.notes.append("regret = time / best time - 1; best = fastest correct configuration measured at "
                          "that point (split ladder, policy, heuristics); — = a configuration failed")

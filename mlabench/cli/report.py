@@ -16,7 +16,8 @@ from mlabench.plots import KINDS
 
 FromRuns = Annotated[list[Path], typer.Option(
     "--from", metavar="RUN",
-    help="A run folder (sweep or serve-bench), or a folder holding runs one level down; repeatable.")]
+    help="A run folder (sweep, tune, tune --validate, serve-bench), a graph-check JSON (graph-check --save), "
+         "or a folder holding them one level down; repeatable.")]
 
 
 def plot(
@@ -49,7 +50,8 @@ def report(
     fmt: Annotated[str, typer.Option(
         "--format", metavar="markdown|html", help="markdown (report.md + figures/) or html.")] = "markdown",
 ) -> None:
-    """Write one report from recorded runs: environment, correctness, best split, compare, serving, figures."""
+    """Write one report from recorded runs: environment, correctness, best split, compare, serving, tuned
+    policy and validation, graph-check, figures."""
     from mlabench.report import write_report
     from mlabench.results import command_line
     from mlabench.runs import load_runs

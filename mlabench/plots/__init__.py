@@ -1,7 +1,9 @@
 """Figures from recorded runs (``mlabench plot``, and the figures of ``mlabench report``).
 
-A figure is data plus drawing: :mod:`mlabench.plots.data` turns records into the numbers of a
-figure (pure, tested without matplotlib), :mod:`mlabench.plots.draw` draws them. :func:`plan`
+A figure is data plus drawing: :mod:`mlabench.plots.data` (sweeps, serving),
+:mod:`mlabench.plots.tuning` (tuning and validation runs) and :mod:`mlabench.plots.graph_check`
+(graph-check results) turn runs into the numbers of a figure (pure, tested without matplotlib);
+:mod:`mlabench.plots.draw` and :mod:`mlabench.plots.draw_tuning` draw them. :func:`plan`
 decides which figures the runs can give, and says why for each kind it cannot (a figure whose data
 is absent is skipped, never drawn empty). Importing this package does not import matplotlib.
 """
@@ -18,7 +20,9 @@ from typing import Any
 from mlabench.errors import ConfigError
 from mlabench.files import make_dir, write_bytes
 from mlabench.plots import data as D
+from mlabench.plots import graph_check as G
 from mlabench.plots import style
+from mlabench.plots import tuning as T
 
 KINDS: dict[str, str] = {
     "latency": "decode latency vs context length per backend, with the floor (log-log)",
@@ -27,7 +31,13 @@ KINDS: dict[str, str] = {
     "split-heatmap": "context x num_kv_splits, µs relative to each context's best (each split-KV backend)",
     "persistent-vs-splitkv": "speedup of padded persistent kernels over the best split-KV count",
     "serving-tpot": "serve-bench TPOT per concurrency and variant, with the speedup over the baseline",
+    "tuned-policy": "a tuning run's policy: num_kv_splits vs context length, against the public heuristics",
+    "tuning-history": "each tuning study's trials in the order measured, with the best so far (per batch)",
+    "tuning-regret": "regret of the tuned policy and the heuristics on a validation run's held-out lengths",
+    "graph-check": "slowdown of a decode graph captured once vs the call tuned for each context length",
 }
+#: Kinds drawn from kernel sweep records (a sweep or compare run).
+SWEEP_KINDS = ("latency", "pct-of-floor", "split-sweep", "split-heatmap", "persistent-vs-splitkv")
 FORMATS = ("png", "svg")
 
 
@@ -53,17 +63,33 @@ class Skipped:
         return f"skipped {self.kind}: {self.reason}"
 
 
+def _where_text(device: str | None, heads: int | None, model: Any, tp: Any, qo_len: int, causal: bool,
+                page: Any, dtype: str | None, mode: str, device_kind: str | None) -> str:
+    """Device, heads (with the model and TP when known), query tokens, page, dtype, timing: ' · '-joined."""
+    heads_text = f"{heads} heads" + (f" ({model} at TP{tp})" if model and tp else "") if heads else ""
+    qo = "" if qo_len == 1 else f"{qo_len} query tokens" + ("" if causal else " (non-causal)")
+    parts = [device or "unknown device", heads_text, qo, f"page {page}" if page else "",
+             style.DTYPE_SHORT.get(dtype or "", dtype or ""), style.timing_text(mode, device_kind) if mode else ""]
+    return " · ".join(p for p in parts if p)
+
+
 def _where(runs: Any, group: D.ShapeGroup, records: Sequence[Any]) -> str:
     """Device, model (when every kernel run names the same one), heads, page, dtype, timing."""
     mode = next((r.timing_mode for r in records if r.timing_mode), "")
     models = {(k.manifest.config.get("model"), k.manifest.config.get("tp")) for k in runs.kernel_runs}
     model, tp = models.pop() if len(models) == 1 else (None, None)
-    heads = f"{group.num_heads} heads" + (f" ({model} at TP{tp})" if model and tp else "")
-    qo = "" if group.qo_len == 1 else f"{group.qo_len} query tokens" + ("" if group.causal else " (non-causal)")
-    parts = [runs.device_name or "unknown device", heads, qo, f"page {group.page_size}",
-             style.DTYPE_SHORT.get(group.kv_dtype or "", group.kv_dtype or "?"),
-             style.timing_text(mode, runs.kernel_runs[0].manifest.device.get("kind") if runs.kernel_runs else None)]
-    return " · ".join(p for p in parts if p)
+    return _where_text(runs.device_name, group.num_heads, model, tp, group.qo_len, group.causal, group.page_size,
+                       group.kv_dtype or "?", mode,
+                       runs.kernel_runs[0].manifest.device.get("kind") if runs.kernel_runs else None)
+
+
+def _run_where(manifest: Any, records: Sequence[Any], model: Any = None, tp: Any = None) -> str:
+    """:func:`_where_text` of a tuning or validation run, from its manifest and first record."""
+    first = records[0] if records else None
+    shape = first.shape if first else {}
+    return _where_text(str(manifest.device.get("name")), first.num_heads if first else None, model, tp,
+                       first.qo_len if first else 1, first.causal if first else True, shape.get("page_size"),
+                       shape.get("kv_dtype"), first.timing_mode if first else "", manifest.device.get("kind"))
 
 
 def _groups(runs: Any) -> list[tuple[str, str, list[Any]]]:
@@ -153,14 +179,100 @@ def _serving(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec]
     return specs or "no serve-bench run with a TPOT result among the runs given"
 
 
+def _suffix(items: Sequence[Any], item: Any) -> str:
+    return "" if len(items) == 1 else f"-{item.name}"
+
+
+def _tuned_policy(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] | str:
+    specs, why = [], []
+    for run in runs.tune_runs:
+        steps = T.policy_steps(run, runs.validation_runs)
+        if not steps:
+            why.append(f"tuning run {run.name} has no policy.json (unfinished: `mlabench tune --resume` it, "
+                       "or `mlabench tune --export` it)")
+            continue
+        backend = run.config["backend"]
+        validated = any(p.held_out_best for p in steps)
+        caption = (f"{run.name}: the policy's num_kv_splits at each context length (thick), each public "
+                   "heuristic's choice for the same shape on this GPU (dashed), and the fastest trial of each "
+                   "bucket's study (diamonds)" + (", and the fastest of the split ladder at each held-out "
+                                                  "length of its validation (dots)" if validated else "")
+                   + "; a dashed line hidden under the thick one picks the policy's count there.")
+        specs.append(FigureSpec(kind, "tuned-policy" + _suffix(runs.tune_runs, run), caption, partial(
+            _draw_tuning().policy_steps, steps, backend,
+            f"{backend}: tuned num_kv_splits per context length vs the public heuristics",
+            _run_where(run.manifest, run.records, run.config.get("model"), run.config.get("tp")))))
+    return specs or "; ".join(why) or "no tuning run (`mlabench tune`) among the runs given"
+
+
+def _tuning_history(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] | str:
+    specs = []
+    for run in runs.tune_runs:
+        backend = run.config["backend"]
+        where = _run_where(run.manifest, run.records, run.config.get("model"), run.config.get("tp"))
+        for batch, histories in T.tuning_history(run).items():
+            if not any(h.trials for h in histories):
+                continue
+            title = (f"{backend} tuning at batch {batch}: each study's trials in the order measured, "
+                     "best so far")
+            caption = (f"{run.name}, batch {batch}: median µs of every configuration a study measured, in "
+                       "order (the public heuristics first, squares), the best so far, and the policy's "
+                       "choice (star); a configuration suggested again is reused, not measured again.")
+            specs.append(FigureSpec(kind, f"tuning-history-b{batch}" + _suffix(runs.tune_runs, run), caption,
+                                    partial(_draw_tuning().tuning_history, histories, backend, title, where)))
+    return specs or ("no tuning run (`mlabench tune`) among the runs given" if not runs.tune_runs
+                     else "no trial recorded in the tuning runs given")
+
+
+def _tuning_regret(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] | str:
+    specs = []
+    for run in runs.validation_runs:
+        panels = T.validation_regret(run)
+        if not panels:
+            continue
+        backend = run.manifest.config["validate"].get("backend", "policy")
+        caption = (f"{run.name}: regret = time / best time - 1 at each held-out length, best = the fastest "
+                   "correct configuration measured there (split ladder, policy, heuristics); the policy of "
+                   f"tuning run {run.policy_run_id or 'not recorded'}. Lines at 0% overlap.")
+        specs.append(FigureSpec(kind, "tuning-regret" + _suffix(runs.validation_runs, run), caption, partial(
+            _draw_tuning().regret, panels, backend,
+            f"{backend}: regret of the tuned policy and the public heuristics on held-out context lengths",
+            _run_where(run.manifest, run.records))))
+    return specs or ("no validation run (`mlabench tune --validate`) among the runs given"
+                     if not runs.validation_runs else "the validation runs given have no validation.json")
+
+
+def _graph_check(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] | str:
+    groups = G.graph_check_slowdown(runs.graph_checks)
+    specs = []
+    for i, data in enumerate(groups):
+        caption = (f"Slowdown = captured graph µs / µs of the same backend prepared for that context length "
+                   f"(its fastest split count where it has one), both graph-replayed; from "
+                   f"{', '.join(data.sources)}.")
+        specs.append(FigureSpec(kind, "graph-check" + ("" if len(groups) == 1 else f"-{i + 1}"), caption, partial(
+            _draw_tuning().graph_check, data,
+            "Decode graph captured once vs the call tuned for each context length",
+            f"{data.where} · {data.capture}, replayed after the per-step refresh")))
+    return specs or ("no graph-check result (the JSON of `mlabench graph-check --save FILE`) among the paths "
+                     "given" if not runs.graph_checks else "the graph-check results given have no rows")
+
+
 _PLANNERS = {"latency": _latency, "pct-of-floor": _latency, "split-sweep": _splits,
-             "split-heatmap": _splits, "persistent-vs-splitkv": _persistent, "serving-tpot": _serving}
+             "split-heatmap": _splits, "persistent-vs-splitkv": _persistent, "serving-tpot": _serving,
+             "tuned-policy": _tuned_policy, "tuning-history": _tuning_history, "tuning-regret": _tuning_regret,
+             "graph-check": _graph_check}
 
 
 def _draw() -> Any:
     from mlabench.plots import draw
 
     return draw
+
+
+def _draw_tuning() -> Any:
+    from mlabench.plots import draw_tuning
+
+    return draw_tuning
 
 
 def plan(runs: Any, kinds: Sequence[str] | None = None,
@@ -180,7 +292,7 @@ def plan(runs: Any, kinds: Sequence[str] | None = None,
     specs: list[FigureSpec] = []
     skipped: list[Skipped] = []
     for kind in kinds:
-        if kind != "serving-tpot" and not runs.records:
+        if kind in SWEEP_KINDS and not runs.records:
             skipped.append(Skipped(kind, "no kernel sweep records among the runs given"))
             continue
         made = _PLANNERS[kind](runs, families, kind)

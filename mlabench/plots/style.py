@@ -1,4 +1,5 @@
-"""What every figure shares: one colour per backend, numbers as people read them, axis labels.
+"""What every figure shares: one colour per backend and per public heuristic, numbers as people read
+them, axis labels.
 
 Pure Python (no matplotlib), so data functions and reports use the same formatting.
 """
@@ -24,6 +25,23 @@ _SPARE_COLORS = ("#e377c2", "#bcbd22", "#17becf", "#393b79", "#637939", "#843c39
 BASELINE_COLOR = "#9e9e9e"
 VARIANT_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
 FLOOR_COLOR = "#000000"
+# The public split-count heuristics (mlabench/heuristics.py) in the tuning figures: fixed by name, hues
+# kept away from the backends' so a tuned backend's policy and every heuristic read apart.
+HEURISTIC_COLORS = {
+    "vllm-triton": "#e6ab02",
+    "sglang": "#e7298a",
+    "aiter-gluon-0.1.19": "#1b9e77",
+    "aiter-gluon-0.1.20": "#66a61e",
+    "rocm-buckets": "#a6761d",
+}
+_SPARE_HEURISTIC_COLORS = ("#666666", "#1a1a1a", "#b15928")
+
+
+def heuristic_color(name: str) -> str:
+    """The colour of the heuristic ``name`` in every figure (a stable spare colour for unknown names)."""
+    if name in HEURISTIC_COLORS:
+        return HEURISTIC_COLORS[name]
+    return _SPARE_HEURISTIC_COLORS[zlib.crc32(name.encode()) % len(_SPARE_HEURISTIC_COLORS)]
 
 
 def backend_color(backend: str) -> str:

@@ -3,7 +3,7 @@
 Markdown (figures as relative links to PNG files written beside it) or a single self-contained HTML
 file (figures inline as base64 PNG). Sections: the runs, environment, correctness, latency and the
 floor, best split count, padded persistent vs split-KV, serving TPOT, tuned policy and validation,
-and the figures; a section the runs cannot fill says what is missing.
+graph capture (graph-check), and the figures; a section the runs cannot fill says what is missing.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from mlabench.errors import ConfigError
 from mlabench.files import make_dir, write_bytes, write_text
 from mlabench.report import sections as S
 from mlabench.report.document import Block, FigureBlock, to_html_document, to_markdown_document
+from mlabench.report.tuning import graph_check_section, tuning_section
 
 FORMATS = {"markdown": "report.md", "html": "report.html"}
 FIGURE_DIR = "figures"
@@ -48,7 +49,7 @@ def build_report(runs: Any, families: dict[str, str] | None = None, figure_dir: 
     specs, skipped = plan(runs, families=families)
     title = S.report_title(runs)
     blocks = (S.header(runs, title, command) + S.environment(runs) + S.kernel_sections(runs, families, specs)
-              + S.serving_section(runs, specs) + S.tuning_section(runs)
+              + S.serving_section(runs, specs) + tuning_section(runs, specs) + graph_check_section(runs, specs)
               + S.figures_section(specs, skipped, figure_dir))
     return Report(title, blocks, skipped)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from mlabench.plots import FigureSpec, Skipped, style
 from mlabench.report.document import Block, Bullets, Code, FigureBlock, Heading, Missing, Para, TableBlock
+from mlabench.report.tuning import config_row
 from mlabench.results import Record
 from mlabench.sentinel import health_notes
 from mlabench.tables import Table, compare_table, sweep_summary
@@ -40,8 +41,9 @@ def _sweep_text(cfg: dict[str, Any]) -> str:
 
 def _run_timing(config: dict[str, Any]) -> dict[str, Any]:
     """The ``[timing]`` settings a run recorded: a sweep's at the top of its configuration, a tuning
-    run's under ``tune``; empty when the manifest has none (a validation run)."""
-    return config.get("timing") or (config.get("tune") or {}).get("timing") or {}
+    run's under ``tune``, a validation run's under ``validate``; empty when the manifest has none."""
+    return (config.get("timing") or (config.get("tune") or {}).get("timing")
+            or (config.get("validate") or {}).get("timing") or {})
 
 
 def _timing_text(timing: dict[str, Any], device_kind: str | None) -> str:
@@ -76,8 +78,9 @@ def _bandwidth_rows(m: Any) -> list[list[str]]:
             ["copy bandwidth", copy + ")"], ["datasheet bandwidth", sheet]]
 
 
-def kernel_environment(run: Any, records: Sequence[Record]) -> Table:
-    """Key/value table of one kernel run: device, clocks, driver, versions, revision, command, axes."""
+def kernel_environment(run: Any, records: Sequence[Record], kind: str = "Kernel run") -> Table:
+    """Key/value table of one kernel, tuning or validation run (``kind`` starts its title): device,
+    clocks, driver, versions, revision, command, what it measured, timing."""
     m, dev = run.manifest, run.manifest.device
     mine = [r for r in records if r.run_id == m.run_id]
     during = [r.gpu_state["sm_clock_mhz"] for r in mine if r.gpu_state.get("sm_clock_mhz") is not None]
@@ -91,11 +94,12 @@ def kernel_environment(run: Any, records: Sequence[Record]) -> Table:
         ["SM clock after each point", _range(during, "MHz") if during else "—"],
         ["versions", ", ".join(f"{k} {v}" for k, v in m.versions.items() if v)],
         *_bandwidth_rows(m),
-        ["sweep", _sweep_text(m.config)], ["timing", _timing_text(_run_timing(m.config), dev.get("kind"))],
+        list(config_row(m.config) or ("sweep", _sweep_text(m.config))),
+        ["timing", _timing_text(_run_timing(m.config), dev.get("kind"))],
         ["points", f"{len(mine)} ({sum(r.status == 'ok' for r in mine)} ok)"],
     ]
     rows += [["health", note] for note in health_notes(m, mine)]
-    return Table(f"Kernel run {m.run_id}", ["field", "value"], rows)
+    return Table(f"{kind} {m.run_id}", ["field", "value"], rows)
 
 
 def serve_environment(run: Any) -> Table:
@@ -152,10 +156,12 @@ def environment(runs: Any) -> list[Block]:
     """A key/value table per run: what ran where, with which versions and commands."""
     blocks: list[Block] = [Heading("Environment")]
     blocks += [TableBlock(kernel_environment(k, runs.records)) for k in runs.kernel_runs]
+    blocks += [TableBlock(kernel_environment(t, t.records, "Tuning run")) for t in runs.tune_runs]
+    blocks += [TableBlock(kernel_environment(v, v.records, "Validation run")) for v in runs.validation_runs]
     blocks += [TableBlock(serve_environment(s)) for s in runs.serve_runs]
-    if not runs.kernel_runs:
-        blocks.append(Missing("no kernel run (`mlabench sweep`) among the folders given: no GPU, clocks or "
-                              "library versions of a kernel measurement to show"))
+    if not runs.manifests:
+        blocks.append(Missing("no kernel run (`mlabench sweep`) nor tuning run among the folders given: no GPU, "
+                              "clocks or library versions of a kernel measurement to show"))
     return blocks
 
 
@@ -206,14 +212,6 @@ def serving_section(runs: Any, specs: Sequence[FigureSpec]) -> list[Block]:
     return blocks
 
 
-def tuning_section(runs: Any) -> list[Block]:
-    """The tuned policy and its validation on a held-out grid; missing until a tune run is given."""
-    return [Heading("Tuned policy and validation"),
-            Missing("no tuning run among the folders given: `mlabench tune` writes the chosen split count "
-                    "per batch and context bucket and its regret on a held-out grid; this section shows them "
-                    "for a tune run passed to --from")]
-
-
 def figures_section(specs: Sequence[FigureSpec], skipped: Sequence[Skipped], figure_dir: str | None) -> list[Block]:
     """The figures drawn (files under ``figure_dir``, or inline when None) and each kind skipped, with why."""
     where = f" (under {figure_dir}/)" if figure_dir else " (inline above)"
@@ -227,10 +225,14 @@ def figures_section(specs: Sequence[FigureSpec], skipped: Sequence[Skipped], fig
 
 def header(runs: Any, title: str, command: str | None = None) -> list[Block]:
     """Title, the runs read, the commands that measured them and ``command`` (the report's own)."""
-    kinds = [f"{k.path} (kernel run, {len([r for r in runs.records if r.run_id == k.manifest.run_id])} points)"
-             for k in runs.kernel_runs] + [f"{s.path} (serve-bench run)" for s in runs.serve_runs]
+    kinds = ([f"{k.path} (kernel run, {len([r for r in runs.records if r.run_id == k.manifest.run_id])} points)"
+              for k in runs.kernel_runs]
+             + [f"{t.path} (tuning run, {len(t.records)} configurations measured)" for t in runs.tune_runs]
+             + [f"{v.path} (validation run, {len(v.points or [])} held-out points)" for v in runs.validation_runs]
+             + [f"{s.path} (serve-bench run)" for s in runs.serve_runs]
+             + [f"{g.path} (graph-check result, {len(g.rows)} rows)" for g in runs.graph_checks])
     blocks: list[Block] = [Heading(title, 1), Para("Runs read:"), Bullets(kinds)]
-    commands = sorted({" ".join(k.manifest.command) for k in runs.kernel_runs})
+    commands = sorted({" ".join(m.command) for m in runs.manifests})
     if commands:
         blocks += [Para("Measured with:"), Code("\n".join(commands))]
     if command:
@@ -239,13 +241,15 @@ def header(runs: Any, title: str, command: str | None = None) -> list[Block]:
 
 
 def report_title(runs: Any) -> str:
-    """'mlabench report: <device> · <model> TP<n>' from the kernel runs (serve run names without one)."""
+    """'mlabench report: <device> · <model> TP<n>' from the kernel and tuning runs (the serve runs' and
+    graph-check results' names without one)."""
     where = [runs.device_name] if runs.device_name else []
     models = {(k.manifest.config.get("model"), k.manifest.config.get("tp")) for k in runs.kernel_runs}
+    models |= {(t.config.get("model"), t.config.get("tp")) for t in runs.tune_runs}
     if len(models) == 1 and None not in next(iter(models)):
         model, tp = next(iter(models))
         where.append(f"{model} TP{tp}")
-    if runs.serve_runs and not where:
-        where.append(", ".join(s.name for s in runs.serve_runs))
+    if (runs.serve_runs or runs.graph_checks) and not where:
+        where.append(", ".join([s.name for s in runs.serve_runs] + [g.name for g in runs.graph_checks]))
     return "mlabench report" + (f": {' · '.join(where)}" if where else "")
 

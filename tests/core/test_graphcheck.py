@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mlabench import cli
+from mlabench.device import current_device
 from mlabench.errors import ConfigError, GPURequiredError
 from mlabench.graphcheck import (EagerEngine, GraphCheckConfig, GraphCheckResult, GraphCheckRow, GraphEngine,
                                  Subject, assess, graph_check_table, run_graph_check, subjects_for)
@@ -55,6 +56,7 @@ def test_policy_modes_and_portable_backends(tmp_path):
     table = graph_check_table(result, cfg)
     text = to_markdown(table)
     assert "split_policy=device" in text and "flagged" in text and "reference" in table.notes[0]
+    assert f"device: {current_device().name}" in table.notes  # plots name the device from it
     rows = json.loads(to_json([table]))[0]["rows"]
     assert len(rows) == 8 and {"graph_us", "tuned_us", "slowdown_pct", "refresh_us"} <= set(rows[0])
 

@@ -2,6 +2,7 @@
 and the sweep summary's columns built from records made by hand."""
 
 import pytest
+import torch
 
 from mlabench.backends import get_backend
 from mlabench.measure import ShapeBench
@@ -29,7 +30,9 @@ def test_a_measured_record_carries_floor_bandwidth_and_percent_of_floor():
     shape = MLADecodeShape.create(num_heads=12, context_lens=(40, 17), page_size=16)
     rec = ShapeBench(shape, timing=FAST).run(get_backend("torch-splitkv"), {"num_kv_splits": 2},
                                             copy_bw_tbps=2.0, run_id="t")
-    assert rec.status == "ok", rec.message
+    assert rec.status == "ok" and rec.message == ""
+    on_gpu = torch.cuda.is_available()
+    assert rec.timing_mode == ("graph" if on_gpu else "wall") and (rec.eager_stats is not None) == on_gpu
     want_bytes = (57 * 576 + 2 * 12 * 576 + 2 * 12 * 512) * 2
     assert rec.bytes_moved == want_bytes and rec.copy_bandwidth_tbps == 2.0
     assert rec.floor_us == pytest.approx(want_bytes / 2.0e12 * 1e6, rel=1e-12)
@@ -50,18 +53,22 @@ def record(splits: int, median_us: float, status: str = "ok", noisy: bool = Fals
 
 def test_sweep_summary_columns_from_hand_made_records():
     recs = [record(1, 10.0, noisy=True), record(16, 5.0), record(64, 1.0, status="incorrect"),
-            record(4, 7.0)]
+            record(4, 7.0), record(128, 9.0, status="error")]
     table = sweep_summary(recs)
+    assert table.title == "Sweep: best configuration per backend, batch and context"
     # a column for every split count swept, in order (4 too, though it is no power of 16)
     assert table.columns == ["backend", "batch", "context", "best params", "µs", "TB/s", "% floor",
-                             "µs @1 splits", "µs @4 splits", "µs @16 splits", "µs @64 splits", "not ok",
-                             "noisy"]
-    # the wrong 1 µs answer at 64 splits neither wins nor fills its split column
+                             "µs @1 splits", "µs @4 splits", "µs @16 splits", "µs @64 splits",
+                             "µs @128 splits", "not ok", "noisy"]
+    # the wrong 1 µs answer at 64 splits and the failed one at 128 neither win nor fill their columns
     assert table.rows == [["b", 1, 64, "num_kv_splits=16", 5.0, 200.0, 20.0, 10.0, 7.0, 5.0, None,
-                           "incorrect (1)", "1"]]
-    assert any(n.startswith("1 of 4 points are noisy") for n in table.notes)
+                           None, "error, incorrect (2)", "1"]]
+    assert any(n.startswith("1 of 5 points are noisy") for n in table.notes)
     best_noisy = sweep_summary([record(1, 3.0, noisy=True), record(16, 5.0)])
     assert best_noisy.rows[0][3] == "num_kv_splits=1" and best_noisy.rows[0][-1] == "1 incl. best"
+    quiet = sweep_summary([record(1, 3.0), record(16, 5.0)])
+    assert quiet.rows[0][-2:] == ["", ""] and not any("noisy" in n for n in quiet.notes)
+    assert "time: median µs per call (wall)" in quiet.notes[-1]
 
 
 def test_a_point_that_could_not_start_still_carries_its_floor():
@@ -85,3 +92,5 @@ def test_compare_table_best_splits_is_what_ran_and_a_missing_family_is_a_dash():
     assert row == [1, 64, "p", "—", 2.0, 50.0, 3.5, "s", 7, 4.0, 25.0, 2.0]
     (row,) = compare_table([asked_16], families).rows  # no persistent backend recorded
     assert row == [1, 64, None, None, None, None, None, "s", 16, 6.0, 100 / 6.0, None]
+    (row,) = compare_table([persistent], families).rows  # no split-KV backend recorded
+    assert row == [1, 64, "p", "—", 2.0, 50.0, 3.5, None, None, None, None, None]

@@ -94,6 +94,6 @@ def test_budget_counts_from_the_first_timed_sample():
     """Warm-ups are not timed samples: a budget of 1 s with a 0.25 s clock step allows 5 samples."""
     ticks = itertools.count()
     cfg = TimingConfig(warmup_iters=3, min_samples=3, max_samples=100, target_rel_ci=1e-9, budget_s=1.0)
-    stats = run_until_stable(_ten_percent_spread(), cfg, clock=lambda: next(ticks) * 0.25)
-    # clock read at the start (t=0) and after samples 3, 4, ...: 0.25, 0.5, 0.75, 1.0 -> stop at 6
+    stats = run_until_stable(_ten_percent_spread(), cfg, clock=lambda: 1000.0 + next(ticks) * 0.25)
+    # clock read at the start (t0) and after samples 3, 4, ...: t0 + 0.25, 0.5, 0.75, 1.0 -> stop at 6
     assert stats.n == 6 and stats.noisy

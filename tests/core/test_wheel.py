@@ -1,8 +1,9 @@
 """A wheel install has the presets (issue 8 item 5): build the wheel, install it in a fresh virtual
 environment, and run the commands from outside the checkout.
 
-The environment sees the system's packages (``--system-site-packages``: torch is not installed
-again) and the wheel goes in with ``--no-deps``; the checkout is kept off the path.
+The environment sees the packages this interpreter sees (``--system-site-packages`` and this
+interpreter's path: torch is not installed again) and the wheel goes in with ``--no-deps``; the
+checkout is kept off the path.
 """
 
 import json
@@ -26,14 +27,22 @@ def installed(tmp_path_factory):
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", "results", "tests", "__pycache__", "build",
                                                             "dist", "*.egg-info", ".venv*", ".pytest_cache"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    # The checkout on $PYTHONPATH would make pip think the wheel is installed already.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLABENCH_CONFIGS", "MLABENCH_GIT_REVISION")}
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(src)],
                    check=True, capture_output=True, timeout=300)
     (wheel,) = (tmp / "dist").glob("mlabench-*.whl")
     venv.create(tmp / "venv", system_site_packages=True, with_pip=False)
     python = tmp / "venv" / "bin" / "python"
+    # What this interpreter sees (a virtual environment's packages, packages installed with
+    # --target as on the GPU image) stays visible after the environment's own site-packages; the
+    # checkout does not.
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    outer = [p for p in sys.path if p and Path(p).is_dir() and not Path(p).resolve().is_relative_to(REPO)]
+    (Path(site) / "outer-packages.pth").write_text("\n".join(outer) + "\n")
     subprocess.run([*pip, "--python", str(python), "install", "--no-deps", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLABENCH_CONFIGS", "MLABENCH_GIT_REVISION")}
+                   check=True, capture_output=True, timeout=300, env=env)
     outside = tmp / "elsewhere"
     outside.mkdir()
     return python.parent, env, outside
@@ -48,6 +57,7 @@ def run(installed, *args):
 def test_the_installed_package_is_the_wheel(installed):
     r = run(installed, "python", "-c", "import mlabench, mlabench.configfile as c; print(mlabench.__file__); "
                                        "print(c.configs_dir())")
+    assert r.returncode == 0, r.stderr
     module, configs = r.stdout.split()
     assert r.returncode == 0 and str(installed[0].parent) in module, r.stderr
     assert configs.endswith("mlabench/_configs") and str(REPO) not in configs

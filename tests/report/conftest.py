@@ -1,4 +1,5 @@
-"""Fixtures of the plot and report tests: runs cut from the committed H200 sweep and CPU serve run."""
+"""Fixtures of the plot and report tests: runs cut from the committed H200 sweep and CPU serve run, and
+the committed H200 tuning, validation and graph-check results read in place."""
 
 import json
 from pathlib import Path
@@ -11,6 +12,10 @@ H200_RUN = H200 / "kimi-k3-tp8-20261130-105953-511"
 SERVE = FIXTURES / "cpu-serve"
 SERVE_RUN = SERVE / "serve-20261130T105730Z-cpu-tiny"
 REPO = Path(__file__).resolve().parents[2]
+TUNE = REPO / "results/h200/tune-kimi-k3-tp8/first-attempt"
+TUNE_RUN = TUNE / "tune-kimi-k3-tp8-20261130-161711-925"
+VALIDATE_RUN = TUNE / "validate-20261130-161822-1004"
+GRAPH_CHECK = REPO / "results/h200/graph-check"
 
 
 def raw_records(run: Path = H200_RUN) -> list[dict]:
@@ -44,3 +49,26 @@ def families():
     from mlabench.runs import backend_families
 
     return backend_families()
+
+
+@pytest.fixture(scope="session")
+def tune_runs():
+    """The committed tuning run and its validation run (one folder holds both)."""
+    from mlabench.runs import load_runs
+
+    return load_runs([TUNE])
+
+
+@pytest.fixture(scope="session")
+def graph_check_runs():
+    from mlabench.runs import load_runs
+
+    return load_runs([GRAPH_CHECK])
+
+
+@pytest.fixture(scope="session")
+def all_runs():
+    """Every kind of run: the sweep, the serve run, the tuning and validation runs, the graph-check results."""
+    from mlabench.runs import load_runs
+
+    return load_runs([H200, SERVE, TUNE, GRAPH_CHECK])

@@ -8,7 +8,7 @@ import pytest
 
 from mlabench.plots import data as D
 from mlabench.plots import style
-from tests.report.conftest import H200, H200_RUN, REPO, SERVE, SERVE_RUN, raw_records
+from tests.report.conftest import GRAPH_CHECK, H200, H200_RUN, REPO, SERVE, SERVE_RUN, TUNE, raw_records
 
 
 def _raw_best(backend, batch, ctx, splits=None):
@@ -36,9 +36,9 @@ from mlabench.runs import load_runs
 from mlabench.plots import plan
 from mlabench.report import build_report
 from mlabench.report.document import to_markdown_document
-runs = load_runs([{str(H200)!r}, {str(SERVE)!r}])
+runs = load_runs([{str(H200)!r}, {str(SERVE)!r}, {str(TUNE)!r}, {str(GRAPH_CHECK)!r}])
 specs, skipped = plan(runs)
-assert len(specs) == 6 and not skipped, (specs, skipped)
+assert len(specs) == 11 and not skipped, ([s.stem for s in specs], skipped)
 text = to_markdown_document(build_report(runs).blocks)
 assert '## Best split count' in text
 """
@@ -142,4 +142,8 @@ def test_readable_numbers_and_one_colour_per_backend():
     assert [style.context_text(c) for c in (4096, 100000, 131072, 777)] == ["4K", "100k", "128K", "777"]
     names = ["triton-splitkv", "triton-persistent", "flashmla", "aiter-asm", "aiter-gluon", "torch-splitkv"]
     assert len({style.backend_color(n) for n in names}) == len(names)
+    from mlabench.heuristics import HEURISTICS
+
+    heuristics = {style.heuristic_color(h.name) for h in HEURISTICS}
+    assert len(heuristics) == len(HEURISTICS) and not heuristics & {style.backend_color(n) for n in names}
     assert style.backend_color("some-new-backend") == style.backend_color("some-new-backend")

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from mlabench import cli
-from mlabench.plots import KINDS, plan, write_figures
+from mlabench.plots import KINDS, SWEEP_KINDS, plan, write_figures
 from tests.report.conftest import H200, SERVE
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -23,13 +23,14 @@ def assert_real_png(path):
     assert (pixels[..., :3].min(axis=-1) < 0.9).mean() > 0.02  # some ink, not a blank canvas
 
 
-def test_every_kind_is_drawn_as_png_and_svg(both_runs, tmp_path):
-    written, skipped = write_figures(both_runs, tmp_path, formats=("png", "svg"))
+def test_every_kind_is_drawn_as_png_and_svg(all_runs, tmp_path):
+    written, skipped = write_figures(all_runs, tmp_path, formats=("png", "svg"))
     assert not skipped
     assert sorted({spec.kind for spec, _ in written}) == sorted(KINDS)
     stems = sorted(spec.stem for spec, _ in written)
-    assert stems == ["latency-vs-context", "pct-of-floor-vs-context", "persistent-vs-splitkv", "serving-tpot",
-                     "split-heatmap-triton-splitkv", "split-sweep-triton-splitkv"]
+    assert stems == ["graph-check", "latency-vs-context", "pct-of-floor-vs-context", "persistent-vs-splitkv",
+                     "serving-tpot", "split-heatmap-triton-splitkv", "split-sweep-triton-splitkv", "tuned-policy",
+                     "tuning-history-b1", "tuning-history-b16", "tuning-regret"]
     for _spec, (png, svg) in written:
         assert_real_png(png)
         root = ET.parse(svg).getroot()
@@ -40,7 +41,11 @@ def test_figures_without_data_are_skipped_with_a_reason(serve_runs, h200_runs):
     specs, skipped = plan(serve_runs)
     assert [s.kind for s in specs] == ["serving-tpot"]
     assert {s.kind for s in skipped} == set(KINDS) - {"serving-tpot"}
-    assert all("no kernel sweep records" in s.line() for s in skipped)
+    why = {s.kind: s.reason for s in skipped}
+    assert all(why[k] == "no kernel sweep records among the runs given" for k in SWEEP_KINDS)
+    assert why["tuned-policy"] == why["tuning-history"] == "no tuning run (`mlabench tune`) among the runs given"
+    assert why["tuning-regret"] == "no validation run (`mlabench tune --validate`) among the runs given"
+    assert why["graph-check"].startswith("no graph-check result (the JSON of `mlabench graph-check --save FILE`)")
     specs, skipped = plan(h200_runs, kinds=["serving-tpot", "latency"])
     assert [s.kind for s in specs] == ["latency"]
     assert skipped[0].line() == "skipped serving-tpot: no serve-bench run with a TPOT result among the runs given"
@@ -118,4 +123,5 @@ def test_a_serve_run_with_a_missing_result_still_draws_and_says_so(tmp_path):
     assert "missing" in fig_text and "0.89×" in fig_text
     assert_real_png(written[0][1][0])
     (run / "results.jsonl").write_text("")
-    assert plan(load_runs([run]))[1][-1].reason == "no serve-bench run with a TPOT result among the runs given"
+    skipped = {s.kind: s.reason for s in plan(load_runs([run]))[1]}
+    assert skipped["serving-tpot"] == "no serve-bench run with a TPOT result among the runs given"

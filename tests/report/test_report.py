@@ -18,7 +18,7 @@ from tests.report.conftest import H200, SERVE
 SECTIONS = ["# mlabench report: NVIDIA H200 · kimi-k3 TP8", "## Environment", "## Correctness",
             "## Latency and the memory-bandwidth floor", "## Best split count",
             "## Padded persistent vs best split-KV", "## Serving: TPOT by concurrency",
-            "## Tuned policy and validation", "## Figures"]
+            "## Tuned policy and validation", "## Graph capture: frozen choices (graph-check)", "## Figures"]
 
 
 def test_markdown_report_has_every_section_and_its_figures(both_runs, tmp_path):
@@ -79,15 +79,15 @@ def figures_loaded(browser, page, profile):
     return int(found[1]), int(found[2])
 
 
-def test_html_report_opens_in_a_real_browser(both_runs, tmp_path):
+def test_html_report_opens_in_a_real_browser(all_runs, tmp_path):
     from matplotlib.image import imread
 
     browser = chromium()
-    page = write_report(both_runs, tmp_path / "out", "html")
+    page = write_report(all_runs, tmp_path / "out", "html")
     html = page.read_text()
     assert sorted(os.listdir(tmp_path / "out")) == ["report.html"]  # one self-contained file
     assert not re.search(r'(src|href)="(?!data:)', html)
-    assert figures_loaded(browser, page, tmp_path / "profile") == (6, 6)
+    assert figures_loaded(browser, page, tmp_path / "profile") == (11, 11)  # every kind of figure
     shot = tmp_path / "shot.png"
     done = headless(browser, tmp_path / "profile2", "--hide-scrollbars", "--window-size=1280,2400",
                     f"--screenshot={shot}", page.as_uri())
@@ -120,7 +120,7 @@ def test_report_command(tmp_path, monkeypatch, capsys):
 
 
 def test_report_of_a_tuning_run_and_of_a_validation_run(tmp_path):
-    """Tuning runs keep their timing under ``tune``; validation runs record none: both render."""
+    """Tuning runs keep their timing under ``tune``, validation runs under ``validate``: both render."""
     from mlabench.report import write_report
     from mlabench.runs import load_runs
 
@@ -129,4 +129,4 @@ def test_report_of_a_tuning_run_and_of_a_validation_run(tmp_path):
     text = write_report(load_runs([tune_run]), tmp_path / "t", "markdown").read_text()
     assert "cold cache (4-64 input copies)" in text and "0.5 s budget per point" in text
     text = write_report(load_runs([next(base.glob("validate-*"))]), tmp_path / "v", "markdown").read_text()
-    assert "timing settings not recorded" in text
+    assert "cold cache (4-64 input copies)" in text and "0.3 s budget per point" in text

@@ -34,8 +34,10 @@ def fake_backends():
 
 @pytest.fixture
 def tiny_timing() -> TimingConfig:
+    """Few samples, one input copy: the synthetic backends have no cache to keep cold, and on a GPU
+    the default 64 copies would each pay ``TEST_TUNE_PREPARE_S`` in ``prepare``."""
     return TimingConfig(budget_s=0.02, min_samples=3, max_samples=15, warmup_iters=1, target_rel_ci=0.05,
-                        eager=False)
+                        eager=False, cold_cache=False)
 
 
 def _skip_or_fail(reason: str):

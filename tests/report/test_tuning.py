@@ -1,0 +1,281 @@
+"""The tuning figures (f) and the graph-check figure (g): their data against the committed H200 runs
+(read as plain JSON here, not through mlabench), what is skipped and why, how runs are recognised,
+the figures drawn, and the report's sections."""
+
+import json
+import shutil
+import sys
+
+import pytest
+
+from mlabench import cli
+from mlabench.errors import ResultsError
+from mlabench.plots import graph_check as G
+from mlabench.plots import plan, style, write_figures
+from mlabench.plots import tuning as T
+from tests.report.conftest import GRAPH_CHECK, TUNE, TUNE_RUN, VALIDATE_RUN
+from tests.report.test_figures import assert_real_png
+
+CHOSEN_B1 = [23, 69, 91, 124, 130, 253, 254, 256]  # tune.md and policy.md of the committed run
+CHOSEN_B16 = [8] + [16] * 7
+
+
+def _jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_tuning_and_validation_runs_are_their_own_kinds(tune_runs):
+    assert [t.path for t in tune_runs.tune_runs] == [TUNE_RUN]
+    assert [v.path for v in tune_runs.validation_runs] == [VALIDATE_RUN]
+    assert tune_runs.records == [] and tune_runs.kernel_runs == []  # never mixed into the sweep figures
+    assert len(tune_runs.tune_runs[0].records) == 640 and tune_runs.tune_runs[0].policy.backend == "triton-splitkv"
+    assert tune_runs.validation_runs[0].policy_run_id == TUNE_RUN.name
+    assert len(tune_runs.validation_runs[0].points) == 48 and tune_runs.device_name == "NVIDIA H200"
+
+
+def test_the_choice_per_bucket_is_the_policys(tune_runs):
+    run = tune_runs.tune_runs[0]
+    choices = T.study_choices(run)
+    by_batch = {b: [c for c in choices if c.study.batch == b] for b in (1, 16)}
+    assert [c.chosen["num_kv_splits"] for c in by_batch[1]] == CHOSEN_B1
+    assert [c.chosen["num_kv_splits"] for c in by_batch[16]] == CHOSEN_B16
+    raw = _jsonl(TUNE_RUN / "results.jsonl")
+    for c in choices:
+        mine = [r for r in raw if r["batch"] == c.study.batch and r["context_len"] == c.study.length]
+        assert c.configs == c.ok == len(mine) == 40
+        assert c.fastest_us == min(r["stats"]["median_us"] for r in mine)
+        assert c.chosen_us == next(r["stats"]["median_us"] for r in mine if r["params"] == c.chosen)
+    first = by_batch[1][0]
+    assert (first.study.bucket, first.study.length, first.best_heuristic) == ("1-1024", 724, "aiter-gluon-0.1.19")
+    assert (round(first.chosen_us, 2), round(first.heuristic_us, 2), round(first.speedup, 2)) == (10.51, 12.77, 1.22)
+    assert [c.best_heuristic for c in by_batch[1][5:]] == ["sglang", "vllm-triton", "vllm-triton"]
+
+
+def test_the_history_is_each_studys_trials_in_order_with_the_best_so_far(tune_runs):
+    history = T.tuning_history(tune_runs.tune_runs[0])
+    assert sorted(history) == [1, 16] and [len(history[b]) for b in (1, 16)] == [8, 8]
+    raw = _jsonl(TUNE_RUN / "results.jsonl")
+    for batch, studies in history.items():
+        for h in studies:
+            mine = [r for r in raw if r["batch"] == batch and r["context_len"] == h.study.length]
+            assert [t.params for t in h.trials] == [r["params"] for r in mine]
+            times = [r["stats"]["median_us"] for r in mine]
+            assert [t.best_so_far_us for t in h.trials] == [min(times[:i + 1]) for i in range(len(times))]
+            assert sum(t.chosen for t in h.trials) == 1
+    first = history[1][0].trials
+    assert [(t.params["num_kv_splits"], t.heuristics) for t in first[:5]] == [
+        (1, ["vllm-triton"]), (242, ["sglang"]), (12, ["aiter-gluon-0.1.19"]), (256, ["aiter-gluon-0.1.20"]),
+        (16, ["rocm-buckets"])]
+    assert not any(t.heuristics for t in first[5:])
+    # at batch 16, 5793 tokens, three heuristics ask for 16 splits: one configuration, measured once
+    assert history[16][2].trials[0].heuristics == ["vllm-triton", "aiter-gluon-0.1.19", "aiter-gluon-0.1.20"]
+
+
+def test_policy_steps_against_the_heuristics(tune_runs):
+    run = tune_runs.tune_runs[0]
+    steps = {p.batch: p for p in T.policy_steps(run, tune_runs.validation_runs)}
+    b1, b16 = steps[1], steps[16]
+    at = dict(zip(b1.policy.lengths, b1.policy.splits))
+    assert (at[1024], at[1025], at[131072]) == (23, 69, 256)  # steps at the bucket edges
+    assert all(s == run.policy.lookup(1, n)["num_kv_splits"] for n, s in at.items())
+    heur = {h.name: dict(zip(h.lengths, h.splits)) for h in b1.heuristics}
+    assert sorted(heur) == ["aiter-gluon-0.1.19", "aiter-gluon-0.1.20", "rocm-buckets", "sglang", "vllm-triton"]
+    # vLLM: min(next_pow2(L // 512), 2 x 132 SMs); AITER <= 0.1.19: min(256, ceil(L / 64)); ROCm buckets
+    assert heur["vllm-triton"][65536] == 128 and heur["vllm-triton"][1025] == 2
+    assert heur["aiter-gluon-0.1.19"][1025] == 17 and heur["aiter-gluon-0.1.19"][65536] == 256
+    assert set(heur["aiter-gluon-0.1.20"].values()) == {256}
+    assert heur["rocm-buckets"][4096] == 16 and heur["rocm-buckets"][4097] == 48
+    assert set(dict((h.name, set(h.splits)) for h in b16.heuristics)["aiter-gluon-0.1.20"]) == {16}
+    assert b1.edges == [1024, 4096, 8192, 16384, 32768, 65536, 100000, 131072]
+    assert b1.fastest[0] == (724, 24) and b16.fastest[-1] == (114487, 33)
+    points = json.loads((VALIDATE_RUN / "validation.json").read_text())
+    assert b1.held_out_best == [(p["context_len"], p["best_params"]["num_kv_splits"]) for p in points
+                                if p["batch"] == 1]
+    assert T.policy_steps(run)[0].held_out_best == []  # without its validation
+
+
+def test_regret_per_held_out_point(tune_runs):
+    panels = {p.batch: p for p in T.validation_regret(tune_runs.validation_runs[0])}
+    points = json.loads((VALIDATE_RUN / "validation.json").read_text())
+    for batch, panel in panels.items():
+        mine = [p for p in points if p["batch"] == batch]
+        assert panel.policy.lengths == [p["context_len"] for p in mine]
+        assert panel.policy.regret_pct == pytest.approx([100 * (p["policy_us"] / p["best_us"] - 1) for p in mine])
+        sglang = next(c for c in panel.heuristics if c.name == "sglang")
+        assert sglang.regret_pct == pytest.approx([100 * (p["heuristics"]["sglang"]["us"] / p["best_us"] - 1)
+                                                   for p in mine])
+    b1, b16 = panels[1], panels[16]
+    # validate.md: batch 1 at 2381 tokens 17.36% (the worst), geomean 4.86%; batch 16 worst 3.74%, geomean 0.202%
+    assert round(b1.policy.regret_pct[b1.policy.lengths.index(2381)], 2) == 17.36
+    assert (round(b1.policy.worst_pct, 2), round(b1.policy.geomean_pct, 2)) == (17.36, 4.86)
+    assert (round(b16.policy.worst_pct, 2), round(b16.policy.geomean_pct, 3)) == (3.74, 0.202)
+    assert round(next(c for c in b1.heuristics if c.name == "vllm-triton").geomean_pct, 2) == 96.95
+    assert b1.edges[-1] == 131072
+
+
+def test_graph_check_slowdown_per_context(graph_check_runs):
+    assert sorted(g.path.name for g in graph_check_runs.graph_checks) == [
+        "graph_check_persistent.json", "graph_check_splitkv.json"]
+    (data,) = G.graph_check_slowdown(graph_check_runs.graph_checks)
+    assert data.tolerance_pct == 5.0 and data.capture == "captured at 1 token per request"
+    assert data.where == "device not recorded in the file · 12 heads · page 64 · bf16"
+    curves = {(b, c.subject): c for b, cs in data.curves.items() for c in cs}
+    host, device = curves[(1, "triton-splitkv split_policy=host")], curves[(1, "triton-splitkv split_policy=device")]
+    raw = {(r["subject"], r["batch"], r["context"]): r["slowdown_pct"]
+           for r in json.loads((GRAPH_CHECK / "graph_check_splitkv.json").read_text())[0]["rows"]}
+    assert host.at(100000) == raw[("triton-splitkv split_policy=host", 1, 100000)]
+    assert (round(host.at(100000), 1), round(device.at(100000), 1)) == (80.2, -4.0)  # the folder's README
+    assert host.flagged == [False, True, True, True, True, True] and not any(device.flagged)
+    assert host.backend == "triton-splitkv" and curves[(16, "flashmla")].contexts[-1] == 131072
+    assert G.where_text(["device: NVIDIA H200", "heads=8 page=16 float16; x"]) == "NVIDIA H200 · 8 heads · page 16 · fp16"
+
+
+def test_a_graph_check_file_is_read_by_name_and_anything_else_refused(tmp_path, monkeypatch, capsys):
+    from mlabench.runs import load_runs
+
+    runs = load_runs([GRAPH_CHECK / "graph_check_splitkv.json"])
+    assert [g.name for g in runs.graph_checks] == ["graph_check_splitkv"] and not runs.manifests
+    with pytest.raises(ResultsError, match="not a graph-check result"):
+        load_runs([TUNE_RUN / "policy.json"])
+    monkeypatch.setattr(sys, "argv", ["mlabench", "plot", "--from", str(TUNE_RUN / "manifest.json")])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ") and "graph-check" in err
+
+
+def _cut_tune_folder(tmp_path, policy=True, validation=True):
+    """The committed tuning folder with only what a test needs: policy.json, validation.json optional."""
+    out = tmp_path / "tune"
+    for run in (TUNE_RUN, VALIDATE_RUN):
+        dest = out / run.name
+        dest.mkdir(parents=True)
+        for name in ("manifest.json", "results.jsonl"):
+            shutil.copy(run / name, dest / name)
+    if policy:
+        shutil.copy(TUNE_RUN / "policy.json", out / TUNE_RUN.name / "policy.json")
+    if validation:
+        shutil.copy(VALIDATE_RUN / "validation.json", out / VALIDATE_RUN.name / "validation.json")
+    return out
+
+
+def test_an_unfinished_tuning_run_and_validation_say_what_is_missing(tmp_path):
+    from mlabench.report import build_report
+    from mlabench.report.document import to_markdown_document
+    from mlabench.runs import load_runs
+
+    runs = load_runs([_cut_tune_folder(tmp_path, policy=False, validation=False)])
+    specs, skipped = plan(runs)
+    assert [s.stem for s in specs] == ["tuning-history-b1", "tuning-history-b16"]
+    why = {s.kind: s.reason for s in skipped}
+    assert why["tuned-policy"].startswith(f"tuning run {TUNE_RUN.name} has no policy.json (unfinished")
+    assert why["tuning-regret"] == "the validation runs given have no validation.json"
+    text = to_markdown_document(build_report(runs).blocks)
+    assert f"> **Missing:** tuning run {TUNE_RUN.name} has no policy.json" in text
+    assert "has no validation.json (an interrupted validation)" in text
+    assert "| 1 | 1-1024 | 724 | 40 | 40 | — | — | num_kv_splits=24 | 10.5 |" in text  # no choice without a policy
+
+
+def test_runs_of_two_devices_are_refused(tmp_path):
+    from mlabench.runs import load_runs
+    from tests.report.conftest import H200
+
+    folder = _cut_tune_folder(tmp_path)
+    manifest = json.loads((folder / TUNE_RUN.name / "manifest.json").read_text())
+    manifest["device"]["name"] = "AMD Instinct MI300X"
+    (folder / TUNE_RUN.name / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ResultsError, match="runs from different devices do not compare"):
+        load_runs([H200, folder])
+
+
+def test_every_tuning_and_graph_check_figure_is_drawn(tune_runs, graph_check_runs, tmp_path):
+    from mlabench.runs import Runs
+
+    runs = Runs(tune_runs=tune_runs.tune_runs, validation_runs=tune_runs.validation_runs,
+                graph_checks=graph_check_runs.graph_checks)
+    kinds = ["tuned-policy", "tuning-history", "tuning-regret", "graph-check"]
+    written, skipped = write_figures(runs, tmp_path, kinds, formats=("png",))
+    assert not skipped and [spec.stem for spec, _ in written] == [
+        "tuned-policy", "tuning-history-b1", "tuning-history-b16", "tuning-regret", "graph-check"]
+    for _spec, (png,) in written:
+        assert_real_png(png)
+
+
+def _line_colors(fig):
+    return {line.get_label(): line.get_color() for ax in fig.axes for line in ax.get_lines()}
+
+
+def test_titles_units_legends_and_colours(tune_runs, graph_check_runs):
+    from mlabench.runs import Runs
+
+    runs = Runs(tune_runs=tune_runs.tune_runs, validation_runs=tune_runs.validation_runs,
+                graph_checks=graph_check_runs.graph_checks)
+    specs, _ = plan(runs, ["tuned-policy", "tuning-history", "tuning-regret", "graph-check"])
+    figs = {s.stem: s.draw() for s in specs}
+    where = "NVIDIA H200 · 12 heads (kimi-k3 at TP8) · page 64 · bf16 · CUDA graph replay, cold cache"
+    for stem in ("tuned-policy", "tuning-history-b1"):
+        assert where in figs[stem]._suptitle.get_text()
+    assert "12 heads · page 64 · bf16" in figs["tuning-regret"]._suptitle.get_text()
+    for fig in figs.values():  # one legend, outside the panels
+        assert len(fig.legends) == 1 and not any(ax.get_legend() for ax in fig.axes)
+    policy_axes = figs["tuned-policy"].axes
+    assert [a.get_title() for a in policy_axes] == ["batch 1", "batch 16"]
+    assert "num_kv_splits" in policy_axes[0].get_ylabel() and "tokens" in policy_axes[0].get_xlabel()
+    history = [a for a in figs["tuning-history-b1"].axes if a.get_visible()]
+    assert len(history) == 8 and "µs" in history[0].get_ylabel() and "trial" in history[-1].get_xlabel()
+    assert history[0].get_title() == "≤ 1K (at 724): chose 23 splits, 10.5 µs"
+    regret_axes = figs["tuning-regret"].axes
+    assert "regret" in regret_axes[0].get_ylabel() and "%" in regret_axes[0].get_ylabel()
+    assert regret_axes[0].get_title() == "batch 1: policy worst 17.4%, geomean 4.86%"
+    assert "%" in figs["graph-check"].axes[0].get_ylabel()
+    # one colour per backend and per heuristic, the same in every figure
+    for stem in ("tuned-policy", "tuning-regret"):
+        colors = _line_colors(figs[stem])
+        assert colors["tuned policy (triton-splitkv)"] == style.backend_color("triton-splitkv")
+        assert all(colors[h] == style.heuristic_color(h) for h in style.HEURISTIC_COLORS)
+    colors = _line_colors(figs["graph-check"])
+    assert colors["triton-splitkv split_policy=host"] == style.backend_color("triton-splitkv")
+    assert colors["flashmla"] == style.backend_color("flashmla")
+
+
+def test_the_report_fills_the_tuning_and_graph_check_sections(tmp_path):
+    from mlabench.report import write_report
+    from mlabench.runs import load_runs
+
+    path = write_report(load_runs([TUNE, GRAPH_CHECK]), tmp_path, "markdown")
+    text = path.read_text()
+    assert "# mlabench report: NVIDIA H200 · kimi-k3 TP8" in text and "no tuning run among" not in text
+    assert f"### Tuning run {TUNE_RUN.name}" in text and f"### Validation run {VALIDATE_RUN.name}" in text
+    assert ("| 1 | 1-1024 | 724 | 40 | 40 | num_kv_splits=23 | 10.5 | num_kv_splits=24 | 10.5 | "
+            "aiter-gluon-0.1.19 (num_kv_splits=12) | 12.8 | 1.22 |") in text
+    assert "| 16 | 131072 | num_kv_splits=16 |" in text  # the policy, merged buckets
+    assert "| 1 | 24 | 17.4 | 4.86 | 4.44 |" in text and "| all | 48 | 17.4 | 2.51 | 2.30 |" in text
+    assert "| triton-splitkv split_policy=host | 1 | 100000 | 126 | 69.8 | 128 | 64 | +80.2 |" in text
+    assert "| tuning | tune triton-splitkv; model kimi-k3, TP 8; batch 1, 16; 8 context buckets up to 128K" in text
+    for stem in ("tuned-policy", "tuning-history-b1", "tuning-history-b16", "tuning-regret", "graph-check"):
+        assert f"![{stem}](figures/{stem}.png)" in text and (tmp_path / "figures" / f"{stem}.png").stat().st_size > 10_000
+    assert "> **Missing:** no kernel sweep records" in text and "- skipped latency: no kernel sweep records" in text
+
+
+def test_a_manifest_without_timing_says_so(tmp_path):
+    from mlabench.report.sections import kernel_environment
+    from mlabench.runs import load_runs
+
+    folder = _cut_tune_folder(tmp_path)
+    path = folder / VALIDATE_RUN.name / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["config"]["validate"]["timing"]
+    path.write_text(json.dumps(manifest))
+    run = load_runs([folder / VALIDATE_RUN.name]).validation_runs[0]
+    rows = dict(kernel_environment(run, run.records, "Validation run").rows)
+    assert rows["timing"] == "timing settings not recorded in this run's manifest"
+    assert rows["validation"].startswith(f"validate the triton-splitkv policy of {TUNE_RUN.name} at 24")
+
+
+def test_plot_command_draws_a_graph_check_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["mlabench", "plot", "--from", str(GRAPH_CHECK / "graph_check_splitkv.json"),
+                                      "--out", str(tmp_path), "--kind", "graph-check"])
+    cli.main()
+    assert capsys.readouterr().out.split() == [str(tmp_path / "graph-check.png")]
+    assert_real_png(tmp_path / "graph-check.png")
+
