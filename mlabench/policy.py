@@ -67,9 +67,24 @@ class PolicyEntry(BaseModel):
             data.pop("tokens_per_split", None)
         return data
 
+    def describe(self) -> str:
+        """The entry's parameters as ``name=value`` words, a rule as ``num_kv_splits=min(ceil(L/t),n)``."""
+        return describe_choice(self.params, self.tokens_per_split)
+
     def same_choice(self, other: PolicyEntry) -> bool:
         """Whether ``other`` launches the same at every length (its bucket aside)."""
         return self.params == other.params and self.tokens_per_split == other.tokens_per_split
+
+
+def describe_choice(params: dict[str, Any], tokens_per_split: int | None = None) -> str:
+    """``params`` as ``name=value`` words (empty values, e.g. no ``split_policy`` file, left out);
+    with ``tokens_per_split`` t, ``num_kv_splits`` reads ``min(ceil(L/t),n)`` (for tables a person reads)."""
+    def word(name: str, value: Any) -> str:
+        if name == "num_kv_splits" and tokens_per_split:
+            return f"{name}=min(ceil(L/{tokens_per_split}),{value})"
+        return f"{name}={value}"
+
+    return " ".join(word(k, v) for k, v in params.items() if v != "")
 
 
 class BatchPolicy(BaseModel):
