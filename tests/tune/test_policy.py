@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
-import subprocess
-
 import pytest
 
 from mlabench.errors import ConfigError
 from mlabench.policy import (BatchPolicy, Policy, PolicyEntry, load_policy, merge_adjacent, rule_splits,
                              split_count_rows, to_cpp_header, write_exports)
+from tests.tune.helpers import export_lookups
 
 
 def entry(max_len: int, splits: int, tokens_per_split: int | None = None, **launch) -> PolicyEntry:
@@ -109,30 +106,8 @@ BATCHES = [1, 2, 15, 16, 17, 64]
 def test_exports_agree(tmp_path):
     """The C++ header (compiled with g++), the Python module and the JSON give the same choice."""
     p = make_policy()
-    paths = write_exports(p, tmp_path)
-    spec = importlib.util.spec_from_file_location("generated_policy", paths["python"])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    from_json = load_policy(paths["json"])
-    expected = [(b, n, from_json.lookup(b, n)) for b in BATCHES for n in LENGTHS]
-    assert all(module.lookup(b, n) == params for b, n, params in expected)
-
-    if shutil.which("g++") is None:
-        pytest.fail("g++ is needed to check the C++ export (apt-get install g++)")
-    main = tmp_path / "main.cpp"
-    main.write_text('#include "policy.h"\n#include <cstdio>\n'
-                    "static_assert(mlabench_policy::lookup(1, 1024).num_kv_splits == 32);\n"
-                    "int main() {\n"
-                    f"  const long long b[] = {{{', '.join(map(str, BATCHES))}}};\n"
-                    f"  const long long n[] = {{{', '.join(map(str, LENGTHS))}}};\n"
-                    "  for (long long x : b) for (long long y : n) {\n"
-                    "    const auto& c = mlabench_policy::lookup(x, y);\n"
-                    '    std::printf("%lld %lld %d %s\\n", x, y, c.num_kv_splits, c.block_n);\n'
-                    "  }\n}\n")
-    exe = tmp_path / "main"
-    subprocess.run(["g++", "-std=c++17", "-Wall", "-Werror", "-I", str(tmp_path), str(main), "-o", str(exe)],
-                   check=True)
-    lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
-    got = [line.split() for line in lines if line]
-    assert got == [[str(b), str(n), str(c["num_kv_splits"]), c["block_n"]] for b, n, c in expected]
+    got = export_lookups(p, tmp_path, BATCHES, LENGTHS)
+    assert got["json"] == got["python"] == got["cpp"]
+    assert got["json"][:2] == [(1, 1, 32, "32"), (1, 63, 32, "32")]
+    assert [r[2] for r in got["json"] if r[0] == 1 and 1024 < r[1] <= 4096] == [33, 47, 128, 128]   # the rule
     assert "constexpr" in to_cpp_header(p)
