@@ -7,24 +7,26 @@
 # of OUTDIR/timing.txt with a one-GPU run (the trial count, not the timeout, ends each study, so
 # both runs finish the same work).  Without it, one worker on the first GPU.
 #
-# Each study (batch, bucket) measures every trial at 3 lengths of its bucket (its lower edge + 1,
-# the geometric middle, its upper edge) and keeps the configuration whose worst time over the best
+# Each study (batch, bucket) measures every trial at 4 lengths of its bucket, log-spaced from its
+# lower edge + 1 to its upper edge, and keeps the configuration whose worst time over the best
 # time seen at each of those lengths is lowest (ties within 1%: the fewest splits).  The space is
 # num_kv_splits 1-512 and a split count scaling with the length, clamp(ceil(L / t), 1,
 # num_kv_splits) with t in 1-2048 (t = 1 is a fixed count), as AITER Gluon's v0.1.19 rule does
 # (t = 64): the first attempt (results/h200/tune-kimi-k3-tp8/first-attempt/) took one fixed count per
 # bucket from its middle length and lost up to 17% at the bucket's other lengths.
 #
-# Sizing (the first attempt measured ~0.1 s per tuning measurement, ~0.07 s per validation one):
-#   tune:     16 studies x 28 trials (the 5 public heuristics first, then TPE) x up to 3 lengths
-#             (a split count already measured at a length is not measured again): ~2-2.5 min, each
-#             study stopped after 12 s at most (3.2 min in all);
+# Sizing (the first attempt took 3-4 s per 40 measurements in every study, ~0.09 s each, plus
+# ~12 s of set-up in all; ~0.07 s per validation measurement):
+#   tune:     16 studies x 24 trials (the 5 public heuristics first, then TPE) x up to 4 lengths
+#             (a split count already measured at a length is not measured again): ~2.5 min; each
+#             study is stopped after 13 s at most (3.5 min in all; then its trials column in tune.md
+#             shows fewer than 24, and a two-GPU run would not halve the wall time);
 #   validate: 24 held-out lengths per batch size between 1K and 128K, none on a bucket edge or a
 #             tuned length, each measuring the split ladder, the policy and the heuristics: ~1.5 min;
 #   export:   seconds.
 # Environment (defaults in brackets):
 #   MLABENCH_TUNE_VALIDATE=0          skip the validation;
-#   MLABENCH_TUNE_TRIALS [28], MLABENCH_TUNE_TIMEOUT [12 s per study], MLABENCH_TUNE_LENGTHS [3 per
+#   MLABENCH_TUNE_TRIALS [24], MLABENCH_TUNE_TIMEOUT [13 s per study], MLABENCH_TUNE_LENGTHS [4 per
 #   bucket], MLABENCH_TUNE_BUCKETS [the config's], MLABENCH_TUNE_RULE [1:2048, or off];
 #   MLABENCH_TUNE_BACKEND [triton-splitkv], MLABENCH_TUNE_SHAPE [--config kimi-k3-tp8],
 #   MLABENCH_VALIDATE_GRID ["24 1024 131072": lengths per batch size, shortest, longest] -- the last
@@ -47,8 +49,8 @@ t0=$(date +%s)
 stage "tune ${gpus[*]:-(one worker)}" 2>&1 | tee "$out/tune.log"
 start=$(date +%s)
 "${mlabench[@]}" tune --backend "${MLABENCH_TUNE_BACKEND:-triton-splitkv}" "${shape[@]}" ${buckets[@]+"${buckets[@]}"} \
-  --lengths-per-bucket "${MLABENCH_TUNE_LENGTHS:-3}" --combine worst --tokens-per-split "${MLABENCH_TUNE_RULE:-1:2048}" \
-  --trials "${MLABENCH_TUNE_TRIALS:-28}" --timeout "${MLABENCH_TUNE_TIMEOUT:-12}" ${gpus[@]+"${gpus[@]}"} \
+  --lengths-per-bucket "${MLABENCH_TUNE_LENGTHS:-4}" --combine worst --tokens-per-split "${MLABENCH_TUNE_RULE:-1:2048}" \
+  --trials "${MLABENCH_TUNE_TRIALS:-24}" --timeout "${MLABENCH_TUNE_TIMEOUT:-13}" ${gpus[@]+"${gpus[@]}"} \
   --results-dir "$out" --markdown > "$out/tune.md" || exit
 tune_s=$(( $(date +%s) - start ))
 echo "tune wall time: ${tune_s} s (${gpus[*]:-one worker})" | tee -a "$out/tune.log" "$out/timing.txt" >&2

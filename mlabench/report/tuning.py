@@ -88,6 +88,8 @@ def choice_table(run: Any) -> Table:
                        c.heuristic_us, c.speedup])
     t.notes += ["chosen: the exported policy's parameters at the bucket's measured length (the tuner keeps "
                 "the fewest splits within the noise of the fastest); speedup = best heuristic µs / chosen µs",
+                "measured at: of a study measured at several lengths, the one nearest the bucket's middle (the "
+                "choice weighed them all: the tune command's own table has each study's worst ratio)",
                 "configurations: trials with a record of their own (a configuration suggested again is reused)"]
     return t
 
