@@ -67,6 +67,16 @@ def aiter_gluon_v0119_splits(shape: MLADecodeShape, num_sms: int) -> int:
     return max(1, min(cap, -(-min(shape.context_lens) // GLUON_BLOCK_N)))
 
 
+def aiter_gluon_v0119_rule(shape: MLADecodeShape, num_sms: int) -> tuple[int, int]:
+    """:func:`aiter_gluon_v0119_splits` as a tokens-per-split rule ``(tokens_per_split,
+    max_splits)``: one split per 64 tokens of the shortest request, at most the bh16 budget
+    (``clamp(ceil(L / 64), 1, 256 // (B * qlen * ceil(H/16)))`` for equal lengths).
+
+    Source: AITER ``aiter/ops/triton/gluon/mla_gluon.py`` <= v0.1.19.  ``num_sms`` is unused.
+    """
+    return GLUON_BLOCK_N, gluon_bh16_cap(shape.batch, shape.num_heads, shape.qo_len)
+
+
 def aiter_gluon_v0120_splits(shape: MLADecodeShape, num_sms: int) -> int:
     """AITER >= v0.1.20 Gluon MLA rule: ``max(1, 256 // (B * qlen * ceil(H/16)))``, whatever the
     length (the per-request partition is then chosen on the device).
@@ -91,11 +101,17 @@ def rocm_bucket_splits(shape: MLADecodeShape, num_sms: int) -> int:
 
 @dataclass(frozen=True)
 class SplitHeuristic:
-    """A named public rule ``(shape, num_sms) -> num_kv_splits`` and where it comes from."""
+    """A named public rule ``(shape, num_sms) -> num_kv_splits`` and where it comes from.
+
+    ``rule``: for a rule that is ``clamp(ceil(L / t), 1, max_splits)`` in the length L, ``(shape,
+    num_sms) -> (t, max_splits)``, so that a tuner can try it as such over a whole bucket (the
+    policy's tokens-per-split entries); None for the others.
+    """
 
     name: str
     source: str
     splits: Callable[[MLADecodeShape, int], int]
+    rule: Callable[[MLADecodeShape, int], tuple[int, int]] | None = None
 
     def num_kv_splits(self, shape: MLADecodeShape, num_sms: int, low: int = 1, high: int | None = None) -> int:
         """The rule's split count, clamped to a backend's ``[low, high]`` range."""
@@ -106,7 +122,8 @@ class SplitHeuristic:
 HEURISTICS: tuple[SplitHeuristic, ...] = (
     SplitHeuristic("vllm-triton", "vLLM triton_mla.py", vllm_triton_splits),
     SplitHeuristic("sglang", "SGLang triton_backend.py, max 256 splits", sglang_splits),
-    SplitHeuristic("aiter-gluon-0.1.19", "AITER mla_gluon.py <= v0.1.19", aiter_gluon_v0119_splits),
+    SplitHeuristic("aiter-gluon-0.1.19", "AITER mla_gluon.py <= v0.1.19", aiter_gluon_v0119_splits,
+                   aiter_gluon_v0119_rule),
     SplitHeuristic("aiter-gluon-0.1.20", "AITER mla_gluon.py >= v0.1.20", aiter_gluon_v0120_splits),
     SplitHeuristic("rocm-buckets", "vLLM ROCm MLA context-bucket proposal", rocm_bucket_splits),
 )

@@ -5,36 +5,86 @@ context length": per tuned batch size, a list of :class:`PolicyEntry` sorted by
 ``max_context_len``.  Lookup (the same rule in all three exports):
 
 - batch: the largest tuned batch size <= the batch asked for (the smallest one if none is);
-- context length L: the first entry with ``L <= max_context_len``; past the last entry, the last.
+- context length L: the first entry with ``L <= max_context_len``; past the last entry, the last;
+- the entry's parameters; an entry with ``tokens_per_split`` t scales the count with the length:
+  ``num_kv_splits = clamp(ceil(L / t), 1, its num_kv_splits)`` (:func:`rule_splits`).
 
-Exports: JSON with a versioned schema (:meth:`Policy.to_json` / :func:`load_policy`), a C++17 header
-with a ``constexpr`` table and lookup (:func:`to_cpp_header`) and a standalone Python module
-(:func:`to_python_module`).  See ``docs/tuning.md``.
+Exports: JSON with a versioned schema (:meth:`Policy.to_json` / :func:`load_policy`, which also
+reads version 1, written before ``tokens_per_split``), a C++17 header with a ``constexpr`` table
+and lookup (:func:`to_cpp_header`) and a standalone Python module (:func:`to_python_module`).
+See ``docs/tuning.md``.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import pprint
 import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from mlabench.errors import ConfigError
 from mlabench.files import read_json, write_text
 
-POLICY_SCHEMA_VERSION = 1
+#: Version 2 added ``tokens_per_split`` to an entry; :func:`load_policy` still reads version 1.
+POLICY_SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
+
+
+def rule_splits(context_len: int, tokens_per_split: int, max_splits: int) -> int:
+    """``clamp(ceil(context_len / tokens_per_split), 1, max_splits)``: the split count of a
+    tokens-per-split entry for a request of ``context_len`` tokens (the count grows with the
+    length, one split per ``tokens_per_split`` tokens, up to ``max_splits``)."""
+    return max(1, min(int(max_splits), -(-int(context_len) // int(tokens_per_split))))
 
 
 class PolicyEntry(BaseModel):
-    """One context bucket's choice: every tuned parameter (``num_kv_splits`` and launch params)."""
+    """One context bucket's choice: every tuned parameter (``num_kv_splits`` and launch params),
+    and optionally a split count that grows with the length (``tokens_per_split``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_context_len: int = Field(gt=0, description="Longest context length (tokens) this entry covers.")
-    params: dict[str, int | str] = Field(description="Backend parameters to launch with.")
+    params: dict[str, int | str] = Field(description="Backend parameters to launch with; with "
+                                         "tokens_per_split, num_kv_splits is the most splits.")
+    tokens_per_split: int | None = Field(None, gt=0, description="None: num_kv_splits is the count. Set: "
+                                         "num_kv_splits = clamp(ceil(L / tokens_per_split), 1, "
+                                         "params.num_kv_splits) for a request of L tokens.")
+
+    @model_validator(mode="after")
+    def _rule_needs_splits(self) -> PolicyEntry:
+        if self.tokens_per_split is not None and not isinstance(self.params.get("num_kv_splits"), int):
+            raise ValueError(f"entry {self.max_context_len}: tokens_per_split needs an integer num_kv_splits")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_fixed(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("tokens_per_split") is None:
+            data.pop("tokens_per_split", None)
+        return data
+
+    def describe(self) -> str:
+        """The entry's parameters as ``name=value`` words, a rule as ``num_kv_splits=min(ceil(L/t),n)``."""
+        return describe_choice(self.params, self.tokens_per_split)
+
+    def same_choice(self, other: PolicyEntry) -> bool:
+        """Whether ``other`` launches the same at every length (its bucket aside)."""
+        return self.params == other.params and self.tokens_per_split == other.tokens_per_split
+
+
+def describe_choice(params: dict[str, Any], tokens_per_split: int | None = None) -> str:
+    """``params`` as ``name=value`` words (empty values, e.g. no ``split_policy`` file, left out);
+    with ``tokens_per_split`` t, ``num_kv_splits`` reads ``min(ceil(L/t),n)`` (for tables a person reads)."""
+    def word(name: str, value: Any) -> str:
+        if name == "num_kv_splits" and tokens_per_split:
+            return f"{name}=min(ceil(L/{tokens_per_split}),{value})"
+        return f"{name}={value}"
+
+    return " ".join(word(k, v) for k, v in params.items() if v != "")
 
 
 class BatchPolicy(BaseModel):
@@ -81,9 +131,11 @@ class Policy(BaseModel):
                                      f"{sorted(e.params)} differ from param_names {self.param_names}")
         return self
 
-    def rows(self) -> list[tuple[int, list[tuple[int, dict[str, Any]]]]]:
-        """Plain data for :func:`lookup_rows`: ``[(batch, [(max_context_len, params), ...]), ...]``."""
-        return [(b.batch, [(e.max_context_len, dict(e.params)) for e in b.entries]) for b in self.batches]
+    def rows(self) -> list[tuple[int, list[tuple[int, dict[str, Any], int | None]]]]:
+        """Plain data for :func:`lookup_rows`: ``[(batch, [(max_context_len, params,
+        tokens_per_split), ...]), ...]``."""
+        return [(b.batch, [(e.max_context_len, dict(e.params), e.tokens_per_split) for e in b.entries])
+                for b in self.batches]
 
     def lookup(self, batch: int, context_len: int) -> dict[str, Any]:
         """The parameters for ``batch`` requests of ``context_len`` tokens (module docstring rule).
@@ -100,8 +152,10 @@ class Policy(BaseModel):
 def lookup_rows(rows, batch, context_len):
     """The policy lookup on plain data; its source is copied verbatim into the Python export.
 
-    ``rows``: ``[(batch, [(max_context_len, params), ...]), ...]``, both levels sorted ascending.
-    Returns the chosen ``params`` dict.  Raises ValueError for a batch or length < 1.
+    ``rows``: ``[(batch, [(max_context_len, params, tokens_per_split), ...]), ...]``, both levels
+    sorted ascending.  Returns a new ``params`` dict, whose ``num_kv_splits`` is
+    ``clamp(ceil(context_len / tokens_per_split), 1, num_kv_splits)`` when ``tokens_per_split`` is
+    set.  Raises ValueError for a batch or length < 1.
     """
     if batch < 1 or context_len < 1:
         raise ValueError(f"batch and context_len must be >= 1, got {batch}, {context_len}")
@@ -109,33 +163,70 @@ def lookup_rows(rows, batch, context_len):
     for size, table in rows:
         if size <= batch:
             entries = table
-    for max_len, params in entries:
-        if context_len <= max_len:
-            return params
-    return entries[-1][1]
+    chosen = entries[-1]
+    for entry in entries:
+        if context_len <= entry[0]:
+            chosen = entry
+            break
+    _max_len, params, tokens_per_split = chosen
+    params = dict(params)
+    if tokens_per_split:
+        wanted = -(-context_len // tokens_per_split)
+        params["num_kv_splits"] = max(1, min(params["num_kv_splits"], wanted))
+    return params
 
 
 def merge_adjacent(entries: list[PolicyEntry]) -> list[PolicyEntry]:
-    """Merge runs of adjacent entries with equal params into the run's last (largest) bucket.
+    """Merge runs of adjacent entries with equal params (and ``tokens_per_split``) into the run's
+    last (largest) bucket.
 
     ``entries`` must be sorted by ``max_context_len``; the result covers the same lengths.
     """
     out: list[PolicyEntry] = []
     for entry in entries:
-        if out and out[-1].params == entry.params:
+        if out and out[-1].same_choice(entry):
             out[-1] = entry
         else:
             out.append(entry)
     return out
 
 
+def split_count_rows(entries: list[PolicyEntry]) -> list[tuple[int, int]]:
+    """``(max_context_len, num_kv_splits)`` rows giving, under the same lookup rule (first row
+    with ``L <= max_context_len``, else the last), the count :func:`lookup_rows` gives at every
+    length: a tokens-per-split entry becomes one row per count it takes (at most its
+    ``num_kv_splits`` rows; the last entry's rows go on until its count reaches that cap).
+
+    ``entries``: one batch size's, sorted.  For tables that hold only counts (e.g. the split-KV
+    kernel's policy table in device memory).
+    """
+    rows: list[tuple[int, int]] = []
+    prev = 0
+    for i, e in enumerate(entries):
+        cap, t = int(e.params["num_kv_splits"]), e.tokens_per_split
+        if t is None:
+            rows.append((e.max_context_len, cap))
+        else:
+            hi = e.max_context_len if i < len(entries) - 1 else max(e.max_context_len, (cap - 1) * t + 1)
+            k = rule_splits(prev + 1, t, cap)
+            while k < cap and k * t < hi:
+                rows.append((k * t, k))
+                k += 1
+            rows.append((hi, rule_splits(hi, t, cap)))
+        prev = e.max_context_len
+    return rows
+
+
 def load_policy(path: str | Path) -> Policy:
-    """Read a policy JSON; :class:`ConfigError` with one line for a missing file or a bad schema."""
+    """Read a policy JSON of schema version 2, or of version 1 (every entry a fixed count; read as
+    version 2); :class:`ConfigError` with one line for a missing file or a bad schema."""
     p = Path(path)
     data = read_json(p, "policy")
-    if isinstance(data, dict) and data.get("schema_version") not in (None, POLICY_SCHEMA_VERSION):
-        raise ConfigError(f"{p}: policy schema_version {data.get('schema_version')} is not "
-                          f"{POLICY_SCHEMA_VERSION} (written by another mlabench)")
+    if isinstance(data, dict) and data.get("schema_version") not in (None, *READABLE_SCHEMA_VERSIONS):
+        raise ConfigError(f"{p}: policy schema_version {data.get('schema_version')} is not one of "
+                          f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))} (written by another mlabench)")
+    if isinstance(data, dict) and data.get("schema_version") == 1:
+        data = {**data, "schema_version": POLICY_SCHEMA_VERSION}  # version 1 has no tokens_per_split
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
@@ -145,7 +236,7 @@ def load_policy(path: str | Path) -> Policy:
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON schema of the policy file (``schema_version`` 1)."""
+    """The JSON schema of the policy file (``schema_version`` 2)."""
     return Policy.model_json_schema()
 
 
@@ -163,7 +254,9 @@ def _header_comment(policy: Policy, prefix: str) -> list[str]:
                if s.get("qo_len", 1) != 1 else "") + f", page {s.get('page_size')}, "
             f"{s.get('kv_dtype')}, measured on {policy.device}.",
             f"{prefix} Lookup: the largest tuned batch <= batch (else the smallest); the first entry with "
-            "context_len <= max_context_len (else the last)."]
+            "context_len <= max_context_len (else the last);",
+            f"{prefix} an entry with tokens_per_split > 0 launches clamp(ceil(context_len / tokens_per_split), 1, "
+            "num_kv_splits) splits."]
 
 
 def _cpp_value(value: Any) -> str:
@@ -173,43 +266,58 @@ def _cpp_value(value: Any) -> str:
 def to_cpp_header(policy: Policy, namespace: str = "mlabench_policy") -> str:
     """A C++17 header: ``struct Choice``, ``constexpr`` tables and ``constexpr lookup(batch, len)``.
 
-    Integer params become ``int`` fields, string params ``const char*``; ``lookup`` returns a
-    ``const Choice&`` (batch and length below 1 are treated as 1).
+    Integer params become ``int`` fields, string params ``const char*``; with ``num_kv_splits``
+    among them, ``tokens_per_split`` is a field too (0: a fixed count).  ``lookup`` returns a
+    ``Choice`` by value, its ``num_kv_splits`` already scaled to the length (batch and length below
+    1 are treated as 1).
     """
     first = policy.batches[0].entries[0].params
+    rule = "num_kv_splits" in policy.param_names
     fields = [f"  {'const char*' if isinstance(first[n], str) else 'int'} {_ident(n)};" for n in policy.param_names]
     choices, batches, start = [], [], 0
     for b in policy.batches:
         for e in b.entries:
-            vals = ", ".join(_cpp_value(e.params[n]) for n in policy.param_names)
-            choices.append(f"    {{{e.max_context_len}, {vals}}},")
+            vals = [str(e.tokens_per_split or 0)] * rule + [_cpp_value(e.params[n]) for n in policy.param_names]
+            choices.append(f"    {{{e.max_context_len}, {', '.join(vals)}}},")
         batches.append(f"    {{{b.batch}, {start}, {start + len(b.entries)}}},")
         start += len(b.entries)
+    scale = ["  if (c.tokens_per_split > 0) {",
+             "    int64_t wanted = (context_len + c.tokens_per_split - 1) / c.tokens_per_split;",
+             "    if (wanted < 1) wanted = 1;",
+             "    if (wanted < c.num_kv_splits) c.num_kv_splits = static_cast<int>(wanted);",
+             "  }"] if rule else []
     lines = [*_header_comment(policy, "//"), "#pragma once", "#include <cstdint>", "",
              f"namespace {_ident(namespace)} {{", "", "struct Choice {", "  int64_t max_context_len;",
-             *fields, "};", "", "struct BatchRange {", "  int batch;", "  int begin;", "  int end;", "};", "",
+             *["  int64_t tokens_per_split;"] * rule, *fields, "};", "",
+             "struct BatchRange {", "  int batch;", "  int begin;", "  int end;", "};", "",
              "inline constexpr Choice kChoices[] = {", *choices, "};",
              "inline constexpr BatchRange kBatches[] = {", *batches, "};",
              f"inline constexpr int kNumBatches = {len(policy.batches)};", "",
-             "constexpr const Choice& lookup(int64_t batch, int64_t context_len) {",
+             "constexpr Choice lookup(int64_t batch, int64_t context_len) {",
              "  int b = 0;",
              "  for (int i = 0; i < kNumBatches; ++i) {",
              "    if (kBatches[i].batch <= batch) b = i;",
              "  }",
+             "  Choice c = kChoices[kBatches[b].end - 1];",
              "  for (int i = kBatches[b].begin; i < kBatches[b].end; ++i) {",
-             "    if (context_len <= kChoices[i].max_context_len) return kChoices[i];",
+             "    if (context_len <= kChoices[i].max_context_len) {",
+             "      c = kChoices[i];",
+             "      break;",
+             "    }",
              "  }",
-             "  return kChoices[kBatches[b].end - 1];",
+             *scale,
+             "  return c;",
              "}", "", f"}}  // namespace {_ident(namespace)}", ""]
     return "\n".join(lines)
 
 
 def to_python_module(policy: Policy) -> str:
-    """A standalone Python module: ``ROWS`` (the table), ``PARAM_NAMES`` and ``lookup(batch, len)``.
+    """A standalone Python module: ``ROWS`` (the table: ``(batch, [(max_context_len, params,
+    tokens_per_split or None), ...])``), ``PARAM_NAMES`` and ``lookup(batch, len)``.
 
     The lookup is :func:`lookup_rows`'s own source, so the module and this package cannot disagree.
     """
-    rows = json.dumps(policy.rows(), indent=1)
+    rows = pprint.pformat(policy.rows(), indent=1, width=110, sort_dicts=False)
     source = inspect.getsource(lookup_rows)
     return "\n".join([*_header_comment(policy, "#"), '"""MLA decode split policy (generated by mlabench)."""',
                       "", f"PARAM_NAMES = {policy.param_names!r}", f"ROWS = {rows}", "", "",

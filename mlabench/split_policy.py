@@ -9,7 +9,8 @@ rows sorted by ``max_context_len``.  Lookup (the rule of the ``tune`` command's 
 :func:`load_split_policy` reads two JSON layouts:
 
 - the ``tune`` command's policy file (:func:`mlabench.policy.load_policy`; its other tuned
-  parameters are ignored here);
+  parameters are ignored here, and an entry whose count grows with the length,
+  ``tokens_per_split``, becomes one row per count, :func:`mlabench.policy.split_count_rows`);
 - a minimal one written by hand or by ``graph-check``: ``{"num_kv_splits": {"<batch>":
   [[max_context_len, splits], ...]}}``, or a bare list ``[[max_context_len, splits], ...]`` that
   applies to every batch size.
@@ -154,13 +155,12 @@ def _tables_of(data: Any, path: Path) -> dict[int, Any]:
         except ValueError:
             raise ConfigError(f"{path}: num_kv_splits keys must be batch sizes") from None
     if isinstance(data, dict) and "batches" in data:  # the tune command's policy
-        from mlabench.policy import load_policy
+        from mlabench.policy import load_policy, split_count_rows
 
         policy = load_policy(path)  # its schema and one-line errors
         if "num_kv_splits" not in policy.param_names:
             raise ConfigError(f"{path}: a tune policy without num_kv_splits (tuned for "
                               f"{policy.backend}, parameters {', '.join(policy.param_names)})")
-        return {batch: [(n, params["num_kv_splits"]) for n, params in rows]
-                for batch, rows in policy.rows()}
+        return {b.batch: split_count_rows(b.entries) for b in policy.batches}
     raise ConfigError(f"{path}: expected {{\"num_kv_splits\": {{batch: [[max_len, splits], ...]}}}}, "
                       "a list of [max_len, splits], or a tune policy file")

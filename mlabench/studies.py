@@ -67,15 +67,15 @@ class StudySpec(Bucket):
     batch: int = 1
 
 
-def study_name(backend: str, shape: MLADecodeShape, lo: int, hi: int, device: str,
+def study_name(backend: str, shape: MLADecodeShape, bucket: Bucket, device: str,
                versions: dict[str, Any], revision: str) -> str:
     """Readable, unique name of a study: backend, shape (with ``qo<T>`` for several query tokens),
-    batch, bucket, GPU model, versions."""
+    batch, bucket and the lengths it is measured at, GPU model, versions."""
     libs = " ".join(f"{k} {versions[k]}" for k in ("torch", "triton", "mlabench") if versions.get(k))
     qo = "" if shape.qo_len == 1 else f" qo{shape.qo_len}" + ("" if shape.causal else " non-causal")
     return (f"{backend} | h{shape.num_heads} r{shape.kv_lora_rank}+{shape.qk_rope_head_dim}{qo} "
-            f"page{shape.page_size} {shape.kv_dtype} | batch {shape.batch} | context {lo + 1}-{hi} at "
-            f"{shape.max_context_len} | {device} | {libs} rev {revision}")
+            f"page{shape.page_size} {shape.kv_dtype} | batch {shape.batch} | context {bucket.lo + 1}-{bucket.hi} "
+            f"at {','.join(map(str, bucket.measured()))} | {device} | {libs} rev {revision}")
 
 
 def check_device(study: Any, device: str) -> None:
@@ -158,11 +158,12 @@ def distinct_finished(trials: list[Any]) -> int:
 
 @dataclass
 class StudyProgress:
-    """Where one study stands: finished/running trials of the target, the best median so far."""
+    """Where one study stands: finished/running trials of the target, the best objective value so
+    far (µs: the geometric mean of the medians at the study's lengths)."""
 
     batch: int
     bucket: str
-    length: int
+    lengths: str
     done: int
     running: int
     total: int
@@ -175,7 +176,8 @@ def study_progress(study: Any, spec: StudySpec, total: int) -> StudyProgress:
     trials = study.get_trials(deepcopy=False)
     ok = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None]
     best = min(ok, key=lambda t: t.value) if ok else None
-    return StudyProgress(spec.batch, f"{spec.lo + 1}-{spec.hi}", spec.length, distinct_finished(trials),
+    return StudyProgress(spec.batch, f"{spec.lo + 1}-{spec.hi}", ",".join(map(str, spec.measured())),
+                         distinct_finished(trials),
                          sum(t.state.name == "RUNNING" for t in trials), total,
                          best.value if best else None, dict(best.params) if best else {})
 

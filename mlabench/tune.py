@@ -1,35 +1,39 @@
 """``mlabench tune``: one Optuna study per (batch, context bucket), a noise-aware choice, a policy.
 
 For a backend and a decode shape, each study searches the backend's declared parameters
-(:class:`~mlabench.backends.base.ParamSpec`: integers by ``low``/``high``, strings by ``choices``)
-on the bucket's representative length; the objective is the measurement engine's median (graph
-replay and cold cache on a GPU) and every trial is also a result record in the run folder.  A
-configuration that fails the correctness check or errors is pruned and never chosen.  The public
-heuristics (:mod:`mlabench.heuristics`) are enqueued as the first trials.  Among the configurations
-within the measured noise of the best, the one with the fewest splits wins; adjacent buckets with
-the same choice merge into one policy entry (:mod:`mlabench.policy`).  See ``docs/tuning.md``.
+(:class:`~mlabench.backends.base.ParamSpec`: integers by ``low``/``high``, strings by ``choices``),
+and, where ``num_kv_splits`` is searched, a split count that grows with the length
+(``tokens_per_split``: ``clamp(ceil(L / t), 1, num_kv_splits)``), on several lengths of the
+bucket (its lower edge + 1 to its upper edge, log-spaced); the objective is the measurement
+engine's median (graph replay and cold cache on a GPU) at each length, and every measurement is
+also a result record in the run folder.  A configuration that fails the correctness check or
+errors at any length is pruned and never chosen.  The public heuristics (:mod:`mlabench.heuristics`)
+are enqueued as the first trials.  The choice per bucket (:mod:`mlabench.tune_choice`) weighs
+every length against the best time measured there; adjacent buckets with the same choice merge
+into one policy entry (:mod:`mlabench.policy`).  See ``docs/tuning.md``.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import statistics
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from mlabench.backends import get_backend
 from mlabench.backends.base import Backend
 from mlabench.configfile import config_file, read_toml, validation_line
-from mlabench.errors import ConfigError, ResultsError
-from mlabench.policy import BatchPolicy, Policy, PolicyEntry, merge_adjacent
+from mlabench.errors import ConfigError
+from mlabench.policy import rule_splits
 from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.timing import TimingConfig
 from mlabench.verdict import CheckConfig
 
 Sampler = Literal["auto", "tpe", "gp", "grid", "brute"]
+#: The searched parameter of a split count that grows with the length (not a backend parameter).
+RULE_PARAM = "tokens_per_split"
+#: What a run recorded before these fields existed meant by them (read back on resume and export).
+LEGACY_FIELDS = {"lengths_per_bucket": 1, "tokens_per_split": None}
 
 
 def tune_timing() -> TimingConfig:
@@ -61,7 +65,17 @@ class TuneConfig(BaseModel):
     batch: list[int] = Field([1], description="Batch sizes; one study per batch and bucket.")
     buckets: list[int] = Field(description="Context bucket upper edges, tokens, increasing.")
     representative: Literal["geomean", "upper"] = Field(
-        "geomean", description="Length measured for a bucket (lo, hi]: sqrt(lo * hi) or hi.")
+        "geomean", description="With one length per bucket, the length measured for (lo, hi]: sqrt(lo * hi) "
+        "or hi; with several, the length the heuristics' counts are taken at.")
+    lengths_per_bucket: int = Field(3, ge=1, le=16, description="Lengths measured per bucket (lo, hi], "
+                                    "log-spaced from lo + 1 to hi; 1: the representative length only.")
+    combine: Literal["worst", "geomean"] = Field(
+        "worst", description="How a configuration's times at a bucket's lengths combine, each over the best "
+        "time measured at its length: the worst ratio (min-max) or their geometric mean.")
+    tokens_per_split: SpaceRange | None = Field(
+        default_factory=lambda: SpaceRange(low=1, high=4096),
+        description="Range of the tokens-per-split rule searched beside num_kv_splits (1: a fixed count); "
+        "None: fixed counts only.  Needs two lengths per bucket or more.")
     page_size: int = Field(64, description="KV-cache page size.")
     q_dtype: str = Field("bfloat16", description="Query/output dtype.")
     kv_dtype: str = Field("bfloat16", description="Latent cache dtype.")
@@ -92,6 +106,13 @@ class TuneConfig(BaseModel):
     def _buckets(cls, v: list[int]) -> list[int]:
         if not v or any(x <= 0 for x in v) or v != sorted(set(v)):
             raise ValueError(f"must be increasing context lengths > 0, got {v}")
+        return v
+
+    @field_validator("tokens_per_split")
+    @classmethod
+    def _rule_range(cls, v: SpaceRange | None) -> SpaceRange | None:
+        if v is not None and (v.choices is not None or v.low is None or v.high is None or not 1 <= v.low <= v.high):
+            raise ValueError("must be a range LOW:HIGH with 1 <= LOW <= HIGH")
         return v
 
     @property
@@ -137,21 +158,38 @@ def load_tune_config(sweep: str | None, values: dict[str, Any]) -> TuneConfig:
 # ---- buckets and shapes --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Bucket:
-    """Context lengths ``(lo, hi]`` (``lo`` 0 for the first) measured at ``length``."""
+    """Context lengths ``(lo, hi]`` (``lo`` 0 for the first), represented by ``length`` and
+    measured at ``lengths`` (empty in runs recorded before several lengths: ``(length,)``)."""
 
     lo: int
     hi: int
     length: int
+    lengths: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lengths", tuple(self.lengths))  # a list when read from a manifest
+
+    def measured(self) -> tuple[int, ...]:
+        """The lengths this bucket is measured at, increasing."""
+        return tuple(self.lengths) or (self.length,)
 
 
-def buckets_of(edges: list[int], representative: str = "geomean") -> list[Bucket]:
-    """Buckets from increasing upper edges.  ``geomean``: ``round(sqrt(lo * hi))`` with the first
-    bucket's ``lo`` taken as ``hi / 2`` (lengths near 0 are not worth measuring); ``upper``: ``hi``."""
+def buckets_of(edges: list[int], representative: str = "geomean", per_bucket: int = 1) -> list[Bucket]:
+    """Buckets from increasing upper edges.  ``length``: ``round(sqrt(lo * hi))`` (``geomean``) or
+    ``hi`` (``upper``), the first bucket's ``lo`` taken as ``hi / 2`` (lengths near 0 are not worth
+    measuring).  ``lengths``: with ``per_bucket`` 1, ``(length,)``; else ``per_bucket`` lengths
+    log-spaced from ``lo + 1`` (``hi / 2`` for the first bucket) to ``hi``, repeats dropped (three:
+    the lower edge + 1, the geometric middle, the upper edge)."""
     out, lo = [], 0
     for hi in edges:
         base = lo if lo > 0 else hi / 2
         length = hi if representative == "upper" else max(lo + 1, min(hi, round(math.sqrt(base * hi))))
-        out.append(Bucket(lo, hi, int(length)))
+        if per_bucket == 1:
+            lengths: tuple[int, ...] = (int(length),)
+        else:
+            spread = (round(base * (hi / base) ** (i / (per_bucket - 1))) for i in range(per_bucket))
+            lengths = tuple(sorted({min(hi, max(lo + 1, int(n))) for n in spread}))
+        out.append(Bucket(lo, hi, int(length), lengths))
         lo = hi
     return out
 
@@ -245,6 +283,37 @@ def full_params(backend: Backend, fixed: dict[str, Any], searched: dict[str, Any
     return {name: values[name] for name in backend.param_names()}
 
 
+def study_space(backend: Backend, shape: MLADecodeShape, cfg: TuneConfig,
+                lengths: tuple[int, ...]) -> tuple[list[Dimension], dict[str, Any]]:
+    """:func:`search_space` plus, when ``cfg.tokens_per_split`` is set, ``num_kv_splits`` is a
+    searched integer range and the study measures two lengths or more, the tokens-per-split rule
+    (:data:`RULE_PARAM`, log scale): ``num_kv_splits`` is then the most splits, and the count at a
+    length L is ``clamp(ceil(L / tokens_per_split), 1, num_kv_splits)`` (:func:`params_at`).
+
+    Raises :class:`ConfigError` as :func:`search_space` does, and when the rule is asked for but
+    the ``num_kv_splits`` range does not start at 1 (the rule counts down to 1 split).
+    """
+    dims, fixed = search_space(backend, shape, cfg.space)
+    rule = cfg.tokens_per_split
+    splits = next((d for d in dims if d.name == "num_kv_splits" and not d.choices), None)
+    if rule is None or splits is None or len(lengths) < 2:
+        return dims, fixed
+    if splits.low != 1:
+        raise ConfigError(f"--tokens-per-split counts down to 1 split, but num_kv_splits starts at {splits.low}: "
+                          "give --tokens-per-split off, or a range from 1")
+    return [*dims, Dimension(RULE_PARAM, low=rule.low, high=rule.high, log=rule.high >= LOG_SCALE_RATIO * rule.low)], fixed
+
+
+def params_at(backend: Backend, fixed: dict[str, Any], searched: dict[str, Any], length: int) -> dict[str, Any]:
+    """The backend parameters a study's ``searched`` point launches at ``length`` tokens: with
+    :data:`RULE_PARAM`, ``num_kv_splits = clamp(ceil(length / tokens_per_split), 1, num_kv_splits)``
+    (:func:`mlabench.policy.rule_splits`, the policy's own rule)."""
+    values = {k: v for k, v in searched.items() if k != RULE_PARAM}
+    if RULE_PARAM in searched:
+        values["num_kv_splits"] = rule_splits(length, searched[RULE_PARAM], searched["num_kv_splits"])
+    return full_params(backend, fixed, values)
+
+
 def space_size(dims: list[Dimension]) -> int:
     """Number of points of the search space (the product of every dimension's values)."""
     return math.prod(len(d.values()) for d in dims)
@@ -257,77 +326,36 @@ def resolve_sampler(cfg: TuneConfig, dims: list[Dimension]) -> str:
     return "brute" if space_size(dims) <= cfg.trials else "tpe"
 
 
-# ---- choice and policy ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Measured:
-    """One configuration's outcome in a study (trials with the same params pooled)."""
-
-    params: dict[str, Any]
-    median_us: float
-    rel_ci: float
-    trials: int
-
-
-def measured_configs(trials: list[Any]) -> list[Measured]:
-    """Correct, finished configurations of a study's trials (Optuna ``FrozenTrial``\\ s): only
-    COMPLETE trials whose recorded status is ``ok``; repeats of one configuration are pooled by
-    the median of their medians."""
-    groups: dict[str, list[Any]] = {}
-    for t in trials:
-        if t.state.name == "COMPLETE" and t.user_attrs.get("status") == "ok" and t.value is not None:
-            groups.setdefault(json.dumps(t.params, sort_keys=True), []).append(t)
-    return [Measured(params=ts[0].params, median_us=statistics.median(t.value for t in ts),
-                     rel_ci=max(float(t.user_attrs.get("median_rel_ci") or 0.0) for t in ts), trials=len(ts))
-            for ts in groups.values()]
-
-
-def choose(configs: list[Measured], noise: float) -> tuple[Measured, Measured]:
-    """``(chosen, fastest)``: among configurations within ``max(noise, the fastest one's measured
-    CI half-width)`` of the fastest median, the one with the fewest ``num_kv_splits`` (less
-    workspace, fewer partials to merge), then the faster.  Raises :class:`ResultsError` when no
-    configuration passed the correctness check."""
-    if not configs:
-        raise ResultsError("no configuration passed the correctness check")
-    fastest = min(configs, key=lambda m: m.median_us)
-    tolerance = max(noise, fastest.rel_ci)
-    near = [m for m in configs if m.median_us <= fastest.median_us * (1 + tolerance)]
-    chosen = min(near, key=lambda m: (m.params.get("num_kv_splits", 0), m.median_us))
-    return chosen, fastest
-
-
-def build_policy(cfg: TuneConfig, choices: dict[tuple[int, int], dict[str, Any]], device: str,
-                 versions: dict[str, Any], source: dict[str, Any]) -> Policy:
-    """The policy from ``{(batch, bucket hi): full params}``; adjacent equal choices merge."""
-    backend = get_backend(cfg.backend)
-    dims = shape_dims(cfg)
-    batches = []
-    for batch in cfg.batch:
-        entries = [PolicyEntry(max_context_len=hi, params=choices[(batch, hi)]) for hi in cfg.buckets]
-        batches.append(BatchPolicy(batch=batch, entries=merge_adjacent(entries)))
-    shape = {k: v for k, v in dims.items()}
-    shape.setdefault("kv_lora_rank", 512)
-    shape.setdefault("qk_rope_head_dim", 64)
-    return Policy(backend=cfg.backend, shape=shape, device=device, versions=versions,
-                  param_names=list(backend.param_names()), batches=batches, source=source)
-
-
 def heuristic_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimension],
                      num_sms: int) -> list[tuple[str, dict[str, Any]]]:
-    """``(heuristic name, searched params)`` for each public heuristic: its ``num_kv_splits``
-    (clamped to the searched range) with every other searched parameter at the backend's default
-    (or the nearest allowed value).  Empty when ``num_kv_splits`` is not searched."""
-    from mlabench.heuristics import heuristic_splits
+    """``(heuristic name, searched params)`` for each public heuristic: its ``num_kv_splits`` at
+    ``shape`` (clamped to the searched range) with every other searched parameter at the backend's
+    default (or the nearest allowed value).  With :data:`RULE_PARAM` searched, a heuristic that is a
+    tokens-per-split rule is tried as that rule over the bucket, and a fixed count as
+    ``tokens_per_split`` 1 (left out when the rule's range starts above 1).  Empty when
+    ``num_kv_splits`` is not searched."""
+    from mlabench.heuristics import HEURISTICS
 
     by_name = {d.name: d for d in dims}
-    splits = by_name.get("num_kv_splits")
+    splits, rule = by_name.get("num_kv_splits"), by_name.get(RULE_PARAM)
     if splits is None or splits.choices:
         return []
     base: dict[str, Any] = {}
     for d in dims:
+        if d.name == RULE_PARAM:
+            continue
         default = next(p.default_for(shape) for p in backend.params if p.name == d.name)
         if d.choices:
             base[d.name] = default if default in d.choices else d.choices[0]
         else:
             base[d.name] = min(max(int(default), d.low), d.high)
-    return [(name, {**base, "num_kv_splits": n})
-            for name, n in heuristic_splits(shape, num_sms, splits.low, splits.high).items()]
+    out = []
+    for h in HEURISTICS:
+        if rule is not None and h.rule is not None:
+            tokens, cap = h.rule(shape, num_sms)
+            out.append((h.name, {**base, "num_kv_splits": min(max(cap, splits.low), splits.high),
+                                 RULE_PARAM: min(max(tokens, rule.low), rule.high)}))
+        elif rule is None or rule.low == 1:
+            n = h.num_kv_splits(shape, num_sms, splits.low, splits.high)
+            out.append((h.name, {**base, "num_kv_splits": n, **({RULE_PARAM: 1} if rule else {})}))
+    return out

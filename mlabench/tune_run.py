@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from mlabench.backends import get_backend
 from mlabench.backends.registry import backend_packages
+from mlabench.configfile import validation_line
 from mlabench.device import current_device
 from mlabench.errors import (BackendUnavailableError, ConfigError, Interrupted, ResultsError,
                              UnsupportedShapeError)
@@ -28,30 +31,13 @@ from mlabench.results import (Manifest, ResultStore, command_line, git_revision,
                               utc_now)
 from mlabench.studies import (StudyProgress, StudySpec, open_storage, optuna_module, prepare_study,
                               redact_url, study_name, study_progress)
-from mlabench.tune import (TuneConfig, buckets_of, build_policy, choose, full_params, heuristic_trials,
-                           measured_configs, resolve_sampler, search_space, shape_dims, space_size, tune_shape)
+from mlabench.tune import (LEGACY_FIELDS, TuneConfig, buckets_of, heuristic_trials, resolve_sampler, shape_dims,
+                           space_size, study_space, tune_shape)
+from mlabench.tune_choice import BucketChoice, build_policy, study_choice
 from mlabench.tune_worker import STORAGE_ENV
 from mlabench.workers import start_workers, supervise
 
 Monitor = Callable[[list[StudyProgress]], None]
-
-
-@dataclass
-class BucketChoice:
-    """What one study chose, and what the fastest configuration and best heuristic measured."""
-
-    batch: int
-    bucket: str
-    length: int
-    finished: int
-    pruned: int
-    configs: int
-    chosen: dict[str, Any]
-    chosen_us: float
-    fastest: dict[str, Any]
-    fastest_us: float
-    best_heuristic: str | None
-    best_heuristic_us: float | None
 
 
 @dataclass
@@ -122,7 +108,8 @@ def recorded_config(run_dir: Path) -> tuple[TuneConfig, list[StudySpec]]:
     config = ResultStore(run_dir).manifest().config
     if "tune" not in config:
         raise ResultsError(f"{run_dir} is not a tuning run (its manifest has no tune configuration)")
-    return TuneConfig.model_validate(config["tune"]), [StudySpec(**s) for s in config["studies"]]
+    recorded = {**LEGACY_FIELDS, **config["tune"]}  # a run from before a field: what it measured then
+    return TuneConfig.model_validate(recorded), [StudySpec(**s) for s in config["studies"]]
 
 
 def _storage_url(cfg: TuneConfig, recorded: str | None) -> str | None:
@@ -144,15 +131,17 @@ def plan(cfg: TuneConfig, device: str, versions: dict[str, Any], revision: str) 
     dims_kw = shape_dims(cfg)
     specs = []
     for batch in cfg.batch:
-        for bucket in buckets_of(cfg.buckets, cfg.representative):
+        for bucket in buckets_of(cfg.buckets, cfg.representative, cfg.lengths_per_bucket):
+            for length in bucket.measured():
+                shape = tune_shape(dims_kw, batch, length)
+                ok, why = backend.supports(shape)
+                if not ok:
+                    raise UnsupportedShapeError(f"{backend.name}: {shape.label()}: {why}")
+                check_fits(shape)
             shape = tune_shape(dims_kw, batch, bucket.length)
-            ok, why = backend.supports(shape)
-            if not ok:
-                raise UnsupportedShapeError(f"{backend.name}: {shape.label()}: {why}")
-            check_fits(shape)
-            search_space(backend, shape, cfg.space)
-            name = study_name(backend.name, shape, bucket.lo, bucket.hi, device, versions, revision)
-            specs.append(StudySpec(bucket.lo, bucket.hi, bucket.length, name=name, batch=batch))
+            study_space(backend, shape, cfg, bucket.measured())
+            name = study_name(backend.name, shape, bucket, device, versions, revision)
+            specs.append(StudySpec(bucket.lo, bucket.hi, bucket.length, bucket.lengths, name=name, batch=batch))
     return specs
 
 
@@ -215,7 +204,7 @@ def _free_cached_memory() -> None:
 def _target(cfg: TuneConfig, spec: StudySpec) -> int:
     """Trials a study will finish: ``trials``, or the whole space when an exhaustive sampler has fewer."""
     backend = get_backend(cfg.backend)
-    dims, _fixed = search_space(backend, tune_shape(shape_dims(cfg), spec.batch, spec.length), cfg.space)
+    dims, _fixed = study_space(backend, tune_shape(shape_dims(cfg), spec.batch, spec.length), cfg, spec.measured())
     if resolve_sampler(cfg, dims) in ("grid", "brute"):
         return min(cfg.trials, space_size(dims))
     return cfg.trials
@@ -224,10 +213,10 @@ def _target(cfg: TuneConfig, spec: StudySpec) -> int:
 def _prepare(storage: Any, cfg: TuneConfig, spec: StudySpec, store: ResultStore, device: str) -> Any:
     backend = get_backend(cfg.backend)
     shape = tune_shape(shape_dims(cfg), spec.batch, spec.length)
-    dims, _fixed = search_space(backend, shape, cfg.space)
+    dims, _fixed = study_space(backend, shape, cfg, spec.measured())
     enqueue = heuristic_trials(backend, shape, dims, current_device().num_sms) if cfg.heuristics else []
     attrs = {"device": device, "backend": backend.name, "batch": spec.batch, "bucket_lo": spec.lo,
-             "bucket_hi": spec.hi, "length": spec.length, "shape": shape.key(),
+             "bucket_hi": spec.hi, "length": spec.length, "lengths": list(spec.measured()), "shape": shape.key(),
              "versions": store.manifest().versions, "run_id": store.manifest().run_id}
     return prepare_study(storage, spec, attrs, enqueue, device)
 
@@ -236,39 +225,30 @@ def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list
             versions: dict[str, Any]) -> TuneResult:
     backend = get_backend(cfg.backend)
     dims_kw = shape_dims(cfg)
-    picks: dict[tuple[int, int], dict[str, Any]] = {}
-    rows = []
+    rows: list[BucketChoice] = []
     for study, spec in zip(studies, specs):
-        trials = study.get_trials(deepcopy=False)
-        _dims, fixed = search_space(backend, tune_shape(dims_kw, spec.batch, spec.length), cfg.space)
-        try:
-            chosen, fastest = choose(measured_configs(trials), cfg.noise)
-        except ResultsError:
-            raise ResultsError(f"batch {spec.batch}, context {spec.lo + 1}-{spec.hi}: no configuration "
-                               f"passed the correctness check ({len(trials)} trials)") from None
-        picks[(spec.batch, spec.hi)] = full_params(backend, fixed, chosen.params)
-        heur = [t for t in trials if "enqueued_as" in t.user_attrs and t.state.name == "COMPLETE"]
-        best_h = min(heur, key=lambda t: t.value) if heur else None
-        rows.append(BucketChoice(
-            spec.batch, f"{spec.lo + 1}-{spec.hi}", spec.length,
-            sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials),
-            sum(t.state.name == "PRUNED" for t in trials), len(measured_configs(trials)),
-            full_params(backend, fixed, chosen.params), chosen.median_us,
-            full_params(backend, fixed, fastest.params), fastest.median_us,
-            best_h.user_attrs["enqueued_as"] if best_h else None, best_h.value if best_h else None))
+        _dims, fixed = study_space(backend, tune_shape(dims_kw, spec.batch, spec.length), cfg, spec.measured())
+        rows.append(study_choice(study.get_trials(deepcopy=False), spec, spec.batch, backend, fixed, cfg.noise,
+                                 cfg.combine))
     source = {"run_id": store.manifest().run_id, "noise": cfg.noise, "created": utc_now(),
               "studies": [s.name for s in specs], "buckets": cfg.buckets, "representative": cfg.representative,
-              "lengths": sorted({s.length for s in specs})}
-    policy = build_policy(cfg, picks, device, versions, source)
+              "lengths_per_bucket": cfg.lengths_per_bucket, "combine": cfg.combine,
+              "lengths": sorted({n for s in specs for n in s.measured()})}
+    policy = build_policy(cfg, rows, device, versions, source)
     return TuneResult(store, policy, rows, write_exports(policy, store.run_dir))
 
 
-def export_run(run_dir: Path, storage: str | None = None, noise: float | None = None) -> TuneResult:
-    """Rebuild and write the policy of a tuning run from its studies (``noise`` overrides the run's)."""
+def export_run(run_dir: Path, storage: str | None = None, noise: float | None = None,
+               combine: str | None = None) -> TuneResult:
+    """Rebuild and write the policy of a tuning run from its studies (``noise`` and ``combine``
+    override the run's: the choice is made again from what was measured, nothing is measured)."""
     cfg, specs = recorded_config(run_dir)
     url = _storage_url(cfg.model_copy(update={"storage": storage}), cfg.storage)
-    if noise is not None:
-        cfg = cfg.model_copy(update={"noise": noise})
+    overrides = {k: v for k, v in (("noise", noise), ("combine", combine)) if v is not None}
+    try:
+        cfg = TuneConfig.model_validate({**cfg.model_dump(by_alias=True), **overrides})
+    except ValidationError as exc:
+        raise ConfigError(f"tune --export: {validation_line(exc)}") from None
     store = ResultStore(run_dir)
     optuna = optuna_module()
     handle = open_storage(url, run_dir)

@@ -1,11 +1,16 @@
 """The tuning objective and the worker loop: one process per GPU, all on one run's studies.
 
-A trial's value is the median time (µs) of the measurement engine on the study's shape; its user
-attributes keep the record key, status, raw samples, spread and correctness verdict.  Nothing is
-measured twice: a configuration already finished in the study, or already recorded in the run
-folder (e.g. by a worker killed before it could report), is reused, and a configuration another
-worker is measuring right now is waited for.  A configuration that fails the correctness check or
-errors is pruned.
+A trial measures its configuration at each length of the study's bucket (the split count a
+tokens-per-split rule gives there); its value is the geometric mean of the medians (µs; with one
+length, the median), which ranks configurations as the geometric mean of their time over the best
+time at each length does, and stays put while the best times improve.  Its user attributes keep,
+per length, the record key, status, raw samples, spread and correctness verdict.  Nothing is
+measured twice: a configuration already finished in the study is reused (one another worker is
+measuring is waited for), and so is a measurement already recorded in the run folder (by another
+trial whose rule gives the same count at that length, or by a worker killed before it could
+report); a measurement another worker is taking right now is waited for (:func:`mlabench.workers.claim`).
+A configuration that fails the correctness check or errors at any length is pruned (its other
+lengths are not measured).
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ from mlabench.backends.base import Backend
 from mlabench.device import current_device
 from mlabench.measure import ShapeBench
 from mlabench.results import Record, ResultStore, point_key
-from mlabench.studies import (FINISHED_STATES, check_device, distinct_finished, make_sampler, open_storage,
-                              optuna_module)
-from mlabench.tune import (Dimension, TuneConfig, full_params, resolve_sampler, search_space, shape_dims,
-                           tune_shape)
-from mlabench.workers import RecordIndex, append_shared, worker_id
+from mlabench.shapes import MLADecodeShape
+from mlabench.studies import (FINISHED_STATES, StudySpec, check_device, distinct_finished, make_sampler,
+                              open_storage, optuna_module)
+from mlabench.tune import Dimension, TuneConfig, params_at, resolve_sampler, shape_dims, study_space, tune_shape
+from mlabench.tune_choice import geomean
+from mlabench.workers import RecordIndex, append_shared, claim, release, worker_id
 
 #: Environment variable carrying a storage URL to workers (kept out of files: it may hold a password).
 STORAGE_ENV = "MLABENCH_TUNE_STORAGE"
@@ -34,23 +40,42 @@ _OWN_ATTRS = ("worker", "repeat_of", "enqueued_as", "retry_of")
 
 
 def record_attrs(rec: dict[str, Any]) -> dict[str, Any]:
-    """The user attributes a trial keeps from its record (a ``Record`` dumped as JSON)."""
+    """The attributes a trial keeps from one record (a ``Record`` dumped as JSON): its key, status,
+    median, spread, raw samples and verdict, and the split count it launched."""
     stats, verdict = rec.get("stats") or {}, rec.get("verdict") or {}
     return {"record_key": rec["key"], "run_id": rec["run_id"], "status": rec["status"],
-            "message": rec.get("message", ""), "median_us": stats.get("median_us"),
-            "median_rel_ci": stats.get("median_rel_ci"), "noisy": stats.get("noisy"),
-            "samples_us": stats.get("samples_us"), "verdict_passed": verdict.get("passed"),
-            "max_abs_err": verdict.get("max_abs_err")}
+            "message": rec.get("message", ""), "num_kv_splits": (rec.get("params") or {}).get("num_kv_splits"),
+            "median_us": stats.get("median_us"), "median_rel_ci": stats.get("median_rel_ci"),
+            "noisy": stats.get("noisy"), "samples_us": stats.get("samples_us"),
+            "verdict_passed": verdict.get("passed"), "max_abs_err": verdict.get("max_abs_err")}
+
+
+def trial_attrs(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """A trial's user attributes from its lengths' :func:`record_attrs` (each with its ``length``):
+    ``points`` (all of them), ``record_keys``, and the ``status`` and ``message`` of the first
+    length that is not ``ok`` (else ``ok``), the geometric mean of the medians and the widest spread."""
+    failed = next((p for p in points if p["status"] != "ok"), None)
+    medians = [p["median_us"] for p in points]
+    ok = failed is None and all(m is not None for m in medians)
+    return {"status": "ok" if failed is None else failed["status"],
+            "message": "" if failed is None else f"at {failed['length']} tokens: {failed['message']}",
+            "median_us": geomean(medians) if ok else None,
+            "median_rel_ci": max(p["median_rel_ci"] or 0.0 for p in points) if ok else None,
+            "record_keys": [p["record_key"] for p in points], "points": points}
 
 
 class Objective:
-    """Optuna objective over ``backend``'s parameters on one :class:`ShapeBench`."""
+    """Optuna objective over ``backend``'s parameters, measured at every shape of ``shapes``
+    (``{length: shape}``, one bucket's lengths; a :class:`ShapeBench` is made for each when first
+    needed)."""
 
-    def __init__(self, backend: Backend, bench: ShapeBench, dims: list[Dimension], fixed: dict[str, Any],
-                 store: ResultStore, index: RecordIndex, cfg: TuneConfig, copy_bw_tbps: float | None):
-        self.backend, self.bench, self.dims, self.fixed = backend, bench, dims, fixed
+    def __init__(self, backend: Backend, shapes: dict[int, MLADecodeShape], dims: list[Dimension],
+                 fixed: dict[str, Any], store: ResultStore, index: RecordIndex, cfg: TuneConfig,
+                 copy_bw_tbps: float | None):
+        self.backend, self.shapes, self.dims, self.fixed = backend, shapes, dims, fixed
         self.store, self.index, self.cfg, self.copy_bw_tbps = store, index, cfg, copy_bw_tbps
         self.run_id = store.manifest().run_id
+        self.benches: dict[int, ShapeBench] = {}
         self.measured = 0
 
     def suggest(self, trial: Any) -> dict[str, Any]:
@@ -62,13 +87,22 @@ class Objective:
         optuna = optuna_module()
         trial.set_user_attr("worker", worker_id())
         searched = self.suggest(trial)
-        params = full_params(self.backend, self.fixed, searched)
-        attrs = self._earlier(trial, searched) or self._recorded(params) or self._measure(params)
+        attrs = self._earlier(trial, searched) or self._evaluate(searched)
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         if attrs["status"] != "ok":
             raise optuna.TrialPruned(f"{attrs['status']}: {attrs['message']}"[:300])
         return float(attrs["median_us"])
+
+    def _evaluate(self, searched: dict[str, Any]) -> dict[str, Any]:
+        """Every length in turn, stopping at the first that is not ``ok``."""
+        points = []
+        for length in sorted(self.shapes):
+            point = {"length": length, **self._point(length, params_at(self.backend, self.fixed, searched, length))}
+            points.append(point)
+            if point["status"] != "ok":
+                break
+        return trial_attrs(points)
 
     def _earlier(self, trial: Any, searched: dict[str, Any]) -> dict[str, Any] | None:
         """Attributes of an earlier trial with the same params (waiting for a running one)."""
@@ -85,13 +119,28 @@ class Objective:
                 return None
             time.sleep(0.2)
 
-    def _recorded(self, params: dict[str, Any]) -> dict[str, Any] | None:
-        rec = self.index.get(point_key(self.backend.name, params, self.bench.shape.key()))
-        return record_attrs(rec) if rec is not None else None
+    def _point(self, length: int, params: dict[str, Any]) -> dict[str, Any]:
+        """The record of ``params`` at ``length``: already in the run folder, or measured now (once
+        the claim on it is this worker's, or after waiting :data:`WAIT_FOR_PEER_S` for its holder)."""
+        key = point_key(self.backend.name, params, self.shapes[length].key())
+        deadline = time.monotonic() + WAIT_FOR_PEER_S
+        while True:
+            rec = self.index.get(key)
+            if rec is not None:
+                return record_attrs(rec)
+            if claim(self.store.run_dir, key) or time.monotonic() > deadline:
+                try:
+                    rec = self.index.get(key)  # appended between the look and the claim
+                    return record_attrs(rec) if rec is not None else self._measure(length, params)
+                finally:
+                    release(self.store.run_dir, key)
+            time.sleep(0.2)
 
-    def _measure(self, params: dict[str, Any]) -> dict[str, Any]:
-        rec: Record = self.bench.run(self.backend, params, copy_bw_tbps=self.copy_bw_tbps, run_id=self.run_id,
-                                     check=self.cfg.check)
+    def _measure(self, length: int, params: dict[str, Any]) -> dict[str, Any]:
+        if length not in self.benches:
+            self.benches[length] = ShapeBench(self.shapes[length], self.cfg.timing, seed=self.cfg.seed)
+        rec: Record = self.benches[length].run(self.backend, params, copy_bw_tbps=self.copy_bw_tbps,
+                                               run_id=self.run_id, check=self.cfg.check)
         append_shared(self.store, rec)
         self.measured += 1
         return record_attrs(rec.model_dump(mode="json"))
@@ -129,16 +178,17 @@ def worker_main(payload: dict[str, Any], index: int) -> None:
     device = current_device().name
     backend = get_backend(cfg.backend)
     dims_kw, records = shape_dims(cfg), RecordIndex(store)
-    for position, spec in enumerate(payload["studies"]):
-        shape = tune_shape(dims_kw, spec["batch"], spec["length"])
-        dims, fixed = search_space(backend, shape, cfg.space)
+    for position, data in enumerate(payload["studies"]):
+        spec = StudySpec(**data)
+        shapes = {n: tune_shape(dims_kw, spec.batch, n) for n in spec.measured()}
+        dims, fixed = study_space(backend, tune_shape(dims_kw, spec.batch, spec.length), cfg, spec.measured())
         sampler = make_sampler(resolve_sampler(cfg, dims), dims, cfg.seed + 1000 * index + position)
-        study = optuna.load_study(study_name=spec["name"], storage=storage, sampler=sampler)
+        study = optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
         check_device(study, device)
         stop = StopAtTrials(cfg.trials)
         if stop.reached(study):
             continue
-        bench = ShapeBench(shape, cfg.timing, seed=cfg.seed)
-        objective = Objective(backend, bench, dims, fixed, store, records, cfg, manifest.copy_bandwidth_tbps)
+        objective = Objective(backend, shapes, dims, fixed, store, records, cfg, manifest.copy_bandwidth_tbps)
         study.optimize(objective, timeout=cfg.timeout_s, callbacks=[stop], gc_after_trial=False)
-        del bench, objective
+        objective.benches.clear()  # free this study's inputs before the next study's
+        del objective

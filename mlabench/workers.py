@@ -13,6 +13,7 @@ error line.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib
 import json
 import os
@@ -166,6 +167,48 @@ def append_shared(store: ResultStore, record: Record) -> None:
             store.append(record)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _claim_path(run_dir: Path, key: str) -> Path:
+    folder = run_dir / ".claims"
+    folder.mkdir(exist_ok=True)
+    return folder / hashlib.sha1(key.encode()).hexdigest()
+
+
+def claim(run_dir: Path, key: str) -> bool:
+    """Claim the measurement of record ``key`` in the run folder for this worker: True when this
+    worker holds the claim (it was free, already this worker's, or its holder on this host is
+    gone), False while another worker holds it.  Lets workers whose different jobs need the same
+    measurement take it once; :func:`release` ends the claim once the record is appended."""
+    path = _claim_path(run_dir, key)
+    me = worker_id()
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                holder = path.read_text()
+            except FileNotFoundError:
+                continue  # released meanwhile: try again
+            if holder == me:
+                return True
+            if holder and worker_alive(holder) is False:
+                path.write_text(me)  # a worker killed while measuring: take its claim over
+                return True
+            return False
+        with os.fdopen(fd, "w") as fh:
+            fh.write(me)
+        return True
+
+
+def release(run_dir: Path, key: str) -> None:
+    """End this worker's claim on ``key`` (nothing when another worker holds it)."""
+    path = _claim_path(run_dir, key)
+    try:
+        if path.read_text() == worker_id():
+            path.unlink()
+    except FileNotFoundError:
+        pass
 
 
 class RecordIndex:

@@ -19,6 +19,19 @@ from mlabench.cli.output import emit, err
 from mlabench.errors import ConfigError
 
 
+def parse_rule_range(text: str | None) -> dict[str, int] | str | None:
+    """``--tokens-per-split``: ``"LOW:HIGH"`` -> ``{low, high}``; ``"off"`` -> ``"off"``; None -> None."""
+    if text is None or text == "off":
+        return text
+    low, sep, high = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return {"low": int(low), "high": int(high)}
+    except ValueError:
+        raise ConfigError(f"--tokens-per-split takes LOW:HIGH (e.g. 1:4096) or off, got {text!r}") from None
+
+
 def parse_space(items: list[str] | None) -> dict[str, dict[str, Any]] | None:
     """``["num_kv_splits=1:256", "head_padding=zero"]`` -> ``{name: {low, high} | {choices}}``."""
     if not items:
@@ -55,12 +68,12 @@ class LiveView:
         elapsed = time.monotonic() - self.start
         eta = f"{elapsed / done * max(0, total - done):.0f} s" if done else "—"
         t = RichTable(title=f"tune: {done}/{total} trials, {elapsed:.0f} s elapsed, ETA {eta}")
-        for col in ("batch", "bucket", "length", "trials", "running", "best µs", "best params"):
+        for col in ("batch", "bucket", "lengths", "trials", "running", "best µs", "best params"):
             t.add_column(col)
         for p in progress:
             best = "—" if p.best_us is None else f"{p.best_us:.1f}"
             params = " ".join(f"{k}={v}" for k, v in p.best_params.items()) or "—"
-            t.add_row(str(p.batch), p.bucket, str(p.length), f"{p.done}/{p.total}", str(p.running), best, params)
+            t.add_row(str(p.batch), p.bucket, p.lengths, f"{p.done}/{p.total}", str(p.running), best, params)
         if not self.live.is_started:
             self.live.start()
         self.live.update(t)
@@ -80,7 +93,10 @@ def tune(
     heads: Heads = None,
     batch: Batch = None,
     buckets: Annotated[str | None, typer.Option(metavar="L[,L...]", help="Context bucket upper edges, e.g. 1024,4096,32768,131072.")] = None,
-    representative: Annotated[str | None, typer.Option(metavar="geomean|upper", help="Length measured per bucket: geomean or upper.")] = None,
+    representative: Annotated[str | None, typer.Option(metavar="geomean|upper", help="With one length per bucket, the length measured: geomean or upper.")] = None,
+    lengths_per_bucket: Annotated[int | None, typer.Option(metavar="K", help="Lengths measured per bucket, log-spaced from its lower edge + 1 to its upper edge (default 3; 1: the representative length only).")] = None,
+    combine: Annotated[str | None, typer.Option(metavar="worst|geomean", help="How a configuration's times at a bucket's lengths combine, each over the best time there: the worst (default) or the geometric mean. With --export: choose again this way.")] = None,
+    tokens_per_split: Annotated[str | None, typer.Option(metavar="LOW:HIGH|off", help="Also search split counts that grow with the length, clamp(ceil(L / t), 1, num_kv_splits), t in LOW:HIGH (default 1:4096; 1 is a fixed count); off: fixed counts only.")] = None,
     page_size: PageSize = None,
     qo_len: QoLen = None,
     non_causal: NonCausal = False,
@@ -118,21 +134,23 @@ def tune(
     if export is not None:
         from mlabench.tune_run import export_run
 
-        return _report(export_run(export, storage, noise), fmt)
+        return _report(export_run(export, storage, noise, combine), fmt)
     from mlabench.tune import load_tune_config
     from mlabench.tune_run import recorded_config, run_tune
     from mlabench.workers import parse_devices
 
+    rule = parse_rule_range(tokens_per_split)
     values = {"backend": backend, "model": model, "tp": tp, "model_config": str(model_config) if model_config else None,
               "heads": _one_value(int_list(heads, "--heads", "heads"), "--heads"),
               "batch": int_list(batch, "--batch", "batch"),
               "buckets": int_list(buckets, "--buckets", "--buckets"), "representative": representative,
+              "lengths_per_bucket": lengths_per_bucket, "combine": combine, "tokens_per_split": None if rule == "off" else rule,
               "page_size": page_size, "q_dtype": dtype, "kv_dtype": dtype, "qo_len": qo_len,
               "causal": False if non_causal else None, "sampler": sampler, "trials": trials, "timeout_s": timeout,
               "space": parse_space(space), "noise": noise, "heuristics": False if no_heuristics else None,
               "timing": {"budget_s": budget_s, "eager": False} if budget_s is not None else None, "storage": storage}
     if resume is not None:
-        if any(v is not None for k, v in values.items() if k != "storage") or config:
+        if any(v is not None for k, v in values.items() if k != "storage") or config or rule:
             raise ConfigError("--resume continues the run as recorded: only --storage, --gpus and --workers go with it")
         cfg = recorded_config(resume)[0].model_copy(update={"storage": storage})
     else:
@@ -141,6 +159,8 @@ def tune(
         if buckets is None and config is None:
             raise ConfigError("give --buckets (context bucket edges) or --config (a sweep TOML)")
         cfg = load_tune_config(config, values)
+        if rule == "off":
+            cfg = cfg.model_copy(update={"tokens_per_split": None})
     if workers is not None and (workers < 1 or gpus):
         raise ConfigError("--workers takes a count >= 1, and not with --gpus")
     devices = parse_devices(gpus) if gpus else [None] * (workers or 1)
@@ -160,24 +180,24 @@ def _one_value(values: list[int] | None, flag: str) -> int | None:
 
 
 def _report(result: Any, fmt: str) -> None:
+    from mlabench.policy import describe_choice
     from mlabench.tables import Table
 
-    choices = Table("Choice per batch and context bucket (µs: median of the measurement engine)",
-                    ["batch", "bucket", "length", "trials", "pruned", "chosen", "chosen µs", "fastest µs",
-                     "best heuristic", "heuristic µs", "speedup"])
+    choices = Table("Choice per batch and context bucket (µs: geometric mean over the bucket's lengths of the "
+                    "medians; worst %: the worst time over the best measured at each of those lengths)",
+                    ["batch", "bucket", "lengths", "trials", "pruned", "chosen", "chosen µs", "chosen worst %",
+                     "best µs", "best heuristic", "heuristic µs", "heuristic worst %", "speedup"])
     for c in result.choices:
         speedup = c.best_heuristic_us / c.chosen_us if c.best_heuristic_us else None
-        choices.rows.append([c.batch, c.bucket, c.length, c.finished, c.pruned, _params(c.chosen), c.chosen_us,
-                             c.fastest_us, c.best_heuristic, c.best_heuristic_us, speedup])
-    policy = Table(f"Policy for {result.policy.backend} on {result.policy.device} (adjacent buckets merged)",
-                   ["batch", "max context", "params"])
+        choices.rows.append([c.batch, c.bucket, ",".join(map(str, c.lengths)), c.finished, c.pruned,
+                             describe_choice(c.chosen, c.tokens_per_split), c.chosen_us, 100 * c.chosen_worst,
+                             c.best_us, c.best_heuristic, c.best_heuristic_us,
+                             None if c.best_heuristic_worst is None else 100 * c.best_heuristic_worst, speedup])
+    policy = Table(f"Policy for {result.policy.backend} on {result.policy.device} (adjacent buckets merged; "
+                   "L: the context length)", ["batch", "max context", "params"])
     for b in result.policy.batches:
-        policy.rows += [[b.batch, e.max_context_len, _params(e.params)] for e in b.entries]
+        policy.rows += [[b.batch, e.max_context_len, e.describe()] for e in b.entries]
     emit([choices, policy], fmt)
-
-
-def _params(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in params.items())
 
 
 def _validate(path: Path, lengths: int, low: int, high: int, ladder: str | None, budget_s: float | None,

@@ -18,6 +18,7 @@ median µs per decode call of records whose status is ``ok`` (correct on their o
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,8 @@ SPLITS = "num_kv_splits"
 
 @dataclass
 class Study:
-    """One study's bucket ``(lo, hi]`` (tokens) at one batch size, measured at ``length`` tokens."""
+    """One study's bucket ``(lo, hi]`` (tokens) at one batch size, measured at ``length`` tokens
+    (of a study measured at several lengths, the one shown: :func:`studies_of`)."""
 
     batch: int
     lo: int
@@ -66,8 +68,15 @@ class StudyChoice:
 
 
 def studies_of(run: Any) -> list[Study]:
-    """The studies of a :class:`mlabench.runs.TuneRun`, in the order of its manifest."""
-    return [Study(int(s["batch"]), int(s["lo"]), int(s["hi"]), int(s["length"])) for s in run.studies]
+    """The studies of a :class:`mlabench.runs.TuneRun`, in the order of its manifest; a study
+    measured at several lengths is shown at the one nearest its representative length (the
+    bucket's geometric middle), whose records are one per configuration like a one-length study's."""
+    out = []
+    for s in run.studies:
+        middle = int(s["length"])
+        shown = min(s.get("lengths") or [middle], key=lambda n: (abs(math.log(int(n) / middle)), n))
+        out.append(Study(int(s["batch"]), int(s["lo"]), int(s["hi"]), int(shown)))
+    return out
 
 
 def study_records(run: Any, study: Study) -> list[Record]:

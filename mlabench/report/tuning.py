@@ -38,10 +38,21 @@ def tune_config_text(cfg: dict[str, Any]) -> str:
     qo = "" if cfg.get("qo_len", 1) == 1 else f"; qo_len {cfg.get('qo_len')}"
     return (f"tune {cfg.get('backend')}; {model}{qo}; batch {', '.join(map(str, cfg.get('batch') or []))}; "
             f"{len(buckets)} context buckets up to {style.context_text(buckets[-1]) if buckets else '—'}, each "
-            f"measured at its {cfg.get('representative')} length; page {cfg.get('page_size')}; "
+            f"measured at {_lengths_text(cfg)}; page {cfg.get('page_size')}; "
             f"{cfg.get('trials')} trials per study, sampler {cfg.get('sampler')}"
             + (", the public heuristics first" if cfg.get("heuristics") else "")
             + f"; ties within {100 * (cfg.get('noise') or 0):g}%")
+
+
+def _lengths_text(cfg: dict[str, Any]) -> str:
+    """Where a tuning run measured each bucket: its representative length (runs before several
+    lengths per bucket), or K lengths scored by the worst or geometric-mean ratio to the best."""
+    k = int(cfg.get("lengths_per_bucket") or 1)
+    if k == 1:
+        return f"its {cfg.get('representative')} length"
+    rule = cfg.get("tokens_per_split")
+    return (f"{k} lengths from its lower to its upper edge, scored by the {cfg.get('combine')} ratio to the best "
+            f"at each" + (", split counts scaling with the length searched too" if rule else ""))
 
 
 def validate_config_text(cfg: dict[str, Any]) -> str:
@@ -77,6 +88,8 @@ def choice_table(run: Any) -> Table:
                        c.heuristic_us, c.speedup])
     t.notes += ["chosen: the exported policy's parameters at the bucket's measured length (the tuner keeps "
                 "the fewest splits within the noise of the fastest); speedup = best heuristic µs / chosen µs",
+                "measured at: of a study measured at several lengths, the one nearest the bucket's middle (the "
+                "choice weighed them all: the tune command's own table has each study's worst ratio)",
                 "configurations: trials with a record of their own (a configuration suggested again is reused)"]
     return t
 
@@ -85,7 +98,10 @@ def policy_table(policy: Any) -> Table:
     """The exported policy: per batch size, each entry's longest context and parameters."""
     t = Table(f"Policy for {policy.backend} on {policy.device} (adjacent buckets with the same choice merged)",
               ["batch", "max context", "params"])
-    t.rows = [[b.batch, e.max_context_len, params_text(dict(e.params))] for b in policy.batches for e in b.entries]
+    t.rows = [[b.batch, e.max_context_len, e.describe()] for b in policy.batches for e in b.entries]
+    if any(e.tokens_per_split for b in policy.batches for e in b.entries):
+        t.notes.append("min(ceil(L/t),n): the split count scales with the context length L, one split per t "
+                       "tokens, at most n")
     return t
 
 

@@ -279,3 +279,15 @@ def test_plot_command_draws_a_graph_check_file(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out.split() == [str(tmp_path / "graph-check.png")]
     assert_real_png(tmp_path / "graph-check.png")
 
+
+
+def test_a_study_measured_at_several_lengths_is_shown_at_the_one_nearest_its_middle():
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(studies=[{"batch": 1, "lo": 1024, "hi": 4096, "length": 2048,
+                                    "lengths": [1025, 1626, 2580, 4096]},
+                                   {"batch": 1, "lo": 4096, "hi": 16384, "length": 8192,
+                                    "lengths": [4097, 8192, 16384]},
+                                   {"batch": 16, "lo": 0, "hi": 1024, "length": 724}])  # a one-length run
+    assert [(s.bucket, s.length) for s in T.studies_of(run)] == [("1025-4096", 1626), ("4097-16384", 8192),
+                                                                  ("1-1024", 724)]

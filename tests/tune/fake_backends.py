@@ -10,6 +10,7 @@ this module through ``MLABENCH_WORKER_IMPORTS``; ``TEST_TUNE_PREPARE_S`` slows e
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
@@ -51,6 +52,10 @@ class _Synthetic(Backend):
     def cost_us(self, params: dict[str, Any]) -> float:
         raise NotImplementedError
 
+    def cost_at_us(self, params: dict[str, Any], context_len: int) -> float:
+        """The cost at one context length (by default the same at every length)."""
+        return self.cost_us(params)
+
     def wrong(self, params: dict[str, Any]) -> bool:
         return False
 
@@ -59,7 +64,7 @@ class _Synthetic(Backend):
         s = inputs.shape
         bias = 1.0 if self.wrong(params) else 0.0
         out = inputs.new_output()
-        cost = self.cost_us(params)
+        cost = self.cost_at_us(params, s.max_context_len)
         seen: dict[str, Any] = {"versions": None}
 
         def fn() -> torch.Tensor:
@@ -117,7 +122,20 @@ class FlatBackend(_Synthetic):
         return 300.0
 
 
-CLASSES = (LaunchParamsBackend, FastWrongBackend, FlatBackend)
+class LengthScaledBackend(_Synthetic):
+    """Splits 1-16 whose best count grows with the length, ``ceil(L / 4)``: each octave away from it
+    costs 60% more.  One fixed count per bucket is then off by up to an octave at the bucket's ends,
+    while the rule ``clamp(ceil(L / 4), 1, 16)`` is best at every length."""
+
+    name = "test-length-scaled"
+    params = (ParamSpec("num_kv_splits", int, default=1, help="splits", low=1, high=16),)
+
+    def cost_at_us(self, p: dict[str, Any], context_len: int) -> float:
+        best = -(-context_len // 4)
+        return 200.0 * (1 + 0.6 * abs(math.log2(p["num_kv_splits"] / best)))
+
+
+CLASSES = (LaunchParamsBackend, FastWrongBackend, FlatBackend, LengthScaledBackend)
 
 
 def register_all() -> None:

@@ -31,18 +31,22 @@ def study_trials(run_dir: Path, url: str | None = None) -> list:
 
 
 def assert_nothing_lost_or_twice(run_dir: Path, url: str | None = None) -> list:
-    """Every finished trial has its record in the run folder; no configuration was measured twice."""
+    """Every finished trial has its records (one per length measured) in the run folder, every
+    record belongs to a trial; no configuration was measured twice at one length."""
     keys = [r.key for r in ResultStore(run_dir).records()]
     assert len(keys) == len(set(keys)), "a configuration was measured twice"
     trials = study_trials(run_dir, url)
     finished = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
-    assert {t.user_attrs["record_key"] for t in finished} == set(keys), "a trial has no record, or a record no trial"
+    assert all(len(t.user_attrs["record_keys"]) == len(t.user_attrs["points"]) for t in finished)
+    trial_keys = {k for t in finished for k in t.user_attrs["record_keys"]}
+    assert trial_keys == set(keys), "a trial has no record, or a record no trial"
     return trials
 
 
 def fast_wrong_config(timing, **kw) -> TuneConfig:
+    """One length per bucket (no tokens-per-split rule): 16 configurations, 16 records."""
     values = dict(backend="test-fast-wrong", heads=2, batch=[1], buckets=[48], page_size=16, timing=timing,
-                  sampler="brute", trials=16)
+                  sampler="brute", trials=16, lengths_per_bucket=1)
     values.update(kw)
     return TuneConfig.model_validate(values)
 
@@ -57,7 +61,10 @@ def test_real_cpu_backend_end_to_end(tmp_path, tiny_timing):
     trials = assert_nothing_lost_or_twice(run_dir)
     assert sum(t.state.name == "COMPLETE" for t in trials) >= 4 * 4 - 3      # repeats of a config are reused
     assert any("enqueued_as" in t.user_attrs for t in trials)                # the heuristics went first
-    assert all(isinstance(t.user_attrs["samples_us"], list) for t in trials if t.state.name == "COMPLETE")
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    assert all(isinstance(p["samples_us"], list) and p["verdict_passed"] for t in complete for p in t.user_attrs["points"])
+    assert any(len(t.user_attrs["points"]) == 3 for t in complete)          # three lengths per bucket
+    assert any("tokens_per_split" in t.params for t in complete)             # the rule was searched
     assert {p.name for p in run_dir.iterdir()} >= {"policy.json", "policy.h", "policy.py", "results.csv",
                                                    "study.journal", "manifest.json"}
     assert len(records_of([run_dir])) == len(ResultStore(run_dir).records())  # compare/plot read it

@@ -9,8 +9,8 @@ from mlabench.backends import get_backend
 from mlabench.errors import ConfigError, ResultsError
 from mlabench.shapes import MLADecodeShape
 from mlabench.studies import optuna_module
-from mlabench.tune import (Measured, SpaceRange, TuneConfig, buckets_of, choose, heuristic_trials,
-                           measured_configs, resolve_sampler, search_space)
+from mlabench.tune import SpaceRange, TuneConfig, buckets_of, heuristic_trials, resolve_sampler, search_space
+from mlabench.tune_choice import Measured, choose, measured_configs
 from tests.tune.helpers import run_in_process, tiny_config
 
 SHAPE = MLADecodeShape.uniform(1, 48, 2, page_size=16)
@@ -56,6 +56,11 @@ def test_buckets_and_representative_lengths():
     assert [(b.lo, b.hi, b.length) for b in buckets_of([1024, 4096, 131072])] == [
         (0, 1024, 724), (1024, 4096, 2048), (4096, 131072, 23170)]
     assert [b.length for b in buckets_of([1024, 4096], "upper")] == [1024, 4096]
+    assert [b.measured() for b in buckets_of([1024, 4096])] == [(724,), (2048,)]
+    assert [b.measured() for b in buckets_of([1024, 4096, 131072], per_bucket=3)] == [
+        (512, 724, 1024), (1025, 2048, 4096), (4097, 23170, 131072)]    # lower edge + 1, middle, upper edge
+    assert buckets_of([4096], per_bucket=5)[0].measured() == (2048, 2435, 2896, 3444, 4096)
+    assert buckets_of([10, 11], per_bucket=3)[1].measured() == (11,)       # repeats dropped
 
 
 def test_objective_searches_all_launch_parameters(tmp_path, tiny_timing):
@@ -78,8 +83,9 @@ def test_fast_wrong_configuration_is_pruned_and_never_chosen(tmp_path, tiny_timi
     study, store = run_in_process(tmp_path, cfg)
     pruned = [t for t in study.trials if t.state.name == "PRUNED"]
     assert sorted(t.params["num_kv_splits"] for t in pruned) == [12, 13, 14, 15, 16]
-    assert all(t.user_attrs["status"] == "incorrect" and t.user_attrs["verdict_passed"] is False for t in pruned)
-    assert all(t.user_attrs["median_us"] < 100 for t in pruned)          # they were the fastest
+    assert all(t.user_attrs["status"] == "incorrect" and t.user_attrs["points"][-1]["verdict_passed"] is False
+               for t in pruned)
+    assert all(t.user_attrs["points"][-1]["median_us"] < 100 for t in pruned)  # they were the fastest
     chosen, fastest = choose(measured_configs(study.trials), 0.01)
     assert chosen.params["num_kv_splits"] == fastest.params["num_kv_splits"] == 6
     assert {r.status for r in store.records() if r.params["num_kv_splits"] >= 12} == {"incorrect"}
@@ -111,7 +117,8 @@ def test_measured_configs_pool_repeats_and_drop_pruned_and_failed():
 
     def trial(n, state, value=None, status="ok"):
         return optuna.trial.create_trial(params={"num_kv_splits": n}, distributions=dist, state=state,
-                                         value=value, user_attrs={"status": status, "median_rel_ci": 0.01})
+                                         value=value, user_attrs={"status": status, "median_us": value,
+                                                                  "median_rel_ci": 0.01})
 
     S = optuna.trial.TrialState
     got = measured_configs([trial(8, S.COMPLETE, 10.0), trial(8, S.COMPLETE, 12.0), trial(4, S.PRUNED, status="incorrect"),

@@ -59,7 +59,7 @@ def test_cli_tune_validate_export(tmp_path):
 
     runner = CliRunner()
     args = ["tune", "--backend", "test-fast-wrong", "--heads", "2", "--buckets", "40,64", "--page-size", "16",
-            "--trials", "16", "--sampler", "brute", "--budget-s", "0.02", "--results-dir", str(tmp_path), "--json"]
+            "--trials", "16", "--sampler", "brute", "--lengths-per-bucket", "1", "--budget-s", "0.02", "--results-dir", str(tmp_path), "--json"]
     res = runner.invoke(app, args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     tables = json.loads(res.stdout)

@@ -1,0 +1,116 @@
+"""A study's choice over several lengths per bucket: min-max and geometric-mean scores, the
+fewest-splits tie-break, the tokens-per-split rule as a policy entry, and a real study on a
+landscape whose best count grows with the length."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mlabench.backends import get_backend
+from mlabench.policy import rule_splits
+from mlabench.tune import RULE_PARAM, Bucket, buckets_of, heuristic_trials, shape_dims, study_space, tune_shape
+from mlabench.tune_choice import Measured, build_policy, choose, measured_configs, policy_choice, score, study_choice
+from mlabench.tune_validate import validate_policy
+from tests.tune.helpers import export_lookups, run_in_process, tiny_config
+
+LENGTHS = (1025, 2048, 4096)
+
+
+def landscape(params: dict, splits: dict[int, int], times: dict[int, float]) -> Measured:
+    return Measured(params, math.prod(times.values()) ** (1 / len(times)), 0.002, 1, times, splits)
+
+
+def test_worst_case_choice_is_robust_where_the_representative_length_misleads():
+    """69 splits is the best at the bucket's middle but 40% off at its ends; 48 is never the best
+    but within 6% everywhere: the min-max choice takes 48, the middle length alone would take 69."""
+    at_middle = landscape({"num_kv_splits": 69}, dict.fromkeys(LENGTHS, 69), {1025: 14.0, 2048: 12.0, 4096: 21.0})
+    robust = landscape({"num_kv_splits": 48}, dict.fromkeys(LENGTHS, 48), {1025: 10.6, 2048: 12.5, 4096: 15.9})
+    edges = landscape({"num_kv_splits": 16}, dict.fromkeys(LENGTHS, 16), {1025: 10.0, 2048: 14.0, 4096: 30.0})
+    wide = landscape({"num_kv_splits": 128}, dict.fromkeys(LENGTHS, 128), {1025: 16.0, 2048: 14.0, 4096: 15.0})
+    configs = [at_middle, robust, edges, wide]
+    chosen, best = choose(configs, 0.01, "worst")
+    assert chosen is best is robust
+    assert score(robust, {1025: 10.0, 2048: 12.0, 4096: 15.0}) == pytest.approx(15.9 / 15.0)
+    middle_only = [Measured(m.params, m.times_us[2048], 0.002, 1) for m in configs]
+    assert choose(middle_only, 0.01)[0].params["num_kv_splits"] == 69       # what one length per bucket did
+    assert choose(configs, 0.01, "geomean")[0] is robust
+
+
+def test_geomean_combine_tolerates_one_bad_length_the_worst_does_not():
+    steady = landscape({"num_kv_splits": 32}, dict.fromkeys(LENGTHS, 32), {1025: 11.2, 2048: 11.2, 4096: 11.2})
+    spiky = landscape({"num_kv_splits": 64}, dict.fromkeys(LENGTHS, 64), {1025: 10.0, 2048: 10.0, 4096: 13.44})
+    assert choose([steady, spiky], 0.01, "worst")[0] is steady               # worst 12% vs 20%
+    assert choose([steady, spiky], 0.01, "geomean")[0] is spiky              # geomean 7.9% vs 6.3%
+
+
+def test_fewest_splits_on_average_wins_within_the_noise():
+    rule = landscape({"num_kv_splits": 64, RULE_PARAM: 64}, {1025: 17, 2048: 32, 4096: 64},
+                     {1025: 10.05, 2048: 10.05, 4096: 10.05})
+    fixed = landscape({"num_kv_splits": 48, RULE_PARAM: 1}, dict.fromkeys(LENGTHS, 48), {1025: 10.0, 2048: 10.0, 4096: 10.0})
+    assert rule.mean_splits() == pytest.approx(113 / 3) and rule.mean_splits() < fixed.mean_splits()
+    assert choose([rule, fixed], 0.01)[0] is rule                            # 0.5% slower: within 1%
+    assert choose([rule, fixed], 0.001)[0] is fixed
+
+
+def test_policy_choice_turns_a_rule_into_an_entry():
+    backend = get_backend("torch-splitkv")
+    fixed: dict = {}
+    bucket = Bucket(1024, 4096, 2048, LENGTHS)
+    params, tokens = policy_choice(backend, fixed, {"num_kv_splits": 300, RULE_PARAM: 32}, bucket)
+    assert tokens == 32 and params["num_kv_splits"] == 128                  # the cap: its count at 4096
+    params, tokens = policy_choice(backend, fixed, {"num_kv_splits": 24, RULE_PARAM: 16}, bucket)
+    assert tokens is None and params["num_kv_splits"] == 24                 # the same count at every length
+    params, tokens = policy_choice(backend, fixed, {"num_kv_splits": 40}, bucket)
+    assert tokens is None and params["num_kv_splits"] == 40
+
+
+def test_heuristics_are_enqueued_as_rules_and_fixed_counts(tiny_timing):
+    cfg = tiny_config("torch-splitkv", tiny_timing, heads=12, buckets=[4096], page_size=64, lengths_per_bucket=3)
+    backend = get_backend("torch-splitkv")
+    shape = tune_shape(shape_dims(cfg), 1, 2896)
+    dims, _ = study_space(backend, shape, cfg, LENGTHS)
+    trials = dict(heuristic_trials(backend, shape, dims, 132))
+    assert trials["aiter-gluon-0.1.19"][RULE_PARAM] == 64                   # cdiv(L, 64): a rule
+    assert all(t[RULE_PARAM] == 1 for name, t in trials.items() if name != "aiter-gluon-0.1.19")
+    dims, _ = study_space(backend, shape, cfg, (2896,))
+    assert RULE_PARAM not in {d.name for d in dims}                          # one length: no rule
+
+
+def test_study_finds_the_length_scaled_rule_and_every_export_agrees(tmp_path, tiny_timing):
+    """On a landscape whose best count is ceil(L / 4), the study over (16, 64] (lengths 17, 32, 64)
+    chooses the rule t=4 and its entry launches the best count at every length in every export;
+    the best count at the middle length alone (8) is 50% off at 64 tokens."""
+    cfg = tiny_config("test-length-scaled", tiny_timing, buckets=[16, 64], lengths_per_bucket=3, sampler="brute",
+                      trials=64, space={"num_kv_splits": {"low": 1, "high": 16}},
+                      tokens_per_split={"low": 1, "high": 4}, heuristics=False)
+    bucket = buckets_of(cfg.buckets, per_bucket=3)[1]
+    assert bucket.measured() == (17, 32, 64)
+    study, store = run_in_process(tmp_path, cfg, bucket)
+    assert len(store.records()) == len({(r.context_len, r.params["num_kv_splits"]) for r in store.records()})
+    backend = get_backend(cfg.backend)
+    choice = study_choice(study.trials, bucket, 1, backend, {}, cfg.noise, "worst")
+    assert choice.tokens_per_split == 4 and choice.chosen == {"num_kv_splits": 16}
+    assert choice.chosen_worst < 0.1
+    fixed8 = next(m for m in measured_configs(study.trials) if m.params == {"num_kv_splits": 8, RULE_PARAM: 1})
+    assert fixed8.times_us[64] > 1.3 * fixed8.times_us[32]
+
+    policy = build_policy(cfg.model_copy(update={"buckets": [64]}), [choice], "test", {}, {"buckets": [64]})
+    lengths = list(range(1, 80))
+    got = export_lookups(policy, tmp_path, [1, 2], lengths)
+    assert got["json"] == got["python"] == got["cpp"]
+    assert [r[2] for r in got["json"][:79]] == [rule_splits(n, 4, 16) for n in lengths]
+
+
+def test_validation_evaluates_a_rule_entry_at_each_held_out_length(tmp_path, tiny_timing):
+    from mlabench.policy import BatchPolicy, Policy, PolicyEntry
+
+    policy = Policy(backend="test-length-scaled", device="test", param_names=["num_kv_splits"],
+                    shape={"num_heads": 2, "page_size": 16, "q_dtype": "bfloat16", "kv_dtype": "bfloat16"},
+                    batches=[BatchPolicy(batch=1, entries=[PolicyEntry(max_context_len=64, params={"num_kv_splits": 16},
+                                                                       tokens_per_split=4)])])
+    result = validate_policy(policy, count=3, low=20, high=60, ladder=[4, 8, 16], timing=tiny_timing,
+                             results_root=tmp_path)
+    assert [(p.context_len, p.policy_params["num_kv_splits"]) for p in result.points] == [(20, 5), (35, 9), (60, 15)]
+    assert all(p.policy_us is not None and p.regret(p.policy_us) < 0.15 for p in result.points)
