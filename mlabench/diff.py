@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlabench.errors import ResultsError
-from mlabench.results import Manifest, Record, ResultStore, run_folders
+from mlabench.errors import MissingResultError, ResultsError
+from mlabench.results import Manifest, Record, ResultStore, describe_records, run_folders
 from mlabench.sentinel import read_sentinels, repeat_noise
 from mlabench.stats import median_rel_ci
 from mlabench.tables import ColumnStyle, Table, params_label
@@ -110,8 +110,13 @@ def _timed(r: Record) -> bool:
 
 
 def diff_runs(path_a: Path | str, path_b: Path | str, z_critical: float = Z_CRITICAL) -> RunDiff:
-    """Compare run B against run A (see the module's docstring); raises what :func:`load_run` raises."""
+    """Compare run B against run A (see the module's docstring); raises what :func:`load_run` raises,
+    and :class:`MissingResultError` when the two runs have no point in common (naming what each holds)."""
     a, b = load_run(path_a), load_run(path_b)
+    if not set(a.records) & set(b.records):
+        raise MissingResultError(f"the two runs have no point in common: A ({a.path.name}) holds "
+                                 f"{describe_records(a.records.values())}; B ({b.path.name}) holds "
+                                 f"{describe_records(b.records.values())}")
     d = RunDiff(a, b, manifest_notes=manifest_differences(a.manifest, b.manifest))
     for key, ra in a.records.items():
         rb = b.records.get(key)

@@ -2,7 +2,8 @@
 codes.
 
 Exit codes (:class:`~mlabench.errors.ExitCode`): 0 done; 1 a check failed or a result is missing
-(a command raises ``typer.Exit(ExitCode.FAILED)``); 2 a usage mistake (click's usage message) or
+(a command raises ``typer.Exit(ExitCode.FAILED)``, or a
+:class:`~mlabench.errors.MissingResultError` gives one ``error:`` line and 1); 2 a usage mistake (click's usage message) or
 a :class:`~mlabench.errors.MlabenchError` (one ``error: ...`` line on stderr, or the error's own
 ``exit_code``); 130 Ctrl-C.  Tables go to stdout, progress and notices to stderr.
 """

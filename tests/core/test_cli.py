@@ -189,7 +189,7 @@ def test_version(monkeypatch, capsys):
     (["sweep", "--context", "4096", "--splits", "513"], "num_kv_splits must be <= 512"),
     (["sweep", "--page-size", "32"], "page_size must be one of"),
     (["sweep", "--budget-s", "0"], "budget_s"),
-    (["compare", "--from", "nowhere"], "no results.jsonl"),
+    (["compare", "--from", "nowhere"], "no run folder (results.jsonl, manifest.json)"),
 ])
 def test_more_bad_input(tmp_path, monkeypatch, capsys, args, message):
     code, _, err = run([*args, *(["--results-dir", str(tmp_path)] if args[0] == "sweep" else [])],

@@ -98,3 +98,12 @@ def test_diff_command(tmp_path, monkeypatch, capsys):
     assert code == 2 and err.startswith("error: ") and "holds 2 runs" in err
     code, out, _ = mlabench(["diff", str(b), str(b), "--markdown"], monkeypatch, capsys)
     assert code == 0 and "0 of 272 points compared differ significantly" in out
+
+
+def test_diff_of_runs_with_no_point_in_common_is_one_error_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    b = copy_run(H200_RUN, tmp_path / "b", keep=lambda r: r.batch == 16)
+    a = copy_run(H200_RUN, tmp_path / "a", keep=lambda r: r.batch == 1 and r.backend == "flashmla")
+    code, out, err = mlabench(["diff", str(a), str(b)], monkeypatch, capsys)
+    assert code == 1 and not out and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: the two runs have no point in common: A (a) holds backends flashmla; batch 1; "
+                          "qo_len 1; context 1024-131072 (8 lengths); B (b) holds backends flashmla, ")
