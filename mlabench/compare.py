@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from mlabench.backends import backend_names, get_backend
-from mlabench.results import Record, records_of
+from mlabench.errors import MissingResultError
+from mlabench.results import Record, describe_records, records_of
 from mlabench.tables import ColumnStyle, Table, best_ok, fmt
 
 #: The two paths the 12-head question is about, by backend family.
@@ -29,13 +30,22 @@ def recorded_records(runs: Iterable[Path], batch: Sequence[int] | None = None,
     written before multi-token decode count as qo_len 1).
 
     Raises :class:`UnknownBackendError` for a backend name that is not registered (before reading
-    anything), and :class:`ResultsError` for a folder without runs or runs from different devices.
+    anything), :class:`ResultsError` for a folder without runs or runs from different devices, and
+    :class:`MissingResultError` when no record passes the filters (naming what the runs hold).
     """
     for name in backends or []:
         get_backend(name)
-    return [r for r in records_of(runs)
+    everything = records_of(runs)
+    kept = [r for r in everything
             if (not batch or r.batch in batch) and (not context_lens or r.context_len in context_lens)
             and (not backends or r.backend in backends) and (not qo_lens or r.qo_len in qo_lens)]
+    if not kept:
+        asked = [f"{flag} {','.join(map(str, values))}" for flag, values in
+                 (("--batch", batch), ("--context", context_lens), ("--backend", backends), ("--qo-len", qo_lens))
+                 if values]
+        raise MissingResultError(f"no recorded point matches {' '.join(asked) or 'anything'}: the runs hold "
+                                 + describe_records(everything))
+    return kept
 
 
 def backend_families() -> dict[str, str]:

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlabench.errors import ResultsError
-from mlabench.results import Manifest, Record, ResultStore, run_folders
+from mlabench.errors import MissingResultError, ResultsError
+from mlabench.results import Manifest, Record, ResultStore, describe_records, run_folders
 from mlabench.sentinel import read_sentinels, repeat_noise
 from mlabench.stats import median_rel_ci
-from mlabench.tables import ColumnStyle, Table, params_label
+from mlabench.tables import PARAMS, ColumnStyle, Table, params_label
 
 #: Normal quantile a point's |ln ratio| must exceed, in units of its combined standard error.
 Z_CRITICAL = 3.0
@@ -48,6 +48,8 @@ class Run:
     manifest: Manifest
     records: dict[str, Record]
     repeat_noise: float | None
+    #: Timed sentinel measurements (repeat noise needs 3).
+    sentinels: int = 0
 
 
 @dataclass
@@ -86,7 +88,8 @@ def load_run(path: Path | str) -> Run:
     store = ResultStore(folders[0])
     sentinels = [s.record.stats.median_us for s in read_sentinels(store.run_dir)
                  if s.record.status == "ok" and s.record.stats is not None]
-    return Run(folders[0], store.manifest(), {r.key: r for r in store.records()}, repeat_noise(sentinels))
+    return Run(folders[0], store.manifest(), {r.key: r for r in store.records()}, repeat_noise(sentinels),
+               len(sentinels))
 
 
 def median_se(r: Record) -> float:
@@ -110,8 +113,13 @@ def _timed(r: Record) -> bool:
 
 
 def diff_runs(path_a: Path | str, path_b: Path | str, z_critical: float = Z_CRITICAL) -> RunDiff:
-    """Compare run B against run A (see the module's docstring); raises what :func:`load_run` raises."""
+    """Compare run B against run A (see the module's docstring); raises what :func:`load_run` raises,
+    and :class:`MissingResultError` when the two runs have no point in common (naming what each holds)."""
     a, b = load_run(path_a), load_run(path_b)
+    if not set(a.records) & set(b.records):
+        raise MissingResultError(f"the two runs have no point in common: A ({a.path.name}) holds "
+                                 f"{describe_records(a.records.values())}; B ({b.path.name}) holds "
+                                 f"{describe_records(b.records.values())}")
     d = RunDiff(a, b, manifest_notes=manifest_differences(a.manifest, b.manifest))
     for key, ra in a.records.items():
         rb = b.records.get(key)
@@ -188,6 +196,14 @@ def _change(ratio: Any) -> str:
     return "—" if ratio is None else f"{100 * (ratio - 1):+.2f}%"
 
 
+def _noise_text(run: Run) -> str:
+    """A run's repeat noise as the summary states it, or why it is unknown (then counted as 0)."""
+    if run.repeat_noise is not None:
+        return _pct(run.repeat_noise)
+    have = f"{run.sentinels} sentinel measurement{'s' * (run.sentinels != 1)}" if run.sentinels else "no sentinel"
+    return f"unknown ({have}; 3 needed), counted as 0"
+
+
 def _params(r: Record) -> str:
     """A point's parameters, after its query tokens per request when there are several."""
     label = params_label(r.params)
@@ -213,8 +229,7 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
         summary.rows.append([backend, *agreement([p for p in d.points if p.a.backend == backend], min_us).values()])
     if d.points:
         summary.add_row(["all", *agreement(d.points, min_us).values()], style="bold")
-    noise = ", ".join(f"{name} {_pct(run.repeat_noise) if run.repeat_noise is not None else 'unknown (no sentinel)'}"
-                      for name, run in (("A", d.a), ("B", d.b)))
+    noise = ", ".join(f"{name} {_noise_text(run)}" for name, run in (("A", d.a), ("B", d.b)))
     summary.notes += [f"A = {d.a.path}, B = {d.b.path}; n points timed in both; geomean: of B median / A median "
                       "(+: B slower)",
                       f"slower / faster: points whose |ln(B/A)| exceeds {Z_CRITICAL:g} x the combined uncertainty "
@@ -228,10 +243,13 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
     tables = [summary]
     points = Table("points" if show_all else "points that differ significantly",
                    ["backend", "batch", "context", "params", "a_us", "b_us", "ratio", "z", "significant"],
-                   styles={"a_us": ColumnStyle(header="A µs", justify="right"),
+                   styles={"params": PARAMS, "a_us": ColumnStyle(header="A µs", justify="right"),
                            "b_us": ColumnStyle(header="B µs", justify="right"),
-                           "ratio": ColumnStyle(text=_change, header="B/A", justify="right"),
-                           "z": ColumnStyle(justify="right")})
+                           "ratio": ColumnStyle(text=_change, header="change", justify="right"),
+                           "z": ColumnStyle(justify="right", drop=1),
+                           "significant": ColumnStyle(drop=2 if not show_all else 1)})
+    points.notes.append("change: B median / A median - 1 (+: B slower; JSON and CSV give the ratio B / A); "
+                        f"z: |ln(B/A)| over the combined uncertainty, significant above {Z_CRITICAL:g}")
     for p in shown:
         points.add_row([p.a.backend, p.a.batch, p.a.context_len, _params(p.a), p.a.stats.median_us,
                         p.b.stats.median_us, p.ratio, p.z, p.significant], style="red" if p.significant else None)
@@ -241,7 +259,7 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
         summary.notes.append(f"{len(shown)} of {len(d.points)} points compared differ significantly"
                              + (" (listed below)" if shown else "") + "; --all lists every point")
     missing = Table("points not compared", ["backend", "batch", "context", "params", "a_status", "b_status"],
-                    styles={"a_status": ColumnStyle(header="in A"), "b_status": ColumnStyle(header="in B")})
+                    styles={"params": PARAMS, "a_status": ColumnStyle(header="in A"), "b_status": ColumnStyle(header="in B")})
     rows = [(r, r.status, "absent") for r in d.only_a] + [(r, "absent", r.status) for r in d.only_b]
     rows += [(ra, ra.status, rb.status) for ra, rb in d.untimed]
     for r, sa, sb in rows:

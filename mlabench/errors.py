@@ -16,7 +16,8 @@ class ExitCode(IntEnum):
 
     #: Done, and everything it checked passed.
     OK = 0
-    #: It ran, but a check failed or a result is missing (check, serve-bench, serve-check).
+    #: It ran, but a check failed or a result is missing (check, serve-bench, serve-check; a filter
+    #: or a diff that matches no recorded point, :class:`MissingResultError`).
     FAILED = 1
     #: A usage mistake (click's usage message) or an error the user can cause (one ``error:`` line).
     ERROR = 2
@@ -69,6 +70,13 @@ class OutOfMemoryError(MlabenchError):
 
 class ResultsError(MlabenchError):
     """A results folder that cannot be appended to (identity mismatch, corrupt file)."""
+
+
+class MissingResultError(MlabenchError):
+    """Recorded runs that hold no result for what was asked (a ``--batch`` or ``--qo-len`` filter
+    matching no record, two runs with no point in common); exits 1 like a failed check."""
+
+    exit_code: ClassVar[int] = ExitCode.FAILED
 
 
 class DependencyError(MlabenchError):

@@ -288,7 +288,8 @@ def read_jsonl(path: Path, model: type[M], what: str) -> list[M]:
 def run_folders(paths: Iterable[Path]) -> list[Path]:
     """Run folders named, or found one level inside the folders named (e.g. ``results/h200/x``).
 
-    Raises :class:`ResultsError` for a path that holds no run.
+    Raises :class:`ResultsError` for a path that holds no run, naming the folders further down
+    that hold runs, or saying that a ``records.jsonl`` without a manifest is a script's output.
     """
     found: list[Path] = []
     for path in map(Path, paths):
@@ -297,9 +298,33 @@ def run_folders(paths: Iterable[Path]) -> list[Path]:
             continue
         inner = sorted(p.parent for p in path.glob("*/results.jsonl")) if path.is_dir() else []
         if not inner:
-            raise ResultsError(f"{path}: no results.jsonl here or in its sub-folders")
+            raise ResultsError(f"{path}: no run folder (results.jsonl, manifest.json) here or one level down"
+                               + _no_run_hint(path))
         found.extend(inner)
     return found
+
+
+def _no_run_hint(path: Path) -> str:
+    """Why ``path`` holds no run folder, and where the runs are when they lie deeper."""
+    if not path.is_dir():
+        return " (not a folder)"
+    if (path / "records.jsonl").is_file():
+        return "; its records.jsonl is a script's output, not a run (its README.md says what reads it)"
+    deeper = sorted({str(p.parent.parent) for depth in ("*/*/", "*/*/*/") for p in path.glob(depth + "results.jsonl")})
+    return "; folders with runs one level down: " + ", ".join(deeper) if deeper else ""
+
+
+def describe_records(records: Iterable[Record]) -> str:
+    """What ``records`` cover, for an error naming what a filter could have matched: e.g.
+    ``backends flashmla, triton-splitkv; batch 1, 16; qo_len 1; context 1024-131072 (8 lengths)``."""
+    records = list(records)
+    if not records:
+        return "no records"
+    lengths = sorted({r.context_len for r in records})
+    context = ", ".join(map(str, lengths)) if len(lengths) <= 4 else f"{lengths[0]}-{lengths[-1]} ({len(lengths)} lengths)"
+    return (f"backends {', '.join(sorted({r.backend for r in records}))}; "
+            f"batch {', '.join(map(str, sorted({r.batch for r in records})))}; "
+            f"qo_len {', '.join(map(str, sorted({r.qo_len for r in records})))}; context {context}")
 
 
 def records_of(runs: Iterable[Path]) -> list[Record]:

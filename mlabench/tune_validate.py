@@ -31,17 +31,26 @@ Progress = Callable[[int, int, str], None]
 
 
 def validation_lengths(count: int, low: int, high: int, avoid: set[int]) -> list[int]:
-    """``count`` log-spaced lengths in ``[low, high]``, each moved up past any length in ``avoid``
-    (bucket edges, tuned lengths) and past repeats.  Raises :class:`ConfigError` for a bad range."""
+    """``count`` distinct, sorted, roughly log-spaced lengths in ``[low, high]``, none in ``avoid``
+    (bucket edges, tuned lengths): each log-spaced target moves to the nearest free length inside
+    the range (down before up, so the top one stays at or below ``high``).  Raises
+    :class:`ConfigError` for a bad range or one with fewer than ``count`` free lengths."""
     if count < 1 or low < 1 or high <= low:
         raise ConfigError(f"validation grid needs count >= 1 and 1 <= low < high, got {count}, {low}, {high}")
+    taken = {n for n in avoid if low <= n <= high}
+    if high - low + 1 - len(taken) < count:
+        raise ConfigError(f"validation grid: fewer than {count} lengths in [{low}, {high}] off the bucket edges "
+                          "and tuned lengths")
     out: list[int] = []
     for i in range(count):
-        length = round(low * (high / low) ** (i / max(1, count - 1))) if count > 1 else low
-        while length in avoid or length in out:
-            length += 1
-        out.append(length)
-    return out
+        target = round(low * (high / low) ** (i / max(1, count - 1))) if count > 1 else low
+        for step in range(high - low + 1):
+            free = [n for n in (target - step, target + step) if low <= n <= high and n not in taken]
+            if free:
+                break
+        out.append(free[0])
+        taken.add(free[0])
+    return sorted(out)
 
 
 def split_ladder(low: int, high: int, num_sms: int) -> list[int]:

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from mlabench.results import Record, read_jsonl, records_of
-from mlabench.tables import ColumnStyle, Table, best_ok, to_markdown
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's mlabench, installed or not
+
+from mlabench.results import Record, read_jsonl, records_of  # noqa: E402
+from mlabench.tables import ColumnStyle, Table, best_ok, to_markdown  # noqa: E402
+
 SWEEP_RUN = REPO / "results/h200/repeatability/runs/kimi-k3-tp8-20261130-161237-527"
 HOPPER_DIR = REPO / "results/h200/hopper-kernel"
 CONTEXTS = (4096, 32768, 100000, 131072)

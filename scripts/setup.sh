@@ -3,9 +3,10 @@
 #
 # torch: an installed torch (a CUDA or ROCm build on a GPU machine) is kept.  With no torch at all,
 # a machine with an NVIDIA or AMD driver gets PyPI's default torch, and a machine without one gets
-# torch 2.13.0, whose CPU build is the one this project's CPU machines carry (a plain `torch` there
-# would pull a CUDA build of several GB).  Triton comes with GPU torch builds; on the CPU it is a
-# dependency of mlabench (its interpreter runs the kernel tests).
+# the CPU build of torch 2.13.0 from PyTorch's CPU index (PyPI's Linux torch is the CUDA build, GBs
+# of libraries a CPU cannot use), or from /opt/wheels where that folder exists (offline machines).
+# Triton comes with GPU torch builds; on the CPU it is a dependency of mlabench (its interpreter
+# runs the kernel tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extra="${1:-}"
@@ -16,7 +17,10 @@ if ! python3 -c "import torch" >/dev/null 2>&1; then
   if command -v nvidia-smi >/dev/null 2>&1 || command -v rocm-smi >/dev/null 2>&1; then
     args+=("torch")
   else
-    args+=("torch==2.13.0")
+    find_links=()
+    [[ -d /opt/wheels ]] && find_links=(--find-links /opt/wheels)
+    python3 -m pip install -q --disable-pip-version-check --index-url https://download.pytorch.org/whl/cpu \
+      "${find_links[@]}" "torch==2.13.0"
   fi
 fi
 python3 -m pip install -q --disable-pip-version-check "${args[@]}"

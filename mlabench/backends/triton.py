@@ -148,7 +148,10 @@ class TritonPersistentBackend(_TritonBackend):
     16 of each token, one tile per token).  The work
     list is built once in ``prepare`` (untimed, reported in ``setup_us``) and rebuilt in place by
     ``refresh``, like FlashMLA's scheduling metadata, which servers build once per step for all
-    layers.
+    layers.  The list is computed on the device, but by about 35 small torch ops launched eagerly
+    from Python (:func:`mlabench.kernels.worklist.rebuild_work_list`): ``refresh_us`` is their
+    host-side launch cost (no host sync, no host-side build), hundreds of µs where one fused
+    kernel would take a few.
     """
 
     name = "triton-persistent"

@@ -2,7 +2,8 @@
 codes.
 
 Exit codes (:class:`~mlabench.errors.ExitCode`): 0 done; 1 a check failed or a result is missing
-(a command raises ``typer.Exit(ExitCode.FAILED)``); 2 a usage mistake (click's usage message) or
+(a command raises ``typer.Exit(ExitCode.FAILED)``, or a
+:class:`~mlabench.errors.MissingResultError` gives one ``error:`` line and 1); 2 a usage mistake (click's usage message) or
 a :class:`~mlabench.errors.MlabenchError` (one ``error: ...`` line on stderr, or the error's own
 ``exit_code``); 130 Ctrl-C.  Tables go to stdout, progress and notices to stderr.
 """
@@ -53,12 +54,22 @@ def _is_usage_error(exc: BaseException) -> bool:
     return callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int)
 
 
+def help_wins(args: list[str]) -> list[str]:
+    """``args`` with ``--help`` anywhere reduced to the command names before the first option and
+    ``--help``, so that help wins even where ``--help`` would be read as an option's value
+    (``tune --validate --help``)."""
+    if "--help" not in args:
+        return args
+    first_option = next((i for i, a in enumerate(args) if a.startswith("-")), len(args))
+    return [*args[:first_option], "--help"]
+
+
 def main() -> None:
     """Console-script entry point: run the app and turn what it raised into an exit code."""
     try:
         # With standalone_mode=False click returns the code of a typer.Exit instead of raising it,
         # and typer turns Ctrl-C inside a command into code 130.
-        code = app(standalone_mode=False)
+        code = app(args=help_wins(sys.argv[1:]), standalone_mode=False)
         if code == ExitCode.INTERRUPTED:
             typer.echo("aborted", err=True)
         if isinstance(code, int) and code:

@@ -12,7 +12,8 @@ from typing import Annotated
 
 import typer
 
-from mlabench.cli.options import (Backends, Batch, BudgetS, Context, Format, Heads, Json, Markdown, Model,
+from mlabench.cli.options import (Backends, Batch, BudgetS, CheckBatch, CheckContext, CheckHeads, CompareBatch,
+                                  CompareContext, CompareQoLens, Context, Format, Heads, Json, Markdown, Model,
                                   ModelConfig, NonCausal, Order, OrderSeed, PageSize, QoLens, ResultsDir, Resume,
                                   Splits, SweepFile, Tp, int_list, name_list, output_format)
 from mlabench.cli.output import emit, fail, notice, progress_bar
@@ -42,8 +43,8 @@ def backends(format: Format = None, as_json: Json = False, markdown: Markdown = 
 
 
 def check(
-    model: Model = None, tp: Tp = None, model_config: ModelConfig = None, heads: Heads = None,
-    backend: Backends = None, splits: Splits = None, batch: Batch = None, context: Context = None,
+    model: Model = None, tp: Tp = None, model_config: ModelConfig = None, heads: CheckHeads = None,
+    backend: Backends = None, splits: Splits = None, batch: CheckBatch = None, context: CheckContext = None,
     qo_len: QoLens = None, non_causal: NonCausal = False, page_size: PageSize = None,
     dtype: Annotated[str, typer.Option(metavar="DTYPE", help="q and KV dtype.")] = "bfloat16",
     rel_rmse_limit: Annotated[float | None, typer.Option(
@@ -119,7 +120,8 @@ def compare(
     resume: Annotated[Path | None, typer.Option(
         metavar="RUN", help="Measure what is missing into this run folder.")] = None,
     model: Model = None, tp: Tp = None, model_config: ModelConfig = None, heads: Heads = None,
-    batch: Batch = None, context: Context = None, qo_len: QoLens = None, non_causal: NonCausal = False,
+    batch: CompareBatch = None, context: CompareContext = None, qo_len: CompareQoLens = None,
+    non_causal: NonCausal = False,
     splits: Splits = None, backend: Backends = None,
     page_size: PageSize = None, budget_s: BudgetS = None, results_dir: ResultsDir = Path("results"),
     format: Format = None, as_json: Json = False, markdown: Markdown = False,

@@ -23,13 +23,19 @@ Model = Annotated[str | None, typer.Option(metavar="NAME", help="Model preset (c
 Tp = Annotated[int | None, typer.Option(metavar="N", help="Tensor-parallel size (default 1, or the sweep config's).")]
 ModelConfig = Annotated[Path | None, typer.Option(metavar="PATH", help="A model's Hugging Face config.json.")]
 Heads = Annotated[str | None, typer.Option(
-    metavar="H[,H...]", help="Local heads, e.g. 12 or 8,12,16, without a model (check's default: 12).")]
-Batch = Annotated[str | None, typer.Option(
-    metavar="B[,B...]",
-    help="Batch sizes, e.g. 1,16 (check: requests of --context's one length; compare --from: a filter).")]
-Context = Annotated[str | None, typer.Option(
-    metavar="L[,L...]",
-    help="Context lengths, e.g. 4096,131072 (check: one request each; compare --from: a filter).")]
+    metavar="H[,H...]", help="Local heads, e.g. 12 or 8,12,16, without a model.")]
+CheckHeads = Annotated[str | None, typer.Option(
+    "--heads", metavar="H[,H...]", help="Local heads, e.g. 12 or 8,12,16, without a model (default: 12).")]
+Batch = Annotated[str | None, typer.Option(metavar="B[,B...]", help="Batch sizes, e.g. 1,16.")]
+CheckBatch = Annotated[str | None, typer.Option(
+    "--batch", metavar="B[,B...]", help="Batch sizes, e.g. 1,16: requests of --context's one length each.")]
+CompareBatch = Annotated[str | None, typer.Option(
+    "--batch", metavar="B[,B...]", help="Batch sizes, e.g. 1,16 (with --from: a filter on the records).")]
+Context = Annotated[str | None, typer.Option(metavar="L[,L...]", help="Context lengths, e.g. 4096,131072.")]
+CheckContext = Annotated[str | None, typer.Option(
+    "--context", metavar="L[,L...]", help="Context lengths, e.g. 4096,131072: one request each.")]
+CompareContext = Annotated[str | None, typer.Option(
+    "--context", metavar="L[,L...]", help="Context lengths, e.g. 4096,131072 (with --from: a filter on the records).")]
 PageSize = Annotated[int | None, typer.Option(
     metavar="N", help="KV page size: 1, 16 or 64 (default 64, or the sweep config's).")]
 Backends = Annotated[list[str] | None, typer.Option(
@@ -37,8 +43,11 @@ Backends = Annotated[list[str] | None, typer.Option(
 Splits = Annotated[str | None, typer.Option(metavar="N[,N...]", help="num_kv_splits values, e.g. 1,16,64.")]
 QoLens = Annotated[str | None, typer.Option(
     "--qo-len", metavar="T[,T...]",
+    help="Query tokens per request, 1-8 (speculative-decoding verify, MTP), e.g. 1,2,4 (default 1).")]
+CompareQoLens = Annotated[str | None, typer.Option(
+    "--qo-len", metavar="T[,T...]",
     help="Query tokens per request, 1-8 (speculative-decoding verify, MTP), e.g. 1,2,4 (default 1; "
-         "compare --from: a filter).")]
+         "with --from: a filter on the records).")]
 QoLen = Annotated[int | None, typer.Option(
     "--qo-len", metavar="T", help="Query tokens per request, 1-8 (speculative-decoding verify, MTP; default 1).")]
 NonCausal = Annotated[bool, typer.Option(

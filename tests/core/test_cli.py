@@ -189,7 +189,7 @@ def test_version(monkeypatch, capsys):
     (["sweep", "--context", "4096", "--splits", "513"], "num_kv_splits must be <= 512"),
     (["sweep", "--page-size", "32"], "page_size must be one of"),
     (["sweep", "--budget-s", "0"], "budget_s"),
-    (["compare", "--from", "nowhere"], "no results.jsonl"),
+    (["compare", "--from", "nowhere"], "no run folder (results.jsonl, manifest.json)"),
 ])
 def test_more_bad_input(tmp_path, monkeypatch, capsys, args, message):
     code, _, err = run([*args, *(["--results-dir", str(tmp_path)] if args[0] == "sweep" else [])],
@@ -366,3 +366,18 @@ def test_the_sweep_reports_progress_before_its_first_point(tmp_path):
     run_sweep(cfg, tmp_path, progress=lambda p, r, done, total: calls.append((r is None, done, total)))
     # at the start (before the sentinel is measured), then before and after each point
     assert calls == [(True, 0, 2), (True, 0, 2), (False, 1, 2), (True, 1, 2), (False, 2, 2)]
+
+
+@pytest.mark.parametrize("args", [["tune", "--validate", "--help"], ["sweep", "--config", "--help"]])
+def test_help_wins_over_an_option_that_takes_a_value(args, monkeypatch, capsys):
+    code, out, err = run(args, monkeypatch, capsys)
+    assert code == 0 and out.startswith("Usage: ") and not err
+
+
+@pytest.mark.parametrize("command", ["sweep", "tune", "graph-check", "compare"])
+def test_each_commands_help_describes_its_own_options_only(command, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run([command, "--help"], monkeypatch, capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "check:" not in text and "check's" not in text
+    assert ("compare --from" not in text) and (command == "compare") == ("with --from: a filter" in text)

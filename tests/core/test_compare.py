@@ -3,7 +3,7 @@
 import pytest
 
 from mlabench.compare import backend_families, recorded_records
-from mlabench.errors import UnknownBackendError
+from mlabench.errors import MissingResultError, UnknownBackendError
 from mlabench.sweep import SweepConfig, run_sweep
 from mlabench.timing import TimingConfig
 
@@ -16,7 +16,9 @@ def test_recorded_records_filter_by_batch_context_and_backend(tmp_path):
     assert len(recorded_records([tmp_path])) == 4
     kept = recorded_records([tmp_path], batch=[2], context_lens=[32])
     assert [(r.batch, r.context_len) for r in kept] == [(2, 32)]
-    assert recorded_records([tmp_path], backends=["triton-splitkv"]) == []
+    with pytest.raises(MissingResultError, match="no recorded point matches --backend triton-splitkv: the runs hold "
+                                                 "backends torch-splitkv; batch 1, 2; qo_len 1; context 16, 32"):
+        recorded_records([tmp_path], backends=["triton-splitkv"])
     with pytest.raises(UnknownBackendError, match="cutlass"):
         recorded_records([tmp_path], backends=["cutlass"])
 

@@ -87,3 +87,26 @@ def test_runs_of_two_devices_are_refused_naming_each_run(tmp_path):
         records_of([RUN, other])
     assert str(info.value) == (f"runs from different devices do not compare: NVIDIA H200 ({RUN}); "
                                f"AMD Instinct MI355X ({other})")
+
+
+@pytest.mark.parametrize("flag, value", [("--batch", "3"), ("--qo-len", "2")])
+def test_compare_filter_matching_nothing_is_one_error_line_and_exit_1(flag, value, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["mlabench", "compare", "--from", str(RUN), flag, value])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    out, err = capsys.readouterr()
+    assert info.value.code == 1 and not out
+    assert err == (f"error: no recorded point matches {flag} {value}: the runs hold backends flashmla, "
+                   "triton-persistent, triton-splitkv; batch 1, 16; qo_len 1; context 1024-131072 (8 lengths)\n")
+
+
+def test_from_a_folder_whose_runs_lie_deeper_names_the_folders_that_hold_them(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["mlabench", "compare", "--from", str(H200.parent)])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"folders with runs one level down: {H200}, " in err
+    monkeypatch.setattr(sys, "argv", ["mlabench", "compare", "--from", str(H200.parent / "hopper-kernel")])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert "its records.jsonl is a script's output, not a run" in capsys.readouterr().err

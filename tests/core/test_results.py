@@ -77,7 +77,7 @@ def test_run_folders_and_records_of(tmp_path):
     runs = run_folders([tmp_path / "parent"])
     assert [p.name for p in runs] == ["r1", "r2"] and run_folders([runs[0]]) == [runs[0]]
     assert [r.context_len for r in records_of([tmp_path / "parent"])] == [1, 2]
-    with pytest.raises(ResultsError, match="no results.jsonl"):
+    with pytest.raises(ResultsError, match="no run folder"):
         run_folders([tmp_path / "nowhere"])
     other = manifest("r3").model_copy(update={"device": {"name": "NVIDIA H200"}})
     ResultStore.create(tmp_path / "r3", other).append(record(3))

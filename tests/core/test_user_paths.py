@@ -34,7 +34,7 @@ CASES = [
     (["sweep", "--model-config", "{binary}", "--results-dir", "{folder}"], "model config is not a text file"),
     (["sweep", "--resume", "{garbled_run}"], "run manifest is not a text file"),
     (["compare", "--from", "{garbled_run}"], "is not a text file"),
-    (["compare", "--from", "{binary}"], "no results.jsonl"),
+    (["compare", "--from", "{binary}"], "no run folder (results.jsonl, manifest.json)"),
     (["serve-bench", "{binary}"], "serve config is not a text file"),
     (["serve-bench", "{folder}"], "serve config is a folder"),
     (["serve-bench", "--from-run", "{garbled_run}"], "not a text file"),

@@ -98,3 +98,37 @@ def test_diff_command(tmp_path, monkeypatch, capsys):
     assert code == 2 and err.startswith("error: ") and "holds 2 runs" in err
     code, out, _ = mlabench(["diff", str(b), str(b), "--markdown"], monkeypatch, capsys)
     assert code == 0 and "0 of 272 points compared differ significantly" in out
+
+
+def test_diff_of_runs_with_no_point_in_common_is_one_error_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    b = copy_run(H200_RUN, tmp_path / "b", keep=lambda r: r.batch == 16)
+    a = copy_run(H200_RUN, tmp_path / "a", keep=lambda r: r.batch == 1 and r.backend == "flashmla")
+    code, out, err = mlabench(["diff", str(a), str(b)], monkeypatch, capsys)
+    assert code == 1 and not out and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: the two runs have no point in common: A (a) holds backends flashmla; batch 1; "
+                          "qo_len 1; context 1024-131072 (8 lengths); B (b) holds backends flashmla, ")
+
+
+def test_diff_reads_at_80_columns_names_its_change_column_and_counts_sentinels(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from mlabench.tables import to_rich
+
+    persistent = lambda r: r.backend == "triton-persistent"  # noqa: E731
+    a = copy_run(H200_RUN, tmp_path / "a", keep=persistent)
+    sentinel = ResultStore(a).records()[0]
+    for i in range(2):
+        append_sentinel(a, 20 * i, sentinel)
+    b = copy_run(H200_RUN, tmp_path / "b", scale=1.05, keep=persistent)
+    summary, points = diff_tables(diff_runs(a, b))
+    assert "A unknown (2 sentinel measurements; 3 needed), counted as 0, B unknown (no sentinel; 3 needed)" \
+        in summary.notes[1]
+    console = Console(width=80, file=io.StringIO())
+    console.print(to_rich(points, 80))
+    lines = [line.rstrip() for line in console.file.getvalue().splitlines()]
+    assert max(map(len, lines)) <= 80
+    assert any("pad=zero prog/SM=1" in line for line in lines)  # short parameter names, not squeezed
+    assert "change: +5.00% (every row)" in lines and not any("B/A " in line for line in lines)
+    assert points.as_dicts()[0]["ratio"] == pytest.approx(1.05)  # JSON and CSV: the ratio itself

@@ -18,9 +18,12 @@ def test_validation_lengths_avoid_edges_and_tuned_lengths():
     lengths = validation_lengths(48, 1024, 131072, {1024, 4096, 131072, 2048})
     assert len(set(lengths)) == 48 and lengths == sorted(lengths)
     assert not {1024, 4096, 131072, 2048} & set(lengths)
-    assert 1024 < lengths[0] < 1030 and 131072 < lengths[-1] < 131080
+    assert 1024 < lengths[0] < 1030 and 131064 < lengths[-1] < 131072  # inside the range given, off its edges
+    assert validation_lengths(2, 100, 103, {100, 103}) == [101, 102]
     with pytest.raises(ConfigError):
         validation_lengths(4, 100, 100, set())
+    with pytest.raises(ConfigError):  # fewer free lengths than asked for
+        validation_lengths(3, 100, 102, {101})
 
 
 def test_split_ladder_has_powers_of_two_and_sm_multiples():
@@ -38,7 +41,7 @@ def fast_wrong_policy(splits: int) -> Policy:
 def test_validate_measures_regret_and_never_calls_a_wrong_config_best(tmp_path, tiny_timing):
     result = validate_policy(fast_wrong_policy(6), count=3, low=32, high=128, ladder=[1, 2, 4, 6, 8, 12, 16],
                              timing=tiny_timing, results_root=tmp_path)
-    assert [p.context_len for p in result.points] == [32, 64 + 1, 128]
+    assert [p.context_len for p in result.points] == [32, 64 - 1, 128]  # off the bucket edge 64
     for p in result.points:
         assert p.best_params == {"num_kv_splits": 6}                 # 12+ are faster but wrong
         assert p.regret(p.policy_us) == 0.0
