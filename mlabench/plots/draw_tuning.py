@@ -139,6 +139,7 @@ def tuning_history(histories: Sequence[StudyHistory], backend: str, title: str, 
             ax.set_ylabel("µs per call (median, log scale)")
         ax.set_title(_history_title(h), fontsize=8.5)
         ax.tick_params(labelsize=8)
+        ax.xaxis.set_major_locator(_mpl().ticker.MaxNLocator(integer=True))  # trials are counted
         ax.grid(True, which="major", alpha=0.3)
         if i >= n - cols:
             ax.set_xlabel("trial, in the order measured")

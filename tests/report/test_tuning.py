@@ -291,3 +291,17 @@ def test_a_study_measured_at_several_lengths_is_shown_at_the_one_nearest_its_mid
                                    {"batch": 16, "lo": 0, "hi": 1024, "length": 724}])  # a one-length run
     assert [(s.bucket, s.length) for s in T.studies_of(run)] == [("1025-4096", 1626), ("4097-16384", 8192),
                                                                   ("1-1024", 724)]
+
+
+def test_the_trial_axis_has_whole_number_ticks():
+    """A study of 12-19 trials (the multi-length H200 run, batch 16) got ticks at 2.5, 7.5, ..."""
+    from mlabench.runs import load_runs
+
+    runs = load_runs([TUNE.parent / "multi-length-attempt"])
+    specs, _ = plan(runs, ["tuning-history"])
+    fig = next(s for s in specs if s.stem == "tuning-history-b16").draw()
+    fig.canvas.draw()
+    axes = [a for a in fig.axes if a.get_visible()]
+    assert len(axes) == 8
+    for ax in axes:
+        assert all(float(t).is_integer() for t in ax.get_xticks())
