@@ -96,7 +96,7 @@ class SweepConfig(BaseModel):
     def _axes(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
         for name, values in v.items():
             if not isinstance(values, list) or not values:
-                raise ValueError(f"params.{name} must be a non-empty list")
+                raise ValueError(f"{name} must be a non-empty list")
         return v
 
 

@@ -199,7 +199,7 @@ def test_version(monkeypatch, capsys):
     (["check", "--heads", "12", "--atol", "nan"], "--atol must be a finite number > 0"),
     (["check", "--heads", "12", "--json", "--markdown"], "choose one of --json and --markdown"),
     (["sweep", "--context", "4096", "--splits", "513"], "num_kv_splits must be <= 512"),
-    (["sweep", "--page-size", "32"], "page_size must be one of"),
+    (["sweep", "--page-size", "32"], "error: page_size: must be one of (1, 16, 64), got 32"),
     (["sweep", "--budget-s", "0"], "budget_s"),
     (["compare", "--from", "nowhere"], "no run folder (results.jsonl, manifest.json)"),
 ])
