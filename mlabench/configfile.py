@@ -32,17 +32,18 @@ def config_file(name_or_path: str | Path, kind: str, what: str) -> Path:
     """The config file ``name_or_path`` names: a path to a file, or a bare name (no folder, no
     suffix) of ``configs/<kind>/<name>.toml`` (``kind``: ``models``, ``sweeps`` or ``serve``).
 
-    Raises :class:`ConfigError` for a bare name that is neither a file here nor a shipped config,
-    listing the shipped ones.
+    Raises :class:`ConfigError` for a path that does not exist, or a bare name that is neither a
+    file here nor a shipped config, listing the shipped ones.
     """
     path = Path(name_or_path)
-    if path.exists() or path.suffix or len(path.parts) != 1:
+    if path.exists():
         return path
+    known = ", ".join(sorted(p.stem for p in (configs_dir() / kind).glob("*.toml"))) or "none"
+    if path.suffix or len(path.parts) != 1:
+        raise ConfigError(f"{what} not found: {path} does not exist (known: {known})")
     shipped = configs_dir() / kind / f"{path}.toml"
     if not shipped.is_file():
-        known = sorted(p.stem for p in (configs_dir() / kind).glob("*.toml"))
-        raise ConfigError(f"{what} not found: {path} is neither a file nor a shipped {what} "
-                          f"(known: {', '.join(known) or 'none'})")
+        raise ConfigError(f"{what} not found: {path} is neither a file nor a shipped {what} (known: {known})")
     return shipped
 
 

@@ -79,14 +79,14 @@ class MLADecodeShape(BaseModel):
     @classmethod
     def _heads_positive(cls, v: int) -> int:
         if v <= 0:
-            raise ValueError(f"num_heads must be > 0, got {v}")
+            raise ValueError(f"must be > 0, got {v}")
         return v
 
     @field_validator("context_lens")
     @classmethod
     def _contexts_positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if not v:
-            raise ValueError("context_lens must name at least one request")
+            raise ValueError("must name at least one request")
         bad = [c for c in v if not 0 < c <= INT32_MAX]
         if bad:
             raise ValueError(f"context length must be > 0, got {bad[0]}" if bad[0] <= 0 else
@@ -97,7 +97,7 @@ class MLADecodeShape(BaseModel):
     @classmethod
     def _qo_len(cls, v: int) -> int:
         if not 1 <= v <= MAX_QO_LEN:
-            raise ValueError(f"qo_len must be 1-{MAX_QO_LEN} query tokens per request, got {v}")
+            raise ValueError(f"must be 1-{MAX_QO_LEN} query tokens per request, got {v}")
         return v
 
     @model_validator(mode="before")
@@ -111,7 +111,7 @@ class MLADecodeShape(BaseModel):
     @classmethod
     def _page_size(cls, v: int) -> int:
         if v not in SUPPORTED_PAGE_SIZES:
-            raise ValueError(f"page_size must be one of {SUPPORTED_PAGE_SIZES}, got {v}")
+            raise ValueError(f"must be one of {SUPPORTED_PAGE_SIZES}, got {v}")
         return v
 
     @field_validator("q_dtype", "kv_dtype")

@@ -96,7 +96,7 @@ class SweepConfig(BaseModel):
     def _axes(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
         for name, values in v.items():
             if not isinstance(values, list) or not values:
-                raise ValueError(f"params.{name} must be a non-empty list")
+                raise ValueError(f"{name} must be a non-empty list")
         return v
 
 
@@ -262,7 +262,21 @@ def expand(cfg: SweepConfig, backends: list[Backend]) -> list[Point]:
 
 def make_manifest(run_id: str, cfg: SweepConfig, copy_bw_tbps: float, read_bw_tbps: float | None = None,
                   warmups: list[dict[str, Any]] | None = None) -> Manifest:
-    """The manifest of a new run: identity, the measured bandwidths beside the datasheet's, warm-up."""
+    """The manifest of a new sweep run: :func:`kernel_run_manifest` with ``cfg`` as its configuration."""
+    return kernel_run_manifest(run_id, cfg.model_dump(mode="json", by_alias=True), copy_bw_tbps, read_bw_tbps,
+                               warmups)
+
+
+def kernel_run_manifest(run_id: str, config: dict[str, Any], copy_bw_tbps: float, read_bw_tbps: float | None = None,
+                        warmups: list[dict[str, Any]] | None = None) -> Manifest:
+    """The manifest of a new kernel run (a folder ``compare``, ``plot``, ``report`` and ``diff`` read):
+    this process's identity (device, driver, library versions, git revision, command line), the
+    measured copy and read bandwidths (TB/s) beside the datasheet's, ``config`` (a sweep's
+    :class:`SweepConfig` fields, or a script's grid in the same layout) and the GPU warm-ups.
+
+    For sweeps (:func:`make_manifest`) and scripts that measure with :class:`~mlabench.measure.ShapeBench`
+    outside a sweep (``scripts/h200_hopper_kernel.py``).
+    """
     dev = current_device()
     rev, dirty = git_revision()
     import socket
@@ -272,7 +286,7 @@ def make_manifest(run_id: str, cfg: SweepConfig, copy_bw_tbps: float, read_bw_tb
         host=socket.gethostname(), device=dict(dev.__dict__), gpu_state=gpu_state(), driver=driver_version(),
         versions=library_versions(backend_packages()), copy_bandwidth_tbps=copy_bw_tbps,
         read_bandwidth_tbps=read_bw_tbps, datasheet_bandwidth_tbps=datasheet_bandwidth_tbps(dev.name),
-        config=cfg.model_dump(mode="json", by_alias=True), warmups=warmups or [],
+        config=config, warmups=warmups or [],
     )
 
 

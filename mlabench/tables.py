@@ -374,7 +374,9 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
 
     ``families`` maps backend name -> family (``persistent`` / ``split-kv``).  ``speedup`` is
     split-KV µs / persistent µs: above 1 the padded persistent path is faster.  Only ok records
-    count; a configuration with no ok record shows as a dash.
+    count; a configuration with no ok record shows as a dash.  A backend whose every record at a
+    batch, context and qo_len is ``unsupported`` is left out there (its rows would be all dashes),
+    with a note naming it and why.
     """
     qo = any(r.qo_len != 1 for r in records)  # several query tokens: a qo_len column
     t = Table("Padded persistent vs best split-KV",
@@ -384,6 +386,7 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
     cells: dict[tuple, dict[str, list[Record]]] = {}
     for r in records:
         cells.setdefault((r.batch, r.context_len, r.qo_len, not r.causal), {}).setdefault(r.backend, []).append(r)
+    dropped = _drop_unsupported(cells)
     persistent = sorted({b for b, f in families.items() if f == "persistent"})
     splitkv = sorted({b for b, f in families.items() if f == "split-kv"})
     for (batch, ctx, *_qo), by_backend in sorted(cells.items()):
@@ -408,4 +411,26 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
                        "read-mostly kernel can exceed it by a few percent")
     else:
         t.notes.append("% floor is against the measured streaming read bandwidth (a large read-only reduction)")
+    t.notes += dropped
     return t
+
+
+def _drop_unsupported(cells: dict[tuple, dict[str, list[Record]]]) -> list[str]:
+    """Take out of ``cells`` (``{(batch, context, qo_len, non-causal): {backend: records}}``) each
+    backend whose every record in a cell is ``unsupported``; one note per backend taken out, naming
+    where and the first record's reason."""
+    gone: dict[str, list[Record]] = {}
+    for key, by_backend in list(cells.items()):
+        for name in [b for b, recs in by_backend.items() if all(r.status == "unsupported" for r in recs)]:
+            gone.setdefault(name, []).append(by_backend.pop(name)[0])
+        if not by_backend:
+            del cells[key]
+    notes = []
+    for name, recs in sorted(gone.items()):
+        qos = sorted({r.qo_label for r in recs}, key=lambda q: (int(str(q).split()[0]), str(q)))
+        where = "; ".join(f"{label} {', '.join(map(str, values))}" for label, values in (
+            ("batch", sorted({r.batch for r in recs})), ("context", sorted({r.context_len for r in recs})),
+            ("qo_len", qos)))
+        notes.append(f"left out: {name} in {len(recs)} cell{'s' * (len(recs) != 1)} ({where}), where every configuration recorded is "
+                     f"unsupported ({recs[0].message or 'no reason recorded'})")
+    return notes

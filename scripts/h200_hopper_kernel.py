@@ -18,7 +18,11 @@ the L2, median per call), the same for every backend.  Also written:
 - ``stages.jsonl``: stage 1 alone vs stage 1 + merge for the best gluon-splitkv configuration,
   and (rows with ``"portable": true``) the portable kernel's stage 1 with its own merge and with
   the wide merge;
-- ``summary.md``: per (batch, context) the read floor, the best of each backend and the ratios.
+- ``summary.md``: per (batch, context) the read floor, the best of each backend and the ratios;
+- ``run/``: the same records as an mlabench run folder (``manifest.json`` with device, versions,
+  git revision and the bandwidths; ``results.jsonl``; ``results.csv``), which ``mlabench compare``,
+  ``plot``, ``report`` and ``diff`` read (``--from OUT``).  A second run into the same OUT is
+  refused (results are never overwritten).
 
 FlashMLA is measured when ``sgl_flash_mla`` imports (install its wheel first).
 """
@@ -43,10 +47,14 @@ from mlabench.device import current_device  # noqa: E402
 from mlabench.inputs import make_inputs  # noqa: E402
 from mlabench.kernels.reference import mla_decode_reference  # noqa: E402
 from mlabench.measure import ShapeBench  # noqa: E402
+from mlabench.results import Record, ResultStore, new_run_id  # noqa: E402
 from mlabench.shapes import MLADecodeShape  # noqa: E402
+from mlabench.sweep import SweepConfig, kernel_run_manifest  # noqa: E402
 from mlabench.timing import TimingConfig, measure_copy_bandwidth_tbps, time_calls  # noqa: E402
 
 HEADS = 12
+#: The run folder under OUT.
+RUN_DIR = "run"
 
 
 def ints(text: str) -> list[int]:
@@ -286,9 +294,39 @@ def portable_with_wide_merge(bench: ShapeBench, splits: int, cfg: TimingConfig) 
     return res
 
 
-def timings(args, env: dict, out: Path) -> tuple[list, list]:
-    cfg = TimingConfig(warmup_iters=2, min_samples=8, max_samples=100, target_rel_ci=0.01,
-                       budget_s=args.point_budget_s, graph=True, eager=False)
+def timing_config(args) -> TimingConfig:
+    return TimingConfig(warmup_iters=2, min_samples=8, max_samples=100, target_rel_ci=0.01,
+                        budget_s=args.point_budget_s, graph=True, eager=False)
+
+
+def run_config(args, timing: TimingConfig, backends: list[str]) -> dict:
+    """The manifest's configuration: the grid in :class:`SweepConfig`'s fields (what ``report`` and
+    ``diff`` read; split counts vary per shape, see :func:`param_sets`) and the script's arguments."""
+    grid = SweepConfig(name="hopper-kernel", heads=[HEADS], backends=backends, batch=sorted({1, args.batch_n}),
+                       context_lens=sorted(set(args.contexts_b1) | set(args.contexts_bn)), page_size=64,
+                       timing=timing)
+    return {**grid.model_dump(mode="json", by_alias=True),
+            "script": {"path": "scripts/h200_hopper_kernel.py", "args": vars(args)}}
+
+
+def open_run(out: Path, env: dict, config: dict) -> ResultStore:
+    """A new run folder ``out/run/`` whose manifest (:func:`mlabench.sweep.kernel_run_manifest`)
+    carries ``env``'s copy and read bandwidths (``copy_tbps``, ``read_tbps``, TB/s) and ``config``;
+    :class:`mlabench.errors.ResultsError` when ``out/run/`` already holds a run."""
+    run_id = new_run_id("hopper-kernel")
+    return ResultStore.create(out / RUN_DIR, kernel_run_manifest(run_id, config, env["copy_tbps"], env["read_tbps"]))
+
+
+def keep(rec: Record, rec_fh, store: ResultStore) -> None:
+    """One measured record into ``records.jsonl`` (the open file ``rec_fh``) and the run folder."""
+    rec_fh.write(rec.model_dump_json() + "\n")
+    rec_fh.flush()
+    store.append(rec)
+
+
+def timings(args, env: dict, out: Path, store: ResultStore) -> tuple[list, list]:
+    cfg = timing_config(args)
+    run_id = store.manifest().run_id
     records, stages_rows, t0 = [], [], time.time()
     grid = [(1, c) for c in args.contexts_b1] + [(args.batch_n, c) for c in args.contexts_bn]
     with open(out / "records.jsonl", "w") as rec_fh, open(out / "stages.jsonl", "w") as st_fh:
@@ -300,11 +338,10 @@ def timings(args, env: dict, out: Path) -> tuple[list, list]:
             bench = ShapeBench(shape, cfg, seed=0)
             best = best_triton = None
             for name, params in param_sets(shape, args):
-                rec = bench.run(get_backend(name), params, copy_bw_tbps=env["copy_tbps"],
-                                run_id="hopper-kernel")
+                rec = bench.run(get_backend(name), params, copy_bw_tbps=env["copy_tbps"], run_id=run_id,
+                                read_bw_tbps=env["read_tbps"])
                 records.append(rec)
-                rec_fh.write(rec.model_dump_json() + "\n")
-                rec_fh.flush()
+                keep(rec, rec_fh, store)
                 us = rec.median_us
                 print(f"time {name:15s} B={batch:<3d} L={ctx:<7d} {json.dumps(params):45s} "
                       f"{rec.status:9s} {us if us else float('nan'):9.2f} us", flush=True)
@@ -401,6 +438,9 @@ def main(argv=None) -> int:
         print("no GPU: this script needs an NVIDIA Hopper GPU", file=sys.stderr)
         return 2
     out = Path(args.out)
+    if (out / RUN_DIR / "manifest.json").exists():
+        print(f"{out / RUN_DIR} already holds a run: choose another --out", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     env = environment()
     print(json.dumps(env), flush=True)
@@ -411,7 +451,10 @@ def main(argv=None) -> int:
         return 2
     rows = [] if args.skip_checks else checks([1, 2])
     write_json(out, "checks.json", rows)
-    records, stages_rows = timings(args, env, out)
+    backends = [b for b in ("gluon-splitkv", "triton-splitkv", "flashmla") if get_backend(b).available()[0]]
+    store = open_run(out, env, run_config(args, timing_config(args), backends))
+    records, stages_rows = timings(args, env, out, store)
+    store.write_csv()
     table = summary(records, stages_rows, env)
     (out / "summary.md").write_text(table)
     failed = [r for r in rows if not r["pass"]]

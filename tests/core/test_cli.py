@@ -119,6 +119,18 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
+@pytest.mark.parametrize("given", ["no-such-sweep", "configs/sweeps/nope.toml", "{tmp}/nope.toml"])
+def test_a_missing_sweep_config_names_the_shipped_ones_by_path_or_by_name(given, tmp_path, monkeypatch, capsys):
+    """Whether named as a path (here or elsewhere) or by name, a missing config lists what ships."""
+    monkeypatch.chdir(tmp_path)  # a relative path from outside the checkout
+    code, out, err = run(["sweep", "--config", given.format(tmp=tmp_path), "--results-dir", str(tmp_path / "r")],
+                         monkeypatch, capsys)
+    shipped = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "configs/sweeps").glob("*.toml"))
+    assert code == 2 and not out and not (tmp_path / "r").exists()
+    assert err.startswith("error: sweep config not found: ") and err.count("\n") == 1
+    assert err.endswith(f"(known: {', '.join(shipped)})\n")
+
+
 def test_malformed_toml_writes_nothing(tmp_path, monkeypatch, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text("batch = [1, 16\n")
@@ -187,7 +199,7 @@ def test_version(monkeypatch, capsys):
     (["check", "--heads", "12", "--atol", "nan"], "--atol must be a finite number > 0"),
     (["check", "--heads", "12", "--json", "--markdown"], "choose one of --json and --markdown"),
     (["sweep", "--context", "4096", "--splits", "513"], "num_kv_splits must be <= 512"),
-    (["sweep", "--page-size", "32"], "page_size must be one of"),
+    (["sweep", "--page-size", "32"], "error: page_size: must be one of (1, 16, 64), got 32"),
     (["sweep", "--budget-s", "0"], "budget_s"),
     (["compare", "--from", "nowhere"], "no run folder (results.jsonl, manifest.json)"),
 ])

@@ -100,13 +100,16 @@ def test_compare_filter_matching_nothing_is_one_error_line_and_exit_1(flag, valu
                    "triton-persistent, triton-splitkv; batch 1, 16; qo_len 1; context 1024-131072 (8 lengths)\n")
 
 
-def test_from_a_folder_whose_runs_lie_deeper_names_the_folders_that_hold_them(monkeypatch, capsys):
+def test_from_a_folder_whose_runs_lie_deeper_names_the_folders_that_hold_them(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["mlabench", "compare", "--from", str(H200.parent)])
     with pytest.raises(SystemExit) as info:
         cli.main()
     err = capsys.readouterr().err
     assert info.value.code == 2 and f"folders with runs one level down: {H200}, " in err
-    monkeypatch.setattr(sys, "argv", ["mlabench", "compare", "--from", str(H200.parent / "hopper-kernel")])
+    script_out = tmp_path / "hopper-kernel"  # a script's output from before it also wrote run/
+    script_out.mkdir()
+    (script_out / "records.jsonl").write_text((RUN / "results.jsonl").read_text())
+    monkeypatch.setattr(sys, "argv", ["mlabench", "compare", "--from", str(script_out)])
     with pytest.raises(SystemExit) as info:
         cli.main()
     assert "its records.jsonl is a script's output, not a run" in capsys.readouterr().err

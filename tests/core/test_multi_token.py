@@ -51,7 +51,7 @@ def test_qo_len_range_and_causal_contexts():
     assert (s.qo_len, s.causal, s.num_query_tokens) == (4, True, 8)
     assert "qo=4" in s.label() and "non-causal" not in s.label()
     for bad in (0, 9):
-        with pytest.raises(ShapeError, match="qo_len must be 1-8"):
+        with pytest.raises(ShapeError, match="qo_len: must be 1-8"):
             MLADecodeShape.create(num_heads=12, context_lens=(64,), qo_len=bad)
     with pytest.raises(ShapeError, match="must hold >= 4 tokens, got 3"):
         MLADecodeShape.create(num_heads=12, context_lens=(3, 64), qo_len=4)

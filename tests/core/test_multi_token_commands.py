@@ -41,7 +41,7 @@ def test_check_takes_qo_len(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--qo-len", "9"], "qo_len must be 1-8"),
+    (["--qo-len", "9"], "error: qo_len: must be 1-8 query tokens per request, got 9"),
     (["--qo-len", "4", "--context", "2"], "must hold >= 4 tokens, got 2"),
     (["--qo-len", "two"], "--qo-len takes comma-separated integers"),
 ])

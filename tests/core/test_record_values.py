@@ -94,3 +94,26 @@ def test_compare_table_best_splits_is_what_ran_and_a_missing_family_is_a_dash():
     assert row == [1, 64, None, None, None, None, None, "s", 16, 6.0, 100 / 6.0, None]
     (row,) = compare_table([persistent], families).rows  # no split-KV backend recorded
     assert row == [1, 64, "p", "—", 2.0, 50.0, 3.5, None, None, None, None, None]
+
+
+def test_compare_table_leaves_out_a_backend_unsupported_everywhere_in_a_cell_with_a_note():
+    """gluon-splitkv at qo_len 2 (results/h200/qo-len/): every record unsupported, so no row pairs
+    it there; at qo_len 1, and where only some of its records are unsupported, it stays."""
+    from mlabench.tables import compare_table
+
+    families = {"p": "persistent", "s": "split-kv", "g": "split-kv"}
+
+    def at(backend: str, qo_len: int, status: str = "ok", splits: int = 8, message: str = "") -> Record:
+        return record(splits, 4.0, status=status).model_copy(update={
+            "backend": backend, "qo_len": qo_len, "message": message,
+            "stats": None if status == "unsupported" else record(splits, 4.0).stats})
+
+    why = "qo_len 2: the Hopper Gluon kernel is written for one query token per request"
+    recs = [at(b, q) for b in "ps" for q in (1, 2)] + [at("g", 1), at("g", 1, "unsupported", 16, "16 splits")]
+    recs += [at("g", 2, "unsupported", s, why) for s in (8, 16)]
+    table = compare_table(recs, families)
+    pairs = [(row[2], row[3], row[8]) for row in table.rows]  # qo_len, persistent, split-KV
+    assert pairs == [(1, "p", "g"), (1, "p", "s"), (2, "p", "s")]
+    assert table.notes[-1] == ("left out: g in 1 cell (batch 1; context 64; qo_len 2), where every configuration "
+                               f"recorded is unsupported ({why})")
+    assert not any(n.startswith("left out") for n in compare_table(recs[:4], families).notes)

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.core.test_cli import run
+
 REPO = Path(__file__).resolve().parents[2]
 
 #: A ``python3`` that has no torch and logs every pip command line instead of installing.
@@ -41,3 +45,60 @@ def test_h200_readme_tables_runs_as_the_readme_writes_it_outside_an_install(tmp_
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "| batch | context | floor µs |" in done.stdout
+
+
+def load_hopper_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("h200_hopper_kernel", REPO / "scripts" / "h200_hopper_kernel.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_hopper_kernel_script_writes_a_run_folder_that_compare_and_plot_read(tmp_path, monkeypatch, capsys):
+    """The script's records also go into OUT/run/ through mlabench's manifest and store (measured here on
+    the CPU with torch-splitkv, the GPU-only timing loop left out), so `compare --from OUT` reads them."""
+    import json
+
+    from mlabench.backends import get_backend
+    from mlabench.errors import ResultsError
+    from mlabench.measure import ShapeBench
+    from mlabench.shapes import MLADecodeShape
+    from mlabench.timing import TimingConfig
+
+    script = load_hopper_script()
+    args = script.argparse.Namespace(batch_n=2, contexts_b1=[64, 128], contexts_bn=[64], point_budget_s=0.01)
+    env = {"copy_tbps": 0.05, "read_tbps": 0.08}
+    out = tmp_path / "out"
+    store = script.open_run(out, env, script.run_config(args, script.timing_config(args), ["torch-splitkv"]))
+    run_id = store.manifest().run_id
+    fast = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
+    with open(out / "records.jsonl", "w") as fh:
+        for batch, ctx in ((1, 64), (1, 128), (2, 64)):
+            bench = ShapeBench(MLADecodeShape.uniform(batch, ctx, 12, page_size=16), fast)
+            for splits in (1, 2):
+                rec = bench.run(get_backend("torch-splitkv"), {"num_kv_splits": splits}, copy_bw_tbps=env["copy_tbps"],
+                                run_id=run_id, read_bw_tbps=env["read_tbps"])
+                script.keep(rec, fh, store)
+    store.write_csv()
+    manifest = json.loads((out / "run" / "manifest.json").read_text())
+    assert (manifest["copy_bandwidth_tbps"], manifest["read_bandwidth_tbps"]) == (0.05, 0.08)
+    assert manifest["git_revision"] and manifest["versions"]["torch"] and manifest["device"]["name"]
+    assert manifest["config"]["batch"] == [1, 2] and manifest["config"]["context_lens"] == [64, 128]
+    assert manifest["config"]["script"]["args"]["batch_n"] == 2 and manifest["run_id"].startswith("hopper-kernel-")
+    assert (out / "records.jsonl").read_text() == (out / "run" / "results.jsonl").read_text()
+    assert len((out / "run" / "results.csv").read_text().splitlines()) == 7
+
+    code, table, err = run(["compare", "--from", str(out), "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    rows = json.loads(table)[0]["rows"]
+    assert {(r["batch"], r["context"], r["split-KV"]) for r in rows} == {(1, 64, "torch-splitkv"),
+                                                                       (1, 128, "torch-splitkv"),
+                                                                       (2, 64, "torch-splitkv")}
+    assert all(r["split-KV µs"] > 0 and r["split-KV % floor"] > 0 for r in rows)
+    code, drawn, err = run(["plot", "--from", str(out), "--out", str(tmp_path / "figs"), "--kind", "latency"],
+                               monkeypatch, capsys)
+    assert code == 0 and drawn.split() and all(Path(p).is_file() for p in drawn.split()), err
+    with pytest.raises(ResultsError, match="already holds a run"):
+        script.open_run(out, env, {})

@@ -78,6 +78,7 @@ def test_default_backends_on_a_gpu_are_the_gpu_kernels(monkeypatch):
     ("context_lens = [-1]\n", "context_lens: must be > 0"),
     ("colour = 'red'\n", "colour: Extra inputs"),
     ("[params]\nnum_kv_splits = 4\n", "params.num_kv_splits"),
+    ("[params]\nnum_kv_splits = []\n", "^sweep config: params: num_kv_splits must be a non-empty list$"),
 ])
 def test_bad_sweep_files(tmp_path, text, msg):
     p = tmp_path / "s.toml"
