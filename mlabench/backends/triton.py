@@ -114,12 +114,13 @@ class TritonSplitKVBackend(_TritonBackend):
     def resident_programs(self, shape: MLADecodeShape, params: dict[str, Any]) -> int | None:
         """Stage-1 programs resident at once with a fixed ``num_kv_splits`` on a CUDA GPU:
         :func:`programs_per_sm` of the SM's shared memory x SMs (264 on an H200).  None on ROCm
-        (other launch defaults, not measured), on the CPU and with a split policy."""
+        (other launch defaults, not measured), on the CPU, with a split policy, and with a torch
+        that does not report the SM's shared memory."""
         dev = current_device()
         if dev.kind != "cuda" or params.get("split_policy"):
             return None
-        props = torch.cuda.get_device_properties(0)
-        return programs_per_sm(int(props.shared_memory_per_multiprocessor)) * dev.num_sms
+        sm_shared = getattr(torch.cuda.get_device_properties(0), "shared_memory_per_multiprocessor", None)
+        return None if not sm_shared else programs_per_sm(int(sm_shared)) * dev.num_sms
 
     def split_programs(self, shape: MLADecodeShape, params: dict[str, Any]) -> int:
         """Head tiles of one split: ``ceil(qo_len x heads / 16)`` (the grid's third axis)."""
