@@ -61,21 +61,25 @@ def open_storage(url: str | None, run_dir: Path) -> Any:
 
 @dataclass(frozen=True)
 class StudySpec(Bucket):
-    """One study of a run: its name and batch size, and the bucket it tunes."""
+    """One study of a run: its name and batch size, the bucket it tunes, and the most
+    ``num_kv_splits`` it searches (:func:`mlabench.tune.wave_cap`; None: the declared range)."""
 
     name: str = ""
     batch: int = 1
+    max_splits: int | None = None
 
 
 def study_name(backend: str, shape: MLADecodeShape, bucket: Bucket, device: str,
-               versions: dict[str, Any], revision: str) -> str:
+               versions: dict[str, Any], revision: str, max_splits: int | None = None) -> str:
     """Readable, unique name of a study: backend, shape (with ``qo<T>`` for several query tokens),
-    batch, bucket and the lengths it is measured at, GPU model, versions."""
+    batch, bucket and the lengths it is measured at, the split cap when there is one, GPU model,
+    versions."""
     libs = " ".join(f"{k} {versions[k]}" for k in ("torch", "triton", "mlabench") if versions.get(k))
+    cap = "" if max_splits is None else f" | num_kv_splits <= {max_splits}"
     qo = "" if shape.qo_len == 1 else f" qo{shape.qo_len}" + ("" if shape.causal else " non-causal")
     return (f"{backend} | h{shape.num_heads} r{shape.kv_lora_rank}+{shape.qk_rope_head_dim}{qo} "
             f"page{shape.page_size} {shape.kv_dtype} | batch {shape.batch} | context {bucket.lo + 1}-{bucket.hi} "
-            f"at {','.join(map(str, bucket.measured()))} | {device} | {libs} rev {revision}")
+            f"at {','.join(map(str, bucket.measured()))}{cap} | {device} | {libs} rev {revision}")
 
 
 def check_device(study: Any, device: str) -> None:

@@ -33,7 +33,7 @@ Sampler = Literal["auto", "tpe", "gp", "grid", "brute"]
 #: The searched parameter of a split count that grows with the length (not a backend parameter).
 RULE_PARAM = "tokens_per_split"
 #: What a run recorded before these fields existed meant by them (read back on resume and export).
-LEGACY_FIELDS = {"lengths_per_bucket": 1, "tokens_per_split": None}
+LEGACY_FIELDS = {"lengths_per_bucket": 1, "tokens_per_split": None, "max_waves": 0.0}
 
 
 def tune_timing() -> TimingConfig:
@@ -76,6 +76,8 @@ class TuneConfig(BaseModel):
         default_factory=lambda: SpaceRange(low=1, high=4096),
         description="Range of the tokens-per-split rule searched beside num_kv_splits (1: a fixed count); "
         "None: fixed counts only.  Needs two lengths per bucket or more.")
+    max_waves: float = Field(1.0, ge=0, description="Cap num_kv_splits at this many waves of the backend's "
+                             "resident programs (wave_cap); 0: no cap.  No effect where the backend does not say.")
     page_size: int = Field(64, description="KV-cache page size.")
     q_dtype: str = Field("bfloat16", description="Query/output dtype.")
     kv_dtype: str = Field("bfloat16", description="Latent cache dtype.")
@@ -277,23 +279,52 @@ def search_space(backend: Backend, shape: MLADecodeShape,
     return dims, fixed
 
 
+def capped(dim: Dimension, high: int) -> Dimension:
+    """``dim`` with its top lowered to ``high`` (not below its bottom), its log scale re-decided."""
+    high = max(dim.low, min(dim.high, high))
+    return Dimension(dim.name, low=dim.low, high=high, log=dim.low >= 1 and high >= LOG_SCALE_RATIO * dim.low)
+
+
 def full_params(backend: Backend, fixed: dict[str, Any], searched: dict[str, Any]) -> dict[str, Any]:
     """Every parameter of ``backend``, in its declared order: the searched ones over the fixed ones."""
     values = {**fixed, **searched}
     return {name: values[name] for name in backend.param_names()}
 
 
-def study_space(backend: Backend, shape: MLADecodeShape, cfg: TuneConfig,
-                lengths: tuple[int, ...]) -> tuple[list[Dimension], dict[str, Any]]:
+def wave_cap(backend: Backend, shape: MLADecodeShape, max_waves: float) -> int | None:
+    """The most splits whose programs fit in ``max_waves`` waves: ``max(1, floor(max_waves x
+    resident / (batch x programs per split)))``, from the backend's
+    :meth:`~mlabench.backends.base.Backend.resident_programs` and ``split_programs`` at its default
+    parameters; None when ``max_waves`` is 0 or the backend does not know its resident programs.
+
+    Why: on an H200 ``triton-splitkv`` runs 264 programs at once (two per SM); at batch 16, 17
+    splits launch 272 and pay a second wave where they do not save a tile per split, and a study
+    that chose 17 lost 20-24% to 16 at held-out lengths (docs/tuning.md)."""
+    if max_waves <= 0:
+        return None
+    params = backend.resolve_params(shape)
+    resident = backend.resident_programs(shape, params)
+    if resident is None:
+        return None
+    return max(1, math.floor(max_waves * resident / (shape.batch * backend.split_programs(shape, params))))
+
+
+def study_space(backend: Backend, shape: MLADecodeShape, cfg: TuneConfig, lengths: tuple[int, ...],
+                max_splits: int | None = None) -> tuple[list[Dimension], dict[str, Any]]:
     """:func:`search_space` plus, when ``cfg.tokens_per_split`` is set, ``num_kv_splits`` is a
     searched integer range and the study measures two lengths or more, the tokens-per-split rule
     (:data:`RULE_PARAM`, log scale): ``num_kv_splits`` is then the most splits, and the count at a
     length L is ``clamp(ceil(L / tokens_per_split), 1, num_kv_splits)`` (:func:`params_at`).
 
+    ``max_splits`` (:func:`wave_cap`) lowers the top of a searched ``num_kv_splits`` range (never
+    below its bottom), and so every rule's clamp.
+
     Raises :class:`ConfigError` as :func:`search_space` does, and when the rule is asked for but
     the ``num_kv_splits`` range does not start at 1 (the rule counts down to 1 split).
     """
     dims, fixed = search_space(backend, shape, cfg.space)
+    if max_splits is not None:
+        dims = [capped(d, max_splits) if d.name == "num_kv_splits" and not d.choices else d for d in dims]
     rule = cfg.tokens_per_split
     splits = next((d for d in dims if d.name == "num_kv_splits" and not d.choices), None)
     if rule is None or splits is None or len(lengths) < 2:

@@ -163,6 +163,7 @@ class BucketChoice:
     best_heuristic: str | None
     best_heuristic_us: float | None
     best_heuristic_worst: float | None
+    max_splits: int | None = None  #: the study's wave cap on num_kv_splits (None: none)
 
 
 def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend, fixed: dict[str, Any],

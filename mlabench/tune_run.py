@@ -32,7 +32,7 @@ from mlabench.results import (Manifest, ResultStore, command_line, git_revision,
 from mlabench.studies import (StudyProgress, StudySpec, open_storage, optuna_module, prepare_study,
                               redact_url, study_name, study_progress)
 from mlabench.tune import (LEGACY_FIELDS, TuneConfig, buckets_of, heuristic_trials, resolve_sampler, shape_dims,
-                           space_size, study_space, tune_shape)
+                           space_size, study_space, tune_shape, wave_cap)
 from mlabench.tune_choice import BucketChoice, build_policy, study_choice
 from mlabench.tune_worker import STORAGE_ENV
 from mlabench.workers import start_workers, supervise
@@ -139,9 +139,11 @@ def plan(cfg: TuneConfig, device: str, versions: dict[str, Any], revision: str) 
                     raise UnsupportedShapeError(f"{backend.name}: {shape.label()}: {why}")
                 check_fits(shape)
             shape = tune_shape(dims_kw, batch, bucket.length)
-            study_space(backend, shape, cfg, bucket.measured())
-            name = study_name(backend.name, shape, bucket, device, versions, revision)
-            specs.append(StudySpec(bucket.lo, bucket.hi, bucket.length, bucket.lengths, name=name, batch=batch))
+            cap = wave_cap(backend, shape, cfg.max_waves)
+            study_space(backend, shape, cfg, bucket.measured(), cap)
+            name = study_name(backend.name, shape, bucket, device, versions, revision, cap)
+            specs.append(StudySpec(bucket.lo, bucket.hi, bucket.length, bucket.lengths, name=name, batch=batch,
+                                   max_splits=cap))
     return specs
 
 
@@ -204,7 +206,8 @@ def _free_cached_memory() -> None:
 def _target(cfg: TuneConfig, spec: StudySpec) -> int:
     """Trials a study will finish: ``trials``, or the whole space when an exhaustive sampler has fewer."""
     backend = get_backend(cfg.backend)
-    dims, _fixed = study_space(backend, tune_shape(shape_dims(cfg), spec.batch, spec.length), cfg, spec.measured())
+    dims, _fixed = study_space(backend, tune_shape(shape_dims(cfg), spec.batch, spec.length), cfg, spec.measured(),
+                               spec.max_splits)
     if resolve_sampler(cfg, dims) in ("grid", "brute"):
         return min(cfg.trials, space_size(dims))
     return cfg.trials
@@ -213,12 +216,25 @@ def _target(cfg: TuneConfig, spec: StudySpec) -> int:
 def _prepare(storage: Any, cfg: TuneConfig, spec: StudySpec, store: ResultStore, device: str) -> Any:
     backend = get_backend(cfg.backend)
     shape = tune_shape(shape_dims(cfg), spec.batch, spec.length)
-    dims, _fixed = study_space(backend, shape, cfg, spec.measured())
-    enqueue = heuristic_trials(backend, shape, dims, current_device().num_sms) if cfg.heuristics else []
+    enqueue = _heuristics(backend, shape, cfg, spec) if cfg.heuristics else []
     attrs = {"device": device, "backend": backend.name, "batch": spec.batch, "bucket_lo": spec.lo,
              "bucket_hi": spec.hi, "length": spec.length, "lengths": list(spec.measured()), "shape": shape.key(),
-             "versions": store.manifest().versions, "run_id": store.manifest().run_id}
+             "versions": store.manifest().versions, "run_id": store.manifest().run_id,
+             "max_waves": cfg.max_waves, "max_splits": spec.max_splits}
     return prepare_study(storage, spec, attrs, enqueue, device)
+
+
+def _heuristics(backend: Any, shape: Any, cfg: TuneConfig, spec: StudySpec) -> list[tuple[str, dict[str, Any]]]:
+    """The public heuristics to enqueue: their counts in the declared range, beyond the study's
+    wave cap too (Optuna records a fixed value outside the searched range, and TPE and GP take it;
+    the choice may still pick it).  An exhaustive sampler cannot hold a trial outside its grid, so
+    there the count is clamped to the cap."""
+    dims, _fixed = study_space(backend, shape, cfg, spec.measured())
+    trials = heuristic_trials(backend, shape, dims, current_device().num_sms)
+    capped, _fixed = study_space(backend, shape, cfg, spec.measured(), spec.max_splits)
+    if spec.max_splits is None or resolve_sampler(cfg, capped) not in ("grid", "brute"):
+        return trials
+    return [(name, {**p, "num_kv_splits": min(p["num_kv_splits"], spec.max_splits)}) for name, p in trials]
 
 
 def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list[StudySpec], device: str,
@@ -227,9 +243,10 @@ def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list
     dims_kw = shape_dims(cfg)
     rows: list[BucketChoice] = []
     for study, spec in zip(studies, specs):
-        _dims, fixed = study_space(backend, tune_shape(dims_kw, spec.batch, spec.length), cfg, spec.measured())
-        rows.append(study_choice(study.get_trials(deepcopy=False), spec, spec.batch, backend, fixed, cfg.noise,
-                                 cfg.combine))
+        _dims, fixed = study_space(backend, tune_shape(dims_kw, spec.batch, spec.length), cfg, spec.measured(),
+                                   spec.max_splits)
+        row = study_choice(study.get_trials(deepcopy=False), spec, spec.batch, backend, fixed, cfg.noise, cfg.combine)
+        rows.append(dataclasses.replace(row, max_splits=spec.max_splits))
     source = {"run_id": store.manifest().run_id, "noise": cfg.noise, "created": utc_now(),
               "studies": [s.name for s in specs], "buckets": cfg.buckets, "representative": cfg.representative,
               "lengths_per_bucket": cfg.lengths_per_bucket, "combine": cfg.combine,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +81,10 @@ class Objective:
 
     def suggest(self, trial: Any) -> dict[str, Any]:
         """The searched parameters of ``trial`` (fixed ones are not Optuna parameters)."""
-        return {d.name: (trial.suggest_categorical(d.name, list(d.choices)) if d.choices
-                         else trial.suggest_int(d.name, d.low, d.high, log=d.log)) for d in self.dims}
+        with warnings.catch_warnings():  # a heuristic enqueued beyond the wave cap: measured as is
+            warnings.filterwarnings("ignore", message="Fixed parameter .* out of range")
+            return {d.name: (trial.suggest_categorical(d.name, list(d.choices)) if d.choices
+                             else trial.suggest_int(d.name, d.low, d.high, log=d.log)) for d in self.dims}
 
     def __call__(self, trial: Any) -> float:
         optuna = optuna_module()
@@ -181,7 +184,8 @@ def worker_main(payload: dict[str, Any], index: int) -> None:
     for position, data in enumerate(payload["studies"]):
         spec = StudySpec(**data)
         shapes = {n: tune_shape(dims_kw, spec.batch, n) for n in spec.measured()}
-        dims, fixed = study_space(backend, tune_shape(dims_kw, spec.batch, spec.length), cfg, spec.measured())
+        dims, fixed = study_space(backend, tune_shape(dims_kw, spec.batch, spec.length), cfg, spec.measured(),
+                                  spec.max_splits)
         sampler = make_sampler(resolve_sampler(cfg, dims), dims, cfg.seed + 1000 * index + position)
         study = optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
         check_device(study, device)

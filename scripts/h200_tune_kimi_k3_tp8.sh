@@ -1,37 +1,43 @@
 #!/usr/bin/env bash
 # Tunes triton-splitkv for Kimi K3 at TP8 (12 heads, bf16, page 64) at batch 1 and 16 over the
 # context buckets of configs/sweeps/kimi-k3-tp8.toml, validates the policy on held-out lengths and
-# exports it, in one command on one GPU (about 4-5 minutes of H200 time in all):
+# exports it, in one command on one GPU (estimate below: about 6 minutes of H200 time in all):
 #   bash scripts/h200_tune_kimi_k3_tp8.sh OUTDIR [GPUS]
 # GPUS (e.g. 0,1): one tuning worker per GPU on the same studies; compare the "tune wall time" line
-# of OUTDIR/timing.txt with a one-GPU run (the trial count, not the timeout, ends each study, so
-# both runs finish the same work).  Without it, one worker on the first GPU.
+# of OUTDIR/timing.txt with a one-GPU run (the per-study timeout is a safety net far above a study's
+# time, so the trial count ends each study and both runs finish the same work).  Without it, one
+# worker on the first GPU.
 #
-# Each study (batch, bucket) measures every trial at 4 lengths of its bucket, log-spaced from its
+# Each study (batch, bucket) measures every trial at 6 lengths of its bucket, log-spaced from its
 # lower edge + 1 to its upper edge, and keeps the configuration whose worst time over the best
 # time seen at each of those lengths is lowest (ties within 1%: the fewest splits).  The space is
 # num_kv_splits 1-512 and a split count scaling with the length, clamp(ceil(L / t), 1,
 # num_kv_splits) with t in 1-2048 (t = 1 is a fixed count), as AITER Gluon's v0.1.19 rule does
-# (t = 64): the first attempt (results/h200/tune-kimi-k3-tp8/first-attempt/) took one fixed count per
-# bucket from its middle length and lost up to 17% at the bucket's other lengths.
+# (t = 64), with num_kv_splits capped at one wave of resident programs (--max-waves 1: batch x
+# splits <= 264 on an H200, two programs per SM x 132 SMs; 16 splits at batch 16, 264 at batch 1).
+# Attempt 3 (results/h200/tune-kimi-k3-tp8/multi-length-attempt/, 4 lengths, no cap) chose 17
+# splits at batch 16 and lost 24% to 16 at held-out lengths: 272 programs pay a second wave.
 #
-# Sizing (the first attempt took 3-4 s per 40 measurements in every study, ~0.09 s each, plus
-# ~12 s of set-up in all; ~0.07 s per validation measurement):
-#   tune:     16 studies x 24 trials (the 5 public heuristics first, then TPE) x up to 4 lengths
-#             (a split count already measured at a length is not measured again): ~2.5 min; each
-#             study is stopped after 13 s at most (3.5 min in all; then its trials column in tune.md
-#             shows fewer than 24, and a two-GPU run would not halve the wall time);
+# Sizing, from attempt 3 on this script (one worker: 1163 measurements in 144 s of trials, ~0.12 s
+# each; ~12 s of start-up and export; the first trial of a process ~10 s of Triton compilation; a
+# trial re-measures only the (length, split count) points not measured yet: 82% of them there;
+# validation 137 s for 24 lengths per batch size):
+#   tune:     16 studies x 20 trials (the 5 public heuristics first, then TPE) x 6 lengths x ~0.82
+#             new x 0.12 s = ~190 s, plus ~22 s of start-up and compilation: ~3.5 min; each study
+#             stops after 60 s at most (none should: the slowest, batch 16 from 64K, ~30 s);
 #   validate: 24 held-out lengths per batch size between 1K and 128K, none on a bucket edge or a
-#             tuned length, each measuring the split ladder, the policy and the heuristics: ~1.5 min;
-#   export:   seconds.
+#             tuned length, each measuring the split ladder, the policy and the heuristics: ~2.3 min;
+#   export:   seconds.  Total ~360 s (at most ~400 s).
 # Environment (defaults in brackets):
 #   MLABENCH_TUNE_VALIDATE=0          skip the validation;
-#   MLABENCH_TUNE_TRIALS [24], MLABENCH_TUNE_TIMEOUT [13 s per study], MLABENCH_TUNE_LENGTHS [4 per
-#   bucket], MLABENCH_TUNE_BUCKETS [the config's], MLABENCH_TUNE_RULE [1:2048, or off];
+#   MLABENCH_TUNE_TRIALS [20], MLABENCH_TUNE_TIMEOUT [60 s per study], MLABENCH_TUNE_LENGTHS [6 per
+#   bucket], MLABENCH_TUNE_WAVES [1: --max-waves; 0: no cap], MLABENCH_TUNE_BUCKETS [the config's],
+#   MLABENCH_TUNE_RULE [1:2048, or off];
 #   MLABENCH_TUNE_BACKEND [triton-splitkv], MLABENCH_TUNE_SHAPE [--config kimi-k3-tp8],
 #   MLABENCH_VALIDATE_GRID ["24 1024 131072": lengths per batch size, shortest, longest] -- the last
 #   three let the same path run on a CPU with a tiny shape (e.g. MLABENCH_TUNE_BACKEND=torch-splitkv
-#   MLABENCH_TUNE_SHAPE="--heads 2 --batch 1,2 --page-size 16" MLABENCH_TUNE_BUCKETS=64,256).
+#   MLABENCH_TUNE_SHAPE="--heads 2 --batch 1,2 --page-size 16" MLABENCH_TUNE_BUCKETS=64,256
+#   MLABENCH_VALIDATE_GRID="4 16 256").
 set -uo pipefail
 out="${1:?usage: $0 OUTDIR [GPUS]}"
 gpus=()
@@ -49,8 +55,9 @@ t0=$(date +%s)
 stage "tune ${gpus[*]:-(one worker)}" 2>&1 | tee "$out/tune.log"
 start=$(date +%s)
 "${mlabench[@]}" tune --backend "${MLABENCH_TUNE_BACKEND:-triton-splitkv}" "${shape[@]}" ${buckets[@]+"${buckets[@]}"} \
-  --lengths-per-bucket "${MLABENCH_TUNE_LENGTHS:-4}" --combine worst --tokens-per-split "${MLABENCH_TUNE_RULE:-1:2048}" \
-  --trials "${MLABENCH_TUNE_TRIALS:-24}" --timeout "${MLABENCH_TUNE_TIMEOUT:-13}" ${gpus[@]+"${gpus[@]}"} \
+  --lengths-per-bucket "${MLABENCH_TUNE_LENGTHS:-6}" --combine worst --tokens-per-split "${MLABENCH_TUNE_RULE:-1:2048}" \
+  --max-waves "${MLABENCH_TUNE_WAVES:-1}" \
+  --trials "${MLABENCH_TUNE_TRIALS:-20}" --timeout "${MLABENCH_TUNE_TIMEOUT:-60}" ${gpus[@]+"${gpus[@]}"} \
   --results-dir "$out" --markdown > "$out/tune.md" || exit
 tune_s=$(( $(date +%s) - start ))
 echo "tune wall time: ${tune_s} s (${gpus[*]:-one worker})" | tee -a "$out/tune.log" "$out/timing.txt" >&2

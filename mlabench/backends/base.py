@@ -146,6 +146,17 @@ class Backend(ABC):
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         """Build the call for ``inputs`` with validated ``params`` (see :meth:`resolve_params`)."""
 
+    # ---- occupancy (optional; the tuner's wave cap) ----------------------------------------------
+    def resident_programs(self, shape: MLADecodeShape, params: dict[str, Any]) -> int | None:
+        """How many programs (CTAs) of this kernel's main launch run at once on this device with
+        ``params`` (programs per SM x SMs), or None when not known (the default: the tuner then
+        does not cap ``num_kv_splits``)."""
+        return None
+
+    def split_programs(self, shape: MLADecodeShape, params: dict[str, Any]) -> int:
+        """Programs one split of one request launches (its head tiles); 1 by default."""
+        return 1
+
     # ---- parameters ------------------------------------------------------------------------------
     def param_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)

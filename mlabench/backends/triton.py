@@ -44,6 +44,20 @@ PROGRAMS_PER_SM = ParamSpec(
 )
 
 
+#: Shared memory of one stage-1 program of ``triton-splitkv`` at the default launch (32-token
+#: tiles, 4 warps, 6 stages) compiled for sm_90: 93.7 KB (docs/PERFORMANCE.md), so two fit in an
+#: H200 SM's 228 KB.  At 4 warps the registers allow two as well (65,536 per SM / (128 x 255)).
+SPLITKV_SHARED_BYTES = int(93.7 * 1024)
+#: Shared memory CUDA reserves per resident block (the "reserved shared memory" of compute 8.0+).
+CUDA_RESERVED_SHARED_BYTES = 1024
+
+
+def programs_per_sm(sm_shared_bytes: int, program_shared_bytes: int = SPLITKV_SHARED_BYTES) -> int:
+    """Programs of ``program_shared_bytes`` shared memory each that fit at once in one SM with
+    ``sm_shared_bytes`` (at least 1): 2 on an H200 (233,472 bytes), 1 on an A100 (167,936)."""
+    return max(1, sm_shared_bytes // (program_shared_bytes + CUDA_RESERVED_SHARED_BYTES))
+
+
 def triton_available() -> tuple[bool, str]:
     """``(True, "")`` on a CUDA/ROCm GPU with Triton importable, or on the CPU under
     ``TRITON_INTERPRET=1``; otherwise ``(False, reason)``."""
@@ -96,6 +110,21 @@ class TritonSplitKVBackend(_TritonBackend):
     family = "split-kv"
     summary = "project Triton split-KV (flash-decoding) kernel, explicit num_kv_splits or a split policy"
     params = (NUM_KV_SPLITS, SPLIT_POLICY)
+
+    def resident_programs(self, shape: MLADecodeShape, params: dict[str, Any]) -> int | None:
+        """Stage-1 programs resident at once with a fixed ``num_kv_splits`` on a CUDA GPU:
+        :func:`programs_per_sm` of the SM's shared memory x SMs (264 on an H200).  None on ROCm
+        (other launch defaults, not measured), on the CPU, with a split policy, and with a torch
+        that does not report the SM's shared memory."""
+        dev = current_device()
+        if dev.kind != "cuda" or params.get("split_policy"):
+            return None
+        sm_shared = getattr(torch.cuda.get_device_properties(0), "shared_memory_per_multiprocessor", None)
+        return None if not sm_shared else programs_per_sm(int(sm_shared)) * dev.num_sms
+
+    def split_programs(self, shape: MLADecodeShape, params: dict[str, Any]) -> int:
+        """Head tiles of one split: ``ceil(qo_len x heads / 16)`` (the grid's third axis)."""
+        return -(-shape.qo_len * shape.num_heads // HEAD_TILE)
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         from mlabench.kernels.splitkv import (

@@ -96,6 +96,7 @@ def tune(
     representative: Annotated[str | None, typer.Option(metavar="geomean|upper", help="With one length per bucket, the length measured: geomean or upper.")] = None,
     lengths_per_bucket: Annotated[int | None, typer.Option(metavar="K", help="Lengths measured per bucket, log-spaced from its lower edge + 1 to its upper edge (default 3; 1: the representative length only).")] = None,
     combine: Annotated[str | None, typer.Option(metavar="worst|geomean", help="How a configuration's times at a bucket's lengths combine, each over the best time there: the worst (default) or the geometric mean. With --export: choose again this way.")] = None,
+    max_waves: Annotated[float | None, typer.Option(metavar="W", help="Search num_kv_splits only up to W waves of the programs the backend runs at once (batch x splits x head tiles <= W x resident programs), where it says how many (default 1.0; 0: no cap). Public heuristics beyond it are still measured.")] = None,
     tokens_per_split: Annotated[str | None, typer.Option(metavar="LOW:HIGH|off", help="Also search split counts that grow with the length, clamp(ceil(L / t), 1, num_kv_splits), t in LOW:HIGH (default 1:4096; 1 is a fixed count); off: fixed counts only.")] = None,
     page_size: PageSize = None,
     qo_len: QoLen = None,
@@ -144,7 +145,7 @@ def tune(
               "heads": _one_value(int_list(heads, "--heads", "heads"), "--heads"),
               "batch": int_list(batch, "--batch", "batch"),
               "buckets": int_list(buckets, "--buckets", "--buckets"), "representative": representative,
-              "lengths_per_bucket": lengths_per_bucket, "combine": combine, "tokens_per_split": None if rule == "off" else rule,
+              "lengths_per_bucket": lengths_per_bucket, "combine": combine, "max_waves": max_waves, "tokens_per_split": None if rule == "off" else rule,
               "page_size": page_size, "q_dtype": dtype, "kv_dtype": dtype, "qo_len": qo_len,
               "causal": False if non_causal else None, "sampler": sampler, "trials": trials, "timeout_s": timeout,
               "space": parse_space(space), "noise": noise, "heuristics": False if no_heuristics else None,
@@ -185,11 +186,11 @@ def _report(result: Any, fmt: str) -> None:
 
     choices = Table("Choice per batch and context bucket (µs: geometric mean over the bucket's lengths of the "
                     "medians; worst %: the worst time over the best measured at each of those lengths)",
-                    ["batch", "bucket", "lengths", "trials", "pruned", "chosen", "chosen µs", "chosen worst %",
+                    ["batch", "bucket", "lengths", "splits cap", "trials", "pruned", "chosen", "chosen µs", "chosen worst %",
                      "best µs", "best heuristic", "heuristic µs", "heuristic worst %", "speedup"])
     for c in result.choices:
         speedup = c.best_heuristic_us / c.chosen_us if c.best_heuristic_us else None
-        choices.rows.append([c.batch, c.bucket, ",".join(map(str, c.lengths)), c.finished, c.pruned,
+        choices.rows.append([c.batch, c.bucket, ",".join(map(str, c.lengths)), c.max_splits, c.finished, c.pruned,
                              describe_choice(c.chosen, c.tokens_per_split), c.chosen_us, 100 * c.chosen_worst,
                              c.best_us, c.best_heuristic, c.best_heuristic_us,
                              None if c.best_heuristic_worst is None else 100 * c.best_heuristic_worst, speedup])

@@ -21,6 +21,7 @@ from mlabench.backends import registry
 from mlabench.backends.base import Backend, ParamSpec, PreparedCall
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.reference import mla_decode_reference
+from mlabench.shapes import MLADecodeShape
 
 MODULE = "tests.tune.fake_backends"
 PREPARE_ENV = "TEST_TUNE_PREPARE_S"
@@ -135,7 +136,27 @@ class LengthScaledBackend(_Synthetic):
         return 200.0 * (1 + 0.6 * abs(math.log2(p["num_kv_splits"] / best)))
 
 
-CLASSES = (LaunchParamsBackend, FastWrongBackend, FlatBackend, LengthScaledBackend)
+class WaveTrapBackend(_Synthetic):
+    """Splits 1-64 of a kernel that runs 8 programs at once, ``ceil(qo_len x heads / 16)`` per
+    split: more splits are always faster here (``100 + 3000 / splits`` µs), also beyond one wave, as
+    17 splits at batch 16 looked at the H200's tuned lengths and were not at the held-out ones.
+    Only the wave cap keeps the tuner below ``8 / (batch x tiles)`` splits."""
+
+    name = "test-wave-trap"
+    params = (ParamSpec("num_kv_splits", int, default=1, help="splits", low=1, high=64),)
+    RESIDENT = 8
+
+    def resident_programs(self, shape: MLADecodeShape, params: dict[str, Any]) -> int | None:
+        return self.RESIDENT
+
+    def split_programs(self, shape: MLADecodeShape, params: dict[str, Any]) -> int:
+        return -(-shape.qo_len * shape.num_heads // 16)
+
+    def cost_us(self, p: dict[str, Any]) -> float:
+        return 100.0 + 3000.0 / p["num_kv_splits"]
+
+
+CLASSES = (LaunchParamsBackend, FastWrongBackend, FlatBackend, LengthScaledBackend, WaveTrapBackend)
 
 
 def register_all() -> None:

@@ -13,7 +13,8 @@ import pytest
 from mlabench.backends import get_backend
 from mlabench.results import ResultStore
 from mlabench.studies import make_sampler, optuna_module
-from mlabench.tune import Bucket, TuneConfig, buckets_of, resolve_sampler, shape_dims, study_space, tune_shape
+from mlabench.tune import (Bucket, TuneConfig, buckets_of, resolve_sampler, shape_dims, study_space, tune_shape,
+                           wave_cap)
 from mlabench.tune_run import run_manifest
 from mlabench.tune_worker import Objective
 from mlabench.workers import RecordIndex
@@ -35,7 +36,8 @@ def run_in_process(tmp_path: Path, cfg: TuneConfig, bucket: Bucket | None = None
     backend = get_backend(cfg.backend)
     bucket = bucket or buckets_of(cfg.buckets, cfg.representative, cfg.lengths_per_bucket)[0]
     shapes = {n: tune_shape(shape_dims(cfg), cfg.batch[0], n) for n in bucket.measured()}
-    dims, fixed = study_space(backend, shapes[bucket.measured()[-1]], cfg, bucket.measured())
+    shape = shapes[bucket.measured()[-1]]
+    dims, fixed = study_space(backend, shape, cfg, bucket.measured(), wave_cap(backend, shape, cfg.max_waves))
     study = optuna.create_study(sampler=make_sampler(resolve_sampler(cfg, dims), dims, 0))
     objective = Objective(backend, shapes, dims, fixed, store, RecordIndex(store), cfg, None)
     study.optimize(objective, n_trials=cfg.trials)
