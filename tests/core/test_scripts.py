@@ -40,8 +40,12 @@ def test_setup_on_a_cpu_machine_takes_torch_from_pytorchs_cpu_index(tmp_path):
 
 
 def test_h200_readme_tables_runs_as_the_readme_writes_it_outside_an_install(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-I", "scripts/h200_readme_tables.py"], cwd=REPO, env=env,
+    # The checkout off the path; what else $PYTHONPATH holds (packages installed with --target, as on
+    # the GPU image) stays.
+    outer = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+             if p and not Path(p).resolve().is_relative_to(REPO)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": os.pathsep.join(outer)}
+    done = subprocess.run([sys.executable, "scripts/h200_readme_tables.py"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "| batch | context | floor µs |" in done.stdout

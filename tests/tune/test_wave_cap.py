@@ -4,6 +4,7 @@ W waves of what the backend runs at once; public heuristics beyond it are still 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from mlabench.backends import get_backend
 from mlabench.backends.triton import programs_per_sm
@@ -37,7 +38,12 @@ def test_cap_from_resident_programs(batch, heads, qo_len, waves, expected):
 def test_no_cap_without_waves_or_resident_programs(tiny_timing):
     assert wave_cap(get_backend("test-wave-trap"), shape(1), 0.0) is None
     assert wave_cap(get_backend("test-flat"), shape(1), 1.0) is None        # the backend does not say
-    assert wave_cap(get_backend("triton-splitkv"), shape(1), 1.0) is None   # not on a CPU
+    if torch.cuda.is_available() and torch.version.hip is None:  # one wave of one-tile programs
+        props = torch.cuda.get_device_properties(0)
+        want = programs_per_sm(props.shared_memory_per_multiprocessor) * props.multi_processor_count
+    else:
+        want = None  # not on a CPU (nor on ROCm)
+    assert wave_cap(get_backend("triton-splitkv"), shape(1), 1.0) == want
     cfg = tiny_config("test-wave-trap", tiny_timing)
     before = splits_dim(cfg, shape(1), None)
     assert (before.low, before.high, before.log) == (1, 64, True)
