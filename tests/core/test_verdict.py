@@ -123,12 +123,16 @@ def test_check_flags_are_checked():
     cfg = check_config(rel_rmse=0.01, input_sets=["random", "needles"])
     assert cfg.rel_rmse_limit == 0.01 and cfg.input_sets == ["random", "needles"] and cfg.atol is None
     assert check_config().input_sets == ["random", "needles", "peaky", "flat"]
+    every = check_config(atol=0.02, rtol=0.03, rel_rmse=0.004, rel_max_err=0.05, input_sets=["flat"])
+    assert every == CheckConfig(atol=0.02, rtol=0.03, rel_rmse_limit=0.004, rel_max_err_limit=0.05,
+                                input_sets=["flat"])  # no flag dropped on the way
     for kw, message in [({"atol": math.nan}, "--atol must be a finite number > 0, got nan"),
                         ({"atol": 0.0}, "--atol must be a finite number > 0"),
                         ({"rtol": -1.0}, "--rtol must be a finite number >= 0"),
                         ({"rel_rmse": math.inf}, "--rel-rmse-limit must be a finite number > 0"),
                         ({"rel_max_err": 0.0}, "--rel-max-err-limit must be a finite number > 0"),
-                        ({"input_sets": ["random", "spiky"]}, "--inputs: unknown input set 'spiky'")]:
+                        ({"input_sets": ["random", "spiky"]},
+                         r"^--inputs: unknown input set 'spiky' \(known: random, needles, peaky, flat\)$")]:
         with pytest.raises(ConfigError, match=message):
             check_config(**kw)
     with pytest.raises(ValueError, match="unknown input set"):
