@@ -108,8 +108,17 @@ def test_the_worst_input_set_decides_and_each_set_is_kept(ref):
     assert v.by_input_set["random"].passed
     again = Verdict.model_validate_json(v.model_dump_json())
     assert again == v
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^no input set was checked$"):
         worst_verdict({})
+
+
+def test_among_passing_sets_the_one_nearest_its_own_limit_is_shown(ref):
+    """Nearness is the relative RMSE over the set's limit: a smaller error under a tight limit is
+    worse than a larger one under a loose limit."""
+    tight = compare_outputs(ref * 1.004, ref, BF16)  # 0.004 of 0.0078: half the limit
+    loose = compare_outputs(ref * 1.005, ref, ErrorLimits(rel_rmse=0.05, rel_max_err=0.5))  # a tenth
+    assert tight.passed and loose.passed and tight.rel_rmse < loose.rel_rmse
+    assert worst_verdict({"random": loose, "flat": tight}).input_set == "flat"
 
 
 def test_records_written_before_the_relative_verdict_still_parse():
