@@ -119,6 +119,8 @@ def test_among_passing_sets_the_one_nearest_its_own_limit_is_shown(ref):
     loose = compare_outputs(ref * 1.005, ref, ErrorLimits(rel_rmse=0.05, rel_max_err=0.5))  # a tenth
     assert tight.passed and loose.passed and tight.rel_rmse < loose.rel_rmse
     assert worst_verdict({"random": loose, "flat": tight}).input_set == "flat"
+    exact = compare_outputs(ref, ref, BF16)  # no error at all: the nearest to nothing
+    assert exact.rel_rmse == 0 and worst_verdict({"random": exact, "flat": tight}).input_set == "flat"
 
 
 def test_records_written_before_the_relative_verdict_still_parse():
