@@ -123,6 +123,15 @@ def test_among_passing_sets_the_one_nearest_its_own_limit_is_shown(ref):
     assert exact.rel_rmse == 0 and worst_verdict({"random": exact, "flat": tight}).input_set == "flat"
 
 
+def test_a_set_with_nan_errors_is_the_worst_of_the_failing_sets(ref):
+    bad = compare_outputs(ref * 1.02, ref, BF16)
+    nan = ref.clone()
+    nan[0, 0, 0] = math.nan
+    broken = compare_outputs(nan, ref, BF16)
+    assert not bad.passed and math.isnan(broken.rel_rmse)
+    assert worst_verdict({"random": bad, "needles": broken}).input_set == "needles"
+
+
 def test_records_written_before_the_relative_verdict_still_parse():
     line = (FIXTURE / "results.jsonl").read_text().splitlines()[0]
     record = Record.model_validate(json.loads(line))
