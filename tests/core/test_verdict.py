@@ -87,6 +87,13 @@ def test_a_zero_reference_makes_any_error_infinite():
     assert not v.passed and v.rel_rmse == math.inf
 
 
+def test_an_empty_output_has_no_error_and_passes():
+    empty = torch.zeros(0, 12, 512)
+    v = compare_outputs(empty, empty)
+    assert v.passed and (v.max_abs_err, v.rmse, v.ref_rms, v.rel_rmse, v.rel_max_err) == (0, 0, 0, 0, 0)
+    assert v.worst_index is None and math.isnan(v.cosine)
+
+
 def test_limits_follow_the_coarsest_dtype():
     assert unit_roundoff("bfloat16") == 2**-8 and unit_roundoff("float16") == 2**-11
     assert unit_roundoff("float32") == 2**-10  # TF32 dot products, with q and k rounded too
