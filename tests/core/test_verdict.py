@@ -87,6 +87,15 @@ def test_a_zero_reference_makes_any_error_infinite():
     assert not v.passed and v.rel_rmse == math.inf
 
 
+def test_an_error_exactly_at_each_limit_passes(ref):
+    """The limits are the largest errors that pass: relative RMSE, normalised max error, atol."""
+    out = ref * 1.003
+    measured = compare_outputs(out, ref, ErrorLimits(rel_rmse=1, rel_max_err=1))
+    at_limits = ErrorLimits(rel_rmse=measured.rel_rmse, rel_max_err=measured.rel_max_err)
+    assert compare_outputs(out, ref, at_limits).passed
+    assert compare_outputs(out, ref, ErrorLimits(rel_rmse=1, rel_max_err=1), atol=measured.max_abs_err).passed
+
+
 def test_an_empty_output_has_no_error_and_passes():
     empty = torch.zeros(0, 12, 512)
     v = compare_outputs(empty, empty)
