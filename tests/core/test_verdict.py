@@ -78,6 +78,9 @@ def test_the_elementwise_bound_applies_when_given(ref):
     assert compare_outputs(out, ref, ErrorLimits(rel_rmse=1, rel_max_err=1)).passed
     v = compare_outputs(out, ref, ErrorLimits(rel_rmse=1, rel_max_err=1), atol=1e-3, rtol=0.0)
     assert not v.passed and (v.atol, v.rtol) == (1e-3, 0.0)
+    wide = ErrorLimits(rel_rmse=1, rel_max_err=1)  # rtol scales with |ref| (about 0.04 here)
+    assert compare_outputs(ref * 1.02, ref, wide, atol=1e-9, rtol=0.025).passed
+    assert not compare_outputs(ref * 1.05, ref, wide, atol=1e-9, rtol=0.025).passed
 
 
 def test_a_zero_reference_makes_any_error_infinite():
