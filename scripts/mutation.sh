@@ -8,6 +8,7 @@
 # tables, serving.results).  mutmut runs in a fresh copy of this working tree (tracked and
 # untracked-not-ignored files) under $MUTATION_DIR (default: a folder in ${TMPDIR:-/tmp}), so the
 # tree itself is never touched and can be edited meanwhile.  Writes there, and prints at the end:
+#   results.txt     every mutant's status, one a line
 #   survivors.txt   one surviving mutant a line ("mlabench.stats.x_summarize__mutmut_11: survived")
 #   survivors.diff  each survivor's change, as mutmut shows it
 #   run.log         mutmut's own output
