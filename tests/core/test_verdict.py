@@ -78,6 +78,9 @@ def test_the_elementwise_bound_applies_when_given(ref):
     assert compare_outputs(out, ref, ErrorLimits(rel_rmse=1, rel_max_err=1)).passed
     v = compare_outputs(out, ref, ErrorLimits(rel_rmse=1, rel_max_err=1), atol=1e-3, rtol=0.0)
     assert not v.passed and (v.atol, v.rtol) == (1e-3, 0.0)
+    wide = ErrorLimits(rel_rmse=1, rel_max_err=1)  # rtol scales with |ref| (about 0.04 here)
+    assert compare_outputs(ref * 1.02, ref, wide, atol=1e-9, rtol=0.025).passed
+    assert not compare_outputs(ref * 1.05, ref, wide, atol=1e-9, rtol=0.025).passed
 
 
 def test_a_zero_reference_makes_any_error_infinite():
@@ -87,13 +90,32 @@ def test_a_zero_reference_makes_any_error_infinite():
     assert not v.passed and v.rel_rmse == math.inf
 
 
+def test_an_error_exactly_at_each_limit_passes(ref):
+    """The limits are the largest errors that pass: relative RMSE, normalised max error, atol."""
+    out = ref * 1.003
+    measured = compare_outputs(out, ref, ErrorLimits(rel_rmse=1, rel_max_err=1))
+    at_limits = ErrorLimits(rel_rmse=measured.rel_rmse, rel_max_err=measured.rel_max_err)
+    assert compare_outputs(out, ref, at_limits).passed
+    assert compare_outputs(out, ref, ErrorLimits(rel_rmse=1, rel_max_err=1), atol=measured.max_abs_err).passed
+
+
+def test_an_empty_output_has_no_error_and_passes():
+    empty = torch.zeros(0, 12, 512)
+    v = compare_outputs(empty, empty)
+    assert v.passed and (v.max_abs_err, v.rmse, v.ref_rms, v.rel_rmse, v.rel_max_err) == (0, 0, 0, 0, 0)
+    assert v.worst_index is None and math.isnan(v.cosine)
+
+
 def test_limits_follow_the_coarsest_dtype():
     assert unit_roundoff("bfloat16") == 2**-8 and unit_roundoff("float16") == 2**-11
     assert unit_roundoff("float32") == 2**-10  # TF32 dot products, with q and k rounded too
     assert unit_roundoff("bfloat16", "float8_e4m3fn") == 2**-4  # an fp8 cache rounds coarser
     assert ErrorLimits.for_dtypes("float16") == ErrorLimits(rel_rmse=2**-10, rel_max_err=2**-7)
-    with pytest.raises(ConfigError, match="no rounding known for dtype 'int8'"):
+    with pytest.raises(ConfigError, match=r"^no rounding known for dtype 'int8' \(known: float32, bfloat16, "
+                                          r"float16, float8_e4m3fn, float8_e5m2\)$"):
         unit_roundoff("int8")
+    with pytest.raises(ConfigError, match="^no rounding known for dtype None "):
+        unit_roundoff()
     assert CheckConfig(rel_rmse_limit=0.05).limits("bfloat16") == ErrorLimits(rel_rmse=0.05, rel_max_err=2**-4)
 
 
@@ -108,8 +130,28 @@ def test_the_worst_input_set_decides_and_each_set_is_kept(ref):
     assert v.by_input_set["random"].passed
     again = Verdict.model_validate_json(v.model_dump_json())
     assert again == v
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^no input set was checked$"):
         worst_verdict({})
+
+
+def test_among_passing_sets_the_one_nearest_its_own_limit_is_shown(ref):
+    """Nearness is the relative RMSE over the set's limit: a smaller error under a tight limit is
+    worse than a larger one under a loose limit."""
+    tight = compare_outputs(ref * 1.004, ref, BF16)  # 0.004 of 0.0078: half the limit
+    loose = compare_outputs(ref * 1.005, ref, ErrorLimits(rel_rmse=0.05, rel_max_err=0.5))  # a tenth
+    assert tight.passed and loose.passed and tight.rel_rmse < loose.rel_rmse
+    assert worst_verdict({"random": loose, "flat": tight}).input_set == "flat"
+    exact = compare_outputs(ref, ref, BF16)  # no error at all: the nearest to nothing
+    assert exact.rel_rmse == 0 and worst_verdict({"random": exact, "flat": tight}).input_set == "flat"
+
+
+def test_a_set_with_nan_errors_is_the_worst_of_the_failing_sets(ref):
+    bad = compare_outputs(ref * 1.02, ref, BF16)
+    nan = ref.clone()
+    nan[0, 0, 0] = math.nan
+    broken = compare_outputs(nan, ref, BF16)
+    assert not bad.passed and math.isnan(broken.rel_rmse)
+    assert worst_verdict({"random": bad, "needles": broken}).input_set == "needles"
 
 
 def test_records_written_before_the_relative_verdict_still_parse():
@@ -123,15 +165,19 @@ def test_check_flags_are_checked():
     cfg = check_config(rel_rmse=0.01, input_sets=["random", "needles"])
     assert cfg.rel_rmse_limit == 0.01 and cfg.input_sets == ["random", "needles"] and cfg.atol is None
     assert check_config().input_sets == ["random", "needles", "peaky", "flat"]
+    every = check_config(atol=0.02, rtol=0.03, rel_rmse=0.004, rel_max_err=0.05, input_sets=["flat"])
+    assert every == CheckConfig(atol=0.02, rtol=0.03, rel_rmse_limit=0.004, rel_max_err_limit=0.05,
+                                input_sets=["flat"])  # no flag dropped on the way
     for kw, message in [({"atol": math.nan}, "--atol must be a finite number > 0, got nan"),
                         ({"atol": 0.0}, "--atol must be a finite number > 0"),
                         ({"rtol": -1.0}, "--rtol must be a finite number >= 0"),
                         ({"rel_rmse": math.inf}, "--rel-rmse-limit must be a finite number > 0"),
                         ({"rel_max_err": 0.0}, "--rel-max-err-limit must be a finite number > 0"),
-                        ({"input_sets": ["random", "spiky"]}, "--inputs: unknown input set 'spiky'")]:
+                        ({"input_sets": ["random", "spiky"]},
+                         r"^--inputs: unknown input set 'spiky' \(known: random, needles, peaky, flat\)$")]:
         with pytest.raises(ConfigError, match=message):
             check_config(**kw)
-    with pytest.raises(ValueError, match="unknown input set"):
+    with pytest.raises(ValueError, match=r"unknown input set 'spiky' \(known: random, needles, peaky, flat\)"):
         CheckConfig(input_sets=["spiky"])
 
 
