@@ -118,7 +118,12 @@ def test_ctrl_c_mid_run_stops_server_and_bench(tmp_path, fake_vllm):
                                                                         "stop_grace_s = 3\n")
     assert pid_alive(leader) and pid_alive(bench_pid)
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
-    out, errtext = proc.communicate(timeout=60)
+    try:
+        out, errtext = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # seen once in a loaded CI run: keep what it said
+        proc.kill()
+        out, errtext = proc.communicate()
+        pytest.fail(f"serve-bench still ran 60 s after SIGINT; stdout:\n{out}\nstderr:\n{errtext}")
     assert proc.returncode == 130 and "aborted" in errtext, errtext
     for pid in (leader, child, bench_pid):
         assert not pid_alive(pid), f"process {pid} survived Ctrl-C"
