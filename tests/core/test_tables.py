@@ -202,3 +202,20 @@ def test_min_width_of_a_table_wider_than_any_terminal():
     from mlabench.tables import min_width
 
     assert min_width(to_rich(Table("", ["a"], [["x" * 300]]))) >= 300
+
+
+def test_the_terminal_table_at_20_columns_line_by_line():
+    """Title, box, number columns right-aligned and whole, notes then what was moved or left out
+    in the left-justified caption: the whole rendering, to the character (trailing blanks cut)."""
+    styles = {"tag": ColumnStyle(text=lambda v: ""), "note": ColumnStyle(header="long header words", drop=1),
+              "ms": ColumnStyle(header="time ms", justify="right")}
+    t = Table("Title", ["name", "tag", "ms", "note"], notes=["first note", "second note"], styles=styles)
+    t.add_row(["a", None, 1.25, "x"])
+    t.add_row(["bb", None, 10.5, "y"])
+    lines = [line.rstrip() for line in rendered(t, 20).splitlines()]
+    assert lines == [
+        "     Title", "", "          time", "  name      ms", " " + "─" * 14, "  a       1.25",
+        "  bb     10.50", "", "first note", "second note", "tag: none (every", "row)",
+        "left out at 20", "columns: long", "header words (a", "wider terminal,", "or --format",
+        "markdown / json", "/ csv, shows", "them)",
+    ]
