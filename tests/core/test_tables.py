@@ -219,3 +219,10 @@ def test_the_terminal_table_at_20_columns_line_by_line():
         "left out at 20", "columns: long", "header words (a", "wider terminal,", "or --format",
         "markdown / json", "/ csv, shows", "them)",
     ]
+
+
+def test_short_params_abbreviates_names_and_shows_no_params_as_a_dash():
+    from mlabench.tables import short_params
+
+    assert short_params("head_padding=16 num_kv_splits=4 programs_per_sm=2 x=1") == "pad=16 splits=4 prog/SM=2 x=1"
+    assert short_params(None) == "—" and short_params("") == "—"
