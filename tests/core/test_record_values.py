@@ -96,6 +96,18 @@ def test_compare_table_best_splits_is_what_ran_and_a_missing_family_is_a_dash():
     assert row == [1, 64, "p", "—", 2.0, 50.0, 3.5, None, None, None, None, None]
 
 
+@pytest.mark.parametrize("bandwidth, floor_us, copy", [("read", 1.0, False), ("copy", 1.0, True),
+                                                      ("copy", None, False)])
+def test_compare_table_names_the_bandwidth_the_floor_was_measured_on(bandwidth, floor_us, copy):
+    from mlabench.tables import compare_table
+
+    rec = record(8, 4.0).model_copy(update={"floor_bandwidth": bandwidth, "floor_us": floor_us})
+    note = compare_table([rec], {"b": "split-kv"}).notes[2]
+    assert note == ("% floor is against the measured device-to-device copy bandwidth (read + write); a "
+                    "read-mostly kernel can exceed it by a few percent" if copy else
+                    "% floor is against the measured streaming read bandwidth (a large read-only reduction)")
+
+
 def test_compare_table_leaves_out_a_backend_unsupported_everywhere_in_a_cell_with_a_note():
     """gluon-splitkv at qo_len 2 (results/h200/qo-len/): every record unsupported, so no row pairs
     it there; at qo_len 1, and where only some of its records are unsupported, it stays."""

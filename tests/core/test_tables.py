@@ -150,3 +150,79 @@ def test_a_column_with_one_value_moves_to_the_caption_when_room_is_short():
     narrow = rendered(t, 30)
     assert "name:same-everywhere" in "".join(narrow.split()) and max(map(len, narrow.splitlines())) <= 30
     assert "0.00" in narrow.split() and "2.00" in narrow.split()
+
+
+def fitting_table(rows=2):
+    """A constant human column, a number column with a three-word header, three droppable ones."""
+    styles = {"backend": ColumnStyle(show="human"), "ms": ColumnStyle(header="milliseconds per token"),
+              "x": ColumnStyle(drop=1), "y": ColumnStyle(drop=2), "z": ColumnStyle(drop=1),
+              "raw": ColumnStyle(show="machine")}
+    t = Table("", ["backend", "ms", "x", "y", "z", "raw"], styles=styles)
+    for n in range(rows):
+        t.add_row(["triton", 1.5 + n, 10 + n, 20 + n, 30 + n, n])
+    return t
+
+
+def fitted(width, rows=2):
+    """What ``to_rich`` keeps at ``width``: [(header, fixed width)], its caption, its min width."""
+    from mlabench.tables import min_width
+
+    rich_table = to_rich(fitting_table(rows), width)
+    return [(c.header.plain, c.width) for c in rich_table.columns], rich_table.caption, min_width(rich_table)
+
+
+def test_a_narrow_terminal_wraps_headers_then_moves_constant_columns_then_drops_highest_rightmost():
+    full = fitted(None)[2]
+    whole = [("backend", 7), ("milliseconds per token", 22), ("x", 2), ("y", 2), ("z", 2)]
+    assert fitted(full) == (whole, None, full)  # it fits: nothing changes
+    cols, caption, wrapped = fitted(full - 1)  # headers wrap to their longest word first
+    assert cols == [("backend", 7), ("milliseconds per token", 12), ("x", 2), ("y", 2), ("z", 2)]
+    assert caption is None and wrapped < full
+    cols, caption, moved = fitted(wrapped - 1)  # then the column of one value moves to the caption
+    assert [h for h, _ in cols] == ["milliseconds per token", "x", "y", "z"]
+    assert caption == "backend: triton (every row)" and moved < wrapped
+    left_out = "left out at {} columns: {} (a wider terminal, or --format markdown / json / csv, shows them)"
+    cols, caption, one = fitted(moved - 1)  # then drop 2 before drop 1
+    assert [h for h, _ in cols] == ["milliseconds per token", "x", "z"]
+    assert caption == "backend: triton (every row)\n" + left_out.format(moved - 1, "y")
+    cols, caption, _ = fitted(one - 1)  # of equal drops, the rightmost first
+    assert [h for h, _ in cols] == ["milliseconds per token", "x"]
+    assert caption.endswith(left_out.format(one - 1, "y, z"))
+    cols, caption, _ = fitted(1)  # a column of drop 0 is never left out
+    assert [h for h, _ in cols] == ["milliseconds per token"] and caption.endswith(left_out.format(1, "y, z, x"))
+
+
+def test_a_single_row_moves_no_column_to_the_caption():
+    cols, caption, _ = fitted(1, rows=1)  # every column holds one value: none is "constant"
+    assert [h for h, _ in cols] == ["backend", "milliseconds per token"]
+    assert "every row" not in caption
+
+
+def test_min_width_of_a_table_wider_than_any_terminal():
+    from mlabench.tables import min_width
+
+    assert min_width(to_rich(Table("", ["a"], [["x" * 300]]))) >= 300
+
+
+def test_the_terminal_table_at_20_columns_line_by_line():
+    """Title, box, number columns right-aligned and whole, notes then what was moved or left out
+    in the left-justified caption: the whole rendering, to the character (trailing blanks cut)."""
+    styles = {"tag": ColumnStyle(text=lambda v: ""), "note": ColumnStyle(header="long header words", drop=1),
+              "ms": ColumnStyle(header="time ms", justify="right")}
+    t = Table("Title", ["name", "tag", "ms", "note"], notes=["first note", "second note"], styles=styles)
+    t.add_row(["a", None, 1.25, "x"])
+    t.add_row(["bb", None, 10.5, "y"])
+    lines = [line.rstrip() for line in rendered(t, 20).splitlines()]
+    assert lines == [
+        "     Title", "", "          time", "  name      ms", " " + "─" * 14, "  a       1.25",
+        "  bb     10.50", "", "first note", "second note", "tag: none (every", "row)",
+        "left out at 20", "columns: long", "header words (a", "wider terminal,", "or --format",
+        "markdown / json", "/ csv, shows", "them)",
+    ]
+
+
+def test_short_params_abbreviates_names_and_shows_no_params_as_a_dash():
+    from mlabench.tables import short_params
+
+    assert short_params("head_padding=16 num_kv_splits=4 programs_per_sm=2 x=1") == "pad=16 splits=4 prog/SM=2 x=1"
+    assert short_params(None) == "—" and short_params("") == "—"

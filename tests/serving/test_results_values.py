@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from mlabench.serving.results import load_result, parse_result
+from mlabench.serving.results import BenchResult, MetricStats, judge, load_result, parse_result
 
 
 def summary(**extra):
@@ -49,7 +49,7 @@ def test_vllm_version_and_result_file_are_kept():
     assert parse_result(summary(), "v", 1, 0).vllm_version is None
     broken = parse_result({"failed": 0}, "v", 1, 0, result_file="c1/r0.json")
     assert broken.status == "error" and broken.result_file == "c1/r0.json"
-    assert "completed" in broken.error
+    assert broken.error == "result has no 'completed' count"
 
 
 def per_request(**lists):
@@ -75,7 +75,8 @@ def test_latency_minus_ttft_skips_missing_values():
                                    {"output_lens": [3, 4], "itls": [[0.01, 0.01]]}])
 def test_incomplete_per_request_lists_give_no_tpot(lists):
     r = parse_result(per_request(**lists), "v", 1, 0)
-    assert r.tpot.mean_ms is None and r.status == "error" and "TPOT" in r.error
+    assert r.tpot.mean_ms is None and r.status == "error"
+    assert r.error == "result has no TPOT (mean_tpot_ms) and no per-request ITLs"
 
 
 def test_per_request_median_p99_and_std_to_the_value():
@@ -102,3 +103,27 @@ def test_missing_unreadable_and_non_object_files_say_which(tmp_path):
     (tmp_path / "list.json").write_text(json.dumps([1]))
     listed = load_result(tmp_path / "list.json", "v", 1, 0)
     assert listed.status == "error" and listed.error == f"{tmp_path / 'list.json'} is not a JSON object"
+
+
+NOTHING = "vLLM writes 0 when no request produced more than one output token"
+
+
+def test_judge_names_every_reason_and_the_most_severe_status_wins():
+    # a zero TPOT (error), 3 of 4 completed (failed_requests) and 10 of 256 tokens (truncated):
+    # error outranks the others, though "truncated" comes last in the alphabet
+    r = BenchResult(variant="v", concurrency=1, repeat=0, status="ok", num_prompts=4, completed=3,
+                    total_output_tokens=10, tpot=MetricStats(mean_ms=0.0, median_ms=0.0, p99_ms=5.0))
+    judged = judge(r, min_output_tokens=256)
+    assert judged.status == "error"
+    assert judged.error == (f"TPOT measured nothing (mean 0 ms, median 0 ms; {NOTHING}); "
+                            "only 3 of 4 requests completed; "
+                            "cut short: 10 output tokens of the 256 the fixed lengths ask for")
+    assert (judged.tpot.mean_ms, judged.tpot.median_ms, judged.tpot.p99_ms) == (None, None, 5.0)
+    # failed_requests and truncated: truncated outranks failed_requests
+    cut = judge(r.model_copy(update={"tpot": MetricStats(mean_ms=5.0)}), min_output_tokens=256)
+    assert cut.status == "truncated"
+
+
+def test_judge_of_an_ok_result_without_a_tpot_mean():
+    r = judge(BenchResult(variant="v", concurrency=1, repeat=0, status="ok"))
+    assert r.status == "error" and r.error == f"TPOT measured nothing (no mean; {NOTHING})"
