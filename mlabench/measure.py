@@ -98,12 +98,14 @@ class ShapeBench:
 
     def run(self, backend: Backend, params: dict[str, Any], *, copy_bw_tbps: float | None, run_id: str,
             check: CheckConfig | None = None, time_it: bool = True,
-            read_bw_tbps: float | None = None) -> Record:
+            read_bw_tbps: float | None = None, verify: bool = True) -> Record:
         """Check and time ``backend`` with ``params`` on this shape; always returns a record.
 
         ``check`` says how outputs are judged (default: every input set, the dtypes' limits).  The
         floor divides the bytes moved by ``read_bw_tbps`` when given, else by ``copy_bw_tbps``;
         the GPU's clocks, power and temperature are read just before and just after the timing.
+        ``verify=False`` (a sweep's later visits of a point already checked) times only: no
+        verdict, no refresh cost, no eager timing, status ``ok``.
         """
         s = self.shape
         base = record_fields(backend.name, params, s, run_id, copy_bw_tbps, read_bw_tbps)
@@ -111,16 +113,20 @@ class ShapeBench:
         if not ok:
             return Record(status="unsupported", message=why, **base)
         try:
-            call, verdict = self.check(backend, params, check)
-            base.update(verdict=verdict, effective_params=call.effective_params, setup_us=call.setup_us,
-                        workspace_bytes=call.workspace_bytes, refresh_us=refresh_cost_us(call, self.device))
-            status = "ok" if verdict.passed else "incorrect"
-            message = "" if verdict.passed else _verdict_message(verdict)
+            if verify:
+                call, verdict = self.check(backend, params, check)
+                base.update(verdict=verdict, refresh_us=refresh_cost_us(call, self.device))
+                status = "ok" if verdict.passed else "incorrect"
+                message = "" if verdict.passed else _verdict_message(verdict)
+            else:
+                call, status, message = backend.prepare(self.inputs[0], params), "ok", ""
+            base.update(effective_params=call.effective_params, setup_us=call.setup_us,
+                        workspace_bytes=call.workspace_bytes)
             if not time_it:
                 return Record(status=status, message=message, **base)
             calls = [call.fn] + [backend.prepare(x, params).fn for x in self.inputs[1:]]
             base["gpu_state_before"] = gpu_state()
-            timed = self._time(calls, call.graph_safe)
+            timed = self._time(calls, call.graph_safe, eager=verify)
         except UnsupportedShapeError as exc:
             return Record(status="unsupported", message=str(exc), **base)
         except (MlabenchError, RuntimeError, ValueError, TypeError, AssertionError) as exc:
@@ -129,21 +135,19 @@ class ShapeBench:
             msg = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             return Record(status="error", message=msg[:500] + _where(exc), **base)
         stats = timed["stats"]
-        achieved = s.min_bytes_moved / (stats.median_us * 1e-6) / 1e12
         return Record(
             status=status, message=(message + timed["note"]).strip(), timing_mode=timed["mode"],
             stats=stats, eager_stats=timed.get("eager"), cold_cache_copies=len(calls),
-            achieved_tbps=achieved,
-            pct_of_floor=100 * base["floor_us"] / stats.median_us if base["floor_us"] else None,
+            **speed_fields(s.min_bytes_moved, base["floor_us"], stats.median_us),
             gpu_state=gpu_state(), **base,
         )
 
-    def _time(self, calls: list, graph_safe: bool) -> dict[str, Any]:
+    def _time(self, calls: list, graph_safe: bool, eager: bool = True) -> dict[str, Any]:
         cfg = self.timing
         if not self.device.is_gpu:
             return {"mode": "wall", "stats": time_calls(calls, cfg, use_graph=False), "note": ""}
         result: dict[str, Any] = {"note": ""}
-        if cfg.eager or not (cfg.graph and graph_safe):
+        if (cfg.eager and eager) or not (cfg.graph and graph_safe):
             result["eager"] = time_calls(calls, cfg, use_graph=False)
         if cfg.graph and graph_safe:
             try:
@@ -156,6 +160,13 @@ class ShapeBench:
                     result["eager"] = time_calls(calls, cfg, use_graph=False)
         result.update(mode="eager", stats=result.pop("eager"))
         return result
+
+
+def speed_fields(bytes_moved: int, floor_us: float | None, median_us: float) -> dict[str, float | None]:
+    """``achieved_tbps`` (``bytes_moved`` over ``median_us``, TB/s) and ``pct_of_floor``
+    (``100 * floor_us / median_us``; None without a floor) of a record."""
+    return {"achieved_tbps": bytes_moved / (median_us * 1e-6) / 1e12,
+            "pct_of_floor": 100 * floor_us / median_us if floor_us else None}
 
 
 def refresh_cost_us(call: PreparedCall, device: DeviceInfo, reps: int = 5) -> float:

@@ -73,6 +73,9 @@ class Record(BaseModel):
     pct_of_floor: float | None = Field(None, description="100 * floor_us / median time.")
     setup_us: dict[str, float] = Field(default_factory=dict, description="Untimed setup steps, µs.")
     refresh_us: float | None = Field(None, description="Untimed per-step rebuild of the call's length-dependent metadata (work list, scheduler), median wall µs; a server pays it once per step for all layers, not per layer. 0 when the call reads the lengths only on the device.")
+    visit_medians_us: list[float] | None = Field(
+        None, description="Median of each visit when the point was timed in several visits over the run "
+                          "(stats pools their samples); None: one visit.")
     gpu_state: dict[str, Any] = Field(default_factory=dict, description="Clocks, temperature, power read after timing.")
     gpu_state_before: dict[str, Any] = Field(default_factory=dict, description="The same, read just before timing.")
     clock_below_steady: bool | None = Field(

@@ -1,6 +1,7 @@
 """The sweep's measuring loop: points in their order, shape inputs reused, the sentinel, drift.
 
 :class:`SweepRunner` takes the points of a sweep in measuring order (:mod:`mlabench.order`),
+measures each point in one or more visits spread over the run (:mod:`mlabench.visits`) and
 appends one record per point to the run's store, re-measures the sentinel point
 (:func:`choose_sentinel`) at the start, after every ``sentinel_every`` points and at the end
 (:mod:`mlabench.sentinel`), flags points measured below the GPU's steady clock
@@ -24,6 +25,7 @@ from mlabench.results import Record, ResultStore
 from mlabench.sentinel import append_sentinel, drift_dict, drift_of, read_sentinels
 from mlabench.shapes import MLADecodeShape
 from mlabench.steady import below_steady
+from mlabench.visits import append_visit, pooled_record, read_visits, visit_order, wants_more
 
 if TYPE_CHECKING:
     from mlabench.sweep import Point, SweepConfig
@@ -89,37 +91,63 @@ class SweepRunner:
         self.recorded = len(store.records())
 
     def run(self, ordered: Sequence[Point], sentinel: Point | None, progress: ProgressFn | None = None) -> None:
-        """Measure every point of ``ordered`` not yet recorded, in order; Ctrl-C saves what was
-        measured (CSV, drift) and raises :class:`Interrupted` naming the folder to resume.
-        ``progress(point, record, done, total)`` is called at the start and before each point
-        (``record`` None), and after each point."""
+        """Measure every point of ``ordered`` not yet recorded, in order, in :attr:`visits` passes
+        (:mod:`mlabench.visits`); Ctrl-C saves what was measured (CSV, drift) and raises
+        :class:`Interrupted` naming the folder to resume.  ``progress(point, record, done, total)``
+        counts measurements (a point is ``visits`` of them): it is called at the start and before
+        each measurement (``record`` None), and after each one."""
+        n = self.visits
+        prior = read_visits(self.store.run_dir) if n > 1 else {}
         done = self.store.finished_keys()
+        for p in ordered:  # every visit measured before an interruption, the record not yet written
+            have = prior.get(p.key, [])
+            if p.key not in done and have and (len(have) >= n or not wants_more(have)):
+                self.store.append(pooled_record(have, self.cfg.timing.target_rel_ci))
+                self.recorded += 1
+                done.add(p.key)
         todo = [p for p in ordered if p.key not in done]
-        total, finished = len(ordered), len(ordered) - len(todo)
+        plan = [(v, p) for v in range(1, n + 1) for p in visit_order(todo, v) if len(prior.get(p.key, ())) < v]
+        total, finished = n * len(ordered), n * len(ordered) - len(plan)
         budget = int(CACHE_SHARE * (current_device().total_memory_bytes or free_memory_bytes()))
-        cache = BenchCache(self.cfg, Counter(p.shape for p in todo), budget)
+        cache = BenchCache(self.cfg, Counter(p.shape for _, p in plan), budget)
         every = self.cfg.sentinel_every if sentinel is not None else 0
         try:
-            if progress and todo:  # the bar shows from the start, before the first sentinel
-                progress(sentinel or todo[0], None, finished, total)
+            if progress and plan:  # the bar shows from the start, before the first sentinel
+                progress(sentinel or plan[0][1], None, finished, total)
             self._sentinel(sentinel)
-            for i, p in enumerate(todo, 1):
+            for i, (v, p) in enumerate(plan, 1):
+                have = prior.setdefault(p.key, [])
+                if v > 1 and not wants_more(have):  # failed or untimed at its first visit: recorded then
+                    cache.done(p.shape)
+                    finished += 1
+                    continue
                 if progress:
-                    progress(p, None, finished + i - 1, total)
-                rec = self._measure(p, cache)
-                self.store.append(rec)
-                self.recorded += 1
+                    progress(p, None, finished, total)
+                rec = self._measure(p, cache, verify=v == 1)
                 cache.done(p.shape)
+                finished += 1
+                if n > 1:
+                    append_visit(self.store.run_dir, v, rec)
+                    have.append(rec)
+                if n == 1 or len(have) == n or not wants_more(have):
+                    self.store.append(pooled_record(have, self.cfg.timing.target_rel_ci) if n > 1 else rec)
+                    self.recorded += 1
                 if progress:
-                    progress(p, rec, finished + i, total)
-                if every and i % every == 0 and i < len(todo):
+                    progress(p, rec, finished, total)
+                if every and i % every == 0 and i < len(plan):
                     self._sentinel(sentinel)
             self._sentinel(sentinel)
         except KeyboardInterrupt:
             self.finish()
-            raise Interrupted(f"interrupted: {self.recorded} of {total} points recorded in {self.store.run_dir}; "
+            raise Interrupted(f"interrupted: {self.recorded} of {len(ordered)} points recorded in {self.store.run_dir}; "
                               f"continue with: mlabench sweep --resume {self.store.run_dir}") from None
         self.finish()
+
+    @property
+    def visits(self) -> int:
+        """Visits per point: the sweep's ``visits`` (:func:`mlabench.sweep.run_sweep` resolves
+        its default), 1 when unset."""
+        return self.cfg.visits or 1
 
     def finish(self) -> None:
         """Regenerate the CSV and write the sentinel's drift into the manifest."""
@@ -127,14 +155,14 @@ class SweepRunner:
         drift = drift_of(read_sentinels(self.store.run_dir), self.store.records(), self.cfg.drift_target)
         self.store.update_manifest(drift=drift_dict(drift))
 
-    def _measure(self, p: Point, cache: BenchCache | None) -> Record:
+    def _measure(self, p: Point, cache: BenchCache | None, verify: bool = True) -> Record:
         try:
             bench = cache.get(p.shape) if cache else ShapeBench(p.shape, self.cfg.timing, seed=self.cfg.seed)
         except (MlabenchError, RuntimeError) as exc:  # e.g. the allocator ran out after all
             return failed_record(p.backend, p.params, p.shape, self.run_id, self.copy_bw,
                                  f"inputs could not be created: {str(exc).splitlines()[0][:300]}", self.read_bw)
         rec = bench.run(get_backend(p.backend), p.params, copy_bw_tbps=self.copy_bw, run_id=self.run_id,
-                        check=self.cfg.check, time_it=self.time_it, read_bw_tbps=self.read_bw)
+                        check=self.cfg.check, time_it=self.time_it, read_bw_tbps=self.read_bw, verify=verify)
         low = below_steady(rec.gpu_state_before, rec.gpu_state, self.steady_mhz)
         return rec.model_copy(update={"clock_below_steady": low}) if low is not None else rec
 

@@ -33,6 +33,7 @@ from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.steady import warm_up
 from mlabench.timing import TimingConfig
 from mlabench.verdict import CheckConfig
+from mlabench.visits import DEFAULT_GPU_VISITS
 
 #: The two ways to name a model; one given by a flag replaces either in a file.
 MODEL_SOURCES = ("model", "model_config")
@@ -63,6 +64,8 @@ class SweepConfig(BaseModel):
     order_seed: int | None = Field(None, description="Seed of the order; drawn and recorded when not given.")
     sentinel_every: int = Field(20, ge=0, description="Re-measure the sentinel point after every N points (0: only "
                                                       "at the start and end).")
+    visits: int | None = Field(None, ge=1, le=16, description="Visits per point, spread over the run and their "
+                               "samples pooled (mlabench.visits); default: 4 on a GPU, 1 on the CPU.")
     drift_target: float = Field(0.01, gt=0, description="Sentinel drift (relative) beyond which the run is flagged.")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -130,9 +133,11 @@ def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None 
 
 def recorded_config(store: ResultStore) -> SweepConfig:
     """The sweep configuration a run folder's manifest recorded; :class:`ResultsError` when it is
-    not one (a folder of another tool, or a manifest edited by hand)."""
+    not one (a folder of another tool, or a manifest edited by hand).  A run recorded before
+    ``visits`` existed measured each point once: its ``visits`` is 1."""
     try:
-        return SweepConfig.model_validate(store.manifest().config)
+        config = store.manifest().config
+        return SweepConfig.model_validate({"visits": 1, **config} if config.get("visits") is None else config)
     except ValidationError as exc:
         raise ResultsError(f"{store.run_dir}: the manifest holds no sweep configuration "
                            f"({validation_line(exc)})") from None
@@ -301,7 +306,8 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     same device, driver, library versions and git revision (:class:`ConfigError` /
     :class:`ResultsError` otherwise).  The GPU is warmed up to steady clocks first
     (:func:`~mlabench.steady.warm_up`); a new run then measures the copy and read bandwidths.  The
-    points run in ``cfg.order`` with the sentinel (:class:`~mlabench.runner.SweepRunner`);
+    points run in ``cfg.order``, each in ``cfg.visits`` visits (default: 4 on a GPU when timing, else
+    1; recorded resolved) with the sentinel (:class:`~mlabench.runner.SweepRunner`);
     ``progress(point, record, done, total)`` is called before each point (``record`` None) and
     after it.  Ctrl-C saves the CSV and raises :class:`Interrupted`, naming the folder to resume.
     """
@@ -311,6 +317,8 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     points = expand(cfg, backends)
     for shape in {p.shape for p in points}:
         check_fits(shape)
+    if cfg.visits is None:  # recorded resolved, so a resumed run keeps its own
+        cfg = cfg.model_copy(update={"visits": DEFAULT_GPU_VISITS if time_it and current_device().is_gpu else 1})
     store = _reopen(cfg, resume) if resume is not None else None
     if store is not None:
         cfg = cfg.model_copy(update={"order_seed": recorded_config(store).order_seed})

@@ -13,6 +13,11 @@ Method (design.md, "Timing method"):
   context measured 32.0 µs per call over its 4 copies and 30.4 µs over 512 calls.
 - Graph replay: on a GPU the calls of a sample are captured into one CUDA/HIP graph and a sample is
   one replay timed with device events.  Eager timing (the same loop without a graph) is kept too.
+- Lead: before each sample a short device-side spin (``lead_us``, ``torch.cuda._sleep``) is queued,
+  so the host has enqueued the start event and the replay before the GPU reaches them, and the
+  replay's launch latency is not between the events.
+- Visits: a sweep measures each point in several visits spread over the run and pools their
+  samples (:mod:`mlabench.visits`), since the GPU's state changes on a scale of 0.1-1 s.
 - Stopping rule: after warm-up, samples are taken until the relative half-width of the median's
   95% confidence interval is below ``target_rel_ci`` (at least ``min_samples``) or the time budget
   ends; a point that never converges is flagged ``noisy``, not dropped.
@@ -55,6 +60,9 @@ class TimingConfig(BaseModel):
     min_replay_us: float = Field(2000.0, ge=0, description="Least work one GPU sample holds, µs.")
     min_calls_per_replay: int = Field(1, ge=1, description="Fewest calls one GPU sample holds.")
     max_calls_per_replay: int = Field(4096, ge=1, description="Most calls one GPU sample holds.")
+    lead_us: float = Field(20.0, ge=0, description=(
+        "Device-side wait queued before each timed GPU sample, µs, so the sample's launch is "
+        "enqueued while the GPU is still busy and its latency stays outside the events (0: none)."))
     steady_min_s: float = Field(5.0, ge=0, description="Least GPU warm-up before a sweep's first point, seconds.")
     steady_max_s: float = Field(30.0, ge=0, description="Most GPU warm-up waiting for steady clocks, seconds.")
 
@@ -132,7 +140,8 @@ def time_calls(calls: Sequence[Callable[[], object]], cfg: TimingConfig, *, use_
     n = calls_per_replay(pilot_us, len(calls), cfg)
     step = one_pass if n == len(calls) else _gpu_step([calls[i % len(calls)] for i in range(n)], use_graph)
     torch.cuda.synchronize()
-    stats = run_until_stable(lambda: _event_us(step) / n, cfg)
+    lead_cycles = round(cfg.lead_us * spin_cycles_per_us()) if cfg.lead_us > 0 else 0
+    stats = run_until_stable(lambda: _event_us(step, lead_cycles) / n, cfg)
     return stats.model_copy(update={"calls_per_sample": n})
 
 
@@ -144,15 +153,31 @@ def _gpu_step(calls: Sequence[Callable[[], object]], use_graph: bool) -> Callabl
     return lambda: _run_all(calls)
 
 
-def _event_us(step: Callable[[], None]) -> float:
-    """Device time of one ``step()``, µs, between two events on the current stream."""
+def _event_us(step: Callable[[], None], lead_cycles: int = 0) -> float:
+    """Device time of one ``step()``, µs, between two events on the current stream; with
+    ``lead_cycles``, a spin of that many GPU clock cycles is queued before the first event."""
     start_ev = torch.cuda.Event(enable_timing=True)
     end_ev = torch.cuda.Event(enable_timing=True)
+    if lead_cycles:
+        torch.cuda._sleep(lead_cycles)
     start_ev.record()
     step()
     end_ev.record()
     end_ev.synchronize()
     return start_ev.elapsed_time(end_ev) * 1e3
+
+
+_SPIN_CYCLES_PER_US: dict[int, float] = {}
+
+
+def spin_cycles_per_us() -> float:
+    """GPU clock cycles ``torch.cuda._sleep`` spins per µs on the current device, measured once
+    per process (a 1M-cycle spin timed with events, the shortest of three)."""
+    dev = torch.cuda.current_device()
+    if dev not in _SPIN_CYCLES_PER_US:
+        cycles = 1_000_000
+        _SPIN_CYCLES_PER_US[dev] = cycles / min(_event_us(lambda: torch.cuda._sleep(cycles)) for _ in range(3))
+    return _SPIN_CYCLES_PER_US[dev]
 
 
 def capture_graph(calls: Sequence[Callable[[], object]]) -> torch.cuda.CUDAGraph:

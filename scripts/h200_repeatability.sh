@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 13 on one GPU (written for an H200, about 6 minutes): (a) per-call time against the calls a
-# graph replay holds, (b) the kimi-k3-tp8 sweep twice in a row, (c) `mlabench diff` of the two.
+# Issue 13 on one GPU (written for an H200, about 8 minutes): (a) where a point's run-to-run
+# difference comes from (placement, time, launch: noise.md/json), (b) per-call time against the calls
+# a graph replay holds, (c) the kimi-k3-tp8 sweep twice in a row, (d) `mlabench diff` of the two.
 #   bash scripts/h200_repeatability.sh OUTDIR
 # Writes OUTDIR/amortisation.{md,json}, OUTDIR/sweep-1.md, sweep-2.md, the two run folders under
 # OUTDIR/runs/, OUTDIR/diff.md (summary and the points that differ) and diff.json (every point);
@@ -39,6 +40,8 @@ print(f"\nTriton stream: min {min(ts):.3f}, max {max(ts):.3f}, spread {100 * (ma
       f"over 6 buffers x 2 rounds (a spread between buffers that repeats across rounds is placement)")
 PY
 tail -n 1 "$out/placement.md"
+python3 scripts/gpu_noise_sources.py --out "$out/noise.json" > "$out/noise.md" || { cat "$out/noise.md"; exit 1; }
+echo "noise sources: $((SECONDS - start)) s"
 python3 scripts/gpu_replay_amortisation.py --out "$out/amortisation.json" > "$out/amortisation.md" \
   || { cat "$out/amortisation.md"; exit 1; }
 echo "amortisation: $((SECONDS - start)) s"

@@ -75,6 +75,9 @@ Order = Annotated[OrderChoice | None, typer.Option(
     help="Measuring order (default interleaved, or the config's; a resumed run keeps its own).")]
 OrderSeed = Annotated[int | None, typer.Option(
     metavar="N", help="Seed of the order (default: drawn and recorded).")]
+Visits = Annotated[int | None, typer.Option(
+    min=1, max=16, metavar="N",
+    help="Visits per point, spread over the run, samples pooled (default 4 on a GPU, 1 on the CPU, or the config's).")]
 VllmBin = Annotated[str | None, typer.Option(
     metavar="PATH", help="vllm executable (before $MLABENCH_VLLM_BIN and the config's vllm_bin).")]
 

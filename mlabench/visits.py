@@ -1,0 +1,94 @@
+"""A sweep point measured in several visits spread over the run, and their samples pooled.
+
+Why: on an H200 the same point, measured twice a few hundred milliseconds apart with the same inputs
+and graph, differs by up to 1-2% (batch 16, 8K-100K tokens), while its own ten samples, taken
+within about 20 ms, agree within 0.1-0.5%; blocks of samples from one captured graph drift the same
+way, so it is the GPU's state over time, not placement or capture (``scripts/gpu_noise_sources.py``,
+docs/h200.md).  A point measured once catches whichever state the GPU is in, and two runs of one
+sweep disagree by more than 1% at about one point in twelve.  Measuring every point in ``visits``
+passes over the sweep, the even passes in reverse order, spreads its samples over the whole run
+(every point's mean position in time is the run's middle), and the pooled samples' median and
+confidence interval then describe the run rather than one moment of it.
+
+The first visit checks correctness and times (graph and eager); later visits time the graph only.
+Each visit is appended to ``visits.jsonl`` in the run folder as it is measured; once a point has
+all its visits, its pooled record goes to ``results.jsonl`` (:func:`pooled_record`).  A resumed run
+reads ``visits.jsonl`` and measures only the visits still missing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from mlabench.measure import speed_fields
+from mlabench.results import Record, utc_now
+from mlabench.stats import summarize
+
+VISITS_FILE = "visits.jsonl"
+#: Visits per point on a GPU when the sweep does not say (``SweepConfig.visits``); 1 on the CPU.
+DEFAULT_GPU_VISITS = 4
+
+P = TypeVar("P")
+
+
+def visit_order(points: Sequence[P], visit: int) -> list[P]:
+    """``points`` in the order of visit ``visit`` (1-based): as given on odd visits, reversed on
+    even ones, so a drift over the run falls on every point alike."""
+    return list(points) if visit % 2 else list(points)[::-1]
+
+
+def append_visit(run_dir: Path, visit: int, rec: Record) -> None:
+    """Append ``rec``, the ``visit``-th measurement of its point, to ``run_dir/visits.jsonl``."""
+    line = json.dumps({"visit": visit, "record": rec.model_dump(mode="json")})
+    with open(Path(run_dir) / VISITS_FILE, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+
+
+def read_visits(run_dir: Path) -> dict[str, list[Record]]:
+    """Every point's visits recorded in ``run_dir/visits.jsonl``, by point key, in visit order
+    (a line cut short by a kill is skipped); empty when there is no file."""
+    path = Path(run_dir) / VISITS_FILE
+    out: dict[str, list[tuple[int, Record]]] = {}
+    if not path.exists():
+        return {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        rec = Record.model_validate(data["record"])
+        out.setdefault(rec.key, []).append((int(data["visit"]), rec))
+    return {k: [r for _, r in sorted(v, key=lambda t: t[0])] for k, v in out.items()}
+
+
+def wants_more(visits: Sequence[Record]) -> bool:
+    """Whether a point with these visits so far is timed again: only when its first visit was
+    timed (``ok`` or ``incorrect`` with samples); a failed or unsupported point is recorded once."""
+    return bool(visits) and visits[0].stats is not None and all(v.stats is not None for v in visits)
+
+
+def pooled_record(visits: Sequence[Record], target_rel_ci: float = 0.01) -> Record:
+    """One record from a point's visits: the first visit's verdict, status, eager time and
+    metadata; the graph time (``stats``) from every visit's samples pooled (median, spread and
+    confidence interval of all of them, ``noisy`` against ``target_rel_ci``; ``calls_per_sample``
+    of the first); the speed fields from
+    the pooled median; ``visit_medians_us`` each visit's own median; the GPU state after the last
+    visit; ``clock_below_steady`` when any visit was.  One visit, or an untimed first visit, is
+    returned as it is.  Raises ValueError for no visits."""
+    if not visits:
+        raise ValueError("no visits")
+    first = visits[0]
+    timed = [v for v in visits if v.stats is not None]
+    if len(visits) == 1 or first.stats is None:
+        return first
+    samples = [x for v in timed for x in v.stats.samples_us]
+    stats = summarize(samples, target_rel_ci).model_copy(
+        update={"calls_per_sample": first.stats.calls_per_sample})
+    flags = [v.clock_below_steady for v in timed if v.clock_below_steady is not None]
+    return first.model_copy(update={
+        "stats": stats, **speed_fields(first.bytes_moved, first.floor_us, stats.median_us),
+        "visit_medians_us": [v.stats.median_us for v in timed], "gpu_state": timed[-1].gpu_state,
+        "clock_below_steady": any(flags) if flags else None, "timestamp": utc_now()})

@@ -1,0 +1,116 @@
+"""Points measured in several visits spread over the run, samples pooled (issue 13, mlabench.visits)."""
+
+import json
+import statistics
+
+import pytest
+
+from mlabench.errors import Interrupted
+from mlabench.results import Record, ResultStore
+from mlabench.stats import summarize
+from mlabench.sweep import SweepConfig, run_sweep
+from mlabench.timing import TimingConfig
+from mlabench.visits import VISITS_FILE, pooled_record, read_visits, visit_order, wants_more
+
+TIMING = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
+
+
+def config(visits=3, **kw):
+    base = dict(name="v", heads=[12], batch=[1], context_lens=[16, 40], page_size=16, backends=["torch-splitkv"],
+                params={"num_kv_splits": [1, 2]}, sentinel_every=0, visits=visits, timing=TIMING)
+    return SweepConfig(**{**base, **kw})
+
+
+def record(samples, *, key="k", clock_low=None, bytes_moved=4_000_000, floor_us=1.0):
+    return Record(key=key, run_id="r", backend="b", params={}, shape={}, batch=1, num_heads=12, context_len=16,
+                  status="ok", stats=summarize(samples).model_copy(update={"calls_per_sample": 8}),
+                  bytes_moved=bytes_moved, floor_us=floor_us, clock_below_steady=clock_low,
+                  gpu_state={"sm_clock_mhz": len(samples)}, timestamp="t")
+
+
+def test_even_visits_run_backwards():
+    assert visit_order([1, 2, 3], 1) == [1, 2, 3] == visit_order([1, 2, 3], 3)
+    assert visit_order([1, 2, 3], 2) == [3, 2, 1] == visit_order([1, 2, 3], 4)
+
+
+def test_pooled_record_takes_every_visits_samples():
+    visits = [record([10.0, 10.1, 10.2]), record([11.0, 11.1, 11.2, 11.3], clock_low=True),
+              record([10.5, 10.6, 10.7], clock_low=False)]
+    out = pooled_record(visits, target_rel_ci=0.5)
+    pooled = [10.0, 10.1, 10.2, 11.0, 11.1, 11.2, 11.3, 10.5, 10.6, 10.7]
+    assert out.stats.samples_us == pooled and out.stats.n == 10
+    assert out.stats.median_us == statistics.median(pooled) == pytest.approx(10.65)
+    assert out.visit_medians_us == pytest.approx([10.1, 11.15, 10.6])
+    assert out.stats.calls_per_sample == 8 and not out.stats.noisy  # against the target given
+    assert out.achieved_tbps == pytest.approx(4_000_000 / 10.65e-6 / 1e12)
+    assert out.pct_of_floor == pytest.approx(100 / 10.65)
+    assert out.clock_below_steady is True and out.gpu_state == {"sm_clock_mhz": 3}  # the last visit's
+    assert pooled_record(visits, target_rel_ci=1e-6).stats.noisy
+
+
+def test_one_visit_or_an_untimed_first_visit_is_kept_as_is():
+    one = record([1.0, 2.0, 3.0])
+    assert pooled_record([one]) is one
+    failed = one.model_copy(update={"status": "error", "stats": None})
+    assert pooled_record([failed, one]) is failed
+    assert not wants_more([failed]) and wants_more([one]) and not wants_more([])
+    with pytest.raises(ValueError):
+        pooled_record([])
+
+
+def test_a_sweep_times_each_point_in_every_visit_and_checks_it_once(tmp_path, monkeypatch):
+    from mlabench import measure
+
+    real, verify_flags = measure.ShapeBench.run, []
+
+    def spy(self, backend, params, **kw):
+        verify_flags.append(kw.get("verify", True))
+        return real(self, backend, params, **kw)
+
+    monkeypatch.setattr(measure.ShapeBench, "run", spy)
+    store, recs = run_sweep(config(visits=3), tmp_path)
+    assert len(recs) == 4 and all(r.status == "ok" for r in recs)
+    assert verify_flags.count(True) == 4 + 2 and verify_flags.count(False) == 8  # + 2 sentinels
+    visits = read_visits(store.run_dir)
+    for r in recs:
+        assert len(visits[r.key]) == 3 and r.visit_medians_us == [v.stats.median_us for v in visits[r.key]]
+        assert r.stats.n == 9 and r.verdict is not None and r.verdict.passed
+        assert visits[r.key][1].verdict is None and visits[r.key][2].verdict is None
+    lines = [json.loads(x) for x in (store.run_dir / VISITS_FILE).read_text().splitlines()]
+    order = [line["record"]["key"] for line in lines]
+    assert order[4:8] == order[:4][::-1] and order[8:] == order[:4]  # the second visit runs backwards
+
+
+def test_an_interrupted_visited_sweep_resumes_the_missing_visits_only(tmp_path):
+    seen = []
+
+    def stop(point, record, done, total):
+        assert total == 12
+        if record is not None:
+            seen.append(point.key)
+        if done == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted, match="0 of 4 points recorded"):
+        run_sweep(config(visits=3), tmp_path, progress=stop)
+    (run_dir,) = tmp_path.iterdir()
+    assert sum(len(v) for v in read_visits(run_dir).values()) == 6 and not ResultStore(run_dir).records()
+    _, recs = run_sweep(config(visits=3), tmp_path, resume=run_dir)
+    visits = read_visits(run_dir)
+    assert len(recs) == 4 and all(len(visits[r.key]) == 3 and len(r.visit_medians_us) == 3 for r in recs)
+    assert sum(len(v) for v in visits.values()) == 12  # nothing measured twice
+
+
+def test_a_point_that_fails_is_recorded_after_its_first_visit(tmp_path, monkeypatch):
+    from mlabench.backends import reference
+
+    monkeypatch.setattr(reference.TorchSplitKVBackend, "supports", lambda self, s: (False, "not here"))
+    _, recs = run_sweep(config(visits=3), tmp_path)
+    assert len(recs) == 4 and {r.status for r in recs} == {"unsupported"}
+    assert all(r.visit_medians_us is None for r in recs)
+
+
+def test_the_cpu_default_is_one_visit(tmp_path):
+    store, recs = run_sweep(config(visits=None), tmp_path)
+    assert len(recs) == 4 and all(r.visit_medians_us is None for r in recs)
+    assert not (store.run_dir / VISITS_FILE).exists()
