@@ -11,7 +11,6 @@ Imported by :mod:`mlabench.sweep` only.
 
 from __future__ import annotations
 
-import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -26,7 +25,6 @@ from mlabench.results import Record, ResultStore
 from mlabench.sentinel import append_sentinel, drift_dict, drift_of, read_sentinels
 from mlabench.shapes import MLADecodeShape
 from mlabench.steady import below_steady
-from mlabench.timing import cooldown_s
 from mlabench.visits import append_visit, pooled_record, read_visits, visit_order, wants_more
 
 if TYPE_CHECKING:
@@ -126,7 +124,6 @@ class SweepRunner:
                 if progress:
                     progress(p, None, finished, total)
                 rec = self._measure(p, cache, verify=v == 1)
-                self._cool_down(rec)
                 cache.done(p.shape)
                 finished += 1
                 if n > 1:
@@ -168,13 +165,6 @@ class SweepRunner:
                         check=self.cfg.check, time_it=self.time_it, read_bw_tbps=self.read_bw, verify=verify)
         low = below_steady(rec.gpu_state_before, rec.gpu_state, self.steady_mhz)
         return rec.model_copy(update={"clock_below_steady": low}) if low is not None else rec
-
-    def _cool_down(self, rec: Record) -> None:
-        """Idle after a point timed on a GPU (:func:`mlabench.timing.cooldown_s`): on an H200, a
-        point's visits measured right after seconds of batch-16 work at 100K+ tokens ran 3-4% slower,
-        their SM clock read 1695-1875 MHz against 1980 at 520-550 W (docs/h200.md)."""
-        if rec.timing_mode == "graph":
-            time.sleep(cooldown_s(rec.stats, self.cfg.timing))
 
     def _sentinel(self, sentinel: Point | None) -> None:
         """Measure the sentinel on fresh inputs and append it to ``sentinel.jsonl``."""

@@ -63,11 +63,6 @@ class TimingConfig(BaseModel):
     lead_us: float = Field(20.0, ge=0, description=(
         "Device-side wait queued before each timed GPU sample, µs, so the sample's launch is "
         "enqueued while the GPU is still busy and its latency stays outside the events (0: none)."))
-    cooldown_ratio: float = Field(1.0, ge=0, description=(
-        "After each point a sweep measures on a GPU, it idles this many times the point's timed GPU "
-        "time (at most cooldown_max_s), so sustained load does not push the GPU into a power-capped, "
-        "slower state for the points after it (0: no idling)."))
-    cooldown_max_s: float = Field(0.25, ge=0, description="Longest idle after one point, seconds.")
     steady_min_s: float = Field(5.0, ge=0, description="Least GPU warm-up before a sweep's first point, seconds.")
     steady_max_s: float = Field(30.0, ge=0, description="Most GPU warm-up waiting for steady clocks, seconds.")
 
@@ -88,15 +83,6 @@ def run_until_stable(sample_us: Callable[[], float], cfg: TimingConfig,
             if median_rel_ci(samples) <= cfg.target_rel_ci or clock() - start >= cfg.budget_s:
                 break
     return summarize(samples, cfg.target_rel_ci)
-
-
-def cooldown_s(stats: Stats | None, cfg: TimingConfig) -> float:
-    """Seconds to idle after a measurement: ``cooldown_ratio`` x its timed GPU time (samples x
-    calls per sample x median µs), at most ``cooldown_max_s``; 0 without stats."""
-    if stats is None or cfg.cooldown_ratio <= 0:
-        return 0.0
-    busy_s = stats.n * (stats.calls_per_sample or 1) * stats.median_us * 1e-6
-    return min(cfg.cooldown_max_s, cfg.cooldown_ratio * busy_s)
 
 
 def cold_cache_copies(bytes_per_copy: int, device: DeviceInfo, cfg: TimingConfig) -> int:

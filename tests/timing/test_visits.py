@@ -114,13 +114,3 @@ def test_the_cpu_default_is_one_visit(tmp_path):
     store, recs = run_sweep(config(visits=None), tmp_path)
     assert len(recs) == 4 and all(r.visit_medians_us is None for r in recs)
     assert not (store.run_dir / VISITS_FILE).exists()
-
-
-def test_cooldown_is_the_timed_gpu_time_capped():
-    from mlabench.timing import cooldown_s
-
-    stats = summarize([800.0] * 10).model_copy(update={"calls_per_sample": 4})
-    assert cooldown_s(stats, TimingConfig()) == pytest.approx(10 * 4 * 800e-6)
-    assert cooldown_s(stats, TimingConfig(cooldown_ratio=2.0)) == pytest.approx(2 * 10 * 4 * 800e-6)
-    assert cooldown_s(stats, TimingConfig(cooldown_ratio=100.0)) == TimingConfig().cooldown_max_s
-    assert cooldown_s(stats, TimingConfig(cooldown_ratio=0)) == 0 == cooldown_s(None, TimingConfig())
