@@ -14,6 +14,7 @@ from typing import Any
 
 from mlabench.plots import FigureSpec, style
 from mlabench.plots import tuning as T
+from mlabench.policy import TILES_NOTATION
 from mlabench.report.document import Block, FigureBlock, Heading, Missing, Para, TableBlock
 from mlabench.tables import Table
 
@@ -102,6 +103,8 @@ def policy_table(policy: Any) -> Table:
     if any(e.tokens_per_split for b in policy.batches for e in b.entries):
         t.notes.append("min(ceil(L/t),n): the split count scales with the context length L, one split per t "
                        "tokens, at most n")
+    if any(e.tile_tokens for b in policy.batches for e in b.entries):
+        t.notes.append(TILES_NOTATION)
     return t
 
 
