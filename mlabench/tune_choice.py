@@ -22,7 +22,7 @@ from mlabench.backends.base import Backend
 from mlabench.errors import ResultsError
 from mlabench.policy import BatchPolicy, Policy, PolicyEntry, merge_adjacent, rule_splits
 from mlabench.heuristics import HEURISTICS
-from mlabench.studies import launch_key
+from mlabench.studies import distinct_finished, launch_key
 from mlabench.tune import RULE_PARAM, TILE_PARAM, Bucket, TuneConfig, full_params, params_at, shape_dims
 
 Combine = Literal["worst", "geomean"]
@@ -35,7 +35,8 @@ class Measured:
     ``params``: the searched parameters; ``median_us``: the geometric mean over its lengths of its
     median times (µs; with one length, its median); ``rel_ci``: the widest relative CI half-width of
     those medians; ``times_us`` and ``splits``: per length (tokens), the median (µs) and the split
-    count launched (empty for a configuration known by one median only).
+    count launched (empty for a configuration known by one median only); ``launch``: what it
+    launches (:func:`mlabench.studies.launch_key`; empty when built by hand).
     """
 
     params: dict[str, Any]
@@ -44,6 +45,7 @@ class Measured:
     trials: int
     times_us: dict[int, float] = field(default_factory=dict)
     splits: dict[int, int] = field(default_factory=dict)
+    launch: str = ""
 
     def times(self) -> dict[int, float]:
         """``times_us``, or ``{0: median_us}`` when it is empty."""
@@ -95,7 +97,7 @@ def measured_configs(trials: list[Any], length: int = 0) -> list[Measured]:
         splits = {n: int(p["num_kv_splits"]) for n, p in points[0].items() if p.get("num_kv_splits") is not None}
         rel_ci = max(float(p[n].get("median_rel_ci") or 0.0) for p in points for n in p)
         out.append(Measured(params=ts[0].params, median_us=geomean(list(times.values())), rel_ci=rel_ci,
-                            trials=len(ts), times_us=times, splits=splits))
+                            trials=len(ts), times_us=times, splits=splits, launch=launch_key(ts[0])))
     return out
 
 
@@ -150,9 +152,10 @@ class BucketChoice:
     """What one study chose (``chosen``, ``tokens_per_split`` and ``tile_tokens``: the policy entry), and how it,
     the best-scoring configuration and the best public heuristic measured.
 
-    ``*_us``: geometric mean over the bucket's lengths of the medians (µs); ``*_worst``: the
-    worst ratio minus 1 over those lengths against the best time measured at each (in-sample
-    regret, a fraction).
+    ``finished`` and ``pruned``: distinct configurations by what they launch (repeats not
+    counted, as for ``--trials``); ``*_us``: geometric mean over the bucket's lengths of the
+    medians (µs); ``*_worst``: the worst ratio minus 1 over those lengths against the best time
+    measured at each (in-sample regret, a fraction).
     """
 
     batch: int
@@ -187,16 +190,18 @@ def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend
         raise ResultsError(f"batch {batch}, context {bucket.lo + 1}-{bucket.hi}: no configuration "
                            f"passed the correctness check ({len(trials)} trials)") from None
     public = {h.name for h in HEURISTICS}  # not the tuner's own enqueued candidates (whole tiles)
-    heuristics = {json.dumps(t.params, sort_keys=True): t.user_attrs["enqueued_as"] for t in trials
-                  if t.user_attrs.get("enqueued_as") in public}
-    measured_h = [m for m in configs if json.dumps(m.params, sort_keys=True) in heuristics]
+    heuristics: dict[str, str] = {}  # launch -> the first public heuristic launching it
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.user_attrs.get("enqueued_as") in public:
+            heuristics.setdefault(launch_key(t), t.user_attrs["enqueued_as"])
+    measured_h = [m for m in configs if m.launch in heuristics]
     best_h = min(measured_h, key=lambda m: score(m, best_us, combine)) if measured_h else None
     params, tokens, tiles = policy_choice(backend, fixed, chosen.params, bucket)
     return BucketChoice(
-        batch, f"{bucket.lo + 1}-{bucket.hi}", bucket.hi, list(bucket.measured()),
-        sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials), sum(t.state.name == "PRUNED" for t in trials),
+        batch, f"{bucket.lo + 1}-{bucket.hi}", bucket.hi, list(bucket.measured()), distinct_finished(trials),
+        distinct_finished([t for t in trials if t.state.name == "PRUNED"]),
         len(configs), params, tokens, chosen.median_us, score(chosen, best_us, "worst") - 1, best.median_us,
-        heuristics[json.dumps(best_h.params, sort_keys=True)] if best_h else None,
+        heuristics[best_h.launch] if best_h else None,
         best_h.median_us if best_h else None, score(best_h, best_us, "worst") - 1 if best_h else None,
         tile_tokens=tiles)
 

@@ -1,7 +1,8 @@
 """A tuning run: the run folder, its studies, the workers, and the policy they lead to.
 
 :func:`run_tune` validates everything, creates (or resumes) ``results/<run-id>/`` with its manifest,
-creates the studies and enqueues the public heuristics, starts one worker per device
+creates the studies and enqueues the public heuristics and the whole-tile candidates
+(:mod:`mlabench.tune_enqueue`), starts one worker per device
 (:mod:`mlabench.workers`, :func:`mlabench.tune_worker.worker_main`), reports progress while they
 run, then chooses per study and writes the policy (``policy.json``, ``policy.h``, ``policy.py``).
 :func:`export_run` rebuilds the policy of a finished run (e.g. after workers on other machines).

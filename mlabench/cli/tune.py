@@ -200,6 +200,8 @@ def _report(result: Any, fmt: str) -> None:
                    "L: the context length)", ["batch", "max context", "params"])
     for b in result.policy.batches:
         policy.rows += [[b.batch, e.max_context_len, e.describe()] for e in b.entries]
+    choices.notes.append("trials, pruned: distinct configurations by what they launch at the bucket's lengths "
+                         "(a repeat reuses the earlier measurement and does not count towards --trials)")
     if any(c.tile_tokens for c in result.choices):
         policy.notes.append(TILES_NOTATION)
     emit([choices, policy], fmt)

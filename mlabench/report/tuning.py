@@ -53,7 +53,8 @@ def _lengths_text(cfg: dict[str, Any]) -> str:
         return f"its {cfg.get('representative')} length"
     rule = cfg.get("tokens_per_split")
     return (f"{k} lengths from its lower to its upper edge, scored by the {cfg.get('combine')} ratio to the best "
-            f"at each" + (", split counts scaling with the length searched too" if rule else ""))
+            f"at each" + (", split counts scaling with the length searched too" if rule else "")
+            + (" (whole tiles per split too, where the backend declares its tile)" if rule and cfg.get("whole_tiles") else ""))
 
 
 def validate_config_text(cfg: dict[str, Any]) -> str:
