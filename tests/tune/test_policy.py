@@ -132,23 +132,19 @@ def test_json_round_trip_and_schema_errors(tmp_path):
         load_policy(tmp_path / "missing.json")
 
 
-def test_version_1_file_is_read():
-    """A policy written before tokens_per_split (the committed first H200 attempt) reads as version 3."""
-    path = RESULTS / "first-attempt/policy.json"
-    assert '"schema_version": 1' in path.read_text()
-    p = load_policy(path)
-    assert p.schema_version == 3 and all(e.tokens_per_split is None for b in p.batches for e in b.entries)
-    assert p.lookup(1, 2381)["num_kv_splits"] == 69 and p.lookup(16, 50000)["num_kv_splits"] == 16
-
-
-def test_version_2_file_is_read():
-    """A policy written before tile_tokens (the committed wave-cap H200 attempt) reads as version 3."""
-    path = RESULTS / "wave-cap-attempt/policy.json"
-    assert '"schema_version": 2' in path.read_text()
+@pytest.mark.parametrize("folder, version, lookups", [
+    ("first-attempt", 1, {(1, 2381): 69, (16, 50000): 16}),            # before tokens_per_split
+    ("wave-cap-attempt", 2, {(1, 15898): 112, (1, 1000): 36, (1, 2940): 46}),  # before tile_tokens
+])
+def test_older_versions_are_read(folder, version, lookups):
+    """The committed H200 policies of schema versions 1 and 2 read as version 3, without rules
+    they could not have (2940 tokens: min(ceil(2940 / 64), 64) = 46)."""
+    path = RESULTS / folder / "policy.json"
+    assert f'"schema_version": {version}' in path.read_text()
     p = load_policy(path)
     assert p.schema_version == 3 and all(e.tile_tokens is None for b in p.batches for e in b.entries)
-    assert p.lookup(1, 15898)["num_kv_splits"] == 112 and p.lookup(1, 1000)["num_kv_splits"] == 36
-    assert p.lookup(1, 2940)["num_kv_splits"] == 46                     # min(ceil(2940 / 64), 64)
+    assert version > 1 or all(e.tokens_per_split is None for b in p.batches for e in b.entries)
+    assert {key: p.lookup(*key)["num_kv_splits"] for key in lookups} == lookups
 
 
 LENGTHS = [1, 63, 64, 1023, 1024, 1025, 1500, 4095, 4096, 4097, 8192, 8193, 8448, 8449, 10425, 15898, 16384, 16385,
