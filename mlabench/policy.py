@@ -7,10 +7,14 @@ context length": per tuned batch size, a list of :class:`PolicyEntry` sorted by
 - batch: the largest tuned batch size <= the batch asked for (the smallest one if none is);
 - context length L: the first entry with ``L <= max_context_len``; past the last entry, the last;
 - the entry's parameters; an entry with ``tokens_per_split`` t scales the count with the length:
-  ``num_kv_splits = clamp(ceil(L / t), 1, its num_kv_splits)`` (:func:`rule_splits`).
+  ``num_kv_splits = clamp(ceil(L / t), 1, its num_kv_splits)`` (:func:`rule_splits`); an entry
+  with ``tile_tokens`` g launches the fewest splits of whole g-token tiles that fit in its
+  ``num_kv_splits`` n: ``k = ceil(L / (g n))`` tiles per split, ``ceil(L / (g k))`` splits
+  (:func:`whole_tile_splits`).
 
 Exports: JSON with a versioned schema (:meth:`Policy.to_json` / :func:`load_policy`, which also
-reads version 1, written before ``tokens_per_split``), a C++17 header with a ``constexpr`` table
+reads version 1, written before ``tokens_per_split``, and version 2, before ``tile_tokens``), a
+C++17 header with a ``constexpr`` table
 and lookup (:func:`to_cpp_header`) and a standalone Python module (:func:`to_python_module`).
 See ``docs/tuning.md``.
 """
@@ -29,9 +33,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serial
 from mlabench.errors import ConfigError
 from mlabench.files import read_json, write_text
 
-#: Version 2 added ``tokens_per_split`` to an entry; :func:`load_policy` still reads version 1.
-POLICY_SCHEMA_VERSION = 2
-READABLE_SCHEMA_VERSIONS = (1, 2)
+#: Version 2 added ``tokens_per_split`` to an entry, version 3 ``tile_tokens``; :func:`load_policy`
+#: still reads versions 1 and 2 (neither field means a fixed count, as it always did).
+POLICY_SCHEMA_VERSION = 3
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 
 
 def rule_splits(context_len: int, tokens_per_split: int, max_splits: int) -> int:
@@ -41,45 +46,85 @@ def rule_splits(context_len: int, tokens_per_split: int, max_splits: int) -> int
     return max(1, min(int(max_splits), -(-int(context_len) // int(tokens_per_split))))
 
 
+def whole_tile_splits(context_len: int, tile_tokens: int, max_splits: int) -> int:
+    """The whole-tile rule: the fewest splits of whole ``tile_tokens``-token tiles, at most
+    ``max_splits`` of them, for a request of ``context_len`` tokens (< 1 counts as 1).
+
+    ``k = ceil(L / (g n))`` tiles per split is the fewest that fit in ``n`` splits; ``ceil(L / (g
+    k))`` is then the fewest splits that carry ``k`` tiles each (so at most ``n``).  E.g. g = 32,
+    n = 132: 1026 tokens -> 33 splits of 1 tile, 15898 -> 125 splits of 4 tiles, 24242 -> 127
+    of 6.  Why: a split's time steps with its tiles (a kernel walks a split tile by tile), and
+    on an H200 the fastest count at batch 1 below 32K was the one giving the fewest 32-token
+    tiles per split within about one program per SM (15898 tokens: 128 splits of 4 tiles beat 249
+    of 2 by 12% and a fixed 112, 5 tiles, by 11%); the best tiles per split change inside a
+    context bucket, which neither a fixed count nor ``clamp(ceil(L / t), 1, n)`` follows (see
+    docs/tuning.md, "On the H200").  A kernel that rounds a split's length up to a multiple of
+    the tile (or of a divisor of it, as ``triton-splitkv``'s 16 tokens) then gives every split at
+    most ``k`` tiles.
+    """
+    length, per_split = max(1, int(context_len)), int(tile_tokens) * max(1, int(max_splits))
+    tiles = -(-length // per_split)
+    return -(-length // (int(tile_tokens) * tiles))
+
+
 class PolicyEntry(BaseModel):
     """One context bucket's choice: every tuned parameter (``num_kv_splits`` and launch params),
-    and optionally a split count that grows with the length (``tokens_per_split``)."""
+    and optionally a split count that follows the length: ``tokens_per_split`` or ``tile_tokens``
+    (not both)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_context_len: int = Field(gt=0, description="Longest context length (tokens) this entry covers.")
     params: dict[str, int | str] = Field(description="Backend parameters to launch with; with "
-                                         "tokens_per_split, num_kv_splits is the most splits.")
+                                         "tokens_per_split or tile_tokens, num_kv_splits is the most splits.")
     tokens_per_split: int | None = Field(None, gt=0, description="None: num_kv_splits is the count. Set: "
                                          "num_kv_splits = clamp(ceil(L / tokens_per_split), 1, "
                                          "params.num_kv_splits) for a request of L tokens.")
+    tile_tokens: int | None = Field(None, gt=0, description="None: num_kv_splits is the count. Set (g, "
+                                    "with n = params.num_kv_splits): k = ceil(L / (g n)) tiles of g tokens "
+                                    "per split, num_kv_splits = ceil(L / (g k)) for a request of L tokens.")
 
     @model_validator(mode="after")
     def _rule_needs_splits(self) -> PolicyEntry:
-        if self.tokens_per_split is not None and not isinstance(self.params.get("num_kv_splits"), int):
-            raise ValueError(f"entry {self.max_context_len}: tokens_per_split needs an integer num_kv_splits")
+        if self.tokens_per_split is not None and self.tile_tokens is not None:
+            raise ValueError(f"entry {self.max_context_len}: tokens_per_split and tile_tokens exclude each other")
+        for name in ("tokens_per_split", "tile_tokens"):
+            if getattr(self, name) is not None and not isinstance(self.params.get("num_kv_splits"), int):
+                raise ValueError(f"entry {self.max_context_len}: {name} needs an integer num_kv_splits")
         return self
 
     @model_serializer(mode="wrap")
     def _omit_fixed(self, handler: Any) -> dict[str, Any]:
         data = handler(self)
-        if data.get("tokens_per_split") is None:
-            data.pop("tokens_per_split", None)
+        for name in ("tokens_per_split", "tile_tokens"):
+            if data.get(name) is None:
+                data.pop(name, None)
         return data
 
     def describe(self) -> str:
-        """The entry's parameters as ``name=value`` words, a rule as ``num_kv_splits=min(ceil(L/t),n)``."""
-        return describe_choice(self.params, self.tokens_per_split)
+        """The entry's parameters as ``name=value`` words, a rule as ``num_kv_splits=min(ceil(L/t),n)``
+        or ``num_kv_splits=tiles(L,g,n)`` (:func:`describe_choice`)."""
+        return describe_choice(self.params, self.tokens_per_split, self.tile_tokens)
 
     def same_choice(self, other: PolicyEntry) -> bool:
         """Whether ``other`` launches the same at every length (its bucket aside)."""
-        return self.params == other.params and self.tokens_per_split == other.tokens_per_split
+        return (self.params, self.tokens_per_split, self.tile_tokens) == (
+            other.params, other.tokens_per_split, other.tile_tokens)
 
 
-def describe_choice(params: dict[str, Any], tokens_per_split: int | None = None) -> str:
+#: How :func:`describe_choice` writes a whole-tile entry, for notes under tables.
+TILES_NOTATION = ("tiles(L,g,n): the fewest splits of whole g-token tiles, at most n: k = ceil(L/(g*n)) "
+                  "tiles per split, ceil(L/(g*k)) splits")
+
+
+def describe_choice(params: dict[str, Any], tokens_per_split: int | None = None,
+                    tile_tokens: int | None = None) -> str:
     """``params`` as ``name=value`` words (empty values, e.g. no ``split_policy`` file, left out);
-    with ``tokens_per_split`` t, ``num_kv_splits`` reads ``min(ceil(L/t),n)`` (for tables a person reads)."""
+    with ``tokens_per_split`` t, ``num_kv_splits`` reads ``min(ceil(L/t),n)``; with ``tile_tokens``
+    g, ``tiles(L,g,n)`` (:data:`TILES_NOTATION`; for tables a person reads)."""
     def word(name: str, value: Any) -> str:
+        if name == "num_kv_splits" and tile_tokens:
+            return f"{name}=tiles(L,{tile_tokens},{value})"
         if name == "num_kv_splits" and tokens_per_split:
             return f"{name}=min(ceil(L/{tokens_per_split}),{value})"
         return f"{name}={value}"
@@ -131,11 +176,11 @@ class Policy(BaseModel):
                                      f"{sorted(e.params)} differ from param_names {self.param_names}")
         return self
 
-    def rows(self) -> list[tuple[int, list[tuple[int, dict[str, Any], int | None]]]]:
+    def rows(self) -> list[tuple[int, list[tuple[int, dict[str, Any], int | None, int | None]]]]:
         """Plain data for :func:`lookup_rows`: ``[(batch, [(max_context_len, params,
-        tokens_per_split), ...]), ...]``."""
-        return [(b.batch, [(e.max_context_len, dict(e.params), e.tokens_per_split) for e in b.entries])
-                for b in self.batches]
+        tokens_per_split, tile_tokens), ...]), ...]``."""
+        return [(b.batch, [(e.max_context_len, dict(e.params), e.tokens_per_split, e.tile_tokens)
+                           for e in b.entries]) for b in self.batches]
 
     def lookup(self, batch: int, context_len: int) -> dict[str, Any]:
         """The parameters for ``batch`` requests of ``context_len`` tokens (module docstring rule).
@@ -150,12 +195,13 @@ class Policy(BaseModel):
 
 
 def lookup_rows(rows, batch, context_len):
-    """The policy lookup on plain data; its source is copied verbatim into the Python export.
+    """The policy lookup on plain data; its source (with :func:`rule_splits` and
+    :func:`whole_tile_splits`) is copied verbatim into the Python export.
 
-    ``rows``: ``[(batch, [(max_context_len, params, tokens_per_split), ...]), ...]``, both levels
-    sorted ascending.  Returns a new ``params`` dict, whose ``num_kv_splits`` is
-    ``clamp(ceil(context_len / tokens_per_split), 1, num_kv_splits)`` when ``tokens_per_split`` is
-    set.  Raises ValueError for a batch or length < 1.
+    ``rows``: ``[(batch, [(max_context_len, params, tokens_per_split, tile_tokens), ...]), ...]``,
+    both levels sorted ascending.  Returns a new ``params`` dict, whose ``num_kv_splits`` is
+    :func:`rule_splits` of it when ``tokens_per_split`` is set, :func:`whole_tile_splits` when
+    ``tile_tokens`` is.  Raises ValueError for a batch or length < 1.
     """
     if batch < 1 or context_len < 1:
         raise ValueError(f"batch and context_len must be >= 1, got {batch}, {context_len}")
@@ -168,16 +214,17 @@ def lookup_rows(rows, batch, context_len):
         if context_len <= entry[0]:
             chosen = entry
             break
-    _max_len, params, tokens_per_split = chosen
+    _max_len, params, tokens_per_split, tile_tokens = chosen
     params = dict(params)
     if tokens_per_split:
-        wanted = -(-context_len // tokens_per_split)
-        params["num_kv_splits"] = max(1, min(params["num_kv_splits"], wanted))
+        params["num_kv_splits"] = rule_splits(context_len, tokens_per_split, params["num_kv_splits"])
+    elif tile_tokens:
+        params["num_kv_splits"] = whole_tile_splits(context_len, tile_tokens, params["num_kv_splits"])
     return params
 
 
 def merge_adjacent(entries: list[PolicyEntry]) -> list[PolicyEntry]:
-    """Merge runs of adjacent entries with equal params (and ``tokens_per_split``) into the run's
+    """Merge runs of adjacent entries with equal params (and rule) into the run's
     last (largest) bucket.
 
     ``entries`` must be sorted by ``max_context_len``; the result covers the same lengths.
@@ -195,7 +242,11 @@ def split_count_rows(entries: list[PolicyEntry]) -> list[tuple[int, int]]:
     """``(max_context_len, num_kv_splits)`` rows giving, under the same lookup rule (first row
     with ``L <= max_context_len``, else the last), the count :func:`lookup_rows` gives at every
     length: a tokens-per-split entry becomes one row per count it takes (at most its
-    ``num_kv_splits`` rows; the last entry's rows go on until its count reaches that cap).
+    ``num_kv_splits`` rows; the last entry's rows go on until its count reaches that cap); a
+    whole-tile entry one row per run of lengths with one count (:func:`whole_tile_rows`).  Past the
+    last entry's ``max_context_len``, a last whole-tile entry's table keeps its count there (the
+    rule changes at every tile boundary, forever, which no finite table holds); up to it, the
+    rows give the lookup's count exactly.
 
     ``entries``: one batch size's, sorted.  For tables that hold only counts (e.g. the split-KV
     kernel's policy table in device memory).
@@ -204,7 +255,9 @@ def split_count_rows(entries: list[PolicyEntry]) -> list[tuple[int, int]]:
     prev = 0
     for i, e in enumerate(entries):
         cap, t = int(e.params["num_kv_splits"]), e.tokens_per_split
-        if t is None:
+        if e.tile_tokens is not None:
+            rows += whole_tile_rows(prev + 1, e.max_context_len, e.tile_tokens, cap)
+        elif t is None:
             rows.append((e.max_context_len, cap))
         else:
             hi = e.max_context_len if i < len(entries) - 1 else max(e.max_context_len, (cap - 1) * t + 1)
@@ -214,19 +267,33 @@ def split_count_rows(entries: list[PolicyEntry]) -> list[tuple[int, int]]:
                 k += 1
             rows.append((hi, rule_splits(hi, t, cap)))
         prev = e.max_context_len
+    return [r for j, r in enumerate(rows) if j + 1 == len(rows) or rows[j + 1][1] != r[1]]
+
+
+def whole_tile_rows(lo: int, hi: int, tile_tokens: int, max_splits: int) -> list[tuple[int, int]]:
+    """``(last length, num_kv_splits)`` of each run of lengths ``lo..hi`` with one
+    :func:`whole_tile_splits` count: a run ends where the tiles per split grow (a multiple of
+    ``tile_tokens x max_splits``) or the splits fill up (a multiple of ``tile_tokens x tiles``)."""
+    rows, length, g, n = [], lo, int(tile_tokens), max(1, int(max_splits))
+    while length <= hi:
+        tiles = -(-length // (g * n))
+        splits = -(-length // (g * tiles))
+        end = min(hi, splits * g * tiles, tiles * g * n)
+        rows.append((end, splits))
+        length = end + 1
     return rows
 
 
 def load_policy(path: str | Path) -> Policy:
-    """Read a policy JSON of schema version 2, or of version 1 (every entry a fixed count; read as
-    version 2); :class:`ConfigError` with one line for a missing file or a bad schema."""
+    """Read a policy JSON of schema version 3, or of version 1 or 2 (without the rules that came
+    later; read as version 3); :class:`ConfigError` with one line for a missing file or a bad schema."""
     p = Path(path)
     data = read_json(p, "policy")
     if isinstance(data, dict) and data.get("schema_version") not in (None, *READABLE_SCHEMA_VERSIONS):
         raise ConfigError(f"{p}: policy schema_version {data.get('schema_version')} is not one of "
                           f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))} (written by another mlabench)")
-    if isinstance(data, dict) and data.get("schema_version") == 1:
-        data = {**data, "schema_version": POLICY_SCHEMA_VERSION}  # version 1 has no tokens_per_split
+    if isinstance(data, dict) and data.get("schema_version") in (1, 2):
+        data = {**data, "schema_version": POLICY_SCHEMA_VERSION}  # they lack only later optional fields
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
@@ -236,7 +303,7 @@ def load_policy(path: str | Path) -> Policy:
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON schema of the policy file (``schema_version`` 2)."""
+    """The JSON schema of the policy file (``schema_version`` 3)."""
     return Policy.model_json_schema()
 
 
@@ -256,7 +323,10 @@ def _header_comment(policy: Policy, prefix: str) -> list[str]:
             f"{prefix} Lookup: the largest tuned batch <= batch (else the smallest); the first entry with "
             "context_len <= max_context_len (else the last);",
             f"{prefix} an entry with tokens_per_split > 0 launches clamp(ceil(context_len / tokens_per_split), 1, "
-            "num_kv_splits) splits."]
+            "num_kv_splits) splits;",
+            f"{prefix} an entry with tile_tokens g > 0 launches the fewest splits of whole g-token tiles, at most "
+            "num_kv_splits (n):",
+            f"{prefix} k = ceil(context_len / (g * n)) tiles per split, ceil(context_len / (g * k)) splits."]
 
 
 def _cpp_value(value: Any) -> str:
@@ -267,7 +337,7 @@ def to_cpp_header(policy: Policy, namespace: str = "mlabench_policy") -> str:
     """A C++17 header: ``struct Choice``, ``constexpr`` tables and ``constexpr lookup(batch, len)``.
 
     Integer params become ``int`` fields, string params ``const char*``; with ``num_kv_splits``
-    among them, ``tokens_per_split`` is a field too (0: a fixed count).  ``lookup`` returns a
+    among them, ``tokens_per_split`` and ``tile_tokens`` are fields too (both 0: a fixed count).  ``lookup`` returns a
     ``Choice`` by value, its ``num_kv_splits`` already scaled to the length (batch and length below
     1 are treated as 1).
     """
@@ -277,7 +347,8 @@ def to_cpp_header(policy: Policy, namespace: str = "mlabench_policy") -> str:
     choices, batches, start = [], [], 0
     for b in policy.batches:
         for e in b.entries:
-            vals = [str(e.tokens_per_split or 0)] * rule + [_cpp_value(e.params[n]) for n in policy.param_names]
+            vals = [str(e.tokens_per_split or 0), str(e.tile_tokens or 0)] * rule + [
+                _cpp_value(e.params[n]) for n in policy.param_names]
             choices.append(f"    {{{e.max_context_len}, {', '.join(vals)}}},")
         batches.append(f"    {{{b.batch}, {start}, {start + len(b.entries)}}},")
         start += len(b.entries)
@@ -285,10 +356,15 @@ def to_cpp_header(policy: Policy, namespace: str = "mlabench_policy") -> str:
              "    int64_t wanted = (context_len + c.tokens_per_split - 1) / c.tokens_per_split;",
              "    if (wanted < 1) wanted = 1;",
              "    if (wanted < c.num_kv_splits) c.num_kv_splits = static_cast<int>(wanted);",
+             "  } else if (c.tile_tokens > 0) {",
+             "    const int64_t len = context_len < 1 ? 1 : context_len;",
+             "    const int64_t most = c.num_kv_splits < 1 ? 1 : c.num_kv_splits;",
+             "    const int64_t tiles = (len + c.tile_tokens * most - 1) / (c.tile_tokens * most);",
+             "    c.num_kv_splits = static_cast<int>((len + c.tile_tokens * tiles - 1) / (c.tile_tokens * tiles));",
              "  }"] if rule else []
     lines = [*_header_comment(policy, "//"), "#pragma once", "#include <cstdint>", "",
              f"namespace {_ident(namespace)} {{", "", "struct Choice {", "  int64_t max_context_len;",
-             *["  int64_t tokens_per_split;"] * rule, *fields, "};", "",
+             *["  int64_t tokens_per_split;", "  int64_t tile_tokens;"] * rule, *fields, "};", "",
              "struct BatchRange {", "  int batch;", "  int begin;", "  int end;", "};", "",
              "inline constexpr Choice kChoices[] = {", *choices, "};",
              "inline constexpr BatchRange kBatches[] = {", *batches, "};",
@@ -313,12 +389,13 @@ def to_cpp_header(policy: Policy, namespace: str = "mlabench_policy") -> str:
 
 def to_python_module(policy: Policy) -> str:
     """A standalone Python module: ``ROWS`` (the table: ``(batch, [(max_context_len, params,
-    tokens_per_split or None), ...])``), ``PARAM_NAMES`` and ``lookup(batch, len)``.
+    tokens_per_split or None, tile_tokens or None), ...])``), ``PARAM_NAMES`` and ``lookup(batch, len)``.
 
-    The lookup is :func:`lookup_rows`'s own source, so the module and this package cannot disagree.
+    The lookup is :func:`lookup_rows`'s own source, with :func:`rule_splits` and
+    :func:`whole_tile_splits`, so the module and this package cannot disagree.
     """
     rows = pprint.pformat(policy.rows(), indent=1, width=110, sort_dicts=False)
-    source = inspect.getsource(lookup_rows)
+    source = "\n\n\n".join(inspect.getsource(f).rstrip() for f in (rule_splits, whole_tile_splits, lookup_rows))
     return "\n".join([*_header_comment(policy, "#"), '"""MLA decode split policy (generated by mlabench)."""',
                       "", f"PARAM_NAMES = {policy.param_names!r}", f"ROWS = {rows}", "", "",
                       source.rstrip(), "", "", "def lookup(batch, context_len):",

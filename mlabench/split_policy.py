@@ -9,8 +9,9 @@ rows sorted by ``max_context_len``.  Lookup (the rule of the ``tune`` command's 
 :func:`load_split_policy` reads two JSON layouts:
 
 - the ``tune`` command's policy file (:func:`mlabench.policy.load_policy`; its other tuned
-  parameters are ignored here, and an entry whose count grows with the length,
-  ``tokens_per_split``, becomes one row per count, :func:`mlabench.policy.split_count_rows`);
+  parameters are ignored here, and an entry whose count follows the length, ``tokens_per_split``
+  or ``tile_tokens``, becomes one row per run of lengths with one count,
+  :func:`mlabench.policy.split_count_rows`);
 - a minimal one written by hand or by ``graph-check``: ``{"num_kv_splits": {"<batch>":
   [[max_context_len, splits], ...]}}``, or a bare list ``[[max_context_len, splits], ...]`` that
   applies to every batch size.

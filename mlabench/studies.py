@@ -135,12 +135,15 @@ def _params_of(trial: Any) -> dict[str, Any]:
 
 
 def make_sampler(name: str, dims: list[Any], seed: int | None) -> Any:
-    """An Optuna sampler: ``tpe`` (multivariate, constant liar for parallel workers), ``gp``,
+    """An Optuna sampler: ``tpe`` (multivariate, grouped for a conditional space, constant liar for
+    parallel workers), ``gp``,
     ``grid`` (every point of the space) or ``brute`` (exhaustive, skipping running trials)."""
     optuna = optuna_module()
     samplers = optuna.samplers
-    if name == "tpe":
-        return samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    if name == "tpe":  # group: the space is conditional when the whole-tile rule is searched
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True)
     if name == "gp":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -154,10 +157,20 @@ def make_sampler(name: str, dims: list[Any], seed: int | None) -> Any:
     raise ConfigError(f"unknown sampler {name!r} (tpe, gp, grid, brute or auto)")
 
 
+def launch_key(trial: Any) -> str:
+    """What ``trial`` launches, as a key: its ``launched`` user attribute (the parameters launched
+    at each of the study's lengths, :func:`mlabench.tune.launched`), or its params for a trial
+    recorded before that attribute."""
+    launched = trial.user_attrs.get("launched")
+    return json.dumps(launched if launched is not None else dict(trial.params), sort_keys=True)
+
+
 def distinct_finished(trials: list[Any]) -> int:
-    """Distinct configurations among COMPLETE and PRUNED ``trials``: what counts towards ``--trials``
-    (a repeat of a configuration, reused rather than measured again, does not)."""
-    return len({json.dumps(t.params, sort_keys=True) for t in trials if t.state.name in FINISHED_STATES})
+    """Distinct configurations among COMPLETE and PRUNED ``trials``, by what they launch
+    (:func:`launch_key`): what counts towards ``--trials``.  A repeat (the same params again, or
+    other params launching the same counts at every length, e.g. two ``tokens_per_split`` values
+    that round alike) is reused rather than measured again, and does not count."""
+    return len({launch_key(t) for t in trials if t.state.name in FINISHED_STATES})
 
 
 @dataclass

@@ -3,12 +3,12 @@
 For a backend and a decode shape, each study searches the backend's declared parameters
 (:class:`~mlabench.backends.base.ParamSpec`: integers by ``low``/``high``, strings by ``choices``),
 and, where ``num_kv_splits`` is searched, a split count that grows with the length
-(``tokens_per_split``: ``clamp(ceil(L / t), 1, num_kv_splits)``), on several lengths of the
-bucket (its lower edge + 1 to its upper edge, log-spaced); the objective is the measurement
+(``tokens_per_split``: ``clamp(ceil(L / t), 1, num_kv_splits)``, or the whole-tile rule where
+the backend declares its split tile), on several lengths of the bucket (its lower edge + 1 to its upper edge, log-spaced); the objective is the measurement
 engine's median (graph replay and cold cache on a GPU) at each length, and every measurement is
 also a result record in the run folder.  A configuration that fails the correctness check or
 errors at any length is pruned and never chosen.  The public heuristics (:mod:`mlabench.heuristics`)
-are enqueued as the first trials.  The choice per bucket (:mod:`mlabench.tune_choice`) weighs
+and the whole-tile candidates are enqueued as the first trials (:mod:`mlabench.tune_enqueue`).  The choice per bucket (:mod:`mlabench.tune_choice`) weighs
 every length against the best time measured there; adjacent buckets with the same choice merge
 into one policy entry (:mod:`mlabench.policy`).  See ``docs/tuning.md``.
 """
@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mlabench.backends.base import Backend
 from mlabench.configfile import config_file, read_toml, validation_line
 from mlabench.errors import ConfigError
-from mlabench.policy import rule_splits
+from mlabench.policy import rule_splits, whole_tile_splits
 from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.timing import TimingConfig
 from mlabench.verdict import CheckConfig
@@ -32,8 +32,10 @@ from mlabench.verdict import CheckConfig
 Sampler = Literal["auto", "tpe", "gp", "grid", "brute"]
 #: The searched parameter of a split count that grows with the length (not a backend parameter).
 RULE_PARAM = "tokens_per_split"
+#: The searched choice of the whole-tile rule (0: not; g: tiles of g tokens), not a backend parameter.
+TILE_PARAM = "tile_tokens"
 #: What a run recorded before these fields existed meant by them (read back on resume and export).
-LEGACY_FIELDS = {"lengths_per_bucket": 1, "tokens_per_split": None, "max_waves": 0.0}
+LEGACY_FIELDS = {"lengths_per_bucket": 1, "tokens_per_split": None, "max_waves": 0.0, "whole_tiles": False}
 
 
 def tune_timing() -> TimingConfig:
@@ -76,6 +78,9 @@ class TuneConfig(BaseModel):
         default_factory=lambda: SpaceRange(low=1, high=4096),
         description="Range of the tokens-per-split rule searched beside num_kv_splits (1: a fixed count); "
         "None: fixed counts only.  Needs two lengths per bucket or more.")
+    whole_tiles: bool = Field(True, description="Where the tokens-per-split rule is searched and the backend "
+                              "declares the tile its splits are made of (split_tile_tokens), also search the "
+                              "whole-tile rule and enqueue its candidates (docs/tuning.md).")
     max_waves: float = Field(1.0, ge=0, description="Cap num_kv_splits at this many waves of the backend's "
                              "resident programs (wave_cap); 0: no cap.  No effect where the backend does not say.")
     page_size: int = Field(64, description="KV-cache page size.")
@@ -314,7 +319,11 @@ def study_space(backend: Backend, shape: MLADecodeShape, cfg: TuneConfig, length
     """:func:`search_space` plus, when ``cfg.tokens_per_split`` is set, ``num_kv_splits`` is a
     searched integer range and the study measures two lengths or more, the tokens-per-split rule
     (:data:`RULE_PARAM`, log scale): ``num_kv_splits`` is then the most splits, and the count at a
-    length L is ``clamp(ceil(L / tokens_per_split), 1, num_kv_splits)`` (:func:`params_at`).
+    length L is ``clamp(ceil(L / tokens_per_split), 1, num_kv_splits)`` (:func:`params_at`).  With
+    ``cfg.whole_tiles`` and a backend that declares its split tile g
+    (:meth:`~mlabench.backends.base.Backend.split_tile_tokens`), also the choice of the whole-tile
+    rule, :data:`TILE_PARAM` in ``(0, g)``, before the rule: the sampler suggests
+    ``tokens_per_split`` only when it is 0 (a conditional space; :func:`space_size`).
 
     ``max_splits`` (:func:`wave_cap`) lowers the top of a searched ``num_kv_splits`` range (never
     below its bottom), and so every rule's clamp.
@@ -332,22 +341,40 @@ def study_space(backend: Backend, shape: MLADecodeShape, cfg: TuneConfig, length
     if splits.low != 1:
         raise ConfigError(f"--tokens-per-split counts down to 1 split, but num_kv_splits starts at {splits.low}: "
                           "give --tokens-per-split off, or a range from 1")
-    return [*dims, Dimension(RULE_PARAM, low=rule.low, high=rule.high, log=rule.high >= LOG_SCALE_RATIO * rule.low)], fixed
+    tile = backend.split_tile_tokens(shape, backend.resolve_params(shape, fixed)) if cfg.whole_tiles else None
+    tiles = [Dimension(TILE_PARAM, choices=(0, int(tile)))] if tile else []
+    return [*dims, *tiles, Dimension(RULE_PARAM, low=rule.low, high=rule.high,
+                                     log=rule.high >= LOG_SCALE_RATIO * rule.low)], fixed
 
 
 def params_at(backend: Backend, fixed: dict[str, Any], searched: dict[str, Any], length: int) -> dict[str, Any]:
-    """The backend parameters a study's ``searched`` point launches at ``length`` tokens: with
-    :data:`RULE_PARAM`, ``num_kv_splits = clamp(ceil(length / tokens_per_split), 1, num_kv_splits)``
-    (:func:`mlabench.policy.rule_splits`, the policy's own rule)."""
-    values = {k: v for k, v in searched.items() if k != RULE_PARAM}
-    if RULE_PARAM in searched:
+    """The backend parameters a study's ``searched`` point launches at ``length`` tokens: with a
+    non-zero :data:`TILE_PARAM` g, ``num_kv_splits`` = the whole-tile rule's count for at most
+    ``num_kv_splits`` splits (:func:`mlabench.policy.whole_tile_splits`); else with
+    :data:`RULE_PARAM`, ``num_kv_splits = clamp(ceil(length / tokens_per_split), 1,
+    num_kv_splits)`` (:func:`mlabench.policy.rule_splits`): the policy's own rules."""
+    values = {k: v for k, v in searched.items() if k not in (RULE_PARAM, TILE_PARAM)}
+    if searched.get(TILE_PARAM):
+        values["num_kv_splits"] = whole_tile_splits(length, searched[TILE_PARAM], searched["num_kv_splits"])
+    elif RULE_PARAM in searched:
         values["num_kv_splits"] = rule_splits(length, searched[RULE_PARAM], searched["num_kv_splits"])
     return full_params(backend, fixed, values)
 
 
+def launched(backend: Backend, fixed: dict[str, Any], searched: dict[str, Any],
+             lengths: tuple[int, ...]) -> list[list[Any]]:
+    """What ``searched`` launches at each of ``lengths``: ``[[length, params], ...]`` (JSON-able;
+    two points of a study with equal launches are one configuration, measured once)."""
+    return [[n, params_at(backend, fixed, searched, n)] for n in sorted(lengths)]
+
+
 def space_size(dims: list[Dimension]) -> int:
-    """Number of points of the search space (the product of every dimension's values)."""
-    return math.prod(len(d.values()) for d in dims)
+    """Number of points of the search space: the product of every dimension's values, where
+    :data:`RULE_PARAM` is searched only when :data:`TILE_PARAM` is 0."""
+    by_name = {d.name: len(d.values()) for d in dims}
+    if TILE_PARAM in by_name:
+        by_name[RULE_PARAM] = by_name.pop(RULE_PARAM) + by_name.pop(TILE_PARAM) - 1
+    return math.prod(by_name.values())
 
 
 def resolve_sampler(cfg: TuneConfig, dims: list[Dimension]) -> str:
@@ -355,38 +382,3 @@ def resolve_sampler(cfg: TuneConfig, dims: list[Dimension]) -> str:
     if cfg.sampler != "auto":
         return cfg.sampler
     return "brute" if space_size(dims) <= cfg.trials else "tpe"
-
-
-def heuristic_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimension],
-                     num_sms: int) -> list[tuple[str, dict[str, Any]]]:
-    """``(heuristic name, searched params)`` for each public heuristic: its ``num_kv_splits`` at
-    ``shape`` (clamped to the searched range) with every other searched parameter at the backend's
-    default (or the nearest allowed value).  With :data:`RULE_PARAM` searched, a heuristic that is a
-    tokens-per-split rule is tried as that rule over the bucket, and a fixed count as
-    ``tokens_per_split`` 1 (left out when the rule's range starts above 1).  Empty when
-    ``num_kv_splits`` is not searched."""
-    from mlabench.heuristics import HEURISTICS
-
-    by_name = {d.name: d for d in dims}
-    splits, rule = by_name.get("num_kv_splits"), by_name.get(RULE_PARAM)
-    if splits is None or splits.choices:
-        return []
-    base: dict[str, Any] = {}
-    for d in dims:
-        if d.name == RULE_PARAM:
-            continue
-        default = next(p.default_for(shape) for p in backend.params if p.name == d.name)
-        if d.choices:
-            base[d.name] = default if default in d.choices else d.choices[0]
-        else:
-            base[d.name] = min(max(int(default), d.low), d.high)
-    out = []
-    for h in HEURISTICS:
-        if rule is not None and h.rule is not None:
-            tokens, cap = h.rule(shape, num_sms)
-            out.append((h.name, {**base, "num_kv_splits": min(max(cap, splits.low), splits.high),
-                                 RULE_PARAM: min(max(tokens, rule.low), rule.high)}))
-        elif rule is None or rule.low == 1:
-            n = h.num_kv_splits(shape, num_sms, splits.low, splits.high)
-            out.append((h.name, {**base, "num_kv_splits": n, **({RULE_PARAM: 1} if rule else {})}))
-    return out

@@ -21,7 +21,9 @@ from mlabench.backends import get_backend
 from mlabench.backends.base import Backend
 from mlabench.errors import ResultsError
 from mlabench.policy import BatchPolicy, Policy, PolicyEntry, merge_adjacent, rule_splits
-from mlabench.tune import RULE_PARAM, Bucket, TuneConfig, full_params, params_at, shape_dims
+from mlabench.heuristics import HEURISTICS
+from mlabench.studies import distinct_finished, launch_key
+from mlabench.tune import RULE_PARAM, TILE_PARAM, Bucket, TuneConfig, full_params, params_at, shape_dims
 
 Combine = Literal["worst", "geomean"]
 
@@ -33,7 +35,8 @@ class Measured:
     ``params``: the searched parameters; ``median_us``: the geometric mean over its lengths of its
     median times (µs; with one length, its median); ``rel_ci``: the widest relative CI half-width of
     those medians; ``times_us`` and ``splits``: per length (tokens), the median (µs) and the split
-    count launched (empty for a configuration known by one median only).
+    count launched (empty for a configuration known by one median only); ``launch``: what it
+    launches (:func:`mlabench.studies.launch_key`; empty when built by hand).
     """
 
     params: dict[str, Any]
@@ -42,6 +45,7 @@ class Measured:
     trials: int
     times_us: dict[int, float] = field(default_factory=dict)
     splits: dict[int, int] = field(default_factory=dict)
+    launch: str = ""
 
     def times(self) -> dict[int, float]:
         """``times_us``, or ``{0: median_us}`` when it is empty."""
@@ -80,11 +84,12 @@ def best_times(trials: list[Any], length: int = 0) -> dict[int, float]:
 def measured_configs(trials: list[Any], length: int = 0) -> list[Measured]:
     """Correct, finished configurations of a study's trials (Optuna ``FrozenTrial``\\ s): only
     COMPLETE trials whose recorded status is ``ok`` (at every length); repeats of one
-    configuration are pooled by the median of their medians, length by length."""
+    configuration (trials launching the same at every length, :func:`mlabench.studies.launch_key`)
+    are pooled by the median of their medians, length by length, under the first one's params."""
     groups: dict[str, list[Any]] = {}
-    for t in trials:
+    for t in sorted(trials, key=lambda t: t.number):
         if t.state.name == "COMPLETE" and t.user_attrs.get("status") == "ok" and t.value is not None:
-            groups.setdefault(json.dumps(t.params, sort_keys=True), []).append(t)
+            groups.setdefault(launch_key(t), []).append(t)
     out = []
     for ts in groups.values():
         points = [trial_points(t, length) for t in ts]
@@ -92,7 +97,7 @@ def measured_configs(trials: list[Any], length: int = 0) -> list[Measured]:
         splits = {n: int(p["num_kv_splits"]) for n, p in points[0].items() if p.get("num_kv_splits") is not None}
         rel_ci = max(float(p[n].get("median_rel_ci") or 0.0) for p in points for n in p)
         out.append(Measured(params=ts[0].params, median_us=geomean(list(times.values())), rel_ci=rel_ci,
-                            trials=len(ts), times_us=times, splits=splits))
+                            trials=len(ts), times_us=times, splits=splits, launch=launch_key(ts[0])))
     return out
 
 
@@ -123,29 +128,34 @@ def choose(configs: list[Measured], noise: float, combine: Combine = "worst",
 
 
 def policy_choice(backend: Backend, fixed: dict[str, Any], searched: dict[str, Any],
-                  bucket: Bucket) -> tuple[dict[str, Any], int | None]:
-    """``(params, tokens_per_split)`` of a policy entry for ``bucket`` from a study's ``searched``
-    point, giving at every measured length the count that was measured there: a rule whose count
-    is the same at every measured length becomes that fixed count; a rule's cap is lowered to its
-    count at the bucket's upper edge (the most it reaches inside the bucket)."""
+                  bucket: Bucket) -> tuple[dict[str, Any], int | None, int | None]:
+    """``(params, tokens_per_split, tile_tokens)`` of a policy entry for ``bucket`` from a study's
+    ``searched`` point, giving at every measured length the count that was measured there: a rule
+    whose count is the same at every measured length becomes that fixed count; a tokens-per-split
+    rule's cap is lowered to its count at the bucket's upper edge (the most it reaches inside the
+    bucket); a whole-tile rule keeps its cap (its tiles per split follow from it)."""
     lengths = bucket.measured()
-    if RULE_PARAM not in searched:
-        return full_params(backend, fixed, searched), None
+    if RULE_PARAM not in searched and not searched.get(TILE_PARAM):
+        return full_params(backend, fixed, searched), None, None
+    counts = {params_at(backend, fixed, searched, n)["num_kv_splits"] for n in lengths}
+    if len(counts) == 1:
+        return params_at(backend, fixed, searched, lengths[0]), None, None
+    values = {k: v for k, v in searched.items() if k not in (RULE_PARAM, TILE_PARAM)}
+    if searched.get(TILE_PARAM):
+        return full_params(backend, fixed, values), None, int(searched[TILE_PARAM])
     tokens, cap = int(searched[RULE_PARAM]), int(searched["num_kv_splits"])
-    if len({rule_splits(n, tokens, cap) for n in lengths}) == 1:
-        return params_at(backend, fixed, searched, lengths[0]), None
-    values = {k: v for k, v in searched.items() if k != RULE_PARAM}
-    return full_params(backend, fixed, {**values, "num_kv_splits": rule_splits(bucket.hi, tokens, cap)}), tokens
+    return full_params(backend, fixed, {**values, "num_kv_splits": rule_splits(bucket.hi, tokens, cap)}), tokens, None
 
 
 @dataclass
 class BucketChoice:
-    """What one study chose (``chosen`` and ``tokens_per_split``: the policy entry), and how it,
+    """What one study chose (``chosen``, ``tokens_per_split`` and ``tile_tokens``: the policy entry), and how it,
     the best-scoring configuration and the best public heuristic measured.
 
-    ``*_us``: geometric mean over the bucket's lengths of the medians (µs); ``*_worst``: the
-    worst ratio minus 1 over those lengths against the best time measured at each (in-sample
-    regret, a fraction).
+    ``finished`` and ``pruned``: distinct configurations by what they launch (repeats not
+    counted, as for ``--trials``); ``*_us``: geometric mean over the bucket's lengths of the
+    medians (µs); ``*_worst``: the worst ratio minus 1 over those lengths against the best time
+    measured at each (in-sample regret, a fraction).
     """
 
     batch: int
@@ -164,6 +174,7 @@ class BucketChoice:
     best_heuristic_us: float | None
     best_heuristic_worst: float | None
     max_splits: int | None = None  #: the study's wave cap on num_kv_splits (None: none)
+    tile_tokens: int | None = None  #: the chosen entry's whole-tile rule (None: not one)
 
 
 def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend, fixed: dict[str, Any],
@@ -178,17 +189,21 @@ def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend
     except ResultsError:
         raise ResultsError(f"batch {batch}, context {bucket.lo + 1}-{bucket.hi}: no configuration "
                            f"passed the correctness check ({len(trials)} trials)") from None
-    heuristics = {json.dumps(t.params, sort_keys=True): t.user_attrs["enqueued_as"] for t in trials
-                  if "enqueued_as" in t.user_attrs}
-    measured_h = [m for m in configs if json.dumps(m.params, sort_keys=True) in heuristics]
+    public = {h.name for h in HEURISTICS}  # not the tuner's own enqueued candidates (whole tiles)
+    heuristics: dict[str, str] = {}  # launch -> the first public heuristic launching it
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.user_attrs.get("enqueued_as") in public:
+            heuristics.setdefault(launch_key(t), t.user_attrs["enqueued_as"])
+    measured_h = [m for m in configs if m.launch in heuristics]
     best_h = min(measured_h, key=lambda m: score(m, best_us, combine)) if measured_h else None
-    params, tokens = policy_choice(backend, fixed, chosen.params, bucket)
+    params, tokens, tiles = policy_choice(backend, fixed, chosen.params, bucket)
     return BucketChoice(
-        batch, f"{bucket.lo + 1}-{bucket.hi}", bucket.hi, list(bucket.measured()),
-        sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials), sum(t.state.name == "PRUNED" for t in trials),
+        batch, f"{bucket.lo + 1}-{bucket.hi}", bucket.hi, list(bucket.measured()), distinct_finished(trials),
+        distinct_finished([t for t in trials if t.state.name == "PRUNED"]),
         len(configs), params, tokens, chosen.median_us, score(chosen, best_us, "worst") - 1, best.median_us,
-        heuristics[json.dumps(best_h.params, sort_keys=True)] if best_h else None,
-        best_h.median_us if best_h else None, score(best_h, best_us, "worst") - 1 if best_h else None)
+        heuristics[best_h.launch] if best_h else None,
+        best_h.median_us if best_h else None, score(best_h, best_us, "worst") - 1 if best_h else None,
+        tile_tokens=tiles)
 
 
 def build_policy(cfg: TuneConfig, choices: list[BucketChoice], device: str, versions: dict[str, Any],
@@ -200,7 +215,8 @@ def build_policy(cfg: TuneConfig, choices: list[BucketChoice], device: str, vers
     batches = []
     for batch in cfg.batch:
         entries = [PolicyEntry(max_context_len=hi, params=by_key[(batch, hi)].chosen,
-                               tokens_per_split=by_key[(batch, hi)].tokens_per_split) for hi in cfg.buckets]
+                               tokens_per_split=by_key[(batch, hi)].tokens_per_split,
+                               tile_tokens=by_key[(batch, hi)].tile_tokens) for hi in cfg.buckets]
         batches.append(BatchPolicy(batch=batch, entries=merge_adjacent(entries)))
     shape = dict(shape_dims(cfg))
     shape.setdefault("kv_lora_rank", 512)

@@ -1,7 +1,8 @@
 """A tuning run: the run folder, its studies, the workers, and the policy they lead to.
 
 :func:`run_tune` validates everything, creates (or resumes) ``results/<run-id>/`` with its manifest,
-creates the studies and enqueues the public heuristics, starts one worker per device
+creates the studies and enqueues the public heuristics and the whole-tile candidates
+(:mod:`mlabench.tune_enqueue`), starts one worker per device
 (:mod:`mlabench.workers`, :func:`mlabench.tune_worker.worker_main`), reports progress while they
 run, then chooses per study and writes the policy (``policy.json``, ``policy.h``, ``policy.py``).
 :func:`export_run` rebuilds the policy of a finished run (e.g. after workers on other machines).
@@ -31,9 +32,10 @@ from mlabench.results import (Manifest, ResultStore, command_line, git_revision,
                               utc_now)
 from mlabench.studies import (StudyProgress, StudySpec, open_storage, optuna_module, prepare_study,
                               redact_url, study_name, study_progress)
-from mlabench.tune import (LEGACY_FIELDS, TuneConfig, buckets_of, heuristic_trials, resolve_sampler, shape_dims,
-                           space_size, study_space, tune_shape, wave_cap)
+from mlabench.tune import (LEGACY_FIELDS, TuneConfig, buckets_of, resolve_sampler, shape_dims, space_size, study_space,
+                           tune_shape, wave_cap)
 from mlabench.tune_choice import BucketChoice, build_policy, study_choice
+from mlabench.tune_enqueue import heuristic_trials, whole_tile_trials
 from mlabench.tune_worker import STORAGE_ENV
 from mlabench.workers import start_workers, supervise
 
@@ -216,7 +218,7 @@ def _target(cfg: TuneConfig, spec: StudySpec) -> int:
 def _prepare(storage: Any, cfg: TuneConfig, spec: StudySpec, store: ResultStore, device: str) -> Any:
     backend = get_backend(cfg.backend)
     shape = tune_shape(shape_dims(cfg), spec.batch, spec.length)
-    enqueue = _heuristics(backend, shape, cfg, spec) if cfg.heuristics else []
+    enqueue = _enqueued(backend, shape, cfg, spec)
     attrs = {"device": device, "backend": backend.name, "batch": spec.batch, "bucket_lo": spec.lo,
              "bucket_hi": spec.hi, "length": spec.length, "lengths": list(spec.measured()), "shape": shape.key(),
              "versions": store.manifest().versions, "run_id": store.manifest().run_id,
@@ -224,17 +226,22 @@ def _prepare(storage: Any, cfg: TuneConfig, spec: StudySpec, store: ResultStore,
     return prepare_study(storage, spec, attrs, enqueue, device)
 
 
-def _heuristics(backend: Any, shape: Any, cfg: TuneConfig, spec: StudySpec) -> list[tuple[str, dict[str, Any]]]:
-    """The public heuristics to enqueue: their counts in the declared range, beyond the study's
-    wave cap too (Optuna records a fixed value outside the searched range, and TPE and GP take it;
-    the choice may still pick it).  An exhaustive sampler cannot hold a trial outside its grid, so
-    there the count is clamped to the cap."""
+def _enqueued(backend: Any, shape: Any, cfg: TuneConfig, spec: StudySpec) -> list[tuple[str, dict[str, Any]]]:
+    """The trials every study measures first: the public heuristics (unless ``cfg.heuristics`` is
+    off), then the whole-tile candidates (where the study searches that rule; clamped to the
+    searched range).  The heuristics' counts stay as declared beyond the study's wave cap
+    (Optuna records a fixed value outside the searched range, and TPE and GP take it; the choice
+    may still pick it); an exhaustive sampler cannot hold a trial outside its grid, so there the
+    count is clamped to the cap."""
+    capped, _fixed = study_space(backend, shape, cfg, spec.measured(), spec.max_splits)
+    tiles = whole_tile_trials(backend, shape, capped)
+    if not cfg.heuristics:
+        return tiles
     dims, _fixed = study_space(backend, shape, cfg, spec.measured())
     trials = heuristic_trials(backend, shape, dims, current_device().num_sms)
-    capped, _fixed = study_space(backend, shape, cfg, spec.measured(), spec.max_splits)
-    if spec.max_splits is None or resolve_sampler(cfg, capped) not in ("grid", "brute"):
-        return trials
-    return [(name, {**p, "num_kv_splits": min(p["num_kv_splits"], spec.max_splits)}) for name, p in trials]
+    if spec.max_splits is not None and resolve_sampler(cfg, capped) in ("grid", "brute"):
+        trials = [(name, {**p, "num_kv_splits": min(p["num_kv_splits"], spec.max_splits)}) for name, p in trials]
+    return trials + tiles
 
 
 def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list[StudySpec], device: str,

@@ -1,12 +1,13 @@
 """The tuning objective and the worker loop: one process per GPU, all on one run's studies.
 
 A trial measures its configuration at each length of the study's bucket (the split count a
-tokens-per-split rule gives there); its value is the geometric mean of the medians (µs; with one
+tokens-per-split or whole-tile rule gives there); its value is the geometric mean of the medians (µs; with one
 length, the median), which ranks configurations as the geometric mean of their time over the best
 time at each length does, and stays put while the best times improve.  Its user attributes keep,
-per length, the record key, status, raw samples, spread and correctness verdict.  Nothing is
-measured twice: a configuration already finished in the study is reused (one another worker is
-measuring is waited for), and so is a measurement already recorded in the run folder (by another
+per length, the record key, status, raw samples, spread and correctness verdict, and
+``launched``: the parameters launched at each length.  Nothing is measured twice: a trial
+launching what a trial of the study already finished launched is a repeat, reused (one another
+worker is measuring is waited for) and not counted towards ``--trials``, and so is a measurement already recorded in the run folder (by another
 trial whose rule gives the same count at that length, or by a worker killed before it could
 report); a measurement another worker is taking right now is waited for (:func:`mlabench.workers.claim`).
 A configuration that fails the correctness check or errors at any length is pruned (its other
@@ -15,6 +16,7 @@ lengths are not measured).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import warnings
@@ -27,9 +29,10 @@ from mlabench.device import current_device
 from mlabench.measure import ShapeBench
 from mlabench.results import Record, ResultStore, point_key
 from mlabench.shapes import MLADecodeShape
-from mlabench.studies import (FINISHED_STATES, StudySpec, check_device, distinct_finished, make_sampler,
+from mlabench.studies import (FINISHED_STATES, StudySpec, check_device, distinct_finished, launch_key, make_sampler,
                               open_storage, optuna_module)
-from mlabench.tune import Dimension, TuneConfig, params_at, resolve_sampler, shape_dims, study_space, tune_shape
+from mlabench.tune import (RULE_PARAM, TILE_PARAM, Dimension, TuneConfig, launched, params_at, resolve_sampler,
+                           shape_dims, study_space, tune_shape)
 from mlabench.tune_choice import geomean
 from mlabench.workers import RecordIndex, append_shared, claim, release, worker_id
 
@@ -37,7 +40,11 @@ from mlabench.workers import RecordIndex, append_shared, claim, release, worker_
 STORAGE_ENV = "MLABENCH_TUNE_STORAGE"
 #: Longest wait for another worker measuring the same configuration, seconds.
 WAIT_FOR_PEER_S = 300.0
-_OWN_ATTRS = ("worker", "repeat_of", "enqueued_as", "retry_of")
+_OWN_ATTRS = ("worker", "repeat_of", "enqueued_as", "retry_of", "launched")
+#: A study also stops after this many times ``--trials`` finished trials, repeats included: a space
+#: with fewer distinct launches than ``--trials`` would otherwise keep a TPE or GP study suggesting
+#: repeats for ever (the exhaustive samplers stop when they have visited every point).
+MAX_TRIALS_FACTOR = 4
 
 
 def record_attrs(rec: dict[str, Any]) -> dict[str, Any]:
@@ -80,17 +87,26 @@ class Objective:
         self.measured = 0
 
     def suggest(self, trial: Any) -> dict[str, Any]:
-        """The searched parameters of ``trial`` (fixed ones are not Optuna parameters)."""
+        """The searched parameters of ``trial`` (fixed ones are not Optuna parameters);
+        ``tokens_per_split`` is not suggested when the whole-tile rule is chosen (it would launch
+        nothing different: the space is conditional, :func:`mlabench.tune.study_space`)."""
+        values: dict[str, Any] = {}
         with warnings.catch_warnings():  # a heuristic enqueued beyond the wave cap: measured as is
             warnings.filterwarnings("ignore", message="Fixed parameter .* out of range")
-            return {d.name: (trial.suggest_categorical(d.name, list(d.choices)) if d.choices
-                             else trial.suggest_int(d.name, d.low, d.high, log=d.log)) for d in self.dims}
+            for d in self.dims:
+                if d.name == RULE_PARAM and values.get(TILE_PARAM):
+                    continue
+                values[d.name] = (trial.suggest_categorical(d.name, list(d.choices)) if d.choices
+                                  else trial.suggest_int(d.name, d.low, d.high, log=d.log))
+        return values
 
     def __call__(self, trial: Any) -> float:
         optuna = optuna_module()
         trial.set_user_attr("worker", worker_id())
         searched = self.suggest(trial)
-        attrs = self._earlier(trial, searched) or self._evaluate(searched)
+        launches = launched(self.backend, self.fixed, searched, tuple(self.shapes))
+        trial.set_user_attr("launched", launches)
+        attrs = self._earlier(trial, launches) or self._evaluate(searched)
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         if attrs["status"] != "ok":
@@ -107,12 +123,14 @@ class Objective:
                 break
         return trial_attrs(points)
 
-    def _earlier(self, trial: Any, searched: dict[str, Any]) -> dict[str, Any] | None:
-        """Attributes of an earlier trial with the same params (waiting for a running one)."""
+    def _earlier(self, trial: Any, launches: list[list[Any]]) -> dict[str, Any] | None:
+        """Attributes of an earlier trial launching the same at every length (``launches``, of
+        :func:`mlabench.tune.launched`), waiting for a running one."""
         deadline = time.monotonic() + WAIT_FOR_PEER_S
+        key = json.dumps(launches, sort_keys=True)
         while True:
             same = [t for t in trial.study.get_trials(deepcopy=False)
-                    if t.number != trial.number and t.params == searched]
+                    if t.number != trial.number and launch_key(t) == key]
             done = [t for t in same if t.state.name in FINISHED_STATES and "status" in t.user_attrs]
             if done:
                 attrs = {k: v for k, v in done[0].user_attrs.items() if k not in _OWN_ATTRS}
@@ -150,8 +168,9 @@ class Objective:
 
 
 class StopAtTrials:
-    """Optuna callback: stop once distinct finished configurations plus other workers' running
-    trials reach ``n``."""
+    """Optuna callback: stop once distinct finished configurations (by what they launch,
+    :func:`mlabench.studies.distinct_finished`) plus other workers' running trials reach ``n``, or
+    finished trials with repeats plus those running reach ``MAX_TRIALS_FACTOR x n``."""
 
     def __init__(self, n: int):
         self.n = n
@@ -164,7 +183,8 @@ class StopAtTrials:
         """Whether the study has its trials, counting running ones other than trial ``own``."""
         trials = study.get_trials(deepcopy=False)
         running = sum(t.state.name == "RUNNING" and t.number != own for t in trials)
-        return distinct_finished(trials) + running >= self.n
+        finished = sum(t.state.name in FINISHED_STATES for t in trials)
+        return distinct_finished(trials) + running >= self.n or finished + running >= MAX_TRIALS_FACTOR * self.n
 
 
 def worker_main(payload: dict[str, Any], index: int) -> None:

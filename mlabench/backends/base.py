@@ -157,6 +157,13 @@ class Backend(ABC):
         """Programs one split of one request launches (its head tiles); 1 by default."""
         return 1
 
+    def split_tile_tokens(self, shape: MLADecodeShape, params: dict[str, Any]) -> int | None:
+        """Tokens of the tile a split is walked in, when a split's time steps with its whole tiles
+        and its length is cut so that a split of ``k x tile`` tokens holds ``k`` tiles; None (the
+        default) when not (e.g. splits of any token count).  Declaring it lets the tuner search the
+        whole-tile rule (:func:`mlabench.policy.whole_tile_splits`)."""
+        return None
+
     # ---- parameters ------------------------------------------------------------------------------
     def param_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)

@@ -48,6 +48,10 @@ PROGRAMS_PER_SM = ParamSpec(
 #: tiles, 4 warps, 6 stages) compiled for sm_90: 93.7 KB (docs/PERFORMANCE.md), so two fit in an
 #: H200 SM's 228 KB.  At 4 warps the registers allow two as well (65,536 per SM / (128 x 255)).
 SPLITKV_SHARED_BYTES = int(93.7 * 1024)
+#: Tokens per tile of ``triton-splitkv``'s default launch, ``DEFAULT_BLOCK_N`` of
+#: ``mlabench/kernels/common.py`` (that module imports Triton, this one must not; a test checks
+#: that they agree).
+SPLITKV_TILE_TOKENS = 32
 #: Shared memory CUDA reserves per resident block (the "reserved shared memory" of compute 8.0+).
 CUDA_RESERVED_SHARED_BYTES = 1024
 
@@ -125,6 +129,13 @@ class TritonSplitKVBackend(_TritonBackend):
     def split_programs(self, shape: MLADecodeShape, params: dict[str, Any]) -> int:
         """Head tiles of one split: ``ceil(qo_len x heads / 16)`` (the grid's third axis)."""
         return -(-shape.qo_len * shape.num_heads // HEAD_TILE)
+
+    def split_tile_tokens(self, shape: MLADecodeShape, params: dict[str, Any]) -> int | None:
+        """:data:`SPLITKV_TILE_TOKENS` (32): a split walks its tokens in tiles of the default
+        ``block_n``, and its length, ``ceil(L / S)`` rounded up to 16 tokens, is a whole number of
+        tiles when ``ceil(L / S)`` is (:func:`mlabench.policy.whole_tile_splits`).  None with a split
+        policy (the count does not come from ``num_kv_splits`` then)."""
+        return None if params.get("split_policy") else SPLITKV_TILE_TOKENS
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         from mlabench.kernels.splitkv import (

@@ -98,6 +98,7 @@ def tune(
     combine: Annotated[str | None, typer.Option(metavar="worst|geomean", help="How a configuration's times at a bucket's lengths combine, each over the best time there: the worst (default) or the geometric mean. With --export: choose again this way.")] = None,
     max_waves: Annotated[float | None, typer.Option(metavar="W", help="Search num_kv_splits only up to W waves of the programs the backend runs at once (batch x splits x head tiles <= W x resident programs), where it says how many (default 1.0; 0: no cap). Public heuristics beyond it are still measured.")] = None,
     tokens_per_split: Annotated[str | None, typer.Option(metavar="LOW:HIGH|off", help="Also search split counts that grow with the length, clamp(ceil(L / t), 1, num_kv_splits), t in LOW:HIGH (default 1:4096; 1 is a fixed count); off: fixed counts only.")] = None,
+    whole_tiles: Annotated[bool | None, typer.Option("--whole-tiles/--no-whole-tiles", help="Where --tokens-per-split is searched and the backend declares the tile its splits are made of (triton-splitkv: 32 tokens), also search the whole-tile rule (the fewest splits of whole tiles, at most num_kv_splits) and measure it first at one wave, half and a quarter of one (default: on).")] = None,
     page_size: PageSize = None,
     qo_len: QoLen = None,
     non_causal: NonCausal = False,
@@ -146,6 +147,7 @@ def tune(
               "batch": int_list(batch, "--batch", "batch"),
               "buckets": int_list(buckets, "--buckets", "--buckets"), "representative": representative,
               "lengths_per_bucket": lengths_per_bucket, "combine": combine, "max_waves": max_waves, "tokens_per_split": None if rule == "off" else rule,
+              "whole_tiles": whole_tiles,
               "page_size": page_size, "q_dtype": dtype, "kv_dtype": dtype, "qo_len": qo_len,
               "causal": False if non_causal else None, "sampler": sampler, "trials": trials, "timeout_s": timeout,
               "space": parse_space(space), "noise": noise, "heuristics": False if no_heuristics else None,
@@ -181,7 +183,7 @@ def _one_value(values: list[int] | None, flag: str) -> int | None:
 
 
 def _report(result: Any, fmt: str) -> None:
-    from mlabench.policy import describe_choice
+    from mlabench.policy import TILES_NOTATION, describe_choice
     from mlabench.tables import Table
 
     choices = Table("Choice per batch and context bucket (µs: geometric mean over the bucket's lengths of the "
@@ -191,13 +193,17 @@ def _report(result: Any, fmt: str) -> None:
     for c in result.choices:
         speedup = c.best_heuristic_us / c.chosen_us if c.best_heuristic_us else None
         choices.rows.append([c.batch, c.bucket, ",".join(map(str, c.lengths)), c.max_splits, c.finished, c.pruned,
-                             describe_choice(c.chosen, c.tokens_per_split), c.chosen_us, 100 * c.chosen_worst,
+                             describe_choice(c.chosen, c.tokens_per_split, c.tile_tokens), c.chosen_us, 100 * c.chosen_worst,
                              c.best_us, c.best_heuristic, c.best_heuristic_us,
                              None if c.best_heuristic_worst is None else 100 * c.best_heuristic_worst, speedup])
     policy = Table(f"Policy for {result.policy.backend} on {result.policy.device} (adjacent buckets merged; "
                    "L: the context length)", ["batch", "max context", "params"])
     for b in result.policy.batches:
         policy.rows += [[b.batch, e.max_context_len, e.describe()] for e in b.entries]
+    choices.notes.append("trials, pruned: distinct configurations by what they launch at the bucket's lengths "
+                         "(a repeat reuses the earlier measurement and does not count towards --trials)")
+    if any(c.tile_tokens for c in result.choices):
+        policy.notes.append(TILES_NOTATION)
     emit([choices, policy], fmt)
 
 

@@ -93,7 +93,8 @@ def _clamped_heuristics(run: Any, shape: Any) -> dict[str, dict[str, Any]]:
     public heuristic's split count clamped to the run's searched range, other parameters at their
     defaults.  Empty when the run does not search ``num_kv_splits``."""
     from mlabench.backends import get_backend
-    from mlabench.tune import TuneConfig, full_params, heuristic_trials, search_space
+    from mlabench.tune import TuneConfig, full_params, search_space
+    from mlabench.tune_enqueue import heuristic_trials
 
     cfg = TuneConfig.model_validate(run.config)
     backend = get_backend(cfg.backend)

@@ -14,6 +14,7 @@ from typing import Any
 
 from mlabench.plots import FigureSpec, style
 from mlabench.plots import tuning as T
+from mlabench.policy import TILES_NOTATION
 from mlabench.report.document import Block, FigureBlock, Heading, Missing, Para, TableBlock
 from mlabench.tables import Table
 
@@ -52,7 +53,8 @@ def _lengths_text(cfg: dict[str, Any]) -> str:
         return f"its {cfg.get('representative')} length"
     rule = cfg.get("tokens_per_split")
     return (f"{k} lengths from its lower to its upper edge, scored by the {cfg.get('combine')} ratio to the best "
-            f"at each" + (", split counts scaling with the length searched too" if rule else ""))
+            f"at each" + (", split counts scaling with the length searched too" if rule else "")
+            + (" (whole tiles per split too, where the backend declares its tile)" if rule and cfg.get("whole_tiles") else ""))
 
 
 def validate_config_text(cfg: dict[str, Any]) -> str:
@@ -102,6 +104,8 @@ def policy_table(policy: Any) -> Table:
     if any(e.tokens_per_split for b in policy.batches for e in b.entries):
         t.notes.append("min(ceil(L/t),n): the split count scales with the context length L, one split per t "
                        "tokens, at most n")
+    if any(e.tile_tokens for b in policy.batches for e in b.entries):
+        t.notes.append(TILES_NOTATION)
     return t
 
 

@@ -156,7 +156,31 @@ class WaveTrapBackend(_Synthetic):
         return 100.0 + 3000.0 / p["num_kv_splits"]
 
 
-CLASSES = (LaunchParamsBackend, FastWrongBackend, FlatBackend, LengthScaledBackend, WaveTrapBackend)
+class TiledBackend(_Synthetic):
+    """Splits 1-64 of a kernel that walks each split in 4-token tiles and runs 16 programs at once,
+    two per "SM": ``100 x tiles per split (x 2.2 past 8 splits, SMs shared) + 25 x splits`` µs,
+    a split being ``ceil(L / S)`` tokens.  The fastest count at every length is then the whole-tile
+    rule capped at 8 (the fewest tiles per split within one program per SM, as few splits as carry
+    them), which neither one fixed count nor a ``clamp(ceil(L / t), 1, n)`` rule follows over
+    65-256 tokens (65: 6 splits of 3 tiles; 128: 8 of 4)."""
+
+    name = "test-tiles"
+    params = (ParamSpec("num_kv_splits", int, default=1, help="splits", low=1, high=64),)
+    TILE, RESIDENT = 4, 16
+
+    def resident_programs(self, shape: MLADecodeShape, params: dict[str, Any]) -> int | None:
+        return self.RESIDENT
+
+    def split_tile_tokens(self, shape: MLADecodeShape, params: dict[str, Any]) -> int | None:
+        return self.TILE
+
+    def cost_at_us(self, p: dict[str, Any], context_len: int) -> float:
+        splits = p["num_kv_splits"]
+        tiles = -(-(-(-context_len // splits)) // self.TILE)
+        return 100.0 * tiles * (1.0 if splits <= self.RESIDENT // 2 else 2.2) + 25.0 * splits
+
+
+CLASSES = (LaunchParamsBackend, FastWrongBackend, FlatBackend, LengthScaledBackend, WaveTrapBackend, TiledBackend)
 
 
 def register_all() -> None:

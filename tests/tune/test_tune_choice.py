@@ -10,7 +10,8 @@ import pytest
 
 from mlabench.backends import get_backend
 from mlabench.policy import rule_splits
-from mlabench.tune import RULE_PARAM, Bucket, buckets_of, heuristic_trials, shape_dims, study_space, tune_shape
+from mlabench.tune import RULE_PARAM, TILE_PARAM, Bucket, buckets_of, shape_dims, study_space, tune_shape
+from mlabench.tune_enqueue import heuristic_trials
 from mlabench.tune_choice import Measured, build_policy, choose, measured_configs, policy_choice, score, study_choice
 from mlabench.tune_validate import validate_policy
 from tests.tune.helpers import export_lookups, run_in_process, tiny_config
@@ -58,12 +59,16 @@ def test_policy_choice_turns_a_rule_into_an_entry():
     backend = get_backend("torch-splitkv")
     fixed: dict = {}
     bucket = Bucket(1024, 4096, 2048, LENGTHS)
-    params, tokens = policy_choice(backend, fixed, {"num_kv_splits": 300, RULE_PARAM: 32}, bucket)
-    assert tokens == 32 and params["num_kv_splits"] == 128                  # the cap: its count at 4096
-    params, tokens = policy_choice(backend, fixed, {"num_kv_splits": 24, RULE_PARAM: 16}, bucket)
-    assert tokens is None and params["num_kv_splits"] == 24                 # the same count at every length
-    params, tokens = policy_choice(backend, fixed, {"num_kv_splits": 40}, bucket)
-    assert tokens is None and params["num_kv_splits"] == 40
+    params, tokens, tiles = policy_choice(backend, fixed, {"num_kv_splits": 300, RULE_PARAM: 32}, bucket)
+    assert (tokens, tiles) == (32, None) and params["num_kv_splits"] == 128  # the cap: its count at 4096
+    params, tokens, tiles = policy_choice(backend, fixed, {"num_kv_splits": 24, RULE_PARAM: 16}, bucket)
+    assert (tokens, tiles) == (None, None) and params["num_kv_splits"] == 24  # the same count at every length
+    params, tokens, tiles = policy_choice(backend, fixed, {"num_kv_splits": 40}, bucket)
+    assert (tokens, tiles) == (None, None) and params["num_kv_splits"] == 40
+    params, tokens, tiles = policy_choice(backend, fixed, {"num_kv_splits": 132, TILE_PARAM: 32}, bucket)
+    assert (tokens, tiles) == (None, 32) and params["num_kv_splits"] == 132  # whole tiles: the cap kept
+    params, tokens, tiles = policy_choice(backend, fixed, {"num_kv_splits": 1, TILE_PARAM: 32}, bucket)
+    assert (tokens, tiles) == (None, None) and params["num_kv_splits"] == 1
 
 
 def test_heuristics_are_enqueued_as_rules_and_fixed_counts(tiny_timing):
@@ -93,7 +98,7 @@ def test_study_finds_the_length_scaled_rule_and_every_export_agrees(tmp_path, ti
     choice = study_choice(study.trials, bucket, 1, backend, {}, cfg.noise, "worst")
     assert choice.tokens_per_split == 4 and choice.chosen == {"num_kv_splits": 16}
     assert choice.chosen_worst < 0.1
-    fixed8 = next(m for m in measured_configs(study.trials) if m.params == {"num_kv_splits": 8, RULE_PARAM: 1})
+    fixed8 = next(m for m in measured_configs(study.trials) if m.splits == {17: 8, 32: 8, 64: 8})
     assert fixed8.times_us[64] > 1.3 * fixed8.times_us[32]
 
     policy = build_policy(cfg.model_copy(update={"buckets": [64]}), [choice], "test", {}, {"buckets": [64]})

@@ -9,7 +9,8 @@ from mlabench.backends import get_backend
 from mlabench.errors import ConfigError, ResultsError
 from mlabench.shapes import MLADecodeShape
 from mlabench.studies import optuna_module
-from mlabench.tune import SpaceRange, TuneConfig, buckets_of, heuristic_trials, resolve_sampler, search_space
+from mlabench.tune import SpaceRange, TuneConfig, buckets_of, resolve_sampler, search_space
+from mlabench.tune_enqueue import heuristic_trials
 from mlabench.tune_choice import Measured, choose, measured_configs
 from tests.tune.helpers import run_in_process, tiny_config
 
