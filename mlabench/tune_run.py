@@ -180,7 +180,8 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
     storage = open_storage(storage_url, store.run_dir)
     studies = [_prepare(storage, cfg, spec, store, device) for spec in specs]
     payload = {"config": cfg.model_dump(mode="json", by_alias=True, exclude={"storage"}),
-               "run_dir": str(store.run_dir), "studies": [dataclasses.asdict(s) for s in specs]}
+               "run_dir": str(store.run_dir), "studies": [dataclasses.asdict(s) for s in specs],
+               "workers": len(devices)}
     totals = [_target(cfg, spec) for spec in specs]
     poll = (lambda: monitor([study_progress(st, sp, n) for st, sp, n in zip(studies, specs, totals)])) if monitor else None
     import torch

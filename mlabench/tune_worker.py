@@ -187,9 +187,23 @@ class StopAtTrials:
         return distinct_finished(trials) + running >= self.n or finished + running >= MAX_TRIALS_FACTOR * self.n
 
 
+def study_order(studies: int, index: int, workers: int) -> list[int]:
+    """The positions of ``studies`` studies in the order worker ``index`` of ``workers`` takes
+    them: all of them, starting at ``index x studies / workers`` and wrapping around.
+
+    Why: workers that all start at the first study share every study, and each builds the inputs
+    and fp32 references of every length of every study itself; on two H200s that made each
+    measurement about 30% slower than one worker's and two workers took 0.69x one worker's time
+    (docs/tuning.md).  Started apart, they mostly build different studies' inputs and meet only
+    where one catches up with a study the other has not finished, which they then share."""
+    start = index * studies // max(1, workers)
+    return [*range(start, studies), *range(start)]
+
+
 def worker_main(payload: dict[str, Any], index: int) -> None:
-    """Run the studies of ``payload`` (``config``, ``run_dir``, ``studies``) in order, until each
-    has ``trials`` finished trials, its sampler is exhausted or ``timeout_s`` passes.
+    """Run the studies of ``payload`` (``config``, ``run_dir``, ``studies``, ``workers``) in
+    :func:`study_order`, until each has ``trials`` finished trials, its sampler is exhausted or
+    ``timeout_s`` passes.
 
     Raises :class:`~mlabench.errors.ResultsError` when a study measures another GPU model.
     """
@@ -201,8 +215,8 @@ def worker_main(payload: dict[str, Any], index: int) -> None:
     device = current_device().name
     backend = get_backend(cfg.backend)
     dims_kw, records = shape_dims(cfg), RecordIndex(store)
-    for position, data in enumerate(payload["studies"]):
-        spec = StudySpec(**data)
+    for position in study_order(len(payload["studies"]), index, payload.get("workers", 1)):
+        spec = StudySpec(**payload["studies"][position])
         shapes = {n: tune_shape(dims_kw, spec.batch, n) for n in spec.measured()}
         dims, fixed = study_space(backend, tune_shape(dims_kw, spec.batch, spec.length), cfg, spec.measured(),
                                   spec.max_splits)

@@ -57,3 +57,16 @@ def test_record_index_reads_only_complete_lines(tmp_path):
     with open(store.jsonl, "a") as fh:
         fh.write(line[40:] + "\n")
     assert index.get(second.key)["message"] == "y"
+
+
+def test_workers_start_apart_and_each_takes_every_study():
+    from mlabench.tune_worker import study_order
+
+    assert study_order(16, 0, 1) == list(range(16))
+    assert study_order(16, 0, 2) == list(range(16))
+    assert study_order(16, 1, 2) == [*range(8, 16), *range(8)]
+    assert study_order(5, 2, 3) == [3, 4, 0, 1, 2]
+    for workers in (1, 2, 3, 4, 8):
+        firsts = [study_order(16, i, workers)[0] for i in range(workers)]
+        assert len(set(firsts)) == workers  # no two workers start on one study
+        assert all(sorted(study_order(16, i, workers)) == list(range(16)) for i in range(workers))
