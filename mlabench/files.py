@@ -10,6 +10,7 @@ prints as one ``error:`` line with exit code 2.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Iterator
@@ -50,8 +51,11 @@ def user_path(path: str | Path, what: str) -> Iterator[None]:
 
 
 def read_text(path: str | Path, what: str) -> str:
-    """The UTF-8 text of ``path``; :class:`FileAccessError` when it cannot be read as text."""
+    """The UTF-8 text of ``path`` (gunzipped when its name ends in ``.gz``); :class:`FileAccessError`
+    when it cannot be read as text."""
     with user_path(path, what):
+        if Path(path).suffix == ".gz":
+            return gzip.decompress(Path(path).read_bytes()).decode("utf-8")
         return Path(path).read_text(encoding="utf-8")
 
 

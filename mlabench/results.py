@@ -171,12 +171,25 @@ def git_revision(repo: Path | None = None) -> tuple[str, bool]:
         return no_git
 
 
+#: A run's records, and the same gzipped: an archived run (committed results kept small), read as
+#: it is and never appended to (``gunzip`` it to resume it).
+RESULTS_FILE, ARCHIVED_RESULTS_FILE = "results.jsonl", "results.jsonl.gz"
+
+
+def holds_run(path: Path) -> bool:
+    """Whether ``path`` is a run folder: it has ``results.jsonl`` or, archived, ``results.jsonl.gz``."""
+    return (path / RESULTS_FILE).is_file() or (path / ARCHIVED_RESULTS_FILE).is_file()
+
+
 class ResultStore:
-    """Append-only JSONL records of one run folder."""
+    """Append-only JSONL records of one run folder (read-only when archived: :data:`ARCHIVED_RESULTS_FILE`)."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
-        self.jsonl = self.run_dir / "results.jsonl"
+        self.jsonl = self.run_dir / RESULTS_FILE
+        self.archived = not self.jsonl.exists() and (self.run_dir / ARCHIVED_RESULTS_FILE).is_file()
+        if self.archived:
+            self.jsonl = self.run_dir / ARCHIVED_RESULTS_FILE
         self.manifest_path = self.run_dir / "manifest.json"
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -232,7 +245,10 @@ class ResultStore:
 
     # ---- records -------------------------------------------------------------------------------
     def append(self, record: Record) -> None:
-        """Append one record as a JSON line, flushed and fsync'ed before returning."""
+        """Append one record as a JSON line, flushed and fsync'ed before returning; raises
+        :class:`ResultsError` for an archived run."""
+        if self.archived:
+            raise ResultsError(f"{self.run_dir} is archived ({ARCHIVED_RESULTS_FILE}): gunzip it to add to it")
         append_text(self.jsonl, record.model_dump_json() + "\n", "run results", sync=True)
 
     def records(self) -> list[Record]:
@@ -243,7 +259,7 @@ class ResultStore:
         return {r.key for r in self.records()}
 
     def _drop_partial_line(self) -> None:
-        if not self.jsonl.exists():
+        if self.archived or not self.jsonl.exists():
             return
         with user_path(self.jsonl, "run results"):
             data = self.jsonl.read_bytes()
@@ -296,10 +312,10 @@ def run_folders(paths: Iterable[Path]) -> list[Path]:
     """
     found: list[Path] = []
     for path in map(Path, paths):
-        if (path / "results.jsonl").is_file():
+        if holds_run(path):
             found.append(path)
             continue
-        inner = sorted(p.parent for p in path.glob("*/results.jsonl")) if path.is_dir() else []
+        inner = sorted(p for p in path.iterdir() if p.is_dir() and holds_run(p)) if path.is_dir() else []
         if not inner:
             raise ResultsError(f"{path}: no run folder (results.jsonl, manifest.json) here or one level down"
                                + _no_run_hint(path))
@@ -313,7 +329,8 @@ def _no_run_hint(path: Path) -> str:
         return " (not a folder)"
     if (path / "records.jsonl").is_file():
         return "; its records.jsonl is a script's output, not a run (its README.md says what reads it)"
-    deeper = sorted({str(p.parent.parent) for depth in ("*/*/", "*/*/*/") for p in path.glob(depth + "results.jsonl")})
+    deeper = sorted({str(p.parent.parent) for depth in ("*/*/", "*/*/*/") for name in (RESULTS_FILE, ARCHIVED_RESULTS_FILE)
+                     for p in path.glob(depth + name)})
     return "; folders with runs one level down: " + ", ".join(deeper) if deeper else ""
 
 

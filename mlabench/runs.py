@@ -26,7 +26,7 @@ from typing import Any
 
 from mlabench.errors import ResultsError
 from mlabench.files import read_json
-from mlabench.results import Manifest, Record, ResultStore, records_of, run_folders
+from mlabench.results import Manifest, Record, ResultStore, holds_run, records_of, run_folders
 from mlabench.serving.config import ServeConfig
 from mlabench.serving.results import BenchResult
 
@@ -206,7 +206,7 @@ def graph_check_files(path: Path) -> list[GraphCheckRun]:
 
 
 def _has_runs(path: Path) -> bool:
-    return path.is_dir() and ((path / "results.jsonl").is_file() or any(path.glob("*/results.jsonl")))
+    return path.is_dir() and (holds_run(path) or any(p.is_dir() and holds_run(p) for p in path.iterdir()))
 
 
 def _tune_run(folder: Path) -> TuneRun:

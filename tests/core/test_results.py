@@ -85,6 +85,27 @@ def test_run_folders_and_records_of(tmp_path):
         records_of([tmp_path / "parent", tmp_path / "r3"])
 
 
+def test_an_archived_run_is_read_as_it_is_and_never_appended_to(tmp_path):
+    import gzip
+
+    from mlabench.results import records_of, run_folders
+
+    store = ResultStore.create(tmp_path / "parent" / "r1", manifest())
+    for i in range(1, 4):
+        store.append(record(i))
+    (store.run_dir / "results.jsonl.gz").write_bytes(gzip.compress(store.jsonl.read_bytes()))
+    store.jsonl.unlink()
+    assert run_folders([tmp_path / "parent"]) == [store.run_dir]
+    assert [r.context_len for r in records_of([tmp_path / "parent"])] == [1, 2, 3]
+    archived = ResultStore.open_existing(store.run_dir)
+    assert archived.archived and [r.context_len for r in archived.records()] == [1, 2, 3]
+    with pytest.raises(ResultsError, match="archived .*gunzip"):
+        archived.append(record(4))
+    assert len(ResultStore(store.run_dir).records()) == 3
+    with pytest.raises(ResultsError, match="one level down: " + str(tmp_path / "parent")):
+        run_folders([tmp_path])
+
+
 def test_git_revision_only_of_the_checkout_itself(tmp_path, monkeypatch):
     """A package folder inside some other repository (a venv in a project) records the package
     version, not that repository's revision; the checkout records its HEAD."""
