@@ -187,17 +187,31 @@ class StopAtTrials:
         return distinct_finished(trials) + running >= self.n or finished + running >= MAX_TRIALS_FACTOR * self.n
 
 
-def study_order(studies: int, index: int, workers: int) -> list[int]:
-    """The positions of ``studies`` studies in the order worker ``index`` of ``workers`` takes
-    them: all of them, starting at ``index x studies / workers`` and wrapping around.
+def study_cost(spec: dict[str, Any]) -> float:
+    """A study's expected measuring time, for ordering only: the tokens of its longest length x
+    the cube root of its batch size.  Fitted by eye to the one-worker H200 tuning of kimi-k3-tp8
+    (results/h200/tune-kimi-k3-tp8/whole-tiles-attempt/): a study took 5-18 s, longer with the
+    bucket's length and, less than in proportion, with the batch (batch 16, 128K: 17.9 s; batch 1,
+    128K: 11.9 s; batch 16, 32K: 9.3 s; 1K either batch: 5-7 s)."""
+    lengths = [*spec.get("lengths", ()), spec.get("length", 0), spec.get("hi", 0)]
+    return max(int(x or 0) for x in lengths) * max(1, int(spec.get("batch", 1))) ** (1 / 3)
+
+
+def study_order(costs: list[float], index: int, workers: int) -> list[int]:
+    """The positions of the studies (of expected times ``costs``) in the order worker ``index`` of
+    ``workers`` takes them: its own share first (the studies ranked ``index``, ``index + workers``,
+    ... from the longest down), then every other study, longest first, to join those still running.
 
     Why: workers that all start at the first study share every study, and each builds the inputs
-    and fp32 references of every length of every study itself; on two H200s that made each
-    measurement about 30% slower than one worker's and two workers took 0.69x one worker's time
-    (docs/tuning.md).  Started apart, they mostly build different studies' inputs and meet only
-    where one catches up with a study the other has not finished, which they then share."""
-    start = index * studies // max(1, workers)
-    return [*range(start, studies), *range(start)]
+    and fp32 references of every length of every study itself; on two H200s each measurement was
+    then about 30% slower than one worker's (0.69x one worker's time).  Dealt out longest first,
+    the workers build different studies' inputs, and the ones they may end up sharing are the
+    shortest.  Raises ValueError for an index outside ``range(workers)``."""
+    if not 0 <= index < max(1, workers):
+        raise ValueError(f"worker {index} of {workers}")
+    ranked = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+    own = ranked[index::max(1, workers)]
+    return own + [i for i in ranked if i not in own]
 
 
 def worker_main(payload: dict[str, Any], index: int) -> None:
@@ -215,7 +229,8 @@ def worker_main(payload: dict[str, Any], index: int) -> None:
     device = current_device().name
     backend = get_backend(cfg.backend)
     dims_kw, records = shape_dims(cfg), RecordIndex(store)
-    for position in study_order(len(payload["studies"]), index, payload.get("workers", 1)):
+    costs = [study_cost(data) for data in payload["studies"]]
+    for position in study_order(costs, index, payload.get("workers", 1)):
         spec = StudySpec(**payload["studies"][position])
         shapes = {n: tune_shape(dims_kw, spec.batch, n) for n in spec.measured()}
         dims, fixed = study_space(backend, tune_shape(dims_kw, spec.batch, spec.length), cfg, spec.measured(),

@@ -59,14 +59,22 @@ def test_record_index_reads_only_complete_lines(tmp_path):
     assert index.get(second.key)["message"] == "y"
 
 
-def test_workers_start_apart_and_each_takes_every_study():
-    from mlabench.tune_worker import study_order
+def test_workers_take_the_longest_studies_first_and_each_takes_every_study():
+    from mlabench.tune_worker import study_cost, study_order
 
-    assert study_order(16, 0, 1) == list(range(16))
-    assert study_order(16, 0, 2) == list(range(16))
-    assert study_order(16, 1, 2) == [*range(8, 16), *range(8)]
-    assert study_order(5, 2, 3) == [3, 4, 0, 1, 2]
+    costs = [1.0, 8.0, 2.0, 7.0, 3.0, 6.0]  # ranked longest first: 1, 3, 5, 4, 2, 0
+    assert study_order(costs, 0, 1) == [1, 3, 5, 4, 2, 0]
+    assert study_order(costs, 0, 2) == [1, 5, 2, 3, 4, 0]  # own share (ranks 0, 2, 4), then the rest
+    assert study_order(costs, 1, 2) == [3, 4, 0, 1, 5, 2]
     for workers in (1, 2, 3, 4, 8):
-        firsts = [study_order(16, i, workers)[0] for i in range(workers)]
-        assert len(set(firsts)) == workers  # no two workers start on one study
-        assert all(sorted(study_order(16, i, workers)) == list(range(16)) for i in range(workers))
+        orders = [study_order(costs, i, workers) for i in range(workers)]
+        assert all(sorted(o) == list(range(6)) for o in orders)  # every worker can reach every study
+        starts = [o[0] for o in orders[:6]]
+        assert len(set(starts)) == len(starts)  # no two workers start on one study
+    assert study_order([1.0, 1.0], 1, 2) == [1, 0]  # ties in position order
+    with pytest.raises(ValueError):
+        study_order(costs, 2, 2)
+    b16_128k = {"batch": 16, "lo": 100000, "hi": 131072, "length": 114000, "lengths": [100001, 131072]}
+    b1_128k = {**b16_128k, "batch": 1}
+    b16_32k = {"batch": 16, "lo": 16384, "hi": 32768, "length": 23000, "lengths": [16385, 32768]}
+    assert study_cost(b16_128k) > study_cost(b1_128k) > study_cost(b16_32k) > study_cost({"batch": 1, "hi": 1024})
