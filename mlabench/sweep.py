@@ -27,7 +27,7 @@ from mlabench.inputs import check_fits
 from mlabench.observers import driver_version, gpu_state
 from mlabench.order import DEFAULT_ORDER, Order, order_points
 from mlabench.results import (Manifest, Record, ResultStore, command_line, git_revision, library_versions,
-                              new_run_id, point_key, utc_now)
+                              new_run_id, point_key, refuse_archived, utc_now)
 from mlabench.runner import ProgressFn, SweepRunner, choose_sentinel
 from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.steady import warm_up
@@ -194,6 +194,8 @@ def resolve_sweep_config(config: str | Path | None, overrides: dict[str, Any],
     :class:`ResultsError` for a bad file, field or run folder.
     """
     given = any(v is not None for v in overrides.values())
+    if resume is not None:  # before anything else: an archived run is never resumed
+        refuse_archived(Path(resume))
     if resume is not None and config is None:
         recorded = recorded_config(ResultStore(resume))
         if not given:

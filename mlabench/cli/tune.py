@@ -137,6 +137,7 @@ def tune(
         from mlabench.tune_run import export_run
 
         return _report(export_run(export, storage, noise, combine), fmt)
+    from mlabench.results import refuse_archived
     from mlabench.tune import load_tune_config
     from mlabench.tune_run import recorded_config, run_tune
     from mlabench.workers import parse_devices
@@ -155,6 +156,7 @@ def tune(
     if resume is not None:
         if any(v is not None for k, v in values.items() if k != "storage") or config or rule:
             raise ConfigError("--resume continues the run as recorded: only --storage, --gpus and --workers go with it")
+        refuse_archived(resume)
         cfg = recorded_config(resume)[0].model_copy(update={"storage": storage})
     else:
         if backend is None:

@@ -97,10 +97,12 @@ def test_an_archived_run_is_read_as_it_is_and_never_appended_to(tmp_path):
     store.jsonl.unlink()
     assert run_folders([tmp_path / "parent"]) == [store.run_dir]
     assert [r.context_len for r in records_of([tmp_path / "parent"])] == [1, 2, 3]
-    archived = ResultStore.open_existing(store.run_dir)
+    archived = ResultStore(store.run_dir)
     assert archived.archived and [r.context_len for r in archived.records()] == [1, 2, 3]
     with pytest.raises(ResultsError, match="archived .*gunzip"):
         archived.append(record(4))
+    with pytest.raises(ResultsError, match="archived .*gunzip"):  # refused before anything is written
+        ResultStore.open_existing(store.run_dir)
     assert len(ResultStore(store.run_dir).records()) == 3
     with pytest.raises(ResultsError, match="one level down: " + str(tmp_path / "parent")):
         run_folders([tmp_path])
