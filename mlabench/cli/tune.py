@@ -79,9 +79,12 @@ class LiveView:
         self.live.update(t)
 
     def stop(self) -> None:
-        """Leave the last table on screen and stop refreshing."""
+        """Leave the last table on screen and stop refreshing; off a terminal (a log file) Rich ends
+        the table without a newline, so one is added for the next line."""
         if self.live.is_started:
             self.live.stop()
+            if not err.is_terminal:
+                err.line()
 
 
 def tune(
@@ -175,7 +178,8 @@ def tune(
     finally:
         view.stop()
     _report(result, fmt)
-    err.print(f"results: {result.store.run_dir}/ (policy.json, policy.h, policy.py, results.jsonl, study)")
+    journal = ", study.journal" if (result.store.run_dir / "study.journal").exists() else ""
+    err.print(f"results: {result.store.run_dir}/ (policy.json, policy.h, policy.py, results.jsonl{journal})")
 
 
 def _one_value(values: list[int] | None, flag: str) -> int | None:
