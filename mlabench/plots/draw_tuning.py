@@ -16,7 +16,8 @@ from mlabench.plots.tuning import PolicySteps, RegretPanel, StudyHistory
 
 EDGE_COLOR = "#c8c8c8"
 #: Regret ticks, percent.
-REGRET_TICKS_PCT = (0, 2, 4, 6, 8, 10, 20, 50, 100, 200, 500, 1000)
+#: Regret ticks: 2% apart to 10%, 1-2-5 to 1000%, then decades (a failed-looking count, or a CPU's noise)
+REGRET_TICKS_PCT = (0, 2, 4, 6, 8, 10, 20, 50, 100, 200, 500, 1000, 10_000, 100_000, 1_000_000)
 
 
 def _edges(ax: Any, edges: Sequence[int]) -> None:
