@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,11 +53,16 @@ def user_path(path: str | Path, what: str) -> Iterator[None]:
 
 def read_text(path: str | Path, what: str) -> str:
     """The UTF-8 text of ``path`` (gunzipped when its name ends in ``.gz``); :class:`FileAccessError`
-    when it cannot be read as text."""
+    when it cannot be read as text, or is not a whole gzip stream (cut short, corrupt, not gzip)."""
     with user_path(path, what):
-        if Path(path).suffix == ".gz":
-            return gzip.decompress(Path(path).read_bytes()).decode("utf-8")
-        return Path(path).read_text(encoding="utf-8")
+        if Path(path).suffix != ".gz":
+            return Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
+        try:
+            return gzip.decompress(data).decode("utf-8")
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:  # EOFError would read as Ctrl-C to Click
+            why = "cut short" if isinstance(exc, EOFError) else str(exc) or type(exc).__name__
+            raise FileAccessError(f"{what} is not a whole gzip file ({why}): {path}") from None
 
 
 def read_json(path: str | Path, what: str) -> Any:

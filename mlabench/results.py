@@ -181,6 +181,13 @@ def holds_run(path: Path) -> bool:
     return (path / RESULTS_FILE).is_file() or (path / ARCHIVED_RESULTS_FILE).is_file()
 
 
+def refuse_archived(run_dir: Path) -> None:
+    """Raise :class:`ResultsError` when ``run_dir`` is an archived run (``results.jsonl.gz`` and no
+    ``results.jsonl``): it is read as it is and never written to, so it cannot be resumed."""
+    if not (run_dir / RESULTS_FILE).exists() and (run_dir / ARCHIVED_RESULTS_FILE).is_file():
+        raise ResultsError(f"{run_dir} is archived ({ARCHIVED_RESULTS_FILE}): gunzip it to add to it")
+
+
 class ResultStore:
     """Append-only JSONL records of one run folder (read-only when archived: :data:`ARCHIVED_RESULTS_FILE`)."""
 
@@ -221,10 +228,12 @@ class ResultStore:
 
     @classmethod
     def open_existing(cls, run_dir: Path, identity: dict[str, Any] | None = None) -> ResultStore:
-        """Reopen a run to resume it; refuses a folder whose identity differs from ``identity``."""
+        """Reopen a run to resume it; :class:`ResultsError` for a folder with no manifest, an
+        archived one (:func:`refuse_archived`), or one whose identity differs from ``identity``."""
         store = cls(run_dir)
         if not store.manifest_path.exists():
             raise ResultsError(f"{run_dir}: no manifest.json, nothing to resume")
+        refuse_archived(run_dir)
         if identity is not None:
             theirs = store.manifest().identity()
             diff = sorted(k for k in identity if identity[k] != theirs.get(k))
@@ -247,8 +256,7 @@ class ResultStore:
     def append(self, record: Record) -> None:
         """Append one record as a JSON line, flushed and fsync'ed before returning; raises
         :class:`ResultsError` for an archived run."""
-        if self.archived:
-            raise ResultsError(f"{self.run_dir} is archived ({ARCHIVED_RESULTS_FILE}): gunzip it to add to it")
+        refuse_archived(self.run_dir)
         append_text(self.jsonl, record.model_dump_json() + "\n", "run results", sync=True)
 
     def records(self) -> list[Record]:

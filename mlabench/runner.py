@@ -139,8 +139,10 @@ class SweepRunner:
             self._sentinel(sentinel)
         except KeyboardInterrupt:
             self.finish()
-            raise Interrupted(f"interrupted: {self.recorded} of {len(ordered)} points recorded in {self.store.run_dir}; "
-                              f"continue with: mlabench sweep --resume {self.store.run_dir}") from None
+            visits = f" ({finished} of {total} visits measured)" if n > 1 else ""
+            raise Interrupted(f"interrupted: {self.recorded} of {len(ordered)} points recorded{visits} in "
+                              f"{self.store.run_dir}; continue with: mlabench sweep --resume {self.store.run_dir}"
+                              ) from None
         self.finish()
 
     @property

@@ -27,13 +27,13 @@ from mlabench.inputs import check_fits
 from mlabench.observers import driver_version, gpu_state
 from mlabench.order import DEFAULT_ORDER, Order, order_points
 from mlabench.results import (Manifest, Record, ResultStore, command_line, git_revision, library_versions,
-                              new_run_id, point_key, utc_now)
+                              new_run_id, point_key, refuse_archived, utc_now)
 from mlabench.runner import ProgressFn, SweepRunner, choose_sentinel
 from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.steady import warm_up
 from mlabench.timing import TimingConfig
 from mlabench.verdict import CheckConfig
-from mlabench.visits import DEFAULT_GPU_VISITS
+from mlabench.visits import DEFAULT_GPU_VISITS, read_visits
 
 #: The two ways to name a model; one given by a flag replaces either in a file.
 MODEL_SOURCES = ("model", "model_config")
@@ -194,6 +194,8 @@ def resolve_sweep_config(config: str | Path | None, overrides: dict[str, Any],
     :class:`ResultsError` for a bad file, field or run folder.
     """
     given = any(v is not None for v in overrides.values())
+    if resume is not None:  # before anything else: an archived run is never resumed
+        refuse_archived(Path(resume))
     if resume is not None and config is None:
         recorded = recorded_config(ResultStore(resume))
         if not given:
@@ -333,7 +335,10 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     else:
         store.update_manifest(warmups=[*store.manifest().warmups, steady.model_dump()])
         if warn:
-            warn(f"resuming {store.run_dir}: {len(store.finished_keys())} of {len(points)} points already recorded")
+            measured = sum(map(len, read_visits(store.run_dir).values())) if cfg.visits > 1 else 0
+            visits = f" ({measured} of {cfg.visits * len(points)} visits measured)" if cfg.visits > 1 else ""
+            warn(f"resuming {store.run_dir}: {len(store.finished_keys())} of {len(points)} points already "
+                 f"recorded{visits}")
     runner = SweepRunner(cfg, store, steady_mhz=steady.sm_clock_mhz, time_it=time_it)
     runner.run(order_points(points, cfg.order, cfg.order_seed), choose_sentinel(points), progress)
     return store, store.records()

@@ -17,12 +17,23 @@ out = Console()
 err = Console(stderr=True)
 
 
+def print_wide(console: Console, rich_table: object) -> None:
+    """Print ``rich_table`` on ``console`` at least :func:`~mlabench.tables.min_width` wide, so that a
+    table that still does not fit runs past the edge rather than splitting its numbers and names.
+    Rich's ``print(width=...)`` never exceeds the console's width, so a wider console writing to
+    the same file, with the same colours, prints it."""
+    need = min_width(rich_table)
+    if need > console.width:
+        console = Console(file=console.file, width=need, color_system=console.color_system,
+                          force_terminal=console.is_terminal)
+    console.print(rich_table)
+
+
 def emit(tables: Sequence[Table], format: str) -> None:
     """Print ``tables`` to stdout: Rich tables for ``table``, else their JSON, markdown or CSV."""
     if format == "table":
         for t in tables:
-            rich_table = to_rich(t, out.width)
-            out.print(rich_table, width=max(out.width, min_width(rich_table)))
+            print_wide(out, to_rich(t, out.width))
     else:
         sys.stdout.write(render(tables, format))  # type: ignore[arg-type]
 

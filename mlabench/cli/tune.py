@@ -79,9 +79,12 @@ class LiveView:
         self.live.update(t)
 
     def stop(self) -> None:
-        """Leave the last table on screen and stop refreshing."""
+        """Leave the last table on screen and stop refreshing; off a terminal (a log file) Rich ends
+        the table without a newline, so one is added for the next line."""
         if self.live.is_started:
             self.live.stop()
+            if not err.is_terminal:
+                err.line()
 
 
 def tune(
@@ -137,6 +140,7 @@ def tune(
         from mlabench.tune_run import export_run
 
         return _report(export_run(export, storage, noise, combine), fmt)
+    from mlabench.results import refuse_archived
     from mlabench.tune import load_tune_config
     from mlabench.tune_run import recorded_config, run_tune
     from mlabench.workers import parse_devices
@@ -155,6 +159,7 @@ def tune(
     if resume is not None:
         if any(v is not None for k, v in values.items() if k != "storage") or config or rule:
             raise ConfigError("--resume continues the run as recorded: only --storage, --gpus and --workers go with it")
+        refuse_archived(resume)
         cfg = recorded_config(resume)[0].model_copy(update={"storage": storage})
     else:
         if backend is None:
@@ -173,7 +178,8 @@ def tune(
     finally:
         view.stop()
     _report(result, fmt)
-    err.print(f"results: {result.store.run_dir}/ (policy.json, policy.h, policy.py, results.jsonl, study)")
+    journal = ", study.journal" if (result.store.run_dir / "study.journal").exists() else ""
+    err.print(f"results: {result.store.run_dir}/ (policy.json, policy.h, policy.py, results.jsonl{journal})")
 
 
 def _one_value(values: list[int] | None, flag: str) -> int | None:

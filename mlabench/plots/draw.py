@@ -9,6 +9,7 @@ Legends sit outside the axes (constrained layout, ``outside`` locations) so they
 from __future__ import annotations
 
 import io
+import math
 import textwrap
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -22,17 +23,18 @@ PANEL_W, PANEL_H = 5.6, 3.9
 
 
 def _mpl() -> SimpleNamespace:
-    """matplotlib's figure, ticker, colors and patches modules and its colormaps, imported on first
+    """matplotlib's figure, ticker, colors, patches and textpath modules and its colormaps, imported on first
     use; :class:`MlabenchError` naming what to install when matplotlib is missing."""
     from mlabench.extras import optional_import
 
-    names = ("matplotlib", "matplotlib.figure", "matplotlib.ticker", "matplotlib.colors", "matplotlib.patches")
+    names = ("matplotlib", "matplotlib.figure", "matplotlib.ticker", "matplotlib.colors", "matplotlib.patches",
+             "matplotlib.textpath")
     mods = [optional_import(name) for name in names]
     missing = [why for mod, why in mods if mod is None]
     if missing:
         raise MlabenchError(f"figures need matplotlib: {missing[0]}")
-    top, figure, ticker, colors, patches = (mod for mod, _ in mods)
-    return SimpleNamespace(figure=figure, ticker=ticker, colors=colors, patches=patches,
+    top, figure, ticker, colors, patches, textpath = (mod for mod, _ in mods)
+    return SimpleNamespace(figure=figure, ticker=ticker, colors=colors, patches=patches, textpath=textpath,
                            colormaps=top.colormaps)
 
 
@@ -54,13 +56,20 @@ def png_bytes(fig: Any) -> bytes:
 
 def _panels(n: int, title: str, where: str, width: float = PANEL_W, height: float = PANEL_H,
             sharey: bool = False) -> tuple[Any, list[Any]]:
-    lines = textwrap.wrap(where, width=int(width * n * 11.5), break_on_hyphens=False)
-    # each subtitle line past the first gets its own height, so the panels keep theirs
-    fig = _mpl().figure.Figure(figsize=(width * n, height + 0.2 * max(len(lines) - 1, 0)), layout="constrained",
+    # the title wraps as its subtitle does: one panel is narrower than most titles
+    lines = [*_wrap(title, width * n), *_wrap(where, width * n)]
+    # each line past the title's first two gets its own height, so the panels keep theirs
+    fig = _mpl().figure.Figure(figsize=(width * n, height + 0.2 * max(len(lines) - 2, 0)), layout="constrained",
                                dpi=100)
     axes = fig.subplots(1, n, squeeze=False, sharey=sharey)[0]
-    fig.suptitle(title + "".join(f"\n{line}" for line in lines), fontsize=11)
+    fig.suptitle("\n".join(lines), fontsize=11)
     return fig, list(axes)
+
+
+def _wrap(text: str, width_in: float) -> list[str]:
+    """``text`` in lines that fit ``width_in`` inches at the title's 11 points (11.5 characters
+    an inch, the width of an average line of DejaVu Sans there)."""
+    return textwrap.wrap(text, width=int(width_in * 11.5), break_on_hyphens=False) or [""]
 
 
 def _context_x(ax: Any, contexts: Sequence[int], log: bool = True) -> None:
@@ -90,7 +99,30 @@ def _dedup_legend(fig: Any, axes: list[Any], last: str | None = None, **kw: Any)
     if last in seen:
         seen[last] = seen.pop(last)
     if seen:
+        if "ncol" in kw:  # fewer columns than asked where they do not fit; the rows added get their height
+            ncol = _legend_columns(list(seen), fig.get_figwidth(), kw["ncol"])
+            more_rows = math.ceil(len(seen) / ncol) - math.ceil(len(seen) / kw["ncol"])
+            fig.set_figheight(fig.get_figheight() + 0.19 * more_rows)
+            kw["ncol"] = ncol
         fig.legend(list(seen.values()), list(seen), frameon=False, fontsize=9, **kw)
+
+
+def _legend_columns(labels: Sequence[str], width_in: float, most: int, fontsize: float = 9) -> int:
+    """The most columns, at most ``most``, in which a legend of ``labels`` fits ``width_in`` inches.
+
+    Matplotlib fills a legend's columns top to bottom; a column is as wide as its widest entry: the
+    handle (2 font sizes), the pad after it (0.8) and the label, measured with the default font
+    (``TextPath``); columns are 2 font sizes apart (matplotlib's default ``handlelength``,
+    ``handletextpad`` and ``columnspacing``).  1 when even one column is too wide.
+    """
+    text_path = _mpl().textpath.TextPath
+    entry_pt = [2.8 * fontsize + text_path((0, 0), label, size=fontsize).get_extents().width for label in labels]
+    for ncol in range(min(most, len(labels)), 1, -1):
+        rows = math.ceil(len(labels) / ncol)
+        columns = [max(entry_pt[i:i + rows]) for i in range(0, len(labels), rows)]
+        if (sum(columns) + 2 * fontsize * (len(columns) - 1)) / 72 <= 0.97 * width_in:
+            return ncol
+    return 1
 
 
 def latency(data: LatencyData, title: str, where: str, metric: str = "us") -> Any:

@@ -10,13 +10,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlabench.plots import style
-from mlabench.plots.draw import _context_x, _dedup_legend, _mpl, _panels
+from mlabench.plots.draw import _context_x, _dedup_legend, _mpl, _panels, _wrap
 from mlabench.plots.graph_check import GraphCheckData
 from mlabench.plots.tuning import PolicySteps, RegretPanel, StudyHistory
 
 EDGE_COLOR = "#c8c8c8"
 #: Regret ticks, percent.
-REGRET_TICKS_PCT = (0, 2, 4, 6, 8, 10, 20, 50, 100, 200, 500, 1000)
+#: Regret ticks: 2% apart to 10%, 1-2-5 to 1000%, then decades (a failed-looking count, or a CPU's noise)
+REGRET_TICKS_PCT = (0, 2, 4, 6, 8, 10, 20, 50, 100, 200, 500, 1000, 10_000, 100_000, 1_000_000)
 
 
 def _edges(ax: Any, edges: Sequence[int]) -> None:
@@ -124,14 +125,12 @@ def _history_title(h: StudyHistory) -> str:
 
 def tuning_history(histories: Sequence[StudyHistory], backend: str, title: str, where: str) -> Any:
     """Figure (f), second part: one panel per bucket of one batch size, trials in order, best so far."""
-    import textwrap
-
     n = len(histories)
     cols = min(4, n)
     rows = math.ceil(n / cols)
     fig = _mpl().figure.Figure(figsize=(3.6 * cols, 2.7 * rows + 1.6), layout="constrained", dpi=100)
     grid = fig.subplots(rows, cols, squeeze=False)
-    fig.suptitle(f"{title}\n" + "\n".join(textwrap.wrap(where, width=int(3.6 * cols * 11.5))), fontsize=11)
+    fig.suptitle("\n".join([*_wrap(title, 3.6 * cols), *_wrap(where, 3.6 * cols)]), fontsize=11)
     axes = [ax for row in grid for ax in row]
     for i, (ax, h) in enumerate(zip(axes, histories)):
         _history_panel(ax, h, style.backend_color(backend))

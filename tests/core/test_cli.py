@@ -164,6 +164,25 @@ def test_resume_from_cli(tmp_path, monkeypatch, capsys):
     assert json.loads(out)[0]["rows"][0]["best params"].startswith("num_kv_splits=")
 
 
+def test_resuming_an_archived_run_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    """A finished run, gzipped: --resume says so in one line, exits 2, and leaves every file as it was
+    (it once re-measured the sentinel into sentinel.jsonl and rewrote the manifest and the CSV)."""
+    import gzip
+
+    args = ["sweep", "--heads", "12", "--backend", "torch-splitkv", "--batch", "1", "--context", "32",
+            "--splits", "1,2", "--page-size", "16", "--budget-s", "0.05", "--results-dir", str(tmp_path)]
+    code, _, err = run(args, monkeypatch, capsys)
+    assert code == 0, err
+    (run_dir,) = list(tmp_path.iterdir())
+    (run_dir / "results.jsonl.gz").write_bytes(gzip.compress((run_dir / "results.jsonl").read_bytes()))
+    (run_dir / "results.jsonl").unlink()
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    code, out, err = run(["sweep", "--resume", str(run_dir)], monkeypatch, capsys)
+    assert code == 2 and not out
+    assert err.strip().splitlines() == [f"error: {run_dir} is archived (results.jsonl.gz): gunzip it to add to it"]
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
 def test_compare_from_recorded_runs(tmp_path, monkeypatch, capsys):
     code, _, err = run(["sweep", "--heads", "12", "--backend", "torch-splitkv", "--batch", "1",
                         "--context", "32", "--splits", "1,2", "--page-size", "16", "--budget-s", "0.05",

@@ -97,10 +97,12 @@ def test_an_archived_run_is_read_as_it_is_and_never_appended_to(tmp_path):
     store.jsonl.unlink()
     assert run_folders([tmp_path / "parent"]) == [store.run_dir]
     assert [r.context_len for r in records_of([tmp_path / "parent"])] == [1, 2, 3]
-    archived = ResultStore.open_existing(store.run_dir)
+    archived = ResultStore(store.run_dir)
     assert archived.archived and [r.context_len for r in archived.records()] == [1, 2, 3]
     with pytest.raises(ResultsError, match="archived .*gunzip"):
         archived.append(record(4))
+    with pytest.raises(ResultsError, match="archived .*gunzip"):  # refused before anything is written
+        ResultStore.open_existing(store.run_dir)
     assert len(ResultStore(store.run_dir).records()) == 3
     with pytest.raises(ResultsError, match="one level down: " + str(tmp_path / "parent")):
         run_folders([tmp_path])
@@ -125,3 +127,30 @@ def test_git_revision_only_of_the_checkout_itself(tmp_path, monkeypatch):
     if (Path(__file__).parents[2] / ".git").exists():  # a checkout (not a copy of the tree)
         rev, _ = git_revision()
         assert len(rev) == 40 and int(rev, 16) >= 0
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda data: data[: len(data) // 2], "cut short"),  # gzip raised EOFError, which Click took for Ctrl-C
+    (lambda data: b"hello\n", "Not a gzipped file"),
+    (lambda data: data[:-8] + bytes(8), "CRC check failed"),
+])
+def test_a_damaged_archive_is_one_error_line_and_exit_2(tmp_path, damage, why):
+    import gzip
+    import subprocess
+    import sys
+
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    for i in range(1, 40):
+        store.append(record(i))
+    (store.run_dir / "results.jsonl.gz").write_bytes(damage(gzip.compress(store.jsonl.read_bytes())))
+    store.jsonl.unlink()
+    from mlabench.errors import FileAccessError
+
+    with pytest.raises(FileAccessError, match=f"records file is not a whole gzip file \\({why}"):
+        ResultStore(store.run_dir).records()
+    res = subprocess.run([sys.executable, "-m", "mlabench", "compare", "--from", str(store.run_dir)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and not res.stdout
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: records file is not a whole gzip file ({why}")
+    assert line.endswith(f": {store.run_dir / 'results.jsonl.gz'}")

@@ -71,12 +71,11 @@ H200 = Path(__file__).parents[2] / "results" / "h200" / "kimi-k3-tp8"
 def rendered(table, width):
     from rich.console import Console
 
-    from mlabench.tables import min_width
+    from mlabench.cli.output import print_wide
 
-    console = Console(width=width, record=True, color_system=None, file=io.StringIO())
-    rich_table = to_rich(table, width)
-    console.print(rich_table, width=max(width, min_width(rich_table)))
-    return console.export_text()
+    console = Console(width=width, color_system=None, file=io.StringIO())
+    print_wide(console, to_rich(table, width))
+    return console.file.getvalue()
 
 
 def number_texts(table):
@@ -226,3 +225,16 @@ def test_short_params_abbreviates_names_and_shows_no_params_as_a_dash():
 
     assert short_params("head_padding=16 num_kv_splits=4 programs_per_sm=2 x=1") == "pad=16 splits=4 prog/SM=2 x=1"
     assert short_params(None) == "—" and short_params("") == "—"
+
+
+def test_a_table_that_cannot_fit_runs_past_the_edge_whole():
+    """Nothing left to drop (the tuning choice table at 80 columns): the table is printed as wide as
+    it needs, every name and number whole on its line, not squeezed to 80 columns with headers one
+    letter a line (Rich's print never exceeds its console's width by itself)."""
+    table = Table("", ["bucket", "chosen", "chosen µs", "best heuristic", "heuristic µs"],
+                  [["129-512", "num_kv_splits=min(ceil(L/330),2)" + "x" * 40, 350.0, "rocm-buckets", 497.0],
+                   ["1-128", "num_kv_splits=1", 218.0, "vllm-triton", 218.0]])
+    text = rendered(table, 80)
+    assert "num_kv_splits=min(ceil(L/330),2)" + "x" * 40 in text
+    assert max(len(line) for line in text.splitlines()) > 80
+    assert " rocm-buckets " in text and " 497 " in text and " 218 " in text

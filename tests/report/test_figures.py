@@ -152,3 +152,24 @@ def test_figures_per_qo_len_name_the_token_count_and_what_they_leave_out():
     qo1 = [r for r in runs.records if r.qo_len == 1]
     assert D.backends_without_result(qo1) == {}
     assert D.backends_without_result([r for r in runs.records if r.qo_len == 2]) == {"gluon-splitkv": "unsupported"}
+
+
+def test_one_panel_keeps_its_title_and_legend_inside_the_figure():
+    """A sweep of one batch size draws one panel, narrower than most titles and five-column legends:
+    the title wraps and the legend takes the columns that fit (they ran off both edges)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from mlabench.plots.draw import _dedup_legend, _panels
+
+    fig, (ax,) = _panels(1, "MLA decode latency vs context length, best correct configuration per backend",
+                         "AMD EPYC · 12 heads (kimi-k3 at TP8) · page 16 · bf16 · CPU wall clock")
+    for label in ("torch-splitkv", "floor: bytes / read bandwidth (0.01 TB/s)", "hollow: noisy point",
+                  "fastest split count measured at a held-out length (validation ladder)", "sglang"):
+        ax.plot([1, 2], [1, 2], label=label)
+    _dedup_legend(fig, [ax], loc="outside lower center", ncol=5)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for artist in (fig._suptitle, fig.legends[0]):
+        box = artist.get_window_extent(renderer)
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (artist, box, fig.bbox.width)

@@ -305,3 +305,17 @@ def test_the_trial_axis_has_whole_number_ticks():
     assert len(axes) == 8
     for ax in axes:
         assert all(float(t).is_integer() for t in ax.get_xticks())
+
+
+def test_regret_far_above_1000_percent_still_has_a_labelled_tick_near_it():
+    """A CPU validation measured regrets of 9000-35000%; the axis's labels stopped at 1000%."""
+    from mlabench.plots.draw import _mpl
+    from mlabench.plots.draw_tuning import _regret_axis
+
+    ax = _mpl().figure.Figure().subplots()
+    _regret_axis(ax, 35_000)
+    ticks = list(ax.get_yticks())
+    assert max(ticks) == 10_000 and ticks[:6] == [0, 2, 4, 6, 8, 10]
+    assert ax.get_ylim()[1] >= 35_000
+    _regret_axis(ax, 300)
+    assert max(ax.get_yticks()) == 200

@@ -91,11 +91,14 @@ def test_an_interrupted_visited_sweep_resumes_the_missing_visits_only(tmp_path):
         if done == 6:
             raise KeyboardInterrupt
 
-    with pytest.raises(Interrupted, match="0 of 4 points recorded"):
+    # the visits measured are said, so that "0 points recorded" does not read as nothing kept
+    with pytest.raises(Interrupted, match=r"0 of 4 points recorded \(6 of 12 visits measured\) in "):
         run_sweep(config(visits=3), tmp_path, progress=stop)
     (run_dir,) = tmp_path.iterdir()
     assert sum(len(v) for v in read_visits(run_dir).values()) == 6 and not ResultStore(run_dir).records()
-    _, recs = run_sweep(config(visits=3), tmp_path, resume=run_dir)
+    said = []
+    _, recs = run_sweep(config(visits=3), tmp_path, resume=run_dir, warn=said.append)
+    assert said == [f"resuming {run_dir}: 0 of 4 points already recorded (6 of 12 visits measured)"]
     visits = read_visits(run_dir)
     assert len(recs) == 4 and all(len(visits[r.key]) == 3 and len(r.visit_medians_us) == 3 for r in recs)
     assert sum(len(v) for v in visits.values()) == 12  # nothing measured twice

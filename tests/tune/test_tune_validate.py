@@ -66,6 +66,9 @@ def test_cli_tune_validate_export(tmp_path):
     res = runner.invoke(app, args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     tables = json.loads(res.stdout)
+    # the live table (no newline of its own off a terminal) ends before the line naming the files
+    assert "\nresults: " in res.stderr and "┘results" not in res.stderr
+    assert "study.journal)" in res.stderr.replace("\n", "")
     assert [row["chosen"] for row in tables[0]["rows"]] == ["num_kv_splits=6", "num_kv_splits=6"]
     assert tables[1]["rows"] == [{"batch": 1, "max context": 64, "params": "num_kv_splits=6"}]  # merged
     run = next(tmp_path.glob("tune-*"))
