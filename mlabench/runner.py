@@ -25,7 +25,7 @@ from mlabench.results import Record, ResultStore
 from mlabench.sentinel import append_sentinel, drift_dict, drift_of, read_sentinels
 from mlabench.shapes import MLADecodeShape
 from mlabench.steady import below_steady
-from mlabench.visits import append_visit, pooled_record, read_visits, visit_order, wants_more
+from mlabench.visits import append_visit, measured_in_order, pooled_record, read_visits, visit_order, wants_more
 
 if TYPE_CHECKING:
     from mlabench.sweep import Point, SweepConfig
@@ -89,6 +89,7 @@ class SweepRunner:
         self.copy_bw, self.read_bw = m.copy_bandwidth_tbps, m.read_bandwidth_tbps
         self.run_id = m.run_id
         self.recorded = len(store.records())
+        self.visits_measured = 0  # visits in visits.jsonl (a run with several visits per point)
 
     def run(self, ordered: Sequence[Point], sentinel: Point | None, progress: ProgressFn | None = None) -> None:
         """Measure every point of ``ordered`` not yet recorded, in order, in :attr:`visits` passes
@@ -106,6 +107,7 @@ class SweepRunner:
                 self.recorded += 1
                 done.add(p.key)
         todo = [p for p in ordered if p.key not in done]
+        self.visits_measured = sum(map(len, prior.values()))
         plan = [(v, p) for v in range(1, n + 1) for p in visit_order(todo, v) if len(prior.get(p.key, ())) < v]
         total, finished = n * len(ordered), n * len(ordered) - len(plan)
         budget = int(CACHE_SHARE * (current_device().total_memory_bytes or free_memory_bytes()))
@@ -129,6 +131,7 @@ class SweepRunner:
                 if n > 1:
                     append_visit(self.store.run_dir, v, rec)
                     have.append(rec)
+                    self.visits_measured += 1
                 if n == 1 or len(have) == n or not wants_more(have):
                     self.store.append(pooled_record(have, self.cfg.timing.target_rel_ci) if n > 1 else rec)
                     self.recorded += 1
@@ -154,7 +157,8 @@ class SweepRunner:
     def finish(self) -> None:
         """Regenerate the CSV and write the sentinel's drift into the manifest."""
         self.store.write_csv()
-        drift = drift_of(read_sentinels(self.store.run_dir), self.store.records(), self.cfg.drift_target)
+        measured = measured_in_order(self.store.run_dir) if self.visits > 1 else self.store.records()
+        drift = drift_of(read_sentinels(self.store.run_dir), measured, self.cfg.drift_target)
         self.store.update_manifest(drift=drift_dict(drift))
 
     def _measure(self, p: Point, cache: BenchCache | None, verify: bool = True) -> Record:
@@ -169,7 +173,9 @@ class SweepRunner:
         return rec.model_copy(update={"clock_below_steady": low}) if low is not None else rec
 
     def _sentinel(self, sentinel: Point | None) -> None:
-        """Measure the sentinel on fresh inputs and append it to ``sentinel.jsonl``."""
+        """Measure the sentinel on fresh inputs and append it to ``sentinel.jsonl``, with the
+        points recorded so far (with several visits per point: the visits measured so far)."""
         if sentinel is None or not self.time_it:
             return
-        append_sentinel(self.store.run_dir, self.recorded, self._measure(sentinel, None))
+        after = self.visits_measured if self.visits > 1 else self.recorded
+        append_sentinel(self.store.run_dir, after, self._measure(sentinel, None))

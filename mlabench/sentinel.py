@@ -2,7 +2,8 @@
 
 A sweep measures its sentinel point before its first point, again after every ``sentinel_every``
 points and once more at the end, each time on freshly made inputs, and appends each measurement
-to ``sentinel.jsonl`` in the run folder (with how many points were recorded when it was taken).
+to ``sentinel.jsonl`` in the run folder (with how many points were recorded when it was taken; in a
+run with several visits per point, how many visits were measured: :mod:`mlabench.visits`).
 The drift of a measurement is its median over the first one's, minus 1.  A run whose sentinel
 drifts by more than the target is flagged, and the points measured in a drifting window (between
 the sentinel before and the drifting one) are named.  The spread between successive sentinel
@@ -30,7 +31,8 @@ class SentinelMeasurement(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    after_points: int = Field(description="Records in results.jsonl when it was taken.")
+    after_points: int = Field(description="Records in results.jsonl when it was taken (with several visits "
+                                          "per point: visits in visits.jsonl).")
     record: Record = Field(description="The sentinel point as measured then.")
 
 
@@ -39,7 +41,8 @@ class DriftWindow(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    from_point: int = Field(description="Index (0-based, in results.jsonl) of the first point in the window.")
+    from_point: int = Field(description="Index (0-based, in results.jsonl; with several visits per point, "
+                                        "in visits.jsonl) of the first point in the window.")
     to_point: int = Field(description="Index after the last point in the window.")
     drift: float = Field(description="Drift of the sentinel measured at the window's end.")
     points: list[str] = Field(description="The points measured in the window, as labels.")
@@ -96,8 +99,8 @@ def repeat_noise(medians_us: Sequence[float]) -> float | None:
 
 
 def drift_of(sentinels: Sequence[SentinelMeasurement], records: Sequence[Record], target: float) -> Drift | None:
-    """The drift the ``sentinels`` of a run show; ``records`` in the order measured name the points
-    of drifting windows.  None when fewer than two sentinel measurements were timed."""
+    """The drift the ``sentinels`` of a run show; ``records`` in the order measured (a visit run's
+    visits) name the points of drifting windows.  None when fewer than two sentinel measurements were timed."""
     timed = [s for s in sentinels if s.record.status == "ok" and s.record.stats is not None]
     if len(timed) < 2:
         return None

@@ -62,8 +62,9 @@ class SweepConfig(BaseModel):
     timing: TimingConfig = Field(default_factory=TimingConfig)
     order: Order = Field(DEFAULT_ORDER, description="Measuring order: grid, shuffled or interleaved (mlabench.order).")
     order_seed: int | None = Field(None, description="Seed of the order; drawn and recorded when not given.")
-    sentinel_every: int = Field(20, ge=0, description="Re-measure the sentinel point after every N points (0: only "
-                                                      "at the start and end).")
+    sentinel_every: int = Field(20, ge=0, description="Re-measure the sentinel point after every N measurements "
+                                                      "(points, or visits with several per point; 0: only at the "
+                                                      "start and end).")
     visits: int | None = Field(None, ge=1, le=16, description="Visits per point, spread over the run and their "
                                "samples pooled (mlabench.visits); default: 4 on a GPU, 1 on the CPU.")
     drift_target: float = Field(0.01, gt=0, description="Sentinel drift (relative) beyond which the run is flagged.")

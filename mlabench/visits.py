@@ -47,21 +47,35 @@ def append_visit(run_dir: Path, visit: int, rec: Record) -> None:
         f.write(line + "\n")
 
 
-def read_visits(run_dir: Path) -> dict[str, list[Record]]:
-    """Every point's visits recorded in ``run_dir/visits.jsonl``, by point key, in visit order
-    (a line cut short by a kill is skipped); empty when there is no file."""
+def _visit_lines(run_dir: Path) -> list[tuple[int, Record]]:
+    """``(visit, record)`` of every line of ``run_dir/visits.jsonl`` in file order, a line cut
+    short by a kill skipped; [] when there is no file."""
     path = Path(run_dir) / VISITS_FILE
-    out: dict[str, list[tuple[int, Record]]] = {}
     if not path.exists():
-        return {}
+        return []
+    out = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             data = json.loads(line)
         except json.JSONDecodeError:
             continue
-        rec = Record.model_validate(data["record"])
-        out.setdefault(rec.key, []).append((int(data["visit"]), rec))
+        out.append((int(data["visit"]), Record.model_validate(data["record"])))
+    return out
+
+
+def read_visits(run_dir: Path) -> dict[str, list[Record]]:
+    """Every point's visits recorded in ``run_dir/visits.jsonl``, by point key, in visit order
+    (a line cut short by a kill is skipped); empty when there is no file."""
+    out: dict[str, list[tuple[int, Record]]] = {}
+    for visit, rec in _visit_lines(run_dir):
+        out.setdefault(rec.key, []).append((visit, rec))
     return {k: [r for _, r in sorted(v, key=lambda t: t[0])] for k, v in out.items()}
+
+
+def measured_in_order(run_dir: Path) -> list[Record]:
+    """Every visit in ``run_dir/visits.jsonl`` in the order measured: the sequence a visit run's
+    sentinel windows index (:mod:`mlabench.sentinel`)."""
+    return [rec for _, rec in _visit_lines(run_dir)]
 
 
 def wants_more(visits: Sequence[Record]) -> bool:

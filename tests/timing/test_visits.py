@@ -117,3 +117,14 @@ def test_the_cpu_default_is_one_visit(tmp_path):
     store, recs = run_sweep(config(visits=None), tmp_path)
     assert len(recs) == 4 and all(r.visit_medians_us is None for r in recs)
     assert not (store.run_dir / VISITS_FILE).exists()
+
+
+def test_a_visit_runs_sentinel_counts_visits_and_its_windows_name_them(tmp_path):
+    from mlabench.sentinel import read_sentinels
+
+    store, _ = run_sweep(config(visits=3, sentinel_every=4, drift_target=1e-9), tmp_path)
+    assert [s.after_points for s in read_sentinels(store.run_dir)] == [0, 4, 8, 12]  # of 12 visits
+    drift = store.manifest().drift
+    assert drift["after_points"] == [0, 4, 8, 12] and drift["windows"]  # CPU timings always move
+    for w in drift["windows"]:
+        assert w["to_point"] - w["from_point"] == 4 and len(w["points"]) == 4
