@@ -106,3 +106,14 @@ def test_hopper_kernel_script_writes_a_run_folder_that_compare_and_plot_read(tmp
     assert code == 0 and drawn.split() and all(Path(p).is_file() for p in drawn.split()), err
     with pytest.raises(ResultsError, match="already holds a run"):
         script.open_run(out, env, {})
+
+
+def test_visit_estimators_reproduces_the_committed_table():
+    """``scripts/visit_estimators.py`` on the four committed visit runs prints estimators.md."""
+    folder = REPO / "results/h200/repeatability"
+    runs = sorted((folder / "visits-attempt/runs").iterdir()) + sorted((folder / "cooldown-attempt/runs").iterdir())
+    done = subprocess.run([sys.executable, "scripts/visit_estimators.py", *map(str, runs)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=True)
+    expected = (folder / "estimators.md").read_text()
+    assert done.stdout.split("\n", 1)[1] == expected.split("\n", 1)[1]  # the first line names the paths
+    assert "| pooled median (the sweep's) | 96.7% / 98.8% / 3.08% |" in done.stdout
