@@ -182,6 +182,11 @@ class Policy(BaseModel):
         return [(b.batch, [(e.max_context_len, dict(e.params), e.tokens_per_split, e.tile_tokens)
                            for e in b.entries]) for b in self.batches]
 
+    def entry(self, batch: int, context_len: int) -> PolicyEntry:
+        """The entry :meth:`lookup` takes its parameters from (the same batch and length rule)."""
+        table = next((b for b in reversed(self.batches) if b.batch <= batch), self.batches[0]).entries
+        return next((e for e in table if context_len <= e.max_context_len), table[-1])
+
     def lookup(self, batch: int, context_len: int) -> dict[str, Any]:
         """The parameters for ``batch`` requests of ``context_len`` tokens (module docstring rule).
 

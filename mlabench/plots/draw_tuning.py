@@ -119,7 +119,8 @@ def _history_title(h: StudyHistory) -> str:
     chosen = ""
     if h.chosen is not None and h.chosen_us is not None:
         splits = h.chosen.get("num_kv_splits")
-        chosen = f": chose {splits} splits, {style.sig3(h.chosen_us)} µs" if splits is not None else ""
+        rule = f"{h.chosen_rule.removeprefix('num_kv_splits=')} = " if h.chosen_rule else ""
+        chosen = f"\nchose {rule}{splits} splits, {style.sig3(h.chosen_us)} µs" if splits is not None else ""
     return f"{bucket} (at {s.length}){chosen}"
 
 

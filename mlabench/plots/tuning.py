@@ -162,6 +162,7 @@ class StudyHistory:
     trials: list[Trial]
     chosen: dict[str, Any] | None = None
     chosen_us: float | None = None
+    chosen_rule: str | None = None
 
 
 def tuning_history(run: Any) -> dict[int, list[StudyHistory]]:
@@ -180,7 +181,10 @@ def tuning_history(run: Any) -> dict[int, list[StudyHistory]]:
             best = us if best is None or (us is not None and us < best) else best
             trials.append(Trial(i, r.params, us, r.status, best, names.get(_key(r.params), []),
                                 choice.chosen is not None and _key(r.params) == _key(choice.chosen)))
-        out.setdefault(study.batch, []).append(StudyHistory(study, trials, choice.chosen, choice.chosen_us))
+        rule = run.policy.entry(study.batch, study.length) if run.policy is not None else None
+        rule_text = rule.describe() if rule is not None and (rule.tokens_per_split or rule.tile_tokens) else None
+        out.setdefault(study.batch, []).append(StudyHistory(study, trials, choice.chosen, choice.chosen_us,
+                                                            rule_text))
     return {b: sorted(hs, key=lambda h: h.study.hi) for b, hs in sorted(out.items())}
 
 

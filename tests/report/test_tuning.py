@@ -223,7 +223,7 @@ def test_titles_units_legends_and_colours(tune_runs, graph_check_runs):
     assert "num_kv_splits" in policy_axes[0].get_ylabel() and "tokens" in policy_axes[0].get_xlabel()
     history = [a for a in figs["tuning-history-b1"].axes if a.get_visible()]
     assert len(history) == 8 and "µs" in history[0].get_ylabel() and "trial" in history[-1].get_xlabel()
-    assert history[0].get_title() == "≤ 1K (at 724): chose 23 splits, 10.5 µs"
+    assert history[0].get_title() == "≤ 1K (at 724)\nchose 23 splits, 10.5 µs"
     regret_axes = figs["tuning-regret"].axes
     assert "regret" in regret_axes[0].get_ylabel() and "%" in regret_axes[0].get_ylabel()
     assert regret_axes[0].get_title() == "batch 1: policy worst 17.4%, geomean 4.86%"
@@ -319,3 +319,16 @@ def test_regret_far_above_1000_percent_still_has_a_labelled_tick_near_it():
     assert ax.get_ylim()[1] >= 35_000
     _regret_axis(ax, 300)
     assert max(ax.get_yticks()) == 200
+
+
+def test_a_history_panel_names_the_rule_chosen_and_its_count_there():
+    from types import SimpleNamespace
+
+    from mlabench.plots.draw_tuning import _history_title
+    from mlabench.plots.tuning import StudyHistory
+
+    study = SimpleNamespace(lo=8192, hi=16384, length=10809)
+    rule = StudyHistory(study, [], {"num_kv_splits": 113}, 19.1, "num_kv_splits=tiles(L,32,132)")
+    assert _history_title(rule) == "8K-16K (at 10809)\nchose tiles(L,32,132) = 113 splits, 19.1 µs"
+    fixed = StudyHistory(study, [], {"num_kv_splits": 16}, 80.4)
+    assert _history_title(fixed) == "8K-16K (at 10809)\nchose 16 splits, 80.4 µs"

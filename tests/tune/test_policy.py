@@ -59,6 +59,17 @@ def test_lookup_rule():
         p.lookup(0, 100)
 
 
+def test_entry_is_the_one_lookup_reads():
+    p = make_policy()
+    assert p.entry(1, 15898).describe() == "num_kv_splits=tiles(L,32,132) block_n=32"
+    assert p.entry(1, 4000).tokens_per_split == 32 and p.entry(3, 10**7).max_context_len == 131072
+    assert p.entry(64, 100).params["block_n"] == "64" and p.entry(2, 100).max_context_len == 1024
+    for batch in (1, 2, 4, 15, 16, 100):
+        for length in (1, 1024, 1025, 8192, 15898, 65537, 10**6):
+            e = p.entry(batch, length)
+            assert p.lookup(batch, length)["block_n"] == e.params["block_n"]
+
+
 def test_policy_rejects_unsorted_and_inconsistent_tables():
     with pytest.raises(ValueError, match="increase"):
         BatchPolicy(batch=1, entries=[entry(4096, 8), entry(1024, 4)])
