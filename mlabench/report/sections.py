@@ -85,6 +85,7 @@ def kernel_environment(run: Any, records: Sequence[Record], kind: str = "Kernel 
     mine = [r for r in records if r.run_id == m.run_id]
     during = [r.gpu_state["sm_clock_mhz"] for r in mine if r.gpu_state.get("sm_clock_mhz") is not None]
     memory = f", {dev['total_memory_bytes'] / 2**30:.0f} GiB" if dev.get("total_memory_bytes") else ""
+    visits = (m.config or {}).get("visits") or 1
     rows = [
         ["run", f"{m.run_id} ({run.path})"], ["recorded", m.created],
         ["command", " ".join(m.command)],
@@ -95,7 +96,8 @@ def kernel_environment(run: Any, records: Sequence[Record], kind: str = "Kernel 
         ["versions", ", ".join(f"{k} {v}" for k, v in m.versions.items() if v)],
         *_bandwidth_rows(m),
         list(config_row(m.config) or ("sweep", _sweep_text(m.config))),
-        ["timing", _timing_text(_run_timing(m.config), dev.get("kind"))],
+        ["timing", _timing_text(_run_timing(m.config), dev.get("kind"))
+         + (f"; each point in {visits} visits spread over the run, samples pooled" if visits > 1 else "")],
         ["points", f"{len(mine)} ({sum(r.status == 'ok' for r in mine)} ok)"],
     ]
     rows += [["health", note] for note in health_notes(m, mine)]

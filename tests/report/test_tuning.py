@@ -5,6 +5,7 @@ the figures drawn, and the report's sections."""
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -332,3 +333,16 @@ def test_a_history_panel_names_the_rule_chosen_and_its_count_there():
     assert _history_title(rule) == "8K-16K (at 10809)\nchose tiles(L,32,132) = 113 splits, 19.1 µs"
     fixed = StudyHistory(study, [], {"num_kv_splits": 16}, 80.4)
     assert _history_title(fixed) == "8K-16K (at 10809)\nchose 16 splits, 80.4 µs"
+
+
+def test_the_environment_says_how_many_visits_a_sweep_took():
+    from mlabench.report.sections import kernel_environment
+    from mlabench.runs import load_runs
+
+    folder = Path(__file__).resolve().parents[2] / "results/h200/repeatability/visits-attempt/runs"
+    runs = load_runs([folder])
+    assert [r.manifest.config["visits"] for r in runs.kernel_runs] == [4, 4]
+    timing = dict(kernel_environment(runs.kernel_runs[0], runs.records).rows)["timing"]
+    assert timing.endswith("; each point in 4 visits spread over the run, samples pooled")
+    old = load_runs([folder.parents[1] / "runs"])  # recorded before visits: nothing said
+    assert "visits" not in dict(kernel_environment(old.kernel_runs[0], old.records).rows)["timing"]
