@@ -119,11 +119,13 @@ def drift_of(sentinels: Sequence[SentinelMeasurement], records: Sequence[Record]
 def health_notes(manifest: Manifest, records: Sequence[Record], most: int = 8) -> list[str]:
     """Notes for a sweep's summary: the GPU's warm-up, the sentinel's drift (drifting windows and
     their points named, at most ``most`` per window), points measured below the steady clock."""
-    notes = []
+    warmups: dict[str, int] = {}  # a resumed run warms up again: the same line once, with a count
     for w in manifest.warmups:
         clock = f" at {w['sm_clock_mhz']:.0f} MHz" if w.get("sm_clock_mhz") else ""
         power = f", {w['power_w']:.0f} W" if w.get("power_w") else ""
-        notes.append(f"GPU warm-up: {w.get('reason')}{clock}{power}")
+        text = f"{w.get('reason')}{clock}{power}"
+        warmups[text] = warmups.get(text, 0) + 1
+    notes = [f"GPU warm-up{f' (x{n}: the run was resumed)' if n > 1 else ''}: {text}" for text, n in warmups.items()]
     if manifest.drift:
         d = Drift.model_validate(manifest.drift)
         head = (f"sentinel {d.sentinel} measured {len(d.medians_us)} times: drift "

@@ -65,6 +65,9 @@ def test_drift_is_recorded_and_the_drifting_window_named(slow_phase_run):
                                 f"L={r.context_len}" for r in recs[4:8]]
     notes = "\n".join(health_notes(store.manifest(), recs))
     assert "GPU warm-up: steady after 6.0 s at 1980 MHz, 450 W" in notes
+    resumed = store.manifest().model_copy(update={"warmups": store.manifest().warmups * 3})
+    again = [n for n in health_notes(resumed, recs) if n.startswith("GPU warm-up")]
+    assert again == ["GPU warm-up (x3: the run was resumed): steady after 6.0 s at 1980 MHz, 450 W"]
     assert "DRIFTING: sentinel torch-splitkv" in notes and "drifting window (points 5-8, sentinel +3.00%)" in notes
 
 
