@@ -22,7 +22,13 @@ def emit(tables: Sequence[Table], format: str) -> None:
     if format == "table":
         for t in tables:
             rich_table = to_rich(t, out.width)
-            out.print(rich_table, width=max(out.width, min_width(rich_table)))
+            wide = min_width(rich_table)
+            # Console.print never prints wider than its console (Rich caps ``width=`` at it): a table
+            # still too wide for the terminal gets a console of its own width on the same stream,
+            # so that its lines run past the edge instead of cutting numbers short ("1…").
+            console = out if wide <= out.width else Console(
+                file=out.file, width=wide, color_system=out.color_system, force_terminal=out.is_terminal)
+            console.print(rich_table)
     else:
         sys.stdout.write(render(tables, format))  # type: ignore[arg-type]
 

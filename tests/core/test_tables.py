@@ -69,14 +69,17 @@ H200 = Path(__file__).parents[2] / "results" / "h200" / "kimi-k3-tp8"
 
 
 def rendered(table, width):
+    """What ``--format table`` prints for ``table`` in a terminal ``width`` columns wide."""
+    from unittest.mock import patch
+
     from rich.console import Console
 
-    from mlabench.tables import min_width
+    from mlabench.cli import output
 
-    console = Console(width=width, record=True, color_system=None, file=io.StringIO())
-    rich_table = to_rich(table, width)
-    console.print(rich_table, width=max(width, min_width(rich_table)))
-    return console.export_text()
+    buf = io.StringIO()
+    with patch.object(output, "out", Console(width=width, color_system=None, file=buf)):
+        output.emit([table], "table")
+    return buf.getvalue()
 
 
 def number_texts(table):
@@ -226,3 +229,36 @@ def test_short_params_abbreviates_names_and_shows_no_params_as_a_dash():
 
     assert short_params("head_padding=16 num_kv_splits=4 programs_per_sm=2 x=1") == "pad=16 splits=4 prog/SM=2 x=1"
     assert short_params(None) == "—" and short_params("") == "—"
+
+
+def grouped_table():
+    """A group column, a number column, one of several words, a no-wrap one, a right-justified one."""
+    t = Table("", ["group", "n", "words", "flag", "tag"], group_by="group",
+              styles={"flag": ColumnStyle(no_wrap=True), "tag": ColumnStyle(justify="right")})
+    t.add_row(["a", 1.5, "two words", "no wrap here", "x"])
+    t.add_row(["a", 10.25, "w", "y", "long"], style="red")
+    t.add_row(["b", 3.0, "w", "z", "x"])
+    return t
+
+
+def test_a_grouped_table_line_by_line_at_its_narrowest():
+    """At its narrowest only the column of several words wraps; the group value shows once, a line
+    follows each group; numbers stand right-aligned, a right-justified text column too; each row
+    keeps its style (a failed one red)."""
+    lines = [line.rstrip() for line in rendered(grouped_table(), 1).splitlines()]
+    assert lines == [
+        "", "  group       n   words   flag            tag", " " + "─" * 45,
+        "  a        1.50   two     no wrap here      x", "                  words",
+        "          10.25   w       y              long", "", "  b        3.00   w       z                 x", "",
+    ]
+    assert [line.rstrip() for line in rendered(grouped_table(), 200).splitlines()][3] == \
+        "  a        1.50   two words   no wrap here      x"
+    assert [row.style for row in to_rich(grouped_table()).rows] == [None, "red", None]
+
+
+def test_a_table_wider_than_the_terminal_runs_past_its_edge_with_every_number_whole():
+    """Nothing can be left out: the table is printed as wide as it needs (the terminal wraps the
+    lines, a log keeps them), never squeezed into the terminal with numbers cut short."""
+    t = Table("", ["name", "ms"], [["a-name-too-long-for-the-terminal", 1.5], ["b", 10.25]])
+    lines = [line.rstrip() for line in rendered(t, 20).splitlines()]
+    assert lines[3:5] == ["  a-name-too-long-for-the-terminal    1.50", "  b                                  10.25"]
