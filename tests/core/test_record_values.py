@@ -129,3 +129,85 @@ def test_compare_table_leaves_out_a_backend_unsupported_everywhere_in_a_cell_wit
     assert table.notes[-1] == ("left out: g in 1 cell (batch 1; context 64; qo_len 2), where every configuration "
                                f"recorded is unsupported ({why})")
     assert not any(n.startswith("left out") for n in compare_table(recs[:4], families).notes)
+
+
+def verdict(passed: bool = True, **fields):
+    from mlabench.verdict import Verdict
+
+    values = dict(passed=passed, shape_ok=True, all_finite=True, max_abs_err=0.002, rmse=0.001, cosine=1.0,
+                  output_shape=[2, 12, 512], ref_rms=0.04, rel_rmse=0.025, rel_max_err=0.05,
+                  rel_rmse_limit=0.0078125, rel_max_err_limit=0.0625)
+    return Verdict(**{**values, **fields})
+
+
+def test_check_table_rows_and_note_from_hand_made_records():
+    """Title and column names (JSON and CSV carry them), the shape with each request's length, the
+    verdict with its reason only where the point failed, dashes where no verdict was made."""
+    from mlabench.tables import check_table
+
+    def at(status: str, lens: list[int], message: str = "", v=None) -> Record:
+        shape = {"num_heads": 12, "context_lens": lens, "page_size": 16}
+        return record(4, 1.0).model_copy(update={
+            "status": status, "message": message, "verdict": v, "shape": shape, "batch": len(lens)})
+
+    recs = [at("error", [64], "RuntimeError: no kernel image"),
+            at("ok", [64, 64], "graph capture failed; eager time", verdict()),
+            at("incorrect", [64, 17], "rel RMSE 0.5 > 0.0078", verdict(False, rel_rmse=0.5, max_abs_err=0.2))]
+    table = check_table(recs, {"flashmla": "needs an sm_90 GPU"})
+    assert table.title == "Correctness against the fp32 reference"
+    assert table.columns == ["backend", "params", "shape", "rel RMSE", "rel max err", "max abs err", "finite",
+                             "verdict"]
+    assert table.rows == [
+        ["b", "num_kv_splits=4", "B=1 H=12 L=64 p16", None, None, None, None, "error: RuntimeError: no kernel image"],
+        ["b", "num_kv_splits=4", "B=2 H=12 L=64 p16 → [2,12,512]", 0.025, 0.05, 0.002, True, "pass"],
+        ["b", "num_kv_splits=4", "B=2 H=12 L=64,17 p16 → [2,12,512]", 0.5, 0.05, 0.2, True,
+         "FAIL: rel RMSE 0.5 > 0.0078"],
+    ]
+    assert table.notes == [
+        "rel RMSE = RMSE / RMS of the reference (limit 0.00781), rel max err = max |error| / RMS of the reference "
+        "(limit 0.0625), on the worst of the input sets random; unread cache slots and outputs poisoned with NaN",
+        "not available here: flashmla (needs an sm_90 GPU)"]
+    named = check_table([recs[1].model_copy(update={"verdict": verdict(input_set="needles")})])
+    assert "on the worst of the input sets needles;" in named.notes[0]
+    assert check_table(recs[:1]).notes == []  # no verdict: no limits to state
+
+
+def test_sweep_summary_floor_note_and_what_a_narrow_terminal_leaves_out_first():
+    """The floor note names the bandwidth the floor divides by and its value (read here, not the
+    copy bandwidth the records also carry), and ``n/a`` for an unknown timing mode; at a narrow
+    terminal TB/s goes first, then the split columns from the right, then ``noisy``."""
+    from mlabench.tables import to_rich
+
+    recs = [record(s, 10.0 / s, noisy=(s == 4)) for s in (1, 4, 16)]
+    recs += [record(s, 30.0 / s).model_copy(update={"context_len": 128}) for s in (1, 4, 16)]
+    recs = [r.model_copy(update={"floor_bandwidth": "read", "read_bandwidth_tbps": 4.5, "timing_mode": ""})
+            for r in recs]
+    table = sweep_summary(recs)
+    assert table.notes[-1] == ("heads=12 page=16 bfloat16; time: median µs per call (n/a); µs @N: at N splits; "
+                               "floor = bytes / measured read bandwidth 4.5 TB/s")
+    caption = to_rich(table, 1).caption.splitlines()
+    assert caption[-1] == ("left out at 1 columns: TB/s, µs @16, µs @4, µs @1, noisy (a wider terminal, "
+                           "or --format markdown / json / csv, shows them)")
+
+
+def test_causal_rows_come_before_non_causal_ones():
+    """At the same batch, context and qo_len, the causal row comes first (sweep and compare)."""
+    from mlabench.tables import compare_table
+
+    recs = [record(4, 2.0).model_copy(update={"qo_len": 2, "causal": causal}) for causal in (False, True)]
+    assert [row[3] for row in sweep_summary(recs).rows] == [2, "2 non-causal"]
+    assert [row[2] for row in compare_table(recs, {"b": "split-kv"}).rows] == [2, "2 non-causal"]
+
+
+def test_the_left_out_note_lists_every_batch_and_qo_len_in_order_and_says_when_no_reason_was_recorded():
+    """One unsupported record per cell (no second one to fall back on), several cells, query
+    lengths in numeric order with the causal one first, no message recorded."""
+    from mlabench.tables import compare_table
+
+    cells = [(1, 1, True), (2, 1, True), (1, 2, True), (1, 2, False), (1, 31, False), (1, 31, True), (1, 1, False)]
+    recs = [record(8, 4.0, status="unsupported").model_copy(update={
+        "backend": "g", "batch": batch, "qo_len": qo, "causal": causal, "stats": None}) for batch, qo, causal in cells]
+    table = compare_table(recs + [record(8, 4.0).model_copy(update={"backend": "s"})], {"g": "split-kv", "s": "split-kv"})
+    assert table.notes[-1] == (
+        "left out: g in 7 cells (batch 1, 2; context 64; qo_len 1, 1 non-causal, 2, 2 non-causal, 31, "
+        "31 non-causal), where every configuration recorded is unsupported (no reason recorded)")

@@ -140,6 +140,9 @@ def test_the_summary_shows_the_splits_that_were_swept():
     ([0.0958, 2.0, 4.31], ["0.096", "2.000", "4.310"]),
     ([1.5, 2_000_000.0], ["1.50e+00", "2.00e+06"]),
     ([3, 0.0, "n/a"], ["3", "0", "n/a"]),
+    ([1.5, 3, "n/a", None], ["1.50", "3", "n/a", "—"]),  # what is no float keeps its own text
+    ([0.001, 0.5], ["0.001", "0.500"]),  # the smallest at exactly 0.001: still fixed point
+    ([1e6, 2.5], ["1.00e+06", "2.50e+00"]),  # the largest at exactly 1e6: scientific
 ])
 def test_one_number_format_per_column(values, texts):
     from mlabench.tables import column_texts
@@ -262,3 +265,13 @@ def test_a_table_wider_than_the_terminal_runs_past_its_edge_with_every_number_wh
     t = Table("", ["name", "ms"], [["a-name-too-long-for-the-terminal", 1.5], ["b", 10.25]])
     lines = [line.rstrip() for line in rendered(t, 20).splitlines()]
     assert lines[3:5] == ["  a-name-too-long-for-the-terminal    1.50", "  b                                  10.25"]
+
+
+def test_json_is_indented_for_people_and_params_leave_unset_options_out():
+    from mlabench.tables import params_label
+
+    t = Table("T", ["a", "note"], [[1, "x"]], styles={"note": ColumnStyle(show="human")})
+    assert to_json([t]) == ('[\n  {\n    "title": "T",\n    "columns": [\n      "a"\n    ],\n    "rows": [\n'
+                            '      {\n        "a": 1\n      }\n    ],\n    "notes": []\n  }\n]')
+    assert params_label({"split_policy": "", "num_kv_splits": 4}) == "num_kv_splits=4"
+    assert params_label({"split_policy": ""}) == "—"
