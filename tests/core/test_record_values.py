@@ -211,3 +211,84 @@ def test_the_left_out_note_lists_every_batch_and_qo_len_in_order_and_says_when_n
     assert table.notes[-1] == (
         "left out: g in 7 cells (batch 1, 2; context 64; qo_len 1, 1 non-causal, 2, 2 non-causal, 31, "
         "31 non-causal), where every configuration recorded is unsupported (no reason recorded)")
+
+
+class Recording:
+    """torch-splitkv reporting a setup step, a workspace and an extra effective param of its own,
+    and noting what each ``prepare`` was given."""
+
+    name = "recording"
+
+    def __init__(self):
+        self.inner = get_backend("torch-splitkv")
+        self.prepared: list[tuple[object, dict | None]] = []
+
+    def supports(self, shape):
+        return self.inner.supports(shape)
+
+    def prepare(self, inputs, params):
+        import dataclasses
+
+        self.prepared.append((inputs, params))
+        call = self.inner.prepare(inputs, params)
+        return dataclasses.replace(call, effective_params={**call.effective_params, "tile": 64},
+                                   setup_us={"metadata_us": 12.5}, workspace_bytes=4096)
+
+
+def test_a_record_keeps_what_the_call_reports_and_times_every_copy_on_the_read_floor():
+    from mlabench.verdict import CheckConfig
+
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(40, 17), page_size=16)
+    bench, backend = ShapeBench(shape, timing=FAST, copies=3), Recording()
+    rec = bench.run(backend, {"num_kv_splits": 2}, copy_bw_tbps=2.0, read_bw_tbps=3.0, run_id="t",
+                    check=CheckConfig(input_sets=["random"]))
+    assert rec.status == "ok" and list(rec.verdict.by_input_set) == ["random"]  # only the sets asked for
+    assert (rec.effective_params, rec.setup_us, rec.workspace_bytes) == (
+        {"num_kv_splits": 2, "tile": 64}, {"metadata_us": 12.5}, 4096)
+    # copy 0 prepared for the check, then each other copy with the same params, all three timed
+    copy = {id(x): i for i, x in enumerate(bench.inputs)}
+    assert [(copy.get(id(x)), p) for x, p in backend.prepared] == [(i, {"num_kv_splits": 2}) for i in range(3)]
+    assert rec.cold_cache_copies == 3
+    assert (rec.floor_bandwidth, rec.read_bandwidth_tbps, rec.copy_bandwidth_tbps) == ("read", 3.0, 2.0)
+    assert rec.floor_us == pytest.approx(rec.bytes_moved / 3.0e12 * 1e6, rel=1e-12)
+
+
+def test_a_failure_on_the_elementwise_tolerance_says_so_not_the_relative_errors():
+    """A correct kernel within the relative limits, failed by an ``--atol`` no bf16 output meets."""
+    import re
+
+    from mlabench.verdict import CheckConfig
+
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(40,), page_size=16)
+    rec = ShapeBench(shape, timing=FAST).run(get_backend("torch-splitkv"), {"num_kv_splits": 2}, copy_bw_tbps=2.0,
+                                            run_id="t", check=CheckConfig(input_sets=["random"], atol=1e-9))
+    assert rec.status == "incorrect" and rec.verdict.rel_rmse <= rec.verdict.rel_rmse_limit
+    assert re.fullmatch(r"random inputs: max abs err [0-9.e-]+ over atol=1e-09 rtol=0", rec.message), rec.message
+
+
+def test_verdict_message_names_the_relative_errors_that_failed_and_only_a_missing_needle_found():
+    from mlabench.measure import _verdict_message
+    from mlabench.verdict import Verdict
+
+    def v(rel_rmse, rel_max, missing=""):
+        return Verdict(passed=False, shape_ok=True, all_finite=True, max_abs_err=0.01, rmse=0.001, cosine=1.0,
+                       atol=1e-9, rtol=None, output_shape=[1, 12, 512], ref_rms=0.04, rel_rmse=rel_rmse,
+                       rel_max_err=rel_max, rel_rmse_limit=0.0078125, rel_max_err_limit=0.0625,
+                       input_set="needles", missing=missing)
+
+    relative = ("needles inputs: relative RMSE {} (limit 0.00781), normalised max error {} (limit 0.0625)")
+    # the relative RMSE over its limit, the max error within: the relative errors, not the atol
+    assert _verdict_message(v(0.5, 0.01)) == relative.format("0.5", "0.01")
+    assert _verdict_message(v(0.5, 0.01, "needle at token 7 of request 0 missing")) == \
+        relative.format("0.5", "0.01") + "; needle at token 7 of request 0 missing"
+    # exactly at the relative limits is within them: then only the atol can have failed it
+    assert _verdict_message(v(0.0078125, 0.0625)) == "needles inputs: max abs err 0.01 over atol=1e-09 rtol=0"
+
+
+def test_a_point_that_could_not_start_divides_by_the_read_bandwidth_when_measured():
+    from mlabench.measure import failed_record
+
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(4096,), page_size=64)
+    rec = failed_record("b", {}, shape, "r", 4.0, "inputs could not be created", read_bw_tbps=5.0)
+    assert (rec.floor_bandwidth, rec.read_bandwidth_tbps) == ("read", 5.0)
+    assert rec.floor_us == pytest.approx(4_744_704 / 5.0e6)
