@@ -235,9 +235,11 @@ class Recording:
                                    setup_us={"metadata_us": 12.5}, workspace_bytes=4096)
 
 
-def test_a_record_keeps_what_the_call_reports_and_times_every_copy_on_the_read_floor():
+def test_a_record_keeps_what_the_call_reports_and_times_every_copy_on_the_read_floor(monkeypatch):
     from mlabench.verdict import CheckConfig
 
+    reads = iter(range(1, 10))  # the GPU's clocks and power, read just before and just after timing
+    monkeypatch.setattr("mlabench.measure.gpu_state", lambda: {"read": next(reads)})
     shape = MLADecodeShape.create(num_heads=12, context_lens=(40, 17), page_size=16)
     bench, backend = ShapeBench(shape, timing=FAST, copies=3), Recording()
     rec = bench.run(backend, {"num_kv_splits": 2}, copy_bw_tbps=2.0, read_bw_tbps=3.0, run_id="t",
@@ -249,6 +251,7 @@ def test_a_record_keeps_what_the_call_reports_and_times_every_copy_on_the_read_f
     copy = {id(x): i for i, x in enumerate(bench.inputs)}
     assert [(copy.get(id(x)), p) for x, p in backend.prepared] == [(i, {"num_kv_splits": 2}) for i in range(3)]
     assert rec.cold_cache_copies == 3
+    assert (rec.gpu_state_before, rec.gpu_state) == ({"read": 1}, {"read": 2})
     assert (rec.floor_bandwidth, rec.read_bandwidth_tbps, rec.copy_bandwidth_tbps) == ("read", 3.0, 2.0)
     assert rec.floor_us == pytest.approx(rec.bytes_moved / 3.0e12 * 1e6, rel=1e-12)
 
