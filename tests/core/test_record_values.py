@@ -295,3 +295,24 @@ def test_a_point_that_could_not_start_divides_by_the_read_bandwidth_when_measure
     rec = failed_record("b", {}, shape, "r", 4.0, "inputs could not be created", read_bw_tbps=5.0)
     assert (rec.floor_bandwidth, rec.read_bandwidth_tbps) == ("read", 5.0)
     assert rec.floor_us == pytest.approx(4_744_704 / 5.0e6)
+
+
+def test_short_memory_halves_the_copies_until_they_and_the_reference_scratch_fit(monkeypatch):
+    from mlabench.inputs import input_bytes
+
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(40,), page_size=16)
+    # room for 3 input sets (with the 10% headroom) but not 5: 4 copies asked, 2 kept (+1 scratch)
+    monkeypatch.setattr("mlabench.inputs.free_memory_bytes", lambda device: int(3.5 * input_bytes(shape) / 0.9))
+    assert len(ShapeBench(shape, timing=FAST, copies=4).inputs) == 2
+
+
+def test_refresh_cost_is_the_median_of_five_timed_refreshes(monkeypatch):
+    from mlabench.backends.base import PreparedCall
+    from mlabench.device import current_device
+    from mlabench.measure import refresh_cost_us
+
+    times = iter([50.0, 10.0, 40.0, 20.0, 30.0, 60.0, 70.0])
+    monkeypatch.setattr("mlabench.measure.timed_us", lambda device, step: (step(), next(times)))
+    call = PreparedCall(fn=lambda: None, out=torch.zeros(1), refresh=lambda: None)
+    assert refresh_cost_us(call, current_device()) == 30.0  # of 10, 20, 30, 40, 50
+    assert refresh_cost_us(PreparedCall(fn=lambda: None, out=torch.zeros(1)), current_device()) == 0.0
