@@ -316,3 +316,13 @@ def test_refresh_cost_is_the_median_of_five_timed_refreshes(monkeypatch):
     call = PreparedCall(fn=lambda: None, out=torch.zeros(1), refresh=lambda: None)
     assert refresh_cost_us(call, current_device()) == 30.0  # of 10, 20, 30, 40, 50
     assert refresh_cost_us(PreparedCall(fn=lambda: None, out=torch.zeros(1)), current_device()) == 0.0
+
+
+def test_copies_are_drawn_from_the_runs_seed_and_only_copy_0_is_poisoned():
+    from mlabench.inputs import make_inputs
+
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(40,), page_size=16)
+    bench = ShapeBench(shape, timing=FAST, seed=5, copies=3)
+    assert [x.poisoned for x in bench.inputs] == [True, False, False]
+    for i, x in enumerate(bench.inputs):  # seeds 5, 6, 7
+        assert torch.equal(x.q, make_inputs(shape, seed=5 + i, poison=i == 0).q)
