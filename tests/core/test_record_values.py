@@ -295,6 +295,8 @@ def test_a_point_that_could_not_start_divides_by_the_read_bandwidth_when_measure
     rec = failed_record("b", {}, shape, "r", 4.0, "inputs could not be created", read_bw_tbps=5.0)
     assert (rec.floor_bandwidth, rec.read_bandwidth_tbps) == ("read", 5.0)
     assert rec.floor_us == pytest.approx(4_744_704 / 5.0e6)
+    copy_only = failed_record("b", {}, shape, "r", 4.0, "inputs could not be created")
+    assert (copy_only.floor_bandwidth, copy_only.read_bandwidth_tbps) == ("copy", None)
 
 
 def test_short_memory_halves_the_copies_until_they_and_the_reference_scratch_fit(monkeypatch):
@@ -326,3 +328,11 @@ def test_copies_are_drawn_from_the_runs_seed_and_only_copy_0_is_poisoned():
     assert [x.poisoned for x in bench.inputs] == [True, False, False]
     for i, x in enumerate(bench.inputs):  # seeds 5, 6, 7
         assert torch.equal(x.q, make_inputs(shape, seed=5 + i, poison=i == 0).q)
+
+
+def test_needles_are_placed_once_per_split_layout():
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(40,), page_size=16)
+    bench = ShapeBench(shape, timing=FAST)
+    two, four = bench.case("needles", [[0, 20]]), bench.case("needles", [[0, 10, 20, 30]])
+    assert bench.case("needles", [[0, 20]]) is two and four is not two
+    assert {n.token for n in two.needles} != {n.token for n in four.needles}  # at each layout's split edges
