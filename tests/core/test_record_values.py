@@ -336,3 +336,39 @@ def test_needles_are_placed_once_per_split_layout():
     two, four = bench.case("needles", [[0, 20]]), bench.case("needles", [[0, 10, 20, 30]])
     assert bench.case("needles", [[0, 20]]) is two and four is not two
     assert {n.token for n in two.needles} != {n.token for n in four.needles}  # at each layout's split edges
+
+
+def test_the_check_uses_the_run_seed_for_peaky_needles_and_the_backends_own_split_starts():
+    import dataclasses
+
+    from mlabench.verification import peak_needles
+
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(40,), page_size=16)
+    bench = ShapeBench(shape, timing=FAST, seed=5)
+    peaky = bench.case("peaky", [[0]])
+    assert peaky.needles == peak_needles(bench.inputs[0], 5) != peak_needles(bench.inputs[0], 0)
+
+    class Reporting(Recording):  # a work-list backend: it says where its pieces of KV start
+        def prepare(self, inputs, params):
+            return dataclasses.replace(super().prepare(inputs, params), split_starts=[[0, 13]])
+
+    bench.run(Reporting(), {"num_kv_splits": 2}, copy_bw_tbps=2.0, run_id="t", time_it=False)
+    assert [k for k in bench.cases if k[0] == "needles"] == [("needles", ((0, 13),))]
+
+
+@pytest.mark.parametrize("q_dtype, kv_dtype", [("float32", "bfloat16"), ("bfloat16", "float32")])
+def test_the_check_judges_on_the_coarser_dtypes_limits_or_those_asked_for(q_dtype, kv_dtype):
+    from mlabench.verdict import CheckConfig, ErrorLimits
+
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(40,), page_size=16, q_dtype=q_dtype, kv_dtype=kv_dtype)
+    bench, backend = ShapeBench(shape, timing=FAST), get_backend("torch-splitkv")
+    only_random = CheckConfig(input_sets=["random"])
+    rec = bench.run(backend, {"num_kv_splits": 2}, copy_bw_tbps=2.0, run_id="t", check=only_random, time_it=False)
+    assert rec.verdict.rel_rmse_limit == ErrorLimits.for_dtypes("bfloat16").rel_rmse
+    tight = bench.run(backend, {"num_kv_splits": 2}, copy_bw_tbps=2.0, run_id="t", time_it=False,
+                      check=CheckConfig(input_sets=["random"], rel_rmse_limit=1e-9))
+    assert tight.status == "incorrect" and tight.verdict.rel_rmse_limit == 1e-9
+    # an --atol no output meets, widened by an --rtol of 100 x the reference: the rtol is applied
+    loose = bench.run(backend, {"num_kv_splits": 2}, copy_bw_tbps=2.0, run_id="t", time_it=False,
+                      check=CheckConfig(input_sets=["random"], atol=1e-9, rtol=100.0))
+    assert loose.status == "ok" and (loose.verdict.atol, loose.verdict.rtol) == (1e-9, 100.0)
