@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from mlabench.errors import ResultsError
+from mlabench.errors import FileAccessError, ResultsError
 from mlabench.results import Manifest, Record, ResultStore, point_key, utc_now
 
 
@@ -104,3 +104,88 @@ def test_git_revision_only_of_the_checkout_itself(tmp_path, monkeypatch):
     if (Path(__file__).parents[2] / ".git").exists():  # a checkout (not a copy of the tree)
         rev, _ = git_revision()
         assert len(rev) == 40 and int(rev, 16) >= 0
+
+
+@pytest.mark.parametrize("field, other", [("schema_version", 0), ("device", {"name": "NVIDIA H200"}),
+                                          ("driver", "550.1"), ("versions", {"torch": "2.14.0"}),
+                                          ("git_revision", "def")])
+def test_resume_refuses_a_run_of_another_device_driver_versions_revision_or_schema(tmp_path, field, other):
+    m = manifest()
+    assert m.identity() == {"schema_version": 1, "device": "cpu", "driver": "n/a", "versions": {"torch": "2.13.0"},
+                            "git_revision": "abc"}
+    ResultStore.create(tmp_path / "r1", m)
+    theirs = m.model_copy(update={field: other, "command": ["other"], "created": "then", "host": "elsewhere"})
+    with pytest.raises(ResultsError, match=f"was recorded with another {field} "):
+        ResultStore.open_existing(tmp_path / "r1", identity=theirs.identity())
+    # what is not identity (command line, time, host) does not matter
+    ResultStore.open_existing(tmp_path / "r1", identity=m.model_copy(update={"host": "elsewhere"}).identity())
+
+
+def test_resume_names_every_field_that_differs(tmp_path):
+    ResultStore.create(tmp_path / "r1", manifest())
+    theirs = manifest(rev="def").model_copy(update={"driver": "550.1"})
+    with pytest.raises(ResultsError, match=r"^\S+ was recorded with another driver, git_revision \(n/a vs 550\.1\); "
+                                           r"start a new run instead$"):
+        ResultStore.open_existing(tmp_path / "r1", identity=theirs.identity())
+
+
+def test_update_manifest_rewrites_summaries_and_refuses_identity_fields(tmp_path):
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    store.update_manifest(warmups=[{"steady_s": 5.0}], drift={"max_pct": 1.5})
+    again = ResultStore(tmp_path / "r1").manifest()
+    assert again.warmups == [{"steady_s": 5.0}] and again.drift == {"max_pct": 1.5}
+    for field in ("schema_version", "device", "driver", "versions", "git_revision", "run_id"):
+        with pytest.raises(ValueError, match=rf"^the manifest's identity does not change: \['{field}'\]$"):
+            store.update_manifest(**{field: None})
+
+
+def test_a_results_file_that_cannot_be_read_is_named_on_resume(tmp_path):
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    store.jsonl.mkdir()  # not a file
+    with pytest.raises(FileAccessError, match=rf"^run results is a folder, not a file: {store.jsonl}$"):
+        ResultStore.open_existing(tmp_path / "r1")
+
+
+def test_no_run_folder_says_why_and_where_the_runs_are(tmp_path):
+    from mlabench.results import run_folders
+
+    def message(path):
+        with pytest.raises(ResultsError) as info:
+            run_folders([path])
+        return str(info.value).removeprefix(f"{path}: no run folder (results.jsonl, manifest.json) here or one level down")
+
+    (tmp_path / "file").write_text("")
+    assert message(tmp_path / "file") == " (not a folder)"
+    (tmp_path / "script").mkdir()
+    (tmp_path / "script" / "records.jsonl").write_text("")
+    assert message(tmp_path / "script") == ("; its records.jsonl is a script's output, not a run (its README.md says "
+                                            "what reads it)")
+    for run in ("a/h200/r1", "a/h200/r2", "a/mi355x/x/r3"):  # two and three levels down
+        ResultStore.create(tmp_path / run, manifest()).append(record(1))
+    assert message(tmp_path / "a") == (f"; folders with runs one level down: {tmp_path}/a/h200, "
+                                       f"{tmp_path}/a/mi355x/x")
+    (tmp_path / "empty").mkdir()
+    assert message(tmp_path / "empty") == ""
+
+
+def test_describe_records_lists_up_to_four_lengths_then_a_range():
+    from mlabench.results import describe_records
+
+    recs = [record(n).model_copy(update={"qo_len": q}) for n, q in ((1024, 1), (2048, 2), (4096, 1), (8192, 1))]
+    assert describe_records(recs) == "backends b; batch 1; qo_len 1, 2; context 1024, 2048, 4096, 8192"
+    five = recs + [record(16384)]
+    assert describe_records(five) == "backends b; batch 1; qo_len 1, 2; context 1024-16384 (5 lengths)"
+
+
+def test_each_record_reaches_the_disk_before_append_returns(tmp_path, monkeypatch):
+    import os
+
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    synced = []
+    monkeypatch.setattr("mlabench.files.os.fsync", lambda fd: synced.append(os.fstat(fd).st_size))
+    store.append(record(1))
+    assert synced == [store.jsonl.stat().st_size]  # flushed whole, then fsync'ed
+    store.jsonl.unlink()
+    store.jsonl.mkdir()
+    with pytest.raises(FileAccessError, match=rf"^run results is a folder, not a file: {store.jsonl}$"):
+        store.append(record(2))
