@@ -189,3 +189,24 @@ def test_each_record_reaches_the_disk_before_append_returns(tmp_path, monkeypatc
     store.jsonl.mkdir()
     with pytest.raises(FileAccessError, match=rf"^run results is a folder, not a file: {store.jsonl}$"):
         store.append(record(2))
+
+
+def test_manifest_and_csv_are_written_whole_through_a_temporary_file(tmp_path):
+    """Both go through ``<name>.tmp`` renamed over the file (an interrupted write leaves the old
+    one); a folder in the temporary file's place shows it, and the error names the file."""
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    assert store.manifest_path.read_text().startswith('{\n  "schema_version": 1,\n  "run_id": "r1",\n')
+    (tmp_path / "r1" / "manifest.json.tmp").mkdir()
+    with pytest.raises(FileAccessError, match=rf"^run manifest is a folder, not a file: {store.manifest_path}$"):
+        store.update_manifest(warmups=[])
+    store.append(record(1))
+    (tmp_path / "r1" / "results.csv.tmp").mkdir()
+    with pytest.raises(FileAccessError, match=rf"^results CSV is a folder, not a file: {tmp_path / 'r1' / 'results.csv'}$"):
+        store.write_csv()
+
+
+def test_csv_params_are_json_with_sorted_keys():
+    from mlabench.results import csv_row
+
+    rec = record(1).model_copy(update={"params": {"num_kv_splits": 4, "head_padding": 16}})
+    assert csv_row(rec)["params"] == '{"head_padding": 16, "num_kv_splits": 4}'
