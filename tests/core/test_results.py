@@ -210,3 +210,33 @@ def test_csv_params_are_json_with_sorted_keys():
 
     rec = record(1).model_copy(update={"params": {"num_kv_splits": 4, "head_padding": 16}})
     assert csv_row(rec)["params"] == '{"head_padding": 16, "num_kv_splits": 4}'
+
+
+def test_csv_row_of_a_checked_and_timed_record_and_of_one_that_never_ran():
+    """Every field of both rows: the relative errors of a checked record (the committed H200 CSV
+    predates them), and blanks, not made-up values, where a failed point has no verdict or time."""
+    from mlabench.results import CSV_FIELDS, csv_row
+    from mlabench.stats import summarize
+    from mlabench.verdict import Verdict
+
+    verdict = Verdict(passed=True, shape_ok=True, all_finite=True, max_abs_err=0.002, rmse=0.001, cosine=1.0,
+                      output_shape=[1, 12, 512], ref_rms=0.04, rel_rmse=0.025, rel_max_err=0.05)
+    ran = record(64).model_copy(update={
+        "shape": {"num_heads": 12, "context_lens": [64], "page_size": 16, "kv_dtype": "bfloat16"},
+        "verdict": verdict, "timing_mode": "wall", "stats": summarize([2.0, 1.0, 3.0]), "achieved_tbps": 1.5,
+        "floor_us": 0.5, "pct_of_floor": 25.0, "bytes_moved": 1000, "refresh_us": 0.0})
+    row = csv_row(ran)
+    assert set(row) == set(CSV_FIELDS)
+    assert {k: row[k] for k in ("verdict_passed", "max_abs_err", "rel_rmse", "rel_max_err", "median_us", "iqr_us",
+                                "min_us", "n_samples", "noisy", "eager_median_us", "refresh_us", "page_size",
+                                "kv_dtype", "achieved_tbps", "floor_us", "pct_of_floor")} == {
+        "verdict_passed": True, "max_abs_err": 0.002, "rel_rmse": 0.025, "rel_max_err": 0.05, "median_us": 2.0,
+        "iqr_us": 1.0, "min_us": 1.0, "n_samples": 3, "noisy": ran.stats.noisy, "eager_median_us": "",
+        "refresh_us": 0.0, "page_size": 16, "kv_dtype": "bfloat16", "achieved_tbps": 1.5, "floor_us": 0.5,
+        "pct_of_floor": 25.0}
+    never = csv_row(record(64, status="error").model_copy(update={"message": "inputs could not be created"}))
+    blank = ["verdict_passed", "max_abs_err", "rel_rmse", "rel_max_err", "median_us", "iqr_us", "min_us", "n_samples",
+             "median_rel_ci", "noisy", "eager_median_us", "refresh_us", "achieved_tbps", "floor_us", "pct_of_floor",
+             "calls_per_sample", "clock_below_steady"]
+    assert {k: never[k] for k in blank} == dict.fromkeys(blank, "")
+    assert (never["status"], never["message"], never["timing_mode"]) == ("error", "inputs could not be created", "")
