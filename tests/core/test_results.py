@@ -223,17 +223,19 @@ def test_csv_row_of_a_checked_and_timed_record_and_of_one_that_never_ran():
                       output_shape=[1, 12, 512], ref_rms=0.04, rel_rmse=0.025, rel_max_err=0.05)
     ran = record(64).model_copy(update={
         "shape": {"num_heads": 12, "context_lens": [64], "page_size": 16, "kv_dtype": "bfloat16"},
-        "verdict": verdict, "timing_mode": "wall", "stats": summarize([2.0, 1.0, 3.0]), "achieved_tbps": 1.5,
-        "floor_us": 0.5, "pct_of_floor": 25.0, "bytes_moved": 1000, "refresh_us": 0.0})
+        "verdict": verdict, "timing_mode": "wall", "achieved_tbps": 1.5, "floor_us": 0.5, "pct_of_floor": 25.0,
+        "stats": summarize([2.0, 1.0, 3.0]).model_copy(update={"calls_per_sample": 4}), "bytes_moved": 1000,
+        "refresh_us": 0.0, "clock_below_steady": False})
     row = csv_row(ran)
     assert set(row) == set(CSV_FIELDS)
     assert {k: row[k] for k in ("verdict_passed", "max_abs_err", "rel_rmse", "rel_max_err", "median_us", "iqr_us",
                                 "min_us", "n_samples", "noisy", "eager_median_us", "refresh_us", "page_size",
-                                "kv_dtype", "achieved_tbps", "floor_us", "pct_of_floor")} == {
+                                "kv_dtype", "achieved_tbps", "floor_us", "pct_of_floor", "calls_per_sample",
+                                "clock_below_steady")} == {
         "verdict_passed": True, "max_abs_err": 0.002, "rel_rmse": 0.025, "rel_max_err": 0.05, "median_us": 2.0,
         "iqr_us": 1.0, "min_us": 1.0, "n_samples": 3, "noisy": ran.stats.noisy, "eager_median_us": "",
         "refresh_us": 0.0, "page_size": 16, "kv_dtype": "bfloat16", "achieved_tbps": 1.5, "floor_us": 0.5,
-        "pct_of_floor": 25.0}
+        "pct_of_floor": 25.0, "calls_per_sample": 4, "clock_below_steady": False}
     never = csv_row(record(64, status="error").model_copy(update={"message": "inputs could not be created"}))
     blank = ["verdict_passed", "max_abs_err", "rel_rmse", "rel_max_err", "median_us", "iqr_us", "min_us", "n_samples",
              "median_rel_ci", "noisy", "eager_median_us", "refresh_us", "achieved_tbps", "floor_us", "pct_of_floor",
