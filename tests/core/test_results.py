@@ -242,3 +242,25 @@ def test_csv_row_of_a_checked_and_timed_record_and_of_one_that_never_ran():
              "calls_per_sample", "clock_below_steady"]
     assert {k: never[k] for k in blank} == dict.fromkeys(blank, "")
     assert (never["status"], never["message"], never["timing_mode"]) == ("error", "inputs could not be created", "")
+
+
+def test_a_blank_line_between_records_loses_none_of_them_and_an_unreadable_file_is_named(tmp_path):
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    store.append(record(1))
+    with open(store.jsonl, "a") as fh:
+        fh.write("\n")
+    store.append(record(2))
+    assert [r.context_len for r in store.records()] == [1, 2]
+    store.jsonl.unlink()
+    store.jsonl.mkdir()
+    with pytest.raises(FileAccessError, match=rf"^records file is a folder, not a file: {store.jsonl}$"):
+        store.records()
+
+
+def test_the_recorded_command_line_shows_the_program_as_mlabench(monkeypatch):
+    from mlabench.results import command_line
+
+    monkeypatch.setattr("sys.argv", ["/venv/bin/mlabench", "sweep", "--heads", "12"])
+    assert command_line() == ["mlabench", "sweep", "--heads", "12"]
+    monkeypatch.setattr("sys.argv", ["/src/mlabench/__main__.py", "check"])
+    assert command_line() == ["mlabench", "check"]
