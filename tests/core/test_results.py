@@ -264,3 +264,20 @@ def test_the_recorded_command_line_shows_the_program_as_mlabench(monkeypatch):
     assert command_line() == ["mlabench", "sweep", "--heads", "12"]
     monkeypatch.setattr("sys.argv", ["/src/mlabench/__main__.py", "check"])
     assert command_line() == ["mlabench", "check"]
+    monkeypatch.setattr("sys.argv", ["/usr/bin/a-wrapper", "check"])  # another program keeps its name
+    assert command_line() == ["a-wrapper", "check"]
+
+
+def test_library_versions_name_python_torch_its_gpu_runtimes_each_package_and_mlabench():
+    import platform
+
+    import torch
+
+    from mlabench import __version__
+    from mlabench.results import library_versions
+
+    versions = library_versions({"triton": ("no-such-dist", "torch"), "flashmla": ("no-such-dist",)})
+    assert versions == {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+                        "hip": torch.version.hip, "triton": versions["triton"], "flashmla": None,
+                        "mlabench": __version__}
+    assert versions["triton"] is not None  # the first installed name counts
