@@ -61,6 +61,8 @@ def test_cold_cache_copies():
     assert cold_cache_copies(2**31, gpu, TimingConfig(min_copies=1)) == 1
     assert cold_cache_copies(2**20, cpu, cfg) == 1
     assert cold_cache_copies(2**20, gpu, TimingConfig(cold_cache=False)) == 1
+    unknown_l2 = DeviceInfo("cuda", "cuda", "H200", 132, 0, "sm_90", 0)
+    assert cold_cache_copies(2**20, unknown_l2, cfg) == 1  # no L2 size: no rotation, not min_copies
 
 
 def test_wall_clock_timing_on_cpu_divides_by_copies():
@@ -71,3 +73,4 @@ def test_wall_clock_timing_on_cpu_divides_by_copies():
     one = lambda: time.sleep(0.002)  # noqa: E731
     stats = time_calls([one, one, one, one], cfg, use_graph=False, device=cpu)
     assert 1800 < stats.median_us < 20000  # per call, not per pass of four
+    assert stats.calls_per_sample == 4  # the record says how many calls each sample held

@@ -69,6 +69,9 @@ H200 = Path(__file__).parents[2] / "results" / "h200" / "kimi-k3-tp8"
 
 
 def rendered(table, width):
+    """What ``--format table`` prints for ``table`` in a terminal ``width`` columns wide."""
+    from unittest.mock import patch
+
     from rich.console import Console
 
     from mlabench.cli.output import print_wide
@@ -76,6 +79,14 @@ def rendered(table, width):
     console = Console(width=width, color_system=None, file=io.StringIO())
     print_wide(console, to_rich(table, width))
     return console.file.getvalue()
+
+
+    from mlabench.cli import output
+
+    buf = io.StringIO()
+    with patch.object(output, "out", Console(width=width, color_system=None, file=buf)):
+        output.emit([table], "table")
+    return buf.getvalue()
 
 
 def number_texts(table):
@@ -136,6 +147,9 @@ def test_the_summary_shows_the_splits_that_were_swept():
     ([0.0958, 2.0, 4.31], ["0.096", "2.000", "4.310"]),
     ([1.5, 2_000_000.0], ["1.50e+00", "2.00e+06"]),
     ([3, 0.0, "n/a"], ["3", "0", "n/a"]),
+    ([1.5, 3, "n/a", None], ["1.50", "3", "n/a", "—"]),  # what is no float keeps its own text
+    ([0.001, 0.5], ["0.001", "0.500"]),  # the smallest at exactly 0.001: still fixed point
+    ([1e6, 2.5], ["1.00e+06", "2.50e+00"]),  # the largest at exactly 1e6: scientific
 ])
 def test_one_number_format_per_column(values, texts):
     from mlabench.tables import column_texts
@@ -238,3 +252,46 @@ def test_a_table_that_cannot_fit_runs_past_the_edge_whole():
     assert "num_kv_splits=min(ceil(L/330),2)" + "x" * 40 in text
     assert max(len(line) for line in text.splitlines()) > 80
     assert " rocm-buckets " in text and " 497 " in text and " 218 " in text
+
+
+def grouped_table():
+    """A group column, a number column, one of several words, a no-wrap one, a right-justified one."""
+    t = Table("", ["group", "n", "words", "flag", "tag"], group_by="group",
+              styles={"flag": ColumnStyle(no_wrap=True), "tag": ColumnStyle(justify="right")})
+    t.add_row(["a", 1.5, "two words", "no wrap here", "x"])
+    t.add_row(["a", 10.25, "w", "y", "long"], style="red")
+    t.add_row(["b", 3.0, "w", "z", "x"])
+    return t
+
+
+def test_a_grouped_table_line_by_line_at_its_narrowest():
+    """At its narrowest only the column of several words wraps; the group value shows once, a line
+    follows each group; numbers stand right-aligned, a right-justified text column too; each row
+    keeps its style (a failed one red)."""
+    lines = [line.rstrip() for line in rendered(grouped_table(), 1).splitlines()]
+    assert lines == [
+        "", "  group       n   words   flag            tag", " " + "─" * 45,
+        "  a        1.50   two     no wrap here      x", "                  words",
+        "          10.25   w       y              long", "", "  b        3.00   w       z                 x", "",
+    ]
+    assert [line.rstrip() for line in rendered(grouped_table(), 200).splitlines()][3] == \
+        "  a        1.50   two words   no wrap here      x"
+    assert [row.style for row in to_rich(grouped_table()).rows] == [None, "red", None]
+
+
+def test_a_table_wider_than_the_terminal_runs_past_its_edge_with_every_number_whole():
+    """Nothing can be left out: the table is printed as wide as it needs (the terminal wraps the
+    lines, a log keeps them), never squeezed into the terminal with numbers cut short."""
+    t = Table("", ["name", "ms"], [["a-name-too-long-for-the-terminal", 1.5], ["b", 10.25]])
+    lines = [line.rstrip() for line in rendered(t, 20).splitlines()]
+    assert lines[3:5] == ["  a-name-too-long-for-the-terminal    1.50", "  b                                  10.25"]
+
+
+def test_json_is_indented_for_people_and_params_leave_unset_options_out():
+    from mlabench.tables import params_label
+
+    t = Table("T", ["a", "note"], [[1, "x"]], styles={"note": ColumnStyle(show="human")})
+    assert to_json([t]) == ('[\n  {\n    "title": "T",\n    "columns": [\n      "a"\n    ],\n    "rows": [\n'
+                            '      {\n        "a": 1\n      }\n    ],\n    "notes": []\n  }\n]')
+    assert params_label({"split_policy": "", "num_kv_splits": 4}) == "num_kv_splits=4"
+    assert params_label({"split_policy": ""}) == "—"
