@@ -99,6 +99,13 @@ def test_git_revision_only_of_the_checkout_itself(tmp_path, monkeypatch):
     inner.mkdir(parents=True)
     assert git_revision(inner) == (f"mlabench-{__version__}", False)
     assert git_revision(tmp_path / "nowhere") == (f"mlabench-{__version__}", False)
+    assert git_revision(tmp_path) == (f"mlabench-{__version__}", False)  # a checkout without a commit
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert git_revision(tmp_path) == (head, False)
+    assert git_revision(inner) == (f"mlabench-{__version__}", False)  # still not that repository's revision
     from pathlib import Path
 
     if (Path(__file__).parents[2] / ".git").exists():  # a checkout (not a copy of the tree)
