@@ -288,3 +288,18 @@ def test_library_versions_name_python_torch_its_gpu_runtimes_each_package_and_ml
                         "hip": torch.version.hip, "triton": versions["triton"], "flashmla": None,
                         "mlabench": __version__}
     assert versions["triton"] is not None  # the first installed name counts
+
+
+def test_record_timestamps_are_utc_whatever_the_local_zone(monkeypatch):
+    import datetime as dt
+    import time
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # 9 h off UTC
+    time.tzset()
+    try:
+        stamp = dt.datetime.fromisoformat(utc_now())
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert stamp.utcoffset() == dt.timedelta(0)
+    assert abs((dt.datetime.now(dt.timezone.utc) - stamp).total_seconds()) < 60
