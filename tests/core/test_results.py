@@ -122,6 +122,13 @@ def test_git_revision_only_of_the_checkout_itself(tmp_path, monkeypatch):
     inner.mkdir(parents=True)
     assert git_revision(inner) == (f"mlabench-{__version__}", False)
     assert git_revision(tmp_path / "nowhere") == (f"mlabench-{__version__}", False)
+    assert git_revision(tmp_path) == (f"mlabench-{__version__}", False)  # a checkout without a commit
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert git_revision(tmp_path) == (head, False)
+    assert git_revision(inner) == (f"mlabench-{__version__}", False)  # still not that repository's revision
     from pathlib import Path
 
     if (Path(__file__).parents[2] / ".git").exists():  # a checkout (not a copy of the tree)
@@ -331,3 +338,18 @@ def test_library_versions_name_python_torch_its_gpu_runtimes_each_package_and_ml
                         "hip": torch.version.hip, "triton": versions["triton"], "flashmla": None,
                         "mlabench": __version__}
     assert versions["triton"] is not None  # the first installed name counts
+
+
+def test_record_timestamps_are_utc_whatever_the_local_zone(monkeypatch):
+    import datetime as dt
+    import time
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # 9 h off UTC
+    time.tzset()
+    try:
+        stamp = dt.datetime.fromisoformat(utc_now())
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert stamp.utcoffset() == dt.timedelta(0)
+    assert abs((dt.datetime.now(dt.timezone.utc) - stamp).total_seconds()) < 60
