@@ -181,10 +181,15 @@ def holds_run(path: Path) -> bool:
     return (path / RESULTS_FILE).is_file() or (path / ARCHIVED_RESULTS_FILE).is_file()
 
 
+def is_archived(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is an archived run: ``results.jsonl.gz`` and no ``results.jsonl``."""
+    return not (run_dir / RESULTS_FILE).exists() and (run_dir / ARCHIVED_RESULTS_FILE).is_file()
+
+
 def refuse_archived(run_dir: Path) -> None:
-    """Raise :class:`ResultsError` when ``run_dir`` is an archived run (``results.jsonl.gz`` and no
-    ``results.jsonl``): it is read as it is and never written to, so it cannot be resumed."""
-    if not (run_dir / RESULTS_FILE).exists() and (run_dir / ARCHIVED_RESULTS_FILE).is_file():
+    """Raise :class:`ResultsError` when ``run_dir`` is an archived run (:func:`is_archived`): it is
+    read as it is and never written to, so it cannot be resumed."""
+    if is_archived(run_dir):
         raise ResultsError(f"{run_dir} is archived ({ARCHIVED_RESULTS_FILE}): gunzip it to add to it")
 
 
@@ -194,7 +199,7 @@ class ResultStore:
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
         self.jsonl = self.run_dir / RESULTS_FILE
-        self.archived = not self.jsonl.exists() and (self.run_dir / ARCHIVED_RESULTS_FILE).is_file()
+        self.archived = is_archived(self.run_dir)
         if self.archived:
             self.jsonl = self.run_dir / ARCHIVED_RESULTS_FILE
         self.manifest_path = self.run_dir / "manifest.json"
