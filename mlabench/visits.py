@@ -18,13 +18,15 @@ reads ``visits.jsonl`` and measures only the visits still missing.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from mlabench.files import append_text
 from mlabench.measure import speed_fields
-from mlabench.results import Record, utc_now
+from mlabench.results import Record, read_jsonl, utc_now
 from mlabench.stats import summarize
 
 VISITS_FILE = "visits.jsonl"
@@ -40,42 +42,41 @@ def visit_order(points: Sequence[P], visit: int) -> list[P]:
     return list(points) if visit % 2 else list(points)[::-1]
 
 
+class VisitMeasurement(BaseModel):
+    """One visit of a point (one line of ``visits.jsonl``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    visit: int = Field(description="Which visit of its point (1-based).")
+    record: Record = Field(description="The point as measured at this visit.")
+
+
 def append_visit(run_dir: Path, visit: int, rec: Record) -> None:
-    """Append ``rec``, the ``visit``-th measurement of its point, to ``run_dir/visits.jsonl``."""
-    line = json.dumps({"visit": visit, "record": rec.model_dump(mode="json")})
-    with open(Path(run_dir) / VISITS_FILE, "a", encoding="utf-8") as f:
-        f.write(line + "\n")
+    """Append ``rec``, the ``visit``-th measurement of its point, to ``run_dir/visits.jsonl``
+    (flushed and fsync'ed, as results are)."""
+    line = VisitMeasurement(visit=visit, record=rec).model_dump_json() + "\n"
+    append_text(Path(run_dir) / VISITS_FILE, line, "run visits", sync=True)
 
 
-def _visit_lines(run_dir: Path) -> list[tuple[int, Record]]:
-    """``(visit, record)`` of every line of ``run_dir/visits.jsonl`` in file order, a line cut
-    short by a kill skipped; [] when there is no file."""
-    path = Path(run_dir) / VISITS_FILE
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        out.append((int(data["visit"]), Record.model_validate(data["record"])))
-    return out
+def _visit_lines(run_dir: Path) -> list[VisitMeasurement]:
+    """Every line of ``run_dir/visits.jsonl`` in file order (:func:`mlabench.results.read_jsonl`:
+    a last line cut short by a kill is skipped, a bad line elsewhere raises); [] when there is no file."""
+    return read_jsonl(Path(run_dir) / VISITS_FILE, VisitMeasurement, "visit")
 
 
 def read_visits(run_dir: Path) -> dict[str, list[Record]]:
     """Every point's visits recorded in ``run_dir/visits.jsonl``, by point key, in visit order
     (a line cut short by a kill is skipped); empty when there is no file."""
     out: dict[str, list[tuple[int, Record]]] = {}
-    for visit, rec in _visit_lines(run_dir):
-        out.setdefault(rec.key, []).append((visit, rec))
+    for line in _visit_lines(run_dir):
+        out.setdefault(line.record.key, []).append((line.visit, line.record))
     return {k: [r for _, r in sorted(v, key=lambda t: t[0])] for k, v in out.items()}
 
 
 def measured_in_order(run_dir: Path) -> list[Record]:
     """Every visit in ``run_dir/visits.jsonl`` in the order measured: the sequence a visit run's
     sentinel windows index (:mod:`mlabench.sentinel`)."""
-    return [rec for _, rec in _visit_lines(run_dir)]
+    return [line.record for line in _visit_lines(run_dir)]
 
 
 def wants_more(visits: Sequence[Record]) -> bool:
