@@ -16,7 +16,6 @@ lengths are not measured).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import warnings
@@ -106,7 +105,7 @@ class Objective:
         searched = self.suggest(trial)
         launches = launched(self.backend, self.fixed, searched, tuple(self.shapes))
         trial.set_user_attr("launched", launches)
-        attrs = self._earlier(trial, launches) or self._evaluate(searched)
+        attrs = self._earlier(trial) or self._evaluate(searched)
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         if attrs["status"] != "ok":
@@ -123,11 +122,11 @@ class Objective:
                 break
         return trial_attrs(points)
 
-    def _earlier(self, trial: Any, launches: list[list[Any]]) -> dict[str, Any] | None:
-        """Attributes of an earlier trial launching the same at every length (``launches``, of
-        :func:`mlabench.tune.launched`), waiting for a running one."""
+    def _earlier(self, trial: Any) -> dict[str, Any] | None:
+        """Attributes of an earlier trial launching the same at every length as ``trial`` (its
+        ``launched`` attribute, :func:`mlabench.studies.launch_key`), waiting for a running one."""
         deadline = time.monotonic() + WAIT_FOR_PEER_S
-        key = json.dumps(launches, sort_keys=True)
+        key = launch_key(trial)
         while True:
             same = [t for t in trial.study.get_trials(deepcopy=False)
                     if t.number != trial.number and launch_key(t) == key]
