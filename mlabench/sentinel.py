@@ -14,6 +14,7 @@ again, beyond what its own samples show; :mod:`mlabench.diff` uses it.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -119,12 +120,11 @@ def drift_of(sentinels: Sequence[SentinelMeasurement], records: Sequence[Record]
 def health_notes(manifest: Manifest, records: Sequence[Record], most: int = 8) -> list[str]:
     """Notes for a sweep's summary: the GPU's warm-up, the sentinel's drift (drifting windows and
     their points named, at most ``most`` per window), points measured below the steady clock."""
-    warmups: dict[str, int] = {}  # a resumed run warms up again: the same line once, with a count
+    warmups: Counter[str] = Counter()  # a resumed run warms up again: the same line once, with a count
     for w in manifest.warmups:
         clock = f" at {w['sm_clock_mhz']:.0f} MHz" if w.get("sm_clock_mhz") else ""
         power = f", {w['power_w']:.0f} W" if w.get("power_w") else ""
-        text = f"{w.get('reason')}{clock}{power}"
-        warmups[text] = warmups.get(text, 0) + 1
+        warmups[f"{w.get('reason')}{clock}{power}"] += 1
     notes = [f"GPU warm-up{f' (x{n}: the run was resumed)' if n > 1 else ''}: {text}" for text, n in warmups.items()]
     if manifest.drift:
         d = Drift.model_validate(manifest.drift)
