@@ -6,6 +6,7 @@ returns an empty dict instead of raising: observation must never break a measure
 
 from __future__ import annotations
 
+import time
 from functools import lru_cache
 from typing import Any
 
@@ -25,17 +26,62 @@ def _nvml() -> Any:
         return None
 
 
+#: NVML's cumulative "violation" counters read into :func:`gpu_state`: nanoseconds the GPU has
+#: spent, since the driver loaded, with its clocks held down by the power limit or by temperature.
+_VIOLATION_COUNTERS = {"power_violation_ns": "NVML_PERF_POLICY_POWER",
+                       "thermal_violation_ns": "NVML_PERF_POLICY_THERMAL"}
+
+
+@lru_cache(maxsize=1)
+def _nvml_handle() -> Any:
+    """NVML's handle of the GPU torch calls ``cuda:0``: found by its UUID, since NVML numbers the
+    GPUs of the host and ignores ``CUDA_VISIBLE_DEVICES`` (a worker given GPU 1 sees it as 0);
+    NVML's GPU 0 when the UUID is not readable."""
+    nvml = _nvml()
+    try:
+        import torch
+
+        return nvml.nvmlDeviceGetHandleByUUID(f"GPU-{torch.cuda.get_device_properties(0).uuid}")
+    except Exception:  # noqa: BLE001 - an old torch or driver: the host's first GPU
+        return nvml.nvmlDeviceGetHandleByIndex(0)
+
+
+def _throttle_state(nvml: Any, h: Any) -> dict[str, Any]:
+    """What holds the clocks down, each item left out where the driver does not report it:
+    ``clocks_event_reasons`` (NVML's bit mask now: 0x4 power cap, 0x8 hardware slowdown, 0x20
+    and 0x40 thermal, 0x80 power brake), ``power_violation_ns`` and ``thermal_violation_ns``
+    (cumulative, see :data:`_VIOLATION_COUNTERS`) and ``energy_mj`` (energy used since the driver
+    loaded, mJ); a pair of readings gives what happened between them."""
+    out: dict[str, Any] = {}
+    reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+    readers: dict[str, Any] = {"clocks_event_reasons": (lambda: int(reasons(h))) if reasons else None,
+                               "energy_mj": lambda: int(nvml.nvmlDeviceGetTotalEnergyConsumption(h))}
+    for key, policy in _VIOLATION_COUNTERS.items():
+        readers[key] = lambda p=policy: int(nvml.nvmlDeviceGetViolationStatus(h, getattr(nvml, p)).violationTime)
+    for key, read in readers.items():
+        try:
+            if read is not None:
+                out[key] = read()
+        except Exception:  # noqa: BLE001 - not supported on this GPU or driver
+            continue
+    return out
+
+
 def gpu_state() -> dict[str, Any]:
-    """``{sm_clock_mhz, mem_clock_mhz, temperature_c, power_w}`` of GPU 0 now, or ``{}``."""
+    """``{sm_clock_mhz, mem_clock_mhz, temperature_c, power_w}`` of the GPU torch calls ``cuda:0``
+    now, on NVIDIA with what holds its clocks down (:func:`_throttle_state`) and ``at_s`` (the host's
+    monotonic clock, s, for rates between two readings); ``{}`` when nothing is readable."""
     dev = current_device()
     if dev.kind == "cuda" and (nvml := _nvml()) is not None:
         try:
-            h = nvml.nvmlDeviceGetHandleByIndex(0)
+            h = _nvml_handle()
             return {
                 "sm_clock_mhz": nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM),
                 "mem_clock_mhz": nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM),
                 "temperature_c": nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU),
                 "power_w": nvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                **_throttle_state(nvml, h), "at_s": round(time.monotonic(), 6),
             }
         except Exception:  # noqa: BLE001
             return {}
