@@ -186,31 +186,54 @@ class StopAtTrials:
         return distinct_finished(trials) + running >= self.n or finished + running >= MAX_TRIALS_FACTOR * self.n
 
 
+#: A study's expected seconds, for dealing studies out only: ``STUDY_FIXED_S + STUDY_S_PER_TOKEN x
+#: (its longest length) x batch^(1/3)``.  Least-squares fit to the 16 studies of the one-worker H200
+#: tuning of kimi-k3-tp8 (results/h200/tune-kimi-k3-tp8/whole-tiles-attempt/, 20 trials a study,
+#: 5.3-18.0 s each, the first one's ~7 s of Triton compilation taken out): it predicts 6.4-19.2 s
+#: where 5.3-18.0 s were measured, within 1.5 s at 14 of the 16.
+STUDY_FIXED_S = 6.3
+STUDY_S_PER_TOKEN = 3.9e-5
+
+
 def study_cost(spec: dict[str, Any]) -> float:
-    """A study's expected measuring time, for ordering only: the tokens of its longest length x
-    the cube root of its batch size.  Fitted by eye to the one-worker H200 tuning of kimi-k3-tp8
-    (results/h200/tune-kimi-k3-tp8/whole-tiles-attempt/): a study took 5-18 s, longer with the
-    bucket's length and, less than in proportion, with the batch (batch 16, 128K: 17.9 s; batch 1,
-    128K: 11.9 s; batch 16, 32K: 9.3 s; 1K either batch: 5-7 s)."""
+    """A study's expected measuring time in seconds (:data:`STUDY_FIXED_S`), from its longest length
+    (``lengths``, ``length`` or ``hi`` of the study's spec) and ``batch``; for dealing studies out."""
     lengths = [*spec.get("lengths", ()), spec.get("length", 0), spec.get("hi", 0)]
-    return max(int(x or 0) for x in lengths) * max(1, int(spec.get("batch", 1))) ** (1 / 3)
+    longest = max(int(x or 0) for x in lengths)
+    return STUDY_FIXED_S + STUDY_S_PER_TOKEN * longest * max(1, int(spec.get("batch", 1))) ** (1 / 3)
+
+
+def deal_studies(costs: list[float], workers: int) -> list[list[int]]:
+    """The studies (positions in ``costs``, expected seconds) dealt to ``workers`` workers, each
+    list in the order its worker takes them: longest first, each to the worker with the least
+    expected time so far (ties: the lower index), the longest-processing-time rule (Graham, "Bounds
+    on multiprocessing timing anomalies", 1969), which ends within 4/3 of the best possible split."""
+    n = max(1, workers)
+    shares: list[list[int]] = [[] for _ in range(n)]
+    loads = [0.0] * n
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        w = min(range(n), key=lambda k: (loads[k], k))
+        shares[w].append(i)
+        loads[w] += costs[i]
+    return shares
 
 
 def study_order(costs: list[float], index: int, workers: int) -> list[int]:
     """The positions of the studies (of expected times ``costs``) in the order worker ``index`` of
-    ``workers`` takes them: its own share first (the studies ranked ``index``, ``index + workers``,
-    ... from the longest down), then every other study, longest first, to join those still running.
+    ``workers`` takes them: its own share (:func:`deal_studies`), then the others' studies from the
+    last each other worker would take, so a worker done early joins the studies still running or
+    not yet started rather than finished ones.
 
     Why: workers that all start at the first study share every study, and each builds the inputs
     and fp32 references of every length of every study itself; on two H200s each measurement was
-    then about 30% slower than one worker's (0.69x one worker's time).  Dealt out longest first,
-    the workers build different studies' inputs, and the ones they may end up sharing are the
-    shortest.  Raises ValueError for an index outside ``range(workers)``."""
+    then about 30% slower than one worker's (0.69x one worker's time).  Dealing by rank alone
+    (ranks 0, 2, 4... to one worker) gives the first worker the longer study of every pair.
+    Raises ValueError for an index outside ``range(workers)``."""
     if not 0 <= index < max(1, workers):
         raise ValueError(f"worker {index} of {workers}")
-    ranked = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
-    own = ranked[index::max(1, workers)]
-    return own + [i for i in ranked if i not in own]
+    shares = deal_studies(costs, workers)
+    from_end = {i: (len(share) - pos, i) for share in shares for pos, i in enumerate(share)}
+    return shares[index] + sorted((i for i in from_end if i not in shares[index]), key=from_end.__getitem__)
 
 
 def worker_main(payload: dict[str, Any], index: int) -> None:
