@@ -25,7 +25,8 @@ from mlabench.results import Record, ResultStore
 from mlabench.sentinel import append_sentinel, drift_dict, drift_of, read_sentinels
 from mlabench.shapes import MLADecodeShape
 from mlabench.steady import below_steady
-from mlabench.visits import append_visit, measured_in_order, pooled_record, read_visits, visit_order, wants_more
+from mlabench.visits import (append_visit, measured_in_order, pooled_record, read_visits, settled, visit_order,
+                             wants_more)
 
 if TYPE_CHECKING:
     from mlabench.sweep import Point, SweepConfig
@@ -90,63 +91,95 @@ class SweepRunner:
         self.run_id = m.run_id
         self.recorded = len(store.records())
         self.visits_measured = 0  # visits in visits.jsonl (a run with several visits per point)
+        self._finished = 0  # measurements done or skipped, for progress
 
     def run(self, ordered: Sequence[Point], sentinel: Point | None, progress: ProgressFn | None = None) -> None:
-        """Measure every point of ``ordered`` not yet recorded, in order, in :attr:`visits` passes
-        (:mod:`mlabench.visits`); Ctrl-C saves what was measured (CSV, drift) and raises
-        :class:`Interrupted` naming the folder to resume.  ``progress(point, record, done, total)``
-        counts measurements (a point is ``visits`` of them): it is called at the start and before
-        each measurement (``record`` None), and after each one."""
+        """Measure every point of ``ordered`` not yet recorded, in order, in :attr:`visits` passes,
+        then in further passes over the points not yet :func:`~mlabench.visits.settled`, up to
+        :attr:`max_visits` (:mod:`mlabench.visits`); Ctrl-C saves what was measured (CSV, drift)
+        and raises :class:`Interrupted` naming the folder to resume.  ``progress(point, record,
+        done, total)`` counts measurements (a point is at least ``visits`` of them; ``total`` grows
+        as further passes are planned): it is called at the start and before each measurement
+        (``record`` None), and after each one."""
         n = self.visits
         prior = read_visits(self.store.run_dir) if n > 1 else {}
         done = self.store.finished_keys()
         for p in ordered:  # every visit measured before an interruption, the record not yet written
             have = prior.get(p.key, [])
-            if p.key not in done and have and (len(have) >= n or not wants_more(have)):
-                self.store.append(pooled_record(have, self.cfg.timing.target_rel_ci))
-                self.recorded += 1
-                done.add(p.key)
+            if p.key not in done and self._settled(have):
+                self._record(have, done)
         todo = [p for p in ordered if p.key not in done]
         self.visits_measured = sum(map(len, prior.values()))
         plan = [(v, p) for v in range(1, n + 1) for p in visit_order(todo, v) if len(prior.get(p.key, ())) < v]
-        total, finished = n * len(ordered), n * len(ordered) - len(plan)
-        budget = int(CACHE_SHARE * (current_device().total_memory_bytes or free_memory_bytes()))
-        cache = BenchCache(self.cfg, Counter(p.shape for _, p in plan), budget)
-        every = self.cfg.sentinel_every if sentinel is not None else 0
+        total = n * len(ordered)
+        self._finished = total - len(plan)
         try:
             if progress and plan:  # the bar shows from the start, before the first sentinel
-                progress(sentinel or plan[0][1], None, finished, total)
+                progress(sentinel or plan[0][1], None, self._finished, total)
             self._sentinel(sentinel)
-            for i, (v, p) in enumerate(plan, 1):
-                have = prior.setdefault(p.key, [])
-                if v > 1 and not wants_more(have):  # failed or untimed at its first visit: recorded then
-                    cache.done(p.shape)
-                    finished += 1
-                    continue
-                if progress:
-                    progress(p, None, finished, total)
-                rec = self._measure(p, cache, verify=v == 1)
-                cache.done(p.shape)
-                finished += 1
-                if n > 1:
-                    append_visit(self.store.run_dir, v, rec)
-                    have.append(rec)
-                    self.visits_measured += 1
-                if n == 1 or len(have) == n or not wants_more(have):
-                    self.store.append(pooled_record(have, self.cfg.timing.target_rel_ci) if n > 1 else rec)
-                    self.recorded += 1
-                if progress:
-                    progress(p, rec, finished, total)
-                if every and i % every == 0 and i < len(plan):
-                    self._sentinel(sentinel)
+            for visit in range(n + 1, self.max_visits + 2):  # the planned visits, then one more a pass
+                self._measure_pass(plan, prior, done, sentinel, progress, total)
+                if visit > self.max_visits or all(p.key in done for p in todo):
+                    break
+                plan = [(visit, p) for p in visit_order(todo, visit)
+                        if p.key not in done and len(prior.get(p.key, ())) < visit]
+                total += len(plan)
             self._sentinel(sentinel)
         except KeyboardInterrupt:
             self.finish()
-            visits = f" ({finished} of {total} visits measured)" if n > 1 else ""
+            visits = f" ({self._finished} of {total} visits measured)" if n > 1 else ""
             raise Interrupted(f"interrupted: {self.recorded} of {len(ordered)} points recorded{visits} in "
                               f"{self.store.run_dir}; continue with: mlabench sweep --resume {self.store.run_dir}"
                               ) from None
         self.finish()
+
+    def _measure_pass(self, plan: list[tuple[int, Point]], prior: dict[str, list[Record]], done: set[str],
+                      sentinel: Point | None, progress: ProgressFn | None, total: int) -> None:
+        """Measure the (visit, point) pairs of ``plan`` in order, appending each visit and, once a
+        point is settled, its record; the sentinel after every ``sentinel_every`` of them."""
+        budget = int(CACHE_SHARE * (current_device().total_memory_bytes or free_memory_bytes()))
+        cache = BenchCache(self.cfg, Counter(p.shape for _, p in plan), budget)
+        every = self.cfg.sentinel_every if sentinel is not None else 0
+        for i, (v, p) in enumerate(plan, 1):
+            have = prior.setdefault(p.key, [])
+            if v > 1 and not wants_more(have):  # failed or untimed at its first visit: recorded then
+                cache.done(p.shape)
+                self._finished += 1
+                continue
+            if progress:
+                progress(p, None, self._finished, total)
+            rec = self._measure(p, cache, verify=v == 1)
+            cache.done(p.shape)
+            self._finished += 1
+            if self.visits > 1:
+                append_visit(self.store.run_dir, v, rec)
+                have.append(rec)
+                self.visits_measured += 1
+            if self.visits == 1:
+                self.store.append(rec)
+                self.recorded += 1
+            elif p.key not in done and self._settled(have):
+                self._record(have, done)
+            if progress:
+                progress(p, rec, self._finished, total)
+            if every and i % every == 0 and i < len(plan):
+                self._sentinel(sentinel)
+
+    def _settled(self, have: list[Record]) -> bool:
+        return settled(have, self.visits, self.max_visits, self.cfg.visit_rel_se)
+
+    def _record(self, have: list[Record], done: set[str]) -> None:
+        """Append the pooled record of a settled point's visits and count it done."""
+        rec = pooled_record(have, self.cfg.timing.target_rel_ci)
+        self.store.append(rec)
+        self.recorded += 1
+        done.add(rec.key)
+
+    @property
+    def max_visits(self) -> int:
+        """Most visits of a point whose visits disagree: the sweep's ``max_visits`` (resolved by
+        :func:`mlabench.sweep.run_sweep`), at least :attr:`visits`."""
+        return max(self.cfg.max_visits or 1, self.visits)
 
     @property
     def visits(self) -> int:

@@ -33,7 +33,7 @@ from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.steady import warm_up
 from mlabench.timing import TimingConfig
 from mlabench.verdict import CheckConfig
-from mlabench.visits import DEFAULT_GPU_VISITS, read_visits
+from mlabench.visits import DEFAULT_GPU_VISITS, DEFAULT_VISIT_REL_SE, MAX_VISITS_FACTOR, read_visits
 
 #: The two ways to name a model; one given by a flag replaces either in a file.
 MODEL_SOURCES = ("model", "model_config")
@@ -67,6 +67,11 @@ class SweepConfig(BaseModel):
                                                       "start and end).")
     visits: int | None = Field(None, ge=1, le=16, description="Visits per point, spread over the run and their "
                                "samples pooled (mlabench.visits); default: 4 on a GPU, 1 on the CPU.")
+    max_visits: int | None = Field(None, ge=1, le=48, description=(
+        "Most visits of a point whose visits disagree (mlabench.visits.settled); default: 3 x visits."))
+    visit_rel_se: float = Field(DEFAULT_VISIT_REL_SE, gt=0, lt=1, description=(
+        "A point is visited again, up to max_visits, while the standard error of its visits' mean "
+        "median is above this fraction of it."))
     drift_target: float = Field(0.01, gt=0, description="Sentinel drift (relative) beyond which the run is flagged.")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -135,10 +140,13 @@ def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None 
 def recorded_config(store: ResultStore) -> SweepConfig:
     """The sweep configuration a run folder's manifest recorded; :class:`ResultsError` when it is
     not one (a folder of another tool, or a manifest edited by hand).  A run recorded before
-    ``visits`` existed measured each point once: its ``visits`` is 1."""
+    ``visits`` existed measured each point once: its ``visits`` is 1; one recorded before
+    ``max_visits`` existed measured exactly its ``visits``."""
     try:
-        config = store.manifest().config
-        return SweepConfig.model_validate({"visits": 1, **config} if config.get("visits") is None else config)
+        config = dict(store.manifest().config)
+        config["visits"] = config.get("visits") or 1
+        config["max_visits"] = config.get("max_visits") or config["visits"]
+        return SweepConfig.model_validate(config)
     except ValidationError as exc:
         raise ResultsError(f"{store.run_dir}: the manifest holds no sweep configuration "
                            f"({validation_line(exc)})") from None
@@ -322,6 +330,10 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
         check_fits(shape)
     if cfg.visits is None:  # recorded resolved, so a resumed run keeps its own
         cfg = cfg.model_copy(update={"visits": DEFAULT_GPU_VISITS if time_it and current_device().is_gpu else 1})
+    if cfg.max_visits is None:
+        cfg = cfg.model_copy(update={"max_visits": MAX_VISITS_FACTOR * cfg.visits if cfg.visits > 1 else 1})
+    if cfg.max_visits < cfg.visits:
+        raise ConfigError(f"max_visits ({cfg.max_visits}) is below visits ({cfg.visits})")
     store = _reopen(cfg, resume) if resume is not None else None
     if store is not None:
         cfg = cfg.model_copy(update={"order_seed": recorded_config(store).order_seed})

@@ -10,6 +10,16 @@ passes over the sweep, the even passes in reverse order, spreads its samples ove
 (every point's mean position in time is the run's middle), and the pooled samples' median and
 confidence interval then describe the run rather than one moment of it.
 
+A point whose visits disagree is visited again: after its planned visits, further passes over the
+points not yet settled (:func:`settled`) measure one more visit each, until the standard error of
+the mean of a point's visit medians is at most ``visit_rel_se`` (0.3%) of that mean or it has
+``max_visits`` visits (default 3x the planned visits).  Why: the points that disagreed by more than 2%
+between two runs on an H200 (batch 16, 64K-128K) were the ones whose own visits disagreed by 2-5%
+(128K, 128 splits: 815, 844, 816, 841 µs), with no clock, power or thermal event reported over
+them (``scripts/h200_throttle_probe.sh``); more visits are the only remedy where the cause is not
+visible, and two runs whose points each have a standard error of 0.3% differ by more than 2% at
+fewer than one point in 100 000 (4.7 standard deviations of the difference).
+
 The first visit checks correctness and times (graph and eager); later visits time the graph only.
 Each visit is appended to ``visits.jsonl`` in the run folder as it is measured; once a point has
 all its visits, its pooled record goes to ``results.jsonl`` (:func:`pooled_record`).  A resumed run
@@ -18,6 +28,8 @@ reads ``visits.jsonl`` and measures only the visits still missing.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -32,6 +44,12 @@ from mlabench.stats import summarize
 VISITS_FILE = "visits.jsonl"
 #: Visits per point on a GPU when the sweep does not say (``SweepConfig.visits``); 1 on the CPU.
 DEFAULT_GPU_VISITS = 4
+#: Most visits per point when the sweep does not say (``SweepConfig.max_visits``): this many times
+#: its planned visits.
+MAX_VISITS_FACTOR = 3
+#: A point is visited again while the standard error of its visits' mean median is above this
+#: fraction of that mean (``SweepConfig.visit_rel_se``).
+DEFAULT_VISIT_REL_SE = 0.003
 
 P = TypeVar("P")
 
@@ -83,6 +101,30 @@ def wants_more(visits: Sequence[Record]) -> bool:
     """Whether a point with these visits so far is timed again: only when its first visit was
     timed (``ok`` or ``incorrect`` with samples); a failed or unsupported point is recorded once."""
     return bool(visits) and visits[0].stats is not None and all(v.stats is not None for v in visits)
+
+
+def visits_rel_se(visits: Sequence[Record]) -> float | None:
+    """The standard error of the mean of the timed visits' medians over that mean (sample standard
+    deviation / sqrt(n) / mean); None with fewer than two timed visits."""
+    medians = [v.stats.median_us for v in visits if v.stats is not None]
+    if len(medians) < 2:
+        return None
+    mean = statistics.fmean(medians)
+    return statistics.stdev(medians) / math.sqrt(len(medians)) / mean if mean > 0 else None
+
+
+def settled(visits: Sequence[Record], planned: int, most: int, rel_se: float) -> bool:
+    """Whether a point with these visits so far needs no more: it failed or went untimed at its
+    first visit (:func:`wants_more`), or it has ``most`` visits, or it has its ``planned`` visits
+    and their :func:`visits_rel_se` is at most ``rel_se``.  False for no visits."""
+    if not visits:
+        return False
+    if not wants_more(visits) or len(visits) >= max(most, 1):
+        return True
+    if len(visits) < planned:
+        return False
+    se = visits_rel_se(visits)
+    return se is None or se <= rel_se
 
 
 def pooled_record(visits: Sequence[Record], target_rel_ci: float = 0.01) -> Record:

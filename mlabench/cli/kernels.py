@@ -13,9 +13,9 @@ from typing import Annotated
 import typer
 
 from mlabench.cli.options import (Backends, Batch, BudgetS, CheckBatch, CheckContext, CheckHeads, CompareBatch,
-                                  CompareContext, CompareQoLens, Context, Format, Heads, Json, Markdown, Model,
-                                  ModelConfig, NonCausal, Order, OrderSeed, PageSize, QoLens, ResultsDir, Resume, Visits,
-                                  Splits, SweepFile, Tp, int_list, name_list, output_format)
+                                  CompareContext, CompareQoLens, Context, Format, Heads, Json, Markdown, MaxVisits,
+                                  Model, ModelConfig, NonCausal, Order, OrderSeed, PageSize, QoLens, ResultsDir, Resume,
+                                  Visits, Splits, SweepFile, Tp, int_list, name_list, output_format)
 from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError
 
@@ -87,7 +87,7 @@ def sweep(
     qo_len: QoLens = None, non_causal: NonCausal = False,
     splits: Splits = None, page_size: PageSize = None, budget_s: BudgetS = None,
     results_dir: ResultsDir = Path("results"), resume: Resume = None, order: Order = None,
-    order_seed: OrderSeed = None, visits: Visits = None,
+    order_seed: OrderSeed = None, visits: Visits = None, max_visits: MaxVisits = None,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Microbenchmark backends over batch x context x splits; results in results/<run-id>/.
@@ -102,7 +102,8 @@ def sweep(
     fmt = output_format(format, as_json, markdown)
     overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s,
                            qo_len, non_causal)
-    overrides.update(order=order.value if order else None, order_seed=order_seed, visits=visits)
+    overrides.update(order=order.value if order else None, order_seed=order_seed, visits=visits,
+                     max_visits=max_visits)
     cfg = resolve_sweep_config(config, overrides, resume)
     if not current_device().is_gpu and cfg.name == "default-cpu":
         notice(f"No GPU found: running a small CPU sweep ({cfg.name}) on {current_device().name}.")

@@ -86,6 +86,9 @@ def kernel_environment(run: Any, records: Sequence[Record], kind: str = "Kernel 
     during = [r.gpu_state["sm_clock_mhz"] for r in mine if r.gpu_state.get("sm_clock_mhz") is not None]
     memory = f", {dev['total_memory_bytes'] / 2**30:.0f} GiB" if dev.get("total_memory_bytes") else ""
     visits = (m.config or {}).get("visits") or 1
+    most = (m.config or {}).get("max_visits") or visits
+    further = (f" (up to {most} where they disagreed, until their mean's standard error was "
+               f"{100 * (m.config or {}).get('visit_rel_se', 0.003):g}% or less)" if most > visits else "")
     rows = [
         ["run", f"{m.run_id} ({run.path})"], ["recorded", m.created],
         ["command", " ".join(m.command)],
@@ -97,7 +100,7 @@ def kernel_environment(run: Any, records: Sequence[Record], kind: str = "Kernel 
         *_bandwidth_rows(m),
         list(config_row(m.config) or ("sweep", _sweep_text(m.config))),
         ["timing", _timing_text(_run_timing(m.config), dev.get("kind"))
-         + (f"; each point in {visits} visits spread over the run, samples pooled" if visits > 1 else "")],
+         + (f"; each point in {visits} visits spread over the run{further}, samples pooled" if visits > 1 else "")],
         ["points", f"{len(mine)} ({sum(r.status == 'ok' for r in mine)} ok)"],
     ]
     rows += [["health", note] for note in health_notes(m, mine)]

@@ -233,8 +233,8 @@ def test_resume_policy_reruns_the_recorded_configuration(tmp_path):
     store, _ = run_sweep(cfg, tmp_path)
     resumed = resolve_sweep_config(None, sweep_overrides(), resume=store.run_dir)
     assert resumed.order_seed is not None  # drawn, recorded, and kept by a resume
-    assert resumed.visits == 1  # resolved (the CPU's default) and recorded
-    assert resumed.model_copy(update={"order_seed": None, "visits": None}) == cfg
+    assert resumed.visits == 1 and resumed.max_visits == 1  # resolved (the CPU's default) and recorded
+    assert resumed.model_copy(update={"order_seed": None, "visits": None, "max_visits": None}) == cfg
     flagged = resolve_sweep_config(None, sweep_overrides(page_size=64), resume=store.run_dir)
     assert flagged.page_size == 64 and flagged.name == cfg.name  # run_sweep then refuses it
     with pytest.raises(ConfigError, match="another sweep configuration"):

@@ -344,5 +344,9 @@ def test_the_environment_says_how_many_visits_a_sweep_took():
     assert [r.manifest.config["visits"] for r in runs.kernel_runs] == [4, 4]
     timing = dict(kernel_environment(runs.kernel_runs[0], runs.records).rows)["timing"]
     assert timing.endswith("; each point in 4 visits spread over the run, samples pooled")
+    runs.kernel_runs[0].manifest.config.update(max_visits=12, visit_rel_se=0.003)  # as a run now records
+    timing = dict(kernel_environment(runs.kernel_runs[0], runs.records).rows)["timing"]
+    assert timing.endswith("; each point in 4 visits spread over the run (up to 12 where they disagreed, until "
+                           "their mean's standard error was 0.3% or less), samples pooled")
     old = load_runs([folder.parents[1] / "runs"])  # recorded before visits: nothing said
     assert "visits" not in dict(kernel_environment(old.kernel_runs[0], old.records).rows)["timing"]

@@ -10,14 +10,16 @@ from mlabench.results import Record, ResultStore
 from mlabench.stats import summarize
 from mlabench.sweep import SweepConfig, run_sweep
 from mlabench.timing import TimingConfig
-from mlabench.visits import VISITS_FILE, pooled_record, read_visits, visit_order, wants_more
+from mlabench.visits import VISITS_FILE, pooled_record, read_visits, settled, visit_order, visits_rel_se, wants_more
 
 TIMING = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
 
 
 def config(visits=3, **kw):
+    """A 4-point CPU sweep; the visits are exactly ``visits`` unless ``max_visits`` is given (CPU
+    timings disagree from visit to visit, so the further visits are tested with stand-in times)."""
     base = dict(name="v", heads=[12], batch=[1], context_lens=[16, 40], page_size=16, backends=["torch-splitkv"],
-                params={"num_kv_splits": [1, 2]}, sentinel_every=0, visits=visits, timing=TIMING)
+                params={"num_kv_splits": [1, 2]}, sentinel_every=0, visits=visits, max_visits=visits, timing=TIMING)
     return SweepConfig(**{**base, **kw})
 
 
@@ -128,3 +130,90 @@ def test_a_visit_runs_sentinel_counts_visits_and_its_windows_name_them(tmp_path)
     assert drift["after_points"] == [0, 4, 8, 12] and drift["windows"]  # CPU timings always move
     for w in drift["windows"]:
         assert w["to_point"] - w["from_point"] == 4 and len(w["points"]) == 4
+
+
+def test_visits_rel_se_and_settled():
+    steady = [record([10.0] * 3), record([10.0] * 3), record([10.0] * 3)]
+    split = [record([10.0] * 3), record([11.0] * 3), record([10.0] * 3), record([11.0] * 3)]
+    assert visits_rel_se(steady) == 0.0 and visits_rel_se(steady[:1]) is None
+    # medians 10, 11, 10, 11: sd 0.5774 / sqrt(4) / mean 10.5
+    assert visits_rel_se(split) == pytest.approx(0.57735 / 2 / 10.5, rel=1e-4)
+    assert not settled([], 3, 9, 0.003) and not settled(steady[:2], 3, 9, 0.003)  # planned visits first
+    assert settled(steady, 3, 9, 0.003)
+    assert not settled(split, 3, 9, 0.003) and settled(split, 3, 9, 0.03)  # 2.7% against the limit
+    assert settled(split, 3, 4, 0.003)  # at the most visits
+    failed = steady[0].model_copy(update={"status": "error", "stats": None})
+    assert settled([failed], 3, 9, 0.003)  # recorded at its first visit
+
+
+def test_points_whose_visits_disagree_are_visited_again_up_to_max_visits(tmp_path, monkeypatch):
+    """Stand-in times: the point at 40 tokens with 2 splits alternates 10 and 11 µs from visit to
+    visit, the others read 10 µs every time; 3 visits planned, at most 7."""
+    from mlabench.runner import SweepRunner
+
+    real, calls = SweepRunner._measure, []
+
+    def fake(self, p, cache, verify=True):
+        rec = real(self, p, cache, verify)
+        calls.append(p.key)
+        noisy = p.shape.max_context_len == 40 and p.params["num_kv_splits"] == 2
+        us = 10.0 + (calls.count(p.key) % 2 if noisy else 0.0)
+        return rec.model_copy(update={"stats": summarize([us] * 3).model_copy(update={"calls_per_sample": 1})})
+
+    monkeypatch.setattr(SweepRunner, "_measure", fake)
+    totals = []
+    store, recs = run_sweep(config(visits=3, max_visits=7), tmp_path,
+                            progress=lambda p, r, done, total: totals.append((done, total)))
+    visits = read_visits(store.run_dir)
+    counts = {r.context_len * 10 + r.params["num_kv_splits"]: len(visits[r.key]) for r in recs}
+    assert counts == {161: 3, 162: 3, 401: 3, 402: 7}
+    noisy = next(r for r in recs if r.context_len == 40 and r.params["num_kv_splits"] == 2)
+    assert noisy.visit_medians_us == [11.0, 10.0, 11.0, 10.0, 11.0, 10.0, 11.0]
+    assert totals[-1] == (16, 16)  # 12 planned + 4 further visits; the total grew as they were planned
+    assert [json.loads(x)["visit"] for x in (store.run_dir / VISITS_FILE).read_text().splitlines()][12:] == [4, 5, 6, 7]
+
+
+def test_an_interrupted_further_visit_resumes_without_repeating(tmp_path, monkeypatch):
+    from mlabench.runner import SweepRunner
+
+    real = SweepRunner._measure
+    medians = iter([10.0, 11.0] * 50)
+
+    def fake(self, p, cache, verify=True):
+        rec = real(self, p, cache, verify)
+        us = next(medians) if p.shape.max_context_len == 40 and p.params["num_kv_splits"] == 2 else 10.0
+        return rec.model_copy(update={"stats": summarize([us] * 3).model_copy(update={"calls_per_sample": 1})})
+
+    def stop(point, record, done, total):
+        if done == 14:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(SweepRunner, "_measure", fake)
+    with pytest.raises(Interrupted, match=r"3 of 4 points recorded \(14 of 14 visits measured\)"):
+        run_sweep(config(visits=3, max_visits=7), tmp_path, progress=stop)
+    (run_dir,) = tmp_path.iterdir()
+    _, recs = run_sweep(config(visits=3, max_visits=7), tmp_path, resume=run_dir)
+    visits = read_visits(run_dir)
+    assert len(recs) == 4 and sorted(len(v) for v in visits.values()) == [3, 3, 3, 7]
+    assert [v for v in (json.loads(x)["visit"] for x in (run_dir / VISITS_FILE).read_text().splitlines())
+            ][12:] == [4, 5, 6, 7]  # each further visit once
+
+
+def test_max_visits_below_visits_is_refused(tmp_path):
+    from mlabench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"max_visits \(2\) is below visits \(3\)"):
+        run_sweep(config(visits=3, max_visits=2), tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_run_recorded_before_max_visits_resumes_with_exactly_its_visits():
+    from pathlib import Path
+
+    from mlabench.sweep import recorded_config
+
+    runs = Path(__file__).resolve().parents[2] / "results/h200/repeatability/visits-attempt/runs"
+    for run in sorted(runs.iterdir()):
+        assert "max_visits" not in ResultStore(run).manifest().config
+        cfg = recorded_config(ResultStore(run))
+        assert (cfg.visits, cfg.max_visits) == (4, 4)
