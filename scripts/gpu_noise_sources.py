@@ -18,6 +18,10 @@ repetitions shared by every allocation is time::
 
     python3 scripts/gpu_noise_sources.py --out OUT/noise.json > OUT/noise.md
 
+``--point BACKEND:BATCH:CONTEXT[:PARAMS-JSON]`` (repeatable) measures those points instead of
+:data:`POINTS`, each also in the capture-or-time comparison; ``--no-amortisation`` leaves (c) out.
+Run in several processes one after the other, it also shows a state that lasts a whole process.
+
 Needs a GPU.
 """
 
@@ -47,6 +51,12 @@ POINTS = [
     ("triton-splitkv", 1, 100000, {"num_kv_splits": 128}),
     ("flashmla", 1, 4096, {}),
 ]
+
+
+def parse_point(text: str) -> tuple[str, int, int, dict]:
+    """``BACKEND:BATCH:CONTEXT[:PARAMS-JSON]`` as a point of :data:`POINTS`."""
+    backend, batch, context, *params = text.split(":", 3)
+    return backend, int(batch), int(context), json.loads(params[0]) if params else {}
 
 
 def spread_pct(values: list[float]) -> float:
@@ -129,13 +139,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--blocks", type=int, default=15, help="blocks of 10 samples (one capture) and fresh captures")
     ap.add_argument("--skip", action="store_true", help="only the capture-or-time comparison")
+    ap.add_argument("--point", action="append", type=parse_point, metavar="BACKEND:BATCH:CONTEXT[:PARAMS-JSON]",
+                    help="measure this point instead of the built-in ones (repeatable)")
+    ap.add_argument("--no-amortisation", action="store_true", help="leave the replay amortisation out")
     ap.add_argument("--out", type=Path, help="Write every number here as JSON.")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("error: needs a GPU")
     print(f"warm-up: {warm_up(TimingConfig()).reason}\n", flush=True)
     timing = TimingConfig(eager=False)
-    amort = [] if args.skip else amortisation([(1024, 32), (32768, 256)], [64, 128, 256, 512])
+    chosen = args.point or POINTS
+    amort = [] if args.skip or args.no_amortisation else amortisation([(1024, 32), (32768, 256)], [64, 128, 256, 512])
     print("| context | splits | copies | lead µs | 64 | 128 | 256 | 512 | spread % |\n|---|---|---|---|---|---|---|---|---|")
     for r in amort:
         print(f"| {r['context']} | {r['splits']} | {r['copies']} | {r['lead_us']:g} | "
@@ -143,7 +157,7 @@ def main() -> None:
     print(f"\n| backend | batch | context | params | between {args.allocs} allocations % | between {args.reps} "
           "repetitions % | within one allocation % | all % |\n|---|---|---|---|---|---|---|---|")
     points = []
-    for backend, batch, context, params in [] if args.skip else POINTS:
+    for backend, batch, context, params in [] if args.skip else chosen:
         p = noise_point(backend, batch, context, params, args.allocs, args.reps, timing)
         if p is None:
             continue
@@ -152,7 +166,7 @@ def main() -> None:
               f"{p['between_reps_pct']:.2f} | {p['within_alloc_pct']:.2f} | {p['all_pct']:.2f} |", flush=True)
     print("\n| backend | batch | context | params | blocks of one capture % | fresh captures % |\n|---|---|---|---|---|---|")
     kinds = []
-    for backend, batch, context, params in POINTS[:4]:
+    for backend, batch, context, params in args.point or POINTS[:4]:
         k = capture_or_time(backend, batch, context, params, args.blocks)
         kinds.append(k)
         print(f"| {backend} | {batch} | {context} | {params or '-'} | {k['one_capture_pct']:.2f} | "
