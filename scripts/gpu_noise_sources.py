@@ -18,6 +18,10 @@ repetitions shared by every allocation is time::
 
     python3 scripts/gpu_noise_sources.py --out OUT/noise.json > OUT/noise.md
 
+``--reallocate N`` measures each point instead on inputs made afresh N times (the same seed; each
+set freed and the allocator's cache emptied before the next; with ``--spacer-mib M`` a block of a
+random size up to M MiB is allocated and held first): whether a fresh allocation lands elsewhere.
+
 ``--point BACKEND:BATCH:CONTEXT[:PARAMS-JSON]`` (repeatable) measures those points instead of
 :data:`POINTS`, each also in the capture-or-time comparison; ``--no-amortisation`` leaves (c) out.
 Run in several processes one after the other, it also shows a state that lasts a whole process.
@@ -90,6 +94,28 @@ def noise_point(backend_name: str, batch: int, context: int, params: dict, alloc
             "all_pct": spread_pct([x for m in medians for x in m])}
 
 
+def reallocation(backend_name: str, batch: int, context: int, params: dict, rounds: int, spacer_mib: int,
+                 timing: TimingConfig) -> dict:
+    """Medians (µs) of one point on inputs allocated afresh ``rounds`` times, with the first KV
+    copy's address each time (see the module docstring)."""
+    import random
+
+    backend = get_backend(backend_name)
+    shape = MLADecodeShape.uniform(batch, context, 12, page_size=64)
+    rng = random.Random(0)
+    medians, addresses = [], []
+    for _ in range(rounds):
+        spacer = torch.empty(rng.randrange(spacer_mib + 1) << 20, dtype=torch.uint8, device="cuda") if spacer_mib else None
+        bench = ShapeBench(shape, timing, seed=0)
+        fns = [backend.prepare(x, params).fn for x in bench.inputs]
+        medians.append(time_calls(fns, timing, use_graph=True).median_us)
+        addresses.append(hex(bench.inputs[0].kv_cache.data_ptr()))
+        del fns, bench, spacer
+        torch.cuda.empty_cache()
+    return {"backend": backend_name, "batch": batch, "context": context, "params": params, "spacer_mib": spacer_mib,
+            "medians_us": medians, "kv_addresses": addresses, "spread_pct": spread_pct(medians)}
+
+
 def capture_or_time(backend_name: str, batch: int, context: int, params: dict, blocks: int,
                     block: int = 10) -> dict:
     """Is a point's state set when its graph is captured, or does it change in time?  ``blocks``
@@ -142,6 +168,8 @@ def main() -> None:
     ap.add_argument("--point", action="append", type=parse_point, metavar="BACKEND:BATCH:CONTEXT[:PARAMS-JSON]",
                     help="measure this point instead of the built-in ones (repeatable)")
     ap.add_argument("--no-amortisation", action="store_true", help="leave the replay amortisation out")
+    ap.add_argument("--reallocate", type=int, default=0, metavar="N", help="only: each point on N fresh allocations")
+    ap.add_argument("--spacer-mib", type=int, default=0, metavar="M", help="with --reallocate: a random block first")
     ap.add_argument("--out", type=Path, help="Write every number here as JSON.")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -149,6 +177,17 @@ def main() -> None:
     print(f"warm-up: {warm_up(TimingConfig()).reason}\n", flush=True)
     timing = TimingConfig(eager=False)
     chosen = args.point or POINTS
+    if args.reallocate:
+        rows = [reallocation(*p, args.reallocate, args.spacer_mib, TimingConfig(eager=False)) for p in chosen]
+        print("| backend | batch | context | params | spacer MiB | medians µs | KV addresses | spread % |\n"
+              "|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['backend']} | {r['batch']} | {r['context']} | {r['params'] or '-'} | {r['spacer_mib']} | "
+                  f"{', '.join(f'{x:.1f}' for x in r['medians_us'])} | {len(set(r['kv_addresses']))} distinct | "
+                  f"{r['spread_pct']:.2f} |", flush=True)
+        if args.out:
+            args.out.write_text(json.dumps({"reallocation": rows}, indent=1))
+        return
     amort = [] if args.skip or args.no_amortisation else amortisation([(1024, 32), (32768, 256)], [64, 128, 256, 512])
     print("| context | splits | copies | lead µs | 64 | 128 | 256 | 512 | spread % |\n|---|---|---|---|---|---|---|---|---|")
     for r in amort:
