@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Whether the points two adaptive-visit runs still disagreed on keep one state for a whole process
-# (issue 13): scripts/gpu_noise_sources.py on FlashMLA at batch 1, 8K and triton-persistent at
-# batch 16, 128K (repeat padding, one program per SM) -- 4 input allocations x 6 repetitions, then
-# 12 blocks of one graph capture against 12 fresh captures -- in 3 processes one after the other.
-# Then the persistent point on inputs made afresh 8 times, without and with a random spacer
-# allocated first (--reallocate): whether a fresh allocation lands elsewhere in memory.
-# About 4 minutes on an H200 (REALLOC_ONLY=1: only the second part, about 1 minute):
+# Where the points two adaptive-visit runs still disagreed on get their speed (issue 13), with
+# scripts/gpu_noise_sources.py.  First triton-persistent at batch 16, 128K (repeat padding, one
+# program per SM) on inputs made afresh 8 times, without and with a random spacer allocated first
+# (--reallocate): whether a fresh allocation lands elsewhere in memory.  Then that point and FlashMLA
+# at batch 1, 8K -- 4 input allocations x 6 repetitions, 12 blocks of one graph capture against 12
+# fresh captures -- in 3 processes one after the other: whether a state lasts a whole process.
+# About 2 minutes on an H200 (REALLOC_ONLY=1: the first part only):
 #   bash scripts/h200_process_states.sh OUTDIR
 set -euo pipefail
 out="${1:?usage: $0 OUTDIR}"
