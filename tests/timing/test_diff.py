@@ -78,6 +78,17 @@ def test_points_in_one_run_only_and_manifest_differences(tmp_path):
     assert rest[-1].title == "points not compared" and len(rest[-1].rows) == 16
 
 
+def test_runs_with_other_visit_settings_are_said_to_differ(tmp_path):
+    """The committed run predates visits (1 visit); one recorded with 4 to 12 visits differs."""
+    config = {**ResultStore(H200_RUN).manifest().config, "visits": 4, "max_visits": 12, "visit_rel_se": 0.003}
+    b = copy_run(H200_RUN, tmp_path / "b", config=config)
+    assert diff_runs(H200_RUN, b).manifest_notes == [
+        "different visit settings: max_visits 1 vs 12, visit_rel_se None vs 0.003, visits 1 vs 4"]
+    same = copy_run(H200_RUN, tmp_path / "c", config={**config, "visits": None, "max_visits": None,
+                                                      "visit_rel_se": None})
+    assert diff_runs(H200_RUN, same).manifest_notes == []  # unset reads as one visit
+
+
 def test_geometric_mean_and_agreement_per_backend(tmp_path):
     b = copy_run(H200_RUN, tmp_path / "b", scale=1.02)
     summary = diff_tables(diff_runs(H200_RUN, b))[0]
