@@ -127,7 +127,8 @@ class SweepRunner:
             self._sentinel(sentinel)
         except KeyboardInterrupt:
             self.finish()
-            visits = f" ({self._finished} of {total} visits measured)" if n > 1 else ""
+            most = f" to {self.max_visits * len(ordered)}" if self.max_visits > n else ""
+            visits = f" ({self._finished} visits measured of {n * len(ordered)}{most} planned)" if n > 1 else ""
             raise Interrupted(f"interrupted: {self.recorded} of {len(ordered)} points recorded{visits} in "
                               f"{self.store.run_dir}; continue with: mlabench sweep --resume {self.store.run_dir}"
                               ) from None

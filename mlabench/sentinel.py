@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from mlabench.results import Manifest, Record, read_jsonl
+from mlabench.stats import mean_rel_se
 from mlabench.tables import fmt, params_label
 
 SENTINEL_FILE = "sentinel.jsonl"
@@ -119,7 +120,8 @@ def drift_of(sentinels: Sequence[SentinelMeasurement], records: Sequence[Record]
 
 def health_notes(manifest: Manifest, records: Sequence[Record], most: int = 8) -> list[str]:
     """Notes for a sweep's summary: the GPU's warm-up, the sentinel's drift (drifting windows and
-    their points named, at most ``most`` per window), points measured below the steady clock."""
+    their points named, at most ``most`` per window), points measured below the steady clock, and
+    points whose visits still disagreed when they reached the most visits (:func:`unsettled`)."""
     warmups: Counter[str] = Counter()  # a resumed run warms up again: the same line once, with a count
     for w in manifest.warmups:
         clock = f" at {w['sm_clock_mhz']:.0f} MHz" if w.get("sm_clock_mhz") else ""
@@ -141,7 +143,29 @@ def health_notes(manifest: Manifest, records: Sequence[Record], most: int = 8) -
     if low:
         notes.append(f"{len(low)} point(s) measured with the SM clock below its steady value: "
                      + "; ".join(point_label(r) for r in low[:most]) + ("; ..." if len(low) > most else ""))
+    apart = unsettled(manifest, records)
+    if apart:
+        notes.append(f"{len(apart)} point(s) whose visits still disagreed at {manifest.config.get('max_visits')} visits "
+                     f"(standard error of the mean of their medians over "
+                     f"{100 * manifest.config.get('visit_rel_se', 0):g}%): "
+                     + "; ".join(point_label(r) for r in apart[:most]) + ("; ..." if len(apart) > most else ""))
     return notes
+
+
+def unsettled(manifest: Manifest, records: Sequence[Record]) -> list[Record]:
+    """The records of a run with further visits (``max_visits`` above ``visits``) whose visits
+    reached ``max_visits`` with the standard error of the mean of their medians still above
+    ``visit_rel_se`` (:func:`mlabench.stats.mean_rel_se`): their pooled time is the least settled."""
+    cfg = manifest.config or {}
+    most, target = cfg.get("max_visits") or 0, cfg.get("visit_rel_se")
+    if not target or most <= (cfg.get("visits") or 1):
+        return []
+    out = []
+    for r in records:
+        medians = r.visit_medians_us or []
+        if len(medians) >= most and (se := mean_rel_se(medians)) is not None and se > target:
+            out.append(r)
+    return out
 
 
 def ceilings_note(manifest: Manifest) -> str:

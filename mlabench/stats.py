@@ -62,6 +62,15 @@ def median_rel_ci(samples: list[float], z: float = 1.96) -> float:
     return (xs[hi] - xs[lo]) / 2 / med
 
 
+def mean_rel_se(values: list[float]) -> float | None:
+    """The standard error of the mean of ``values`` over that mean (sample standard deviation /
+    sqrt(n) / mean); None with fewer than two values or a mean that is not positive."""
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / math.sqrt(len(values)) / mean if mean > 0 else None
+
+
 def summarize(samples_us: list[float], target_rel_ci: float = 0.01) -> Stats:
     """Build :class:`Stats` from raw samples; raises ValueError on an empty list."""
     if not samples_us:

@@ -70,8 +70,8 @@ class SweepConfig(BaseModel):
     max_visits: int | None = Field(None, ge=1, le=48, description=(
         "Most visits of a point whose visits disagree (mlabench.visits.settled); default: 3 x visits."))
     visit_rel_se: float = Field(DEFAULT_VISIT_REL_SE, gt=0, lt=1, description=(
-        "A point is visited again, up to max_visits, while the standard error of its visits' mean "
-        "median is above this fraction of it."))
+        "A point is visited again, up to max_visits, while the standard error of the mean of its "
+        "visits' medians is above this fraction of that mean."))
     drift_target: float = Field(0.01, gt=0, description="Sentinel drift (relative) beyond which the run is flagged.")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -333,7 +333,10 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     if cfg.max_visits is None:
         cfg = cfg.model_copy(update={"max_visits": MAX_VISITS_FACTOR * cfg.visits if cfg.visits > 1 else 1})
     if cfg.max_visits < cfg.visits:
-        raise ConfigError(f"max_visits ({cfg.max_visits}) is below visits ({cfg.visits})")
+        raise ConfigError(f"--max-visits {cfg.max_visits} is below --visits {cfg.visits} (max_visits, visits)")
+    if cfg.max_visits > cfg.visits == 1:
+        raise ConfigError(f"--max-visits {cfg.max_visits} needs --visits 2 or more: a point's visits are "
+                          "compared once it has two")
     store = _reopen(cfg, resume) if resume is not None else None
     if store is not None:
         cfg = cfg.model_copy(update={"order_seed": recorded_config(store).order_seed})
@@ -349,7 +352,9 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
         store.update_manifest(warmups=[*store.manifest().warmups, steady.model_dump()])
         if warn:
             measured = sum(map(len, read_visits(store.run_dir).values())) if cfg.visits > 1 else 0
-            visits = f" ({measured} of {cfg.visits * len(points)} visits measured)" if cfg.visits > 1 else ""
+            planned = f"{cfg.visits * len(points)}" + (f" to {cfg.max_visits * len(points)}"
+                                                        if cfg.max_visits > cfg.visits else "")
+            visits = f" ({measured} visits measured of {planned} planned)" if cfg.visits > 1 else ""
             warn(f"resuming {store.run_dir}: {len(store.finished_keys())} of {len(points)} points already "
                  f"recorded{visits}")
     runner = SweepRunner(cfg, store, steady_mhz=steady.sm_clock_mhz, time_it=time_it)
@@ -364,5 +369,5 @@ def _reopen(cfg: SweepConfig, resume: Path) -> ResultStore:
     seed = recorded.order_seed if cfg.order_seed is None else cfg.order_seed
     if recorded != cfg.model_copy(update={"order_seed": seed}):
         raise ConfigError(f"{resume} was recorded with another sweep configuration; resume it "
-                          "without axis flags, or start a new run")
+                          "without flags that change the sweep, or start a new run")
     return store

@@ -28,8 +28,6 @@ reads ``visits.jsonl`` and measures only the visits still missing.
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -39,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mlabench.files import append_text
 from mlabench.measure import speed_fields
 from mlabench.results import Record, read_jsonl, utc_now
-from mlabench.stats import summarize
+from mlabench.stats import mean_rel_se, summarize
 
 VISITS_FILE = "visits.jsonl"
 #: Visits per point on a GPU when the sweep does not say (``SweepConfig.visits``); 1 on the CPU.
@@ -47,7 +45,7 @@ DEFAULT_GPU_VISITS = 4
 #: Most visits per point when the sweep does not say (``SweepConfig.max_visits``): this many times
 #: its planned visits.
 MAX_VISITS_FACTOR = 3
-#: A point is visited again while the standard error of its visits' mean median is above this
+#: A point is visited again while the standard error of the mean of its visits' medians is above this
 #: fraction of that mean (``SweepConfig.visit_rel_se``).
 DEFAULT_VISIT_REL_SE = 0.003
 
@@ -106,11 +104,7 @@ def wants_more(visits: Sequence[Record]) -> bool:
 def visits_rel_se(visits: Sequence[Record]) -> float | None:
     """The standard error of the mean of the timed visits' medians over that mean (sample standard
     deviation / sqrt(n) / mean); None with fewer than two timed visits."""
-    medians = [v.stats.median_us for v in visits if v.stats is not None]
-    if len(medians) < 2:
-        return None
-    mean = statistics.fmean(medians)
-    return statistics.stdev(medians) / math.sqrt(len(medians)) / mean if mean > 0 else None
+    return mean_rel_se([v.stats.median_us for v in visits if v.stats is not None])
 
 
 def settled(visits: Sequence[Record], planned: int, most: int, rel_se: float) -> bool:

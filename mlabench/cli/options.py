@@ -80,8 +80,8 @@ Visits = Annotated[int | None, typer.Option(
     help="Visits per point, spread over the run, samples pooled (default 4 on a GPU, 1 on the CPU, or the config's).")]
 MaxVisits = Annotated[int | None, typer.Option(
     min=1, max=48, metavar="N",
-    help="Most visits of a point whose visits disagree: it is visited again while the standard error of its "
-         "visits' mean median is above 0.3% (default 3 x --visits, or the config's).")]
+    help="Most visits of a point whose visits disagree: it is visited again while the standard error of the mean of its "
+         "visits' medians is above 0.3% (default 3 x --visits, or the config's).")]
 VllmBin = Annotated[str | None, typer.Option(
     metavar="PATH", help="vllm executable (before $MLABENCH_VLLM_BIN and the config's vllm_bin).")]
 

@@ -94,13 +94,13 @@ def test_an_interrupted_visited_sweep_resumes_the_missing_visits_only(tmp_path):
             raise KeyboardInterrupt
 
     # the visits measured are said, so that "0 points recorded" does not read as nothing kept
-    with pytest.raises(Interrupted, match=r"0 of 4 points recorded \(6 of 12 visits measured\) in "):
+    with pytest.raises(Interrupted, match=r"0 of 4 points recorded \(6 visits measured of 12 planned\) in "):
         run_sweep(config(visits=3), tmp_path, progress=stop)
     (run_dir,) = tmp_path.iterdir()
     assert sum(len(v) for v in read_visits(run_dir).values()) == 6 and not ResultStore(run_dir).records()
     said = []
     _, recs = run_sweep(config(visits=3), tmp_path, resume=run_dir, warn=said.append)
-    assert said == [f"resuming {run_dir}: 0 of 4 points already recorded (6 of 12 visits measured)"]
+    assert said == [f"resuming {run_dir}: 0 of 4 points already recorded (6 visits measured of 12 planned)"]
     visits = read_visits(run_dir)
     assert len(recs) == 4 and all(len(visits[r.key]) == 3 and len(r.visit_medians_us) == 3 for r in recs)
     assert sum(len(v) for v in visits.values()) == 12  # nothing measured twice
@@ -171,6 +171,14 @@ def test_points_whose_visits_disagree_are_visited_again_up_to_max_visits(tmp_pat
     assert noisy.visit_medians_us == [11.0, 10.0, 11.0, 10.0, 11.0, 10.0, 11.0]
     assert totals[-1] == (16, 16)  # 12 planned + 4 further visits; the total grew as they were planned
     assert [json.loads(x)["visit"] for x in (store.run_dir / VISITS_FILE).read_text().splitlines()][12:] == [4, 5, 6, 7]
+    from mlabench.sentinel import health_notes, unsettled
+
+    assert unsettled(store.manifest(), recs) == [noisy]  # at 7 visits, standard error 2.1% of the mean
+    (note,) = [n for n in health_notes(store.manifest(), recs) if "still disagreed" in n]
+    assert note.startswith("1 point(s) whose visits still disagreed at 7 visits (standard error of the mean of "
+                           "their medians over 0.3%): torch-splitkv ")
+    assert unsettled(store.manifest().model_copy(update={"config": {**store.manifest().config, "max_visits": 3}}),
+                     recs) == []  # no further visits: nothing to say
 
 
 def test_an_interrupted_further_visit_resumes_without_repeating(tmp_path, monkeypatch):
@@ -189,7 +197,7 @@ def test_an_interrupted_further_visit_resumes_without_repeating(tmp_path, monkey
             raise KeyboardInterrupt
 
     monkeypatch.setattr(SweepRunner, "_measure", fake)
-    with pytest.raises(Interrupted, match=r"3 of 4 points recorded \(14 of 14 visits measured\)"):
+    with pytest.raises(Interrupted, match=r"3 of 4 points recorded \(14 visits measured of 12 to 28 planned\)"):
         run_sweep(config(visits=3, max_visits=7), tmp_path, progress=stop)
     (run_dir,) = tmp_path.iterdir()
     _, recs = run_sweep(config(visits=3, max_visits=7), tmp_path, resume=run_dir)
@@ -202,8 +210,12 @@ def test_an_interrupted_further_visit_resumes_without_repeating(tmp_path, monkey
 def test_max_visits_below_visits_is_refused(tmp_path):
     from mlabench.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"max_visits \(2\) is below visits \(3\)"):
+    with pytest.raises(ConfigError, match=r"--max-visits 2 is below --visits 3"):
         run_sweep(config(visits=3, max_visits=2), tmp_path)
+    with pytest.raises(ConfigError, match=r"--max-visits 5 needs --visits 2 or more"):
+        run_sweep(config(visits=1, max_visits=5), tmp_path)
+    with pytest.raises(ConfigError, match=r"--max-visits 5 needs --visits 2 or more"):
+        run_sweep(config(visits=None, max_visits=5), tmp_path)  # the CPU's default is one visit
     assert not list(tmp_path.iterdir())
 
 
