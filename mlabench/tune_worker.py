@@ -189,15 +189,16 @@ class StopAtTrials:
 #: A study's expected seconds, for dealing studies out only: ``STUDY_FIXED_S + STUDY_S_PER_TOKEN x
 #: (its longest length) x batch^(1/3)``.  Least-squares fit to the 16 studies of the one-worker H200
 #: tuning of kimi-k3-tp8 (results/h200/tune-kimi-k3-tp8/whole-tiles-attempt/, 20 trials a study,
-#: 5.3-18.0 s each, the first one's ~7 s of Triton compilation taken out): it predicts 6.4-19.2 s
-#: where 5.3-18.0 s were measured, within 1.5 s at 14 of the 16.
+#: 5.3-18.0 s each, the first one's ~7 s of Triton compilation taken out): it predicts 6.3-19.2 s
+#: where 5.3-18.0 s were measured, within 1.6 s at every study and 1.2 s at 15 of the 16.
 STUDY_FIXED_S = 6.3
 STUDY_S_PER_TOKEN = 3.9e-5
 
 
 def study_cost(spec: dict[str, Any]) -> float:
-    """A study's expected measuring time in seconds (:data:`STUDY_FIXED_S`), from its longest length
-    (``lengths``, ``length`` or ``hi`` of the study's spec) and ``batch``; for dealing studies out."""
+    """A study's expected measuring time in seconds, ``STUDY_FIXED_S + STUDY_S_PER_TOKEN x L x
+    batch^(1/3)`` (see :data:`STUDY_FIXED_S`), L its longest length (the most of ``lengths``,
+    ``length`` and ``hi`` of the study's spec); for dealing studies out."""
     lengths = [*spec.get("lengths", ()), spec.get("length", 0), spec.get("hi", 0)]
     longest = max(int(x or 0) for x in lengths)
     return STUDY_FIXED_S + STUDY_S_PER_TOKEN * longest * max(1, int(spec.get("batch", 1))) ** (1 / 3)
