@@ -9,9 +9,11 @@ This script separates the candidates at the points that differed most on the H20
   cold-cache copies), all held at once;
 - **time**: each allocation is measured ``--reps`` times, allocations taking turns, so a slow
   phase of the GPU falls on every allocation;
-- **launch** (replay amortisation, ``--amortisation``): per-call time at 1K and 32K tokens with
-  64-512 calls per replay, with and without the device-side lead that hides a replay's launch
-  (``TimingConfig.lead_us``).
+- **launch** (replay amortisation, run first unless ``--no-amortisation`` or ``--skip``): per-call
+  time at 1K and 32K tokens with 64-512 calls per replay, with and without the device-side lead
+  that hides a replay's launch (``TimingConfig.lead_us``);
+- **capture or time** (``--blocks``): ``--blocks`` blocks of 10 samples from one captured graph
+  against as many fresh captures (``--skip``: only this comparison).
 
 A spread between allocations that repeats across repetitions is placement; a spread between
 repetitions shared by every allocation is time::
@@ -23,7 +25,8 @@ set freed and the allocator's cache emptied before the next; with ``--spacer-mib
 random size up to M MiB is allocated and held first): whether a fresh allocation lands elsewhere.
 
 ``--point BACKEND:BATCH:CONTEXT[:PARAMS-JSON]`` (repeatable) measures those points instead of
-:data:`POINTS`, each also in the capture-or-time comparison; ``--no-amortisation`` leaves (c) out.
+:data:`POINTS`, each also in the capture-or-time comparison; ``--no-amortisation`` leaves the launch
+comparison out.
 Run in several processes one after the other, it also shows a state that lasts a whole process.
 
 Needs a GPU.
@@ -161,8 +164,8 @@ def amortisation(contexts: list[tuple[int, int]], calls: list[int], rounds: int 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--allocs", type=int, default=4)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--allocs", type=int, default=4, help="input allocations of each point, held at once")
+    ap.add_argument("--reps", type=int, default=5, help="repetitions of each allocation, allocations taking turns")
     ap.add_argument("--blocks", type=int, default=15, help="blocks of 10 samples (one capture) and fresh captures")
     ap.add_argument("--skip", action="store_true", help="only the capture-or-time comparison")
     ap.add_argument("--point", action="append", type=parse_point, metavar="BACKEND:BATCH:CONTEXT[:PARAMS-JSON]",

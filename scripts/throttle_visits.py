@@ -4,9 +4,11 @@
 Every visit records NVML's readings just before and after its timing (``gpu_state_before``,
 ``gpu_state``; :func:`mlabench.observers.gpu_state`): the SM clock, the clocks event reasons, the
 cumulative power and thermal violation counters (ns the clocks were held down) and the energy
-counter.  For every timed visit this prints how much slower it was than its point's fastest visit
-(its excess) beside the violation time, mean power and clocks over it, then how the slow visits
-(excess over ``--slow``, default 1.5%) split between visits with and without violation time::
+counter.  For every visit that was slow (more than ``--slow``, default 1.5%, slower than its
+point's fastest visit: its excess) or held down, this prints the excess beside the violation time,
+mean power and clocks over it; then how all the timed visits split between visits with and
+without violation time.  The mean power is ``-`` where NVML's energy counter did not move over
+the visit (it updates less often than a visit of tens of ms lasts)::
 
     python3 scripts/throttle_visits.py RUN [RUN ...] > throttle.md
 
@@ -48,9 +50,10 @@ def delta(v: dict[str, Any], key: str, scale: float = 1.0) -> float | None:
 
 
 def mean_power_w(v: dict[str, Any]) -> float | None:
-    """Energy used over the visit / its duration (both counters read by NVML), W; None if unknown."""
+    """Energy used over the visit / its duration (both read with NVML's readings), W; None when
+    unknown or when the energy counter did not move."""
     energy_mj, span_s = delta(v, "energy_mj"), delta(v, "at_s")
-    return None if energy_mj is None or not span_s else energy_mj / 1000.0 / span_s
+    return None if not energy_mj or not span_s else energy_mj / 1000.0 / span_s
 
 
 def fmt(x: float | None, spec: str = ".1f") -> str:
