@@ -30,6 +30,9 @@ class Stats(BaseModel):
     samples_us: list[float] = Field(description="Raw samples in the order taken, µs.")
     calls_per_sample: int | None = Field(
         None, description="Calls one sample held (its time divided by them); None in runs recorded before it was.")
+    graph_captures: int | None = Field(
+        None, description="Graphs the samples were replayed from in turn; None for eager launches, the CPU "
+                          "and runs recorded before it was (one graph).")
 
 
 def quantile(sorted_values: list[float], q: float) -> float:

@@ -27,6 +27,7 @@ Method (design.md, "Timing method"):
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -63,6 +64,11 @@ class TimingConfig(BaseModel):
     lead_us: float = Field(20.0, ge=0, description=(
         "Device-side wait queued before each timed GPU sample, µs, so the sample's launch is "
         "enqueued while the GPU is still busy and its latency stays outside the events (0: none)."))
+    graph_captures: int = Field(1, ge=1, le=16, description=(
+        "Graphs captured per measurement, all held at once, samples taken from each in turn: what a "
+        "kernel allocates inside its call lands in this many places (FlashMLA at batch 1, 8K on an "
+        "H200 ran 25.6 or 27.0 µs depending on the capture; results/h200/repeatability/"
+        "adaptive-visits-attempt/two-speeds/). 1: one graph, as measured so far."))
     steady_min_s: float = Field(5.0, ge=0, description="Least GPU warm-up before a sweep's first point, seconds.")
     steady_max_s: float = Field(30.0, ge=0, description="Most GPU warm-up waiting for steady clocks, seconds.")
 
@@ -119,10 +125,12 @@ def time_calls(calls: Sequence[Callable[[], object]], cfg: TimingConfig, *, use_
     """Time ``calls`` (one per input copy) and return per-call statistics (µs).
 
     On a GPU one pass over ``calls`` is timed as a pilot, then each sample runs
-    :func:`calls_per_replay` calls cycling the copies: captured into one graph with ``use_graph``
-    (raises RuntimeError if a call cannot be captured), else launched eagerly; device events time
-    it.  On the CPU a sample is one pass timed with the wall clock.  The returned
-    :class:`~mlabench.stats.Stats` says how many calls each sample held (``calls_per_sample``).
+    :func:`calls_per_replay` calls cycling the copies: captured into a graph with ``use_graph``
+    (``cfg.graph_captures`` graphs, all held, the samples taking them in turn; raises RuntimeError
+    if a call cannot be captured), else launched eagerly; device events time it.  On the CPU a
+    sample is one pass timed with the wall clock.  The returned :class:`~mlabench.stats.Stats`
+    says how many calls each sample held (``calls_per_sample``) and from how many graphs
+    (``graph_captures``).
     """
     device = device or current_device()
     if not device.is_gpu:
@@ -138,11 +146,14 @@ def time_calls(calls: Sequence[Callable[[], object]], cfg: TimingConfig, *, use_
     one_pass = _gpu_step(calls, use_graph)
     pilot_us = min(_event_us(one_pass) for _ in range(3)) / len(calls)
     n = calls_per_replay(pilot_us, len(calls), cfg)
-    step = one_pass if n == len(calls) else _gpu_step([calls[i % len(calls)] for i in range(n)], use_graph)
+    step_calls = calls if n == len(calls) else [calls[i % len(calls)] for i in range(n)]
+    steps = [one_pass if n == len(calls) else _gpu_step(step_calls, use_graph)]
+    steps += [_gpu_step(step_calls, use_graph) for _ in range(cfg.graph_captures - 1 if use_graph else 0)]
     torch.cuda.synchronize()
     lead_cycles = round(cfg.lead_us * spin_cycles_per_us()) if cfg.lead_us > 0 else 0
-    stats = run_until_stable(lambda: _event_us(step, lead_cycles) / n, cfg)
-    return stats.model_copy(update={"calls_per_sample": n})
+    turn = itertools.count()
+    stats = run_until_stable(lambda: _event_us(steps[next(turn) % len(steps)], lead_cycles) / n, cfg)
+    return stats.model_copy(update={"calls_per_sample": n, "graph_captures": len(steps) if use_graph else None})
 
 
 def _gpu_step(calls: Sequence[Callable[[], object]], use_graph: bool) -> Callable[[], None]:

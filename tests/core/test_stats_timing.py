@@ -74,3 +74,6 @@ def test_wall_clock_timing_on_cpu_divides_by_copies():
     stats = time_calls([one, one, one, one], cfg, use_graph=False, device=cpu)
     assert 1800 < stats.median_us < 20000  # per call, not per pass of four
     assert stats.calls_per_sample == 4  # the record says how many calls each sample held
+    assert stats.graph_captures is None  # no graph on the CPU, whatever graph_captures says
+    assert time_calls([one], cfg.model_copy(update={"graph_captures": 4}), use_graph=True,
+                      device=cpu).graph_captures is None

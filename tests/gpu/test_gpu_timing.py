@@ -52,6 +52,23 @@ def test_a_replay_holds_the_planned_work_and_per_call_time_is_flat():
     assert per_call[0] == pytest.approx(per_call[1], rel=0.02)
 
 
+def test_samples_taken_from_several_captures_in_turn():
+    """``graph_captures`` graphs are held and replayed in turn; each replays the same work, so the
+    per-call time stays within 3% of one graph's (FlashMLA's two speeds aside)."""
+    from mlabench.backends import get_backend
+    from mlabench.measure import ShapeBench
+    from mlabench.shapes import MLADecodeShape
+    from mlabench.timing import TimingConfig, time_calls
+
+    bench = ShapeBench(MLADecodeShape.uniform(1, 32768, 12, page_size=64), TimingConfig(eager=False))
+    fns = [get_backend("triton-splitkv").prepare(x, {"num_kv_splits": 64}).fn for x in bench.inputs]
+    one = time_calls(fns, TimingConfig(eager=False), use_graph=True)
+    four = time_calls(fns, TimingConfig(eager=False, graph_captures=4, min_samples=12), use_graph=True)
+    assert one.graph_captures == 1 and four.graph_captures == 4
+    assert four.median_us == pytest.approx(one.median_us, rel=0.03)
+    assert time_calls(fns, TimingConfig(graph_captures=4), use_graph=False).graph_captures is None
+
+
 def test_warm_up_reads_the_clocks():
     from mlabench.steady import warm_up
     from mlabench.timing import TimingConfig

@@ -25,7 +25,7 @@ def config(visits=3, **kw):
 
 def record(samples, *, key="k", clock_low=None, bytes_moved=4_000_000, floor_us=1.0):
     return Record(key=key, run_id="r", backend="b", params={}, shape={}, batch=1, num_heads=12, context_len=16,
-                  status="ok", stats=summarize(samples).model_copy(update={"calls_per_sample": 8}),
+                  status="ok", stats=summarize(samples).model_copy(update={"calls_per_sample": 8, "graph_captures": 2}),
                   bytes_moved=bytes_moved, floor_us=floor_us, clock_below_steady=clock_low,
                   gpu_state={"sm_clock_mhz": len(samples)}, timestamp="t")
 
@@ -44,6 +44,7 @@ def test_pooled_record_takes_every_visits_samples():
     assert out.stats.median_us == statistics.median(pooled) == pytest.approx(10.65)
     assert out.visit_medians_us == pytest.approx([10.1, 11.15, 10.6])
     assert out.stats.calls_per_sample == 8 and not out.stats.noisy  # against the target given
+    assert out.stats.graph_captures == 2  # the first visit's
     assert out.achieved_tbps == pytest.approx(4_000_000 / 10.65e-6 / 1e12)
     assert out.pct_of_floor == pytest.approx(100 / 10.65)
     assert out.clock_below_steady is True and out.gpu_state == {"sm_clock_mhz": 3}  # the last visit's
