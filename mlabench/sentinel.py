@@ -135,9 +135,10 @@ def health_notes(manifest: Manifest, records: Sequence[Record], most: int = 8) -
         if d.repeat_noise is not None:
             head += f", repeat noise {100 * d.repeat_noise:.2f}%"
         notes.append(("DRIFTING: " if d.drifting else "") + head)
+        unit = "visits" if ((manifest.config or {}).get("visits") or 1) > 1 else "points"  # what the windows index
         for w in d.windows:
             more = f" and {len(w.points) - most} more" if len(w.points) > most else ""
-            notes.append(f"drifting window (points {w.from_point + 1}-{w.to_point}, sentinel {100 * w.drift:+.2f}%): "
+            notes.append(f"drifting window ({unit} {w.from_point + 1}-{w.to_point}, sentinel {100 * w.drift:+.2f}%): "
                          + "; ".join(w.points[:most]) + more)
     low = [r for r in records if r.clock_below_steady]
     if low:

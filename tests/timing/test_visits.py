@@ -131,6 +131,10 @@ def test_a_visit_runs_sentinel_counts_visits_and_its_windows_name_them(tmp_path)
     assert drift["after_points"] == [0, 4, 8, 12] and drift["windows"]  # CPU timings always move
     for w in drift["windows"]:
         assert w["to_point"] - w["from_point"] == 4 and len(w["points"]) == 4
+    from mlabench.sentinel import health_notes
+
+    windows = [n for n in health_notes(store.manifest(), store.records()) if n.startswith("drifting window")]
+    assert windows and all(n.startswith("drifting window (visits ") for n in windows)  # they index visits
 
 
 def test_visits_rel_se_and_settled():
