@@ -312,7 +312,8 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     """Run (or resume) a sweep; returns the store and every record of the run.
 
     Validation (backends, parameters, shapes, memory) happens before any file is written.  With
-    ``resume`` the points already in ``resume/results.jsonl`` are skipped; the folder must have been
+    ``resume`` the points already in ``resume/results.jsonl`` are skipped (a run with every point
+    recorded is returned as it is: nothing measured, only its CSV written again); the folder must have been
     recorded with the same configuration (its order seed is taken when ``cfg`` has none), on the
     same device, driver, library versions and git revision (:class:`ConfigError` /
     :class:`ResultsError` otherwise).  The GPU is warmed up to steady clocks first
@@ -338,6 +339,11 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
         raise ConfigError(f"--max-visits {cfg.max_visits} needs --visits 2 or more: a point's visits are "
                           "compared once it has two")
     store = _reopen(cfg, resume) if resume is not None else None
+    if store is not None and {p.key for p in points} <= store.finished_keys():
+        if warn:  # nothing to measure: no warm-up, no sentinel, only the CSV written again
+            warn(f"{store.run_dir}: every one of its {len(points)} points is recorded; nothing to measure")
+        store.write_csv()
+        return store, store.records()
     if store is not None:
         cfg = cfg.model_copy(update={"order_seed": recorded_config(store).order_seed})
     elif cfg.order_seed is None:

@@ -116,8 +116,13 @@ def test_interrupted_run_resumes_without_repeating_points(tmp_path):
                         progress=lambda p, r, d, t: r is not None and resumed.append(p.key))
     assert len(resumed) == 5 and not set(resumed) & set(seen)
     assert len(recs) == 8 and len({r.key for r in recs}) == 8
-    _, again = run_sweep(cfg, tmp_path, resume=run_dir)  # nothing left to do
+    before = {name: (run_dir / name).read_bytes() for name in ("manifest.json", "sentinel.jsonl", "results.jsonl")}
+    said = []
+    _, again = run_sweep(cfg, tmp_path, resume=run_dir, warn=said.append)  # nothing left to do
     assert len(again) == 8
+    assert said == [f"{run_dir}: every one of its 8 points is recorded; nothing to measure"]
+    # no warm-up added to the manifest, no sentinel measured, no record touched
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
 
 
 def test_a_wrong_backend_is_recorded_as_incorrect(tmp_path, monkeypatch):
