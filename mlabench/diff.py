@@ -157,17 +157,9 @@ def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
         va, vb = a.config.get(name), b.config.get(name)
         if va != vb:
             notes.append(f"different {name} settings: {_changed(va, vb)}")
-    if _visit_settings(a) != _visit_settings(b):
-        notes.append(f"different visit settings: {_changed(_visit_settings(a), _visit_settings(b))}")
+    if a.visit_settings() != b.visit_settings():
+        notes.append(f"different visit settings: {_changed(a.visit_settings(), b.visit_settings())}")
     return notes
-
-
-def _visit_settings(m: Manifest) -> dict[str, Any]:
-    """A run's visits per point, most visits and visit target (a run recorded before a setting
-    existed: 1 visit, no more than its visits)."""
-    visits = m.config.get("visits") or 1
-    return {"visits": visits, "max_visits": m.config.get("max_visits") or visits,
-            "visit_rel_se": m.config.get("visit_rel_se")}
 
 
 def _changed(va: Any, vb: Any) -> str:

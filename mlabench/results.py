@@ -116,6 +116,14 @@ class Manifest(BaseModel):
         default_factory=list, description="GPU warm-up to steady clocks, one per session (start, each resume).")
     drift: dict[str, Any] | None = Field(None, description="Sentinel re-measurements and the drift they show.")
 
+    def visit_settings(self) -> dict[str, Any]:
+        """The sweep's ``visits``, ``max_visits`` and ``visit_rel_se`` as ``config`` recorded them
+        (:mod:`mlabench.visits`); a run recorded before a setting existed measured each point once
+        (``visits`` 1) and no more than its ``visits`` (``max_visits``), with no ``visit_rel_se``."""
+        visits = self.config.get("visits") or 1
+        return {"visits": visits, "max_visits": self.config.get("max_visits") or visits,
+                "visit_rel_se": self.config.get("visit_rel_se")}
+
     def identity(self) -> dict[str, Any]:
         """What must match to append to this run: device, driver, versions, git revision, schema."""
         return {"schema_version": self.schema_version, "device": self.device.get("name"),

@@ -135,7 +135,7 @@ def health_notes(manifest: Manifest, records: Sequence[Record], most: int = 8) -
         if d.repeat_noise is not None:
             head += f", repeat noise {100 * d.repeat_noise:.2f}%"
         notes.append(("DRIFTING: " if d.drifting else "") + head)
-        unit = "visits" if ((manifest.config or {}).get("visits") or 1) > 1 else "points"  # what the windows index
+        unit = "visits" if manifest.visit_settings()["visits"] > 1 else "points"  # what the windows index
         for w in d.windows:
             more = f" and {len(w.points) - most} more" if len(w.points) > most else ""
             notes.append(f"drifting window ({unit} {w.from_point + 1}-{w.to_point}, sentinel {100 * w.drift:+.2f}%): "
@@ -146,9 +146,9 @@ def health_notes(manifest: Manifest, records: Sequence[Record], most: int = 8) -
                      + "; ".join(point_label(r) for r in low[:most]) + ("; ..." if len(low) > most else ""))
     apart = unsettled(manifest, records)
     if apart:
-        notes.append(f"{len(apart)} point(s) whose visits still disagreed at {manifest.config.get('max_visits')} visits "
-                     f"(standard error of the mean of their medians over "
-                     f"{100 * manifest.config.get('visit_rel_se', 0):g}%): "
+        settings = manifest.visit_settings()
+        notes.append(f"{len(apart)} point(s) whose visits still disagreed at {settings['max_visits']} visits "
+                     f"(standard error of the mean of their medians over {100 * settings['visit_rel_se']:g}%): "
                      + "; ".join(point_label(r) for r in apart[:most]) + ("; ..." if len(apart) > most else ""))
     return notes
 
@@ -157,9 +157,9 @@ def unsettled(manifest: Manifest, records: Sequence[Record]) -> list[Record]:
     """The records of a run with further visits (``max_visits`` above ``visits``) whose visits
     reached ``max_visits`` with the standard error of the mean of their medians still above
     ``visit_rel_se`` (:func:`mlabench.stats.mean_rel_se`): their pooled time is the least settled."""
-    cfg = manifest.config or {}
-    most, target = cfg.get("max_visits") or 0, cfg.get("visit_rel_se")
-    if not target or most <= (cfg.get("visits") or 1):
+    settings = manifest.visit_settings()
+    most, target = settings["max_visits"], settings["visit_rel_se"]
+    if not target or most <= settings["visits"]:
         return []
     out = []
     for r in records:

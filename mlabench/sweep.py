@@ -143,9 +143,9 @@ def recorded_config(store: ResultStore) -> SweepConfig:
     ``visits`` existed measured each point once: its ``visits`` is 1; one recorded before
     ``max_visits`` existed measured exactly its ``visits``."""
     try:
-        config = dict(store.manifest().config)
-        config["visits"] = config.get("visits") or 1
-        config["max_visits"] = config.get("max_visits") or config["visits"]
+        manifest = store.manifest()
+        settings = manifest.visit_settings()
+        config = {**manifest.config, "visits": settings["visits"], "max_visits": settings["max_visits"]}
         return SweepConfig.model_validate(config)
     except ValidationError as exc:
         raise ResultsError(f"{store.run_dir}: the manifest holds no sweep configuration "

@@ -85,10 +85,10 @@ def kernel_environment(run: Any, records: Sequence[Record], kind: str = "Kernel 
     mine = [r for r in records if r.run_id == m.run_id]
     during = [r.gpu_state["sm_clock_mhz"] for r in mine if r.gpu_state.get("sm_clock_mhz") is not None]
     memory = f", {dev['total_memory_bytes'] / 2**30:.0f} GiB" if dev.get("total_memory_bytes") else ""
-    visits = (m.config or {}).get("visits") or 1
-    most = (m.config or {}).get("max_visits") or visits
+    settings = m.visit_settings()
+    visits, most = settings["visits"], settings["max_visits"]
     further = (f" (up to {most} where they disagreed, until their mean's standard error was "
-               f"{100 * (m.config or {}).get('visit_rel_se', 0.003):g}% or less)" if most > visits else "")
+               f"{100 * (settings['visit_rel_se'] or 0.003):g}% or less)" if most > visits else "")
     rows = [
         ["run", f"{m.run_id} ({run.path})"], ["recorded", m.created],
         ["command", " ".join(m.command)],
