@@ -55,14 +55,13 @@ def _throttle_state(nvml: Any, h: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
         nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
-    readers: dict[str, Any] = {"clocks_event_reasons": (lambda: int(reasons(h))) if reasons else None,
-                               "energy_mj": lambda: int(nvml.nvmlDeviceGetTotalEnergyConsumption(h))}
+    readers: dict[str, Any] = {"clocks_event_reasons": lambda: int(reasons(h))} if reasons else {}
+    readers["energy_mj"] = lambda: int(nvml.nvmlDeviceGetTotalEnergyConsumption(h))
     for key, policy in _VIOLATION_COUNTERS.items():
         readers[key] = lambda p=policy: int(nvml.nvmlDeviceGetViolationStatus(h, getattr(nvml, p)).violationTime)
     for key, read in readers.items():
         try:
-            if read is not None:
-                out[key] = read()
+            out[key] = read()
         except Exception:  # noqa: BLE001 - not supported on this GPU or driver
             continue
     return out
