@@ -33,6 +33,9 @@ class Stats(BaseModel):
     graph_captures: int | None = Field(
         None, description="Graphs the samples were replayed from in turn; None for eager launches, the CPU "
                           "and runs recorded before it was (one graph).")
+    capture_medians_us: list[float] | None = Field(
+        None, description="Each graph's own median, µs, in capture order, when the samples came from more than "
+                          "one graph (a pooled record: every visit's, visit after visit); None otherwise.")
 
 
 def quantile(sorted_values: list[float], q: float) -> float:

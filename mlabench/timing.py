@@ -27,8 +27,8 @@ Method (design.md, "Timing method"):
 
 from __future__ import annotations
 
-import itertools
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -129,8 +129,8 @@ def time_calls(calls: Sequence[Callable[[], object]], cfg: TimingConfig, *, use_
     (``cfg.graph_captures`` graphs, all held, the samples taking them in turn; raises RuntimeError
     if a call cannot be captured), else launched eagerly; device events time it.  On the CPU a
     sample is one pass timed with the wall clock.  The returned :class:`~mlabench.stats.Stats`
-    says how many calls each sample held (``calls_per_sample``) and from how many graphs
-    (``graph_captures``).
+    says how many calls each sample held (``calls_per_sample``), from how many graphs
+    (``graph_captures``) and, with more than one, each graph's own median (``capture_medians_us``).
     """
     device = device or current_device()
     if not device.is_gpu:
@@ -151,9 +151,20 @@ def time_calls(calls: Sequence[Callable[[], object]], cfg: TimingConfig, *, use_
     steps += [_gpu_step(step_calls, use_graph) for _ in range(cfg.graph_captures - 1 if use_graph else 0)]
     torch.cuda.synchronize()
     lead_cycles = round(cfg.lead_us * spin_cycles_per_us()) if cfg.lead_us > 0 else 0
-    turn = itertools.count()
-    stats = run_until_stable(lambda: _event_us(steps[next(turn) % len(steps)], lead_cycles) / n, cfg)
-    return stats.model_copy(update={"calls_per_sample": n, "graph_captures": len(steps) if use_graph else None})
+    taken: list[tuple[int, float]] = []  # (graph, µs) of every sample, warm-up ones first
+
+    def sample() -> float:
+        graph = len(taken) % len(steps)
+        taken.append((graph, _event_us(steps[graph], lead_cycles) / n))
+        return taken[-1][1]
+
+    stats = run_until_stable(sample, cfg)
+    update: dict[str, object] = {"calls_per_sample": n, "graph_captures": len(steps) if use_graph else None}
+    if len(steps) > 1:
+        kept = taken[cfg.warmup_iters:]
+        by_graph = [[us for g, us in kept if g == i] for i in range(len(steps))]
+        update["capture_medians_us"] = [statistics.median(xs) for xs in by_graph if xs]
+    return stats.model_copy(update=update)
 
 
 def _gpu_step(calls: Sequence[Callable[[], object]], use_graph: bool) -> Callable[[], None]:

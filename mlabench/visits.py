@@ -125,7 +125,7 @@ def pooled_record(visits: Sequence[Record], target_rel_ci: float = 0.01) -> Reco
     """One record from a point's visits: the first visit's verdict, status, eager time and
     metadata; the graph time (``stats``) from every visit's samples pooled (median, spread and
     confidence interval of all of them, ``noisy`` against ``target_rel_ci``; ``calls_per_sample``
-    and ``graph_captures`` of the first); the speed fields from
+    and ``graph_captures`` of the first, ``capture_medians_us`` of every visit in turn); the speed fields from
     the pooled median; ``visit_medians_us`` each visit's own median; the GPU state after the last
     visit; ``clock_below_steady`` when any visit was.  One visit, or an untimed first visit, is
     returned as it is.  Raises ValueError for no visits."""
@@ -136,8 +136,10 @@ def pooled_record(visits: Sequence[Record], target_rel_ci: float = 0.01) -> Reco
     if len(visits) == 1 or first.stats is None:
         return first
     samples = [x for v in timed for x in v.stats.samples_us]
+    captures = [us for v in timed for us in (v.stats.capture_medians_us or [])]
     stats = summarize(samples, target_rel_ci).model_copy(
-        update={"calls_per_sample": first.stats.calls_per_sample, "graph_captures": first.stats.graph_captures})
+        update={"calls_per_sample": first.stats.calls_per_sample, "graph_captures": first.stats.graph_captures,
+                "capture_medians_us": captures or None})
     flags = [v.clock_below_steady for v in timed if v.clock_below_steady is not None]
     return first.model_copy(update={
         "stats": stats, **speed_fields(first.bytes_moved, first.floor_us, stats.median_us),

@@ -5,7 +5,8 @@
 #   bash scripts/h200_repeatability.sh OUTDIR
 # Writes OUTDIR/amortisation.{md,json}, OUTDIR/sweep-1.md, sweep-2.md, the two run folders under
 # OUTDIR/runs/, OUTDIR/diff.md (summary and the points that differ) and diff.json (every point);
-# prints a short summary last.  SWEEPS_ONLY=1 runs only the two sweeps and the diff.  FLASHMLA_WHEEL=path installs FlashMLA first (no network needed).
+# prints a short summary last.  SWEEPS_ONLY=1 runs only the two sweeps and the diff; SWEEP_FLAGS adds
+# flags to both sweeps (e.g. SWEEP_FLAGS="--graph-captures 4").  FLASHMLA_WHEEL=path installs FlashMLA first (no network needed).
 set -uo pipefail
 out="${1:?usage: $0 OUTDIR}"
 mkdir -p "$out/runs"
@@ -49,7 +50,8 @@ echo "amortisation: $((SECONDS - start)) s"
 fi
 for i in 1 2; do
   t=$SECONDS
-  "${mlabench[@]}" sweep --config configs/sweeps/kimi-k3-tp8.toml --results-dir "$out/runs" --markdown \
+  # shellcheck disable=SC2086  # SWEEP_FLAGS is a list of flags, split on spaces
+  "${mlabench[@]}" sweep --config configs/sweeps/kimi-k3-tp8.toml ${SWEEP_FLAGS:-} --results-dir "$out/runs" --markdown \
     > "$out/sweep-$i.md" 2> "$out/sweep-$i.log" || { tail -n 20 "$out/sweep-$i.log"; exit 1; }
   echo "sweep $i: $((SECONDS - t)) s"
 done

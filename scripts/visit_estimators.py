@@ -3,7 +3,7 @@
 
 Reads the ``visits.jsonl`` (or ``.gz``) of two or more sweeps of the same configuration, each point
 timed in several visits, and for every pair of runs and every estimator (the sweep's pooled median,
-the mean, median or minimum of the visits' medians, the pooled 25th percentile, the first visit
+the mean, median or minimum of the visits' medians, the mean of every graph's median (runs with several graphs per visit), the pooled 25th percentile, the first visit
 alone, i.e. one visit) prints the share of the points of 20 µs or more within 1% and 2%, and the
 worst difference::
 
@@ -22,11 +22,12 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-Visits = list[tuple[int, float, list[float]]]
+Visits = list[tuple[int, float, list[float], list[float]]]
 
 
 def load(run: Path) -> dict[str, Visits]:
-    """``{point key: [(visit, median µs, samples µs)]}`` of the timed visits of ``run``."""
+    """``{point key: [(visit, median µs, samples µs, each graph's median µs)]}`` of the timed visits of
+    ``run`` (a visit from one graph has its median as its one graph median)."""
     path = run / "visits.jsonl"
     lines = path.read_text().splitlines() if path.exists() else gzip.decompress((run / "visits.jsonl.gz").read_bytes()).decode().splitlines()
     out: dict[str, Visits] = {}
@@ -34,21 +35,24 @@ def load(run: Path) -> dict[str, Visits]:
         data = json.loads(line)
         rec = data["record"]
         if rec["status"] == "ok" and rec.get("stats"):
-            out.setdefault(rec["key"], []).append((data["visit"], rec["stats"]["median_us"], rec["stats"]["samples_us"]))
+            stats = rec["stats"]
+            out.setdefault(rec["key"], []).append((data["visit"], stats["median_us"], stats["samples_us"],
+                                                   stats.get("capture_medians_us") or [stats["median_us"]]))
     return out
 
 
 def _pooled(v: Visits) -> list[float]:
-    return sorted(x for _, _, samples in v for x in samples)
+    return sorted(x for _, _, samples, _ in v for x in samples)
 
 
 ESTIMATORS: dict[str, Callable[[Visits], float]] = {
     "pooled median (the sweep's)": lambda v: statistics.median(_pooled(v)),
-    "mean of visit medians": lambda v: statistics.fmean(m for _, m, _ in v),
-    "median of visit medians": lambda v: statistics.median(m for _, m, _ in v),
-    "min of visit medians": lambda v: min(m for _, m, _ in v),
+    "mean of visit medians": lambda v: statistics.fmean(m for _, m, _, _ in v),
+    "mean of graph medians": lambda v: statistics.fmean(g for *_, gs in v for g in gs),
+    "median of visit medians": lambda v: statistics.median(m for _, m, _, _ in v),
+    "min of visit medians": lambda v: min(m for _, m, _, _ in v),
     "pooled 25th percentile": lambda v: _pooled(v)[len(_pooled(v)) // 4],
-    "first visit alone (one visit)": lambda v: next(m for i, m, _ in v if i == 1),
+    "first visit alone (one visit)": lambda v: next(m for i, m, _, _ in v if i == 1),
 }
 
 
@@ -80,7 +84,10 @@ def main() -> None:
     print("Runs: " + ", ".join(f"{i + 1} = `{r}`" for i, r in enumerate(args.runs)) + "\n")
     print("| estimator | " + " | ".join(f"runs {i + 1}/{j + 1}" for i, j in pairs) + " |")
     print("|---|" + "---|" * len(pairs))
+    several_graphs = any(len(gs) > 1 for r in runs for v in r.values() for *_, gs in v)
     for name, f in ESTIMATORS.items():
+        if name == "mean of graph medians" and not several_graphs:
+            continue  # the mean of visit medians when every visit replayed one graph
         cells = [compare(runs[i], runs[j], f, visits=fewest) for i, j in pairs]
         print(f"| {name} | " + " | ".join(f"{100 * w1:.1f}% / {100 * w2:.1f}% / {100 * worst:.2f}%"
                                           for w1, w2, worst in cells) + " |")

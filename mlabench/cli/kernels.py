@@ -13,8 +13,8 @@ from typing import Annotated
 import typer
 
 from mlabench.cli.options import (Backends, Batch, BudgetS, CheckBatch, CheckContext, CheckHeads, CompareBatch,
-                                  CompareContext, CompareQoLens, Context, Format, Heads, Json, Markdown, MaxVisits,
-                                  Model, ModelConfig, NonCausal, Order, OrderSeed, PageSize, QoLens, ResultsDir, Resume,
+                                  CompareContext, CompareQoLens, Context, Format, GraphCaptures, Heads, Json, Markdown,
+                                  MaxVisits, Model, ModelConfig, NonCausal, Order, OrderSeed, PageSize, QoLens, ResultsDir, Resume,
                                   Visits, Splits, SweepFile, Tp, int_list, name_list, output_format)
 from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError
@@ -88,7 +88,7 @@ def sweep(
     splits: Splits = None, page_size: PageSize = None, budget_s: BudgetS = None,
     results_dir: ResultsDir = Path("results"), resume: Resume = None, order: Order = None,
     order_seed: OrderSeed = None, visits: Visits = None, max_visits: MaxVisits = None,
-    format: Format = None, as_json: Json = False, markdown: Markdown = False,
+    graph_captures: GraphCaptures = None, format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Microbenchmark backends over batch x context x splits; results in results/<run-id>/.
 
@@ -104,6 +104,8 @@ def sweep(
                            qo_len, non_causal)
     overrides.update(order=order.value if order else None, order_seed=order_seed, visits=visits,
                      max_visits=max_visits)
+    if graph_captures is not None:
+        overrides["timing"] = {**(overrides["timing"] or {}), "graph_captures": graph_captures}
     cfg = resolve_sweep_config(config, overrides, resume)
     if not current_device().is_gpu and cfg.name == "default-cpu":
         notice(f"No GPU found: running a small CPU sweep ({cfg.name}) on {current_device().name}.")

@@ -82,6 +82,9 @@ MaxVisits = Annotated[int | None, typer.Option(
     min=1, max=48, metavar="N",
     help="Most visits of a point whose visits disagree: it is visited again while the standard error of the mean of its "
          "visits' medians is above 0.3% (default 3 x --visits, or the config's).")]
+GraphCaptures = Annotated[int | None, typer.Option(
+    min=1, max=16, metavar="N",
+    help="Graphs captured per measurement, samples replayed from each in turn (default 1, or the config's).")]
 VllmBin = Annotated[str | None, typer.Option(
     metavar="PATH", help="vllm executable (before $MLABENCH_VLLM_BIN and the config's vllm_bin).")]
 

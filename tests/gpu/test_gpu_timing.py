@@ -66,6 +66,8 @@ def test_samples_taken_from_several_captures_in_turn():
     four = time_calls(fns, TimingConfig(eager=False, graph_captures=4, min_samples=12), use_graph=True)
     assert one.graph_captures == 1 and four.graph_captures == 4
     assert four.median_us == pytest.approx(one.median_us, rel=0.03)
+    assert len(four.capture_medians_us) == 4 and one.capture_medians_us is None
+    assert min(four.capture_medians_us) <= four.median_us <= max(four.capture_medians_us)
     assert time_calls(fns, TimingConfig(graph_captures=4), use_graph=False).graph_captures is None
 
 

@@ -49,6 +49,13 @@ def test_pooled_record_takes_every_visits_samples():
     assert out.pct_of_floor == pytest.approx(100 / 10.65)
     assert out.clock_below_steady is True and out.gpu_state == {"sm_clock_mhz": 3}  # the last visit's
     assert pooled_record(visits, target_rel_ci=1e-6).stats.noisy
+    assert out.stats.capture_medians_us is None  # no visit had them
+
+
+def test_pooled_record_keeps_every_visits_graph_medians_in_turn():
+    a, b = record([10.0, 10.2, 10.4, 10.6]), record([11.0, 11.2, 11.4, 11.6])
+    a.stats.capture_medians_us, b.stats.capture_medians_us = [10.1, 10.5], [11.1, 11.5]
+    assert pooled_record([a, b]).stats.capture_medians_us == [10.1, 10.5, 11.1, 11.5]
 
 
 def test_one_visit_or_an_untimed_first_visit_is_kept_as_is():
