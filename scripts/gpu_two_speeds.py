@@ -56,6 +56,10 @@ def main() -> None:
     ap.add_argument("--graph-captures", type=int, default=1,
                     help="graphs captured per visit, samples from each in turn: whether the speed belongs to a "
                          "capture (captures of one visit disagree) or to the moment (they agree)")
+    ap.add_argument("--input-sets", type=int, default=1,
+                    help="independent input allocations (each its own cold-cache copies and backend call), all "
+                         "held, each timed at every visit: whether the speed belongs to where the inputs landed "
+                         "(a set keeps its speed from visit to visit) or to the moment (the sets of a visit agree)")
     ap.add_argument("--out", type=Path, help="write every visit here as JSON")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -68,16 +72,19 @@ def main() -> None:
     per_visit = 10 * args.graph_captures
     timing = TimingConfig(eager=False, min_samples=per_visit, max_samples=per_visit, budget_s=1e9,
                           graph_captures=args.graph_captures)
-    bench = ShapeBench(MLADecodeShape.uniform(args.batch, args.context, 12, page_size=64), timing)
-    fns = [backend.prepare(x, {}).fn for x in bench.inputs]
+    shape = MLADecodeShape.uniform(args.batch, args.context, 12, page_size=64)
+    benches = [ShapeBench(shape, timing, seed=100 * i) for i in range(args.input_sets)]
+    fn_sets = [[backend.prepare(x, {}).fn for x in bench.inputs] for bench in benches]
     load = None
     if args.load_ms > 0:
         heavy = ShapeBench(MLADecodeShape.uniform(16, 131072, 12, page_size=64), timing, copies=1)
         load = get_backend("triton-splitkv").prepare(heavy.inputs[0], {"num_kv_splits": 16}).fn
     start, visits, draws = time.monotonic(), [], []
     while time.monotonic() - start < args.seconds:
-        stats = time_calls(fns, timing, use_graph=True)
-        draws.append(stats.capture_medians_us or [stats.median_us])
+        draws.append([])
+        for fns in fn_sets:
+            stats = time_calls(fns, timing, use_graph=True)
+            draws[-1] += stats.capture_medians_us or [stats.median_us]
         visits.append((time.monotonic() - start, statistics.fmean(draws[-1])))
         if load is not None:
             until = time.monotonic() + args.load_ms / 1000
@@ -114,16 +121,24 @@ def main() -> None:
         need = visits_needed(share, gap, bound)
         print(f"visits per run for two runs' means to agree within {100 * bound:g}%, 95% of the time, if "
               f"independent: {need if need is not None else '-'}")
-    if args.graph_captures > 1:
+    units = args.input_sets * args.graph_captures
+    if units > 1:
         mixed = sum(1 for d in draws if min(d) <= cut < max(d))
-        print(f"{args.graph_captures} graphs per visit, 10 samples each; visits whose graphs ran at both speeds: "
-              f"{mixed} of {len(draws)}")
-    print("\n| s | µs (mean of its graphs' medians) | speed | each graph's median, µs |\n|---|---|---|---|")
+        print(f"{args.input_sets} input sets x {args.graph_captures} graphs per visit, 10 samples each; visits "
+              f"whose graphs ran at both speeds: {mixed} of {len(draws)}")
+    if args.input_sets > 1:
+        per_set = [[us > cut for d in draws for us in d[k * args.graph_captures:(k + 1) * args.graph_captures]]
+                   for k in range(args.input_sets)]
+        print("slow share of each input set over the visits: "
+              + ", ".join(f"{100 * sum(x) / len(x):.0f}%" for x in per_set))
+    print("\n| s | µs (mean of its graphs' medians) | speed | each graph's median, µs (input set by input set) |"
+          "\n|---|---|---|---|")
     for (t, us), s, d in zip(visits, slow, draws):
         print(f"| {t:.1f} | {us:.2f} | {'slow' if s else 'fast'} | {', '.join(f'{x:.2f}' for x in d)} |")
     if args.out:
         args.out.write_text(json.dumps({"backend": args.backend, "batch": args.batch, "context": args.context,
                                         "load_ms": args.load_ms, "graph_captures": args.graph_captures,
+                                        "input_sets": args.input_sets,
                                         "visits": visits, "capture_medians_us": draws, "cut_us": cut,
                                         "slow_share": share, "gap": gap, "runs": runs}, indent=1))
 
