@@ -15,7 +15,12 @@ same sweep twice disagreed by 0.5% at the median point while most points' sample
 A test on the samples alone (a rank test, or non-overlapping intervals) then calls most points of
 two equal runs different.  So each run adds its *repeat noise*, the spread between successive
 measurements of its sentinel point (:func:`mlabench.sentinel.repeat_noise`; zero for runs
-without sentinel measurements).  A point differs significantly when
+without sentinel measurements).  A point measured in several visits (:mod:`mlabench.visits`) takes
+as its first part the larger of its pooled samples' standard error and that of the mean of its
+visits' medians: samples within a visit are not independent draws, and a point whose visits
+disagree (FlashMLA at batch 1, 8K on an H200 reads 25.0 or 26.7 µs at a visit, depending on what
+the GPU ran before it; results/h200/repeatability/history-attempt/) is known no better than its
+visits agree.  A point differs significantly when
 ``|ln(B/A)| > Z_CRITICAL * sqrt(se_A^2 + noise_A^2 + se_B^2 + noise_B^2)``: with ``Z_CRITICAL``
 3, about 3 in 1000 points of two equal runs are flagged by chance, and a 5% change is flagged
 wherever the combined relative uncertainty is below 1.6%.
@@ -31,7 +36,7 @@ from typing import Any
 from mlabench.errors import MissingResultError, ResultsError
 from mlabench.results import Manifest, Record, ResultStore, describe_records, run_folders
 from mlabench.sentinel import read_sentinels, repeat_noise
-from mlabench.stats import median_rel_ci
+from mlabench.stats import mean_rel_se, median_rel_ci
 from mlabench.tables import PARAMS, ColumnStyle, Table, params_label
 
 #: Normal quantile a point's |ln ratio| must exceed, in units of its combined standard error.
@@ -93,10 +98,14 @@ def load_run(path: Path | str) -> Run:
 
 
 def median_se(r: Record) -> float:
-    """Relative standard error of a record's median, from its samples (inf when untimed)."""
+    """Relative standard error of a record's median (inf when untimed): from its samples, or, for a
+    point measured in several visits, the standard error of the mean of the visits' medians over that
+    mean (:func:`mlabench.stats.mean_rel_se`) where that is larger -- the visit, not the sample, is the
+    independent draw (module docstring)."""
     if r.stats is None:
         return math.inf
-    return median_rel_ci(r.stats.samples_us) / Z_95
+    visits = mean_rel_se(r.visit_medians_us or [])
+    return max(median_rel_ci(r.stats.samples_us) / Z_95, visits or 0.0)
 
 
 def compare_point(a: Record, b: Record, noise_a: float | None, noise_b: float | None,
@@ -235,7 +244,8 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
     summary.notes += [f"A = {d.a.path}, B = {d.b.path}; n points timed in both; geomean: of B median / A median "
                       "(+: B slower)",
                       f"slower / faster: points whose |ln(B/A)| exceeds {Z_CRITICAL:g} x the combined uncertainty "
-                      f"of the two medians (their samples' 95% CI and each run's repeat noise from its "
+                      f"of the two medians (their samples' 95% CI, or their visits' spread where larger, and each "
+                      f"run's repeat noise from its "
                       f"sentinel: {noise})",
                       f"≥{min_us:g}µs, in 1%, worst: the points whose A median is ≥ {min_us:g} µs, the share "
                       "of them within 1%, the largest |B/A - 1| among them"]

@@ -10,7 +10,7 @@ import pytest
 from mlabench.diff import diff_runs, diff_tables
 from mlabench.results import ResultStore
 from mlabench.sentinel import append_sentinel
-from mlabench.stats import summarize
+from mlabench.stats import mean_rel_se, median_rel_ci, summarize
 from tests.core.test_cli import run as mlabench
 
 H200_RUN = Path(__file__).resolve().parents[2] / "results/h200/kimi-k3-tp8/kimi-k3-tp8-20261130-105953-511"
@@ -64,6 +64,22 @@ def test_a_half_percent_shift_within_the_runs_repeat_noise_is_not_significant(tm
     big = copy_run(H200_RUN, tmp_path / "big", scale=1.05)
     shutil.copy(b / "sentinel.jsonl", big / "sentinel.jsonl")
     assert all(p.significant for p in diff_runs(a, big).points)
+
+
+def test_a_point_whose_visits_disagree_is_known_no_better_than_they_agree(tmp_path):
+    """The visit, not the sample, is the independent draw: a 3% shift is significant for a point whose
+    visits agree, not for one whose visits spread 25.0-26.7 µs (standard error of their mean 1.5%)."""
+    from mlabench.diff import compare_point, median_se
+
+    rec = ResultStore(H200_RUN).records()[0]
+    samples = [25.0 + 0.01 * (i % 5) for i in range(40)]
+    agree = rec.model_copy(update={"stats": summarize(samples), "visit_medians_us": [25.0, 25.005, 25.002, 25.004]})
+    spread = agree.model_copy(update={"visit_medians_us": [25.0, 26.7, 25.1, 26.6]})
+    assert median_se(agree) == pytest.approx(median_rel_ci(samples) / 1.959964)  # the samples' is larger
+    assert median_se(spread) == pytest.approx(mean_rel_se([25.0, 26.7, 25.1, 26.6]))
+    slower = lambda r: r.model_copy(update={"stats": summarize([1.03 * x for x in samples])})  # noqa: E731
+    assert compare_point(agree, slower(agree), None, None).significant
+    assert not compare_point(spread, slower(spread), None, None).significant
 
 
 def test_points_in_one_run_only_and_manifest_differences(tmp_path):
