@@ -18,7 +18,8 @@ class DeviceInfo:
     """Facts about the device the measurements run on.
 
     ``kind`` is ``"cuda"``, ``"rocm"`` or ``"cpu"``; ``torch_device`` the string for tensors.
-    ``num_sms`` counts NVIDIA SMs or AMD CUs; ``l2_bytes`` is 0 where unknown.
+    ``num_sms`` counts NVIDIA SMs or AMD CUs; ``l2_bytes`` is 0 where unknown; ``uuid`` is the
+    GPU's own identity (torch's device properties), "" on the CPU or where torch does not give one.
     """
 
     kind: str
@@ -28,6 +29,7 @@ class DeviceInfo:
     l2_bytes: int
     arch: str
     total_memory_bytes: int
+    uuid: str = ""
 
     @property
     def is_gpu(self) -> bool:
@@ -49,6 +51,7 @@ def current_device() -> DeviceInfo:
             l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0),
             arch=arch.split(":")[0],
             total_memory_bytes=props.total_memory,
+            uuid=str(getattr(props, "uuid", "") or ""),
         )
     return DeviceInfo(
         kind="cpu",

@@ -148,11 +148,16 @@ def diff_runs(path_a: Path | str, path_b: Path | str, z_critical: float = Z_CRIT
 
 
 def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
-    """One note per way the two runs' set-ups differ: GPU, driver, library versions, revision,
-    timing settings, order; empty when they match."""
+    """One note per way the two runs' set-ups differ: GPU (model, or the physical GPU by its UUID
+    where both runs recorded one), driver, library versions, revision, timing settings, order; empty
+    when they match.  The 87-94% of the note on other GPUs of one model is from
+    results/h200/repeatability/history-attempt/ (runs from different device calls)."""
     notes = []
     if a.device.get("name") != b.device.get("name"):
         notes.append(f"different GPUs: {a.device.get('name')} vs {b.device.get('name')}")
+    elif a.device.get("uuid") and b.device.get("uuid") and a.device["uuid"] != b.device["uuid"]:
+        notes.append(f"different GPUs of one model ({a.device['uuid']} vs {b.device['uuid']}): on H200s, runs on "
+                     "different machines agreed within 1% at 87-94% of points, against 96.7-100% on one")
     if a.driver != b.driver:
         notes.append(f"different drivers: {a.driver} vs {b.driver}")
     changed = [f"{k} {a.versions.get(k)} vs {b.versions.get(k)}" for k in sorted(set(a.versions) | set(b.versions))

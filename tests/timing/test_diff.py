@@ -82,6 +82,17 @@ def test_a_point_whose_visits_disagree_is_known_no_better_than_they_agree(tmp_pa
     assert not compare_point(spread, slower(spread), None, None).significant
 
 
+def test_runs_on_two_gpus_of_one_model_are_said_to_differ(tmp_path):
+    """Two physical GPUs of one model, told apart by the UUIDs the manifests recorded; runs recorded
+    before the UUID was (none, as the committed run) say nothing about it."""
+    device = ResultStore(H200_RUN).manifest().device
+    a = copy_run(H200_RUN, tmp_path / "a", device={**device, "uuid": "GPU-aaaa"})
+    b = copy_run(H200_RUN, tmp_path / "b", device={**device, "uuid": "GPU-bbbb"})
+    notes = diff_runs(a, b).manifest_notes
+    assert len(notes) == 1 and notes[0].startswith("different GPUs of one model (GPU-aaaa vs GPU-bbbb)")
+    assert not diff_runs(H200_RUN, b).manifest_notes and not diff_runs(a, a).manifest_notes
+
+
 def test_points_in_one_run_only_and_manifest_differences(tmp_path):
     b = copy_run(H200_RUN, tmp_path / "b", keep=lambda r: r.backend != "flashmla", driver="590.1",
                  versions={**ResultStore(H200_RUN).manifest().versions, "triton": "3.7.0"})
