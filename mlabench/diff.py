@@ -156,8 +156,9 @@ def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
     if a.device.get("name") != b.device.get("name"):
         notes.append(f"different GPUs: {a.device.get('name')} vs {b.device.get('name')}")
     elif a.device.get("uuid") and b.device.get("uuid") and a.device["uuid"] != b.device["uuid"]:
-        notes.append(f"different GPUs of one model ({a.device['uuid']} vs {b.device['uuid']}): on H200s, runs on "
-                     "different machines agreed within 1% at 87-94% of points, against 96.7-100% on one")
+        notes.append(f"different GPUs of one model ({a.device['uuid']} vs {b.device['uuid']}): on H200s, runs from "
+                     "separately started machines agreed within 1% at 87-94% of points, against 96.7-100% "
+                     "for two runs on one")
     if a.driver != b.driver:
         notes.append(f"different drivers: {a.driver} vs {b.driver}")
     changed = [f"{k} {a.versions.get(k)} vs {b.versions.get(k)}" for k in sorted(set(a.versions) | set(b.versions))
