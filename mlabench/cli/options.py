@@ -84,7 +84,8 @@ MaxVisits = Annotated[int | None, typer.Option(
          "visits' medians is above 0.3% (default 3 x --visits, or the config's).")]
 GraphCaptures = Annotated[int | None, typer.Option(
     min=1, max=16, metavar="N",
-    help="Graphs captured per measurement, samples replayed from each in turn (default 1, or the config's).")]
+    help="Graphs captured per GPU measurement, samples replayed from each in turn (default 1, or the config's; "
+         "no graphs on the CPU).")]
 VllmBin = Annotated[str | None, typer.Option(
     metavar="PATH", help="vllm executable (before $MLABENCH_VLLM_BIN and the config's vllm_bin).")]
 
