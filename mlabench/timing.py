@@ -65,10 +65,11 @@ class TimingConfig(BaseModel):
         "Device-side wait queued before each timed GPU sample, µs, so the sample's launch is "
         "enqueued while the GPU is still busy and its latency stays outside the events (0: none)."))
     graph_captures: int = Field(1, ge=1, le=16, description=(
-        "Graphs captured per measurement, all held at once, samples taken from each in turn: what a "
-        "kernel allocates inside its call lands in this many places (FlashMLA at batch 1, 8K on an "
-        "H200 ran 25.6 or 27.0 µs depending on the capture; results/h200/repeatability/"
-        "adaptive-visits-attempt/two-speeds/). 1: one graph, as measured so far."))
+        "Graphs captured per measurement, all held at once, samples taken from each in turn, each "
+        "graph's median recorded: tells a speed that belongs to one capture (where a kernel's in-call "
+        "buffers landed) from one that belongs to the moment.  FlashMLA's two speeds at batch 1, 8K on "
+        "an H200 turned out to be the moment's: 4 graphs in one visit never disagreed "
+        "(results/h200/repeatability/history-attempt/), so 1, one graph, is the default."))
     steady_min_s: float = Field(5.0, ge=0, description="Least GPU warm-up before a sweep's first point, seconds.")
     steady_max_s: float = Field(30.0, ge=0, description="Most GPU warm-up waiting for steady clocks, seconds.")
 

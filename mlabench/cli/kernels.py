@@ -14,8 +14,9 @@ import typer
 
 from mlabench.cli.options import (Backends, Batch, BudgetS, CheckBatch, CheckContext, CheckHeads, CompareBatch,
                                   CompareContext, CompareQoLens, Context, Format, GraphCaptures, Heads, Json, Markdown,
-                                  MaxVisits, Model, ModelConfig, NonCausal, Order, OrderSeed, PageSize, QoLens, ResultsDir, Resume,
-                                  Visits, Splits, SweepFile, Tp, int_list, name_list, output_format)
+                                  MaxVisits, Model, ModelConfig, NonCausal, Order, OrderSeed, PageSize, QoLens,
+                                  ResultsDir, Resume, Visits, Splits, SweepFile, Tp, int_list, name_list,
+                                  output_format)
 from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError
 
@@ -101,11 +102,9 @@ def sweep(
 
     fmt = output_format(format, as_json, markdown)
     overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s,
-                           qo_len, non_causal)
+                           qo_len, non_causal, graph_captures)
     overrides.update(order=order.value if order else None, order_seed=order_seed, visits=visits,
                      max_visits=max_visits)
-    if graph_captures is not None:
-        overrides["timing"] = {**(overrides["timing"] or {}), "graph_captures": graph_captures}
     cfg = resolve_sweep_config(config, overrides, resume)
     if not current_device().is_gpu and cfg.name == "default-cpu":
         notice(f"No GPU found: running a small CPU sweep ({cfg.name}) on {current_device().name}.")
@@ -167,7 +166,7 @@ COMMANDS = {"backends": backends, "check": check, "sweep": sweep, "compare": com
 
 
 def _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s,
-               qo_len=None, non_causal=False) -> dict:
+               qo_len=None, non_causal=False, graph_captures=None) -> dict:
     """The sweep flags, parsed, as :func:`mlabench.sweep.sweep_overrides`."""
     from mlabench.sweep import sweep_overrides
 
@@ -176,7 +175,8 @@ def _overrides(model, tp, model_config, heads, backend, batch, context, splits, 
         backends=name_list(backend), batch=int_list(batch, "--batch", "batch"),
         context_lens=int_list(context, "--context", "context length"),
         splits=int_list(splits, "--splits", "--splits"), page_size=page_size, budget_s=budget_s,
-        qo_len=int_list(qo_len, "--qo-len", "--qo-len"), causal=False if non_causal else None)
+        qo_len=int_list(qo_len, "--qo-len", "--qo-len"), causal=False if non_causal else None,
+        graph_captures=graph_captures)
 
 
 def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool):

@@ -14,6 +14,7 @@ from mlabench.report.tuning import config_row
 from mlabench.results import Record
 from mlabench.sentinel import health_notes
 from mlabench.tables import Table, compare_table, sweep_summary
+from mlabench.visits import DEFAULT_VISIT_REL_SE
 
 
 def _figures(specs: Sequence[FigureSpec], *kinds: str) -> list[Block]:
@@ -88,7 +89,7 @@ def kernel_environment(run: Any, records: Sequence[Record], kind: str = "Kernel 
     settings = m.visit_settings()
     visits, most = settings["visits"], settings["max_visits"]
     further = (f" (up to {most} where they disagreed, until their mean's standard error was "
-               f"{100 * (settings['visit_rel_se'] or 0.003):g}% or less)" if most > visits else "")
+               f"{100 * (settings['visit_rel_se'] or DEFAULT_VISIT_REL_SE):g}% or less)" if most > visits else "")
     rows = [
         ["run", f"{m.run_id} ({run.path})"], ["recorded", m.created],
         ["command", " ".join(m.command)],

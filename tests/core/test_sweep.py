@@ -217,6 +217,8 @@ def test_flags_become_overrides_in_the_config_layout():
     assert o["params"] == {"num_kv_splits": [1, 2]} and o["timing"] == {"budget_s": 0.5}
     assert o["model_config"] == "m/config.json" and o["heads"] == [8] and o["batch"] is None
     assert all(v is None for v in sweep_overrides().values())
+    assert sweep_overrides(graph_captures=4)["timing"] == {"graph_captures": 4}
+    assert sweep_overrides(budget_s=0.5, graph_captures=2)["timing"] == {"budget_s": 0.5, "graph_captures": 2}
 
 
 def test_resolve_the_default_sweep_changed_by_flags():
