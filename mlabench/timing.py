@@ -198,9 +198,14 @@ def spin_cycles_per_us() -> float:
     per process (a 1M-cycle spin timed with events, the shortest of three)."""
     dev = torch.cuda.current_device()
     if dev not in _SPIN_CYCLES_PER_US:
-        cycles = 1_000_000
-        _SPIN_CYCLES_PER_US[dev] = cycles / min(_event_us(lambda: torch.cuda._sleep(cycles)) for _ in range(3))
+        _SPIN_CYCLES_PER_US[dev] = max(spin_rate_now(1_000_000) for _ in range(3))
     return _SPIN_CYCLES_PER_US[dev]
+
+
+def spin_rate_now(cycles: int) -> float:
+    """GPU clock cycles per µs, now: a ``torch.cuda._sleep`` spin of ``cycles`` over its time
+    between device events.  The events also time the spin's launch, so short spins read low."""
+    return cycles / _event_us(lambda: torch.cuda._sleep(cycles))
 
 
 def capture_graph(calls: Sequence[Callable[[], object]]) -> torch.cuda.CUDAGraph:

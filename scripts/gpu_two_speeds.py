@@ -34,7 +34,7 @@ from mlabench.backends import get_backend  # noqa: E402
 from mlabench.measure import ShapeBench  # noqa: E402
 from mlabench.shapes import MLADecodeShape  # noqa: E402
 from mlabench.steady import warm_up  # noqa: E402
-from mlabench.timing import TimingConfig, _event_us, time_calls  # noqa: E402
+from mlabench.timing import TimingConfig, spin_rate_now, time_calls  # noqa: E402
 
 
 def visits_needed(share: float, gap: float, bound: float, z: float = 1.96) -> int | None:
@@ -44,12 +44,6 @@ def visits_needed(share: float, gap: float, bound: float, z: float = 1.96) -> in
     n visits has sd x sqrt(2 / n), so n = 2 (z sd / bound)^2.  None without two speeds."""
     sd = math.sqrt(share * (1 - share)) * gap
     return math.ceil(2 * (z * sd / bound) ** 2) if sd > 0 else None
-
-
-def spin_clock_mhz(cycles: int = 200_000) -> float:
-    """The SM clock at this moment, MHz: GPU clock cycles a ``torch.cuda._sleep`` spin of ``cycles``
-    counts per µs of device-event time (the clock the kernels run at, not the driver's report)."""
-    return cycles / _event_us(lambda: torch.cuda._sleep(cycles))
 
 
 def main() -> None:
@@ -88,12 +82,12 @@ def main() -> None:
     start, visits, draws, clocks = time.monotonic(), [], [], []
     while time.monotonic() - start < args.seconds:
         draws.append([])
-        before = spin_clock_mhz()
+        before = spin_rate_now(200_000)
         for fns in fn_sets:
             stats = time_calls(fns, timing, use_graph=True)
             draws[-1] += stats.capture_medians_us or [stats.median_us]
         visits.append((time.monotonic() - start, statistics.fmean(draws[-1])))
-        clocks.append((before, spin_clock_mhz()))
+        clocks.append((before, spin_rate_now(200_000)))
         if load is not None:
             until = time.monotonic() + args.load_ms / 1000
             while time.monotonic() < until:
@@ -147,12 +141,14 @@ def main() -> None:
     print("\n| s | µs (mean of its graphs' medians) | speed | SM clock before / after, MHz "
           "| each graph's median, µs (input set by input set) |\n|---|---|---|---|---|")
     for (t, us), s, d, (b, a) in zip(visits, slow, draws, clocks):
-        print(f"| {t:.1f} | {us:.2f} | {'slow' if s else 'fast'} | {b:.0f} / {a:.0f} | {', '.join(f'{x:.2f}' for x in d)} |")
+        graphs = ", ".join(f"{x:.2f}" for x in d)
+        print(f"| {t:.1f} | {us:.2f} | {'slow' if s else 'fast'} | {b:.0f} / {a:.0f} | {graphs} |")
     if args.out:
         args.out.write_text(json.dumps({"backend": args.backend, "batch": args.batch, "context": args.context,
                                         "load_ms": args.load_ms, "graph_captures": args.graph_captures,
                                         "input_sets": args.input_sets,
-                                        "visits": visits, "capture_medians_us": draws, "spin_clock_mhz": clocks, "cut_us": cut,
+                                        "visits": visits, "capture_medians_us": draws, "spin_clock_mhz": clocks,
+                                        "cut_us": cut,
                                         "slow_share": share, "gap": gap, "runs": runs}, indent=1))
 
 
