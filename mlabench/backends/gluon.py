@@ -15,10 +15,11 @@ import torch
 from mlabench.backends.base import Backend, ParamSpec, PreparedCall
 from mlabench.backends.common import MAX_KV_SPLITS, NUM_KV_SPLITS, check_mla_dims
 from mlabench.backends.registry import register
-from mlabench.backends.triton import TRITON_PACKAGES
+from mlabench.backends.triton import SPLIT_POLICY, TRITON_PACKAGES, parse_split_policy
 from mlabench.device import current_device, triton_interpreting
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
+from mlabench.kernels.row_tiling import RowTiling
 from mlabench.shapes import MLADecodeShape
 
 PAGE_TOKENS = 64
@@ -77,22 +78,28 @@ def hopper_gluon_available() -> tuple[bool, str]:
 class GluonSplitKVBackend(Backend):
     """Split-KV decode with TMA page tiles and wgmma on Hopper
     (:func:`mlabench.kernels.gluon_splitkv.mla_decode_gluon_splitkv`), merged by
-    :func:`mlabench.kernels.wide_merge.wide_merge`."""
+    :func:`mlabench.kernels.wide_merge.wide_merge`.
+
+    A multi-token step packs each request's ``qo_len x H`` rows into tiles of up to 64 (12 heads x
+    4 tokens: one tile, so the cache is streamed once for all four tokens), causal or not.  The
+    split count is ``num_kv_splits`` or comes from a split policy (``split_policy``, as for
+    ``triton-splitkv``): ``device`` looks each request's count up inside the kernel, so one
+    captured graph runs the policy's count at every length; ``host`` looks one count up at each
+    refresh from the longest context, which a captured graph freezes.
+    """
 
     name = "gluon-splitkv"
     family = "split-kv"
     gpu_kernel = True
     packages = TRITON_PACKAGES
-    summary = "project Gluon split-KV kernel for Hopper: TMA page ring, wgmma, explicit num_kv_splits"
-    params = (KV_SPLITS, RING_STAGES, PDL)
+    summary = ("project Gluon split-KV kernel for Hopper: TMA page ring, wgmma, up to 64 query rows "
+               "a tile, num_kv_splits or a split policy")
+    params = (KV_SPLITS, SPLIT_POLICY, RING_STAGES, PDL)
 
     def available(self) -> tuple[bool, str]:
         return hopper_gluon_available()
 
     def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
-        if shape.qo_len != 1:
-            return False, (f"qo_len {shape.qo_len}: the Hopper Gluon kernel is written for one query "
-                           "token per request (no packed multi-token rows or causal mask yet)")
         ok, why = check_mla_dims(shape, "the Hopper Gluon kernel")
         if not ok:
             return ok, why
@@ -102,26 +109,52 @@ class GluonSplitKVBackend(Backend):
             return False, f"q and kv must both be bf16 or fp16, got {shape.q_dtype} / {shape.kv_dtype}"
         return True, ""
 
+    def split_programs(self, shape: MLADecodeShape, params: dict[str, Any]) -> int:
+        """Row tiles of one split (:class:`mlabench.kernels.row_tiling.RowTiling`): 1 up to 64
+        packed rows (``qo_len x heads``), ``ceil(rows / 64)`` beyond."""
+        return RowTiling.for_rows(shape.qo_len * shape.num_heads).row_tiles
+
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
-        from mlabench.kernels.gluon_splitkv import kv_descriptors, mla_decode_gluon_splitkv
-        from mlabench.kernels.splitkv import alloc_splitkv_workspace, splitkv_workspace_bytes
+        from mlabench.kernels.gluon_splitkv import (
+            gluon_workspace_shapes, kv_descriptors, mla_decode_gluon_splitkv,
+        )
+        from mlabench.kernels.splitkv import splitkv_workspace_bytes
         from mlabench.kernels.splitkv_torch import split_starts
 
         s = inputs.shape
-        splits, stages = int(params["num_kv_splits"]), int(params["num_stages"])
-        pdl = int(params["pdl"])
+        mode, policy = parse_split_policy(str(params.get("split_policy") or ""),
+                                          current_device().num_sms)
+        grid_splits = int(params["num_kv_splits"]) if policy is None else policy.max_splits(s.batch)
+        table = policy.device_table(s.batch, inputs.device) if mode == "device" else None
+        stages, pdl = int(params["num_stages"]), int(params["pdl"])
+        rows = s.qo_len * s.num_heads
+        o_shape, l_shape = gluon_workspace_shapes(s.batch, rows, grid_splits)
+        part_o = torch.empty(o_shape, dtype=torch.float32, device=inputs.device)
+        part_lse = torch.empty(l_shape, dtype=torch.float32, device=inputs.device)
         out = inputs.new_output()
-        part_o, part_lse = alloc_splitkv_workspace(s.batch, s.num_heads, splits, inputs.device)
         descs = kv_descriptors(inputs.kv_cache)
+        state = {"splits": grid_splits}
 
         def fn() -> torch.Tensor:
             return mla_decode_gluon_splitkv(inputs.q, inputs.kv_cache, inputs.block_table,
-                                            inputs.cache_seqlens, out, splits, s.scale,
+                                            inputs.cache_seqlens, out, state["splits"], s.scale,
                                             partial_out=part_o, partial_lse=part_lse,
-                                            descriptors=descs, num_stages=stages, pdl=pdl)
+                                            descriptors=descs, num_stages=stages, pdl=pdl,
+                                            split_policy=table, qo_len=s.qo_len, causal=s.causal)
 
-        return PreparedCall(fn=fn, out=out,
-                            effective_params={"num_kv_splits": splits, "num_stages": stages,
-                                              "pdl": pdl},
-                            workspace_bytes=splitkv_workspace_bytes(s.batch, s.num_heads, splits),
-                            split_starts=split_starts(s.context_lens, splits, align=PAGE_TOKENS))
+        def refresh() -> None:  # host mode: one count for the step, from the longest context
+            state["splits"] = policy.lookup(s.batch, int(inputs.cache_seqlens.max()))
+            effective["num_kv_splits"] = state["splits"]
+
+        effective: dict[str, Any] = {"num_kv_splits": grid_splits, "num_stages": stages, "pdl": pdl}
+        if mode == "host":
+            refresh()
+        if policy is not None:
+            effective.update(split_policy=mode, policy_source=policy.source)
+        counts = ([policy.lookup(s.batch, n) for n in s.context_lens] if mode == "device"
+                  else [state["splits"]] * s.batch)
+        return PreparedCall(fn=fn, out=out, effective_params=effective,
+                            refresh=refresh if mode == "host" else None,
+                            workspace_bytes=splitkv_workspace_bytes(1, rows, sum(counts)),
+                            split_starts=[split_starts([n], c, align=PAGE_TOKENS)[0]
+                                          for n, c in zip(s.context_lens, counts)])

@@ -40,13 +40,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from mlabench.kernels.row_tiling import MAX_BLOCK_ROWS, RowTiling
+
 PAGE_SIZE = 64  #: the only page size read (one TMA tile per block-table entry)
-#: Kernel-side constants: latent width (also V and the output), RoPE width, page tokens, and the
-#: heads per program (the N of both wgmma products).
+#: Kernel-side constants: latent width (also V and the output), RoPE width, page tokens.
 D_NOPE = gl.constexpr(512)
 D_ROPE = gl.constexpr(64)
 PAGE_TOKENS = gl.constexpr(PAGE_SIZE)
-BLOCK_H = gl.constexpr(16)
 D_QK = 576
 #: The TMA global-to-shared copy is ``async_copy_global_to_shared`` in Triton 3.6 and ``async_load``
 #: from 3.7 on.
@@ -73,37 +73,40 @@ def _issue_page(kvn_desc, kvr_desc, bt_row_ptr, page_lo, t, kn_smem, kr_smem, ba
 
 
 @gluon.jit
-def _load_q_tiles(q_ptr, b, ht, num_heads, stride_qb, stride_qh, qn_smem, qr_smem,
-                  num_warps: gl.constexpr):
-    """Copy heads ``ht*16 ..`` of request ``b`` (rows past ``num_heads`` zero) into the two
-    shared-memory query tiles ``[16, 512]`` and ``[16, 64]``."""
+def _load_q_tiles(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem, qr_smem,
+                  BLOCK_R: gl.constexpr, num_warps: gl.constexpr):
+    """Copy packed rows ``row_lo .. row_lo + BLOCK_R`` of request ``b`` (rows past ``num_rows``
+    zero) into the two shared-memory query tiles ``[BLOCK_R, 512]`` and ``[BLOCK_R, 64]``."""
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
-    heads = ht * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
-    hmask = heads < num_heads
-    base = q_ptr + b.to(gl.int64) * stride_qb + heads[:, None] * stride_qh
+    rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, ld))
+    rmask = rows < num_rows
+    base = q_ptr + b.to(gl.int64) * stride_qb + rows[:, None] * stride_qh
     cols = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, ld))
-    qn_smem.store(gl.load(base + cols[None, :], mask=hmask[:, None], other=0.0))
+    qn_smem.store(gl.load(base + cols[None, :], mask=rmask[:, None], other=0.0))
     rcols = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, ld))
-    qr_smem.store(gl.load(base + D_NOPE + rcols[None, :], mask=hmask[:, None], other=0.0))
+    qr_smem.store(gl.load(base + D_NOPE + rcols[None, :], mask=rmask[:, None], other=0.0))
 
 
 @gluon.jit
-def _store_partial(po_ptr, plse_ptr, slot, ht, num_heads, o, l_i, m_i, stride_ps, stride_ph,
-                   stride_ls, num_warps: gl.constexpr):
-    """Write ``O^T / l`` as the partial ``[16 heads, 512]`` of ``slot`` and ``lse2 = m + log2 l``
-    (``-inf`` and a zero partial for an empty split)."""
+def _store_partial(po_ptr, plse_ptr, slot, row_lo, num_rows, o, l_i, m_i, stride_ps, stride_ph,
+                   stride_ls, BLOCK_R: gl.constexpr, num_warps: gl.constexpr):
+    """Write ``O^T / l`` as the partial ``[BLOCK_R rows, 512]`` of ``slot`` and ``lse2 = m +
+    log2 l``.  A row that saw no token gets ``lse2 = -inf`` and no partial at all: the merge
+    (:func:`mlabench.kernels.wide_merge.wide_merge`) weights it 0 and never reads its partial, so
+    the empty splits of a short request cost a few lse stores, not a 2 KB row each."""
     st: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, num_warps], [0, 1])
     nonempty = l_i > 0.0
     l_safe = gl.where(nonempty, l_i, 1.0)
     lse2 = gl.where(nonempty, m_i + gl.log2(l_safe), float("-inf"))
     res = gl.convert_layout(o / l_safe[None, :], st)
     d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, st))
-    heads = ht * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, st))
+    rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, st))
+    written = (rows < num_rows) & gl.convert_layout(nonempty, gl.SliceLayout(0, st))
     slot64 = slot.to(gl.int64)
-    ptrs = po_ptr + slot64 * stride_ps + heads[None, :] * stride_ph + d[:, None]
-    gl.store(ptrs, res, mask=(heads < num_heads)[None, :])
+    ptrs = po_ptr + slot64 * stride_ps + rows[None, :] * stride_ph + d[:, None]
+    gl.store(ptrs, res, mask=written[None, :])
     lse_st = gl.convert_layout(lse2, gl.SliceLayout(0, st))
-    gl.store(plse_ptr + slot64 * stride_ls + heads, lse_st, mask=heads < num_heads)
+    gl.store(plse_ptr + slot64 * stride_ls + rows, lse_st, mask=rows < num_rows)
 
 
 @gluon.jit
@@ -127,19 +130,44 @@ def _launch_dependents():
                               is_pure=False, pack=1)
 
 
+@gluon.jit
+def _policy_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps: gl.constexpr):
+    """A request's split count from a policy table in device memory: ``POLICY_ROWS`` int32 rows
+    ``(max_context_len, num_kv_splits)`` (a power of two of them, padded as
+    :meth:`mlabench.split_policy.SplitPolicy.device_table` pads), the count of the first row with
+    ``seq_len <= max_context_len``, else of the last, clamped to ``[1, cap]``.  The rule of
+    :meth:`~mlabench.split_policy.SplitPolicy.lookup` and of the Triton kernels'
+    :func:`mlabench.kernels.common.policy_splits` (Gluon needs the layout spelled out)."""
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    rows = gl.arange(0, POLICY_ROWS, layout=lay)
+    max_len = gl.load(policy_ptr + 2 * rows)
+    splits = gl.load(policy_ptr + 2 * rows + 1)
+    first = gl.min(gl.where(seq_len <= max_len, rows, POLICY_ROWS - 1), axis=0)
+    chosen = gl.sum(gl.where(rows == first, splits, 0), axis=0)
+    return gl.minimum(gl.maximum(chosen, 1), cap)
+
+
 @gluon.jit(do_not_specialize=["num_splits"])
-def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, po_ptr, plse_ptr,
-                          num_splits, num_heads, qk_scale_log2,
+def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_ptr, po_ptr,
+                          plse_ptr, num_splits, num_rows, heads_per_token, qk_scale_log2,
                           stride_qb, stride_qh, stride_btb, stride_ps, stride_ph, stride_ls,
+                          BLOCK_R: gl.constexpr, ROW_TILES: gl.constexpr, QO_LEN: gl.constexpr,
+                          CAUSAL: gl.constexpr, POLICY_ROWS: gl.constexpr,
                           NUM_STAGES: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
     if PDL == 1:  # let the merge grid be scheduled now; it waits for this grid before reading
         _launch_dependents()
-    b = gl.program_id(0)
+    # Grid (B * ROW_TILES, S): the row tiles of one (request, split) are neighbours in launch
+    # order, so they run together and the later ones read the pages from L2.
+    b = gl.program_id(0) // ROW_TILES
+    row_lo = (gl.program_id(0) % ROW_TILES) * BLOCK_R
     split = gl.program_id(1)
-    ht = gl.program_id(2)
     seq_len = gl.load(seqlens_ptr + b)
+    if POLICY_ROWS > 0:  # the request's own count; splits past it own no page
+        own = _policy_splits(seq_len, policy_ptr, num_splits, POLICY_ROWS, num_warps)
+    else:
+        own = num_splits
     n_pages = gl.cdiv(seq_len, PAGE_TOKENS)
-    per_split = gl.cdiv(n_pages, num_splits)
+    per_split = gl.cdiv(n_pages, own)
     page_lo = gl.minimum(split * per_split, n_pages)
     n_tiles = gl.minimum(page_lo + per_split, n_pages) - page_lo
     bt_row_ptr = bt_ptr + b.to(gl.int64) * stride_btb
@@ -158,22 +186,32 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, po_ptr
                         NUM_STAGES)
 
     dt: gl.constexpr = kvn_desc.dtype
-    qn_smem = gl.allocate_shared_memory(dt, [BLOCK_H, D_NOPE],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_NOPE], dt))
-    qr_smem = gl.allocate_shared_memory(dt, [BLOCK_H, D_ROPE],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], dt))
-    p_smem = gl.allocate_shared_memory(dt, [PAGE_TOKENS, BLOCK_H],
-                                       gl.NVMMASharedLayout.get_default_for([PAGE_TOKENS, BLOCK_H], dt))
-    _load_q_tiles(q_ptr, b, ht, num_heads, stride_qb, stride_qh, qn_smem, qr_smem, num_warps)
-    fence_async_shared()
+    qn_smem = gl.allocate_shared_memory(dt, [BLOCK_R, D_NOPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_R, D_NOPE], dt))
+    qr_smem = gl.allocate_shared_memory(dt, [BLOCK_R, D_ROPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_R, D_ROPE], dt))
+    p_smem = gl.allocate_shared_memory(dt, [PAGE_TOKENS, BLOCK_R],
+                                       gl.NVMMASharedLayout.get_default_for([PAGE_TOKENS, BLOCK_R], dt))
+    if n_tiles > 0:  # an empty split only stores -inf log-sum-exps
+        _load_q_tiles(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem, qr_smem, BLOCK_R,
+                      num_warps)
+        fence_async_shared()
 
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BLOCK_H, 16])
-    o = gl.zeros([D_NOPE, BLOCK_H], gl.float32, layout=mma)
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, mma))
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, mma))
-    s_zero = gl.zeros([PAGE_TOKENS, BLOCK_H], gl.float32, layout=mma)
+    # 4 warps (one warpgroup) for 16 rows; 8 warps (two warpgroups side by side on N) for 32 and
+    # 64, so that each holds at most a [512, 32] fp32 accumulator (128 registers a thread):
+    # compiled for sm_90 (Triton 3.9), 166, 131 and 245 registers a thread, no spills.
+    WG_N: gl.constexpr = num_warps // 4
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG_N],
+                                                  instr_shape=[16, BLOCK_R // WG_N, 16])
+    o = gl.zeros([D_NOPE, BLOCK_R], gl.float32, layout=mma)
+    m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=gl.SliceLayout(0, mma))
+    l_i = gl.zeros([BLOCK_R], gl.float32, layout=gl.SliceLayout(0, mma))
+    s_zero = gl.zeros([PAGE_TOKENS, BLOCK_R], gl.float32, layout=mma)
     offs_t = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1, mma))
+    # Causal block: packed row r is query token r // heads_per_token of the QO_LEN at the end of
+    # the request and sees keys below seq_len - QO_LEN + 1 + that token.
+    rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, mma))
+    row_lim = seq_len - QO_LEN + 1 + rows // heads_per_token
     for t in range(n_tiles):
         ahead = t + NUM_STAGES - 1
         if ahead < n_tiles:  # its slot was released when page t - 1's products completed
@@ -186,12 +224,20 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, po_ptr
         s = warpgroup_mma(kr_smem.index(slot), qr_smem.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         tok = (page_lo + t) * PAGE_TOKENS + offs_t
-        s = gl.where((tok < seq_len)[:, None], s * qk_scale_log2, float("-inf"))
+        if CAUSAL:
+            seen = (tok < seq_len)[:, None] & (tok[:, None] < row_lim[None, :])
+            s = gl.where(seen, s * qk_scale_log2, float("-inf"))
+        else:
+            s = gl.where((tok < seq_len)[:, None], s * qk_scale_log2, float("-inf"))
         if (page_lo + t + 1) * PAGE_TOKENS > seq_len:  # the last page: rows past the length
             _zero_rows_from(kn, seq_len - (page_lo + t) * PAGE_TOKENS, num_warps)
-        m_new = gl.maximum(m_i, gl.max(s, axis=0))  # finite: a page holds >= 1 valid token
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s - m_new[None, :])
+        m_new = gl.maximum(m_i, gl.max(s, axis=0))
+        if CAUSAL:  # a row may have seen no key yet: keep -inf - -inf out of the exponent
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        else:  # finite: a page holds >= 1 valid token
+            m_use = m_new
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[None, :])
         l_i = l_i * alpha + gl.sum(p, axis=0)
         o = o * alpha[None, :]
         p_smem.store(p.to(dt))
@@ -203,8 +249,15 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, po_ptr
         _launch_dependents()
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(bars.index(i))
-    _store_partial(po_ptr, plse_ptr, b * num_splits + split, ht, num_heads, o, l_i, m_i,
-                   stride_ps, stride_ph, stride_ls, num_warps)
+    _store_partial(po_ptr, plse_ptr, b * num_splits + split, row_lo, num_rows, o, l_i, m_i,
+                   stride_ps, stride_ph, stride_ls, BLOCK_R, num_warps)
+
+
+def stage1_shared_bytes(block_rows: int, num_stages: int) -> int:
+    """Shared memory of one stage-1 program the kernel allocates explicitly, in bytes: the page
+    ring (``num_stages x 64 x 576`` bf16), the query tile (``block_rows x 576``) and the P tile
+    (``64 x block_rows``), plus the mbarriers; the compiler adds a little scratch for reductions."""
+    return 2 * (num_stages * PAGE_SIZE * D_QK + block_rows * D_QK + PAGE_SIZE * block_rows) + 8 * num_stages
 
 
 def kv_descriptors(kv_cache: torch.Tensor) -> tuple[TensorDescriptor, TensorDescriptor]:
@@ -231,86 +284,126 @@ def kv_descriptors(kv_cache: torch.Tensor) -> tuple[TensorDescriptor, TensorDesc
     return descs[0], descs[1]
 
 
+def gluon_workspace_shapes(batch: int, rows: int, max_splits: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of the fp32 partials one call needs: ``([B * S, R, 512], [B * S, R])``, ``S`` the
+    most splits a request may take (a fixed count, or a policy table's largest), ``R = qo_len x H``
+    packed rows.  Request ``b``'s split ``s`` writes slot ``b * S + s``."""
+    slots = batch * max_splits
+    return (slots, rows, 512), (slots, rows)
+
+
 def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                              cache_seqlens: torch.Tensor, out: torch.Tensor, num_kv_splits: int,
                              softmax_scale: float, *, partial_out: torch.Tensor,
                              partial_lse: torch.Tensor,
                              descriptors: tuple[TensorDescriptor, TensorDescriptor] | None = None,
                              num_stages: int = DEFAULT_NUM_STAGES, pdl: int = 1,
-                             merge_block_dv: int | None = None,
+                             merge_block_dv: int | None = None, split_policy: torch.Tensor | None = None,
+                             qo_len: int = 1, causal: bool = True,
                              stage1_only: bool = False) -> torch.Tensor:
-    """Split-KV MLA decode on Hopper: ``out = softmax(q K^T * softmax_scale) V``.
+    """Split-KV MLA decode on Hopper: ``out = softmax(q K^T * softmax_scale) V`` per query row.
 
     Args:
-        q: ``[B, H, 576]`` bf16/fp16 with unit last stride; any H (16-head tiles, grid axis 2).
+        q: ``[B * qo_len, H, 576]`` bf16/fp16, contiguous over its first two dimensions; request
+            ``b``'s ``qo_len x H`` rows are packed token-major (row ``t * H + h``) into tiles of up
+            to 64 (:class:`RowTiling`), each tile streaming the request's pages once.
         kv_cache: ``[num_pages, 64, 1, 576]`` contiguous, q's dtype.
         block_table: ``[B, max_pages]`` int32, unit last stride.  cache_seqlens: ``[B]`` int32,
-            each >= 1, read on the device (a captured graph follows new lengths).
-        out: ``[B, H, 512]`` in q's dtype, written in place and returned.
-        num_kv_splits: S, 1..512: split ``s`` takes pages ``[s*P, (s+1)*P)``, ``P = ceil(pages/S)``.
+            each >= 1 (>= qo_len when causal), read on the device (a captured graph follows new
+            lengths).
+        out: ``[B * qo_len, H, 512]`` in q's dtype, written in place and returned.
+        num_kv_splits: S, 1..512: split ``s`` takes pages ``[s*P, (s+1)*P)``, ``P = ceil(pages/S)``;
+            with ``split_policy`` the most splits any request may take (the grid's split axis).
         softmax_scale: multiplier of ``q . k``.
-        partial_out / partial_lse: fp32 ``[B*S, H, 512]`` / ``[B*S, H]`` workspace
-            (:func:`mlabench.kernels.splitkv.alloc_splitkv_workspace` has these shapes).
+        partial_out / partial_lse: fp32 workspace of :func:`gluon_workspace_shapes` (or larger).
         descriptors: from :func:`kv_descriptors` (built here when None; pass them when capturing).
         num_stages: pages in the shared-memory ring (1 or 2 fit an H200).
         pdl: 0: the merge is an ordinary launch; 1: a programmatic dependent launch that stage 1
             releases at its start (merge programs wait, resident, while stage 1 streams); 2: one
             that stage 1 releases after its token loop (the launch overlaps the epilogue).
         merge_block_dv: output columns per merge program (None: sized to the GPU).
+        split_policy: None, or an int32 ``[R, 2]`` table of ``(max_context_len, num_kv_splits)``
+            rows on q's device, R a power of two
+            (:meth:`mlabench.split_policy.SplitPolicy.device_table`): request ``b`` then takes
+            ``min(lookup(cache_seqlens[b]), num_kv_splits)`` splits, looked up inside stage 1; its
+            other splits own no page and store a ``-inf`` log-sum-exp, which the merge weights 0.
+        qo_len: query tokens per request; causal: token ``t`` of the block sees the first
+            ``cache_seqlens[b] - qo_len + t + 1`` keys, else all of them.
         stage1_only: skip the merge (for timing stage 1 alone; ``out`` is then not written).
 
-    Returns ``out``.  Raises ValueError on bad layouts, split counts or workspace sizes.
+    Returns ``out``.  Raises ValueError on bad layouts, split counts, tables or workspace sizes.
     """
-    batch, heads, _ = q.shape
-    if not 1 <= int(num_kv_splits) <= MAX_KV_SPLITS:
+    from mlabench.kernels.common import check_decode_args, pack_rows
+    from mlabench.kernels.splitkv import check_policy_table
+
+    check_decode_args(q, kv_cache, block_table, cache_seqlens, out, qo_len)
+    batch, heads = block_table.shape[0], q.shape[1]
+    splits = int(num_kv_splits)
+    if not 1 <= splits <= MAX_KV_SPLITS:
         raise ValueError(f"num_kv_splits must be in 1..{MAX_KV_SPLITS}, got {num_kv_splits}")
-    if q.dtype != kv_cache.dtype or q.shape[-1] != D_QK or q.stride(-1) != 1:
-        raise ValueError("q must be [B, H, 576] with unit last stride and the cache's dtype")
-    if partial_out.shape[0] < batch * num_kv_splits or partial_out.shape[1:] != (heads, 512):
-        raise ValueError(f"workspace too small for B={batch} H={heads} splits={num_kv_splits}")
+    if q.dtype != kv_cache.dtype:
+        raise ValueError("q must have the cache's dtype")
+    q_rows, out_rows = pack_rows(q, batch, qo_len), pack_rows(out, batch, qo_len)
+    rows = qo_len * heads
+    o_shape, l_shape = gluon_workspace_shapes(batch, rows, splits)
+    if (partial_out.shape[0] < o_shape[0] or tuple(partial_out.shape[1:]) != o_shape[1:]
+            or partial_lse.shape[0] < l_shape[0] or partial_lse.shape[1] != rows):
+        raise ValueError(f"workspace too small for B={batch} rows={rows} splits={splits}")
+    check_policy_table(split_policy, q.device)
+    tiling = RowTiling.for_rows(rows)
     kvn_desc, kvr_desc = descriptors or kv_descriptors(kv_cache)
-    grid = (batch, int(num_kv_splits), triton.cdiv(heads, 16))
-    _gluon_splitkv_stage1[grid](
-        q, kvn_desc, kvr_desc, block_table, cache_seqlens, partial_out, partial_lse,
-        int(num_kv_splits), heads, float(softmax_scale) * LOG2E,
-        q.stride(0), q.stride(1), block_table.stride(0), partial_out.stride(0),
-        partial_out.stride(1), partial_lse.stride(0), NUM_STAGES=num_stages,
-        PDL=0 if stage1_only else int(pdl), num_warps=4,
+    _gluon_splitkv_stage1[(batch * tiling.row_tiles, splits)](
+        q_rows, kvn_desc, kvr_desc, block_table, cache_seqlens,
+        cache_seqlens if split_policy is None else split_policy, partial_out, partial_lse,
+        splits, rows, heads, float(softmax_scale) * LOG2E,
+        q_rows.stride(0), q_rows.stride(1), block_table.stride(0), partial_out.stride(0),
+        partial_out.stride(1), partial_lse.stride(0), BLOCK_R=tiling.block_rows,
+        ROW_TILES=tiling.row_tiles, QO_LEN=qo_len, CAUSAL=bool(causal) and qo_len > 1,
+        POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], NUM_STAGES=num_stages,
+        PDL=0 if stage1_only else int(pdl), num_warps=tiling.num_warps,
     )
     if not stage1_only:
         from mlabench.kernels.wide_merge import wide_merge
 
         from mlabench.device import current_device
 
-        wide_merge(partial_out, partial_lse, out, int(num_kv_splits), block_dv=merge_block_dv,
+        wide_merge(partial_out, partial_lse, out_rows, splits, block_dv=merge_block_dv,
                    num_sms=current_device().num_sms, pdl=bool(pdl))
     return out
 
 
-def compile_stage1_sm90(num_stages: int = DEFAULT_NUM_STAGES, dtype: str = "bf16"):
+def compile_stage1_sm90(num_stages: int = DEFAULT_NUM_STAGES, dtype: str = "bf16", *,
+                        block_rows: int = 16, qo_len: int = 1, causal: bool = False,
+                        policy_rows: int = 0):
     """Compile stage 1 for sm_90 without a GPU (Triton bundles ptxas) and return Triton's
-    compiled kernel: ``.asm["ptx"]``, ``.asm["ttgir"]``, ``.metadata.shared`` (bytes).  For the
-    resource report in docs/PERFORMANCE.md and the CPU tests; run it in a process where Triton's
+    compiled kernel: ``.asm["ptx"]``, ``.asm["ttgir"]``, ``.metadata.shared`` (bytes), ``.n_regs``
+    and ``.n_spills`` where this Triton reports them.  ``block_rows`` 16, 32 or 64 compiles the
+    variant :class:`RowTiling` launches for that tile (4 warps, or 8 for 64).  For the resource
+    report in docs/PERFORMANCE.md and the CPU tests; run it in a process where Triton's
     interpreter has not run (the interpreter patches the language module it shares with Gluon).
     """
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     elem = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    num_warps = RowTiling.for_rows(block_rows).num_warps
 
     def desc(width: int) -> str:
         layout = gl.NVMMASharedLayout.get_default_for([PAGE_SIZE, width], elem)
         return f"tensordesc<{dtype}[{PAGE_SIZE}, {width}],{layout!r}>"
 
     sig = {"q_ptr": f"*{dtype}", "kvn_desc": desc(512), "kvr_desc": desc(64),
-           "bt_ptr": "*i32", "seqlens_ptr": "*i32", "po_ptr": "*fp32", "plse_ptr": "*fp32",
-           "num_splits": "i32", "num_heads": "i32", "qk_scale_log2": "fp32"}
+           "bt_ptr": "*i32", "seqlens_ptr": "*i32", "policy_ptr": "*i32", "po_ptr": "*fp32",
+           "plse_ptr": "*fp32", "num_splits": "i32", "num_rows": "i32", "heads_per_token": "i32",
+           "qk_scale_log2": "fp32"}
     sig |= {n: "i32" for n in ("stride_qb", "stride_qh", "stride_btb", "stride_ps", "stride_ph",
                                "stride_ls")}
-    sig |= {"NUM_STAGES": "constexpr", "PDL": "constexpr", "num_warps": "constexpr"}
+    consts = {"BLOCK_R": block_rows, "ROW_TILES": 1, "QO_LEN": qo_len, "CAUSAL": causal,
+              "POLICY_ROWS": policy_rows, "NUM_STAGES": num_stages, "PDL": 1,
+              "num_warps": num_warps}
+    sig |= {n: "constexpr" for n in consts}
     # what Triton's launcher would specialise: 16-byte aligned pointers and strides
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
              if t.startswith("*") or n.startswith("stride")}
-    src = GluonASTSource(fn=_gluon_splitkv_stage1, signature=sig, attrs=attrs,
-                         constexprs={"NUM_STAGES": num_stages, "PDL": 1, "num_warps": 4})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    src = GluonASTSource(fn=_gluon_splitkv_stage1, signature=sig, attrs=attrs, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})

@@ -1,8 +1,10 @@
 """Merge of split-KV partials, spread over many programs and with no serial rescaling.
 
 Stage 1 of a split-KV decode leaves, per request ``b`` and split ``s``, a normalised fp32 partial
-output ``o_s [H, 512]`` at slot ``b * S + s`` and its base-2 log-sum-exp ``lse_s [H]`` (``-inf``
-for an empty split).  The result is ``sum_s w_s o_s / sum_s w_s`` with ``w_s = 2^(lse_s - max lse)``
+output ``o_s [H, 512]`` at slot ``b * S + s`` and its base-2 log-sum-exp ``lse_s [H]``.  An empty
+split (no token for that row: past a short request's pages, past its own count under a device
+split policy, or masked by the causal limit) has ``lse = -inf``, and its partial is never read, so
+stage 1 need not write it.  The result is ``sum_s w_s o_s / sum_s w_s`` with ``w_s = 2^(lse_s - max lse)``
 (Dao et al., "Flash-Decoding for long-context inference", 2023).
 
 At batch 1 the merge is on the critical path: with 132-264 splits a request's partials are
@@ -63,9 +65,10 @@ def _wide_merge_kernel(po_ptr, plse_ptr, out_ptr, num_splits, stride_ps, stride_
         idx = c + tl.arange(0, BLOCK_S)
         live = idx < num_splits
         lse = tl.load(plse_ptr + (first + idx) * stride_ls + h, mask=live, other=float("-inf"))
-        w = tl.exp2(lse - top)  # empty split: 2^-inf = 0 times its zero partial
+        w = tl.exp2(lse - top)  # empty split: 2^-inf = 0
+        # An empty split's partial is never read: stage 1 may leave it unwritten.
         part = tl.load(po_ptr + (first + idx)[:, None] * stride_ps + h * stride_ph + cols[None, :],
-                       mask=live[:, None], other=0.0)
+                       mask=(live & (lse > float("-inf")))[:, None], other=0.0)
         acc += tl.sum(w[:, None] * part, 0)
     res = tl.where(w_total > 0.0, acc / tl.where(w_total > 0.0, w_total, 1.0), 0.0)
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + cols,
@@ -81,8 +84,9 @@ def wide_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.
     ``num_kv_splits`` = S, 1..512.  ``block_dv`` output columns per program (a power of two that
     divides 512) and ``block_s`` slots per loop step default to :func:`merge_blocks` for
     ``num_sms``.  ``pdl``: launch as a programmatic dependent launch of the kernel before it (that
-    kernel should execute ``griddepcontrol.launch_dependents``); NVIDIA sm_90+ only.  A request
-    whose partials are all empty gets a zero row.  Raises ValueError on a bad split count, block
+    kernel should execute ``griddepcontrol.launch_dependents``); NVIDIA sm_90+ only.  Slots whose
+    lse is ``-inf`` weigh 0 and their partials are not read (they may hold anything, NaN
+    included).  A request whose partials are all empty gets a zero row.  Raises ValueError on a bad split count, block
     size or workspace shape.
     """
     batch, heads, width = out.shape

@@ -78,3 +78,63 @@ def test_passes_every_input_set_on_poisoned_inputs(splits):
         shape, {"num_kv_splits": splits}))
     assert verdict.passed, verdict
     assert call.split_starts[2] == list(range(0, 4096, 64 * -(-64 // splits)))
+
+
+@pytest.mark.parametrize("qo_len,causal", [(2, True), (3, True), (4, True), (6, False), (8, True),
+                                           (8, False)])
+@pytest.mark.parametrize("lens,splits", [((4096,), 64), ((1000, 70, 8, 3000), 7), ((65, 2000), 512)])
+def test_multi_token_bf16_matches_fp32(qo_len, causal, lens, splits):
+    """qo_len x 12 rows packed into tiles of 32 or 64 (two tiles past 64 rows), causal limits at
+    every split edge, a request whose context holds just the block."""
+    from mlabench.inputs import make_inputs
+    from mlabench.kernels.reference import mla_decode_reference
+    from mlabench.shapes import MLADecodeShape
+
+    backend = _backend()
+    lens = tuple(max(n, qo_len) for n in lens)
+    shape = MLADecodeShape.create(num_heads=12, context_lens=lens, page_size=64, qo_len=qo_len,
+                                  causal=causal)
+    x = make_inputs(shape, seed=qo_len, poison=True)
+    out = backend.prepare(x, backend.resolve_params(shape, {"num_kv_splits": splits})).fn()
+    torch.cuda.synchronize()
+    ref, _ = mla_decode_reference(x.q, x.kv_cache, x.block_table, list(lens), shape.scale,
+                                  qo_len=qo_len, causal=causal)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out.float(), ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("qo_len", [1, 4])
+def test_device_policy_graph_keeps_each_requests_count(tmp_path, qo_len):
+    """One graph captured at 1 token with a device policy, replayed at long and ragged lengths
+    after they change in place: right at every length, and the counts it reports are the
+    policy's per request."""
+    import json
+
+    from mlabench.inputs import make_inputs
+    from mlabench.kernels.reference import mla_decode_reference
+    from mlabench.shapes import MLADecodeShape
+
+    backend = _backend()
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"num_kv_splits": {"1": [[256, 1], [8192, 16], [1 << 20, 132]],
+                                                    "4": [[4096, 3], [1 << 20, 33]]}}))
+    lens = (20000, 64, 9000, 300)
+    shape = MLADecodeShape.create(num_heads=12, context_lens=lens, page_size=64, qo_len=qo_len)
+    x = make_inputs(shape, seed=5, poison=False)
+    params = backend.resolve_params(shape, {"split_policy": f"device:{policy}"})
+    call = backend.prepare(x, params)
+    assert call.effective_params["num_kv_splits"] == 33  # the grid: batch 4's largest count
+    assert [len(s) for s in call.split_starts] == [32, 1, 29, 3]  # non-empty splits
+    x.cache_seqlens.fill_(qo_len)
+    call.fn()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call.fn()
+    for new in ([qo_len] * 4, list(lens), [64, 20000, 4096, 4097]):
+        x.cache_seqlens.copy_(torch.tensor(new, dtype=torch.int32))
+        call.out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = mla_decode_reference(x.q, x.kv_cache, x.block_table, new, shape.scale,
+                                      qo_len=qo_len, causal=True)
+        assert torch.allclose(call.out.float(), ref, atol=1e-2, rtol=1e-2), new

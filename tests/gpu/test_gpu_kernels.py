@@ -17,8 +17,8 @@ def _ref(x, lens):
 
 
 @pytest.mark.parametrize("backend", ["triton-splitkv", "triton-persistent", "flashmla", "aiter-asm",
-                                     "aiter-gluon"])
-@pytest.mark.parametrize("qo_len, causal", [(2, True), (4, True), (4, False)])
+                                     "aiter-gluon", "gluon-splitkv"])
+@pytest.mark.parametrize("qo_len, causal", [(2, True), (4, True), (4, False), (8, True), (8, False)])
 def test_multi_token_bf16_matches_fp32(backend, qo_len, causal):
     """Speculative verify / MTP in bf16: a ragged batch whose shortest request holds just the
     block, every split count; refused shapes must say why."""

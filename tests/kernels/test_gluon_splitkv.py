@@ -116,20 +116,30 @@ def test_backend_says_why_not_here_and_which_shapes():
 
 
 _COMPILE = """
-import json, sys
+import json, os, subprocess, sys, tempfile
+import triton
 from mlabench.kernels.gluon_splitkv import compile_stage1_sm90
-k = compile_stage1_sm90(int(sys.argv[1]))
-print(json.dumps({"ptx": k.asm["ptx"], "shared": k.metadata.shared}))
+k = compile_stage1_sm90(int(sys.argv[1]), block_rows=int(sys.argv[2]), qo_len=int(sys.argv[3]),
+                        causal=sys.argv[4] == "1", policy_rows=int(sys.argv[5]))
+usage = ""
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+if os.path.exists(tool) and "cubin" in k.asm:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"]); f.flush()
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+print(json.dumps({"ptx": k.asm["ptx"], "shared": k.metadata.shared, "usage": usage}))
 """
 
 
-def _compile_stage1(num_stages: int) -> dict:
+def _compile_stage1(num_stages: int, block_rows: int = 16, qo_len: int = 1, causal: bool = False,
+                    policy_rows: int = 0) -> dict:
     """Compile stage 1 for sm_90 in a fresh process (no interpreter state, no GPU needed)."""
     pytest.importorskip("triton.experimental.gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                          env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", _COMPILE, str(num_stages)], capture_output=True,
+    args = [str(a) for a in (num_stages, block_rows, qo_len, int(causal), policy_rows)]
+    run = subprocess.run([sys.executable, "-c", _COMPILE, *args], capture_output=True,
                          text=True, env=env, timeout=300)
     if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
         pytest.skip("this Triton build has no ptxas")
@@ -148,3 +158,78 @@ def test_stage1_compiles_to_tma_and_wgmma(num_stages, max_shared):
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16") == 36 + 32
     assert "mma.sync" not in ptx
     assert kernel["shared"] <= max_shared
+
+
+@pytest.mark.parametrize("block_rows,qo_len,causal,policy_rows,instr,count", [
+    (32, 2, True, 0, "m64n16k16", 36 + 32),    # 8 warps: two warpgroups of 16 rows each
+    (64, 4, True, 16, "m64n32k16", 36 + 32),   # two of 32 rows; a device policy table
+    (64, 8, False, 0, "m64n32k16", 36 + 32),
+])
+def test_multi_row_tiles_compile_without_spills(block_rows, qo_len, causal, policy_rows, instr, count):
+    """The 32- and 64-row tiles of a multi-token step: two warpgroups side by side on N, each
+    running the same wgmma code on its half of the rows (m64n16 or m64n32: 36 for the scores of a
+    page, 32 for its output update), no local memory (no spills), and shared memory within the
+    227 KB an H200 block may have."""
+    from mlabench.kernels.gluon_splitkv import stage1_shared_bytes
+
+    kernel = _compile_stage1(2, block_rows, qo_len, causal, policy_rows)
+    ptx = kernel["ptx"]
+    assert ptx.count(f"wgmma.mma_async.sync.aligned.{instr}.f32.bf16.bf16") == count
+    assert "mma.sync" not in ptx
+    assert stage1_shared_bytes(block_rows, 2) <= kernel["shared"] <= 227 * 1024
+    if kernel["usage"]:
+        assert "LOCAL:0" in kernel["usage"] and "STACK:0" in kernel["usage"], kernel["usage"]
+
+
+@pytest.mark.parametrize("rows,want", [(12, (16, 1, 4)), (16, (16, 1, 4)), (24, (32, 1, 8)),
+                                       (48, (64, 1, 8)), (64, (64, 1, 8)), (96, (64, 2, 8)),
+                                       (129, (64, 3, 8))])
+def test_row_tiling_reads_the_cache_once_per_64_rows(rows, want):
+    from mlabench.kernels.row_tiling import RowTiling
+
+    tiling = RowTiling.for_rows(rows)
+    assert (tiling.block_rows, tiling.row_tiles, tiling.num_warps) == want
+    assert tiling.block_rows * tiling.row_tiles >= rows > tiling.block_rows * (tiling.row_tiles - 1)
+
+
+def test_row_tiling_rejects_no_rows():
+    from mlabench.kernels.row_tiling import RowTiling
+
+    with pytest.raises(ValueError, match="at least one"):
+        RowTiling.for_rows(0)
+
+
+def _policy_file(tmp_path):
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"num_kv_splits": {"1": [[256, 1], [8192, 16], [1 << 20, 132]],
+                                                  "4": [[4096, 3], [1 << 20, 33]]}}))
+    return path
+
+
+@pytest.mark.parametrize("mode,grid,starts", [("device", 33, [32, 1, 29, 3]),
+                                              ("host", 33, [32, 1, 29, 5])])
+def test_policy_sizes_workspace_for_its_largest_count(tmp_path, mode, grid, starts):
+    """Batch 4 at qo_len 4 (48 packed rows): the grid and the workspace take batch 4's largest
+    count (33); each request's split starts follow its own count (device: 20000 -> 33 splits of
+    10 pages, 64 -> 3, 9000 -> 33 of 5 pages, 300 -> 3) or the step's one count from the longest
+    context (host: 33 for all, so 300 tokens take 5 one-page splits)."""
+    from mlabench.inputs import make_inputs
+
+    backend = get_backend("gluon-splitkv")
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(20000, 64, 9000, 300), page_size=64,
+                                  qo_len=4)
+    call = backend.prepare(make_inputs(shape, seed=0),
+                           backend.resolve_params(shape, {"split_policy": f"{mode}:{_policy_file(tmp_path)}"}))
+    assert call.effective_params["num_kv_splits"] == grid
+    assert call.effective_params["split_policy"] == mode
+    assert [len(s) for s in call.split_starts] == starts
+    assert (call.refresh is None) == (mode == "device")
+
+
+def test_workspace_shapes_and_fixed_count():
+    from mlabench.kernels.gluon_splitkv import gluon_workspace_shapes
+
+    assert gluon_workspace_shapes(4, 48, 33) == ((132, 48, 512), (132, 48))
+    backend = get_backend("gluon-splitkv")
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(4096, 100), page_size=64, qo_len=8)
+    assert backend.supports(shape)[0] and backend.split_programs(shape, {}) == 2
