@@ -3,7 +3,7 @@
 Why: on an H200 the same point, measured twice a few hundred milliseconds apart with the same inputs
 and graph, differs by up to 1-2% (batch 16, 8K-100K tokens), while its own ten samples, taken
 within about 20 ms, agree within 0.1-0.5%; blocks of samples from one captured graph drift the same
-way, so it is the GPU's state over time, not placement or capture (``scripts/gpu_noise_sources.py``,
+way, so it is the GPU's state over time, not placement or capture (``scripts/gpu_noise_sources.py`` of 0849486,
 docs/h200.md).  A point measured once catches whichever state the GPU is in, and two runs of one
 sweep disagree by more than 1% at about one point in twelve.  Measuring every point in ``visits``
 passes over the sweep, the even passes in reverse order, spreads its samples over the whole run
@@ -16,7 +16,7 @@ the mean of a point's visit medians is at most ``visit_rel_se`` (0.3%) of that m
 ``max_visits`` visits (default 3x the planned visits).  Why: the points that disagreed by more than 2%
 between two runs on an H200 (batch 16, 64K-128K) were the ones whose own visits disagreed by 2-5%
 (128K, 128 splits: 815, 844, 816, 841 µs), with no clock, power or thermal event reported over
-them (``scripts/h200_throttle_probe.sh``); more visits are the only remedy where the cause is not
+them (``scripts/h200_throttle_probe.sh`` of 0849486); more visits are the only remedy where the cause is not
 visible, and two runs whose points each have a standard error of 0.3% differ by more than 2% at
 fewer than one point in 100 000 (4.7 standard deviations of the difference).
 

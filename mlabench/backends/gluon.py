@@ -29,7 +29,7 @@ def default_gluon_splits(shape: MLADecodeShape, num_sms: int | None = None) -> i
     """Page-granular split count: one page per split while that fills at most half a wave
     (``pages <= (SMs // batch) // 2``), else one wave, ``SMs // batch``; at least 1.
 
-    From the first H200 run in results/h200/hopper-kernel/first-run/ (every count measured at
+    From the first H200 run in results/h200/hopper-kernel/first-run/ of commit 0849486 (every count measured at
     every point): at batch 1 one page per split was best at 1K and 4K (16 and 64 splits), 132
     splits was best from 32K up and within 7% of the best at 8K and 16K, and 8 = 132 // 16 was
     best at batch 16.  The next run (results/h200/hopper-kernel/) agrees except at batch 1, 8K and

@@ -39,7 +39,7 @@ MERGE_BLOCK_SLOTS = 32  #: partials merged per loop step in stage 2
 MERGE_BLOCK_DV = 128  #: output columns per stage-2 program (grid axis 2 = 512 / this)
 MERGE_NUM_STAGES = 2
 
-#: Launch defaults of stage 1, chosen from ``scripts/gpu_kernel_probe.py`` on an H200 (Triton 3.6;
+#: Launch defaults of stage 1, chosen from ``scripts/gpu_kernel_probe.py`` (commit 0849486) on an H200 (Triton 3.6;
 #: ``results/h200/kernel-probe/``): (32, 4, 6) was best at long context (B=1 L=128K: 71.5 µs, 49% of
 #: floor; B=16 L=128K: 764 µs, 73%) and within ~2% of the best variant's median % of floor overall;
 #: (64, 8, 2) wins only at batch 1 and short context.  Why 6 stages: compiled for sm_90 with

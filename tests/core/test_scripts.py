@@ -106,26 +106,3 @@ def test_hopper_kernel_script_writes_a_run_folder_that_compare_and_plot_read(tmp
     assert code == 0 and drawn.split() and all(Path(p).is_file() for p in drawn.split()), err
     with pytest.raises(ResultsError, match="already holds a run"):
         script.open_run(out, env, {})
-
-
-def test_visit_estimators_reproduces_the_committed_table():
-    """``scripts/visit_estimators.py`` on the four committed visit runs prints estimators.md."""
-    folder = REPO / "results/h200/repeatability"
-    runs = sorted((folder / "visits-attempt/runs").iterdir()) + sorted((folder / "cooldown-attempt/runs").iterdir())
-    done = subprocess.run([sys.executable, "scripts/visit_estimators.py", *map(str, runs)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, check=True)
-    expected = (folder / "estimators.md").read_text()
-    assert done.stdout.split("\n", 1)[1] == expected.split("\n", 1)[1]  # the first line names the paths
-    assert "| pooled median (the sweep's) | 96.7% / 98.8% / 3.08% |" in done.stdout
-
-
-def test_two_speeds_visits_needed():
-    """``scripts/gpu_two_speeds.py``: visits per run for two runs' means to agree, n = 2 (z sd / bound)^2."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("two_speeds", REPO / "scripts/gpu_two_speeds.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    # slow at 40% of visits by 6.8% (FlashMLA at batch 1, 8K on an H200): sd = 0.49 x 6.8% = 3.33%
-    assert mod.visits_needed(0.4, 0.068, 0.02) == 22 and mod.visits_needed(0.4, 0.068, 0.01) == 86
-    assert mod.visits_needed(0.0, 0.068, 0.02) is None and mod.visits_needed(0.5, 0.0, 0.02) is None

@@ -1,5 +1,6 @@
-"""Fixtures of the plot and report tests: runs cut from the committed H200 sweep and CPU serve run, and
-the committed H200 tuning, validation, graph-check and multi-token results read in place."""
+"""Fixtures of the plot and report tests: runs cut from the committed H200 sweep and CPU serve run, an
+H200 tuning run and its validation (fixtures/README.md), and the committed graph-check and multi-token
+results read in place."""
 
 import json
 from pathlib import Path
@@ -12,7 +13,7 @@ H200_RUN = H200 / "kimi-k3-tp8-20261130-105953-511"
 SERVE = FIXTURES / "cpu-serve"
 SERVE_RUN = SERVE / "serve-20261130T105730Z-cpu-tiny"
 REPO = Path(__file__).resolve().parents[2]
-TUNE = REPO / "results/h200/tune-kimi-k3-tp8/first-attempt"
+TUNE = FIXTURES / "h200-tune-first-attempt"
 TUNE_RUN = TUNE / "tune-kimi-k3-tp8-20261130-161711-925"
 VALIDATE_RUN = TUNE / "validate-20261130-161822-1004"
 GRAPH_CHECK = REPO / "results/h200/graph-check"

@@ -124,7 +124,7 @@ def test_report_of_a_tuning_run_and_of_a_validation_run(tmp_path):
     from mlabench.report import write_report
     from mlabench.runs import load_runs
 
-    base = Path(__file__).resolve().parents[2] / "results" / "h200" / "tune-kimi-k3-tp8" / "first-attempt"
+    base = Path(__file__).resolve().parent / "fixtures" / "h200-tune-first-attempt"
     tune_run = next(base.glob("tune-*"))
     text = write_report(load_runs([tune_run]), tmp_path / "t", "markdown").read_text()
     assert "cold cache (4-64 input copies)" in text and "0.5 s budget per point" in text

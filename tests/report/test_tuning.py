@@ -2,10 +2,10 @@
 (read as plain JSON here, not through mlabench), what is skipped and why, how runs are recognised,
 the figures drawn, and the report's sections."""
 
+import gzip
 import json
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +14,7 @@ from mlabench.errors import ResultsError
 from mlabench.plots import graph_check as G
 from mlabench.plots import plan, style, write_figures
 from mlabench.plots import tuning as T
-from tests.report.conftest import GRAPH_CHECK, TUNE, TUNE_RUN, VALIDATE_RUN
+from tests.report.conftest import FIXTURES, GRAPH_CHECK, REPO, TUNE, TUNE_RUN, VALIDATE_RUN
 from tests.report.test_figures import assert_real_png
 
 CHOSEN_B1 = [23, 69, 91, 124, 130, 253, 254, 256]  # tune.md and policy.md of the committed run
@@ -22,7 +22,8 @@ CHOSEN_B16 = [8] + [16] * 7
 
 
 def _jsonl(path):
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def test_tuning_and_validation_runs_are_their_own_kinds(tune_runs):
@@ -40,7 +41,7 @@ def test_the_choice_per_bucket_is_the_policys(tune_runs):
     by_batch = {b: [c for c in choices if c.study.batch == b] for b in (1, 16)}
     assert [c.chosen["num_kv_splits"] for c in by_batch[1]] == CHOSEN_B1
     assert [c.chosen["num_kv_splits"] for c in by_batch[16]] == CHOSEN_B16
-    raw = _jsonl(TUNE_RUN / "results.jsonl")
+    raw = _jsonl(TUNE_RUN / "results.jsonl.gz")
     for c in choices:
         mine = [r for r in raw if r["batch"] == c.study.batch and r["context_len"] == c.study.length]
         assert c.configs == c.ok == len(mine) == 40
@@ -55,7 +56,7 @@ def test_the_choice_per_bucket_is_the_policys(tune_runs):
 def test_the_history_is_each_studys_trials_in_order_with_the_best_so_far(tune_runs):
     history = T.tuning_history(tune_runs.tune_runs[0])
     assert sorted(history) == [1, 16] and [len(history[b]) for b in (1, 16)] == [8, 8]
-    raw = _jsonl(TUNE_RUN / "results.jsonl")
+    raw = _jsonl(TUNE_RUN / "results.jsonl.gz")
     for batch, studies in history.items():
         for h in studies:
             mine = [r for r in raw if r["batch"] == batch and r["context_len"] == h.study.length]
@@ -151,7 +152,7 @@ def _cut_tune_folder(tmp_path, policy=True, validation=True):
     for run in (TUNE_RUN, VALIDATE_RUN):
         dest = out / run.name
         dest.mkdir(parents=True)
-        for name in ("manifest.json", "results.jsonl"):
+        for name in ("manifest.json", "results.jsonl.gz"):
             shutil.copy(run / name, dest / name)
     if policy:
         shutil.copy(TUNE_RUN / "policy.json", out / TUNE_RUN.name / "policy.json")
@@ -295,10 +296,11 @@ def test_a_study_measured_at_several_lengths_is_shown_at_the_one_nearest_its_mid
 
 
 def test_the_trial_axis_has_whole_number_ticks():
-    """A study of 12-19 trials (the multi-length H200 run, batch 16) got ticks at 2.5, 7.5, ..."""
+    """A study of 12-19 trials (an H200 tuning run, batch 16) got ticks at 2.5, 7.5, ...; the whole-tiles
+    run's batch-16 studies have 12-18 trials."""
     from mlabench.runs import load_runs
 
-    runs = load_runs([TUNE.parent / "multi-length-attempt"])
+    runs = load_runs([REPO / "results/h200/tune-kimi-k3-tp8/whole-tiles-attempt"])
     specs, _ = plan(runs, ["tuning-history"])
     fig = next(s for s in specs if s.stem == "tuning-history-b16").draw()
     fig.canvas.draw()
@@ -339,7 +341,7 @@ def test_the_environment_says_how_many_visits_a_sweep_took():
     from mlabench.report.sections import kernel_environment
     from mlabench.runs import load_runs
 
-    folder = Path(__file__).resolve().parents[2] / "results/h200/repeatability/visits-attempt/runs"
+    folder = FIXTURES / "h200-visits-attempt"
     runs = load_runs([folder])
     assert [r.manifest.config["visits"] for r in runs.kernel_runs] == [4, 4]
     timing = dict(kernel_environment(runs.kernel_runs[0], runs.records).rows)["timing"]
@@ -348,5 +350,5 @@ def test_the_environment_says_how_many_visits_a_sweep_took():
     timing = dict(kernel_environment(runs.kernel_runs[0], runs.records).rows)["timing"]
     assert timing.endswith("; each point in 4 visits spread over the run (up to 12 where they disagreed, until "
                            "their mean's standard error was 0.3% or less), samples pooled")
-    old = load_runs([folder.parents[1] / "runs"])  # recorded before visits: nothing said
+    old = load_runs([REPO / "results/h200/kimi-k3-tp8"])  # recorded before visits: nothing said
     assert "visits" not in dict(kernel_environment(old.kernel_runs[0], old.records).rows)["timing"]

@@ -236,7 +236,7 @@ def test_a_run_recorded_before_max_visits_resumes_with_exactly_its_visits():
 
     from mlabench.sweep import recorded_config
 
-    runs = Path(__file__).resolve().parents[2] / "results/h200/repeatability/visits-attempt/runs"
+    runs = Path(__file__).resolve().parents[2] / "tests/report/fixtures/h200-visits-attempt"
     for run in sorted(runs.iterdir()):
         assert "max_visits" not in ResultStore(run).manifest().config
         cfg = recorded_config(ResultStore(run))

@@ -11,7 +11,11 @@ from mlabench.policy import (BatchPolicy, Policy, PolicyEntry, load_policy, merg
                              split_count_rows, to_cpp_header, whole_tile_splits, write_exports)
 from tests.tune.helpers import export_lookups
 
-RESULTS = Path(__file__).parents[2] / "results/h200/tune-kimi-k3-tp8"
+#: H200 policies of schema versions 1 and 2 (tuning runs superseded since; files at commit 0849486 under
+#: results/h200/tune-kimi-k3-tp8/first-attempt/ and wave-cap-attempt/).
+OLD_POLICIES = {"first-attempt": Path(__file__).parents[2] / "tests/report/fixtures/h200-tune-first-attempt"
+                / "tune-kimi-k3-tp8-20261130-161711-925/policy.json",
+                "wave-cap-attempt": Path(__file__).parent / "fixtures/policy-v2-wave-cap-attempt.json"}
 
 
 def entry(max_len: int, splits: int, tokens_per_split: int | None = None, tile_tokens: int | None = None,
@@ -150,7 +154,7 @@ def test_json_round_trip_and_schema_errors(tmp_path):
 def test_older_versions_are_read(folder, version, lookups):
     """The committed H200 policies of schema versions 1 and 2 read as version 3, without rules
     they could not have (2940 tokens: min(ceil(2940 / 64), 64) = 46)."""
-    path = RESULTS / folder / "policy.json"
+    path = OLD_POLICIES[folder]
     assert f'"schema_version": {version}' in path.read_text()
     p = load_policy(path)
     assert p.schema_version == 3 and all(e.tile_tokens is None for b in p.batches for e in b.entries)
