@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Multi-token decode on one NVIDIA GPU (issue 12 item 6; written for an H200, about 3 minutes):
-# Kimi K3 at TP8 (12 heads, bf16, page 64) at qo_len 1, 2 and 4 (speculative-decoding verify, MTP),
+# Multi-token decode on one NVIDIA GPU (written for an H200, about 5 minutes):
+# Kimi K3 at TP8 (12 heads, bf16, page 64) at qo_len 1, 2, 4 and 8 (speculative-decoding verify, MTP),
 # batch 1 and 16, contexts 4K / 32K / 100K, every backend available here
 # (configs/sweeps/kimi-k3-tp8-mtp.toml: triton-splitkv, triton-persistent, flashmla, gluon-splitkv).
 #   1. the GPU tests of multi-token bf16 correctness (tests/gpu, -k multi_token);
-#   2. check at qo_len 1, 2, 4 causal and at qo_len 4 non-causal (a ragged batch whose shortest
+#   2. check at qo_len 1, 2, 4, 8 causal and at qo_len 8 non-causal (a ragged batch whose shortest
 #      request holds just the block, and the seed case), every split count of check;
 #   3. the sweep, and compare: padded persistent vs best split-KV per batch, context and qo_len, and
 #      which path wins at each qo_len.
@@ -39,10 +39,10 @@ want = ('triton-splitkv', 'triton-persistent', 'flashmla', 'gluon-splitkv')
 rows = json.load(sys.stdin)[0]['rows']
 print(','.join(r['backend'] for r in rows if r['backend'] in want and r['available']))")
 echo "backends checked: $backends" > "$out/check.log"
-"${mlabench[@]}" check --model kimi-k3 --tp 8 --qo-len 1,2,4 --backend "$backends" --markdown \
+"${mlabench[@]}" check --model kimi-k3 --tp 8 --qo-len 1,2,4,8 --backend "$backends" --markdown \
   > "$out/check.md" 2>> "$out/check.log"
 echo "check exit code: $?" >> "$out/check.log"
-"${mlabench[@]}" check --model kimi-k3 --tp 8 --qo-len 4 --non-causal --backend "$backends" --markdown \
+"${mlabench[@]}" check --model kimi-k3 --tp 8 --qo-len 8 --non-causal --backend "$backends" --markdown \
   > "$out/check-non-causal.md" 2> "$out/check-non-causal.log"
 echo "check --non-causal exit code: $?" >> "$out/check-non-causal.log"
 

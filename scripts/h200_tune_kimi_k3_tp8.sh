@@ -84,8 +84,7 @@ fi
 
 stage "export"
 "${mlabench[@]}" tune --export "$run" --markdown > "$out/policy.md" || exit
-cp "$run/policy.json" "$run/policy.h" "$run/policy.py" "$out/"
 echo "total wall time: $(( $(date +%s) - t0 )) s" | tee -a "$out/timing.txt" >&2
 made="timing.txt, tune.md"
 [ "${MLABENCH_TUNE_VALIDATE:-1}" != 0 ] && made+=", validate.md"
-stage "done: $out ($made, policy.md, policy.json, policy.h, policy.py, run folders)"
+stage "done: $out ($made, policy.md; the policy files are in $run)"

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The seed's deployment on one NVIDIA Hopper GPU (issue 23 item 4): gluon-splitkv tuned, its policy
+# read from device memory inside a graph captured at start-up, and speculative-verify shapes beside
+# FlashMLA.  Kimi K3 at TP8 (12 heads, bf16, page 64).  Stages (STAGES, default all three; about
+# 4 + 4 + 5 minutes on an H200, so run them in separate calls where one call is limited to 10):
+#   qo1  tune gluon-splitkv at qo_len 1 over the kimi-k3-tp8 buckets, batch 1 and 16
+#        (scripts/h200_tune_kimi_k3_tp8.sh: validation on held-out lengths, export), then
+#        graph-check the exported policy: captured at 1 token, split_policy device (one graph, the
+#        policy's count per request) and host (one count frozen at capture), batch 1 and 16,
+#        contexts 1K-128K, against the call tuned for each length over a ladder of split counts;
+#   qo4  the same at qo_len 4 (speculative verify of 3 draft tokens), graph-check at qo_len 4;
+#   mtp  scripts/h200_qo_len.sh: check and sweep of configs/sweeps/kimi-k3-tp8-mtp.toml (qo_len
+#        1, 2, 4, 8; batch 1 and 16; 4K, 32K, 100K) with FlashMLA beside the project's kernels.
+# Writes OUTDIR/<stage>/: tune.md, validate.md, policy.md, timing.txt, the tuning run folder,
+# graph_check_{device,host}.md/.json and their logs; mtp/: what h200_qo_len.sh writes.
+#   bash scripts/h200_gluon_deploy.sh OUTDIR
+# FLASHMLA_WHEEL=path installs FlashMLA first (no network needed).
+set -uo pipefail
+out="${1:?usage: $0 OUTDIR}"
+here="$(cd "$(dirname "$0")" && pwd)"
+export COLUMNS=200 MLABENCH_E2E=0
+mlabench=(python3 -m mlabench)
+stage() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+contexts=1024,4096,8192,16384,32768,65536,100000,131072
+ladder=1,2,4,8,12,16,24,33,44,66,88,132
+
+tune_and_check() {  # $1 qo_len
+  local dir="$out/qo$1"
+  mkdir -p "$dir"
+  stage "tune gluon-splitkv at qo_len $1"
+  MLABENCH_TUNE_BACKEND=gluon-splitkv MLABENCH_TUNE_TILES=off \
+    MLABENCH_TUNE_SHAPE="--config kimi-k3-tp8 --qo-len $1" \
+    bash "$here/h200_tune_kimi_k3_tp8.sh" "$dir" 2> "$dir/tune-stages.log"
+  local run
+  run="$(ls -d "$dir"/tune-* 2>/dev/null | tail -n 1)"
+  [ -f "$run/policy.json" ] || { echo "no policy in $dir: see $dir/tune-stages.log" >&2; return 1; }
+  for mode in device host; do
+    stage "graph-check split_policy=$mode, qo_len $1"
+    "${mlabench[@]}" graph-check --backend gluon-splitkv --split-policy "$mode" --policy "$run/policy.json" \
+      --qo-len "$1" --capture-len "$1" --batch 1,16 --context "$contexts" --splits "$ladder" --tolerance 0.03 \
+      --save "$dir/graph_check_$mode.json" --markdown > "$dir/graph_check_$mode.md" \
+      2> "$dir/graph_check_$mode.log"
+    echo "graph-check exit code: $?" >> "$dir/graph_check_$mode.log"
+  done
+}
+
+for s in ${STAGES:-qo1 qo4 mtp}; do
+  case "$s" in
+    qo1) tune_and_check 1 ;;
+    qo4) tune_and_check 4 ;;
+    mtp) stage "kimi-k3-tp8-mtp"; bash "$here/h200_qo_len.sh" "$out/mtp" ;;
+    *) echo "unknown stage $s (qo1, qo4, mtp)" >&2; exit 2 ;;
+  esac
+done
