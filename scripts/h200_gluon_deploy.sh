@@ -14,6 +14,9 @@
 # Writes OUTDIR/<stage>/: tune.md, validate.md, policy.md, timing.txt, the tuning run folder,
 # graph_check_{device,host}.md/.json and their logs; mtp/: what h200_qo_len.sh writes.
 #   bash scripts/h200_gluon_deploy.sh OUTDIR
+# Environment: STAGES; TUNE_RUN=folder validates and graph-checks a policy tuned in an earlier call
+# (with one stage); POLICY_MODES [device host]; QO4_CONTEXTS [1K-128K]; and the tune script's
+# MLABENCH_TUNE_* (e.g. MLABENCH_TUNE_TRIALS, MLABENCH_TUNE_VALIDATE=0, MLABENCH_TUNE_BUCKETS).
 # FLASHMLA_WHEEL=path installs FlashMLA first (no network needed).
 set -uo pipefail
 out="${1:?usage: $0 OUTDIR}"
@@ -24,20 +27,25 @@ stage() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 contexts=1024,4096,8192,16384,32768,65536,100000,131072
 ladder=1,2,4,8,12,16,24,33,44,66,88,132
 
-tune_and_check() {  # $1 qo_len
-  local dir="$out/qo$1"
+tune_and_check() {  # $1 qo_len, $2 contexts of the graph-check
+  local dir="$out/qo$1" run="${TUNE_RUN:-}"
   mkdir -p "$dir"
-  stage "tune gluon-splitkv at qo_len $1"
-  MLABENCH_TUNE_BACKEND=gluon-splitkv MLABENCH_TUNE_TILES=off \
-    MLABENCH_TUNE_SHAPE="--config kimi-k3-tp8 --qo-len $1" \
-    bash "$here/h200_tune_kimi_k3_tp8.sh" "$dir" 2> "$dir/tune-stages.log"
-  local run
-  run="$(ls -d "$dir"/tune-* 2>/dev/null | tail -n 1)"
-  [ -f "$run/policy.json" ] || { echo "no policy in $dir: see $dir/tune-stages.log" >&2; return 1; }
-  for mode in device host; do
+  if [ -z "$run" ]; then
+    stage "tune gluon-splitkv at qo_len $1"
+    MLABENCH_TUNE_BACKEND=gluon-splitkv MLABENCH_TUNE_TILES=off \
+      MLABENCH_TUNE_SHAPE="--config kimi-k3-tp8 --qo-len $1" \
+      bash "$here/h200_tune_kimi_k3_tp8.sh" "$dir" 2> "$dir/stages.log"
+    run="$(ls -d "$dir"/tune-kimi-* 2>/dev/null | tail -n 1)"
+  elif [ "${MLABENCH_TUNE_VALIDATE:-1}" != 0 ]; then  # a run tuned in an earlier call: validate it
+    read -r v_lengths v_low v_high <<< "${MLABENCH_VALIDATE_GRID:-24 1024 131072}"
+    "${mlabench[@]}" tune --validate "$run/policy.json" --lengths "$v_lengths" --min-context "$v_low" \
+      --max-context "$v_high" --budget-s 0.3 --results-dir "$dir" --markdown > "$dir/validate.md"
+  fi
+  [ -f "$run/policy.json" ] || { echo "no policy in $dir: see $dir/stages.log" >&2; return 1; }
+  for mode in ${POLICY_MODES:-device host}; do
     stage "graph-check split_policy=$mode, qo_len $1"
     "${mlabench[@]}" graph-check --backend gluon-splitkv --split-policy "$mode" --policy "$run/policy.json" \
-      --qo-len "$1" --capture-len "$1" --batch 1,16 --context "$contexts" --splits "$ladder" --tolerance 0.03 \
+      --qo-len "$1" --capture-len "$1" --batch 1,16 --context "$2" --splits "$ladder" --tolerance 0.03 \
       --save "$dir/graph_check_$mode.json" --markdown > "$dir/graph_check_$mode.md" \
       2> "$dir/graph_check_$mode.log"
     echo "graph-check exit code: $?" >> "$dir/graph_check_$mode.log"
@@ -46,8 +54,8 @@ tune_and_check() {  # $1 qo_len
 
 for s in ${STAGES:-qo1 qo4 mtp}; do
   case "$s" in
-    qo1) tune_and_check 1 ;;
-    qo4) tune_and_check 4 ;;
+    qo1) tune_and_check 1 "$contexts" ;;
+    qo4) tune_and_check 4 "${QO4_CONTEXTS:-$contexts}" ;;
     mtp) stage "kimi-k3-tp8-mtp"; bash "$here/h200_qo_len.sh" "$out/mtp" ;;
     *) echo "unknown stage $s (qo1, qo4, mtp)" >&2; exit 2 ;;
   esac

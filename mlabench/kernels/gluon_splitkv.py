@@ -110,6 +110,17 @@ def _store_partial(po_ptr, plse_ptr, slot, row_lo, num_rows, o, l_i, m_i, stride
 
 
 @gluon.jit
+def _store_empty(plse_ptr, slot, row_lo, num_rows, stride_ls, BLOCK_R: gl.constexpr,
+                 num_warps: gl.constexpr):
+    """An empty split's record: ``lse2 = -inf`` for its rows and no partial (the merge stops
+    before it)."""
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    rows = row_lo + gl.arange(0, BLOCK_R, layout=lay)
+    gl.store(plse_ptr + slot.to(gl.int64) * stride_ls + rows,
+             gl.full([BLOCK_R], float("-inf"), gl.float32, layout=lay), mask=rows < num_rows)
+
+
+@gluon.jit
 def _zero_rows_from(tile, first, num_warps: gl.constexpr):
     """Zero rows ``first ..`` of a ``[64, 512]`` shared-memory page tile, 64 columns at a time
     (a few registers per thread), then fence it for the wgmma that reads it next."""
@@ -249,8 +260,12 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy
         _launch_dependents()
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(bars.index(i))
-    _store_partial(po_ptr, plse_ptr, b * num_splits + split, row_lo, num_rows, o, l_i, m_i,
-                   stride_ps, stride_ph, stride_ls, BLOCK_R, num_warps)
+    if n_tiles > 0:
+        _store_partial(po_ptr, plse_ptr, b * num_splits + split, row_lo, num_rows, o, l_i, m_i,
+                       stride_ps, stride_ph, stride_ls, BLOCK_R, num_warps)
+    else:  # past the request's pages or its own count: -inf log-sum-exps, no partial
+        _store_empty(plse_ptr, b * num_splits + split, row_lo, num_rows, stride_ls, BLOCK_R,
+                     num_warps)
 
 
 def stage1_shared_bytes(block_rows: int, num_stages: int) -> int:

@@ -3,7 +3,8 @@
 Stage 1 of a split-KV decode leaves, per request ``b`` and split ``s``, a normalised fp32 partial
 output ``o_s [H, 512]`` at slot ``b * S + s`` and its base-2 log-sum-exp ``lse_s [H]``.  An empty
 split (no token for that row: past a short request's pages, past its own count under a device
-split policy, or masked by the causal limit) has ``lse = -inf``, and its partial is never read, so
+split policy, or past the row's causal limit) has ``lse = -inf``.  A row's empty splits are its
+last ones, so the merge stops at its last non-empty slot and never reads an empty split's partial:
 stage 1 need not write it.  The result is ``sum_s w_s o_s / sum_s w_s`` with ``w_s = 2^(lse_s - max lse)``
 (Dao et al., "Flash-Decoding for long-context inference", 2023).
 
@@ -60,15 +61,18 @@ def _wide_merge_kernel(po_ptr, plse_ptr, out_ptr, num_splits, stride_ps, stride_
     top = tl.max(lse_all, 0)
     top = tl.where(top == float("-inf"), 0.0, top)  # no token at all: every weight is 0
     w_total = tl.sum(tl.exp2(lse_all - top), 0)
+    # A row's empty splits are its last ones (past its pages, its own count, or its causal limit):
+    # merge up to the last non-empty slot, whose partials stage 1 has written.  The bound comes
+    # from the one lse load above, so no partial load waits on another lse load.
+    live_hi = tl.max(tl.where(lse_all > float("-inf"), every + 1, 0), 0)
     acc = tl.zeros([BLOCK_DV], tl.float32)
-    for c in tl.range(0, num_splits, BLOCK_S, num_stages=3):
+    for c in tl.range(0, live_hi, BLOCK_S, num_stages=3):
         idx = c + tl.arange(0, BLOCK_S)
-        live = idx < num_splits
+        live = idx < live_hi
         lse = tl.load(plse_ptr + (first + idx) * stride_ls + h, mask=live, other=float("-inf"))
         w = tl.exp2(lse - top)  # empty split: 2^-inf = 0
-        # An empty split's partial is never read: stage 1 may leave it unwritten.
         part = tl.load(po_ptr + (first + idx)[:, None] * stride_ps + h * stride_ph + cols[None, :],
-                       mask=(live & (lse > float("-inf")))[:, None], other=0.0)
+                       mask=live[:, None], other=0.0)
         acc += tl.sum(w[:, None] * part, 0)
     res = tl.where(w_total > 0.0, acc / tl.where(w_total > 0.0, w_total, 1.0), 0.0)
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + cols,
@@ -85,9 +89,10 @@ def wide_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.
     divides 512) and ``block_s`` slots per loop step default to :func:`merge_blocks` for
     ``num_sms``.  ``pdl``: launch as a programmatic dependent launch of the kernel before it (that
     kernel should execute ``griddepcontrol.launch_dependents``); NVIDIA sm_90+ only.  Slots whose
-    lse is ``-inf`` weigh 0 and their partials are not read (they may hold anything, NaN
-    included).  A request whose partials are all empty gets a zero row.  Raises ValueError on a bad split count, block
-    size or workspace shape.
+    lse is ``-inf`` weigh 0, and those after a row's last non-empty slot are not read (they may
+    hold anything, NaN included; empty slots before it must hold finite values, as every stage 1
+    here gives: a row's empty splits are its last).  A request whose partials are all empty gets
+    a zero row.  Raises ValueError on a bad split count, block size or workspace shape.
     """
     batch, heads, width = out.shape
     auto_dv, auto_s = merge_blocks(batch, heads, num_kv_splits, num_sms)

@@ -233,3 +233,15 @@ def test_workspace_shapes_and_fixed_count():
     backend = get_backend("gluon-splitkv")
     shape = MLADecodeShape.create(num_heads=12, context_lens=(4096, 100), page_size=64, qo_len=8)
     assert backend.supports(shape)[0] and backend.split_programs(shape, {}) == 2
+
+
+def test_wide_merge_never_reads_an_empty_splits_partial():
+    """Stage 1 leaves the partials of a row's empty (last) splits unwritten: NaN there must not
+    reach the output, and the merge must still weigh every non-empty split."""
+    inp, ref = make_case(12, (300, 64, 1), 64)
+    po, pl = page_split_partials(inp, 4)
+    po[pl == float("-inf")] = float("nan")
+    assert torch.isnan(po).any()  # 64 and 1 token: one page, three empty splits each
+    out = inp.new_output()
+    wide_merge(po, pl, out, 4, block_dv=64, block_s=2)  # two slot blocks: the bound stops early
+    assert max_err(out, ref) < 2e-3
