@@ -19,7 +19,7 @@ from mlabench.errors import ConfigError
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.padding import HEAD_TILE, HeadPadder, padded_heads
-from mlabench.kernels.row_tiles import CUDA_LAUNCH, ROW_TILES, choose_rows_per_tile, row_tiles
+from mlabench.kernels.triton_launch import CUDA_LAUNCH, ROW_TILES, choose_rows_per_tile, row_tiles
 from mlabench.shapes import MLADecodeShape
 from mlabench.split_policy import SplitPolicy, heuristic_policy, load_split_policy
 
@@ -45,7 +45,7 @@ POLICY_MODES = ("host", "device")
 class RowsPerTileSpec(ParamSpec):
     """:data:`ROWS_PER_TILE`: a string parameter without choices (so ``tune`` and ``check`` keep
     it at its default rather than searching it), validated here: ``"auto"`` or one of
-    :data:`mlabench.kernels.row_tiles.ROW_TILES` (an int or its digits), returned as a string."""
+    :data:`mlabench.kernels.triton_launch.ROW_TILES` (an int or its digits), returned as a string."""
 
     def validate(self, value: Any) -> Any:
         text = str(value).strip()
@@ -68,7 +68,7 @@ ROWS_PER_TILE = RowsPerTileSpec(
 
 def resolve_rows_per_tile(params: dict[str, Any], rows: int) -> int:
     """The row tile a launch of ``rows`` packed rows per request uses under ``params``'
-    ``rows_per_tile`` (absent or ``"auto"``: :func:`mlabench.kernels.row_tiles.choose_rows_per_tile`)."""
+    ``rows_per_tile`` (absent or ``"auto"``: :func:`mlabench.kernels.triton_launch.choose_rows_per_tile`)."""
     value = str(params.get("rows_per_tile") or "auto")
     return choose_rows_per_tile(rows, None if value == "auto" else int(value))
 
@@ -85,7 +85,7 @@ PROGRAMS_PER_SM = ParamSpec(
 #: H200 SM's 228 KB.  At 4 warps the registers allow two as well (65,536 per SM / (128 x 255)).
 SPLITKV_SHARED_BYTES = int(93.7 * 1024)
 #: Stage-1 programs of one SM, per row tile, from registers and shared memory of the sm_90
-#: compile (:mod:`mlabench.kernels.row_tiles`): 16 rows: 2 (93.7 KB, 187 registers x 128 threads);
+#: compile (:mod:`mlabench.kernels.triton_launch`): 16 rows: 2 (93.7 KB, 187 registers x 128 threads);
 #: 32 rows: 1 (170 registers x 256 threads); 64 rows: 1 (255 registers x 256 threads).  The
 #: registers of 32 and 64 rows bound it below what shared memory would allow.
 SPLITKV_REGISTER_PROGRAMS_PER_SM = {16: 2, 32: 1, 64: 1}
@@ -180,7 +180,7 @@ class TritonSplitKVBackend(_TritonBackend):
 
     def split_tile_tokens(self, shape: MLADecodeShape, params: dict[str, Any]) -> int | None:
         """Tokens of the default launch's KV tile for the row tile (32 for 16 and 32 rows,
-        :data:`SPLITKV_TILE_TOKENS`; 16 for 64 rows, :data:`mlabench.kernels.row_tiles.CUDA_LAUNCH`):
+        :data:`SPLITKV_TILE_TOKENS`; 16 for 64 rows, :data:`mlabench.kernels.triton_launch.CUDA_LAUNCH`):
         a split walks its tokens in those tiles, and its length, ``ceil(L / S)`` rounded up to 16
         tokens, is a whole number of tiles when ``ceil(L / S)`` is
         (:func:`mlabench.policy.whole_tile_splits`).  None with a split policy (the count does not

@@ -2,7 +2,7 @@
 
 - Rows: the kernels work on a request's query rows, ``qo_len x H`` of them packed token-major
   (row ``r`` is head ``r % H`` of query token ``r // H``; 12 heads x 4 tokens = 48 rows), cut into
-  tiles of 16, 32 or 64 rows chosen per launch (:mod:`mlabench.kernels.row_tiles`: the smallest
+  tiles of 16, 32 or 64 rows chosen per launch (:mod:`mlabench.kernels.triton_launch`: the smallest
   that holds a request's rows, so one 64-row tile streams the cache once for 4 tokens of 12 heads,
   and one token of up to 16 heads keeps the 16-row tile of before).  :func:`pack_rows` views
   ``[B * qo_len, H, D]`` as ``[B, qo_len * H, D]``; with one token a row is a head, as before.
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from mlabench.device import triton_interpreting
-from mlabench.kernels.row_tiles import CUDA_LAUNCH, ROCM_LAUNCH, default_launch_for
+from mlabench.kernels.triton_launch import CUDA_LAUNCH, ROCM_LAUNCH, default_launch_for
 
 D_NOPE = 512  #: latent (kv_lora_rank) width, also the value/output width
 D_ROPE = 64  #: decoupled RoPE width
@@ -52,10 +52,10 @@ MERGE_NUM_STAGES = 2
 #: than streaming at the SM's share of bandwidth); 6 stages give two 32-token buffers (~94 KB shared
 #: memory, two programs per SM).
 #: These are the 16-row tile's; the 32- and 64-row tiles' are in
-#: :data:`mlabench.kernels.row_tiles.CUDA_LAUNCH`.
+#: :data:`mlabench.kernels.triton_launch.CUDA_LAUNCH`.
 DEFAULT_BLOCK_N, DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES = CUDA_LAUNCH[BLOCK_H]
 #: On ROCm the stream pipeliner gives a KV buffer per stage and LDS is 64-160 KB: stay at 2
-#: (untested on AMD hardware; :data:`mlabench.kernels.row_tiles.ROCM_LAUNCH`).
+#: (untested on AMD hardware; :data:`mlabench.kernels.triton_launch.ROCM_LAUNCH`).
 ROCM_NUM_STAGES = ROCM_LAUNCH[BLOCK_H][2]
 
 

@@ -4,7 +4,7 @@ Triton compiles for a target without a device: for NVIDIA it bundles ``ptxas`` (
 AMD its own code generator (gfx942, MI300).  :func:`stage1_resources` builds the signature a launch
 would specialise (pointers and the 16-divisible strides of the kimi-k3 layout marked 16-byte
 aligned), compiles one launch and returns registers, spills and shared memory (LDS on AMD): the
-numbers behind the launch defaults of :mod:`mlabench.kernels.row_tiles`.  Run it in a process where
+numbers behind the launch defaults of :mod:`mlabench.kernels.triton_launch`.  Run it in a process where
 Triton's interpreter has not run (``TRITON_INTERPRET`` unset): the interpreter patches the language
 module the compiler uses.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import triton
 
-from mlabench.kernels.row_tiles import ROW_TILES, default_launch_for
+from mlabench.kernels.triton_launch import ROW_TILES, default_launch_for
 
 #: Kernel arguments that are never a multiple of 16 in the kimi-k3 layout (12 heads): Triton's
 #: launcher would not mark them divisible; every other pointer and stride it would.
@@ -118,7 +118,7 @@ def stage1_resources(kernel: str, rows_per_tile: int, *, target: str = "sm90",
     (``"sm90"`` or ``"gfx942"``) and return its :class:`StageResources`.
 
     ``launch`` ``(block_n, num_warps, num_stages)`` defaults to the tile's default for the target
-    (:func:`mlabench.kernels.row_tiles.default_launch_for`); ``qo_len`` to :data:`TILE_QO_LEN`
+    (:func:`mlabench.kernels.triton_launch.default_launch_for`); ``qo_len`` to :data:`TILE_QO_LEN`
     (causal when > 1 and ``causal``); ``policy_rows`` > 0 compiles the split-KV kernel's device
     policy path.  Raises ValueError for an unknown kernel or target, and Triton's errors when the
     compile fails (e.g. no ptxas in this Triton build).

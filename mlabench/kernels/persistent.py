@@ -11,7 +11,7 @@ cuts the batch's tokens over a grid of one part per SM).
 
 A request's ``qo_len x H`` query rows are packed token-major
 (:func:`mlabench.kernels.common.pack_rows`) into tiles of 16, 32 or 64 rows
-(:func:`mlabench.kernels.row_tiles.choose_rows_per_tile`; the grid's tile axis holds
+(:func:`mlabench.kernels.triton_launch.choose_rows_per_tile`; the grid's tile axis holds
 ``ceil(qo_len * H / rows_per_tile)`` of them, each streaming the program's tokens once); rows past
 ``qo_len * H`` in the last tile are masked (zero query, never stored), so the query needs no head
 padding.  Servers pad one token's 12 heads to 16 (:mod:`mlabench.kernels.padding`), which the
@@ -29,7 +29,7 @@ from mlabench.kernels.common import (
     D_NOPE, LOG2E, attend_tokens, causal_row_limits, check_decode_args, launch_merge,
     load_q_tile, pack_rows, resolve_launch, store_partial, upcast_for_interpreter,
 )
-from mlabench.kernels.row_tiles import choose_rows_per_tile, row_tiles
+from mlabench.kernels.triton_launch import choose_rows_per_tile, row_tiles
 from mlabench.kernels.workspace import split_workspace_bytes
 from mlabench.kernels.worklist import WorkList, build_work_list
 

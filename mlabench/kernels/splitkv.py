@@ -3,7 +3,7 @@
 Stage 1 runs one program per (request, split, row tile).  A request's rows are its ``qo_len``
 query tokens times ``H`` heads, packed token-major (:func:`mlabench.kernels.common.pack_rows`:
 12 heads x 4 tokens = 48 rows), in tiles of 16, 32 or 64 rows chosen per launch
-(:func:`mlabench.kernels.row_tiles.choose_rows_per_tile`: by default one 64-row tile for those 48
+(:func:`mlabench.kernels.triton_launch.choose_rows_per_tile`: by default one 64-row tile for those 48
 rows, so the split's KV tiles are loaded once for all of them, where 16-row tiles load them three
 times); a causal block applies each row's own key limit inside the tile loop, every split count
 alike.  Each request's ``L`` tokens are
@@ -36,7 +36,7 @@ from mlabench.kernels.common import (
     D_NOPE, LOG2E, attend_tokens, causal_row_limits, check_decode_args, launch_merge,
     load_q_tile, pack_rows, policy_splits, resolve_launch, store_partial, upcast_for_interpreter,
 )
-from mlabench.kernels.row_tiles import choose_rows_per_tile, row_tiles
+from mlabench.kernels.triton_launch import choose_rows_per_tile, row_tiles
 from mlabench.kernels.workspace import split_workspace_bytes
 
 SPLIT_ALIGN_TOKENS = 16  #: split length is rounded up to this many tokens
@@ -150,7 +150,7 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
             :func:`mlabench.kernels.wide_merge.wide_merge`.
         rows_per_tile: rows of a request one stage-1 program holds, 16, 32 or 64 (None: the
             smallest that holds all ``qo_len * H`` rows, at most 64,
-            :func:`mlabench.kernels.row_tiles.choose_rows_per_tile`); each tile streams the
+            :func:`mlabench.kernels.triton_launch.choose_rows_per_tile`); each tile streams the
             split's cache once, so a request's cache is read ``ceil(qo_len * H / rows_per_tile)``
             times.  Up to 16 rows the default is the 16-row kernel and launch of before.
 

@@ -25,10 +25,10 @@ from mlabench.errors import ConfigError
 from mlabench.inputs import make_inputs
 from mlabench.kernels.persistent import alloc_persistent_workspace, mla_decode_persistent
 from mlabench.kernels.reference import mla_decode_reference
-from mlabench.kernels.row_tiles import (
+from mlabench.kernels.triton_launch import (
     CUDA_LAUNCH, ROCM_LAUNCH, ROW_TILES, choose_rows_per_tile, default_launch_for, row_tiles,
 )
-from mlabench.kernels.splitkv import alloc_splitkv_workspace, mla_decode_splitkv
+from mlabench.kernels.splitkv import mla_decode_splitkv
 from mlabench.kernels.worklist import build_work_list
 from mlabench.shapes import MLADecodeShape
 from mlabench.split_policy import SplitPolicy
@@ -195,7 +195,7 @@ def test_backends_take_the_row_tile(name, params, rows_per_tile):
 _COMPILE = """
 import dataclasses, json
 from mlabench.kernels.offline_compile import stage1_resources
-from mlabench.kernels.row_tiles import ROW_TILES
+from mlabench.kernels.triton_launch import ROW_TILES
 rows = [dataclasses.asdict(stage1_resources(kernel, tile, policy_rows=policy))
         for tile in ROW_TILES for kernel, policy in (("splitkv", 0), ("splitkv", 8), ("persistent", 0))]
 print(json.dumps(rows))

@@ -1,12 +1,13 @@
-"""Row tiles of the portable Triton MLA decode kernels: how many of a request's query rows one
-program holds, and the launch that goes with each tile size.
+"""Launch of the portable Triton MLA decode kernels per row tile: how many of a request's query
+rows one program holds, and the ``(block_n, num_warps, num_stages)`` that goes with each tile size.
 
 A request's rows are its ``qo_len x H`` query rows packed token-major (12 heads x 4 tokens = 48
 rows).  Each program of stage 1 streams its request's KV range once for the rows of its tile, so a
 request with ``R`` rows reads its cache ``ceil(R / rows_per_tile)`` times: 16-row tiles read it
-three times at qo_len 4 (48 rows), one 64-row tile once.  :func:`choose_rows_per_tile` picks the
-smallest of :data:`ROW_TILES` that holds all of a request's rows (64 at most), so one query token of
-up to 16 heads keeps the 16-row kernel and launch of before.
+three times at qo_len 4 (48 rows), one 64-row tile once.  :func:`choose_rows_per_tile` takes the
+tile of :meth:`mlabench.kernels.row_tiling.RowTiling.for_rows`, the rule the Hopper Gluon kernel
+uses too (the smallest of 16, 32, 64 that holds the rows, 64 at most), so one query token of up to
+16 heads keeps the 16-row kernel and launch of before.
 
 No Triton here: the backends read these tables on every CLI start (the kernels import them too).
 
@@ -47,24 +48,28 @@ persistent 468 / 4; 8 warps are capped at 256 VGPRs and spill 59).
 
 from __future__ import annotations
 
+from mlabench.kernels.row_tiling import MAX_BLOCK_ROWS, RowTiling
+
 #: Row-tile sizes the kernels are built for (powers of two; 16 is the smallest M of ``tl.dot``).
-ROW_TILES = (16, 32, 64)
+ROW_TILES = (16, 32, MAX_BLOCK_ROWS)
 #: ``rows_per_tile -> (block_n, num_warps, num_stages)`` of stage 1 on NVIDIA GPUs (see the table above).
 CUDA_LAUNCH = {16: (32, 4, 6), 32: (32, 8, 6), 64: (16, 8, 7)}
 #: The same on ROCm: untested on AMD hardware, sized from the gfx942 compile to fit 64 KB of LDS.
 ROCM_LAUNCH = {16: (32, 4, 2), 32: (16, 4, 2), 64: (16, 4, 2)}
 
+
 def choose_rows_per_tile(rows: int, requested: int | None = None) -> int:
     """Rows of one stage-1 program for a request of ``rows`` packed query rows (``qo_len x H``).
 
     ``requested`` None: the smallest of :data:`ROW_TILES` that is >= ``rows``, 64 when none is
-    (12 heads: 16 at qo_len 1, 32 at qo_len 2, 64 at qo_len 4 and 8); otherwise ``requested``
-    itself.  Raises ValueError when ``rows < 1`` or ``requested`` is not one of :data:`ROW_TILES`.
+    (12 heads: 16 at qo_len 1, 32 at qo_len 2, 64 at qo_len 4 and 8), the ``block_rows`` of
+    :meth:`mlabench.kernels.row_tiling.RowTiling.for_rows`; otherwise ``requested`` itself.
+    Raises ValueError when ``rows < 1`` or ``requested`` is not one of :data:`ROW_TILES`.
     """
     if rows < 1:
-        raise ValueError(f"a request has at least one query row, got {rows}")
+        raise ValueError(f"a request needs at least one query row, got {rows}")
     if requested is None:
-        return next((t for t in ROW_TILES if t >= rows), ROW_TILES[-1])
+        return RowTiling.for_rows(rows).block_rows
     if requested not in ROW_TILES:
         raise ValueError(f"rows_per_tile must be one of {ROW_TILES}, got {requested}")
     return requested
