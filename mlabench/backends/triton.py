@@ -6,6 +6,7 @@ every CLI start and must not fail where Triton is missing or broken.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from mlabench.errors import ConfigError
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.padding import HEAD_TILE, HeadPadder, padded_heads
+from mlabench.kernels.triton_launch import CUDA_LAUNCH, ROW_TILES, choose_rows_per_tile, row_tiles
 from mlabench.shapes import MLADecodeShape
 from mlabench.split_policy import SplitPolicy, heuristic_policy, load_split_policy
 
@@ -37,6 +39,40 @@ SPLIT_POLICY = ParamSpec(
 #: The two policy modes of :data:`SPLIT_POLICY`.
 POLICY_MODES = ("host", "device")
 
+
+
+@dataclass(frozen=True)
+class RowsPerTileSpec(ParamSpec):
+    """:data:`ROWS_PER_TILE`: a string parameter without choices (so ``tune`` and ``check`` keep
+    it at its default rather than searching it), validated here: ``"auto"`` or one of
+    :data:`mlabench.kernels.triton_launch.ROW_TILES` (an int or its digits), returned as a string."""
+
+    def validate(self, value: Any) -> Any:
+        text = str(value).strip()
+        if text == "auto":
+            return text
+        if not text.isdigit() or int(text) not in ROW_TILES:
+            raise ConfigError(f"{self.name} must be auto or one of "
+                              f"{', '.join(map(str, ROW_TILES))}, got {value!r}")
+        return str(int(text))
+
+
+ROWS_PER_TILE = RowsPerTileSpec(
+    "rows_per_tile", str, default="auto",
+    help="query rows (qo_len x heads, packed token-major) one program holds: 16, 32 or 64, each "
+         "tile streaming the KV cache once; auto = the smallest that holds a request's rows, at "
+         "most 64 (16 for one token of up to 16 heads, the kernel of before; 64 for 4 or 8 tokens "
+         "of 12 heads)",
+)
+
+
+def resolve_rows_per_tile(params: dict[str, Any], rows: int) -> int:
+    """The row tile a launch of ``rows`` packed rows per request uses under ``params``'
+    ``rows_per_tile`` (absent or ``"auto"``: :func:`mlabench.kernels.triton_launch.choose_rows_per_tile`)."""
+    value = str(params.get("rows_per_tile") or "auto")
+    return choose_rows_per_tile(rows, None if value == "auto" else int(value))
+
+
 PROGRAMS_PER_SM = ParamSpec(
     "programs_per_sm", int, default=2, low=1, high=8,
     help="persistent grid size per SM/CU (grid = programs_per_sm x SM count, per 16-head tile); "
@@ -48,6 +84,11 @@ PROGRAMS_PER_SM = ParamSpec(
 #: tiles, 4 warps, 6 stages) compiled for sm_90: 93.7 KB (docs/PERFORMANCE.md), so two fit in an
 #: H200 SM's 228 KB.  At 4 warps the registers allow two as well (65,536 per SM / (128 x 255)).
 SPLITKV_SHARED_BYTES = int(93.7 * 1024)
+#: Stage-1 programs of one SM, per row tile, from registers and shared memory of the sm_90
+#: compile (:mod:`mlabench.kernels.triton_launch`): 16 rows: 2 (93.7 KB, 187 registers x 128 threads);
+#: 32 rows: 1 (170 registers x 256 threads); 64 rows: 1 (255 registers x 256 threads).  The
+#: registers of 32 and 64 rows bound it below what shared memory would allow.
+SPLITKV_REGISTER_PROGRAMS_PER_SM = {16: 2, 32: 1, 64: 1}
 #: Tokens per tile of ``triton-splitkv``'s default launch, ``DEFAULT_BLOCK_N`` of
 #: ``mlabench/kernels/common.py`` (that module imports Triton, this one must not; a test checks
 #: that they agree).
@@ -107,35 +148,46 @@ class TritonSplitKVBackend(_TritonBackend):
     policy's largest count for this batch size; nothing to refresh); in ``host`` mode ``refresh``
     looks one count up from the longest context, as a server choosing the count on the host does,
     which a captured graph cannot follow (``mlabench graph-check`` flags it).  A multi-token step
-    packs each request's ``qo_len x H`` rows into the kernel's 16-row tiles (no head padding).
+    packs each request's ``qo_len x H`` rows into the kernel's row tiles (no head padding), of
+    :data:`ROWS_PER_TILE` rows: by default one 64-row tile, one pass over the cache, for up to 64.
     """
 
     name = "triton-splitkv"
     family = "split-kv"
     summary = "project Triton split-KV (flash-decoding) kernel, explicit num_kv_splits or a split policy"
-    params = (NUM_KV_SPLITS, SPLIT_POLICY)
+    params = (NUM_KV_SPLITS, SPLIT_POLICY, ROWS_PER_TILE)
 
     def resident_programs(self, shape: MLADecodeShape, params: dict[str, Any]) -> int | None:
-        """Stage-1 programs resident at once with a fixed ``num_kv_splits`` on a CUDA GPU:
-        :func:`programs_per_sm` of the SM's shared memory x SMs (264 on an H200).  None on ROCm
-        (other launch defaults, not measured), on the CPU, with a split policy, and with a torch
-        that does not report the SM's shared memory."""
+        """Stage-1 programs resident at once with a fixed ``num_kv_splits`` on a CUDA GPU: for the
+        16-row tile :func:`programs_per_sm` of the SM's shared memory x SMs (264 on an H200); for
+        32 and 64 rows one per SM (:data:`SPLITKV_REGISTER_PROGRAMS_PER_SM`, the registers of
+        the sm_90 compile).  None on ROCm (other launch defaults, not measured), on the CPU, with
+        a split policy, and with a torch that does not report the SM's shared memory."""
         dev = current_device()
         if dev.kind != "cuda" or params.get("split_policy"):
             return None
         sm_shared = getattr(torch.cuda.get_device_properties(0), "shared_memory_per_multiprocessor", None)
-        return None if not sm_shared else programs_per_sm(int(sm_shared)) * dev.num_sms
+        if not sm_shared:
+            return None
+        tile = resolve_rows_per_tile(params, shape.qo_len * shape.num_heads)
+        per_sm = min(programs_per_sm(int(sm_shared)), SPLITKV_REGISTER_PROGRAMS_PER_SM[tile])
+        return per_sm * dev.num_sms
 
     def split_programs(self, shape: MLADecodeShape, params: dict[str, Any]) -> int:
-        """Head tiles of one split: ``ceil(qo_len x heads / 16)`` (the grid's third axis)."""
-        return -(-shape.qo_len * shape.num_heads // HEAD_TILE)
+        """Row tiles of one split: ``ceil(qo_len x heads / rows_per_tile)`` (the grid's third axis)."""
+        rows = shape.qo_len * shape.num_heads
+        return row_tiles(rows, resolve_rows_per_tile(params, rows))
 
     def split_tile_tokens(self, shape: MLADecodeShape, params: dict[str, Any]) -> int | None:
-        """:data:`SPLITKV_TILE_TOKENS` (32): a split walks its tokens in tiles of the default
-        ``block_n``, and its length, ``ceil(L / S)`` rounded up to 16 tokens, is a whole number of
-        tiles when ``ceil(L / S)`` is (:func:`mlabench.policy.whole_tile_splits`).  None with a split
-        policy (the count does not come from ``num_kv_splits`` then)."""
-        return None if params.get("split_policy") else SPLITKV_TILE_TOKENS
+        """Tokens of the default launch's KV tile for the row tile (32 for 16 and 32 rows,
+        :data:`SPLITKV_TILE_TOKENS`; 16 for 64 rows, :data:`mlabench.kernels.triton_launch.CUDA_LAUNCH`):
+        a split walks its tokens in those tiles, and its length, ``ceil(L / S)`` rounded up to 16
+        tokens, is a whole number of tiles when ``ceil(L / S)`` is
+        (:func:`mlabench.policy.whole_tile_splits`).  None with a split policy (the count does not
+        come from ``num_kv_splits`` then)."""
+        if params.get("split_policy"):
+            return None
+        return CUDA_LAUNCH[resolve_rows_per_tile(params, shape.qo_len * shape.num_heads)][0]
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         from mlabench.kernels.splitkv import (
@@ -151,19 +203,20 @@ class TritonSplitKVBackend(_TritonBackend):
         state = {"splits": grid_splits}
         out = inputs.new_output()
         rows = s.qo_len * s.num_heads
+        tile = resolve_rows_per_tile(params, rows)
         part_o, part_lse = alloc_splitkv_workspace(s.batch, rows, grid_splits, inputs.device)
 
         def fn() -> torch.Tensor:
             return mla_decode_splitkv(inputs.q, inputs.kv_cache, inputs.block_table,
                                       inputs.cache_seqlens, out, state["splits"], s.scale,
                                       partial_out=part_o, partial_lse=part_lse, split_policy=table,
-                                      qo_len=s.qo_len, causal=s.causal)
+                                      qo_len=s.qo_len, causal=s.causal, rows_per_tile=tile)
 
         def refresh() -> None:  # host mode: one count for the step, from the longest context
             state["splits"] = policy.lookup(s.batch, int(inputs.cache_seqlens.max()))
             effective["num_kv_splits"] = state["splits"]
 
-        effective: dict[str, Any] = {"num_kv_splits": grid_splits}
+        effective: dict[str, Any] = {"num_kv_splits": grid_splits, "rows_per_tile": tile}
         if mode == "host":
             refresh()
         if policy is not None:
@@ -179,13 +232,16 @@ class TritonSplitKVBackend(_TritonBackend):
 
 @register
 class TritonPersistentBackend(_TritonBackend):
-    """Persistent Triton kernel over a balanced work list, on 16-head tiles
+    """Persistent Triton kernel over a balanced work list, on row tiles
     (:func:`mlabench.kernels.persistent.mla_decode_persistent`).
 
-    The timed call pads q to 16-head tiles, runs the kernel into a ``[B, Hp, 512]`` buffer and
-    copies the first H rows into the output: a server pays those copies every layer.  With
-    ``qo_len`` query tokens the padding applies per token (``[B * qo_len, Hp, 576]``: 12 heads ->
-    16 of each token, one tile per token).  The work
+    One query token: the timed call pads q to 16-head tiles, runs the kernel into a
+    ``[B, Hp, 512]`` buffer and copies the first H rows into the output, as a server pays those
+    copies every layer.  Several query tokens (``qo_len`` > 1): each request's ``qo_len x H`` rows
+    are packed unpadded into tiles of :data:`ROWS_PER_TILE` rows (by default one 64-row tile for
+    up to 64 rows, one pass over the cache), the tile's spare rows masked in the kernel, so q and
+    the output are used in place (no padding or copies; ``head_padding`` applies to one token only,
+    and ``padded_heads`` reports H).  The work
     list is built once in ``prepare`` (untimed, reported in ``setup_us``) and rebuilt in place by
     ``refresh``, like FlashMLA's scheduling metadata, which servers build once per step for all
     layers.  The list is computed on the device, but by about 35 small torch ops launched eagerly
@@ -196,8 +252,8 @@ class TritonPersistentBackend(_TritonBackend):
 
     name = "triton-persistent"
     family = "persistent"
-    summary = "project Triton persistent kernel, balanced work list, 16-head tiles"
-    params = (HEAD_PADDING, PROGRAMS_PER_SM)
+    summary = "project Triton persistent kernel, balanced work list, row tiles (16-head padded at one token)"
+    params = (HEAD_PADDING, PROGRAMS_PER_SM, ROWS_PER_TILE)
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         from mlabench.kernels.common import default_launch
@@ -210,9 +266,9 @@ class TritonPersistentBackend(_TritonBackend):
         s = inputs.shape
         mode = str(params["head_padding"])
         num_programs = int(params["programs_per_sm"]) * current_device().num_sms
-        hp = padded_heads(s.num_heads, HEAD_TILE)
-        padder = HeadPadder(inputs.q, hp, mode)
-        out_pad = inputs.new_output(hp, poison=False)  # [B * qo_len, Hp, 512]
+        pad = s.qo_len == 1  # several tokens: packed rows, masked in the kernel, need no padding
+        hp = padded_heads(s.num_heads, HEAD_TILE) if pad else s.num_heads
+        tile = resolve_rows_per_tile(params, s.qo_len * hp)
         out = inputs.new_output()
         part_o, part_lse = alloc_persistent_workspace(num_programs, s.batch, s.qo_len * hp, inputs.device)
         work, work_list_us = timed_us(inputs.device, lambda: build_work_list(
@@ -221,20 +277,29 @@ class TritonPersistentBackend(_TritonBackend):
         def refresh() -> None:  # the work list the kernel (or a graph of it) reads, in place
             rebuild_work_list(work, inputs.cache_seqlens, WORK_GRANULARITY_TOKENS)
 
-        def fn() -> torch.Tensor:
-            q_pad = padder()
-            mla_decode_persistent(q_pad, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens,
-                                  out_pad, s.scale, num_programs, work=work,
-                                  partial_out=part_o, partial_lse=part_lse, qo_len=s.qo_len,
-                                  causal=s.causal)
-            return out.copy_(out_pad[:, :s.num_heads])
+        def decode(q: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
+            return mla_decode_persistent(q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens,
+                                         into, s.scale, num_programs, work=work,
+                                         partial_out=part_o, partial_lse=part_lse, qo_len=s.qo_len,
+                                         causal=s.causal, rows_per_tile=tile)
 
-        block_n, num_warps, num_stages = default_launch(inputs.q)
+        if pad:
+            padder = HeadPadder(inputs.q, hp, mode)
+            out_pad = inputs.new_output(hp, poison=False)  # [B, Hp, 512]
+
+            def fn() -> torch.Tensor:
+                decode(padder(), out_pad)
+                return out.copy_(out_pad[:, :s.num_heads])
+        else:
+            def fn() -> torch.Tensor:
+                return decode(inputs.q, out)
+
+        block_n, num_warps, num_stages = default_launch(inputs.q, tile)
         return PreparedCall(
             fn=fn, out=out,
             effective_params={"head_padding": mode, "num_programs": num_programs,
-                              "padded_heads": hp, "block_n": block_n, "num_warps": num_warps,
-                              "num_stages": num_stages},
+                              "padded_heads": hp, "rows_per_tile": tile, "block_n": block_n,
+                              "num_warps": num_warps, "num_stages": num_stages},
             setup_us={"work_list_us": work_list_us}, refresh=refresh,
             workspace_bytes=persistent_workspace_bytes(num_programs, s.batch, s.qo_len * hp),
             split_starts=request_split_starts(work),

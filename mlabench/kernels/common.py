@@ -2,10 +2,12 @@
 
 - Rows: the kernels work on a request's query rows, ``qo_len x H`` of them packed token-major
   (row ``r`` is head ``r % H`` of query token ``r // H``; 12 heads x 4 tokens = 48 rows), cut into
-  16-row tiles.  :func:`pack_rows` views ``[B * qo_len, H, D]`` as ``[B, qo_len * H, D]``; with one
-  token a row is a head, as before.
-- :func:`load_q_tile`: one request's 16-row tile of q, split into the 512-column latent
-  ("nope") block and the 64-column RoPE block, kept in registers.
+  tiles of 16, 32 or 64 rows chosen per launch (:mod:`mlabench.kernels.triton_launch`: the smallest
+  that holds a request's rows, so one 64-row tile streams the cache once for 4 tokens of 12 heads,
+  and one token of up to 16 heads keeps the 16-row tile of before).  :func:`pack_rows` views
+  ``[B * qo_len, H, D]`` as ``[B, qo_len * H, D]``; with one token a row is a head, as before.
+- :func:`load_q_tile`: one request's row tile of q, split into the 512-column latent
+  ("nope") block and the 64-column RoPE block.
 - :func:`attend_tokens`: online softmax over a token range of one request.  The 576-wide key is
   read once per tile as those two blocks; V is the nope block of the same loaded tile.  Under
   ``CAUSAL`` (a compile-time switch, off for one query token, so that code is unchanged) each row
@@ -15,7 +17,7 @@
   with weights ``2^(lse_s - max lse)`` (Dao et al., "Flash-Decoding for long-context inference",
   2023).  Empty partials carry ``lse = -inf`` and weight 0; both divisions are guarded, so 0/0 and
   0 x NaN never happen (a first version of the split-KV kernel returned NaN for empty splits).
-- Launch defaults (:func:`default_launch`, :func:`resolve_launch`), the layout check of the
+- Launch defaults per row tile (:func:`default_launch`, :func:`resolve_launch`), the layout check of the
   wrappers' arguments, and the fp32 upcast under Triton's CPU interpreter.
 
 Under the interpreter ``tl.dot`` on bf16 operands is wrong: the wrappers pass ``UPCAST=True``
@@ -29,11 +31,12 @@ import triton
 import triton.language as tl
 
 from mlabench.device import triton_interpreting
+from mlabench.kernels.triton_launch import CUDA_LAUNCH, ROCM_LAUNCH, default_launch_for
 
 D_NOPE = 512  #: latent (kv_lora_rank) width, also the value/output width
 D_ROPE = 64  #: decoupled RoPE width
 D_QK = D_NOPE + D_ROPE
-BLOCK_H = 16  #: head rows per tile (the smallest M of tl.dot)
+BLOCK_H = 16  #: rows of the smallest tile (the smallest M of tl.dot), one token's heads
 LOG2E = 1.4426950408889634
 MERGE_BLOCK_SLOTS = 32  #: partials merged per loop step in stage 2
 MERGE_BLOCK_DV = 128  #: output columns per stage-2 program (grid axis 2 = 512 / this)
@@ -48,25 +51,26 @@ MERGE_NUM_STAGES = 2
 #: single-buffered (no load overlaps the dot products, so each program waits on load latency rather
 #: than streaming at the SM's share of bandwidth); 6 stages give two 32-token buffers (~94 KB shared
 #: memory, two programs per SM).
-DEFAULT_BLOCK_N = 32
-DEFAULT_NUM_WARPS = 4
-DEFAULT_NUM_STAGES = 6
+#: These are the 16-row tile's; the 32- and 64-row tiles' are in
+#: :data:`mlabench.kernels.triton_launch.CUDA_LAUNCH`.
+DEFAULT_BLOCK_N, DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES = CUDA_LAUNCH[BLOCK_H]
 #: On ROCm the stream pipeliner gives a KV buffer per stage and LDS is 64-160 KB: stay at 2
-#: (untested on AMD hardware).
-ROCM_NUM_STAGES = 2
+#: (untested on AMD hardware; :data:`mlabench.kernels.triton_launch.ROCM_LAUNCH`).
+ROCM_NUM_STAGES = ROCM_LAUNCH[BLOCK_H][2]
 
 
-def default_launch(q: torch.Tensor) -> tuple[int, int, int]:
-    """``(block_n, num_warps, num_stages)`` used when the caller passes None, for q's device."""
+def default_launch(q: torch.Tensor, rows_per_tile: int = BLOCK_H) -> tuple[int, int, int]:
+    """``(block_n, num_warps, num_stages)`` used when the caller passes None, for q's device
+    (ROCm or not) and a tile of ``rows_per_tile`` rows (16, 32 or 64; ValueError otherwise)."""
     rocm = q.is_cuda and torch.version.hip is not None
-    return DEFAULT_BLOCK_N, DEFAULT_NUM_WARPS, ROCM_NUM_STAGES if rocm else DEFAULT_NUM_STAGES
+    return default_launch_for(rows_per_tile, rocm)
 
 
 def resolve_launch(q: torch.Tensor, block_n: int | None, num_warps: int | None,
-                   num_stages: int | None) -> tuple[int, int, int]:
-    """Fill None launch options from :func:`default_launch`; ValueError unless block_n is a
-    power of two >= 16 (the smallest tl.dot size)."""
-    d_bn, d_nw, d_ns = default_launch(q)
+                   num_stages: int | None, rows_per_tile: int = BLOCK_H) -> tuple[int, int, int]:
+    """Fill None launch options from :func:`default_launch` for ``rows_per_tile``; ValueError
+    unless block_n is a power of two >= 16 (the smallest tl.dot size)."""
+    d_bn, d_nw, d_ns = default_launch(q, rows_per_tile)
     block_n, num_warps, num_stages = block_n or d_bn, num_warps or d_nw, num_stages or d_ns
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
@@ -102,7 +106,8 @@ def attend_tokens(q_nope, q_pe, kv_ptr, bt_row_ptr, tok_lo, tok_hi, qk_scale_log
                   UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr, CAUSAL: tl.constexpr):
     """Online softmax over tokens ``[tok_lo, tok_hi)`` of one request.
 
-    ``q_nope`` ``[BLOCK_H, 512]`` and ``q_pe`` ``[BLOCK_H, 64]`` are in registers; ``bt_row_ptr``
+    ``q_nope`` ``[BLOCK_H, 512]`` and ``q_pe`` ``[BLOCK_H, 64]`` are one row tile (16, 32 or 64
+    rows; the compiler keeps them in registers or, for wgmma, shared memory); ``bt_row_ptr``
     points at the request's block-table row.  Lanes at or past ``tok_hi`` read neither the block
     table nor the cache: their K and V load as 0.0, their score is -inf and their weight 0 times a
     zero row, so cache slots no request may read (which the correctness check fills with NaN)

@@ -1,7 +1,7 @@
 """Persistent MLA decode in Triton: a grid sized to the GPU walks a balanced work list.
 
-The grid is ``(num_programs, H / 16)`` with ``num_programs`` a multiple of the SM/CU count chosen
-by the caller.  Program ``p`` owns the global tokens ``[p*C, (p+1)*C)`` of the work list
+The grid is ``(num_programs, row tiles)`` with ``num_programs`` a multiple of the SM/CU count
+chosen by the caller.  Program ``p`` owns the global tokens ``[p*C, (p+1)*C)`` of the work list
 (:mod:`mlabench.kernels.worklist`), walks the requests it overlaps and writes one fp32 partial per
 non-empty (program, request) segment into slot ``p + i``; the shared merge kernel
 (:func:`mlabench.kernels.common.merge_partials_kernel`) then merges each request's slot range.
@@ -9,11 +9,14 @@ Every program reads about the same number of KV bytes whatever the mix of length
 point of the persistent "tile scheduler" of FlashMLA's decode on Hopper (its ``get_mla_metadata``
 cuts the batch's tokens over a grid of one part per SM).
 
-The kernel works on whole 16-row head tiles: the query must already be padded to a multiple of 16
-heads (see :mod:`mlabench.kernels.padding`); every padded row is computed and written.  With
-``qo_len`` query tokens per request the padding applies per token (12 -> 16 heads of each token),
-a request's rows are packed token-major (:func:`mlabench.kernels.common.pack_rows`) and the grid's
-tile axis holds ``qo_len * Hp / 16`` tiles; a causal block masks each row at its own key limit.
+A request's ``qo_len x H`` query rows are packed token-major
+(:func:`mlabench.kernels.common.pack_rows`) into tiles of 16, 32 or 64 rows
+(:func:`mlabench.kernels.triton_launch.choose_rows_per_tile`; the grid's tile axis holds
+``ceil(qo_len * H / rows_per_tile)`` of them, each streaming the program's tokens once); rows past
+``qo_len * H`` in the last tile are masked (zero query, never stored), so the query needs no head
+padding.  Servers pad one token's 12 heads to 16 (:mod:`mlabench.kernels.padding`), which the
+``triton-persistent`` backend does at qo_len 1: every padded row is then computed and written as a
+real one.  A causal block masks each row at its own key limit.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import triton
 import triton.language as tl
 
 from mlabench.kernels.common import (
-    BLOCK_H, D_NOPE, LOG2E, attend_tokens, causal_row_limits, check_decode_args, launch_merge,
+    D_NOPE, LOG2E, attend_tokens, causal_row_limits, check_decode_args, launch_merge,
     load_q_tile, pack_rows, resolve_launch, store_partial, upcast_for_interpreter,
 )
+from mlabench.kernels.triton_launch import choose_rows_per_tile, row_tiles
 from mlabench.kernels.workspace import split_workspace_bytes
 from mlabench.kernels.worklist import WorkList, build_work_list
 
@@ -97,12 +101,12 @@ def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: 
                           partial_lse: torch.Tensor | None = None,
                           block_n: int | None = None, num_warps: int | None = None,
                           num_stages: int | None = None, qo_len: int = 1,
-                          causal: bool = True) -> torch.Tensor:
-    """Persistent-grid MLA decode of 16-row head tiles.
+                          causal: bool = True, rows_per_tile: int | None = None) -> torch.Tensor:
+    """Persistent-grid MLA decode of row tiles.
 
     Args:
-        q: ``[B * qo_len, Hp, 576]`` with ``Hp`` a multiple of 16 (pad each token's heads
-            first), bf16/fp16/fp32.
+        q: ``[B * qo_len, Hp, 576]``, bf16/fp16/fp32, any ``Hp`` (heads, padded or not: padded
+            heads are computed as real ones).
         kv_cache: ``[num_pages, page_size, 1, 576]``; block_table ``[B, max_pages]`` int32;
             cache_seqlens ``[B]`` int32 (only read through ``work``).
         out: ``[B * qo_len, Hp, 512]`` in q's dtype, written in place and returned.
@@ -116,17 +120,18 @@ def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: 
         qo_len, causal: query tokens per request and their mask, as
             :func:`mlabench.kernels.splitkv.mla_decode_splitkv` takes them; the partials hold
             ``qo_len * Hp`` rows per slot.
+        rows_per_tile: 16, 32 or 64 rows per program, as
+            :func:`mlabench.kernels.splitkv.mla_decode_splitkv` takes it (None: the smallest that
+            holds ``qo_len * Hp`` rows, at most 64; 16 for one token of up to 16 heads).
 
-    Returns ``out``.  Raises ValueError when ``Hp % 16 != 0``, the work list does not match, or the
-    workspace is too small.
+    Returns ``out``.  Raises ValueError for bad layouts or row tiles, a work list that does not
+    match, or a workspace that is too small.
     """
     check_decode_args(q, kv_cache, block_table, cache_seqlens, out, qo_len)
-    block_n, num_warps, num_stages = resolve_launch(q, block_n, num_warps, num_stages)
     batch, heads_per_token = block_table.shape[0], q.shape[1]
-    if heads_per_token % BLOCK_H:
-        raise ValueError(f"persistent kernel needs heads padded to a multiple of {BLOCK_H}, got "
-                         f"{heads_per_token}")
     heads = qo_len * heads_per_token  # a request's packed rows
+    tile = choose_rows_per_tile(heads, rows_per_tile)
+    block_n, num_warps, num_stages = resolve_launch(q, block_n, num_warps, num_stages, tile)
     q, out_rows = pack_rows(q, batch, qo_len), pack_rows(out, batch, qo_len)
     if work is None:
         work = build_work_list(cache_seqlens, num_programs, WORK_GRANULARITY_TOKENS)
@@ -138,12 +143,12 @@ def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: 
     if partial_out.shape[0] < o_shape[0] or partial_out.shape[1] != heads or partial_lse.shape[1] != heads:
         raise ValueError(f"workspace too small for G={num_programs} B={batch} H={heads}")
     upcast = upcast_for_interpreter(q.dtype)
-    _persistent_stage1[(num_programs, heads // BLOCK_H)](
+    _persistent_stage1[(num_programs, row_tiles(heads, tile))](
         q, kv_cache, block_table, work.cu_seqlens, work.chunk_tokens, work.prog_first_req,
         partial_out, partial_lse, batch, heads, heads_per_token, float(softmax_scale) * LOG2E,
         q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
-        PAGE_SIZE=kv_cache.shape[1], BLOCK_N=block_n, BLOCK_H=BLOCK_H, UPCAST=upcast,
+        PAGE_SIZE=kv_cache.shape[1], BLOCK_N=block_n, BLOCK_H=tile, UPCAST=upcast,
         NUM_STAGES=num_stages, QO_LEN=qo_len, CAUSAL=causal and qo_len > 1,
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -1,9 +1,12 @@
 """Split-KV (flash-decoding) MLA decode in Triton, with an explicit runtime ``num_kv_splits``.
 
-Stage 1 runs one program per (request, split, 16-row tile).  A request's rows are its ``qo_len``
+Stage 1 runs one program per (request, split, row tile).  A request's rows are its ``qo_len``
 query tokens times ``H`` heads, packed token-major (:func:`mlabench.kernels.common.pack_rows`:
-12 heads x 4 tokens = 48 rows, three full tiles); a causal block applies each row's own key limit
-inside the tile loop, every split count alike.  Each request's ``L`` tokens are
+12 heads x 4 tokens = 48 rows), in tiles of 16, 32 or 64 rows chosen per launch
+(:func:`mlabench.kernels.triton_launch.choose_rows_per_tile`: by default one 64-row tile for those 48
+rows, so the split's KV tiles are loaded once for all of them, where 16-row tiles load them three
+times); a causal block applies each row's own key limit inside the tile loop, every split count
+alike.  Each request's ``L`` tokens are
 cut on the device into ``S`` contiguous splits of ``chunk = ceil(L / S)`` tokens rounded up to
 :data:`SPLIT_ALIGN_TOKENS` (trailing splits may be short or empty), so a captured CUDA graph stays
 correct when ``cache_seqlens`` change.  Each split writes an fp32 partial output (already
@@ -30,9 +33,10 @@ import triton
 import triton.language as tl
 
 from mlabench.kernels.common import (
-    BLOCK_H, D_NOPE, LOG2E, attend_tokens, causal_row_limits, check_decode_args, launch_merge,
+    D_NOPE, LOG2E, attend_tokens, causal_row_limits, check_decode_args, launch_merge,
     load_q_tile, pack_rows, policy_splits, resolve_launch, store_partial, upcast_for_interpreter,
 )
+from mlabench.kernels.triton_launch import choose_rows_per_tile, row_tiles
 from mlabench.kernels.workspace import split_workspace_bytes
 
 SPLIT_ALIGN_TOKENS = 16  #: split length is rounded up to this many tokens
@@ -115,12 +119,13 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
                        partial_lse: torch.Tensor | None = None, block_n: int | None = None,
                        num_warps: int | None = None, num_stages: int | None = None,
                        split_policy: torch.Tensor | None = None, qo_len: int = 1,
-                       causal: bool = True, stage1_only: bool = False) -> torch.Tensor:
+                       causal: bool = True, stage1_only: bool = False,
+                       rows_per_tile: int | None = None) -> torch.Tensor:
     """Split-KV MLA decode: ``out = softmax(q K^T * softmax_scale) V`` per query token and head.
 
     Args:
         q: ``[B * qo_len, H, 576]`` bf16/fp16/fp32, any H; a request's ``qo_len * H`` rows are
-            packed into 16-row tiles (extra rows are masked).
+            packed into ``rows_per_tile``-row tiles (extra rows are masked).
         kv_cache: ``[num_pages, page_size, 1, 576]``, same dtype as q; page size any (1/16/64 tested).
         block_table: ``[B, max_pages]`` int32.  cache_seqlens: ``[B]`` int32, read on the device.
         out: ``[B * qo_len, H, 512]`` in q's dtype; written in place and returned.
@@ -131,7 +136,7 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
             (allocated here when None: pass them for graph capture and timing).
         block_n: tokens per tile (16, 32, 64 ...); num_warps / num_stages: Triton launch options,
             num_stages is the software-pipelining depth of the token loop; None takes
-            :func:`default_launch`.
+            :func:`mlabench.kernels.common.default_launch` for the row tile.
         split_policy: None (every request runs ``num_kv_splits`` splits), or an int32 ``[R, 2]``
             table of ``(max_context_len, num_kv_splits)`` rows on q's device, ``R`` a power of two
             (:meth:`mlabench.split_policy.SplitPolicy.device_table`): request ``b`` then runs
@@ -143,17 +148,23 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
         stage1_only: launch stage 1 alone (partials written, ``out`` untouched), for timing
             stage 1 or pairing it with another merge such as
             :func:`mlabench.kernels.wide_merge.wide_merge`.
+        rows_per_tile: rows of a request one stage-1 program holds, 16, 32 or 64 (None: the
+            smallest that holds all ``qo_len * H`` rows, at most 64,
+            :func:`mlabench.kernels.triton_launch.choose_rows_per_tile`); each tile streams the
+            split's cache once, so a request's cache is read ``ceil(qo_len * H / rows_per_tile)``
+            times.  Up to 16 rows the default is the 16-row kernel and launch of before.
 
-    Returns ``out``.  Raises ValueError for bad layouts, split counts, policy tables or a
-    too-small workspace (``[B * S, qo_len * H, 512]`` partials).
+    Returns ``out``.  Raises ValueError for bad layouts, split counts, row tiles, policy tables or
+    a too-small workspace (``[B * S, qo_len * H, 512]`` partials, whatever the row tile).
     """
     check_decode_args(q, kv_cache, block_table, cache_seqlens, out, qo_len)
-    block_n, num_warps, num_stages = resolve_launch(q, block_n, num_warps, num_stages)
     if not 1 <= int(num_kv_splits) <= MAX_KV_SPLITS:
         raise ValueError(f"num_kv_splits must be in 1..{MAX_KV_SPLITS}, got {num_kv_splits}")
     batch, heads = block_table.shape[0], q.shape[1]
     q_rows, out_rows = pack_rows(q, batch, qo_len), pack_rows(out, batch, qo_len)
     rows = qo_len * heads
+    tile = choose_rows_per_tile(rows, rows_per_tile)
+    block_n, num_warps, num_stages = resolve_launch(q, block_n, num_warps, num_stages, tile)
     if partial_out is None or partial_lse is None:
         partial_out, partial_lse = alloc_splitkv_workspace(batch, rows, num_kv_splits, q.device)
     o_shape, l_shape = splitkv_workspace_shapes(batch, rows, num_kv_splits)
@@ -164,13 +175,13 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     policy_rows = 0 if split_policy is None else split_policy.shape[0]
     policy = cache_seqlens if split_policy is None else split_policy  # not read when policy_rows == 0
     upcast = upcast_for_interpreter(q.dtype)
-    grid = (batch, int(num_kv_splits), triton.cdiv(rows, BLOCK_H))
+    grid = (batch, int(num_kv_splits), row_tiles(rows, tile))
     _splitkv_stage1[grid](
         q_rows, kv_cache, block_table, cache_seqlens, policy, partial_out, partial_lse,
         int(num_kv_splits), rows, heads, float(softmax_scale) * LOG2E,
         q_rows.stride(0), q_rows.stride(1), kv_cache.stride(0), kv_cache.stride(1),
         block_table.stride(0), partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
-        PAGE_SIZE=kv_cache.shape[1], BLOCK_N=block_n, BLOCK_H=BLOCK_H,
+        PAGE_SIZE=kv_cache.shape[1], BLOCK_N=block_n, BLOCK_H=tile,
         SPLIT_ALIGN=SPLIT_ALIGN_TOKENS, UPCAST=upcast, NUM_STAGES=num_stages, POLICY_ROWS=policy_rows,
         QO_LEN=qo_len, CAUSAL=causal and qo_len > 1, num_warps=num_warps, num_stages=num_stages,
     )

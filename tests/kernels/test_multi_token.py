@@ -1,9 +1,10 @@
 """Packed multi-token rows in the Triton kernels, compiled on a GPU or in the interpreter without
 one (fp16: the interpreter's bf16 dots are wrong).
 
-Each request's ``qo_len x H`` query rows share the kernels' 16-row tiles (split-KV) or take one
-16-row tile per token after per-token head padding (persistent); the causal mask is applied per
-row.  Contexts include lengths shorter than ``qo_len + 1``: under the causal mask the first query
+Each request's ``qo_len x H`` query rows share the kernels' row tiles (by default the smallest of
+16, 32 and 64 rows that holds them; tests/kernels/test_row_tiles.py tries each size); the
+persistent kernel is run here on per-token padded heads (12 -> 16 of each token), a layout it still
+takes.  The causal mask is applied per row.  Contexts include lengths shorter than ``qo_len + 1``: under the causal mask the first query
 tokens of such a request see one key, or none (a zero output, like the reference's).
 """
 
@@ -67,7 +68,7 @@ def persistent(q_pad, inp, qo_len, causal, programs, block_n=16):
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("splits", [1, 3, 8])
 def test_splitkv_packed_rows(qo_len, causal, splits):
-    """12 heads x 4 tokens = 48 rows, three full tiles; x 2 = 24 rows, a tile and a half."""
+    """12 heads x 4 tokens = 48 rows in one 64-row tile; x 2 = 24 rows in a 32-row tile."""
     inp, refs = case(qo_len)
     out = splitkv(inp, qo_len, causal, splits)
     assert out.shape == (len(LENS) * qo_len, 12, 512)
@@ -95,7 +96,7 @@ def test_splitkv_device_policy_packed_rows():
 @pytest.mark.parametrize("qo_len", [2, 4])
 @pytest.mark.parametrize("causal", [True, False])
 def test_persistent_per_token_padding(qo_len, causal, programs=5):
-    """12 heads padded to 16 per token: one 16-row tile per query token, its 12 real rows exact."""
+    """12 heads padded to 16 per token (32 or 64 rows, one tile), its 12 real rows of each token exact."""
     inp, refs = case(qo_len)
     out = persistent(pad_heads(inp.q, 16, "zero"), inp, qo_len, causal, programs)
     assert not torch.isnan(out).any()  # every padded row is written too

@@ -48,7 +48,7 @@ def test_splitkv_backend():
     assert torch.isnan(call.out).all()
     res = call.fn()
     assert res is call.out and max_err(res, ref) < TOL["float16"]
-    assert call.effective_params == {"num_kv_splits": 3}
+    assert call.effective_params == {"num_kv_splits": 3, "rows_per_tile": 16}
     assert call.workspace_bytes == 2 * 2 * 3 * 12 * (512 * 4 + 4)
 
 
@@ -66,7 +66,7 @@ def test_splitkv_backend_device_policy(tmp_path):
     _inp, ref, path, call = policy_call(tmp_path, "device")
     assert max_err(call.fn(), ref) < TOL["float16"]
     assert call.refresh is None  # nothing depends on the lengths outside the kernel
-    assert call.effective_params == {"num_kv_splits": 5, "split_policy": "device",
+    assert call.effective_params == {"num_kv_splits": 5, "rows_per_tile": 16, "split_policy": "device",
                                      "policy_source": str(path)}
     assert call.workspace_bytes == 2 * (2 + 5) * 12 * (512 * 4 + 4)  # the counts the requests run
 

@@ -1,0 +1,176 @@
+"""Compile the portable Triton kernels' stage 1 for a GPU that is not here, and read its resources.
+
+Triton compiles for a target without a device: for NVIDIA it bundles ``ptxas`` (sm_90 here), for
+AMD its own code generator (gfx942, MI300).  :func:`stage1_resources` builds the signature a launch
+would specialise (pointers and the 16-divisible strides of the kimi-k3 layout marked 16-byte
+aligned), compiles one launch and returns registers, spills and shared memory (LDS on AMD): the
+numbers behind the launch defaults of :mod:`mlabench.kernels.triton_launch`.  Run it in a process where
+Triton's interpreter has not run (``TRITON_INTERPRET`` unset): the interpreter patches the language
+module the compiler uses.
+
+``python -m mlabench.kernels.offline_compile`` prints the table of every row tile's default launch
+for both kernels and both targets (about 30 s on two CPU cores, uncached).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import triton
+
+from mlabench.kernels.triton_launch import ROW_TILES, default_launch_for
+
+#: Kernel arguments that are never a multiple of 16 in the kimi-k3 layout (12 heads): Triton's
+#: launcher would not mark them divisible; every other pointer and stride it would.
+_NOT_DIVISIBLE = {"stride_btb", "stride_ls"}
+_POINTER_TYPES = {"po_ptr": "*fp32", "plse_ptr": "*fp32"}
+#: qo_len of the shape each row tile is compiled at by default: the fewest tokens of 12 heads that
+#: fill it past the next smaller tile.
+TILE_QO_LEN = {16: 1, 32: 2, 64: 4}
+
+
+@dataclass(frozen=True)
+class StageResources:
+    """One compiled stage-1 launch: ``registers`` per thread (VGPRs on AMD), ``spill_bytes``
+    (spill stores in bytes on NVIDIA, spilled VGPRs on AMD), ``shared_bytes`` (shared memory / LDS
+    per program, from Triton's metadata)."""
+
+    kernel: str
+    target: str
+    rows_per_tile: int
+    launch: tuple[int, int, int]
+    registers: int
+    spill_bytes: int
+    shared_bytes: int
+    #: Local-memory loads and stores (``LDL``/``STL``) inside the token loop, the innermost SASS loop
+    #: that holds the tensor-core products (sm_90 only; None on AMD): spills outside it are paid
+    #: once per split or segment, spills inside it once per KV tile.
+    token_loop_spills: int | None = None
+
+
+def _signature(fn, dtype: str, constexprs: dict) -> tuple[dict, dict]:
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+            continue
+        if name.endswith("_ptr"):
+            sig[name] = _POINTER_TYPES.get(name, f"*{dtype}" if name in ("q_ptr", "kv_ptr") else "*i32")
+        else:
+            sig[name] = "fp32" if name == "qk_scale_log2" else "i32"
+        if sig[name].startswith("*") or (name.startswith("stride") and name not in _NOT_DIVISIBLE):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
+def _ptxas_usage(ptx: str) -> tuple[int, int]:
+    """``(registers, spill store bytes)`` from ``ptxas -v`` of Triton's bundled ptxas for sm_90a."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as src:
+        src.write(ptx)
+        src.flush()
+        log = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", src.name, "-o", "/dev/null"],
+                             capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores", log)
+    if regs is None or spills is None:
+        raise RuntimeError(f"unexpected ptxas -v output: {log[-500:]}")
+    return int(regs.group(1)), int(spills.group(1))
+
+
+def token_loop_spills(cubin: bytes) -> int:
+    """``LDL``/``STL`` instructions in the innermost loop of ``cubin``'s SASS (Triton's bundled
+    ``cuobjdump``) that holds an ``HMMA``/``HGMMA``: the token loop of stage 1.  Loops are the
+    ranges of backward branches.  Raises RuntimeError when no such loop is found."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    cuobjdump = str(Path(get_ptxas(90).path).with_name("cuobjdump"))
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    ins = [(int(m.group(1), 16), m.group(2))
+           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = []
+    for addr, text in ins:
+        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            body = [t for a, t in ins if int(target.group(1), 16) <= a <= addr]
+            if any("MMA" in t for t in body):
+                loops.append(body)
+    if not loops:
+        raise RuntimeError("no loop with tensor-core products found in the SASS")
+    inner = min(loops, key=len)
+    return sum(1 for t in inner if re.search(r"\b(LDL|STL)\b", t))
+
+
+def stage1_resources(kernel: str, rows_per_tile: int, *, target: str = "sm90",
+                     launch: tuple[int, int, int] | None = None, qo_len: int | None = None,
+                     causal: bool = True, policy_rows: int = 0, dtype: str = "bf16",
+                     page_size: int = 64) -> StageResources:
+    """Compile stage 1 of ``kernel`` (``"splitkv"`` or ``"persistent"``) for ``target``
+    (``"sm90"`` or ``"gfx942"``) and return its :class:`StageResources`.
+
+    ``launch`` ``(block_n, num_warps, num_stages)`` defaults to the tile's default for the target
+    (:func:`mlabench.kernels.triton_launch.default_launch_for`); ``qo_len`` to :data:`TILE_QO_LEN`
+    (causal when > 1 and ``causal``); ``policy_rows`` > 0 compiles the split-KV kernel's device
+    policy path.  Raises ValueError for an unknown kernel or target, and Triton's errors when the
+    compile fails (e.g. no ptxas in this Triton build).
+    """
+    if kernel == "splitkv":
+        from mlabench.kernels.splitkv import SPLIT_ALIGN_TOKENS, _splitkv_stage1 as fn
+        extra = {"SPLIT_ALIGN": SPLIT_ALIGN_TOKENS, "POLICY_ROWS": policy_rows}
+    elif kernel == "persistent":
+        from mlabench.kernels.persistent import _persistent_stage1 as fn
+        extra = {}
+    else:
+        raise ValueError(f"kernel must be 'splitkv' or 'persistent', got {kernel!r}")
+    if target not in ("sm90", "gfx942"):
+        raise ValueError(f"target must be 'sm90' or 'gfx942', got {target!r}")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    launch = launch or default_launch_for(rows_per_tile, rocm=target != "sm90")
+    block_n, num_warps, num_stages = launch
+    qo_len = qo_len or TILE_QO_LEN[rows_per_tile]
+    constexprs = {"PAGE_SIZE": page_size, "BLOCK_N": block_n, "BLOCK_H": rows_per_tile,
+                  "UPCAST": False, "NUM_STAGES": num_stages, "QO_LEN": qo_len,
+                  "CAUSAL": causal and qo_len > 1, **extra}
+    sig, attrs = _signature(fn, dtype, constexprs)
+    gpu = GPUTarget("cuda", 90, 32) if target == "sm90" else GPUTarget("hip", "gfx942", 64)
+    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                              target=gpu, options={"num_warps": num_warps, "num_stages": num_stages})
+    loop_spills = None
+    if target == "sm90":
+        regs, spills = _ptxas_usage(compiled.asm["ptx"])
+        loop_spills = token_loop_spills(compiled.asm["cubin"])
+    else:
+        amdgcn = compiled.asm["amdgcn"]
+        regs = int(re.search(r"\.vgpr_count:\s*(\d+)", amdgcn).group(1))
+        spills = int(re.search(r"\.vgpr_spill_count:\s*(\d+)", amdgcn).group(1))
+    return StageResources(kernel, target, rows_per_tile, tuple(launch), regs, spills,
+                          int(compiled.metadata.shared), loop_spills)
+
+
+def main() -> None:
+    """Print the resources of every row tile's default launch (both kernels, both targets, and
+    the split-KV kernel's device policy path)."""
+    print("kernel            target  rows  launch (block_n, warps, stages)  registers  spills  "
+          "shared  spills in token loop")
+    for target in ("sm90", "gfx942"):
+        for rows in ROW_TILES:
+            for kernel, policy in (("splitkv", 0), ("splitkv", 8), ("persistent", 0)):
+                r = stage1_resources(kernel, rows, target=target, policy_rows=policy)
+                name = kernel + ("-policy" if policy else "")
+                print(f"{name:<17} {target:<7} {rows:>4}  {str(r.launch):<31}  {r.registers:>9}  "
+                      f"{r.spill_bytes:>6}  {r.shared_bytes:>6}  {r.token_loop_spills}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
