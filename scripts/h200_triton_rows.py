@@ -27,6 +27,7 @@ config (e.g. a smaller one on the CPU to try this script).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import subprocess
 import sys
@@ -68,7 +69,10 @@ def best_points(run: Path) -> tuple[dict, dict]:
     check, and ``failed[key]`` the number that ran and failed it.  ``tile`` is the
     ``rows_per_tile`` asked for (``"16"`` when the record has none: runs before row tiles)."""
     best, failed = {}, {}
-    for line in (run / "results.jsonl").read_text().splitlines():
+    plain = run / "results.jsonl"  # an archived run keeps it gzipped
+    text = (plain.read_text() if plain.exists()
+            else gzip.decompress((run / "results.jsonl.gz").read_bytes()).decode())
+    for line in text.splitlines():
         rec = json.loads(line)
         if rec.get("backend") not in BACKENDS or rec.get("status") in ("unsupported", "unavailable"):
             continue

@@ -58,18 +58,19 @@ class RowsPerTileSpec(ParamSpec):
 
 
 ROWS_PER_TILE = RowsPerTileSpec(
-    "rows_per_tile", str, default="auto",
-    help="query rows (qo_len x heads, packed token-major) one program holds: 16, 32 or 64, each "
-         "tile streaming the KV cache once; auto = the smallest that holds a request's rows, at "
-         "most 64 (16 for one token of up to 16 heads, the kernel of before; 64 for 4 or 8 tokens "
-         "of 12 heads)",
+    "rows_per_tile", str, default="16",
+    help="query rows (qo_len x heads, packed token-major) one program holds: 16 (default), 32 or "
+         "64, each tile streaming the KV cache once; auto = the smallest that holds a request's "
+         "rows, at most 64.  Default 16: on an H200 (results/h200/deploy/triton-rows/) the 32- and "
+         "64-row tiles read the cache fewer times but ran 5-17% slower at batch 16 for 2-8 tokens",
 )
 
 
 def resolve_rows_per_tile(params: dict[str, Any], rows: int) -> int:
     """The row tile a launch of ``rows`` packed rows per request uses under ``params``'
-    ``rows_per_tile`` (absent or ``"auto"``: :func:`mlabench.kernels.triton_launch.choose_rows_per_tile`)."""
-    value = str(params.get("rows_per_tile") or "auto")
+    ``rows_per_tile`` (absent: the default, 16; ``"auto"``:
+    :func:`mlabench.kernels.triton_launch.choose_rows_per_tile`)."""
+    value = str(params.get("rows_per_tile") or ROWS_PER_TILE.default)
     return choose_rows_per_tile(rows, None if value == "auto" else int(value))
 
 
@@ -149,7 +150,8 @@ class TritonSplitKVBackend(_TritonBackend):
     looks one count up from the longest context, as a server choosing the count on the host does,
     which a captured graph cannot follow (``mlabench graph-check`` flags it).  A multi-token step
     packs each request's ``qo_len x H`` rows into the kernel's row tiles (no head padding), of
-    :data:`ROWS_PER_TILE` rows: by default one 64-row tile, one pass over the cache, for up to 64.
+    :data:`ROWS_PER_TILE` rows: by default 16 (three passes over the cache at 4 tokens of 12 heads;
+    one 64-row tile reads it once but measured slower on an H200).
     """
 
     name = "triton-splitkv"

@@ -134,7 +134,10 @@ def test_backends_take_multi_token_shapes(name, params):
     assert max_err(call.fn(), ref) < TOL["float16"]
 
 
-def test_gluon_splitkv_refuses_several_tokens():
-    shape = MLADecodeShape.create(num_heads=12, context_lens=(64,), qo_len=2)
-    ok, why = get_backend("gluon-splitkv").supports(shape)
-    assert not ok and "one query token" in why
+@pytest.mark.parametrize("qo_len,tiles", [(2, 1), (5, 1), (8, 2)])
+def test_gluon_splitkv_takes_several_tokens_in_64_row_tiles(qo_len, tiles):
+    """Its rows are packed as the Triton kernels' are, up to 64 a program (tests/gpu runs it)."""
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(64,), qo_len=qo_len)
+    backend = get_backend("gluon-splitkv")
+    assert backend.supports(shape) == (True, "")
+    assert backend.split_programs(shape, {}) == tiles
