@@ -15,7 +15,7 @@ import torch
 from mlabench.backends.base import Backend, ParamSpec, PreparedCall
 from mlabench.backends.common import MAX_KV_SPLITS, NUM_KV_SPLITS, check_mla_dims
 from mlabench.backends.registry import register
-from mlabench.backends.triton import SPLIT_POLICY, TRITON_PACKAGES, parse_split_policy
+from mlabench.backends.triton import SPLIT_POLICY, TRITON_PACKAGES, SplitChoice
 from mlabench.device import current_device, triton_interpreting
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
@@ -119,42 +119,28 @@ class GluonSplitKVBackend(Backend):
             gluon_workspace_shapes, kv_descriptors, mla_decode_gluon_splitkv,
         )
         from mlabench.kernels.splitkv import splitkv_workspace_bytes
-        from mlabench.kernels.splitkv_torch import split_starts
 
         s = inputs.shape
-        mode, policy = parse_split_policy(str(params.get("split_policy") or ""),
-                                          current_device().num_sms)
-        grid_splits = int(params["num_kv_splits"]) if policy is None else policy.max_splits(s.batch)
-        table = policy.device_table(s.batch, inputs.device) if mode == "device" else None
+        choice = SplitChoice(params, s, inputs.device)
         stages, pdl = int(params["num_stages"]), int(params["pdl"])
         rows = s.qo_len * s.num_heads
-        o_shape, l_shape = gluon_workspace_shapes(s.batch, rows, grid_splits)
+        o_shape, l_shape = gluon_workspace_shapes(s.batch, rows, choice.grid_splits)
         part_o = torch.empty(o_shape, dtype=torch.float32, device=inputs.device)
         part_lse = torch.empty(l_shape, dtype=torch.float32, device=inputs.device)
         out = inputs.new_output()
         descs = kv_descriptors(inputs.kv_cache)
-        state = {"splits": grid_splits}
 
         def fn() -> torch.Tensor:
             return mla_decode_gluon_splitkv(inputs.q, inputs.kv_cache, inputs.block_table,
-                                            inputs.cache_seqlens, out, state["splits"], s.scale,
+                                            inputs.cache_seqlens, out, choice.splits, s.scale,
                                             partial_out=part_o, partial_lse=part_lse,
                                             descriptors=descs, num_stages=stages, pdl=pdl,
-                                            split_policy=table, qo_len=s.qo_len, causal=s.causal)
+                                            split_policy=choice.table, qo_len=s.qo_len,
+                                            causal=s.causal)
 
-        def refresh() -> None:  # host mode: one count for the step, from the longest context
-            state["splits"] = policy.lookup(s.batch, int(inputs.cache_seqlens.max()))
-            effective["num_kv_splits"] = state["splits"]
-
-        effective: dict[str, Any] = {"num_kv_splits": grid_splits, "num_stages": stages, "pdl": pdl}
-        if mode == "host":
-            refresh()
-        if policy is not None:
-            effective.update(split_policy=mode, policy_source=policy.source)
-        counts = ([policy.lookup(s.batch, n) for n in s.context_lens] if mode == "device"
-                  else [state["splits"]] * s.batch)
-        return PreparedCall(fn=fn, out=out, effective_params=effective,
-                            refresh=refresh if mode == "host" else None,
-                            workspace_bytes=splitkv_workspace_bytes(1, rows, sum(counts)),
-                            split_starts=[split_starts([n], c, align=PAGE_TOKENS)[0]
-                                          for n, c in zip(s.context_lens, counts)])
+        refresh = choice.refresh_fn(inputs.cache_seqlens)
+        choice.effective.update(num_stages=stages, pdl=pdl)
+        return PreparedCall(fn=fn, out=out, effective_params=choice.effective, refresh=refresh,
+                            workspace_bytes=splitkv_workspace_bytes(
+                                1, rows, sum(choice.counts(s.context_lens))),
+                            split_starts=choice.split_starts(s.context_lens, PAGE_TOKENS))

@@ -140,6 +140,59 @@ def parse_split_policy(text: str, num_sms: int) -> tuple[str, SplitPolicy | None
     return mode, load_split_policy(path) if path else heuristic_policy(num_sms)
 
 
+class SplitChoice:
+    """Where a split-KV call's split count comes from, from its ``split_policy`` parameter
+    (:data:`SPLIT_POLICY`), for the backends that take one (``triton-splitkv``, ``gluon-splitkv``).
+
+    ``grid_splits`` is the grid's split axis and the workspace's slots per request:
+    ``num_kv_splits``, or the policy's largest count for this batch size.  ``table`` is the
+    policy's int32 device table in ``device`` mode (None otherwise).  ``splits`` is the count the
+    next launch passes: fixed, or in ``host`` mode the count :meth:`refresh_fn` looks up from the
+    longest context at each refresh.  ``effective`` is the call's ``effective_params`` part, kept
+    current by that refresh.  Raises :class:`ConfigError` for a bad ``split_policy``.
+    """
+
+    def __init__(self, params: dict[str, Any], shape: MLADecodeShape, device: torch.device | str):
+        self.mode, self.policy = parse_split_policy(str(params.get("split_policy") or ""),
+                                                    current_device().num_sms)
+        self.batch = shape.batch
+        self.grid_splits = (int(params["num_kv_splits"]) if self.policy is None
+                            else self.policy.max_splits(shape.batch))
+        self.table = self.policy.device_table(shape.batch, device) if self.mode == "device" else None
+        self.splits = self.grid_splits
+        self.effective: dict[str, Any] = {"num_kv_splits": self.grid_splits}
+        if self.policy is not None:
+            self.effective.update(split_policy=self.mode, policy_source=self.policy.source)
+
+    def refresh_fn(self, cache_seqlens: torch.Tensor):
+        """In ``host`` mode the per-step refresh (run once now): one count for the step, looked up
+        from the longest of ``cache_seqlens``, as a server choosing it on the host does; else
+        None (the lengths are read on the device)."""
+        if self.mode != "host":
+            return None
+
+        def refresh() -> None:
+            self.splits = self.policy.lookup(self.batch, int(cache_seqlens.max()))
+            self.effective["num_kv_splits"] = self.splits
+
+        refresh()
+        return refresh
+
+    def counts(self, context_lens) -> list[int]:
+        """Splits each request of ``context_lens`` runs: its own policy count in ``device`` mode,
+        else the one count of the step."""
+        if self.mode == "device":
+            return [self.policy.lookup(self.batch, int(n)) for n in context_lens]
+        return [self.splits] * len(context_lens)
+
+    def split_starts(self, context_lens, align: int) -> list[list[int]]:
+        """First token of each non-empty split per request (splits rounded up to ``align``
+        tokens), what the correctness check places its needles at."""
+        from mlabench.kernels.splitkv_torch import split_starts
+
+        return [split_starts([n], c, align)[0] for n, c in zip(context_lens, self.counts(context_lens))]
+
+
 @register
 class TritonSplitKVBackend(_TritonBackend):
     """Two-stage split-KV Triton kernel (:func:`mlabench.kernels.splitkv.mla_decode_splitkv`).
@@ -195,41 +248,27 @@ class TritonSplitKVBackend(_TritonBackend):
         from mlabench.kernels.splitkv import (
             SPLIT_ALIGN_TOKENS, alloc_splitkv_workspace, mla_decode_splitkv, splitkv_workspace_bytes,
         )
-        from mlabench.kernels.splitkv_torch import split_starts
 
         s = inputs.shape
-        mode, policy = parse_split_policy(str(params.get("split_policy") or ""),
-                                          current_device().num_sms)
-        grid_splits = int(params["num_kv_splits"]) if policy is None else policy.max_splits(s.batch)
-        table = policy.device_table(s.batch, inputs.device) if mode == "device" else None
-        state = {"splits": grid_splits}
+        choice = SplitChoice(params, s, inputs.device)
         out = inputs.new_output()
         rows = s.qo_len * s.num_heads
         tile = resolve_rows_per_tile(params, rows)
-        part_o, part_lse = alloc_splitkv_workspace(s.batch, rows, grid_splits, inputs.device)
+        part_o, part_lse = alloc_splitkv_workspace(s.batch, rows, choice.grid_splits, inputs.device)
 
         def fn() -> torch.Tensor:
             return mla_decode_splitkv(inputs.q, inputs.kv_cache, inputs.block_table,
-                                      inputs.cache_seqlens, out, state["splits"], s.scale,
-                                      partial_out=part_o, partial_lse=part_lse, split_policy=table,
-                                      qo_len=s.qo_len, causal=s.causal, rows_per_tile=tile)
+                                      inputs.cache_seqlens, out, choice.splits, s.scale,
+                                      partial_out=part_o, partial_lse=part_lse,
+                                      split_policy=choice.table, qo_len=s.qo_len, causal=s.causal,
+                                      rows_per_tile=tile)
 
-        def refresh() -> None:  # host mode: one count for the step, from the longest context
-            state["splits"] = policy.lookup(s.batch, int(inputs.cache_seqlens.max()))
-            effective["num_kv_splits"] = state["splits"]
-
-        effective: dict[str, Any] = {"num_kv_splits": grid_splits, "rows_per_tile": tile}
-        if mode == "host":
-            refresh()
-        if policy is not None:
-            effective.update(split_policy=mode, policy_source=policy.source)
-        counts = ([policy.lookup(s.batch, n) for n in s.context_lens] if mode == "device"
-                  else [state["splits"]] * s.batch)
-        return PreparedCall(fn=fn, out=out, effective_params=effective,
-                            refresh=refresh if mode == "host" else None,
-                            workspace_bytes=splitkv_workspace_bytes(1, rows, sum(counts)),
-                            split_starts=[split_starts([n], c, SPLIT_ALIGN_TOKENS)[0]
-                                          for n, c in zip(s.context_lens, counts)])
+        refresh = choice.refresh_fn(inputs.cache_seqlens)
+        choice.effective["rows_per_tile"] = tile
+        return PreparedCall(fn=fn, out=out, effective_params=choice.effective, refresh=refresh,
+                            workspace_bytes=splitkv_workspace_bytes(
+                                1, rows, sum(choice.counts(s.context_lens))),
+                            split_starts=choice.split_starts(s.context_lens, SPLIT_ALIGN_TOKENS))
 
 
 @register
