@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mlabench.kernels.row_tiling import MAX_BLOCK_ROWS, RowTiling
+from mlabench.kernels.row_tiling import RowTiling
 
 PAGE_SIZE = 64  #: the only page size read (one TMA tile per block-table entry)
 #: Kernel-side constants: latent width (also V and the output), RoPE width, page tokens.

@@ -119,21 +119,6 @@ def test_per_token_padding_is_exact():
     assert max_err(zero[:, :12], refs[True]) < TOL["float16"]
 
 
-@pytest.mark.parametrize("name, params", [("triton-splitkv", {"num_kv_splits": 3}),
-                                          ("triton-persistent", {"programs_per_sm": 1})])
-def test_backends_take_multi_token_shapes(name, params):
-    shape = MLADecodeShape.create(num_heads=12, context_lens=(4, 70), qo_len=4, page_size=16,
-                                  q_dtype="float16", kv_dtype="float16")
-    inp = make_inputs(shape, device=DEVICE, seed=3)
-    ref, _ = mla_decode_reference(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens,
-                                  shape.scale, qo_len=4, causal=True)
-    be = get_backend(name)
-    assert be.supports(shape) == (True, "")
-    call = be.prepare(inp, be.resolve_params(shape, params))
-    assert call.out.shape == (8, 12, 512) and torch.isnan(call.out).all()
-    assert max_err(call.fn(), ref) < TOL["float16"]
-
-
 @pytest.mark.parametrize("qo_len,tiles", [(2, 1), (5, 1), (8, 2)])
 def test_gluon_splitkv_takes_several_tokens_in_64_row_tiles(qo_len, tiles):
     """Its rows are packed as the Triton kernels' are, up to 64 a program (tests/gpu runs it)."""

@@ -173,18 +173,21 @@ def test_persistent_row_tiles_without_padding(qo_len, tile):
 
 @pytest.mark.parametrize("name, params", [("triton-splitkv", {"num_kv_splits": 3}),
                                           ("triton-persistent", {"programs_per_sm": 1})])
-@pytest.mark.parametrize("rows_per_tile", ["auto", "16"])
+@pytest.mark.parametrize("rows_per_tile", ["auto", "16", None])
 def test_backends_take_the_row_tile(name, params, rows_per_tile):
-    """qo_len 4 x 12 heads through the backends: one 64-row tile by default, three 16-row ones
-    asked for; the persistent backend no longer pads heads at several tokens."""
+    """qo_len 4 x 12 heads through the backends: one 64-row tile with auto, three 16-row ones
+    asked for or by default (None); the persistent backend no longer pads heads at several
+    tokens."""
     shape = MLADecodeShape.create(num_heads=12, context_lens=(4, 70), qo_len=4, page_size=16,
                                   q_dtype="float16", kv_dtype="float16")
     inp = make_inputs(shape, device=DEVICE, seed=3)
     ref, _ = mla_decode_reference(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens,
                                   shape.scale, qo_len=4, causal=True)
     be = get_backend(name)
-    call = be.prepare(inp, be.resolve_params(shape, {**params, "rows_per_tile": rows_per_tile}))
-    assert torch.isnan(call.out).all()
+    assert be.supports(shape) == (True, "")
+    asked = params if rows_per_tile is None else {**params, "rows_per_tile": rows_per_tile}
+    call = be.prepare(inp, be.resolve_params(shape, asked))
+    assert call.out.shape == (8, 12, 512) and torch.isnan(call.out).all()
     assert max_err(call.fn(), ref) < TOL["float16"]
     assert call.effective_params["rows_per_tile"] == (64 if rows_per_tile == "auto" else 16)
     if name == "triton-persistent":
