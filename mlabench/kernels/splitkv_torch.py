@@ -38,7 +38,8 @@ def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     """Decode ``q`` ``[B * qo_len, H, 576]`` against the paged cache with ``num_kv_splits`` splits.
 
     ``kv_cache`` ``[P, page, 1, 576]``, ``block_table`` ``[B, max_pages]`` int32,
-    ``cache_seqlens`` ``[B]`` int32 (each >= 1).  A request's splits cut its whole context; each
+    ``cache_seqlens`` ``[B]`` int32 (0 gives a zero row, as the Triton kernels write for a graph's
+    padding request).  A request's splits cut its whole context; each
     of its ``qo_len`` query tokens sees the part its mask allows
     (:func:`mlabench.kernels.reference.visible_keys`), and one that sees none gets zeros.
     Returns ``out`` ``[B * qo_len, H, kv_lora_rank]`` in q's dtype.  Computes in float32.  Cache
@@ -57,7 +58,9 @@ def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     # Gathered slots past a request's length (its last page's tail, what block-table padding points
     # at) may hold anything, NaN included: zero them, since a zero softmax weight times NaN is NaN.
     kv = torch.where(valid[..., None], kv, 0.0)
-    split_len = (lens + num_kv_splits - 1) // num_kv_splits  # [B]
+    # A request of length 0 (a captured graph's padding request) has no split to cut: at least 1
+    # token a split keeps the division defined, and its row comes out zero, as the kernels' does.
+    split_len = ((lens + num_kv_splits - 1) // num_kv_splits).clamp_min(1)  # [B]
     split_id = torch.where(valid, pos[None, :] // split_len[:, None], num_kv_splits)  # [B, Lp]
     # Rows are (query token, head) pairs, token-major: [B, qo_len * H, Lp].
     scores = torch.einsum("bhd,btd->bht", q.float().reshape(batch, qo_len * heads, -1), kv) * softmax_scale

@@ -124,3 +124,24 @@ def test_hopper_script_portable_calls_follow_the_kernel():
     assert torch.isnan(calls["outs"][1]).all()
     wide_merge(part_o, part_lse, calls["outs"][1], splits)
     assert max_err(calls["outs"][1], cases[1][1]) < TOL["float16"]
+
+
+@pytest.mark.parametrize("qo_len,causal", [(1, True), (4, True), (4, False)])
+def test_portable_implementations_take_a_zero_length_request(qo_len, causal):
+    """A captured graph's padding request has length 0: the torch split-KV implementation and the
+    fp32 reference give it a zero row, as the Triton kernels do, and the other rows are right."""
+    from mlabench.inputs import make_inputs
+    from mlabench.kernels.reference import mla_decode_reference
+    from mlabench.kernels.splitkv_torch import mla_decode_splitkv_torch
+    from mlabench.shapes import MLADecodeShape
+
+    inp = make_inputs(MLADecodeShape.create(num_heads=12, context_lens=(40, 20, 33), page_size=16,
+                                            qo_len=qo_len, causal=causal), seed=1)
+    lens = torch.tensor([40, 0, 33], dtype=torch.int32, device=inp.device)
+    args = (inp.q, inp.kv_cache, inp.block_table)
+    ref, _ = mla_decode_reference(*args, lens, inp.shape.scale, qo_len=qo_len, causal=causal)
+    out = mla_decode_splitkv_torch(*args, lens, 3, inp.shape.scale, qo_len=qo_len, causal=causal)
+    padding = slice(qo_len, 2 * qo_len)  # the rows of request 1
+    for rows in (ref, out):
+        assert torch.equal(rows[padding], torch.zeros_like(rows[padding]))
+    assert max_err(out, ref) < TOL[inp.shape.q_dtype]
