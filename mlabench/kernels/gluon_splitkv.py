@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from mlabench.kernels.common import causal_row_limits
 from mlabench.kernels.row_tiling import RowTiling
 
 PAGE_SIZE = 64  #: the only page size read (one TMA tile per block-table entry)
@@ -220,9 +221,10 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy
     s_zero = gl.zeros([PAGE_TOKENS, BLOCK_R], gl.float32, layout=mma)
     offs_t = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1, mma))
     # Causal block: packed row r is query token r // heads_per_token of the QO_LEN at the end of
-    # the request and sees keys below seq_len - QO_LEN + 1 + that token.
+    # the request and sees keys below seq_len - QO_LEN + 1 + that token (the Triton kernels' rule,
+    # one definition, tested on the CPU through them).
     rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, mma))
-    row_lim = seq_len - QO_LEN + 1 + rows // heads_per_token
+    row_lim = causal_row_limits(seq_len, rows, heads_per_token, QO_LEN)
     for t in range(n_tiles):
         ahead = t + NUM_STAGES - 1
         if ahead < n_tiles:  # its slot was released when page t - 1's products completed
