@@ -12,7 +12,7 @@ and its parameters) and batch size this module:
 3. compares with the same backend tuned for L: prepared knowing L (as an eager server launching
    per step would) and, where it has ``num_kv_splits``, the fastest of the candidate counts.  Both
    are timed the same way (graph replay, device events, the stopping rule of
-   :mod:`mlabench.timing`), so only the choice differs, not launch overhead.
+   :mod:`mlabench.measure.timing`), so only the choice differs, not launch overhead.
 
 A row is flagged when the captured graph is wrong after refresh or slower than the tuned call by
 more than ``tolerance`` (a split count or schedule frozen at capture).  A subject whose
@@ -42,10 +42,10 @@ from mlabench.errors import BackendUnavailableError, ConfigError, GPURequiredErr
 from mlabench.files import write_text
 from mlabench.inputs import input_bytes, make_inputs
 from mlabench.kernels.reference import mla_decode_reference
+from mlabench.measure.timing import TimingConfig, capture_graph, cold_cache_copies, time_calls
 from mlabench.shapes import MLADecodeShape
 from mlabench.split_policy import SplitPolicy
 from mlabench.tables import ColumnStyle, Table
-from mlabench.timing import TimingConfig, capture_graph, cold_cache_copies, time_calls
 from mlabench.verdict import compare_outputs
 
 DEFAULT_CONTEXTS = (4096, 16384, 32768, 65536, 100000, 131072)
@@ -189,7 +189,7 @@ class EagerEngine:
 
 def replay_us(replay: Callable[[], None], calls: int, cfg: TimingConfig) -> float:
     """Median µs per decode call of ``replay`` (``calls`` calls per replay) under the stopping rule
-    of ``cfg``: device events on a GPU, wall clock on the CPU (:func:`mlabench.timing.time_calls`)."""
+    of ``cfg``: device events on a GPU, wall clock on the CPU (:func:`mlabench.measure.timing.time_calls`)."""
     return time_calls([replay], cfg, use_graph=False).median_us / calls
 
 

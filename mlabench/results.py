@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from mlabench.configfile import validation_line
 from mlabench.errors import ResultsError
 from mlabench.files import append_text, make_dir, read_text, user_path, write_text
-from mlabench.stats import Stats
+from mlabench.measure.stats import Stats
 from mlabench.verdict import Verdict
 
 SCHEMA_VERSION = 1
@@ -118,7 +118,7 @@ class Manifest(BaseModel):
 
     def visit_settings(self) -> dict[str, Any]:
         """The sweep's ``visits``, ``max_visits`` and ``visit_rel_se`` as ``config`` recorded them
-        (:mod:`mlabench.visits`); a run recorded before a setting existed measured each point once
+        (:mod:`mlabench.sweep.visits`); a run recorded before a setting existed measured each point once
         (``visits`` 1) and no more than its ``visits`` (``max_visits``), with no ``visit_rel_se``."""
         visits = self.config.get("visits") or 1
         return {"visits": visits, "max_visits": self.config.get("max_visits") or visits,

@@ -24,9 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mlabench.backends.base import Backend
 from mlabench.configfile import config_file, read_toml, validation_line
 from mlabench.errors import ConfigError
+from mlabench.measure.timing import TimingConfig
 from mlabench.policy import rule_splits, whole_tile_splits
 from mlabench.shapes import MLADecodeShape, resolve_heads
-from mlabench.timing import TimingConfig
 from mlabench.verdict import CheckConfig
 
 Sampler = Literal["auto", "tpe", "gp", "grid", "brute"]

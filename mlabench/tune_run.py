@@ -23,17 +23,17 @@ from mlabench.backends import get_backend
 from mlabench.backends.registry import backend_packages
 from mlabench.configfile import validation_line
 from mlabench.device import current_device
-from mlabench.errors import (BackendUnavailableError, ConfigError, Interrupted, ResultsError,
-                             UnsupportedShapeError)
+from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, ResultsError, UnsupportedShapeError
 from mlabench.inputs import check_fits
-from mlabench.observers import driver_version, gpu_state
+from mlabench.measure.observers import driver_version, gpu_state
 from mlabench.policy import Policy, write_exports
-from mlabench.results import (Manifest, ResultStore, command_line, git_revision, library_versions, new_run_id,
-                              utc_now)
-from mlabench.studies import (StudyProgress, StudySpec, open_storage, optuna_module, prepare_study,
-                              redact_url, study_name, study_progress)
-from mlabench.tune import (LEGACY_FIELDS, TuneConfig, buckets_of, resolve_sampler, shape_dims, space_size, study_space,
-                           tune_shape, wave_cap)
+from mlabench.results import Manifest, ResultStore, command_line, git_revision, library_versions, new_run_id, utc_now
+from mlabench.studies import (
+    StudyProgress, StudySpec, open_storage, optuna_module, prepare_study, redact_url, study_name, study_progress,
+)
+from mlabench.tune import (
+    LEGACY_FIELDS, TuneConfig, buckets_of, resolve_sampler, shape_dims, space_size, study_space, tune_shape, wave_cap,
+)
 from mlabench.tune_choice import BucketChoice, build_policy, study_choice
 from mlabench.tune_enqueue import heuristic_trials, whole_tile_trials
 from mlabench.tune_worker import STORAGE_ENV
@@ -170,7 +170,7 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
         store = ResultStore.open_existing(resume, identity=here)
         specs = recorded_specs
     else:
-        from mlabench.timing import measure_copy_bandwidth_tbps
+        from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
 
         storage_url = cfg.storage
         copy_bw = measure_copy_bandwidth_tbps()

@@ -20,12 +20,12 @@ from mlabench.backends import get_backend
 from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, ConfigError
 from mlabench.heuristics import heuristic_splits
-from mlabench.measure import ShapeBench
+from mlabench.measure.timing import TimingConfig
 from mlabench.policy import Policy
 from mlabench.results import ResultStore
 from mlabench.shapes import MLADecodeShape
+from mlabench.sweep.point import ShapeBench
 from mlabench.tables import Table
-from mlabench.timing import TimingConfig
 
 Progress = Callable[[int, int, str], None]
 
@@ -118,7 +118,7 @@ def validate_policy(policy: Policy, count: int = 48, low: int = 1024, high: int 
     Raises :class:`BackendUnavailableError` when the policy's backend cannot run here and
     :class:`ConfigError` for a bad grid.
     """
-    from mlabench.timing import measure_copy_bandwidth_tbps
+    from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
     from mlabench.tune import tune_timing
     from mlabench.tune_run import fresh_run_id, run_manifest
 

@@ -25,13 +25,16 @@ from typing import Any
 from mlabench.backends import get_backend
 from mlabench.backends.base import Backend
 from mlabench.device import current_device
-from mlabench.measure import ShapeBench
 from mlabench.results import Record, ResultStore, point_key
 from mlabench.shapes import MLADecodeShape
-from mlabench.studies import (FINISHED_STATES, StudySpec, check_device, distinct_finished, launch_key, make_sampler,
-                              open_storage, optuna_module)
-from mlabench.tune import (RULE_PARAM, TILE_PARAM, Dimension, TuneConfig, launched, params_at, resolve_sampler,
-                           shape_dims, study_space, tune_shape)
+from mlabench.studies import (
+    FINISHED_STATES, StudySpec, check_device, distinct_finished, launch_key, make_sampler, open_storage, optuna_module,
+)
+from mlabench.sweep.point import ShapeBench
+from mlabench.tune import (
+    RULE_PARAM, TILE_PARAM, Dimension, TuneConfig, launched, params_at, resolve_sampler, shape_dims, study_space,
+    tune_shape,
+)
 from mlabench.tune_choice import geomean
 from mlabench.workers import RecordIndex, append_shared, claim, release, worker_id
 

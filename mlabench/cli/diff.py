@@ -1,4 +1,4 @@
-"""``mlabench diff RUN_A RUN_B``: two recorded runs point by point (:mod:`mlabench.diff`); reads
+"""``mlabench diff RUN_A RUN_B``: two recorded runs point by point (:mod:`mlabench.sweep.diff`); reads
 only, needs no GPU."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def diff(
 ) -> None:
     """Compare two runs point by point: medians, ratio B/A, significance from the samples and each
     run's repeat noise, a geometric mean per backend; notes where the runs' set-ups differ."""
-    from mlabench.diff import diff_runs, diff_tables
+    from mlabench.sweep.diff import diff_runs, diff_tables
 
     fmt = output_format(format, as_json, markdown)
     emit(diff_tables(diff_runs(run_a, run_b), min_us, all_points), fmt)

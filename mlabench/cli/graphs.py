@@ -13,8 +13,10 @@ from typing import Annotated
 
 import typer
 
-from mlabench.cli.options import (Batch, BudgetS, Context, Format, Json, Markdown, NonCausal, PageSize, QoLen,
-                                  Splits, int_list, name_list, output_format)
+from mlabench.cli.options import (
+    Batch, BudgetS, Context, Format, Json, Markdown, NonCausal, PageSize, QoLen, Splits, int_list, name_list,
+    output_format,
+)
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
 from mlabench.files import write_text
@@ -49,11 +51,12 @@ def graph_check(
 
     Default: triton-splitkv in both policy modes, batch 1, contexts 4K-128K, 12 heads, page 64.
     """
-    from mlabench.graphcheck import (DEFAULT_CONTEXTS, DEFAULT_SPLITS, GraphCheckConfig, graph_check_table,
-                                     run_graph_check, subjects_for)
+    from mlabench.graphcheck import (
+        DEFAULT_CONTEXTS, DEFAULT_SPLITS, GraphCheckConfig, graph_check_table, run_graph_check, subjects_for,
+    )
+    from mlabench.measure.timing import TimingConfig
     from mlabench.split_policy import load_split_policy
     from mlabench.tables import render
-    from mlabench.timing import TimingConfig
 
     fmt = output_format(format, as_json, markdown)
     head_list = int_list(heads, "--heads", "heads") or [12]

@@ -1,7 +1,7 @@
 """Kernel commands: ``backends``, ``check``, ``sweep``, ``compare``.
 
-Each parses its flags, calls one library function (:mod:`mlabench.check`, :mod:`mlabench.sweep`,
-:mod:`mlabench.compare`) and renders a :class:`~mlabench.tables.Table`.  Library modules are
+Each parses its flags, calls one library function (:mod:`mlabench.sweep.check`, :mod:`mlabench.sweep.config`,
+:mod:`mlabench.sweep.compare`) and renders a :class:`~mlabench.tables.Table`.  Library modules are
 imported inside the commands, so that ``mlabench --help`` does not load torch.
 """
 
@@ -12,11 +12,11 @@ from typing import Annotated
 
 import typer
 
-from mlabench.cli.options import (Backends, Batch, BudgetS, CheckBatch, CheckContext, CheckHeads, CompareBatch,
-                                  CompareContext, CompareQoLens, Context, Format, GraphCaptures, Heads, Json, Markdown,
-                                  MaxVisits, Model, ModelConfig, NonCausal, Order, OrderSeed, PageSize, QoLens,
-                                  ResultsDir, Resume, Visits, Splits, SweepFile, Tp, int_list, name_list,
-                                  output_format)
+from mlabench.cli.options import (
+    Backends, Batch, BudgetS, CheckBatch, CheckContext, CheckHeads, CompareBatch, CompareContext, CompareQoLens,
+    Context, Format, GraphCaptures, Heads, Json, Markdown, MaxVisits, Model, ModelConfig, NonCausal, Order, OrderSeed,
+    PageSize, QoLens, ResultsDir, Resume, Splits, SweepFile, Tp, Visits, int_list, name_list, output_format,
+)
 from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError
 
@@ -62,7 +62,7 @@ def check(
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Check every backend against the fp32 reference; exit 1 on any failure."""
-    from mlabench.check import DEFAULT_CHECK_SPLITS, check_failures, check_shapes, run_check
+    from mlabench.sweep.check import DEFAULT_CHECK_SPLITS, check_failures, check_shapes, run_check
     from mlabench.tables import check_table
     from mlabench.verdict import check_config
 
@@ -96,8 +96,8 @@ def sweep(
     Flags change the default sweep (or --config's); --heads without a model sets the heads axis.
     """
     from mlabench.device import current_device
-    from mlabench.sentinel import ceilings_note, health_notes
-    from mlabench.sweep import resolve_sweep_config
+    from mlabench.sweep.config import resolve_sweep_config
+    from mlabench.sweep.sentinel import ceilings_note, health_notes
     from mlabench.tables import sweep_summary
 
     fmt = output_format(format, as_json, markdown)
@@ -134,7 +134,7 @@ def compare(
     With --from it only reads recorded runs; otherwise it measures (or, with --resume, completes)
     the sweep it needs first.
     """
-    from mlabench.compare import backend_families, recorded_records, winners_table
+    from mlabench.sweep.compare import backend_families, recorded_records, winners_table
     from mlabench.tables import compare_table
 
     fmt = output_format(format, as_json, markdown)
@@ -146,7 +146,7 @@ def compare(
         records = recorded_records(from_run, int_list(batch, "--batch"), int_list(context, "--context"),
                                    name_list(backend), int_list(qo_len, "--qo-len"))
     else:
-        from mlabench.sweep import resolve_sweep_config
+        from mlabench.sweep.config import resolve_sweep_config
 
         overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s,
                                qo_len, non_causal)
@@ -167,8 +167,8 @@ COMMANDS = {"backends": backends, "check": check, "sweep": sweep, "compare": com
 
 def _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s,
                qo_len=None, non_causal=False, graph_captures=None) -> dict:
-    """The sweep flags, parsed, as :func:`mlabench.sweep.sweep_overrides`."""
-    from mlabench.sweep import sweep_overrides
+    """The sweep flags, parsed, as :func:`mlabench.sweep.config.sweep_overrides`."""
+    from mlabench.sweep.config import sweep_overrides
 
     return sweep_overrides(
         model=model, tp=tp, model_config=model_config, heads=int_list(heads, "--heads", "heads"),
@@ -181,7 +181,7 @@ def _overrides(model, tp, model_config, heads, backend, batch, context, splits, 
 
 def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool):
     """Run the sweep with a progress bar from its first point."""
-    from mlabench.sweep import run_sweep
+    from mlabench.sweep.run import run_sweep
 
     with progress_bar("sweep") as update:
         def progress(point, record, done, total):

@@ -12,9 +12,9 @@ from mlabench.plots import FigureSpec, Skipped, style
 from mlabench.report.document import Block, Bullets, Code, FigureBlock, Heading, Missing, Para, TableBlock
 from mlabench.report.tuning import config_row
 from mlabench.results import Record
-from mlabench.sentinel import health_notes
+from mlabench.sweep.sentinel import health_notes
+from mlabench.sweep.visits import DEFAULT_VISIT_REL_SE
 from mlabench.tables import Table, compare_table, sweep_summary
-from mlabench.visits import DEFAULT_VISIT_REL_SE
 
 
 def _figures(specs: Sequence[FigureSpec], *kinds: str) -> list[Block]:

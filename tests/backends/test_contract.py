@@ -15,8 +15,8 @@ from mlabench.backends.base import Backend, Family
 from mlabench.errors import ConfigError
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import mla_decode_reference
-from mlabench.measure import ShapeBench
 from mlabench.shapes import MLADecodeShape
+from mlabench.sweep.point import ShapeBench
 from mlabench.verdict import compare_outputs
 
 NAMES = backend_names()

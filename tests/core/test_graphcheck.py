@@ -13,13 +13,14 @@ import torch
 from mlabench import cli
 from mlabench.device import current_device
 from mlabench.errors import ConfigError, GPURequiredError
-from mlabench.graphcheck import (EagerEngine, GraphCheckConfig, GraphCheckResult, GraphCheckRow, GraphEngine,
-                                 Subject, assess, graph_check_table, run_graph_check, subjects_for)
+from mlabench.graphcheck import (
+    EagerEngine, GraphCheckConfig, GraphCheckResult, GraphCheckRow, GraphEngine, Subject, assess, graph_check_table,
+    run_graph_check, subjects_for,
+)
+from mlabench.measure.timing import TimingConfig, cold_cache_copies
 from mlabench.shapes import MLADecodeShape
 from mlabench.split_policy import load_split_policy
 from mlabench.tables import to_json, to_markdown
-from mlabench.timing import TimingConfig, cold_cache_copies
-
 
 FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.05)
 

@@ -190,8 +190,8 @@ def _mutant(mask_error: str):
 def test_a_wrong_causal_mask_fails_the_check(mask_error):
     """On check's ragged batch (the shortest request holds just the block) a kernel that ignores
     the causal mask, or stops one key short, is found wrong."""
-    from mlabench.check import default_check_shapes
-    from mlabench.measure import ShapeBench
+    from mlabench.sweep.check import default_check_shapes
+    from mlabench.sweep.point import ShapeBench
 
     ragged = default_check_shapes(4, None, page_size=16, qo_len=4)[1]
     small = MLADecodeShape.create(**{**ragged.model_dump(), "context_lens": (4, 100, 300)})

@@ -8,12 +8,13 @@ import json
 import pytest
 
 from mlabench.backends import get_backend
-from mlabench.compare import path_winner, recorded_records, winners_table
 from mlabench.errors import ConfigError
+from mlabench.measure.timing import TimingConfig
 from mlabench.results import ResultStore, point_key
-from mlabench.sweep import SweepConfig, expand, load_sweep_config, run_sweep
+from mlabench.sweep.compare import path_winner, recorded_records, winners_table
+from mlabench.sweep.config import SweepConfig, expand, load_sweep_config
+from mlabench.sweep.run import run_sweep
 from mlabench.tables import compare_table, sweep_summary
-from mlabench.timing import TimingConfig
 from tests.core.test_cli import run
 
 FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)

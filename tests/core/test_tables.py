@@ -98,7 +98,7 @@ def number_texts(table):
 
 def checked_records():
     """Records of a real check on the CPU (the committed H200 run predates the relative verdict)."""
-    from mlabench.check import check_shapes, run_check
+    from mlabench.sweep.check import check_shapes, run_check
 
     shapes = check_shapes(heads=[2, 4, 6, 8, 10, 12, 14, 16], context_lens=[40, 100], page_size=16)
     return run_check(shapes, ["torch-splitkv"], [3], seed=1)[0]
@@ -108,7 +108,7 @@ def checked_records():
 def test_at_80_columns_numbers_never_wrap(which):
     """Issue 8 item 10: in an 80-column log every number is whole on one line; columns are left
     out (and said so) instead."""
-    from mlabench.compare import backend_families, recorded_records
+    from mlabench.sweep.compare import backend_families, recorded_records
     from mlabench.tables import check_table, compare_table, sweep_summary
 
     records = recorded_records([H200])
@@ -130,7 +130,7 @@ def test_at_80_columns_numbers_never_wrap(which):
 
 
 def test_the_summary_shows_the_splits_that_were_swept():
-    from mlabench.compare import recorded_records
+    from mlabench.sweep.compare import recorded_records
     from mlabench.tables import sweep_summary
 
     records = recorded_records([H200])

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from mlabench.device import DeviceInfo
+from mlabench.measure.timing import TimingConfig, time_calls
 from mlabench.results import new_run_id
 from mlabench.tables import Table, fmt, render, to_csv, to_json
-from mlabench.timing import TimingConfig, time_calls
 
 
 @pytest.mark.parametrize("value, text", [
@@ -64,7 +64,7 @@ def test_run_id_is_prefix_utc_second_and_process(monkeypatch):
 def test_wall_clock_samples_are_microseconds_per_call(monkeypatch):
     """A fake nanosecond clock that advances 3 ms per read: each pass of two calls reads it twice."""
     ticks = iter(range(0, 10**12, 3_000_000))
-    monkeypatch.setattr("mlabench.timing.time.perf_counter_ns", lambda: next(ticks))
+    monkeypatch.setattr("mlabench.measure.timing.time.perf_counter_ns", lambda: next(ticks))
     cpu = DeviceInfo("cpu", "cpu", "cpu", 2, 0, "cpu", 0)
     cfg = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3)
     stats = time_calls([lambda: None, lambda: None], cfg, use_graph=False, device=cpu)

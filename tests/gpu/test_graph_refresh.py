@@ -26,8 +26,8 @@ VARIANTS = {"triton-splitkv": [{"split_policy": "device"}, {"split_policy": "hos
 def test_graph_replayed_after_refresh_follows_new_lengths(name):
     from mlabench.inputs import make_inputs
     from mlabench.kernels.reference import mla_decode_reference
+    from mlabench.measure.timing import capture_graph
     from mlabench.shapes import MLADecodeShape
-    from mlabench.timing import capture_graph
     from mlabench.verdict import compare_outputs
 
     backend = get_backend(name)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mlabench.timing import TimingConfig
+from mlabench.measure.timing import TimingConfig
 from mlabench.workers import IMPORTS_ENV
 
 

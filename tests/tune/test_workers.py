@@ -11,7 +11,7 @@ import pytest
 from mlabench.errors import ConfigError
 from mlabench.results import ResultStore
 from mlabench.tune_run import run_manifest
-from mlabench.workers import (RecordIndex, append_shared, device_env, parse_devices, worker_alive, worker_id)
+from mlabench.workers import RecordIndex, append_shared, device_env, parse_devices, worker_alive, worker_id
 
 
 def test_parse_devices():
@@ -40,8 +40,8 @@ def test_worker_liveness_survives_pid_reuse_and_other_hosts():
 
 
 def test_record_index_reads_only_complete_lines(tmp_path):
-    from mlabench.measure import failed_record
     from mlabench.shapes import MLADecodeShape
+    from mlabench.sweep.point import failed_record
 
     store = ResultStore.create(tmp_path / "run", run_manifest("run", 1.0, {}))
     index = RecordIndex(store)

@@ -1,4 +1,4 @@
-"""Points measured in several visits spread over the run, samples pooled (issue 13, mlabench.visits)."""
+"""Points measured in several visits spread over the run, samples pooled (issue 13, mlabench.sweep.visits)."""
 
 import json
 import statistics
@@ -6,11 +6,14 @@ import statistics
 import pytest
 
 from mlabench.errors import Interrupted
+from mlabench.measure.stats import summarize
+from mlabench.measure.timing import TimingConfig
 from mlabench.results import Record, ResultStore
-from mlabench.stats import summarize
-from mlabench.sweep import SweepConfig, run_sweep
-from mlabench.timing import TimingConfig
-from mlabench.visits import VISITS_FILE, pooled_record, read_visits, settled, visit_order, visits_rel_se, wants_more
+from mlabench.sweep.config import SweepConfig
+from mlabench.sweep.run import run_sweep
+from mlabench.sweep.visits import (
+    VISITS_FILE, pooled_record, read_visits, settled, visit_order, visits_rel_se, wants_more,
+)
 
 TIMING = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
 
@@ -69,15 +72,15 @@ def test_one_visit_or_an_untimed_first_visit_is_kept_as_is():
 
 
 def test_a_sweep_times_each_point_in_every_visit_and_checks_it_once(tmp_path, monkeypatch):
-    from mlabench import measure
+    from mlabench.sweep import point
 
-    real, verify_flags = measure.ShapeBench.run, []
+    real, verify_flags = point.ShapeBench.run, []
 
     def spy(self, backend, params, **kw):
         verify_flags.append(kw.get("verify", True))
         return real(self, backend, params, **kw)
 
-    monkeypatch.setattr(measure.ShapeBench, "run", spy)
+    monkeypatch.setattr(point.ShapeBench, "run", spy)
     store, recs = run_sweep(config(visits=3), tmp_path)
     assert len(recs) == 4 and all(r.status == "ok" for r in recs)
     assert verify_flags.count(True) == 4 + 2 and verify_flags.count(False) == 8  # + 2 sentinels
@@ -130,7 +133,7 @@ def test_the_cpu_default_is_one_visit(tmp_path):
 
 
 def test_a_visit_runs_sentinel_counts_visits_and_its_windows_name_them(tmp_path):
-    from mlabench.sentinel import read_sentinels
+    from mlabench.sweep.sentinel import read_sentinels
 
     store, _ = run_sweep(config(visits=3, sentinel_every=4, drift_target=1e-9), tmp_path)
     assert [s.after_points for s in read_sentinels(store.run_dir)] == [0, 4, 8, 12]  # of 12 visits
@@ -138,7 +141,7 @@ def test_a_visit_runs_sentinel_counts_visits_and_its_windows_name_them(tmp_path)
     assert drift["after_points"] == [0, 4, 8, 12] and drift["windows"]  # CPU timings always move
     for w in drift["windows"]:
         assert w["to_point"] - w["from_point"] == 4 and len(w["points"]) == 4
-    from mlabench.sentinel import health_notes
+    from mlabench.sweep.sentinel import health_notes
 
     windows = [n for n in health_notes(store.manifest(), store.records()) if n.startswith("drifting window")]
     assert windows and all(n.startswith("drifting window (visits ") for n in windows)  # they index visits
@@ -161,7 +164,7 @@ def test_visits_rel_se_and_settled():
 def test_points_whose_visits_disagree_are_visited_again_up_to_max_visits(tmp_path, monkeypatch):
     """Stand-in times: the point at 40 tokens with 2 splits alternates 10 and 11 µs from visit to
     visit, the others read 10 µs every time; 3 visits planned, at most 7."""
-    from mlabench.runner import SweepRunner
+    from mlabench.sweep.runner import SweepRunner
 
     real, calls = SweepRunner._measure, []
 
@@ -183,7 +186,7 @@ def test_points_whose_visits_disagree_are_visited_again_up_to_max_visits(tmp_pat
     assert noisy.visit_medians_us == [11.0, 10.0, 11.0, 10.0, 11.0, 10.0, 11.0]
     assert totals[-1] == (16, 16)  # 12 planned + 4 further visits; the total grew as they were planned
     assert [json.loads(x)["visit"] for x in (store.run_dir / VISITS_FILE).read_text().splitlines()][12:] == [4, 5, 6, 7]
-    from mlabench.sentinel import health_notes, unsettled
+    from mlabench.sweep.sentinel import health_notes, unsettled
 
     assert unsettled(store.manifest(), recs) == [noisy]  # at 7 visits, standard error 2.1% of the mean
     (note,) = [n for n in health_notes(store.manifest(), recs) if "still disagreed" in n]
@@ -194,7 +197,7 @@ def test_points_whose_visits_disagree_are_visited_again_up_to_max_visits(tmp_pat
 
 
 def test_an_interrupted_further_visit_resumes_without_repeating(tmp_path, monkeypatch):
-    from mlabench.runner import SweepRunner
+    from mlabench.sweep.runner import SweepRunner
 
     real = SweepRunner._measure
     medians = iter([10.0, 11.0] * 50)
@@ -234,7 +237,7 @@ def test_max_visits_below_visits_is_refused(tmp_path):
 def test_a_run_recorded_before_max_visits_resumes_with_exactly_its_visits():
     from pathlib import Path
 
-    from mlabench.sweep import recorded_config
+    from mlabench.sweep.config import recorded_config
 
     runs = Path(__file__).resolve().parents[2] / "results/h200/repeatability/visits-attempt/runs"
     for run in sorted(runs.iterdir()):

@@ -11,8 +11,8 @@ import statistics
 
 import pytest
 
-from mlabench.stats import median_rel_ci, quantile, summarize
-from mlabench.timing import TimingConfig, run_until_stable
+from mlabench.measure.stats import median_rel_ci, quantile, summarize
+from mlabench.measure.timing import TimingConfig, run_until_stable
 
 
 @pytest.mark.parametrize("q, want", [(0.0, 1.0), (0.25, 1.75), (0.5, 3.0), (0.75, 5.0), (1.0, 8.0)])

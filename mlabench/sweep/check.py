@@ -11,10 +11,10 @@ from mlabench.backends.base import Backend, param_grid
 from mlabench.backends.registry import select_backends
 from mlabench.errors import ConfigError, MlabenchError
 from mlabench.inputs import check_fits
-from mlabench.measure import ShapeBench, failed_record
+from mlabench.measure.timing import TimingConfig
 from mlabench.results import Record
 from mlabench.shapes import MLADecodeShape, resolve_heads
-from mlabench.timing import TimingConfig
+from mlabench.sweep.point import ShapeBench, failed_record
 from mlabench.verdict import CheckConfig
 
 #: ``progress(done, total, what)``: how far a run has come, for a progress bar.

@@ -19,10 +19,10 @@ from mlabench.backends.common import timed_us
 from mlabench.device import DeviceInfo, current_device
 from mlabench.errors import MlabenchError, OutOfMemoryError, UnsupportedShapeError
 from mlabench.inputs import MLADecodeInputs, check_fits, input_bytes, make_inputs
-from mlabench.observers import gpu_state
+from mlabench.measure.observers import gpu_state
+from mlabench.measure.timing import TimingConfig, cold_cache_copies, time_calls
 from mlabench.results import Record, point_key, utc_now
 from mlabench.shapes import MLADecodeShape
-from mlabench.timing import TimingConfig, cold_cache_copies, time_calls
 from mlabench.verdict import CheckConfig, Verdict, compare_outputs, worst_verdict
 from mlabench.verification import VerificationCase, find_missing, make_case, split_starts_for, with_reference
 

@@ -35,9 +35,9 @@ from typing import TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from mlabench.files import append_text
-from mlabench.measure import speed_fields
+from mlabench.measure.stats import mean_rel_se, summarize
 from mlabench.results import Record, read_jsonl, utc_now
-from mlabench.stats import mean_rel_se, summarize
+from mlabench.sweep.point import speed_fields
 
 VISITS_FILE = "visits.jsonl"
 #: Visits per point on a GPU when the sweep does not say (``SweepConfig.visits``); 1 on the CPU.
@@ -91,7 +91,7 @@ def read_visits(run_dir: Path) -> dict[str, list[Record]]:
 
 def measured_in_order(run_dir: Path) -> list[Record]:
     """Every visit in ``run_dir/visits.jsonl`` in the order measured: the sequence a visit run's
-    sentinel windows index (:mod:`mlabench.sentinel`)."""
+    sentinel windows index (:mod:`mlabench.sweep.sentinel`)."""
     return [line.record for line in _visit_lines(run_dir)]
 
 

@@ -2,14 +2,16 @@
 
 import pytest
 
-from mlabench import runner, sweep
-from mlabench.measure import record_fields
+from mlabench.measure.stats import summarize
+from mlabench.measure.steady import SteadyState
+from mlabench.measure.timing import TimingConfig
 from mlabench.results import Record
-from mlabench.sentinel import health_notes, read_sentinels, repeat_noise
-from mlabench.stats import summarize
-from mlabench.steady import SteadyState
-from mlabench.sweep import SweepConfig, run_sweep
-from mlabench.timing import TimingConfig
+from mlabench.sweep import run as sweep_run
+from mlabench.sweep import runner
+from mlabench.sweep.config import SweepConfig
+from mlabench.sweep.point import record_fields
+from mlabench.sweep.run import run_sweep
+from mlabench.sweep.sentinel import health_notes, read_sentinels, repeat_noise
 
 
 class SlowPhaseBench:
@@ -37,7 +39,7 @@ class SlowPhaseBench:
 def slow_phase_run(tmp_path, monkeypatch):
     SlowPhaseBench.ticks = 0
     monkeypatch.setattr(runner, "ShapeBench", SlowPhaseBench)
-    monkeypatch.setattr(sweep, "warm_up", lambda cfg: SteadyState(steady=True, reason="steady after 6.0 s",
+    monkeypatch.setattr(sweep_run, "warm_up", lambda cfg: SteadyState(steady=True, reason="steady after 6.0 s",
                                                                   elapsed_s=6.0, sm_clock_mhz=1980, power_w=450))
     cfg = SweepConfig(name="t", heads=[12], batch=[1, 2], context_lens=[16, 40], page_size=16, order="grid",
                       backends=["torch-splitkv"], params={"num_kv_splits": [1, 2, 3]}, sentinel_every=4,

@@ -1,13 +1,14 @@
 import pytest
 
 from mlabench.backends import get_backend
-from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, UnknownBackendError
-from mlabench.results import ResultStore
 from mlabench.backends.base import param_grid
 from mlabench.backends.registry import select_backends
 from mlabench.device import current_device
-from mlabench.sweep import SweepConfig, default_sweep_config, expand, load_sweep_config, run_sweep
-from mlabench.timing import TimingConfig
+from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, UnknownBackendError
+from mlabench.measure.timing import TimingConfig
+from mlabench.results import ResultStore
+from mlabench.sweep.config import SweepConfig, default_sweep_config, expand, load_sweep_config
+from mlabench.sweep.run import run_sweep
 
 FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
 
@@ -177,7 +178,7 @@ def test_heads_axis_without_a_model_and_with_one():
 
 
 def expand_shapes(cfg):
-    from mlabench.sweep import shapes_of
+    from mlabench.sweep.config import shapes_of
 
     return shapes_of(cfg)
 
@@ -199,7 +200,7 @@ def test_run_name_cannot_leave_the_results_folder(name):
 
 
 def test_inputs_that_fail_to_allocate_become_error_rows(tmp_path, monkeypatch):
-    from mlabench import runner
+    from mlabench.sweep import runner
 
     def no_memory(*a, **k):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory\nmore")
@@ -211,7 +212,7 @@ def test_inputs_that_fail_to_allocate_become_error_rows(tmp_path, monkeypatch):
 
 
 def test_flags_become_overrides_in_the_config_layout():
-    from mlabench.sweep import sweep_overrides
+    from mlabench.sweep.config import sweep_overrides
 
     o = sweep_overrides(heads=[8], splits=[1, 2], budget_s=0.5, model_config="m/config.json")
     assert o["params"] == {"num_kv_splits": [1, 2]} and o["timing"] == {"budget_s": 0.5}
@@ -222,7 +223,7 @@ def test_flags_become_overrides_in_the_config_layout():
 
 
 def test_resolve_the_default_sweep_changed_by_flags():
-    from mlabench.sweep import resolve_sweep_config, sweep_overrides
+    from mlabench.sweep.config import resolve_sweep_config, sweep_overrides
 
     assert resolve_sweep_config(None, sweep_overrides()) == default_sweep_config()
     changed = resolve_sweep_config(None, sweep_overrides(context_lens=[48]))
@@ -234,7 +235,7 @@ def test_resolve_the_default_sweep_changed_by_flags():
 
 
 def test_resume_policy_reruns_the_recorded_configuration(tmp_path):
-    from mlabench.sweep import resolve_sweep_config, sweep_overrides
+    from mlabench.sweep.config import resolve_sweep_config, sweep_overrides
 
     cfg = small_config(batch=[1], context_lens=[16])
     store, _ = run_sweep(cfg, tmp_path)
@@ -253,7 +254,7 @@ def test_a_model_flag_replaces_the_files_model_whichever_kind(tmp_path):
     kimi-k3), and ``--model`` replaces a config file's ``model_config`` (issue 8 item 6)."""
     import json
 
-    from mlabench.sweep import resolve_sweep_config, sweep_overrides
+    from mlabench.sweep.config import resolve_sweep_config, sweep_overrides
 
     hf = tmp_path / "ds_v3_config.json"
     hf.write_text(json.dumps({"model_type": "deepseek_v3", "num_attention_heads": 128, "kv_lora_rank": 512,

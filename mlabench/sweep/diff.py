@@ -8,14 +8,14 @@ versions compare (that is how a machine is checked against another), with a note
 
 Significance.  Each median's uncertainty has two parts.  Its samples give the first: the
 distribution-free 95% confidence interval of the median (order statistics, see
-:func:`mlabench.stats.median_rel_ci`), whose relative half-width over 1.96 is a standard error.
+:func:`mlabench.measure.stats.median_rel_ci`), whose relative half-width over 1.96 is a standard error.
 The samples of one measurement are taken within milliseconds, though, and a point measured again
 (new inputs, a new graph, another moment of the GPU) moves by more than they show: on an H200 the
 same sweep twice disagreed by 0.5% at the median point while most points' samples spanned less.
 A test on the samples alone (a rank test, or non-overlapping intervals) then calls most points of
 two equal runs different.  So each run adds its *repeat noise*, the spread between successive
-measurements of its sentinel point (:func:`mlabench.sentinel.repeat_noise`; zero for runs
-without sentinel measurements).  A point measured in several visits (:mod:`mlabench.visits`) takes
+measurements of its sentinel point (:func:`mlabench.sweep.sentinel.repeat_noise`; zero for runs
+without sentinel measurements).  A point measured in several visits (:mod:`mlabench.sweep.visits`) takes
 as its first part the larger of its pooled samples' standard error and that of the mean of its
 visits' medians: samples within a visit are not independent draws, and a point whose visits
 disagree (FlashMLA at batch 1, 8K on an H200 reads 25.0 or 26.7 µs at a visit, depending on what
@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from mlabench.errors import MissingResultError, ResultsError
+from mlabench.measure.stats import mean_rel_se, median_rel_ci
 from mlabench.results import Manifest, Record, ResultStore, describe_records, run_folders
-from mlabench.sentinel import read_sentinels, repeat_noise
-from mlabench.stats import mean_rel_se, median_rel_ci
+from mlabench.sweep.sentinel import read_sentinels, repeat_noise
 from mlabench.tables import PARAMS, ColumnStyle, Table, params_label
 
 #: Normal quantile a point's |ln ratio| must exceed, in units of its combined standard error.
@@ -100,7 +100,7 @@ def load_run(path: Path | str) -> Run:
 def median_se(r: Record) -> float:
     """Relative standard error of a record's median (inf when untimed): from its samples, or, for a
     point measured in several visits, the standard error of the mean of the visits' medians over that
-    mean (:func:`mlabench.stats.mean_rel_se`) where that is larger -- the visit, not the sample, is the
+    mean (:func:`mlabench.measure.stats.mean_rel_se`) where that is larger -- the visit, not the sample, is the
     independent draw (module docstring)."""
     if r.stats is None:
         return math.inf

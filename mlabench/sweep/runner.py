@@ -1,35 +1,33 @@
 """The sweep's measuring loop: points in their order, shape inputs reused, the sentinel, drift.
 
-:class:`SweepRunner` takes the points of a sweep in measuring order (:mod:`mlabench.order`),
-measures each point in one or more visits spread over the run (:mod:`mlabench.visits`) and
+:class:`SweepRunner` takes the points of a sweep in measuring order (:mod:`mlabench.sweep.order`),
+measures each point in one or more visits spread over the run (:mod:`mlabench.sweep.visits`) and
 appends one record per point to the run's store, re-measures the sentinel point
 (:func:`choose_sentinel`) at the start, after every ``sentinel_every`` points and at the end
-(:mod:`mlabench.sentinel`), flags points measured below the GPU's steady clock
-(:mod:`mlabench.steady`), and writes the drift into the manifest when it stops, interrupted or not.
-Imported by :mod:`mlabench.sweep` only.
+(:mod:`mlabench.sweep.sentinel`), flags points measured below the GPU's steady clock
+(:mod:`mlabench.measure.steady`), and writes the drift into the manifest when it stops, interrupted or not.
+Imported by :mod:`mlabench.sweep.run` only.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from mlabench.backends import get_backend
 from mlabench.backends.base import param_grid
 from mlabench.device import current_device, free_memory_bytes
 from mlabench.errors import Interrupted, MlabenchError
 from mlabench.inputs import input_bytes
-from mlabench.measure import ShapeBench, failed_record
+from mlabench.measure.steady import below_steady
 from mlabench.results import Record, ResultStore
-from mlabench.sentinel import append_sentinel, drift_dict, drift_of, read_sentinels
 from mlabench.shapes import MLADecodeShape
-from mlabench.steady import below_steady
-from mlabench.visits import (append_visit, measured_in_order, pooled_record, read_visits, settled, visit_order,
-                             wants_more)
-
-if TYPE_CHECKING:
-    from mlabench.sweep import Point, SweepConfig
+from mlabench.sweep.config import Point, SweepConfig
+from mlabench.sweep.point import ShapeBench, failed_record
+from mlabench.sweep.sentinel import append_sentinel, drift_dict, drift_of, read_sentinels
+from mlabench.sweep.visits import (
+    append_visit, measured_in_order, pooled_record, read_visits, settled, visit_order, wants_more,
+)
 
 ProgressFn = Callable[["Point", "Record | None", int, int], None]
 
@@ -95,8 +93,8 @@ class SweepRunner:
 
     def run(self, ordered: Sequence[Point], sentinel: Point | None, progress: ProgressFn | None = None) -> None:
         """Measure every point of ``ordered`` not yet recorded, in order, in :attr:`visits` passes,
-        then in further passes over the points not yet :func:`~mlabench.visits.settled`, up to
-        :attr:`max_visits` (:mod:`mlabench.visits`); Ctrl-C saves what was measured (CSV, drift)
+        then in further passes over the points not yet :func:`~mlabench.sweep.visits.settled`, up to
+        :attr:`max_visits` (:mod:`mlabench.sweep.visits`); Ctrl-C saves what was measured (CSV, drift)
         and raises :class:`Interrupted` naming the folder to resume.  ``progress(point, record,
         done, total)`` counts measurements (a point is at least ``visits`` of them; ``total`` grows
         as further passes are planned): it is called at the start and before each measurement
@@ -179,12 +177,12 @@ class SweepRunner:
     @property
     def max_visits(self) -> int:
         """Most visits of a point whose visits disagree: the sweep's ``max_visits`` (resolved by
-        :func:`mlabench.sweep.run_sweep`), at least :attr:`visits`."""
+        :func:`mlabench.sweep.run.run_sweep`), at least :attr:`visits`."""
         return max(self.cfg.max_visits or 1, self.visits)
 
     @property
     def visits(self) -> int:
-        """Visits per point: the sweep's ``visits`` (:func:`mlabench.sweep.run_sweep` resolves
+        """Visits per point: the sweep's ``visits`` (:func:`mlabench.sweep.run.run_sweep` resolves
         its default), 1 when unset."""
         return self.cfg.visits or 1
 

@@ -3,12 +3,12 @@
 A sweep measures its sentinel point before its first point, again after every ``sentinel_every``
 points and once more at the end, each time on freshly made inputs, and appends each measurement
 to ``sentinel.jsonl`` in the run folder (with how many points were recorded when it was taken; in a
-run with several visits per point, how many visits were measured: :mod:`mlabench.visits`).
+run with several visits per point, how many visits were measured: :mod:`mlabench.sweep.visits`).
 The drift of a measurement is its median over the first one's, minus 1.  A run whose sentinel
 drifts by more than the target is flagged, and the points measured in a drifting window (between
 the sentinel before and the drifting one) are named.  The spread between successive sentinel
 measurements is the run's *repeat noise*: how far one point's median moves when it is measured
-again, beyond what its own samples show; :mod:`mlabench.diff` uses it.
+again, beyond what its own samples show; :mod:`mlabench.sweep.diff` uses it.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mlabench.measure.stats import mean_rel_se
 from mlabench.results import Manifest, Record, read_jsonl
-from mlabench.stats import mean_rel_se
 from mlabench.tables import fmt, params_label
 
 SENTINEL_FILE = "sentinel.jsonl"
@@ -156,7 +156,7 @@ def health_notes(manifest: Manifest, records: Sequence[Record], most: int = 8) -
 def unsettled(manifest: Manifest, records: Sequence[Record]) -> list[Record]:
     """The records of a run with further visits (``max_visits`` above ``visits``) whose visits
     reached ``max_visits`` with the standard error of the mean of their medians still above
-    ``visit_rel_se`` (:func:`mlabench.stats.mean_rel_se`): their pooled time is the least settled."""
+    ``visit_rel_se`` (:func:`mlabench.measure.stats.mean_rel_se`): their pooled time is the least settled."""
     settings = manifest.visit_settings()
     most, target = settings["max_visits"], settings["visit_rel_se"]
     if not target or most <= settings["visits"]:

@@ -17,7 +17,7 @@ Method (design.md, "Timing method"):
   so the host has enqueued the start event and the replay before the GPU reaches them, and the
   replay's launch latency is not between the events.
 - Visits: a sweep measures each point in several visits spread over the run and pools their
-  samples (:mod:`mlabench.visits`), since the GPU's state changes on a scale of 0.1-1 s.
+  samples (:mod:`mlabench.sweep.visits`), since the GPU's state changes on a scale of 0.1-1 s.
 - Stopping rule: after warm-up, samples are taken until the relative half-width of the median's
   95% confidence interval is below ``target_rel_ci`` (at least ``min_samples``) or the time budget
   ends; a point that never converges is flagged ``noisy``, not dropped.
@@ -35,9 +35,8 @@ from collections.abc import Callable, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from mlabench.bandwidth import measure_copy_bandwidth_tbps  # noqa: F401 - its home before bandwidth.py
 from mlabench.device import DeviceInfo, current_device
-from mlabench.stats import Stats, median_rel_ci, summarize
+from mlabench.measure.stats import Stats, median_rel_ci, summarize
 
 
 class TimingConfig(BaseModel):
@@ -129,7 +128,7 @@ def time_calls(calls: Sequence[Callable[[], object]], cfg: TimingConfig, *, use_
     :func:`calls_per_replay` calls cycling the copies: captured into a graph with ``use_graph``
     (``cfg.graph_captures`` graphs, all held, the samples taking them in turn; raises RuntimeError
     if a call cannot be captured), else launched eagerly; device events time it.  On the CPU a
-    sample is one pass timed with the wall clock.  The returned :class:`~mlabench.stats.Stats`
+    sample is one pass timed with the wall clock.  The returned :class:`~mlabench.measure.stats.Stats`
     says how many calls each sample held (``calls_per_sample``), from how many graphs
     (``graph_captures``) and, with more than one, each graph's own median (``capture_medians_us``).
     """

@@ -5,12 +5,13 @@ import math
 
 import pytest
 
-from mlabench import bandwidth
-from mlabench.bandwidth import (datasheet_bandwidth_tbps, measure_copy_bandwidth_tbps,
-                                measure_read_bandwidth_tbps)
 from mlabench.device import DeviceInfo
-from mlabench.measure import record_fields
+from mlabench.measure import bandwidth
+from mlabench.measure.bandwidth import (
+    datasheet_bandwidth_tbps, measure_copy_bandwidth_tbps, measure_read_bandwidth_tbps,
+)
 from mlabench.shapes import MLADecodeShape
+from mlabench.sweep.point import record_fields
 
 CPU = DeviceInfo("cpu", "cpu", "cpu", 2, 0, "cpu", 8 << 30)
 

@@ -2,7 +2,7 @@
 
 import itertools
 
-from mlabench.steady import below_steady, is_steady, wait_until_steady
+from mlabench.measure.steady import below_steady, is_steady, wait_until_steady
 
 
 class FakeGpu:

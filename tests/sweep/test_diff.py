@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from mlabench.diff import diff_runs, diff_tables
+from mlabench.measure.stats import mean_rel_se, median_rel_ci, summarize
 from mlabench.results import ResultStore
-from mlabench.sentinel import append_sentinel
-from mlabench.stats import mean_rel_se, median_rel_ci, summarize
+from mlabench.sweep.diff import diff_runs, diff_tables
+from mlabench.sweep.sentinel import append_sentinel
 from tests.core.test_cli import run as mlabench
 
 H200_RUN = Path(__file__).resolve().parents[2] / "results/h200/kimi-k3-tp8/kimi-k3-tp8-20261130-105953-511"
@@ -69,7 +69,7 @@ def test_a_half_percent_shift_within_the_runs_repeat_noise_is_not_significant(tm
 def test_a_point_whose_visits_disagree_is_known_no_better_than_they_agree(tmp_path):
     """The visit, not the sample, is the independent draw: a 3% shift is significant for a point whose
     visits agree, not for one whose visits spread 25.0-26.7 µs (standard error of their mean 1.5%)."""
-    from mlabench.diff import compare_point, median_se
+    from mlabench.sweep.diff import compare_point, median_se
 
     rec = ResultStore(H200_RUN).records()[0]
     samples = [25.0 + 0.01 * (i % 5) for i in range(40)]

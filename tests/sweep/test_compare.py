@@ -2,10 +2,11 @@
 
 import pytest
 
-from mlabench.compare import backend_families, recorded_records
 from mlabench.errors import MissingResultError, UnknownBackendError
-from mlabench.sweep import SweepConfig, run_sweep
-from mlabench.timing import TimingConfig
+from mlabench.measure.timing import TimingConfig
+from mlabench.sweep.compare import backend_families, recorded_records
+from mlabench.sweep.config import SweepConfig
+from mlabench.sweep.run import run_sweep
 
 
 def test_recorded_records_filter_by_batch_context_and_backend(tmp_path):

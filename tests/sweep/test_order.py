@@ -4,7 +4,7 @@ from collections import namedtuple
 
 import pytest
 
-from mlabench.order import order_points
+from mlabench.sweep.order import order_points
 
 P = namedtuple("P", "backend shape i")
 
@@ -50,18 +50,19 @@ def test_unknown_order():
 
 
 def test_a_resumed_shuffled_run_keeps_its_order(tmp_path, monkeypatch):
-    from mlabench import measure
     from mlabench.backends import get_backend
     from mlabench.errors import Interrupted
+    from mlabench.measure.timing import TimingConfig
     from mlabench.results import ResultStore
-    from mlabench.sweep import SweepConfig, expand, run_sweep
-    from mlabench.timing import TimingConfig
+    from mlabench.sweep import point
+    from mlabench.sweep.config import SweepConfig, expand
+    from mlabench.sweep.run import run_sweep
 
     cfg = SweepConfig(name="t", heads=[12], batch=[1, 2], context_lens=[16, 40], page_size=16,
                       backends=["torch-splitkv"], params={"num_kv_splits": [1, 2, 3]}, order="shuffled",
                       sentinel_every=0,
                       timing=TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01))
-    real, calls = measure.ShapeBench.run, {"n": 0}
+    real, calls = point.ShapeBench.run, {"n": 0}
 
     def stop_after_five_points(self, *a, **k):
         calls["n"] += 1
@@ -69,11 +70,11 @@ def test_a_resumed_shuffled_run_keeps_its_order(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(self, *a, **k)
 
-    monkeypatch.setattr(measure.ShapeBench, "run", stop_after_five_points)
+    monkeypatch.setattr(point.ShapeBench, "run", stop_after_five_points)
     with pytest.raises(Interrupted):
         run_sweep(cfg, tmp_path)
     (run_dir,) = tmp_path.iterdir()
-    monkeypatch.setattr(measure.ShapeBench, "run", real)
+    monkeypatch.setattr(point.ShapeBench, "run", real)
     store, recs = run_sweep(SweepConfig.model_validate(ResultStore(run_dir).manifest().config), resume=run_dir)
     seed = store.manifest().config["order_seed"]
     expected = order_points(expand(cfg, [get_backend("torch-splitkv")]), "shuffled", seed)

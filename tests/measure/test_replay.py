@@ -3,8 +3,8 @@ at every shape, whole passes over the cold-cache copies."""
 
 import pytest
 
-from mlabench.timing import TimingConfig, calls_per_replay, time_calls
 from mlabench.device import DeviceInfo
+from mlabench.measure.timing import TimingConfig, calls_per_replay, time_calls
 
 CFG = TimingConfig()  # 2000 µs of work, at least 1 call, at most 4096
 

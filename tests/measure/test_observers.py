@@ -6,8 +6,8 @@ import types
 
 import pytest
 
-from mlabench import observers
 from mlabench.device import DeviceInfo
+from mlabench.measure import observers
 
 GPU = DeviceInfo(kind="cuda", torch_device="cuda", name="stand-in", num_sms=132, l2_bytes=0, arch="sm_90",
                  total_memory_bytes=1)

@@ -4,9 +4,8 @@ import math
 
 import pytest
 
-from mlabench.check import (DEFAULT_CHECK_HEADS, check_failures, check_shapes, default_check_shapes,
-                            run_check)
 from mlabench.errors import ConfigError, ShapeError, UnknownModelError
+from mlabench.sweep.check import DEFAULT_CHECK_HEADS, check_failures, check_shapes, default_check_shapes, run_check
 from mlabench.verdict import check_config
 
 
@@ -68,7 +67,7 @@ def test_repeated_splits_run_once_and_failures_are_incorrect_or_error():
 def test_a_library_that_picks_its_split_count_is_checked_on_its_own_pick(monkeypatch):
     import dataclasses
 
-    import mlabench.check as check
+    import mlabench.sweep.check as check
     from mlabench.backends import get_backend
 
     splitkv = get_backend("torch-splitkv")

@@ -4,7 +4,7 @@ An idle GPU sits at a low clock (an H200 read about 375 MHz before a run) and ra
 two runs of one sweep a minute apart disagreed by up to 4%, the first slower at almost every point
 that differed.  So before a sweep measures anything it streams memory (``torch.amax`` over a large
 buffer, like a decode kernel) and reads the SM clock and power through the management library
-(:func:`mlabench.observers.gpu_state`) until, over the last ``window_s`` seconds, the clock moved by
+(:func:`mlabench.measure.observers.gpu_state`) until, over the last ``window_s`` seconds, the clock moved by
 at most ``clock_tol`` and the power by at most ``power_tol`` of their medians, or until
 ``steady_max_s`` passes.  The outcome goes into the run's manifest; each point then records the
 clocks just before and after its timing, and :func:`below_steady` flags one whose SM clock read
@@ -23,8 +23,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from mlabench.device import DeviceInfo, current_device
-from mlabench.observers import gpu_state
-from mlabench.timing import TimingConfig
+from mlabench.measure.observers import gpu_state
+from mlabench.measure.timing import TimingConfig
 
 #: Readings over this many seconds must agree for the GPU to count as steady.
 WINDOW_S = 2.0
@@ -125,7 +125,7 @@ def memory_load(device: DeviceInfo, size_bytes: int = 1 << 30, reductions: int =
 
 def warm_up(cfg: TimingConfig, device: DeviceInfo | None = None) -> SteadyState:
     """Warm the GPU up to a steady state (:func:`wait_until_steady` over :func:`memory_load` and
-    :func:`~mlabench.observers.gpu_state`); on the CPU nothing is run."""
+    :func:`~mlabench.measure.observers.gpu_state`); on the CPU nothing is run."""
     device = device or current_device()
     if not device.is_gpu:
         return SteadyState(steady=None, reason="no GPU: no warm-up")

@@ -5,8 +5,8 @@ import random
 import pytest
 
 from mlabench.device import DeviceInfo
-from mlabench.stats import median_rel_ci, quantile, summarize
-from mlabench.timing import TimingConfig, cold_cache_copies, run_until_stable, time_calls
+from mlabench.measure.stats import median_rel_ci, quantile, summarize
+from mlabench.measure.timing import TimingConfig, cold_cache_copies, run_until_stable, time_calls
 
 
 def test_summary_statistics():
