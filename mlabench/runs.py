@@ -8,7 +8,7 @@ level down, or a graph-check JSON file) and sorts what it finds by kind:
 - a tuning run (``mlabench tune``: its manifest's configuration has ``tune``; trial records in the
   order measured, the exported ``policy.json`` beside them);
 - a validation run (``mlabench tune --validate``: configuration ``validate``; ``validation.json``);
-- a kernel run (sweep, compare: :class:`~mlabench.results.Record` lines), the only records the
+- a kernel run (sweep, compare: :class:`~mlabench.records.record.Record` lines), the only records the
   sweep figures and tables read;
 - a graph-check result: the JSON table ``mlabench graph-check --save FILE`` writes, named directly
   or found in a folder named (or one level inside it).
@@ -26,7 +26,8 @@ from typing import Any
 
 from mlabench.errors import ResultsError
 from mlabench.files import read_json
-from mlabench.results import Manifest, Record, ResultStore, holds_run, records_of, run_folders
+from mlabench.records.record import Manifest, Record
+from mlabench.records.store import ResultStore, holds_run, records_of, run_folders
 from mlabench.serving.config import ServeConfig
 from mlabench.serving.results import BenchResult
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # records are only read here; importing results would load torch for the CLI
-    from mlabench.results import Record
+    from mlabench.records.record import Record
 
 #: The output formats of every command (``--format``).
 FORMATS = ("table", "json", "markdown", "csv")

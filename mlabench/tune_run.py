@@ -27,7 +27,9 @@ from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, R
 from mlabench.inputs import check_fits
 from mlabench.measure.observers import driver_version, gpu_state
 from mlabench.policy import Policy, write_exports
-from mlabench.results import Manifest, ResultStore, command_line, git_revision, library_versions, new_run_id, utc_now
+from mlabench.records.provenance import command_line, git_revision, library_versions
+from mlabench.records.record import Manifest, new_run_id, utc_now
+from mlabench.records.store import ResultStore
 from mlabench.studies import (
     StudyProgress, StudySpec, open_storage, optuna_module, prepare_study, redact_url, study_name, study_progress,
 )

@@ -22,7 +22,7 @@ from mlabench.errors import BackendUnavailableError, ConfigError
 from mlabench.heuristics import heuristic_splits
 from mlabench.measure.timing import TimingConfig
 from mlabench.policy import Policy
-from mlabench.results import ResultStore
+from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.point import ShapeBench
 from mlabench.tables import Table

@@ -25,7 +25,8 @@ from typing import Any
 from mlabench.backends import get_backend
 from mlabench.backends.base import Backend
 from mlabench.device import current_device
-from mlabench.results import Record, ResultStore, point_key
+from mlabench.records.record import Record, point_key
+from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
 from mlabench.studies import (
     FINISHED_STATES, StudySpec, check_device, distinct_finished, launch_key, make_sampler, open_storage, optuna_module,

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from mlabench.errors import ConfigError, MlabenchError
-from mlabench.results import Record, ResultStore
-
+from mlabench.records.record import Record
+from mlabench.records.store import ResultStore
 
 #: Comma-separated modules every worker imports first (e.g. one that registers extra backends).
 IMPORTS_ENV = "MLABENCH_WORKER_IMPORTS"

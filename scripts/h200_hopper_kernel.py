@@ -47,7 +47,8 @@ from mlabench.device import current_device  # noqa: E402
 from mlabench.inputs import make_inputs  # noqa: E402
 from mlabench.kernels.reference import mla_decode_reference  # noqa: E402
 from mlabench.sweep.point import ShapeBench  # noqa: E402
-from mlabench.results import Record, ResultStore, new_run_id  # noqa: E402
+from mlabench.records.record import Record, new_run_id  # noqa: E402
+from mlabench.records.store import ResultStore  # noqa: E402
 from mlabench.shapes import MLADecodeShape  # noqa: E402
 from mlabench.sweep.config import SweepConfig  # noqa: E402
 from mlabench.sweep.run import kernel_run_manifest  # noqa: E402

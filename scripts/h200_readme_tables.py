@@ -26,7 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's mlabench, installed or not
 
-from mlabench.results import Record, read_jsonl, records_of  # noqa: E402
+from mlabench.records.record import Record  # noqa: E402
+from mlabench.records.store import read_jsonl, records_of  # noqa: E402
 from mlabench.tables import ColumnStyle, Table, best_ok, to_markdown  # noqa: E402
 
 SWEEP_RUN = REPO / "results/h200/repeatability/runs/kimi-k3-tp8-20261130-161237-527"

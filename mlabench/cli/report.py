@@ -13,7 +13,6 @@ from mlabench.cli.output import notice
 from mlabench.errors import ConfigError
 from mlabench.plots import KINDS
 
-
 FromRuns = Annotated[list[Path], typer.Option(
     "--from", metavar="RUN",
     help="A run folder (sweep, tune, tune --validate, serve-bench), a graph-check JSON (graph-check --save), "
@@ -52,8 +51,8 @@ def report(
 ) -> None:
     """Write one report from recorded runs: environment, correctness, best split, compare, serving, tuned
     policy and validation, graph-check, figures."""
+    from mlabench.records.provenance import command_line
     from mlabench.report import write_report
-    from mlabench.results import command_line
     from mlabench.runs import load_runs
 
     runs = load_runs(from_run)

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
 from mlabench.cli.options import (
-    Batch, BudgetS, Format, Heads, Json, Markdown, Model, ModelConfig, NonCausal, PageSize, QoLen, ResultsDir,
-    Resume, SweepFile, Tp, int_list, output_format,
+    Batch, BudgetS, Format, Heads, Json, Markdown, Model, ModelConfig, NonCausal, PageSize, QoLen, ResultsDir, Resume,
+    SweepFile, Tp, int_list, output_format,
 )
 from mlabench.cli.output import emit, err
 from mlabench.errors import ConfigError
@@ -140,7 +141,7 @@ def tune(
         from mlabench.tune_run import export_run
 
         return _report(export_run(export, storage, noise, combine), fmt)
-    from mlabench.results import refuse_archived
+    from mlabench.records.store import refuse_archived
     from mlabench.tune import load_tune_config
     from mlabench.tune_run import recorded_config, run_tune
     from mlabench.workers import parse_devices

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlabench.results import Record
+from mlabench.records.record import Record
 from mlabench.tables import best_ok, compare_table
 
 

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlabench.results import Record
+from mlabench.records.record import Record
 
 SPLITS = "num_kv_splits"
 

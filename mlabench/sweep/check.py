@@ -12,7 +12,7 @@ from mlabench.backends.registry import select_backends
 from mlabench.errors import ConfigError, MlabenchError
 from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
-from mlabench.results import Record
+from mlabench.records.record import Record
 from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.sweep.point import ShapeBench, failed_record
 from mlabench.verdict import CheckConfig

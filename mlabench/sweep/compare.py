@@ -1,7 +1,7 @@
 """``mlabench compare`` over recorded runs: which records it reads, how backends pair up, and which
 path wins at each number of query tokens per request.
 
-Reads run folders through :func:`mlabench.results.records_of`, never through the sweep runner; the
+Reads run folders through :func:`mlabench.records.store.records_of`, never through the sweep runner; the
 pairwise table is :func:`mlabench.tables.compare_table`, the per-qo_len answer :func:`winners_table`.
 """
 
@@ -13,7 +13,8 @@ from typing import Any
 
 from mlabench.backends import backend_names, get_backend
 from mlabench.errors import MissingResultError
-from mlabench.results import Record, describe_records, records_of
+from mlabench.records.record import Record
+from mlabench.records.store import describe_records, records_of
 from mlabench.tables import ColumnStyle, Table, best_ok, fmt
 
 #: The two paths the 12-head question is about, by backend family.

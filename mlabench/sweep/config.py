@@ -21,7 +21,8 @@ from mlabench.device import DeviceInfo, current_device
 from mlabench.errors import ConfigError, ResultsError
 from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
-from mlabench.results import ResultStore, point_key, refuse_archived
+from mlabench.records.record import point_key
+from mlabench.records.store import ResultStore, refuse_archived
 from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.sweep.order import DEFAULT_ORDER, Order
 from mlabench.sweep.visits import DEFAULT_VISIT_REL_SE

@@ -35,7 +35,8 @@ from typing import Any
 
 from mlabench.errors import MissingResultError, ResultsError
 from mlabench.measure.stats import mean_rel_se, median_rel_ci
-from mlabench.results import Manifest, Record, ResultStore, describe_records, run_folders
+from mlabench.records.record import Manifest, Record
+from mlabench.records.store import ResultStore, describe_records, run_folders
 from mlabench.sweep.sentinel import read_sentinels, repeat_noise
 from mlabench.tables import PARAMS, ColumnStyle, Table, params_label
 

@@ -3,7 +3,7 @@
 Shared by ``check``, ``sweep`` and ``compare``.  :class:`ShapeBench` owns the inputs of one shape
 (``copies`` independent sets for a cold cache; copy 0, the one verdicts are taken on, is poisoned
 with NaN wherever no request may read) and their fp32 references; :meth:`ShapeBench.run` turns one
-(backend, params) into a :class:`~mlabench.results.Record`, whatever happens: an unsupported shape,
+(backend, params) into a :class:`~mlabench.records.record.Record`, whatever happens: an unsupported shape,
 a wrong output or an exception is a row with its status, never a gap.
 """
 
@@ -21,7 +21,7 @@ from mlabench.errors import MlabenchError, OutOfMemoryError, UnsupportedShapeErr
 from mlabench.inputs import MLADecodeInputs, check_fits, input_bytes, make_inputs
 from mlabench.measure.observers import gpu_state
 from mlabench.measure.timing import TimingConfig, cold_cache_copies, time_calls
-from mlabench.results import Record, point_key, utc_now
+from mlabench.records.record import Record, point_key, utc_now
 from mlabench.shapes import MLADecodeShape
 from mlabench.verdict import CheckConfig, Verdict, compare_outputs, worst_verdict
 from mlabench.verification import VerificationCase, find_missing, make_case, split_starts_for, with_reference

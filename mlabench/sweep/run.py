@@ -21,9 +21,9 @@ from mlabench.measure.bandwidth import (
 )
 from mlabench.measure.observers import driver_version, gpu_state
 from mlabench.measure.steady import warm_up
-from mlabench.results import (
-    Manifest, Record, ResultStore, command_line, git_revision, library_versions, new_run_id, utc_now,
-)
+from mlabench.records.provenance import command_line, git_revision, library_versions
+from mlabench.records.record import Manifest, Record, new_run_id, utc_now
+from mlabench.records.store import ResultStore
 from mlabench.sweep.config import SweepConfig, expand, recorded_config
 from mlabench.sweep.order import order_points
 from mlabench.sweep.runner import ProgressFn, SweepRunner, choose_sentinel

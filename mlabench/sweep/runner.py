@@ -20,7 +20,8 @@ from mlabench.device import current_device, free_memory_bytes
 from mlabench.errors import Interrupted, MlabenchError
 from mlabench.inputs import input_bytes
 from mlabench.measure.steady import below_steady
-from mlabench.results import Record, ResultStore
+from mlabench.records.record import Record
+from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.config import Point, SweepConfig
 from mlabench.sweep.point import ShapeBench, failed_record

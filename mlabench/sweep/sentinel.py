@@ -22,7 +22,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from mlabench.measure.stats import mean_rel_se
-from mlabench.results import Manifest, Record, read_jsonl
+from mlabench.records.record import Manifest, Record
+from mlabench.records.store import read_jsonl
 from mlabench.tables import fmt, params_label
 
 SENTINEL_FILE = "sentinel.jsonl"

@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mlabench.files import append_text
 from mlabench.measure.stats import mean_rel_se, summarize
-from mlabench.results import Record, read_jsonl, utc_now
+from mlabench.records.record import Record, utc_now
+from mlabench.records.store import read_jsonl
 from mlabench.sweep.point import speed_fields
 
 VISITS_FILE = "visits.jsonl"
@@ -75,7 +76,7 @@ def append_visit(run_dir: Path, visit: int, rec: Record) -> None:
 
 
 def _visit_lines(run_dir: Path) -> list[VisitMeasurement]:
-    """Every line of ``run_dir/visits.jsonl`` in file order (:func:`mlabench.results.read_jsonl`:
+    """Every line of ``run_dir/visits.jsonl`` in file order (:func:`mlabench.records.store.read_jsonl`:
     a last line cut short by a kill is skipped, a bad line elsewhere raises); [] when there is no file."""
     return read_jsonl(Path(run_dir) / VISITS_FILE, VisitMeasurement, "visit")
 

@@ -7,13 +7,12 @@ import torch
 
 from mlabench.backends import backend_names, get_backend
 from mlabench.backends.common import (
-    HEAD_PADDING, NUM_KV_SPLITS, accepts_kwarg, check_mla_dims, default_num_kv_splits, require,
-    timed_us,
+    HEAD_PADDING, NUM_KV_SPLITS, accepts_kwarg, check_mla_dims, default_num_kv_splits, require, timed_us,
 )
 from mlabench.backends.registry import backend_packages
 from mlabench.errors import BackendUnavailableError
 from mlabench.kernels.workspace import split_workspace_bytes
-from mlabench.results import library_versions
+from mlabench.records.provenance import library_versions
 from mlabench.shapes import MLADecodeShape
 
 

@@ -250,7 +250,7 @@ def test_heads_axis_from_the_cli(tmp_path, monkeypatch, capsys):
                           "--budget-s", "0.05", "--results-dir", str(tmp_path), "--json"], monkeypatch, capsys)
     assert code == 0, err
     (run_dir,) = list(tmp_path.iterdir())
-    from mlabench.results import ResultStore
+    from mlabench.records.store import ResultStore
 
     heads_by_backend: dict[str, list[int]] = {}
     for r in ResultStore(run_dir).records():  # one backend on a CPU, the GPU kernels on a GPU

@@ -14,7 +14,7 @@ from mlabench.errors import ShapeError
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import mla_decode_reference, visible_keys
 from mlabench.kernels.splitkv_torch import mla_decode_splitkv_torch
-from mlabench.results import point_key
+from mlabench.records.record import point_key
 from mlabench.shapes import MLADecodeShape
 
 FIXTURE = Path(__file__).parent.parent / "report" / "fixtures" / "h200-kimi-k3-tp8"

@@ -10,7 +10,8 @@ import pytest
 from mlabench.backends import get_backend
 from mlabench.errors import ConfigError
 from mlabench.measure.timing import TimingConfig
-from mlabench.results import ResultStore, point_key
+from mlabench.records.record import point_key
+from mlabench.records.store import ResultStore
 from mlabench.sweep.compare import path_winner, recorded_records, winners_table
 from mlabench.sweep.config import SweepConfig, expand, load_sweep_config
 from mlabench.sweep.run import run_sweep

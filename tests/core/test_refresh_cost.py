@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mlabench.backends import get_backend
 from mlabench.measure.timing import TimingConfig
-from mlabench.results import csv_row
+from mlabench.records.csv_rows import csv_row
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.point import ShapeBench
 

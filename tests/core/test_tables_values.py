@@ -14,7 +14,7 @@ import pytest
 
 from mlabench.device import DeviceInfo
 from mlabench.measure.timing import TimingConfig, time_calls
-from mlabench.results import new_run_id
+from mlabench.records.record import new_run_id
 from mlabench.tables import Table, fmt, render, to_csv, to_json
 
 

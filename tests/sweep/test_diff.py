@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mlabench.measure.stats import mean_rel_se, median_rel_ci, summarize
-from mlabench.results import ResultStore
+from mlabench.records.store import ResultStore
 from mlabench.sweep.diff import diff_runs, diff_tables
 from mlabench.sweep.sentinel import append_sentinel
 from tests.core.test_cli import run as mlabench

@@ -5,9 +5,8 @@ import pytest
 from mlabench.measure.stats import summarize
 from mlabench.measure.steady import SteadyState
 from mlabench.measure.timing import TimingConfig
-from mlabench.results import Record
-from mlabench.sweep import run as sweep_run
-from mlabench.sweep import runner
+from mlabench.records.record import Record
+from mlabench.sweep import run as sweep_run, runner
 from mlabench.sweep.config import SweepConfig
 from mlabench.sweep.point import record_fields
 from mlabench.sweep.run import run_sweep

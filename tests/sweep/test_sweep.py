@@ -6,7 +6,7 @@ from mlabench.backends.registry import select_backends
 from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, UnknownBackendError
 from mlabench.measure.timing import TimingConfig
-from mlabench.results import ResultStore
+from mlabench.records.store import ResultStore
 from mlabench.sweep.config import SweepConfig, default_sweep_config, expand, load_sweep_config
 from mlabench.sweep.run import run_sweep
 

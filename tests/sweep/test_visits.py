@@ -8,7 +8,8 @@ import pytest
 from mlabench.errors import Interrupted
 from mlabench.measure.stats import summarize
 from mlabench.measure.timing import TimingConfig
-from mlabench.results import Record, ResultStore
+from mlabench.records.record import Record
+from mlabench.records.store import ResultStore
 from mlabench.sweep.config import SweepConfig
 from mlabench.sweep.run import run_sweep
 from mlabench.sweep.visits import (

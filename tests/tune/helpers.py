@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 
 from mlabench.backends import get_backend
-from mlabench.results import ResultStore
+from mlabench.records.store import ResultStore
 from mlabench.studies import make_sampler, optuna_module
-from mlabench.tune import (Bucket, TuneConfig, buckets_of, resolve_sampler, shape_dims, study_space, tune_shape,
-                           wave_cap)
+from mlabench.tune import Bucket, TuneConfig, buckets_of, resolve_sampler, shape_dims, study_space, tune_shape, wave_cap
 from mlabench.tune_run import run_manifest
 from mlabench.tune_worker import Objective
 from mlabench.workers import RecordIndex

@@ -11,11 +11,13 @@ import pytest
 from mlabench.backends import get_backend
 from mlabench.kernels.splitkv_torch import split_starts
 from mlabench.policy import whole_tile_splits
-from mlabench.results import ResultStore
+from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
 from mlabench.studies import distinct_finished, make_sampler, optuna_module
-from mlabench.tune import (RULE_PARAM, TILE_PARAM, TuneConfig, buckets_of, launched, params_at, shape_dims,
-                           space_size, study_space, tune_shape)
+from mlabench.tune import (
+    RULE_PARAM, TILE_PARAM, TuneConfig, buckets_of, launched, params_at, shape_dims, space_size, study_space,
+    tune_shape,
+)
 from mlabench.tune_enqueue import heuristic_trials, whole_tile_trials
 from mlabench.tune_run import run_manifest, run_tune
 from mlabench.tune_worker import MAX_TRIALS_FACTOR, Objective, StopAtTrials

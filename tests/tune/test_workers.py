@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from mlabench.errors import ConfigError
-from mlabench.results import ResultStore
+from mlabench.records.store import ResultStore
 from mlabench.tune_run import run_manifest
 from mlabench.workers import RecordIndex, append_shared, device_env, parse_devices, worker_alive, worker_id
 

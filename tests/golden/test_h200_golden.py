@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mlabench import cli
-from mlabench.results import ResultStore, records_of
+from mlabench.records.store import ResultStore, records_of
 from mlabench.tables import sweep_summary, to_markdown
 
 REPO = Path(__file__).resolve().parents[2]

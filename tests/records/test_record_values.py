@@ -7,7 +7,7 @@ import torch
 from mlabench.backends import get_backend
 from mlabench.measure.stats import summarize
 from mlabench.measure.timing import TimingConfig
-from mlabench.results import Record, point_key, utc_now
+from mlabench.records.record import Record, point_key, utc_now
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.point import ShapeBench
 from mlabench.tables import sweep_summary

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from mlabench.results import git_revision
+from mlabench.records.provenance import git_revision
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from mlabench.errors import FileAccessError, ResultsError
-from mlabench.results import Manifest, Record, ResultStore, point_key, utc_now
+from mlabench.records.record import Manifest, Record, point_key, utc_now
+from mlabench.records.store import ResultStore
 
 
 def manifest(run_id="r1", rev="abc"):
@@ -70,7 +71,7 @@ def test_records_forbid_unknown_fields():
 
 
 def test_run_folders_and_records_of(tmp_path):
-    from mlabench.results import records_of, run_folders
+    from mlabench.records.store import records_of, run_folders
 
     for name in ("r1", "r2"):
         ResultStore.create(tmp_path / "parent" / name, manifest(name)).append(record(int(name[1])))
@@ -88,7 +89,7 @@ def test_run_folders_and_records_of(tmp_path):
 def test_an_archived_run_is_read_as_it_is_and_never_appended_to(tmp_path):
     import gzip
 
-    from mlabench.results import records_of, run_folders
+    from mlabench.records.store import records_of, run_folders
 
     store = ResultStore.create(tmp_path / "parent" / "r1", manifest())
     for i in range(1, 4):
@@ -114,7 +115,7 @@ def test_git_revision_only_of_the_checkout_itself(tmp_path, monkeypatch):
     import subprocess
 
     from mlabench import __version__
-    from mlabench.results import git_revision
+    from mlabench.records.provenance import git_revision
 
     monkeypatch.delenv("MLABENCH_GIT_REVISION", raising=False)
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
@@ -204,7 +205,7 @@ def test_a_results_file_that_cannot_be_read_is_named_on_resume(tmp_path):
 
 
 def test_no_run_folder_says_why_and_where_the_runs_are(tmp_path):
-    from mlabench.results import run_folders
+    from mlabench.records.store import run_folders
 
     def message(path):
         with pytest.raises(ResultsError) as info:
@@ -226,7 +227,7 @@ def test_no_run_folder_says_why_and_where_the_runs_are(tmp_path):
 
 
 def test_describe_records_lists_up_to_four_lengths_then_a_range():
-    from mlabench.results import describe_records
+    from mlabench.records.store import describe_records
 
     recs = [record(n).model_copy(update={"qo_len": q}) for n, q in ((1024, 1), (2048, 2), (4096, 1), (8192, 1))]
     assert describe_records(recs) == "backends b; batch 1; qo_len 1, 2; context 1024, 2048, 4096, 8192"
@@ -263,7 +264,7 @@ def test_manifest_and_csv_are_written_whole_through_a_temporary_file(tmp_path):
 
 
 def test_csv_params_are_json_with_sorted_keys():
-    from mlabench.results import csv_row
+    from mlabench.records.csv_rows import csv_row
 
     rec = record(1).model_copy(update={"params": {"num_kv_splits": 4, "head_padding": 16}})
     assert csv_row(rec)["params"] == '{"head_padding": 16, "num_kv_splits": 4}'
@@ -273,7 +274,7 @@ def test_csv_row_of_a_checked_and_timed_record_and_of_one_that_never_ran():
     """Every field of both rows: the relative errors of a checked record (the committed H200 CSV
     predates them), and blanks, not made-up values, where a failed point has no verdict or time."""
     from mlabench.measure.stats import summarize
-    from mlabench.results import CSV_FIELDS, csv_row
+    from mlabench.records.csv_rows import CSV_FIELDS, csv_row
     from mlabench.verdict import Verdict
 
     verdict = Verdict(passed=True, shape_ok=True, all_finite=True, max_abs_err=0.002, rmse=0.001, cosine=1.0,
@@ -315,7 +316,7 @@ def test_a_blank_line_between_records_loses_none_of_them_and_an_unreadable_file_
 
 
 def test_the_recorded_command_line_shows_the_program_as_mlabench(monkeypatch):
-    from mlabench.results import command_line
+    from mlabench.records.provenance import command_line
 
     monkeypatch.setattr("sys.argv", ["/venv/bin/mlabench", "sweep", "--heads", "12"])
     assert command_line() == ["mlabench", "sweep", "--heads", "12"]
@@ -331,7 +332,7 @@ def test_library_versions_name_python_torch_its_gpu_runtimes_each_package_and_ml
     import torch
 
     from mlabench import __version__
-    from mlabench.results import library_versions
+    from mlabench.records.provenance import library_versions
 
     versions = library_versions({"triton": ("no-such-dist", "torch"), "flashmla": ("no-such-dist",)})
     assert versions == {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
