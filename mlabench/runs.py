@@ -31,7 +31,7 @@ from mlabench.records.store import ResultStore, holds_run, records_of, run_folde
 from mlabench.serving.config import ServeConfig
 from mlabench.serving.results import BenchResult
 
-#: Columns every graph-check table has (``mlabench.graphcheck.graph_check_table``).
+#: Columns every graph-check table has (``mlabench.checks.graph_check.graph_check_table``).
 GRAPH_CHECK_COLUMNS = ("subject", "batch", "context", "graph_us", "tuned_us", "slowdown_pct", "correct", "flagged")
 #: Largest JSON file probed for a graph-check table, bytes (the tables are a few tens of KB).
 GRAPH_CHECK_MAX_BYTES = 4 << 20

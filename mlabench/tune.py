@@ -22,12 +22,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mlabench.backends.base import Backend
+from mlabench.checks.verdict import CheckConfig
 from mlabench.configfile import config_file, read_toml, validation_line
 from mlabench.errors import ConfigError
 from mlabench.measure.timing import TimingConfig
 from mlabench.policy import rule_splits, whole_tile_splits
 from mlabench.shapes import MLADecodeShape, resolve_heads
-from mlabench.verdict import CheckConfig
 
 Sampler = Literal["auto", "tpe", "gp", "grid", "brute"]
 #: The searched parameter of a split count that grows with the length (not a backend parameter).

@@ -12,7 +12,7 @@ Every index AITER is given is a valid token's row: no page tail or block-table p
 reachable through its arguments, so cache slots no request may read (NaN in the correctness
 check) stay unread unless a kernel reads past its ``kv_indptr`` range, which the check on a GPU
 would show.  Where AITER's splits start is not reported: the check places needles at the cuts
-of ``num_kv_splits`` (:func:`mlabench.verification.split_starts_for`).
+of ``num_kv_splits`` (:func:`mlabench.checks.input_sets.split_starts_for`).
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ from mlabench.errors import ConfigError
 from mlabench.inputs import MLADecodeInputs
 from mlabench.shapes import MLADecodeShape
 
-
 #: ``"split-kv"`` (flash decoding, a split count to choose), ``"persistent"`` (a grid sized to the GPU
 #: over a balanced work list, heads padded to a tile) or ``"reference"`` (the oracle).
 Family = Literal["split-kv", "persistent", "reference"]
@@ -80,7 +79,7 @@ class PreparedCall:
       allocator are allowed (graph capture serves them from the graph's private pool, and a
       replay reuses them), and a backend whose ``fn`` does so says ``allocates_per_call``.  It
       reads q and the cache anew on every call: the correctness check writes its input sets into
-      them in place after ``prepare`` (:mod:`mlabench.verification`).
+      them in place after ``prepare`` (:mod:`mlabench.checks.input_sets`).
     - ``out``: the buffer ``fn`` writes (already poisoned with NaN by ``prepare``).
     - ``effective_params``: what actually runs (e.g. the split count a library picked).
     - ``setup_us``: untimed setup steps and their wall time, µs, keyed ``<step>_us``
@@ -95,7 +94,7 @@ class PreparedCall:
       lengths change in place and ``refresh`` runs (so ``fn`` may be captured and replayed).
     - ``split_starts``: per request, the first token of each piece of KV the call reduces
       separately (split, work-list segment), when the backend knows them; the correctness check
-      puts needle tokens at their edges (:mod:`mlabench.verification`).  None: not known.
+      puts needle tokens at their edges (:mod:`mlabench.checks.input_sets`).  None: not known.
     """
 
     fn: Callable[[], torch.Tensor]

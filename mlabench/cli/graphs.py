@@ -1,6 +1,6 @@
 """``graph-check``: capture a backend's decode as a server does and replay it at long contexts.
 
-Parses flags, calls :func:`mlabench.graphcheck.run_graph_check` and renders its table; exits 1
+Parses flags, calls :func:`mlabench.checks.graph_check.run_graph_check` and renders its table; exits 1
 when a captured graph is flagged (wrong after refresh, or slower than the call tuned for a length
 by more than the tolerance).  Needs a CUDA/ROCm GPU: without one it says so in one line.
 """
@@ -51,7 +51,7 @@ def graph_check(
 
     Default: triton-splitkv in both policy modes, batch 1, contexts 4K-128K, 12 heads, page 64.
     """
-    from mlabench.graphcheck import (
+    from mlabench.checks.graph_check import (
         DEFAULT_CONTEXTS, DEFAULT_SPLITS, GraphCheckConfig, graph_check_table, run_graph_check, subjects_for,
     )
     from mlabench.measure.timing import TimingConfig

@@ -62,9 +62,9 @@ def check(
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Check every backend against the fp32 reference; exit 1 on any failure."""
+    from mlabench.checks.verdict import check_config
     from mlabench.sweep.check import DEFAULT_CHECK_SPLITS, check_failures, check_shapes, run_check
     from mlabench.tables import check_table
-    from mlabench.verdict import check_config
 
     fmt = output_format(format, as_json, markdown)
     input_sets = [x.strip() for x in inputs.split(",") if x.strip()] if inputs is not None else None

@@ -1,5 +1,5 @@
 """What a run records: one :class:`Record` per measured point (its timing :class:`~mlabench.measure.stats.Stats`
-and correctness :class:`~mlabench.verdict.Verdict` inside), and the run's :class:`Manifest`.
+and correctness :class:`~mlabench.checks.verdict.Verdict` inside), and the run's :class:`Manifest`.
 
 A record's ``key`` (:func:`point_key`) names its point (backend, params, shape) across runs; the
 schema version is written into every record.
@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mlabench.checks.verdict import Verdict
 from mlabench.measure.stats import Stats
-from mlabench.verdict import Verdict
 
 SCHEMA_VERSION = 1
 

@@ -1,5 +1,5 @@
 """``mlabench check``: every backend's agreement with the fp32 reference on fresh inputs (random,
-needles, peaky, flat: :mod:`mlabench.verification`), poisoned with NaN wherever no request may read."""
+needles, peaky, flat: :mod:`mlabench.checks.input_sets`), poisoned with NaN wherever no request may read."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 from mlabench.backends import backend_names, get_backend
 from mlabench.backends.base import Backend, param_grid
 from mlabench.backends.registry import select_backends
+from mlabench.checks.verdict import CheckConfig
 from mlabench.errors import ConfigError, MlabenchError
 from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
 from mlabench.records.record import Record
 from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.sweep.point import ShapeBench, failed_record
-from mlabench.verdict import CheckConfig
 
 #: ``progress(done, total, what)``: how far a run has come, for a progress bar.
 Progress = Callable[[int, int, str], None]

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mlabench.backends import backend_names, get_backend
 from mlabench.backends.base import Backend, param_grid
+from mlabench.checks.verdict import CheckConfig
 from mlabench.configfile import config_file, read_toml, validation_line
 from mlabench.device import DeviceInfo, current_device
 from mlabench.errors import ConfigError, ResultsError
@@ -26,7 +27,6 @@ from mlabench.records.store import ResultStore, refuse_archived
 from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.sweep.order import DEFAULT_ORDER, Order
 from mlabench.sweep.visits import DEFAULT_VISIT_REL_SE
-from mlabench.verdict import CheckConfig
 
 #: The two ways to name a model; one given by a flag replaces either in a file.
 MODEL_SOURCES = ("model", "model_config")

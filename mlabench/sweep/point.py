@@ -16,6 +16,8 @@ import torch
 
 from mlabench.backends.base import Backend, PreparedCall
 from mlabench.backends.common import timed_us
+from mlabench.checks.input_sets import VerificationCase, find_missing, make_case, split_starts_for, with_reference
+from mlabench.checks.verdict import CheckConfig, Verdict, compare_outputs, worst_verdict
 from mlabench.device import DeviceInfo, current_device
 from mlabench.errors import MlabenchError, OutOfMemoryError, UnsupportedShapeError
 from mlabench.inputs import MLADecodeInputs, check_fits, input_bytes, make_inputs
@@ -23,8 +25,6 @@ from mlabench.measure.observers import gpu_state
 from mlabench.measure.timing import TimingConfig, cold_cache_copies, time_calls
 from mlabench.records.record import Record, point_key, utc_now
 from mlabench.shapes import MLADecodeShape
-from mlabench.verdict import CheckConfig, Verdict, compare_outputs, worst_verdict
-from mlabench.verification import VerificationCase, find_missing, make_case, split_starts_for, with_reference
 
 
 class ShapeBench:
@@ -32,7 +32,7 @@ class ShapeBench:
 
     ``copies`` input sets are drawn with seeds ``seed, seed+1, ...``; copy 0 is poisoned (NaN in
     every slot no request may read) and every correctness verdict is taken on it, on each input
-    set of the check (:mod:`mlabench.verification`), against that set's fp32 reference
+    set of the check (:mod:`mlabench.checks.input_sets`), against that set's fp32 reference
     ``[B * qo_len, H, 512]``.  Raises :class:`OutOfMemoryError` when even one copy does not fit,
     and RuntimeError when the reference of the random set is not finite.
     """

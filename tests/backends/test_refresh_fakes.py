@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from mlabench.backends import get_backend
+from mlabench.checks.verdict import compare_outputs
 from mlabench.errors import UnsupportedShapeError
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.shapes import MLADecodeShape
-from mlabench.verdict import compare_outputs
 from tests.backends.fakes import csr_attention, install, module
 
 LENS = (100, 64, 3)

@@ -138,8 +138,8 @@ def test_torch_splitkv_matches_the_reference(qo_len, causal, splits):
 
 # ---- verification input sets with several query tokens ----------------------------------------
 def test_needles_belong_to_query_tokens_that_see_them():
+    from mlabench.checks.input_sets import VerificationCase, make_case, split_starts_for, with_reference
     from mlabench.kernels.reference import gather_kv
-    from mlabench.verification import VerificationCase, make_case, split_starts_for, with_reference
 
     s = MLADecodeShape.create(num_heads=4, context_lens=(4, 130), qo_len=4, page_size=16)
     x = make_inputs(s, device="cpu", seed=6)

@@ -146,7 +146,7 @@ def test_tune_shapes_carry_qo_len(tmp_path):
 
 
 def test_graph_check_capture_length_holds_a_causal_block():
-    from mlabench.graphcheck import GraphCheckConfig
+    from mlabench.checks.graph_check import GraphCheckConfig
 
     GraphCheckConfig(qo_len=4, capture_len=4).validate()
     GraphCheckConfig(qo_len=4, capture_len=1, causal=False).validate()

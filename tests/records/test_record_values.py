@@ -132,7 +132,7 @@ def test_compare_table_leaves_out_a_backend_unsupported_everywhere_in_a_cell_wit
 
 
 def verdict(passed: bool = True, **fields):
-    from mlabench.verdict import Verdict
+    from mlabench.checks.verdict import Verdict
 
     values = dict(passed=passed, shape_ok=True, all_finite=True, max_abs_err=0.002, rmse=0.001, cosine=1.0,
                   output_shape=[2, 12, 512], ref_rms=0.04, rel_rmse=0.025, rel_max_err=0.05,
@@ -236,7 +236,7 @@ class Recording:
 
 
 def test_a_record_keeps_what_the_call_reports_and_times_every_copy_on_the_read_floor(monkeypatch):
-    from mlabench.verdict import CheckConfig
+    from mlabench.checks.verdict import CheckConfig
 
     reads = iter(range(1, 10))  # the GPU's clocks and power, read just before and just after timing
     monkeypatch.setattr("mlabench.sweep.point.gpu_state", lambda: {"read": next(reads)})
@@ -260,7 +260,7 @@ def test_a_failure_on_the_elementwise_tolerance_says_so_not_the_relative_errors(
     """A correct kernel within the relative limits, failed by an ``--atol`` no bf16 output meets."""
     import re
 
-    from mlabench.verdict import CheckConfig
+    from mlabench.checks.verdict import CheckConfig
 
     shape = MLADecodeShape.create(num_heads=12, context_lens=(40,), page_size=16)
     rec = ShapeBench(shape, timing=FAST).run(get_backend("torch-splitkv"), {"num_kv_splits": 2}, copy_bw_tbps=2.0,
@@ -270,8 +270,8 @@ def test_a_failure_on_the_elementwise_tolerance_says_so_not_the_relative_errors(
 
 
 def test_verdict_message_names_the_relative_errors_that_failed_and_only_a_missing_needle_found():
+    from mlabench.checks.verdict import Verdict
     from mlabench.sweep.point import _verdict_message
-    from mlabench.verdict import Verdict
 
     def v(rel_rmse, rel_max, missing=""):
         return Verdict(passed=False, shape_ok=True, all_finite=True, max_abs_err=0.01, rmse=0.001, cosine=1.0,
@@ -341,7 +341,7 @@ def test_needles_are_placed_once_per_split_layout():
 def test_the_check_uses_the_run_seed_for_peaky_needles_and_the_backends_own_split_starts():
     import dataclasses
 
-    from mlabench.verification import peak_needles
+    from mlabench.checks.input_sets import peak_needles
 
     shape = MLADecodeShape.create(num_heads=12, context_lens=(40,), page_size=16)
     bench = ShapeBench(shape, timing=FAST, seed=5)
@@ -358,7 +358,7 @@ def test_the_check_uses_the_run_seed_for_peaky_needles_and_the_backends_own_spli
 
 @pytest.mark.parametrize("q_dtype, kv_dtype", [("float32", "bfloat16"), ("bfloat16", "float32")])
 def test_the_check_judges_on_the_coarser_dtypes_limits_or_those_asked_for(q_dtype, kv_dtype):
-    from mlabench.verdict import CheckConfig, ErrorLimits
+    from mlabench.checks.verdict import CheckConfig, ErrorLimits
 
     shape = MLADecodeShape.create(num_heads=12, context_lens=(40,), page_size=16, q_dtype=q_dtype, kv_dtype=kv_dtype)
     bench, backend = ShapeBench(shape, timing=FAST), get_backend("torch-splitkv")

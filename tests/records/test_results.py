@@ -273,9 +273,9 @@ def test_csv_params_are_json_with_sorted_keys():
 def test_csv_row_of_a_checked_and_timed_record_and_of_one_that_never_ran():
     """Every field of both rows: the relative errors of a checked record (the committed H200 CSV
     predates them), and blanks, not made-up values, where a failed point has no verdict or time."""
+    from mlabench.checks.verdict import Verdict
     from mlabench.measure.stats import summarize
     from mlabench.records.csv_rows import CSV_FIELDS, csv_row
-    from mlabench.verdict import Verdict
 
     verdict = Verdict(passed=True, shape_ok=True, all_finite=True, max_abs_err=0.002, rmse=0.001, cosine=1.0,
                       output_shape=[1, 12, 512], ref_rms=0.04, rel_rmse=0.025, rel_max_err=0.05)

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlabench.errors import ConfigError
-from mlabench.records.record import Record
-from mlabench.verdict import (
+from mlabench.checks.verdict import (
     CheckConfig, ErrorLimits, Verdict, check_config, compare_outputs, unit_roundoff, worst_verdict,
 )
+from mlabench.errors import ConfigError
+from mlabench.records.record import Record
 
 FIXTURE = Path(__file__).parents[1] / "report/fixtures/h200-kimi-k3-tp8/kimi-k3-tp8-20261130-105953-511"
 BF16 = ErrorLimits.for_dtypes("bfloat16")

@@ -8,11 +8,12 @@ import math
 import pytest
 import torch
 
+from mlabench.checks.input_sets import (
+    NEEDLE_SHARE, PEAK_SHARE, VerificationCase, make_case, needle_positions, split_starts_for, with_reference,
+)
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import gather_kv
 from mlabench.shapes import MLADecodeShape
-from mlabench.verification import (NEEDLE_SHARE, PEAK_SHARE, VerificationCase, make_case, needle_positions,
-                                   split_starts_for, with_reference)
 
 SHAPE = MLADecodeShape.create(num_heads=4, context_lens=(130, 1000, 7), page_size=16)
 

@@ -300,7 +300,7 @@ def find_missing(out: torch.Tensor, case: VerificationCase, rows: int = 3, limit
 
 def make_case(name: str, inputs: MLADecodeInputs, random: VerificationCase,
               split_starts: list[list[int]], seed: int = 0) -> VerificationCase:
-    """The case of input set ``name`` (one of :data:`mlabench.verdict.INPUT_SETS`) on ``inputs``,
+    """The case of input set ``name`` (one of :data:`mlabench.checks.verdict.INPUT_SETS`) on ``inputs``,
     whose ``random`` case (reference and lse) is known; ``split_starts`` per request place the
     ``needles`` set (:func:`split_starts_for`).  Raises ValueError for an unknown name."""
     if name == "random":

@@ -53,7 +53,7 @@ REL_RMSE_ROUNDINGS = 2.0
 #: Normalised max-error limit in units of u: a correct kernel's largest element error is 2-3 u of
 #: the reference's RMS (one rounding of an element several RMS large).
 REL_MAX_ROUNDINGS = 16.0
-#: Input sets every verdict is taken on (see :mod:`mlabench.verification`).
+#: Input sets every verdict is taken on (see :mod:`mlabench.checks.input_sets`).
 INPUT_SETS = ("random", "needles", "peaky", "flat")
 
 

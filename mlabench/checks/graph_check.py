@@ -37,6 +37,7 @@ import torch
 
 from mlabench.backends import get_backend
 from mlabench.backends.base import PreparedCall
+from mlabench.checks.verdict import compare_outputs
 from mlabench.device import current_device, free_memory_bytes
 from mlabench.errors import BackendUnavailableError, ConfigError, GPURequiredError, UnsupportedShapeError
 from mlabench.files import write_text
@@ -46,7 +47,6 @@ from mlabench.measure.timing import TimingConfig, capture_graph, cold_cache_copi
 from mlabench.shapes import MLADecodeShape
 from mlabench.split_policy import SplitPolicy
 from mlabench.tables import ColumnStyle, Table
-from mlabench.verdict import compare_outputs
 
 DEFAULT_CONTEXTS = (4096, 16384, 32768, 65536, 100000, 131072)
 DEFAULT_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)

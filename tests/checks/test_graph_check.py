@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from mlabench import cli
-from mlabench.device import current_device
-from mlabench.errors import ConfigError, GPURequiredError
-from mlabench.graphcheck import (
+from mlabench.checks.graph_check import (
     EagerEngine, GraphCheckConfig, GraphCheckResult, GraphCheckRow, GraphEngine, Subject, assess, graph_check_table,
     run_graph_check, subjects_for,
 )
+from mlabench.device import current_device
+from mlabench.errors import ConfigError, GPURequiredError
 from mlabench.measure.timing import TimingConfig, cold_cache_copies
 from mlabench.shapes import MLADecodeShape
 from mlabench.split_policy import load_split_policy
