@@ -48,7 +48,7 @@ class KernelRun:
 @dataclass
 class TuneRun:
     """A ``mlabench tune`` run folder: its manifest, every trial's record in the order measured, and
-    the exported policy (a :class:`mlabench.policy.Policy`; None until the run finished or was
+    the exported policy (a :class:`mlabench.policy.tuned.Policy`; None until the run finished or was
     exported with ``tune --export``)."""
 
     path: Path
@@ -75,7 +75,7 @@ class TuneRun:
 @dataclass
 class ValidationRun:
     """A ``mlabench tune --validate`` run folder: its manifest, records, and the points of its
-    ``validation.json`` (:class:`mlabench.tune_validate.PointResult`; None when the file is absent,
+    ``validation.json`` (:class:`mlabench.tune.validation.PointResult`; None when the file is absent,
     e.g. an interrupted validation)."""
 
     path: Path
@@ -211,7 +211,7 @@ def _has_runs(path: Path) -> bool:
 
 
 def _tune_run(folder: Path) -> TuneRun:
-    from mlabench.policy import load_policy
+    from mlabench.policy.tuned import load_policy
 
     store = ResultStore(folder)
     policy = load_policy(folder / "policy.json") if (folder / "policy.json").is_file() else None
@@ -219,7 +219,7 @@ def _tune_run(folder: Path) -> TuneRun:
 
 
 def _validation_run(folder: Path) -> ValidationRun:
-    from mlabench.tune_validate import PointResult
+    from mlabench.tune.validation import PointResult
 
     store = ResultStore(folder)
     points = None

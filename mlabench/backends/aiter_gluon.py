@@ -14,22 +14,11 @@ from typing import Any
 
 import torch
 
-from mlabench.backends.aiter import (
-    AiterBackend,
-    bf16_mla,
-    installed_aiter,
-    require_aiter,
-    rocm_reason,
-    rules_in_force,
-)
+from mlabench.backends.aiter import AiterBackend, bf16_mla, installed_aiter, require_aiter, rocm_reason, rules_in_force
 from mlabench.backends.aiter_args import page1_layout_for_steps
 from mlabench.backends.aiter_probe import AiterInstall
 from mlabench.backends.aiter_rules import (
-    GluonPlan,
-    gluon_crash_reason,
-    gluon_plan,
-    gluon_qo_len_reason,
-    gluon_workspace_bytes,
+    GluonPlan, gluon_crash_reason, gluon_plan, gluon_qo_len_reason, gluon_workspace_bytes,
 )
 from mlabench.backends.base import ParamSpec, PreparedCall
 from mlabench.backends.common import NUM_KV_SPLITS

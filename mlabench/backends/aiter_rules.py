@@ -21,11 +21,8 @@ from dataclasses import dataclass
 
 from mlabench.errors import UnsupportedShapeError
 from mlabench.kernels.workspace import split_workspace_bytes
+from mlabench.policy.heuristics import GLUON_BLOCK_N, GLUON_WAVE, gluon_bh16_cap
 
-#: Workgroups one MI350 wave holds; AITER's Gluon split budget fills it.
-GLUON_WAVE = 256
-#: KV tokens per Gluon block (BLOCK_N of the bf16 regimes).
-GLUON_BLOCK_N = 64
 #: XCDs AITER assumes on gfx942/gfx950 (``get_num_xcds``).
 GLUON_NUM_XCDS = 8
 #: Head counts of the Gluon "bh64" regime (64-head blocks).
@@ -95,11 +92,6 @@ def gluon_bh64_splits(batch: int, num_heads: int, qo_len: int = 1) -> int:
 def gluon_bh64_min_kv_required(num_kv_splits: int) -> int:
     """AITER asserts ``min_kv_seq_len`` above this (``N * (3 * 64 + N)``: num_iter >= 3 per split)."""
     return num_kv_splits * (3 * GLUON_BLOCK_N + num_kv_splits)
-
-
-def gluon_bh16_cap(batch: int, num_heads: int, qo_len: int = 1) -> int:
-    """``max(1, 256 // (B * qlen * ceil(H/16)))``: the bh16 budget (the cap of the bounded rule)."""
-    return max(1, GLUON_WAVE // (batch * qo_len * _cdiv(num_heads, 16)))
 
 
 def gluon_bh16_active(context_len: int, launched: int) -> int:

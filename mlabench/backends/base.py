@@ -160,7 +160,7 @@ class Backend(ABC):
         """Tokens of the tile a split is walked in, when a split's time steps with its whole tiles
         and its length is cut so that a split of ``k x tile`` tokens holds ``k`` tiles; None (the
         default) when not (e.g. splits of any token count).  Declaring it lets the tuner search the
-        whole-tile rule (:func:`mlabench.policy.whole_tile_splits`)."""
+        whole-tile rule (:func:`mlabench.policy.rules.whole_tile_splits`)."""
         return None
 
     # ---- parameters ------------------------------------------------------------------------------

@@ -19,30 +19,21 @@ from mlabench.backends.base import ParamSpec
 from mlabench.errors import BackendUnavailableError
 from mlabench.extras import optional_import
 from mlabench.kernels.padding import HEAD_PADDINGS
+from mlabench.policy.heuristics import vllm_triton_splits
+from mlabench.policy.rules import MAX_KV_SPLITS
 from mlabench.shapes import MLADecodeShape
 
 T = TypeVar("T")
 
-MAX_KV_SPLITS = 512
 #: Latent (kv_lora_rank) and decoupled RoPE widths every MLA decode kernel here is built for:
 #: a 576-wide query and key, a 512-wide value and output.
 MLA_DIMS = (512, 64)
 
 
-def default_num_kv_splits(shape: MLADecodeShape, num_sms: int = 132) -> int:
-    """vLLM's Triton MLA heuristic: ``min(next_pow2(max_len // 512), 2 * num_SMs)``, at least 1.
-
-    Source: vLLM ``triton_mla.py``.  A baseline, not a tuned choice.
-    """
-    want = max(1, shape.max_context_len // 512)
-    pow2 = 1 << (want - 1).bit_length()
-    return max(1, min(pow2, 2 * num_sms, MAX_KV_SPLITS))
-
-
 #: The split-count parameter of the split-KV backends (a library may narrow it, e.g. with
 #: ``dataclasses.replace``).
 NUM_KV_SPLITS = ParamSpec(
-    "num_kv_splits", int, default=lambda s: default_num_kv_splits(s),
+    "num_kv_splits", int, default=lambda s: vllm_triton_splits(s),
     help="KV splits per request (1-512); the split-KV (flash-decoding) grid's second axis",
     low=1, high=MAX_KV_SPLITS,
 )

@@ -13,12 +13,13 @@ from typing import Any
 import torch
 
 from mlabench.backends.base import Backend, ParamSpec, PreparedCall
-from mlabench.backends.common import MAX_KV_SPLITS, NUM_KV_SPLITS, check_mla_dims
+from mlabench.backends.common import NUM_KV_SPLITS, check_mla_dims
 from mlabench.backends.registry import register
 from mlabench.backends.triton import TRITON_PACKAGES
 from mlabench.device import current_device, triton_interpreting
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
+from mlabench.policy.rules import MAX_KV_SPLITS
 from mlabench.shapes import MLADecodeShape
 
 PAGE_TOKENS = 64

@@ -14,12 +14,11 @@ from mlabench.backends.base import Backend, ParamSpec, PreparedCall
 from mlabench.backends.common import HEAD_PADDING, NUM_KV_SPLITS, check_mla_dims, timed_us
 from mlabench.backends.registry import register
 from mlabench.device import current_device, triton_interpreting
-from mlabench.errors import ConfigError
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.padding import HEAD_TILE, HeadPadder, padded_heads
+from mlabench.policy.device_table import parse_split_policy
 from mlabench.shapes import MLADecodeShape
-from mlabench.split_policy import SplitPolicy, heuristic_policy, load_split_policy
 
 NO_GPU_REASON = "no GPU: set TRITON_INTERPRET=1 to run it in Triton's CPU interpreter (slow)"
 #: Distributions that ship Triton: upstream, and the builds torch's ROCm and CUDA wheels pull in.
@@ -34,8 +33,6 @@ SPLIT_POLICY = ParamSpec(
          "refresh (a captured graph keeps the count of capture time). Without a file: vLLM's "
          "heuristic as a table. num_kv_splits is ignored in both policy modes",
 )
-#: The two policy modes of :data:`SPLIT_POLICY`.
-POLICY_MODES = ("host", "device")
 
 PROGRAMS_PER_SM = ParamSpec(
     "programs_per_sm", int, default=2, low=1, high=8,
@@ -84,18 +81,6 @@ class _TritonBackend(Backend):
         if shape.q_dtype != shape.kv_dtype:
             return False, f"q and kv dtypes must match, got {shape.q_dtype} / {shape.kv_dtype}"
         return check_mla_dims(shape, "the project's Triton kernels")
-
-
-def parse_split_policy(text: str, num_sms: int) -> tuple[str, SplitPolicy | None]:
-    """``(mode, policy)`` of a :data:`SPLIT_POLICY` value: ``("fixed", None)`` for ``""``, else
-    ``("host" | "device", policy)`` read from the file after the colon, or vLLM's heuristic for
-    ``num_sms`` SMs when there is none.  Raises :class:`ConfigError` for another mode or a bad file."""
-    if not text:
-        return "fixed", None
-    mode, _, path = text.partition(":")
-    if mode not in POLICY_MODES:
-        raise ConfigError(f"split_policy must be empty, 'host[:FILE]' or 'device[:FILE]', got {text!r}")
-    return mode, load_split_policy(path) if path else heuristic_policy(num_sms)
 
 
 @register

@@ -44,8 +44,8 @@ from mlabench.files import write_text
 from mlabench.inputs import input_bytes, make_inputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.measure.timing import TimingConfig, capture_graph, cold_cache_copies, time_calls
+from mlabench.policy.device_table import POLICY_MODES, SplitPolicy
 from mlabench.shapes import MLADecodeShape
-from mlabench.split_policy import SplitPolicy
 from mlabench.tables import ColumnStyle, Table
 
 DEFAULT_CONTEXTS = (4096, 16384, 32768, 65536, 100000, 131072)
@@ -71,9 +71,8 @@ class Subject:
         return f"{self.backend} {' '.join(extra)}".strip()
 
 
-#: The parameter through which a backend takes a split policy, and its two modes.
+#: The parameter through which a backend takes a split policy (its modes: :data:`POLICY_MODES`).
 POLICY_PARAM = "split_policy"
-POLICY_MODES = ("host", "device")
 
 
 def subjects_for(backends: Sequence[str], policy_modes: Sequence[str]) -> list[Subject]:

@@ -55,7 +55,7 @@ def graph_check(
         DEFAULT_CONTEXTS, DEFAULT_SPLITS, GraphCheckConfig, graph_check_table, run_graph_check, subjects_for,
     )
     from mlabench.measure.timing import TimingConfig
-    from mlabench.split_policy import load_split_policy
+    from mlabench.policy.device_table import load_split_policy
     from mlabench.tables import render
 
     fmt = output_format(format, as_json, markdown)

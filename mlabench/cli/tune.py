@@ -1,7 +1,7 @@
 """The ``tune`` command: Optuna search of split counts per context bucket, validation, export.
 
-Thin: parse flags, call :func:`mlabench.tune_run.run_tune`, :func:`mlabench.tune_validate.validate_policy`
-or :func:`mlabench.tune_run.export_run`, render.  Optuna is imported only when the command runs.
+Thin: parse flags, call :func:`mlabench.tune.run.run_tune`, :func:`mlabench.tune.validation.validate_policy`
+or :func:`mlabench.tune.run.export_run`, render.  Optuna is imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -138,13 +138,13 @@ def tune(
     if validate is not None:
         return _validate(validate, lengths, min_context, max_context, ladder, budget_s, results_dir, fmt)
     if export is not None:
-        from mlabench.tune_run import export_run
+        from mlabench.tune.run import export_run
 
         return _report(export_run(export, storage, noise, combine), fmt)
     from mlabench.records.store import refuse_archived
-    from mlabench.tune import load_tune_config
-    from mlabench.tune_run import recorded_config, run_tune
-    from mlabench.workers import parse_devices
+    from mlabench.tune.run import recorded_config, run_tune
+    from mlabench.tune.space import load_tune_config
+    from mlabench.tune.worker_pool import parse_devices
 
     rule = parse_rule_range(tokens_per_split)
     values = {"backend": backend, "model": model, "tp": tp, "model_config": str(model_config) if model_config else None,
@@ -190,7 +190,7 @@ def _one_value(values: list[int] | None, flag: str) -> int | None:
 
 
 def _report(result: Any, fmt: str) -> None:
-    from mlabench.policy import TILES_NOTATION, describe_choice
+    from mlabench.policy.tuned import TILES_NOTATION, describe_choice
     from mlabench.tables import Table
 
     choices = Table("Choice per batch and context bucket (µs: geometric mean over the bucket's lengths of the "
@@ -218,9 +218,9 @@ def _validate(path: Path, lengths: int, low: int, high: int, ladder: str | None,
               results_dir: Path, fmt: str) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mlabench.policy import load_policy
-    from mlabench.tune import tune_timing
-    from mlabench.tune_validate import validate_policy, validation_tables
+    from mlabench.policy.tuned import load_policy
+    from mlabench.tune.space import tune_timing
+    from mlabench.tune.validation import validate_policy, validation_tables
 
     policy = load_policy(path)
     timing = tune_timing().model_copy(update={"budget_s": budget_s}) if budget_s else None

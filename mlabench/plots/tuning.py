@@ -5,7 +5,7 @@ no matplotlib.
   chose there, the fastest configuration and the best public heuristic;
 - :func:`tuning_history`: each study's trials in the order measured, with the best time so far;
 - :func:`policy_steps`: the policy's split count against the context length, beside every public
-  heuristic's (:mod:`mlabench.heuristics`) and the fastest split counts measured;
+  heuristic's (:mod:`mlabench.policy.heuristics`) and the fastest split counts measured;
 - :func:`validation_regret`: the regret of the policy and of each heuristic on the held-out grid.
 
 A tuning run's trials are its records (:class:`mlabench.runs.TuneRun`), one per configuration
@@ -93,8 +93,8 @@ def _clamped_heuristics(run: Any, shape: Any) -> dict[str, dict[str, Any]]:
     public heuristic's split count clamped to the run's searched range, other parameters at their
     defaults.  Empty when the run does not search ``num_kv_splits``."""
     from mlabench.backends import get_backend
-    from mlabench.tune import TuneConfig, full_params, search_space
-    from mlabench.tune_enqueue import heuristic_trials
+    from mlabench.tune.seeded_trials import heuristic_trials
+    from mlabench.tune.space import TuneConfig, full_params, search_space
 
     cfg = TuneConfig.model_validate(run.config)
     backend = get_backend(cfg.backend)
@@ -275,7 +275,7 @@ class RegretPanel:
 
 
 def _curve(name: str, points: list[Any], us_of: Any, splits_of: Any) -> RegretCurve:
-    from mlabench.tune_validate import geomean_regret_pct
+    from mlabench.tune.validation import geomean_regret_pct
 
     regrets = [p.regret(us_of(p)) for p in points]
     pct = [None if r is None else 100 * r for r in regrets]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlabench.plots import FigureSpec, style, tuning as T
-from mlabench.policy import TILES_NOTATION
+from mlabench.policy.tuned import TILES_NOTATION
 from mlabench.report.document import Block, FigureBlock, Heading, Missing, Para, TableBlock
 from mlabench.tables import Table
 
@@ -125,7 +125,7 @@ def _tune_blocks(run: Any, specs: Sequence[FigureSpec], alone: bool) -> list[Blo
 
 def _validation_blocks(runs: Any, run: Any, specs: Sequence[FigureSpec], alone: bool) -> list[Block]:
     from mlabench.records.store import ResultStore
-    from mlabench.tune_validate import Validation, validation_tables
+    from mlabench.tune.validation import Validation, validation_tables
 
     given = any(t.name == run.policy_run_id for t in runs.tune_runs)
     blocks: list[Block] = [Heading(f"Validation run {run.name}", 3),

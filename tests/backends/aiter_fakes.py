@@ -31,6 +31,7 @@ import mlabench.backends.aiter_probe as aiter_probe
 from mlabench.backends import aiter_rules as rules
 from mlabench.backends.aiter_manifest import Manifest, Range, Signature, load_manifest
 from mlabench.extras import optional_import
+from mlabench.policy.heuristics import GLUON_BLOCK_N, gluon_bh16_cap
 from tests.backends.fakes import csr_attention
 
 PACKAGES = ("aiter", "aiter.jit", "aiter.jit.utils", "aiter.ops", "aiter.ops.triton",
@@ -217,9 +218,9 @@ def _gluon(fake: FakeAiter, a: dict[str, Any]) -> tuple[torch.Tensor, None]:
         need = rules.gluon_bh64_min_kv_required(n)
         assert min_kv > need, f"mla_gluon[bh64] requires min_kv_seq_len > {need}, got {min_kv}"
     else:
-        cap = rules.gluon_bh16_cap(batch, nhead, qlen)
+        cap = gluon_bh16_cap(batch, nhead, qlen)
         n = cap if fake.rule("gluon_bh16_splits") == "budget" else max(
-            1, min(cap, -(-min_kv // rules.GLUON_BLOCK_N)))
+            1, min(cap, -(-min_kv // GLUON_BLOCK_N)))
     assert a["use_2d_view"] is False and a["k_pe"] is None and a["kv_pe_offset"] == 512
     fake.last["launched"] = n
     q = torch.cat([q_nope, a["q_pe"]], dim=-1).reshape(batch * qlen, nhead, -1)

@@ -10,12 +10,7 @@ import pytest
 import torch
 
 from mlabench.backends import get_backend
-from mlabench.backends.aiter_rules import (
-    asm_nonpersistent_splits,
-    gluon_bh16_active,
-    gluon_bh64_splits,
-    gluon_plan,
-)
+from mlabench.backends.aiter_rules import asm_nonpersistent_splits, gluon_bh16_active, gluon_bh64_splits, gluon_plan
 from mlabench.errors import UnsupportedShapeError
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import mla_decode_reference

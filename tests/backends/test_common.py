@@ -6,12 +6,11 @@ import pytest
 import torch
 
 from mlabench.backends import backend_names, get_backend
-from mlabench.backends.common import (
-    HEAD_PADDING, NUM_KV_SPLITS, accepts_kwarg, check_mla_dims, default_num_kv_splits, require, timed_us,
-)
+from mlabench.backends.common import HEAD_PADDING, NUM_KV_SPLITS, accepts_kwarg, check_mla_dims, require, timed_us
 from mlabench.backends.registry import backend_packages
 from mlabench.errors import BackendUnavailableError
 from mlabench.kernels.workspace import split_workspace_bytes
+from mlabench.policy.heuristics import vllm_triton_splits
 from mlabench.records.provenance import library_versions
 from mlabench.shapes import MLADecodeShape
 
@@ -51,8 +50,8 @@ def test_shared_parameters_are_one_object():
     gluon_splits, = (p for p in users["aiter-gluon"] if p.name == "num_kv_splits")
     assert (gluon_splits.default, gluon_splits.high, gluon_splits.low) == (None, 256, 1)
     shape = MLADecodeShape.uniform(1, 100_000, 12)
-    assert NUM_KV_SPLITS.default_for(shape) == default_num_kv_splits(shape) == 256  # capped at 2 x 132
-    assert default_num_kv_splits(MLADecodeShape.uniform(1, 4096, 12)) == 8
+    assert NUM_KV_SPLITS.default_for(shape) == vllm_triton_splits(shape) == 256  # capped at 2 x 132
+    assert vllm_triton_splits(MLADecodeShape.uniform(1, 4096, 12)) == 8
 
 
 def test_split_workspace_bytes():

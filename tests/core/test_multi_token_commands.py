@@ -128,8 +128,8 @@ def test_compare_from_filters_by_qo_len(tmp_path, monkeypatch, capsys):
 
 # ---- tune and graph-check --------------------------------------------------------------------------
 def test_tune_shapes_carry_qo_len(tmp_path):
-    from mlabench.studies import study_name
-    from mlabench.tune import Bucket, load_tune_config, shape_dims, tune_shape
+    from mlabench.tune.space import Bucket, load_tune_config, shape_dims, tune_shape
+    from mlabench.tune.studies import study_name
 
     sweep = tmp_path / "s.toml"
     sweep.write_text('heads = [12]\ncontext_lens = [1024, 4096]\nqo_len = [2]\ncausal = false\n')

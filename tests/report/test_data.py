@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from mlabench.plots import data as D
-from mlabench.plots import style
+from mlabench.plots import data as D, style
 from tests.report.conftest import GRAPH_CHECK, H200, H200_RUN, REPO, SERVE, SERVE_RUN, TUNE, raw_records
 
 
@@ -142,7 +141,7 @@ def test_readable_numbers_and_one_colour_per_backend():
     assert [style.context_text(c) for c in (4096, 100000, 131072, 777)] == ["4K", "100k", "128K", "777"]
     names = ["triton-splitkv", "triton-persistent", "flashmla", "aiter-asm", "aiter-gluon", "torch-splitkv"]
     assert len({style.backend_color(n) for n in names}) == len(names)
-    from mlabench.heuristics import HEURISTICS
+    from mlabench.policy.heuristics import HEURISTICS
 
     heuristics = {style.heuristic_color(h.name) for h in HEURISTICS}
     assert len(heuristics) == len(HEURISTICS) and not heuristics & {style.backend_color(n) for n in names}

@@ -16,17 +16,17 @@ import torch
 from mlabench.device import current_device
 from mlabench.errors import ConfigError, MlabenchError, ResultsError
 from mlabench.records.store import ResultStore
-from mlabench.studies import StudySpec, open_storage, optuna_module, prepare_study
-from mlabench.tune import TuneConfig
-from mlabench.tune_run import export_run, gpu_model, run_manifest, run_tune
-from mlabench.tune_worker import worker_main
+from mlabench.tune.run import export_run, gpu_model, run_manifest, run_tune
+from mlabench.tune.space import TuneConfig
+from mlabench.tune.studies import StudySpec, open_storage, optuna_module, prepare_study
+from mlabench.tune.trial_worker import worker_main
 from tests.tune.fake_backends import PREPARE_ENV
 
 
 def study_trials(run_dir: Path, url: str | None = None) -> list:
     optuna = optuna_module()
     storage = open_storage(url, run_dir)
-    names = [s.name for s in __import__("mlabench.tune_run", fromlist=["x"]).recorded_config(run_dir)[1]]
+    names = [s.name for s in __import__("mlabench.tune.run", fromlist=["x"]).recorded_config(run_dir)[1]]
     return [t for name in names for t in optuna.load_study(study_name=name, storage=storage).trials]
 
 

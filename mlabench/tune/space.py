@@ -7,10 +7,10 @@ and, where ``num_kv_splits`` is searched, a split count that grows with the leng
 the backend declares its split tile), on several lengths of the bucket (its lower edge + 1 to its upper edge, log-spaced); the objective is the measurement
 engine's median (graph replay and cold cache on a GPU) at each length, and every measurement is
 also a result record in the run folder.  A configuration that fails the correctness check or
-errors at any length is pruned and never chosen.  The public heuristics (:mod:`mlabench.heuristics`)
-and the whole-tile candidates are enqueued as the first trials (:mod:`mlabench.tune_enqueue`).  The choice per bucket (:mod:`mlabench.tune_choice`) weighs
+errors at any length is pruned and never chosen.  The public heuristics (:mod:`mlabench.policy.heuristics`)
+and the whole-tile candidates are enqueued as the first trials (:mod:`mlabench.tune.seeded_trials`).  The choice per bucket (:mod:`mlabench.tune.choice`) weighs
 every length against the best time measured there; adjacent buckets with the same choice merge
-into one policy entry (:mod:`mlabench.policy`).  See ``docs/tuning.md``.
+into one policy entry (:mod:`mlabench.policy.tuned`).  See ``docs/tuning.md``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from mlabench.checks.verdict import CheckConfig
 from mlabench.configfile import config_file, read_toml, validation_line
 from mlabench.errors import ConfigError
 from mlabench.measure.timing import TimingConfig
-from mlabench.policy import rule_splits, whole_tile_splits
+from mlabench.policy.rules import rule_splits, whole_tile_splits
 from mlabench.shapes import MLADecodeShape, resolve_heads
 
 Sampler = Literal["auto", "tpe", "gp", "grid", "brute"]
@@ -350,9 +350,9 @@ def study_space(backend: Backend, shape: MLADecodeShape, cfg: TuneConfig, length
 def params_at(backend: Backend, fixed: dict[str, Any], searched: dict[str, Any], length: int) -> dict[str, Any]:
     """The backend parameters a study's ``searched`` point launches at ``length`` tokens: with a
     non-zero :data:`TILE_PARAM` g, ``num_kv_splits`` = the whole-tile rule's count for at most
-    ``num_kv_splits`` splits (:func:`mlabench.policy.whole_tile_splits`); else with
+    ``num_kv_splits`` splits (:func:`mlabench.policy.rules.whole_tile_splits`); else with
     :data:`RULE_PARAM`, ``num_kv_splits = clamp(ceil(length / tokens_per_split), 1,
-    num_kv_splits)`` (:func:`mlabench.policy.rule_splits`): the policy's own rules."""
+    num_kv_splits)`` (:func:`mlabench.policy.rules.rule_splits`): the policy's own rules."""
     values = {k: v for k, v in searched.items() if k not in (RULE_PARAM, TILE_PARAM)}
     if searched.get(TILE_PARAM):
         values["num_kv_splits"] = whole_tile_splits(length, searched[TILE_PARAM], searched["num_kv_splits"])

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from mlabench.heuristics import (HEURISTICS, aiter_gluon_v0119_splits, aiter_gluon_v0120_splits,
-                                 heuristic_splits, rocm_bucket_splits, sglang_splits, vllm_triton_splits)
+from mlabench.policy.heuristics import (
+    HEURISTICS, aiter_gluon_v0119_splits, aiter_gluon_v0120_splits, heuristic_splits, rocm_bucket_splits, sglang_splits,
+    vllm_triton_splits,
+)
 from mlabench.shapes import MLADecodeShape
 
 

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from mlabench.backends.common import default_num_kv_splits
 from mlabench.errors import ConfigError
-from mlabench.policy import BatchPolicy, Policy, PolicyEntry
+from mlabench.policy.device_table import INT32_MAX, SplitPolicy, heuristic_policy, load_split_policy
+from mlabench.policy.heuristics import vllm_triton_splits
+from mlabench.policy.tuned import BatchPolicy, Policy, PolicyEntry
 from mlabench.shapes import MLADecodeShape
-from mlabench.split_policy import INT32_MAX, SplitPolicy, heuristic_policy, load_split_policy
 
 POLICY = SplitPolicy.create({1: [(4096, 4), (32768, 16), (131072, 64)], 16: [(16384, 2), (131072, 8)]})
 
@@ -59,7 +59,7 @@ def test_heuristic_table_is_vllms_rule():
     for length in [1, 511, 512, 1023, 1024, 1535, 1536, 2047, 2048, 4096, 5000, 65536, 100000,
                    131072, 135168, 10**6]:
         shape = MLADecodeShape.create(num_heads=12, context_lens=(length,))
-        assert policy.lookup(1, length) == default_num_kv_splits(shape, 132), length
+        assert policy.lookup(1, length) == vllm_triton_splits(shape, 132), length
     assert policy.max_splits(1) == 264
 
 

@@ -1,7 +1,7 @@
 """Worker processes: one per GPU, all serving one job (a tuning study; later a sweep's points).
 
 The parent writes the job's payload (JSON) into the run folder and starts ``python -m
-mlabench.workers ENTRY PAYLOAD INDEX`` once per device, with only that device visible
+mlabench.tune.worker_pool ENTRY PAYLOAD INDEX`` once per device, with only that device visible
 (``CUDA_VISIBLE_DEVICES``, or ``HIP_VISIBLE_DEVICES`` on ROCm).  ``ENTRY`` is
 ``"module:function"``, called as ``function(payload, index)``.  Workers share results through an
 append-only run folder (:func:`append_shared` serialises appends across processes) and whatever
@@ -87,7 +87,7 @@ def start_workers(entry: str, payload: dict[str, Any], devices: list[str | None]
         log_path = log_dir / f"worker-{index}.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mlabench.workers", entry, str(payload_path), str(index)],
+                [sys.executable, "-m", "mlabench.tune.worker_pool", entry, str(payload_path), str(index)],
                 env={**device_env(device, rocm), **(extra_env or {})}, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         workers.append(Worker(index, device, proc, log_path))
@@ -243,7 +243,7 @@ class RecordIndex:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m mlabench.workers ENTRY PAYLOAD INDEX``: run one worker; errors a user can cause
+    """``python -m mlabench.tune.worker_pool ENTRY PAYLOAD INDEX``: run one worker; errors a user can cause
     print one ``error:`` line and exit 2."""
     entry, payload_path, index = (argv if argv is not None else sys.argv[1:])[:3]
     for extra in filter(None, os.environ.get(IMPORTS_ENV, "").split(",")):

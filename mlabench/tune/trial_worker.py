@@ -9,7 +9,7 @@ per length, the record key, status, raw samples, spread and correctness verdict,
 launching what a trial of the study already finished launched is a repeat, reused (one another
 worker is measuring is waited for) and not counted towards ``--trials``, and so is a measurement already recorded in the run folder (by another
 trial whose rule gives the same count at that length, or by a worker killed before it could
-report); a measurement another worker is taking right now is waited for (:func:`mlabench.workers.claim`).
+report); a measurement another worker is taking right now is waited for (:func:`mlabench.tune.worker_pool.claim`).
 A configuration that fails the correctness check or errors at any length is pruned (its other
 lengths are not measured).
 """
@@ -28,16 +28,16 @@ from mlabench.device import current_device
 from mlabench.records.record import Record, point_key
 from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
-from mlabench.studies import (
-    FINISHED_STATES, StudySpec, check_device, distinct_finished, launch_key, make_sampler, open_storage, optuna_module,
-)
 from mlabench.sweep.point import ShapeBench
-from mlabench.tune import (
+from mlabench.tune.choice import geomean
+from mlabench.tune.space import (
     RULE_PARAM, TILE_PARAM, Dimension, TuneConfig, launched, params_at, resolve_sampler, shape_dims, study_space,
     tune_shape,
 )
-from mlabench.tune_choice import geomean
-from mlabench.workers import RecordIndex, append_shared, claim, release, worker_id
+from mlabench.tune.studies import (
+    FINISHED_STATES, StudySpec, check_device, distinct_finished, launch_key, make_sampler, open_storage, optuna_module,
+)
+from mlabench.tune.worker_pool import RecordIndex, append_shared, claim, release, worker_id
 
 #: Environment variable carrying a storage URL to workers (kept out of files: it may hold a password).
 STORAGE_ENV = "MLABENCH_TUNE_STORAGE"
@@ -92,7 +92,7 @@ class Objective:
     def suggest(self, trial: Any) -> dict[str, Any]:
         """The searched parameters of ``trial`` (fixed ones are not Optuna parameters);
         ``tokens_per_split`` is not suggested when the whole-tile rule is chosen (it would launch
-        nothing different: the space is conditional, :func:`mlabench.tune.study_space`)."""
+        nothing different: the space is conditional, :func:`mlabench.tune.space.study_space`)."""
         values: dict[str, Any] = {}
         with warnings.catch_warnings():  # a heuristic enqueued beyond the wave cap: measured as is
             warnings.filterwarnings("ignore", message="Fixed parameter .* out of range")
@@ -128,7 +128,7 @@ class Objective:
 
     def _earlier(self, trial: Any) -> dict[str, Any] | None:
         """Attributes of an earlier trial launching the same at every length as ``trial`` (its
-        ``launched`` attribute, :func:`mlabench.studies.launch_key`), waiting for a running one."""
+        ``launched`` attribute, :func:`mlabench.tune.studies.launch_key`), waiting for a running one."""
         deadline = time.monotonic() + WAIT_FOR_PEER_S
         key = launch_key(trial)
         while True:
@@ -172,7 +172,7 @@ class Objective:
 
 class StopAtTrials:
     """Optuna callback: stop once distinct finished configurations (by what they launch,
-    :func:`mlabench.studies.distinct_finished`) plus other workers' running trials reach ``n``, or
+    :func:`mlabench.tune.studies.distinct_finished`) plus other workers' running trials reach ``n``, or
     finished trials with repeats plus those running reach ``MAX_TRIALS_FACTOR x n``."""
 
     def __init__(self, n: int):

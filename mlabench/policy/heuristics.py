@@ -13,8 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mlabench.backends.aiter_rules import GLUON_BLOCK_N, gluon_bh16_cap
-from mlabench.backends.common import default_num_kv_splits
+from mlabench.policy.rules import MAX_KV_SPLITS
 from mlabench.shapes import MLADecodeShape
 
 #: SGLang's largest split count for MLA decode on an H200.
@@ -24,13 +23,27 @@ SGLANG_MAX_KV_SPLITS = 256
 ROCM_CONTEXT_BUCKETS = ((64, 1), (4096, 16), (16384, 48), (65536, 64))
 ROCM_LONGEST_BUCKET_SPLITS = 128
 
+#: Workgroups one MI350 wave holds; AITER's Gluon split budget fills it.
+GLUON_WAVE = 256
+#: KV tokens per Gluon block (BLOCK_N of the bf16 regimes).
+GLUON_BLOCK_N = 64
 
-def vllm_triton_splits(shape: MLADecodeShape, num_sms: int) -> int:
-    """vLLM's Triton MLA rule: ``min(next_pow2(max_context_len // 512), 2 * num_SMs)``, >= 1.
+
+def gluon_bh16_cap(batch: int, num_heads: int, qo_len: int = 1) -> int:
+    """``max(1, 256 // (B * qlen * ceil(H/16)))``: the bh16 budget (the cap of the bounded rule)."""
+    return max(1, GLUON_WAVE // (batch * qo_len * -(-num_heads // 16)))
+
+
+def vllm_triton_splits(shape: MLADecodeShape, num_sms: int = 132) -> int:
+    """vLLM's Triton MLA rule: ``min(next_pow2(max_context_len // 512), 2 * num_SMs)``, at least 1
+    and at most :data:`~mlabench.policy.rules.MAX_KV_SPLITS`: the default ``num_kv_splits`` of the
+    split-KV backends, a baseline rather than a tuned choice.
 
     Source: vLLM ``vllm/v1/attention/backends/mla/triton_mla.py`` (the decode split count).
     """
-    return default_num_kv_splits(shape, num_sms=num_sms)
+    want = max(1, shape.max_context_len // 512)
+    pow2 = 1 << (want - 1).bit_length()
+    return max(1, min(pow2, 2 * num_sms, MAX_KV_SPLITS))
 
 
 def sglang_splits(shape: MLADecodeShape, num_sms: int, max_kv_splits: int = SGLANG_MAX_KV_SPLITS) -> int:

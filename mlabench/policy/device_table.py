@@ -8,10 +8,10 @@ rows sorted by ``max_context_len``.  Lookup (the rule of the ``tune`` command's 
 
 :func:`load_split_policy` reads two JSON layouts:
 
-- the ``tune`` command's policy file (:func:`mlabench.policy.load_policy`; its other tuned
+- the ``tune`` command's policy file (:func:`mlabench.policy.tuned.load_policy`; its other tuned
   parameters are ignored here, and an entry whose count follows the length, ``tokens_per_split``
   or ``tile_tokens``, becomes one row per run of lengths with one count,
-  :func:`mlabench.policy.split_count_rows`);
+  :func:`mlabench.policy.tuned.split_count_rows`);
 - a minimal one written by hand or by ``graph-check``: ``{"num_kv_splits": {"<batch>":
   [[max_context_len, splits], ...]}}``, or a bare list ``[[max_context_len, splits], ...]`` that
   applies to every batch size.
@@ -34,11 +34,11 @@ import torch
 
 from mlabench.errors import ConfigError
 from mlabench.files import read_json
+from mlabench.policy.rules import MAX_KV_SPLITS
 
 #: The largest ``max_context_len`` an int32 table row can hold; the padding rows of
 #: :meth:`SplitPolicy.device_table` use it so that every length finds a row.
 INT32_MAX = 2**31 - 1
-MAX_SPLITS = 512
 
 Rows = tuple[tuple[int, int], ...]
 
@@ -75,8 +75,8 @@ class SplitPolicy:
             if not pairs or lens != sorted(set(lens)) or lens[0] < 1:
                 raise ConfigError(f"{where}: max_context_len must be >= 1 and increase strictly, "
                                   f"got {lens}")
-            if any(not 1 <= s <= MAX_SPLITS for _, s in pairs):
-                raise ConfigError(f"{where}: num_kv_splits must be in 1..{MAX_SPLITS}")
+            if any(not 1 <= s <= MAX_KV_SPLITS for _, s in pairs):
+                raise ConfigError(f"{where}: num_kv_splits must be in 1..{MAX_KV_SPLITS}")
             clean[int(batch)] = pairs
         return cls(clean, source)
 
@@ -119,12 +119,12 @@ class SplitPolicy:
         return json.dumps({"num_kv_splits": body}, indent=1) + "\n"
 
 
-def heuristic_policy(num_sms: int = 132, max_splits: int = MAX_SPLITS) -> SplitPolicy:
+def heuristic_policy(num_sms: int = 132, max_splits: int = MAX_KV_SPLITS) -> SplitPolicy:
     """vLLM's Triton MLA heuristic ``min(next_pow2(L // 512), 2 * num_SMs)`` (at least 1) as rows.
 
     The count ``2**k`` is chosen for ``L // 512`` in ``(2**(k-1), 2**k]``, i.e. up to
     ``L = 512 * (2**k + 1) - 1`` tokens; the same for every batch size (the heuristic ignores it).
-    Source: vLLM ``triton_mla.py``; :func:`mlabench.backends.common.default_num_kv_splits` is the
+    Source: vLLM ``triton_mla.py``; :func:`mlabench.policy.heuristics.vllm_triton_splits` is the
     same rule on the longest context of a batch.
     """
     cap = max(1, min(2 * num_sms, max_splits))
@@ -156,7 +156,7 @@ def _tables_of(data: Any, path: Path) -> dict[int, Any]:
         except ValueError:
             raise ConfigError(f"{path}: num_kv_splits keys must be batch sizes") from None
     if isinstance(data, dict) and "batches" in data:  # the tune command's policy
-        from mlabench.policy import load_policy, split_count_rows
+        from mlabench.policy.tuned import load_policy, split_count_rows
 
         policy = load_policy(path)  # its schema and one-line errors
         if "num_kv_splits" not in policy.param_names:
@@ -165,3 +165,21 @@ def _tables_of(data: Any, path: Path) -> dict[int, Any]:
         return {b.batch: split_count_rows(b.entries) for b in policy.batches}
     raise ConfigError(f"{path}: expected {{\"num_kv_splits\": {{batch: [[max_len, splits], ...]}}}}, "
                       "a list of [max_len, splits], or a tune policy file")
+
+
+#: The two policy modes of a backend's ``split_policy`` parameter (:data:`mlabench.backends.triton.SPLIT_POLICY`):
+#: ``host`` (one count chosen on the host, frozen by a graph capture) and ``device`` (each request's
+#: count looked up in device memory).
+POLICY_MODES = ("host", "device")
+
+
+def parse_split_policy(text: str, num_sms: int) -> tuple[str, SplitPolicy | None]:
+    """``(mode, policy)`` of a ``split_policy`` parameter value (:data:`mlabench.backends.triton.SPLIT_POLICY`): ``("fixed", None)`` for ``""``, else
+    ``("host" | "device", policy)`` read from the file after the colon, or vLLM's heuristic for
+    ``num_sms`` SMs when there is none.  Raises :class:`ConfigError` for another mode or a bad file."""
+    if not text:
+        return "fixed", None
+    mode, _, path = text.partition(":")
+    if mode not in POLICY_MODES:
+        raise ConfigError(f"split_policy must be empty, 'host[:FILE]' or 'device[:FILE]', got {text!r}")
+    return mode, load_split_policy(path) if path else heuristic_policy(num_sms)

@@ -19,9 +19,9 @@ from typing import Any
 from mlabench.backends import get_backend
 from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, ConfigError
-from mlabench.heuristics import heuristic_splits
 from mlabench.measure.timing import TimingConfig
-from mlabench.policy import Policy
+from mlabench.policy.heuristics import heuristic_splits
+from mlabench.policy.tuned import Policy
 from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.point import ShapeBench
@@ -119,8 +119,8 @@ def validate_policy(policy: Policy, count: int = 48, low: int = 1024, high: int 
     :class:`ConfigError` for a bad grid.
     """
     from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
-    from mlabench.tune import tune_timing
-    from mlabench.tune_run import fresh_run_id, run_manifest
+    from mlabench.tune.run import fresh_run_id, run_manifest
+    from mlabench.tune.space import tune_timing
 
     backend = get_backend(policy.backend)
     ok, why = backend.available()

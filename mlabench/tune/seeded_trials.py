@@ -3,9 +3,9 @@
 Both are enqueued as fixed trials before the sampler's own, so that a study can only match or
 beat them, each with its name in the trial's ``enqueued_as`` user attribute:
 
-- :func:`heuristic_trials`: each public split heuristic of :mod:`mlabench.heuristics` (vLLM,
+- :func:`heuristic_trials`: each public split heuristic of :mod:`mlabench.policy.heuristics` (vLLM,
   SGLang, AITER Gluon, the ROCm buckets), named as there;
-- :func:`whole_tile_trials`: the whole-tile rule (:func:`mlabench.policy.whole_tile_splits`) at
+- :func:`whole_tile_trials`: the whole-tile rule (:func:`mlabench.policy.rules.whole_tile_splits`) at
   one wave of the backend's resident programs, half of it and a quarter, named
   ``whole-tiles-<cap>``, where the study searches that rule.  Why these caps: on an H200 at batch
   1 the fastest count below 32K was the one with the fewest 32-token tiles per split within about
@@ -19,7 +19,7 @@ from typing import Any
 
 from mlabench.backends.base import Backend
 from mlabench.shapes import MLADecodeShape
-from mlabench.tune import RULE_PARAM, TILE_PARAM, Dimension, wave_cap
+from mlabench.tune.space import RULE_PARAM, TILE_PARAM, Dimension, wave_cap
 
 #: Fractions of one wave of resident programs enqueued as whole-tile caps.
 WHOLE_TILE_WAVES = (1.0, 0.5, 0.25)
@@ -48,7 +48,7 @@ def heuristic_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimensi
     tokens-per-split rule is tried as that rule over the bucket, and a fixed count as
     ``tokens_per_split`` 1 (left out when the rule's range starts above 1); with
     :data:`TILE_PARAM` searched, each has it 0.  Empty when ``num_kv_splits`` is not searched."""
-    from mlabench.heuristics import HEURISTICS
+    from mlabench.policy.heuristics import HEURISTICS
 
     by_name = {d.name: d for d in dims}
     splits, rule = by_name.get("num_kv_splits"), by_name.get(RULE_PARAM)
@@ -69,11 +69,11 @@ def heuristic_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimensi
 
 def whole_tile_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimension]) -> list[tuple[str, dict[str, Any]]]:
     """``(f"whole-tiles-{n}", searched params)``: the whole-tile rule capped at ``n`` splits for ``n``
-    in one wave of the backend's resident programs for ``shape`` (:func:`mlabench.tune.wave_cap`:
+    in one wave of the backend's resident programs for ``shape`` (:func:`mlabench.tune.space.wave_cap`:
     264 at batch 1 on an H200), half and a quarter of it (at least 1), each clamped to the
     searched ``num_kv_splits`` range, repeats dropped; the top of that range stands for the wave
     where the backend does not say its resident programs.  Other parameters at their defaults.
-    Empty unless ``dims`` searches :data:`TILE_PARAM` (:func:`mlabench.tune.study_space`)."""
+    Empty unless ``dims`` searches :data:`TILE_PARAM` (:func:`mlabench.tune.space.study_space`)."""
     by_name = {d.name: d for d in dims}
     splits, tiles = by_name.get("num_kv_splits"), by_name.get(TILE_PARAM)
     if tiles is None or splits is None or splits.choices:

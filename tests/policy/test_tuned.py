@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from mlabench.errors import ConfigError
-from mlabench.policy import (BatchPolicy, Policy, PolicyEntry, load_policy, merge_adjacent, rule_splits,
-                             split_count_rows, to_cpp_header, whole_tile_splits, write_exports)
+from mlabench.policy.exports import to_cpp_header, write_exports
+from mlabench.policy.rules import rule_splits, whole_tile_splits
+from mlabench.policy.tuned import BatchPolicy, Policy, PolicyEntry, load_policy, merge_adjacent, split_count_rows
 from tests.tune.helpers import export_lookups
 
 RESULTS = Path(__file__).parents[2] / "results/h200/tune-kimi-k3-tp8"
@@ -117,7 +118,7 @@ def test_merge_keeps_rules_apart():
 
 
 def test_split_count_rows_give_the_lookup_count_at_every_length():
-    from mlabench.split_policy import SplitPolicy
+    from mlabench.policy.device_table import SplitPolicy
 
     p = make_policy()
     for b in p.batches:

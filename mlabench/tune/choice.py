@@ -20,10 +20,11 @@ from typing import Any, Literal
 from mlabench.backends import get_backend
 from mlabench.backends.base import Backend
 from mlabench.errors import ResultsError
-from mlabench.policy import BatchPolicy, Policy, PolicyEntry, merge_adjacent, rule_splits
-from mlabench.heuristics import HEURISTICS
-from mlabench.studies import distinct_finished, launch_key
-from mlabench.tune import RULE_PARAM, TILE_PARAM, Bucket, TuneConfig, full_params, params_at, shape_dims
+from mlabench.policy.heuristics import HEURISTICS
+from mlabench.policy.rules import rule_splits
+from mlabench.policy.tuned import BatchPolicy, Policy, PolicyEntry, merge_adjacent
+from mlabench.tune.space import RULE_PARAM, TILE_PARAM, Bucket, TuneConfig, full_params, params_at, shape_dims
+from mlabench.tune.studies import distinct_finished, launch_key
 
 Combine = Literal["worst", "geomean"]
 
@@ -36,7 +37,7 @@ class Measured:
     median times (µs; with one length, its median); ``rel_ci``: the widest relative CI half-width of
     those medians; ``times_us`` and ``splits``: per length (tokens), the median (µs) and the split
     count launched (empty for a configuration known by one median only); ``launch``: what it
-    launches (:func:`mlabench.studies.launch_key`; empty when built by hand).
+    launches (:func:`mlabench.tune.studies.launch_key`; empty when built by hand).
     """
 
     params: dict[str, Any]
@@ -84,7 +85,7 @@ def best_times(trials: list[Any], length: int = 0) -> dict[int, float]:
 def measured_configs(trials: list[Any], length: int = 0) -> list[Measured]:
     """Correct, finished configurations of a study's trials (Optuna ``FrozenTrial``\\ s): only
     COMPLETE trials whose recorded status is ``ok`` (at every length); repeats of one
-    configuration (trials launching the same at every length, :func:`mlabench.studies.launch_key`)
+    configuration (trials launching the same at every length, :func:`mlabench.tune.studies.launch_key`)
     are pooled by the median of their medians, length by length, under the first one's params."""
     groups: dict[str, list[Any]] = {}
     for t in sorted(trials, key=lambda t: t.number):

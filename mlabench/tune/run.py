@@ -2,8 +2,8 @@
 
 :func:`run_tune` validates everything, creates (or resumes) ``results/<run-id>/`` with its manifest,
 creates the studies and enqueues the public heuristics and the whole-tile candidates
-(:mod:`mlabench.tune_enqueue`), starts one worker per device
-(:mod:`mlabench.workers`, :func:`mlabench.tune_worker.worker_main`), reports progress while they
+(:mod:`mlabench.tune.seeded_trials`), starts one worker per device
+(:mod:`mlabench.tune.worker_pool`, :func:`mlabench.tune.trial_worker.worker_main`), reports progress while they
 run, then chooses per study and writes the policy (``policy.json``, ``policy.h``, ``policy.py``).
 :func:`export_run` rebuilds the policy of a finished run (e.g. after workers on other machines).
 """
@@ -26,20 +26,21 @@ from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, ResultsError, UnsupportedShapeError
 from mlabench.inputs import check_fits
 from mlabench.measure.observers import driver_version, gpu_state
-from mlabench.policy import Policy, write_exports
+from mlabench.policy.exports import write_exports
+from mlabench.policy.tuned import Policy
 from mlabench.records.provenance import command_line, git_revision, library_versions
 from mlabench.records.record import Manifest, new_run_id, utc_now
 from mlabench.records.store import ResultStore
-from mlabench.studies import (
-    StudyProgress, StudySpec, open_storage, optuna_module, prepare_study, redact_url, study_name, study_progress,
-)
-from mlabench.tune import (
+from mlabench.tune.choice import BucketChoice, build_policy, study_choice
+from mlabench.tune.seeded_trials import heuristic_trials, whole_tile_trials
+from mlabench.tune.space import (
     LEGACY_FIELDS, TuneConfig, buckets_of, resolve_sampler, shape_dims, space_size, study_space, tune_shape, wave_cap,
 )
-from mlabench.tune_choice import BucketChoice, build_policy, study_choice
-from mlabench.tune_enqueue import heuristic_trials, whole_tile_trials
-from mlabench.tune_worker import STORAGE_ENV
-from mlabench.workers import start_workers, supervise
+from mlabench.tune.studies import (
+    StudyProgress, StudySpec, open_storage, optuna_module, prepare_study, redact_url, study_name, study_progress,
+)
+from mlabench.tune.trial_worker import STORAGE_ENV
+from mlabench.tune.worker_pool import start_workers, supervise
 
 Monitor = Callable[[list[StudyProgress]], None]
 
@@ -189,7 +190,7 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
     import torch
 
     env = {STORAGE_ENV: storage_url} if storage_url else {}
-    workers = start_workers("mlabench.tune_worker:worker_main", payload, devices, store.run_dir / "workers",
+    workers = start_workers("mlabench.tune.trial_worker:worker_main", payload, devices, store.run_dir / "workers",
                             rocm=torch.version.hip is not None, extra_env=env)
     try:
         supervise(workers, poll)

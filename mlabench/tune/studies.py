@@ -20,8 +20,8 @@ from typing import Any
 from mlabench.errors import ConfigError, ResultsError
 from mlabench.extras import require
 from mlabench.shapes import MLADecodeShape
-from mlabench.tune import Bucket
-from mlabench.workers import worker_alive
+from mlabench.tune.space import Bucket
+from mlabench.tune.worker_pool import worker_alive
 
 JOURNAL_FILE = "study.journal"
 FINISHED_STATES = ("COMPLETE", "PRUNED")
@@ -62,7 +62,7 @@ def open_storage(url: str | None, run_dir: Path) -> Any:
 @dataclass(frozen=True)
 class StudySpec(Bucket):
     """One study of a run: its name and batch size, the bucket it tunes, and the most
-    ``num_kv_splits`` it searches (:func:`mlabench.tune.wave_cap`; None: the declared range)."""
+    ``num_kv_splits`` it searches (:func:`mlabench.tune.space.wave_cap`; None: the declared range)."""
 
     name: str = ""
     batch: int = 1
@@ -159,7 +159,7 @@ def make_sampler(name: str, dims: list[Any], seed: int | None) -> Any:
 
 def launch_key(trial: Any) -> str:
     """What ``trial`` launches, as a key: its ``launched`` user attribute (the parameters launched
-    at each of the study's lengths, :func:`mlabench.tune.launched`), or its params for a trial
+    at each of the study's lengths, :func:`mlabench.tune.space.launched`), or its params for a trial
     recorded before that attribute."""
     launched = trial.user_attrs.get("launched")
     return json.dumps(launched if launched is not None else dict(trial.params), sort_keys=True)
