@@ -11,7 +11,7 @@ import typer
 from mlabench.cli.options import name_list
 from mlabench.cli.output import notice
 from mlabench.errors import ConfigError
-from mlabench.plots import KINDS
+from mlabench.report.figures.plan import KINDS
 
 FromRuns = Annotated[list[Path], typer.Option(
     "--from", metavar="RUN",
@@ -28,8 +28,8 @@ def plot(
     fmt: Annotated[str, typer.Option("--format", metavar="png|svg|png,svg", help="Figure format(s).")] = "png",
 ) -> None:
     """Draw the figures of recorded runs (PNG/SVG); a figure without data is skipped with the reason."""
-    from mlabench.plots import write_figures
-    from mlabench.runs import load_runs
+    from mlabench.report.figures.plan import write_figures
+    from mlabench.report.runs import load_runs
 
     runs = load_runs(from_run)
     formats = [f.strip() for f in fmt.split(",") if f.strip()]
@@ -53,7 +53,7 @@ def report(
     policy and validation, graph-check, figures."""
     from mlabench.records.provenance import command_line
     from mlabench.report import write_report
-    from mlabench.runs import load_runs
+    from mlabench.report.runs import load_runs
 
     runs = load_runs(from_run)
     path = write_report(runs, out or from_run[0], fmt, command=" ".join(command_line()))

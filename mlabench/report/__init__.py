@@ -16,7 +16,7 @@ from mlabench.errors import ConfigError
 from mlabench.files import make_dir, write_bytes, write_text
 from mlabench.report import sections as S
 from mlabench.report.document import Block, FigureBlock, to_html_document, to_markdown_document
-from mlabench.report.tuning import graph_check_section, tuning_section
+from mlabench.report.tuning_sections import graph_check_section, tuning_section
 
 FORMATS = {"markdown": "report.md", "html": "report.html"}
 FIGURE_DIR = "figures"
@@ -38,12 +38,12 @@ class Report:
 
 def build_report(runs: Any, families: dict[str, str] | None = None, figure_dir: str | None = FIGURE_DIR,
                  command: str | None = None) -> Report:
-    """The report of ``runs`` (a :class:`mlabench.runs.Runs`); figures are planned, not yet drawn.
+    """The report of ``runs`` (a :class:`mlabench.report.runs.Runs`); figures are planned, not yet drawn.
 
     ``command``, when given, is shown as the command that made the report.
     """
-    from mlabench.plots import plan
-    from mlabench.runs import backend_families
+    from mlabench.report.figures.plan import plan
+    from mlabench.report.runs import backend_families
 
     families = families if families is not None else backend_families()
     specs, skipped = plan(runs, families=families)
@@ -60,7 +60,7 @@ def write_report(runs: Any, out_dir: Path, fmt: str = "markdown", command: str |
     The report and its figures are derived files: an earlier report in ``out_dir`` is replaced.
     Raises :class:`ConfigError` for an unknown format.
     """
-    from mlabench.plots import render
+    from mlabench.report.figures.plan import render
 
     if fmt not in FORMATS:
         raise ConfigError(f"report format must be one of {', '.join(FORMATS)}, got {fmt!r}")

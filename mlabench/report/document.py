@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from mlabench.plots import style
+from mlabench.report.figures import style
 from mlabench.tables import Table, fmt, to_markdown
 
 

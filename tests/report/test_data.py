@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from mlabench.plots import data as D, style
+from mlabench.report.figures import data as D, style
 from tests.report.conftest import GRAPH_CHECK, H200, H200_RUN, REPO, SERVE, SERVE_RUN, TUNE, raw_records
 
 
@@ -31,8 +31,8 @@ def test_data_and_report_plans_need_no_matplotlib():
 import sys
 sys.modules['matplotlib'] = None  # any import of matplotlib fails
 import mlabench.cli
-from mlabench.runs import load_runs
-from mlabench.plots import plan
+from mlabench.report.runs import load_runs
+from mlabench.report.figures.plan import plan
 from mlabench.report import build_report
 from mlabench.report.document import to_markdown_document
 runs = load_runs([{str(H200)!r}, {str(SERVE)!r}, {str(TUNE)!r}, {str(GRAPH_CHECK)!r}])

@@ -122,7 +122,7 @@ def test_report_command(tmp_path, monkeypatch, capsys):
 def test_report_of_a_tuning_run_and_of_a_validation_run(tmp_path):
     """Tuning runs keep their timing under ``tune``, validation runs under ``validate``: both render."""
     from mlabench.report import write_report
-    from mlabench.runs import load_runs
+    from mlabench.report.runs import load_runs
 
     base = Path(__file__).resolve().parents[2] / "results" / "h200" / "tune-kimi-k3-tp8" / "first-attempt"
     tune_run = next(base.glob("tune-*"))

@@ -2,7 +2,7 @@
 a tuning or validation run in the environment tables.
 
 Numbers come from the runs as recorded: a tuning run's choice per study from its trial records and
-its exported policy (:mod:`mlabench.plots.tuning`), a validation run's regret summary from its
+its exported policy (:mod:`mlabench.report.figures.tuning_data`), a validation run's regret summary from its
 ``validation.json`` (the same table ``tune --validate`` printed), a graph-check result's rows from
 its JSON.
 """
@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mlabench.plots import FigureSpec, style, tuning as T
 from mlabench.policy.tuned import TILES_NOTATION
 from mlabench.report.document import Block, FigureBlock, Heading, Missing, Para, TableBlock
+from mlabench.report.figures import style, tuning_data as T
+from mlabench.report.figures.plan import FigureSpec
 from mlabench.tables import Table
 
 

@@ -1,6 +1,6 @@
 """The data of the graph-check figure (issue item g): pure, no matplotlib.
 
-A graph-check result (:class:`mlabench.runs.GraphCheckRun`, the table ``mlabench graph-check --save``
+A graph-check result (:class:`mlabench.report.runs.GraphCheckRun`, the table ``mlabench graph-check --save``
 writes) holds, per subject (a backend and its parameters), batch size and context length, the
 captured graph's µs per call after the per-step refresh, the µs of the same backend prepared
 knowing that length (the count tuned for it, timed the same way), their ratio as ``slowdown_pct``,
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlabench.plots import style
+from mlabench.report.figures import style
 
 
 @dataclass
@@ -66,7 +66,7 @@ def where_text(notes: list[str]) -> str:
 
 
 def graph_check_slowdown(checks: list[Any]) -> list[GraphCheckData]:
-    """The slowdown curves of graph-check results (:class:`mlabench.runs.GraphCheckRun`), one
+    """The slowdown curves of graph-check results (:class:`mlabench.report.runs.GraphCheckRun`), one
     :class:`GraphCheckData` per shape and device (results with the same notes on those share one)."""
     groups: dict[tuple[str, str], GraphCheckData] = {}
     for check in checks:

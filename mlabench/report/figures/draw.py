@@ -1,4 +1,4 @@
-"""Drawing functions: each takes the data of one figure (:mod:`mlabench.plots.data`) and returns a
+"""Drawing functions: each takes the data of one figure (:mod:`mlabench.report.figures.data`) and returns a
 matplotlib ``Figure``.
 
 matplotlib is imported here only, lazily (through :mod:`mlabench.extras`), and without pyplot: every
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from mlabench.errors import MlabenchError
-from mlabench.plots import style
-from mlabench.plots.data import Heatmap, LatencyData, ServingData, Speedup, SplitCurve
+from mlabench.report.figures import style
+from mlabench.report.figures.data import Heatmap, LatencyData, ServingData, Speedup, SplitCurve
 
 PANEL_W, PANEL_H = 5.6, 3.9
 

@@ -1,6 +1,6 @@
 """Drawing functions of the tuning figures (f) and the graph-check figure (g): each takes the data of
-one figure (:mod:`mlabench.plots.tuning`, :mod:`mlabench.plots.graph_check`) and returns a matplotlib
-``Figure``, drawn as :mod:`mlabench.plots.draw` draws (no pyplot, legends outside the axes).
+one figure (:mod:`mlabench.report.figures.tuning_data`, :mod:`mlabench.report.figures.graph_check_data`) and returns a matplotlib
+``Figure``, drawn as :mod:`mlabench.report.figures.draw` draws (no pyplot, legends outside the axes).
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from mlabench.plots import style
-from mlabench.plots.draw import _context_x, _dedup_legend, _mpl, _panels, _wrap
-from mlabench.plots.graph_check import GraphCheckData
-from mlabench.plots.tuning import PolicySteps, RegretPanel, StudyHistory
+from mlabench.report.figures import style
+from mlabench.report.figures.draw import _context_x, _dedup_legend, _mpl, _panels, _wrap
+from mlabench.report.figures.graph_check_data import GraphCheckData
+from mlabench.report.figures.tuning_data import PolicySteps, RegretPanel, StudyHistory
 
 EDGE_COLOR = "#c8c8c8"
 #: Regret ticks, percent.

@@ -231,7 +231,7 @@ class ServingData:
 def serving_tpot(run: Any, stat: str = "mean") -> ServingData:
     """TPOT (``stat``: mean, median or p99; ms) and speedup over the baseline of a serve-bench run.
 
-    ``run`` is a :class:`mlabench.runs.ServeRun`; the numbers are the serve-bench table's
+    ``run`` is a :class:`mlabench.report.runs.ServeRun`; the numbers are the serve-bench table's
     (:func:`mlabench.serving.table.build_table`: repeats averaged, worst status kept).
     """
     from mlabench.serving.table import build_table, tpot_of

@@ -1,9 +1,9 @@
 """Figures from recorded runs (``mlabench plot``, and the figures of ``mlabench report``).
 
-A figure is data plus drawing: :mod:`mlabench.plots.data` (sweeps, serving),
-:mod:`mlabench.plots.tuning` (tuning and validation runs) and :mod:`mlabench.plots.graph_check`
+A figure is data plus drawing: :mod:`mlabench.report.figures.data` (sweeps, serving),
+:mod:`mlabench.report.figures.tuning_data` (tuning and validation runs) and :mod:`mlabench.report.figures.graph_check_data`
 (graph-check results) turn runs into the numbers of a figure (pure, tested without matplotlib);
-:mod:`mlabench.plots.draw` and :mod:`mlabench.plots.draw_tuning` draw them. :func:`plan`
+:mod:`mlabench.report.figures.draw` and :mod:`mlabench.report.figures.draw_tuning` draw them. :func:`plan`
 decides which figures the runs can give, and says why for each kind it cannot (a figure whose data
 is absent is skipped, never drawn empty). Importing this package does not import matplotlib.
 """
@@ -19,10 +19,7 @@ from typing import Any
 
 from mlabench.errors import ConfigError
 from mlabench.files import make_dir, write_bytes
-from mlabench.plots import data as D
-from mlabench.plots import graph_check as G
-from mlabench.plots import style
-from mlabench.plots import tuning as T
+from mlabench.report.figures import data as D, graph_check_data as G, style, tuning_data as T
 
 KINDS: dict[str, str] = {
     "latency": "decode latency vs context length per backend, with the floor (log-log)",
@@ -274,25 +271,25 @@ _PLANNERS = {"latency": _latency, "pct-of-floor": _latency, "split-sweep": _spli
 
 
 def _draw() -> Any:
-    from mlabench.plots import draw
+    from mlabench.report.figures import draw
 
     return draw
 
 
 def _draw_tuning() -> Any:
-    from mlabench.plots import draw_tuning
+    from mlabench.report.figures import draw_tuning
 
     return draw_tuning
 
 
 def plan(runs: Any, kinds: Sequence[str] | None = None,
          families: dict[str, str] | None = None) -> tuple[list[FigureSpec], list[Skipped]]:
-    """The figures ``runs`` (a :class:`mlabench.runs.Runs`) can give, of ``kinds`` (default: all).
+    """The figures ``runs`` (a :class:`mlabench.report.runs.Runs`) can give, of ``kinds`` (default: all).
 
     Returns the figures to draw and, for each kind with nothing to draw, a :class:`Skipped` saying
     why. An unknown kind raises :class:`ConfigError` listing the known ones.
     """
-    from mlabench.runs import backend_families
+    from mlabench.report.runs import backend_families
 
     kinds = list(dict.fromkeys(kinds or KINDS))
     unknown = [k for k in kinds if k not in KINDS]
