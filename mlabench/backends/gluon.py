@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from mlabench.backends.base import Backend, ParamSpec, PreparedCall
-from mlabench.backends.common import NUM_KV_SPLITS, check_mla_dims
 from mlabench.backends.registry import register
+from mlabench.backends.shared import NUM_KV_SPLITS, check_mla_dims
 from mlabench.backends.triton import TRITON_PACKAGES
 from mlabench.device import current_device, triton_interpreting
 from mlabench.extras import optional_import

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from mlabench.backends.base import Backend, ParamSpec, PreparedCall
-from mlabench.backends.common import HEAD_PADDING, NUM_KV_SPLITS, check_mla_dims, timed_us
 from mlabench.backends.registry import register
+from mlabench.backends.shared import HEAD_PADDING, NUM_KV_SPLITS, check_mla_dims, timed_us
 from mlabench.device import current_device, triton_interpreting
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs

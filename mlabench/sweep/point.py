@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from mlabench.backends.base import Backend, PreparedCall
-from mlabench.backends.common import timed_us
+from mlabench.backends.shared import timed_us
 from mlabench.checks.input_sets import VerificationCase, find_missing, make_case, split_starts_for, with_reference
 from mlabench.checks.verdict import CheckConfig, Verdict, compare_outputs, worst_verdict
 from mlabench.device import DeviceInfo, current_device

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from mlabench.backends.base import Backend, PreparedCall
-from mlabench.backends.common import NUM_KV_SPLITS
+from mlabench.backends.shared import NUM_KV_SPLITS
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.reference import gather_kv
 

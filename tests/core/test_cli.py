@@ -48,7 +48,7 @@ def test_check_passes_for_kimi_k3_tp8():
 
 
 def test_check_fails_with_exit_1_on_a_wrong_backend(monkeypatch, capsys):
-    from mlabench.backends import reference
+    from mlabench.backends import torch_reference as reference
 
     real = reference.mla_decode_splitkv_torch
     monkeypatch.setattr(reference, "mla_decode_splitkv_torch", lambda *a, **k: real(*a, **k).mul_(1.1))
@@ -60,7 +60,7 @@ def test_check_fails_with_exit_1_on_a_wrong_backend(monkeypatch, capsys):
 
 def test_check_names_the_needle_a_backend_drops(monkeypatch, capsys):
     """A split-KV that loses each request's last token: the failing row says which needle it lost."""
-    from mlabench.backends import reference
+    from mlabench.backends import torch_reference as reference
 
     real = reference.mla_decode_splitkv_torch
 

@@ -127,7 +127,7 @@ def test_interrupted_run_resumes_without_repeating_points(tmp_path):
 
 
 def test_a_wrong_backend_is_recorded_as_incorrect(tmp_path, monkeypatch):
-    from mlabench.backends import reference
+    from mlabench.backends import torch_reference as reference
 
     real = reference.mla_decode_splitkv_torch
 

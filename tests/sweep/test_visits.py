@@ -119,7 +119,7 @@ def test_an_interrupted_visited_sweep_resumes_the_missing_visits_only(tmp_path):
 
 
 def test_a_point_that_fails_is_recorded_after_its_first_visit(tmp_path, monkeypatch):
-    from mlabench.backends import reference
+    from mlabench.backends import torch_reference as reference
 
     monkeypatch.setattr(reference.TorchSplitKVBackend, "supports", lambda self, s: (False, "not here"))
     _, recs = run_sweep(config(visits=3), tmp_path)

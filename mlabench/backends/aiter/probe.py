@@ -16,16 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlabench.backends.aiter_manifest import (
-    Call,
-    Manifest,
-    Range,
-    RuleVariant,
-    git_blob_id,
-    load_manifest,
-    parse_version,
-    source_matches,
-    strip_comments,
+from mlabench.backends.aiter.manifest import (
+    Call, Manifest, Range, RuleVariant, git_blob_id, load_manifest, parse_version, source_matches, strip_comments,
 )
 from mlabench.extras import optional_import, package_version
 

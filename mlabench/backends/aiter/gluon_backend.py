@@ -2,7 +2,7 @@
 
 The entry point is ``mla_gluon`` (AITER v0.1.18 on) or ``mla_decode_gluon`` (v0.1.16-v0.1.17):
 one argument list, called alike.  How many splits run depends on the installed AITER's rule
-(:mod:`mlabench.backends.aiter_rules`, detected by :mod:`mlabench.backends.aiter_probe`): every
+(:mod:`mlabench.backends.aiter.rules`, detected by :mod:`mlabench.backends.aiter.probe`): every
 result records the splits each request actually runs, the count AITER launched, the rule and how
 it was decided.
 """
@@ -14,15 +14,17 @@ from typing import Any
 
 import torch
 
-from mlabench.backends.aiter import AiterBackend, bf16_mla, installed_aiter, require_aiter, rocm_reason, rules_in_force
-from mlabench.backends.aiter_args import page1_layout_for_steps
-from mlabench.backends.aiter_probe import AiterInstall
-from mlabench.backends.aiter_rules import (
+from mlabench.backends.aiter.args import page1_layout_for_steps
+from mlabench.backends.aiter.asm_backend import (
+    AiterBackend, bf16_mla, installed_aiter, require_aiter, rocm_reason, rules_in_force,
+)
+from mlabench.backends.aiter.probe import AiterInstall
+from mlabench.backends.aiter.rules import (
     GluonPlan, gluon_crash_reason, gluon_plan, gluon_qo_len_reason, gluon_workspace_bytes,
 )
 from mlabench.backends.base import ParamSpec, PreparedCall
-from mlabench.backends.common import NUM_KV_SPLITS
 from mlabench.backends.registry import register
+from mlabench.backends.shared import NUM_KV_SPLITS
 from mlabench.device import current_device
 from mlabench.errors import UnsupportedShapeError
 from mlabench.inputs import MLADecodeInputs

@@ -1,4 +1,4 @@
-"""The AITER API manifest (``aiter_manifest.toml``): what the AITER adapters may find installed.
+"""The AITER API manifest (``backends/aiter/manifest.toml``): what the AITER adapters may find installed.
 
 The manifest is data written from reading ROCm/aiter: for each version range the adapters support,
 the functions they call (module, name, parameters in order), and which variant of each behaviour
@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from mlabench.configfile import read_toml, validation_line
 from mlabench.errors import ConfigError
 
-MANIFEST_PATH = Path(__file__).with_name("aiter_manifest.toml")
+MANIFEST_PATH = Path(__file__).with_name("manifest.toml")
 #: Rule kinds every range must name a variant of.
 RULE_KINDS = ("gluon_bh16_splits", "gluon_bh16_max_heads", "gluon_bh64", "gluon_over_2gib",
               "gluon_qo_len", "asm_gate", "asm_kv_offsets")

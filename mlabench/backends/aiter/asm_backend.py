@@ -1,13 +1,13 @@
 """AITER MLA decode on ROCm: the persistent ASM path (``aiter-asm``) and what both AITER backends share.
 
 Both backends run AITER's page-size-1 kernels on our paged cache viewed as ``[P * page, 1, 1, 576]``
-with ``kv_indices`` that map every token to its row (:func:`~mlabench.backends.aiter_args.page1_kv_layout`),
+with ``kv_indices`` that map every token to its row (:func:`~mlabench.backends.aiter.args.page1_kv_layout`),
 exact for every page size; ``refresh`` rewrites them (and aiter-asm's work metadata) in place for
 new lengths.  Which AITER is installed -- its version, whether its functions still
-take what we pass, which behaviour rules it has -- comes from :mod:`mlabench.backends.aiter_probe`,
-checked against the manifest written from AITER's source (``aiter_manifest.toml``); what AITER does
-with a shape under those rules is in :mod:`mlabench.backends.aiter_rules`.  The Gluon backend is in
-:mod:`mlabench.backends.aiter_gluon`.  AITER is imported only when a backend is probed or prepared.
+take what we pass, which behaviour rules it has -- comes from :mod:`mlabench.backends.aiter.probe`,
+checked against the manifest written from AITER's source (``backends/aiter/manifest.toml``); what AITER does
+with a shape under those rules is in :mod:`mlabench.backends.aiter.rules`.  The Gluon backend is in
+:mod:`mlabench.backends.aiter.gluon_backend`.  AITER is imported only when a backend is probed or prepared.
 Every index AITER is given is a valid token's row: no page tail or block-table padding is
 reachable through its arguments, so cache slots no request may read (NaN in the correctness
 check) stay unread unless a kernel reads past its ``kv_indptr`` range, which the check on a GPU
@@ -22,13 +22,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from mlabench.backends.aiter_args import page1_cache_view, page1_layout_for_steps
-from mlabench.backends.aiter_manifest import load_manifest
-from mlabench.backends.aiter_probe import AiterInstall, probe_aiter
-from mlabench.backends.aiter_rules import asm_nonpersistent_splits, asm_qo_len_reason, asm_wrong_result_reason
+from mlabench.backends.aiter.args import page1_cache_view, page1_layout_for_steps
+from mlabench.backends.aiter.manifest import load_manifest
+from mlabench.backends.aiter.probe import AiterInstall, probe_aiter
+from mlabench.backends.aiter.rules import asm_nonpersistent_splits, asm_qo_len_reason, asm_wrong_result_reason
 from mlabench.backends.base import Backend, PreparedCall
-from mlabench.backends.common import HEAD_PADDING, check_mla_dims, timed_us
 from mlabench.backends.registry import register
+from mlabench.backends.shared import HEAD_PADDING, check_mla_dims, timed_us
 from mlabench.errors import BackendUnavailableError, UnsupportedShapeError
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
@@ -140,7 +140,7 @@ class AiterAsmBackend(AiterBackend):
     Several query tokens per request: q ``[B * qo_len, H, 576]`` is padded per token (12 -> 16
     heads of each), ``qo_indptr`` steps by ``qo_len`` and ``max_seqlen_q = qo_len``; AITER's
     kernels take 1-4 tokens (padded to 4) and mask causally, non-causal only where AITER has the
-    argument and a kernel for it (:func:`~mlabench.backends.aiter_rules.asm_qo_len_reason`).
+    argument and a kernel for it (:func:`~mlabench.backends.aiter.rules.asm_qo_len_reason`).
     """
 
     name = "aiter-asm"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlabench.backends.aiter_args import page1_cache_view, page1_kv_layout
+from mlabench.backends.aiter.args import page1_cache_view, page1_kv_layout
 from mlabench.inputs import SPARE_PAGES, make_inputs
 from mlabench.kernels.reference import gather_kv
 from mlabench.shapes import MLADecodeShape

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from mlabench.backends import get_backend
-from mlabench.backends.aiter_rules import asm_nonpersistent_splits, gluon_bh16_active, gluon_bh64_splits, gluon_plan
+from mlabench.backends.aiter.rules import asm_nonpersistent_splits, gluon_bh16_active, gluon_bh64_splits, gluon_plan
 from mlabench.errors import UnsupportedShapeError
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.kernels.workspace import split_workspace_bytes
 from mlabench.shapes import MLADecodeShape
-from tests.backends.aiter_fakes import install_fake_aiter, pretend_rocm
+from tests.backends.aiter.fakes import install_fake_aiter, pretend_rocm
 
 NEWEST = {"gluon_bh16_splits": "budget", "gluon_bh16_max_heads": "96", "gluon_bh64": "multiple_of_64"}
 BOUNDED = {**NEWEST, "gluon_bh16_splits": "bounded", "gluon_bh16_max_heads": "16"}
@@ -181,7 +181,7 @@ def test_metadata_warmed_up_untimed_and_workspace_from_partials(monkeypatch, tmp
     def slow_first_call(f, a):  # AITER loading or building its metadata module
         if len(f.calls_to("metadata")) == 1:
             time.sleep(0.3)
-        from tests.backends.aiter_fakes import BEHAVIOURS
+        from tests.backends.aiter.fakes import BEHAVIOURS
         return (first or BEHAVIOURS["metadata"])(f, a)
 
     fake.behaviours["metadata"] = slow_first_call

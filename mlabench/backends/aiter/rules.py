@@ -1,7 +1,7 @@
 """What AITER's MLA decode does with a shape, per rule variant: pure functions, no AITER import.
 
-The variants are named in ``aiter_manifest.toml`` (where each was read in ROCm/aiter); which one an
-installed AITER has is decided by :mod:`mlabench.backends.aiter_probe`.  Here:
+The variants are named in ``backends/aiter/manifest.toml`` (where each was read in ROCm/aiter); which one an
+installed AITER has is decided by :mod:`mlabench.backends.aiter.probe`.  Here:
 
 - Gluon (``mla_gluon`` / ``mla_decode_gluon``, gfx950): the regime a head count falls in, the
   split count AITER launches, the splits each request runs, the inputs AITER refuses

@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from mlabench.backends import get_backend
-from mlabench.backends.aiter_manifest import load_manifest
-from mlabench.backends.aiter_rules import asm_qo_len_reason, gluon_qo_len_reason
+from mlabench.backends.aiter.manifest import load_manifest
+from mlabench.backends.aiter.rules import asm_qo_len_reason, gluon_qo_len_reason
 from mlabench.inputs import make_inputs
 from mlabench.kernels.padding import pad_heads
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.policy.heuristics import gluon_bh16_cap
 from mlabench.shapes import MLADecodeShape
-from tests.backends.aiter_fakes import install_fake_aiter, pretend_rocm
+from tests.backends.aiter.fakes import install_fake_aiter, pretend_rocm
 
 LENS = (70, 8, 129)
 

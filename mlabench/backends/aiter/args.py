@@ -4,7 +4,7 @@
 ``kv_last_page_lens`` that address a ``[P, page, 1, 576]`` cache viewed as ``[P * page, 1, 1, 576]``
 (page size 1, :func:`page1_cache_view`); :func:`page1_layout_for_steps` the same, rewritten in place
 when the lengths change.  What AITER then does with a shape (split counts, the persistent-kernel
-gate, refusals) is in :mod:`mlabench.backends.aiter_rules`.
+gate, refusals) is in :mod:`mlabench.backends.aiter.rules`.
 """
 
 from __future__ import annotations

@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 import torch
 
-import mlabench.backends.aiter_probe as aiter_probe
-from mlabench.backends import aiter_rules as rules
-from mlabench.backends.aiter_manifest import Manifest, Range, Signature, load_manifest
+import mlabench.backends.aiter.probe as aiter_probe
+from mlabench.backends.aiter import rules
+from mlabench.backends.aiter.manifest import Manifest, Range, Signature, load_manifest
 from mlabench.extras import optional_import
 from mlabench.policy.heuristics import GLUON_BLOCK_N, gluon_bh16_cap
 from tests.backends.fakes import csr_attention
@@ -87,7 +87,7 @@ def function_source(call: str, sig: Signature) -> str:
 
 def package_sources(m: Manifest, rng: Range, root: Path, version_file: str | None) -> dict[str, str]:
     """Module name -> source text of the fake package for ``rng``."""
-    header = "from tests.backends.aiter_fakes import dispatch as _fake_dispatch\n\n"
+    header = "from tests.backends.aiter.fakes import dispatch as _fake_dispatch\n\n"
     sources = {name: header for name in PACKAGES}
     for call, sig_id in rng.functions.items():
         sig = m.signatures[sig_id]

@@ -12,7 +12,7 @@ from mlabench.inputs import SPARE_PAGES, make_inputs
 from mlabench.kernels.padding import pad_heads
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.shapes import MLADecodeShape
-from tests.backends.aiter_fakes import install_fake_aiter, pretend_rocm
+from tests.backends.aiter.fakes import install_fake_aiter, pretend_rocm
 from tests.backends.fakes import install
 
 LENS = (70, 5, 129)

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from mlabench.backends.base import Backend, PreparedCall
-from mlabench.backends.common import NUM_KV_SPLITS
 from mlabench.backends.registry import register
+from mlabench.backends.shared import NUM_KV_SPLITS
 from mlabench.errors import UnsupportedShapeError
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.reference import mla_decode_reference

@@ -12,18 +12,12 @@ from pathlib import Path
 import pytest
 
 from mlabench.backends import get_backend
-from mlabench.backends.aiter_manifest import (
-    MANIFEST_PATH,
-    Manifest,
-    git_blob_id,
-    load_manifest,
-    parse_version,
-    source_matches,
-    strip_comments,
+from mlabench.backends.aiter.manifest import (
+    MANIFEST_PATH, Manifest, git_blob_id, load_manifest, parse_version, source_matches, strip_comments,
 )
-from mlabench.backends.aiter_probe import probe_aiter
+from mlabench.backends.aiter.probe import probe_aiter
 from mlabench.errors import ConfigError
-from tests.backends.aiter_fakes import install_fake_aiter, pretend_rocm
+from tests.backends.aiter.fakes import install_fake_aiter, pretend_rocm
 
 M = load_manifest()
 RANGES = [r.name for r in M.ranges]
@@ -128,7 +122,7 @@ def test_blob_id_is_gits():
 
 
 def test_manifest_checker_reads_signatures_from_source():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "check_aiter_manifest.py"
+    path = Path(__file__).resolve().parents[3] / "scripts" / "check_aiter_manifest.py"
     spec = importlib.util.spec_from_file_location("check_aiter_manifest", path)
     checker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(checker)
