@@ -46,7 +46,7 @@ from mlabench.kernels.reference import mla_decode_reference
 from mlabench.measure.timing import TimingConfig, capture_graph, cold_cache_copies, time_calls
 from mlabench.policy.device_table import POLICY_MODES, SplitPolicy
 from mlabench.shapes import MLADecodeShape
-from mlabench.tables import ColumnStyle, Table
+from mlabench.tables.table import ColumnStyle, Table
 
 DEFAULT_CONTEXTS = (4096, 16384, 32768, 65536, 100000, 131072)
 DEFAULT_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)

@@ -56,7 +56,7 @@ def graph_check(
     )
     from mlabench.measure.timing import TimingConfig
     from mlabench.policy.device_table import load_split_policy
-    from mlabench.tables import render
+    from mlabench.tables.render import render
 
     fmt = output_format(format, as_json, markdown)
     head_list = int_list(heads, "--heads", "heads") or [12]

@@ -1,7 +1,7 @@
 """Kernel commands: ``backends``, ``check``, ``sweep``, ``compare``.
 
 Each parses its flags, calls one library function (:mod:`mlabench.sweep.check`, :mod:`mlabench.sweep.config`,
-:mod:`mlabench.sweep.compare`) and renders a :class:`~mlabench.tables.Table`.  Library modules are
+:mod:`mlabench.sweep.compare`) and renders a :class:`~mlabench.tables.table.Table`.  Library modules are
 imported inside the commands, so that ``mlabench --help`` does not load torch.
 """
 
@@ -26,7 +26,7 @@ def backends(format: Format = None, as_json: Json = False, markdown: Markdown = 
     version and the behaviour rules in force."""
     from mlabench.backends import backend_names, get_backend
     from mlabench.device import current_device
-    from mlabench.tables import Table
+    from mlabench.tables.table import Table
 
     fmt = output_format(format, as_json, markdown)
     dev = current_device()
@@ -63,8 +63,7 @@ def check(
 ) -> None:
     """Check every backend against the fp32 reference; exit 1 on any failure."""
     from mlabench.checks.verdict import check_config
-    from mlabench.sweep.check import DEFAULT_CHECK_SPLITS, check_failures, check_shapes, run_check
-    from mlabench.tables import check_table
+    from mlabench.sweep.check import DEFAULT_CHECK_SPLITS, check_failures, check_shapes, check_table, run_check
 
     fmt = output_format(format, as_json, markdown)
     input_sets = [x.strip() for x in inputs.split(",") if x.strip()] if inputs is not None else None
@@ -98,7 +97,7 @@ def sweep(
     from mlabench.device import current_device
     from mlabench.sweep.config import resolve_sweep_config
     from mlabench.sweep.sentinel import ceilings_note, health_notes
-    from mlabench.tables import sweep_summary
+    from mlabench.sweep.summary import sweep_summary
 
     fmt = output_format(format, as_json, markdown)
     overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s,
@@ -134,8 +133,7 @@ def compare(
     With --from it only reads recorded runs; otherwise it measures (or, with --resume, completes)
     the sweep it needs first.
     """
-    from mlabench.sweep.compare import backend_families, recorded_records, winners_table
-    from mlabench.tables import compare_table
+    from mlabench.sweep.compare import backend_families, compare_table, recorded_records, winners_table
 
     fmt = output_format(format, as_json, markdown)
     if from_run:

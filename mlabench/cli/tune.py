@@ -191,7 +191,7 @@ def _one_value(values: list[int] | None, flag: str) -> int | None:
 
 def _report(result: Any, fmt: str) -> None:
     from mlabench.policy.tuned import TILES_NOTATION, describe_choice
-    from mlabench.tables import Table
+    from mlabench.tables.table import Table
 
     choices = Table("Choice per batch and context bucket (µs: geometric mean over the bucket's lengths of the "
                     "medians; worst %: the worst time over the best measured at each of those lengths)",

@@ -16,7 +16,7 @@ from mlabench.policy.tuned import TILES_NOTATION
 from mlabench.report.document import Block, FigureBlock, Heading, Missing, Para, TableBlock
 from mlabench.report.figures import style, tuning_data as T
 from mlabench.report.figures.plan import FigureSpec
-from mlabench.tables import Table
+from mlabench.tables.table import Table
 
 
 def _figures_of(specs: Sequence[FigureSpec], kinds: Sequence[str], name: str, alone: bool) -> list[Block]:

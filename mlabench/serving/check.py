@@ -25,7 +25,7 @@ from mlabench.configfile import validation_line
 from mlabench.errors import ConfigError, ServerError
 from mlabench.files import read_text, write_text
 from mlabench.serving.config import CheckParams, prompt_text
-from mlabench.tables import ColumnStyle, Table
+from mlabench.tables.table import ColumnStyle, Table
 
 Verdict = Literal["match", "near_tie_divergence", "mismatch", "invalid"]
 
@@ -80,7 +80,7 @@ _REPORT_STYLES = {
 
 
 def report_table(report: CheckReport) -> Table:
-    """The report as a one-row :class:`~mlabench.tables.Table`: JSON and CSV carry every field but
+    """The report as a one-row :class:`~mlabench.tables.table.Table`: JSON and CSV carry every field but
     ``problems`` under its own name; people see the verdict, tokens returned of N, finite logprobs,
     the matched prefix, fixture and returned token at the divergence and the top-2 gap (nats).
     The problems are notes; the row is green (match), yellow (near tie) or red."""

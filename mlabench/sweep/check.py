@@ -16,6 +16,7 @@ from mlabench.measure.timing import TimingConfig
 from mlabench.records.record import Record
 from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.sweep.point import ShapeBench, failed_record
+from mlabench.tables.table import PARAMS, ColumnStyle, Table, fmt, params_label
 
 #: ``progress(done, total, what)``: how far a run has come, for a progress bar.
 Progress = Callable[[int, int, str], None]
@@ -143,3 +144,47 @@ def check_failures(records: Sequence[Record]) -> list[Record]:
     """The records that fail the check: a wrong answer (``incorrect``) or a call that raised
     (``error``); ``unsupported`` shapes are not failures."""
     return [r for r in records if r.status in ("incorrect", "error")]
+
+
+def check_table(records: Sequence[Record], unavailable: dict[str, str] | None = None) -> Table:
+    """``backend | params | shape | rel RMSE | rel max err | max abs err | finite | verdict`` (errors
+    of each point's worst input set; a failure says why and which needle went missing), with a note
+    per backend of ``unavailable`` (``{name: why}``) saying why it is not available here."""
+    t = Table("Correctness against the fp32 reference",
+              ["backend", "params", "shape", "rel RMSE", "rel max err", "max abs err", "finite", "verdict"],
+              styles=CHECK_STYLES)
+    for r in records:
+        v = r.verdict
+        qo = "" if r.qo_len == 1 else f" T={r.qo_label}"
+        shape = f"B={r.batch} H={r.num_heads} L={_ctx(r)}{qo} p{r.shape.get('page_size')}"
+        if v:
+            shape += f" → [{','.join(map(str, v.output_shape))}]"
+        verdict = {"ok": "pass", "incorrect": "FAIL"}.get(r.status, r.status)
+        if r.status != "ok" and r.message:
+            verdict += f": {r.message}"
+        t.rows.append([r.backend, params_label(r.params), shape, v.rel_rmse if v else None,
+                       v.rel_max_err if v else None, v.max_abs_err if v else None,
+                       v.all_finite if v else None, verdict])
+    v0 = next((r.verdict for r in records if r.verdict and r.verdict.rel_rmse_limit), None)
+    if v0:
+        sets = ", ".join(v0.by_input_set) or v0.input_set or "random"
+        t.notes.append(f"rel RMSE = RMSE / RMS of the reference (limit {v0.rel_rmse_limit:.3g}), rel max err = "
+                       f"max |error| / RMS of the reference (limit {v0.rel_max_err_limit:.3g}), on the worst of "
+                       f"the input sets {sets}; unread cache slots and outputs poisoned with NaN")
+    t.notes += [f"not available here: {n} ({why})" for n, why in (unavailable or {}).items()]
+    return t
+
+
+#: At a narrow terminal the check table leaves out the max abs error, then finite (the verdict
+#: says what failed); the relative errors, which the verdict is on, stay, to 3 significant digits
+#: (their limits are 2^-n: 0.00781, 0.0625).
+_SIG3 = ColumnStyle(text=lambda v: fmt(v) if v is None else f"{v:.3g}")
+
+
+CHECK_STYLES = {"params": PARAMS, "rel RMSE": _SIG3, "rel max err": _SIG3, "max abs err": ColumnStyle(drop=2),
+                "finite": ColumnStyle(drop=1)}
+
+
+def _ctx(r: Record) -> str:
+    lens = r.shape.get("context_lens", [r.context_len])
+    return str(lens[0]) if len(set(lens)) == 1 else ",".join(map(str, lens))

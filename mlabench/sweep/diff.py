@@ -38,7 +38,7 @@ from mlabench.measure.stats import mean_rel_se, median_rel_ci
 from mlabench.records.record import Manifest, Record
 from mlabench.records.store import ResultStore, describe_records, run_folders
 from mlabench.sweep.sentinel import read_sentinels, repeat_noise
-from mlabench.tables import PARAMS, ColumnStyle, Table, params_label
+from mlabench.tables.table import PARAMS, ColumnStyle, Table, params_label
 
 #: Normal quantile a point's |ln ratio| must exceed, in units of its combined standard error.
 Z_CRITICAL = 3.0

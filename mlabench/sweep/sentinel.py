@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mlabench.measure.stats import mean_rel_se
 from mlabench.records.record import Manifest, Record
 from mlabench.records.store import read_jsonl
-from mlabench.tables import fmt, params_label
+from mlabench.tables.table import fmt, params_label
 
 SENTINEL_FILE = "sentinel.jsonl"
 

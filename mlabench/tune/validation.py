@@ -25,7 +25,7 @@ from mlabench.policy.tuned import Policy
 from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.point import ShapeBench
-from mlabench.tables import Table
+from mlabench.tables.table import Table
 
 Progress = Callable[[int, int, str], None]
 
@@ -144,7 +144,7 @@ def validate_policy(policy: Policy, count: int = 48, low: int = 1024, high: int 
     names = sorted({k for p in points for k in p.heuristics})
     result = Validation(store, points, names)
     (store.run_dir / "validation.json").write_text(json.dumps([asdict(p) for p in points], indent=1) + "\n")
-    from mlabench.tables import to_markdown
+    from mlabench.tables.render import to_markdown
 
     (store.run_dir / "validation.md").write_text("\n".join(to_markdown(t) for t in validation_tables(result)))
     store.write_csv()

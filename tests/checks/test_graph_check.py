@@ -20,7 +20,7 @@ from mlabench.errors import ConfigError, GPURequiredError
 from mlabench.measure.timing import TimingConfig, cold_cache_copies
 from mlabench.policy.device_table import load_split_policy
 from mlabench.shapes import MLADecodeShape
-from mlabench.tables import to_json, to_markdown
+from mlabench.tables.render import to_json, to_markdown
 
 FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.05)
 

@@ -13,7 +13,8 @@ import pytest
 
 from mlabench import cli
 from mlabench.records.store import ResultStore, records_of
-from mlabench.tables import sweep_summary, to_markdown
+from mlabench.sweep.summary import sweep_summary
+from mlabench.tables.render import to_markdown
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "results" / "h200" / "kimi-k3-tp8"

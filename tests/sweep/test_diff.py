@@ -152,7 +152,7 @@ def test_diff_reads_at_80_columns_names_its_change_column_and_counts_sentinels(t
 
     from rich.console import Console
 
-    from mlabench.tables import to_rich
+    from mlabench.tables.render import to_rich
 
     persistent = lambda r: r.backend == "triton-persistent"  # noqa: E731
     a = copy_run(H200_RUN, tmp_path / "a", keep=persistent)

@@ -138,7 +138,7 @@ def test_a_wrong_backend_is_recorded_as_incorrect(tmp_path, monkeypatch):
     _, recs = run_sweep(small_config(batch=[1], context_lens=[16]), tmp_path)
     assert {r.status for r in recs} == {"incorrect"}
     assert all(not r.verdict.passed and r.verdict.max_abs_err >= 0.49 for r in recs)
-    from mlabench.tables import sweep_summary
+    from mlabench.sweep.summary import sweep_summary
 
     row = sweep_summary(recs).rows[0]
     assert row[3] == "(none ok)"  # a fast wrong answer never wins

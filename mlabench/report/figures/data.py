@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlabench.records.record import Record
-from mlabench.tables import best_ok, compare_table
+from mlabench.sweep.compare import compare_table
+from mlabench.sweep.summary import best_ok
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ import pytest
 
 from mlabench.cli.options import OutputFormat, output_format
 from mlabench.errors import ConfigError
-from mlabench.tables import ColumnStyle, Table, render, to_csv, to_json, to_markdown, to_rich
+from mlabench.tables.table import ColumnStyle, Table
+from mlabench.tables.render import render, to_csv, to_json, to_markdown, to_rich
 
 
 def sample():
@@ -109,7 +110,9 @@ def test_at_80_columns_numbers_never_wrap(which):
     """Issue 8 item 10: in an 80-column log every number is whole on one line; columns are left
     out (and said so) instead."""
     from mlabench.sweep.compare import backend_families, recorded_records
-    from mlabench.tables import check_table, compare_table, sweep_summary
+    from mlabench.sweep.check import check_table
+    from mlabench.sweep.compare import compare_table
+    from mlabench.sweep.summary import sweep_summary
 
     records = recorded_records([H200])
     table = {"compare": lambda: compare_table(records, backend_families()),
@@ -131,7 +134,7 @@ def test_at_80_columns_numbers_never_wrap(which):
 
 def test_the_summary_shows_the_splits_that_were_swept():
     from mlabench.sweep.compare import recorded_records
-    from mlabench.tables import sweep_summary
+    from mlabench.sweep.summary import sweep_summary
 
     records = recorded_records([H200])
     swept = sorted({r.params["num_kv_splits"] for r in records if "num_kv_splits" in r.params})
@@ -152,7 +155,7 @@ def test_the_summary_shows_the_splits_that_were_swept():
     ([1e6, 2.5], ["1.00e+06", "2.50e+00"]),  # the largest at exactly 1e6: scientific
 ])
 def test_one_number_format_per_column(values, texts):
-    from mlabench.tables import column_texts
+    from mlabench.tables.table import column_texts
 
     assert column_texts(values) == texts
 
@@ -178,7 +181,7 @@ def fitting_table(rows=2):
 
 def fitted(width, rows=2):
     """What ``to_rich`` keeps at ``width``: [(header, fixed width)], its caption, its min width."""
-    from mlabench.tables import min_width
+    from mlabench.tables.render import min_width
 
     rich_table = to_rich(fitting_table(rows), width)
     return [(c.header.plain, c.width) for c in rich_table.columns], rich_table.caption, min_width(rich_table)
@@ -212,7 +215,7 @@ def test_a_single_row_moves_no_column_to_the_caption():
 
 
 def test_min_width_of_a_table_wider_than_any_terminal():
-    from mlabench.tables import min_width
+    from mlabench.tables.render import min_width
 
     assert min_width(to_rich(Table("", ["a"], [["x" * 300]]))) >= 300
 
@@ -235,7 +238,7 @@ def test_the_terminal_table_at_20_columns_line_by_line():
 
 
 def test_short_params_abbreviates_names_and_shows_no_params_as_a_dash():
-    from mlabench.tables import short_params
+    from mlabench.tables.table import short_params
 
     assert short_params("head_padding=16 num_kv_splits=4 programs_per_sm=2 x=1") == "pad=16 splits=4 prog/SM=2 x=1"
     assert short_params(None) == "—" and short_params("") == "—"
@@ -288,7 +291,7 @@ def test_a_table_wider_than_the_terminal_runs_past_its_edge_with_every_number_wh
 
 
 def test_json_is_indented_for_people_and_params_leave_unset_options_out():
-    from mlabench.tables import params_label
+    from mlabench.tables.table import params_label
 
     t = Table("T", ["a", "note"], [[1, "x"]], styles={"note": ColumnStyle(show="human")})
     assert to_json([t]) == ('[\n  {\n    "title": "T",\n    "columns": [\n      "a"\n    ],\n    "rows": [\n'
