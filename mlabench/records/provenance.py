@@ -36,7 +36,7 @@ def git_revision(repo: Path | None = None) -> tuple[str, bool]:
         rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
         # Only code that can change a measurement counts (not the serving driver).
-        paths = ["mlabench", ":!mlabench/serving", ":!mlabench/cli/serve.py"]
+        paths = ["mlabench", ":!mlabench/serving", ":!mlabench/cli/serve_commands.py"]
         dirty = bool(subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", *paths],
                                     capture_output=True, text=True, timeout=10).stdout.strip())
         return rev, dirty

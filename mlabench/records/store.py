@@ -20,9 +20,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from mlabench.configfile import validation_line
 from mlabench.errors import ResultsError
-from mlabench.files import append_text, make_dir, read_text, user_path, write_text
+from mlabench.files import append_text, make_dir, read_text, user_path, validation_line, write_text
 from mlabench.records.csv_rows import CSV_FIELDS, csv_row
 from mlabench.records.record import Manifest, Record
 

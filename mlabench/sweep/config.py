@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mlabench.backends import backend_names, get_backend
 from mlabench.backends.base import Backend, param_grid
 from mlabench.checks.verdict import CheckConfig
-from mlabench.configfile import config_file, read_toml, validation_line
 from mlabench.device import DeviceInfo, current_device
 from mlabench.errors import ConfigError, ResultsError
+from mlabench.files import config_file, read_toml, validation_line
 from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
 from mlabench.records.record import point_key

@@ -1,6 +1,6 @@
 """Tables as data: the one table type every command prints (its renderers: :mod:`mlabench.tables.render`).
 
-Builders (:mod:`mlabench.sweep.summary`, :mod:`mlabench.sweep.compare`, :mod:`mlabench.serving.table` and :mod:`mlabench.serving.check` for
+Builders (:mod:`mlabench.sweep.summary`, :mod:`mlabench.sweep.compare`, :mod:`mlabench.serving.table` and :mod:`mlabench.serving.greedy_check` for
 serving) return a :class:`Table` whose rows hold raw values: numbers stay numbers until a renderer
 formats them.  JSON and CSV carry the raw values of the columns meant for machines; the Rich table
 and markdown show the text of the columns meant for people (:class:`ColumnStyle`).  Every ``--json``

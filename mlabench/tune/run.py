@@ -21,9 +21,9 @@ from pydantic import ValidationError
 
 from mlabench.backends import get_backend
 from mlabench.backends.registry import backend_packages
-from mlabench.configfile import validation_line
 from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, ResultsError, UnsupportedShapeError
+from mlabench.files import validation_line
 from mlabench.inputs import check_fits
 from mlabench.measure.observers import driver_version, gpu_state
 from mlabench.policy.exports import write_exports

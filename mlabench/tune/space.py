@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mlabench.backends.base import Backend
 from mlabench.checks.verdict import CheckConfig
-from mlabench.configfile import config_file, read_toml, validation_line
 from mlabench.errors import ConfigError
+from mlabench.files import config_file, read_toml, validation_line
 from mlabench.measure.timing import TimingConfig
 from mlabench.policy.rules import rule_splits, whole_tile_splits
 from mlabench.shapes import MLADecodeShape, resolve_heads

@@ -15,7 +15,7 @@ from mlabench.records.store import ResultStore
 from mlabench.sweep.compare import path_winner, recorded_records, winners_table
 from mlabench.sweep.config import SweepConfig, expand, load_sweep_config
 from mlabench.sweep.run import run_sweep
-from mlabench.sweep.compare import compare_table
+from mlabench.sweep.summary import compare_table
 from mlabench.sweep.summary import sweep_summary
 from tests.core.test_cli import run
 

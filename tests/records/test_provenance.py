@@ -19,7 +19,7 @@ def git(repo, *args):
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
     monkeypatch.delenv("MLABENCH_GIT_REVISION", raising=False)
-    for path in ("mlabench/sweep/config/point/timing.py", "mlabench/serving/bench.py", "mlabench/cli/serve.py", "README.md"):
+    for path in ("mlabench/measure/timing.py", "mlabench/serving/bench.py", "mlabench/cli/serve_commands.py", "README.md"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("x = 1\n")
     git(tmp_path, "init", "-q")
@@ -32,9 +32,9 @@ def test_a_clean_checkout_records_its_commit(repo):
     assert git_revision(repo) == (git(repo, "rev-parse", "HEAD"), False)
 
 
-@pytest.mark.parametrize("edited, dirty", [("mlabench/sweep/config/point/timing.py", True), ("mlabench/new_kernel.py", True),
+@pytest.mark.parametrize("edited, dirty", [("mlabench/measure/timing.py", True), ("mlabench/new_kernel.py", True),
                                            ("mlabench/serving/bench.py", False),
-                                           ("mlabench/cli/serve.py", False), ("README.md", False)])
+                                           ("mlabench/cli/serve_commands.py", False), ("README.md", False)])
 def test_only_edits_that_can_change_a_measurement_make_it_dirty(repo, edited, dirty):
     (repo / edited).write_text("x = 2\n")
     assert git_revision(repo) == (git(repo, "rev-parse", "HEAD"), dirty)

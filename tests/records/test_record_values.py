@@ -82,7 +82,7 @@ def test_a_point_that_could_not_start_still_carries_its_floor():
 
 
 def test_compare_table_best_splits_is_what_ran_and_a_missing_family_is_a_dash():
-    from mlabench.sweep.compare import compare_table
+    from mlabench.sweep.summary import compare_table
 
     families = {"p": "persistent", "s": "split-kv"}
     ran_7 = record(8, 4.0).model_copy(update={"backend": "s", "effective_params": {"num_kv_splits": 7}})
@@ -99,7 +99,7 @@ def test_compare_table_best_splits_is_what_ran_and_a_missing_family_is_a_dash():
 @pytest.mark.parametrize("bandwidth, floor_us, copy", [("read", 1.0, False), ("copy", 1.0, True),
                                                       ("copy", None, False)])
 def test_compare_table_names_the_bandwidth_the_floor_was_measured_on(bandwidth, floor_us, copy):
-    from mlabench.sweep.compare import compare_table
+    from mlabench.sweep.summary import compare_table
 
     rec = record(8, 4.0).model_copy(update={"floor_bandwidth": bandwidth, "floor_us": floor_us})
     note = compare_table([rec], {"b": "split-kv"}).notes[2]
@@ -111,7 +111,7 @@ def test_compare_table_names_the_bandwidth_the_floor_was_measured_on(bandwidth, 
 def test_compare_table_leaves_out_a_backend_unsupported_everywhere_in_a_cell_with_a_note():
     """gluon-splitkv at qo_len 2 (results/h200/qo-len/): every record unsupported, so no row pairs
     it there; at qo_len 1, and where only some of its records are unsupported, it stays."""
-    from mlabench.sweep.compare import compare_table
+    from mlabench.sweep.summary import compare_table
 
     families = {"p": "persistent", "s": "split-kv", "g": "split-kv"}
 
@@ -192,7 +192,7 @@ def test_sweep_summary_floor_note_and_what_a_narrow_terminal_leaves_out_first():
 
 def test_causal_rows_come_before_non_causal_ones():
     """At the same batch, context and qo_len, the causal row comes first (sweep and compare)."""
-    from mlabench.sweep.compare import compare_table
+    from mlabench.sweep.summary import compare_table
 
     recs = [record(4, 2.0).model_copy(update={"qo_len": 2, "causal": causal}) for causal in (False, True)]
     assert [row[3] for row in sweep_summary(recs).rows] == [2, "2 non-causal"]
@@ -202,7 +202,7 @@ def test_causal_rows_come_before_non_causal_ones():
 def test_the_left_out_note_lists_every_batch_and_qo_len_in_order_and_says_when_no_reason_was_recorded():
     """One unsupported record per cell (no second one to fall back on), several cells, query
     lengths in numeric order with the causal one first, no message recorded."""
-    from mlabench.sweep.compare import compare_table
+    from mlabench.sweep.summary import compare_table
 
     cells = [(1, 1, True), (2, 1, True), (1, 2, True), (1, 2, False), (1, 31, False), (1, 31, True), (1, 1, False)]
     recs = [record(8, 4.0, status="unsupported").model_copy(update={

@@ -33,7 +33,7 @@ sys.modules['matplotlib'] = None  # any import of matplotlib fails
 import mlabench.cli
 from mlabench.report.runs import load_runs
 from mlabench.report.figures.plan import plan
-from mlabench.report import build_report
+from mlabench.report.build import build_report
 from mlabench.report.document import to_markdown_document
 runs = load_runs([{str(H200)!r}, {str(SERVE)!r}, {str(TUNE)!r}, {str(GRAPH_CHECK)!r}])
 specs, skipped = plan(runs)

@@ -160,7 +160,7 @@ def _cut_tune_folder(tmp_path, policy=True, validation=True):
 
 
 def test_an_unfinished_tuning_run_and_validation_say_what_is_missing(tmp_path):
-    from mlabench.report import build_report
+    from mlabench.report.build import build_report
     from mlabench.report.document import to_markdown_document
     from mlabench.report.runs import load_runs
 
@@ -239,7 +239,7 @@ def test_titles_units_legends_and_colours(tune_runs, graph_check_runs):
 
 
 def test_the_report_fills_the_tuning_and_graph_check_sections(tmp_path):
-    from mlabench.report import write_report
+    from mlabench.report.build import write_report
     from mlabench.report.runs import load_runs
 
     path = write_report(load_runs([TUNE, GRAPH_CHECK]), tmp_path, "markdown")

@@ -9,8 +9,8 @@ import pytest
 
 from mlabench.cli.options import OutputFormat, output_format
 from mlabench.errors import ConfigError
-from mlabench.tables.table import ColumnStyle, Table
 from mlabench.tables.render import render, to_csv, to_json, to_markdown, to_rich
+from mlabench.tables.table import ColumnStyle, Table
 
 
 def sample():
@@ -109,10 +109,9 @@ def checked_records():
 def test_at_80_columns_numbers_never_wrap(which):
     """Issue 8 item 10: in an 80-column log every number is whole on one line; columns are left
     out (and said so) instead."""
-    from mlabench.sweep.compare import backend_families, recorded_records
     from mlabench.sweep.check import check_table
-    from mlabench.sweep.compare import compare_table
-    from mlabench.sweep.summary import sweep_summary
+    from mlabench.sweep.compare import backend_families, recorded_records
+    from mlabench.sweep.summary import compare_table, sweep_summary
 
     records = recorded_records([H200])
     table = {"compare": lambda: compare_table(records, backend_families()),

@@ -22,8 +22,8 @@ from typing import Literal
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mlabench.configfile import read_toml, validation_line
 from mlabench.errors import ConfigError
+from mlabench.files import read_toml, validation_line
 
 MANIFEST_PATH = Path(__file__).with_name("manifest.toml")
 #: Rule kinds every range must name a variant of.

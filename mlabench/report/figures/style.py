@@ -25,7 +25,7 @@ _SPARE_COLORS = ("#e377c2", "#bcbd22", "#17becf", "#393b79", "#637939", "#843c39
 BASELINE_COLOR = "#9e9e9e"
 VARIANT_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
 FLOOR_COLOR = "#000000"
-# The public split-count heuristics (mlabench/policy/tuned/heuristics.py) in the tuning figures: fixed by name, hues
+# The public split-count heuristics (mlabench/policy/heuristics.py) in the tuning figures: fixed by name, hues
 # kept away from the backends' so a tuned backend's policy and every heuristic read apart.
 HEURISTIC_COLORS = {
     "vllm-triton": "#e6ab02",

@@ -21,9 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mlabench.configfile import validation_line
 from mlabench.errors import ConfigError, ServerError
-from mlabench.files import read_text, write_text
+from mlabench.files import read_text, validation_line, write_text
 from mlabench.serving.config import CheckParams, prompt_text
 from mlabench.tables.table import ColumnStyle, Table
 

@@ -52,7 +52,7 @@ def report(
     """Write one report from recorded runs: environment, correctness, best split, compare, serving, tuned
     policy and validation, graph-check, figures."""
     from mlabench.records.provenance import command_line
-    from mlabench.report import write_report
+    from mlabench.report.build import write_report
     from mlabench.report.runs import load_runs
 
     runs = load_runs(from_run)

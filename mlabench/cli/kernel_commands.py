@@ -133,7 +133,8 @@ def compare(
     With --from it only reads recorded runs; otherwise it measures (or, with --resume, completes)
     the sweep it needs first.
     """
-    from mlabench.sweep.compare import backend_families, compare_table, recorded_records, winners_table
+    from mlabench.sweep.compare import backend_families, recorded_records, winners_table
+    from mlabench.sweep.summary import compare_table
 
     fmt = output_format(format, as_json, markdown)
     if from_run:

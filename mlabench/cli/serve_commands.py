@@ -17,7 +17,7 @@ from mlabench.cli.options import Format, Json, Markdown, ResultsDir, VllmBin, in
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
 from mlabench.files import write_text
-from mlabench.serving import bench, check as greedy, config as cfg, table as tbl
+from mlabench.serving import bench, config as cfg, greedy_check as greedy, table as tbl
 from mlabench.serving.lifecycle import served_model
 
 ServeFile = Annotated[Path | None, typer.Argument(
