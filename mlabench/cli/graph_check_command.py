@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -51,25 +51,14 @@ def graph_check(
 
     Default: triton-splitkv in both policy modes, batch 1, contexts 4K-128K, 12 heads, page 64.
     """
-    from mlabench.checks.graph_check import (
-        DEFAULT_CONTEXTS, DEFAULT_SPLITS, GraphCheckConfig, graph_check_table, run_graph_check, subjects_for,
-    )
-    from mlabench.measure.timing import TimingConfig
+    from mlabench.checks.graph_check import run_graph_check, subjects_for
+    from mlabench.checks.graph_check_table import graph_check_table
     from mlabench.policy.device_table import load_split_policy
     from mlabench.tables.render import render
 
     fmt = output_format(format, as_json, markdown)
-    head_list = int_list(heads, "--heads", "heads") or [12]
-    if len(head_list) != 1:
-        raise ConfigError("graph-check takes one --heads value")
-    cfg = GraphCheckConfig(
-        num_heads=head_list[0], batches=tuple(int_list(batch, "--batch", "batch") or (1,)),
-        contexts=tuple(int_list(context, "--context", "context length") or DEFAULT_CONTEXTS),
-        page_size=64 if page_size is None else page_size, dtype=dtype,
-        capture_len=capture_len if capture_len is not None else qo_len or 1, qo_len=qo_len or 1,
-        causal=not non_causal,
-        splits=tuple(int_list(splits, "--splits", "--splits") or DEFAULT_SPLITS), tolerance=tolerance,
-        timing=TimingConfig(budget_s=0.5 if budget_s is None else budget_s), seed=seed)
+    cfg = _config(heads, batch, context, page_size, dtype, capture_len, qo_len, non_causal, splits, tolerance,
+                  budget_s, seed)
     subjects = subjects_for(name_list(backend) or ["triton-splitkv"], name_list(split_policy) or ["host", "device"])
     given = load_split_policy(policy) if policy else None
     with tempfile.TemporaryDirectory(prefix="mlabench-graph-check-") as tmp:
@@ -83,6 +72,27 @@ def graph_check(
     flagged = sorted({r.subject for r in result.rows if r.flagged})
     if flagged:
         fail(f"flagged: {', '.join(flagged)}")
+
+
+def _config(heads: str | None, batch: str | None, context: str | None, page_size: int | None, dtype: str,
+            capture_len: int | None, qo_len: int | None, non_causal: bool, splits: str | None, tolerance: float,
+            budget_s: float | None, seed: int) -> Any:
+    """The :class:`~mlabench.checks.graph_check.GraphCheckConfig` of the flags (their defaults where
+    not given); :class:`ConfigError` for more than one ``--heads`` value."""
+    from mlabench.checks.graph_check import DEFAULT_CONTEXTS, DEFAULT_SPLITS, GraphCheckConfig
+    from mlabench.measure.timing import TimingConfig
+
+    head_list = int_list(heads, "--heads", "heads") or [12]
+    if len(head_list) != 1:
+        raise ConfigError("graph-check takes one --heads value")
+    return GraphCheckConfig(
+        num_heads=head_list[0], batches=tuple(int_list(batch, "--batch", "batch") or (1,)),
+        contexts=tuple(int_list(context, "--context", "context length") or DEFAULT_CONTEXTS),
+        page_size=64 if page_size is None else page_size, dtype=dtype,
+        capture_len=capture_len if capture_len is not None else qo_len or 1, qo_len=qo_len or 1,
+        causal=not non_causal,
+        splits=tuple(int_list(splits, "--splits", "--splits") or DEFAULT_SPLITS), tolerance=tolerance,
+        timing=TimingConfig(budget_s=0.5 if budget_s is None else budget_s), seed=seed)
 
 
 #: The commands of this group, registered by :mod:`mlabench.cli.app`.

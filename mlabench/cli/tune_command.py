@@ -88,46 +88,81 @@ class LiveView:
                 err.line()
 
 
+#: The options of ``tune`` that no other command has.
+BackendFlag = Annotated[str | None, typer.Option(metavar="NAME", help="Backend to tune, e.g. triton-splitkv.")]
+BucketsFlag = Annotated[str | None, typer.Option(
+    metavar="L[,L...]",
+    help="Context bucket upper edges, e.g. 1024,4096,32768,131072.")]
+RepresentativeFlag = Annotated[str | None, typer.Option(
+    metavar="geomean|upper",
+    help="With one length per bucket, the length measured: geomean or upper.")]
+LengthsPerBucketFlag = Annotated[int | None, typer.Option(
+    metavar="K",
+    help="Lengths measured per bucket, log-spaced from its lower edge + 1 to its upper edge (default 3; 1: "
+         "the representative length only).")]
+CombineFlag = Annotated[str | None, typer.Option(
+    metavar="worst|geomean",
+    help="How a configuration's times at a bucket's lengths combine, each over the best time there: the "
+         "worst (default) or the geometric mean. With --export: choose again this way.")]
+MaxWavesFlag = Annotated[float | None, typer.Option(
+    metavar="W",
+    help="Search num_kv_splits only up to W waves of the programs the backend runs at once (batch x splits x"
+         " head tiles <= W x resident programs), where it says how many (default 1.0; 0: no cap). Public "
+         "heuristics beyond it are still measured.")]
+TokensPerSplitFlag = Annotated[str | None, typer.Option(
+    metavar="LOW:HIGH|off",
+    help="Also search split counts that grow with the length, clamp(ceil(L / t), 1, num_kv_splits), t in "
+         "LOW:HIGH (default 1:4096; 1 is a fixed count); off: fixed counts only.")]
+WholeTilesFlag = Annotated[bool | None, typer.Option(
+    "--whole-tiles/--no-whole-tiles",
+    help="Where --tokens-per-split is searched and the backend declares the tile its splits are made of "
+         "(triton-splitkv: 32 tokens), also search the whole-tile rule (the fewest splits of whole tiles, at"
+         " most num_kv_splits) and measure it first at one wave, half and a quarter of one (default: on).")]
+DtypeFlag = Annotated[str | None, typer.Option(metavar="DTYPE", help="q and KV dtype (default bfloat16).")]
+SamplerFlag = Annotated[str | None, typer.Option(
+    metavar="auto|tpe|gp|grid|brute",
+    help="auto, tpe, gp, grid or brute.")]
+TrialsFlag = Annotated[int | None, typer.Option(metavar="N", help="Finished trials per study (heuristics included).")]
+TimeoutFlag = Annotated[float | None, typer.Option(metavar="SECONDS", help="Seconds per study and worker.")]
+SpaceFlag = Annotated[list[str] | None, typer.Option(
+    metavar="NAME=SPEC",
+    help="Narrow a parameter: NAME=LOW:HIGH or NAME=A,B.")]
+NoiseFlag = Annotated[float | None, typer.Option(
+    metavar="FRACTION",
+    help="Ties within this fraction of the best (default 0.01).")]
+NoHeuristicsFlag = Annotated[bool, typer.Option("--no-heuristics", help="Do not enqueue the public heuristics.")]
+StorageFlag = Annotated[str | None, typer.Option(
+    metavar="URL",
+    help="Optuna storage URL (e.g. postgresql://...); default: a journal file in the run folder.")]
+GpusFlag = Annotated[str | None, typer.Option(metavar="N[,N...]", help="One worker per GPU, e.g. 0,1.")]
+WorkersFlag = Annotated[int | None, typer.Option(
+    metavar="N",
+    help="Worker processes sharing this host's devices (without --gpus).")]
+ValidateFlag = Annotated[Path | None, typer.Option(
+    metavar="POLICY",
+    help="Measure this policy JSON on held-out lengths instead.")]
+LengthsFlag = Annotated[int, typer.Option(metavar="N", help="With --validate: lengths per batch size.")]
+MinContextFlag = Annotated[int, typer.Option(metavar="L", help="With --validate: shortest length.")]
+MaxContextFlag = Annotated[int, typer.Option(metavar="L", help="With --validate: longest length.")]
+LadderFlag = Annotated[str | None, typer.Option(
+    metavar="N[,N...]",
+    help="With --validate: split counts of the exhaustive reference.")]
+ExportFlag = Annotated[Path | None, typer.Option(metavar="RUN", help="Rebuild the policy files of this tuning run.")]
+
+
 def tune(
-    backend: Annotated[str | None, typer.Option(metavar="NAME", help="Backend to tune, e.g. triton-splitkv.")] = None,
-    config: SweepFile = None,
-    model: Model = None,
-    tp: Tp = None,
-    model_config: ModelConfig = None,
-    heads: Heads = None,
-    batch: Batch = None,
-    buckets: Annotated[str | None, typer.Option(metavar="L[,L...]", help="Context bucket upper edges, e.g. 1024,4096,32768,131072.")] = None,
-    representative: Annotated[str | None, typer.Option(metavar="geomean|upper", help="With one length per bucket, the length measured: geomean or upper.")] = None,
-    lengths_per_bucket: Annotated[int | None, typer.Option(metavar="K", help="Lengths measured per bucket, log-spaced from its lower edge + 1 to its upper edge (default 3; 1: the representative length only).")] = None,
-    combine: Annotated[str | None, typer.Option(metavar="worst|geomean", help="How a configuration's times at a bucket's lengths combine, each over the best time there: the worst (default) or the geometric mean. With --export: choose again this way.")] = None,
-    max_waves: Annotated[float | None, typer.Option(metavar="W", help="Search num_kv_splits only up to W waves of the programs the backend runs at once (batch x splits x head tiles <= W x resident programs), where it says how many (default 1.0; 0: no cap). Public heuristics beyond it are still measured.")] = None,
-    tokens_per_split: Annotated[str | None, typer.Option(metavar="LOW:HIGH|off", help="Also search split counts that grow with the length, clamp(ceil(L / t), 1, num_kv_splits), t in LOW:HIGH (default 1:4096; 1 is a fixed count); off: fixed counts only.")] = None,
-    whole_tiles: Annotated[bool | None, typer.Option("--whole-tiles/--no-whole-tiles", help="Where --tokens-per-split is searched and the backend declares the tile its splits are made of (triton-splitkv: 32 tokens), also search the whole-tile rule (the fewest splits of whole tiles, at most num_kv_splits) and measure it first at one wave, half and a quarter of one (default: on).")] = None,
-    page_size: PageSize = None,
-    qo_len: QoLen = None,
-    non_causal: NonCausal = False,
-    dtype: Annotated[str | None, typer.Option(metavar="DTYPE", help="q and KV dtype (default bfloat16).")] = None,
-    sampler: Annotated[str | None, typer.Option(metavar="auto|tpe|gp|grid|brute", help="auto, tpe, gp, grid or brute.")] = None,
-    trials: Annotated[int | None, typer.Option(metavar="N", help="Finished trials per study (heuristics included).")] = None,
-    timeout: Annotated[float | None, typer.Option(metavar="SECONDS", help="Seconds per study and worker.")] = None,
-    space: Annotated[list[str] | None, typer.Option(metavar="NAME=SPEC", help="Narrow a parameter: NAME=LOW:HIGH or NAME=A,B.")] = None,
-    noise: Annotated[float | None, typer.Option(metavar="FRACTION", help="Ties within this fraction of the best (default 0.01).")] = None,
-    no_heuristics: Annotated[bool, typer.Option("--no-heuristics", help="Do not enqueue the public heuristics.")] = False,
-    budget_s: BudgetS = None,
-    storage: Annotated[str | None, typer.Option(metavar="URL", help="Optuna storage URL (e.g. postgresql://...); default: a journal file in the run folder.")] = None,
-    gpus: Annotated[str | None, typer.Option(metavar="N[,N...]", help="One worker per GPU, e.g. 0,1.")] = None,
-    workers: Annotated[int | None, typer.Option(metavar="N", help="Worker processes sharing this host's devices (without --gpus).")] = None,
-    results_dir: ResultsDir = Path("results"),
-    resume: Resume = None,
-    validate: Annotated[Path | None, typer.Option(metavar="POLICY", help="Measure this policy JSON on held-out lengths instead.")] = None,
-    lengths: Annotated[int, typer.Option(metavar="N", help="With --validate: lengths per batch size.")] = 48,
-    min_context: Annotated[int, typer.Option(metavar="L", help="With --validate: shortest length.")] = 1024,
-    max_context: Annotated[int, typer.Option(metavar="L", help="With --validate: longest length.")] = 131072,
-    ladder: Annotated[str | None, typer.Option(metavar="N[,N...]", help="With --validate: split counts of the exhaustive reference.")] = None,
-    export: Annotated[Path | None, typer.Option(metavar="RUN", help="Rebuild the policy files of this tuning run.")] = None,
-    format: Format = None,
-    as_json: Json = False,
-    markdown: Markdown = False,
+    backend: BackendFlag = None, config: SweepFile = None, model: Model = None, tp: Tp = None,
+    model_config: ModelConfig = None, heads: Heads = None, batch: Batch = None, buckets: BucketsFlag = None,
+    representative: RepresentativeFlag = None, lengths_per_bucket: LengthsPerBucketFlag = None,
+    combine: CombineFlag = None, max_waves: MaxWavesFlag = None, tokens_per_split: TokensPerSplitFlag = None,
+    whole_tiles: WholeTilesFlag = None, page_size: PageSize = None, qo_len: QoLen = None,
+    non_causal: NonCausal = False, dtype: DtypeFlag = None, sampler: SamplerFlag = None, trials: TrialsFlag = None,
+    timeout: TimeoutFlag = None, space: SpaceFlag = None, noise: NoiseFlag = None,
+    no_heuristics: NoHeuristicsFlag = False, budget_s: BudgetS = None, storage: StorageFlag = None,
+    gpus: GpusFlag = None, workers: WorkersFlag = None, results_dir: ResultsDir = Path("results"),
+    resume: Resume = None, validate: ValidateFlag = None, lengths: LengthsFlag = 48,
+    min_context: MinContextFlag = 1024, max_context: MaxContextFlag = 131072, ladder: LadderFlag = None,
+    export: ExportFlag = None, format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Tune split counts (and launch parameters) per batch and context bucket; write a policy.
 
@@ -141,38 +176,22 @@ def tune(
         from mlabench.tune.run import export_run
 
         return _report(export_run(export, storage, noise, combine), fmt)
-    from mlabench.records.store import refuse_archived
-    from mlabench.tune.run import recorded_config, run_tune
-    from mlabench.tune.space import load_tune_config
-    from mlabench.tune.worker_pool import parse_devices
+    from mlabench.tune.run import requested_config, run_tune
+    from mlabench.tune.worker_pool import worker_devices
 
     rule = parse_rule_range(tokens_per_split)
     values = {"backend": backend, "model": model, "tp": tp, "model_config": str(model_config) if model_config else None,
               "heads": _one_value(int_list(heads, "--heads", "heads"), "--heads"),
               "batch": int_list(batch, "--batch", "batch"),
               "buckets": int_list(buckets, "--buckets", "--buckets"), "representative": representative,
-              "lengths_per_bucket": lengths_per_bucket, "combine": combine, "max_waves": max_waves, "tokens_per_split": None if rule == "off" else rule,
-              "whole_tiles": whole_tiles,
+              "lengths_per_bucket": lengths_per_bucket, "combine": combine, "max_waves": max_waves,
+              "tokens_per_split": rule, "whole_tiles": whole_tiles,
               "page_size": page_size, "q_dtype": dtype, "kv_dtype": dtype, "qo_len": qo_len,
               "causal": False if non_causal else None, "sampler": sampler, "trials": trials, "timeout_s": timeout,
               "space": parse_space(space), "noise": noise, "heuristics": False if no_heuristics else None,
               "timing": {"budget_s": budget_s, "eager": False} if budget_s is not None else None, "storage": storage}
-    if resume is not None:
-        if any(v is not None for k, v in values.items() if k != "storage") or config or rule:
-            raise ConfigError("--resume continues the run as recorded: only --storage, --gpus and --workers go with it")
-        refuse_archived(resume)
-        cfg = recorded_config(resume)[0].model_copy(update={"storage": storage})
-    else:
-        if backend is None:
-            raise ConfigError("give --backend (e.g. triton-splitkv)")
-        if buckets is None and config is None:
-            raise ConfigError("give --buckets (context bucket edges) or --config (a sweep TOML)")
-        cfg = load_tune_config(config, values)
-        if rule == "off":
-            cfg = cfg.model_copy(update={"tokens_per_split": None})
-    if workers is not None and (workers < 1 or gpus):
-        raise ConfigError("--workers takes a count >= 1, and not with --gpus")
-    devices = parse_devices(gpus) if gpus else [None] * (workers or 1)
+    cfg = requested_config(values, config, resume)
+    devices = worker_devices(gpus, workers)
     view = LiveView()
     try:
         result = run_tune(cfg, results_dir, resume, devices, monitor=view)

@@ -31,7 +31,7 @@ from mlabench.records.store import ResultStore, holds_run, records_of, run_folde
 from mlabench.serving.config import ServeConfig
 from mlabench.serving.results import BenchResult
 
-#: Columns every graph-check table has (``mlabench.checks.graph_check.graph_check_table``).
+#: Columns every graph-check table has (``mlabench.checks.graph_check_table.graph_check_table``).
 GRAPH_CHECK_COLUMNS = ("subject", "batch", "context", "graph_us", "tuned_us", "slowdown_pct", "correct", "flagged")
 #: Largest JSON file probed for a graph-check table, bytes (the tables are a few tens of KB).
 GRAPH_CHECK_MAX_BYTES = 4 << 20
@@ -166,11 +166,6 @@ def run_kind(path: Path) -> str:
         return "serve-bench"
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     return next((kind for kind in ("tune", "validate") if kind in config), "kernel")
-
-
-def is_serve_run(path: Path) -> bool:
-    """True when ``path/manifest.json`` is a serve-bench manifest."""
-    return run_kind(path) == "serve-bench"
 
 
 def read_graph_check(path: Path) -> GraphCheckRun | None:

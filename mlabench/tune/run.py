@@ -30,11 +30,12 @@ from mlabench.policy.exports import write_exports
 from mlabench.policy.tuned import Policy
 from mlabench.records.provenance import command_line, git_revision, library_versions
 from mlabench.records.record import Manifest, new_run_id, utc_now
-from mlabench.records.store import ResultStore
+from mlabench.records.store import ResultStore, refuse_archived
 from mlabench.tune.choice import BucketChoice, build_policy, study_choice
 from mlabench.tune.seeded_trials import heuristic_trials, whole_tile_trials
 from mlabench.tune.space import (
-    LEGACY_FIELDS, TuneConfig, buckets_of, resolve_sampler, shape_dims, space_size, study_space, tune_shape, wave_cap,
+    LEGACY_FIELDS, TuneConfig, buckets_of, load_tune_config, resolve_sampler, shape_dims, space_size, study_space,
+    tune_shape, wave_cap,
 )
 from mlabench.tune.studies import (
     StudyProgress, StudySpec, open_storage, optuna_module, prepare_study, redact_url, study_name, study_progress,
@@ -115,6 +116,29 @@ def recorded_config(run_dir: Path) -> tuple[TuneConfig, list[StudySpec]]:
         raise ResultsError(f"{run_dir} is not a tuning run (its manifest has no tune configuration)")
     recorded = {**LEGACY_FIELDS, **config["tune"]}  # a run from before a field: what it measured then
     return TuneConfig.model_validate(recorded), [StudySpec(**s) for s in config["studies"]]
+
+
+def requested_config(values: dict[str, Any], config: str | Path | None, resume: Path | None) -> TuneConfig:
+    """The configuration a ``tune`` command asks for: the run ``resume`` as recorded (with
+    ``values["storage"]``), else ``config`` (a sweep TOML) under the flag ``values`` (None: not given;
+    ``tokens_per_split="off"``: fixed split counts only).
+
+    Raises :class:`ConfigError` for another flag, or ``config``, beside ``resume``, an archived
+    ``resume`` run, no ``backend``, or neither ``buckets`` nor ``config``.
+    """
+    if resume is not None:
+        if any(v is not None for k, v in values.items() if k != "storage") or config:
+            raise ConfigError("--resume continues the run as recorded: only --storage, --gpus and --workers go with it")
+        refuse_archived(resume)
+        return recorded_config(resume)[0].model_copy(update={"storage": values.get("storage")})
+    if values.get("backend") is None:
+        raise ConfigError("give --backend (e.g. triton-splitkv)")
+    if values.get("buckets") is None and config is None:
+        raise ConfigError("give --buckets (context bucket edges) or --config (a sweep TOML)")
+    if values.get("tokens_per_split") == "off":
+        cfg = load_tune_config(config, {**values, "tokens_per_split": None})
+        return cfg.model_copy(update={"tokens_per_split": None})
+    return load_tune_config(config, values)
 
 
 def _storage_url(cfg: TuneConfig, recorded: str | None) -> str | None:

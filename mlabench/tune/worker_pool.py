@@ -59,6 +59,17 @@ def parse_devices(text: str | None) -> list[str | None]:
     return items
 
 
+def worker_devices(gpus: str | None, workers: int | None) -> list[str | None]:
+    """One entry per worker process: the GPU indices of ``gpus`` (``"0,1"``: :func:`parse_devices`),
+    else ``workers`` (default 1) times None (each worker sees the devices of this host).
+
+    Raises :class:`ConfigError` for ``workers`` below 1 or given with ``gpus``, or a bad ``gpus``.
+    """
+    if workers is not None and (workers < 1 or gpus):
+        raise ConfigError("--workers takes a count >= 1, and not with --gpus")
+    return parse_devices(gpus) if gpus else [None] * (workers or 1)
+
+
 def device_env(device: str | None, rocm: bool, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a worker that sees only GPU ``device`` (unchanged for None).
 

@@ -12,9 +12,10 @@ import torch
 
 from mlabench import cli
 from mlabench.checks.graph_check import (
-    EagerEngine, GraphCheckConfig, GraphCheckResult, GraphCheckRow, GraphEngine, Subject, assess, graph_check_table,
-    run_graph_check, subjects_for,
+    EagerEngine, GraphCheckConfig, GraphCheckResult, GraphCheckRow, GraphEngine, Subject, assess, run_graph_check,
+    subjects_for,
 )
+from mlabench.checks.graph_check_table import graph_check_table
 from mlabench.device import current_device
 from mlabench.errors import ConfigError, GPURequiredError
 from mlabench.measure.timing import TimingConfig, cold_cache_copies

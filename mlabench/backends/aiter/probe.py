@@ -10,7 +10,6 @@ that cannot be detected, and names the range the build claims.  The result is ca
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,6 @@ from mlabench.extras import optional_import, package_version
 #: Calls each adapter needs; "gate" calls are needed only under the batch-gate rule.
 ASM_CALLS = ("metadata_info", "metadata", "decode", "get_gfx", "get_cu_num")
 GATE_CALLS = ("gate", "gate_max_batch")
-GLUON_CALLS = ("gluon",)
 #: Where calls live when no range names them (a build outside every range).
 _MODULES = {"metadata_info": ("aiter", "get_mla_metadata_info_v1"),
             "metadata": ("aiter", "get_mla_metadata_v1"),
@@ -266,13 +264,3 @@ def _asm_dir() -> Path | None:
     mod, _ = optional_import("aiter.jit.core")
     path = getattr(mod, "AITER_ASM_DIR", None) if mod is not None else None
     return Path(path) if path else None
-
-
-def call_aiter(name: str, *args: Any) -> Any:
-    """Call an installed AITER function by logical name (after :func:`probe_aiter`)."""
-    found = probe_aiter()
-    fn = found.functions.get(name) if found else None
-    if fn is None:
-        module, attr = _MODULES[name]
-        fn = getattr(importlib.import_module(module), attr)
-    return fn(*args)
