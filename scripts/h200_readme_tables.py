@@ -28,7 +28,9 @@ sys.path.insert(0, str(REPO))  # this checkout's mlabench, installed or not
 
 from mlabench.records.record import Record  # noqa: E402
 from mlabench.records.store import read_jsonl, records_of  # noqa: E402
-from mlabench.tables import ColumnStyle, Table, best_ok, to_markdown  # noqa: E402
+from mlabench.sweep.summary import best_ok  # noqa: E402
+from mlabench.tables.render import to_markdown  # noqa: E402
+from mlabench.tables.table import ColumnStyle, Table  # noqa: E402
 
 SWEEP_RUN = REPO / "results/h200/repeatability/runs/kimi-k3-tp8-20261130-161237-527"
 HOPPER_DIR = REPO / "results/h200/hopper-kernel"

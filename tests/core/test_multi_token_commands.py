@@ -11,7 +11,6 @@ from mlabench.backends import get_backend
 from mlabench.errors import ConfigError
 from mlabench.measure.timing import TimingConfig
 from mlabench.records.record import point_key
-from mlabench.records.store import ResultStore
 from mlabench.sweep.compare import path_winner, recorded_records, winners_table
 from mlabench.sweep.config import SweepConfig, expand, load_sweep_config
 from mlabench.sweep.run import run_sweep
