@@ -17,12 +17,11 @@ import gzip
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from mlabench import cli
+from tests.golden.cli import run_mlabench
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -42,16 +41,6 @@ def normalise(text: str, tmp: Path) -> str:
     archived file names (``results.jsonl.gz``, ``study.journal.gz``) by their plain names."""
     text = text.replace(str(REPO), "<repo>").replace(str(tmp), "<tmp>")
     return re.sub(r"\.(jsonl|journal)\.gz\b", r".\1", text)
-
-
-def run_mlabench(args: list[str], monkeypatch, capsys) -> str:
-    """The standard output of ``mlabench ARGS`` run here; fails with its standard error on an error."""
-    monkeypatch.setattr(sys, "argv", ["mlabench", *args])
-    try:
-        cli.main()
-    except SystemExit as exc:
-        assert not exc.code, capsys.readouterr().err
-    return capsys.readouterr().out
 
 
 def check_golden(name: str, text: str) -> None:

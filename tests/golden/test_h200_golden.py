@@ -15,19 +15,11 @@ from mlabench import cli
 from mlabench.records.store import ResultStore, records_of
 from mlabench.sweep.summary import sweep_summary
 from mlabench.tables.render import to_markdown
+from tests.golden.cli import run_mlabench
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "results" / "h200" / "kimi-k3-tp8"
 RUN = H200 / "kimi-k3-tp8-20261130-105953-511"
-
-
-def mlabench_stdout(args, monkeypatch, capsys) -> str:
-    monkeypatch.setattr(sys, "argv", ["mlabench", *args])
-    try:
-        cli.main()
-    except SystemExit as exc:
-        assert not exc.code, capsys.readouterr().err
-    return capsys.readouterr().out
 
 
 def markdown_rows(text: str) -> list[list[str]]:
@@ -36,12 +28,12 @@ def markdown_rows(text: str) -> list[list[str]]:
 
 
 def test_compare_reproduces_the_committed_table_byte_for_byte(monkeypatch, capsys):
-    out = mlabench_stdout(["compare", "--from", str(H200), "--markdown"], monkeypatch, capsys)
+    out = run_mlabench(["compare", "--from", str(H200), "--markdown"], monkeypatch, capsys)
     assert out == (H200 / "compare.md").read_text()
 
 
 def test_compare_speedup_is_split_kv_time_over_persistent_time(monkeypatch, capsys):
-    (table,) = json.loads(mlabench_stdout(["compare", "--from", str(H200), "--json"], monkeypatch, capsys))
+    (table,) = json.loads(run_mlabench(["compare", "--from", str(H200), "--json"], monkeypatch, capsys))
     rows = [r for r in table["rows"] if r["speedup"] is not None]
     assert len(rows) == len(table["rows"]) == 32  # 16 (batch, context) cells x 2 persistent backends
     for r in rows:
