@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -19,6 +19,7 @@ from mlabench.backends.base import ParamSpec
 from mlabench.errors import BackendUnavailableError
 from mlabench.extras import optional_import
 from mlabench.kernels.padding import HEAD_PADDINGS
+from mlabench.kernels.splitkv_torch import split_starts
 from mlabench.policy.heuristics import vllm_triton_splits
 from mlabench.policy.rules import MAX_KV_SPLITS
 from mlabench.shapes import MLADecodeShape
@@ -89,3 +90,21 @@ def accepts_kwarg(fn: Callable[..., Any], name: str) -> bool | None:
     if name in params:
         return True
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+#: Split lengths ``ceil(L / S)`` rounded up to each of these give the cuts a backend most likely
+#: makes when it cannot say where its splits start: 1 (vLLM's Triton MLA decode), 16 (this project's
+#: Triton split-KV kernel) and 64 (whole pages of 64 tokens, as gluon-splitkv cuts).
+GENERIC_SPLIT_ALIGNS = (1, 16, 64)
+
+
+def likely_split_starts(context_lens: Sequence[int], splits: int | Sequence[int] | None) -> list[list[int]]:
+    """For a backend that cannot say where its library cuts the KV (AITER's kernels): per request,
+    the first token of each split of ``splits`` (one count, or one per request) into ``ceil(L / S)``
+    tokens rounded up to each of :data:`GENERIC_SPLIT_ALIGNS`, merged (a correctness check puts its
+    needles at all of them); ``[[0], ...]`` (one split) when ``splits`` is None or 0."""
+    if not splits:
+        return [[0] for _ in context_lens]
+    counts = list(splits) if isinstance(splits, (list, tuple)) else [splits] * len(context_lens)
+    return [sorted(set().union(*(split_starts([n], max(1, int(c)), align)[0] for align in GENERIC_SPLIT_ALIGNS)))
+            for n, c in zip(context_lens, counts)]

@@ -29,8 +29,8 @@ original random row with its component along ``q_nope`` removed (so the value st
 distinct, and contributes 0 to the score), and its RoPE part is ``s / scale * q_pe / |q_pe|^2`` plus
 the original RoPE row with its ``q_pe`` component removed, which makes the score exactly ``s``.
 
-Where the splits are: from the backend when it says (``PreparedCall.split_starts``), else the
-common cuts of ``num_kv_splits`` (``ceil(L / S)`` tokens, and that rounded up to 16 and to 64).  Needles are
+Where the splits are: as the backend reports them (``PreparedCall.split_starts``; a backend that
+cannot know them reports the likely cuts: :func:`mlabench.backends.shared.likely_split_starts`).  Needles are
 placed per point, not at every boundary any split count could use: those cover most multiples of
 16 tokens at long context, thousands of needles per head, each then carrying too little weight to
 be missed.
@@ -42,13 +42,11 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.reference import mla_decode_reference, visible_keys
-from mlabench.kernels.splitkv_torch import split_starts
 
 #: Softmax weight all needles of one head carry together (the rest: the random tokens).
 NEEDLE_SHARE = 0.9
@@ -58,10 +56,6 @@ PEAK_SHARE = 0.99
 FLAT_Q_SCALE = 0.01
 #: Page-edge needles per head beyond those at split boundaries (pages are then spread evenly).
 PAGE_EDGE_NEEDLES_PER_HEAD = 8
-#: Split lengths ``ceil(L / S)`` are rounded up to each of these when a backend does not say where
-#: its splits start: 1 (vLLM's Triton MLA decode), 16 (this project's Triton split-KV kernel) and
-#: 64 (whole pages of 64 tokens, as gluon-splitkv cuts).
-GENERIC_SPLIT_ALIGNS = (1, 16, 64)
 
 
 @dataclass(frozen=True)
@@ -137,19 +131,13 @@ def with_reference(case: VerificationCase, inputs: MLADecodeInputs) -> Verificat
     return case
 
 
-def split_starts_for(context_lens: Sequence[int], params: dict[str, Any],
-                     reported: list[list[int]] | None) -> list[list[int]]:
-    """First token of each split, per request: ``reported`` when the backend gave it, else the
-    cuts of ``num_kv_splits`` (one count, or one per request) into ``ceil(L / S)`` tokens rounded
-    up to each of :data:`GENERIC_SPLIT_ALIGNS`, merged; ``[[0], ...]`` (one split) without either."""
-    if reported is not None:
-        return [sorted({t for t in starts if 0 <= t < n} | {0}) for starts, n in zip(reported, context_lens)]
-    splits = params.get("num_kv_splits")
-    if not splits:
+def split_starts_for(context_lens: Sequence[int], reported: list[list[int]] | None) -> list[list[int]]:
+    """First token of each split, per request, as the backend reported it
+    (:attr:`~mlabench.backends.base.PreparedCall.split_starts`: kept within each request's
+    ``context_lens`` and starting at 0); ``[[0], ...]`` (one split each) when it reported none."""
+    if reported is None:
         return [[0] for _ in context_lens]
-    counts = list(splits) if isinstance(splits, (list, tuple)) else [splits] * len(context_lens)
-    return [sorted(set().union(*(split_starts([n], max(1, int(c)), align)[0] for align in GENERIC_SPLIT_ALIGNS)))
-            for n, c in zip(context_lens, counts)]
+    return [sorted({t for t in starts if 0 <= t < n} | {0}) for starts, n in zip(reported, context_lens)]
 
 
 def needle_positions(length: int, page_size: int, starts: Sequence[int], num_heads: int) -> dict[int, str]:

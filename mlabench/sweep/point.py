@@ -81,7 +81,7 @@ class ShapeBench:
         s = self.shape
         call = backend.prepare(self.inputs[0], params)
         limits = check.limits(s.q_dtype, s.kv_dtype)
-        starts = split_starts_for(s.context_lens, {**params, **call.effective_params}, call.split_starts)
+        starts = split_starts_for(s.context_lens, call.split_starts)
         verdicts: dict[str, Verdict] = {}
         for name in check.input_sets:
             case = self.case(name, starts)

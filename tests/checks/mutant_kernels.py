@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from mlabench.backends.base import Backend, PreparedCall
-from mlabench.backends.shared import NUM_KV_SPLITS
+from mlabench.backends.shared import NUM_KV_SPLITS, likely_split_starts
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.reference import gather_kv
 
@@ -93,8 +93,9 @@ def splitkv_decode(inputs: MLADecodeInputs, splits: int, fault: Fault = Fault())
 
 
 class MutantBackend(Backend):
-    """:func:`splitkv_decode` with ``fault`` as a backend (not registered): it says nothing of
-    where its splits start, so the check places needles at the generic cuts of num_kv_splits."""
+    """:func:`splitkv_decode` with ``fault`` as a backend (not registered): like a backend that
+    cannot know where its library cuts, it reports the likely cuts of num_kv_splits
+    (:func:`~mlabench.backends.shared.likely_split_starts`), where the check places its needles."""
 
     name = "mutant-splitkv"
     summary = "split-KV in PyTorch with one deliberate fault"
@@ -111,4 +112,5 @@ class MutantBackend(Backend):
         splits = int(params["num_kv_splits"])
         out = inputs.new_output()
         return PreparedCall(fn=lambda: out.copy_(splitkv_decode(inputs, splits, self.fault)), out=out,
-                            effective_params={"num_kv_splits": splits})
+                            effective_params={"num_kv_splits": splits},
+                            split_starts=likely_split_starts(inputs.shape.context_lens, splits))

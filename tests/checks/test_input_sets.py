@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from mlabench.backends.shared import likely_split_starts
 from mlabench.checks.input_sets import (
     NEEDLE_SHARE, PEAK_SHARE, VerificationCase, make_case, needle_positions, split_starts_for, with_reference,
 )
@@ -34,16 +35,20 @@ def test_needles_sit_at_split_edges_page_edges_and_the_last_token():
     assert {t // 64 for t in many} == {0, 128, 256, 384, 511}
 
 
-def test_split_starts_come_from_the_backend_or_from_num_kv_splits():
-    assert split_starts_for([100, 5], {}, [[0, 40, 80, 120], [3]]) == [[0, 40, 80], [0, 3]]
-    assert split_starts_for([100], {"num_kv_splits": 3}, None) == [[0, 34, 48, 64, 68, 96]]  # 34, 48, 64 tokens
-    assert split_starts_for([100, 40], {"num_kv_splits": [2, 1]}, None) == [[0, 50, 64], [0]]  # per request
-    assert split_starts_for([100, 7], {"num_kv_splits": None}, None) == [[0], [0]]
+def test_split_starts_come_from_the_backend_or_are_one_split():
+    assert split_starts_for([100, 5], [[0, 40, 80, 120], [3]]) == [[0, 40, 80], [0, 3]]
+    assert split_starts_for([100, 7], None) == [[0], [0]]
+
+
+def test_a_backend_that_cannot_say_reports_the_likely_cuts_of_its_count():
+    assert likely_split_starts([100], 3) == [[0, 34, 48, 64, 68, 96]]  # splits of 34, 48 and 64 tokens
+    assert likely_split_starts([100, 40], [2, 1]) == [[0, 50, 64], [0]]  # a count per request
+    assert likely_split_starts([100, 7], None) == [[0], [0]]
 
 
 def test_each_needle_scores_its_head_as_designed_and_the_needles_weigh_their_share(setup):
     x, random = setup
-    case = make_case("needles", x, random, split_starts_for(SHAPE.context_lens, {"num_kv_splits": 4}, None))
+    case = make_case("needles", x, random, likely_split_starts(SHAPE.context_lens, 4))
     heads = {(n.request, n.head) for n in case.needles}
     assert {n.head for n in case.needles if n.request == 1} == set(range(4))  # dealt out to every head
     with case.applied(x):

@@ -138,7 +138,8 @@ def test_torch_splitkv_matches_the_reference(qo_len, causal, splits):
 
 # ---- verification input sets with several query tokens ----------------------------------------
 def test_needles_belong_to_query_tokens_that_see_them():
-    from mlabench.checks.input_sets import VerificationCase, make_case, split_starts_for, with_reference
+    from mlabench.backends.shared import likely_split_starts
+    from mlabench.checks.input_sets import VerificationCase, make_case, with_reference
     from mlabench.kernels.reference import gather_kv
 
     s = MLADecodeShape.create(num_heads=4, context_lens=(4, 130), qo_len=4, page_size=16)
@@ -146,7 +147,7 @@ def test_needles_belong_to_query_tokens_that_see_them():
     random = with_reference(VerificationCase("random"), x)
     assert random.reference.shape == (8, 4, 512) and random.qo_len == 4
     for name in ("needles", "peaky"):
-        case = make_case(name, x, random, split_starts_for(s.context_lens, {"num_kv_splits": 3}, None))
+        case = make_case(name, x, random, likely_split_starts(s.context_lens, 3))
         assert {n.query for n in case.needles} == {0, 1, 2, 3}
         for n in case.needles:  # a causal token t of 4 sees L - 4 + t + 1 keys
             assert n.token < s.context_lens[n.request] - 4 + n.query + 1, n

@@ -11,8 +11,8 @@ with a shape under those rules is in :mod:`mlabench.backends.aiter.rules`.  The 
 Every index AITER is given is a valid token's row: no page tail or block-table padding is
 reachable through its arguments, so cache slots no request may read (NaN in the correctness
 check) stay unread unless a kernel reads past its ``kv_indptr`` range, which the check on a GPU
-would show.  Where AITER's splits start is not reported: the check places needles at the cuts
-of ``num_kv_splits`` (:func:`mlabench.checks.input_sets.split_starts_for`).
+would show.  Where AITER's splits start AITER does not say: both backends report the likely cuts of the count
+they run (:func:`mlabench.backends.shared.likely_split_starts`), where the check puts its needles.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from mlabench.backends.aiter.probe import AiterInstall, probe_aiter
 from mlabench.backends.aiter.rules import asm_nonpersistent_splits, asm_qo_len_reason, asm_wrong_result_reason
 from mlabench.backends.base import Backend, PreparedCall
 from mlabench.backends.registry import register
-from mlabench.backends.shared import HEAD_PADDING, check_mla_dims, timed_us
+from mlabench.backends.shared import HEAD_PADDING, check_mla_dims, likely_split_starts, timed_us
 from mlabench.errors import BackendUnavailableError, UnsupportedShapeError
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
@@ -228,8 +228,10 @@ class AiterAsmBackend(AiterBackend):
         effective.update(head_padding=mode if padded else "none", kernel_heads=kernel_heads,
                          page_size_view=1, num_work_items_max=int(info_set.shape[0]),
                          allocates_per_call=True)
+        splits = effective.get("num_kv_splits", params.get("num_kv_splits"))
         return PreparedCall(fn=fn, out=out, effective_params=effective,
                             setup_us={"metadata_us": metadata_us}, refresh=refresh,
+                            split_starts=likely_split_starts(s.context_lens, splits),
                             workspace_bytes=split_workspace_bytes(partial_rows, s.v_head_dim))
 
     @staticmethod

@@ -24,7 +24,7 @@ from mlabench.backends.aiter.rules import (
 )
 from mlabench.backends.base import ParamSpec, PreparedCall
 from mlabench.backends.registry import register
-from mlabench.backends.shared import NUM_KV_SPLITS
+from mlabench.backends.shared import NUM_KV_SPLITS, likely_split_starts
 from mlabench.device import current_device
 from mlabench.errors import UnsupportedShapeError
 from mlabench.inputs import MLADecodeInputs
@@ -133,7 +133,7 @@ class AiterGluonBackend(AiterBackend):
             refill(lens)
 
         return PreparedCall(fn=fn, out=out, effective_params=self._effective(found, plan),
-                            refresh=refresh,
+                            refresh=refresh, split_starts=likely_split_starts(s.context_lens, plan.splits_run),
                             workspace_bytes=gluon_workspace_bytes(plan, s.num_heads, s.v_head_dim,
                                                                   out.element_size(), s.qo_len))
 
