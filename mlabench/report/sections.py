@@ -13,9 +13,8 @@ from mlabench.report.document import Block, Bullets, Code, FigureBlock, Heading,
 from mlabench.report.figures import style
 from mlabench.report.figures.plan import FigureSpec, Skipped
 from mlabench.report.tuning_sections import config_row
-from mlabench.sweep.summary import compare_table
 from mlabench.sweep.sentinel import health_notes
-from mlabench.sweep.summary import sweep_summary
+from mlabench.sweep.summary import compare_table, sweep_summary
 from mlabench.sweep.visits import DEFAULT_VISIT_REL_SE
 from mlabench.tables.table import Table
 

@@ -15,8 +15,8 @@ import pytest
 from mlabench.device import DeviceInfo
 from mlabench.measure.timing import TimingConfig, time_calls
 from mlabench.records.record import new_run_id
-from mlabench.tables.table import Table, fmt
 from mlabench.tables.render import render, to_csv, to_json
+from mlabench.tables.table import Table, fmt
 
 
 @pytest.mark.parametrize("value, text", [

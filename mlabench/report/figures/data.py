@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlabench.records.record import Record
-from mlabench.sweep.summary import compare_table
-from mlabench.sweep.summary import best_ok
+from mlabench.sweep.summary import best_ok, compare_table
 
 
 @dataclass(frozen=True)
