@@ -29,9 +29,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mlabench.configfile import configs_dir, read_toml, validation_line
 from mlabench.errors import ConfigError, ShapeError, UnknownModelError
-from mlabench.files import read_json
+from mlabench.files import configs_dir, read_json, read_toml, validation_line
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 SUPPORTED_PAGE_SIZES = (1, 16, 64)

@@ -26,12 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mlabench.backends.aiter_manifest import (  # noqa: E402
-    Manifest,
-    load_manifest,
-    source_matches,
-    strip_comments,
-)
+from mlabench.backends.aiter.manifest import Manifest, load_manifest, source_matches, strip_comments
 
 
 class Repo:

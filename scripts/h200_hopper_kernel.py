@@ -46,11 +46,14 @@ from mlabench.backends import gluon as _gluon  # noqa: E402,F401  (registers glu
 from mlabench.device import current_device  # noqa: E402
 from mlabench.inputs import make_inputs  # noqa: E402
 from mlabench.kernels.reference import mla_decode_reference  # noqa: E402
-from mlabench.measure import ShapeBench  # noqa: E402
-from mlabench.results import Record, ResultStore, new_run_id  # noqa: E402
+from mlabench.sweep.point import ShapeBench  # noqa: E402
+from mlabench.records.record import Record, new_run_id  # noqa: E402
+from mlabench.records.store import ResultStore  # noqa: E402
 from mlabench.shapes import MLADecodeShape  # noqa: E402
-from mlabench.sweep import SweepConfig, kernel_run_manifest  # noqa: E402
-from mlabench.timing import TimingConfig, measure_copy_bandwidth_tbps, time_calls  # noqa: E402
+from mlabench.sweep.config import SweepConfig  # noqa: E402
+from mlabench.sweep.run import kernel_run_manifest  # noqa: E402
+from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps  # noqa: E402
+from mlabench.measure.timing import TimingConfig, time_calls  # noqa: E402
 
 HEADS = 12
 #: The run folder under OUT.
@@ -105,7 +108,7 @@ def environment() -> dict:
     env["flashmla"] = (package_version(("sgl-flash-mla", "flash-mla"))
                        if get_backend("flashmla").available()[0] else "unavailable")
     env["launch_overhead"] = launch_overhead()
-    from mlabench.kernels.gluon_splitkv import compile_stage1_sm90
+    from mlabench.kernels.offline_compile import compile_stage1_sm90
 
     for stages in (1, 2):
         try:
@@ -310,7 +313,7 @@ def run_config(args, timing: TimingConfig, backends: list[str]) -> dict:
 
 
 def open_run(out: Path, env: dict, config: dict) -> ResultStore:
-    """A new run folder ``out/run/`` whose manifest (:func:`mlabench.sweep.kernel_run_manifest`)
+    """A new run folder ``out/run/`` whose manifest (:func:`mlabench.sweep.run.kernel_run_manifest`)
     carries ``env``'s copy and read bandwidths (``copy_tbps``, ``read_tbps``, TB/s) and ``config``;
     :class:`mlabench.errors.ResultsError` when ``out/run/`` already holds a run."""
     run_id = new_run_id("hopper-kernel")

@@ -21,8 +21,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's mlabench, installed or not
 
-from mlabench.results import Record, records_of  # noqa: E402
-from mlabench.tables import ColumnStyle, Table, best_ok, to_markdown  # noqa: E402
+from mlabench.records.record import Record  # noqa: E402
+from mlabench.records.store import records_of  # noqa: E402
+from mlabench.sweep.summary import best_ok  # noqa: E402
+from mlabench.tables.render import to_markdown  # noqa: E402
+from mlabench.tables.table import ColumnStyle, Table  # noqa: E402
 
 RUN = REPO / "results/h200/hopper-kernel/run-72fb349/run"
 CONTEXTS = (4096, 32768, 131072)

@@ -4,11 +4,11 @@ Modules here must import cheaply: optional libraries (AITER, FlashMLA) are probe
 :mod:`mlabench.extras` when a backend is asked whether it is available.
 """
 
-from mlabench.backends import aiter as _aiter  # noqa: F401
-from mlabench.backends import aiter_gluon as _aiter_gluon  # noqa: F401
+from mlabench.backends.aiter import asm_backend as _aiter  # noqa: F401
+from mlabench.backends.aiter import gluon_backend as _aiter_gluon  # noqa: F401
 from mlabench.backends import flashmla as _flashmla  # noqa: F401
 from mlabench.backends import gluon as _gluon  # noqa: F401
-from mlabench.backends import reference as _reference  # noqa: F401
+from mlabench.backends import torch_reference as _reference  # noqa: F401
 from mlabench.backends import triton as _triton  # noqa: F401
 from mlabench.backends.registry import available_backends, backend_names, get_backend, register
 

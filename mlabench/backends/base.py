@@ -26,7 +26,6 @@ from mlabench.errors import ConfigError
 from mlabench.inputs import MLADecodeInputs
 from mlabench.shapes import MLADecodeShape
 
-
 #: ``"split-kv"`` (flash decoding, a split count to choose), ``"persistent"`` (a grid sized to the GPU
 #: over a balanced work list, heads padded to a tile) or ``"reference"`` (the oracle).
 Family = Literal["split-kv", "persistent", "reference"]
@@ -37,7 +36,10 @@ class ParamSpec:
     """One parameter of a backend.
 
     ``kind`` is ``int`` or ``str``; ``choices`` lists the allowed strings; ``low``/``high`` bound
-    integers (inclusive).  ``default`` may be a callable ``shape -> value``.
+    integers (inclusive).  ``default`` may be a callable ``shape -> value``.  ``omit_default``: a
+    parameter added after runs were recorded, left out of the resolved parameters at its default,
+    so that those runs' records and point keys still pair with new ones (``diff``, the report,
+    ``tune --export``); the call still reports the value it ran in its effective parameters.
     """
 
     name: str
@@ -47,6 +49,7 @@ class ParamSpec:
     choices: tuple[str, ...] = ()
     low: int | None = None
     high: int | None = None
+    omit_default: bool = False
 
     def default_for(self, shape: MLADecodeShape) -> Any:
         return self.default(shape) if callable(self.default) else self.default
@@ -80,7 +83,7 @@ class PreparedCall:
       allocator are allowed (graph capture serves them from the graph's private pool, and a
       replay reuses them), and a backend whose ``fn`` does so says ``allocates_per_call``.  It
       reads q and the cache anew on every call: the correctness check writes its input sets into
-      them in place after ``prepare`` (:mod:`mlabench.verification`).
+      them in place after ``prepare`` (:mod:`mlabench.checks.input_sets`).
     - ``out``: the buffer ``fn`` writes (already poisoned with NaN by ``prepare``).
     - ``effective_params``: what actually runs (e.g. the split count a library picked).
     - ``setup_us``: untimed setup steps and their wall time, µs, keyed ``<step>_us``
@@ -95,7 +98,7 @@ class PreparedCall:
       lengths change in place and ``refresh`` runs (so ``fn`` may be captured and replayed).
     - ``split_starts``: per request, the first token of each piece of KV the call reduces
       separately (split, work-list segment), when the backend knows them; the correctness check
-      puts needle tokens at their edges (:mod:`mlabench.verification`).  None: not known.
+      puts needle tokens at their edges (:mod:`mlabench.checks.input_sets`).  None: not known.
     """
 
     fn: Callable[[], torch.Tensor]
@@ -161,7 +164,7 @@ class Backend(ABC):
         """Tokens of the tile a split is walked in, when a split's time steps with its whole tiles
         and its length is cut so that a split of ``k x tile`` tokens holds ``k`` tiles; None (the
         default) when not (e.g. splits of any token count).  Declaring it lets the tuner search the
-        whole-tile rule (:func:`mlabench.policy.whole_tile_splits`)."""
+        whole-tile rule (:func:`mlabench.policy.rules.whole_tile_splits`)."""
         return None
 
     # ---- parameters ------------------------------------------------------------------------------
@@ -169,14 +172,17 @@ class Backend(ABC):
         return tuple(p.name for p in self.params)
 
     def resolve_params(self, shape: MLADecodeShape, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Fill defaults and validate; unknown names raise :class:`ConfigError`."""
+        """Fill defaults and validate (a parameter with ``omit_default`` at its default is left
+        out); unknown names raise :class:`ConfigError`."""
         params = dict(params or {})
         unknown = sorted(set(params) - set(self.param_names()))
         if unknown:
             known = ", ".join(self.param_names()) or "none"
             raise ConfigError(f"{self.name}: unknown parameter {unknown[0]!r} (known: {known})")
-        return {p.name: p.validate(params[p.name]) if p.name in params else p.default_for(shape)
-                for p in self.params}
+        resolved = {p.name: p.validate(params[p.name]) if p.name in params else p.default_for(shape)
+                    for p in self.params}
+        return {p.name: resolved[p.name] for p in self.params
+                if not (p.omit_default and resolved[p.name] == p.default_for(shape))}
 
 
 def param_grid(backend: Backend, shape: MLADecodeShape, axes: dict[str, list[Any]],

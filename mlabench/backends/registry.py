@@ -31,13 +31,11 @@ def register(cls: type[Backend]) -> type[Backend]:
 
 def backend_names() -> list[str]:
     """Registered names in registration order."""
-    _load_builtin()
     return list(_REGISTRY)
 
 
 def get_backend(name: str) -> Backend:
     """The (cached) instance of backend ``name``; :class:`UnknownBackendError` if none."""
-    _load_builtin()
     if name not in _REGISTRY:
         raise UnknownBackendError(f"unknown backend {name!r}; known: {', '.join(_REGISTRY)}")
     if name not in _INSTANCES:
@@ -53,13 +51,7 @@ def available_backends() -> list[Backend]:
 def backend_packages() -> dict[str, tuple[str, ...]]:
     """Every registered backend's :attr:`~mlabench.backends.base.Backend.packages`, merged:
     manifest key -> distribution names (the first installed one counts)."""
-    _load_builtin()
     return {key: names for cls in _REGISTRY.values() for key, names in cls.packages.items()}
-
-
-def _load_builtin() -> None:
-    # Importing the package registers the built-in backends (each module decorates its classes).
-    import mlabench.backends  # noqa: F401
 
 
 def select_backends(names: list[str] | None, include_reference: bool = False, strict: bool = True,

@@ -12,16 +12,16 @@ from typing import Any
 import torch
 
 from mlabench.backends.base import Backend, ParamSpec, PreparedCall
-from mlabench.backends.common import HEAD_PADDING, NUM_KV_SPLITS, check_mla_dims, timed_us
 from mlabench.backends.registry import register
+from mlabench.backends.shared import HEAD_PADDING, NUM_KV_SPLITS, check_mla_dims, timed_us
 from mlabench.device import current_device, triton_interpreting
 from mlabench.errors import ConfigError
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.padding import HEAD_TILE, HeadPadder, padded_heads
 from mlabench.kernels.triton_launch import CUDA_LAUNCH, ROW_TILES, choose_rows_per_tile, row_tiles
+from mlabench.policy.split_choice import SplitChoice
 from mlabench.shapes import MLADecodeShape
-from mlabench.split_policy import SplitPolicy, heuristic_policy, load_split_policy
 
 NO_GPU_REASON = "no GPU: set TRITON_INTERPRET=1 to run it in Triton's CPU interpreter (slow)"
 #: Distributions that ship Triton: upstream, and the builds torch's ROCm and CUDA wheels pull in.
@@ -36,8 +36,6 @@ SPLIT_POLICY = ParamSpec(
          "refresh (a captured graph keeps the count of capture time). Without a file: vLLM's "
          "heuristic as a table. num_kv_splits is ignored in both policy modes",
 )
-#: The two policy modes of :data:`SPLIT_POLICY`.
-POLICY_MODES = ("host", "device")
 
 
 
@@ -58,7 +56,7 @@ class RowsPerTileSpec(ParamSpec):
 
 
 ROWS_PER_TILE = RowsPerTileSpec(
-    "rows_per_tile", str, default="16",
+    "rows_per_tile", str, default="16", omit_default=True,
     help="query rows (qo_len x heads, packed token-major) one program holds: 16 (default), 32 or "
          "64, each tile streaming the KV cache once; auto = the smallest that holds a request's "
          "rows, at most 64.  Default 16: on an H200 (results/h200/deploy/triton-rows/) the 32- and "
@@ -128,71 +126,6 @@ class _TritonBackend(Backend):
         return check_mla_dims(shape, "the project's Triton kernels")
 
 
-def parse_split_policy(text: str, num_sms: int) -> tuple[str, SplitPolicy | None]:
-    """``(mode, policy)`` of a :data:`SPLIT_POLICY` value: ``("fixed", None)`` for ``""``, else
-    ``("host" | "device", policy)`` read from the file after the colon, or vLLM's heuristic for
-    ``num_sms`` SMs when there is none.  Raises :class:`ConfigError` for another mode or a bad file."""
-    if not text:
-        return "fixed", None
-    mode, _, path = text.partition(":")
-    if mode not in POLICY_MODES:
-        raise ConfigError(f"split_policy must be empty, 'host[:FILE]' or 'device[:FILE]', got {text!r}")
-    return mode, load_split_policy(path) if path else heuristic_policy(num_sms)
-
-
-class SplitChoice:
-    """Where a split-KV call's split count comes from, from its ``split_policy`` parameter
-    (:data:`SPLIT_POLICY`), for the backends that take one (``triton-splitkv``, ``gluon-splitkv``).
-
-    ``grid_splits`` is the grid's split axis and the workspace's slots per request:
-    ``num_kv_splits``, or the policy's largest count for this batch size.  ``table`` is the
-    policy's int32 device table in ``device`` mode (None otherwise).  ``splits`` is the count the
-    next launch passes: fixed, or in ``host`` mode the count :meth:`refresh_fn` looks up from the
-    longest context at each refresh.  ``effective`` is the call's ``effective_params`` part, kept
-    current by that refresh.  Raises :class:`ConfigError` for a bad ``split_policy``.
-    """
-
-    def __init__(self, params: dict[str, Any], shape: MLADecodeShape, device: torch.device | str):
-        self.mode, self.policy = parse_split_policy(str(params.get("split_policy") or ""),
-                                                    current_device().num_sms)
-        self.batch = shape.batch
-        self.grid_splits = (int(params["num_kv_splits"]) if self.policy is None
-                            else self.policy.max_splits(shape.batch))
-        self.table = self.policy.device_table(shape.batch, device) if self.mode == "device" else None
-        self.splits = self.grid_splits
-        self.effective: dict[str, Any] = {"num_kv_splits": self.grid_splits}
-        if self.policy is not None:
-            self.effective.update(split_policy=self.mode, policy_source=self.policy.source)
-
-    def refresh_fn(self, cache_seqlens: torch.Tensor):
-        """In ``host`` mode the per-step refresh (run once now): one count for the step, looked up
-        from the longest of ``cache_seqlens``, as a server choosing it on the host does; else
-        None (the lengths are read on the device)."""
-        if self.mode != "host":
-            return None
-
-        def refresh() -> None:
-            self.splits = self.policy.lookup(self.batch, int(cache_seqlens.max()))
-            self.effective["num_kv_splits"] = self.splits
-
-        refresh()
-        return refresh
-
-    def counts(self, context_lens) -> list[int]:
-        """Splits each request of ``context_lens`` runs: its own policy count in ``device`` mode,
-        else the one count of the step."""
-        if self.mode == "device":
-            return [self.policy.lookup(self.batch, int(n)) for n in context_lens]
-        return [self.splits] * len(context_lens)
-
-    def split_starts(self, context_lens, align: int) -> list[list[int]]:
-        """First token of each non-empty split per request (splits rounded up to ``align``
-        tokens), what the correctness check places its needles at."""
-        from mlabench.kernels.splitkv_torch import split_starts
-
-        return [split_starts([n], c, align)[0] for n, c in zip(context_lens, self.counts(context_lens))]
-
-
 @register
 class TritonSplitKVBackend(_TritonBackend):
     """Two-stage split-KV Triton kernel (:func:`mlabench.kernels.splitkv.mla_decode_splitkv`).
@@ -238,7 +171,7 @@ class TritonSplitKVBackend(_TritonBackend):
         :data:`SPLITKV_TILE_TOKENS`; 16 for 64 rows, :data:`mlabench.kernels.triton_launch.CUDA_LAUNCH`):
         a split walks its tokens in those tiles, and its length, ``ceil(L / S)`` rounded up to 16
         tokens, is a whole number of tiles when ``ceil(L / S)`` is
-        (:func:`mlabench.policy.whole_tile_splits`).  None with a split policy (the count does not
+        (:func:`mlabench.policy.rules.whole_tile_splits`).  None with a split policy (the count does not
         come from ``num_kv_splits`` then)."""
         if params.get("split_policy"):
             return None

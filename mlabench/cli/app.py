@@ -15,7 +15,10 @@ import sys
 import typer
 
 from mlabench import __version__
-from mlabench.cli import diff, graphs, kernels, report, serve, tune
+from mlabench.cli import (
+    diff_command as diff, graph_check_command as graphs, kernel_commands as kernels, report_commands as report,
+    serve_commands as serve, tune_command as tune,
+)
 from mlabench.errors import ExitCode, MlabenchError
 
 app = typer.Typer(

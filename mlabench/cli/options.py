@@ -63,7 +63,7 @@ Resume = Annotated[Path | None, typer.Option(metavar="RUN", help="Resume this ru
 
 
 class OrderChoice(str, Enum):
-    """``--order``: the measuring order of a sweep (:mod:`mlabench.order`)."""
+    """``--order``: the measuring order of a sweep (:mod:`mlabench.sweep.order`)."""
 
     grid = "grid"
     shuffled = "shuffled"

@@ -11,14 +11,15 @@ import typer
 from rich.console import Console
 
 from mlabench.errors import ExitCode
-from mlabench.tables import Table, min_width, render, to_rich
+from mlabench.tables.render import min_width, render, to_rich
+from mlabench.tables.table import Table
 
 out = Console()
 err = Console(stderr=True)
 
 
 def print_wide(console: Console, rich_table: object) -> None:
-    """Print ``rich_table`` on ``console`` at least :func:`~mlabench.tables.min_width` wide, so that a
+    """Print ``rich_table`` on ``console`` at least :func:`~mlabench.tables.render.min_width` wide, so that a
     table that still does not fit runs past the edge rather than splitting its numbers and names.
     Rich's ``print(width=...)`` never exceeds the console's width, so a wider console writing to
     the same file, with the same colours, prints it."""

@@ -191,7 +191,7 @@ def policy_splits(seq_len, policy_ptr, cap, POLICY_ROWS: tl.constexpr):
     ``policy_ptr`` points at ``POLICY_ROWS`` int32 rows ``(max_context_len, num_kv_splits)``
     (row-major ``[POLICY_ROWS, 2]``, ``POLICY_ROWS`` a power of two): the count of the first row
     with ``seq_len <= max_context_len``, else of the last row, clamped to ``[1, cap]``.  The rule of
-    :meth:`mlabench.split_policy.SplitPolicy.lookup`.
+    :meth:`mlabench.policy.device_table.SplitPolicy.lookup`.
     """
     rows = tl.arange(0, POLICY_ROWS)
     max_len = tl.load(policy_ptr + 2 * rows)

@@ -32,7 +32,6 @@ and before the output product their latent rows in shared memory are zeroed
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -146,9 +145,9 @@ def _launch_dependents():
 def _policy_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps: gl.constexpr):
     """A request's split count from a policy table in device memory: ``POLICY_ROWS`` int32 rows
     ``(max_context_len, num_kv_splits)`` (a power of two of them, padded as
-    :meth:`mlabench.split_policy.SplitPolicy.device_table` pads), the count of the first row with
+    :meth:`mlabench.policy.device_table.SplitPolicy.device_table` pads), the count of the first row with
     ``seq_len <= max_context_len``, else of the last, clamped to ``[1, cap]``.  The rule of
-    :meth:`~mlabench.split_policy.SplitPolicy.lookup` and of the Triton kernels'
+    :meth:`~mlabench.policy.device_table.SplitPolicy.lookup` and of the Triton kernels'
     :func:`mlabench.kernels.common.policy_splits` (Gluon needs the layout spelled out)."""
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     rows = gl.arange(0, POLICY_ROWS, layout=lay)
@@ -309,6 +308,27 @@ def gluon_workspace_shapes(batch: int, rows: int, max_splits: int) -> tuple[tupl
     return (slots, rows, 512), (slots, rows)
 
 
+def _checked_rows(q, kv_cache, block_table, cache_seqlens, out, splits, partial_out, partial_lse,
+                  split_policy, qo_len) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed-row views ``[B, qo_len * H, D]`` of q and out after every argument check of
+    :func:`mla_decode_gluon_splitkv` (ValueError naming what is wrong)."""
+    from mlabench.kernels.common import check_decode_args, pack_rows
+    from mlabench.kernels.splitkv import check_policy_table
+
+    check_decode_args(q, kv_cache, block_table, cache_seqlens, out, qo_len)
+    batch, rows = block_table.shape[0], qo_len * q.shape[1]
+    if not 1 <= splits <= MAX_KV_SPLITS:
+        raise ValueError(f"num_kv_splits must be in 1..{MAX_KV_SPLITS}, got {splits}")
+    if q.dtype != kv_cache.dtype:
+        raise ValueError("q must have the cache's dtype")
+    o_shape, l_shape = gluon_workspace_shapes(batch, rows, splits)
+    if (partial_out.shape[0] < o_shape[0] or tuple(partial_out.shape[1:]) != o_shape[1:]
+            or partial_lse.shape[0] < l_shape[0] or partial_lse.shape[1] != rows):
+        raise ValueError(f"workspace too small for B={batch} rows={rows} splits={splits}")
+    check_policy_table(split_policy, q.device)
+    return pack_rows(q, batch, qo_len), pack_rows(out, batch, qo_len)
+
+
 def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                              cache_seqlens: torch.Tensor, out: torch.Tensor, num_kv_splits: int,
                              softmax_scale: float, *, partial_out: torch.Tensor,
@@ -325,49 +345,32 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
             ``b``'s ``qo_len x H`` rows are packed token-major (row ``t * H + h``) into tiles of up
             to 64 (:class:`RowTiling`), each tile streaming the request's pages once.
         kv_cache: ``[num_pages, 64, 1, 576]`` contiguous, q's dtype.
-        block_table: ``[B, max_pages]`` int32, unit last stride.  cache_seqlens: ``[B]`` int32,
-            each >= 1 (>= qo_len when causal), read on the device (a captured graph follows new
-            lengths).
+        block_table: ``[B, max_pages]`` int32.  cache_seqlens: ``[B]`` int32, each >= 1 (>= qo_len
+            when causal), read on the device (a captured graph follows new lengths).
         out: ``[B * qo_len, H, 512]`` in q's dtype, written in place and returned.
         num_kv_splits: S, 1..512: split ``s`` takes pages ``[s*P, (s+1)*P)``, ``P = ceil(pages/S)``;
             with ``split_policy`` the most splits any request may take (the grid's split axis).
         softmax_scale: multiplier of ``q . k``.
         partial_out / partial_lse: fp32 workspace of :func:`gluon_workspace_shapes` (or larger).
-        descriptors: from :func:`kv_descriptors` (built here when None; pass them when capturing).
-        num_stages: pages in the shared-memory ring (1 or 2 fit an H200).
-        pdl: 0: the merge is an ordinary launch; 1: a programmatic dependent launch that stage 1
-            releases at its start (merge programs wait, resident, while stage 1 streams); 2: one
-            that stage 1 releases after its token loop (the launch overlaps the epilogue).
+        descriptors: from :func:`kv_descriptors` (None: built here; pass them when capturing).
+        num_stages: pages in the shared-memory ring (1 or 2).
+        pdl: the merge launch: 0 ordinary; 1 programmatic dependent, released at stage 1's start;
+            2 released after stage 1's token loop (it overlaps the epilogue).
         merge_block_dv: output columns per merge program (None: sized to the GPU).
-        split_policy: None, or an int32 ``[R, 2]`` table of ``(max_context_len, num_kv_splits)``
-            rows on q's device, R a power of two
-            (:meth:`mlabench.split_policy.SplitPolicy.device_table`): request ``b`` then takes
-            ``min(lookup(cache_seqlens[b]), num_kv_splits)`` splits, looked up inside stage 1; its
-            other splits own no page and store a ``-inf`` log-sum-exp, which the merge weights 0.
-        qo_len: query tokens per request; causal: token ``t`` of the block sees the first
-            ``cache_seqlens[b] - qo_len + t + 1`` keys, else all of them.
+        split_policy: None, or the int32 ``[R, 2]`` table of
+            :meth:`mlabench.policy.device_table.SplitPolicy.device_table` on q's device: request
+            ``b`` takes ``min(lookup(cache_seqlens[b]), num_kv_splits)`` splits, looked up in stage
+            1; its other splits store only a ``-inf`` log-sum-exp, which the merge weights 0.
+        qo_len, causal: query tokens per request; causal: token ``t`` sees the first
+            ``cache_seqlens[b] - qo_len + t + 1`` keys, else all.
         stage1_only: skip the merge (for timing stage 1 alone; ``out`` is then not written).
 
     Returns ``out``.  Raises ValueError on bad layouts, split counts, tables or workspace sizes.
     """
-    from mlabench.kernels.common import check_decode_args, pack_rows
-    from mlabench.kernels.splitkv import check_policy_table
-
-    check_decode_args(q, kv_cache, block_table, cache_seqlens, out, qo_len)
-    batch, heads = block_table.shape[0], q.shape[1]
-    splits = int(num_kv_splits)
-    if not 1 <= splits <= MAX_KV_SPLITS:
-        raise ValueError(f"num_kv_splits must be in 1..{MAX_KV_SPLITS}, got {num_kv_splits}")
-    if q.dtype != kv_cache.dtype:
-        raise ValueError("q must have the cache's dtype")
-    q_rows, out_rows = pack_rows(q, batch, qo_len), pack_rows(out, batch, qo_len)
-    rows = qo_len * heads
-    o_shape, l_shape = gluon_workspace_shapes(batch, rows, splits)
-    if (partial_out.shape[0] < o_shape[0] or tuple(partial_out.shape[1:]) != o_shape[1:]
-            or partial_lse.shape[0] < l_shape[0] or partial_lse.shape[1] != rows):
-        raise ValueError(f"workspace too small for B={batch} rows={rows} splits={splits}")
-    check_policy_table(split_policy, q.device)
-    tiling = RowTiling.for_rows(rows)
+    batch, heads, splits = block_table.shape[0], q.shape[1], int(num_kv_splits)
+    rows, tiling = qo_len * heads, RowTiling.for_rows(qo_len * q.shape[1])
+    q_rows, out_rows = _checked_rows(q, kv_cache, block_table, cache_seqlens, out, splits,
+                                     partial_out, partial_lse, split_policy, qo_len)
     kvn_desc, kvr_desc = descriptors or kv_descriptors(kv_cache)
     _gluon_splitkv_stage1[(batch * tiling.row_tiles, splits)](
         q_rows, kvn_desc, kvr_desc, block_table, cache_seqlens,
@@ -380,47 +383,9 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
         PDL=0 if stage1_only else int(pdl), num_warps=tiling.num_warps,
     )
     if not stage1_only:
-        from mlabench.kernels.wide_merge import wide_merge
-
         from mlabench.device import current_device
+        from mlabench.kernels.wide_merge import wide_merge
 
         wide_merge(partial_out, partial_lse, out_rows, splits, block_dv=merge_block_dv,
                    num_sms=current_device().num_sms, pdl=bool(pdl))
     return out
-
-
-def compile_stage1_sm90(num_stages: int = DEFAULT_NUM_STAGES, dtype: str = "bf16", *,
-                        block_rows: int = 16, qo_len: int = 1, causal: bool = False,
-                        policy_rows: int = 0):
-    """Compile stage 1 for sm_90 without a GPU (Triton bundles ptxas) and return Triton's
-    compiled kernel: ``.asm["ptx"]``, ``.asm["ttgir"]``, ``.metadata.shared`` (bytes), ``.n_regs``
-    and ``.n_spills`` where this Triton reports them.  ``block_rows`` 16, 32 or 64 compiles the
-    variant :class:`RowTiling` launches for that tile (4 warps, or 8 for 64).  For the resource
-    report in docs/PERFORMANCE.md and the CPU tests; run it in a process where Triton's
-    interpreter has not run (the interpreter patches the language module it shares with Gluon).
-    """
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    elem = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
-    num_warps = RowTiling.for_rows(block_rows).num_warps
-
-    def desc(width: int) -> str:
-        layout = gl.NVMMASharedLayout.get_default_for([PAGE_SIZE, width], elem)
-        return f"tensordesc<{dtype}[{PAGE_SIZE}, {width}],{layout!r}>"
-
-    sig = {"q_ptr": f"*{dtype}", "kvn_desc": desc(512), "kvr_desc": desc(64),
-           "bt_ptr": "*i32", "seqlens_ptr": "*i32", "policy_ptr": "*i32", "po_ptr": "*fp32",
-           "plse_ptr": "*fp32", "num_splits": "i32", "num_rows": "i32", "heads_per_token": "i32",
-           "qk_scale_log2": "fp32"}
-    sig |= {n: "i32" for n in ("stride_qb", "stride_qh", "stride_btb", "stride_ps", "stride_ph",
-                               "stride_ls")}
-    consts = {"BLOCK_R": block_rows, "ROW_TILES": 1, "QO_LEN": qo_len, "CAUSAL": causal,
-              "POLICY_ROWS": policy_rows, "NUM_STAGES": num_stages, "PDL": 1,
-              "num_warps": num_warps}
-    sig |= {n: "constexpr" for n in consts}
-    # what Triton's launcher would specialise: 16-byte aligned pointers and strides
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
-             if t.startswith("*") or n.startswith("stride")}
-    src = GluonASTSource(fn=_gluon_splitkv_stage1, signature=sig, attrs=attrs, constexprs=consts)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})

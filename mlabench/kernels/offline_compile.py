@@ -22,6 +22,7 @@ from pathlib import Path
 
 import triton
 
+from mlabench.kernels.row_tiling import RowTiling
 from mlabench.kernels.triton_launch import ROW_TILES, default_launch_for
 
 #: Kernel arguments that are never a multiple of 16 in the kimi-k3 layout (12 heads): Triton's
@@ -156,6 +157,49 @@ def stage1_resources(kernel: str, rows_per_tile: int, *, target: str = "sm90",
         spills = int(re.search(r"\.vgpr_spill_count:\s*(\d+)", amdgcn).group(1))
     return StageResources(kernel, target, rows_per_tile, tuple(launch), regs, spills,
                           int(compiled.metadata.shared), loop_spills)
+
+
+def compile_stage1_sm90(num_stages: int | None = None, dtype: str = "bf16", *,
+                        block_rows: int = 16, qo_len: int = 1, causal: bool = False,
+                        policy_rows: int = 0):
+    """Compile gluon-splitkv's stage 1 for sm_90 without a GPU (Triton bundles ptxas) and return
+    Triton's compiled kernel: ``.asm["ptx"]``, ``.asm["ttgir"]``, ``.asm["cubin"]``,
+    ``.metadata.shared`` (bytes).  ``num_stages`` None: the kernel's default ring depth.
+    ``block_rows`` 16, 32 or 64 compiles the variant :class:`RowTiling` launches for that tile
+    (4 warps for 16 rows, 8 for 32 and 64).  For the resource
+    report in docs/PERFORMANCE.md and the CPU tests; run it in a process where Triton's
+    interpreter has not run (the interpreter patches the language module it shares with Gluon).
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from mlabench.kernels.gluon_splitkv import DEFAULT_NUM_STAGES, PAGE_SIZE, _gluon_splitkv_stage1
+
+    num_stages = num_stages or DEFAULT_NUM_STAGES
+
+    elem = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    num_warps = RowTiling.for_rows(block_rows).num_warps
+
+    def desc(width: int) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for([PAGE_SIZE, width], elem)
+        return f"tensordesc<{dtype}[{PAGE_SIZE}, {width}],{layout!r}>"
+
+    sig = {"q_ptr": f"*{dtype}", "kvn_desc": desc(512), "kvr_desc": desc(64),
+           "bt_ptr": "*i32", "seqlens_ptr": "*i32", "policy_ptr": "*i32", "po_ptr": "*fp32",
+           "plse_ptr": "*fp32", "num_splits": "i32", "num_rows": "i32", "heads_per_token": "i32",
+           "qk_scale_log2": "fp32"}
+    sig |= {n: "i32" for n in ("stride_qb", "stride_qh", "stride_btb", "stride_ps", "stride_ph",
+                               "stride_ls")}
+    consts = {"BLOCK_R": block_rows, "ROW_TILES": 1, "QO_LEN": qo_len, "CAUSAL": causal,
+              "POLICY_ROWS": policy_rows, "NUM_STAGES": num_stages, "PDL": 1,
+              "num_warps": num_warps}
+    sig |= {n: "constexpr" for n in consts}
+    # what Triton's launcher would specialise: 16-byte aligned pointers and strides
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
+             if t.startswith("*") or n.startswith("stride")}
+    src = GluonASTSource(fn=_gluon_splitkv_stage1, signature=sig, attrs=attrs, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
 def main() -> None:

@@ -117,9 +117,8 @@ def mla_decode_persistent(q: torch.Tensor, kv_cache: torch.Tensor, block_table: 
         partial_out / partial_lse: workspace from :func:`alloc_persistent_workspace`.
         block_n, num_warps, num_stages: tile tokens and Triton launch options (None: the
             defaults of :func:`mlabench.kernels.common.default_launch`).
-        qo_len, causal: query tokens per request and their mask, as
-            :func:`mlabench.kernels.splitkv.mla_decode_splitkv` takes them; the partials hold
-            ``qo_len * Hp`` rows per slot.
+        qo_len, causal: as :func:`mlabench.kernels.splitkv.mla_decode_splitkv` takes them; the
+            partials hold ``qo_len * Hp`` rows per slot.
         rows_per_tile: 16, 32 or 64 rows per program, as
             :func:`mlabench.kernels.splitkv.mla_decode_splitkv` takes it (None: the smallest that
             holds ``qo_len * Hp`` rows, at most 64; 16 for one token of up to 16 heads).

@@ -139,7 +139,7 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
             :func:`mlabench.kernels.common.default_launch` for the row tile.
         split_policy: None (every request runs ``num_kv_splits`` splits), or an int32 ``[R, 2]``
             table of ``(max_context_len, num_kv_splits)`` rows on q's device, ``R`` a power of two
-            (:meth:`mlabench.split_policy.SplitPolicy.device_table`): request ``b`` then runs
+            (:meth:`mlabench.policy.device_table.SplitPolicy.device_table`): request ``b`` then runs
             ``min(lookup(cache_seqlens[b]), num_kv_splits)`` splits, looked up on the device.
         qo_len: query tokens per request; causal: each sees the prefix and the block tokens up to
             itself (:func:`mlabench.kernels.common.causal_row_limits`; one whose limit is 0 gets

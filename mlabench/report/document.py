@@ -1,7 +1,7 @@
 """A report as a list of blocks, and its two renderers: GitHub markdown and one self-contained HTML
 file.
 
-Blocks hold data (tables keep raw numbers until :func:`mlabench.tables.fmt` formats them), so the
+Blocks hold data (tables keep raw numbers until :func:`mlabench.tables.table.fmt` formats them), so the
 markdown a reviewer pastes and the HTML page show the same numbers.
 """
 
@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from mlabench.plots import style
-from mlabench.tables import Table, fmt, to_markdown
+from mlabench.report.figures import style
+from mlabench.tables.render import to_markdown
+from mlabench.tables.table import Table, fmt
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Missing:
 
 @dataclass
 class TableBlock:
-    """A :class:`mlabench.tables.Table`; its numbers are rounded by column when rendered."""
+    """A :class:`mlabench.tables.table.Table`; its numbers are rounded by column when rendered."""
 
     table: Table
 

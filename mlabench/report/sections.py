@@ -8,13 +8,15 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from mlabench.plots import FigureSpec, Skipped, style
+from mlabench.records.record import Record
 from mlabench.report.document import Block, Bullets, Code, FigureBlock, Heading, Missing, Para, TableBlock
-from mlabench.report.tuning import config_row
-from mlabench.results import Record
-from mlabench.sentinel import health_notes
-from mlabench.tables import Table, compare_table, sweep_summary
-from mlabench.visits import DEFAULT_VISIT_REL_SE
+from mlabench.report.figures import style
+from mlabench.report.figures.plan import FigureSpec, Skipped
+from mlabench.report.tuning_sections import config_row
+from mlabench.sweep.sentinel import health_notes
+from mlabench.sweep.summary import compare_table, sweep_summary
+from mlabench.sweep.visits import DEFAULT_VISIT_REL_SE
+from mlabench.tables.table import Table
 
 
 def _figures(specs: Sequence[FigureSpec], *kinds: str) -> list[Block]:

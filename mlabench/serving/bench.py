@@ -22,9 +22,8 @@ from typing import Callable, Iterator
 
 from pydantic import ValidationError
 
-from mlabench.configfile import validation_line
 from mlabench.errors import ConfigError, ServerError
-from mlabench.files import append_text, make_dir, read_json, read_text, write_text
+from mlabench.files import append_text, make_dir, read_json, read_text, validation_line, write_text
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.lifecycle import (
     ManagedServer, log_tail, require_launchable, require_reachable, served_model, stop_group,

@@ -16,13 +16,10 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from mlabench.configfile import config_file, read_toml, validation_line
 from mlabench.errors import ConfigError
-from mlabench.files import read_text
+from mlabench.files import config_file, read_text, read_toml, validation_line
 
 VLLM_BIN_ENV = "MLABENCH_VLLM_BIN"
 _UNEXPANDED = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")

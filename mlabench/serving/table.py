@@ -8,7 +8,7 @@ table not ok (the CLI then exits non-zero).
 Speedup = baseline TPOT / variant TPOT (same statistic, same concurrency): above 1 is faster.
 
 :class:`ServeTable` is the data; :func:`tpot_table` and :func:`tpot_markdown_table` lay it out as
-:class:`mlabench.tables.Table` for the one set of renderers (:func:`view` picks the layout).
+:class:`mlabench.tables.table.Table` for the one set of renderers (:func:`view` picks the layout).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from mlabench.files import write_text
 from mlabench.serving.config import ServeConfig
 from mlabench.serving.results import SEVERITY, BenchResult, Status
-from mlabench.tables import ColumnStyle, Table, to_json, to_markdown
+from mlabench.tables.render import to_json, to_markdown
+from mlabench.tables.table import ColumnStyle, Table
 
 Stat = Literal["mean", "median", "p99"]
 

@@ -2,7 +2,7 @@
 libraries whose kernels follow their metadata as the real ones do: the fake decode takes each
 request's token range from the schedule it is given (FlashMLA's ``num_splits``, AITER's work
 metadata, the page-size-1 ``kv_indptr``), not from ``cache_seqlens``.  The AITER fakes are the
-ones generated from the AITER manifest (tests/backends/aiter_fakes.py), with the persistent
+ones generated from the AITER manifest (tests/backends/aiter/fakes.py), with the persistent
 decode made to follow its work metadata.  Stale metadata then gives a
 wrong output, as it does on a GPU (a captured flashmla call went stale: max abs error 0.09).
 
@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from mlabench.backends import get_backend
+from mlabench.checks.verdict import compare_outputs
 from mlabench.errors import UnsupportedShapeError
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.shapes import MLADecodeShape
-from mlabench.verdict import compare_outputs
 from tests.backends.fakes import csr_attention, install, module
 
 LENS = (100, 64, 3)
@@ -89,7 +89,7 @@ def schedule_following(fake) -> None:
     """Make the generated fake AITER's persistent decode take its token ranges from the work
     metadata (``get_mla_metadata_v1`` records ``kv_indptr`` in ``work_info_set``), as the real
     kernel follows its work list; the Gluon decode already reads ``seq_info``, the layout."""
-    from tests.backends import aiter_fakes
+    from tests.backends.aiter import fakes as aiter_fakes
 
     def metadata(fake, a):
         aiter_fakes.BEHAVIOURS["metadata"](fake, a)
@@ -151,7 +151,7 @@ def test_flashmla_without_hoisting_refills_eagerly_and_is_not_graph_safe(monkeyp
 @pytest.mark.parametrize("name", ["aiter-asm", "aiter-gluon"])
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_aiter_refresh_rewrites_layout_and_metadata_in_place(monkeypatch, tmp_path, name, page_size):
-    from tests.backends.aiter_fakes import install_fake_aiter
+    from tests.backends.aiter.fakes import install_fake_aiter
 
     schedule_following(install_fake_aiter(monkeypatch, tmp_path, "v0.1.20"))
     res = check_refresh(name, {}, page_size)
@@ -161,7 +161,7 @@ def test_aiter_refresh_rewrites_layout_and_metadata_in_place(monkeypatch, tmp_pa
 def test_aiter_gluon_refresh_refuses_lengths_below_its_min_kv_seq_len(monkeypatch, tmp_path):
     """min_kv_seq_len is chosen on the host at prepare (AITER takes it as the shortest context):
     a step with a shorter context breaks AITER's contract, so refresh says so."""
-    from tests.backends.aiter_fakes import install_fake_aiter
+    from tests.backends.aiter.fakes import install_fake_aiter
 
     install_fake_aiter(monkeypatch, tmp_path, "v0.1.20")
     backend = get_backend("aiter-gluon")

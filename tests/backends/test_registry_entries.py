@@ -37,7 +37,7 @@ def test_param_defaults_and_validation():
 
 
 def test_import_does_not_touch_optional_packages():
-    code = ("import sys, mlabench.backends.aiter, mlabench.backends.flashmla; "
+    code = ("import sys, mlabench.backends.aiter.asm_backend, mlabench.backends.flashmla; "
             "print([m for m in ('aiter', 'flash_mla') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

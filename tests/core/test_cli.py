@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from mlabench import cli
 from mlabench.cli.app import GROUPS
-from mlabench.sweep import default_sweep_config
+from mlabench.sweep.config import default_sweep_config
 
 
 def run(args, monkeypatch, capsys):
@@ -48,7 +48,7 @@ def test_check_passes_for_kimi_k3_tp8():
 
 
 def test_check_fails_with_exit_1_on_a_wrong_backend(monkeypatch, capsys):
-    from mlabench.backends import reference
+    from mlabench.backends import torch_reference as reference
 
     real = reference.mla_decode_splitkv_torch
     monkeypatch.setattr(reference, "mla_decode_splitkv_torch", lambda *a, **k: real(*a, **k).mul_(1.1))
@@ -60,7 +60,7 @@ def test_check_fails_with_exit_1_on_a_wrong_backend(monkeypatch, capsys):
 
 def test_check_names_the_needle_a_backend_drops(monkeypatch, capsys):
     """A split-KV that loses each request's last token: the failing row says which needle it lost."""
-    from mlabench.backends import reference
+    from mlabench.backends import torch_reference as reference
 
     real = reference.mla_decode_splitkv_torch
 
@@ -79,16 +79,16 @@ def test_check_names_the_needle_a_backend_drops(monkeypatch, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's default sweep; a GPU's is the full Kimi K3 "
                     "sweep (minutes)")
 def test_default_sweep_runs_on_cpu_and_says_so(tmp_path, monkeypatch, capsys):
-    from mlabench import sweep
-    from mlabench.timing import TimingConfig
+    from mlabench.measure.timing import TimingConfig
+    from mlabench.sweep import config
 
-    real = sweep.default_sweep_config
+    real = config.default_sweep_config
 
     def quicker(device=None):
         return real(device).model_copy(update={"timing": TimingConfig(warmup_iters=0, min_samples=3,
                                                                       max_samples=3)})
 
-    monkeypatch.setattr(sweep, "default_sweep_config", quicker)
+    monkeypatch.setattr(config, "default_sweep_config", quicker)
     code, out, err = run(["sweep", "--results-dir", str(tmp_path), "--json"], monkeypatch, capsys)
     assert code == 0, err
     assert "No GPU found: running a small CPU sweep" in err
@@ -250,7 +250,7 @@ def test_heads_axis_from_the_cli(tmp_path, monkeypatch, capsys):
                           "--budget-s", "0.05", "--results-dir", str(tmp_path), "--json"], monkeypatch, capsys)
     assert code == 0, err
     (run_dir,) = list(tmp_path.iterdir())
-    from mlabench.results import ResultStore
+    from mlabench.records.store import ResultStore
 
     heads_by_backend: dict[str, list[int]] = {}
     for r in ResultStore(run_dir).records():  # one backend on a CPU, the GPU kernels on a GPU
@@ -277,10 +277,10 @@ def test_compare_from_filters_and_refuses_mixed_devices(tmp_path, monkeypatch, c
 
 
 def test_ctrl_c_says_how_to_resume(tmp_path, monkeypatch, capsys):
-    from mlabench import measure
+    from mlabench.sweep import point
 
     calls = {"n": 0}
-    real = measure.ShapeBench.run
+    real = point.ShapeBench.run
 
     def interrupt_second_point(self, *a, **k):
         calls["n"] += 1
@@ -288,12 +288,12 @@ def test_ctrl_c_says_how_to_resume(tmp_path, monkeypatch, capsys):
             raise KeyboardInterrupt
         return real(self, *a, **k)
 
-    monkeypatch.setattr(measure.ShapeBench, "run", interrupt_second_point)
+    monkeypatch.setattr(point.ShapeBench, "run", interrupt_second_point)
     code, _, err = run(["sweep", "--heads", "12", "--backend", "torch-splitkv", "--batch", "1", "--context", "32",
                         "--splits", "1,2", "--budget-s", "0.05", "--results-dir", str(tmp_path)], monkeypatch, capsys)
     (run_dir,) = list(tmp_path.iterdir())
     assert code == 130 and f"continue with: mlabench sweep --resume {run_dir}" in err
-    monkeypatch.setattr(measure.ShapeBench, "run", real)
+    monkeypatch.setattr(point.ShapeBench, "run", real)
     code, _, err = run(["sweep", "--resume", str(run_dir)], monkeypatch, capsys)
     assert code == 0 and "1 of 2 points already recorded" in err
 
@@ -388,8 +388,9 @@ def test_check_shows_progress_and_compare_says_where_its_results_went(tmp_path, 
 
 
 def test_the_sweep_reports_progress_before_its_first_point(tmp_path):
-    from mlabench.sweep import SweepConfig, run_sweep
-    from mlabench.timing import TimingConfig
+    from mlabench.measure.timing import TimingConfig
+    from mlabench.sweep.config import SweepConfig
+    from mlabench.sweep.run import run_sweep
 
     calls = []
     cfg = SweepConfig(heads=[12], backends=["torch-splitkv"], batch=[1], context_lens=[16], page_size=16,

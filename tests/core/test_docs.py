@@ -59,7 +59,7 @@ def test_the_link_pattern_finds_links_and_a_missing_target_is_caught(tmp_path):
 
 def test_readme_h200_tables_are_the_scripts_output():
     # The checkout goes before the inherited path, not instead of it: the GPU image finds pydantic on
-    # PYTHONPATH (/tmp/site), and without it the script dies importing mlabench.results.
+    # PYTHONPATH (/tmp/site), and without it the script dies importing mlabench.records.store.
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "h200_readme_tables.py")], cwd=REPO,
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})

@@ -3,12 +3,12 @@ import math
 import pytest
 import torch
 
+from mlabench.checks.verdict import compare_outputs
 from mlabench.errors import OutOfMemoryError
 from mlabench.inputs import SPARE_PAGES, check_fits, make_inputs
 from mlabench.kernels.reference import gather_kv, mla_decode_reference
 from mlabench.kernels.splitkv_torch import mla_decode_splitkv_torch, split_starts
 from mlabench.shapes import MLADecodeShape
-from mlabench.verdict import compare_outputs
 
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])

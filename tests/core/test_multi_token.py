@@ -14,7 +14,7 @@ from mlabench.errors import ShapeError
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import mla_decode_reference, visible_keys
 from mlabench.kernels.splitkv_torch import mla_decode_splitkv_torch
-from mlabench.results import point_key
+from mlabench.records.record import point_key
 from mlabench.shapes import MLADecodeShape
 
 FIXTURE = Path(__file__).parent.parent / "report" / "fixtures" / "h200-kimi-k3-tp8"
@@ -138,15 +138,16 @@ def test_torch_splitkv_matches_the_reference(qo_len, causal, splits):
 
 # ---- verification input sets with several query tokens ----------------------------------------
 def test_needles_belong_to_query_tokens_that_see_them():
+    from mlabench.backends.shared import likely_split_starts
+    from mlabench.checks.input_sets import VerificationCase, make_case, with_reference
     from mlabench.kernels.reference import gather_kv
-    from mlabench.verification import VerificationCase, make_case, split_starts_for, with_reference
 
     s = MLADecodeShape.create(num_heads=4, context_lens=(4, 130), qo_len=4, page_size=16)
     x = make_inputs(s, device="cpu", seed=6)
     random = with_reference(VerificationCase("random"), x)
     assert random.reference.shape == (8, 4, 512) and random.qo_len == 4
     for name in ("needles", "peaky"):
-        case = make_case(name, x, random, split_starts_for(s.context_lens, {"num_kv_splits": 3}, None))
+        case = make_case(name, x, random, likely_split_starts(s.context_lens, 3))
         assert {n.query for n in case.needles} == {0, 1, 2, 3}
         for n in case.needles:  # a causal token t of 4 sees L - 4 + t + 1 keys
             assert n.token < s.context_lens[n.request] - 4 + n.query + 1, n
@@ -190,8 +191,8 @@ def _mutant(mask_error: str):
 def test_a_wrong_causal_mask_fails_the_check(mask_error):
     """On check's ragged batch (the shortest request holds just the block) a kernel that ignores
     the causal mask, or stops one key short, is found wrong."""
-    from mlabench.check import default_check_shapes
-    from mlabench.measure import ShapeBench
+    from mlabench.sweep.check import default_check_shapes
+    from mlabench.sweep.point import ShapeBench
 
     ragged = default_check_shapes(4, None, page_size=16, qo_len=4)[1]
     small = MLADecodeShape.create(**{**ragged.model_dump(), "context_lens": (4, 100, 300)})

@@ -8,12 +8,13 @@ import json
 import pytest
 
 from mlabench.backends import get_backend
-from mlabench.compare import path_winner, recorded_records, winners_table
 from mlabench.errors import ConfigError
-from mlabench.results import ResultStore, point_key
-from mlabench.sweep import SweepConfig, expand, load_sweep_config, run_sweep
-from mlabench.tables import compare_table, sweep_summary
-from mlabench.timing import TimingConfig
+from mlabench.measure.timing import TimingConfig
+from mlabench.records.record import point_key
+from mlabench.sweep.compare import path_winner, recorded_records, winners_table
+from mlabench.sweep.config import SweepConfig, expand, load_sweep_config
+from mlabench.sweep.run import run_sweep
+from mlabench.sweep.summary import compare_table, sweep_summary
 from tests.core.test_cli import run
 
 FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
@@ -126,8 +127,8 @@ def test_compare_from_filters_by_qo_len(tmp_path, monkeypatch, capsys):
 
 # ---- tune and graph-check --------------------------------------------------------------------------
 def test_tune_shapes_carry_qo_len(tmp_path):
-    from mlabench.studies import study_name
-    from mlabench.tune import Bucket, load_tune_config, shape_dims, tune_shape
+    from mlabench.tune.space import Bucket, load_tune_config, shape_dims, tune_shape
+    from mlabench.tune.studies import study_name
 
     sweep = tmp_path / "s.toml"
     sweep.write_text('heads = [12]\ncontext_lens = [1024, 4096]\nqo_len = [2]\ncausal = false\n')
@@ -144,7 +145,7 @@ def test_tune_shapes_carry_qo_len(tmp_path):
 
 
 def test_graph_check_capture_length_holds_a_causal_block():
-    from mlabench.graphcheck import GraphCheckConfig
+    from mlabench.checks.graph_check import GraphCheckConfig
 
     GraphCheckConfig(qo_len=4, capture_len=4).validate()
     GraphCheckConfig(qo_len=4, capture_len=1, causal=False).validate()

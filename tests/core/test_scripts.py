@@ -67,9 +67,9 @@ def test_hopper_kernel_script_writes_a_run_folder_that_compare_and_plot_read(tmp
 
     from mlabench.backends import get_backend
     from mlabench.errors import ResultsError
-    from mlabench.measure import ShapeBench
+    from mlabench.measure.timing import TimingConfig
     from mlabench.shapes import MLADecodeShape
-    from mlabench.timing import TimingConfig
+    from mlabench.sweep.point import ShapeBench
 
     script = load_hopper_script()
     args = script.argparse.Namespace(batch_n=2, contexts_b1=[64, 128], contexts_bn=[64], point_budget_s=0.01)

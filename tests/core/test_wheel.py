@@ -55,7 +55,7 @@ def run(installed, *args):
 
 
 def test_the_installed_package_is_the_wheel(installed):
-    r = run(installed, "python", "-c", "import mlabench, mlabench.configfile as c; print(mlabench.__file__); "
+    r = run(installed, "python", "-c", "import mlabench, mlabench.files as c; print(mlabench.__file__); "
                                        "print(c.configs_dir())")
     assert r.returncode == 0, r.stderr
     module, configs = r.stdout.split()

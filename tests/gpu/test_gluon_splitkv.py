@@ -10,8 +10,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 def _backend():
-    from mlabench.backends import get_backend
-    from mlabench.backends import gluon as _gluon  # noqa: F401  (registers gluon-splitkv)
+    from mlabench.backends import get_backend, gluon as _gluon  # noqa: F401  (registers gluon-splitkv)
 
     backend = get_backend("gluon-splitkv")
     ok, why = backend.available()
@@ -69,8 +68,8 @@ def test_graph_follows_new_lengths():
 def test_passes_every_input_set_on_poisoned_inputs(splits):
     """NaN in every page tail and padding page, needles at its page-granular split edges, the
     peaky and the flat sets: the check ``check`` and ``sweep`` take."""
-    from mlabench.measure import ShapeBench
     from mlabench.shapes import MLADecodeShape
+    from mlabench.sweep.point import ShapeBench
 
     backend = _backend()
     shape = MLADecodeShape.create(num_heads=12, context_lens=(1, 1000, 4096, 777), page_size=64)

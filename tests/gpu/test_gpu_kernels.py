@@ -23,8 +23,8 @@ def test_multi_token_bf16_matches_fp32(backend, qo_len, causal):
     """Speculative verify / MTP in bf16: a ragged batch whose shortest request holds just the
     block, every split count; refused shapes must say why."""
     from mlabench.backends import get_backend
-    from mlabench.check import run_check
     from mlabench.shapes import MLADecodeShape
+    from mlabench.sweep.check import run_check
 
     if not get_backend(backend).available()[0]:
         pytest.skip(get_backend(backend).available()[1])
@@ -76,9 +76,9 @@ def test_splitkv_graph_follows_new_lengths():
 
 
 def test_persistent_graph_with_work_list_follows_new_lengths():
+    from mlabench.device import current_device
     from mlabench.kernels.padding import pad_heads
     from mlabench.kernels.persistent import alloc_persistent_workspace, mla_decode_persistent
-    from mlabench.device import current_device
 
     x = _ragged_inputs()
     q16 = pad_heads(x.q, 16, "zero")

@@ -18,9 +18,10 @@ pytestmark = [pytest.mark.gpu,
 
 
 def test_read_bandwidth_is_above_copy_and_below_the_datasheet():
-    from mlabench.bandwidth import (datasheet_bandwidth_tbps, measure_copy_bandwidth_tbps,
-                                    measure_read_bandwidth_tbps)
     from mlabench.device import current_device
+    from mlabench.measure.bandwidth import (
+        datasheet_bandwidth_tbps, measure_copy_bandwidth_tbps, measure_read_bandwidth_tbps,
+    )
 
     read, copy = measure_read_bandwidth_tbps(), measure_copy_bandwidth_tbps()
     assert read > 0.9 * copy
@@ -35,9 +36,9 @@ def test_a_replay_holds_the_planned_work_and_per_call_time_is_flat():
     (a few µs) is 0.2% of 64 calls of ~30 µs, while a miscount of one pass over the 4 copies
     moves the ratio of the two by 4.6%, past the 2% allowed."""
     from mlabench.backends import get_backend
-    from mlabench.measure import ShapeBench
+    from mlabench.measure.timing import TimingConfig
     from mlabench.shapes import MLADecodeShape
-    from mlabench.timing import TimingConfig
+    from mlabench.sweep.point import ShapeBench
 
     backend = get_backend("triton-splitkv")
     bench = ShapeBench(MLADecodeShape.uniform(1, 32768, 12, page_size=64), TimingConfig(eager=False))
@@ -56,9 +57,9 @@ def test_samples_taken_from_several_captures_in_turn():
     """``graph_captures`` graphs are held and replayed in turn; each replays the same work, so the
     per-call time stays within 3% of one graph's (FlashMLA's two speeds aside)."""
     from mlabench.backends import get_backend
-    from mlabench.measure import ShapeBench
+    from mlabench.measure.timing import TimingConfig, time_calls
     from mlabench.shapes import MLADecodeShape
-    from mlabench.timing import TimingConfig, time_calls
+    from mlabench.sweep.point import ShapeBench
 
     bench = ShapeBench(MLADecodeShape.uniform(1, 32768, 12, page_size=64), TimingConfig(eager=False))
     fns = [get_backend("triton-splitkv").prepare(x, {"num_kv_splits": 64}).fn for x in bench.inputs]
@@ -72,8 +73,8 @@ def test_samples_taken_from_several_captures_in_turn():
 
 
 def test_warm_up_reads_the_clocks():
-    from mlabench.steady import warm_up
-    from mlabench.timing import TimingConfig
+    from mlabench.measure.steady import warm_up
+    from mlabench.measure.timing import TimingConfig
 
     s = warm_up(TimingConfig(steady_min_s=1.0, steady_max_s=10.0))
     assert s.elapsed_s >= 1.0 and (s.steady is None or s.sm_clock_mhz > 0)

@@ -24,11 +24,11 @@ VARIANTS = {"triton-splitkv": [{"split_policy": "device"}, {"split_policy": "hos
 
 @pytest.mark.parametrize("name", backend_names())
 def test_graph_replayed_after_refresh_follows_new_lengths(name):
+    from mlabench.checks.verdict import compare_outputs
     from mlabench.inputs import make_inputs
     from mlabench.kernels.reference import mla_decode_reference
+    from mlabench.measure.timing import capture_graph
     from mlabench.shapes import MLADecodeShape
-    from mlabench.timing import capture_graph
-    from mlabench.verdict import compare_outputs
 
     backend = get_backend(name)
     ok, why = backend.available()

@@ -118,7 +118,7 @@ def test_backend_says_why_not_here_and_which_shapes():
 _COMPILE = """
 import json, os, subprocess, sys, tempfile
 import triton
-from mlabench.kernels.gluon_splitkv import compile_stage1_sm90
+from mlabench.kernels.offline_compile import compile_stage1_sm90
 k = compile_stage1_sm90(int(sys.argv[1]), block_rows=int(sys.argv[2]), qo_len=int(sys.argv[3]),
                         causal=sys.argv[4] == "1", policy_rows=int(sys.argv[5]))
 usage = ""

@@ -20,8 +20,8 @@ from mlabench.kernels.persistent import alloc_persistent_workspace, mla_decode_p
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.kernels.splitkv import alloc_splitkv_workspace, mla_decode_splitkv
 from mlabench.kernels.worklist import build_work_list
+from mlabench.policy.device_table import SplitPolicy
 from mlabench.shapes import MLADecodeShape
-from mlabench.split_policy import SplitPolicy
 from tests.kernels.helpers import DEVICE, TOL, assert_equal_up_to_rounding, max_err
 
 #: Contexts shorter than the block (1, 2), as long as a 4-token block (4), one past it (5), and

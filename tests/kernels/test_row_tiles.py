@@ -31,7 +31,7 @@ from mlabench.kernels.triton_launch import (
 from mlabench.kernels.splitkv import mla_decode_splitkv
 from mlabench.kernels.worklist import build_work_list
 from mlabench.shapes import MLADecodeShape
-from mlabench.split_policy import SplitPolicy
+from mlabench.policy.device_table import SplitPolicy
 from tests.kernels.helpers import DEVICE, TOL, max_err
 from tests.kernels.test_splitkv_policy import assert_own_counts
 

@@ -11,8 +11,8 @@ library kernels (FlashMLA, the Gluon kernel) skip, saying why.
 import pytest
 
 from mlabench.backends import get_backend
-from mlabench.check import run_check
 from mlabench.shapes import MLADecodeShape
+from mlabench.sweep.check import run_check
 
 
 @pytest.mark.parametrize("backend", ["triton-splitkv", "triton-persistent", "flashmla", "gluon-splitkv"])

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mlabench.kernels.splitkv import alloc_splitkv_workspace, mla_decode_splitkv
-from mlabench.split_policy import SplitPolicy
+from mlabench.policy.device_table import SplitPolicy
 from tests.kernels.helpers import DEVICE, TOL, make_case, max_err, reference
 
 LENS = (1, 37, 100, 260)  # ragged: one token, a non-multiple of the page, several pages

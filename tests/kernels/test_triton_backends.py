@@ -13,8 +13,8 @@ from mlabench.backends import get_backend
 from mlabench.backends.triton import NO_GPU_REASON
 from mlabench.errors import ConfigError
 from mlabench.kernels.splitkv_torch import split_starts
-from mlabench.measure import ShapeBench
 from mlabench.shapes import MLADecodeShape
+from mlabench.sweep.point import ShapeBench
 from tests.kernels.helpers import TOL, make_case, max_err, reference
 
 

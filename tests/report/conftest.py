@@ -27,28 +27,28 @@ def raw_records(run: Path = H200_RUN) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def h200_runs():
-    from mlabench.runs import load_runs
+    from mlabench.report.runs import load_runs
 
     return load_runs([H200])
 
 
 @pytest.fixture(scope="session")
 def serve_runs():
-    from mlabench.runs import load_runs
+    from mlabench.report.runs import load_runs
 
     return load_runs([SERVE])
 
 
 @pytest.fixture(scope="session")
 def both_runs():
-    from mlabench.runs import load_runs
+    from mlabench.report.runs import load_runs
 
     return load_runs([H200, SERVE])
 
 
 @pytest.fixture(scope="session")
 def families():
-    from mlabench.runs import backend_families
+    from mlabench.report.runs import backend_families
 
     return backend_families()
 
@@ -56,14 +56,14 @@ def families():
 @pytest.fixture(scope="session")
 def tune_runs():
     """The committed tuning run and its validation run (one folder holds both)."""
-    from mlabench.runs import load_runs
+    from mlabench.report.runs import load_runs
 
     return load_runs([TUNE])
 
 
 @pytest.fixture(scope="session")
 def graph_check_runs():
-    from mlabench.runs import load_runs
+    from mlabench.report.runs import load_runs
 
     return load_runs([GRAPH_CHECK])
 
@@ -71,6 +71,6 @@ def graph_check_runs():
 @pytest.fixture(scope="session")
 def all_runs():
     """Every kind of run: the sweep, the serve run, the tuning and validation runs, the graph-check results."""
-    from mlabench.runs import load_runs
+    from mlabench.report.runs import load_runs
 
     return load_runs([H200, SERVE, TUNE, GRAPH_CHECK])

@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from mlabench.plots import data as D
-from mlabench.plots import style
+from mlabench.report.figures import data as D, style
 from tests.report.conftest import GRAPH_CHECK, H200, H200_RUN, REPO, SERVE, SERVE_RUN, TUNE, raw_records
 
 
@@ -32,9 +31,9 @@ def test_data_and_report_plans_need_no_matplotlib():
 import sys
 sys.modules['matplotlib'] = None  # any import of matplotlib fails
 import mlabench.cli
-from mlabench.runs import load_runs
-from mlabench.plots import plan
-from mlabench.report import build_report
+from mlabench.report.runs import load_runs
+from mlabench.report.figures.plan import plan
+from mlabench.report.build import build_report
 from mlabench.report.document import to_markdown_document
 runs = load_runs([{str(H200)!r}, {str(SERVE)!r}, {str(TUNE)!r}, {str(GRAPH_CHECK)!r}])
 specs, skipped = plan(runs)
@@ -142,7 +141,7 @@ def test_readable_numbers_and_one_colour_per_backend():
     assert [style.context_text(c) for c in (4096, 100000, 131072, 777)] == ["4K", "100k", "128K", "777"]
     names = ["triton-splitkv", "triton-persistent", "flashmla", "aiter-asm", "aiter-gluon", "torch-splitkv"]
     assert len({style.backend_color(n) for n in names}) == len(names)
-    from mlabench.heuristics import HEURISTICS
+    from mlabench.policy.heuristics import HEURISTICS
 
     heuristics = {style.heuristic_color(h.name) for h in HEURISTICS}
     assert len(heuristics) == len(HEURISTICS) and not heuristics & {style.backend_color(n) for n in names}

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from mlabench import cli
-from mlabench.plots import KINDS, SWEEP_KINDS, plan, write_figures
+from mlabench.report.figures.plan import KINDS, SWEEP_KINDS, plan, write_figures
 from tests.report.conftest import H200, SERVE
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -106,8 +106,8 @@ def test_plot_command_refuses_a_folder_without_runs(tmp_path, monkeypatch, capsy
 def test_a_serve_run_with_a_missing_result_still_draws_and_says_so(tmp_path):
     import shutil
 
-    from mlabench.plots import data as D
-    from mlabench.runs import load_runs
+    from mlabench.report.figures import data as D
+    from mlabench.report.runs import load_runs
     from tests.report.conftest import SERVE_RUN
 
     run = tmp_path / SERVE_RUN.name
@@ -131,8 +131,8 @@ def test_figures_per_qo_len_name_the_token_count_and_what_they_leave_out():
     """The committed H200 multi-token run (qo_len 1, 2, 4; gluon-splitkv unsupported above 1 token): the
     one-token figure names its token count beside the others, and a backend with no correct record at a
     qo_len is named as not drawn, with its status, instead of vanishing."""
-    from mlabench.plots import data as D
-    from mlabench.runs import load_runs
+    from mlabench.report.figures import data as D
+    from mlabench.report.runs import load_runs
     from tests.report.conftest import QO_LEN_RUN
 
     runs = load_runs([QO_LEN_RUN])
@@ -159,7 +159,7 @@ def test_one_panel_keeps_its_title_and_legend_inside_the_figure():
     the title wraps and the legend takes the columns that fit (they ran off both edges)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from mlabench.plots.draw import _dedup_legend, _panels
+    from mlabench.report.figures.draw import _dedup_legend, _panels
 
     fig, (ax,) = _panels(1, "MLA decode latency vs context length, best correct configuration per backend",
                          "AMD EPYC · 12 heads (kimi-k3 at TP8) · page 16 · bf16 · CPU wall clock")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlabench import cli
-from mlabench.report import build_report, write_report
+from mlabench.report.build import build_report, write_report
 from mlabench.report.document import to_markdown_document
 from tests.report.conftest import H200, SERVE
 
@@ -121,8 +121,8 @@ def test_report_command(tmp_path, monkeypatch, capsys):
 
 def test_report_of_a_tuning_run_and_of_a_validation_run(tmp_path):
     """Tuning runs keep their timing under ``tune``, validation runs under ``validate``: both render."""
-    from mlabench.report import write_report
-    from mlabench.runs import load_runs
+    from mlabench.report.build import write_report
+    from mlabench.report.runs import load_runs
 
     base = Path(__file__).resolve().parent / "fixtures" / "h200-tune-first-attempt"
     tune_run = next(base.glob("tune-*"))

@@ -11,9 +11,8 @@ import pytest
 
 from mlabench import cli
 from mlabench.errors import ResultsError
-from mlabench.plots import graph_check as G
-from mlabench.plots import plan, style, write_figures
-from mlabench.plots import tuning as T
+from mlabench.report.figures import graph_check_data as G, style, tuning_data as T
+from mlabench.report.figures.plan import plan, write_figures
 from tests.report.conftest import FIXTURES, GRAPH_CHECK, REPO, TUNE, TUNE_RUN, VALIDATE_RUN
 from tests.report.test_figures import assert_real_png
 
@@ -133,7 +132,7 @@ def test_graph_check_slowdown_per_context(graph_check_runs):
 
 
 def test_a_graph_check_file_is_read_by_name_and_anything_else_refused(tmp_path, monkeypatch, capsys):
-    from mlabench.runs import load_runs
+    from mlabench.report.runs import load_runs
 
     runs = load_runs([GRAPH_CHECK / "graph_check_splitkv.json"])
     assert [g.name for g in runs.graph_checks] == ["graph_check_splitkv"] and not runs.manifests
@@ -162,9 +161,9 @@ def _cut_tune_folder(tmp_path, policy=True, validation=True):
 
 
 def test_an_unfinished_tuning_run_and_validation_say_what_is_missing(tmp_path):
-    from mlabench.report import build_report
+    from mlabench.report.build import build_report
     from mlabench.report.document import to_markdown_document
-    from mlabench.runs import load_runs
+    from mlabench.report.runs import load_runs
 
     runs = load_runs([_cut_tune_folder(tmp_path, policy=False, validation=False)])
     specs, skipped = plan(runs)
@@ -179,7 +178,7 @@ def test_an_unfinished_tuning_run_and_validation_say_what_is_missing(tmp_path):
 
 
 def test_runs_of_two_devices_are_refused(tmp_path):
-    from mlabench.runs import load_runs
+    from mlabench.report.runs import load_runs
     from tests.report.conftest import H200
 
     folder = _cut_tune_folder(tmp_path)
@@ -191,7 +190,7 @@ def test_runs_of_two_devices_are_refused(tmp_path):
 
 
 def test_every_tuning_and_graph_check_figure_is_drawn(tune_runs, graph_check_runs, tmp_path):
-    from mlabench.runs import Runs
+    from mlabench.report.runs import Runs
 
     runs = Runs(tune_runs=tune_runs.tune_runs, validation_runs=tune_runs.validation_runs,
                 graph_checks=graph_check_runs.graph_checks)
@@ -208,7 +207,7 @@ def _line_colors(fig):
 
 
 def test_titles_units_legends_and_colours(tune_runs, graph_check_runs):
-    from mlabench.runs import Runs
+    from mlabench.report.runs import Runs
 
     runs = Runs(tune_runs=tune_runs.tune_runs, validation_runs=tune_runs.validation_runs,
                 graph_checks=graph_check_runs.graph_checks)
@@ -241,8 +240,8 @@ def test_titles_units_legends_and_colours(tune_runs, graph_check_runs):
 
 
 def test_the_report_fills_the_tuning_and_graph_check_sections(tmp_path):
-    from mlabench.report import write_report
-    from mlabench.runs import load_runs
+    from mlabench.report.build import write_report
+    from mlabench.report.runs import load_runs
 
     path = write_report(load_runs([TUNE, GRAPH_CHECK]), tmp_path, "markdown")
     text = path.read_text()
@@ -260,8 +259,8 @@ def test_the_report_fills_the_tuning_and_graph_check_sections(tmp_path):
 
 
 def test_a_manifest_without_timing_says_so(tmp_path):
+    from mlabench.report.runs import load_runs
     from mlabench.report.sections import kernel_environment
-    from mlabench.runs import load_runs
 
     folder = _cut_tune_folder(tmp_path)
     path = folder / VALIDATE_RUN.name / "manifest.json"
@@ -298,7 +297,7 @@ def test_a_study_measured_at_several_lengths_is_shown_at_the_one_nearest_its_mid
 def test_the_trial_axis_has_whole_number_ticks():
     """A study of 12-19 trials (an H200 tuning run, batch 16) got ticks at 2.5, 7.5, ...; the whole-tiles
     run's batch-16 studies have 12-18 trials."""
-    from mlabench.runs import load_runs
+    from mlabench.report.runs import load_runs
 
     runs = load_runs([REPO / "results/h200/tune-kimi-k3-tp8/whole-tiles-attempt"])
     specs, _ = plan(runs, ["tuning-history"])
@@ -312,8 +311,8 @@ def test_the_trial_axis_has_whole_number_ticks():
 
 def test_regret_far_above_1000_percent_still_has_a_labelled_tick_near_it():
     """A CPU validation measured regrets of 9000-35000%; the axis's labels stopped at 1000%."""
-    from mlabench.plots.draw import _mpl
-    from mlabench.plots.draw_tuning import _regret_axis
+    from mlabench.report.figures.draw import _mpl
+    from mlabench.report.figures.draw_tuning import _regret_axis
 
     ax = _mpl().figure.Figure().subplots()
     _regret_axis(ax, 35_000)
@@ -327,8 +326,8 @@ def test_regret_far_above_1000_percent_still_has_a_labelled_tick_near_it():
 def test_a_history_panel_names_the_rule_chosen_and_its_count_there():
     from types import SimpleNamespace
 
-    from mlabench.plots.draw_tuning import _history_title
-    from mlabench.plots.tuning import StudyHistory
+    from mlabench.report.figures.draw_tuning import _history_title
+    from mlabench.report.figures.tuning_data import StudyHistory
 
     study = SimpleNamespace(lo=8192, hi=16384, length=10809)
     rule = StudyHistory(study, [], {"num_kv_splits": 113}, 19.1, "num_kv_splits=tiles(L,32,132)")
@@ -338,8 +337,8 @@ def test_a_history_panel_names_the_rule_chosen_and_its_count_there():
 
 
 def test_the_environment_says_how_many_visits_a_sweep_took():
+    from mlabench.report.runs import load_runs
     from mlabench.report.sections import kernel_environment
-    from mlabench.runs import load_runs
 
     folder = FIXTURES / "h200-visits-attempt"
     runs = load_runs([folder])

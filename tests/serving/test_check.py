@@ -5,9 +5,7 @@ import math
 import pytest
 
 from mlabench.errors import ConfigError, ServerError
-from mlabench.serving.check import (
-    GreedyOutput, compare, load_fixture, parse_completion, save_fixture, top2_gap,
-)
+from mlabench.serving.greedy_check import GreedyOutput, compare, load_fixture, parse_completion, save_fixture, top2_gap
 
 
 def out(ids, gaps=None, n=None, lp=-1.0):

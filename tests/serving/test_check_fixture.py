@@ -3,7 +3,7 @@ max_tokens makes the run invalid, even where its tokens happen to agree."""
 
 import pytest
 
-from mlabench.serving.check import GreedyOutput, compare, passes, validate_alone
+from mlabench.serving.greedy_check import GreedyOutput, compare, passes, validate_alone
 
 
 def greedy(ids, max_tokens=None, prompt_sha256="a" * 64) -> GreedyOutput:

@@ -98,7 +98,7 @@ def test_committed_cpu_run_re_renders_to_its_table():
     """results/cpu-vllm: the raw vLLM 0.32.0 files parse to the committed results and table."""
     from mlabench.serving.bench import read_run
     from mlabench.serving.table import build_table, tpot_markdown_table
-    from mlabench.tables import to_markdown
+    from mlabench.tables.render import to_markdown
 
     repo = HERE.parents[1]
     runs = sorted((repo / "results" / "cpu-vllm").glob("serve-*"))

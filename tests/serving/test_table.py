@@ -6,8 +6,7 @@ import pytest
 
 from mlabench.serving.results import BenchResult, MetricStats
 from mlabench.serving.table import build_table, tpot_markdown_table, tpot_table
-from mlabench.tables import to_json
-from mlabench.tables import to_markdown as _to_markdown
+from mlabench.tables.render import to_json, to_markdown as _to_markdown
 
 
 def to_markdown(t):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mlabench.timing import TimingConfig
-from mlabench.workers import IMPORTS_ENV
+from mlabench.measure.timing import TimingConfig
+from mlabench.tune.worker_pool import IMPORTS_ENV
 
 
 @pytest.fixture(scope="package", autouse=True)

@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 
 from mlabench.backends import get_backend
-from mlabench.results import ResultStore
-from mlabench.studies import make_sampler, optuna_module
-from mlabench.tune import (Bucket, TuneConfig, buckets_of, resolve_sampler, shape_dims, study_space, tune_shape,
-                           wave_cap)
-from mlabench.tune_run import run_manifest
-from mlabench.tune_worker import Objective
-from mlabench.workers import RecordIndex
+from mlabench.records.store import ResultStore
+from mlabench.tune.run import run_manifest
+from mlabench.tune.space import (
+    Bucket, TuneConfig, buckets_of, resolve_sampler, shape_dims, study_space, tune_shape, wave_cap,
+)
+from mlabench.tune.studies import make_sampler, optuna_module
+from mlabench.tune.trial_worker import Objective
+from mlabench.tune.worker_pool import RecordIndex
 
 
 def tiny_config(backend: str, timing, **kw: Any) -> TuneConfig:
@@ -49,7 +50,8 @@ def export_lookups(policy: Any, folder: Path, batches: list[int], lengths: list[
     ``{"json": ..., "python": ..., "cpp": ...}``, each a list of ``(batch, length, num_kv_splits, rest)``
     (``rest``: the other parameters as text, in ``param_names`` order).  The C++ header is compiled
     with g++ (a test that needs it fails without it) and run."""
-    from mlabench.policy import load_policy, write_exports
+    from mlabench.policy.exports import write_exports
+    from mlabench.policy.tuned import load_policy
 
     paths = write_exports(policy, folder)
     spec = importlib.util.spec_from_file_location(f"generated_policy_{id(folder)}", paths["python"])

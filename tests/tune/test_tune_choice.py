@@ -9,11 +9,11 @@ import math
 import pytest
 
 from mlabench.backends import get_backend
-from mlabench.policy import rule_splits
-from mlabench.tune import RULE_PARAM, TILE_PARAM, Bucket, buckets_of, shape_dims, study_space, tune_shape
-from mlabench.tune_enqueue import heuristic_trials
-from mlabench.tune_choice import Measured, build_policy, choose, measured_configs, policy_choice, score, study_choice
-from mlabench.tune_validate import validate_policy
+from mlabench.policy.rules import rule_splits
+from mlabench.tune.choice import Measured, build_policy, choose, measured_configs, policy_choice, score, study_choice
+from mlabench.tune.seeded_trials import heuristic_trials
+from mlabench.tune.space import RULE_PARAM, TILE_PARAM, Bucket, buckets_of, shape_dims, study_space, tune_shape
+from mlabench.tune.validation import validate_policy
 from tests.tune.helpers import export_lookups, run_in_process, tiny_config
 
 LENGTHS = (1025, 2048, 4096)
@@ -109,7 +109,7 @@ def test_study_finds_the_length_scaled_rule_and_every_export_agrees(tmp_path, ti
 
 
 def test_validation_evaluates_a_rule_entry_at_each_held_out_length(tmp_path, tiny_timing):
-    from mlabench.policy import BatchPolicy, Policy, PolicyEntry
+    from mlabench.policy.tuned import BatchPolicy, Policy, PolicyEntry
 
     policy = Policy(backend="test-length-scaled", device="test", param_names=["num_kv_splits"],
                     shape={"num_heads": 2, "page_size": 16, "q_dtype": "bfloat16", "kv_dtype": "bfloat16"},

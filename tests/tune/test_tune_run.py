@@ -15,18 +15,18 @@ import torch
 
 from mlabench.device import current_device
 from mlabench.errors import ConfigError, MlabenchError, ResultsError
-from mlabench.results import ResultStore
-from mlabench.studies import StudySpec, open_storage, optuna_module, prepare_study
-from mlabench.tune import TuneConfig
-from mlabench.tune_run import export_run, gpu_model, run_manifest, run_tune
-from mlabench.tune_worker import worker_main
+from mlabench.records.store import ResultStore
+from mlabench.tune.run import export_run, gpu_model, run_manifest, run_tune
+from mlabench.tune.space import TuneConfig
+from mlabench.tune.studies import StudySpec, open_storage, optuna_module, prepare_study
+from mlabench.tune.trial_worker import worker_main
 from tests.tune.fake_backends import PREPARE_ENV
 
 
 def study_trials(run_dir: Path, url: str | None = None) -> list:
     optuna = optuna_module()
     storage = open_storage(url, run_dir)
-    names = [s.name for s in __import__("mlabench.tune_run", fromlist=["x"]).recorded_config(run_dir)[1]]
+    names = [s.name for s in __import__("mlabench.tune.run", fromlist=["x"]).recorded_config(run_dir)[1]]
     return [t for name in names for t in optuna.load_study(study_name=name, storage=storage).trials]
 
 
@@ -52,7 +52,7 @@ def fast_wrong_config(timing, **kw) -> TuneConfig:
 
 
 def test_real_cpu_backend_end_to_end(tmp_path, tiny_timing):
-    from mlabench.results import records_of
+    from mlabench.records.store import records_of
 
     cfg = TuneConfig(backend="torch-splitkv", heads=2, batch=[1, 2], buckets=[32, 96], page_size=16, trials=4,
                      space={"num_kv_splits": {"low": 1, "high": 6}}, timing=tiny_timing)

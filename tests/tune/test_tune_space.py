@@ -8,10 +8,10 @@ import pytest
 from mlabench.backends import get_backend
 from mlabench.errors import ConfigError, ResultsError
 from mlabench.shapes import MLADecodeShape
-from mlabench.studies import optuna_module
-from mlabench.tune import SpaceRange, TuneConfig, buckets_of, resolve_sampler, search_space
-from mlabench.tune_enqueue import heuristic_trials
-from mlabench.tune_choice import Measured, choose, measured_configs
+from mlabench.tune.choice import Measured, choose, measured_configs
+from mlabench.tune.seeded_trials import heuristic_trials
+from mlabench.tune.space import SpaceRange, TuneConfig, buckets_of, resolve_sampler, search_space
+from mlabench.tune.studies import optuna_module
 from tests.tune.helpers import run_in_process, tiny_config
 
 SHAPE = MLADecodeShape.uniform(1, 48, 2, page_size=16)

@@ -10,8 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from mlabench.errors import ConfigError
-from mlabench.policy import BatchPolicy, Policy, PolicyEntry, write_exports
-from mlabench.tune_validate import split_ladder, validate_policy, validation_lengths, validation_tables
+from mlabench.policy.exports import write_exports
+from mlabench.policy.tuned import BatchPolicy, Policy, PolicyEntry
+from mlabench.tune.validation import split_ladder, validate_policy, validation_lengths, validation_tables
 
 
 def test_validation_lengths_avoid_edges_and_tuned_lengths():

@@ -9,10 +9,10 @@ import torch
 from mlabench.backends import get_backend
 from mlabench.backends.triton import programs_per_sm
 from mlabench.shapes import MLADecodeShape
-from mlabench.studies import optuna_module
-from mlabench.tune import TuneConfig, study_space, wave_cap
-from mlabench.tune_choice import choose, measured_configs
-from mlabench.tune_run import run_tune
+from mlabench.tune.choice import choose, measured_configs
+from mlabench.tune.run import run_tune
+from mlabench.tune.space import TuneConfig, study_space, wave_cap
+from mlabench.tune.studies import optuna_module
 from tests.tune.helpers import run_in_process, tiny_config
 from tests.tune.test_tune_run import study_trials
 
@@ -77,7 +77,7 @@ def test_study_never_chooses_past_the_cap(tmp_path, tiny_timing):
 def test_run_records_the_cap_and_measures_heuristics_beyond_it(tmp_path, tiny_timing, monkeypatch):
     """The cap is in each study's attributes and name and the choice table; an enqueued count
     past the cap (as a public heuristic may be) is measured as is and stays eligible."""
-    import mlabench.tune_run as tune_run
+    import mlabench.tune.run as tune_run
 
     monkeypatch.setattr(tune_run, "heuristic_trials", lambda *a: [("wide", {"num_kv_splits": 32})])
     cfg = TuneConfig(backend="test-wave-trap", heads=2, batch=[1, 2], buckets=[48], page_size=16, trials=5,

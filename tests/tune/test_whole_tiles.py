@@ -10,16 +10,18 @@ import pytest
 
 from mlabench.backends import get_backend
 from mlabench.kernels.splitkv_torch import split_starts
-from mlabench.policy import whole_tile_splits
-from mlabench.results import ResultStore
+from mlabench.policy.rules import whole_tile_splits
+from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
-from mlabench.studies import distinct_finished, make_sampler, optuna_module
-from mlabench.tune import (RULE_PARAM, TILE_PARAM, TuneConfig, buckets_of, launched, params_at, shape_dims,
-                           space_size, study_space, tune_shape)
-from mlabench.tune_enqueue import heuristic_trials, whole_tile_trials
-from mlabench.tune_run import run_manifest, run_tune
-from mlabench.tune_worker import MAX_TRIALS_FACTOR, Objective, StopAtTrials
-from mlabench.workers import RecordIndex
+from mlabench.tune.run import run_manifest, run_tune
+from mlabench.tune.seeded_trials import heuristic_trials, whole_tile_trials
+from mlabench.tune.space import (
+    RULE_PARAM, TILE_PARAM, TuneConfig, buckets_of, launched, params_at, shape_dims, space_size, study_space,
+    tune_shape,
+)
+from mlabench.tune.studies import distinct_finished, make_sampler, optuna_module
+from mlabench.tune.trial_worker import MAX_TRIALS_FACTOR, Objective, StopAtTrials
+from mlabench.tune.worker_pool import RecordIndex
 from tests.tune.test_tune_run import assert_nothing_lost_or_twice, study_trials
 
 LENGTHS = (65, 128, 256)
@@ -161,7 +163,7 @@ def test_stop_rule_ends_a_study_with_fewer_launches_than_trials(tmp_path, tiny_t
 def test_old_runs_search_no_tiles():
     """A run recorded before whole tiles (no whole_tiles in its manifest) resumes and exports with
     the space it searched."""
-    from mlabench.tune import LEGACY_FIELDS
+    from mlabench.tune.space import LEGACY_FIELDS
 
     assert LEGACY_FIELDS["whole_tiles"] is False
     assert buckets_of([64, 256], per_bucket=3)[1].measured() == LENGTHS

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from mlabench.errors import ConfigError
-from mlabench.results import ResultStore
-from mlabench.tune_run import run_manifest
-from mlabench.workers import (RecordIndex, append_shared, device_env, parse_devices, worker_alive, worker_id)
+from mlabench.records.store import ResultStore
+from mlabench.tune.run import run_manifest
+from mlabench.tune.worker_pool import RecordIndex, append_shared, device_env, parse_devices, worker_alive, worker_id
 
 
 def test_parse_devices():
@@ -40,8 +40,8 @@ def test_worker_liveness_survives_pid_reuse_and_other_hosts():
 
 
 def test_record_index_reads_only_complete_lines(tmp_path):
-    from mlabench.measure import failed_record
     from mlabench.shapes import MLADecodeShape
+    from mlabench.sweep.point import failed_record
 
     store = ResultStore.create(tmp_path / "run", run_manifest("run", 1.0, {}))
     index = RecordIndex(store)
@@ -60,7 +60,7 @@ def test_record_index_reads_only_complete_lines(tmp_path):
 
 
 def test_workers_take_the_longest_studies_first_and_each_takes_every_study():
-    from mlabench.tune_worker import deal_studies, study_cost, study_order
+    from mlabench.tune.trial_worker import deal_studies, study_cost, study_order
 
     costs = [1.0, 8.0, 2.0, 7.0, 3.0, 6.0]  # ranked longest first: 1, 3, 5, 4, 2, 0
     assert study_order(costs, 0, 1) == [1, 3, 5, 4, 2, 0]

@@ -1,0 +1,364 @@
+"""``mlabench graph-check``: does a captured decode graph stay right, and fast, at every length?
+
+A server captures one decode graph per batch size at start-up, with small or dummy lengths, and
+replays it every step after writing the step's lengths and rebuilding the metadata the graph reads
+(``PreparedCall.refresh``).  Whatever the call chose on the host at capture time (a split count
+passed as a kernel argument, a grid size) stays frozen in the graph.  For each subject (a backend
+and its parameters) and batch size this module:
+
+1. prepares the call with every request at ``capture_len`` tokens and captures it;
+2. per context length L: writes L into ``cache_seqlens``, runs ``refresh``, replays once on a
+   NaN-poisoned output and checks it against the fp32 reference, then times replays;
+3. compares with the same backend tuned for L: prepared knowing L (as an eager server launching
+   per step would) and, where it has ``num_kv_splits``, the fastest of the candidate counts.  Both
+   are timed the same way (graph replay, device events, the stopping rule of
+   :mod:`mlabench.measure.timing`), so only the choice differs, not launch overhead.
+
+A row is flagged when the captured graph is wrong after refresh or slower than the tuned call by
+more than ``tolerance`` (a split count or schedule frozen at capture).  A subject whose
+``split_policy`` names no file gets the policy of the tuned counts this run measured (per batch
+size, ``(L, best count)`` rows), written to ``policy_path``: the table ``tune`` would export from
+the same measurements.
+
+Graph capture needs a CUDA/HIP GPU (:class:`GraphEngine`); :class:`EagerEngine` replays by calling
+the functions again, so host-side choices are *not* frozen: it exists to test the orchestration on
+the CPU and is not offered by the command.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mlabench.backends import get_backend
+from mlabench.backends.base import PreparedCall
+from mlabench.checks.verdict import compare_outputs
+from mlabench.device import current_device, free_memory_bytes
+from mlabench.errors import BackendUnavailableError, ConfigError, GPURequiredError, UnsupportedShapeError
+from mlabench.files import write_text
+from mlabench.inputs import input_bytes, make_inputs
+from mlabench.kernels.reference import mla_decode_reference
+from mlabench.measure.timing import TimingConfig, capture_graph, cold_cache_copies, time_calls
+from mlabench.policy.device_table import POLICY_MODES, SplitPolicy
+from mlabench.shapes import MLADecodeShape
+
+DEFAULT_CONTEXTS = (4096, 16384, 32768, 65536, 100000, 131072)
+DEFAULT_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
+DEFAULT_TOLERANCE = 0.05
+#: The split-count parameter a tuned baseline searches, where a backend has it.
+SPLITS_PARAM = "num_kv_splits"
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A backend and its parameters to capture.  ``policy_mode`` (``"host"`` / ``"device"``) asks
+    for ``split_policy = "<mode>:<policy file>"``, the file filled in by :func:`run_graph_check`."""
+
+    backend: str
+    params: dict[str, Any] = field(default_factory=dict)
+    policy_mode: str | None = None
+
+    @property
+    def label(self) -> str:
+        extra = [f"{k}={v}" for k, v in sorted(self.params.items())]
+        extra += [f"split_policy={self.policy_mode}"] if self.policy_mode else []
+        return f"{self.backend} {' '.join(extra)}".strip()
+
+
+#: The parameter through which a backend takes a split policy (its modes: :data:`POLICY_MODES`).
+POLICY_PARAM = "split_policy"
+
+
+def subjects_for(backends: Sequence[str], policy_modes: Sequence[str]) -> list[Subject]:
+    """One subject per backend, or per policy mode for a backend that takes :data:`POLICY_PARAM`.
+
+    Raises :class:`UnknownBackendError` for an unregistered name and :class:`ConfigError` for a
+    mode other than ``host`` / ``device``.
+    """
+    bad = sorted(set(policy_modes) - set(POLICY_MODES))
+    if bad:
+        raise ConfigError(f"--split-policy takes host or device, got {bad[0]!r}")
+    out: list[Subject] = []
+    for name in dict.fromkeys(backends):
+        if POLICY_PARAM in get_backend(name).param_names() and policy_modes:
+            out += [Subject(name, policy_mode=m) for m in dict.fromkeys(policy_modes)]
+        else:
+            out.append(Subject(name))
+    return out
+
+
+@dataclass
+class GraphCheckConfig:
+    """What to capture and where to replay it.  Every request of a step has the same length."""
+
+    num_heads: int = 12
+    batches: tuple[int, ...] = (1,)
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
+    page_size: int = 64
+    dtype: str = "bfloat16"
+    capture_len: int = 1
+    qo_len: int = 1
+    causal: bool = True
+    splits: tuple[int, ...] = DEFAULT_SPLITS
+    tolerance: float = DEFAULT_TOLERANCE
+    timing: TimingConfig = field(default_factory=lambda: TimingConfig(budget_s=0.5))
+    seed: int = 0
+
+    def validate(self) -> None:
+        """ConfigError for empty lists, lengths or batch sizes < 1, a negative tolerance, or a
+        causal block captured at fewer tokens than it holds."""
+        if not self.batches or not self.contexts or not self.splits:
+            raise ConfigError("graph-check needs batch sizes, context lengths and split counts")
+        if min(self.batches) < 1 or min(self.contexts) < 1 or self.capture_len < 1 or min(self.splits) < 1:
+            raise ConfigError("batch sizes, context lengths, --capture-len and split counts must be >= 1")
+        if self.tolerance < 0:
+            raise ConfigError(f"tolerance must be >= 0, got {self.tolerance}")
+        if self.causal and self.capture_len < self.qo_len:
+            raise ConfigError(f"--capture-len {self.capture_len} is shorter than a causal block of "
+                              f"--qo-len {self.qo_len} (its own tokens are in the cache)")
+
+
+@dataclass
+class GraphCheckRow:
+    """One (subject, batch, context): the captured graph against the call tuned for that context."""
+
+    subject: str
+    backend: str
+    batch: int
+    context_len: int
+    capture_len: int
+    graph_us: float | None = None
+    tuned_us: float | None = None
+    tuned_splits: int | None = None
+    captured_splits: Any = None
+    refresh_us: float | None = None
+    correct: bool | None = None
+    max_abs_err: float | None = None
+    flagged: bool = False
+    note: str = ""
+
+    @property
+    def slowdown(self) -> float | None:
+        """``graph_us / tuned_us - 1`` (0.05 = 5% slower), None when either is missing."""
+        if self.graph_us is None or not self.tuned_us:
+            return None
+        return self.graph_us / self.tuned_us - 1
+
+
+@dataclass
+class GraphCheckResult:
+    rows: list[GraphCheckRow]
+    policy: SplitPolicy | None = None
+    copies: dict[int, int] = field(default_factory=dict)
+    device: str | None = None
+
+
+# ---- engines -------------------------------------------------------------------------------------
+class GraphEngine:
+    """Captures CUDA/HIP graphs.  Raises :class:`GPURequiredError` without a GPU."""
+
+    def __init__(self) -> None:
+        if not current_device().is_gpu:
+            raise GPURequiredError("graph-check needs a CUDA or ROCm GPU (it captures graphs); "
+                                   "none found here")
+
+    def capture(self, fns: Sequence[Callable[[], object]]) -> Callable[[], None]:
+        return capture_graph(fns).replay  # the bound method keeps the graph alive
+
+    def sync(self) -> None:
+        torch.cuda.synchronize()
+
+
+class EagerEngine:
+    """CPU stand-in for tests: a "replay" calls the functions again, so nothing is frozen."""
+
+    def capture(self, fns: Sequence[Callable[[], object]]) -> Callable[[], None]:
+        fns = list(fns)
+        return lambda: [fn() for fn in fns] and None
+
+    def sync(self) -> None:
+        pass
+
+
+def replay_us(replay: Callable[[], None], calls: int, cfg: TimingConfig) -> float:
+    """Median µs per decode call of ``replay`` (``calls`` calls per replay) under the stopping rule
+    of ``cfg``: device events on a GPU, wall clock on the CPU (:func:`mlabench.measure.timing.time_calls`)."""
+    return time_calls([replay], cfg, use_graph=False).median_us / calls
+
+
+# ---- the run -------------------------------------------------------------------------------------
+def run_graph_check(cfg: GraphCheckConfig, subjects: Sequence[Subject], engine: Any = None,
+                    policy: SplitPolicy | None = None, policy_path: Path | None = None,
+                    progress: Callable[[str], None] | None = None) -> GraphCheckResult:
+    """Capture every subject at ``cfg.capture_len`` and replay it at every context (module doc).
+
+    ``policy`` (a split policy given by the user) is written to ``policy_path`` for subjects with a
+    ``policy_mode``; without it the tuned counts measured here are.  ``engine`` defaults to
+    :class:`GraphEngine`.  Raises :class:`ConfigError` for a bad configuration, an unknown
+    backend or a policy subject without ``policy_path``, :class:`GPURequiredError` without a GPU,
+    :class:`BackendUnavailableError` for a backend that cannot run here and
+    :class:`UnsupportedShapeError` for one that does not take the shape.
+    """
+    cfg.validate()
+    engine = engine or GraphEngine()
+    if any(s.policy_mode for s in subjects) and policy_path is None:
+        raise ConfigError("a split_policy subject needs a file for the policy (policy_path)")
+    for s in subjects:
+        ok, why = get_backend(s.backend).available()
+        if not ok:
+            raise BackendUnavailableError(f"{s.backend}: {why}")
+    say = progress or (lambda _msg: None)
+    result = GraphCheckResult(rows=[], policy=policy, device=current_device().name)
+    tuned_tables: dict[int, list[tuple[int, int]]] = {}
+    for batch in cfg.batches:
+        bench = _Bench(cfg, batch, engine)
+        for s in subjects:
+            ok, why = get_backend(s.backend).supports(bench.shape)
+            if not ok:
+                raise UnsupportedShapeError(f"{s.backend}: {why}")
+        result.copies[batch] = len(bench.inputs)
+        tuned = {key: {L: bench.tuned(key[0], dict(key[1]), L, say) for L in cfg.contexts}
+                 for key in dict.fromkeys(map(baseline_key, subjects))}
+        policy_subjects = [s for s in subjects if s.policy_mode]
+        if policy_subjects and policy is None:
+            source = tuned[baseline_key(policy_subjects[0])]
+            tuned_tables[batch] = [(L, source[L][1] or 1) for L in cfg.contexts]
+            result.policy = SplitPolicy.create(tuned_tables, source="tuned by this graph-check run")
+        if policy_subjects:
+            write_text(policy_path, result.policy.to_json(), "split policy")
+        for s in subjects:
+            say(f"capture {s.label} B={batch} at L={cfg.capture_len}")
+            result.rows += bench.captured(s, policy_path, tuned[baseline_key(s)])
+    return result
+
+
+def baseline_key(s: Subject) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """``(backend, params)`` of the call ``s`` is compared with: the backend's defaults where it has
+    :data:`SPLITS_PARAM` (the count is then searched), else the subject's own parameters."""
+    if SPLITS_PARAM in get_backend(s.backend).param_names():
+        return s.backend, ()
+    return s.backend, tuple(sorted(s.params.items()))
+
+
+class _Bench:
+    """Inputs of one batch size, sized for the longest context, and its measurements."""
+
+    def __init__(self, cfg: GraphCheckConfig, batch: int, engine: Any):
+        self.cfg, self.batch, self.engine = cfg, batch, engine
+        kw = dict(num_heads=cfg.num_heads, page_size=cfg.page_size, q_dtype=cfg.dtype, kv_dtype=cfg.dtype,
+                  qo_len=cfg.qo_len, causal=cfg.causal)
+        self.shape = MLADecodeShape.create(context_lens=(max(cfg.contexts),) * batch, **kw)
+        read = MLADecodeShape.create(context_lens=(min(cfg.contexts),) * batch, **kw)
+        dev = current_device()
+        want = cold_cache_copies(read.min_bytes_moved, dev, cfg.timing)  # cold at the shortest L
+        fit = int(0.8 * free_memory_bytes(dev)) // input_bytes(self.shape) - 1  # 1 set for scratch
+        self.inputs = [make_inputs(self.shape, seed=cfg.seed + i) for i in range(max(1, min(want, fit)))]
+        self._refs: dict[int, torch.Tensor] = {}
+
+    def set_lengths(self, length: int) -> None:
+        for x in self.inputs:
+            x.cache_seqlens.fill_(length)
+
+    def reference(self, length: int) -> torch.Tensor:
+        if length not in self._refs:
+            x = self.inputs[0]
+            self._refs[length], _ = mla_decode_reference(
+                x.q, x.kv_cache, x.block_table, [length] * self.batch, self.shape.scale,
+                qo_len=self.shape.qo_len, causal=self.shape.causal)
+        return self._refs[length]
+
+    def prepare(self, backend: str, params: dict[str, Any]) -> list[PreparedCall]:
+        b = get_backend(backend)
+        resolved = b.resolve_params(self.shape, params)
+        return [b.prepare(x, resolved) for x in self.inputs]
+
+    def time_calls(self, calls: list[PreparedCall]) -> float | None:
+        """Per-call µs of ``calls`` captured together; None when they cannot be captured."""
+        try:
+            replay = self.engine.capture([c.fn for c in calls])
+        except RuntimeError:
+            self.engine.sync()
+            return None
+        return replay_us(replay, len(calls), self.cfg.timing)
+
+    def tuned(self, backend: str, params: dict[str, Any], length: int,
+              say: Callable[[str], None]) -> tuple[float | None, int | None]:
+        """``(µs, split count)`` of ``backend`` with ``params`` prepared at ``length``: the fastest
+        correct candidate count where it has :data:`SPLITS_PARAM` (count None otherwise);
+        ``(None, None)`` when no candidate is correct."""
+        self.set_lengths(length)
+        say(f"tune {backend} B={self.batch} L={length}")
+        b = get_backend(backend)
+        counts: list[int | None] = list(self.cfg.splits) if SPLITS_PARAM in b.param_names() else [None]
+        best: tuple[float, int | None] = (float("inf"), None)
+        for count in counts:
+            calls = self.prepare(backend, params if count is None else {**params, SPLITS_PARAM: count})
+            us = self.time_calls(calls)
+            if us is not None and us < best[0] and self._correct(calls[0])[0]:
+                best = (us, count)
+        return best if best[0] < float("inf") else (None, None)
+
+    def _correct(self, call: PreparedCall) -> tuple[bool, float | None]:
+        """Replay-free check of copy 0's output after the last run (it ran in ``time_calls``)."""
+        self.engine.sync()
+        v = compare_outputs(call.out, self.reference(int(self.inputs[0].cache_seqlens[0])))
+        return v.passed, v.max_abs_err
+
+    def captured(self, s: Subject, policy_path: Path | None,
+                 tuned: dict[int, tuple[float | None, int | None]]) -> list[GraphCheckRow]:
+        cfg = self.cfg
+        params = dict(s.params)
+        if s.policy_mode:
+            params[POLICY_PARAM] = f"{s.policy_mode}:{policy_path}"
+        base = dict(subject=s.label, backend=s.backend, batch=self.batch, capture_len=cfg.capture_len)
+        self.set_lengths(cfg.capture_len)
+        calls = self.prepare(s.backend, params)
+        eff = calls[0].effective_params
+        frozen = "per request" if eff.get(POLICY_PARAM) == "device" else eff.get(SPLITS_PARAM)
+        why = "" if calls[0].graph_safe else "not graph-safe: cannot be captured"
+        try:
+            replay = self.engine.capture([c.fn for c in calls]) if not why else None
+        except RuntimeError as exc:
+            self.engine.sync()
+            why = f"capture failed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+        if why:
+            return [GraphCheckRow(context_len=L, flagged=True, note=why, **base) for L in cfg.contexts]
+        rows = []
+        for length in cfg.contexts:
+            self.set_lengths(length)
+            t0 = time.perf_counter()
+            for c in calls:
+                c.refresh_for_new_lengths()
+            self.engine.sync()
+            refresh_us = (time.perf_counter() - t0) * 1e6 / len(calls)
+            calls[0].out.fill_(float("nan"))
+            replay()
+            correct, err = self._correct(calls[0])
+            graph_us = replay_us(replay, len(calls), cfg.timing)
+            tuned_us, tuned_splits = tuned[length]
+            row = GraphCheckRow(context_len=length, graph_us=graph_us, tuned_us=tuned_us,
+                                tuned_splits=tuned_splits, captured_splits=frozen, refresh_us=refresh_us,
+                                correct=correct, max_abs_err=err, **base)
+            rows.append(assess(row, cfg.tolerance))
+        return rows
+
+
+def assess(row: GraphCheckRow, tolerance: float) -> GraphCheckRow:
+    """Flag ``row`` (in place, returned) when wrong after refresh or more than ``tolerance`` slower
+    than the tuned call, with a short note saying which (and, when the graph holds another split
+    count than the tuned one, that the count was frozen at capture)."""
+    slow = row.slowdown
+    if row.correct is False:
+        row.flagged, row.note = True, "wrong after refresh (stale metadata)"
+    elif slow is not None and slow > tolerance:
+        frozen = (isinstance(row.captured_splits, int) and isinstance(row.tuned_splits, int)
+                  and row.captured_splits != row.tuned_splits)
+        row.flagged = True
+        row.note = f"{100 * slow:.0f}% slower than tuned"
+        row.note += "; split count frozen at capture" if frozen else ""
+    return row

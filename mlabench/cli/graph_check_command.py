@@ -1,0 +1,99 @@
+"""``graph-check``: capture a backend's decode as a server does and replay it at long contexts.
+
+Parses flags, calls :func:`mlabench.checks.graph_check.run_graph_check` and renders its table; exits 1
+when a captured graph is flagged (wrong after refresh, or slower than the call tuned for a length
+by more than the tolerance).  Needs a CUDA/ROCm GPU: without one it says so in one line.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from mlabench.cli.options import (
+    Batch, BudgetS, Context, Format, Json, Markdown, NonCausal, PageSize, QoLen, Splits, int_list, name_list,
+    output_format,
+)
+from mlabench.cli.output import emit, fail, notice
+from mlabench.errors import ConfigError
+from mlabench.files import write_text
+
+
+def graph_check(
+    backend: Annotated[list[str] | None, typer.Option(
+        "--backend", metavar="NAME[,NAME...]", help="Backends to capture; default: triton-splitkv.")] = None,
+    split_policy: Annotated[list[str] | None, typer.Option(
+        metavar="host|device[,...]", help="Policy modes to capture for backends with a split_policy: host (one count chosen on "
+             "the host, frozen by capture) and/or device (each request's count looked up in device "
+             "memory). Default: both.")] = None,
+    policy: Annotated[Path | None, typer.Option(
+        metavar="PATH", help="Split policy JSON: the tune command's, or (max_len, splits) rows per batch size "
+             "(docs/graphs.md). Default: the counts tuned by this run.")] = None,
+    policy_out: Annotated[Path | None, typer.Option(
+        metavar="PATH", help="Write the policy used here to this file.")] = None,
+    save: Annotated[Path | None, typer.Option(metavar="PATH", help="Also write the table as JSON to this file.")] = None,
+    heads: Annotated[str | None, typer.Option(metavar="H", help="Local heads (one value; default 12).")] = None,
+    batch: Batch = None, context: Context = None, page_size: PageSize = None,
+    qo_len: QoLen = None, non_causal: NonCausal = False,
+    dtype: Annotated[str, typer.Option(metavar="DTYPE", help="q and KV dtype.")] = "bfloat16",
+    capture_len: Annotated[int | None, typer.Option(
+        metavar="L", help="Tokens per request when the graph is captured (default: --qo-len, 1).")] = None,
+    splits: Splits = None,
+    tolerance: Annotated[float, typer.Option(metavar="FRACTION", help="Flag a graph slower than tuned by more "
+                                             "than this fraction.")] = 0.05,
+    budget_s: BudgetS = None, seed: Annotated[int, typer.Option(metavar="N", help="Input seed.")] = 0,
+    format: Format = None, as_json: Json = False, markdown: Markdown = False,
+) -> None:
+    """Capture decode at small lengths, replay at long ones after refresh; flag frozen choices.
+
+    Default: triton-splitkv in both policy modes, batch 1, contexts 4K-128K, 12 heads, page 64.
+    """
+    from mlabench.checks.graph_check import run_graph_check, subjects_for
+    from mlabench.checks.graph_check_table import graph_check_table
+    from mlabench.policy.device_table import load_split_policy
+    from mlabench.tables.render import render
+
+    fmt = output_format(format, as_json, markdown)
+    cfg = _config(heads, batch, context, page_size, dtype, capture_len, qo_len, non_causal, splits, tolerance,
+                  budget_s, seed)
+    subjects = subjects_for(name_list(backend) or ["triton-splitkv"], name_list(split_policy) or ["host", "device"])
+    given = load_split_policy(policy) if policy else None
+    with tempfile.TemporaryDirectory(prefix="mlabench-graph-check-") as tmp:
+        path = policy_out or Path(tmp) / "policy.json"
+        result = run_graph_check(cfg, subjects, policy=given, policy_path=path,
+                                 progress=lambda msg: notice(msg, style="dim"))
+    table = graph_check_table(result, cfg)
+    if save is not None:
+        write_text(save, render([table], "json"), "table file")
+    emit([table], fmt)
+    flagged = sorted({r.subject for r in result.rows if r.flagged})
+    if flagged:
+        fail(f"flagged: {', '.join(flagged)}")
+
+
+def _config(heads: str | None, batch: str | None, context: str | None, page_size: int | None, dtype: str,
+            capture_len: int | None, qo_len: int | None, non_causal: bool, splits: str | None, tolerance: float,
+            budget_s: float | None, seed: int) -> Any:
+    """The :class:`~mlabench.checks.graph_check.GraphCheckConfig` of the flags (their defaults where
+    not given); :class:`ConfigError` for more than one ``--heads`` value."""
+    from mlabench.checks.graph_check import DEFAULT_CONTEXTS, DEFAULT_SPLITS, GraphCheckConfig
+    from mlabench.measure.timing import TimingConfig
+
+    head_list = int_list(heads, "--heads", "heads") or [12]
+    if len(head_list) != 1:
+        raise ConfigError("graph-check takes one --heads value")
+    return GraphCheckConfig(
+        num_heads=head_list[0], batches=tuple(int_list(batch, "--batch", "batch") or (1,)),
+        contexts=tuple(int_list(context, "--context", "context length") or DEFAULT_CONTEXTS),
+        page_size=64 if page_size is None else page_size, dtype=dtype,
+        capture_len=capture_len if capture_len is not None else qo_len or 1, qo_len=qo_len or 1,
+        causal=not non_causal,
+        splits=tuple(int_list(splits, "--splits", "--splits") or DEFAULT_SPLITS), tolerance=tolerance,
+        timing=TimingConfig(budget_s=0.5 if budget_s is None else budget_s), seed=seed)
+
+
+#: The commands of this group, registered by :mod:`mlabench.cli.app`.
+COMMANDS = {"graph-check": graph_check}

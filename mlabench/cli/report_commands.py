@@ -1,0 +1,64 @@
+"""Report commands: ``plot`` (figures) and ``report`` (one markdown or HTML document), from recorded
+runs; neither measures anything nor needs a GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mlabench.cli.options import name_list
+from mlabench.cli.output import notice
+from mlabench.errors import ConfigError
+from mlabench.report.figures.plan import KINDS
+
+FromRuns = Annotated[list[Path], typer.Option(
+    "--from", metavar="RUN",
+    help="A run folder (sweep, tune, tune --validate, serve-bench), a graph-check JSON (graph-check --save), "
+         "or a folder holding them one level down; repeatable.")]
+
+
+def plot(
+    from_run: FromRuns,
+    out: Annotated[Path | None, typer.Option(
+        metavar="DIR", help="Folder for the figures (default: <first --from>/figures).")] = None,
+    kind: Annotated[list[str] | None, typer.Option(
+        metavar="KIND[,KIND...]", help="Only these figure kinds (default: all): " + ", ".join(KINDS) + ".")] = None,
+    fmt: Annotated[str, typer.Option("--format", metavar="png|svg|png,svg", help="Figure format(s).")] = "png",
+) -> None:
+    """Draw the figures of recorded runs (PNG/SVG); a figure without data is skipped with the reason."""
+    from mlabench.report.figures.plan import write_figures
+    from mlabench.report.runs import load_runs
+
+    runs = load_runs(from_run)
+    formats = [f.strip() for f in fmt.split(",") if f.strip()]
+    written, skipped = write_figures(runs, out or from_run[0] / "figures", name_list(kind), formats)
+    if not written:
+        raise ConfigError("no figure to draw from these runs (" + "; ".join(s.line() for s in skipped) + ")")
+    for s in skipped:
+        notice(s.line(), style="")
+    for _spec, paths in written:
+        for path in paths:
+            typer.echo(str(path))
+
+
+def report(
+    from_run: FromRuns,
+    out: Annotated[Path | None, typer.Option(metavar="DIR", help="Folder for the report (default: the first --from).")] = None,
+    fmt: Annotated[str, typer.Option(
+        "--format", metavar="markdown|html", help="markdown (report.md + figures/) or html.")] = "markdown",
+) -> None:
+    """Write one report from recorded runs: environment, correctness, best split, compare, serving, tuned
+    policy and validation, graph-check, figures."""
+    from mlabench.records.provenance import command_line
+    from mlabench.report.build import write_report
+    from mlabench.report.runs import load_runs
+
+    runs = load_runs(from_run)
+    path = write_report(runs, out or from_run[0], fmt, command=" ".join(command_line()))
+    typer.echo(str(path))
+
+
+#: The commands of this group, registered by :mod:`mlabench.cli.app`.
+COMMANDS = {"plot": plot, "report": report}

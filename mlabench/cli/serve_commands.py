@@ -1,0 +1,134 @@
+"""Serving commands: ``serve-bench`` and ``serve-check``, thin wrappers over :mod:`mlabench.serving`.
+
+Tables go to stdout (``--format``), progress to stderr.  Exit codes are the app's
+(:mod:`mlabench.cli.app`): 1 for a table with failed requests or missing results, or a greedy
+check that failed; 2 for an error the user can cause; 130 for Ctrl-C, after every server it
+started is stopped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mlabench.cli.options import Format, Json, Markdown, ResultsDir, VllmBin, int_list, output_format
+from mlabench.cli.output import emit, fail, notice
+from mlabench.errors import ConfigError
+from mlabench.files import write_text
+from mlabench.serving import bench, config as cfg, greedy_check as greedy, table as tbl
+from mlabench.serving.lifecycle import served_model
+
+ServeFile = Annotated[Path | None, typer.Argument(
+    metavar="CONFIG", help="Serve config: a path, or a name under configs/serve/ (e.g. cpu-tiny).")]
+
+
+def _progress(message: str) -> None:
+    notice(message, style="")
+
+
+def serve_bench(
+    config_path: ServeFile = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", metavar="KEY=VALUE", help="Override a config key, e.g. bench.num_prompts=8; repeatable.")] = None,
+    concurrency: Annotated[list[str] | None, typer.Option(
+        "--concurrency", "-c", metavar="N[,N...]", help="Replace the concurrencies, e.g. 1,16.")] = None,
+    repeats: Annotated[int | None, typer.Option(metavar="N", help="Runs per (variant, concurrency).")] = None,
+    results_dir: ResultsDir = Path("results"),
+    label: Annotated[str | None, typer.Option(metavar="TEXT", help="Run folder label (default: config name).")] = None,
+    vllm_bin: VllmBin = None,
+    stat: Annotated[str, typer.Option(metavar="mean|median|p99", help="TPOT statistic for speedup.")] = "mean",
+    from_run: Annotated[Path | None, typer.Option(
+        metavar="RUN", help="Re-render a saved run folder; runs nothing.")] = None,
+    format: Format = None, as_json: Json = False, markdown: Markdown = False,
+) -> None:
+    """Benchmark server variants with `vllm bench serve`; table of TPOT per concurrency."""
+    fmt = output_format(format, as_json, markdown)
+    if stat not in ("mean", "median", "p99"):
+        raise ConfigError(f"--stat must be mean, median or p99, not {stat!r}")
+    if from_run is not None:
+        conf, results = bench.read_run(from_run)
+        _show(tbl.table_of(conf, results, stat), None, fmt)  # type: ignore[arg-type]
+        return
+    if config_path is None:
+        raise ConfigError("give a serve config (configs/serve/*.toml) or --from-run RUN_DIR")
+    concurrencies = int_list(",".join(concurrency), "--concurrency", "concurrency") if concurrency else None
+    conf = cfg.load_config(config_path, cfg.bench_overrides(set_ or [], concurrencies, repeats))
+    bench.preflight(conf.variants, cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin))
+    run_dir = bench.new_run_dir(results_dir, label or config_path.stem)
+    try:
+        _, results = bench.run_serve_bench(conf, results_dir, vllm_bin_flag=vllm_bin,
+                                           progress=_progress, run_dir=run_dir)
+    except BaseException:  # keep what was measured, then re-raise (servers are stopped by now)
+        if bench.discard_unmeasured(run_dir, "results.jsonl"):
+            tbl.write_table_files(tbl.table_of(conf, bench.read_run(run_dir)[1], stat), run_dir)  # type: ignore[arg-type]
+            notice(f"partial results kept in {run_dir}")
+        raise
+    _show(tbl.table_of(conf, results, stat), run_dir, fmt)  # type: ignore[arg-type]
+
+
+def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str) -> None:
+    """Save the table files (a new run), print the table, and exit 1 unless every cell is ok."""
+    if run_dir is not None:
+        tbl.write_table_files(t, run_dir)
+    emit([tbl.view(t, fmt)], fmt)
+    if run_dir is not None:
+        notice(f"run folder: {run_dir}", style="")
+    if not t.ok:
+        bad = [c for r in t.rows for c in r.cells if c.status != "ok"]
+        fail(f"{len(bad)} of {sum(len(r.cells) for r in t.rows)} results failed (failed requests, cut short, "
+             "measured nothing, or missing): see the notes under the table")
+
+
+def serve_check(
+    fixture: Annotated[Path, typer.Option(metavar="PATH", help="Greedy fixture JSON to compare with (or write).")],
+    config_path: ServeFile = None,
+    save_fixture: Annotated[bool, typer.Option(help="Record the fixture instead of comparing.")] = False,
+    variant: Annotated[str | None, typer.Option(metavar="NAME", help="Variant to check (default: baseline).")] = None,
+    base_url: Annotated[str | None, typer.Option(metavar="URL", help="A running server instead of a config.")] = None,
+    model: Annotated[str | None, typer.Option(
+        metavar="ID", help="Served model id (default: config, else /v1/models).")] = None,
+    tokens: Annotated[int | None, typer.Option("--tokens", "-n", metavar="N", help="N output tokens (default 64).")] = None,
+    prompt: Annotated[str | None, typer.Option(metavar="TEXT", help="Replace the fixed prompt.")] = None,
+    tie_threshold: Annotated[float | None, typer.Option(metavar="NATS", help="Near-tie gap.")] = None,
+    strict: Annotated[bool, typer.Option(help="A near-tie divergence fails too.")] = False,
+    results_dir: ResultsDir = Path("results"),
+    vllm_bin: VllmBin = None,
+    format: Format = None, as_json: Json = False, markdown: Markdown = False,
+) -> None:
+    """Greedy output check: temperature 0, logprobs, N tokens; compare token ids with a fixture."""
+    fmt = output_format(format, as_json, markdown)
+    if (config_path is None) == (base_url is None):
+        raise ConfigError("give either a serve CONFIG or --base-url (not both)")
+    conf = cfg.load_config(config_path) if config_path is not None else cfg.config_from_url(base_url, model)  # type: ignore[arg-type]
+    var = conf.variant(variant or conf.baseline)
+    params = cfg.with_check_options(conf.check, max_tokens=tokens, prompt=prompt, tie_threshold=tie_threshold)
+    expected = None if save_fixture else greedy.load_fixture(fixture)
+    server_bin = cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin)
+    bench.preflight([var], server_bin, bench=False)
+    run_dir = bench.new_run_dir(results_dir, var.name, kind="check") if var.launch else None
+    try:
+        with bench.variant_server(var, run_dir or Path("."), server_bin, _progress):
+            out = greedy.request_greedy(var.base_url, model or var.model or conf.model or served_model(var.base_url),
+                                        params)
+    except BaseException:
+        if run_dir is not None:
+            bench.discard_unmeasured(run_dir, "check.json")
+        raise
+    if expected is None:
+        report = greedy.validate_alone(out)
+        if report.verdict == "match":
+            greedy.save_fixture(out, fixture)
+            notice(f"fixture written: {fixture} ({len(out.token_ids)} tokens)", style="")
+    else:
+        report = greedy.compare(out, expected, params.tie_threshold)
+    if run_dir is not None:
+        write_text(run_dir / "check.json", report.model_dump_json(indent=2) + "\n", "check report")
+    emit([greedy.report_table(report)], fmt)
+    if not greedy.passes(report, strict):
+        fail(f"greedy check: {report.verdict}")
+
+
+#: The commands of this group, registered by :mod:`mlabench.cli.app`.
+COMMANDS = {"serve-bench": serve_bench, "serve-check": serve_check}

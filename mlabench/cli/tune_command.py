@@ -1,0 +1,259 @@
+"""The ``tune`` command: Optuna search of split counts per context bucket, validation, export.
+
+Thin: parse flags, call :func:`mlabench.tune.run.run_tune`, :func:`mlabench.tune.validation.validate_policy`
+or :func:`mlabench.tune.run.export_run`, render.  Optuna is imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from mlabench.cli.options import (
+    Batch, BudgetS, Format, Heads, Json, Markdown, Model, ModelConfig, NonCausal, PageSize, QoLen, ResultsDir, Resume,
+    SweepFile, Tp, int_list, output_format,
+)
+from mlabench.cli.output import emit, err
+from mlabench.errors import ConfigError
+
+
+def parse_rule_range(text: str | None) -> dict[str, int] | str | None:
+    """``--tokens-per-split``: ``"LOW:HIGH"`` -> ``{low, high}``; ``"off"`` -> ``"off"``; None -> None."""
+    if text is None or text == "off":
+        return text
+    low, sep, high = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return {"low": int(low), "high": int(high)}
+    except ValueError:
+        raise ConfigError(f"--tokens-per-split takes LOW:HIGH (e.g. 1:4096) or off, got {text!r}") from None
+
+
+def parse_space(items: list[str] | None) -> dict[str, dict[str, Any]] | None:
+    """``["num_kv_splits=1:256", "head_padding=zero"]`` -> ``{name: {low, high} | {choices}}``."""
+    if not items:
+        return None
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ConfigError(f"--space takes NAME=LOW:HIGH or NAME=A,B,..., got {item!r}")
+        if ":" in value:
+            low, _, high = value.partition(":")
+            try:
+                out[name] = {"low": int(low), "high": int(high)}
+            except ValueError:
+                raise ConfigError(f"--space {name}: LOW:HIGH must be integers, got {value!r}") from None
+        else:
+            out[name] = {"choices": [v for v in value.split(",") if v]}
+    return out
+
+
+class LiveView:
+    """A Rich live table on stderr: per study, trials done/total and the best so far; an ETA."""
+
+    def __init__(self) -> None:
+        from rich.live import Live
+
+        self.start = time.monotonic()
+        self.live = Live(console=err, refresh_per_second=2, transient=False)
+
+    def __call__(self, progress: list[Any]) -> None:
+        from rich.table import Table as RichTable
+
+        done, total = sum(p.done for p in progress), sum(p.total for p in progress)
+        elapsed = time.monotonic() - self.start
+        eta = f"{elapsed / done * max(0, total - done):.0f} s" if done else "—"
+        t = RichTable(title=f"tune: {done}/{total} trials, {elapsed:.0f} s elapsed, ETA {eta}")
+        for col in ("batch", "bucket", "lengths", "trials", "running", "best µs", "best params"):
+            t.add_column(col)
+        for p in progress:
+            best = "—" if p.best_us is None else f"{p.best_us:.1f}"
+            params = " ".join(f"{k}={v}" for k, v in p.best_params.items()) or "—"
+            t.add_row(str(p.batch), p.bucket, p.lengths, f"{p.done}/{p.total}", str(p.running), best, params)
+        if not self.live.is_started:
+            self.live.start()
+        self.live.update(t)
+
+    def stop(self) -> None:
+        """Leave the last table on screen and stop refreshing; off a terminal (a log file) Rich ends
+        the table without a newline, so one is added for the next line."""
+        if self.live.is_started:
+            self.live.stop()
+            if not err.is_terminal:
+                err.line()
+
+
+#: The options of ``tune`` that no other command has.
+BackendFlag = Annotated[str | None, typer.Option(metavar="NAME", help="Backend to tune, e.g. triton-splitkv.")]
+BucketsFlag = Annotated[str | None, typer.Option(
+    metavar="L[,L...]",
+    help="Context bucket upper edges, e.g. 1024,4096,32768,131072.")]
+RepresentativeFlag = Annotated[str | None, typer.Option(
+    metavar="geomean|upper",
+    help="With one length per bucket, the length measured: geomean or upper.")]
+LengthsPerBucketFlag = Annotated[int | None, typer.Option(
+    metavar="K",
+    help="Lengths measured per bucket, log-spaced from its lower edge + 1 to its upper edge (default 3; 1: "
+         "the representative length only).")]
+CombineFlag = Annotated[str | None, typer.Option(
+    metavar="worst|geomean",
+    help="How a configuration's times at a bucket's lengths combine, each over the best time there: the "
+         "worst (default) or the geometric mean. With --export: choose again this way.")]
+MaxWavesFlag = Annotated[float | None, typer.Option(
+    metavar="W",
+    help="Search num_kv_splits only up to W waves of the programs the backend runs at once (batch x splits x"
+         " head tiles <= W x resident programs), where it says how many (default 1.0; 0: no cap). Public "
+         "heuristics beyond it are still measured.")]
+TokensPerSplitFlag = Annotated[str | None, typer.Option(
+    metavar="LOW:HIGH|off",
+    help="Also search split counts that grow with the length, clamp(ceil(L / t), 1, num_kv_splits), t in "
+         "LOW:HIGH (default 1:4096; 1 is a fixed count); off: fixed counts only.")]
+WholeTilesFlag = Annotated[bool | None, typer.Option(
+    "--whole-tiles/--no-whole-tiles",
+    help="Where --tokens-per-split is searched and the backend declares the tile its splits are made of "
+         "(triton-splitkv: 32 tokens), also search the whole-tile rule (the fewest splits of whole tiles, at"
+         " most num_kv_splits) and measure it first at one wave, half and a quarter of one (default: on).")]
+DtypeFlag = Annotated[str | None, typer.Option(metavar="DTYPE", help="q and KV dtype (default bfloat16).")]
+SamplerFlag = Annotated[str | None, typer.Option(
+    metavar="auto|tpe|gp|grid|brute",
+    help="auto, tpe, gp, grid or brute.")]
+TrialsFlag = Annotated[int | None, typer.Option(metavar="N", help="Finished trials per study (heuristics included).")]
+TimeoutFlag = Annotated[float | None, typer.Option(metavar="SECONDS", help="Seconds per study and worker.")]
+SpaceFlag = Annotated[list[str] | None, typer.Option(
+    metavar="NAME=SPEC",
+    help="Narrow a parameter: NAME=LOW:HIGH or NAME=A,B.")]
+NoiseFlag = Annotated[float | None, typer.Option(
+    metavar="FRACTION",
+    help="Ties within this fraction of the best (default 0.01).")]
+NoHeuristicsFlag = Annotated[bool, typer.Option("--no-heuristics", help="Do not enqueue the public heuristics.")]
+StorageFlag = Annotated[str | None, typer.Option(
+    metavar="URL",
+    help="Optuna storage URL (e.g. postgresql://...); default: a journal file in the run folder.")]
+GpusFlag = Annotated[str | None, typer.Option(metavar="N[,N...]", help="One worker per GPU, e.g. 0,1.")]
+WorkersFlag = Annotated[int | None, typer.Option(
+    metavar="N",
+    help="Worker processes sharing this host's devices (without --gpus).")]
+ValidateFlag = Annotated[Path | None, typer.Option(
+    metavar="POLICY",
+    help="Measure this policy JSON on held-out lengths instead.")]
+LengthsFlag = Annotated[int, typer.Option(metavar="N", help="With --validate: lengths per batch size.")]
+MinContextFlag = Annotated[int, typer.Option(metavar="L", help="With --validate: shortest length.")]
+MaxContextFlag = Annotated[int, typer.Option(metavar="L", help="With --validate: longest length.")]
+LadderFlag = Annotated[str | None, typer.Option(
+    metavar="N[,N...]",
+    help="With --validate: split counts of the exhaustive reference.")]
+ExportFlag = Annotated[Path | None, typer.Option(metavar="RUN", help="Rebuild the policy files of this tuning run.")]
+
+
+def tune(
+    backend: BackendFlag = None, config: SweepFile = None, model: Model = None, tp: Tp = None,
+    model_config: ModelConfig = None, heads: Heads = None, batch: Batch = None, buckets: BucketsFlag = None,
+    representative: RepresentativeFlag = None, lengths_per_bucket: LengthsPerBucketFlag = None,
+    combine: CombineFlag = None, max_waves: MaxWavesFlag = None, tokens_per_split: TokensPerSplitFlag = None,
+    whole_tiles: WholeTilesFlag = None, page_size: PageSize = None, qo_len: QoLen = None,
+    non_causal: NonCausal = False, dtype: DtypeFlag = None, sampler: SamplerFlag = None, trials: TrialsFlag = None,
+    timeout: TimeoutFlag = None, space: SpaceFlag = None, noise: NoiseFlag = None,
+    no_heuristics: NoHeuristicsFlag = False, budget_s: BudgetS = None, storage: StorageFlag = None,
+    gpus: GpusFlag = None, workers: WorkersFlag = None, results_dir: ResultsDir = Path("results"),
+    resume: Resume = None, validate: ValidateFlag = None, lengths: LengthsFlag = 48,
+    min_context: MinContextFlag = 1024, max_context: MaxContextFlag = 131072, ladder: LadderFlag = None,
+    export: ExportFlag = None, format: Format = None, as_json: Json = False, markdown: Markdown = False,
+) -> None:
+    """Tune split counts (and launch parameters) per batch and context bucket; write a policy.
+
+    One Optuna study per (batch, bucket); the public heuristics are the first trials; results in
+    results/<run-id>/ with policy.json, policy.h and policy.py.  See docs/tuning.md.
+    """
+    fmt = output_format(format, as_json, markdown)
+    if validate is not None:
+        return _validate(validate, lengths, min_context, max_context, ladder, budget_s, results_dir, fmt)
+    if export is not None:
+        from mlabench.tune.run import export_run
+
+        return _report(export_run(export, storage, noise, combine), fmt)
+    from mlabench.tune.run import requested_config, run_tune
+    from mlabench.tune.worker_pool import worker_devices
+
+    rule = parse_rule_range(tokens_per_split)
+    values = {"backend": backend, "model": model, "tp": tp, "model_config": str(model_config) if model_config else None,
+              "heads": _one_value(int_list(heads, "--heads", "heads"), "--heads"),
+              "batch": int_list(batch, "--batch", "batch"),
+              "buckets": int_list(buckets, "--buckets", "--buckets"), "representative": representative,
+              "lengths_per_bucket": lengths_per_bucket, "combine": combine, "max_waves": max_waves,
+              "tokens_per_split": rule, "whole_tiles": whole_tiles,
+              "page_size": page_size, "q_dtype": dtype, "kv_dtype": dtype, "qo_len": qo_len,
+              "causal": False if non_causal else None, "sampler": sampler, "trials": trials, "timeout_s": timeout,
+              "space": parse_space(space), "noise": noise, "heuristics": False if no_heuristics else None,
+              "timing": {"budget_s": budget_s, "eager": False} if budget_s is not None else None, "storage": storage}
+    cfg = requested_config(values, config, resume)
+    devices = worker_devices(gpus, workers)
+    view = LiveView()
+    try:
+        result = run_tune(cfg, results_dir, resume, devices, monitor=view)
+    finally:
+        view.stop()
+    _report(result, fmt)
+    journal = ", study.journal" if (result.store.run_dir / "study.journal").exists() else ""
+    err.print(f"results: {result.store.run_dir}/ (policy.json, policy.h, policy.py, results.jsonl{journal})")
+
+
+def _one_value(values: list[int] | None, flag: str) -> int | None:
+    if values is not None and len(values) != 1:
+        raise ConfigError(f"{flag} takes one value when tuning, got {len(values)}")
+    return values[0] if values else None
+
+
+def _report(result: Any, fmt: str) -> None:
+    from mlabench.policy.tuned import TILES_NOTATION, describe_choice
+    from mlabench.tables.table import Table
+
+    choices = Table("Choice per batch and context bucket (µs: geometric mean over the bucket's lengths of the "
+                    "medians; worst %: the worst time over the best measured at each of those lengths)",
+                    ["batch", "bucket", "lengths", "splits cap", "trials", "pruned", "chosen", "chosen µs", "chosen worst %",
+                     "best µs", "best heuristic", "heuristic µs", "heuristic worst %", "speedup"])
+    for c in result.choices:
+        speedup = c.best_heuristic_us / c.chosen_us if c.best_heuristic_us else None
+        choices.rows.append([c.batch, c.bucket, ",".join(map(str, c.lengths)), c.max_splits, c.finished, c.pruned,
+                             describe_choice(c.chosen, c.tokens_per_split, c.tile_tokens), c.chosen_us, 100 * c.chosen_worst,
+                             c.best_us, c.best_heuristic, c.best_heuristic_us,
+                             None if c.best_heuristic_worst is None else 100 * c.best_heuristic_worst, speedup])
+    policy = Table(f"Policy for {result.policy.backend} on {result.policy.device} (adjacent buckets merged; "
+                   "L: the context length)", ["batch", "max context", "params"])
+    for b in result.policy.batches:
+        policy.rows += [[b.batch, e.max_context_len, e.describe()] for e in b.entries]
+    choices.notes.append("trials, pruned: distinct configurations by what they launch at the bucket's lengths "
+                         "(a repeat reuses the earlier measurement and does not count towards --trials)")
+    if any(c.tile_tokens for c in result.choices):
+        policy.notes.append(TILES_NOTATION)
+    emit([choices, policy], fmt)
+
+
+def _validate(path: Path, lengths: int, low: int, high: int, ladder: str | None, budget_s: float | None,
+              results_dir: Path, fmt: str) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mlabench.policy.tuned import load_policy
+    from mlabench.tune.space import tune_timing
+    from mlabench.tune.validation import validate_policy, validation_tables
+
+    policy = load_policy(path)
+    timing = tune_timing().model_copy(update={"budget_s": budget_s}) if budget_s else None
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=err)
+    task = bar.add_task("validate", total=None)
+    with bar:
+        result = validate_policy(policy, lengths, low, high, int_list(ladder, "--ladder", "--ladder"),
+                                 timing, results_dir,
+                                 lambda done, total, label: bar.update(task, completed=done, total=total,
+                                                                       description=label))
+    emit(validation_tables(result), fmt)
+    err.print(f"results: {result.store.run_dir}/ (validation.md, validation.json, results.jsonl)")
+
+
+#: The commands of this group, registered by :mod:`mlabench.cli.app`.
+COMMANDS = {"tune": tune}

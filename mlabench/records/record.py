@@ -1,0 +1,133 @@
+"""What a run records: one :class:`Record` per measured point (its timing :class:`~mlabench.measure.stats.Stats`
+and correctness :class:`~mlabench.checks.verdict.Verdict` inside), and the run's :class:`Manifest`.
+
+A record's ``key`` (:func:`point_key`) names its point (backend, params, shape) across runs; the
+schema version is written into every record.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mlabench.checks.verdict import Verdict
+from mlabench.measure.stats import Stats
+
+SCHEMA_VERSION = 1
+
+
+Status = Literal["ok", "unsupported", "incorrect", "error", "timeout"]
+
+
+class Record(BaseModel):
+    """One measured configuration: backend + params on one shape.  Failures are rows too."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(description="Identity of the point (backend, params, shape); resume skips recorded keys.")
+    run_id: str = Field(description="Run folder this record belongs to.")
+    backend: str = Field(description="Backend name.")
+    params: dict[str, Any] = Field(description="Parameters asked for.")
+    effective_params: dict[str, Any] = Field(default_factory=dict, description="What actually ran (e.g. a library's own split count).")
+    shape: dict[str, Any] = Field(description="MLADecodeShape fields.")
+    batch: int = Field(description="Requests in the batch.")
+    num_heads: int = Field(description="Local query heads.")
+    context_len: int = Field(description="Longest context length in the batch, tokens.")
+    qo_len: int = Field(1, description="Query tokens per request (1: plain decode; records before multi-token "
+                                       "decode are 1).")
+    causal: bool = Field(True, description="Query token t sees the prefix and block tokens 0..t (False: all "
+                                           "cached tokens).")
+    status: Status = Field(description="ok / unsupported / incorrect / error / timeout.")
+    message: str = Field("", description="Why the status is not ok.")
+    verdict: Verdict | None = Field(None, description="Correctness on this point's own inputs.")
+    timing_mode: str = Field("", description="graph (replay), eager, or wall (CPU clock).")
+    stats: Stats | None = Field(None, description="Per-call time of the primary mode (graph on GPU), µs.")
+    eager_stats: Stats | None = Field(None, description="Eager per-call time on a GPU, µs.")
+    cold_cache_copies: int = Field(1, description="Input copies rotated per sample.")
+    bytes_moved: int = Field(0, description="Fewest bytes the call must move (KV + q + out).")
+    workspace_bytes: int = Field(0, description="Intermediate bytes the backend reports (split partials).")
+    achieved_tbps: float | None = Field(None, description="bytes_moved / median time, TB/s.")
+    copy_bandwidth_tbps: float | None = Field(None, description="Measured device copy bandwidth (read + write), TB/s.")
+    read_bandwidth_tbps: float | None = Field(None, description="Measured streaming read bandwidth, TB/s.")
+    floor_bandwidth: Literal["read", "copy"] = Field(
+        "copy", description="Which measured bandwidth floor_us divides by (copy in runs recorded before read was).")
+    floor_us: float | None = Field(None, description="bytes_moved / the floor_bandwidth one, µs.")
+    pct_of_floor: float | None = Field(None, description="100 * floor_us / median time.")
+    setup_us: dict[str, float] = Field(default_factory=dict, description="Untimed setup steps, µs.")
+    refresh_us: float | None = Field(None, description="Untimed per-step rebuild of the call's length-dependent metadata (work list, scheduler), median wall µs; a server pays it once per step for all layers, not per layer. 0 when the call reads the lengths only on the device.")
+    visit_medians_us: list[float] | None = Field(
+        None, description="Median of each visit when the point was timed in several visits over the run "
+                          "(stats pools their samples); None: one visit.")
+    gpu_state: dict[str, Any] = Field(default_factory=dict, description="Clocks, temperature, power read after timing.")
+    gpu_state_before: dict[str, Any] = Field(default_factory=dict, description="The same, read just before timing.")
+    clock_below_steady: bool | None = Field(
+        None, description="SM clock before or after timing below the run's steady clock (None: not known).")
+    timestamp: str = Field(description="UTC time the record was written, ISO 8601.")
+
+    @property
+    def median_us(self) -> float | None:
+        return self.stats.median_us if self.stats else None
+
+    @property
+    def qo_label(self) -> int | str:
+        """Query tokens per request as tables show them: ``4``, or ``"4 non-causal"``."""
+        return self.qo_len if self.causal else f"{self.qo_len} non-causal"
+
+
+class Manifest(BaseModel):
+    """Identity and provenance of a run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    created: str
+    command: list[str]
+    git_revision: str
+    git_dirty: bool
+    host: str
+    device: dict[str, Any]
+    gpu_state: dict[str, Any] = Field(default_factory=dict, description="Clocks, temperature, power at the start.")
+    driver: str
+    versions: dict[str, str | None]
+    copy_bandwidth_tbps: float
+    read_bandwidth_tbps: float | None = Field(None, description="Streaming read bandwidth (the floor's), TB/s.")
+    datasheet_bandwidth_tbps: float | None = Field(None, description="The vendor's memory bandwidth figure, TB/s.")
+    config: dict[str, Any] = Field(default_factory=dict, description="The sweep configuration as run.")
+    warmups: list[dict[str, Any]] = Field(
+        default_factory=list, description="GPU warm-up to steady clocks, one per session (start, each resume).")
+    drift: dict[str, Any] | None = Field(None, description="Sentinel re-measurements and the drift they show.")
+
+    def visit_settings(self) -> dict[str, Any]:
+        """The sweep's ``visits``, ``max_visits`` and ``visit_rel_se`` as ``config`` recorded them
+        (:mod:`mlabench.sweep.visits`); a run recorded before a setting existed measured each point once
+        (``visits`` 1) and no more than its ``visits`` (``max_visits``), with no ``visit_rel_se``."""
+        visits = self.config.get("visits") or 1
+        return {"visits": visits, "max_visits": self.config.get("max_visits") or visits,
+                "visit_rel_se": self.config.get("visit_rel_se")}
+
+    def identity(self) -> dict[str, Any]:
+        """What must match to append to this run: device, driver, versions, git revision, schema."""
+        return {"schema_version": self.schema_version, "device": self.device.get("name"),
+                "driver": self.driver, "versions": self.versions, "git_revision": self.git_revision}
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_run_id(prefix: str = "run") -> str:
+    """``<prefix>-YYYYmmdd-HHMMSS-<pid>``: unique per process and second."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{prefix}-{stamp}-{os.getpid()}"
+
+
+def point_key(backend: str, params: dict[str, Any], shape: dict[str, Any]) -> str:
+    """Stable 16-hex-digit key of a point."""
+    blob = json.dumps({"b": backend, "p": params, "s": shape}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,232 @@
+"""The run folder: the append-only JSONL store of records, its manifest, and finding and reading runs.
+
+A run folder ``results/<run-id>/`` holds ``manifest.json`` (identity: device, driver, library
+versions, git revision, command line; measured read and copy bandwidth; warm-up and drift),
+``results.jsonl`` (one :class:`Record` per line, appended and fsync'ed, never rewritten),
+``results.csv`` (regenerated from the JSONL) and, for sweeps, ``sentinel.jsonl`` (the sentinel
+point's re-measurements).  Resuming refuses a folder whose identity differs from this process's, and skips
+points whose key is already recorded.  A last line cut short by an interrupted write is dropped on
+resume (the file is truncated back to its last complete line before appending).  Readers of
+recorded runs (``compare --from``, reports, tuning) use :func:`records_of`, not the sweep runner.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from mlabench.errors import ResultsError
+from mlabench.files import append_text, make_dir, read_text, user_path, validation_line, write_text
+from mlabench.records.csv_rows import CSV_FIELDS, csv_row
+from mlabench.records.record import Manifest, Record
+
+#: A run's records, and the same gzipped: an archived run (committed results kept small), read as
+#: it is and never appended to (``gunzip`` it to resume it).
+RESULTS_FILE, ARCHIVED_RESULTS_FILE = "results.jsonl", "results.jsonl.gz"
+
+
+def holds_run(path: Path) -> bool:
+    """Whether ``path`` is a run folder: it has ``results.jsonl`` or, archived, ``results.jsonl.gz``."""
+    return (path / RESULTS_FILE).is_file() or (path / ARCHIVED_RESULTS_FILE).is_file()
+
+
+def is_archived(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is an archived run: ``results.jsonl.gz`` and no ``results.jsonl``."""
+    return not (run_dir / RESULTS_FILE).exists() and (run_dir / ARCHIVED_RESULTS_FILE).is_file()
+
+
+def refuse_archived(run_dir: Path) -> None:
+    """Raise :class:`ResultsError` when ``run_dir`` is an archived run (:func:`is_archived`): it is
+    read as it is and never written to, so it cannot be resumed."""
+    if is_archived(run_dir):
+        raise ResultsError(f"{run_dir} is archived ({ARCHIVED_RESULTS_FILE}): gunzip it to add to it")
+
+
+class ResultStore:
+    """Append-only JSONL records of one run folder (read-only when archived: :data:`ARCHIVED_RESULTS_FILE`)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.jsonl = self.run_dir / RESULTS_FILE
+        self.archived = is_archived(self.run_dir)
+        if self.archived:
+            self.jsonl = self.run_dir / ARCHIVED_RESULTS_FILE
+        self.manifest_path = self.run_dir / "manifest.json"
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    @classmethod
+    def create(cls, run_dir: Path, manifest: Manifest) -> ResultStore:
+        """Make a new run folder; :class:`ResultsError` if it already holds results."""
+        store = cls(run_dir)
+        if store.manifest_path.exists():
+            raise ResultsError(f"{run_dir} already holds a run; use --resume to continue it")
+        make_dir(store.run_dir, "run folder")
+        store._write_manifest(manifest)
+        return store
+
+    def _write_manifest(self, manifest: Manifest) -> None:
+        write_text(self.manifest_path, manifest.model_dump_json(indent=2) + "\n", "run manifest", atomic=True)
+
+    def update_manifest(self, **fields: Any) -> Manifest:
+        """Rewrite ``manifest.json`` with ``fields`` replaced (a temporary file replaces it whole).
+
+        For the run's summaries (``warmups``, ``drift``); fields of :meth:`Manifest.identity` are
+        refused with ValueError, since resuming compares them.
+        """
+        fixed = set(fields) & {"schema_version", "device", "driver", "versions", "git_revision", "run_id"}
+        if fixed:
+            raise ValueError(f"the manifest's identity does not change: {sorted(fixed)}")
+        manifest = self.manifest().model_copy(update=fields)
+        self._write_manifest(Manifest.model_validate(manifest.model_dump()))
+        return manifest
+
+    @classmethod
+    def open_existing(cls, run_dir: Path, identity: dict[str, Any] | None = None) -> ResultStore:
+        """Reopen a run to resume it; :class:`ResultsError` for a folder with no manifest, an
+        archived one (:func:`refuse_archived`), or one whose identity differs from ``identity``."""
+        store = cls(run_dir)
+        if not store.manifest_path.exists():
+            raise ResultsError(f"{run_dir}: no manifest.json, nothing to resume")
+        refuse_archived(run_dir)
+        if identity is not None:
+            theirs = store.manifest().identity()
+            diff = sorted(k for k in identity if identity[k] != theirs.get(k))
+            if diff:
+                raise ResultsError(
+                    f"{run_dir} was recorded with another {', '.join(diff)} "
+                    f"({theirs[diff[0]]} vs {identity[diff[0]]}); start a new run instead"
+                )
+        store._drop_partial_line()
+        return store
+
+    def manifest(self) -> Manifest:
+        text = read_text(self.manifest_path, "run manifest")
+        try:
+            return Manifest.model_validate_json(text)
+        except ValidationError as exc:
+            raise ResultsError(f"{self.manifest_path}: unreadable manifest ({validation_line(exc)})") from None
+
+    # ---- records -------------------------------------------------------------------------------
+    def append(self, record: Record) -> None:
+        """Append one record as a JSON line, flushed and fsync'ed before returning; raises
+        :class:`ResultsError` for an archived run."""
+        refuse_archived(self.run_dir)
+        append_text(self.jsonl, record.model_dump_json() + "\n", "run results", sync=True)
+
+    def records(self) -> list[Record]:
+        """Every complete record, in order; a cut-short last line is ignored."""
+        return read_jsonl(self.jsonl, Record, "record")
+
+    def finished_keys(self) -> set[str]:
+        return {r.key for r in self.records()}
+
+    def _drop_partial_line(self) -> None:
+        if self.archived or not self.jsonl.exists():
+            return
+        with user_path(self.jsonl, "run results"):
+            data = self.jsonl.read_bytes()
+            if data and not data.endswith(b"\n"):
+                with open(self.jsonl, "r+b") as fh:
+                    fh.truncate(data.rfind(b"\n") + 1)
+
+    # ---- exports -------------------------------------------------------------------------------
+    def write_csv(self, path: Path | None = None) -> Path:
+        """Flatten the records into ``results.csv`` (regenerated, never appended); returns its path."""
+        path = path or self.run_dir / "results.csv"
+        rows = [csv_row(r) for r in self.records()]
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\r\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return write_text(path, buf.getvalue(), "results CSV", atomic=True)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_jsonl(path: Path, model: type[M], what: str) -> list[M]:
+    """Every line of a JSONL file as ``model``, in order; [] when the file does not exist.
+
+    A last line cut short (an interrupted write: no newline after it) is ignored; a bad line
+    elsewhere raises :class:`ResultsError` naming the file, the line and ``what`` it should be.
+    """
+    if not path.exists():
+        return []
+    lines = read_text(path, f"{what}s file").split("\n")
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(model.model_validate_json(line))
+        except ValidationError:
+            if i == len(lines) - 1:
+                break
+            raise ResultsError(f"{path}:{i + 1}: not a valid {what}") from None
+    return out
+
+
+def run_folders(paths: Iterable[Path]) -> list[Path]:
+    """Run folders named, or found one level inside the folders named (e.g. ``results/h200/x``).
+
+    Raises :class:`ResultsError` for a path that holds no run, naming the folders further down
+    that hold runs, or saying that a ``records.jsonl`` without a manifest is a script's output.
+    """
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if holds_run(path):
+            found.append(path)
+            continue
+        inner = sorted(p for p in path.iterdir() if p.is_dir() and holds_run(p)) if path.is_dir() else []
+        if not inner:
+            raise ResultsError(f"{path}: no run folder (results.jsonl, manifest.json) here or one level down"
+                               + _no_run_hint(path))
+        found.extend(inner)
+    return found
+
+
+def _no_run_hint(path: Path) -> str:
+    """Why ``path`` holds no run folder, and where the runs are when they lie deeper."""
+    if not path.is_dir():
+        return " (not a folder)"
+    if (path / "records.jsonl").is_file():
+        return "; its records.jsonl is a script's output, not a run (its README.md says what reads it)"
+    deeper = sorted({str(p.parent.parent) for depth in ("*/*/", "*/*/*/") for name in (RESULTS_FILE, ARCHIVED_RESULTS_FILE)
+                     for p in path.glob(depth + name)})
+    return "; folders with runs one level down: " + ", ".join(deeper) if deeper else ""
+
+
+def describe_records(records: Iterable[Record]) -> str:
+    """What ``records`` cover, for an error naming what a filter could have matched: e.g.
+    ``backends flashmla, triton-splitkv; batch 1, 16; qo_len 1; context 1024-131072 (8 lengths)``."""
+    records = list(records)
+    if not records:
+        return "no records"
+    lengths = sorted({r.context_len for r in records})
+    context = ", ".join(map(str, lengths)) if len(lengths) <= 4 else f"{lengths[0]}-{lengths[-1]} ({len(lengths)} lengths)"
+    return (f"backends {', '.join(sorted({r.backend for r in records}))}; "
+            f"batch {', '.join(map(str, sorted({r.batch for r in records})))}; "
+            f"qo_len {', '.join(map(str, sorted({r.qo_len for r in records})))}; context {context}")
+
+
+def records_of(runs: Iterable[Path]) -> list[Record]:
+    """Every record of the given run folders (read-only).
+
+    Runs recorded on different devices are refused (:class:`ResultsError`): their times do not
+    compare.
+    """
+    out: list[Record] = []
+    devices: dict[str, Path] = {}
+    for run in run_folders(runs):
+        store = ResultStore(run)
+        devices.setdefault(str(store.manifest().device.get("name")), run)
+        out.extend(store.records())
+    if len(devices) > 1:
+        raise ResultsError("runs from different devices do not compare: "
+                           + "; ".join(f"{d} ({p})" for d, p in devices.items()))
+    return out

@@ -1,0 +1,248 @@
+"""The data of each figure: pure functions from recorded results, no matplotlib.
+
+Only records whose status is ``ok`` (correct on their own inputs, timed) are drawn as times: a fast
+wrong answer never shows as a win. Times are medians per decode call, µs; the floor is the one the
+records carry (``floor_us`` = bytes the call must move / the run's measured copy bandwidth).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlabench.records.record import Record
+from mlabench.sweep.summary import best_ok, compare_table
+
+
+@dataclass(frozen=True)
+class ShapeGroup:
+    """Records that share a figure: same local heads, page size, cache dtype, and query tokens per
+    request with their mask (1 and causal for plain decode)."""
+
+    num_heads: int
+    page_size: int | None
+    kv_dtype: str | None
+    qo_len: int = 1
+    causal: bool = True
+
+
+def shape_groups(records: Iterable[Record]) -> dict[ShapeGroup, list[Record]]:
+    """Records by :class:`ShapeGroup`, groups in (heads, page size, dtype, qo_len) order."""
+    groups: dict[ShapeGroup, list[Record]] = {}
+    for r in records:
+        key = ShapeGroup(r.num_heads, r.shape.get("page_size"), r.shape.get("kv_dtype"), r.qo_len, r.causal)
+        groups.setdefault(key, []).append(r)
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0].num_heads, kv[0].page_size or 0,
+                                                       kv[0].kv_dtype or "", kv[0].qo_len, not kv[0].causal)))
+
+
+def backends_without_result(records: Iterable[Record]) -> dict[str, str]:
+    """Backends with records here but none ``ok``, each with its records' most common status
+    (``unsupported``, ``incorrect``, ``error``, ...): what a figure of these records leaves out, and why.
+    Backends in name order."""
+    statuses: dict[str, Counter] = {}
+    for r in records:
+        statuses.setdefault(r.backend, Counter())[r.status] += 1
+    return {b: c.most_common(1)[0][0] for b, c in sorted(statuses.items()) if "ok" not in c}
+
+
+def _by(records: Iterable[Record], *fields: str) -> dict[tuple, list[Record]]:
+    out: dict[tuple, list[Record]] = {}
+    for r in records:
+        out.setdefault(tuple(getattr(r, f) for f in fields), []).append(r)
+    return dict(sorted(out.items()))
+
+
+@dataclass
+class BestPoint:
+    """The fastest correct configuration of one backend at one (batch, context)."""
+
+    context_len: int
+    median_us: float
+    pct_of_floor: float | None
+    params: dict[str, Any]
+    noisy: bool
+
+
+@dataclass
+class BackendCurve:
+    """One backend's best configuration per context, at one batch size."""
+
+    backend: str
+    points: list[BestPoint]
+
+
+@dataclass
+class LatencyData:
+    """Figures (a) and (b): per batch, a curve per backend and the floor per context (µs)."""
+
+    curves: dict[int, list[BackendCurve]]
+    floor_us: dict[int, list[tuple[int, float]]]
+    copy_bandwidth_tbps: float | None
+    timing_mode: str
+    floor_bandwidth: str = "copy"
+    floor_bandwidth_tbps: float | None = None
+
+
+def latency_vs_context(records: Sequence[Record]) -> LatencyData:
+    """Best correct time per (batch, backend, context), and the floor per (batch, context).
+
+    A backend with no ``ok`` record at a context has no point there (the curve skips it).
+    """
+    curves: dict[int, list[BackendCurve]] = {}
+    for (batch, backend), recs in _by(records, "batch", "backend").items():
+        points = []
+        for (ctx,), at_ctx in _by(recs, "context_len").items():
+            best = best_ok(at_ctx)
+            if best is not None:
+                points.append(BestPoint(ctx, best.stats.median_us, best.pct_of_floor, best.params,
+                                        best.stats.noisy))
+        if points:
+            curves.setdefault(batch, []).append(BackendCurve(backend, points))
+    floors: dict[int, list[tuple[int, float]]] = {}
+    for (batch, ctx), recs in _by(records, "batch", "context_len").items():
+        known = [r.floor_us for r in recs if r.floor_us]
+        if known and batch in curves:
+            floors.setdefault(batch, []).append((ctx, min(known)))
+    bw = next((r.copy_bandwidth_tbps for r in records if r.copy_bandwidth_tbps), None)
+    mode = next((r.timing_mode for r in records if r.timing_mode), "")
+    timed = [r for r in records if r.floor_us]
+    if timed and all(r.floor_bandwidth == "read" for r in timed):
+        return LatencyData(curves, floors, bw, mode, "read", timed[0].read_bandwidth_tbps)
+    return LatencyData(curves, floors, bw, mode, "copy", bw)
+
+
+@dataclass
+class SplitCurve:
+    """One context of one split-KV backend at one batch: time per asked ``num_kv_splits``.
+
+    ``median_us[i]`` is None where no configuration with ``splits[i]`` passed (then
+    ``statuses[i]`` says why: incorrect, error, unsupported, timeout or missing).
+    """
+
+    context_len: int
+    splits: list[int]
+    median_us: list[float | None]
+    statuses: list[str]
+    best_splits: int | None = None
+    best_us: float | None = None
+
+
+def split_kv_backends(records: Sequence[Record], families: dict[str, str]) -> list[str]:
+    """Split-KV backends of ``records`` that were measured at more than one split count."""
+    seen: dict[str, set[int]] = {}
+    for r in records:
+        if families.get(r.backend) == "split-kv" and "num_kv_splits" in r.params:
+            seen.setdefault(r.backend, set()).add(r.params["num_kv_splits"])
+    return sorted(b for b, s in seen.items() if len(s) > 1)
+
+
+def split_sweep(records: Sequence[Record], backend: str) -> dict[int, list[SplitCurve]]:
+    """Figure (c): per batch, per context, ``backend``'s time against the split count asked for."""
+    mine = [r for r in records if r.backend == backend and "num_kv_splits" in r.params]
+    splits = sorted({r.params["num_kv_splits"] for r in mine})
+    out: dict[int, list[SplitCurve]] = {}
+    for (batch, ctx), recs in _by(mine, "batch", "context_len").items():
+        curve = SplitCurve(ctx, splits, [], [])
+        for s in splits:
+            at = [r for r in recs if r.params["num_kv_splits"] == s]
+            best = best_ok(at)
+            curve.median_us.append(best.stats.median_us if best else None)
+            curve.statuses.append("ok" if best else (at[0].status if at else "missing"))
+        timed = [(us, s) for us, s in zip(curve.median_us, splits) if us is not None]
+        if timed:
+            curve.best_us, curve.best_splits = min(timed)
+        out.setdefault(batch, []).append(curve)
+    return out
+
+
+@dataclass
+class Heatmap:
+    """Figure (c), second part: rows are contexts, columns split counts, cells µs / the row's best."""
+
+    contexts: list[int]
+    splits: list[int]
+    ratio: list[list[float | None]] = field(default_factory=list)
+    best_column: list[int | None] = field(default_factory=list)
+
+
+def split_heatmap(curves: Sequence[SplitCurve]) -> Heatmap:
+    """Each context's times relative to its best (1.0 = the best split count; None = not ok)."""
+    heat = Heatmap([c.context_len for c in curves], list(curves[0].splits) if curves else [])
+    for c in curves:
+        heat.ratio.append([us / c.best_us if us is not None and c.best_us else None for us in c.median_us])
+        heat.best_column.append(c.splits.index(c.best_splits) if c.best_splits is not None else None)
+    return heat
+
+
+@dataclass
+class Speedup:
+    """Figure (d): one padded persistent backend against the best split count of a split-KV one."""
+
+    batch: int
+    context_len: int
+    persistent: str
+    split_kv: str
+    speedup: float
+    persistent_us: float
+    split_kv_us: float
+    best_splits: int | None
+
+
+def persistent_vs_splitkv(records: Sequence[Record], families: dict[str, str]) -> list[Speedup]:
+    """Speedup = best split-KV µs / persistent µs per (batch, context, pair), from the compare table.
+
+    Above 1, padding the heads to 16 and running the persistent kernel wins. Pairs with a side that
+    has no correct record at that point are left out.
+    """
+    rows = compare_table(records, families).as_dicts()
+    return [Speedup(r["batch"], r["context"], r["persistent"], r["split-KV"], r["speedup"], r["µs"],
+                    r["split-KV µs"], r["best splits"])
+            for r in rows if r["speedup"] is not None]
+
+
+@dataclass
+class TpotBar:
+    """Figure (e): one variant at one concurrency; ``tpot_ms`` None when no result was recorded."""
+
+    concurrency: int
+    variant: str
+    tpot_ms: float | None
+    speedup: float | None
+    status: str
+
+
+@dataclass
+class ServingData:
+    """Figure (e): TPOT per concurrency and variant of one serve-bench run."""
+
+    run_name: str
+    description: str
+    baseline: str
+    stat: str
+    variants: list[str]
+    concurrencies: list[int]
+    bars: list[TpotBar]
+    workload: str
+
+
+def serving_tpot(run: Any, stat: str = "mean") -> ServingData:
+    """TPOT (``stat``: mean, median or p99; ms) and speedup over the baseline of a serve-bench run.
+
+    ``run`` is a :class:`mlabench.report.runs.ServeRun`; the numbers are the serve-bench table's
+    (:func:`mlabench.serving.table.build_table`: repeats averaged, worst status kept).
+    """
+    from mlabench.serving.table import build_table, tpot_of
+
+    conf = run.config
+    variants = [v.name for v in conf.variants]
+    table = build_table(run.results, variants, conf.concurrencies, conf.baseline, stat)  # type: ignore[arg-type]
+    bars = [TpotBar(row.concurrency, c.variant, tpot_of(c, table.stat), c.speedup, c.status)
+            for row in table.rows for c in row.cells]
+    b = conf.bench
+    tokens = f" {b.random_input_len} in / {b.random_output_len} out tokens" if b.dataset_name == "random" else ""
+    workload = f"{b.dataset_name}{tokens}, {b.num_prompts} prompts"
+    return ServingData(run.name, conf.description or conf.model or run.name, conf.baseline, stat, variants,
+                       list(conf.concurrencies), bars, workload)

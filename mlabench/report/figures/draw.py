@@ -1,0 +1,290 @@
+"""Drawing functions: each takes the data of one figure (:mod:`mlabench.report.figures.data`) and returns a
+matplotlib ``Figure``.
+
+matplotlib is imported here only, lazily (through :mod:`mlabench.extras`), and without pyplot: every
+figure is a ``matplotlib.figure.Figure`` drawn by the Agg canvas, so nothing needs a display.
+Legends sit outside the axes (constrained layout, ``outside`` locations) so they never cover data.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import textwrap
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from mlabench.errors import MlabenchError
+from mlabench.report.figures import style
+from mlabench.report.figures.data import Heatmap, LatencyData, ServingData, Speedup, SplitCurve
+
+PANEL_W, PANEL_H = 5.6, 3.9
+
+
+def _mpl() -> SimpleNamespace:
+    """matplotlib's figure, ticker, colors, patches and textpath modules and its colormaps, imported on first
+    use; :class:`MlabenchError` naming what to install when matplotlib is missing."""
+    from mlabench.extras import optional_import
+
+    names = ("matplotlib", "matplotlib.figure", "matplotlib.ticker", "matplotlib.colors", "matplotlib.patches",
+             "matplotlib.textpath")
+    mods = [optional_import(name) for name in names]
+    missing = [why for mod, why in mods if mod is None]
+    if missing:
+        raise MlabenchError(f"figures need matplotlib: {missing[0]}")
+    top, figure, ticker, colors, patches, textpath = (mod for mod, _ in mods)
+    return SimpleNamespace(figure=figure, ticker=ticker, colors=colors, patches=patches, textpath=textpath,
+                           colormaps=top.colormaps)
+
+
+def png_bytes(fig: Any) -> bytes:
+    """``fig`` as a PNG of at most 256 colours (a third of the size of matplotlib's RGBA PNG, the same
+    to the eye for line, bar and heat-map figures)."""
+    from mlabench.extras import optional_import
+
+    raw = io.BytesIO()
+    fig.savefig(raw, format="png", dpi=100)
+    image_mod, _why = optional_import("PIL.Image")
+    if image_mod is None:  # Pillow comes with matplotlib; keep the plain PNG without it
+        return raw.getvalue()
+    small = io.BytesIO()
+    image = image_mod.open(io.BytesIO(raw.getvalue())).convert("RGB")
+    image.quantize(colors=256, method=image_mod.Quantize.MEDIANCUT).save(small, format="png", optimize=True)
+    return small.getvalue()
+
+
+def _panels(n: int, title: str, where: str, width: float = PANEL_W, height: float = PANEL_H,
+            sharey: bool = False) -> tuple[Any, list[Any]]:
+    # the title wraps as its subtitle does: one panel is narrower than most titles
+    lines = [*_wrap(title, width * n), *_wrap(where, width * n)]
+    # each line past the title's first two gets its own height, so the panels keep theirs
+    fig = _mpl().figure.Figure(figsize=(width * n, height + 0.2 * max(len(lines) - 2, 0)), layout="constrained",
+                               dpi=100)
+    axes = fig.subplots(1, n, squeeze=False, sharey=sharey)[0]
+    fig.suptitle("\n".join(lines), fontsize=11)
+    return fig, list(axes)
+
+
+def _wrap(text: str, width_in: float) -> list[str]:
+    """``text`` in lines that fit ``width_in`` inches at the title's 11 points (11.5 characters
+    an inch, the width of an average line of DejaVu Sans there)."""
+    return textwrap.wrap(text, width=int(width_in * 11.5), break_on_hyphens=False) or [""]
+
+
+def _context_x(ax: Any, contexts: Sequence[int], log: bool = True) -> None:
+    ticker = _mpl().ticker
+    if log:
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+    ax.set_xticks(list(contexts), [style.context_text(c) for c in contexts], rotation=45 if log else 0)
+    ax.set_xlabel(style.CONTEXT_AXIS)
+
+
+def _log_y(ax: Any, label: str) -> None:
+    ticker = _mpl().ticker
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _pos: style.tick_text(v)))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_ylabel(label)
+
+
+def _dedup_legend(fig: Any, axes: list[Any], last: str | None = None, **kw: Any) -> None:
+    """One legend for all panels, outside them; the entry labelled ``last`` goes last."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    if last in seen:
+        seen[last] = seen.pop(last)
+    if seen:
+        if "ncol" in kw:  # fewer columns than asked where they do not fit; the rows added get their height
+            ncol = _legend_columns(list(seen), fig.get_figwidth(), kw["ncol"])
+            more_rows = math.ceil(len(seen) / ncol) - math.ceil(len(seen) / kw["ncol"])
+            fig.set_figheight(fig.get_figheight() + 0.19 * more_rows)
+            kw["ncol"] = ncol
+        fig.legend(list(seen.values()), list(seen), frameon=False, fontsize=9, **kw)
+
+
+def _legend_columns(labels: Sequence[str], width_in: float, most: int, fontsize: float = 9) -> int:
+    """The most columns, at most ``most``, in which a legend of ``labels`` fits ``width_in`` inches.
+
+    Matplotlib fills a legend's columns top to bottom; a column is as wide as its widest entry: the
+    handle (2 font sizes), the pad after it (0.8) and the label, measured with the default font
+    (``TextPath``); columns are 2 font sizes apart (matplotlib's default ``handlelength``,
+    ``handletextpad`` and ``columnspacing``).  1 when even one column is too wide.
+    """
+    text_path = _mpl().textpath.TextPath
+    entry_pt = [2.8 * fontsize + text_path((0, 0), label, size=fontsize).get_extents().width for label in labels]
+    for ncol in range(min(most, len(labels)), 1, -1):
+        rows = math.ceil(len(labels) / ncol)
+        columns = [max(entry_pt[i:i + rows]) for i in range(0, len(labels), rows)]
+        if (sum(columns) + 2 * fontsize * (len(columns) - 1)) / 72 <= 0.97 * width_in:
+            return ncol
+    return 1
+
+
+def latency(data: LatencyData, title: str, where: str, metric: str = "us") -> Any:
+    """Figure (a) (``metric="us"``, log-log with the floor) or (b) (``"pct"``, % of the floor)."""
+    batches = sorted(data.curves)
+    fig, axes = _panels(len(batches), title, where, sharey=metric == "pct")
+    noisy = False
+    for ax, batch in zip(axes, batches):
+        contexts = sorted({p.context_len for c in data.curves[batch] for p in c.points})
+        for curve in data.curves[batch]:
+            xs = [p.context_len for p in curve.points]
+            ys = [p.median_us if metric == "us" else p.pct_of_floor for p in curve.points]
+            color = style.backend_color(curve.backend)
+            ax.plot(xs, ys, "-o", color=color, label=curve.backend, markersize=4)
+            hollow = [(x, y) for x, y, p in zip(xs, ys, curve.points) if p.noisy]
+            if hollow:
+                noisy = True
+                ax.plot(*zip(*hollow), "o", color="white", markeredgecolor=color, markersize=4)
+        bw = f"{data.floor_bandwidth_tbps:.2f} TB/s" if data.floor_bandwidth_tbps else "measured"
+        kind = f"{data.floor_bandwidth} bandwidth"
+        if metric == "us":
+            floor = data.floor_us.get(batch, [])
+            if floor:
+                ax.plot(*zip(*floor), "--", color=style.FLOOR_COLOR, linewidth=1.2,
+                        label=f"floor: bytes / {kind} ({bw})")
+            _log_y(ax, "µs per decode call (median, log scale)")
+        else:
+            ax.axhline(100, linestyle="--", color=style.FLOOR_COLOR, linewidth=1.2,
+                       label=f"100% = floor (bytes / {kind}, {bw})")
+            if ax is axes[0]:
+                ax.set_ylabel(f"% of floor ({kind})")
+            ax.set_ylim(0, max(110, ax.get_ylim()[1]))
+        _context_x(ax, contexts)
+        ax.set_title(f"batch {batch}", fontsize=10)
+        ax.grid(True, which="major", alpha=0.3)
+    if noisy:
+        axes[0].plot([], [], "o", color="white", markeredgecolor="grey", label="hollow: noisy point")
+    _dedup_legend(fig, axes, loc="outside lower center", ncol=5)
+    return fig
+
+
+def split_sweep(curves: dict[int, list[SplitCurve]], title: str, where: str) -> Any:
+    """Figure (c): time vs ``num_kv_splits`` per context (one line each), the best starred."""
+    mpl = _mpl()
+    batches = sorted(curves)
+    fig, axes = _panels(len(batches), title, where, width=5.2)
+    cmap = mpl.colormaps["viridis"]
+    contexts = sorted({c.context_len for cs in curves.values() for c in cs})
+    shade = {ctx: cmap(i / max(1, len(contexts) - 1) * 0.9) for i, ctx in enumerate(contexts)}
+    for ax, batch in zip(axes, batches):
+        for c in curves[batch]:
+            pts = [(s, us) for s, us in zip(c.splits, c.median_us) if us is not None]
+            ax.plot(*zip(*pts), "-o", color=shade[c.context_len], markersize=3,
+                    label=style.context_text(c.context_len))
+            if c.best_splits is not None:
+                ax.plot([c.best_splits], [c.best_us], "*", color=shade[c.context_len], markersize=13,
+                        markeredgecolor="black", markeredgewidth=0.8)
+        splits = curves[batch][0].splits
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_minor_locator(mpl.ticker.NullLocator())
+        ax.set_xticks(splits, [str(s) for s in splits], fontsize=8, rotation=45)
+        ax.set_xlabel("num_kv_splits (log scale)")
+        _log_y(ax, "µs per decode call (median, log scale)")
+        ax.set_title(f"batch {batch}", fontsize=10)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[-1].plot([], [], "*", color="white", markeredgecolor="black", markersize=11, label="best split count")
+    _dedup_legend(fig, axes, loc="outside right center", title="context")
+    return fig
+
+
+def split_heatmap(maps: dict[int, Heatmap], title: str, where: str) -> Any:
+    """Figure (c), heat map: context x split count, coloured by µs / the context's best (log)."""
+    mpl = _mpl()
+    batches = sorted(maps)
+    fig, axes = _panels(len(batches), title, where, width=6.4, height=4.3)
+    worst = max((v for m in maps.values() for row in m.ratio for v in row if v is not None), default=2.0)
+    norm = mpl.colors.LogNorm(vmin=1.0, vmax=max(worst, 1.01))
+    cmap = mpl.colormaps["YlOrRd"].with_extremes(bad="#d9d9d9")
+    image = None
+    for ax, batch in zip(axes, batches):
+        m = maps[batch]
+        grid = [[v if v is not None else float("nan") for v in row] for row in m.ratio]
+        image = ax.imshow(grid, aspect="auto", cmap=cmap, norm=norm, origin="lower")
+        for i, row in enumerate(m.ratio):
+            for j, v in enumerate(row):
+                dark = v is not None and norm(v) > 0.55
+                ax.text(j, i, "✗" if v is None else style.ratio_text(v), ha="center", va="center",
+                        fontsize=6.5, color="white" if dark else "black")
+            if m.best_column[i] is not None:
+                ax.add_patch(mpl.patches.Rectangle((m.best_column[i] - 0.5, i - 0.5), 1, 1,
+                                                          fill=False, edgecolor="black", linewidth=1.6))
+        ax.set_xticks(range(len(m.splits)), [str(s) for s in m.splits], fontsize=8)
+        ax.set_yticks(range(len(m.contexts)), [style.context_text(c) for c in m.contexts], fontsize=8)
+        ax.set_xlabel("num_kv_splits")
+        ax.set_ylabel("context length, tokens")
+        ax.set_title(f"batch {batch}", fontsize=10)
+    cbar = fig.colorbar(image, ax=axes, shrink=0.9)
+    cbar.set_label("µs / best µs at that context (log scale)")
+    cbar.ax.yaxis.set_major_locator(mpl.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    cbar.ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _pos: style.tick_text(v)))
+    cbar.ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
+    return fig
+
+
+def speedups(points: Sequence[Speedup], title: str, where: str) -> Any:
+    """Figure (d): bars of best split-KV µs / persistent µs per context, per batch; 1.0 marked."""
+    batches = sorted({p.batch for p in points})
+    pairs = list(dict.fromkeys((p.persistent, p.split_kv) for p in points))
+    several_split_kv = len({s for _, s in pairs}) > 1
+    fig, axes = _panels(len(batches), title, where, width=6.0, sharey=True)
+    width = 0.8 / len(pairs)
+    top = max(p.speedup for p in points)
+    for ax, batch in zip(axes, batches):
+        mine = [p for p in points if p.batch == batch]
+        contexts = sorted({p.context_len for p in mine})
+        for k, (pers, skv) in enumerate(pairs):
+            at = {p.context_len: p for p in mine if (p.persistent, p.split_kv) == (pers, skv)}
+            xs = [i + (k - (len(pairs) - 1) / 2) * width for i, c in enumerate(contexts) if c in at]
+            ys = [at[c].speedup for c in contexts if c in at]
+            label = f"{pers} vs {skv}"
+            bars = ax.bar(xs, ys, width * 0.92, color=style.backend_color(pers), label=label,
+                          hatch="//" if several_split_kv and k % 2 else None)
+            ax.bar_label(bars, [f"{y:.2f}" for y in ys], label_type="center", fontsize=7.5, rotation=90,
+                         color="white", fontweight="bold")
+        ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="1.0 = equal")
+        ax.set_xticks(range(len(contexts)), [style.context_text(c) for c in contexts])
+        ax.set_xlabel(style.CONTEXT_AXIS)
+        if ax is axes[0]:
+            ax.set_ylabel("speedup: best split-KV µs / persistent µs (×)")
+        ax.set_ylim(0, top * 1.22)
+        ax.set_title(f"batch {batch} (above 1.0: the padded persistent kernel wins)", fontsize=10)
+        ax.grid(True, axis="y", alpha=0.3)
+    _dedup_legend(fig, axes, last="1.0 = equal", loc="outside lower center", ncol=4)
+    return fig
+
+
+def serving(data: ServingData, title: str, where: str) -> Any:
+    """Figure (e): TPOT bars per concurrency and variant, each labelled with its speedup."""
+    fig, (ax,) = _panels(1, title, where, width=max(6.0, 1.6 * len(data.concurrencies) * len(data.variants)),
+                         height=4.4)
+    colors = style.variant_colors(data.variants, data.baseline)
+    width = 0.8 / len(data.variants)
+    top = max((b.tpot_ms for b in data.bars if b.tpot_ms), default=1.0)
+    for k, variant in enumerate(data.variants):
+        for i, conc in enumerate(data.concurrencies):
+            bar = next(b for b in data.bars if b.variant == variant and b.concurrency == conc)
+            x = i + (k - (len(data.variants) - 1) / 2) * width
+            label = variant + (" (baseline)" if variant == data.baseline else "")
+            if bar.tpot_ms is None:
+                ax.text(x, top * 0.02, f"{variant}: {bar.status}", rotation=90, ha="center", va="bottom",
+                        fontsize=8, color="#b00020")
+                continue
+            ax.bar([x], [bar.tpot_ms], width * 0.92, color=colors[variant], label=label,
+                   hatch=None if bar.status == "ok" else "xx")
+            speed = "baseline" if variant == data.baseline else style.speedup_text(bar.speedup)
+            note = "" if bar.status == "ok" else f"\n{bar.status}"
+            ax.text(x, bar.tpot_ms + top * 0.02, f"{style.sig3(bar.tpot_ms)} ms\n{speed}{note}",
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(data.concurrencies)), [f"concurrency {c}" for c in data.concurrencies])
+    ax.set_xlim(-0.5, len(data.concurrencies) - 0.5)
+    ax.set_ylabel(f"TPOT, {data.stat} over requests, ms")
+    ax.set_ylim(0, top * 1.3)
+    ax.grid(True, axis="y", alpha=0.3)
+    _dedup_legend(fig, [ax], loc="outside right center", title="variant")
+    return fig

@@ -1,0 +1,182 @@
+"""The report's "tuned policy and validation" and "graph-check" sections, and the text that describes
+a tuning or validation run in the environment tables.
+
+Numbers come from the runs as recorded: a tuning run's choice per study from its trial records and
+its exported policy (:mod:`mlabench.report.figures.tuning_data`), a validation run's regret summary from its
+``validation.json`` (the same table ``tune --validate`` printed), a graph-check result's rows from
+its JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mlabench.policy.tuned import TILES_NOTATION
+from mlabench.report.document import Block, FigureBlock, Heading, Missing, Para, TableBlock
+from mlabench.report.figures import style, tuning_data as T
+from mlabench.report.figures.plan import FigureSpec
+from mlabench.tables.table import Table
+
+
+def _figures_of(specs: Sequence[FigureSpec], kinds: Sequence[str], name: str, alone: bool) -> list[Block]:
+    """The figures of ``kinds`` that belong to the run ``name`` (every one when it is the only run)."""
+    return [FigureBlock(s.stem, s.caption, s.draw) for s in specs
+            if s.kind in kinds and (alone or s.stem.endswith(name))]
+
+
+def params_text(params: dict[str, Any] | None) -> str:
+    """``num_kv_splits=23`` (parameters left empty, e.g. no ``split_policy`` file, are not shown)."""
+    if params is None:
+        return "—"
+    return " ".join(f"{k}={v}" for k, v in params.items() if v != "") or "defaults"
+
+
+def tune_config_text(cfg: dict[str, Any]) -> str:
+    """One line of a tuning run's configuration: backend, model, batch sizes, buckets, trials, noise."""
+    buckets = cfg.get("buckets") or []
+    model = f"model {cfg.get('model')}, TP {cfg.get('tp')}" if cfg.get("model") else f"{cfg.get('heads')} heads"
+    qo = "" if cfg.get("qo_len", 1) == 1 else f"; qo_len {cfg.get('qo_len')}"
+    return (f"tune {cfg.get('backend')}; {model}{qo}; batch {', '.join(map(str, cfg.get('batch') or []))}; "
+            f"{len(buckets)} context buckets up to {style.context_text(buckets[-1]) if buckets else '—'}, each "
+            f"measured at {_lengths_text(cfg)}; page {cfg.get('page_size')}; "
+            f"{cfg.get('trials')} trials per study, sampler {cfg.get('sampler')}"
+            + (", the public heuristics first" if cfg.get("heuristics") else "")
+            + f"; ties within {100 * (cfg.get('noise') or 0):g}%")
+
+
+def _lengths_text(cfg: dict[str, Any]) -> str:
+    """Where a tuning run measured each bucket: its representative length (runs before several
+    lengths per bucket), or K lengths scored by the worst or geometric-mean ratio to the best."""
+    k = int(cfg.get("lengths_per_bucket") or 1)
+    if k == 1:
+        return f"its {cfg.get('representative')} length"
+    rule = cfg.get("tokens_per_split")
+    return (f"{k} lengths from its lower to its upper edge, scored by the {cfg.get('combine')} ratio to the best "
+            f"at each" + (", split counts scaling with the length searched too" if rule else "")
+            + (" (whole tiles per split too, where the backend declares its tile)" if rule and cfg.get("whole_tiles") else ""))
+
+
+def validate_config_text(cfg: dict[str, Any]) -> str:
+    """One line of a validation run's configuration: the policy's run, the held-out lengths, the ladder."""
+    lengths = cfg.get("lengths") or []
+    span = f"{style.context_text(min(lengths))}-{style.context_text(max(lengths))}" if lengths else "—"
+    ladder = ", ".join(map(str, cfg["ladder"])) if cfg.get("ladder") else "the default ladder"
+    source = (cfg.get("policy_source") or {}).get("run_id") or "a policy without a recorded run"
+    return (f"validate the {cfg.get('backend')} policy of {source} at {len(lengths)} held-out lengths per "
+            f"batch size ({span} tokens) against {ladder} of split counts and every public heuristic")
+
+
+def config_row(config: dict[str, Any]) -> tuple[str, str] | None:
+    """``("tuning", text)`` or ``("validation", text)`` for a tuning or validation run's manifest
+    configuration; None for a sweep's."""
+    if "tune" in config:
+        return "tuning", tune_config_text(config["tune"])
+    if "validate" in config:
+        return "validation", validate_config_text(config["validate"])
+    return None
+
+
+def choice_table(run: Any) -> Table:
+    """Per study of a tuning run: configurations measured, the policy's choice and its µs, the
+    fastest trial, the best public heuristic, and the speedup of the choice over it."""
+    t = Table(f"{run.name}: choice per batch and context bucket (µs: median per decode call)",
+              ["batch", "bucket", "measured at", "configurations", "correct", "chosen", "chosen µs",
+               "fastest", "fastest µs", "best heuristic", "heuristic µs", "speedup"])
+    for c in T.study_choices(run):
+        t.rows.append([c.study.batch, c.study.bucket, c.study.length, c.configs, c.ok, params_text(c.chosen),
+                       c.chosen_us, params_text(c.fastest), c.fastest_us,
+                       f"{c.best_heuristic} ({params_text(c.heuristic)})" if c.best_heuristic else "—",
+                       c.heuristic_us, c.speedup])
+    t.notes += ["chosen: the exported policy's parameters at the bucket's measured length (the tuner keeps "
+                "the fewest splits within the noise of the fastest); speedup = best heuristic µs / chosen µs",
+                "measured at: of a study measured at several lengths, the one nearest the bucket's middle (the "
+                "choice weighed them all: the tune command's own table has each study's worst ratio)",
+                "configurations: trials with a record of their own (a configuration suggested again is reused)"]
+    return t
+
+
+def policy_table(policy: Any) -> Table:
+    """The exported policy: per batch size, each entry's longest context and parameters."""
+    t = Table(f"Policy for {policy.backend} on {policy.device} (adjacent buckets with the same choice merged)",
+              ["batch", "max context", "params"])
+    t.rows = [[b.batch, e.max_context_len, e.describe()] for b in policy.batches for e in b.entries]
+    if any(e.tokens_per_split for b in policy.batches for e in b.entries):
+        t.notes.append("min(ceil(L/t),n): the split count scales with the context length L, one split per t "
+                       "tokens, at most n")
+    if any(e.tile_tokens for b in policy.batches for e in b.entries):
+        t.notes.append(TILES_NOTATION)
+    return t
+
+
+def _tune_blocks(run: Any, specs: Sequence[FigureSpec], alone: bool) -> list[Block]:
+    ok = sum(r.status == "ok" for r in run.records)
+    blocks: list[Block] = [Heading(f"Tuning run {run.name}", 3),
+                           Para(f"{tune_config_text(run.config)}. {len(run.records)} configurations measured, "
+                                f"{ok} correct ({run.path})."),
+                           TableBlock(choice_table(run))]
+    if run.policy is None:
+        blocks.append(Missing(f"tuning run {run.name} has no policy.json: it did not finish (continue it with "
+                              f"`mlabench tune --resume {run.path}`, or write the policy of its studies with "
+                              f"`mlabench tune --export {run.path}`)"))
+    else:
+        blocks.append(TableBlock(policy_table(run.policy)))
+    return blocks + _figures_of(specs, ("tuned-policy", "tuning-history"), run.name, alone)
+
+
+def _validation_blocks(runs: Any, run: Any, specs: Sequence[FigureSpec], alone: bool) -> list[Block]:
+    from mlabench.records.store import ResultStore
+    from mlabench.tune.validation import Validation, validation_tables
+
+    given = any(t.name == run.policy_run_id for t in runs.tune_runs)
+    blocks: list[Block] = [Heading(f"Validation run {run.name}", 3),
+                           Para(f"{validate_config_text(run.manifest.config['validate'])}; the tuning run "
+                                + ("is in this report" if given else "is not among the folders given") + ".")]
+    if run.points is None:
+        return blocks + [Missing(f"{run.path} has no validation.json (an interrupted validation): no regret "
+                                 "to show; run `mlabench tune --validate POLICY` again")]
+    names = sorted({h for p in run.points for h in p.heuristics})
+    summary = validation_tables(Validation(ResultStore(run.path), run.points, names))[0]
+    summary.title = f"{run.name}: {summary.title.lower()} (regret in %)"
+    return blocks + [TableBlock(summary)] + _figures_of(specs, ("tuning-regret",), run.name, alone)
+
+
+def tuning_section(runs: Any, specs: Sequence[FigureSpec]) -> list[Block]:
+    """Each tuning run's choices, policy and figures; each validation run's regret and figure."""
+    blocks: list[Block] = [Heading("Tuned policy and validation")]
+    if not runs.tune_runs and not runs.validation_runs:
+        return blocks + [Missing("no tuning run among the folders given: `mlabench tune` writes the chosen split "
+                                 "count per batch and context bucket, and `mlabench tune --validate` its regret "
+                                 "on a held-out grid; pass their run folders to --from")]
+    for run in runs.tune_runs:
+        blocks += _tune_blocks(run, specs, len(runs.tune_runs) == 1)
+    if not runs.validation_runs:
+        blocks.append(Missing("no validation run among the folders given (`mlabench tune --validate "
+                              "<tuning run>/policy.json`): the policy's regret on held-out lengths is not shown"))
+    for run in runs.validation_runs:
+        blocks += _validation_blocks(runs, run, specs, len(runs.validation_runs) == 1)
+    return blocks
+
+
+def graph_check_table(check: Any) -> Table:
+    """The rows of a graph-check result as its command printed them (slowdown as a signed %)."""
+    t = Table(f"{check.path}: {check.title}",
+              ["subject", "batch", "context", "graph µs", "tuned µs", "tuned splits", "splits in graph",
+               "slower %", "refresh µs/step", "correct", "flagged", "note"])
+    for r in check.rows:
+        slow = r.get("slowdown_pct")
+        t.rows.append([r["subject"], r["batch"], r["context"], r.get("graph_us"), r.get("tuned_us"),
+                       r.get("tuned_splits"), r.get("captured_splits"), None if slow is None else f"{slow:+.1f}",
+                       r.get("refresh_us"), r.get("correct"), r.get("flagged"), r.get("note") or ""])
+    t.notes = list(check.notes)
+    return t
+
+
+def graph_check_section(runs: Any, specs: Sequence[FigureSpec]) -> list[Block]:
+    """Each graph-check result's table and the slowdown figure."""
+    blocks: list[Block] = [Heading("Graph capture: frozen choices (graph-check)")]
+    if not runs.graph_checks:
+        return blocks + [Missing("no graph-check result among the paths given (`mlabench graph-check --save "
+                                 "FILE`, then pass FILE or its folder to --from)")]
+    blocks += [TableBlock(graph_check_table(c)) for c in runs.graph_checks]
+    return blocks + [FigureBlock(s.stem, s.caption, s.draw) for s in specs if s.kind == "graph-check"]

@@ -1,0 +1,102 @@
+"""``mlabench compare`` over recorded runs: which records it reads, how backends pair up, and which
+path wins at each number of query tokens per request.
+
+Reads run folders through :func:`mlabench.records.store.records_of`, never through the sweep runner; the
+pairwise table is :func:`mlabench.sweep.summary.compare_table`, the per-qo_len answer :func:`winners_table`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mlabench.backends import backend_names, get_backend
+from mlabench.errors import MissingResultError
+from mlabench.records.record import Record
+from mlabench.records.store import describe_records, records_of
+from mlabench.sweep.summary import best_ok
+from mlabench.tables.table import ColumnStyle, Table, fmt
+
+#: The two paths the 12-head question is about, by backend family.
+PATHS = {"persistent": "padded persistent", "split-kv": "split-KV"}
+
+
+def recorded_records(runs: Iterable[Path], batch: Sequence[int] | None = None,
+                     context_lens: Sequence[int] | None = None,
+                     backends: Sequence[str] | None = None,
+                     qo_lens: Sequence[int] | None = None) -> list[Record]:
+    """The records of ``runs`` (run folders, or folders holding runs), kept when their batch is in
+    ``batch``, their longest context length in ``context_lens``, their backend in ``backends`` and
+    their query tokens per request in ``qo_lens`` (each filter off when None or empty; records
+    written before multi-token decode count as qo_len 1).
+
+    Raises :class:`UnknownBackendError` for a backend name that is not registered (before reading
+    anything), :class:`ResultsError` for a folder without runs or runs from different devices, and
+    :class:`MissingResultError` when no record passes the filters (naming what the runs hold).
+    """
+    for name in backends or []:
+        get_backend(name)
+    everything = records_of(runs)
+    kept = [r for r in everything
+            if (not batch or r.batch in batch) and (not context_lens or r.context_len in context_lens)
+            and (not backends or r.backend in backends) and (not qo_lens or r.qo_len in qo_lens)]
+    if not kept:
+        asked = [f"{flag} {','.join(map(str, values))}" for flag, values in
+                 (("--batch", batch), ("--context", context_lens), ("--backend", backends), ("--qo-len", qo_lens))
+                 if values]
+        raise MissingResultError(f"no recorded point matches {' '.join(asked) or 'anything'}: the runs hold "
+                                 + describe_records(everything))
+    return kept
+
+
+def backend_families() -> dict[str, str]:
+    """``{backend name: family}`` of every registered backend (``persistent``, ``split-kv``, ...),
+    which :func:`mlabench.sweep.summary.compare_table` uses to pair padded persistent kernels with
+    split-KV ones."""
+    return {name: get_backend(name).family for name in backend_names()}
+
+
+def path_winner(records: Sequence[Record], families: dict[str, str]) -> dict[str, Any] | None:
+    """Which path is fastest among ``records`` (one batch, context and qo_len): the best ok record
+    of each family in :data:`PATHS`, compared.
+
+    Returns ``{"path", "backend", "us", "margin"}`` -- ``margin`` the other path's best µs over the
+    winner's (None when only one path has an ok record) -- or None when no record is ok.
+    """
+    best = {fam: best_ok(r for r in records if families.get(r.backend) == fam) for fam in PATHS}
+    ranked = sorted(((b.stats.median_us, fam, b) for fam, b in best.items() if b is not None),
+                    key=lambda x: x[0])
+    if not ranked:
+        return None
+    us, fam, rec = ranked[0]
+    return {"path": PATHS[fam], "backend": rec.backend, "us": us,
+            "margin": ranked[1][0] / us if len(ranked) > 1 else None}
+
+
+def _winner_text(w: dict[str, Any] | None) -> str:
+    if w is None:
+        return "(none ok)"
+    margin = "only path ok" if w["margin"] is None else f"{w['margin']:.2f}x"
+    return f"{w['path']}: {w['backend']} {fmt(w['us'])} µs ({margin})"
+
+
+def winners_table(records: Sequence[Record], families: dict[str, str]) -> Table:
+    """Per batch and context bucket, which path wins at each qo_len: one column per qo_len
+    (``qo=4``, ``qo=4 non-causal``) naming the faster path, its backend and time and how much
+    faster it is than the other path's best (:func:`path_winner`; only ok records count).
+    JSON and CSV carry the winner as ``{"path", "backend", "us", "margin"}``."""
+    cells: dict[tuple[int, int], dict[Any, list[Record]]] = {}
+    for r in records:
+        cells.setdefault((r.batch, r.context_len), {}).setdefault(r.qo_label, []).append(r)
+    qos = sorted({q for by_qo in cells.values() for q in by_qo}, key=lambda q: (int(str(q).split()[0]), str(q)))
+    columns = [f"qo={q}" for q in qos]
+    styles = {c: ColumnStyle(text=_winner_text) for c in columns}
+    t = Table("Which path wins at each qo_len (query tokens per request)", ["batch", "context", *columns],
+              styles=styles)
+    for (batch, ctx), by_qo in sorted(cells.items()):
+        t.rows.append([batch, ctx, *(path_winner(by_qo.get(q, []), families) for q in qos)])
+    t.notes.append("each cell: the faster of the best padded persistent and the best split-KV configuration, "
+                   "and the other's µs over the winner's; only configurations that passed the correctness check "
+                   "count")
+    return t

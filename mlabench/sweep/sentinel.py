@@ -1,0 +1,182 @@
+"""The sentinel: one point re-measured through a sweep, the drift it shows, and the run's health notes.
+
+A sweep measures its sentinel point before its first point, again after every ``sentinel_every``
+points and once more at the end, each time on freshly made inputs, and appends each measurement
+to ``sentinel.jsonl`` in the run folder (with how many points were recorded when it was taken; in a
+run with several visits per point, how many visits were measured: :mod:`mlabench.sweep.visits`).
+The drift of a measurement is its median over the first one's, minus 1.  A run whose sentinel
+drifts by more than the target is flagged, and the points measured in a drifting window (between
+the sentinel before and the drifting one) are named.  The spread between successive sentinel
+measurements is the run's *repeat noise*: how far one point's median moves when it is measured
+again, beyond what its own samples show; :mod:`mlabench.sweep.diff` uses it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mlabench.measure.stats import mean_rel_se
+from mlabench.records.record import Manifest, Record
+from mlabench.records.store import read_jsonl
+from mlabench.tables.table import fmt, params_label
+
+SENTINEL_FILE = "sentinel.jsonl"
+
+
+class SentinelMeasurement(BaseModel):
+    """One measurement of the sentinel point (one line of ``sentinel.jsonl``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    after_points: int = Field(description="Records in results.jsonl when it was taken (with several visits "
+                                          "per point: visits in visits.jsonl).")
+    record: Record = Field(description="The sentinel point as measured then.")
+
+
+class DriftWindow(BaseModel):
+    """Points measured between a sentinel measurement and the next, drifting one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    from_point: int = Field(description="Index (0-based, in results.jsonl; with several visits per point, "
+                                        "in visits.jsonl) of the first point in the window.")
+    to_point: int = Field(description="Index after the last point in the window.")
+    drift: float = Field(description="Drift of the sentinel measured at the window's end.")
+    points: list[str] = Field(description="The points measured in the window, as labels.")
+
+
+class Drift(BaseModel):
+    """What the sentinel measurements of one run show (the manifest's ``drift``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sentinel: str = Field(description="The sentinel point, as a label.")
+    key: str = Field(description="Its point key.")
+    target: float = Field(description="Largest drift that does not flag the run.")
+    after_points: list[int] = Field(description="Points recorded at each measurement.")
+    medians_us: list[float] = Field(description="Median of each measurement, µs.")
+    drift: list[float] = Field(description="Each median over the first, minus 1.")
+    max_abs_drift: float = Field(description="Largest absolute drift.")
+    repeat_noise: float | None = Field(description="Relative spread of successive measurements (None: fewer than 3).")
+    drifting: bool = Field(description="True when max_abs_drift exceeds the target.")
+    windows: list[DriftWindow] = Field(default_factory=list, description="Windows that end in a drifting measurement.")
+
+
+def point_label(r: Record) -> str:
+    """``backend params B=.. L=..`` of a record, for notes."""
+    return f"{r.backend} {params_label(r.params)} B={r.batch} L={r.context_len}"
+
+
+def append_sentinel(run_dir: Path, after_points: int, record: Record) -> None:
+    """Append one sentinel measurement to ``run_dir/sentinel.jsonl``."""
+    line = SentinelMeasurement(after_points=after_points, record=record).model_dump_json() + "\n"
+    with open(Path(run_dir) / SENTINEL_FILE, "a", encoding="utf-8") as fh:
+        fh.write(line)
+
+
+def read_sentinels(run_dir: Path) -> list[SentinelMeasurement]:
+    """The sentinel measurements of a run, in order; [] when it has none (e.g. older runs).
+
+    A cut-short last line is ignored; raises :class:`ResultsError` for a bad line elsewhere.
+    """
+    return read_jsonl(Path(run_dir) / SENTINEL_FILE, SentinelMeasurement, "sentinel measurement")
+
+
+def repeat_noise(medians_us: Sequence[float]) -> float | None:
+    """Relative standard deviation of re-measuring one point, from successive medians.
+
+    The mean square successive difference of the log medians, halved (von Neumann's estimator: a
+    slow drift barely inflates it); None for fewer than 3 medians.
+    """
+    logs = [math.log(m) for m in medians_us if m > 0]
+    if len(logs) < 3:
+        return None
+    diffs = [(b - a) ** 2 for a, b in zip(logs, logs[1:])]
+    return math.sqrt(sum(diffs) / (2 * len(diffs)))
+
+
+def drift_of(sentinels: Sequence[SentinelMeasurement], records: Sequence[Record], target: float) -> Drift | None:
+    """The drift the ``sentinels`` of a run show; ``records`` in the order measured (a visit run's
+    visits) name the points of drifting windows.  None when fewer than two sentinel measurements were timed."""
+    timed = [s for s in sentinels if s.record.status == "ok" and s.record.stats is not None]
+    if len(timed) < 2:
+        return None
+    medians = [s.record.stats.median_us for s in timed]
+    drift = [m / medians[0] - 1 for m in medians]
+    windows = [DriftWindow(from_point=prev.after_points, to_point=cur.after_points, drift=d,
+                           points=[point_label(r) for r in records[prev.after_points:cur.after_points]])
+               for prev, cur, d in zip(timed, timed[1:], drift[1:]) if abs(d) > target]
+    worst = max(abs(d) for d in drift)
+    return Drift(sentinel=point_label(timed[0].record), key=timed[0].record.key, target=target,
+                 after_points=[s.after_points for s in timed], medians_us=medians, drift=drift,
+                 max_abs_drift=worst, repeat_noise=repeat_noise(medians), drifting=worst > target,
+                 windows=windows)
+
+
+def health_notes(manifest: Manifest, records: Sequence[Record], most: int = 8) -> list[str]:
+    """Notes for a sweep's summary: the GPU's warm-up, the sentinel's drift (drifting windows and
+    their points named, at most ``most`` per window), points measured below the steady clock, and
+    points whose visits still disagreed when they reached the most visits (:func:`unsettled`)."""
+    warmups: Counter[str] = Counter()  # a resumed run warms up again: the same line once, with a count
+    for w in manifest.warmups:
+        clock = f" at {w['sm_clock_mhz']:.0f} MHz" if w.get("sm_clock_mhz") else ""
+        power = f", {w['power_w']:.0f} W" if w.get("power_w") else ""
+        warmups[f"{w.get('reason')}{clock}{power}"] += 1
+    notes = [f"GPU warm-up{f' (x{n}: the run was resumed)' if n > 1 else ''}: {text}" for text, n in warmups.items()]
+    if manifest.drift:
+        d = Drift.model_validate(manifest.drift)
+        head = (f"sentinel {d.sentinel} measured {len(d.medians_us)} times: drift "
+                f"{100 * min(d.drift):+.2f}% to {100 * max(d.drift):+.2f}% (target ±{100 * d.target:g}%)")
+        if d.repeat_noise is not None:
+            head += f", repeat noise {100 * d.repeat_noise:.2f}%"
+        notes.append(("DRIFTING: " if d.drifting else "") + head)
+        unit = "visits" if manifest.visit_settings()["visits"] > 1 else "points"  # what the windows index
+        for w in d.windows:
+            more = f" and {len(w.points) - most} more" if len(w.points) > most else ""
+            notes.append(f"drifting window ({unit} {w.from_point + 1}-{w.to_point}, sentinel {100 * w.drift:+.2f}%): "
+                         + "; ".join(w.points[:most]) + more)
+    low = [r for r in records if r.clock_below_steady]
+    if low:
+        notes.append(f"{len(low)} point(s) measured with the SM clock below its steady value: "
+                     + "; ".join(point_label(r) for r in low[:most]) + ("; ..." if len(low) > most else ""))
+    apart = unsettled(manifest, records)
+    if apart:
+        settings = manifest.visit_settings()
+        notes.append(f"{len(apart)} point(s) whose visits still disagreed at {settings['max_visits']} visits "
+                     f"(standard error of the mean of their medians over {100 * settings['visit_rel_se']:g}%): "
+                     + "; ".join(point_label(r) for r in apart[:most]) + ("; ..." if len(apart) > most else ""))
+    return notes
+
+
+def unsettled(manifest: Manifest, records: Sequence[Record]) -> list[Record]:
+    """The records of a run with further visits (``max_visits`` above ``visits``) whose visits
+    reached ``max_visits`` with the standard error of the mean of their medians still above
+    ``visit_rel_se`` (:func:`mlabench.measure.stats.mean_rel_se`): their pooled time is the least settled."""
+    settings = manifest.visit_settings()
+    most, target = settings["max_visits"], settings["visit_rel_se"]
+    if not target or most <= settings["visits"]:
+        return []
+    out = []
+    for r in records:
+        medians = r.visit_medians_us or []
+        if len(medians) >= most and (se := mean_rel_se(medians)) is not None and se > target:
+            out.append(r)
+    return out
+
+
+def ceilings_note(manifest: Manifest) -> str:
+    """One line: the read, copy and datasheet bandwidths of a run."""
+    sheet = manifest.datasheet_bandwidth_tbps
+    return (f"memory bandwidth: read {fmt(manifest.read_bandwidth_tbps)} TB/s (the floor), copy "
+            f"{fmt(manifest.copy_bandwidth_tbps)} TB/s (read + write), datasheet {fmt(sheet)} TB/s")
+
+
+def drift_dict(drift: Drift | None) -> dict[str, Any] | None:
+    """The manifest's form of a :class:`Drift`."""
+    return drift.model_dump(mode="json") if drift else None

@@ -1,0 +1,137 @@
+"""Tables of recorded sweeps, importing no backend (so ``plot`` and ``report`` load no torch): the
+sweep's summary (per backend, batch and context, the best correct configuration beside its time at
+each split count swept) and the compare table (each padded persistent backend against the best split
+count of each split-KV one)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from mlabench.tables.table import PARAMS, ColumnStyle, Table, fmt, params_label, short_params
+
+if TYPE_CHECKING:  # records are only read here; importing results would load torch for the CLI
+    from mlabench.records.record import Record
+
+
+def best_ok(records: Iterable[Record]) -> Record | None:
+    """Fastest record whose status is ok (a fast wrong answer never wins)."""
+    ok = [r for r in records if r.status == "ok" and r.stats is not None]
+    return min(ok, key=lambda r: r.stats.median_us) if ok else None
+
+
+def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None) -> Table:
+    """Per (backend, batch, context): best configuration and its µs / TB/s / % of floor, beside the
+    µs at each split count swept (or at ``splits``, those of them swept), and how many points
+    were not ok or noisy.  At a narrow terminal the TB/s, then the split columns (from the right),
+    then ``noisy`` are left out (:class:`ColumnStyle` ``drop``)."""
+    swept = sorted({r.params.get("num_kv_splits") for r in records} - {None})
+    swept = [s for s in swept if splits is None or s in splits]
+    at = {f"µs @{s} splits": ColumnStyle(header=f"µs @{s}", drop=2) for s in swept}
+    styles = {"best params": PARAMS, "TB/s": ColumnStyle(drop=3), **at, "noisy": ColumnStyle(drop=1)}
+    qo = any(r.qo_len != 1 for r in records)  # several query tokens: a qo_len column
+    cols = ["backend", "batch", "context", *(["qo_len"] if qo else []), "best params", "µs", "TB/s", "% floor",
+            *at, "not ok", "noisy"]
+    table = Table("Sweep: best configuration per backend, batch and context", cols, styles=styles)
+    groups: dict[tuple, list[Record]] = {}
+    for r in records:
+        groups.setdefault((r.backend, r.batch, r.num_heads, r.context_len, r.qo_len, not r.causal), []).append(r)
+    for (backend, batch, _h, ctx, *_qo), recs in sorted(groups.items()):
+        best = best_ok(recs)
+        row: list[Any] = [backend, batch, ctx, *([recs[0].qo_label] if qo else [])]
+        row += [params_label(best.params), best.stats.median_us, best.achieved_tbps, best.pct_of_floor] \
+            if best else ["(none ok)", None, None, None]
+        for s in swept:
+            hit = best_ok(r for r in recs if r.params.get("num_kv_splits") == s)
+            row.append(hit.stats.median_us if hit else None)
+        bad = [r for r in recs if r.status != "ok"]
+        row.append(", ".join(sorted({f"{r.status}" for r in bad})) + f" ({len(bad)})" if bad else "")
+        noisy = [r for r in recs if r.stats is not None and r.stats.noisy]
+        row.append(f"{len(noisy)}{' incl. best' if best in noisy else ''}" if noisy else "")
+        table.rows.append(row)
+    noisy = sum(1 for r in records if r.stats is not None and r.stats.noisy)
+    if noisy:
+        table.notes.append(f"{noisy} of {len(records)} points are noisy: the 95% CI of their median stayed wider "
+                           "than the target within the budget; their times are less certain (raise --budget-s, "
+                           "or quiet the machine)")
+    if records:
+        r0 = records[0]
+        bw = r0.read_bandwidth_tbps if r0.floor_bandwidth == "read" else r0.copy_bandwidth_tbps
+        table.notes.append(f"heads={r0.num_heads} page={r0.shape.get('page_size')} {r0.shape.get('kv_dtype')}; "
+                           f"time: median µs per call ({r0.timing_mode or 'n/a'}); µs @N: at N splits; floor = "
+                           f"bytes / measured {r0.floor_bandwidth} bandwidth {fmt(bw)} TB/s")
+    return table
+
+
+#: At a narrow terminal the compare table leaves out the persistent params, setup µs, then the
+#: two % floor columns (the speedup and both times stay).
+COMPARE_STYLES = {"params": ColumnStyle(text=short_params, drop=5), "setup µs": ColumnStyle(drop=4),
+                  "% floor": ColumnStyle(drop=3), "split-KV % floor": ColumnStyle(drop=3)}
+
+
+def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
+    """The 12-head question: each padded persistent backend against the best split count of each
+    split-KV backend, per batch and context.
+
+    ``families`` maps backend name -> family (``persistent`` / ``split-kv``).  ``speedup`` is
+    split-KV µs / persistent µs: above 1 the padded persistent path is faster.  Only ok records
+    count; a configuration with no ok record shows as a dash.  A backend whose every record at a
+    batch, context and qo_len is ``unsupported`` is left out there (its rows would be all dashes),
+    with a note naming it and why.
+    """
+    qo = any(r.qo_len != 1 for r in records)  # several query tokens: a qo_len column
+    t = Table("Padded persistent vs best split-KV",
+              ["batch", "context", *(["qo_len"] if qo else []), "persistent", "params", "µs", "% floor",
+               "setup µs", "split-KV", "best splits", "split-KV µs", "split-KV % floor", "speedup"],
+              styles=COMPARE_STYLES)
+    cells: dict[tuple, dict[str, list[Record]]] = {}
+    for r in records:
+        cells.setdefault((r.batch, r.context_len, r.qo_len, not r.causal), {}).setdefault(r.backend, []).append(r)
+    dropped = _drop_unsupported(cells)
+    persistent = sorted({b for b, f in families.items() if f == "persistent"})
+    splitkv = sorted({b for b, f in families.items() if f == "split-kv"})
+    for (batch, ctx, *_qo), by_backend in sorted(cells.items()):
+        qo_cell = [next(iter(by_backend.values()))[0].qo_label] if qo else []
+        for p in [b for b in persistent if b in by_backend] or [None]:
+            pb = best_ok(by_backend.get(p, [])) if p else None
+            for s in [b for b in splitkv if b in by_backend] or [None]:
+                sb = best_ok(by_backend.get(s, [])) if s else None
+                speedup = sb.stats.median_us / pb.stats.median_us if pb and sb else None
+                t.rows.append([
+                    batch, ctx, *qo_cell, p, params_label(pb.params) if pb else None,
+                    pb.stats.median_us if pb else None, pb.pct_of_floor if pb else None,
+                    sum(pb.setup_us.values()) if pb and pb.setup_us else None, s, sb.effective_params.get("num_kv_splits", sb.params.get("num_kv_splits")) if sb else None,
+                    sb.stats.median_us if sb else None, sb.pct_of_floor if sb else None, speedup,
+                ])
+    t.notes.append("speedup = split-KV µs / persistent µs (> 1: padding to 16 heads and running the "
+                   "persistent kernel wins); only configurations that passed the correctness check count")
+    t.notes.append("setup µs: scheduling metadata / work list built once per decode step outside the "
+                   "timed call (wall clock, as servers share it across layers)")
+    if any(r.floor_bandwidth == "copy" and r.floor_us for r in records):
+        t.notes.append("% floor is against the measured device-to-device copy bandwidth (read + write); a "
+                       "read-mostly kernel can exceed it by a few percent")
+    else:
+        t.notes.append("% floor is against the measured streaming read bandwidth (a large read-only reduction)")
+    t.notes += dropped
+    return t
+
+
+def _drop_unsupported(cells: dict[tuple, dict[str, list[Record]]]) -> list[str]:
+    """Take out of ``cells`` (``{(batch, context, qo_len, non-causal): {backend: records}}``) each
+    backend whose every record in a cell is ``unsupported``; one note per backend taken out, naming
+    where and the first record's reason."""
+    gone: dict[str, list[Record]] = {}
+    for key, by_backend in list(cells.items()):
+        for name in [b for b, recs in by_backend.items() if all(r.status == "unsupported" for r in recs)]:
+            gone.setdefault(name, []).append(by_backend.pop(name)[0])
+        if not by_backend:
+            del cells[key]
+    notes = []
+    for name, recs in sorted(gone.items()):
+        qos = sorted({r.qo_label for r in recs}, key=lambda q: (int(str(q).split()[0]), str(q)))
+        where = "; ".join(f"{label} {', '.join(map(str, values))}" for label, values in (
+            ("batch", sorted({r.batch for r in recs})), ("context", sorted({r.context_len for r in recs})),
+            ("qo_len", qos)))
+        notes.append(f"left out: {name} in {len(recs)} cell{'s' * (len(recs) != 1)} ({where}), where every configuration recorded is "
+                     f"unsupported ({recs[0].message or 'no reason recorded'})")
+    return notes

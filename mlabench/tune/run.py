@@ -1,0 +1,310 @@
+"""A tuning run: the run folder, its studies, the workers, and the policy they lead to.
+
+:func:`run_tune` validates everything, creates (or resumes) ``results/<run-id>/`` with its manifest,
+creates the studies and enqueues the public heuristics and the whole-tile candidates
+(:mod:`mlabench.tune.seeded_trials`), starts one worker per device
+(:mod:`mlabench.tune.worker_pool`, :func:`mlabench.tune.trial_worker.worker_main`), reports progress while they
+run, then chooses per study and writes the policy (``policy.json``, ``policy.h``, ``policy.py``).
+:func:`export_run` rebuilds the policy of a finished run (e.g. after workers on other machines).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from mlabench.backends import get_backend
+from mlabench.backends.registry import backend_packages
+from mlabench.device import current_device
+from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, ResultsError, UnsupportedShapeError
+from mlabench.files import validation_line
+from mlabench.inputs import check_fits
+from mlabench.measure.observers import driver_version, gpu_state
+from mlabench.policy.exports import write_exports
+from mlabench.policy.tuned import Policy
+from mlabench.records.provenance import command_line, git_revision, library_versions
+from mlabench.records.record import Manifest, new_run_id, utc_now
+from mlabench.records.store import ResultStore, refuse_archived
+from mlabench.tune.choice import BucketChoice, build_policy, study_choice
+from mlabench.tune.seeded_trials import heuristic_trials, whole_tile_trials
+from mlabench.tune.space import (
+    LEGACY_FIELDS, TuneConfig, buckets_of, load_tune_config, resolve_sampler, shape_dims, space_size, study_space,
+    tune_shape, wave_cap,
+)
+from mlabench.tune.studies import (
+    StudyProgress, StudySpec, open_storage, optuna_module, prepare_study, redact_url, study_name, study_progress,
+)
+from mlabench.tune.trial_worker import STORAGE_ENV
+from mlabench.tune.worker_pool import start_workers, supervise
+
+Monitor = Callable[[list[StudyProgress]], None]
+
+
+@dataclass
+class TuneResult:
+    """A finished tuning run: its folder, the policy, each study's choice and the exported files."""
+
+    store: ResultStore
+    policy: Policy
+    choices: list[BucketChoice]
+    exports: dict[str, Path]
+
+
+def gpu_model(devices: list[str | None]) -> str:
+    """The one GPU model of ``devices`` (CUDA/HIP indices; None: this process's first device).
+
+    Raises :class:`ConfigError` when ``--gpus`` names GPUs of different models or when there is no GPU.
+    """
+    import torch
+
+    named = [d for d in devices if d is not None]
+    if not named:
+        return current_device().name
+    if not torch.cuda.is_available():
+        raise ConfigError("--gpus needs GPUs, and this machine has none (leave it out to run on the CPU)")
+    count = torch.cuda.device_count()
+    bad = [d for d in named if int(d) >= count]
+    if bad:
+        raise ConfigError(f"--gpus: GPU {bad[0]} does not exist ({count} visible)")
+    models = {d: torch.cuda.get_device_name(int(d)) for d in named}
+    if len(set(models.values())) > 1:
+        raise ConfigError("--gpus names GPUs of different models (a study measures one model): "
+                          + ", ".join(f"{d}: {m}" for d, m in models.items()))
+    return models[named[0]]
+
+
+def run_manifest(run_id: str, copy_bw: float, config: dict[str, Any], device: str | None = None) -> Manifest:
+    """The manifest of a tuning or validation run (database passwords in the command line redacted)."""
+    rev, dirty = git_revision()
+    dev = dict(current_device().__dict__, name=device or current_device().name)
+    command = [redact_url(x) if "://" in x else x for x in command_line()]
+    return Manifest(run_id=run_id, created=utc_now(), command=command, git_revision=rev, git_dirty=dirty,
+                    host=socket.gethostname(), device=dev, gpu_state=gpu_state(), driver=driver_version(),
+                    versions=library_versions(backend_packages()), copy_bandwidth_tbps=copy_bw, config=config)
+
+
+def fresh_run_id(results_root: Path, prefix: str) -> str:
+    """:func:`new_run_id`, with ``-2``, ``-3``... appended when a run of this process already took it
+    (two runs started within one second)."""
+    run_id = base = new_run_id(prefix)
+    n = 1
+    while (results_root / run_id).exists():
+        n += 1
+        run_id = f"{base}-{n}"
+    return run_id
+
+
+def _manifest(run_id: str, cfg: TuneConfig, specs: list[StudySpec], copy_bw: float, device: str) -> Manifest:
+    config = cfg.model_dump(mode="json", by_alias=True)
+    if cfg.storage:
+        config["storage"] = redact_url(cfg.storage)
+    return run_manifest(run_id, copy_bw, {"tune": config, "studies": [dataclasses.asdict(s) for s in specs]},
+                        device)
+
+
+def recorded_config(run_dir: Path) -> tuple[TuneConfig, list[StudySpec]]:
+    """The configuration and studies a tuning run folder was created with (:class:`ResultsError`
+    when the folder holds no tuning run)."""
+    config = ResultStore(run_dir).manifest().config
+    if "tune" not in config:
+        raise ResultsError(f"{run_dir} is not a tuning run (its manifest has no tune configuration)")
+    recorded = {**LEGACY_FIELDS, **config["tune"]}  # a run from before a field: what it measured then
+    return TuneConfig.model_validate(recorded), [StudySpec(**s) for s in config["studies"]]
+
+
+def requested_config(values: dict[str, Any], config: str | Path | None, resume: Path | None) -> TuneConfig:
+    """The configuration a ``tune`` command asks for: the run ``resume`` as recorded (with
+    ``values["storage"]``), else ``config`` (a sweep TOML) under the flag ``values`` (None: not given;
+    ``tokens_per_split="off"``: fixed split counts only).
+
+    Raises :class:`ConfigError` for another flag, or ``config``, beside ``resume``, an archived
+    ``resume`` run, no ``backend``, or neither ``buckets`` nor ``config``.
+    """
+    if resume is not None:
+        if any(v is not None for k, v in values.items() if k != "storage") or config:
+            raise ConfigError("--resume continues the run as recorded: only --storage, --gpus and --workers go with it")
+        refuse_archived(resume)
+        return recorded_config(resume)[0].model_copy(update={"storage": values.get("storage")})
+    if values.get("backend") is None:
+        raise ConfigError("give --backend (e.g. triton-splitkv)")
+    if values.get("buckets") is None and config is None:
+        raise ConfigError("give --buckets (context bucket edges) or --config (a sweep TOML)")
+    if values.get("tokens_per_split") == "off":
+        cfg = load_tune_config(config, {**values, "tokens_per_split": None})
+        return cfg.model_copy(update={"tokens_per_split": None})
+    return load_tune_config(config, values)
+
+
+def _storage_url(cfg: TuneConfig, recorded: str | None) -> str | None:
+    """The storage URL to open on resume: the one given again, which must match the recorded one."""
+    if recorded is None:
+        return cfg.storage
+    if cfg.storage is None or redact_url(cfg.storage) != recorded:
+        raise ConfigError(f"this run's studies are in {recorded}: give --storage with that URL again")
+    return cfg.storage
+
+
+def plan(cfg: TuneConfig, device: str, versions: dict[str, Any], revision: str) -> list[StudySpec]:
+    """The run's studies, batch by batch, bucket by bucket; validates the backend and every shape
+    (:class:`BackendUnavailableError`, :class:`UnsupportedShapeError`, :class:`ConfigError`)."""
+    backend = get_backend(cfg.backend)
+    ok, why = backend.available()
+    if not ok:
+        raise BackendUnavailableError(f"backend {backend.name} is not available here: {why}")
+    dims_kw = shape_dims(cfg)
+    specs = []
+    for batch in cfg.batch:
+        for bucket in buckets_of(cfg.buckets, cfg.representative, cfg.lengths_per_bucket):
+            for length in bucket.measured():
+                shape = tune_shape(dims_kw, batch, length)
+                ok, why = backend.supports(shape)
+                if not ok:
+                    raise UnsupportedShapeError(f"{backend.name}: {shape.label()}: {why}")
+                check_fits(shape)
+            shape = tune_shape(dims_kw, batch, bucket.length)
+            cap = wave_cap(backend, shape, cfg.max_waves)
+            study_space(backend, shape, cfg, bucket.measured(), cap)
+            name = study_name(backend.name, shape, bucket, device, versions, revision, cap)
+            specs.append(StudySpec(bucket.lo, bucket.hi, bucket.length, bucket.lengths, name=name, batch=batch,
+                                   max_splits=cap))
+    return specs
+
+
+def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path | None = None,
+             devices: list[str | None] | None = None, monitor: Monitor | None = None) -> TuneResult:
+    """Tune (or resume tuning) ``cfg`` with one worker per entry of ``devices``; returns the run.
+
+    Everything is validated before a folder is written.  Ctrl-C stops the workers and raises
+    :class:`Interrupted` naming the command that resumes; trials finished so far are kept.
+    """
+    devices = devices or [None]
+    device = gpu_model(devices)
+    rev, dirty = git_revision()
+    versions = library_versions(backend_packages())
+    specs = plan(cfg, device, versions, rev[:12] + ("+dirty" if dirty else ""))
+    if resume is not None:
+        recorded, recorded_specs = recorded_config(resume)
+        storage_url = _storage_url(cfg, recorded.storage)
+        if recorded.model_copy(update={"storage": None}) != cfg.model_copy(update={"storage": None}):
+            raise ConfigError(f"{resume} was recorded with another tuning configuration; resume it without flags")
+        here = _manifest("resume", cfg, specs, 0.0, device).identity()
+        store = ResultStore.open_existing(resume, identity=here)
+        specs = recorded_specs
+    else:
+        from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
+
+        storage_url = cfg.storage
+        copy_bw = measure_copy_bandwidth_tbps()
+        _free_cached_memory()
+        run_id = fresh_run_id(results_root, cfg.name)
+        store = ResultStore.create(results_root / run_id, _manifest(run_id, cfg, specs, copy_bw, device))
+    storage = open_storage(storage_url, store.run_dir)
+    studies = [_prepare(storage, cfg, spec, store, device) for spec in specs]
+    payload = {"config": cfg.model_dump(mode="json", by_alias=True, exclude={"storage"}),
+               "run_dir": str(store.run_dir), "studies": [dataclasses.asdict(s) for s in specs],
+               "workers": len(devices)}
+    totals = [_target(cfg, spec) for spec in specs]
+    poll = (lambda: monitor([study_progress(st, sp, n) for st, sp, n in zip(studies, specs, totals)])) if monitor else None
+    import torch
+
+    env = {STORAGE_ENV: storage_url} if storage_url else {}
+    workers = start_workers("mlabench.tune.trial_worker:worker_main", payload, devices, store.run_dir / "workers",
+                            rocm=torch.version.hip is not None, extra_env=env)
+    try:
+        supervise(workers, poll)
+    except KeyboardInterrupt:
+        store.write_csv()
+        raise Interrupted(f"interrupted: trials so far are kept in {store.run_dir}; continue with: "
+                          f"mlabench tune --resume {store.run_dir}") from None
+    store.write_csv()
+    return _finish(cfg, store, studies, specs, device, versions)
+
+
+def _free_cached_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _target(cfg: TuneConfig, spec: StudySpec) -> int:
+    """Trials a study will finish: ``trials``, or the whole space when an exhaustive sampler has fewer."""
+    backend = get_backend(cfg.backend)
+    dims, _fixed = study_space(backend, tune_shape(shape_dims(cfg), spec.batch, spec.length), cfg, spec.measured(),
+                               spec.max_splits)
+    if resolve_sampler(cfg, dims) in ("grid", "brute"):
+        return min(cfg.trials, space_size(dims))
+    return cfg.trials
+
+
+def _prepare(storage: Any, cfg: TuneConfig, spec: StudySpec, store: ResultStore, device: str) -> Any:
+    backend = get_backend(cfg.backend)
+    shape = tune_shape(shape_dims(cfg), spec.batch, spec.length)
+    enqueue = _enqueued(backend, shape, cfg, spec)
+    attrs = {"device": device, "backend": backend.name, "batch": spec.batch, "bucket_lo": spec.lo,
+             "bucket_hi": spec.hi, "length": spec.length, "lengths": list(spec.measured()), "shape": shape.key(),
+             "versions": store.manifest().versions, "run_id": store.manifest().run_id,
+             "max_waves": cfg.max_waves, "max_splits": spec.max_splits}
+    return prepare_study(storage, spec, attrs, enqueue, device)
+
+
+def _enqueued(backend: Any, shape: Any, cfg: TuneConfig, spec: StudySpec) -> list[tuple[str, dict[str, Any]]]:
+    """The trials every study measures first: the public heuristics (unless ``cfg.heuristics`` is
+    off), then the whole-tile candidates (where the study searches that rule; clamped to the
+    searched range).  The heuristics' counts stay as declared beyond the study's wave cap
+    (Optuna records a fixed value outside the searched range, and TPE and GP take it; the choice
+    may still pick it); an exhaustive sampler cannot hold a trial outside its grid, so there the
+    count is clamped to the cap."""
+    capped, _fixed = study_space(backend, shape, cfg, spec.measured(), spec.max_splits)
+    tiles = whole_tile_trials(backend, shape, capped)
+    if not cfg.heuristics:
+        return tiles
+    dims, _fixed = study_space(backend, shape, cfg, spec.measured())
+    trials = heuristic_trials(backend, shape, dims, current_device().num_sms)
+    if spec.max_splits is not None and resolve_sampler(cfg, capped) in ("grid", "brute"):
+        trials = [(name, {**p, "num_kv_splits": min(p["num_kv_splits"], spec.max_splits)}) for name, p in trials]
+    return trials + tiles
+
+
+def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list[StudySpec], device: str,
+            versions: dict[str, Any]) -> TuneResult:
+    backend = get_backend(cfg.backend)
+    dims_kw = shape_dims(cfg)
+    rows: list[BucketChoice] = []
+    for study, spec in zip(studies, specs):
+        _dims, fixed = study_space(backend, tune_shape(dims_kw, spec.batch, spec.length), cfg, spec.measured(),
+                                   spec.max_splits)
+        row = study_choice(study.get_trials(deepcopy=False), spec, spec.batch, backend, fixed, cfg.noise, cfg.combine)
+        rows.append(dataclasses.replace(row, max_splits=spec.max_splits))
+    source = {"run_id": store.manifest().run_id, "noise": cfg.noise, "created": utc_now(),
+              "studies": [s.name for s in specs], "buckets": cfg.buckets, "representative": cfg.representative,
+              "lengths_per_bucket": cfg.lengths_per_bucket, "combine": cfg.combine,
+              "lengths": sorted({n for s in specs for n in s.measured()})}
+    policy = build_policy(cfg, rows, device, versions, source)
+    return TuneResult(store, policy, rows, write_exports(policy, store.run_dir))
+
+
+def export_run(run_dir: Path, storage: str | None = None, noise: float | None = None,
+               combine: str | None = None) -> TuneResult:
+    """Rebuild and write the policy of a tuning run from its studies (``noise`` and ``combine``
+    override the run's: the choice is made again from what was measured, nothing is measured)."""
+    cfg, specs = recorded_config(run_dir)
+    url = _storage_url(cfg.model_copy(update={"storage": storage}), cfg.storage)
+    overrides = {k: v for k, v in (("noise", noise), ("combine", combine)) if v is not None}
+    try:
+        cfg = TuneConfig.model_validate({**cfg.model_dump(by_alias=True), **overrides})
+    except ValidationError as exc:
+        raise ConfigError(f"tune --export: {validation_line(exc)}") from None
+    store = ResultStore(run_dir)
+    optuna = optuna_module()
+    handle = open_storage(url, run_dir)
+    studies = [optuna.load_study(study_name=s.name, storage=handle) for s in specs]
+    manifest = store.manifest()
+    return _finish(cfg, store, studies, specs, str(manifest.device.get("name")), manifest.versions)
+

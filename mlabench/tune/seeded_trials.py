@@ -1,0 +1,84 @@
+"""What every study measures first: the public heuristics and the whole-tile candidates.
+
+Both are enqueued as fixed trials before the sampler's own, so that a study can only match or
+beat them, each with its name in the trial's ``enqueued_as`` user attribute:
+
+- :func:`heuristic_trials`: each public split heuristic of :mod:`mlabench.policy.heuristics` (vLLM,
+  SGLang, AITER Gluon, the ROCm buckets), named as there;
+- :func:`whole_tile_trials`: the whole-tile rule (:func:`mlabench.policy.rules.whole_tile_splits`) at
+  one wave of the backend's resident programs, half of it and a quarter, named
+  ``whole-tiles-<cap>``, where the study searches that rule.  Why these caps: on an H200 at batch
+  1 the fastest count below 32K was the one with the fewest 32-token tiles per split within about
+  one program per SM (132 splits, half the 264-program wave), and at 1-3K tokens 48-96 splits of
+  one tile (docs/tuning.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlabench.backends.base import Backend
+from mlabench.shapes import MLADecodeShape
+from mlabench.tune.space import RULE_PARAM, TILE_PARAM, Dimension, wave_cap
+
+#: Fractions of one wave of resident programs enqueued as whole-tile caps.
+WHOLE_TILE_WAVES = (1.0, 0.5, 0.25)
+
+
+def default_point(backend: Backend, shape: MLADecodeShape, dims: list[Dimension]) -> dict[str, Any]:
+    """Every searched backend parameter at the backend's default for ``shape`` (or the nearest
+    allowed value); the rule dimensions (:data:`RULE_PARAM`, :data:`TILE_PARAM`) left out."""
+    base: dict[str, Any] = {}
+    for d in dims:
+        if d.name in (RULE_PARAM, TILE_PARAM):
+            continue
+        default = next(p.default_for(shape) for p in backend.params if p.name == d.name)
+        if d.choices:
+            base[d.name] = default if default in d.choices else d.choices[0]
+        else:
+            base[d.name] = min(max(int(default), d.low), d.high)
+    return base
+
+
+def heuristic_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimension],
+                     num_sms: int) -> list[tuple[str, dict[str, Any]]]:
+    """``(heuristic name, searched params)`` for each public heuristic: its ``num_kv_splits`` at
+    ``shape`` (clamped to the searched range) with every other searched parameter at the backend's
+    default (or the nearest allowed value).  With :data:`RULE_PARAM` searched, a heuristic that is a
+    tokens-per-split rule is tried as that rule over the bucket, and a fixed count as
+    ``tokens_per_split`` 1 (left out when the rule's range starts above 1); with
+    :data:`TILE_PARAM` searched, each has it 0.  Empty when ``num_kv_splits`` is not searched."""
+    from mlabench.policy.heuristics import HEURISTICS
+
+    by_name = {d.name: d for d in dims}
+    splits, rule = by_name.get("num_kv_splits"), by_name.get(RULE_PARAM)
+    if splits is None or splits.choices:
+        return []
+    base = {**default_point(backend, shape, dims), **({TILE_PARAM: 0} if TILE_PARAM in by_name else {})}
+    out = []
+    for h in HEURISTICS:
+        if rule is not None and h.rule is not None:
+            tokens, cap = h.rule(shape, num_sms)
+            out.append((h.name, {**base, "num_kv_splits": min(max(cap, splits.low), splits.high),
+                                 RULE_PARAM: min(max(tokens, rule.low), rule.high)}))
+        elif rule is None or rule.low == 1:
+            n = h.num_kv_splits(shape, num_sms, splits.low, splits.high)
+            out.append((h.name, {**base, "num_kv_splits": n, **({RULE_PARAM: 1} if rule else {})}))
+    return out
+
+
+def whole_tile_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimension]) -> list[tuple[str, dict[str, Any]]]:
+    """``(f"whole-tiles-{n}", searched params)``: the whole-tile rule capped at ``n`` splits for ``n``
+    in one wave of the backend's resident programs for ``shape`` (:func:`mlabench.tune.space.wave_cap`:
+    264 at batch 1 on an H200), half and a quarter of it (at least 1), each clamped to the
+    searched ``num_kv_splits`` range, repeats dropped; the top of that range stands for the wave
+    where the backend does not say its resident programs.  Other parameters at their defaults.
+    Empty unless ``dims`` searches :data:`TILE_PARAM` (:func:`mlabench.tune.space.study_space`)."""
+    by_name = {d.name: d for d in dims}
+    splits, tiles = by_name.get("num_kv_splits"), by_name.get(TILE_PARAM)
+    if tiles is None or splits is None or splits.choices:
+        return []
+    wave = wave_cap(backend, shape, 1.0) or splits.high
+    caps = dict.fromkeys(min(max(int(wave * f), 1, splits.low), splits.high) for f in WHOLE_TILE_WAVES)
+    base, tile = default_point(backend, shape, dims), max(tiles.choices)
+    return [(f"whole-tiles-{n}", {**base, "num_kv_splits": n, TILE_PARAM: tile}) for n in caps]

@@ -1,0 +1,136 @@
+"""graph-check on the CPU: the orchestration with :class:`EagerEngine` (no graph: host choices are
+not frozen there, so nothing here can show the slowdown a GPU shows), the flag rule, the table, the
+subjects, and the one-line refusal without a GPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from mlabench import cli
+from mlabench.checks.graph_check import (
+    EagerEngine, GraphCheckConfig, GraphCheckResult, GraphCheckRow, GraphEngine, Subject, assess, run_graph_check,
+    subjects_for,
+)
+from mlabench.checks.graph_check_table import graph_check_table
+from mlabench.device import current_device
+from mlabench.errors import ConfigError, GPURequiredError
+from mlabench.measure.timing import TimingConfig, cold_cache_copies
+from mlabench.policy.device_table import load_split_policy
+from mlabench.shapes import MLADecodeShape
+from mlabench.tables.render import to_json, to_markdown
+
+FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.05)
+
+
+def small_config(**kw) -> GraphCheckConfig:
+    base = dict(num_heads=4, batches=(2,), contexts=(48, 160), page_size=16, dtype="float16",
+                capture_len=1, splits=(1, 3), timing=FAST)
+    return GraphCheckConfig(**{**base, **kw})
+
+
+def test_policy_modes_and_portable_backends(tmp_path):
+    cfg = small_config()
+    subjects = subjects_for(["triton-splitkv", "torch-splitkv", "reference"], ["host", "device"])
+    assert [s.label for s in subjects] == ["triton-splitkv split_policy=host",
+                                           "triton-splitkv split_policy=device", "torch-splitkv", "reference"]
+    policy_path = tmp_path / "policy.json"
+    result = run_graph_check(cfg, subjects, engine=EagerEngine(), policy_path=policy_path)
+    by = {(r.subject, r.context_len): r for r in result.rows}
+    # Input copies rotated: one on the CPU; on a GPU enough to pass the L2 twice at the shortest
+    # context (the shapes here are tiny, so every copy fits).
+    shortest = MLADecodeShape.create(num_heads=4, context_lens=(48, 48), page_size=16, q_dtype="float16",
+                                     kv_dtype="float16")
+    copies = cold_cache_copies(shortest.min_bytes_moved, current_device(), cfg.timing)
+    assert current_device().is_gpu or copies == 1
+    assert len(result.rows) == 4 * 2 and result.copies == {2: copies}
+    # The policy is the tuned counts of this run, written where the policy subjects read it.
+    policy = load_split_policy(policy_path)
+    assert policy.tables == result.policy.tables
+    tuned = {L: by[("triton-splitkv split_policy=host", L)].tuned_splits for L in cfg.contexts}
+    assert policy.tables[2] == tuple((L, tuned[L]) for L in cfg.contexts)
+    assert set(tuned.values()) <= set(cfg.splits)
+    for L in cfg.contexts:
+        host, device = by[("triton-splitkv split_policy=host", L)], by[("triton-splitkv split_policy=device", L)]
+        assert host.captured_splits == policy.lookup(2, cfg.capture_len)  # chosen at capture
+        assert device.captured_splits == "per request"
+        assert host.correct and device.correct and by[("torch-splitkv", L)].correct
+        assert host.refresh_us > 0 and device.refresh_us >= 0
+        assert by[("torch-splitkv", L)].tuned_splits in cfg.splits
+        ref = by[("reference", L)]  # not graph-safe: flagged, never timed
+        assert ref.flagged and "not graph-safe" in ref.note and ref.graph_us is None
+    table = graph_check_table(result, cfg)
+    text = to_markdown(table)
+    assert "split_policy=device" in text and "flagged" in text and "reference" in table.notes[0]
+    assert f"device: {current_device().name}" in table.notes  # plots name the device from it
+    rows = json.loads(to_json([table]))[0]["rows"]
+    assert len(rows) == 8 and {"graph_us", "tuned_us", "slowdown_pct", "refresh_us"} <= set(rows[0])
+
+
+def test_a_given_policy_is_used(tmp_path):
+    given = tmp_path / "given.json"
+    given.write_text('{"num_kv_splits": {"1": [[64, 3], [1000, 2]]}}')
+    out = tmp_path / "used.json"
+    cfg = small_config(contexts=(48,), splits=(1,))
+    result = run_graph_check(cfg, [Subject("triton-splitkv", policy_mode="host")], engine=EagerEngine(),
+                             policy=load_split_policy(given), policy_path=out)
+    assert result.rows[0].captured_splits == 3 and result.rows[0].correct
+    assert load_split_policy(out).tables == {1: ((64, 3), (1000, 2))}
+
+
+def row(**kw) -> GraphCheckRow:
+    return GraphCheckRow(**{**dict(subject="s", backend="b", batch=1, context_len=100000, capture_len=1,
+                                   graph_us=100.0, tuned_us=60.0, tuned_splits=64, captured_splits=8,
+                                   correct=True), **kw})
+
+
+def test_flag_rule():
+    slow = assess(row(), 0.05)
+    assert slow.flagged and slow.note == "67% slower than tuned; split count frozen at capture"
+    assert assess(row(captured_splits="per request"), 0.05).note == "67% slower than tuned"
+    assert not assess(row(graph_us=62.9), 0.05).flagged  # 4.8% slower: within 5%
+    assert assess(row(graph_us=63.1), 0.05).flagged
+    wrong = assess(row(graph_us=50.0, correct=False), 0.05)
+    assert wrong.flagged and "stale" in wrong.note
+    assert not assess(row(tuned_us=None), 0.05).flagged and row(tuned_us=None).slowdown is None
+    cfg = small_config()
+    table = graph_check_table(GraphCheckResult(rows=[assess(row(), 0.05)]), cfg)
+    assert table.row_styles == ["red"] and "flagged (wrong, or > 5% slower than tuned): s" in table.notes[0]
+
+
+def test_config_and_subject_errors():
+    with pytest.raises(ConfigError, match="host or device"):
+        subjects_for(["triton-splitkv"], ["sideways"])
+    assert [s.label for s in subjects_for(["triton-persistent"], ["host"])] == ["triton-persistent"]
+    for bad in (dict(contexts=()), dict(capture_len=0), dict(tolerance=-1.0)):
+        with pytest.raises(ConfigError):
+            run_graph_check(small_config(**bad), [Subject("torch-splitkv")], engine=EagerEngine())
+    with pytest.raises(ConfigError, match="policy_path"):
+        run_graph_check(small_config(), [Subject("triton-splitkv", policy_mode="device")], engine=EagerEngine())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
+def test_refuses_without_a_gpu_in_one_line(monkeypatch, capsys):
+    with pytest.raises(GPURequiredError):
+        GraphEngine()
+    monkeypatch.setattr(sys, "argv", ["mlabench", "graph-check", "--context", "4096"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.strip().count("\n") == 0
+    assert err.startswith("error: graph-check needs a CUDA or ROCm GPU")
+
+
+class FailingEngine(EagerEngine):
+    def capture(self, fns):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_call_that_cannot_be_captured_is_a_flagged_row():
+    result = run_graph_check(small_config(contexts=(48,)), [Subject("torch-splitkv")], engine=FailingEngine())
+    r, = result.rows
+    assert r.flagged and r.note == "capture failed: operation not permitted when stream is capturing"
+    assert r.tuned_us is None and r.graph_us is None

@@ -1,0 +1,53 @@
+"""The revision a run records: the commit, and whether code that can change a measurement was
+edited since (the serving driver does not count), or what $MLABENCH_GIT_REVISION says."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from mlabench.records.provenance import git_revision
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLABENCH_GIT_REVISION", raising=False)
+    for path in ("mlabench/measure/timing.py", "mlabench/serving/bench.py", "mlabench/cli/serve_commands.py", "README.md"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x = 1\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "snapshot")
+    return tmp_path
+
+
+def test_a_clean_checkout_records_its_commit(repo):
+    assert git_revision(repo) == (git(repo, "rev-parse", "HEAD"), False)
+
+
+@pytest.mark.parametrize("edited, dirty", [("mlabench/measure/timing.py", True), ("mlabench/new_kernel.py", True),
+                                           ("mlabench/serving/bench.py", False),
+                                           ("mlabench/cli/serve_commands.py", False), ("README.md", False)])
+def test_only_edits_that_can_change_a_measurement_make_it_dirty(repo, edited, dirty):
+    (repo / edited).write_text("x = 2\n")
+    assert git_revision(repo) == (git(repo, "rev-parse", "HEAD"), dirty)
+
+
+def test_outside_git_the_package_version_stands_for_the_revision(tmp_path, monkeypatch):
+    from mlabench import __version__
+
+    monkeypatch.delenv("MLABENCH_GIT_REVISION", raising=False)
+    assert git_revision(tmp_path) == (f"mlabench-{__version__}", False)
+
+
+@pytest.mark.parametrize("value, want", [("abc123", ("abc123", False)), ("abc123-dirty", ("abc123", True))])
+def test_the_environment_names_the_revision_of_a_copy_without_git(tmp_path, monkeypatch, value, want):
+    monkeypatch.setenv("MLABENCH_GIT_REVISION", value)
+    assert git_revision(tmp_path) == want

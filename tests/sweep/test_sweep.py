@@ -1,0 +1,273 @@
+import pytest
+
+from mlabench.backends import get_backend
+from mlabench.backends.base import param_grid
+from mlabench.backends.registry import select_backends
+from mlabench.device import current_device
+from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, UnknownBackendError
+from mlabench.measure.timing import TimingConfig
+from mlabench.records.store import ResultStore
+from mlabench.sweep.config import SweepConfig, default_sweep_config, expand, load_sweep_config
+from mlabench.sweep.run import run_sweep
+
+FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
+
+
+def small_config(**kw):
+    base = dict(name="t", heads=[12], batch=[1, 2], context_lens=[16, 40], page_size=16,
+                backends=["torch-splitkv"], params={"num_kv_splits": [1, 3]}, timing=FAST)
+    base.update(kw)
+    return SweepConfig(**base)
+
+
+def test_shipped_kimi_config_expands_to_the_issue_grid():
+    cfg = load_sweep_config("configs/sweeps/kimi-k3-tp8.toml")
+    assert cfg.model == "kimi-k3" and cfg.tp == 8 and cfg.page_size == 64
+    assert cfg.batch == [1, 16] and len(cfg.context_lens) == 8
+    assert cfg.params["num_kv_splits"] == [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
+    pts = expand(cfg, [get_backend("torch-splitkv")])
+    assert len(pts) == 2 * 8 * 12 and {p.shape.num_heads for p in pts} == {12}
+
+
+def test_param_grid_defaults_and_choices():
+    from mlabench.shapes import MLADecodeShape
+
+    b = get_backend("torch-splitkv")
+    s = MLADecodeShape.uniform(1, 40960, 12)
+    assert param_grid(b, s, {}) == [{"num_kv_splits": 128}]  # vLLM's heuristic: next_pow2(40960 // 512)
+    assert param_grid(b, s, {"num_kv_splits": [4, 4, "7"]}) == [{"num_kv_splits": 4}, {"num_kv_splits": 7}]
+    with pytest.raises(ConfigError, match="must be >= 1"):
+        param_grid(b, s, {"num_kv_splits": [0]})
+    with pytest.raises(ConfigError, match="must be <= 512"):
+        param_grid(b, s, {"num_kv_splits": [513]})
+
+
+def test_expand_rejects_a_stray_parameter():
+    with pytest.raises(ConfigError, match="belongs to no backend"):
+        expand(small_config(params={"block_q": [1]}), [get_backend("torch-splitkv")])
+
+
+def test_backend_selection():
+    with pytest.raises(UnknownBackendError, match="known: .*reference"):
+        select_backends(["nope"])
+    with pytest.raises(BackendUnavailableError, match="aiter-asm is not available"):
+        select_backends(["aiter-asm"])
+    warned = []
+    assert [b.name for b in select_backends(["aiter-asm", "torch-splitkv"], strict=False,
+                                            warn=warned.append)] == ["torch-splitkv"]
+    assert "skipping aiter-asm" in warned[0]
+    default = [b.name for b in select_backends(None)]
+    assert "reference" not in default
+    on_gpu = current_device().is_gpu
+    assert ("torch-splitkv" in default) == (not on_gpu)  # the portable backend, on a CPU only
+    assert ("triton-splitkv" in default) == on_gpu  # GPU kernels stay out of a CPU sweep
+
+
+def test_default_backends_on_a_gpu_are_the_gpu_kernels(monkeypatch):
+    from mlabench.backends import registry
+    from mlabench.device import DeviceInfo
+
+    monkeypatch.setattr(registry, "current_device", lambda: DeviceInfo("cuda", "cuda", "H200", 132, 1, "sm_90", 1))
+    names = [b.name for b in select_backends(None)]  # available: on a GPU, or TRITON_INTERPRET=1 on a CPU
+    assert "triton-splitkv" in names and "triton-persistent" in names
+    assert "torch-splitkv" not in names and "reference" not in names
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("batch = [1,\n", "malformed TOML"),
+    ("batch = [0]\n", "batch: must be > 0"),
+    ("context_lens = [-1]\n", "context_lens: must be > 0"),
+    ("colour = 'red'\n", "colour: Extra inputs"),
+    ("[params]\nnum_kv_splits = 4\n", "params.num_kv_splits"),
+    ("[params]\nnum_kv_splits = []\n", "^sweep config: params: num_kv_splits must be a non-empty list$"),
+])
+def test_bad_sweep_files(tmp_path, text, msg):
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=msg):
+        load_sweep_config(p)
+
+
+def test_run_records_every_point_with_its_verdict(tmp_path):
+    store, recs = run_sweep(small_config(), tmp_path)
+    assert len(recs) == 2 * 2 * 2
+    assert all(r.status == "ok" and r.verdict.passed and r.stats.n == 3 for r in recs)
+    assert all(r.floor_us and r.achieved_tbps for r in recs)
+    assert (store.run_dir / "results.csv").exists() and (store.run_dir / "manifest.json").exists()
+
+
+def test_interrupted_run_resumes_without_repeating_points(tmp_path):
+    cfg = small_config()
+    seen = []
+
+    def stop_after_three(point, record, done, total):
+        if record is not None:
+            seen.append(point.key)
+        if done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted, match="3 of 8 points recorded") as info:
+        run_sweep(cfg, tmp_path, progress=stop_after_three)
+    (run_dir,) = list(tmp_path.iterdir())
+    assert f"mlabench sweep --resume {run_dir}" in str(info.value) and info.value.exit_code == 130
+    assert len(ResultStore(run_dir).records()) == 3
+    assert len((run_dir / "results.csv").read_text().splitlines()) == 4  # CSV saved at the interrupt
+    resumed = []
+    _, recs = run_sweep(cfg, tmp_path, resume=run_dir,
+                        progress=lambda p, r, d, t: r is not None and resumed.append(p.key))
+    assert len(resumed) == 5 and not set(resumed) & set(seen)
+    assert len(recs) == 8 and len({r.key for r in recs}) == 8
+    before = {name: (run_dir / name).read_bytes() for name in ("manifest.json", "sentinel.jsonl", "results.jsonl")}
+    said = []
+    _, again = run_sweep(cfg, tmp_path, resume=run_dir, warn=said.append)  # nothing left to do
+    assert len(again) == 8
+    assert said == [f"{run_dir}: every one of its 8 points is recorded; nothing to measure"]
+    # no warm-up added to the manifest, no sentinel measured, no record touched
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+
+
+def test_a_wrong_backend_is_recorded_as_incorrect(tmp_path, monkeypatch):
+    from mlabench.backends import torch_reference as reference
+
+    real = reference.mla_decode_splitkv_torch
+
+    def off_by_a_bit(*args, **kwargs):
+        return real(*args, **kwargs).add_(0.5)
+
+    monkeypatch.setattr(reference, "mla_decode_splitkv_torch", off_by_a_bit)
+    _, recs = run_sweep(small_config(batch=[1], context_lens=[16]), tmp_path)
+    assert {r.status for r in recs} == {"incorrect"}
+    assert all(not r.verdict.passed and r.verdict.max_abs_err >= 0.49 for r in recs)
+    from mlabench.sweep.summary import sweep_summary
+
+    row = sweep_summary(recs).rows[0]
+    assert row[3] == "(none ok)"  # a fast wrong answer never wins
+
+
+def test_default_cpu_config_is_small():
+    from mlabench.device import DeviceInfo
+
+    cfg = default_sweep_config(DeviceInfo("cpu", "cpu", "cpu", 2, 0, "cpu", 0))
+    assert cfg.name == "default-cpu" and max(cfg.context_lens) <= 1024
+    gpu = default_sweep_config(DeviceInfo("cuda", "cuda", "H200", 132, 1, "sm_90", 1))
+    assert max(gpu.context_lens) == 131072
+
+
+def test_resume_refuses_another_configuration(tmp_path):
+    run_sweep(small_config(batch=[1], context_lens=[16]), tmp_path)
+    (run_dir,) = list(tmp_path.iterdir())
+    with pytest.raises(ConfigError, match="another sweep configuration"):
+        run_sweep(small_config(batch=[1], context_lens=[16], page_size=64), tmp_path, resume=run_dir)
+
+
+def test_repeated_axis_values_give_one_record_per_point(tmp_path):
+    _, recs = run_sweep(small_config(batch=[1, 1], context_lens=[16, 16], params={"num_kv_splits": [1, 1]}),
+                        tmp_path)
+    assert len(recs) == 1
+
+
+def test_heads_axis_without_a_model_and_with_one():
+    cfg = small_config(heads=[8, 12], model=None)
+    assert sorted({s.num_heads for s in expand_shapes(cfg)}) == [8, 12]
+    with_model = small_config(heads=[8, 12], model="deepseek-v3", tp=8)
+    shapes = expand_shapes(with_model)
+    assert sorted({s.num_heads for s in shapes}) == [8, 12]  # the axis wins, the model sets the scale
+    assert all(s.softmax_scale == pytest.approx(0.1352, abs=1e-4) for s in shapes)
+    with pytest.raises(ConfigError, match="give a model"):
+        expand_shapes(small_config(heads=None, model=None))
+
+
+def expand_shapes(cfg):
+    from mlabench.sweep.config import shapes_of
+
+    return shapes_of(cfg)
+
+
+def test_model_config_dims_reach_the_shape(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 32, "kv_lora_rank": 256,
+                                                      "qk_rope_head_dim": 64, "qk_nope_head_dim": 128}))
+    cfg = small_config(heads=None, model_config=str(tmp_path / "config.json"), tp=2)
+    (shape,) = {(s.num_heads, s.kv_lora_rank, s.head_dim_qk) for s in expand_shapes(cfg)}
+    assert shape == (16, 256, 320)
+
+
+@pytest.mark.parametrize("name", ["../../etc/x", "a/b", ""])
+def test_run_name_cannot_leave_the_results_folder(name):
+    with pytest.raises(Exception, match="name"):
+        SweepConfig(name=name)
+
+
+def test_inputs_that_fail_to_allocate_become_error_rows(tmp_path, monkeypatch):
+    from mlabench.sweep import runner
+
+    def no_memory(*a, **k):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory\nmore")
+
+    monkeypatch.setattr(runner, "ShapeBench", no_memory)
+    _, recs = run_sweep(small_config(batch=[1], context_lens=[16]), tmp_path)
+    assert len(recs) == 2 and {r.status for r in recs} == {"error"}
+    assert all("can't allocate memory" in r.message for r in recs)
+
+
+def test_flags_become_overrides_in_the_config_layout():
+    from mlabench.sweep.config import sweep_overrides
+
+    o = sweep_overrides(heads=[8], splits=[1, 2], budget_s=0.5, model_config="m/config.json")
+    assert o["params"] == {"num_kv_splits": [1, 2]} and o["timing"] == {"budget_s": 0.5}
+    assert o["model_config"] == "m/config.json" and o["heads"] == [8] and o["batch"] is None
+    assert all(v is None for v in sweep_overrides().values())
+    assert sweep_overrides(graph_captures=4)["timing"] == {"graph_captures": 4}
+    assert sweep_overrides(budget_s=0.5, graph_captures=2)["timing"] == {"budget_s": 0.5, "graph_captures": 2}
+
+
+def test_resolve_the_default_sweep_changed_by_flags():
+    from mlabench.sweep.config import resolve_sweep_config, sweep_overrides
+
+    assert resolve_sweep_config(None, sweep_overrides()) == default_sweep_config()
+    changed = resolve_sweep_config(None, sweep_overrides(context_lens=[48]))
+    assert changed.name == "sweep" and changed.model == "kimi-k3" and changed.context_lens == [48]
+    heads_only = resolve_sweep_config(None, sweep_overrides(heads=[8, 16]))
+    assert heads_only.model is None and heads_only.heads == [8, 16]  # a heads axis drops the model
+    shipped = resolve_sweep_config("kimi-k3-tp8", sweep_overrides(batch=[4]))
+    assert shipped.name == "kimi-k3-tp8" and shipped.batch == [4]
+
+
+def test_resume_policy_reruns_the_recorded_configuration(tmp_path):
+    from mlabench.sweep.config import resolve_sweep_config, sweep_overrides
+
+    cfg = small_config(batch=[1], context_lens=[16])
+    store, _ = run_sweep(cfg, tmp_path)
+    resumed = resolve_sweep_config(None, sweep_overrides(), resume=store.run_dir)
+    assert resumed.order_seed is not None  # drawn, recorded, and kept by a resume
+    assert resumed.visits == 1 and resumed.max_visits == 1  # resolved (the CPU's default) and recorded
+    assert resumed.model_copy(update={"order_seed": None, "visits": None, "max_visits": None}) == cfg
+    flagged = resolve_sweep_config(None, sweep_overrides(page_size=64), resume=store.run_dir)
+    assert flagged.page_size == 64 and flagged.name == cfg.name  # run_sweep then refuses it
+    with pytest.raises(ConfigError, match="another sweep configuration"):
+        run_sweep(flagged, tmp_path, resume=store.run_dir)
+
+
+def test_a_model_flag_replaces_the_files_model_whichever_kind(tmp_path):
+    """``sweep --model-config ds_v3_config.json --tp 8`` drives the default sweep (which names
+    kimi-k3), and ``--model`` replaces a config file's ``model_config`` (issue 8 item 6)."""
+    import json
+
+    from mlabench.sweep.config import resolve_sweep_config, sweep_overrides
+
+    hf = tmp_path / "ds_v3_config.json"
+    hf.write_text(json.dumps({"model_type": "deepseek_v3", "num_attention_heads": 128, "kv_lora_rank": 512,
+                              "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+                              "rope_scaling": {"type": "yarn", "factor": 40, "mscale_all_dim": 1.0}}))
+    cfg = resolve_sweep_config(None, sweep_overrides(model_config=hf, tp=8))
+    assert cfg.model is None and cfg.model_config_path == str(hf) and cfg.tp == 8
+    assert {(s.num_heads, round(s.scale, 6)) for s in expand_shapes(cfg)} == {(16, 0.135234)}
+    shipped = resolve_sweep_config("kimi-k3-tp8", sweep_overrides(model_config=hf))
+    assert shipped.model is None and {s.num_heads for s in expand_shapes(shipped)} == {16}
+    (tmp_path / "file.toml").write_text(f'model_config = "{hf}"\ntp = 8\n')
+    back = resolve_sweep_config(str(tmp_path / "file.toml"), sweep_overrides(model="kimi-k3"))
+    assert back.model == "kimi-k3" and back.model_config_path is None
+    assert {s.num_heads for s in expand_shapes(back)} == {12}
+    with pytest.raises(ConfigError, match="not both"):
+        expand_shapes(resolve_sweep_config(None, sweep_overrides(model="kimi-k3", model_config=hf)))
