@@ -134,3 +134,13 @@ def test_persistent_passes_every_input_set(bench):
     call, v = bench.check(get_backend("triton-persistent"), {"head_padding": "repeat", "programs_per_sm": 3})
     assert v.passed, v
     assert call.split_starts[2] != [0]  # the 300-token request is cut over several programs
+
+
+def test_a_parameter_added_later_stays_out_of_the_key_at_its_default():
+    """rows_per_tile came after runs were recorded: at its default (16) it is not among the
+    resolved params, so those runs' records still pair with new ones; asked otherwise, it is."""
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(64,), qo_len=4)
+    backend = get_backend("triton-splitkv")
+    assert "rows_per_tile" not in backend.resolve_params(shape, {"num_kv_splits": 2})
+    assert "rows_per_tile" not in backend.resolve_params(shape, {"rows_per_tile": 16})
+    assert backend.resolve_params(shape, {"rows_per_tile": "auto"})["rows_per_tile"] == "auto"
