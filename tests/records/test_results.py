@@ -55,12 +55,18 @@ def test_resume_refuses_another_identity(tmp_path):
         ResultStore.open_existing(tmp_path / "r1", identity=manifest(rev="def").identity())
 
 
-def test_corrupt_middle_line_is_an_error(tmp_path):
+def _store_with_a_line_between(tmp_path, line: str) -> ResultStore:
+    """A run folder holding record 1, ``line``, record 2."""
     store = ResultStore.create(tmp_path / "r1", manifest())
     store.append(record(1))
     with open(store.jsonl, "a") as fh:
-        fh.write("{garbage}\n")
+        fh.write(line)
     store.append(record(2))
+    return store
+
+
+def test_corrupt_middle_line_is_an_error(tmp_path):
+    store = _store_with_a_line_between(tmp_path, "{garbage}\n")
     with pytest.raises(ResultsError, match=":2: not a valid record"):
         store.records()
 
@@ -303,11 +309,7 @@ def test_csv_row_of_a_checked_and_timed_record_and_of_one_that_never_ran():
 
 
 def test_a_blank_line_between_records_loses_none_of_them_and_an_unreadable_file_is_named(tmp_path):
-    store = ResultStore.create(tmp_path / "r1", manifest())
-    store.append(record(1))
-    with open(store.jsonl, "a") as fh:
-        fh.write("\n")
-    store.append(record(2))
+    store = _store_with_a_line_between(tmp_path, "\n")
     assert [r.context_len for r in store.records()] == [1, 2]
     store.jsonl.unlink()
     store.jsonl.mkdir()

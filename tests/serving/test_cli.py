@@ -69,20 +69,15 @@ def test_serve_bench_table_speedup_and_files(tmp_path, fake_vllm):
     assert again.returncode == 0 and "4.00x" in again.stdout
 
 
-def test_failed_requests_exit_non_zero(tmp_path, fake_vllm):
+@pytest.mark.parametrize("mode,said", [("fail_requests", ("2/1 FAILED_REQUESTS", "connection reset")),
+                                       ("exit1", ("MISSING", "exit code 1"))])
+def test_failed_or_missing_results_exit_non_zero(tmp_path, fake_vllm, mode, said):
+    """Requests that failed, and a bench that exited 1 without a result: exit 1, saying which."""
     cfg = two_variant_config(tmp_path, fake_vllm, free_port(), free_port(), "concurrencies = [1]")
     r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"), "--markdown",
-                env={"FAKE_BENCH_MODE": "fail_requests"})
+                env={"FAKE_BENCH_MODE": mode})
     assert r.returncode == 1
-    assert "2/1 FAILED_REQUESTS" in r.stdout and "connection reset" in r.stdout
-
-
-def test_missing_result_exit_non_zero(tmp_path, fake_vllm):
-    cfg = two_variant_config(tmp_path, fake_vllm, free_port(), free_port(), "concurrencies = [1]")
-    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"), "--markdown",
-                env={"FAKE_BENCH_MODE": "exit1"})
-    assert r.returncode == 1
-    assert "MISSING" in r.stdout and "exit code 1" in r.stdout
+    assert all(words in r.stdout for words in said)
 
 
 def test_user_errors_are_one_line_exit_2(tmp_path, fake_vllm):
