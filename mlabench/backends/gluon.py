@@ -116,16 +116,15 @@ class GluonSplitKVBackend(Backend):
         return RowTiling.for_rows(shape.qo_len * shape.num_heads).row_tiles
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
-        from mlabench.kernels.gluon_splitkv import (
-            gluon_workspace_shapes, kv_descriptors, mla_decode_gluon_splitkv,
-        )
+        from mlabench.kernels.gluon_splitkv import kv_descriptors, mla_decode_gluon_splitkv
         from mlabench.kernels.splitkv import splitkv_workspace_bytes
+        from mlabench.kernels.workspace import splitkv_workspace_shapes
 
         s = inputs.shape
         choice = SplitChoice(params, s, inputs.device)
         stages, pdl = int(params["num_stages"]), int(params["pdl"])
         rows = s.qo_len * s.num_heads
-        o_shape, l_shape = gluon_workspace_shapes(s.batch, rows, choice.grid_splits)
+        o_shape, l_shape = splitkv_workspace_shapes(s.batch, rows, choice.grid_splits)
         part_o = torch.empty(o_shape, dtype=torch.float32, device=inputs.device)
         part_lse = torch.empty(l_shape, dtype=torch.float32, device=inputs.device)
         out = inputs.new_output()

@@ -37,7 +37,7 @@ from mlabench.kernels.common import (
     load_q_tile, pack_rows, policy_splits, resolve_launch, store_partial, upcast_for_interpreter,
 )
 from mlabench.kernels.triton_launch import choose_rows_per_tile, row_tiles
-from mlabench.kernels.workspace import split_workspace_bytes
+from mlabench.kernels.workspace import check_workspace, split_workspace_bytes, splitkv_workspace_shapes
 
 SPLIT_ALIGN_TOKENS = 16  #: split length is rounded up to this many tokens
 MAX_KV_SPLITS = 512
@@ -91,13 +91,6 @@ def _splitkv_stage1(q_ptr, kv_ptr, bt_ptr, seqlens_ptr, policy_ptr, po_ptr, plse
                        PAGE_SIZE, BLOCK_N, BLOCK_H, SPLIT_ALIGN, UPCAST, NUM_STAGES, QO_LEN, CAUSAL)
 
 
-def splitkv_workspace_shapes(batch: int, num_heads: int, num_kv_splits: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shapes of the fp32 partials: ``([B * S, R, 512], [B * S, R])`` (slot = b * S + split), with
-    ``R`` = ``num_heads`` the rows of a request (``qo_len * H`` for a multi-token step)."""
-    slots = batch * num_kv_splits
-    return (slots, num_heads, D_NOPE), (slots, num_heads)
-
-
 def alloc_splitkv_workspace(batch: int, num_heads: int, num_kv_splits: int,
                             device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate ``(partial_out [B*S, H, 512] fp32, partial_lse [B*S, H] fp32)`` (uninitialised:
@@ -111,6 +104,22 @@ def splitkv_workspace_bytes(batch: int, num_heads: int, num_kv_splits: int) -> i
     """Bytes of partials written by stage 1 and read by stage 2: ``2 * B*S*H*(512*4 + 4)``
     (:func:`mlabench.kernels.workspace.split_workspace_bytes`)."""
     return split_workspace_bytes(batch * num_kv_splits * num_heads, D_NOPE)
+
+
+def _checked_args(q, kv_cache, block_table, cache_seqlens, out, num_kv_splits, partial_out,
+                  partial_lse, split_policy, qo_len):
+    """Every argument check of :func:`mla_decode_splitkv` (ValueError naming what is wrong);
+    returns q and out as packed rows ``[B, qo_len * H, D]`` and the workspace (allocated when
+    None)."""
+    check_decode_args(q, kv_cache, block_table, cache_seqlens, out, qo_len)
+    if not 1 <= num_kv_splits <= MAX_KV_SPLITS:
+        raise ValueError(f"num_kv_splits must be in 1..{MAX_KV_SPLITS}, got {num_kv_splits}")
+    batch, rows = block_table.shape[0], qo_len * q.shape[1]
+    if partial_out is None or partial_lse is None:
+        partial_out, partial_lse = alloc_splitkv_workspace(batch, rows, num_kv_splits, q.device)
+    check_workspace(partial_out, partial_lse, batch, rows, num_kv_splits)
+    check_policy_table(split_policy, q.device)
+    return pack_rows(q, batch, qo_len), pack_rows(out, batch, qo_len), partial_out, partial_lse
 
 
 def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -132,46 +141,29 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
         num_kv_splits: splits per request, 1..512, a runtime argument (no recompilation per value);
             with ``split_policy`` the most splits a request may take (the grid's split axis).
         softmax_scale: multiplier of ``q . k``.
-        partial_out / partial_lse: workspace from :func:`alloc_splitkv_workspace`
-            (allocated here when None: pass them for graph capture and timing).
-        block_n: tokens per tile (16, 32, 64 ...); num_warps / num_stages: Triton launch options,
-            num_stages is the software-pipelining depth of the token loop; None takes
-            :func:`mlabench.kernels.common.default_launch` for the row tile.
-        split_policy: None (every request runs ``num_kv_splits`` splits), or an int32 ``[R, 2]``
-            table of ``(max_context_len, num_kv_splits)`` rows on q's device, ``R`` a power of two
-            (:meth:`mlabench.policy.device_table.SplitPolicy.device_table`): request ``b`` then runs
-            ``min(lookup(cache_seqlens[b]), num_kv_splits)`` splits, looked up on the device.
-        qo_len: query tokens per request; causal: each sees the prefix and the block tokens up to
-            itself (:func:`mlabench.kernels.common.causal_row_limits`; one whose limit is 0 gets
-            zeros), else all ``cache_seqlens[b]`` tokens.  One token compiles the same code as
-            before either way.
-        stage1_only: launch stage 1 alone (partials written, ``out`` untouched), for timing
-            stage 1 or pairing it with another merge such as
-            :func:`mlabench.kernels.wide_merge.wide_merge`.
-        rows_per_tile: rows of a request one stage-1 program holds, 16, 32 or 64 (None: the
-            smallest that holds all ``qo_len * H`` rows, at most 64,
-            :func:`mlabench.kernels.triton_launch.choose_rows_per_tile`); each tile streams the
-            split's cache once, so a request's cache is read ``ceil(qo_len * H / rows_per_tile)``
-            times.  Up to 16 rows the default is the 16-row kernel and launch of before.
+        partial_out / partial_lse: from :func:`alloc_splitkv_workspace` (None: allocated here).
+        block_n, num_warps, num_stages: tokens per tile (a power of two >= 16) and Triton launch
+            options (None: :func:`mlabench.kernels.common.default_launch` for the row tile).
+        split_policy: None, or the int32 ``[R, 2]`` table of
+            :meth:`mlabench.policy.device_table.SplitPolicy.device_table` on q's device: request
+            ``b`` runs ``min(lookup(cache_seqlens[b]), num_kv_splits)`` splits (looked up there).
+        qo_len, causal: query tokens per request; causal: each sees the prefix and the block up
+            to itself (:func:`mlabench.kernels.common.causal_row_limits`), else all the cache.
+        stage1_only: stage 1 alone (partials written, ``out`` untouched), to time it or pair it
+            with another merge (:func:`mlabench.kernels.wide_merge.wide_merge`).
+        rows_per_tile: 16, 32 or 64 rows of a request per program, each tile streaming the
+            split's cache once (None: :func:`mlabench.kernels.triton_launch.choose_rows_per_tile`).
 
     Returns ``out``.  Raises ValueError for bad layouts, split counts, row tiles, policy tables or
     a too-small workspace (``[B * S, qo_len * H, 512]`` partials, whatever the row tile).
     """
-    check_decode_args(q, kv_cache, block_table, cache_seqlens, out, qo_len)
-    if not 1 <= int(num_kv_splits) <= MAX_KV_SPLITS:
-        raise ValueError(f"num_kv_splits must be in 1..{MAX_KV_SPLITS}, got {num_kv_splits}")
     batch, heads = block_table.shape[0], q.shape[1]
-    q_rows, out_rows = pack_rows(q, batch, qo_len), pack_rows(out, batch, qo_len)
     rows = qo_len * heads
     tile = choose_rows_per_tile(rows, rows_per_tile)
     block_n, num_warps, num_stages = resolve_launch(q, block_n, num_warps, num_stages, tile)
-    if partial_out is None or partial_lse is None:
-        partial_out, partial_lse = alloc_splitkv_workspace(batch, rows, num_kv_splits, q.device)
-    o_shape, l_shape = splitkv_workspace_shapes(batch, rows, num_kv_splits)
-    if (partial_out.shape[0] < o_shape[0] or tuple(partial_out.shape[1:]) != o_shape[1:]
-            or partial_lse.shape[0] < l_shape[0] or partial_lse.shape[1] != rows):
-        raise ValueError(f"workspace too small for B={batch} rows={rows} splits={num_kv_splits}")
-    check_policy_table(split_policy, q.device)
+    q_rows, out_rows, partial_out, partial_lse = _checked_args(
+        q, kv_cache, block_table, cache_seqlens, out, int(num_kv_splits), partial_out, partial_lse,
+        split_policy, qo_len)
     policy_rows = 0 if split_policy is None else split_policy.shape[0]
     policy = cache_seqlens if split_policy is None else split_policy  # not read when policy_rows == 0
     upcast = upcast_for_interpreter(q.dtype)

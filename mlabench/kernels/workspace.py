@@ -28,3 +28,20 @@ def split_workspace_bytes(rows: int, v_head_dim: int = 512, partial_elem_bytes: 
         raise ValueError(f"need rows >= 0 and positive widths, got {rows}, {v_head_dim}, "
                          f"{partial_elem_bytes}")
     return 2 * rows * (v_head_dim * partial_elem_bytes + LSE_BYTES)
+
+
+def splitkv_workspace_shapes(batch: int, rows: int, num_kv_splits: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of a split-KV call's fp32 partials: ``([B * S, R, 512], [B * S, R])``, slot
+    ``b * S + split``, ``S`` the most splits a request may take (a fixed count, or a split policy's
+    largest), ``R`` the rows of a request (``qo_len * H``).  Both split-KV kernels use them."""
+    slots = batch * num_kv_splits
+    return (slots, rows, 512), (slots, rows)
+
+
+def check_workspace(partial_out, partial_lse, batch: int, rows: int, num_kv_splits: int) -> None:
+    """ValueError unless ``partial_out`` / ``partial_lse`` hold at least the
+    :func:`splitkv_workspace_shapes` of a call (more slots are fine, other rows are not)."""
+    o_shape, l_shape = splitkv_workspace_shapes(batch, rows, num_kv_splits)
+    if (partial_out.shape[0] < o_shape[0] or tuple(partial_out.shape[1:]) != o_shape[1:]
+            or partial_lse.shape[0] < l_shape[0] or tuple(partial_lse.shape[1:]) != l_shape[1:]):
+        raise ValueError(f"workspace too small for B={batch} rows={rows} splits={num_kv_splits}")

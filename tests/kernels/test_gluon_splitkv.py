@@ -170,7 +170,7 @@ def test_multi_row_tiles_compile_without_spills(block_rows, qo_len, causal, poli
     running the same wgmma code on its half of the rows (m64n16 or m64n32: 36 for the scores of a
     page, 32 for its output update), no local memory (no spills), and shared memory within the
     227 KB an H200 block may have."""
-    from mlabench.kernels.gluon_splitkv import stage1_shared_bytes
+    from mlabench.kernels.row_tiling import stage1_shared_bytes
 
     kernel = _compile_stage1(2, block_rows, qo_len, causal, policy_rows)
     ptx = kernel["ptx"]
@@ -227,9 +227,9 @@ def test_policy_sizes_workspace_for_its_largest_count(tmp_path, mode, grid, star
 
 
 def test_workspace_shapes_and_fixed_count():
-    from mlabench.kernels.gluon_splitkv import gluon_workspace_shapes
+    from mlabench.kernels.workspace import splitkv_workspace_shapes
 
-    assert gluon_workspace_shapes(4, 48, 33) == ((132, 48, 512), (132, 48))
+    assert splitkv_workspace_shapes(4, 48, 33) == ((132, 48, 512), (132, 48))
     backend = get_backend("gluon-splitkv")
     shape = MLADecodeShape.create(num_heads=12, context_lens=(4096, 100), page_size=64, qo_len=8)
     assert backend.supports(shape)[0] and backend.split_programs(shape, {}) == 2

@@ -1,0 +1,216 @@
+"""Gluon building blocks of the Hopper split-KV MLA decode (:mod:`mlabench.kernels.gluon_splitkv`):
+the page ring and its TMA copies, the query and P tiles, one page's products and online-softmax
+step, the split's pages (from a fixed count or a policy table in device memory), and the stores of
+a split's partial.  Every function is inlined into the one kernel that calls them.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+)
+
+PAGE_SIZE = 64  #: the only page size read (one TMA tile per block-table entry)
+#: Kernel-side constants: latent width (also V and the output), RoPE width, page tokens.
+D_NOPE = gl.constexpr(512)
+D_ROPE = gl.constexpr(64)
+PAGE_TOKENS = gl.constexpr(PAGE_SIZE)
+#: The TMA global-to-shared copy is ``async_copy_global_to_shared`` in Triton 3.6 and ``async_load``
+#: from 3.7 on.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+@gluon.jit
+def issue_page(kvn_desc, kvr_desc, bt_row_ptr, page_lo, t, kn_smem, kr_smem, bars,
+               NUM_STAGES: gl.constexpr):
+    """Start the two bulk copies of the request's page ``page_lo + t`` into ring slot
+    ``t % NUM_STAGES``; they complete on that slot's mbarrier."""
+    slot = t % NUM_STAGES
+    page = gl.load(bt_row_ptr + page_lo + t)
+    row = page * PAGE_TOKENS
+    bar = bars.index(slot)
+    mbarrier.expect(bar, kvn_desc.block_type.nbytes + kvr_desc.block_type.nbytes)
+    _tma_load(kvn_desc, [row, 0], bar, kn_smem.index(slot))
+    _tma_load(kvr_desc, [row, D_NOPE], bar, kr_smem.index(slot))
+
+
+@gluon.jit
+def load_q_tiles(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem, qr_smem,
+                 BLOCK_R: gl.constexpr, num_warps: gl.constexpr):
+    """Copy packed rows ``row_lo .. row_lo + BLOCK_R`` of request ``b`` (rows past ``num_rows``
+    zero) into the two shared-memory query tiles ``[BLOCK_R, 512]`` and ``[BLOCK_R, 64]``."""
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
+    rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, ld))
+    rmask = rows < num_rows
+    base = q_ptr + b.to(gl.int64) * stride_qb + rows[:, None] * stride_qh
+    cols = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, ld))
+    qn_smem.store(gl.load(base + cols[None, :], mask=rmask[:, None], other=0.0))
+    rcols = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, ld))
+    qr_smem.store(gl.load(base + D_NOPE + rcols[None, :], mask=rmask[:, None], other=0.0))
+
+
+@gluon.jit
+def store_partial(po_ptr, plse_ptr, slot, row_lo, num_rows, o, l_i, m_i, stride_ps, stride_ph,
+                  stride_ls, BLOCK_R: gl.constexpr, num_warps: gl.constexpr):
+    """Write ``O^T / l`` as the partial ``[BLOCK_R rows, 512]`` of ``slot`` and ``lse2 = m +
+    log2 l``.  A row that saw no token gets ``lse2 = -inf`` and no partial at all: the merge
+    (:func:`mlabench.kernels.wide_merge.wide_merge`) weights it 0 and never reads its partial, so
+    the empty splits of a short request cost a few lse stores, not a 2 KB row each."""
+    st: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, num_warps], [0, 1])
+    nonempty = l_i > 0.0
+    l_safe = gl.where(nonempty, l_i, 1.0)
+    lse2 = gl.where(nonempty, m_i + gl.log2(l_safe), float("-inf"))
+    res = gl.convert_layout(o / l_safe[None, :], st)
+    d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, st))
+    rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, st))
+    written = (rows < num_rows) & gl.convert_layout(nonempty, gl.SliceLayout(0, st))
+    slot64 = slot.to(gl.int64)
+    ptrs = po_ptr + slot64 * stride_ps + rows[None, :] * stride_ph + d[:, None]
+    gl.store(ptrs, res, mask=written[None, :])
+    lse_st = gl.convert_layout(lse2, gl.SliceLayout(0, st))
+    gl.store(plse_ptr + slot64 * stride_ls + rows, lse_st, mask=rows < num_rows)
+
+
+@gluon.jit
+def store_empty(plse_ptr, slot, row_lo, num_rows, stride_ls, BLOCK_R: gl.constexpr,
+                num_warps: gl.constexpr):
+    """An empty split's record: ``lse2 = -inf`` for its rows and no partial (the merge stops
+    before it)."""
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    rows = row_lo + gl.arange(0, BLOCK_R, layout=lay)
+    gl.store(plse_ptr + slot.to(gl.int64) * stride_ls + rows,
+             gl.full([BLOCK_R], float("-inf"), gl.float32, layout=lay), mask=rows < num_rows)
+
+
+@gluon.jit
+def zero_rows_from(tile, first, num_warps: gl.constexpr):
+    """Zero rows ``first ..`` of a ``[64, 512]`` shared-memory page tile, 64 columns at a time
+    (a few registers per thread), then fence it for the wgmma that reads it next."""
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    keep = (gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1, ld)) < first)[:, None]
+    for c in gl.static_range(D_NOPE // 64):
+        block = tile.slice(c * 64, 64, dim=1)
+        x = block.load(ld)
+        block.store(gl.where(keep, x, gl.zeros_like(x)))
+    fence_async_shared()
+
+
+@gluon.jit
+def launch_dependents():
+    """``griddepcontrol.launch_dependents``: the next grid, launched as a programmatic dependent
+    launch, may be scheduled once every program of this one has executed it (or exited)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def lookup_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps: gl.constexpr):
+    """A request's split count from a policy table in device memory: ``POLICY_ROWS`` int32 rows
+    ``(max_context_len, num_kv_splits)`` (a power of two of them, padded as
+    :meth:`mlabench.policy.device_table.SplitPolicy.device_table` pads), the count of the first row with
+    ``seq_len <= max_context_len``, else of the last, clamped to ``[1, cap]``.  The rule of
+    :meth:`~mlabench.policy.device_table.SplitPolicy.lookup` and of the Triton kernels'
+    :func:`mlabench.kernels.common.policy_splits` (Gluon needs the layout spelled out)."""
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    rows = gl.arange(0, POLICY_ROWS, layout=lay)
+    max_len = gl.load(policy_ptr + 2 * rows)
+    splits = gl.load(policy_ptr + 2 * rows + 1)
+    first = gl.min(gl.where(seq_len <= max_len, rows, POLICY_ROWS - 1), axis=0)
+    chosen = gl.sum(gl.where(rows == first, splits, 0), axis=0)
+    return gl.minimum(gl.maximum(chosen, 1), cap)
+
+
+@gluon.jit
+def split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS: gl.constexpr,
+                num_warps: gl.constexpr):
+    """``(first page, pages)`` of split ``split`` of a request of ``seq_len`` tokens: its pages cut
+    into the request's own count (``num_splits``, or the policy's with ``POLICY_ROWS > 0``) of
+    ``ceil(pages / count)`` each; 0 pages past the request's last page or its count."""
+    if POLICY_ROWS > 0:  # the request's own count; splits past it own no page
+        own = lookup_splits(seq_len, policy_ptr, num_splits, POLICY_ROWS, num_warps)
+    else:
+        own = num_splits
+    n_pages = gl.cdiv(seq_len, PAGE_TOKENS)
+    per_split = gl.cdiv(n_pages, own)
+    page_lo = gl.minimum(split * per_split, n_pages)
+    return page_lo, gl.minimum(page_lo + per_split, n_pages) - page_lo
+
+
+@gluon.jit
+def scaled_scores(s, tok, seq_len, row_lim, qk_scale_log2, CAUSAL: gl.constexpr):
+    """Scores ``S^T [64 tokens, rows]`` in base-2 units, ``-inf`` for tokens past the length and,
+    under ``CAUSAL``, past each row's key limit ``row_lim``."""
+    if CAUSAL:
+        seen = (tok < seq_len)[:, None] & (tok[:, None] < row_lim[None, :])
+        return gl.where(seen, s * qk_scale_log2, float("-inf"))
+    return gl.where((tok < seq_len)[:, None], s * qk_scale_log2, float("-inf"))
+
+
+@gluon.jit
+def softmax_step(s, m_i, CAUSAL: gl.constexpr):
+    """One page of the online softmax over ``S^T [64, rows]``: ``(p, alpha, m_new)`` with the
+    running max ``m_new``, the page's weights ``p = 2^(s - m_new)`` and the rescale ``alpha`` of
+    what came before."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=0))
+    if CAUSAL:  # a row may have seen no key yet: keep -inf - -inf out of the exponent
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:  # finite: a page holds >= 1 valid token
+        m_use = m_new
+    alpha = gl.exp2(m_i - m_use)
+    return gl.exp2(s - m_use[None, :]), alpha, m_new
+
+
+@gluon.jit
+def page_ring(kvn_desc, kvr_desc, NUM_STAGES: gl.constexpr):
+    """The shared-memory ring of ``NUM_STAGES`` pages (latent ``[64, 512]`` and RoPE ``[64, 64]``
+    tiles in the TMA layout) and one initialised mbarrier per slot."""
+    kn_smem = gl.allocate_shared_memory(kvn_desc.dtype, [NUM_STAGES] + kvn_desc.block_type.shape,
+                                        kvn_desc.layout)
+    kr_smem = gl.allocate_shared_memory(kvr_desc.dtype, [NUM_STAGES] + kvr_desc.block_type.shape,
+                                        kvr_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    return kn_smem, kr_smem, bars
+
+
+@gluon.jit
+def row_tiles(dt: gl.constexpr, BLOCK_R: gl.constexpr):
+    """The shared-memory query tiles ``[BLOCK_R, 512]`` and ``[BLOCK_R, 64]`` (the B operand of the
+    score product) and the P tile ``[64, BLOCK_R]`` (the B operand of the output product)."""
+    qn_smem = gl.allocate_shared_memory(dt, [BLOCK_R, D_NOPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_R, D_NOPE], dt))
+    qr_smem = gl.allocate_shared_memory(dt, [BLOCK_R, D_ROPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_R, D_ROPE], dt))
+    p_smem = gl.allocate_shared_memory(dt, [PAGE_TOKENS, BLOCK_R],
+                                       gl.NVMMASharedLayout.get_default_for([PAGE_TOKENS, BLOCK_R], dt))
+    return qn_smem, qr_smem, p_smem
+
+
+@gluon.jit
+def attend_page(t, page_lo, seq_len, kn_smem, kr_smem, bars, qn_smem, qr_smem, p_smem, s_zero,
+                offs_t, row_lim, qk_scale_log2, o, l_i, m_i, NUM_STAGES: gl.constexpr,
+                CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    """Page ``t`` of the split, once its copies have landed: ``S^T = K Q^T`` (two wgmma, the
+    latent and the RoPE part), the masks, one online-softmax step, ``O^T += V^T P^T`` (V is the
+    page's latent tile read transposed).  Returns the updated ``(o, l_i, m_i)``."""
+    slot = t % NUM_STAGES
+    mbarrier.wait(bars.index(slot), (t // NUM_STAGES) & 1)
+    kn = kn_smem.index(slot)
+    s = warpgroup_mma(kn, qn_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma(kr_smem.index(slot), qr_smem.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    tok = (page_lo + t) * PAGE_TOKENS + offs_t
+    s = scaled_scores(s, tok, seq_len, row_lim, qk_scale_log2, CAUSAL)
+    if (page_lo + t + 1) * PAGE_TOKENS > seq_len:  # the last page: rows past the length
+        zero_rows_from(kn, seq_len - (page_lo + t) * PAGE_TOKENS, num_warps)
+    p, alpha, m_new = softmax_step(s, m_i, CAUSAL)
+    l_i = l_i * alpha + gl.sum(p, axis=0)
+    o = o * alpha[None, :]
+    p_smem.store(p.to(p_smem.dtype))
+    fence_async_shared()
+    o = warpgroup_mma(kn.permute((1, 0)), p_smem, o, is_async=True)
+    o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
+    return o, l_i, m_new
