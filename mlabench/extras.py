@@ -16,8 +16,6 @@ from mlabench.errors import DependencyError
 
 INSTALL_HINTS = {
     "aiter": "AITER (ROCm only): install amd-aiter from source or use a ROCm image that ships it",
-    "matplotlib": "matplotlib (figures and reports): pip install matplotlib",
-    "optuna": "Optuna: pip install optuna",
     "psycopg2": "the PostgreSQL driver: pip install psycopg2-binary",
     "flash_mla": "FlashMLA: pip install sgl-flash-mla (Hopper, SM90) or build FlashMLA from source",
     "sgl_flash_mla": "FlashMLA: pip install sgl-flash-mla (Hopper, SM90)",
