@@ -190,7 +190,9 @@ def param_grid(backend: Backend, shape: MLADecodeShape, axes: dict[str, list[Any
     """Parameter dicts for ``backend``: the product of the axes it has (others at their default).
 
     With ``all_choices`` a string parameter with no axis given takes every choice (used by
-    ``check``).  Values are validated (:class:`ConfigError` on a bad one) and de-duplicated.
+    ``check``).  Values are validated (:class:`ConfigError` on a bad one) and de-duplicated; a
+    parameter with ``omit_default`` is left out at its default, as :meth:`Backend.resolve_params`
+    leaves it.
     """
     lists = []
     for spec in backend.params:
@@ -202,7 +204,8 @@ def param_grid(backend: Backend, shape: MLADecodeShape, axes: dict[str, list[Any
             lists.append([spec.default_for(shape)])
     seen, out = set(), []
     for combo in itertools.product(*lists):
-        params = dict(zip(backend.param_names(), combo))
+        params = {spec.name: value for spec, value in zip(backend.params, combo)
+                  if not (spec.omit_default and value == spec.default_for(shape))}
         marker = tuple(sorted(params.items(), key=lambda kv: kv[0]))
         if marker not in seen:
             seen.add(marker)

@@ -33,10 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlabench.errors import MissingResultError, ResultsError
+from mlabench.backends import get_backend
+from mlabench.errors import MissingResultError, MlabenchError, ResultsError
 from mlabench.measure.stats import mean_rel_se, median_rel_ci
-from mlabench.records.record import Manifest, Record
+from mlabench.records.record import Manifest, Record, point_key
 from mlabench.records.store import ResultStore, describe_records, run_folders
+from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.sentinel import read_sentinels, repeat_noise
 from mlabench.tables.table import PARAMS, ColumnStyle, Table, params_label
 
@@ -94,8 +96,21 @@ def load_run(path: Path | str) -> Run:
     store = ResultStore(folders[0])
     sentinels = [s.record.stats.median_us for s in read_sentinels(store.run_dir)
                  if s.record.status == "ok" and s.record.stats is not None]
-    return Run(folders[0], store.manifest(), {r.key: r for r in store.records()}, repeat_noise(sentinels),
-               len(sentinels))
+    return Run(folders[0], store.manifest(), {comparable_key(r): r for r in store.records()},
+               repeat_noise(sentinels), len(sentinels))
+
+
+def comparable_key(r: Record) -> str:
+    """A point's identity for pairing runs recorded by different versions of mlabench: the key of
+    its backend's present resolution of the parameters it recorded (a parameter added since is
+    filled with its default; one left out at its default, ``omit_default``, stays out), with its
+    shape.  The record's own key when its backend or a parameter is no longer known."""
+    try:
+        backend = get_backend(r.backend)
+        shape = MLADecodeShape(**{**r.shape, "context_lens": tuple(r.shape["context_lens"])})
+        return point_key(r.backend, backend.resolve_params(shape, r.params), r.shape)
+    except (MlabenchError, KeyError, TypeError, ValueError):
+        return r.key
 
 
 def median_se(r: Record) -> float:

@@ -72,11 +72,13 @@ def test_backend_parameter():
     be = get_backend("triton-splitkv")
     for qo_len, tile, programs, tokens in ((1, 16, 1, 32), (2, 32, 1, 32), (4, 64, 1, 16), (8, 64, 2, 16)):
         s = MLADecodeShape.create(num_heads=12, context_lens=(100,), qo_len=qo_len)
-        params = be.resolve_params(s)
+        params = be.resolve_params(s, {"rows_per_tile": "auto"})
         assert resolve_rows_per_tile(params, qo_len * 12) == tile
         assert be.split_programs(s, params) == programs
         assert be.split_tile_tokens(s, params) == tokens
-        assert be.split_programs(s, be.resolve_params(s, {"rows_per_tile": 16})) == -(-qo_len * 12 // 16)
+        default = be.resolve_params(s)  # 16-row tiles: faster on an H200 at batch 16
+        assert resolve_rows_per_tile(default, qo_len * 12) == 16
+        assert be.split_programs(s, default) == -(-qo_len * 12 // 16)
 
 
 def case(qo_len: int, heads: int, lens=LENS, seed: int = 0):

@@ -169,3 +169,16 @@ def test_diff_reads_at_80_columns_names_its_change_column_and_counts_sentinels(t
     assert any("pad=zero prog/SM=1" in line for line in lines)  # short parameter names, not squeezed
     assert "change: +5.00% (every row)" in lines and not any("B/A " in line for line in lines)
     assert points.as_dicts()[0]["ratio"] == pytest.approx(1.05)  # JSON and CSV: the ratio itself
+
+
+def test_runs_of_different_versions_pair_their_points():
+    """The committed kimi-k3-tp8 run predates split_policy (its records say num_kv_splits only);
+    pair-3 records split_policy = ''; a run made now leaves rows_per_tile out at its default.
+    The same launched configuration pairs across all three."""
+    pair3 = H200_RUN.parents[1] / "repeatability/history-attempt/pair-3/runs/kimi-k3-tp8-20261201-025639-435"
+    d = diff_runs(H200_RUN, pair3)
+    paired = {p.a.backend for p in d.points}
+    assert {"triton-splitkv", "triton-persistent"} <= paired
+    triton = [p for p in d.points if p.a.backend == "triton-splitkv"]
+    assert len(triton) >= 100 and all(p.a.params.get("num_kv_splits") == p.b.params.get("num_kv_splits")
+                                      for p in triton)
