@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from mlabench.tune.space import (
     tune_shape, wave_cap,
 )
 from mlabench.tune.studies import (
-    StudyProgress, StudySpec, open_storage, optuna_module, prepare_study, redact_url, study_name, study_progress,
+    StudyProgress, StudySpec, journal_copy, open_storage, optuna_module, prepare_study, redact_url, study_name, study_progress,
 )
 from mlabench.tune.trial_worker import STORAGE_ENV
 from mlabench.tune.worker_pool import start_workers, supervise
@@ -303,8 +304,9 @@ def export_run(run_dir: Path, storage: str | None = None, noise: float | None = 
         raise ConfigError(f"tune --export: {validation_line(exc)}") from None
     store = ResultStore(run_dir)
     optuna = optuna_module()
-    handle = open_storage(url, run_dir)
-    studies = [optuna.load_study(study_name=s.name, storage=handle) for s in specs]
-    manifest = store.manifest()
-    return _finish(cfg, store, studies, specs, str(manifest.device.get("name")), manifest.versions)
+    with tempfile.TemporaryDirectory(prefix="mlabench-journal-") as scratch:
+        handle = open_storage(url, run_dir if url else journal_copy(run_dir, Path(scratch)))
+        studies = [optuna.load_study(study_name=s.name, storage=handle) for s in specs]
+        manifest = store.manifest()
+        return _finish(cfg, store, studies, specs, str(manifest.device.get("name")), manifest.versions)
 

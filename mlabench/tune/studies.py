@@ -10,6 +10,7 @@ URL Optuna supports (PostgreSQL shares studies between machines).
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import warnings
@@ -39,6 +40,19 @@ def redact_url(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
+def journal_copy(run_dir: Path, into: Path) -> Path:
+    """The folder to open a run's journal from for reading: ``run_dir`` itself, or ``into`` holding
+    a plain copy of an archived run's ``study.journal.gz`` (Optuna reads only a plain file).
+    Raises :class:`ResultsError` when the run has no journal (nothing was tuned there)."""
+    if (run_dir / JOURNAL_FILE).exists():
+        return run_dir
+    archived = run_dir / (JOURNAL_FILE + ".gz")
+    if not archived.exists():
+        raise ResultsError(f"{run_dir}: no {JOURNAL_FILE} (or .gz): not a tuning run with a journal")
+    (into / JOURNAL_FILE).write_bytes(gzip.decompress(archived.read_bytes()))
+    return into
+
+
 def open_storage(url: str | None, run_dir: Path) -> Any:
     """An Optuna storage: ``run_dir/study.journal`` (a ``JournalStorage``) when ``url`` is None,
     else ``RDBStorage(url)`` with heartbeats, so a trial of a worker that died is failed and retried
@@ -47,6 +61,10 @@ def open_storage(url: str | None, run_dir: Path) -> Any:
     if url is None:
         from optuna.storages.journal import JournalFileBackend
 
+        archived = run_dir / (JOURNAL_FILE + ".gz")
+        if archived.exists() and not (run_dir / JOURNAL_FILE).exists():
+            raise ConfigError(f"{archived}: an archived run's journal is read-only here (tune "
+                              f"--export reads it); gunzip it to add trials")
         return optuna.storages.JournalStorage(JournalFileBackend(str(run_dir / JOURNAL_FILE)))
     try:
         with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna, and the way to recover

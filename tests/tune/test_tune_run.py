@@ -171,3 +171,27 @@ def test_gpus_must_exist_and_name_their_model():
     with pytest.raises(ConfigError, match=f"GPU {count} does not exist"):
         gpu_model(["0", str(count)])
     assert gpu_model(["0"]) == torch.cuda.get_device_name(0)
+
+
+def test_export_reads_an_archived_runs_gzipped_journal_and_resume_refuses_it(tmp_path):
+    """A committed run keeps study.journal.gz: --export rebuilds its policy as committed (all but
+    the time it was made) and writes no journal beside it; adding trials to it is refused."""
+    import shutil
+
+    from mlabench.errors import ConfigError
+    from mlabench.tune.run import export_run
+    from mlabench.tune.studies import open_storage
+
+    committed = Path(__file__).resolve().parents[2] / "results/h200/deploy/qo4"
+    run = tmp_path / "run"
+    shutil.copytree(next(committed.glob("tune-*")), run)
+    assert (run / "study.journal.gz").exists() and not (run / "study.journal").exists()
+    before = json.loads((run / "policy.json").read_text())
+    export_run(run)
+    after = json.loads((run / "policy.json").read_text())
+    for p in (before, after):
+        p.get("source", {}).pop("created", None)
+    assert after == before
+    assert not (run / "study.journal").exists()
+    with pytest.raises(ConfigError, match="gunzip it to add trials"):
+        open_storage(None, run)
