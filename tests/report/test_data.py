@@ -146,3 +146,14 @@ def test_readable_numbers_and_one_colour_per_backend():
     heuristics = {style.heuristic_color(h.name) for h in HEURISTICS}
     assert len(heuristics) == len(HEURISTICS) and not heuristics & {style.backend_color(n) for n in names}
     assert style.backend_color("some-new-backend") == style.backend_color("some-new-backend")
+
+
+def test_the_heat_map_tells_a_count_not_run_from_one_that_failed():
+    """A sweep need not run every count at every context: such a cell is 'not measured', not
+    'not correct' (the gluon-splitkv heat map of a committed run drew both as ✗)."""
+    from mlabench.report.figures.data import SplitCurve, split_heatmap
+
+    curve = SplitCurve(4096, [8, 16, 32], [20.0, None, None], ["ok", "incorrect", "missing"], 8, 20.0)
+    heat = split_heatmap([curve])
+    assert heat.ratio == [[1.0, None, None]]
+    assert heat.measured == [[True, True, False]]

@@ -160,19 +160,23 @@ def split_sweep(records: Sequence[Record], backend: str) -> dict[int, list[Split
 
 @dataclass
 class Heatmap:
-    """Figure (c), second part: rows are contexts, columns split counts, cells µs / the row's best."""
+    """Figure (c), second part: rows are contexts, columns split counts, cells µs / the row's best
+    (``measured[i][j]`` False: that count was not run at that context)."""
 
     contexts: list[int]
     splits: list[int]
     ratio: list[list[float | None]] = field(default_factory=list)
     best_column: list[int | None] = field(default_factory=list)
+    measured: list[list[bool]] = field(default_factory=list)
 
 
 def split_heatmap(curves: Sequence[SplitCurve]) -> Heatmap:
-    """Each context's times relative to its best (1.0 = the best split count; None = not ok)."""
+    """Each context's times relative to its best (1.0 = the best split count; None = not ok), and
+    whether each cell was measured at all (a sweep need not run every count at every context)."""
     heat = Heatmap([c.context_len for c in curves], list(curves[0].splits) if curves else [])
     for c in curves:
         heat.ratio.append([us / c.best_us if us is not None and c.best_us else None for us in c.median_us])
+        heat.measured.append([status != "missing" for status in c.statuses])
         heat.best_column.append(c.splits.index(c.best_splits) if c.best_splits is not None else None)
     return heat
 

@@ -209,8 +209,9 @@ def split_heatmap(maps: dict[int, Heatmap], title: str, where: str) -> Any:
         for i, row in enumerate(m.ratio):
             for j, v in enumerate(row):
                 dark = v is not None and norm(v) > 0.55
-                ax.text(j, i, "✗" if v is None else style.ratio_text(v), ha="center", va="center",
-                        fontsize=6.5, color="white" if dark else "black")
+                mark = style.ratio_text(v) if v is not None else "✗" if m.measured[i][j] else "–"
+                ax.text(j, i, mark, ha="center", va="center", fontsize=6.5,
+                        color="white" if dark else "black")
             if m.best_column[i] is not None:
                 ax.add_patch(mpl.patches.Rectangle((m.best_column[i] - 0.5, i - 0.5), 1, 1,
                                                           fill=False, edgecolor="black", linewidth=1.6))

@@ -150,7 +150,7 @@ def _splits(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] 
                                         partial(_draw().split_sweep, curves, title, where)))
             else:
                 maps = {b: D.split_heatmap(cs) for b, cs in curves.items()}
-                title = f"{backend}: latency relative to each context's best split count (boxed; ✗ = not correct)"
+                title = f"{backend}: latency relative to each context's best split count (boxed; ✗ = not correct, – = not measured)"
                 caption = (f"{backend}: each cell is µs / the fastest correct split count at that context "
                            "(boxed); the colour scale is logarithmic.")
                 specs.append(FigureSpec(kind, f"split-heatmap-{backend}{suffix}", caption,
