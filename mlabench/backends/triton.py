@@ -20,6 +20,7 @@ from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.padding import HEAD_TILE, HeadPadder, padded_heads
 from mlabench.kernels.triton_launch import CUDA_LAUNCH, ROW_TILES, choose_rows_per_tile, row_tiles
+from mlabench.policy.device_table import parse_split_policy
 from mlabench.policy.split_choice import SplitChoice
 from mlabench.shapes import MLADecodeShape
 
@@ -27,7 +28,20 @@ NO_GPU_REASON = "no GPU: set TRITON_INTERPRET=1 to run it in Triton's CPU interp
 #: Distributions that ship Triton: upstream, and the builds torch's ROCm and CUDA wheels pull in.
 TRITON_PACKAGES = {"triton": ("triton", "pytorch-triton-rocm", "pytorch-triton")}
 
-SPLIT_POLICY = ParamSpec(
+@dataclass(frozen=True)
+class SplitPolicySpec(ParamSpec):
+    """:data:`SPLIT_POLICY`: validated by reading it, so that a bad mode or policy file is one
+    ``error:`` line before anything is measured (sweep, check, graph-check, tune), not an error
+    record per point (:func:`mlabench.policy.device_table.parse_split_policy`)."""
+
+    def validate(self, value: Any) -> Any:
+        text = str(super().validate(value))
+        if text:
+            parse_split_policy(text, current_device().num_sms)
+        return text
+
+
+SPLIT_POLICY = SplitPolicySpec(
     "split_policy", str, default="",
     help="where the split count comes from: empty = num_kv_splits for every request; "
          "'device[:POLICY.json]' = each request's own count looked up in a policy table in device "

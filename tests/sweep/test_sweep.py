@@ -271,3 +271,28 @@ def test_a_model_flag_replaces_the_files_model_whichever_kind(tmp_path):
     assert {s.num_heads for s in expand_shapes(back)} == {12}
     with pytest.raises(ConfigError, match="not both"):
         expand_shapes(resolve_sweep_config(None, sweep_overrides(model="kimi-k3", model_config=hf)))
+
+
+@pytest.mark.parametrize("policy,said", [
+    ("{bad", "split policy is not valid JSON"),
+    ('{"num_kv_splits": {"1": [[100, -4]]}}', "num_kv_splits must be in 1..512"),
+    (None, "split_policy must be empty, 'host[:FILE]' or 'device[:FILE]'"),
+])
+def test_a_bad_split_policy_is_one_error_before_anything_runs(tmp_path, monkeypatch, capsys, policy, said):
+    """A sweep config's split_policy file (corrupt, negative counts) or mode is refused with one
+    line and exit 2, and no run folder is made (it used to exit 0 with every point an error)."""
+    from tests.core.test_cli import run
+
+    path = tmp_path / "policy.json"
+    if policy is not None:
+        path.write_text(policy)
+    value = f"device:{path}" if policy is not None else "sideways"
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(f'name = "bad-policy"\nheads = [4]\nbackends = ["torch-splitkv", "triton-splitkv"]\n'
+                   f'batch = [1]\ncontext_lens = [64]\npage_size = 16\n[params]\nsplit_policy = ["{value}"]\n')
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    code, out, err = run(["sweep", "--config", str(cfg), "--results-dir", str(tmp_path / "res")],
+                         monkeypatch, capsys)
+    assert code == 2, (out, err)
+    assert err.strip().startswith("error:") and said in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "res").exists()
