@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serial
 
 from mlabench.errors import ConfigError
 from mlabench.files import read_json
-from mlabench.policy.rules import rule_splits, whole_tile_splits
+from mlabench.policy.rules import MAX_KV_SPLITS, rule_splits, whole_tile_splits
 
 #: Version 2 added ``tokens_per_split`` to an entry, version 3 ``tile_tokens``; :func:`load_policy`
 #: still reads versions 1 and 2 (neither field means a fixed count, as it always did).
@@ -60,6 +60,11 @@ class PolicyEntry(BaseModel):
         for name in ("tokens_per_split", "tile_tokens"):
             if getattr(self, name) is not None and not isinstance(self.params.get("num_kv_splits"), int):
                 raise ValueError(f"entry {self.max_context_len}: {name} needs an integer num_kv_splits")
+        splits = self.params.get("num_kv_splits")
+        if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int)
+                                   or not 1 <= splits <= MAX_KV_SPLITS):
+            raise ValueError(f"entry {self.max_context_len}: num_kv_splits must be an integer in "
+                             f"1..{MAX_KV_SPLITS}, got {splits!r}")
         return self
 
     @model_serializer(mode="wrap")

@@ -89,6 +89,9 @@ def test_policy_rejects_unsorted_and_inconsistent_tables():
         entry(10, 8, tokens_per_split=64, tile_tokens=32)
     with pytest.raises(ValueError, match="greater than 0"):
         entry(10, 8, tile_tokens=0)
+    for bad in (-4, 0, 513):  # tune --validate measured -4 as an error at every point
+        with pytest.raises(ValueError, match=r"num_kv_splits must be an integer in 1\.\.512"):
+            PolicyEntry(max_context_len=10, params={"num_kv_splits": bad})
 
 
 @pytest.mark.parametrize("length, tiles_splits", [
