@@ -133,7 +133,7 @@ def compare(
     With --from it only reads recorded runs; otherwise it measures (or, with --resume, completes)
     the sweep it needs first.
     """
-    from mlabench.sweep.compare import backend_families, recorded_records, winners_table
+    from mlabench.sweep.compare import backend_families, check_comparable, recorded_records, winners_table
     from mlabench.sweep.summary import compare_table
 
     fmt = output_format(format, as_json, markdown)
@@ -158,6 +158,7 @@ def compare(
     emit(tables, fmt)
     if not from_run:
         _results_went_to(store)
+    check_comparable(records, families)  # after the table (its best split counts still hold): exit 1
 
 
 #: The commands of this group, registered by :mod:`mlabench.cli.app`.

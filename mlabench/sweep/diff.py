@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from mlabench.backends import get_backend
-from mlabench.errors import MissingResultError, MlabenchError, ResultsError
+from mlabench.errors import ConfigError, MissingResultError, MlabenchError, ResultsError
 from mlabench.measure.stats import mean_rel_se, median_rel_ci
 from mlabench.records.record import Manifest, Record, point_key
 from mlabench.records.store import ResultStore, describe_records, run_folders
@@ -146,6 +146,9 @@ def diff_runs(path_a: Path | str, path_b: Path | str, z_critical: float = Z_CRIT
                                  f"{describe_records(a.records.values())}; B ({b.path.name}) holds "
                                  f"{describe_records(b.records.values())}")
     d = RunDiff(a, b, manifest_notes=manifest_differences(a.manifest, b.manifest))
+    if a.path.resolve() == b.path.resolve():
+        d.manifest_notes.insert(0, f"A and B are the same run folder ({a.path}): every point is "
+                                   "compared with itself")
     for key, ra in a.records.items():
         rb = b.records.get(key)
         if rb is None:
@@ -245,7 +248,10 @@ def _params(r: Record) -> str:
 
 def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> list[Table]:
     """The diff as tables: a summary per backend, the points (only the significant ones unless
-    ``show_all``), the points not compared.  Notes carry the method and the manifests' differences."""
+    ``show_all``), the points not compared.  Notes carry the method and the manifests' differences.
+    Raises :class:`ConfigError` for a negative ``min_us``."""
+    if min_us < 0:
+        raise ConfigError(f"--min-us must be >= 0 µs, got {min_us:g}")
     summary = Table(f"diff: {d.b.path.name} against {d.a.path.name}",
                     ["backend", "points", "geomean_ratio", "significant_slower", "significant_faster",
                      "points_over_min", "within_1pct", "within_2pct", "worst"],

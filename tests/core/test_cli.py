@@ -190,7 +190,9 @@ def test_compare_from_recorded_runs(tmp_path, monkeypatch, capsys):
     assert code == 0, err
     (run_dir,) = list(tmp_path.iterdir())
     code, out, err = run(["compare", "--from", str(run_dir), "--json"], monkeypatch, capsys)
-    assert code == 0, err
+    # the best split count is shown, and exit 1 says the persistent side is missing
+    assert code == 1 and err.strip() == ("error: compare needs a padded persistent backend with "
+                                         "correct records; these runs have torch-splitkv"), err
     (row,) = json.loads(out)[0]["rows"]
     assert row["split-KV"] == "torch-splitkv" and row["best splits"] in (1, 2) and row["persistent"] is None
 
@@ -263,7 +265,7 @@ def test_compare_from_filters_and_refuses_mixed_devices(tmp_path, monkeypatch, c
             "--splits", "1", "--budget-s", "0.05", "--results-dir", str(tmp_path / "a")]
     assert run(args, monkeypatch, capsys)[0] == 0
     code, out, err = run(["compare", "--from", str(tmp_path / "a"), "--batch", "2", "--json"], monkeypatch, capsys)
-    assert code == 0, err
+    assert code == 1 and "padded persistent" in err, err  # split-KV only: the table, then exit 1
     assert [r["batch"] for r in json.loads(out)[0]["rows"]] == [2]  # a parent folder of runs works too
     (run_dir,) = list((tmp_path / "a").iterdir())
     other = tmp_path / "b" / run_dir.name
@@ -384,7 +386,7 @@ def test_check_shows_progress_and_compare_says_where_its_results_went(tmp_path, 
     code, _, err = run(["compare", "--backend", "torch-splitkv", "--context", "32", "--batch", "1", "--splits", "1",
                         "--page-size", "16", "--budget-s", "0.05", "--results-dir", str(tmp_path)], monkeypatch, capsys)
     (run_dir,) = tmp_path.iterdir()
-    assert code == 0 and f"results: {run_dir}/" in err
+    assert code == 1 and f"results: {run_dir}/" in err and "padded persistent" in err
 
 
 def test_the_sweep_reports_progress_before_its_first_point(tmp_path):

@@ -27,3 +27,22 @@ def test_recorded_records_filter_by_batch_context_and_backend(tmp_path):
 def test_backend_families_pair_persistent_with_split_kv():
     families = backend_families()
     assert families["triton-persistent"] == "persistent" and families["torch-splitkv"] == "split-kv"
+
+
+def test_compare_needs_both_paths_with_a_correct_record():
+    """Runs holding only split-KV records (a tuning run, or --backend of one kind) or no correct
+    record at all: exit 1 with the reason, not a table of dashes."""
+    from pathlib import Path
+
+    from mlabench.sweep.compare import check_comparable
+
+    mtp = next((Path(__file__).resolve().parents[2] / "results/h200/deploy/mtp").glob("kimi-*"))
+    families = backend_families()
+    records = recorded_records([mtp], None, None, None, None)
+    check_comparable(records, families)  # both paths ran: no error
+    split_only = [r for r in records if r.backend == "gluon-splitkv"]
+    with pytest.raises(MissingResultError, match="a padded persistent backend .* have gluon-splitkv$"):
+        check_comparable(split_only, families)
+    failed = [r.model_copy(update={"status": "incorrect"}) for r in records[:5]]
+    with pytest.raises(MissingResultError, match="no correct record among the 5 read"):
+        check_comparable(failed, families)

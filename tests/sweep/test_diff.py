@@ -89,7 +89,8 @@ def test_runs_on_two_gpus_of_one_model_are_said_to_differ(tmp_path):
     b = copy_run(H200_RUN, tmp_path / "b", device={**device, "uuid": "GPU-bbbb"})
     notes = diff_runs(a, b).manifest_notes
     assert len(notes) == 1 and notes[0].startswith("different GPUs of one model (GPU-aaaa vs GPU-bbbb)")
-    assert not diff_runs(H200_RUN, b).manifest_notes and not diff_runs(a, a).manifest_notes
+    assert not diff_runs(H200_RUN, b).manifest_notes
+    assert [n[:31] for n in diff_runs(a, a).manifest_notes] == ["A and B are the same run folder"]
 
 
 def test_points_in_one_run_only_and_manifest_differences(tmp_path):
@@ -182,3 +183,12 @@ def test_runs_of_different_versions_pair_their_points():
     triton = [p for p in d.points if p.a.backend == "triton-splitkv"]
     assert len(triton) >= 100 and all(p.a.params.get("num_kv_splits") == p.b.params.get("num_kv_splits")
                                       for p in triton)
+
+
+def test_diff_of_a_run_with_itself_says_so_and_a_negative_floor_is_refused():
+    from mlabench.errors import ConfigError
+
+    d = diff_runs(H200_RUN, H200_RUN)
+    assert d.manifest_notes[0].startswith("A and B are the same run folder")
+    with pytest.raises(ConfigError, match="--min-us must be >= 0"):
+        diff_tables(d, min_us=-5)
