@@ -246,12 +246,16 @@ def _params(r: Record) -> str:
     return label if r.qo_len == 1 else f"qo={r.qo_label} {label}"
 
 
+def _check_min_us(min_us: float) -> None:
+    if min_us < 0:
+        raise ConfigError(f"--min-us must be >= 0 µs, got {min_us:g}")
+
+
 def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> list[Table]:
     """The diff as tables: a summary per backend, the points (only the significant ones unless
     ``show_all``), the points not compared.  Notes carry the method and the manifests' differences.
     Raises :class:`ConfigError` for a negative ``min_us``."""
-    if min_us < 0:
-        raise ConfigError(f"--min-us must be >= 0 µs, got {min_us:g}")
+    _check_min_us(min_us)
     summary = Table(f"diff: {d.b.path.name} against {d.a.path.name}",
                     ["backend", "points", "geomean_ratio", "significant_slower", "significant_faster",
                      "points_over_min", "within_1pct", "within_2pct", "worst"],

@@ -95,7 +95,7 @@ def test_hopper_kernel_script_writes_a_run_folder_that_compare_and_plot_read(tmp
     assert len((out / "run" / "results.csv").read_text().splitlines()) == 7
 
     code, table, err = run(["compare", "--from", str(out), "--json"], monkeypatch, capsys)
-    assert code == 0, err
+    assert code == 1 and "padded persistent" in err, err  # no persistent kernel on the CPU
     rows = json.loads(table)[0]["rows"]
     assert {(r["batch"], r["context"], r["split-KV"]) for r in rows} == {(1, 64, "torch-splitkv"),
                                                                        (1, 128, "torch-splitkv"),
