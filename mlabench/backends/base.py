@@ -51,6 +51,10 @@ class ParamSpec:
     high: int | None = None
     omit_default: bool = False
 
+    def left_out(self, value: Any, shape: MLADecodeShape) -> bool:
+        """Whether ``value`` stays out of a point's parameters: ``omit_default`` and the default."""
+        return self.omit_default and value == self.default_for(shape)
+
     def default_for(self, shape: MLADecodeShape) -> Any:
         return self.default(shape) if callable(self.default) else self.default
 
@@ -181,8 +185,7 @@ class Backend(ABC):
             raise ConfigError(f"{self.name}: unknown parameter {unknown[0]!r} (known: {known})")
         resolved = {p.name: p.validate(params[p.name]) if p.name in params else p.default_for(shape)
                     for p in self.params}
-        return {p.name: resolved[p.name] for p in self.params
-                if not (p.omit_default and resolved[p.name] == p.default_for(shape))}
+        return {p.name: resolved[p.name] for p in self.params if not p.left_out(resolved[p.name], shape)}
 
 
 def param_grid(backend: Backend, shape: MLADecodeShape, axes: dict[str, list[Any]],
@@ -205,7 +208,7 @@ def param_grid(backend: Backend, shape: MLADecodeShape, axes: dict[str, list[Any
     seen, out = set(), []
     for combo in itertools.product(*lists):
         params = {spec.name: value for spec, value in zip(backend.params, combo)
-                  if not (spec.omit_default and value == spec.default_for(shape))}
+                  if not spec.left_out(value, shape)}
         marker = tuple(sorted(params.items(), key=lambda kv: kv[0]))
         if marker not in seen:
             seen.add(marker)

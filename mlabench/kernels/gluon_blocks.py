@@ -12,7 +12,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
 
-PAGE_SIZE = 64  #: the only page size read (one TMA tile per block-table entry)
+from mlabench.kernels.row_tiling import PAGE_TOKENS as PAGE_SIZE  # the only page size read
+
 #: Kernel-side constants: latent width (also V and the output), RoPE width, page tokens.
 D_NOPE = gl.constexpr(512)
 D_ROPE = gl.constexpr(64)

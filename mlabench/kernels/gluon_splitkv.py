@@ -37,16 +37,16 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from mlabench.device import current_device
 from mlabench.kernels.common import causal_row_limits
 from mlabench.kernels.gluon_blocks import (
     D_NOPE, PAGE_SIZE, PAGE_TOKENS, attend_page, issue_page, launch_dependents, load_q_tiles,
     page_ring, row_tiles, split_pages, store_empty, store_partial,
 )
-from mlabench.kernels.row_tiling import RowTiling
-from mlabench.kernels.workspace import check_workspace
+from mlabench.kernels.row_tiling import QK_WIDTH as D_QK, RowTiling
+from mlabench.kernels.splitkv import checked_splitkv_args
+from mlabench.kernels.wide_merge import wide_merge
 
-D_QK = 576
-MAX_KV_SPLITS = 512
 LOG2E = 1.4426950408889634
 #: Default ring depth: 2 pages (147 KB) plus the query tile fit one CTA per SM in the H200's
 #: 227 KB of shared memory; 1 stage gives two CTAs per SM instead.
@@ -140,24 +140,6 @@ def kv_descriptors(kv_cache: torch.Tensor) -> tuple[TensorDescriptor, TensorDesc
     return descs[0], descs[1]
 
 
-def _checked_rows(q, kv_cache, block_table, cache_seqlens, out, splits, partial_out, partial_lse,
-                  split_policy, qo_len) -> tuple[torch.Tensor, torch.Tensor]:
-    """The packed-row views ``[B, qo_len * H, D]`` of q and out after every argument check of
-    :func:`mla_decode_gluon_splitkv` (ValueError naming what is wrong)."""
-    from mlabench.kernels.common import check_decode_args, pack_rows
-    from mlabench.kernels.splitkv import check_policy_table
-
-    check_decode_args(q, kv_cache, block_table, cache_seqlens, out, qo_len)
-    batch, rows = block_table.shape[0], qo_len * q.shape[1]
-    if not 1 <= splits <= MAX_KV_SPLITS:
-        raise ValueError(f"num_kv_splits must be in 1..{MAX_KV_SPLITS}, got {splits}")
-    if q.dtype != kv_cache.dtype:
-        raise ValueError("q must have the cache's dtype")
-    check_workspace(partial_out, partial_lse, batch, rows, splits)
-    check_policy_table(split_policy, q.device)
-    return pack_rows(q, batch, qo_len), pack_rows(out, batch, qo_len)
-
-
 def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                              cache_seqlens: torch.Tensor, out: torch.Tensor, num_kv_splits: int,
                              softmax_scale: float, *, partial_out: torch.Tensor,
@@ -198,8 +180,10 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     """
     batch, heads, splits = block_table.shape[0], q.shape[1], int(num_kv_splits)
     rows, tiling = qo_len * heads, RowTiling.for_rows(qo_len * q.shape[1])
-    q_rows, out_rows = _checked_rows(q, kv_cache, block_table, cache_seqlens, out, splits,
-                                     partial_out, partial_lse, split_policy, qo_len)
+    if q.dtype != kv_cache.dtype:
+        raise ValueError("q must have the cache's dtype")
+    q_rows, out_rows, _, _ = checked_splitkv_args(q, kv_cache, block_table, cache_seqlens, out, splits,
+                                                  partial_out, partial_lse, split_policy, qo_len)
     kvn_desc, kvr_desc = descriptors or kv_descriptors(kv_cache)
     _gluon_splitkv_stage1[(batch * tiling.row_tiles, splits)](
         q_rows, kvn_desc, kvr_desc, block_table, cache_seqlens,
@@ -212,9 +196,6 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
         PDL=0 if stage1_only else int(pdl), num_warps=tiling.num_warps,
     )
     if not stage1_only:
-        from mlabench.device import current_device
-        from mlabench.kernels.wide_merge import wide_merge
-
         wide_merge(partial_out, partial_lse, out_rows, splits, block_dv=merge_block_dv,
                    num_sms=current_device().num_sms, pdl=bool(pdl))
     return out

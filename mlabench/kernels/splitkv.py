@@ -106,11 +106,12 @@ def splitkv_workspace_bytes(batch: int, num_heads: int, num_kv_splits: int) -> i
     return split_workspace_bytes(batch * num_kv_splits * num_heads, D_NOPE)
 
 
-def _checked_args(q, kv_cache, block_table, cache_seqlens, out, num_kv_splits, partial_out,
+def checked_splitkv_args(q, kv_cache, block_table, cache_seqlens, out, num_kv_splits, partial_out,
                   partial_lse, split_policy, qo_len):
-    """Every argument check of :func:`mla_decode_splitkv` (ValueError naming what is wrong);
-    returns q and out as packed rows ``[B, qo_len * H, D]`` and the workspace (allocated when
-    None)."""
+    """Every argument check of a split-KV launch (:func:`mla_decode_splitkv`, and
+    :func:`mlabench.kernels.gluon_splitkv.mla_decode_gluon_splitkv`), ValueError naming what is
+    wrong; returns q and out as packed rows ``[B, qo_len * H, D]`` and the workspace (allocated
+    when None)."""
     check_decode_args(q, kv_cache, block_table, cache_seqlens, out, qo_len)
     if not 1 <= num_kv_splits <= MAX_KV_SPLITS:
         raise ValueError(f"num_kv_splits must be in 1..{MAX_KV_SPLITS}, got {num_kv_splits}")
@@ -161,7 +162,7 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     rows = qo_len * heads
     tile = choose_rows_per_tile(rows, rows_per_tile)
     block_n, num_warps, num_stages = resolve_launch(q, block_n, num_warps, num_stages, tile)
-    q_rows, out_rows, partial_out, partial_lse = _checked_args(
+    q_rows, out_rows, partial_out, partial_lse = checked_splitkv_args(
         q, kv_cache, block_table, cache_seqlens, out, int(num_kv_splits), partial_out, partial_lse,
         split_policy, qo_len)
     policy_rows = 0 if split_policy is None else split_policy.shape[0]

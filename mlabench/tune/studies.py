@@ -25,6 +25,7 @@ from mlabench.tune.space import Bucket
 from mlabench.tune.worker_pool import worker_alive
 
 JOURNAL_FILE = "study.journal"
+ARCHIVED_JOURNAL_FILE = JOURNAL_FILE + ".gz"  #: a committed run keeps its journal gzipped
 FINISHED_STATES = ("COMPLETE", "PRUNED")
 
 
@@ -46,7 +47,7 @@ def journal_copy(run_dir: Path, into: Path) -> Path:
     Raises :class:`ResultsError` when the run has no journal (nothing was tuned there)."""
     if (run_dir / JOURNAL_FILE).exists():
         return run_dir
-    archived = run_dir / (JOURNAL_FILE + ".gz")
+    archived = run_dir / ARCHIVED_JOURNAL_FILE
     if not archived.exists():
         raise ResultsError(f"{run_dir}: no {JOURNAL_FILE} (or .gz): not a tuning run with a journal")
     (into / JOURNAL_FILE).write_bytes(gzip.decompress(archived.read_bytes()))
@@ -61,7 +62,7 @@ def open_storage(url: str | None, run_dir: Path) -> Any:
     if url is None:
         from optuna.storages.journal import JournalFileBackend
 
-        archived = run_dir / (JOURNAL_FILE + ".gz")
+        archived = run_dir / ARCHIVED_JOURNAL_FILE
         if archived.exists() and not (run_dir / JOURNAL_FILE).exists():
             raise ConfigError(f"{archived}: an archived run's journal is read-only here (tune "
                               f"--export reads it); gunzip it to add trials")
