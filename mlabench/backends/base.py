@@ -36,7 +36,9 @@ class ParamSpec:
     """One parameter of a backend.
 
     ``kind`` is ``int`` or ``str``; ``choices`` lists the allowed strings; ``low``/``high`` bound
-    integers (inclusive).  ``default`` may be a callable ``shape -> value``.  ``omit_default``: a
+    integers (inclusive).  ``default`` may be a callable ``shape -> value``.  ``searched``: False
+    for a kernel variant that ``tune`` keeps at its default unless its search space names it
+    (a choice measured once, by a sweep, not per context bucket).  ``omit_default``: a
     parameter added after runs were recorded, left out of the resolved parameters at its default,
     so that those runs' records and point keys still pair with new ones (``diff``, the report,
     ``tune --export``); the call still reports the value it ran in its effective parameters.
@@ -50,6 +52,7 @@ class ParamSpec:
     low: int | None = None
     high: int | None = None
     omit_default: bool = False
+    searched: bool = True
 
     def left_out(self, value: Any, shape: MLADecodeShape) -> bool:
         """Whether ``value`` stays out of a point's parameters: ``omit_default`` and the default."""

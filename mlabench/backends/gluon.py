@@ -58,6 +58,28 @@ RING_STAGES = ParamSpec(
     help="pages in the shared-memory TMA ring: 2 (one CTA per SM, default) or 1 (two CTAs per SM)",
 )
 
+# Kernel variants (results/h200/deploy/variants/: o_split m and lazy_sum 1 took 2-12% off every
+# multi-token point, pdl_prologue 1 took 0.9-1.2 µs off batch 1 and the short contexts of batch
+# 16); tune keeps them at their defaults unless --space names them.
+O_SPLIT = ParamSpec(
+    "o_split", str, default="m", choices=("n", "m"), omit_default=True, searched=False,
+    help="32- and 64-row tiles: the output product's two warpgroups each take half of the 512 "
+         "output columns (m, default: each reads half of V^T) or half of the rows (n: each reads "
+         "all of it)",
+)
+LAZY_SUM = ParamSpec(
+    "lazy_sum", int, default=1, low=0, high=1, omit_default=True, searched=False,
+    help="1 (default): the softmax denominator is summed over tokens once after the last page; "
+         "0: once a page",
+)
+PDL_PROLOGUE = ParamSpec(
+    "pdl_prologue", int, default=1, low=0, high=1, omit_default=True, searched=False,
+    help="1 (default): stage 1 is a programmatic dependent launch of the kernel before it (the "
+         "previous call's merge releases it early): its launch, length load and split lookup "
+         "overlap that kernel's tail, and it waits before its first page, query or store.  "
+         "cache_seqlens and the device table must be written before that kernel",
+)
+
 
 def hopper_gluon_available() -> tuple[bool, str]:
     """``(True, "")`` on an NVIDIA compute-capability-9.0 GPU with Triton's Gluon importable,
@@ -95,7 +117,7 @@ class GluonSplitKVBackend(Backend):
     packages = TRITON_PACKAGES
     summary = ("project Gluon split-KV kernel for Hopper: TMA page ring, wgmma, up to 64 query rows "
                "a tile, num_kv_splits or a split policy")
-    params = (KV_SPLITS, SPLIT_POLICY, RING_STAGES, PDL)
+    params = (KV_SPLITS, SPLIT_POLICY, RING_STAGES, PDL, O_SPLIT, LAZY_SUM, PDL_PROLOGUE)
 
     def available(self) -> tuple[bool, str]:
         return hopper_gluon_available()
@@ -116,13 +138,18 @@ class GluonSplitKVBackend(Backend):
         return RowTiling.for_rows(shape.qo_len * shape.num_heads).row_tiles
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
-        from mlabench.kernels.gluon_splitkv import kv_descriptors, mla_decode_gluon_splitkv
+        from mlabench.kernels.gluon_splitkv import (
+            KernelVariant, kv_descriptors, mla_decode_gluon_splitkv,
+        )
         from mlabench.kernels.splitkv import splitkv_workspace_bytes
         from mlabench.kernels.workspace import splitkv_workspace_shapes
 
         s = inputs.shape
         choice = SplitChoice(params, s, inputs.device)
         stages, pdl = int(params["num_stages"]), int(params["pdl"])
+        variant = KernelVariant(str(params.get("o_split", O_SPLIT.default)),
+                                bool(int(params.get("lazy_sum", LAZY_SUM.default))),
+                                bool(int(params.get("pdl_prologue", PDL_PROLOGUE.default))))
         rows = s.qo_len * s.num_heads
         o_shape, l_shape = splitkv_workspace_shapes(s.batch, rows, choice.grid_splits)
         part_o = torch.empty(o_shape, dtype=torch.float32, device=inputs.device)
@@ -136,10 +163,12 @@ class GluonSplitKVBackend(Backend):
                                             partial_out=part_o, partial_lse=part_lse,
                                             descriptors=descs, num_stages=stages, pdl=pdl,
                                             split_policy=choice.table, qo_len=s.qo_len,
-                                            causal=s.causal)
+                                            causal=s.causal, variant=variant)
 
         refresh = choice.refresh_fn(inputs.cache_seqlens)
-        choice.effective.update(num_stages=stages, pdl=pdl)
+        choice.effective.update(num_stages=stages, pdl=pdl, o_split=variant.o_split,
+                                lazy_sum=int(variant.lazy_sum),
+                                pdl_prologue=int(variant.pdl_prologue))
         return PreparedCall(fn=fn, out=out, effective_params=choice.effective, refresh=refresh,
                             workspace_bytes=splitkv_workspace_bytes(
                                 1, rows, sum(choice.counts(s.context_lens))),

@@ -57,13 +57,15 @@ def store_partial(po_ptr, plse_ptr, slot, row_lo, num_rows, o, l_i, m_i, stride_
                   stride_ls, BLOCK_R: gl.constexpr, num_warps: gl.constexpr):
     """Write ``O^T / l`` as the partial ``[BLOCK_R rows, 512]`` of ``slot`` and ``lse2 = m +
     log2 l``.  A row that saw no token gets ``lse2 = -inf`` and no partial at all: the merge
-    (:func:`mlabench.kernels.wide_merge.wide_merge`) weights it 0 and never reads its partial, so
-    the empty splits of a short request cost a few lse stores, not a 2 KB row each."""
+    (:func:`mlabench.kernels.wide_merge.wide_merge`) weights it 0 and never reads its partial.  A
+    split that owns no page calls nothing here: the merge knows from the lengths that it wrote
+    nothing."""
     st: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, num_warps], [0, 1])
     nonempty = l_i > 0.0
     l_safe = gl.where(nonempty, l_i, 1.0)
     lse2 = gl.where(nonempty, m_i + gl.log2(l_safe), float("-inf"))
-    res = gl.convert_layout(o / l_safe[None, :], st)
+    res = gl.convert_layout(o / gl.convert_layout(l_safe, gl.SliceLayout(0, o.type.layout))[None, :],
+                            st)
     d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, st))
     rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, st))
     written = (rows < num_rows) & gl.convert_layout(nonempty, gl.SliceLayout(0, st))
@@ -72,17 +74,6 @@ def store_partial(po_ptr, plse_ptr, slot, row_lo, num_rows, o, l_i, m_i, stride_
     gl.store(ptrs, res, mask=written[None, :])
     lse_st = gl.convert_layout(lse2, gl.SliceLayout(0, st))
     gl.store(plse_ptr + slot64 * stride_ls + rows, lse_st, mask=rows < num_rows)
-
-
-@gluon.jit
-def store_empty(plse_ptr, slot, row_lo, num_rows, stride_ls, BLOCK_R: gl.constexpr,
-                num_warps: gl.constexpr):
-    """An empty split's record: ``lse2 = -inf`` for its rows and no partial (the merge stops
-    before it)."""
-    lay: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    rows = row_lo + gl.arange(0, BLOCK_R, layout=lay)
-    gl.store(plse_ptr + slot.to(gl.int64) * stride_ls + rows,
-             gl.full([BLOCK_R], float("-inf"), gl.float32, layout=lay), mask=rows < num_rows)
 
 
 @gluon.jit
@@ -107,14 +98,24 @@ def launch_dependents():
 
 
 @gluon.jit
+def wait_prior_grid():
+    """``griddepcontrol.wait``: block until the grid this one was launched as a programmatic
+    dependent of has completed and its memory is visible (a no-op in an ordinary launch)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
 def lookup_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps: gl.constexpr):
     """A request's split count from a policy table in device memory: ``POLICY_ROWS`` int32 rows
     ``(max_context_len, num_kv_splits)`` (a power of two of them, padded as
     :meth:`mlabench.policy.device_table.SplitPolicy.device_table` pads), the count of the first row with
     ``seq_len <= max_context_len``, else of the last, clamped to ``[1, cap]``.  The rule of
     :meth:`~mlabench.policy.device_table.SplitPolicy.lookup` and of the Triton kernels'
-    :func:`mlabench.kernels.common.policy_splits` (Gluon needs the layout spelled out)."""
-    lay: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    :func:`mlabench.kernels.common.policy_splits` (Gluon needs the layout spelled out).  Every
+    warp holds the whole table (``ceil(R / 32)`` rows a lane), so the two reductions stay inside
+    a warp: no shared-memory round trip and no barrier before the first page is requested."""
+    lay: gl.constexpr = gl.BlockedLayout([(POLICY_ROWS + 31) // 32], [32], [num_warps], [0])
     rows = gl.arange(0, POLICY_ROWS, layout=lay)
     max_len = gl.load(policy_ptr + 2 * rows)
     splits = gl.load(policy_ptr + 2 * rows + 1)
@@ -191,12 +192,44 @@ def row_tiles(dt: gl.constexpr, BLOCK_R: gl.constexpr):
 
 
 @gluon.jit
+def accumulators(row_lo, BLOCK_R: gl.constexpr, O_WARPS_M: gl.constexpr, LAZY_SUM: gl.constexpr,
+                 num_warps: gl.constexpr):
+    """A split's starting state: ``(o, l_i, m_i, s_zero, offs_t, rows)``.
+
+    The score product's layout: one warpgroup for 16 rows, two side by side on its N (the rows)
+    for 32 and 64 (:class:`~mlabench.kernels.row_tiling.RowTiling`).  The output accumulator
+    ``O^T [512, BLOCK_R]`` fp32 may stack its warps on its 512 rows instead (``O_WARPS_M`` =
+    ``num_warps``: each warpgroup reads half of V^T).  ``l_i`` is ``[64, BLOCK_R]`` under
+    ``LAZY_SUM``, else ``[BLOCK_R]``; ``m_i`` starts at ``-inf``; ``offs_t`` are a page's token
+    offsets and ``rows`` the tile's packed row indices, both in the score layout."""
+    WG_N: gl.constexpr = num_warps // 4
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG_N],
+                                                  instr_shape=[16, BLOCK_R // WG_N, 16])
+    O_WN: gl.constexpr = num_warps // O_WARPS_M
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[O_WARPS_M, O_WN],
+                                                    instr_shape=[16, BLOCK_R // O_WN, 16])
+    o = gl.zeros([D_NOPE, BLOCK_R], gl.float32, layout=mma_o)
+    m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=gl.SliceLayout(0, mma))
+    s_zero = gl.zeros([PAGE_TOKENS, BLOCK_R], gl.float32, layout=mma)
+    if LAZY_SUM:
+        l_i = gl.zeros([PAGE_TOKENS, BLOCK_R], gl.float32, layout=mma)
+    else:
+        l_i = gl.zeros([BLOCK_R], gl.float32, layout=gl.SliceLayout(0, mma))
+    offs_t = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1, mma))
+    rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, mma))
+    return o, l_i, m_i, s_zero, offs_t, rows
+
+
+@gluon.jit
 def attend_page(t, page_lo, seq_len, kn_smem, kr_smem, bars, qn_smem, qr_smem, p_smem, s_zero,
                 offs_t, row_lim, qk_scale_log2, o, l_i, m_i, NUM_STAGES: gl.constexpr,
-                CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                CAUSAL: gl.constexpr, LAZY_SUM: gl.constexpr, num_warps: gl.constexpr):
     """Page ``t`` of the split, once its copies have landed: ``S^T = K Q^T`` (two wgmma, the
     latent and the RoPE part), the masks, one online-softmax step, ``O^T += V^T P^T`` (V is the
-    page's latent tile read transposed).  Returns the updated ``(o, l_i, m_i)``."""
+    page's latent tile read transposed).  ``o`` may have its own layout (the output product's
+    warps stacked on its 512 rows); ``alpha`` is converted to it.  ``LAZY_SUM``: ``l_i`` is the
+    ``[64, rows]`` elementwise sum of the weights, reduced over tokens once after the last page,
+    not per page.  Returns the updated ``(o, l_i, m_i)``."""
     slot = t % NUM_STAGES
     mbarrier.wait(bars.index(slot), (t // NUM_STAGES) & 1)
     kn = kn_smem.index(slot)
@@ -208,8 +241,11 @@ def attend_page(t, page_lo, seq_len, kn_smem, kr_smem, bars, qn_smem, qr_smem, p
     if (page_lo + t + 1) * PAGE_TOKENS > seq_len:  # the last page: rows past the length
         zero_rows_from(kn, seq_len - (page_lo + t) * PAGE_TOKENS, num_warps)
     p, alpha, m_new = softmax_step(s, m_i, CAUSAL)
-    l_i = l_i * alpha + gl.sum(p, axis=0)
-    o = o * alpha[None, :]
+    if LAZY_SUM:
+        l_i = l_i * alpha[None, :] + p
+    else:
+        l_i = l_i * alpha + gl.sum(p, axis=0)
+    o = o * gl.convert_layout(alpha, gl.SliceLayout(0, o.type.layout))[None, :]
     p_smem.store(p.to(p_smem.dtype))
     fence_async_shared()
     o = warpgroup_mma(kn.permute((1, 0)), p_smem, o, is_async=True)

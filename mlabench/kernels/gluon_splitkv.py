@@ -31,6 +31,8 @@ and before the output product their latent rows in shared memory are zeroed
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -40,8 +42,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from mlabench.device import current_device
 from mlabench.kernels.common import causal_row_limits
 from mlabench.kernels.gluon_blocks import (
-    D_NOPE, PAGE_SIZE, PAGE_TOKENS, attend_page, issue_page, launch_dependents, load_q_tiles,
-    page_ring, row_tiles, split_pages, store_empty, store_partial,
+    PAGE_SIZE, accumulators, attend_page, issue_page, launch_dependents, load_q_tiles,
+    page_ring, row_tiles, split_pages, store_partial, wait_prior_grid,
 )
 from mlabench.kernels.row_tiling import QK_WIDTH as D_QK, RowTiling
 from mlabench.kernels.splitkv import checked_splitkv_args
@@ -59,7 +61,9 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy
                           stride_qb, stride_qh, stride_btb, stride_ps, stride_ph, stride_ls,
                           BLOCK_R: gl.constexpr, ROW_TILES: gl.constexpr, QO_LEN: gl.constexpr,
                           CAUSAL: gl.constexpr, POLICY_ROWS: gl.constexpr,
-                          NUM_STAGES: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+                          NUM_STAGES: gl.constexpr, PDL: gl.constexpr, O_WARPS_M: gl.constexpr,
+                          LAZY_SUM: gl.constexpr, WAIT_PRIOR: gl.constexpr,
+                          num_warps: gl.constexpr):
     if PDL == 1:  # let the merge grid be scheduled now; it waits for this grid before reading
         launch_dependents()
     # Grid (B * ROW_TILES, S): a (request, split)'s row tiles run together, sharing pages in L2.
@@ -71,6 +75,8 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy
     bt_row_ptr = bt_ptr + b.to(gl.int64) * stride_btb
 
     kn_smem, kr_smem, bars = page_ring(kvn_desc, kvr_desc, NUM_STAGES)
+    if WAIT_PRIOR:  # launched early (PDL): the length, the split and the ring are ready; now wait
+        wait_prior_grid()  # for the grid before (it may write q, and it may read our partials)
     # Start the first pages before anything else: their latency hides the query load.
     for i in gl.static_range(NUM_STAGES - 1):
         if i < n_tiles:
@@ -79,22 +85,14 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy
 
     dt: gl.constexpr = kvn_desc.dtype
     qn_smem, qr_smem, p_smem = row_tiles(dt, BLOCK_R)
-    if n_tiles > 0:  # an empty split only stores -inf log-sum-exps
+    if n_tiles > 0:  # an empty split loads nothing and stores nothing
         load_q_tiles(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem, qr_smem, BLOCK_R,
                      num_warps)
         fence_async_shared()
 
-    # RowTiling's warps: one warpgroup for 16 rows, two side by side on N for 32 and 64 rows.
-    WG_N: gl.constexpr = num_warps // 4
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG_N],
-                                                  instr_shape=[16, BLOCK_R // WG_N, 16])
-    o = gl.zeros([D_NOPE, BLOCK_R], gl.float32, layout=mma)
-    m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=gl.SliceLayout(0, mma))
-    l_i = gl.zeros([BLOCK_R], gl.float32, layout=gl.SliceLayout(0, mma))
-    s_zero = gl.zeros([PAGE_TOKENS, BLOCK_R], gl.float32, layout=mma)
-    offs_t = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1, mma))
+    o, l_i, m_i, s_zero, offs_t, rows = accumulators(row_lo, BLOCK_R, O_WARPS_M, LAZY_SUM,
+                                                     num_warps)
     # Each packed row's causal key limit: the Triton kernels' rule (tested on the CPU there).
-    rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, mma))
     row_lim = causal_row_limits(seq_len, rows, heads_per_token, QO_LEN)
     for t in range(n_tiles):
         ahead = t + NUM_STAGES - 1
@@ -103,17 +101,50 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy
                        NUM_STAGES)
         o, l_i, m_i = attend_page(t, page_lo, seq_len, kn_smem, kr_smem, bars, qn_smem, qr_smem,
                                   p_smem, s_zero, offs_t, row_lim, qk_scale_log2, o, l_i, m_i,
-                                  NUM_STAGES, CAUSAL, num_warps)
+                                  NUM_STAGES, CAUSAL, LAZY_SUM, num_warps)
+    if LAZY_SUM:
+        l_i = gl.sum(l_i, axis=0)
     if PDL == 2:  # the merge's launch overlaps this program's epilogue only
         launch_dependents()
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(bars.index(i))
-    if n_tiles > 0:
+    if n_tiles > 0:  # an empty split writes nothing: the merge reads only the splits owning pages
         store_partial(po_ptr, plse_ptr, b * num_splits + split, row_lo, num_rows, o, l_i, m_i,
                       stride_ps, stride_ph, stride_ls, BLOCK_R, num_warps)
-    else:  # past the request's pages or its own count: -inf log-sum-exps, no partial
-        store_empty(plse_ptr, b * num_splits + split, row_lo, num_rows, stride_ls, BLOCK_R,
-                    num_warps)
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    """Layout and launch choices of stage 1 that leave its result unchanged (each measured on an
+    H200 in results/h200/deploy/variants/).
+
+    - ``o_split``: how a two-warpgroup tile (32 or 64 rows) shares the output product ``O^T
+      [512, rows]``: ``"m"`` each warpgroup half of the 512 output columns (each reads half of
+      V^T; ``alpha`` and ``l`` change layout once a page), ``"n"`` each half of the rows (each
+      reads all of V^T).  Nothing changes for a one-warpgroup (16-row) tile.
+    - ``lazy_sum``: the softmax denominator kept as a ``[64, rows]`` elementwise sum, reduced over
+      tokens once after the last page, instead of once a page (a cross-warp reduction each).
+    - ``pdl_prologue``: stage 1 launched as a programmatic dependent of the kernel before it (in a
+      replayed graph the previous call's merge, which releases it at its start): its launch, the
+      length load and the split lookup overlap that kernel's tail; it executes
+      ``griddepcontrol.wait`` before its first page, its query and its partials.  It reads
+      ``cache_seqlens`` and the device table before the wait: both must be written before that
+      kernel.
+    Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``.
+    """
+
+    o_split: str = "m"
+    lazy_sum: bool = True
+    pdl_prologue: bool = False
+
+    def __post_init__(self) -> None:
+        if self.o_split not in ("n", "m"):
+            raise ValueError(f"o_split must be 'n' or 'm', got {self.o_split!r}")
+
+    def o_warps_m(self, num_warps: int) -> int:
+        """Warps of the output product stacked on its 512 rows: all ``num_warps`` for ``"m"``, 4
+        (one warpgroup's worth, the others side by side on the rows) for ``"n"``."""
+        return num_warps if self.o_split == "m" else 4
 
 
 def kv_descriptors(kv_cache: torch.Tensor) -> tuple[TensorDescriptor, TensorDescriptor]:
@@ -140,6 +171,28 @@ def kv_descriptors(kv_cache: torch.Tensor) -> tuple[TensorDescriptor, TensorDesc
     return descs[0], descs[1]
 
 
+def _launch_stage1(q_rows, kv_cache, block_table, cache_seqlens, partial_out, partial_lse,
+                   splits: int, heads: int, softmax_scale: float, descriptors, num_stages: int,
+                   pdl: int, split_policy, qo_len: int, causal: bool,
+                   variant: KernelVariant) -> None:
+    """Launch stage 1 on the grid ``(B * row tiles, splits)`` (arguments as
+    :func:`mla_decode_gluon_splitkv` checked them; ``q_rows`` ``[B, qo_len * H, 576]``)."""
+    batch, tiling = block_table.shape[0], RowTiling.for_rows(qo_len * heads)
+    kvn_desc, kvr_desc = descriptors or kv_descriptors(kv_cache)
+    _gluon_splitkv_stage1[(batch * tiling.row_tiles, splits)](
+        q_rows, kvn_desc, kvr_desc, block_table, cache_seqlens,
+        cache_seqlens if split_policy is None else split_policy, partial_out, partial_lse,
+        splits, qo_len * heads, heads, float(softmax_scale) * LOG2E,
+        q_rows.stride(0), q_rows.stride(1), block_table.stride(0), partial_out.stride(0),
+        partial_out.stride(1), partial_lse.stride(0), BLOCK_R=tiling.block_rows,
+        ROW_TILES=tiling.row_tiles, QO_LEN=qo_len, CAUSAL=bool(causal) and qo_len > 1,
+        POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], NUM_STAGES=num_stages,
+        PDL=pdl, O_WARPS_M=variant.o_warps_m(tiling.num_warps), LAZY_SUM=variant.lazy_sum,
+        WAIT_PRIOR=variant.pdl_prologue, num_warps=tiling.num_warps,
+        **({"launch_pdl": True} if variant.pdl_prologue else {}),
+    )
+
+
 def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                              cache_seqlens: torch.Tensor, out: torch.Tensor, num_kv_splits: int,
                              softmax_scale: float, *, partial_out: torch.Tensor,
@@ -148,6 +201,7 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
                              num_stages: int = DEFAULT_NUM_STAGES, pdl: int = 1,
                              merge_block_dv: int | None = None, split_policy: torch.Tensor | None = None,
                              qo_len: int = 1, causal: bool = True,
+                             variant: KernelVariant = KernelVariant(),
                              stage1_only: bool = False) -> torch.Tensor:
     """Split-KV MLA decode on Hopper: ``out = softmax(q K^T * softmax_scale) V`` per query row.
 
@@ -171,31 +225,26 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
         split_policy: None, or the int32 ``[R, 2]`` table of
             :meth:`mlabench.policy.device_table.SplitPolicy.device_table` on q's device: request
             ``b`` takes ``min(lookup(cache_seqlens[b]), num_kv_splits)`` splits, looked up in stage
-            1; its other splits store only a ``-inf`` log-sum-exp, which the merge weights 0.
+            1; its other splits, like those past a short request's pages, store nothing (the merge
+            looks the count up too and reads only the splits that own pages).
         qo_len, causal: query tokens per request; causal: token ``t`` sees the first
             ``cache_seqlens[b] - qo_len + t + 1`` keys, else all.
+        variant: the layout and launch choices of :class:`KernelVariant`.
         stage1_only: skip the merge (for timing stage 1 alone; ``out`` is then not written).
 
     Returns ``out``.  Raises ValueError on bad layouts, split counts, tables or workspace sizes.
     """
-    batch, heads, splits = block_table.shape[0], q.shape[1], int(num_kv_splits)
-    rows, tiling = qo_len * heads, RowTiling.for_rows(qo_len * q.shape[1])
+    heads, splits = q.shape[1], int(num_kv_splits)
     if q.dtype != kv_cache.dtype:
         raise ValueError("q must have the cache's dtype")
     q_rows, out_rows, _, _ = checked_splitkv_args(q, kv_cache, block_table, cache_seqlens, out, splits,
                                                   partial_out, partial_lse, split_policy, qo_len)
-    kvn_desc, kvr_desc = descriptors or kv_descriptors(kv_cache)
-    _gluon_splitkv_stage1[(batch * tiling.row_tiles, splits)](
-        q_rows, kvn_desc, kvr_desc, block_table, cache_seqlens,
-        cache_seqlens if split_policy is None else split_policy, partial_out, partial_lse,
-        splits, rows, heads, float(softmax_scale) * LOG2E,
-        q_rows.stride(0), q_rows.stride(1), block_table.stride(0), partial_out.stride(0),
-        partial_out.stride(1), partial_lse.stride(0), BLOCK_R=tiling.block_rows,
-        ROW_TILES=tiling.row_tiles, QO_LEN=qo_len, CAUSAL=bool(causal) and qo_len > 1,
-        POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], NUM_STAGES=num_stages,
-        PDL=0 if stage1_only else int(pdl), num_warps=tiling.num_warps,
-    )
+    _launch_stage1(q_rows, kv_cache, block_table, cache_seqlens, partial_out, partial_lse, splits,
+                   heads, softmax_scale, descriptors, num_stages, 0 if stage1_only else int(pdl),
+                   split_policy, qo_len, causal, variant)
     if not stage1_only:
         wide_merge(partial_out, partial_lse, out_rows, splits, block_dv=merge_block_dv,
-                   num_sms=current_device().num_sms, pdl=bool(pdl))
+                   num_sms=current_device().num_sms, pdl=bool(pdl),
+                   release_next=variant.pdl_prologue, cache_seqlens=cache_seqlens,
+                   split_policy=split_policy)
     return out

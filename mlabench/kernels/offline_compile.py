@@ -161,12 +161,13 @@ def stage1_resources(kernel: str, rows_per_tile: int, *, target: str = "sm90",
 
 def compile_stage1_sm90(num_stages: int | None = None, dtype: str = "bf16", *,
                         block_rows: int = 16, qo_len: int = 1, causal: bool = False,
-                        policy_rows: int = 0):
+                        policy_rows: int = 0, variant=None):
     """Compile gluon-splitkv's stage 1 for sm_90 without a GPU (Triton bundles ptxas) and return
     Triton's compiled kernel: ``.asm["ptx"]``, ``.asm["ttgir"]``, ``.asm["cubin"]``,
     ``.metadata.shared`` (bytes).  ``num_stages`` None: the kernel's default ring depth.
     ``block_rows`` 16, 32 or 64 compiles the variant :class:`RowTiling` launches for that tile
-    (4 warps for 16 rows, 8 for 32 and 64).  For the resource
+    (4 warps for 16 rows, 8 for 32 and 64); ``variant`` a
+    :class:`~mlabench.kernels.gluon_splitkv.KernelVariant` (None: the default).  For the resource
     report in docs/PERFORMANCE.md and the CPU tests; run it in a process where Triton's
     interpreter has not run (the interpreter patches the language module it shares with Gluon).
     """
@@ -174,9 +175,12 @@ def compile_stage1_sm90(num_stages: int | None = None, dtype: str = "bf16", *,
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from mlabench.kernels.gluon_splitkv import DEFAULT_NUM_STAGES, PAGE_SIZE, _gluon_splitkv_stage1
+    from mlabench.kernels.gluon_splitkv import (
+        DEFAULT_NUM_STAGES, PAGE_SIZE, KernelVariant, _gluon_splitkv_stage1,
+    )
 
     num_stages = num_stages or DEFAULT_NUM_STAGES
+    variant = variant or KernelVariant()
 
     elem = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     num_warps = RowTiling.for_rows(block_rows).num_warps
@@ -193,6 +197,8 @@ def compile_stage1_sm90(num_stages: int | None = None, dtype: str = "bf16", *,
                                "stride_ls")}
     consts = {"BLOCK_R": block_rows, "ROW_TILES": 1, "QO_LEN": qo_len, "CAUSAL": causal,
               "POLICY_ROWS": policy_rows, "NUM_STAGES": num_stages, "PDL": 1,
+              "O_WARPS_M": variant.o_warps_m(num_warps), "LAZY_SUM": variant.lazy_sum,
+              "WAIT_PRIOR": variant.pdl_prologue,
               "num_warps": num_warps}
     sig |= {n: "constexpr" for n in consts}
     # what Triton's launcher would specialise: 16-byte aligned pointers and strides

@@ -29,9 +29,13 @@ import torch
 import triton
 import triton.language as tl
 
+from mlabench.kernels.common import policy_splits
+from mlabench.kernels.row_tiling import PAGE_TOKENS as _PAGE_TOKENS
+
 D_V = 512  #: output width
 MAX_SPLITS_POW2 = 512  #: the lse vector of one request is loaded whole: S <= this
 TILE_ELEMENTS = 8192  #: BLOCK_S * BLOCK_DV fp32 per loop step: 64 registers a thread at 4 warps
+PAGE_TOKENS = tl.constexpr(_PAGE_TOKENS)  #: the page-granular splits' unit (a jit global: constexpr)
 
 
 def merge_blocks(batch: int, heads: int, num_kv_splits: int, num_sms: int) -> tuple[int, int]:
@@ -45,18 +49,42 @@ def merge_blocks(batch: int, heads: int, num_kv_splits: int, num_sms: int) -> tu
     return block_dv, max(block_s, 1)
 
 
+@triton.jit
+def written_splits(seqlens_ptr, policy_ptr, b, num_splits, POLICY_ROWS: tl.constexpr):
+    """The splits of request ``b`` that own at least one page, hence wrote a record: its own count
+    ``S`` (``num_splits``, or the policy's looked up as stage 1 does it, at most ``num_splits``),
+    ``P = ceil(pages / S)`` pages each, so ``ceil(pages / P)`` of them; 0 for a length of 0.
+    The page-granular rule of :func:`mlabench.kernels.gluon_blocks.split_pages`."""
+    seq_len = tl.load(seqlens_ptr + b)
+    if POLICY_ROWS > 0:
+        own = policy_splits(seq_len, policy_ptr, num_splits, POLICY_ROWS)
+    else:
+        own = num_splits
+    pages = tl.cdiv(seq_len, PAGE_TOKENS)
+    per_split = tl.maximum(tl.cdiv(pages, own), 1)
+    return tl.cdiv(pages, per_split)
+
+
 @triton.jit(do_not_specialize=["num_splits"])
-def _wide_merge_kernel(po_ptr, plse_ptr, out_ptr, num_splits, stride_ps, stride_ph, stride_ls,
-                       stride_ob, stride_oh, SPLITS_POW2: tl.constexpr, BLOCK_S: tl.constexpr,
-                       BLOCK_DV: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:  # launched early: wait until stage 1 has finished and its stores are visible
-        tl.extra.cuda.gdc_wait()
+def _wide_merge_kernel(po_ptr, plse_ptr, out_ptr, seqlens_ptr, policy_ptr, num_splits, stride_ps,
+                       stride_ph, stride_ls, stride_ob, stride_oh, SPLITS_POW2: tl.constexpr,
+                       BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, USE_PDL: tl.constexpr,
+                       RELEASE_NEXT: tl.constexpr, FROM_LENGTHS: tl.constexpr,
+                       POLICY_ROWS: tl.constexpr):
+    if RELEASE_NEXT:  # the next kernel, launched as our programmatic dependent, may start now
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
+    if FROM_LENGTHS:  # only the splits that own pages wrote a record; the lengths and the table
+        written = written_splits(seqlens_ptr, policy_ptr, b, num_splits, POLICY_ROWS)
+    else:  # are not stage 1's outputs, so they are read before the wait, their latency hidden
+        written = num_splits
+    if USE_PDL:  # launched early: wait until stage 1 has finished and its stores are visible
+        tl.extra.cuda.gdc_wait()
     cols = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     first = b.to(tl.int64) * num_splits
     every = tl.arange(0, SPLITS_POW2)
-    lse_all = tl.load(plse_ptr + (first + every) * stride_ls + h, mask=every < num_splits,
+    lse_all = tl.load(plse_ptr + (first + every) * stride_ls + h, mask=every < written,
                       other=float("-inf"))
     top = tl.max(lse_all, 0)
     top = tl.where(top == float("-inf"), 0.0, top)  # no token at all: every weight is 0
@@ -81,14 +109,23 @@ def _wide_merge_kernel(po_ptr, plse_ptr, out_ptr, num_splits, stride_ps, stride_
 
 def wide_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor,
                num_kv_splits: int, *, block_dv: int | None = None, block_s: int | None = None,
-               num_sms: int = 132, pdl: bool = False) -> torch.Tensor:
+               num_sms: int = 132, pdl: bool = False, release_next: bool = False,
+               cache_seqlens: torch.Tensor | None = None,
+               split_policy: torch.Tensor | None = None) -> torch.Tensor:
     """Merge ``partial_out [B*S, H, 512]`` fp32 / ``partial_lse [B*S, H]`` fp32 (base-2) into
     ``out [B, H, 512]`` (any float dtype, unit last stride), in place; returns ``out``.
 
     ``num_kv_splits`` = S, 1..512.  ``block_dv`` output columns per program (a power of two that
     divides 512) and ``block_s`` slots per loop step default to :func:`merge_blocks` for
     ``num_sms``.  ``pdl``: launch as a programmatic dependent launch of the kernel before it (that
-    kernel should execute ``griddepcontrol.launch_dependents``); NVIDIA sm_90+ only.  Slots whose
+    kernel should execute ``griddepcontrol.launch_dependents``); NVIDIA sm_90+ only.
+    ``release_next``: execute ``launch_dependents`` at the start, so that a kernel launched as this
+    one's programmatic dependent (gluon-splitkv's stage 1 with ``pdl_prologue``) is scheduled
+    early; it must wait before touching what this merge reads or writes.
+    ``cache_seqlens`` (``[B]`` int32, with ``split_policy``, the device table stage 1 read, or
+    None): only each request's splits that own pages are read (:func:`written_splits`), so a
+    stage 1 may leave the records of its empty splits unwritten.  Without it every slot's lse is
+    read and empty splits must hold ``-inf``.  Slots whose
     lse is ``-inf`` weigh 0, and those after a row's last non-empty slot are not read (they may
     hold anything, NaN included; empty slots before it must hold finite values, as every stage 1
     here gives: a row's empty splits are its last).  A request whose partials are all empty gets
@@ -104,10 +141,14 @@ def wide_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.
     if partial_out.shape[0] < batch * num_kv_splits or partial_out.shape[1:] != (heads, D_V):
         raise ValueError(f"partials {tuple(partial_out.shape)} too small for B={batch} "
                          f"S={num_kv_splits} H={heads}")
+    lengths = cache_seqlens if cache_seqlens is not None else partial_lse
     _wide_merge_kernel[(batch, heads, D_V // block_dv)](
-        partial_out, partial_lse, out, int(num_kv_splits), partial_out.stride(0),
+        partial_out, partial_lse, out, lengths, lengths if split_policy is None else split_policy,
+        int(num_kv_splits), partial_out.stride(0),
         partial_out.stride(1), partial_lse.stride(0), out.stride(0), out.stride(1),
         SPLITS_POW2=max(16, triton.next_power_of_2(num_kv_splits)), BLOCK_S=block_s,
-        BLOCK_DV=block_dv, USE_PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+        BLOCK_DV=block_dv, USE_PDL=pdl, RELEASE_NEXT=release_next,
+        FROM_LENGTHS=cache_seqlens is not None,
+        POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], num_warps=4, **({"launch_pdl": True} if pdl else {}),
     )
     return out

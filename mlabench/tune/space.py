@@ -247,7 +247,8 @@ class Dimension:
 def search_space(backend: Backend, shape: MLADecodeShape,
                  narrow: dict[str, SpaceRange] | None = None) -> tuple[list[Dimension], dict[str, Any]]:
     """The backend's declared parameters as ``(dimensions, fixed)``: a bounded integer or a string
-    with choices is searched; anything else stays at its default.  ``narrow`` restricts ranges
+    with choices is searched (unless declared ``searched=False`` and not named in ``narrow``);
+    anything else stays at its default.  ``narrow`` restricts ranges
     (a single value fixes the parameter).  Raises :class:`ConfigError` for a name the backend does
     not have, a range outside the declared one, or nothing left to search.
     """
@@ -259,7 +260,10 @@ def search_space(backend: Backend, shape: MLADecodeShape,
     dims, fixed = [], {}
     for spec in backend.params:
         r = narrow.get(spec.name, SpaceRange())
-        if r.choices is not None:
+        if not spec.searched and spec.name not in narrow:  # a kernel variant: its default
+            if not spec.omit_default:
+                fixed[spec.name] = spec.default_for(shape)
+        elif r.choices is not None:
             choices = tuple(dict.fromkeys(spec.validate(c) for c in r.choices))
             if len(choices) == 1:
                 fixed[spec.name] = choices[0]

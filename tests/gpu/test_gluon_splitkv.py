@@ -137,3 +137,69 @@ def test_device_policy_graph_keeps_each_requests_count(tmp_path, qo_len):
         ref, _ = mla_decode_reference(x.q, x.kv_cache, x.block_table, new, shape.scale,
                                       qo_len=qo_len, causal=True)
         assert torch.allclose(call.out.float(), ref, atol=1e-2, rtol=1e-2), new
+
+
+@pytest.mark.parametrize("o_split,lazy_sum", [("n", 0), ("m", 0), ("n", 1)])
+@pytest.mark.parametrize("qo_len,lens,splits", [(1, (1, 1000, 4096, 777), 7), (2, (4096, 70), 64),
+                                                (4, (1000, 70, 8, 3000), 7), (8, (65, 2000), 512)])
+def test_kernel_variants_match_fp32(o_split, lazy_sum, qo_len, lens, splits):
+    """The other layouts of :class:`KernelVariant` (the output product's warps on its rows,
+    ``o_split`` n; the denominator summed once a page, ``lazy_sum`` 0): right on poisoned ragged
+    inputs, as the default is in every other test."""
+    from mlabench.inputs import make_inputs
+    from mlabench.kernels.reference import mla_decode_reference
+    from mlabench.shapes import MLADecodeShape
+
+    backend = _backend()
+    lens = tuple(max(n, qo_len) for n in lens)
+    shape = MLADecodeShape.create(num_heads=12, context_lens=lens, page_size=64, qo_len=qo_len)
+    x = make_inputs(shape, seed=qo_len + 7, poison=True)
+    params = backend.resolve_params(shape, {"num_kv_splits": splits, "o_split": o_split,
+                                            "lazy_sum": lazy_sum})
+    out = backend.prepare(x, params).fn()
+    torch.cuda.synchronize()
+    ref, _ = mla_decode_reference(x.q, x.kv_cache, x.block_table, list(lens), shape.scale,
+                                  qo_len=qo_len, causal=True)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out.float(), ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("pdl", [0, 1, 2])
+def test_pdl_prologue_graph_of_repeated_calls(pdl):
+    """Stage 1 launched as a programmatic dependent of the previous call's merge: eight calls in
+    one graph sharing one workspace, alternating two queries, each output right (a stage 1 that
+    wrote its partials before the merge before it had read them would mix the two)."""
+    from mlabench.kernels.gluon_splitkv import KernelVariant, kv_descriptors, mla_decode_gluon_splitkv
+    from mlabench.kernels.workspace import splitkv_workspace_shapes
+
+    _backend()
+    lens = (4096, 300, 20000)
+    x = _inputs(lens, seed=4, poison=False)
+    queries = [x.q, torch.flip(x.q, dims=(1,)).contiguous()]
+    o_shape, l_shape = splitkv_workspace_shapes(len(lens), 12, 33)
+    part_o = torch.empty(o_shape, dtype=torch.float32, device=x.q.device)
+    part_lse = torch.empty(l_shape, dtype=torch.float32, device=x.q.device)
+    outs = [torch.full_like(x.new_output(), float("nan")) for _ in range(8)]
+    descs = kv_descriptors(x.kv_cache)
+
+    def calls():
+        for i, out in enumerate(outs):
+            mla_decode_gluon_splitkv(queries[i % 2], x.kv_cache, x.block_table, x.cache_seqlens,
+                                     out, 33, x.shape.scale, partial_out=part_o,
+                                     partial_lse=part_lse, descriptors=descs, pdl=pdl,
+                                     variant=KernelVariant(pdl_prologue=True))
+
+    calls()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    for out in outs:
+        out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    from mlabench.kernels.reference import mla_decode_reference
+
+    refs = [mla_decode_reference(q, x.kv_cache, x.block_table, list(lens), x.shape.scale)[0]
+            for q in queries]
+    for i, out in enumerate(outs):
+        assert torch.allclose(out.float(), refs[i % 2], atol=1e-2, rtol=1e-2), i

@@ -9,6 +9,7 @@ one).  tests/gpu/ runs the kernel.
 from __future__ import annotations
 
 import json
+import re
 import math
 import os
 import subprocess
@@ -118,9 +119,11 @@ def test_backend_says_why_not_here_and_which_shapes():
 _COMPILE = """
 import json, os, subprocess, sys, tempfile
 import triton
+from mlabench.kernels.gluon_splitkv import KernelVariant
 from mlabench.kernels.offline_compile import compile_stage1_sm90
 k = compile_stage1_sm90(int(sys.argv[1]), block_rows=int(sys.argv[2]), qo_len=int(sys.argv[3]),
-                        causal=sys.argv[4] == "1", policy_rows=int(sys.argv[5]))
+                        causal=sys.argv[4] == "1", policy_rows=int(sys.argv[5]),
+                        variant=KernelVariant(o_split=sys.argv[6]))
 usage = ""
 tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 if os.path.exists(tool) and "cubin" in k.asm:
@@ -132,13 +135,13 @@ print(json.dumps({"ptx": k.asm["ptx"], "shared": k.metadata.shared, "usage": usa
 
 
 def _compile_stage1(num_stages: int, block_rows: int = 16, qo_len: int = 1, causal: bool = False,
-                    policy_rows: int = 0) -> dict:
+                    policy_rows: int = 0, o_split: str = "m") -> dict:
     """Compile stage 1 for sm_90 in a fresh process (no interpreter state, no GPU needed)."""
     pytest.importorskip("triton.experimental.gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                          env.get("PYTHONPATH", "")])
-    args = [str(a) for a in (num_stages, block_rows, qo_len, int(causal), policy_rows)]
+    args = [str(a) for a in (num_stages, block_rows, qo_len, int(causal), policy_rows, o_split)]
     run = subprocess.run([sys.executable, "-c", _COMPILE, *args], capture_output=True,
                          text=True, env=env, timeout=300)
     if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
@@ -160,21 +163,28 @@ def test_stage1_compiles_to_tma_and_wgmma(num_stages, max_shared):
     assert kernel["shared"] <= max_shared
 
 
-@pytest.mark.parametrize("block_rows,qo_len,causal,policy_rows,instr,count", [
-    (32, 2, True, 0, "m64n16k16", 36 + 32),    # 8 warps: two warpgroups of 16 rows each
-    (64, 4, True, 16, "m64n32k16", 36 + 32),   # two of 32 rows; a device policy table
-    (64, 8, False, 0, "m64n32k16", 36 + 32),
+@pytest.mark.parametrize("block_rows,qo_len,causal,policy_rows,o_split,counts", [
+    # o_split m (the default): the scores' two warpgroups side by side on the rows (36 m64n16 or
+    # m64n32 a page), the output update's stacked on its 512 rows (16 m64n32 or m64n64 each)
+    (32, 2, True, 0, "m", {"m64n16k16": 36, "m64n32k16": 16}),
+    (64, 4, True, 16, "m", {"m64n32k16": 36, "m64n64k16": 16}),  # a device policy table
+    (64, 8, False, 0, "m", {"m64n32k16": 36, "m64n64k16": 16}),
+    # o_split n: both products side by side on the rows, 36 + 32 of the same instruction
+    (32, 2, True, 0, "n", {"m64n16k16": 36 + 32}),
+    (64, 8, False, 0, "n", {"m64n32k16": 36 + 32}),
 ])
-def test_multi_row_tiles_compile_without_spills(block_rows, qo_len, causal, policy_rows, instr, count):
-    """The 32- and 64-row tiles of a multi-token step: two warpgroups side by side on N, each
-    running the same wgmma code on its half of the rows (m64n16 or m64n32: 36 for the scores of a
-    page, 32 for its output update), no local memory (no spills), and shared memory within the
-    227 KB an H200 block may have."""
+def test_multi_row_tiles_compile_without_spills(block_rows, qo_len, causal, policy_rows, o_split,
+                                                counts):
+    """The 32- and 64-row tiles of a multi-token step: two warpgroups, each running the same
+    wgmma code on its half of a product (instruction shapes and counts per page below), no local
+    memory (no spills), and shared memory within the 227 KB an H200 block may have."""
     from mlabench.kernels.row_tiling import stage1_shared_bytes
 
-    kernel = _compile_stage1(2, block_rows, qo_len, causal, policy_rows)
+    kernel = _compile_stage1(2, block_rows, qo_len, causal, policy_rows, o_split)
     ptx = kernel["ptx"]
-    assert ptx.count(f"wgmma.mma_async.sync.aligned.{instr}.f32.bf16.bf16") == count
+    found = {m.group(1): ptx.count(m.group(0)) for m in re.finditer(
+        r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", ptx)}
+    assert found == counts
     assert "mma.sync" not in ptx
     assert stage1_shared_bytes(block_rows, 2) <= kernel["shared"] <= 227 * 1024
     if kernel["usage"]:
@@ -245,3 +255,32 @@ def test_wide_merge_never_reads_an_empty_splits_partial():
     out = inp.new_output()
     wide_merge(po, pl, out, 4, block_dv=64, block_s=2)  # two slot blocks: the bound stops early
     assert max_err(out, ref) < 2e-3
+
+
+@pytest.mark.parametrize("policy_rows", [None, [[256, 1], [1024, 16], [1 << 20, 5]]])
+def test_wide_merge_from_lengths_reads_only_written_splits(policy_rows):
+    """With the lengths (and the device table stage 1 read) the merge reads only the splits that
+    own pages: the slots of the others, lse included, may hold NaN (stage 1 writes nothing there),
+    and a request of length 0 gets a zero row."""
+    lens, splits = (300, 64, 1, 2000), 16
+    inp, ref = make_case(12, lens, 64)
+    table, own = None, [splits] * len(lens)
+    if policy_rows is not None:  # 4 rows (a power of two), the last repeated as the table pads
+        table = torch.tensor(policy_rows + policy_rows[-1:], dtype=torch.int32, device=DEVICE)
+        own = [next(count for n_max, count in policy_rows if n <= n_max) for n in lens]
+    po = torch.full((len(lens) * splits, 12, 512), float("nan"), device=DEVICE)
+    pl = torch.full((len(lens) * splits, 12), float("nan"), device=DEVICE)
+    for b, (n, count) in enumerate(zip(lens, own)):
+        p_all, l_all = page_split_partials(inp, count)
+        pages = -(-n // 64)
+        written = -(-pages // -(-pages // count))  # splits that own a page
+        po[b * splits:b * splits + written] = p_all[b * count:b * count + written]
+        pl[b * splits:b * splits + written] = l_all[b * count:b * count + written]
+    out = inp.new_output()
+    wide_merge(po, pl, out, splits, block_dv=64, cache_seqlens=inp.cache_seqlens,
+               split_policy=table)
+    assert max_err(out, ref) < 2e-3
+    inp.cache_seqlens[2] = 0
+    wide_merge(po, pl, out, splits, block_dv=64, cache_seqlens=inp.cache_seqlens,
+               split_policy=table)
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
