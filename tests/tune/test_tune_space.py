@@ -130,3 +130,18 @@ def test_measured_configs_pool_repeats_and_drop_pruned_and_failed():
 def test_config_validation_is_one_line():
     with pytest.raises(ValueError, match="increasing"):
         TuneConfig(backend="x", buckets=[4096, 1024])
+
+
+def test_kernel_variants_stay_at_their_defaults_unless_named():
+    """gluon-splitkv's layout and launch variants (ParamSpec.searched False) are not tuned per
+    bucket: left out of the space (and, omitted at their defaults, of the fixed params) unless
+    the space names them."""
+    from mlabench.backends import gluon as _gluon  # noqa: F401  (registers gluon-splitkv)
+
+    backend = get_backend("gluon-splitkv")
+    dims, fixed = search_space(backend, SHAPE)
+    names = {d.name for d in dims} | set(fixed)
+    assert "num_kv_splits" in names
+    assert not names & {"o_split", "lazy_sum", "pdl_prologue"}
+    dims, _ = search_space(backend, SHAPE, {"lazy_sum": SpaceRange(low=0, high=1)})
+    assert "lazy_sum" in {d.name for d in dims}
