@@ -171,9 +171,20 @@ def unsettled(manifest: Manifest, records: Sequence[Record]) -> list[Record]:
 
 
 def ceilings_note(manifest: Manifest) -> str:
-    """One line: the read, copy and datasheet bandwidths of a run."""
-    sheet = manifest.datasheet_bandwidth_tbps
-    return (f"memory bandwidth: read {fmt(manifest.read_bandwidth_tbps)} TB/s (the floor), copy "
+    """One line: the read, copy and datasheet bandwidths of a run; how the read one was found
+    (its readings, :class:`mlabench.measure.bandwidth.ReadCeiling`) and, when a point read faster,
+    that the run's ceiling was raised to it and by which point."""
+    sheet, found = manifest.datasheet_bandwidth_tbps, manifest.read_ceiling or {}
+    how = ""
+    if found.get("readings_tbps"):
+        readings = ", ".join(f"{k} {fmt(v)}" for k, v in found["readings_tbps"].items())
+        how = f": best of {readings} TB/s over {found.get('copies')} buffers"
+    raised = found.get("raised") or []
+    if raised:
+        last = raised[-1]
+        how += (f"; RAISED to {fmt(last['tbps'])} TB/s by {last['point']}, which read faster than the measured "
+                f"{fmt(found.get('tbps'))}: every % floor is against {fmt(last['tbps'])}")
+    return (f"memory bandwidth: read {fmt(manifest.read_bandwidth_tbps)} TB/s (the floor{how}), copy "
             f"{fmt(manifest.copy_bandwidth_tbps)} TB/s (read + write), datasheet {fmt(sheet)} TB/s")
 
 

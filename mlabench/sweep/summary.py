@@ -20,11 +20,29 @@ def best_ok(records: Iterable[Record]) -> Record | None:
     return min(ok, key=lambda r: r.stats.median_us) if ok else None
 
 
+def against_run_ceiling(records: Sequence[Record]) -> list[Record]:
+    """``records`` with every read floor against the highest read ceiling among them: a sweep
+    raises its ceiling when a point reads faster (:meth:`mlabench.sweep.runner.SweepRunner._within_ceiling`),
+    and the points recorded before then carry the lower one.  Records with a copy floor, no time
+    or a ceiling already the highest are returned as they are."""
+    top = max((r.read_bandwidth_tbps or 0 for r in records if r.floor_bandwidth == "read"), default=0)
+    out = []
+    for r in records:
+        if r.floor_bandwidth == "read" and r.read_bandwidth_tbps and r.read_bandwidth_tbps < top:
+            floor_us = r.bytes_moved / (top * 1e6)
+            r = r.model_copy(update={"read_bandwidth_tbps": top, "floor_us": floor_us, "pct_of_floor": (
+                100 * floor_us / r.stats.median_us if r.stats else None)})
+        out.append(r)
+    return out
+
+
 def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None) -> Table:
-    """Per (backend, batch, context): best configuration and its µs / TB/s / % of floor, beside the
-    µs at each split count swept (or at ``splits``, those of them swept), and how many points
-    were not ok or noisy.  At a narrow terminal the TB/s, then the split columns (from the right),
-    then ``noisy`` are left out (:class:`ColumnStyle` ``drop``)."""
+    """Per (backend, batch, context): best configuration and its µs / TB/s / % of floor (against
+    the run's highest read ceiling, :func:`against_run_ceiling`), beside the µs at each split count
+    swept (or at ``splits``, those of them swept), and how many points were not ok or noisy.  At a
+    narrow terminal the TB/s, then the split columns (from the right), then ``noisy`` are left out
+    (:class:`ColumnStyle` ``drop``)."""
+    records = against_run_ceiling(records)
     swept = sorted({r.params.get("num_kv_splits") for r in records} - {None})
     swept = [s for s in swept if splits is None or s in splits]
     at = {f"µs @{s} splits": ColumnStyle(header=f"µs @{s}", drop=2) for s in swept}
