@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 27's two GPU checks in one command on one H200 (the device machine), about 6.5 minutes:
+# Issue 27's two GPU checks in one command on one H200 (the device machine), about 6 minutes:
 #   bash scripts/h200_integrity.sh [OUTDIR]          (default OUTDIR: $OUT/integrity)
 #
 # 1. The read ceiling, in 5 separate process starts (CEILING_RUNS): each process measures
@@ -8,12 +8,14 @@
 #    within 1% (max / min - 1).  ~10-15 s a process (torch and CUDA start, 4 GiB, Triton compile).
 # 2. tune --validate of a committed policy (POLICY, default the triton-splitkv whole-tile policy
 #    of results/h200/tune-kimi-k3-tp8/whole-tiles-attempt/) at two fresh draws of held-out lengths
-#    (SEEDS, default two random seeds, printed and kept): LENGTHS (8) lengths per batch size between
+#    (SEEDS, default two random seeds, printed and kept): LENGTHS (6) lengths per batch size between
 #    1K and 128K (GRID "1024 131072"), --budget-s BUDGET_S (0.2).  Each point measures every count
-#    up to the wave cap (batch 16: 1-16) or the ladder and the counts within 1.5x of the policy's
-#    and of the best ladder count (batch 1 at 264 splits: ~220 counts, ~0.1 s each: ~15-20 s a
-#    point).  Per draw: ~8 x 18 s + 8 x 2 s + ~20 s start-up, ~3 min.  Target: worst regret <= 3%
-#    and the policy's geomean below every public heuristic's, at both draws.
+#    up to the wave cap (batch 16: 1-16, ~22 launches with the heuristics') or the ladder and the
+#    counts within 1.5x of the policy's and of the best ladder count (batch 1 with this policy:
+#    126-235 counts, 181 on average over 8 lengths; ~0.1 s each, as the validation of
+#    whole-tiles-attempt/ measured).  Per draw: ~6 x 18 s + 6 x 2 s + ~20 s start-up, ~2.3 min.
+#    LENGTHS=8 adds ~1.3 min in all.  Target: worst regret <= 3% and the policy's geomean below
+#    every public heuristic's, at both draws.
 #
 # Outputs, in OUTDIR: summary.txt (both checks against their targets), ceilings.md, validate-<seed>.md
 # (the tables tune --validate prints), timing.txt, run.log, and integrity.tar.gz (everything:
@@ -63,7 +65,7 @@ echo "ceiling wall time: $(( $(date +%s) - start )) s" | tee -a "$out/timing.txt
 for seed in $seeds; do
   stage "validate $policy, seed $seed"
   start=$(date +%s)
-  python3 -m mlabench tune --validate "$policy" --seed "$seed" --lengths "${LENGTHS:-8}" --min-context "$low" \
+  python3 -m mlabench tune --validate "$policy" --seed "$seed" --lengths "${LENGTHS:-6}" --min-context "$low" \
     --max-context "$high" --budget-s "${BUDGET_S:-0.2}" --results-dir "$out/work" --markdown \
     > "$out/validate-$seed.md" || failed=1
   echo "validate seed $seed wall time: $(( $(date +%s) - start )) s" | tee -a "$out/timing.txt"
