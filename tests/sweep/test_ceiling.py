@@ -73,3 +73,21 @@ def test_the_summary_puts_every_point_against_the_raised_ceiling_and_says_so(rai
     note = ceilings_note(store.manifest())
     assert "best of amax" in note and "paged" in note
     assert "RAISED to" in note and "torch-splitkv num_kv_splits=2 B=1 L=40" in note
+
+
+def test_a_recorded_run_with_a_point_over_100_percent_is_put_against_that_point_and_says_so(raised_run):
+    from mlabench.sweep.summary import compare_table
+
+    _, recs = raised_run
+    old = []  # as a run recorded before the ceiling was raised: one point at 150% of its floor
+    for r in recs:
+        floor_us = r.bytes_moved / (CEILING_TBPS * 1e6)
+        old.append(r.model_copy(update={"read_bandwidth_tbps": CEILING_TBPS, "floor_us": floor_us,
+                                        "pct_of_floor": 100 * floor_us / r.stats.median_us}))
+    assert max(r.pct_of_floor for r in old) == pytest.approx(150.0)
+    for table in (sweep_summary(old), compare_table(old, {"torch-splitkv": "split-kv"})):
+        (note,) = [n for n in table.notes if "above the measured read ceiling" in n]
+        assert note.startswith(f"{recs[0].run_id}: torch-splitkv num_kv_splits=2 B=1 L=40 read ")
+    pct = {row[2]: row[6] for row in sweep_summary(old).rows}
+    assert pct[40] == pytest.approx(100.0) and max(pct.values()) == pytest.approx(100.0)
+    assert not [n for n in sweep_summary(recs).notes if "above the measured" in n]  # raised as it ran: no note
