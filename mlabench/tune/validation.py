@@ -254,31 +254,35 @@ def validation_tables(v: Validation) -> list[Table]:
     """A summary per batch (worst and geometric-mean regret of the policy and every heuristic,
     and how many split counts each point measured) and a table of every point; regrets in percent
     against the best of the counts measured at the point, None where a configuration failed."""
-    cols = ["batch", "points", "counts", "policy worst %", "policy geomean %"] + [
+    counted = any(p.counts_measured for p in v.points)  # validations recorded before did not count them
+    cols = ["batch", "points", *(["counts"] if counted else []), "policy worst %", "policy geomean %"] + [
         f"{h} geomean %" for h in v.heuristic_names]
     summary = Table("Regret against the best of the split counts measured at each point", cols)
     for batch in sorted({p.batch for p in v.points}) + [None]:
         pts = [p for p in v.points if batch is None or p.batch == batch]
         policy = [p.regret(p.policy_us) for p in pts]
         worst = None if None in policy else 100 * max(policy)
-        summary.rows.append(["all" if batch is None else batch, len(pts), _span(p.counts_measured for p in pts),
+        summary.rows.append(["all" if batch is None else batch, len(pts),
+                             *([_span(p.counts_measured for p in pts)] if counted else []),
                              worst, geomean_regret_pct(policy)]
                             + [geomean_regret_pct([p.regret(p.heuristics[h]["us"]) for p in pts])
                                for h in v.heuristic_names])
-    summary.notes.append(
-        "regret = time / best time - 1; best = the fastest correct of the split counts measured at that point "
-        f"(counts: how many; every count up to the wave cap where that is <= {EVERY_COUNT_CAP}, else the ladder "
-        f"and every count within {WINDOW_FACTOR:g}x of the policy's and of the best ladder count; with the "
-        "policy's and the heuristics'); — = a configuration failed")
+    how = (f"counts: how many; every count up to the wave cap where that is <= {EVERY_COUNT_CAP}, else the ladder "
+           f"and every count within {WINDOW_FACTOR:g}x of the policy's and of the best ladder count; with the "
+           "policy's and the heuristics'" if counted else "a validation recorded before issue 27: the split "
+           "ladder, the policy's and the heuristics' counts")
+    summary.notes.append("regret = time / best time - 1; best = the fastest correct of the split counts measured "
+                         f"at that point ({how}); — = a configuration failed")
     if v.seed is not None:
         summary.notes.append(f"held-out lengths drawn with seed {v.seed} (tune --validate ... --seed {v.seed} "
                              "draws them again)")
-    point_cols = ["batch", "context", "counts", "best µs", "best splits", "policy splits", "policy %"] + [
-        f"{h} (splits) %" for h in v.heuristic_names]
+    point_cols = ["batch", "context", *(["counts"] if counted else []), "best µs", "best splits", "policy splits",
+                  "policy %"] + [f"{h} (splits) %" for h in v.heuristic_names]
     detail = Table("Held-out points", point_cols)
     for p in v.points:
         regret = p.regret(p.policy_us)
-        detail.rows.append([p.batch, p.context_len, p.counts_measured, p.best_us, p.best_params.get("num_kv_splits"),
+        detail.rows.append([p.batch, p.context_len, *([p.counts_measured] if counted else []), p.best_us,
+                            p.best_params.get("num_kv_splits"),
                             p.policy_params.get("num_kv_splits"), None if regret is None else 100 * regret]
                            + [_heuristic_cell(p, h) for h in v.heuristic_names])
     return [summary, detail]
