@@ -99,3 +99,23 @@ def test_the_floor_uses_the_read_bandwidth_when_measured():
     assert 100 * read["floor_us"] / 562.9 == pytest.approx(99.0, abs=0.5)
     copy = record_fields("b", {}, s, "r", copy_bw_tbps=4.08)
     assert copy["floor_bandwidth"] == "copy" and 100 * copy["floor_us"] / 562.9 == pytest.approx(105.3, abs=0.5)
+
+
+def test_a_triton_read_that_does_not_compile_leaves_the_others(monkeypatch):
+    import torch
+
+    from mlabench import device as device_module
+    from mlabench.kernels import stream_read
+
+    calls = []
+    monkeypatch.setattr(device_module, "triton_interpreting", lambda: False)
+    monkeypatch.setattr(stream_read, "stream_sum", lambda b, out: calls.append(b.numel()))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("triton: out of resources")
+
+    monkeypatch.setattr(stream_read, "paged_sum", broken)
+    gpu = DeviceInfo("cuda", "cuda:0", "H200", 132, 1, "sm_90", 8 << 30)
+    bufs = [torch.rand(2 * PAGE_BYTES // 4) for _ in range(2)]
+    ops = bandwidth._triton_read_ops(bufs, gpu, seed=0)
+    assert list(ops) == ["stream"] and calls == [2 * PAGE_BYTES // 4] * 2  # compiled once over both buffers
