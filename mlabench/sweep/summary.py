@@ -57,6 +57,7 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
     swept (or at ``splits``, those of them swept), and how many points were not ok or noisy.  At a
     narrow terminal the TB/s, then the split columns (from the right), then ``noisy`` are left out
     (:class:`ColumnStyle` ``drop``)."""
+    measured = records[0] if records else None  # the floor note gives the ceiling measured
     records, raised = against_run_ceiling(records)
     swept = sorted({r.params.get("num_kv_splits") for r in records} - {None})
     swept = [s for s in swept if splits is None or s in splits]
@@ -87,13 +88,13 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
         table.notes.append(f"{noisy} of {len(records)} points are noisy: the 95% CI of their median stayed wider "
                            "than the target within the budget; their times are less certain (raise --budget-s, "
                            "or quiet the machine)")
-    if records:
-        r0 = records[0]
+    table.notes += raised
+    if measured:
+        r0 = measured
         bw = r0.read_bandwidth_tbps if r0.floor_bandwidth == "read" else r0.copy_bandwidth_tbps
         table.notes.append(f"heads={r0.num_heads} page={r0.shape.get('page_size')} {r0.shape.get('kv_dtype')}; "
                            f"time: median µs per call ({r0.timing_mode or 'n/a'}); µs @N: at N splits; floor = "
                            f"bytes / measured {r0.floor_bandwidth} bandwidth {fmt(bw)} TB/s")
-    table.notes += raised
     return table
 
 
