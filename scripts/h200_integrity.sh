@@ -111,8 +111,9 @@ for run in runs:
     met = worst is not None and worst <= 3.0 and beaten
     ok &= met
     fmt = lambda v: "—" if v is None else f"{v:.3f}%"
-    lines.append(f"validate seed {seed}: {len(pts)} points, {min(p.counts_measured for p in pts)}-"
-                 f"{max(p.counts_measured for p in pts)} counts each; policy worst {fmt(worst)}, geomean {fmt(geo)}; "
+    counts = sorted({p.counts_measured for p in pts})
+    span = f"{counts[0]}" + (f"-{counts[-1]}" if len(counts) > 1 else "")
+    lines.append(f"validate seed {seed}: {len(pts)} points, {span} counts each; policy worst {fmt(worst)}, geomean {fmt(geo)}; "
                  "heuristics' geomean " + ", ".join(f"{h} {fmt(v)}" for h, v in heur.items())
                  + f" (target worst <= 3% and geomean below every heuristic's): {'MET' if met else 'NOT MET'}")
 if len(runs) < 2:
