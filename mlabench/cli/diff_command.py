@@ -18,14 +18,21 @@ def diff(
     all_points: Annotated[bool, typer.Option("--all", help="List every point, not only those that differ.")] = False,
     min_us: Annotated[float, typer.Option(metavar="US", help="Agreement (within 1%, worst) over points of at least this many "
                                                "µs in run A.")] = 20.0,
+    machine: Annotated[bool | None, typer.Option(
+        "--machine-factor/--no-machine-factor",
+        help="Also compare against the machine factor (default: when the runs come from two machines).")] = None,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Compare two runs point by point: medians, ratio B/A, significance from the samples and each
-    run's repeat noise, a geometric mean per backend; notes where the runs' set-ups differ."""
+    run's repeat noise, a geometric mean per backend; notes where the runs' set-ups differ.  Runs
+    from two machines also get the machine factor and the points that move beyond it."""
     from mlabench.sweep.diff import diff_runs, diff_tables
+    from mlabench.sweep.machine import machine_factor, machine_tables
 
     fmt = output_format(format, as_json, markdown)
-    emit(diff_tables(diff_runs(run_a, run_b), min_us, all_points), fmt)
+    d = diff_runs(run_a, run_b)
+    summary, *rest = diff_tables(d, min_us, all_points)
+    emit([summary, *machine_tables(machine_factor(d, machine)), *rest], fmt)  # the machine's part after the summary
 
 
 #: The commands of this group, registered by :mod:`mlabench.cli.app`.

@@ -89,6 +89,9 @@ def sweep(
     results_dir: ResultsDir = Path("results"), resume: Resume = None, order: Order = None,
     order_seed: OrderSeed = None, visits: Visits = None, max_visits: MaxVisits = None,
     graph_captures: GraphCaptures = None, format: Format = None, as_json: Json = False, markdown: Markdown = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", help="Every drifting window on its own line with its points (default: one line per kind "
+        "of note; the details are in the manifest).")] = False,
 ) -> None:
     """Microbenchmark backends over batch x context x splits; results in results/<run-id>/.
 
@@ -109,7 +112,7 @@ def sweep(
         notice(f"No GPU found: running a small CPU sweep ({cfg.name}) on {current_device().name}.")
     store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
     summary = sweep_summary(records)
-    summary.notes += [ceilings_note(store.manifest()), *health_notes(store.manifest(), records)]
+    summary.notes += [ceilings_note(store.manifest()), *health_notes(store.manifest(), records, verbose)]
     emit([summary], fmt)
     _results_went_to(store)
 

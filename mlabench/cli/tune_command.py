@@ -147,6 +147,8 @@ MaxContextFlag = Annotated[int, typer.Option(metavar="L", help="With --validate:
 LadderFlag = Annotated[str | None, typer.Option(
     metavar="N[,N...]",
     help="With --validate: split counts of the exhaustive reference.")]
+SeedFlag = Annotated[int | None, typer.Option(
+    metavar="N", help="With --validate: draw the held-out lengths with this seed (default: a fresh one, printed).")]
 ExportFlag = Annotated[Path | None, typer.Option(metavar="RUN", help="Rebuild the policy files of this tuning run.")]
 
 
@@ -162,7 +164,7 @@ def tune(
     gpus: GpusFlag = None, workers: WorkersFlag = None, results_dir: ResultsDir = Path("results"),
     resume: Resume = None, validate: ValidateFlag = None, lengths: LengthsFlag = 48,
     min_context: MinContextFlag = 1024, max_context: MaxContextFlag = 131072, ladder: LadderFlag = None,
-    export: ExportFlag = None, format: Format = None, as_json: Json = False, markdown: Markdown = False,
+    seed: SeedFlag = None, export: ExportFlag = None, format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Tune split counts (and launch parameters) per batch and context bucket; write a policy.
 
@@ -171,7 +173,7 @@ def tune(
     """
     fmt = output_format(format, as_json, markdown)
     if validate is not None:
-        return _validate(validate, lengths, min_context, max_context, ladder, budget_s, results_dir, fmt)
+        return _validate(validate, lengths, min_context, max_context, ladder, budget_s, results_dir, fmt, seed)
     if export is not None:
         from mlabench.tune.run import export_run
 
@@ -234,7 +236,7 @@ def _report(result: Any, fmt: str) -> None:
 
 
 def _validate(path: Path, lengths: int, low: int, high: int, ladder: str | None, budget_s: float | None,
-              results_dir: Path, fmt: str) -> None:
+              results_dir: Path, fmt: str, seed: int | None = None) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mlabench.policy.tuned import load_policy
@@ -250,7 +252,7 @@ def _validate(path: Path, lengths: int, low: int, high: int, ladder: str | None,
         result = validate_policy(policy, lengths, low, high, int_list(ladder, "--ladder", "--ladder"),
                                  timing, results_dir,
                                  lambda done, total, label: bar.update(task, completed=done, total=total,
-                                                                       description=label))
+                                                                       description=label), seed=seed)
     emit(validation_tables(result), fmt)
     err.print(f"results: {result.store.run_dir}/ (validation.md, validation.json, results.jsonl)")
 

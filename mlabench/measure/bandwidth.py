@@ -9,6 +9,11 @@ kernel could show more than 100% against it: on one NVIDIA H200 the copy gave 4.
 read 4.34 TB/s, and FlashMLA at batch 16, 128K context reached 105% of the copy floor but 99% of
 the read floor.  Both are measured once per run and kept in the manifest beside the vendor's
 datasheet figure, which no measurement reaches.
+
+The read ceiling (:func:`measure_read_ceiling`) is the best of a flat ``torch.amax``, the flat
+Triton streaming sum and a paged read through a shuffled block table like the decode kernels',
+each over several buffers read in turn, so that it does not hang on where one buffer landed; the
+manifest keeps every reading and which one won.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -87,42 +93,101 @@ def measure_copy_bandwidth_tbps(device: DeviceInfo | None = None, size_bytes: in
     return 2 * size / (median_us * 1e-6) / 1e12
 
 
-def measure_read_bandwidth_tbps(device: DeviceInfo | None = None, size_bytes: int | None = None,
-                                reps: int = 20, warmup: int = 5) -> float:
-    """Streaming read bandwidth in TB/s: the faster of ``torch.amax`` and (on a GPU where Triton
-    compiles) a pipelined Triton streaming sum over one large fp32 buffer, bytes read only.
+#: Buffers the read ceiling rotates through, each its own allocation, as a point's timing rotates
+#: at least 4 input copies (docs/measuring.md): one buffer's placement moved the ceiling by 1-3%.
+CEILING_COPIES = 4
+#: Bytes of one page of the paged read: 64 tokens x 576 bf16 values, a page of the Kimi K3 /
+#: DeepSeek-V3 latent cache at page size 64 (a whole number of :data:`PAGED_BLOCK` fp32 blocks).
+PAGE_BYTES = 64 * 576 * 2
 
-    4 GiB on a GPU (64 MiB on the CPU; less where free memory is short), filled with random values
-    (never zeros), median of ``reps`` timed reductions after ``warmup`` untimed ones.  The outputs
-    (one element, or 4 bytes per program) are not counted.  This is the ceiling of every point's
-    floor; the faster reduction is taken because a ceiling that a decode kernel can beat is no
-    ceiling (on an H200 ``torch.amax`` read 4.16-4.41 TB/s, the Triton sum 4.49-4.61 TB/s and the
-    Hopper decode kernel 4.41-4.47 TB/s: docs/PERFORMANCE.md).
+
+@dataclass(frozen=True)
+class ReadCeiling:
+    """The streaming read ceiling of a run and how it was found (the manifest's ``read_ceiling``).
+
+    ``tbps``: the best reading, TB/s; ``method``: which reading that is (``amax``, ``stream`` or
+    ``paged``); ``readings_tbps``: every reading taken; ``copies`` buffers of ``buffer_bytes``
+    each were read in turn per timed sample; ``page_bytes``: the page of the paged read (None when
+    it was not taken).
+    """
+
+    tbps: float
+    method: str
+    readings_tbps: dict[str, float]
+    copies: int
+    buffer_bytes: int
+    page_bytes: int | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        """The JSON form kept in a run's manifest."""
+        return asdict(self)
+
+
+def measure_read_ceiling(device: DeviceInfo | None = None, size_bytes: int | None = None,
+                         copies: int = CEILING_COPIES, reps: int = 20, warmup: int = 5,
+                         seed: int = 0) -> ReadCeiling:
+    """Streaming read ceiling (TB/s): the best of up to three read-only reductions, each timed over
+    ``copies`` separately allocated fp32 buffers read in turn per sample (median of ``reps``
+    samples after ``warmup``; bytes read only, the partial sums written are not counted):
+
+    - ``amax``: ``torch.amax`` over each buffer, flat;
+    - ``stream``: the pipelined Triton streaming sum (:func:`mlabench.kernels.stream_read.stream_sum`);
+    - ``paged``: the same through a shuffled block table of :data:`PAGE_BYTES` pages
+      (:func:`~mlabench.kernels.stream_read.paged_sum`), as a decode kernel reads its cache.
+
+    The last two only on a GPU where Triton compiles (not under the interpreter).  The buffers
+    hold 4 GiB in all on a GPU (64 MiB on the CPU; less where free memory is short), or
+    ``size_bytes`` in all.  The best is taken because a ceiling that a decode kernel can beat is no
+    ceiling; rotating buffers averages over where each one landed (one buffer alone moved the ceiling
+    by 1-3% between processes on an H200: 4.33-4.56 TB/s, issue 27).  ``seed`` orders the pages.
     """
     device = device or current_device()
-    size = _buffer_bytes(device, size_bytes, 4 << 30, 64 << 20, buffers=1) // 4 * 4
-    src = torch.empty(size // 4, dtype=torch.float32, device=device.torch_device).uniform_()
-    best_us = _median_us(lambda: torch.amax(src), device, reps, warmup)
-    stream = _triton_stream_op(src, device)
-    if stream is not None:
-        best_us = min(best_us, _median_us(stream, device, reps, warmup))
-    del src
-    return size / (best_us * 1e-6) / 1e12
+    copies = max(1, copies)
+    unit = 2 * PAGE_BYTES  # whole pages, and whole 16 KiB blocks of the streaming sum
+    each = max(unit, _buffer_bytes(device, size_bytes, 4 << 30, 64 << 20, buffers=1) // copies // unit * unit)
+    bufs = [torch.empty(each // 4, dtype=torch.float32, device=device.torch_device).uniform_()
+            for _ in range(copies)]
+    readings = {"amax": _tbps(copies * each, _median_us(lambda: [torch.amax(b) for b in bufs], device, reps, warmup))}
+    for name, op in _triton_read_ops(bufs, device, seed).items():
+        readings[name] = _tbps(copies * each, _median_us(op, device, reps, warmup))
+    del bufs
+    best = max(readings, key=readings.__getitem__)
+    return ReadCeiling(readings[best], best, readings, copies, each, PAGE_BYTES if "paged" in readings else None)
 
 
-def _triton_stream_op(src: torch.Tensor, device: DeviceInfo) -> Callable[[], object] | None:
-    """The Triton streaming sum over ``src`` as a zero-argument call, or None off a GPU, under the
-    interpreter, or where Triton fails to compile it (the amax figure then stands alone)."""
+def measure_read_bandwidth_tbps(device: DeviceInfo | None = None, size_bytes: int | None = None,
+                                reps: int = 20, warmup: int = 5) -> float:
+    """The read ceiling's best reading in TB/s (:func:`measure_read_ceiling`), without how it was found."""
+    return measure_read_ceiling(device, size_bytes, reps=reps, warmup=warmup).tbps
+
+
+def _tbps(bytes_read: int, median_us: float) -> float:
+    return bytes_read / (median_us * 1e-6) / 1e12
+
+
+def _triton_read_ops(bufs: list[torch.Tensor], device: DeviceInfo, seed: int) -> dict[str, Callable[[], object]]:
+    """``{"stream": op, "paged": op}``, each reading every buffer of ``bufs`` once per call; {} off a
+    GPU or under the interpreter, and without the one that Triton fails to compile (the other
+    readings then stand)."""
     from mlabench.device import triton_interpreting
 
     if not device.is_gpu or triton_interpreting():
-        return None
+        return {}
     try:
-        from mlabench.kernels.stream_read import STREAM_PROGRAMS_PER_SM, stream_sum
-
-        partial = torch.empty(STREAM_PROGRAMS_PER_SM * max(1, device.num_sms), dtype=torch.float32,
-                              device=src.device)
-        stream_sum(src, partial)
-        return lambda: stream_sum(src, partial)
+        from mlabench.kernels.stream_read import STREAM_PROGRAMS_PER_SM, paged_sum, stream_sum
     except Exception:  # noqa: BLE001 - a missing or broken Triton leaves the amax ceiling
-        return None
+        return {}
+    partial = torch.empty(STREAM_PROGRAMS_PER_SM * max(1, device.num_sms), dtype=torch.float32, device=bufs[0].device)
+    page = PAGE_BYTES // 4
+    gen = torch.Generator().manual_seed(seed)
+    tables = [torch.randperm(b.numel() // page, generator=gen).to(torch.int32).to(b.device) for b in bufs]
+    ops = {"stream": lambda: [stream_sum(b, partial) for b in bufs],
+           "paged": lambda: [paged_sum(b, t, page, partial) for b, t in zip(bufs, tables)]}
+    working = {}
+    for name, op in ops.items():
+        try:
+            op()  # compile now
+            working[name] = op
+        except Exception:  # noqa: BLE001 - a kernel Triton cannot compile here leaves the other readings
+            continue
+    return working

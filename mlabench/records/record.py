@@ -97,6 +97,10 @@ class Manifest(BaseModel):
     versions: dict[str, str | None]
     copy_bandwidth_tbps: float
     read_bandwidth_tbps: float | None = Field(None, description="Streaming read bandwidth (the floor's), TB/s.")
+    read_ceiling: dict[str, Any] | None = Field(
+        None, description="How the read bandwidth was found (every reading in TB/s, the one taken, the buffers; "
+                          "mlabench.measure.bandwidth.ReadCeiling) and ``raised``: points that read faster, each "
+                          "raising read_bandwidth_tbps for the rest of the run.  None in runs recorded before.")
     datasheet_bandwidth_tbps: float | None = Field(None, description="The vendor's memory bandwidth figure, TB/s.")
     config: dict[str, Any] = Field(default_factory=dict, description="The sweep configuration as run.")
     warmups: list[dict[str, Any]] = Field(

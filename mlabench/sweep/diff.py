@@ -128,9 +128,19 @@ def compare_point(a: Record, b: Record, noise_a: float | None, noise_b: float | 
                   z_critical: float = Z_CRITICAL) -> PointDiff:
     """The ratio B/A of two timed records of one point and its significance (module docstring)."""
     ratio = b.stats.median_us / a.stats.median_us
-    u = math.sqrt(median_se(a) ** 2 + (noise_a or 0.0) ** 2 + median_se(b) ** 2 + (noise_b or 0.0) ** 2)
-    z = abs(math.log(ratio)) / u if u > 0 else (math.inf if ratio != 1 else 0.0)
+    z = z_score(ratio, combined_se(a, b, noise_a, noise_b))
     return PointDiff(a, b, ratio, z, z > z_critical)
+
+
+def combined_se(a: Record, b: Record, noise_a: float | None, noise_b: float | None) -> float:
+    """``sqrt(se_A^2 + noise_A^2 + se_B^2 + noise_B^2)``: the relative uncertainty of ln(B/A) of one
+    point (module docstring; a missing noise counts as 0)."""
+    return math.sqrt(median_se(a) ** 2 + (noise_a or 0.0) ** 2 + median_se(b) ** 2 + (noise_b or 0.0) ** 2)
+
+
+def z_score(ratio: float, u: float) -> float:
+    """``|ln ratio| / u``: inf for a change with no uncertainty, 0 for none."""
+    return abs(math.log(ratio)) / u if u > 0 else (math.inf if ratio != 1 else 0.0)
 
 
 def _timed(r: Record) -> bool:
@@ -178,6 +188,8 @@ def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
         notes.append(f"different GPUs of one model ({a.device['uuid']} vs {b.device['uuid']}): on H200s, runs from "
                      "separately started machines agreed within 1% at 87-94% of points, against 96.7-100% "
                      "for two runs on one")
+    elif a.host != b.host:
+        notes.append(f"different hosts: {a.host} vs {b.host} (two machines: see the machine factor)")
     if a.driver != b.driver:
         notes.append(f"different drivers: {a.driver} vs {b.driver}")
     changed = [f"{k} {a.versions.get(k)} vs {b.versions.get(k)}" for k in sorted(set(a.versions) | set(b.versions))

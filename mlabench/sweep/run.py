@@ -17,7 +17,7 @@ from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, ConfigError
 from mlabench.inputs import check_fits
 from mlabench.measure.bandwidth import (
-    datasheet_bandwidth_tbps, measure_copy_bandwidth_tbps, measure_read_bandwidth_tbps,
+    datasheet_bandwidth_tbps, measure_copy_bandwidth_tbps, measure_read_ceiling,
 )
 from mlabench.measure.observers import driver_version, gpu_state
 from mlabench.measure.steady import warm_up
@@ -31,17 +31,19 @@ from mlabench.sweep.visits import DEFAULT_GPU_VISITS, MAX_VISITS_FACTOR, read_vi
 
 
 def make_manifest(run_id: str, cfg: SweepConfig, copy_bw_tbps: float, read_bw_tbps: float | None = None,
-                  warmups: list[dict[str, Any]] | None = None) -> Manifest:
+                  warmups: list[dict[str, Any]] | None = None, read_ceiling: dict[str, Any] | None = None) -> Manifest:
     """The manifest of a new sweep run: :func:`kernel_run_manifest` with ``cfg`` as its configuration."""
     return kernel_run_manifest(run_id, cfg.model_dump(mode="json", by_alias=True), copy_bw_tbps, read_bw_tbps,
-                               warmups)
+                               warmups, read_ceiling)
 
 
 def kernel_run_manifest(run_id: str, config: dict[str, Any], copy_bw_tbps: float, read_bw_tbps: float | None = None,
-                        warmups: list[dict[str, Any]] | None = None) -> Manifest:
+                        warmups: list[dict[str, Any]] | None = None,
+                        read_ceiling: dict[str, Any] | None = None) -> Manifest:
     """The manifest of a new kernel run (a folder ``compare``, ``plot``, ``report`` and ``diff`` read):
     this process's identity (device, driver, library versions, git revision, command line), the
-    measured copy and read bandwidths (TB/s) beside the datasheet's, ``config`` (a sweep's
+    measured copy and read bandwidths (TB/s) beside the datasheet's, how the read one was found
+    (``read_ceiling``: :meth:`~mlabench.measure.bandwidth.ReadCeiling.as_dict`), ``config`` (a sweep's
     :class:`SweepConfig` fields, or a script's grid in the same layout) and the GPU warm-ups.
 
     For sweeps (:func:`make_manifest`) and scripts that measure with :class:`~mlabench.sweep.point.ShapeBench`
@@ -55,8 +57,8 @@ def kernel_run_manifest(run_id: str, config: dict[str, Any], copy_bw_tbps: float
         run_id=run_id, created=utc_now(), command=command_line(), git_revision=rev, git_dirty=dirty,
         host=socket.gethostname(), device=dict(dev.__dict__), gpu_state=gpu_state(), driver=driver_version(),
         versions=library_versions(backend_packages()), copy_bandwidth_tbps=copy_bw_tbps,
-        read_bandwidth_tbps=read_bw_tbps, datasheet_bandwidth_tbps=datasheet_bandwidth_tbps(dev.name),
-        config=config, warmups=warmups or [],
+        read_bandwidth_tbps=read_bw_tbps, read_ceiling=read_ceiling,
+        datasheet_bandwidth_tbps=datasheet_bandwidth_tbps(dev.name), config=config, warmups=warmups or [],
     )
 
 
@@ -104,10 +106,10 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
         cfg = cfg.model_copy(update={"order_seed": secrets.randbelow(2**31)})
     steady = warm_up(cfg.timing)
     if store is None:
-        copy_bw, read_bw = measure_copy_bandwidth_tbps(), measure_read_bandwidth_tbps()
+        copy_bw, ceiling = measure_copy_bandwidth_tbps(), measure_read_ceiling()
         run_id = new_run_id(cfg.name)
-        store = ResultStore.create(results_root / run_id,
-                                   make_manifest(run_id, cfg, copy_bw, read_bw, [steady.model_dump()]))
+        store = ResultStore.create(results_root / run_id, make_manifest(
+            run_id, cfg, copy_bw, ceiling.tbps, [steady.model_dump()], ceiling.as_dict()))
     else:
         store.update_manifest(warmups=[*store.manifest().warmups, steady.model_dump()])
         if warn:

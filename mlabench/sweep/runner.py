@@ -24,8 +24,8 @@ from mlabench.records.record import Record
 from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.config import Point, SweepConfig
-from mlabench.sweep.point import ShapeBench, failed_record
-from mlabench.sweep.sentinel import append_sentinel, drift_dict, drift_of, read_sentinels
+from mlabench.sweep.point import ShapeBench, failed_record, speed_fields
+from mlabench.sweep.sentinel import append_sentinel, drift_dict, drift_of, point_label, read_sentinels
 from mlabench.sweep.visits import (
     append_visit, measured_in_order, pooled_record, read_visits, settled, visit_order, wants_more,
 )
@@ -156,7 +156,7 @@ class SweepRunner:
                 have.append(rec)
                 self.visits_measured += 1
             if self.visits == 1:
-                self.store.append(rec)
+                self.store.append(self._within_ceiling(rec))
                 self.recorded += 1
             elif p.key not in done and self._settled(have):
                 self._record(have, done)
@@ -170,10 +170,29 @@ class SweepRunner:
 
     def _record(self, have: list[Record], done: set[str]) -> None:
         """Append the pooled record of a settled point's visits and count it done."""
-        rec = pooled_record(have, self.cfg.timing.target_rel_ci)
+        rec = self._within_ceiling(pooled_record(have, self.cfg.timing.target_rel_ci))
         self.store.append(rec)
         self.recorded += 1
         done.add(rec.key)
+
+    def _within_ceiling(self, rec: Record) -> Record:
+        """``rec`` with its floor against the run's read ceiling as it stands.  A correct point
+        that read faster than the ceiling raises it, for itself and every later point: its
+        ``pct_of_floor`` is then 100, never above, and the manifest's ``read_bandwidth_tbps`` and
+        ``read_ceiling["raised"]`` say so (issue 27: a ceiling a kernel beats is no ceiling)."""
+        if rec.floor_bandwidth != "read" or not self.read_bw or rec.stats is None:
+            return rec
+        if rec.status == "ok" and rec.achieved_tbps and rec.achieved_tbps > self.read_bw:
+            m = self.store.manifest()
+            raised = [*(m.read_ceiling or {}).get("raised", []),
+                      {"point": point_label(rec), "key": rec.key, "tbps": rec.achieved_tbps,
+                       "from_tbps": self.read_bw, "after_points": self.recorded}]
+            self.read_bw = rec.achieved_tbps
+            self.store.update_manifest(read_bandwidth_tbps=self.read_bw,
+                                       read_ceiling={**(m.read_ceiling or {}), "raised": raised})
+        floor_us = rec.bytes_moved / (self.read_bw * 1e6)
+        return rec.model_copy(update={"read_bandwidth_tbps": self.read_bw, "floor_us": floor_us,
+                                      **speed_fields(rec.bytes_moved, floor_us, rec.stats.median_us)})
 
     @property
     def max_visits(self) -> int:

@@ -4,9 +4,12 @@ A sweep measures its sentinel point before its first point, again after every ``
 points and once more at the end, each time on freshly made inputs, and appends each measurement
 to ``sentinel.jsonl`` in the run folder (with how many points were recorded when it was taken; in a
 run with several visits per point, how many visits were measured: :mod:`mlabench.sweep.visits`).
-The drift of a measurement is its median over the first one's, minus 1.  A run whose sentinel
-drifts by more than the target is flagged, and the points measured in a drifting window (between
-the sentinel before and the drifting one) are named.  The spread between successive sentinel
+The drift of a measurement is its median over the reference, minus 1: the median of the first
+:data:`REFERENCE_READINGS` measurements, taken once the warm-up has settled (on an H200 every later
+reading was 1.2-3.2% faster than the first, coldest one, so a drift against the first measured its
+slowness; issue 27 item 4).  A run whose sentinel drifts by more than the target at a measurement
+that ends a window of points is flagged, and the points measured in a drifting window (between the
+sentinel before and the drifting one) are named.  The spread between successive sentinel
 measurements is the run's *repeat noise*: how far one point's median moves when it is measured
 again, beyond what its own samples show; :mod:`mlabench.sweep.diff` uses it.
 """
@@ -14,6 +17,7 @@ again, beyond what its own samples show; :mod:`mlabench.sweep.diff` uses it.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +31,8 @@ from mlabench.records.store import read_jsonl
 from mlabench.tables.table import fmt, params_label
 
 SENTINEL_FILE = "sentinel.jsonl"
+#: The sentinel's reference is the median of this many of its first measurements.
+REFERENCE_READINGS = 3
 
 
 class SentinelMeasurement(BaseModel):
@@ -61,8 +67,12 @@ class Drift(BaseModel):
     target: float = Field(description="Largest drift that does not flag the run.")
     after_points: list[int] = Field(description="Points recorded at each measurement.")
     medians_us: list[float] = Field(description="Median of each measurement, µs.")
-    drift: list[float] = Field(description="Each median over the first, minus 1.")
-    max_abs_drift: float = Field(description="Largest absolute drift.")
+    reference_us: float | None = Field(None, description="The reference: median of the first measurements "
+                                                         "(None: runs recorded before, against the first).")
+    reference_readings: int = Field(1, description="How many first measurements the reference is the median of.")
+    drift: list[float] = Field(description="Each median over the reference, minus 1.")
+    max_abs_drift: float = Field(description="Largest absolute drift of a measurement that ends a window of "
+                                             "points (the first, taken before any point, is left out).")
     repeat_noise: float | None = Field(description="Relative spread of successive measurements (None: fewer than 3).")
     drifting: bool = Field(description="True when max_abs_drift exceeds the target.")
     windows: list[DriftWindow] = Field(default_factory=list, description="Windows that end in a drifting measurement.")
@@ -108,49 +118,73 @@ def drift_of(sentinels: Sequence[SentinelMeasurement], records: Sequence[Record]
     if len(timed) < 2:
         return None
     medians = [s.record.stats.median_us for s in timed]
-    drift = [m / medians[0] - 1 for m in medians]
+    first = medians[:REFERENCE_READINGS]
+    reference = statistics.median(first)
+    drift = [m / reference - 1 for m in medians]
     windows = [DriftWindow(from_point=prev.after_points, to_point=cur.after_points, drift=d,
                            points=[point_label(r) for r in records[prev.after_points:cur.after_points]])
                for prev, cur, d in zip(timed, timed[1:], drift[1:]) if abs(d) > target]
-    worst = max(abs(d) for d in drift)
+    worst = max(abs(d) for d in drift[1:])
     return Drift(sentinel=point_label(timed[0].record), key=timed[0].record.key, target=target,
-                 after_points=[s.after_points for s in timed], medians_us=medians, drift=drift,
-                 max_abs_drift=worst, repeat_noise=repeat_noise(medians), drifting=worst > target,
-                 windows=windows)
+                 after_points=[s.after_points for s in timed], medians_us=medians, reference_us=reference,
+                 reference_readings=len(first), drift=drift, max_abs_drift=worst,
+                 repeat_noise=repeat_noise(medians), drifting=worst > target, windows=windows)
 
 
-def health_notes(manifest: Manifest, records: Sequence[Record], most: int = 8) -> list[str]:
-    """Notes for a sweep's summary: the GPU's warm-up, the sentinel's drift (drifting windows and
-    their points named, at most ``most`` per window), points measured below the steady clock, and
-    points whose visits still disagreed when they reached the most visits (:func:`unsettled`)."""
-    warmups: Counter[str] = Counter()  # a resumed run warms up again: the same line once, with a count
+def health_notes(manifest: Manifest, records: Sequence[Record], verbose: bool = False) -> list[str]:
+    """Notes for a sweep's summary, one line per kind: the GPU's warm-up, the sentinel's drift
+    against its reference, the drifting windows, points measured below the steady clock, and points
+    whose visits still disagreed when they reached the most visits (:func:`unsettled`).  A line
+    names at most 3 points or windows and counts the rest, which the manifest (``drift.windows``) and
+    the records (``clock_below_steady``, ``visit_medians_us``) hold; with ``verbose`` each drifting
+    window has its own line naming up to 8 of its points, and the other lines name up to 8 points
+    (issue 25 item 13: 40 lines of windows under one H200 sweep's table)."""
+    most = 8 if verbose else 3
+    warmups: Counter[str] = Counter()  # a resumed run warms up again: the same text once, with a count
     for w in manifest.warmups:
         clock = f" at {w['sm_clock_mhz']:.0f} MHz" if w.get("sm_clock_mhz") else ""
         power = f", {w['power_w']:.0f} W" if w.get("power_w") else ""
         warmups[f"{w.get('reason')}{clock}{power}"] += 1
-    notes = [f"GPU warm-up{f' (x{n}: the run was resumed)' if n > 1 else ''}: {text}" for text, n in warmups.items()]
+    notes = ["GPU warm-up" + (f" (x{len(manifest.warmups)}: the run was resumed)" if len(manifest.warmups) > 1 else "")
+             + ": " + "; ".join(warmups)] if warmups else []
     if manifest.drift:
-        d = Drift.model_validate(manifest.drift)
-        head = (f"sentinel {d.sentinel} measured {len(d.medians_us)} times: drift "
-                f"{100 * min(d.drift):+.2f}% to {100 * max(d.drift):+.2f}% (target ±{100 * d.target:g}%)")
-        if d.repeat_noise is not None:
-            head += f", repeat noise {100 * d.repeat_noise:.2f}%"
-        notes.append(("DRIFTING: " if d.drifting else "") + head)
-        unit = "visits" if manifest.visit_settings()["visits"] > 1 else "points"  # what the windows index
-        for w in d.windows:
-            more = f" and {len(w.points) - most} more" if len(w.points) > most else ""
-            notes.append(f"drifting window ({unit} {w.from_point + 1}-{w.to_point}, sentinel {100 * w.drift:+.2f}%): "
-                         + "; ".join(w.points[:most]) + more)
-    low = [r for r in records if r.clock_below_steady]
-    if low:
-        notes.append(f"{len(low)} point(s) measured with the SM clock below its steady value: "
-                     + "; ".join(point_label(r) for r in low[:most]) + ("; ..." if len(low) > most else ""))
-    apart = unsettled(manifest, records)
-    if apart:
-        settings = manifest.visit_settings()
-        notes.append(f"{len(apart)} point(s) whose visits still disagreed at {settings['max_visits']} visits "
-                     f"(standard error of the mean of their medians over {100 * settings['visit_rel_se']:g}%): "
-                     + "; ".join(point_label(r) for r in apart[:most]) + ("; ..." if len(apart) > most else ""))
+        notes += _drift_notes(Drift.model_validate(manifest.drift), manifest, verbose)
+    for flagged, what in ((
+            [r for r in records if r.clock_below_steady], "measured with the SM clock below its steady value"), (
+            unsettled(manifest, records), _unsettled_text(manifest))):
+        if flagged:
+            notes.append(f"{len(flagged)} point(s) {what}: " + "; ".join(point_label(r) for r in flagged[:most])
+                         + (f"; and {len(flagged) - most} more" if len(flagged) > most else ""))
+    return notes
+
+
+def _unsettled_text(manifest: Manifest) -> str:
+    settings = manifest.visit_settings()
+    return (f"whose visits still disagreed at {settings['max_visits']} visits (standard error of the mean of "
+            f"their medians over {100 * (settings['visit_rel_se'] or 0):g}%)")
+
+
+def _drift_notes(d: Drift, manifest: Manifest, verbose: bool) -> list[str]:
+    """The sentinel's line and its drifting windows': one line for all windows, or with ``verbose``
+    one per window naming up to 8 of its points."""
+    against = (f"against the median of its first {d.reference_readings} readings" if d.reference_us is not None
+               else "against its first reading")
+    head = (f"sentinel {d.sentinel} measured {len(d.medians_us)} times: drift {100 * min(d.drift):+.2f}% to "
+            f"{100 * max(d.drift):+.2f}% {against} (target ±{100 * d.target:g}%)")
+    if d.repeat_noise is not None:
+        head += f", repeat noise {100 * d.repeat_noise:.2f}%"
+    notes = [("DRIFTING: " if d.drifting else "") + head]
+    unit = "visits" if manifest.visit_settings()["visits"] > 1 else "points"  # what the windows index
+    spans = [f"{unit} {w.from_point + 1}-{w.to_point}, sentinel {100 * w.drift:+.2f}%" for w in d.windows]
+    if verbose:
+        for w, span in zip(d.windows, spans):
+            more = f" and {len(w.points) - 8} more" if len(w.points) > 8 else ""
+            notes.append(f"drifting window ({span}): " + "; ".join(w.points[:8]) + more)
+    elif d.windows:
+        more = f"; and {len(spans) - 3} more" if len(spans) > 3 else ""
+        notes.append(f"{len(d.windows)} drifting window(s), {sum(len(w.points) for w in d.windows)} {unit} measured "
+                     f"in them ({'; '.join(spans[:3])}{more}): their points in the manifest's drift.windows, "
+                     "or with sweep --verbose")
     return notes
 
 
@@ -171,9 +205,20 @@ def unsettled(manifest: Manifest, records: Sequence[Record]) -> list[Record]:
 
 
 def ceilings_note(manifest: Manifest) -> str:
-    """One line: the read, copy and datasheet bandwidths of a run."""
-    sheet = manifest.datasheet_bandwidth_tbps
-    return (f"memory bandwidth: read {fmt(manifest.read_bandwidth_tbps)} TB/s (the floor), copy "
+    """One line: the read, copy and datasheet bandwidths of a run; how the read one was found
+    (its readings, :class:`mlabench.measure.bandwidth.ReadCeiling`) and, when a point read faster,
+    that the run's ceiling was raised to it and by which point."""
+    sheet, found = manifest.datasheet_bandwidth_tbps, manifest.read_ceiling or {}
+    how = ""
+    if found.get("readings_tbps"):
+        readings = ", ".join(f"{k} {fmt(v)}" for k, v in found["readings_tbps"].items())
+        how = f": best of {readings} TB/s over {found.get('copies')} buffers"
+    raised = found.get("raised") or []
+    if raised:
+        last = raised[-1]
+        how += (f"; RAISED to {fmt(last['tbps'])} TB/s by {last['point']}, which read faster than the measured "
+                f"{fmt(found.get('tbps'))}: every % floor is against {fmt(last['tbps'])}")
+    return (f"memory bandwidth: read {fmt(manifest.read_bandwidth_tbps)} TB/s (the floor{how}), copy "
             f"{fmt(manifest.copy_bandwidth_tbps)} TB/s (read + write), datasheet {fmt(sheet)} TB/s")
 
 

@@ -20,11 +20,45 @@ def best_ok(records: Iterable[Record]) -> Record | None:
     return min(ok, key=lambda r: r.stats.median_us) if ok else None
 
 
+def against_run_ceiling(records: Sequence[Record]) -> tuple[list[Record], list[str]]:
+    """``records`` with every read floor against its run's ceiling: the highest read ceiling among
+    the run's records, or the highest TB/s a correct record of the run reached where that is higher
+    (issue 27 item 1: a ceiling a point beats is no ceiling, and no point shows more than 100%).
+    A sweep raises its ceiling as it goes (:meth:`mlabench.sweep.runner.SweepRunner._within_ceiling`),
+    so its earlier points carry a lower one; runs recorded before that can hold points above 100%.
+    Returns the records (copy floors and untimed ones as they are) and one note per run whose
+    ceiling a point beat."""
+    top: dict[str, float] = {}
+    for r in records:
+        if r.floor_bandwidth == "read" and r.read_bandwidth_tbps:
+            top[r.run_id] = max(top.get(r.run_id, 0.0), r.read_bandwidth_tbps)
+    beat: dict[str, Record] = {}
+    for r in records:
+        if r.run_id in top and r.status == "ok" and r.achieved_tbps and r.achieved_tbps > top[r.run_id]:
+            beat[r.run_id] = r if r.run_id not in beat or r.achieved_tbps > beat[r.run_id].achieved_tbps else beat[r.run_id]
+    notes = [f"{run}: {r.backend} {params_label(r.params)} B={r.batch} L={r.context_len} read {fmt(r.achieved_tbps)} TB/s, "
+             f"above the measured read ceiling {fmt(top[run])}: % floor is against {fmt(r.achieved_tbps)}"
+             for run, r in beat.items()]
+    top.update({run: r.achieved_tbps for run, r in beat.items()})
+    out = []
+    for r in records:
+        ceiling = top.get(r.run_id)
+        if r.floor_bandwidth == "read" and r.read_bandwidth_tbps and ceiling and r.read_bandwidth_tbps < ceiling:
+            floor_us = r.bytes_moved / (ceiling * 1e6)
+            r = r.model_copy(update={"read_bandwidth_tbps": ceiling, "floor_us": floor_us, "pct_of_floor": (
+                100 * floor_us / r.stats.median_us if r.stats else None)})
+        out.append(r)
+    return out, notes
+
+
 def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None) -> Table:
-    """Per (backend, batch, context): best configuration and its µs / TB/s / % of floor, beside the
-    µs at each split count swept (or at ``splits``, those of them swept), and how many points
-    were not ok or noisy.  At a narrow terminal the TB/s, then the split columns (from the right),
-    then ``noisy`` are left out (:class:`ColumnStyle` ``drop``)."""
+    """Per (backend, batch, context): best configuration and its µs / TB/s / % of floor (against
+    the run's highest read ceiling, :func:`against_run_ceiling`), beside the µs at each split count
+    swept (or at ``splits``, those of them swept), and how many points were not ok or noisy.  At a
+    narrow terminal the TB/s, then the split columns (from the right), then ``noisy`` are left out
+    (:class:`ColumnStyle` ``drop``)."""
+    measured = records[0] if records else None  # the floor note gives the ceiling measured
+    records, raised = against_run_ceiling(records)
     swept = sorted({r.params.get("num_kv_splits") for r in records} - {None})
     swept = [s for s in swept if splits is None or s in splits]
     at = {f"µs @{s} splits": ColumnStyle(header=f"µs @{s}", drop=2) for s in swept}
@@ -54,8 +88,9 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
         table.notes.append(f"{noisy} of {len(records)} points are noisy: the 95% CI of their median stayed wider "
                            "than the target within the budget; their times are less certain (raise --budget-s, "
                            "or quiet the machine)")
-    if records:
-        r0 = records[0]
+    table.notes += raised
+    if measured:
+        r0 = measured
         bw = r0.read_bandwidth_tbps if r0.floor_bandwidth == "read" else r0.copy_bandwidth_tbps
         table.notes.append(f"heads={r0.num_heads} page={r0.shape.get('page_size')} {r0.shape.get('kv_dtype')}; "
                            f"time: median µs per call ({r0.timing_mode or 'n/a'}); µs @N: at N splits; floor = "
@@ -79,6 +114,7 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
     batch, context and qo_len is ``unsupported`` is left out there (its rows would be all dashes),
     with a note naming it and why.
     """
+    records, raised = against_run_ceiling(records)
     qo = any(r.qo_len != 1 for r in records)  # several query tokens: a qo_len column
     t = Table("Padded persistent vs best split-KV",
               ["batch", "context", *(["qo_len"] if qo else []), "persistent", "params", "µs", "% floor",
@@ -112,7 +148,7 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
                        "read-mostly kernel can exceed it by a few percent")
     else:
         t.notes.append("% floor is against the measured streaming read bandwidth (a large read-only reduction)")
-    t.notes += dropped
+    t.notes += dropped + raised
     return t
 
 

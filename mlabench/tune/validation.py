@@ -1,16 +1,23 @@
 """``mlabench tune --validate POLICY``: a policy's regret on held-out context lengths.
 
-On a dense grid of lengths (log-spaced, none on a bucket edge or a tuned length) at every batch
-size of the policy, each point measures a ladder of split counts (the exhaustive reference), the
-policy's choice and every public heuristic's choice; regret is ``time / best time - 1``.  Every
-measurement is a record in a ``validate-*`` run folder (readable by ``compare``), with
-``validation.json`` and ``validation.md`` beside it.
+Held-out lengths are drawn afresh by every validation from a seed it records (one log-uniform draw
+per stratum of the range, none within one tile of a bucket edge or a tuned length), at every batch
+size of the policy.  Each point measures the policy's choice, every public heuristic's choice and
+the reference counts (:func:`reference_counts`): every split count up to the wave cap where that is
+at most :data:`EVERY_COUNT_CAP` counts, else the ladder plus every count within a factor
+:data:`WINDOW_FACTOR` of the policy's and of the best ladder count.  Regret is ``time / best
+time - 1``, the best being the fastest correct of the counts measured (issue 27 item 2: a best
+from a ladder alone missed counts 5, 7, 9 and 10 at batch 16).  Every measurement is a record in a
+``validate-*`` run folder (readable by ``compare``), with ``validation.json`` and ``validation.md``
+beside it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import random
+import secrets
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,27 +37,44 @@ from mlabench.tables.table import Table
 Progress = Callable[[int, int, str], None]
 
 
-def validation_lengths(count: int, low: int, high: int, avoid: set[int]) -> list[int]:
-    """``count`` distinct, sorted, roughly log-spaced lengths in ``[low, high]``, none in ``avoid``
-    (bucket edges, tuned lengths): each log-spaced target moves to the nearest free length inside
-    the range (down before up, so the top one stays at or below ``high``).  Raises
-    :class:`ConfigError` for a bad range or one with fewer than ``count`` free lengths."""
+#: The largest wave cap at which a held-out point measures every split count up to it.
+EVERY_COUNT_CAP = 64
+#: Elsewhere a point measures the ladder and every count within this factor of the policy's count
+#: and of the best ladder count.
+WINDOW_FACTOR = 1.5
+
+
+def draw_lengths(count: int, low: int, high: int, avoid: set[int], tile: int, seed: int) -> list[int]:
+    """``count`` distinct, sorted lengths in ``[low, high]`` drawn with ``seed``: the range is cut
+    into ``count`` strata of equal width in log length and one length is drawn uniformly from each
+    (from anywhere free in the range where a stratum has none), never within ``tile`` tokens of a
+    length in ``avoid`` (bucket edges, tuned lengths).  Raises :class:`ConfigError` for a bad range
+    or one with fewer than ``count`` free lengths."""
     if count < 1 or low < 1 or high <= low:
         raise ConfigError(f"validation grid needs count >= 1 and 1 <= low < high, got {count}, {low}, {high}")
-    taken = {n for n in avoid if low <= n <= high}
-    if high - low + 1 - len(taken) < count:
-        raise ConfigError(f"validation grid: fewer than {count} lengths in [{low}, {high}] off the bucket edges "
-                          "and tuned lengths")
-    out: list[int] = []
-    for i in range(count):
-        target = round(low * (high / low) ** (i / max(1, count - 1))) if count > 1 else low
-        for step in range(high - low + 1):
-            free = [n for n in (target - step, target + step) if low <= n <= high and n not in taken]
-            if free:
-                break
-        out.append(free[0])
-        taken.add(free[0])
-    return sorted(out)
+    near = {n for a in avoid for n in range(a - tile, a + tile + 1)}
+    free = [n for n in range(low, high + 1) if n not in near]
+    if len(free) < count:
+        raise ConfigError(f"validation grid: fewer than {count} lengths in [{low}, {high}] more than {tile} "
+                          "tokens from the bucket edges and tuned lengths")
+    rng, taken = random.Random(seed), set()
+    edges = [low * (high / low) ** (i / count) for i in range(count + 1)]
+    for lo, hi in zip(edges, edges[1:]):
+        stratum = [n for n in free if lo <= n < hi or (hi == edges[-1] and n == high)]
+        pool = [n for n in stratum if n not in taken] or [n for n in free if n not in taken]
+        taken.add(rng.choice(pool))
+    return sorted(taken)
+
+
+def reference_counts(low: int, high: int, cap: int | None, ladder: list[int], around: list[int]) -> list[int]:
+    """The split counts a held-out point measures, within ``[low, high]``: every count up to ``cap``
+    (the wave cap) where that is at most :data:`EVERY_COUNT_CAP` counts; else ``ladder`` plus every
+    count within a factor :data:`WINDOW_FACTOR` of each count in ``around`` (the policy's, and once
+    measured the best ladder count)."""
+    if cap is not None and cap - low + 1 <= EVERY_COUNT_CAP:
+        return list(range(low, min(cap, high) + 1))
+    near = {n for c in around for n in range(math.ceil(c / WINDOW_FACTOR), math.floor(c * WINDOW_FACTOR) + 1)}
+    return sorted(n for n in set(ladder) | near if low <= n <= high)
 
 
 def split_ladder(low: int, high: int, num_sms: int) -> list[int]:
@@ -71,6 +95,7 @@ class PointResult:
     policy_params: dict[str, Any]
     policy_us: float | None
     heuristics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    counts_measured: int = 0  # distinct split counts measured at the point (the best is of these)
 
     def regret(self, us: float | None) -> float | None:
         """``us / best_us - 1`` (None when either failed)."""
@@ -84,6 +109,7 @@ class Validation:
     store: ResultStore
     points: list[PointResult]
     heuristic_names: list[str]
+    seed: int | None = None  # the held-out lengths' draw
 
 
 def _shape(policy: Policy, batch: int, length: int) -> MLADecodeShape:
@@ -92,28 +118,35 @@ def _shape(policy: Policy, batch: int, length: int) -> MLADecodeShape:
     return MLADecodeShape.uniform(batch, length, **{k: policy.shape[k] for k in keys if k in policy.shape})
 
 
-def _configs(policy: Policy, shape: MLADecodeShape, ladder: list[int] | None) -> dict[str, dict[str, Any]]:
-    """``{label: params}`` to measure at one point: the policy, each heuristic, the ladder."""
+def _configs(policy: Policy, shape: MLADecodeShape, counts: list[int]) -> dict[str, dict[str, Any]]:
+    """``{label: params}`` to measure at one point: the policy, each heuristic, and each of
+    ``counts`` (with the backend's other parameters at their defaults, and at the policy's)."""
     backend = get_backend(policy.backend)
     chosen = policy.lookup(shape.batch, shape.max_context_len)
     out = {"policy": dict(chosen)}
-    spec = next((p for p in backend.params if p.name == "num_kv_splits"), None)
+    spec = _splits_spec(backend)
     if spec is None:
         return out
-    num_sms = current_device().num_sms
-    for name, n in heuristic_splits(shape, num_sms, spec.low or 1, spec.high).items():
+    for name, n in heuristic_splits(shape, current_device().num_sms, spec.low or 1, spec.high).items():
         out[f"heuristic:{name}"] = backend.resolve_params(shape, {"num_kv_splits": n})
-    for n in ladder if ladder is not None else split_ladder(spec.low or 1, spec.high or 512, num_sms):
-        out[f"ladder:{n}"] = backend.resolve_params(shape, {"num_kv_splits": n})
-        out[f"ladder-policy:{n}"] = {**chosen, "num_kv_splits": n}
+    for n in counts:
+        out[f"count:{n}"] = backend.resolve_params(shape, {"num_kv_splits": n})
+        out[f"count-policy:{n}"] = {**chosen, "num_kv_splits": n}
     return out
+
+
+def _splits_spec(backend: Any) -> Any:
+    return next((p for p in backend.params if p.name == "num_kv_splits"), None)
 
 
 def validate_policy(policy: Policy, count: int = 48, low: int = 1024, high: int = 131072,
                     ladder: list[int] | None = None, timing: TimingConfig | None = None,
                     results_root: Path = Path("results"), progress: Progress | None = None,
-                    seed: int = 0) -> Validation:
-    """Measure ``policy`` on ``count`` held-out lengths in ``[low, high]`` at each of its batch sizes.
+                    seed: int | None = None) -> Validation:
+    """Measure ``policy`` on ``count`` held-out lengths in ``[low, high]`` at each of its batch
+    sizes, drawn with ``seed`` (:func:`draw_lengths`; None: a fresh random seed), which is recorded in
+    the run's configuration, in ``Validation.seed`` and in the tables' notes, and also seeds the inputs.
+    ``ladder``: the ladder of :func:`reference_counts` (default :func:`split_ladder`).
 
     Raises :class:`BackendUnavailableError` when the policy's backend cannot run here and
     :class:`ConfigError` for a bad grid.
@@ -126,13 +159,15 @@ def validate_policy(policy: Policy, count: int = 48, low: int = 1024, high: int 
     ok, why = backend.available()
     if not ok:
         raise BackendUnavailableError(f"backend {backend.name} is not available here: {why}")
+    seed = secrets.randbelow(2**31) if seed is None else seed
     avoid = set(policy.source.get("buckets", [])) | {e.max_context_len for b in policy.batches for e in b.entries}
-    lengths = validation_lengths(count, low, high, avoid | set(policy.source.get("lengths", [])))
+    lengths = draw_lengths(count, low, high, avoid | set(policy.source.get("lengths", [])),
+                           _tile_tokens(backend, policy), seed)
     timing = timing or tune_timing()
     copy_bw = measure_copy_bandwidth_tbps()
     run_id = fresh_run_id(results_root, "validate")
     config = {"validate": {"policy_source": policy.source, "backend": policy.backend, "lengths": lengths,
-                           "ladder": ladder, "timing": timing.model_dump()}}
+                           "seed": seed, "ladder": ladder, "timing": timing.model_dump()}}
     store = ResultStore.create(results_root / run_id, run_manifest(run_id, copy_bw, config))
     points, total = [], len(lengths) * len(policy.batches)
     for b in policy.batches:
@@ -142,7 +177,7 @@ def validate_policy(policy: Policy, count: int = 48, low: int = 1024, high: int 
             if progress:
                 progress(len(points), total, shape.label())
     names = sorted({k for p in points for k in p.heuristics})
-    result = Validation(store, points, names)
+    result = Validation(store, points, names, seed)
     (store.run_dir / "validation.json").write_text(json.dumps([asdict(p) for p in points], indent=1) + "\n")
     from mlabench.tables.render import to_markdown
 
@@ -151,21 +186,59 @@ def validate_policy(policy: Policy, count: int = 48, low: int = 1024, high: int 
     return result
 
 
+def _tile_tokens(backend: Any, policy: Policy) -> int:
+    """One tile, in tokens, for keeping held-out lengths off the tuned ones: the largest tile of
+    the policy's whole-tile rows, else the backend's split tile at batch 1, else the page size."""
+    tiles = [e.tile_tokens for b in policy.batches for e in b.entries if getattr(e, "tile_tokens", None)]
+    if tiles:
+        return max(tiles)
+    shape = _shape(policy, 1, max(e.max_context_len for b in policy.batches for e in b.entries))
+    return backend.split_tile_tokens(shape, backend.resolve_params(shape)) or shape.page_size
+
+
 def _measure_point(backend, shape, policy, ladder, timing, seed, store, run_id, copy_bw) -> PointResult:
+    """Measure one held-out point: the policy, the heuristics and :func:`reference_counts`, the
+    window around the best ladder count once the ladder is measured; each distinct launch once."""
+    from mlabench.tune.space import wave_cap
+
     bench = ShapeBench(shape, timing, seed=seed)
     times: dict[str, float | None] = {}
-    configs = _configs(policy, shape, ladder)
-    for params in {json.dumps(p, sort_keys=True): p for p in configs.values()}.values():
-        rec = bench.run(backend, params, copy_bw_tbps=copy_bw, run_id=run_id)
-        store.append(rec)
-        times[json.dumps(params, sort_keys=True)] = rec.median_us if rec.status == "ok" else None
+
+    def measure(configs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for key, params in {json.dumps(p, sort_keys=True): p for p in configs.values()}.items():
+            if key not in times:
+                rec = bench.run(backend, params, copy_bw_tbps=copy_bw, run_id=run_id)
+                store.append(rec)
+                times[key] = rec.median_us if rec.status == "ok" else None
+        return configs
+
+    configs = measure(_configs(policy, shape, []))
+    spec = _splits_spec(backend)
+    if spec is not None:
+        lo, hi = spec.low or 1, spec.high or 512
+        steps = ladder if ladder is not None else split_ladder(lo, hi, current_device().num_sms)
+        cap, mine = wave_cap(backend, shape, 1.0), configs["policy"].get("num_kv_splits")
+        configs = measure(_configs(policy, shape, reference_counts(lo, hi, cap, steps, [mine] if mine else [])))
+        on_ladder = {n: times[json.dumps(configs[f"count:{n}"], sort_keys=True)] for n in steps if f"count:{n}" in configs}
+        ok_ladder = {n: us for n, us in on_ladder.items() if us is not None}
+        if ok_ladder:
+            around = [n for n in (mine, min(ok_ladder, key=ok_ladder.__getitem__)) if n]
+            configs = measure(_configs(policy, shape, reference_counts(lo, hi, cap, steps, around)))
+    return _point_result(shape, configs, times)
+
+
+def _point_result(shape: MLADecodeShape, configs: dict[str, dict[str, Any]],
+                  times: dict[str, float | None]) -> PointResult:
+    """The :class:`PointResult` of one point from its ``configs`` and the median µs of each launch."""
     ok = {k: v for k, v in times.items() if v is not None}
     best_key = min(ok, key=ok.__getitem__) if ok else None
     us = {label: times[json.dumps(p, sort_keys=True)] for label, p in configs.items()}
     heur = {label.split(":", 1)[1]: {"num_kv_splits": configs[label].get("num_kv_splits"), "us": us[label]}
             for label in configs if label.startswith("heuristic:")}
+    counts = len({json.loads(k).get("num_kv_splits") for k in times})
     return PointResult(shape.batch, shape.max_context_len, ok.get(best_key) if best_key else None,
-                       json.loads(best_key) if best_key else {}, configs["policy"], us["policy"], heur)
+                       json.loads(best_key) if best_key else {}, configs["policy"], us["policy"], heur,
+                       counts_measured=counts)
 
 
 def geomean_regret_pct(values: list[float | None]) -> float | None:
@@ -178,28 +251,47 @@ def geomean_regret_pct(values: list[float | None]) -> float | None:
 
 
 def validation_tables(v: Validation) -> list[Table]:
-    """A summary per batch (worst and geometric-mean regret of the policy and every heuristic)
-    and a table of every point; regrets in percent, None where a configuration failed."""
-    cols = ["batch", "points", "policy worst %", "policy geomean %"] + [f"{h} geomean %" for h in v.heuristic_names]
-    summary = Table("Regret against the per-point best of the split ladder", cols)
+    """A summary per batch (worst and geometric-mean regret of the policy and every heuristic,
+    and how many split counts each point measured) and a table of every point; regrets in percent
+    against the best of the counts measured at the point, None where a configuration failed."""
+    counted = any(p.counts_measured for p in v.points)  # validations recorded before did not count them
+    cols = ["batch", "points", *(["counts"] if counted else []), "policy worst %", "policy geomean %"] + [
+        f"{h} geomean %" for h in v.heuristic_names]
+    summary = Table("Regret against the best of the split counts measured at each point", cols)
     for batch in sorted({p.batch for p in v.points}) + [None]:
         pts = [p for p in v.points if batch is None or p.batch == batch]
         policy = [p.regret(p.policy_us) for p in pts]
         worst = None if None in policy else 100 * max(policy)
-        summary.rows.append(["all" if batch is None else batch, len(pts), worst, geomean_regret_pct(policy)]
+        summary.rows.append(["all" if batch is None else batch, len(pts),
+                             *([_span(p.counts_measured for p in pts)] if counted else []),
+                             worst, geomean_regret_pct(policy)]
                             + [geomean_regret_pct([p.regret(p.heuristics[h]["us"]) for p in pts])
                                for h in v.heuristic_names])
-    summary.notes.append("regret = time / best time - 1; best = fastest correct configuration measured at "
-                         "that point (split ladder, policy, heuristics); — = a configuration failed")
-    point_cols = ["batch", "context", "best µs", "best splits", "policy splits", "policy %"] + [
-        f"{h} (splits) %" for h in v.heuristic_names]
+    how = (f"counts: how many; every count up to the wave cap where that is <= {EVERY_COUNT_CAP}, else the ladder "
+           f"and every count within {WINDOW_FACTOR:g}x of the policy's and of the best ladder count; with the "
+           "policy's and the heuristics'" if counted else "a validation recorded before issue 27: the split "
+           "ladder, the policy's and the heuristics' counts")
+    summary.notes.append("regret = time / best time - 1; best = the fastest correct of the split counts measured "
+                         f"at that point ({how}); — = a configuration failed")
+    if v.seed is not None:
+        summary.notes.append(f"held-out lengths drawn with seed {v.seed} (tune --validate ... --seed {v.seed} "
+                             "draws them again)")
+    point_cols = ["batch", "context", *(["counts"] if counted else []), "best µs", "best splits", "policy splits",
+                  "policy %"] + [f"{h} (splits) %" for h in v.heuristic_names]
     detail = Table("Held-out points", point_cols)
     for p in v.points:
         regret = p.regret(p.policy_us)
-        detail.rows.append([p.batch, p.context_len, p.best_us, p.best_params.get("num_kv_splits"),
+        detail.rows.append([p.batch, p.context_len, *([p.counts_measured] if counted else []), p.best_us,
+                            p.best_params.get("num_kv_splits"),
                             p.policy_params.get("num_kv_splits"), None if regret is None else 100 * regret]
                            + [_heuristic_cell(p, h) for h in v.heuristic_names])
     return [summary, detail]
+
+
+def _span(values: Any) -> str:
+    """``"12"`` or ``"12-40"``: the range of some counts."""
+    vals = sorted(values)
+    return "" if not vals else str(vals[0]) if vals[0] == vals[-1] else f"{vals[0]}-{vals[-1]}"
 
 
 def _heuristic_cell(p: PointResult, name: str) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -39,8 +41,8 @@ def test_require_and_timed_us():
     assert require("math").sqrt(4) == 2
     with pytest.raises(BackendUnavailableError, match="not installed"):
         require("no_such_module_mlabench")
-    result, wall_us = timed_us(torch.device("cpu"), lambda: 7)
-    assert result == 7 and wall_us >= 0
+    result, wall_us = timed_us(torch.device("cpu"), lambda: time.sleep(0.002) or 7)
+    assert result == 7 and 2000 <= wall_us < 2e6  # 2 ms, in µs
 
 
 def test_shared_parameters_are_one_object():

@@ -106,3 +106,13 @@ def test_hopper_kernel_script_writes_a_run_folder_that_compare_and_plot_read(tmp
     assert code == 0 and drawn.split() and all(Path(p).is_file() for p in drawn.split()), err
     with pytest.raises(ResultsError, match="already holds a run"):
         script.open_run(out, env, {})
+
+
+def test_h200_integrity_refuses_a_missing_policy_in_one_line_before_measuring(tmp_path):
+    # the whole script ran on this CPU with a tiny policy (its header gives the command); here only its
+    # refusal, which costs no measurement
+    env = {**os.environ, "POLICY": str(tmp_path / "missing.json")}
+    done = subprocess.run(["bash", str(REPO / "scripts/h200_integrity.sh"), str(tmp_path / "out")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().endswith(f"error: policy not found: {tmp_path}/missing.json")
+    assert not list((tmp_path / "out").glob("*.json")) and not (tmp_path / "out" / "run.log").exists()

@@ -8,7 +8,8 @@ import pytest
 from mlabench.device import DeviceInfo
 from mlabench.measure import bandwidth
 from mlabench.measure.bandwidth import (
-    datasheet_bandwidth_tbps, measure_copy_bandwidth_tbps, measure_read_bandwidth_tbps,
+    CEILING_COPIES, PAGE_BYTES, datasheet_bandwidth_tbps, measure_copy_bandwidth_tbps, measure_read_bandwidth_tbps,
+    measure_read_ceiling,
 )
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.point import record_fields
@@ -16,11 +17,23 @@ from mlabench.sweep.point import record_fields
 CPU = DeviceInfo("cpu", "cpu", "cpu", 2, 0, "cpu", 8 << 30)
 
 
-def test_read_and_copy_bandwidth_measured_on_the_cpu():
-    read = measure_read_bandwidth_tbps(CPU, size_bytes=16 << 20, reps=5, warmup=1)
+def test_read_and_copy_bandwidth_measured_on_the_cpu(monkeypatch):
+    medians = []
+    real = bandwidth._median_us
+
+    def spy(op, device, reps, warmup):
+        medians.append(real(op, device, reps, warmup))
+        return medians[-1]
+
+    monkeypatch.setattr(bandwidth, "_median_us", spy)
+    ceiling = measure_read_ceiling(CPU, size_bytes=16 << 20, reps=5, warmup=1)
     copy = measure_copy_bandwidth_tbps(CPU, size_bytes=16 << 20, reps=5, warmup=1)
-    for tbps in (read, copy):
-        assert math.isfinite(tbps) and 1e-4 < tbps < 5.0  # 0.1 GB/s .. 5 TB/s: a CPU's memory
+    # each figure is the bytes over the median measured, exactly (a loaded CPU read 0.4 GB/s here)
+    assert ceiling.tbps == pytest.approx(ceiling.copies * ceiling.buffer_bytes / (medians[0] * 1e-6) / 1e12, rel=1e-12)
+    assert copy == pytest.approx(2 * ((16 << 20) // 4 * 4) / (medians[1] * 1e-6) / 1e12, rel=1e-12)
+    assert 0 < ceiling.tbps < 1.0 and 0 < copy < 1.0  # below 1 TB/s: a CPU's memory
+    assert ceiling.method == "amax" and ceiling.readings_tbps == {"amax": ceiling.tbps}  # no Triton reads on a CPU
+    assert ceiling.page_bytes is None and ceiling.copies == CEILING_COPIES
 
 
 def test_read_counts_bytes_read_once_and_copy_counts_read_plus_write(monkeypatch):
@@ -32,24 +45,43 @@ def test_read_counts_bytes_read_once_and_copy_counts_read_plus_write(monkeypatch
         return 1000.0  # 1 ms
 
     monkeypatch.setattr(bandwidth, "_median_us", fake_median_us)
-    assert measure_read_bandwidth_tbps(CPU, size_bytes=8 << 20) == pytest.approx((8 << 20) / 1e-3 / 1e12)
+    ceiling = measure_read_ceiling(CPU, size_bytes=8 << 20)
+    # four buffers of whole 144 KiB units (two 72 KiB pages), 8 MiB in all at most: 14 units each
+    assert (ceiling.copies, ceiling.buffer_bytes) == (4, 14 * 2 * PAGE_BYTES)
+    assert ceiling.tbps == pytest.approx(4 * 14 * 2 * PAGE_BYTES / 1e-3 / 1e12)
+    assert measure_read_bandwidth_tbps(CPU, size_bytes=8 << 20) == ceiling.tbps
     assert measure_copy_bandwidth_tbps(CPU, size_bytes=8 << 20) == pytest.approx(2 * (8 << 20) / 1e-3 / 1e12)
-    assert len(ops) == 2
+    assert len(ops) == 3
 
 
-def test_the_read_reduction_times_a_full_pass_over_random_data(monkeypatch):
+def test_the_read_reduction_times_full_passes_over_several_buffers_of_random_data(monkeypatch):
     import torch
 
-    seen = {}
+    seen = []
     real_amax = torch.amax
 
     def spy(t, *a, **k):
-        seen["numel"], seen["zeros"] = t.numel(), bool((t == 0).all())
+        seen.append((t.data_ptr(), t.numel(), bool((t == 0).all())))
         return real_amax(t, *a, **k)
 
     monkeypatch.setattr(torch, "amax", spy)
-    measure_read_bandwidth_tbps(CPU, size_bytes=4 << 20, reps=1, warmup=0)
-    assert seen == {"numel": (4 << 20) // 4, "zeros": False}
+    ceiling = measure_read_ceiling(CPU, size_bytes=4 << 20, copies=4, reps=1, warmup=0)
+    # one sample reads each of the 4 buffers once, each its own allocation, none all zeros
+    assert len(seen) == 4 and len({p for p, _, _ in seen}) == 4
+    assert {(n, z) for _, n, z in seen} == {(ceiling.buffer_bytes // 4, False)}
+
+
+def test_the_ceiling_is_the_best_reading_and_says_which(monkeypatch):
+    times_us = {"amax": 1000.0, "stream": 800.0, "paged": 900.0}
+    ops = {name: (lambda name=name: name) for name in times_us}
+    monkeypatch.setattr(bandwidth, "_triton_read_ops", lambda bufs, device, seed: {k: ops[k] for k in ("stream", "paged")})
+    monkeypatch.setattr(bandwidth, "_median_us", lambda op, device, reps, warmup: times_us[
+        op() if op in ops.values() else "amax"])
+    c = measure_read_ceiling(CPU, size_bytes=4 << 20, reps=1, warmup=0)
+    total = c.copies * c.buffer_bytes
+    assert c.method == "stream" and c.tbps == pytest.approx(total / 800e-6 / 1e12)
+    assert c.readings_tbps == pytest.approx({k: total / (us * 1e-6) / 1e12 for k, us in times_us.items()})
+    assert c.page_bytes == PAGE_BYTES and c.as_dict()["method"] == "stream"
 
 
 @pytest.mark.parametrize("name, tbps", [("NVIDIA H200", 4.8), ("NVIDIA H100 80GB HBM3", 3.35),
@@ -67,3 +99,23 @@ def test_the_floor_uses_the_read_bandwidth_when_measured():
     assert 100 * read["floor_us"] / 562.9 == pytest.approx(99.0, abs=0.5)
     copy = record_fields("b", {}, s, "r", copy_bw_tbps=4.08)
     assert copy["floor_bandwidth"] == "copy" and 100 * copy["floor_us"] / 562.9 == pytest.approx(105.3, abs=0.5)
+
+
+def test_a_triton_read_that_does_not_compile_leaves_the_others(monkeypatch):
+    import torch
+
+    from mlabench import device as device_module
+    from mlabench.kernels import stream_read
+
+    calls = []
+    monkeypatch.setattr(device_module, "triton_interpreting", lambda: False)
+    monkeypatch.setattr(stream_read, "stream_sum", lambda b, out: calls.append(b.numel()))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("triton: out of resources")
+
+    monkeypatch.setattr(stream_read, "paged_sum", broken)
+    gpu = DeviceInfo("cuda", "cuda:0", "H200", 132, 1, "sm_90", 8 << 30)
+    bufs = [torch.rand(2 * PAGE_BYTES // 4) for _ in range(2)]
+    ops = bandwidth._triton_read_ops(bufs, gpu, seed=0)
+    assert list(ops) == ["stream"] and calls == [2 * PAGE_BYTES // 4] * 2  # compiled once over both buffers

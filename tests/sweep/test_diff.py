@@ -1,6 +1,7 @@
 """``mlabench diff`` (issue 13 items 4 and 7) on the samples of the committed H200 run."""
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -192,3 +193,44 @@ def test_diff_of_a_run_with_itself_says_so_and_a_negative_floor_is_refused():
     assert d.manifest_notes[0].startswith("A and B are the same run folder")
     with pytest.raises(ConfigError, match="--min-us must be >= 0"):
         diff_tables(d, min_us=-5)
+
+
+def at_us(median_us: float, visits: list[float] | None = None):
+    """A record of the committed run timed at exactly ``median_us`` (20 equal samples: their own
+    standard error is 0), with ``visits`` as its visits' medians."""
+    rec = ResultStore(H200_RUN).records()[0]
+    return rec.model_copy(update={"stats": summarize([median_us] * 20), "visit_medians_us": visits})
+
+
+@pytest.mark.parametrize("term", ["A's repeat noise", "B's repeat noise", "A's median", "B's median"])
+def test_the_rule_at_its_boundary_with_each_runs_uncertainty_alone(term):
+    """3 combined standard errors, each of the four terms counted: with one term at 1% and the rest 0,
+    a shift of 0.1% more than 3% in log is significant and 0.1% less is not (issue 27 item 3: leaving
+    out B's noise, or a threshold of 4, passed every other test)."""
+    from mlabench.sweep.diff import compare_point, median_se
+
+    u = mean_rel_se([99.0, 101.0])  # the visits' standard error, relative: 1%
+    assert u == pytest.approx(0.01)
+    for factor, significant in ((1.001, True), (0.999, False)):
+        ratio = math.exp(3.0 * u * factor)
+        a = at_us(100.0, [99.0, 101.0] if term == "A's median" else None)
+        b = at_us(100.0 * ratio, [99.0 * ratio, 101.0 * ratio] if term == "B's median" else None)
+        assert median_se(a) + median_se(b) == pytest.approx(u if "median" in term else 0.0)
+        noise_a = u if term == "A's repeat noise" else None
+        noise_b = u if term == "B's repeat noise" else 0.0
+        for x, y, na, nb in ((a, b, noise_a, noise_b), (b, a, noise_b, noise_a)):  # slower or faster alike
+            p = compare_point(x, y, na, nb)
+            assert p.significant is significant and p.z == pytest.approx(3.0 * factor)
+
+
+def test_the_four_terms_add_in_quadrature():
+    from mlabench.sweep.diff import compare_point
+
+    u = 2 * 0.01  # sqrt(4 x 1%^2)
+    for factor, significant in ((1.001, True), (0.999, False)):
+        ratio = math.exp(3.0 * u * factor)
+        a, b = at_us(100.0, [99.0, 101.0]), at_us(100.0 * ratio, [99.0 * ratio, 101.0 * ratio])
+        assert compare_point(a, b, 0.01, 0.01).significant is significant
+    # no uncertainty at all: any change is significant, none is not
+    assert compare_point(at_us(100.0), at_us(100.01), None, None).significant
+    assert not compare_point(at_us(100.0), at_us(100.0), None, None).significant

@@ -1,5 +1,7 @@
 """The sentinel and drift (issue 13 item 2) with a stand-in GPU whose clock slows down for a while."""
 
+import json
+
 import pytest
 
 from mlabench.measure.stats import summarize
@@ -10,7 +12,8 @@ from mlabench.sweep import run as sweep_run, runner
 from mlabench.sweep.config import SweepConfig
 from mlabench.sweep.point import record_fields
 from mlabench.sweep.run import run_sweep
-from mlabench.sweep.sentinel import health_notes, read_sentinels, repeat_noise
+from mlabench.shapes import MLADecodeShape
+from mlabench.sweep.sentinel import SentinelMeasurement, drift_of, health_notes, read_sentinels, repeat_noise
 
 
 class SlowPhaseBench:
@@ -69,7 +72,11 @@ def test_drift_is_recorded_and_the_drifting_window_named(slow_phase_run):
     resumed = store.manifest().model_copy(update={"warmups": store.manifest().warmups * 3})
     again = [n for n in health_notes(resumed, recs) if n.startswith("GPU warm-up")]
     assert again == ["GPU warm-up (x3: the run was resumed): steady after 6.0 s at 1980 MHz, 450 W"]
-    assert "DRIFTING: sentinel torch-splitkv" in notes and "drifting window (points 5-8, sentinel +3.00%)" in notes
+    assert "DRIFTING: sentinel torch-splitkv" in notes and "against the median of its first 3 readings" in notes
+    assert "1 drifting window(s), 4 points measured in them (points 5-8, sentinel +3.00%): their points in the " \
+           "manifest's drift.windows, or with sweep --verbose" in notes
+    verbose = "\n".join(health_notes(store.manifest(), recs, verbose=True))
+    assert "drifting window (points 5-8, sentinel +3.00%): " + "; ".join(window["points"]) in verbose
 
 
 def test_points_below_the_steady_clock_are_flagged(slow_phase_run):
@@ -98,3 +105,61 @@ def test_repeat_noise_from_successive_medians():
     assert repeat_noise([100.0, 102.0] * 3) == pytest.approx(0.0198 / 2 ** 0.5, rel=0.01)
     # a slow steady climb barely counts: 0.1% a step
     assert repeat_noise([100 * 1.001 ** i for i in range(10)]) == pytest.approx(0.001 / 2 ** 0.5, rel=0.01)
+
+
+def sentinel_at(after: int, us: float) -> SentinelMeasurement:
+    rec = Record(status="ok", stats=summarize([us] * 3), timing_mode="wall",
+                 **record_fields("torch-splitkv", {"num_kv_splits": 2}, MLADecodeShape.uniform(1, 40, 12, page_size=16),
+                                 "r", 1.0))
+    return SentinelMeasurement(after_points=after, record=rec)
+
+
+def test_the_reference_is_the_median_of_the_first_readings_not_the_cold_first_one():
+    # the first reading 2.5% slow (a cold GPU), then steady within 0.2%: no drift, no window
+    d = drift_of([sentinel_at(20 * i, us) for i, us in enumerate([102.5, 100.0, 100.2, 99.9, 100.1])], [], 0.01)
+    assert d.reference_us == 100.2 and d.reference_readings == 3
+    assert d.drift[0] == pytest.approx(102.5 / 100.2 - 1) and d.drift[1:] == pytest.approx(
+        [100.0 / 100.2 - 1, 0, 99.9 / 100.2 - 1, 100.1 / 100.2 - 1])
+    assert not d.drifting and d.windows == [] and d.max_abs_drift == pytest.approx(1 - 99.9 / 100.2)
+    # a real slow phase later is still caught, against the settled reference
+    d = drift_of([sentinel_at(20 * i, us) for i, us in enumerate([102.5, 100.0, 100.2, 103.0, 100.1])], [], 0.01)
+    assert d.drifting and [(w.from_point, w.to_point) for w in d.windows] == [(40, 60)]
+    assert d.windows[0].drift == pytest.approx(103.0 / 100.2 - 1)
+    # two readings: the reference is their median (mean)
+    assert drift_of([sentinel_at(0, 100.0), sentinel_at(20, 102.0)], [], 0.05).reference_us == 101.0
+
+
+def test_forty_drifting_windows_make_one_line_and_every_kind_of_note_one_line(slow_phase_run):
+    store, recs = slow_phase_run
+    m = store.manifest()
+    window = m.drift["windows"][0]
+    drift = {**m.drift, "windows": [{**window, "from_point": 4 * i, "to_point": 4 * i + 4} for i in range(40)]}
+    many = m.model_copy(update={"drift": drift})
+    low = [r.model_copy(update={"clock_below_steady": True}) for r in recs]
+    notes = health_notes(many, low)
+    assert len(notes) == 4  # warm-up, sentinel, windows, clock
+    (line,) = [n for n in notes if "drifting window" in n]
+    assert line.startswith("40 drifting window(s), 160 points measured in them (points 1-4, sentinel +3.00%; "
+                           "points 5-8, sentinel +3.00%; points 9-12, sentinel +3.00%; and 37 more)")
+    (clock,) = [n for n in notes if "SM clock" in n]
+    assert clock.startswith("12 point(s) measured with the SM clock below") and clock.endswith("; and 9 more")
+    assert len(health_notes(many, low, verbose=True)) == 2 + 40 + 1
+
+
+def test_sweep_prints_one_line_for_all_windows_and_each_with_verbose(slow_phase_run, monkeypatch):
+    from typer.testing import CliRunner
+
+    from mlabench.cli import app, kernel_commands
+
+    store, recs = slow_phase_run
+    m = store.manifest()
+    window = m.drift["windows"][0]
+    store.update_manifest(drift={**m.drift, "windows": [{**window, "from_point": 4 * i, "to_point": 4 * i + 4}
+                                                        for i in range(40)]})
+    monkeypatch.setattr(kernel_commands, "_run_with_progress", lambda cfg, results_dir, resume, strict: (store, recs))
+    plain = CliRunner().invoke(app, ["sweep", "--json"], catch_exceptions=False)
+    verbose = CliRunner().invoke(app, ["sweep", "--json", "--verbose"], catch_exceptions=False)
+    assert plain.exit_code == verbose.exit_code == 0
+    plain_notes, verbose_notes = (json.loads(r.stdout)[0]["notes"] for r in (plain, verbose))
+    assert sum("drifting window" in n for n in plain_notes) == 1 and len(plain_notes) <= 8
+    assert sum(n.startswith("drifting window (points ") for n in verbose_notes) == 40

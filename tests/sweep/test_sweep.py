@@ -92,7 +92,13 @@ def test_run_records_every_point_with_its_verdict(tmp_path):
     store, recs = run_sweep(small_config(), tmp_path)
     assert len(recs) == 2 * 2 * 2
     assert all(r.status == "ok" and r.verdict.passed and r.stats.n == 3 for r in recs)
-    assert all(r.floor_us and r.achieved_tbps for r in recs)
+    m = store.manifest()
+    for r in recs:  # the floor against the run's read ceiling, the speed from the median, in their units
+        assert r.floor_bandwidth == "read" and 0 < r.read_bandwidth_tbps <= m.read_bandwidth_tbps  # raised: higher
+        assert r.floor_us == pytest.approx(r.bytes_moved / (r.read_bandwidth_tbps * 1e6), rel=1e-12)
+        assert r.achieved_tbps == pytest.approx(r.bytes_moved / (r.stats.median_us * 1e-6) / 1e12, rel=1e-12)
+        assert r.pct_of_floor == pytest.approx(100 * r.floor_us / r.stats.median_us, rel=1e-12)
+    assert m.read_ceiling["tbps"] == m.read_bandwidth_tbps or m.read_ceiling.get("raised")
     assert (store.run_dir / "results.csv").exists() and (store.run_dir / "manifest.json").exists()
 
 

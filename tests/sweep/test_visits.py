@@ -144,7 +144,8 @@ def test_a_visit_runs_sentinel_counts_visits_and_its_windows_name_them(tmp_path)
         assert w["to_point"] - w["from_point"] == 4 and len(w["points"]) == 4
     from mlabench.sweep.sentinel import health_notes
 
-    windows = [n for n in health_notes(store.manifest(), store.records()) if n.startswith("drifting window")]
+    windows = [n for n in health_notes(store.manifest(), store.records(), verbose=True)
+               if n.startswith("drifting window")]
     assert windows and all(n.startswith("drifting window (visits ") for n in windows)  # they index visits
 
 

@@ -116,6 +116,9 @@ def test_validation_evaluates_a_rule_entry_at_each_held_out_length(tmp_path, tin
                     batches=[BatchPolicy(batch=1, entries=[PolicyEntry(max_context_len=64, params={"num_kv_splits": 16},
                                                                        tokens_per_split=4)])])
     result = validate_policy(policy, count=3, low=20, high=60, ladder=[4, 8, 16], timing=tiny_timing,
-                             results_root=tmp_path)
-    assert [(p.context_len, p.policy_params["num_kv_splits"]) for p in result.points] == [(20, 5), (35, 9), (60, 15)]
-    assert all(p.policy_us is not None and p.regret(p.policy_us) < 0.15 for p in result.points)
+                             results_root=tmp_path, seed=5)
+    # drawn from 20-47 (more than a page, 16 tokens, from the bucket edge 64); the rule at each
+    assert len(result.points) == 3 and all(20 <= p.context_len < 48 for p in result.points)
+    assert all(p.policy_params["num_kv_splits"] == -(-p.context_len // 4) for p in result.points)
+    # the rule is the best count at every length; one count off is 7-16% slower here (at 12-5 splits)
+    assert all(p.policy_us is not None and p.regret(p.policy_us) < 0.05 for p in result.points)

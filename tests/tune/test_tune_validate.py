@@ -12,19 +12,36 @@ from typer.testing import CliRunner
 from mlabench.errors import ConfigError
 from mlabench.policy.exports import write_exports
 from mlabench.policy.tuned import BatchPolicy, Policy, PolicyEntry
-from mlabench.tune.validation import split_ladder, validate_policy, validation_lengths, validation_tables
+from mlabench.tune.validation import (
+    draw_lengths, reference_counts, split_ladder, validate_policy, validation_tables,
+)
 
 
-def test_validation_lengths_avoid_edges_and_tuned_lengths():
-    lengths = validation_lengths(48, 1024, 131072, {1024, 4096, 131072, 2048})
+def test_held_out_lengths_are_drawn_from_a_seed_one_per_stratum_off_the_tuned_lengths():
+    avoid = {1024, 4096, 131072, 2048}
+    lengths = draw_lengths(48, 1024, 131072, avoid, tile=32, seed=7)
     assert len(set(lengths)) == 48 and lengths == sorted(lengths)
-    assert not {1024, 4096, 131072, 2048} & set(lengths)
-    assert 1024 < lengths[0] < 1030 and 131064 < lengths[-1] < 131072  # inside the range given, off its edges
-    assert validation_lengths(2, 100, 103, {100, 103}) == [101, 102]
+    assert draw_lengths(48, 1024, 131072, avoid, tile=32, seed=7) == lengths  # the seed draws them again
+    assert draw_lengths(48, 1024, 131072, avoid, tile=32, seed=8) != lengths  # another seed, other lengths
+    assert all(abs(n - a) > 32 for n in lengths for a in avoid) and 1024 < lengths[0] and lengths[-1] < 131072
+    edges = [1024 * 128 ** (i / 48) for i in range(49)]
+    assert [sum(lo <= n < hi for n in lengths) for lo, hi in zip(edges, edges[1:])] == [1] * 48
+    # one tile off is still too near; one token more is not
+    assert draw_lengths(2, 100, 140, {120}, tile=10, seed=0)[0] < 110
+    assert set(draw_lengths(4, 100, 140, {100, 120}, tile=10, seed=1)) <= set(range(111, 120)) | set(range(131, 141))
     with pytest.raises(ConfigError):
-        validation_lengths(4, 100, 100, set())
-    with pytest.raises(ConfigError):  # fewer free lengths than asked for
-        validation_lengths(3, 100, 102, {101})
+        draw_lengths(4, 100, 100, set(), tile=1, seed=0)
+    with pytest.raises(ConfigError, match="more than 1 tokens"):  # fewer free lengths than asked for
+        draw_lengths(3, 100, 104, {102}, tile=1, seed=0)
+
+
+def test_reference_counts_are_every_count_to_a_small_wave_cap_else_the_ladder_and_windows():
+    assert reference_counts(1, 512, 16, [1, 2, 4, 8, 16, 32], [7]) == list(range(1, 17))
+    assert reference_counts(1, 512, 64, [1, 128], [7]) == list(range(1, 65))  # 64 counts: all of them
+    # 65 counts: the ladder, and 1.5x either side of the policy's count (5-10) and the best ladder count
+    assert reference_counts(1, 512, 65, [1, 2, 4, 8, 16, 32, 64], [7, 16]) == [
+        1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 32, 64]
+    assert reference_counts(1, 300, None, [256], [264]) == [176 + i for i in range(300 - 176 + 1)]  # capped at 300
 
 
 def test_split_ladder_has_powers_of_two_and_sm_multiples():
@@ -41,19 +58,22 @@ def fast_wrong_policy(splits: int) -> Policy:
 
 def test_validate_measures_regret_and_never_calls_a_wrong_config_best(tmp_path, tiny_timing):
     result = validate_policy(fast_wrong_policy(6), count=3, low=32, high=128, ladder=[1, 2, 4, 6, 8, 12, 16],
-                             timing=tiny_timing, results_root=tmp_path)
-    assert [p.context_len for p in result.points] == [32, 64 - 1, 128]  # off the bucket edge 64
+                             timing=tiny_timing, results_root=tmp_path, seed=3)
+    # more than a page (16 tokens) off the bucket edge 64 and the tuned length 45
+    assert len(result.points) == 3 and all(80 < p.context_len <= 128 for p in result.points)
+    assert result.seed == 3 and result.store.manifest().config["validate"]["seed"] == 3
     for p in result.points:
         assert p.best_params == {"num_kv_splits": 6}                 # 12+ are faster but wrong
         assert p.regret(p.policy_us) == 0.0
     bad = [h for h in result.heuristic_names if result.points[-1].heuristics[h]["num_kv_splits"] >= 12]
     assert bad and all(result.points[-1].heuristics[h]["us"] is None for h in bad)
     summary, detail = validation_tables(result)
-    assert summary.rows[-1][:4] == ["all", 3, 0.0, 0.0] and len(detail.rows) == 3
+    assert summary.rows[-1][:5] == ["all", 3, "10", 0.0, 0.0] and len(detail.rows) == 3  # the ladder and 4-9
+    assert "best of the split counts measured" in summary.title and "seed 3" in " ".join(summary.notes)
     run = result.store.run_dir
     assert (run / "validation.md").read_text().count("|") > 10 and json.loads((run / "validation.json").read_text())
     assert {r.status for r in result.store.records()} == {"ok", "incorrect"}
-    worse = validate_policy(fast_wrong_policy(1), count=1, low=40, high=50, ladder=[1, 6], timing=tiny_timing,
+    worse = validate_policy(fast_wrong_policy(1), count=1, low=90, high=100, ladder=[1, 6], timing=tiny_timing,
                             results_root=tmp_path)
     assert worse.points[0].regret(worse.points[0].policy_us) > 0.2
 
@@ -75,11 +95,33 @@ def test_cli_tune_validate_export(tmp_path):
     run = next(tmp_path.glob("tune-*"))
     res = runner.invoke(app, ["tune", "--export", str(run), "--markdown"], catch_exceptions=False)
     assert res.exit_code == 0 and "num_kv_splits=6" in res.stdout
-    res = runner.invoke(app, ["tune", "--validate", str(run / "policy.json"), "--lengths", "2", "--min-context", "30",
-                              "--max-context", "70", "--ladder", "1,6,16", "--budget-s", "0.02",
+    res = runner.invoke(app, ["tune", "--validate", str(run / "policy.json"), "--lengths", "2", "--min-context", "90",
+                              "--max-context", "200", "--ladder", "1,6,16", "--budget-s", "0.02", "--seed", "11",
                               "--results-dir", str(tmp_path), "--json"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)[0]["rows"][-1]["policy worst %"] == 0.0
+    assert "seed 11" in " ".join(json.loads(res.stdout)[0]["notes"])
+
+
+def test_validate_finds_a_best_off_the_ladder_and_off_the_policys_window(tmp_path, tiny_timing):
+    # ladder 1, 2, 4, 16 (16 wrong); the policy's 3 -> window 2-4; the best ladder count 4 -> window 3-6
+    result = validate_policy(fast_wrong_policy(3), count=1, low=90, high=100, ladder=[1, 2, 4, 16],
+                             timing=tiny_timing, results_root=tmp_path, seed=0)
+    (p,) = result.points
+    assert p.best_params == {"num_kv_splits": 6} and p.regret(p.policy_us) > 0.3  # 6: 200 µs, 3: 380 µs
+    measured = {r.params["num_kv_splits"] for r in result.store.records()}
+    assert {1, 2, 3, 4, 5, 6, 16} <= measured and p.counts_measured == len(measured)
+
+
+def test_validate_measures_every_count_up_to_a_small_wave_cap(tmp_path, tiny_timing):
+    policy = fast_wrong_policy(2).model_copy(update={"backend": "test-wave-trap"})
+    result = validate_policy(policy, count=1, low=90, high=100, ladder=[1, 37], timing=tiny_timing,
+                             results_root=tmp_path, seed=0)
+    measured = {r.params["num_kv_splits"] for r in result.store.records()}
+    # 8 resident programs, one per split at 2 heads: cap 8; every count 1-8, the ladder not needed
+    assert set(range(1, 9)) <= measured and 37 not in measured
+    # more splits are always faster here: the best is the most measured (a heuristic's count may be above the cap)
+    assert result.points[0].best_params == {"num_kv_splits": max(measured)}
 
 
 @pytest.mark.parametrize("args, message", [
