@@ -19,6 +19,8 @@ import ast
 import importlib.util
 import os
 import sys
+import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,7 @@ import mlabench.backends.aiter.probe as aiter_probe
 from mlabench.backends.aiter import rules
 from mlabench.backends.aiter.manifest import Manifest, Range, Signature, load_manifest
 from mlabench.extras import optional_import
+from mlabench.measure import timing
 from mlabench.policy.heuristics import GLUON_BLOCK_N, gluon_bh16_cap
 from tests.backends.fakes import csr_attention
 
@@ -47,12 +50,24 @@ class FakeAiter:
     root: Path
     gfx_native: str = "gfx950"
     cu_num: int = 256
+    #: µs the fake Gluon kernel takes per 64-token block of its longest split, added to
+    #: ``clock_ns`` (a virtual clock: :meth:`time_kernels_only` makes the CPU timer read it): a
+    #: model of a split-KV kernel's time, so that a count frozen too small is slow on the CPU too.
+    block_us: float = 0.0
+    clock_ns: int = 0
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     behaviours: dict[str, Callable[[FakeAiter, dict[str, Any]], Any]] = field(default_factory=dict)
     last: dict[str, Any] = field(default_factory=dict)
 
     def rule(self, kind: str) -> str:
         return self.range.rules[kind]
+
+    def time_kernels_only(self, monkeypatch: pytest.MonkeyPatch, block_us: float) -> None:
+        """Make the CPU timer (:func:`mlabench.measure.timing.time_calls`) read :attr:`clock_ns`,
+        which only the fake Gluon kernel advances (``block_us`` per block): timings without noise."""
+        self.block_us = block_us
+        clock = types.SimpleNamespace(perf_counter_ns=lambda: self.clock_ns, perf_counter=time.perf_counter)
+        monkeypatch.setattr(timing, "time", clock)
 
     def calls_to(self, name: str) -> list[dict[str, Any]]:
         return [args for call, args in self.calls if call == name]
@@ -232,8 +247,9 @@ def _gluon(fake: FakeAiter, a: dict[str, Any]) -> tuple[torch.Tensor, None]:
         raise RuntimeError("Segmentation fault: global_load path with 32-bit KV offsets (WITHIN_2GB=False)")
     lens = (a["seq_info"][1:] - a["seq_info"][:-1]).tolist()
     budget = regime == "bh16" and fake.rule("gluon_bh16_splits") == "budget"
-    fake.last.update(launched=n, min_kv_seq_len=min_kv,
-                     per_request=[_kernel_splits(length, n, budget)[0] for length in lens])
+    runs = [_kernel_splits(length, n, budget) for length in lens]
+    fake.last.update(launched=n, min_kv_seq_len=min_kv, per_request=[k for k, _ in runs])
+    fake.clock_ns += round(fake.block_us * max(blocks for _, blocks in runs) * 1e3)
     q = torch.cat([q_nope, a["q_pe"]], dim=-1).reshape(batch * qlen, nhead, -1)
     out = csr_attention(q, a["kv_c"], a["seq_info"], a["page_table"], a["sm_scale"], qo_len=qlen)
     a["o"].copy_(out.view(a["o"].shape))
@@ -287,6 +303,18 @@ BEHAVIOURS: dict[str, Callable[[FakeAiter, dict[str, Any]], Any]] = {
     "get_gfx": _get_gfx, "get_cu_num": lambda fake, a: fake.cu_num, "gate": _gate,
     "gate_max_batch": _gate_max_batch,
 }
+
+
+def aiter_available_on_cpu(monkeypatch: pytest.MonkeyPatch, device_arch: str = "gfx950") -> None:
+    """Make the AITER backends see a ROCm build with a ``device_arch`` GPU while every other module
+    (inputs, timing, graph-check) keeps the CPU: the adapters' own availability checks only."""
+    from mlabench.backends.aiter import asm_backend, gluon_backend
+    from mlabench.device import DeviceInfo
+
+    for mod in (asm_backend, gluon_backend):
+        monkeypatch.setattr(mod, "rocm_reason", lambda archs: "")
+    info = DeviceInfo("cpu", "cpu", "CPU standing in for an AMD GPU", 1, 0, device_arch, 0)
+    monkeypatch.setattr(gluon_backend, "current_device", lambda: info)
 
 
 def pretend_rocm(monkeypatch: pytest.MonkeyPatch, device_arch: str = "gfx950") -> None:
