@@ -63,9 +63,9 @@ class AiterGluonBackend(AiterBackend):
     ``effective_params``: ``num_kv_splits`` -- the splits every request runs, or the per-request
     list where they differ; ``num_kv_splits_launched`` -- AITER's ``NUM_KV_SPLITS`` (a budget from
     v0.1.20); ``splits_on_device`` -- True under the budget rule, where ``refresh`` keeps
-    ``num_kv_splits``, ``workspace_bytes`` and ``split_starts`` at what runs at the new lengths
-    (otherwise the count stays what ``prepare`` chose); ``workspace_bytes`` counts only the splits
-    that run.  Shapes AITER refuses (its head, batch and ``min_kv_seq_len`` checks, the failure it
+    ``num_kv_splits`` and ``workspace_bytes`` at what runs at the new lengths (otherwise the count
+    stays what ``prepare`` chose; ``split_starts`` are those of the lengths at prepare);
+    ``workspace_bytes`` counts only the splits that run.  Shapes AITER refuses (its head, batch and ``min_kv_seq_len`` checks, the failure it
     hits first) and KV caches that would crash it (the allocated tensor, spare page included) are
     ``unsupported`` before anything launches, with the reason.
     """
@@ -140,17 +140,18 @@ class AiterGluonBackend(AiterBackend):
                     f"{plan.min_kv_seq_len} this call was prepared with (AITER takes it as the "
                     "shortest context): prepare it with a smaller min_kv_seq_len")
             refill(lens)
-            self._record(call, gluon_step_plan(plan, lens), lens, s)
+            if plan.on_device:
+                self._record(call, gluon_step_plan(plan, lens), s)
 
         call.refresh = refresh
-        self._record(call, plan, lens, s)
+        self._record(call, plan, s)
+        call.split_starts = likely_split_starts(lens, plan.splits_run)
         return call
 
     @staticmethod
-    def _record(call: PreparedCall, plan: GluonPlan, lens: list[int], s: MLADecodeShape) -> None:
-        """Set what ``call`` runs under ``plan`` at ``lens``: the splits, their partials, their cuts."""
+    def _record(call: PreparedCall, plan: GluonPlan, s: MLADecodeShape) -> None:
+        """Set what ``call`` runs under ``plan``: its split counts and the partials they write."""
         call.effective_params["num_kv_splits"] = plan.splits_run
-        call.split_starts = likely_split_starts(lens, plan.splits_run)
         call.workspace_bytes = gluon_workspace_bytes(plan, s.num_heads, s.v_head_dim,
                                                      call.out.element_size(), s.qo_len)
 
