@@ -39,9 +39,9 @@ import torch
 
 from mlabench.backends import get_backend
 from mlabench.backends.base import SPLITS_ON_DEVICE, PreparedCall
+from mlabench.checks.graph_engines import EagerEngine, GraphEngine, replay_us
 from mlabench.checks.verdict import compare_outputs
 from mlabench.device import current_device, free_memory_bytes
-from mlabench.checks.graph_engines import EagerEngine, GraphEngine, replay_us
 from mlabench.errors import BackendUnavailableError, ConfigError, UnsupportedShapeError
 from mlabench.files import write_text
 from mlabench.inputs import input_bytes, make_inputs
@@ -307,7 +307,8 @@ class _Bench:
             return calls, self.engine.capture([c.fn for c in calls]), ""
         except RuntimeError as exc:
             self.engine.sync()
-            return calls, None, f"capture failed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+            first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            return calls, None, f"capture failed: {first}"
 
     def captured(self, s: Subject, policy_path: Path | None,
                  tuned: dict[int, tuple[float | None, Any]]) -> list[GraphCheckRow]:
@@ -318,8 +319,8 @@ class _Bench:
         base = dict(subject=s.label, backend=s.backend, batch=self.batch, capture_len=cfg.capture_len)
         calls, replay, why = self._capture(s.backend, params)
         if why:
-            return [GraphCheckRow(context_len=L, tuned_us=tuned[L][0], tuned_splits=tuned[L][1], flagged=True,
-                                  note=why, **base) for L in cfg.contexts]
+            return [GraphCheckRow(context_len=L, tuned_us=tuned[L][0], tuned_splits=tuned[L][1],
+                                  flagged=True, note=why, **base) for L in cfg.contexts]
         eff = calls[0].effective_params
         frozen = copy.copy(eff.get(SPLITS_PARAM))
         rows = []

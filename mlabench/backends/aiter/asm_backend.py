@@ -126,8 +126,9 @@ class AiterAsmBackend(AiterBackend):
 
     ``prepare`` builds the persistent metadata for ``T = padded_heads(H)`` heads (12 -> 16) and the
     page-size-1 addressing for the lengths in ``inputs.cache_seqlens`` (a server's at capture
-    time; the shape's lengths only size the block table), untimed: one warm-up call (AITER may load or build its metadata module
-    the first time), then the timed one, ``setup_us["metadata_us"]``.  ``fn`` pads q into a
+    time; the shape's lengths only size the block table), untimed: one warm-up call (AITER may
+    load or build its metadata module the first time), then the timed one,
+    ``setup_us["metadata_us"]``.  ``fn`` pads q into a
     preallocated contiguous ``[B, T, 576]`` buffer, runs ``mla_decode_fwd`` into a preallocated
     ``[B, T, 512]`` buffer and copies the first ``H`` heads into ``out``.  AITER allocates its split
     partials inside ``mla_decode_fwd`` (from the caching allocator; a graph captures them).

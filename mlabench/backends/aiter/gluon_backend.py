@@ -65,9 +65,10 @@ class AiterGluonBackend(AiterBackend):
     v0.1.20); ``splits_on_device`` -- True under the budget rule, where ``refresh`` keeps
     ``num_kv_splits`` and ``workspace_bytes`` at what runs at the new lengths (otherwise the count
     stays what ``prepare`` chose; ``split_starts`` are those of the lengths at prepare);
-    ``workspace_bytes`` counts only the splits that run.  Shapes AITER refuses (its head, batch and ``min_kv_seq_len`` checks, the failure it
-    hits first) and KV caches that would crash it (the allocated tensor, spare page included) are
-    ``unsupported`` before anything launches, with the reason.
+    ``workspace_bytes`` counts only the splits that run.  Shapes AITER refuses (its head, batch
+    and ``min_kv_seq_len`` checks, citing the failure AITER hits first) and KV caches that would
+    crash it (the allocated tensor, spare page included) are ``unsupported`` before anything
+    launches, with the reason.
     """
 
     name = "aiter-gluon"
