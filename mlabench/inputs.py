@@ -66,12 +66,17 @@ class MLADecodeInputs:
 SPARE_PAGES = 1
 
 
+def allocated_kv_cache_bytes(shape: MLADecodeShape) -> int:
+    """Bytes of the cache tensor :func:`make_inputs` allocates for ``shape``: its pages and the
+    :data:`SPARE_PAGES` more (what a kernel that measures the tensor sees)."""
+    return shape.kv_cache_bytes * (shape.num_pages + SPARE_PAGES) // shape.num_pages
+
+
 def input_bytes(shape: MLADecodeShape) -> int:
     """Bytes :func:`make_inputs` allocates for ``shape`` (cache with its spare pages, q, block
     table, lengths)."""
     max_pages = max(shape.pages_per_request)
-    spare = SPARE_PAGES * shape.kv_cache_bytes // shape.num_pages
-    return shape.kv_cache_bytes + spare + shape.q_bytes + 4 * shape.batch * (max_pages + 1)
+    return allocated_kv_cache_bytes(shape) + shape.q_bytes + 4 * shape.batch * (max_pages + 1)
 
 
 def check_fits(shape: MLADecodeShape, copies: int = 1, device: DeviceInfo | None = None,

@@ -14,6 +14,10 @@
 #   4. sweeps/            a short sweep at 12 heads: the library paths at their own choices, and
 #                         the Triton split-KV kernel over split counts
 #   5. compare.md         padded persistent vs the best split-KV, from those sweeps
+#   6. graph-check-aiter.md/.json  aiter-gluon and aiter-asm captured at 1 token per request (as
+#                         vLLM captures), replayed after refresh at 4K-128K, batch 1 and 8, against
+#                         each prepared for the length; exit code 1 when a row is flagged (expected
+#                         for aiter-gluon before AITER v0.1.20: its split count frozen at capture)
 # MLABENCH_VALIDATE_BACKENDS="a b ..." replaces the backends checked and swept;
 # MLABENCH_VALIDATE_SWEEP="--heads 12 --batch 1,16,64 --context 4096,32768" (the default) the sweep grid.
 # Needs: mlabench installed (bash scripts/setup.sh) in a ROCm PyTorch, AITER (amd-aiter) importable.
@@ -89,6 +93,12 @@ if [ "${#chosen[@]}" -gt 0 ]; then
     [ "${#splitkv[@]}" -gt 0 ] && step sweep-splits "${mlabench[@]}" sweep "${grid[@]}" "${splitkv[@]}" \
         --splits 16,64,256 --markdown > "$out/sweep-splits.md" 2> "$out/sweep-splits.err"
     step compare "${mlabench[@]}" compare --from "$out/sweeps" --markdown > "$out/compare.md" 2> "$out/compare.err"
+
+    aiter=()
+    for b in "${chosen[@]}"; do [[ "$b" == aiter-* ]] && aiter+=(--backend "$b"); done
+    [ "${#aiter[@]}" -gt 0 ] && step graph-check-aiter "${mlabench[@]}" graph-check "${aiter[@]}" \
+        --batch 1,8 --context 4096,16384,32768,65536,100000,131072 --save "$out/graph-check-aiter.json" \
+        --markdown > "$out/graph-check-aiter.md" 2> "$out/graph-check-aiter.err"
 fi
 
 tar czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -30,6 +30,11 @@ from mlabench.shapes import MLADecodeShape
 #: over a balanced work list, heads padded to a tile) or ``"reference"`` (the oracle).
 Family = Literal["split-kv", "persistent", "reference"]
 
+#: ``effective_params`` key a backend sets True when the split count each request runs is computed
+#: on the device from the lengths the call reads, so that a captured graph follows new lengths; its
+#: ``refresh`` then keeps ``effective_params["num_kv_splits"]`` at the counts of the current lengths.
+SPLITS_ON_DEVICE = "splits_on_device"
+
 
 @dataclass(frozen=True)
 class ParamSpec:

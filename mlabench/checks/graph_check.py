@@ -10,9 +10,9 @@ and its parameters) and batch size this module:
 2. per context length L: writes L into ``cache_seqlens``, runs ``refresh``, replays once on a
    NaN-poisoned output and checks it against the fp32 reference, then times replays;
 3. compares with the same backend tuned for L: prepared knowing L (as an eager server launching
-   per step would) and, where it has ``num_kv_splits``, the fastest of the candidate counts.  Both
-   are timed the same way (graph replay, device events, the stopping rule of
-   :mod:`mlabench.measure.timing`), so only the choice differs, not launch overhead.
+   per step would) and, where it has ``num_kv_splits`` and can be steered to it, the fastest of
+   the candidate counts (else its own choice at L).  Both are timed the same way (graph replay,
+   device events, the stopping rule of :mod:`mlabench.measure.timing`), so only the choice differs.
 
 A row is flagged when the captured graph is wrong after refresh or slower than the tuned call by
 more than ``tolerance`` (a split count or schedule frozen at capture).  A subject whose
@@ -22,11 +22,13 @@ the same measurements.
 
 Graph capture needs a CUDA/HIP GPU (:class:`GraphEngine`); :class:`EagerEngine` replays by calling
 the functions again, so host-side choices are *not* frozen: it exists to test the orchestration on
-the CPU and is not offered by the command.
+the CPU and is not offered by the command (both in :mod:`mlabench.checks.graph_engines`, imported
+here for callers of this module).
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,14 +38,15 @@ from typing import Any
 import torch
 
 from mlabench.backends import get_backend
-from mlabench.backends.base import PreparedCall
+from mlabench.backends.base import SPLITS_ON_DEVICE, PreparedCall
+from mlabench.checks.graph_engines import EagerEngine, GraphEngine, replay_us
 from mlabench.checks.verdict import compare_outputs
 from mlabench.device import current_device, free_memory_bytes
-from mlabench.errors import BackendUnavailableError, ConfigError, GPURequiredError, UnsupportedShapeError
+from mlabench.errors import BackendUnavailableError, ConfigError, UnsupportedShapeError
 from mlabench.files import write_text
 from mlabench.inputs import input_bytes, make_inputs
 from mlabench.kernels.reference import mla_decode_reference
-from mlabench.measure.timing import TimingConfig, capture_graph, cold_cache_copies, time_calls
+from mlabench.measure.timing import TimingConfig, cold_cache_copies
 from mlabench.policy.device_table import POLICY_MODES, SplitPolicy
 from mlabench.shapes import MLADecodeShape
 
@@ -158,39 +161,6 @@ class GraphCheckResult:
     device: str | None = None
 
 
-# ---- engines -------------------------------------------------------------------------------------
-class GraphEngine:
-    """Captures CUDA/HIP graphs.  Raises :class:`GPURequiredError` without a GPU."""
-
-    def __init__(self) -> None:
-        if not current_device().is_gpu:
-            raise GPURequiredError("graph-check needs a CUDA or ROCm GPU (it captures graphs); "
-                                   "none found here")
-
-    def capture(self, fns: Sequence[Callable[[], object]]) -> Callable[[], None]:
-        return capture_graph(fns).replay  # the bound method keeps the graph alive
-
-    def sync(self) -> None:
-        torch.cuda.synchronize()
-
-
-class EagerEngine:
-    """CPU stand-in for tests: a "replay" calls the functions again, so nothing is frozen."""
-
-    def capture(self, fns: Sequence[Callable[[], object]]) -> Callable[[], None]:
-        fns = list(fns)
-        return lambda: [fn() for fn in fns] and None
-
-    def sync(self) -> None:
-        pass
-
-
-def replay_us(replay: Callable[[], None], calls: int, cfg: TimingConfig) -> float:
-    """Median µs per decode call of ``replay`` (``calls`` calls per replay) under the stopping rule
-    of ``cfg``: device events on a GPU, wall clock on the CPU (:func:`mlabench.measure.timing.time_calls`)."""
-    return time_calls([replay], cfg, use_graph=False).median_us / calls
-
-
 # ---- the run -------------------------------------------------------------------------------------
 def run_graph_check(cfg: GraphCheckConfig, subjects: Sequence[Subject], engine: Any = None,
                     policy: SplitPolicy | None = None, policy_path: Path | None = None,
@@ -287,21 +257,35 @@ class _Bench:
         return replay_us(replay, len(calls), self.cfg.timing)
 
     def tuned(self, backend: str, params: dict[str, Any], length: int,
-              say: Callable[[str], None]) -> tuple[float | None, int | None]:
+              say: Callable[[str], None]) -> tuple[float | None, Any]:
         """``(µs, split count)`` of ``backend`` with ``params`` prepared at ``length``: the fastest
-        correct candidate count where it has :data:`SPLITS_PARAM` (count None otherwise);
-        ``(None, None)`` when no candidate is correct."""
+        correct candidate count where it has :data:`SPLITS_PARAM` and can be steered to one here;
+        else its own choice prepared at ``length`` (the count it reports, None where it reports
+        none), so a backend whose count cannot be steered is compared with itself knowing the
+        length; ``(None, None)`` when no candidate is correct."""
         self.set_lengths(length)
         say(f"tune {backend} B={self.batch} L={length}")
-        b = get_backend(backend)
-        counts: list[int | None] = list(self.cfg.splits) if SPLITS_PARAM in b.param_names() else [None]
-        best: tuple[float, int | None] = (float("inf"), None)
+        counts = list(self.cfg.splits) if SPLITS_PARAM in get_backend(backend).param_names() else []
+        best, steered = (float("inf"), None), False
         for count in counts:
-            calls = self.prepare(backend, params if count is None else {**params, SPLITS_PARAM: count})
-            us = self.time_calls(calls)
-            if us is not None and us < best[0] and self._correct(calls[0])[0]:
-                best = (us, count)
+            try:
+                calls = self.prepare(backend, {**params, SPLITS_PARAM: count})
+            except UnsupportedShapeError:
+                continue  # a count it cannot take here (e.g. AITER >= v0.1.20 chooses its own)
+            steered = True
+            best = self._faster(best, calls, count)
+        if not steered:
+            try:
+                calls = self.prepare(backend, params)
+            except UnsupportedShapeError:
+                return None, None
+            best = self._faster(best, calls, calls[0].effective_params.get(SPLITS_PARAM))
         return best if best[0] < float("inf") else (None, None)
+
+    def _faster(self, best: tuple[float, Any], calls: list[PreparedCall], count: Any) -> tuple[float, Any]:
+        """``(µs, count)`` of ``calls`` when they are timed faster than ``best`` and correct, else ``best``."""
+        us = self.time_calls(calls)
+        return (us, count) if us is not None and us < best[0] and self._correct(calls[0])[0] else best
 
     def _correct(self, call: PreparedCall) -> tuple[bool, float | None]:
         """Replay-free check of copy 0's output after the last run (it ran in ``time_calls``)."""
@@ -309,25 +293,36 @@ class _Bench:
         v = compare_outputs(call.out, self.reference(int(self.inputs[0].cache_seqlens[0])))
         return v.passed, v.max_abs_err
 
+    def _capture(self, backend: str, params: dict[str, Any]) -> tuple[list[PreparedCall], Any, str]:
+        """``(calls, replay, "")`` of ``backend`` prepared and captured at the capture length, or
+        ``(calls, None, why)`` when it is refused there, not graph-safe or fails to capture."""
+        self.set_lengths(self.cfg.capture_len)
+        try:
+            calls = self.prepare(backend, params)
+        except UnsupportedShapeError as exc:
+            return [], None, f"refused at the capture length: {exc}"
+        if not calls[0].graph_safe:
+            return calls, None, "not graph-safe: cannot be captured"
+        try:
+            return calls, self.engine.capture([c.fn for c in calls]), ""
+        except RuntimeError as exc:
+            self.engine.sync()
+            first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            return calls, None, f"capture failed: {first}"
+
     def captured(self, s: Subject, policy_path: Path | None,
-                 tuned: dict[int, tuple[float | None, int | None]]) -> list[GraphCheckRow]:
+                 tuned: dict[int, tuple[float | None, Any]]) -> list[GraphCheckRow]:
         cfg = self.cfg
         params = dict(s.params)
         if s.policy_mode:
             params[POLICY_PARAM] = f"{s.policy_mode}:{policy_path}"
         base = dict(subject=s.label, backend=s.backend, batch=self.batch, capture_len=cfg.capture_len)
-        self.set_lengths(cfg.capture_len)
-        calls = self.prepare(s.backend, params)
-        eff = calls[0].effective_params
-        frozen = "per request" if eff.get(POLICY_PARAM) == "device" else eff.get(SPLITS_PARAM)
-        why = "" if calls[0].graph_safe else "not graph-safe: cannot be captured"
-        try:
-            replay = self.engine.capture([c.fn for c in calls]) if not why else None
-        except RuntimeError as exc:
-            self.engine.sync()
-            why = f"capture failed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+        calls, replay, why = self._capture(s.backend, params)
         if why:
-            return [GraphCheckRow(context_len=L, flagged=True, note=why, **base) for L in cfg.contexts]
+            return [GraphCheckRow(context_len=L, tuned_us=tuned[L][0], tuned_splits=tuned[L][1],
+                                  flagged=True, note=why, **base) for L in cfg.contexts]
+        eff = calls[0].effective_params
+        frozen = copy.copy(eff.get(SPLITS_PARAM))
         rows = []
         for length in cfg.contexts:
             self.set_lengths(length)
@@ -341,11 +336,20 @@ class _Bench:
             correct, err = self._correct(calls[0])
             graph_us = replay_us(replay, len(calls), cfg.timing)
             tuned_us, tuned_splits = tuned[length]
-            row = GraphCheckRow(context_len=length, graph_us=graph_us, tuned_us=tuned_us,
-                                tuned_splits=tuned_splits, captured_splits=frozen, refresh_us=refresh_us,
+            row = GraphCheckRow(context_len=length, graph_us=graph_us, tuned_us=tuned_us, tuned_splits=tuned_splits,
+                                captured_splits=splits_in_graph(frozen, eff), refresh_us=refresh_us,
                                 correct=correct, max_abs_err=err, **base)
             rows.append(assess(row, cfg.tolerance))
         return rows
+
+
+def splits_in_graph(frozen: Any, effective: dict[str, Any]) -> Any:
+    """The split count a captured call runs after refresh: ``"per request"`` for a device policy,
+    the counts it reports now where they are computed on the device (:data:`SPLITS_ON_DEVICE`),
+    else ``frozen``, its count at capture."""
+    if effective.get(POLICY_PARAM) == "device":
+        return "per request"
+    return effective.get(SPLITS_PARAM) if effective.get(SPLITS_ON_DEVICE) else frozen
 
 
 def assess(row: GraphCheckRow, tolerance: float) -> GraphCheckRow:

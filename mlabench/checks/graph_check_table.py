@@ -34,8 +34,9 @@ def graph_check_table(result: GraphCheckResult, cfg: GraphCheckConfig) -> Table:
     t.notes.append(f"flagged (wrong, or > {100 * cfg.tolerance:g}% slower than tuned): "
                    + (", ".join(flagged) if flagged else "none"))
     t.notes.append("tuned: the same backend prepared knowing the length (the fastest correct count of "
-                   f"{', '.join(map(str, cfg.splits))} where it has num_kv_splits), timed like the graph "
-                   "(graph replay, device events), so only the choice differs")
+                   f"{', '.join(map(str, cfg.splits))} where it has num_kv_splits and can be steered to "
+                   "it, else its own choice), timed like the graph (graph replay, device events), so "
+                   "only the choice differs")
     copies = ", ".join(f"B={b}: {n}" for b, n in result.copies.items())
     t.notes.append(f"heads={cfg.num_heads} page={cfg.page_size} {cfg.dtype}; every request of a step "
                    f"at the context length; input copies rotated ({copies}); refresh µs: wall clock "

@@ -25,9 +25,10 @@ def test_registered_with_params():
 def test_param_defaults_and_validation():
     shape = MLADecodeShape.create(num_heads=12, context_lens=(100, 4000))
     assert get_backend("aiter-asm").resolve_params(shape) == {"head_padding": "zero"}
-    # min_kv_seq_len defaults to the shortest context: AITER takes it as the shortest
+    # min_kv_seq_len defaults to the shortest context of the lengths the call is prepared at
+    # (AITER takes it as the shortest): None here, the number in the effective parameters
     assert get_backend("aiter-gluon").resolve_params(shape) == {"num_kv_splits": None,
-                                                                "min_kv_seq_len": 100}
+                                                                "min_kv_seq_len": None}
     with pytest.raises(ConfigError):
         get_backend("aiter-asm").resolve_params(shape, {"head_padding": "mirror"})
     with pytest.raises(ConfigError):

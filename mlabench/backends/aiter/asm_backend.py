@@ -31,7 +31,7 @@ from mlabench.backends.registry import register
 from mlabench.backends.shared import HEAD_PADDING, check_mla_dims, likely_split_starts, timed_us
 from mlabench.errors import BackendUnavailableError, UnsupportedShapeError
 from mlabench.extras import optional_import
-from mlabench.inputs import MLADecodeInputs
+from mlabench.inputs import MLADecodeInputs, allocated_kv_cache_bytes
 from mlabench.kernels.padding import HeadPadder, padded_heads, slice_heads
 from mlabench.kernels.workspace import split_workspace_bytes
 from mlabench.shapes import MLADecodeShape
@@ -125,8 +125,10 @@ class AiterAsmBackend(AiterBackend):
     """AITER's persistent ASM MLA decode (``aiter.mla.mla_decode_fwd`` with v1 work metadata).
 
     ``prepare`` builds the persistent metadata for ``T = padded_heads(H)`` heads (12 -> 16) and the
-    page-size-1 addressing, untimed: one warm-up call (AITER may load or build its metadata module
-    the first time), then the timed one, ``setup_us["metadata_us"]``.  ``fn`` pads q into a
+    page-size-1 addressing for the lengths in ``inputs.cache_seqlens`` (a server's at capture
+    time; the shape's lengths only size the block table), untimed: one warm-up call (AITER may
+    load or build its metadata module the first time), then the timed one,
+    ``setup_us["metadata_us"]``.  ``fn`` pads q into a
     preallocated contiguous ``[B, T, 576]`` buffer, runs ``mla_decode_fwd`` into a preallocated
     ``[B, T, 512]`` buffer and copies the first ``H`` heads into ``out``.  AITER allocates its split
     partials inside ``mla_decode_fwd`` (from the caching allocator; a graph captures them).
@@ -134,8 +136,9 @@ class AiterAsmBackend(AiterBackend):
     Whether AITER keeps the persistent kernel is AITER's own answer (``_use_persistent_mla_decode``,
     on its ``get_gfx()``) where it has the batch gate; ``workspace_bytes`` counts the partials that
     path writes: the metadata's reduce rows when persistent, ``B * splits`` rows of the
-    non-persistent fallback otherwise.  KV caches past 2 GiB are refused on gfx950 where the
-    installed kernels use 32-bit KV offsets.
+    non-persistent fallback otherwise, ``splits`` being the count AITER takes from the rows of
+    ``kv_indices`` (sized for the whole block table).  KV caches whose tensor (spare page
+    included) passes 2 GiB are refused on gfx950 where the installed kernels use 32-bit KV offsets.
 
     Several query tokens per request: q ``[B * qo_len, H, 576]`` is padded per token (12 -> 16
     heads of each), ``qo_indptr`` steps by ``qo_len`` and ``max_seqlen_q = qo_len``; AITER's
@@ -173,19 +176,21 @@ class AiterAsmBackend(AiterBackend):
             return (False, refusal) if refusal else (True, "")
         gfx = aiter_gfx(found)[0] or ""
         refusal = (asm_qo_len_reason(shape.qo_len, shape.causal, gfx, takes_causal(found))
-                   or asm_wrong_result_reason(found.rule("asm_kv_offsets"), gfx, shape.kv_cache_bytes))
+                   or asm_wrong_result_reason(found.rule("asm_kv_offsets"), gfx, allocated_kv_cache_bytes(shape)))
         return (False, refusal) if refusal else (True, "")
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         found = require_aiter("asm")
-        ok, why = self.supports(inputs.shape)
-        if not ok:
+        why = self.supports(inputs.shape)[1] or asm_wrong_result_reason(
+            found.rule("asm_kv_offsets"), aiter_gfx(found)[0] or "",
+            inputs.kv_cache.numel() * inputs.kv_cache.element_size())
+        if why:
             raise UnsupportedShapeError(why)
         f = found.functions
         s, dev = inputs.shape, inputs.device
         mode, kernel_heads = params["head_padding"], padded_heads(s.num_heads)
-        layout, refill = page1_layout_for_steps(inputs.block_table, s.context_lens, s.page_size,
-                                                s.qo_len)
+        lens = inputs.cache_seqlens.tolist()  # the lengths now: a server's at capture time
+        layout, refill = page1_layout_for_steps(inputs.block_table, lens, s.page_size, s.qo_len)
         kv_view = page1_cache_view(inputs.kv_cache)
         q_dt, kv_dt = inputs.q.dtype, inputs.kv_cache.dtype
         info = f["metadata_info"](s.batch, s.qo_len, kernel_heads, q_dt, kv_dt,
@@ -224,20 +229,23 @@ class AiterAsmBackend(AiterBackend):
                 out.copy_(slice_heads(o_pad, heads))
             return out
 
-        effective, partial_rows = self._path(found, s, kernel_heads, q_dt, kv_dt, int(r_indptr[-1]))
+        effective, partial_rows = self._path(found, s, kernel_heads, q_dt, kv_dt, int(r_indptr[-1]),
+                                             layout.kv_indices.shape[0])
         effective.update(head_padding=mode if padded else "none", kernel_heads=kernel_heads,
                          page_size_view=1, num_work_items_max=int(info_set.shape[0]),
                          allocates_per_call=True)
         splits = effective.get("num_kv_splits", params.get("num_kv_splits"))
         return PreparedCall(fn=fn, out=out, effective_params=effective,
                             setup_us={"metadata_us": metadata_us}, refresh=refresh,
-                            split_starts=likely_split_starts(s.context_lens, splits),
+                            split_starts=likely_split_starts(lens, splits),
                             workspace_bytes=split_workspace_bytes(partial_rows, s.v_head_dim))
 
     @staticmethod
     def _path(found: AiterInstall, s: MLADecodeShape, kernel_heads: int, q_dt: torch.dtype,
-              kv_dt: torch.dtype, reduce_rows: int) -> tuple[dict[str, Any], int]:
-        """Which kernel AITER runs and the partial rows it writes: ``(effective params, rows)``."""
+              kv_dt: torch.dtype, reduce_rows: int, kv_index_rows: int) -> tuple[dict[str, Any], int]:
+        """Which kernel AITER runs and the partial rows it writes: ``(effective params, rows)``.
+        The fallback's split count is AITER's from the ``kv_index_rows`` rows of ``kv_indices``
+        (sized for every token the block table addresses, so a refresh never changes it)."""
         f, gate = found.functions, found.rule("asm_gate")
         gfx = aiter_gfx(found)[0]
         if gate == "batch_gate":
@@ -252,7 +260,7 @@ class AiterAsmBackend(AiterBackend):
         if keep:
             effective["reduce_partial_rows"] = reduce_rows
             return effective, reduce_rows * s.qo_len * kernel_heads
-        splits = asm_nonpersistent_splits(s.batch, s.total_tokens, int(f["get_cu_num"]()))
+        splits = asm_nonpersistent_splits(s.batch, kv_index_rows, int(f["get_cu_num"]()))
         effective["num_kv_splits"] = splits
         return effective, s.batch * s.qo_len * splits * kernel_heads
 

@@ -20,14 +20,14 @@ from mlabench.backends.aiter.asm_backend import (
 )
 from mlabench.backends.aiter.probe import AiterInstall
 from mlabench.backends.aiter.rules import (
-    GluonPlan, gluon_crash_reason, gluon_plan, gluon_qo_len_reason, gluon_workspace_bytes,
+    GluonPlan, gluon_crash_reason, gluon_plan, gluon_qo_len_reason, gluon_step_plan, gluon_workspace_bytes,
 )
-from mlabench.backends.base import ParamSpec, PreparedCall
+from mlabench.backends.base import SPLITS_ON_DEVICE, ParamSpec, PreparedCall
 from mlabench.backends.registry import register
 from mlabench.backends.shared import NUM_KV_SPLITS, likely_split_starts
 from mlabench.device import current_device
 from mlabench.errors import UnsupportedShapeError
-from mlabench.inputs import MLADecodeInputs
+from mlabench.inputs import MLADecodeInputs, allocated_kv_cache_bytes
 from mlabench.shapes import MLADecodeShape
 
 GLUON_ARCHS = ("gfx950",)
@@ -39,9 +39,10 @@ NUM_KV_SPLITS_GLUON = dataclasses.replace(
          "v0.1.20, 1-96 heads), through min_kv_seq_len = n * 64",
 )
 MIN_KV_SEQ_LEN = ParamSpec(
-    "min_kv_seq_len", int, default=lambda s: min(s.context_lens), low=1,
-    help="min_kv_seq_len passed to AITER: the shortest context (the default); 1 reproduces "
-         "vLLM's graph-capture hazard (1 split) on AITER before v0.1.20",
+    "min_kv_seq_len", int, default=None, low=1,
+    help="min_kv_seq_len passed to AITER; None (the default): the shortest context when the call "
+         "is prepared, as a server passes it (1 when it captures its graphs at 1 token: vLLM's "
+         "graph-capture hazard, 1 split, on AITER before v0.1.20)",
 )
 
 
@@ -51,17 +52,23 @@ class AiterGluonBackend(AiterBackend):
 
     q is passed as two views, ``q_nope = q[..., :512]`` and ``q_pe = q[..., 512:]``; the cache as
     rows ``[P * page, 576]`` with ``page_table = kv_indices`` and ``seq_info = kv_indptr``
-    (``use_2d_view=False``, AITER's flattened varlen form), ``min_kv_seq_len`` the shortest context
-    unless a parameter says otherwise.  The output is written in place into the poisoned ``out``;
+    (``use_2d_view=False``, AITER's flattened varlen form).  The call is built for the lengths in
+    ``inputs.cache_seqlens`` when it is prepared (a server's at capture time; the shape's lengths
+    only size the block table), ``min_kv_seq_len`` the shortest of them unless a parameter says
+    otherwise.  The output is written in place into the poisoned ``out``;
     AITER allocates its split partials inside the call (from the caching allocator).  Several query
     tokens per request go through AITER's 4-D multi-token entry where the installed AITER has it
     (rule ``gluon_qo_len``: q and out viewed ``[B, qo_len, H, D]``, causal only).
 
     ``effective_params``: ``num_kv_splits`` -- the splits every request runs, or the per-request
     list where they differ; ``num_kv_splits_launched`` -- AITER's ``NUM_KV_SPLITS`` (a budget from
-    v0.1.20); ``workspace_bytes`` counts only the splits that run.  Shapes AITER refuses (its head,
-    batch and ``min_kv_seq_len`` checks) and KV caches that would crash it are ``unsupported``
-    before anything launches, with the reason.
+    v0.1.20); ``splits_on_device`` -- True under the budget rule, where ``refresh`` keeps
+    ``num_kv_splits`` and ``workspace_bytes`` at what runs at the new lengths (otherwise the count
+    stays what ``prepare`` chose; ``split_starts`` are those of the lengths at prepare);
+    ``workspace_bytes`` counts only the splits that run.  Shapes AITER refuses (its head, batch
+    and ``min_kv_seq_len`` checks, citing the failure AITER hits first) and KV caches that would
+    crash it (the allocated tensor, spare page included) are ``unsupported`` before anything
+    launches, with the reason.
     """
 
     name = "aiter-gluon"
@@ -86,7 +93,7 @@ class AiterGluonBackend(AiterBackend):
             return ok, reason
         rules = rules_in_force()
         refusal = (gluon_qo_len_reason(rules["gluon_qo_len"], shape.qo_len, shape.causal)
-                   or gluon_crash_reason(rules["gluon_over_2gib"], shape.kv_cache_bytes))
+                   or gluon_crash_reason(rules["gluon_over_2gib"], allocated_kv_cache_bytes(shape)))
         if refusal:
             return False, refusal
         try:
@@ -99,15 +106,15 @@ class AiterGluonBackend(AiterBackend):
         found = require_aiter("gluon")
         s = inputs.shape
         ok, why = self.supports(s)
-        if not ok:
+        rows = inputs.kv_cache.view(-1, inputs.kv_cache.shape[-1])  # [P * page, 576]
+        why = why or gluon_crash_reason(found.rule("gluon_over_2gib"), rows.numel() * rows.element_size())
+        if why:
             raise UnsupportedShapeError(why)
-        rules = found.rule_variants()
-        plan = gluon_plan(s.context_lens, s.num_heads, rules, params["min_kv_seq_len"],
+        lens = inputs.cache_seqlens.tolist()  # the lengths now: a server's at capture time
+        plan = gluon_plan(lens, s.num_heads, found.rule_variants(), params["min_kv_seq_len"],
                           params["num_kv_splits"], qo_len=s.qo_len)
         gluon = found.functions["gluon"]
-        layout, refill = page1_layout_for_steps(inputs.block_table, s.context_lens, s.page_size,
-                                                s.qo_len)
-        rows = inputs.kv_cache.view(-1, inputs.kv_cache.shape[-1])  # [P * page, 576]
+        layout, refill = page1_layout_for_steps(inputs.block_table, lens, s.page_size, s.qo_len)
         lora = s.kv_lora_rank
         out = inputs.new_output()
         q, o = inputs.q, out  # [B, H, D] for one token; AITER's 4-D [B, qo_len, H, D] for more
@@ -121,9 +128,12 @@ class AiterGluonBackend(AiterBackend):
                   min_kv_seq_len=plan.min_kv_seq_len)
             return out
 
+        call = PreparedCall(fn=fn, out=out, effective_params=self._effective(found, plan))
+
         def refresh() -> None:
-            """The page-size-1 indices for the new lengths; the split count and min_kv_seq_len
-            stay what prepare chose (host-side choices, frozen in a graph too)."""
+            """The page-size-1 indices for the new lengths, and the record of what runs at them:
+            under the budget rule each request's count follows its length; otherwise the split
+            count and min_kv_seq_len stay what prepare chose on the host (frozen in a graph too)."""
             lens = inputs.cache_seqlens.tolist()
             if min(lens) < plan.min_kv_seq_len:
                 raise UnsupportedShapeError(
@@ -131,11 +141,20 @@ class AiterGluonBackend(AiterBackend):
                     f"{plan.min_kv_seq_len} this call was prepared with (AITER takes it as the "
                     "shortest context): prepare it with a smaller min_kv_seq_len")
             refill(lens)
+            if plan.on_device:
+                self._record(call, gluon_step_plan(plan, lens), s)
 
-        return PreparedCall(fn=fn, out=out, effective_params=self._effective(found, plan),
-                            refresh=refresh, split_starts=likely_split_starts(s.context_lens, plan.splits_run),
-                            workspace_bytes=gluon_workspace_bytes(plan, s.num_heads, s.v_head_dim,
-                                                                  out.element_size(), s.qo_len))
+        call.refresh = refresh
+        self._record(call, plan, s)
+        call.split_starts = likely_split_starts(lens, plan.splits_run)
+        return call
+
+    @staticmethod
+    def _record(call: PreparedCall, plan: GluonPlan, s: MLADecodeShape) -> None:
+        """Set what ``call`` runs under ``plan``: its split counts and the partials they write."""
+        call.effective_params["num_kv_splits"] = plan.splits_run
+        call.workspace_bytes = gluon_workspace_bytes(plan, s.num_heads, s.v_head_dim,
+                                                     call.out.element_size(), s.qo_len)
 
     @staticmethod
     def _effective(found: AiterInstall, plan: GluonPlan) -> dict[str, Any]:
@@ -146,6 +165,7 @@ class AiterGluonBackend(AiterBackend):
             "num_kv_splits_launched": plan.launched,
             "min_kv_seq_len": plan.min_kv_seq_len,
             "split_source": "min_kv_seq_len steering" if plan.steered else "AITER's rule",
+            SPLITS_ON_DEVICE: plan.on_device,
             "regime": plan.regime,
             "split_rule": rule.variant,
             "split_rule_from": rule.how,

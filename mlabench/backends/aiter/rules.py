@@ -17,7 +17,7 @@ installed AITER has is decided by :mod:`mlabench.backends.aiter.probe`.  Here:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mlabench.errors import UnsupportedShapeError
 from mlabench.kernels.workspace import split_workspace_bytes
@@ -58,6 +58,8 @@ class GluonPlan:
     - ``per_request``: splits each request actually runs, in batch order.
     - ``min_kv_seq_len``: the value passed to AITER.
     - ``steered``: True when ``min_kv_seq_len`` was raised to reach a requested split count.
+    - ``on_device``: True under the budget rule: each request's count is computed in the kernel
+      from the lengths it reads (:func:`gluon_step_plan` gives it for a step's lengths).
     """
 
     regime: str
@@ -65,6 +67,7 @@ class GluonPlan:
     per_request: tuple[int, ...]
     min_kv_seq_len: int
     steered: bool = False
+    on_device: bool = False
 
     @property
     def splits_run(self) -> int | list[int]:
@@ -141,7 +144,7 @@ def gluon_plan(context_lens: Sequence[int], num_heads: int, rules: dict[str, str
             raise UnsupportedShapeError(
                 f"this AITER fixes the Gluon split budget at {cap} and partitions on the GPU; "
                 "num_kv_splits cannot be steered")
-        return GluonPlan("bh16", cap, tuple(gluon_bh16_active(n, cap) for n in lens), min_kv)
+        return GluonPlan("bh16", cap, tuple(gluon_bh16_active(n, cap) for n in lens), min_kv, on_device=True)
     steered = num_kv_splits is not None
     if steered:
         if num_kv_splits > shortest:
@@ -153,11 +156,27 @@ def gluon_plan(context_lens: Sequence[int], num_heads: int, rules: dict[str, str
     return GluonPlan("bh16", launched, (launched,) * batch, min_kv, steered)
 
 
+def gluon_step_plan(plan: GluonPlan, context_lens: Sequence[int]) -> GluonPlan:
+    """What a call prepared as ``plan`` runs at a later step's ``context_lens``: under the budget
+    rule each request's count follows its length (computed in the kernel); otherwise every count
+    stays what was chosen on the host when the call was prepared (frozen by a graph too)."""
+    if not plan.on_device:
+        return plan
+    return replace(plan, per_request=tuple(gluon_bh16_active(int(n), plan.launched)
+                                                       for n in context_lens))
+
+
 def _bh64_plan(lens: list[int], num_heads: int, rule: str | None, min_kv: int,
                num_kv_splits: int | None, qo_len: int) -> GluonPlan:
     batch = len(lens)
     if rule is None:
         raise UnsupportedShapeError("cannot tell this AITER's Gluon bh64 (64/128-head) rule")
+    if batch < GLUON_NUM_XCDS:  # AITER's split count divides by 8 * ceil(H/64) * qlen * (B // 8)
+        raise UnsupportedShapeError(
+            f"AITER's Gluon bh64 regime ({num_heads} heads) fails at batch {batch} with "
+            f"ZeroDivisionError: its split count divides 256 by {GLUON_NUM_XCDS} * ceil(H/64) * "
+            f"qlen * (batch // {GLUON_NUM_XCDS}), 0 below batch {GLUON_NUM_XCDS}, before its "
+            "batch-size check")
     if rule == "listed" and batch not in GLUON_BH64_LISTED_BATCHES:
         raise UnsupportedShapeError(
             f"AITER's Gluon bh64 regime ({num_heads} heads) requires batch_size in (64, 128, 256), "
@@ -209,6 +228,9 @@ def asm_nonpersistent_splits(batch: int, total_kv_tokens: int, cu_num: int) -> i
 
     The ``i`` in 1..16 maximising ``B*i / (ceil(B*i / CUs) * CUs) * avg / (avg + 84.1 * i)`` with
     ``avg = total KV tokens / B`` (the first on ties): CU occupancy against per-split overhead.
+    AITER takes ``total_kv_tokens`` from ``kv_indices.shape[0]`` (``aiter/mla.py:294`` @ d6de77692f
+    (v0.1.18), ``:572`` @ e4048607a5), the rows of the tensor it is given, not the tokens in use:
+    pass that.
     """
     avg = total_kv_tokens / batch
     best, best_score = 1, -1.0
@@ -224,7 +246,9 @@ def asm_nonpersistent_splits(batch: int, total_kv_tokens: int, cu_num: int) -> i
 def gluon_crash_reason(over_2gib_rule: str | None, kv_cache_bytes: int) -> str | None:
     """Why a Gluon call must not launch at this KV-cache size, or None.  Before ROCm/aiter#4474
     (v0.1.19.post1) a cache over 2 GiB takes a global_load path whose 32-bit KV offsets overflow:
-    a segfault that would end the whole run."""
+    a segfault that would end the whole run.  ``kv_cache_bytes`` is the cache tensor AITER is
+    given (it measures ``kv_c.shape[0] * kv_c.stride(0) * kv_c.element_size()``), spare pages
+    included (:func:`mlabench.inputs.allocated_kv_cache_bytes`), not the bytes the shape uses."""
     if kv_cache_bytes <= KV_OFFSET_LIMIT_BYTES or over_2gib_rule == "int64":
         return None
     gib = kv_cache_bytes / 2**30
@@ -238,7 +262,8 @@ def gluon_crash_reason(over_2gib_rule: str | None, kv_cache_bytes: int) -> str |
 def asm_wrong_result_reason(offsets_rule: str | None, gfx: str, kv_cache_bytes: int) -> str | None:
     """Why an ASM call must not launch at this KV-cache size, or None.  Before ROCm/aiter#4452
     (v0.1.19.post2) the gfx950 ASM MLA decode kernels compute KV byte offsets in 32 bits: wrong
-    results once they pass 2 GiB."""
+    results once they pass 2 GiB.  ``kv_cache_bytes``: the whole cache tensor, spare pages
+    included (a token's row may lie past the pages the shape counts)."""
     if gfx != "gfx950" or kv_cache_bytes <= KV_OFFSET_LIMIT_BYTES or offsets_rule == "int64":
         return None
     gib = kv_cache_bytes / 2**30

@@ -19,6 +19,8 @@ import ast
 import importlib.util
 import os
 import sys
+import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,7 @@ import mlabench.backends.aiter.probe as aiter_probe
 from mlabench.backends.aiter import rules
 from mlabench.backends.aiter.manifest import Manifest, Range, Signature, load_manifest
 from mlabench.extras import optional_import
+from mlabench.measure import timing
 from mlabench.policy.heuristics import GLUON_BLOCK_N, gluon_bh16_cap
 from tests.backends.fakes import csr_attention
 
@@ -47,12 +50,24 @@ class FakeAiter:
     root: Path
     gfx_native: str = "gfx950"
     cu_num: int = 256
+    #: µs the fake Gluon kernel takes per 64-token block of its longest split, added to
+    #: ``clock_ns`` (a virtual clock: :meth:`time_kernels_only` makes the CPU timer read it): a
+    #: model of a split-KV kernel's time, so that a count frozen too small is slow on the CPU too.
+    block_us: float = 0.0
+    clock_ns: int = 0
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     behaviours: dict[str, Callable[[FakeAiter, dict[str, Any]], Any]] = field(default_factory=dict)
     last: dict[str, Any] = field(default_factory=dict)
 
     def rule(self, kind: str) -> str:
         return self.range.rules[kind]
+
+    def time_kernels_only(self, monkeypatch: pytest.MonkeyPatch, block_us: float) -> None:
+        """Make the CPU timer (:func:`mlabench.measure.timing.time_calls`) read :attr:`clock_ns`,
+        which only the fake Gluon kernel advances (``block_us`` per block): timings without noise."""
+        self.block_us = block_us
+        clock = types.SimpleNamespace(perf_counter_ns=lambda: self.clock_ns, perf_counter=time.perf_counter)
+        monkeypatch.setattr(timing, "time", clock)
 
     def calls_to(self, name: str) -> list[dict[str, Any]]:
         return [args for call, args in self.calls if call == name]
@@ -185,11 +200,16 @@ def _decode(fake: FakeAiter, a: dict[str, Any]) -> tuple[None, None]:
         persistent = sys.modules["aiter.mla"]._use_persistent_mla_decode(
             a["qo_indptr"].shape[0] - 1, a["o"].shape[1], a["max_seqlen_q"], q.dtype, kv.dtype)
     fake.last["persistent"] = persistent
+    if not persistent and a["num_kv_splits"] is None:  # AITER: total_kv = kv_indices.shape[0]
+        fake.last["splits"] = rules.asm_nonpersistent_splits(
+            a["qo_indptr"].shape[0] - 1, a["kv_indices"].shape[0], fake.cu_num)
+    if not _within_2gib(a["kv_buffer"]) and fake.rule("asm_kv_offsets") == "int32" and gfx_of() == "gfx950":
+        a["o"].zero_()  # 32-bit KV byte offsets wrap past 2 GiB: wrong rows read
+        return None, None
     qo_len, causal = a["max_seqlen_q"], a.get("causal", True)  # before v0.1.20 kernels mask causally
     step = (a["qo_indptr"][1:] - a["qo_indptr"][:-1]).unique().tolist()
     assert step == [qo_len] and a["q"].shape[0] == qo_len * (a["qo_indptr"].shape[0] - 1)
-    gfx = sys.modules["aiter.jit.utils.chip_info"].get_gfx()
-    assert rules.asm_qo_len_reason(qo_len, causal, gfx, "causal" in a) is None, \
+    assert rules.asm_qo_len_reason(qo_len, causal, gfx_of(), "causal" in a) is None, \
         "mla_decode_stage1_asm_fwd: cannot find suitable kernel"  # asm_mla.cu's kernel lookup
     rows = a["kv_buffer"].view(-1, a["kv_buffer"].shape[-1])
     a["o"].copy_(csr_attention(a["q"], rows, a["kv_indptr"], a["kv_indices"], a["sm_scale"],
@@ -211,10 +231,11 @@ def _gluon(fake: FakeAiter, a: dict[str, Any]) -> tuple[torch.Tensor, None]:
     regime = rules.gluon_regime(nhead, max_heads)
     assert regime is not None, f"mla_gluon requires nhead <= {max_heads} or 64/128, got {nhead}"
     if regime == "bh64":
+        base_grid = 8 * -(-nhead // 64) * qlen * (batch // 8)  # AITER divides by it before its batch check
+        n = 1 << max(0, (-(-256 // base_grid) - 1).bit_length())  # ZeroDivisionError below batch 8
         listed = fake.rule("gluon_bh64") == "listed"
         ok = batch in rules.GLUON_BH64_LISTED_BATCHES if listed else batch % 64 == 0
         assert ok, f"mla_gluon[bh64] batch_size {batch}"
-        n = rules.gluon_bh64_splits(batch, nhead, qlen)
         need = rules.gluon_bh64_min_kv_required(n)
         assert min_kv > need, f"mla_gluon[bh64] requires min_kv_seq_len > {need}, got {min_kv}"
     else:
@@ -222,11 +243,38 @@ def _gluon(fake: FakeAiter, a: dict[str, Any]) -> tuple[torch.Tensor, None]:
         n = cap if fake.rule("gluon_bh16_splits") == "budget" else max(
             1, min(cap, -(-min_kv // GLUON_BLOCK_N)))
     assert a["use_2d_view"] is False and a["k_pe"] is None and a["kv_pe_offset"] == 512
-    fake.last["launched"] = n
+    if not _within_2gib(a["kv_c"]) and fake.rule("gluon_over_2gib") == "int32_overflow":
+        raise RuntimeError("Segmentation fault: global_load path with 32-bit KV offsets (WITHIN_2GB=False)")
+    lens = (a["seq_info"][1:] - a["seq_info"][:-1]).tolist()
+    budget = regime == "bh16" and fake.rule("gluon_bh16_splits") == "budget"
+    runs = [_kernel_splits(length, n, budget) for length in lens]
+    fake.last.update(launched=n, min_kv_seq_len=min_kv, per_request=[k for k, _ in runs])
+    fake.clock_ns += round(fake.block_us * max(blocks for _, blocks in runs) * 1e3)
     q = torch.cat([q_nope, a["q_pe"]], dim=-1).reshape(batch * qlen, nhead, -1)
     out = csr_attention(q, a["kv_c"], a["seq_info"], a["page_table"], a["sm_scale"], qo_len=qlen)
     a["o"].copy_(out.view(a["o"].shape))
     return a["o"], None
+
+
+def _within_2gib(kv: torch.Tensor) -> bool:
+    """AITER's test: the KV tensor's whole extent (rows x row stride x element size, the spare
+    page included) within :data:`~mlabench.backends.aiter.rules.KV_OFFSET_LIMIT_BYTES`."""
+    return kv.shape[0] * kv.stride(0) * kv.element_size() <= rules.KV_OFFSET_LIMIT_BYTES
+
+
+def _kernel_splits(length: int, launched: int, budget: bool) -> tuple[int, int]:
+    """``(splits run, 64-token blocks of the longest split)`` of a request of ``length`` tokens, as
+    AITER's bh16 kernel cuts it: ``L // N`` tokens a split (``max(64, L // N)`` under the budget
+    rule, splits past the end returning at once), the last split taking the rest."""
+    per_split = max(GLUON_BLOCK_N, length // launched) if budget else length // launched
+    active = min(-(-length // per_split), launched) if per_split else launched
+    longest = max(per_split, length - (active - 1) * per_split)
+    return active, -(-longest // GLUON_BLOCK_N)
+
+
+def gfx_of() -> str:
+    """The architecture the installed fake's ``get_gfx`` reports."""
+    return sys.modules["aiter.jit.utils.chip_info"].get_gfx()
 
 
 def _get_gfx(fake: FakeAiter, a: dict[str, Any]) -> str:
@@ -255,6 +303,18 @@ BEHAVIOURS: dict[str, Callable[[FakeAiter, dict[str, Any]], Any]] = {
     "get_gfx": _get_gfx, "get_cu_num": lambda fake, a: fake.cu_num, "gate": _gate,
     "gate_max_batch": _gate_max_batch,
 }
+
+
+def aiter_available_on_cpu(monkeypatch: pytest.MonkeyPatch, device_arch: str = "gfx950") -> None:
+    """Make the AITER backends see a ROCm build with a ``device_arch`` GPU while every other module
+    (inputs, timing, graph-check) keeps the CPU: the adapters' own availability checks only."""
+    from mlabench.backends.aiter import asm_backend, gluon_backend
+    from mlabench.device import DeviceInfo
+
+    for mod in (asm_backend, gluon_backend):
+        monkeypatch.setattr(mod, "rocm_reason", lambda archs: "")
+    info = DeviceInfo("cpu", "cpu", "CPU standing in for an AMD GPU", 1, 0, device_arch, 0)
+    monkeypatch.setattr(gluon_backend, "current_device", lambda: info)
 
 
 def pretend_rocm(monkeypatch: pytest.MonkeyPatch, device_arch: str = "gfx950") -> None:
