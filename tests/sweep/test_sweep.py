@@ -296,3 +296,37 @@ def test_a_bad_split_policy_is_one_error_before_anything_runs(tmp_path, monkeypa
     assert code == 2, (out, err)
     assert err.strip().startswith("error:") and said in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "res").exists()
+
+
+def test_a_disk_filling_mid_run_leaves_whole_records_and_names_the_resume(tmp_path, monkeypatch):
+    """Issue 25 item 5: the disk fills after three records; the fourth is not half-written, and the
+    error names the full disk, what was kept and the command that resumes."""
+    import errno
+    import os
+
+    from mlabench.errors import FileAccessError
+
+    real_write, room = os.write, [25]  # part of the next line reaches the disk, then it is full
+
+    def full(fd, data):
+        if not room[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = real_write(fd, bytes(data)[:room[0]])
+        room[0] -= n
+        return n
+
+    def fill_after_three(point, record, done, total):
+        if record is not None and done == 3:
+            monkeypatch.setattr("mlabench.files.os.write", full)
+
+    with pytest.raises(FileAccessError) as info:
+        run_sweep(small_config(), tmp_path, progress=fill_after_three)
+    (run_dir,) = list(tmp_path.iterdir())
+    said = str(info.value)
+    assert "the disk is full" in said and "3 of 8 points recorded" in said, said
+    assert said.endswith(f"free space, then continue with: mlabench sweep --resume {run_dir}") and "\n" not in said
+    data = (run_dir / "results.jsonl").read_bytes()
+    assert data.endswith(b"\n") and len(data.splitlines()) == 3
+    monkeypatch.undo()
+    _, recs = run_sweep(small_config(), tmp_path, resume=run_dir)
+    assert len(recs) == 8
