@@ -63,6 +63,7 @@ def check(
 ) -> None:
     """Check every backend against the fp32 reference; exit 1 on any failure."""
     from mlabench.checks.verdict import check_config
+    from mlabench.shapes import model_spec, scale_note
     from mlabench.sweep.check import DEFAULT_CHECK_SPLITS, check_failures, check_shapes, check_table, run_check
 
     fmt = output_format(format, as_json, markdown)
@@ -75,7 +76,9 @@ def check(
     split_list = int_list(splits, "--splits", "--splits") or DEFAULT_CHECK_SPLITS
     with progress_bar("check") as update:
         records, unavailable = run_check(shapes, name_list(backend), split_list, tol, seed, update)
-    emit([check_table(records, unavailable)], fmt)
+    table = check_table(records, unavailable)
+    table.notes.append(scale_note(model_spec(model, model_config)))
+    emit([table], fmt)
     failed = check_failures(records)
     if failed:
         fail(f"{len(failed)} of {len(records)} checks failed")
@@ -109,7 +112,9 @@ def sweep(
         notice(f"No GPU found: running a small CPU sweep ({cfg.name}) on {current_device().name}.")
     store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
     summary = sweep_summary(records)
-    summary.notes += [ceilings_note(store.manifest()), *health_notes(store.manifest(), records)]
+    manifest = store.manifest()
+    summary.notes += [ceilings_note(manifest), *filter(None, [manifest.softmax_scale]),
+                      *health_notes(manifest, records)]
     emit([summary], fmt)
     _results_went_to(store)
 

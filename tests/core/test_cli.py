@@ -45,6 +45,9 @@ def test_check_passes_for_kimi_k3_tp8():
     assert all(r["verdict"] == "pass" and r["finite"] and r["rel RMSE"] < 0.0078 and r["rel max err"] < 0.0625
                for r in rows)
     assert "random, needles, peaky, flat" in json.loads(result.stdout)[0]["notes"][0]
+    # issue 25 item 7: the scale in use and where it came from
+    assert "softmax scale 0.072169 = (128 + 64) ** -0.5 (no rope scaling) from vLLM ROCm" in \
+        json.loads(result.stdout)[0]["notes"][-1]
 
 
 def test_check_fails_with_exit_1_on_a_wrong_backend(monkeypatch, capsys):

@@ -193,6 +193,25 @@ def test_model_config_dims_reach_the_shape(tmp_path):
     assert shape == (16, 256, 320)
 
 
+def test_the_manifest_and_the_summary_say_which_softmax_scale_ran(tmp_path):
+    """Issue 25 item 7: the scale a sweep used, and where it came from, is in its manifest."""
+    import json
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_attention_heads": 24, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                                  "qk_nope_head_dim": 128, "rope_scaling": {"type": "yarn", "factor": 40,
+                                                                            "mscale_all_dim": 1.0,
+                                                                            "apply_yarn_scaling": False}}))
+    cfg = small_config(heads=None, model_config=str(config), tp=2, batch=[1], context_lens=[16],
+                       params={"num_kv_splits": [1]})
+    store, recs = run_sweep(cfg, tmp_path / "runs")
+    said = f"softmax scale 0.072169 = (128 + 64) ** -0.5 (YaRN, apply_yarn_scaling false: no mscale) from {config}"
+    assert store.manifest().softmax_scale == said
+    assert recs[0].shape["softmax_scale"] == pytest.approx(192**-0.5)
+    _, plain = run_sweep(small_config(batch=[1], context_lens=[16], params={"num_kv_splits": [1]}), tmp_path / "b")
+    assert _.manifest().softmax_scale.startswith("softmax scale 0.041667 = 576 ** -0.5")
+
+
 @pytest.mark.parametrize("name", ["../../etc/x", "a/b", ""])
 def test_run_name_cannot_leave_the_results_folder(name):
     with pytest.raises(Exception, match="name"):
