@@ -82,6 +82,9 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
         table.notes.append(f"{noisy} of {len(records)} points are noisy: the 95% CI of their median stayed wider "
                            "than the target within the budget; their times are less certain (raise --budget-s, "
                            "or quiet the machine)")
+    if any(r.timing_mode == "wall" for r in records):
+        table.notes.append("CPU run: a smoke test of the pipeline, not a measurement (wall-clock times of "
+                           "PyTorch code on a CPU; compare nothing from them)")
     if records:
         r0 = records[0]
         bw = r0.read_bandwidth_tbps if r0.floor_bandwidth == "read" else r0.copy_bandwidth_tbps
