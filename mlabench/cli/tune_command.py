@@ -228,6 +228,7 @@ def _report(result: Any, fmt: str) -> None:
         policy.rows += [[b.batch, e.max_context_len, e.describe()] for e in b.entries]
     choices.notes.append("trials, pruned: distinct configurations by what they launch at the bucket's lengths "
                          "(a repeat reuses the earlier measurement and does not count towards --trials)")
+    choices.notes += [f"batch {c.batch}, context {c.bucket}: {c.tie}" for c in result.choices if c.tie]
     if any(c.tile_tokens for c in result.choices):
         policy.notes.append(TILES_NOTATION)
     emit([choices, policy], fmt)
