@@ -26,17 +26,21 @@ def backends(format: Format = None, as_json: Json = False, markdown: Markdown = 
     version and the behaviour rules in force."""
     from mlabench.backends import backend_names, get_backend
     from mlabench.device import current_device
-    from mlabench.tables.table import Table
+    from mlabench.tables.table import ColumnStyle, Table
 
     fmt = output_format(format, as_json, markdown)
     dev = current_device()
+    machine = ColumnStyle(show="machine")  # people read both in "available here" (80 columns)
     t = Table(f"Backends on {dev.name} ({dev.kind}, {dev.arch})",
-              ["backend", "family", "available", "reason / parameters", "summary"])
+              ["backend", "family", "available", "reason / parameters", "available here", "summary"],
+              styles={"available": machine, "reason / parameters": machine,
+                      "available here": ColumnStyle(show="human")})
     for name in backend_names():
         b = get_backend(name)
         ok, why = b.available()
         params = ", ".join(p.name for p in b.params) or "—"
-        t.rows.append([name, b.family, ok, why if not ok else f"params: {params}", b.summary])
+        reason = why if not ok else f"params: {params}"
+        t.rows.append([name, b.family, ok, reason, f"yes; {reason}" if ok else f"no: {reason}", b.summary])
         details = b.details()  # e.g. the installed library's version and the rules in force
         if details:
             t.notes.append(f"{name}: {details}")

@@ -35,6 +35,14 @@ def test_backends_lists_every_backend_with_a_reason():
     assert not rows["aiter-asm"]["available"] and "ROCm" in rows["aiter-asm"]["reason / parameters"]
 
 
+def test_backends_fits_80_columns():
+    """Issue 25 item 14: ``mlabench backends`` printed 86-column lines at 80 columns."""
+    result = CliRunner().invoke(cli.app, ["backends"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80, result.stdout
+    assert "yes; params:" in result.stdout and "no: needs ROCm" in result.stdout
+
+
 def test_check_passes_for_kimi_k3_tp8():
     result = CliRunner().invoke(cli.app, ["check", "--model", "kimi-k3", "--tp", "8", "--backend",
                                           "torch-splitkv", "--splits", "1,3,300", "--json"])
@@ -418,3 +426,23 @@ def test_each_commands_help_describes_its_own_options_only(command, monkeypatch,
     text = " ".join(out.split())
     assert code == 0 and "check:" not in text and "check's" not in text
     assert ("compare --from" not in text) and (command == "compare") == ("with --from: a filter" in text)
+
+
+def test_the_tune_choice_table_fits_80_columns():
+    """Issue 25 item 14: not on a terminal, tune printed a 109-column table."""
+    from mlabench.cli.output import print_wide
+    from mlabench.cli.tune_command import choice_table
+    from mlabench.tables.render import to_rich
+    from mlabench.tune.choice import BucketChoice
+    from rich.console import Console
+    import io
+
+    rows = [BucketChoice(b, f"{lo + 1}-{hi}", hi, [lo + 1, hi], 20 + lo % 7, lo % 5, 24, {"num_kv_splits": 16 * b}, 512,
+                         123.4 * b + lo, 0.0123 * b, 120.1 * b + lo, f"aiter-gluon-0.1.{lo % 3}", 150.2 * b + hi,
+                         0.25 + b, max_splits=132 - lo % 11, tie="x" * 30)
+            for b in (1, 16) for lo, hi in ((0, 1024), (1024, 4096), (65536, 131072))]
+    console = Console(file=io.StringIO(), width=80)
+    print_wide(console, to_rich(choice_table(rows), 80))
+    text = console.file.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    assert "left out at 80 columns" in text and "batch 16, context 65537-131072: xxx" in text

@@ -369,3 +369,11 @@ def test_the_history_shows_a_choice_far_slower_than_the_best():
     assert low < 13017.0 and high > 53872.0
     stars = [line for line in ax.get_lines() if line.get_marker() == "*"]
     assert [tuple(s.get_ydata()) for s in stars] == [(53872.0,)]
+
+
+def test_a_choice_of_one_split_is_singular():
+    """Issue 25 item 14: the history title said "chose 1 splits"."""
+    from mlabench.report.figures.draw_tuning import _history_title
+
+    h = T.StudyHistory(T.Study(1, 0, 48, 48), [], {"num_kv_splits": 1}, 53872.0)
+    assert _history_title(h) == "≤ 48 (at 48)\nchose 1 split, 53900 µs"

@@ -124,7 +124,8 @@ def _history_title(h: StudyHistory) -> str:
     if h.chosen is not None and h.chosen_us is not None:
         splits = h.chosen.get("num_kv_splits")
         rule = f"{h.chosen_rule.removeprefix('num_kv_splits=')} = " if h.chosen_rule else ""
-        chosen = f"\nchose {rule}{splits} splits, {style.sig3(h.chosen_us)} µs" if splits is not None else ""
+        chosen = (f"\nchose {rule}{splits} split{'s' * (splits != 1)}, {style.sig3(h.chosen_us)} µs"
+                  if splits is not None else "")
     return f"{bucket} (at {s.length}){chosen}"
 
 
