@@ -15,7 +15,8 @@ import typer
 from mlabench.cli.options import (
     Backends, Batch, BudgetS, CheckBatch, CheckContext, CheckHeads, CompareBatch, CompareContext, CompareQoLens,
     Context, Format, GraphCaptures, Heads, Json, Markdown, MaxVisits, Model, ModelConfig, NonCausal, Order, OrderSeed,
-    PageSize, QoLens, ResultsDir, Resume, Splits, SweepFile, Tp, Visits, int_list, name_list, output_format,
+    PageSize, PlainPageSize, PlainTp, QoLens, ResultsDir, Resume, Splits, SweepFile, Tp, Visits, int_list, name_list,
+    output_format,
 )
 from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError
@@ -48,9 +49,9 @@ def backends(format: Format = None, as_json: Json = False, markdown: Markdown = 
 
 
 def check(
-    model: Model = None, tp: Tp = None, model_config: ModelConfig = None, heads: CheckHeads = None,
+    model: Model = None, tp: PlainTp = None, model_config: ModelConfig = None, heads: CheckHeads = None,
     backend: Backends = None, splits: Splits = None, batch: CheckBatch = None, context: CheckContext = None,
-    qo_len: QoLens = None, non_causal: NonCausal = False, page_size: PageSize = None,
+    qo_len: QoLens = None, non_causal: NonCausal = False, page_size: PlainPageSize = None,
     dtype: Annotated[str, typer.Option(metavar="DTYPE", help="q and KV dtype.")] = "bfloat16",
     rel_rmse_limit: Annotated[float | None, typer.Option(
         metavar="X", help="Largest relative RMSE (RMSE / RMS of the reference) that passes; default from "

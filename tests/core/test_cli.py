@@ -451,3 +451,11 @@ def test_the_tune_choice_table_fits_80_columns():
     text = console.file.getvalue()
     assert max(len(line) for line in text.splitlines()) <= 80, text
     assert "left out at 80 columns" in text and "batch 16, context 65537-131072: xxx" in text
+
+
+@pytest.mark.parametrize("command", sorted(name for group in GROUPS for name in group.COMMANDS))
+def test_help_mentions_a_sweep_config_only_where_the_command_takes_one(command):
+    """Issue 25 item 14: ``check --help`` said "or the sweep config's" of --tp and --page-size."""
+    text = CliRunner().invoke(cli.app, [command, "--help"], env={"COLUMNS": "200"}).output
+    if "--config" not in text:
+        assert "sweep config" not in text, text

@@ -130,3 +130,13 @@ def test_measured_configs_pool_repeats_and_drop_pruned_and_failed():
 def test_config_validation_is_one_line():
     with pytest.raises(ValueError, match="increasing"):
         TuneConfig(backend="x", buckets=[4096, 1024])
+
+
+def test_tune_takes_12_heads_without_a_model_as_sweep_and_check_do():
+    """Issue 25 item 14: tune wanted --heads where sweep and check default to 12 heads."""
+    from mlabench.tune.space import TuneConfig, shape_dims
+
+    cfg = TuneConfig(backend="torch-splitkv", buckets=[128])
+    assert cfg.heads == 12 and shape_dims(cfg)["num_heads"] == 12
+    assert TuneConfig(backend="torch-splitkv", buckets=[128], model="kimi-k3", tp=8).heads is None
+    assert TuneConfig(backend="torch-splitkv", buckets=[128], heads=4).heads == 4
