@@ -77,7 +77,7 @@ def _context_x(ax: Any, contexts: Sequence[int], log: bool = True) -> None:
     if log:
         ax.set_xscale("log")
         ax.xaxis.set_minor_locator(ticker.NullLocator())
-    ax.set_xticks(list(contexts), [style.context_text(c) for c in contexts], rotation=45 if log else 0)
+    ax.set_xticks(list(contexts), style.context_labels(list(contexts), log), rotation=45 if log else 0)
     ax.set_xlabel(style.CONTEXT_AXIS)
 
 
