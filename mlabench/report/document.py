@@ -76,7 +76,7 @@ def _pct(value: float) -> str:
 
 # Column name -> how people read its numbers (µs to 3 significant digits, speedups to 2 decimals).
 _READABLE: tuple[tuple[str, Callable[[float], str]], ...] = (
-    ("speedup", lambda v: f"{v:.2f}"), ("% floor", _pct), ("µs", style.sig3), ("TB/s", lambda v: f"{v:.2f}"),
+    ("speedup", lambda v: f"{v:.2f}"), ("% floor", _pct), ("µs", style.sig3), ("TB/s", style.sig3),
     ("cosine", lambda v: f"{v:.6f}"), (" %", style.sig3),
 )
 

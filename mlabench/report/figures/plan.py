@@ -117,7 +117,7 @@ def _latency(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec]
         data = D.latency_vs_context(recs)
         if not data.curves:
             continue
-        bw = f"{data.floor_bandwidth_tbps:.2f} TB/s" if data.floor_bandwidth_tbps else "measured"
+        bw = D.floor_bandwidth_text(data)
         if kind == "latency":
             title = "MLA decode latency vs context length, best correct configuration per backend"
             caption = (f"Median µs per decode call of each backend's fastest correct configuration; dashed: the "

@@ -76,6 +76,11 @@ def tick_text(value: float) -> str:
     return f"{value:g}"
 
 
+def tbps_text(value: float) -> str:
+    """A bandwidth to 3 significant digits: '4.46 TB/s', and a CPU's '0.0037 TB/s' (not '0.00')."""
+    return f"{value:.3g} TB/s"
+
+
 def speedup_text(value: float | None) -> str:
     """A speedup to 2 decimals with a times sign: '1.34×'."""
     return "—" if value is None or not math.isfinite(value) else f"{value:.2f}×"
