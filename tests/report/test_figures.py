@@ -91,7 +91,7 @@ def test_plot_command(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--kind", "bogus"], "unknown figure kind 'bogus'; known: latency"),
-    (["--format", "jpg"], "figure format must be one of png, svg"),
+    (["--format", "jpg"], "figure format must be one of png, svg, got 'jpg' (plot writes figure files; its --format is their file format, not a table's)"),
 ])
 def test_plot_command_refuses_bad_flags(args, message, tmp_path, monkeypatch, capsys):
     code, _out, err = run_cli(["plot", "--from", str(SERVE), "--out", str(tmp_path), *args], monkeypatch, capsys)

@@ -116,7 +116,7 @@ def test_report_command(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["mlabench", "report", "--from", str(H200), "--format", "pdf"])
     with pytest.raises(SystemExit) as exc:
         cli.main()
-    assert exc.value.code == 2 and "report format must be one of markdown, html" in capsys.readouterr().err
+    assert exc.value.code == 2 and "report format must be one of markdown, html, got 'pdf' (report writes one document; its --format is the document's file format, not a table's)" in capsys.readouterr().err
 
 
 def test_report_of_a_tuning_run_and_of_a_validation_run(tmp_path):

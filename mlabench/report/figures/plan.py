@@ -328,7 +328,8 @@ def write_figures(runs: Any, out_dir: Path, kinds: Sequence[str] | None = None,
     """
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
-        raise ConfigError(f"figure format must be one of {', '.join(FORMATS)}, got {bad[0] if bad else 'none'!r}")
+        raise ConfigError(f"figure format must be one of {', '.join(FORMATS)}, got {bad[0] if bad else 'none'!r} "
+                          "(plot writes figure files; its --format is their file format, not a table's)")
     specs, skipped = plan(runs, kinds)
     if specs:
         make_dir(out_dir, "figure folder")
