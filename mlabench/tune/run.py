@@ -33,6 +33,7 @@ from mlabench.policy.tuned import Policy
 from mlabench.records.provenance import command_line, git_revision, library_versions
 from mlabench.records.record import Manifest, new_run_id, utc_now
 from mlabench.records.store import ResultStore, refuse_archived
+from mlabench.shapes import model_spec, scale_note
 from mlabench.tune.choice import BucketChoice, build_policy, study_choice
 from mlabench.tune.seeded_trials import heuristic_trials, whole_tile_trials
 from mlabench.tune.space import (
@@ -106,8 +107,9 @@ def _manifest(run_id: str, cfg: TuneConfig, specs: list[StudySpec], copy_bw: flo
     config = cfg.model_dump(mode="json", by_alias=True)
     if cfg.storage:
         config["storage"] = redact_url(cfg.storage)
-    return run_manifest(run_id, copy_bw, {"tune": config, "studies": [dataclasses.asdict(s) for s in specs]},
-                        device)
+    manifest = run_manifest(run_id, copy_bw, {"tune": config, "studies": [dataclasses.asdict(s) for s in specs]},
+                            device)
+    return manifest.model_copy(update={"softmax_scale": scale_note(model_spec(cfg.model, cfg.model_config_path))})
 
 
 def recorded_config(run_dir: Path) -> tuple[TuneConfig, list[StudySpec]]:

@@ -212,3 +212,5 @@ def test_a_failed_worker_names_the_command_that_resumes(tmp_path, tiny_timing, m
     (run_dir,) = list(tmp_path.iterdir())
     assert str(info.value) == f"{said}; trials so far are kept in {run_dir}; continue with: mlabench tune --resume {run_dir}"
     assert info.value.exit_code == 2
+    # issue 25 item 7: a tuning run's manifest names its softmax scale too (12 heads, no model: 576 ** -0.5)
+    assert ResultStore(run_dir).manifest().softmax_scale.startswith("softmax scale 0.041667 = 576 ** -0.5")
