@@ -19,7 +19,7 @@ class ExitCode(IntEnum):
     #: It ran, but a check failed or a result is missing (check, serve-bench, serve-check; a filter
     #: or a diff that matches no recorded point, :class:`MissingResultError`).
     FAILED = 1
-    #: A usage mistake (click's usage message) or an error the user can cause (one ``error:`` line).
+    #: A usage mistake (click's message) or an error the user can cause: one ``error:`` line either way.
     ERROR = 2
     #: Stopped by Ctrl-C (128 + SIGINT), after saving what was measured.
     INTERRUPTED = 130

@@ -14,6 +14,7 @@ as one line (:func:`validation_line`).
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
@@ -40,6 +41,8 @@ def _reason(exc: OSError) -> str:
         return "exists already as a file"
     if isinstance(exc, PermissionError):
         return "permission denied"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "could not be written: the disk is full (no space left on device)"
     return exc.strerror or type(exc).__name__
 
 
@@ -83,12 +86,18 @@ def read_json(path: str | Path, what: str) -> Any:
 
 def write_text(path: str | Path, text: str, what: str, atomic: bool = False) -> Path:
     """Write ``text`` (UTF-8) to ``path``, creating its folder; with ``atomic`` through a temporary
-    file renamed over it.  :class:`FileAccessError` when it cannot be written."""
+    file renamed over it (removed again when the write fails, e.g. on a full disk).
+    :class:`FileAccessError` when it cannot be written."""
     p = Path(path)
+    target = p.with_name(p.name + ".tmp") if atomic else p
     with user_path(p, what):
         p.parent.mkdir(parents=True, exist_ok=True)
-        target = p.with_name(p.name + ".tmp") if atomic else p
-        target.write_text(text, encoding="utf-8")
+        try:
+            _write_file(target, text.encode("utf-8"), os.O_TRUNC)
+        except OSError:
+            if atomic and target.is_file():
+                target.unlink()
+            raise
         if atomic:
             target.replace(p)
     return p
@@ -99,17 +108,38 @@ def write_bytes(path: str | Path, data: bytes, what: str) -> Path:
     p = Path(path)
     with user_path(p, what):
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
+        _write_file(p, data, os.O_TRUNC)
     return p
 
 
 def append_text(path: str | Path, text: str, what: str, sync: bool = False) -> None:
-    """Append ``text`` to ``path`` (flushed, and fsync'ed with ``sync``); :class:`FileAccessError`."""
-    with user_path(path, what), open(path, "a", encoding="utf-8") as fh:
-        fh.write(text)
-        if sync:
-            fh.flush()
-            os.fsync(fh.fileno())
+    """Append ``text`` to ``path`` whole or not at all (fsync'ed with ``sync``).
+
+    A write cut short (a full disk) is cut back off before :class:`FileAccessError` is raised, so a
+    JSONL file never keeps a torn line; several processes appending to one file hold a lock around
+    this call (:func:`mlabench.tune.worker_pool.append_shared`).
+    """
+    with user_path(path, what):
+        _write_file(Path(path), text.encode("utf-8"), os.O_APPEND, sync)
+
+
+def _write_file(path: Path, data: bytes, mode: int, sync: bool = False) -> None:
+    """Write ``data`` into ``path`` opened with ``mode`` (``os.O_TRUNC`` or ``os.O_APPEND``); on
+    any failure the file is truncated back to its size before, and the ``OSError`` re-raised."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | mode, 0o666)
+    try:
+        start = os.fstat(fd).st_size if mode == os.O_APPEND else 0
+        try:
+            view = memoryview(data)
+            while view:  # os.write may write less than asked (a disk filling up)
+                view = view[os.write(fd, view):]
+            if sync:
+                os.fsync(fd)
+        except BaseException:
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
 
 
 def make_dir(path: str | Path, what: str, exist_ok: bool = True) -> Path:

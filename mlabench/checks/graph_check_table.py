@@ -14,22 +14,22 @@ def graph_check_table(result: GraphCheckResult, cfg: GraphCheckConfig) -> Table:
     t = Table(f"graph-check: captured with {cfg.capture_len} token(s) per request{qo}, replayed after "
               "refresh, against the call tuned for each length",
               ["subject", "batch", "context", "graph_us", "tuned_us", "tuned_splits",
-               "captured_splits", "slowdown_pct", "refresh_us", "correct", "flagged", "note"],
+               "captured_splits", "slowdown_pct", "refresh_us", "correct", "flagged", "note", "device"],
               group_by="subject")
     t.styles.update({
         "graph_us": ColumnStyle(header="graph µs", justify="right"),
         "tuned_us": ColumnStyle(header="tuned µs", justify="right"),
         "tuned_splits": ColumnStyle(header="tuned splits", justify="right"),
         "captured_splits": ColumnStyle(header="splits in graph", justify="right"),
-        "slowdown_pct": ColumnStyle(header="slower %", justify="right",
-                                    text=lambda v: "—" if v is None else f"{v:+.1f}"),
+        "slowdown_pct": ColumnStyle(header="slower %", justify="right", text=signed_pct),
         "refresh_us": ColumnStyle(header="refresh µs/step", justify="right"),
+        "device": ColumnStyle(show="machine"),  # people read it in a note
     })
     for r in result.rows:
         slow = r.slowdown
         t.add_row([r.subject, r.batch, r.context_len, r.graph_us, r.tuned_us, r.tuned_splits,
                    r.captured_splits, None if slow is None else 100 * slow, r.refresh_us, r.correct,
-                   r.flagged, r.note], style="red" if r.flagged else None)
+                   r.flagged, r.note, result.device], style="red" if r.flagged else None)
     flagged = sorted({r.subject for r in result.rows if r.flagged})
     t.notes.append(f"flagged (wrong, or > {100 * cfg.tolerance:g}% slower than tuned): "
                    + (", ".join(flagged) if flagged else "none"))
@@ -48,3 +48,12 @@ def graph_check_table(result: GraphCheckResult, cfg: GraphCheckConfig) -> Table:
         t.notes.append(f"split policy ({result.policy.source}), context <= tokens: splits: " + "; ".join(
             f"B={b}: " + ", ".join(f"<={n}:{c}" for n, c in rows) for b, rows in tables))
     return t
+
+
+def signed_pct(value: float | None) -> str:
+    """A percentage with its sign and one decimal, ``0.0`` for what rounds to zero (not ``-0.0``),
+    and an em dash for None."""
+    if value is None:
+        return "—"
+    text = f"{value:+.1f}"
+    return "0.0" if text in ("+0.0", "-0.0") else text

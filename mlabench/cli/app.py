@@ -3,7 +3,8 @@ codes.
 
 Exit codes (:class:`~mlabench.errors.ExitCode`): 0 done; 1 a check failed or a result is missing
 (a command raises ``typer.Exit(ExitCode.FAILED)``, or a
-:class:`~mlabench.errors.MissingResultError` gives one ``error:`` line and 1); 2 a usage mistake (click's usage message) or
+:class:`~mlabench.errors.MissingResultError` gives one ``error:`` line and 1); 2 a usage mistake (click's message
+as one ``error:`` line: :func:`usage_line`) or
 a :class:`~mlabench.errors.MlabenchError` (one ``error: ...`` line on stderr, or the error's own
 ``exit_code``); 130 Ctrl-C.  Tables go to stdout, progress and notices to stderr.
 """
@@ -87,6 +88,21 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except Exception as exc:
         if _is_usage_error(exc):
-            exc.show()
+            typer.echo(f"error: {usage_line(exc)}", err=True)
             sys.exit(exc.exit_code or ExitCode.ERROR)
         raise
+
+
+def usage_line(exc: BaseException) -> str:
+    """Click's usage error as one line: its message, without pydantic's ``Value error,`` prefix and
+    with a lower-case start, then the command whose ``--help`` lists the options, e.g.
+    ``invalid value for '--order': 'bogus' is not one of ... (mlabench sweep --help)``."""
+    format_message = getattr(exc, "format_message", None)
+    text = format_message() if callable(format_message) else str(exc)
+    text = " ".join(text.replace("Value error, ", "").split())
+    names, ctx = [], getattr(exc, "ctx", None)
+    while ctx is not None and ctx.parent is not None:  # the root's name is the program's, however run
+        names.insert(0, ctx.info_name)
+        ctx = ctx.parent
+    path = " ".join(["mlabench", *names])
+    return f"{text[:1].lower()}{text[1:]} ({path} --help)"

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from mlabench.cli.options import (
-    Batch, BudgetS, Context, Format, Json, Markdown, NonCausal, PageSize, QoLen, Splits, int_list, name_list,
+    Batch, BudgetS, Context, Format, Json, Markdown, NonCausal, PlainPageSize, QoLen, Splits, int_list, name_list,
     output_format,
 )
 from mlabench.cli.output import emit, fail, notice
@@ -36,7 +36,7 @@ def graph_check(
         metavar="PATH", help="Write the policy used here to this file.")] = None,
     save: Annotated[Path | None, typer.Option(metavar="PATH", help="Also write the table as JSON to this file.")] = None,
     heads: Annotated[str | None, typer.Option(metavar="H", help="Local heads (one value; default 12).")] = None,
-    batch: Batch = None, context: Context = None, page_size: PageSize = None,
+    batch: Batch = None, context: Context = None, page_size: PlainPageSize = None,
     qo_len: QoLen = None, non_causal: NonCausal = False,
     dtype: Annotated[str, typer.Option(metavar="DTYPE", help="q and KV dtype.")] = "bfloat16",
     capture_len: Annotated[int | None, typer.Option(

@@ -15,7 +15,8 @@ import typer
 from mlabench.cli.options import (
     Backends, Batch, BudgetS, CheckBatch, CheckContext, CheckHeads, CompareBatch, CompareContext, CompareQoLens,
     Context, Format, GraphCaptures, Heads, Json, Markdown, MaxVisits, Model, ModelConfig, NonCausal, Order, OrderSeed,
-    PageSize, QoLens, ResultsDir, Resume, Splits, SweepFile, Tp, Visits, int_list, name_list, output_format,
+    PageSize, PlainPageSize, PlainTp, QoLens, ResultsDir, Resume, Splits, SweepFile, Tp, Visits, int_list, name_list,
+    output_format,
 )
 from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError
@@ -26,17 +27,21 @@ def backends(format: Format = None, as_json: Json = False, markdown: Markdown = 
     version and the behaviour rules in force."""
     from mlabench.backends import backend_names, get_backend
     from mlabench.device import current_device
-    from mlabench.tables.table import Table
+    from mlabench.tables.table import ColumnStyle, Table
 
     fmt = output_format(format, as_json, markdown)
     dev = current_device()
+    machine = ColumnStyle(show="machine")  # people read both in "available here" (80 columns)
     t = Table(f"Backends on {dev.name} ({dev.kind}, {dev.arch})",
-              ["backend", "family", "available", "reason / parameters", "summary"])
+              ["backend", "family", "available", "reason / parameters", "available here", "summary"],
+              styles={"available": machine, "reason / parameters": machine,
+                      "available here": ColumnStyle(show="human")})
     for name in backend_names():
         b = get_backend(name)
         ok, why = b.available()
         params = ", ".join(p.name for p in b.params) or "—"
-        t.rows.append([name, b.family, ok, why if not ok else f"params: {params}", b.summary])
+        reason = why if not ok else f"params: {params}"
+        t.rows.append([name, b.family, ok, reason, f"yes; {reason}" if ok else f"no: {reason}", b.summary])
         details = b.details()  # e.g. the installed library's version and the rules in force
         if details:
             t.notes.append(f"{name}: {details}")
@@ -44,9 +49,9 @@ def backends(format: Format = None, as_json: Json = False, markdown: Markdown = 
 
 
 def check(
-    model: Model = None, tp: Tp = None, model_config: ModelConfig = None, heads: CheckHeads = None,
+    model: Model = None, tp: PlainTp = None, model_config: ModelConfig = None, heads: CheckHeads = None,
     backend: Backends = None, splits: Splits = None, batch: CheckBatch = None, context: CheckContext = None,
-    qo_len: QoLens = None, non_causal: NonCausal = False, page_size: PageSize = None,
+    qo_len: QoLens = None, non_causal: NonCausal = False, page_size: PlainPageSize = None,
     dtype: Annotated[str, typer.Option(metavar="DTYPE", help="q and KV dtype.")] = "bfloat16",
     rel_rmse_limit: Annotated[float | None, typer.Option(
         metavar="X", help="Largest relative RMSE (RMSE / RMS of the reference) that passes; default from "
@@ -63,6 +68,7 @@ def check(
 ) -> None:
     """Check every backend against the fp32 reference; exit 1 on any failure."""
     from mlabench.checks.verdict import check_config
+    from mlabench.shapes import model_spec, scale_note
     from mlabench.sweep.check import DEFAULT_CHECK_SPLITS, check_failures, check_shapes, check_table, run_check
 
     fmt = output_format(format, as_json, markdown)
@@ -75,7 +81,9 @@ def check(
     split_list = int_list(splits, "--splits", "--splits") or DEFAULT_CHECK_SPLITS
     with progress_bar("check") as update:
         records, unavailable = run_check(shapes, name_list(backend), split_list, tol, seed, update)
-    emit([check_table(records, unavailable)], fmt)
+    table = check_table(records, unavailable)
+    table.notes.append(scale_note(model_spec(model, model_config)))
+    emit([table], fmt)
     failed = check_failures(records)
     if failed:
         fail(f"{len(failed)} of {len(records)} checks failed")
@@ -112,7 +120,9 @@ def sweep(
         notice(f"No GPU found: running a small CPU sweep ({cfg.name}) on {current_device().name}.")
     store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
     summary = sweep_summary(records)
-    summary.notes += [ceilings_note(store.manifest()), *health_notes(store.manifest(), records, verbose)]
+    manifest = store.manifest()
+    summary.notes += [ceilings_note(manifest), *filter(None, [manifest.softmax_scale]),
+                      *health_notes(manifest, records, verbose)]
     emit([summary], fmt)
     _results_went_to(store)
 

@@ -38,6 +38,10 @@ CompareContext = Annotated[str | None, typer.Option(
     "--context", metavar="L[,L...]", help="Context lengths, e.g. 4096,131072 (with --from: a filter on the records).")]
 PageSize = Annotated[int | None, typer.Option(
     metavar="N", help="KV page size: 1, 16 or 64 (default 64, or the sweep config's).")]
+#: ``--tp`` and ``--page-size`` of the commands that take no sweep config (check, graph-check).
+PlainTp = Annotated[int | None, typer.Option("--tp", metavar="N", help="Tensor-parallel size (default 1).")]
+PlainPageSize = Annotated[int | None, typer.Option(
+    "--page-size", metavar="N", help="KV page size: 1, 16 or 64 (default 64).")]
 Backends = Annotated[list[str] | None, typer.Option(
     "--backend", metavar="NAME[,NAME...]", help="Backends, e.g. a,b (or repeated); default: every available one.")]
 Splits = Annotated[str | None, typer.Option(metavar="N[,N...]", help="num_kv_splits values, e.g. 1,16,64.")]

@@ -105,6 +105,8 @@ def serve_check(
     var = conf.variant(variant or conf.baseline)
     params = cfg.with_check_options(conf.check, max_tokens=tokens, prompt=prompt, tie_threshold=tie_threshold)
     expected = None if save_fixture else greedy.load_fixture(fixture)
+    if expected is not None:
+        greedy.check_request_matches(params, expected, fixture)
     server_bin = cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin)
     bench.preflight([var], server_bin, bench=False)
     run_dir = bench.new_run_dir(results_dir, var.name, kind="check") if var.launch else None
@@ -125,7 +127,8 @@ def serve_check(
         report = greedy.compare(out, expected, params.tie_threshold)
     if run_dir is not None:
         write_text(run_dir / "check.json", report.model_dump_json(indent=2) + "\n", "check report")
-    emit([greedy.report_table(report)], fmt)
+    saved = fixture if expected is None and report.verdict == "match" else None
+    emit([greedy.report_table(report, saved)], fmt)
     if not greedy.passes(report, strict):
         fail(f"greedy check: {report.verdict}")
 

@@ -210,26 +210,46 @@ def _one_value(values: list[int] | None, flag: str) -> int | None:
     return values[0] if values else None
 
 
+#: At a narrow terminal (80 columns in a log) the choice table leaves out, as far as it must, the
+#: splits cap, the pruned count, the lengths, the heuristic's worst %, the best µs, the trials, the
+#: heuristic's name and µs, then the chosen worst % (batch, bucket, chosen, its µs and the speedup
+#: stay; JSON keeps them all).
+CHOICE_DROPS = {"splits cap": 9, "pruned": 8, "lengths": 7, "heuristic worst %": 6, "best µs": 5, "trials": 4,
+                "best heuristic": 3, "heuristic µs": 2, "chosen worst %": 1}
+
+
+def choice_table(choices: list[Any]) -> Any:
+    """The tune run's choice per batch and bucket (:class:`~mlabench.tune.choice.BucketChoice`), with
+    a note per bucket where the tie rule chose; fits 80 columns (:data:`CHOICE_DROPS`)."""
+    from mlabench.policy.tuned import describe_choice
+    from mlabench.tables.table import ColumnStyle, Table
+
+    table = Table("Choice per batch and context bucket (µs: geometric mean over the bucket's lengths of the "
+                  "medians; worst %: the worst time over the best measured at each of those lengths)",
+                  ["batch", "bucket", "lengths", "splits cap", "trials", "pruned", "chosen", "chosen µs",
+                   "chosen worst %", "best µs", "best heuristic", "heuristic µs", "heuristic worst %", "speedup"],
+                  styles={name: ColumnStyle(drop=n) for name, n in CHOICE_DROPS.items()})
+    for c in choices:
+        speedup = c.best_heuristic_us / c.chosen_us if c.best_heuristic_us else None
+        table.rows.append([c.batch, c.bucket, ",".join(map(str, c.lengths)), c.max_splits, c.finished, c.pruned,
+                           describe_choice(c.chosen, c.tokens_per_split, c.tile_tokens), c.chosen_us,
+                           100 * c.chosen_worst, c.best_us, c.best_heuristic, c.best_heuristic_us,
+                           None if c.best_heuristic_worst is None else 100 * c.best_heuristic_worst, speedup])
+    table.notes.append("trials, pruned: distinct configurations by what they launch at the bucket's lengths "
+                       "(a repeat reuses the earlier measurement and does not count towards --trials)")
+    table.notes += [f"batch {c.batch}, context {c.bucket}: {c.tie}" for c in choices if c.tie]
+    return table
+
+
 def _report(result: Any, fmt: str) -> None:
-    from mlabench.policy.tuned import TILES_NOTATION, describe_choice
+    from mlabench.policy.tuned import TILES_NOTATION
     from mlabench.tables.table import Table
 
-    choices = Table("Choice per batch and context bucket (µs: geometric mean over the bucket's lengths of the "
-                    "medians; worst %: the worst time over the best measured at each of those lengths)",
-                    ["batch", "bucket", "lengths", "splits cap", "trials", "pruned", "chosen", "chosen µs", "chosen worst %",
-                     "best µs", "best heuristic", "heuristic µs", "heuristic worst %", "speedup"])
-    for c in result.choices:
-        speedup = c.best_heuristic_us / c.chosen_us if c.best_heuristic_us else None
-        choices.rows.append([c.batch, c.bucket, ",".join(map(str, c.lengths)), c.max_splits, c.finished, c.pruned,
-                             describe_choice(c.chosen, c.tokens_per_split, c.tile_tokens), c.chosen_us, 100 * c.chosen_worst,
-                             c.best_us, c.best_heuristic, c.best_heuristic_us,
-                             None if c.best_heuristic_worst is None else 100 * c.best_heuristic_worst, speedup])
+    choices = choice_table(result.choices)
     policy = Table(f"Policy for {result.policy.backend} on {result.policy.device} (adjacent buckets merged; "
                    "L: the context length)", ["batch", "max context", "params"])
     for b in result.policy.batches:
         policy.rows += [[b.batch, e.max_context_len, e.describe()] for e in b.entries]
-    choices.notes.append("trials, pruned: distinct configurations by what they launch at the bucket's lengths "
-                         "(a repeat reuses the earlier measurement and does not count towards --trials)")
     if any(c.tile_tokens for c in result.choices):
         policy.notes.append(TILES_NOTATION)
     emit([choices, policy], fmt)

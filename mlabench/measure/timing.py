@@ -22,7 +22,10 @@ Method (design.md, "Timing method"):
   95% confidence interval is below ``target_rel_ci`` (at least ``min_samples``) or the time budget
   ends; a point that never converges is flagged ``noisy``, not dropped.
 - On the CPU the same loop runs with a wall-clock timer over one pass of the copies (no launch to
-  amortise).
+  amortise), on ``cpu_threads`` torch threads (default 1): with torch's default, one thread per
+  core, a CPU sweep on a loaded machine gave medians in multiples of about 4 ms, up to 170x the
+  quiet machine's (issue 25); on one thread two runs agreed.  CPU times test the pipeline; they
+  measure no kernel.
 """
 
 from __future__ import annotations
@@ -69,6 +72,9 @@ class TimingConfig(BaseModel):
         "buffers landed) from one that belongs to the moment.  FlashMLA's two speeds at batch 1, 8K on "
         "an H200 turned out to be the moment's: 4 graphs in one visit never disagreed "
         "(results/h200/repeatability/history-attempt/), so 1, one graph, is the default."))
+    cpu_threads: int = Field(1, ge=1, description=(
+        "torch threads while timing on the CPU (torch.set_num_threads), restored after; 1 keeps times "
+        "repeatable on a shared machine."))
     steady_min_s: float = Field(5.0, ge=0, description="Least GPU warm-up before a sweep's first point, seconds.")
     steady_max_s: float = Field(30.0, ge=0, description="Most GPU warm-up waiting for steady clocks, seconds.")
 
@@ -128,7 +134,7 @@ def time_calls(calls: Sequence[Callable[[], object]], cfg: TimingConfig, *, use_
     :func:`calls_per_replay` calls cycling the copies: captured into a graph with ``use_graph``
     (``cfg.graph_captures`` graphs, all held, the samples taking them in turn; raises RuntimeError
     if a call cannot be captured), else launched eagerly; device events time it.  On the CPU a
-    sample is one pass timed with the wall clock.  The returned :class:`~mlabench.measure.stats.Stats`
+    sample is one pass timed with the wall clock, on ``cfg.cpu_threads`` torch threads.  The returned :class:`~mlabench.measure.stats.Stats`
     says how many calls each sample held (``calls_per_sample``), from how many graphs
     (``graph_captures``) and, with more than one, each graph's own median (``capture_medians_us``).
     """
@@ -141,7 +147,12 @@ def time_calls(calls: Sequence[Callable[[], object]], cfg: TimingConfig, *, use_
             _run_all(calls)
             return (time.perf_counter_ns() - t0) / 1e3 / n
 
-        return run_until_stable(wall_sample, cfg).model_copy(update={"calls_per_sample": n})
+        threads = torch.get_num_threads()
+        torch.set_num_threads(cfg.cpu_threads)
+        try:
+            return run_until_stable(wall_sample, cfg).model_copy(update={"calls_per_sample": n})
+        finally:
+            torch.set_num_threads(threads)
 
     one_pass = _gpu_step(calls, use_graph)
     pilot_us = min(_event_us(one_pass) for _ in range(3)) / len(calls)

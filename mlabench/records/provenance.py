@@ -11,9 +11,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
+#: Where a wheel keeps the revision it was built from (``setup.py`` writes it; absent in a checkout).
+BUILT_REVISION = Path(__file__).resolve().parents[1] / "_revision.txt"
+
+
 def git_revision(repo: Path | None = None) -> tuple[str, bool]:
-    """``(revision, dirty)`` of the mlabench checkout; outside one (an installed wheel) the
-    package version, ``("mlabench-0.1.0", False)``.
+    """``(revision, dirty)`` of the mlabench checkout; outside one (an installed wheel) the revision
+    the wheel was built from (``mlabench/_revision.txt``, written by ``setup.py``), else the package
+    version, ``("mlabench-0.1.0", False)``.
 
     Only a git work tree whose top level is ``repo`` (default: the folder above the package)
     counts, so a wheel installed in a virtual environment inside some other repository does not
@@ -27,7 +32,8 @@ def git_revision(repo: Path | None = None) -> tuple[str, bool]:
     if env:
         return env.removesuffix("-dirty"), env.endswith("-dirty")
     repo = (repo or Path(__file__).resolve().parents[2]).resolve()
-    no_git = (f"mlabench-{__version__}", False)
+    text = BUILT_REVISION.read_text().strip() if BUILT_REVISION.is_file() else ""
+    no_git = (text.removesuffix("-dirty"), text.endswith("-dirty")) if text else (f"mlabench-{__version__}", False)
     try:
         top = subprocess.run(["git", "-C", str(repo), "rev-parse", "--show-toplevel"], capture_output=True,
                              text=True, timeout=10)

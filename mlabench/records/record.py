@@ -103,6 +103,9 @@ class Manifest(BaseModel):
                           "raising read_bandwidth_tbps for the rest of the run.  None in runs recorded before.")
     datasheet_bandwidth_tbps: float | None = Field(None, description="The vendor's memory bandwidth figure, TB/s.")
     config: dict[str, Any] = Field(default_factory=dict, description="The sweep configuration as run.")
+    softmax_scale: str | None = Field(
+        None, description="The softmax scale the run used and where it came from, e.g. 'softmax scale 0.072169 = "
+        "(128 + 64) ** -0.5 (no rope scaling) from config.json' (mlabench.shapes.scale_note).")
     warmups: list[dict[str, Any]] = Field(
         default_factory=list, description="GPU warm-up to steady clocks, one per session (start, each resume).")
     drift: dict[str, Any] | None = Field(None, description="Sentinel re-measurements and the drift they show.")

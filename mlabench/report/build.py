@@ -63,7 +63,8 @@ def write_report(runs: Any, out_dir: Path, fmt: str = "markdown", command: str |
     from mlabench.report.figures.plan import render
 
     if fmt not in FORMATS:
-        raise ConfigError(f"report format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        raise ConfigError(f"report format must be one of {', '.join(FORMATS)}, got {fmt!r} (report writes one "
+                          "document; its --format is the document's file format, not a table's)")
     make_dir(out_dir, "report folder")
     path = out_dir / FORMATS[fmt]
     if fmt == "markdown":

@@ -76,7 +76,7 @@ def _pct(value: float) -> str:
 
 # Column name -> how people read its numbers (µs to 3 significant digits, speedups to 2 decimals).
 _READABLE: tuple[tuple[str, Callable[[float], str]], ...] = (
-    ("speedup", lambda v: f"{v:.2f}"), ("% floor", _pct), ("µs", style.sig3), ("TB/s", lambda v: f"{v:.2f}"),
+    ("speedup", lambda v: f"{v:.2f}"), ("% floor", _pct), ("µs", style.sig3), ("TB/s", style.sig3),
     ("cosine", lambda v: f"{v:.6f}"), (" %", style.sig3),
 )
 
@@ -130,7 +130,17 @@ pre { background: #f6f8fa; padding: .7em; overflow-x: auto; font-size: .85em; }
 figure { margin: 1.2em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: .9em; color: #444; }
 ul.notes { font-size: .85em; color: #444; }
+.wide { overflow-x: auto; max-width: 100%; }
+code { background: #f3f3f3; padding: 0 .2em; font-size: .9em; }
 """
+
+
+def _inline(text: str) -> str:
+    """``text`` escaped for HTML, its markdown code spans (`` `x` ``) as ``<code>x</code>``."""
+    parts = text.split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: no spans
+        return html.escape(text)
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))
 
 
 def _numeric(value: Any) -> bool:
@@ -145,9 +155,9 @@ def _html_table(t: Table) -> str:
         cells = "".join(f"<td class=\"num\">{html.escape(fmt(v))}</td>" if _numeric(v)
                         else f"<td>{html.escape(fmt(v))}</td>" for v in row)
         rows.append(f"<tr>{cells}</tr>")
-    notes = "".join(f"<li>{html.escape(n)}</li>" for n in t.notes)
-    return (f"<table><caption>{html.escape(t.title)}</caption><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table>" + (f"<ul class=\"notes\">{notes}</ul>" if notes else ""))
+    notes = "".join(f"<li>{_inline(n)}</li>" for n in t.notes)
+    return (f"<div class=\"wide\"><table><caption>{html.escape(t.title)}</caption><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div>" + (f"<ul class=\"notes\">{notes}</ul>" if notes else ""))
 
 
 def to_html_document(blocks: Sequence[Block], title: str, figure_png: dict[str, bytes]) -> str:
@@ -157,19 +167,19 @@ def to_html_document(blocks: Sequence[Block], title: str, figure_png: dict[str, 
         if isinstance(b, Heading):
             body.append(f"<h{b.level}>{html.escape(b.text)}</h{b.level}>")
         elif isinstance(b, Para):
-            body.append(f"<p>{html.escape(b.text)}</p>")
+            body.append(f"<p>{_inline(b.text)}</p>")
         elif isinstance(b, Code):
             body.append(f"<pre><code>{html.escape(b.text)}</code></pre>")
         elif isinstance(b, Bullets):
-            body.append("<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in b.items) + "</ul>")
+            body.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in b.items) + "</ul>")
         elif isinstance(b, Missing):
-            body.append(f"<p class=\"missing\"><strong>Missing:</strong> {html.escape(b.text)}</p>")
+            body.append(f"<p class=\"missing\"><strong>Missing:</strong> {_inline(b.text)}</p>")
         elif isinstance(b, TableBlock):
             body.append(_html_table(readable(b.table)))
         elif isinstance(b, FigureBlock):
             data = base64.b64encode(figure_png[b.stem]).decode("ascii")
-            body.append(f"<figure><img src=\"data:image/png;base64,{data}\" alt=\"{html.escape(b.caption)}\">"
-                        f"<figcaption>{html.escape(b.caption)}</figcaption></figure>")
+            body.append(f"<figure><img src=\"data:image/png;base64,{data}\" alt=\"{html.escape(b.caption.replace('`', ''))}\">"
+                        f"<figcaption>{_inline(b.caption)}</figcaption></figure>")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n<body>\n"

@@ -72,11 +72,11 @@ def _clocks_text(state: dict[str, Any]) -> str:
 
 def _bandwidth_rows(m: Any) -> list[list[str]]:
     """The measured memory ceilings of a run; the floor's is the read bandwidth where recorded."""
-    copy = f"{m.copy_bandwidth_tbps:.2f} TB/s (device-to-device copy, read + write"
+    copy = f"{style.tbps_text(m.copy_bandwidth_tbps)} (device-to-device copy, read + write"
     if m.read_bandwidth_tbps is None:
         return [["copy bandwidth", copy + "; the floor of every point is bytes / this bandwidth)"]]
-    sheet = f"{m.datasheet_bandwidth_tbps:.2f} TB/s" if m.datasheet_bandwidth_tbps else "unknown"
-    return [["read bandwidth", f"{m.read_bandwidth_tbps:.2f} TB/s (a large read-only reduction; the floor of "
+    sheet = style.tbps_text(m.datasheet_bandwidth_tbps) if m.datasheet_bandwidth_tbps else "unknown"
+    return [["read bandwidth", f"{style.tbps_text(m.read_bandwidth_tbps)} (a large read-only reduction; the floor of "
                                "every point is bytes / this bandwidth)"],
             ["copy bandwidth", copy + ")"], ["datasheet bandwidth", sheet]]
 

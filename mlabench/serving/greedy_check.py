@@ -78,19 +78,41 @@ _REPORT_STYLES = {
 }
 
 
-def report_table(report: CheckReport) -> Table:
+def report_table(report: CheckReport, recorded: str | Path | None = None) -> Table:
     """The report as a one-row :class:`~mlabench.tables.table.Table`: JSON and CSV carry every field but
     ``problems`` under its own name; people see the verdict, tokens returned of N, finite logprobs,
-    the matched prefix, fixture and returned token at the divergence and the top-2 gap (nats).
-    The problems are notes; the row is green (match), yellow (near tie) or red."""
+    the matched prefix, fixture and returned token at the divergence (none where one run ended
+    first) and the top-2 gap (nats).  The problems are notes; the row is green (match), yellow
+    (near tie) or red.  ``recorded``: the fixture this run was saved to (``--save-fixture``), where
+    nothing was compared: the verdict reads ``recorded`` when the run was complete."""
     values = report.model_dump(exclude={"problems"})
     values["tokens"] = f"{report.n_tokens}/{report.expected_tokens}"
-    values["fixture_got"] = (None if report.first_divergence is None
-                             else f"{report.expected_token}/{report.got_token}")
-    t = Table("Greedy output check", list(_REPORT_STYLES), notes=list(report.problems), styles=_REPORT_STYLES)
+    known = report.expected_token is not None or report.got_token is not None
+    values["fixture_got"] = (f"{_token_text(report.expected_token)}/{_token_text(report.got_token)}"
+                             if report.first_divergence is not None and known else None)
+    title = "Greedy output check"
+    if recorded is not None:
+        title = f"Greedy fixture recorded: {recorded} (nothing compared)"
+        values["verdict"] = "recorded" if report.verdict == "match" else report.verdict
+    t = Table(title, list(_REPORT_STYLES), notes=list(report.problems), styles=_REPORT_STYLES)
     t.add_row([values[c] for c in t.columns],
               style={"match": "green", "near_tie_divergence": "yellow"}.get(report.verdict, "red"))
     return t
+
+def _token_text(token: int | None) -> str:
+    return "—" if token is None else str(token)
+
+
+def check_request_matches(params: CheckParams, fixture: GreedyOutput, path: str | Path) -> None:
+    """Raise :class:`ConfigError` when ``params`` ask for another number of tokens or another prompt
+    than ``fixture`` (recorded at ``path``) was: the comparison could only say "invalid"."""
+    if params.max_tokens != fixture.max_tokens:
+        raise ConfigError(f"-n {params.max_tokens} asks for {params.max_tokens} tokens; the fixture {path} holds "
+                          f"{fixture.max_tokens} (run with -n {fixture.max_tokens}, or record another fixture)")
+    if _sha256(prompt_text(params)) != fixture.prompt_sha256:
+        raise ConfigError(f"this check sends another prompt than the fixture {path} was recorded with "
+                          f"(it begins {fixture.prompt_head!r}); use that prompt, or record another fixture")
+
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()

@@ -159,9 +159,17 @@ def body(table: ServeTable) -> list[list[str]]:
 
 
 def failures(table: ServeTable) -> list[str]:
-    """One line per cell that is not ok: concurrency, variant, status and the repeats' errors."""
-    return [f"c={r.concurrency} {c.variant}: {c.status}; {'; '.join(c.errors)}"
-            for r in table.rows for c in r.cells if c.status != "ok"]
+    """One line per cell that is not ok: concurrency, variant, status and the repeats' errors; and
+    one when no ok cell holds the ``--stat`` TPOT (p99 needs ``--metric-percentiles`` with 99)."""
+    lines = [f"c={r.concurrency} {c.variant}: {c.status}; {'; '.join(c.errors)}"
+             for r in table.rows for c in r.cells if c.status != "ok"]
+    ok = [c for r in table.rows for c in r.cells if c.status == "ok"]
+    if ok and all(tpot_of(c, table.stat) is None for c in ok):
+        others = " or ".join(s for s in ("mean", "median", "p99") if s != table.stat)
+        pct = {"p99": "99", "median": "50"}.get(table.stat)
+        why = f" (vllm bench serve wrote none: its --metric-percentiles lacked {pct})" if pct else ""
+        lines.append(f"no {table.stat} TPOT in the recorded results{why}; --stat {others} reads what was recorded")
+    return lines
 
 
 def tpot_markdown_table(table: ServeTable) -> Table:

@@ -15,7 +15,7 @@ from mlabench.backends import backend_names, get_backend
 from mlabench.errors import MissingResultError
 from mlabench.records.record import Record
 from mlabench.records.store import describe_records, records_of
-from mlabench.sweep.summary import best_ok
+from mlabench.sweep.summary import axis_values, best_ok, sortable, varying_axes
 from mlabench.tables.table import ColumnStyle, Table, fmt
 
 #: The two paths the 12-head question is about, by backend family.
@@ -82,20 +82,21 @@ def _winner_text(w: dict[str, Any] | None) -> str:
 
 
 def winners_table(records: Sequence[Record], families: dict[str, str]) -> Table:
-    """Per batch and context bucket, which path wins at each qo_len: one column per qo_len
+    """Per batch and context bucket (and heads, page size, ... where they vary), which path wins at each qo_len: one column per qo_len
     (``qo=4``, ``qo=4 non-causal``) naming the faster path, its backend and time and how much
     faster it is than the other path's best (:func:`path_winner`; only ok records count).
     JSON and CSV carry the winner as ``{"path", "backend", "us", "margin"}``."""
-    cells: dict[tuple[int, int], dict[Any, list[Record]]] = {}
+    axes = varying_axes(records)
+    cells: dict[tuple, dict[Any, list[Record]]] = {}
     for r in records:
-        cells.setdefault((r.batch, r.context_len), {}).setdefault(r.qo_label, []).append(r)
+        cells.setdefault((r.batch, *axis_values(r, axes), r.context_len), {}).setdefault(r.qo_label, []).append(r)
     qos = sorted({q for by_qo in cells.values() for q in by_qo}, key=lambda q: (int(str(q).split()[0]), str(q)))
     columns = [f"qo={q}" for q in qos]
     styles = {c: ColumnStyle(text=_winner_text) for c in columns}
-    t = Table("Which path wins at each qo_len (query tokens per request)", ["batch", "context", *columns],
+    t = Table("Which path wins at each qo_len (query tokens per request)", ["batch", *axes, "context", *columns],
               styles=styles)
-    for (batch, ctx), by_qo in sorted(cells.items()):
-        t.rows.append([batch, ctx, *(path_winner(by_qo.get(q, []), families) for q in qos)])
+    for key, by_qo in sorted(cells.items(), key=lambda kv: sortable(kv[0])):
+        t.rows.append([*key, *(path_winner(by_qo.get(q, []), families) for q in qos)])
     t.notes.append("each cell: the faster of the best padded persistent and the best split-KV configuration, "
                    "and the other's µs over the winner's; only configurations that passed the correctness check "
                    "count")

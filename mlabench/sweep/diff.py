@@ -196,7 +196,7 @@ def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
                if a.versions.get(k) != b.versions.get(k)]
     if changed:
         notes.append("different library versions: " + ", ".join(changed))
-    rev = lambda m: m.git_revision[:12] + ("+changes" if m.git_dirty else "")  # noqa: E731
+    rev = lambda m: short_revision(m.git_revision) + ("+changes" if m.git_dirty else "")  # noqa: E731
     if rev(a) != rev(b):
         notes.append(f"different mlabench revisions: {rev(a)} vs {rev(b)}")
     for name in ("timing", "order", "check"):
@@ -323,3 +323,10 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
     if missing.rows:
         tables.append(missing)
     return tables
+
+
+def short_revision(revision: str) -> str:
+    """A git commit id cut to 12 hex digits; anything else (``mlabench-0.1.0``, a wheel's
+    version) whole."""
+    is_sha = len(revision) >= 12 and all(c in "0123456789abcdef" for c in revision.lower())
+    return revision[:12] if is_sha else revision

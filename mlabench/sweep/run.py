@@ -24,6 +24,7 @@ from mlabench.measure.steady import warm_up
 from mlabench.records.provenance import command_line, git_revision, library_versions
 from mlabench.records.record import Manifest, Record, new_run_id, utc_now
 from mlabench.records.store import ResultStore
+from mlabench.shapes import model_spec, scale_note
 from mlabench.sweep.config import SweepConfig, expand, recorded_config
 from mlabench.sweep.order import order_points
 from mlabench.sweep.runner import ProgressFn, SweepRunner, choose_sentinel
@@ -32,9 +33,11 @@ from mlabench.sweep.visits import DEFAULT_GPU_VISITS, MAX_VISITS_FACTOR, read_vi
 
 def make_manifest(run_id: str, cfg: SweepConfig, copy_bw_tbps: float, read_bw_tbps: float | None = None,
                   warmups: list[dict[str, Any]] | None = None, read_ceiling: dict[str, Any] | None = None) -> Manifest:
-    """The manifest of a new sweep run: :func:`kernel_run_manifest` with ``cfg`` as its configuration."""
-    return kernel_run_manifest(run_id, cfg.model_dump(mode="json", by_alias=True), copy_bw_tbps, read_bw_tbps,
-                               warmups, read_ceiling)
+    """The manifest of a new sweep run: :func:`kernel_run_manifest` with ``cfg`` as its configuration,
+    and the softmax scale its model sets (:func:`~mlabench.shapes.scale_note`)."""
+    manifest = kernel_run_manifest(run_id, cfg.model_dump(mode="json", by_alias=True), copy_bw_tbps, read_bw_tbps,
+                                   warmups, read_ceiling)
+    return manifest.model_copy(update={"softmax_scale": scale_note(model_spec(cfg.model, cfg.model_config_path))})
 
 
 def kernel_run_manifest(run_id: str, config: dict[str, Any], copy_bw_tbps: float, read_bw_tbps: float | None = None,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from mlabench.backends import get_backend
 from mlabench.backends.base import param_grid
 from mlabench.device import current_device, free_memory_bytes
-from mlabench.errors import Interrupted, MlabenchError
+from mlabench.errors import FileAccessError, Interrupted, MlabenchError
 from mlabench.inputs import input_bytes
 from mlabench.measure.steady import below_steady
 from mlabench.records.record import Record
@@ -126,12 +126,19 @@ class SweepRunner:
             self._sentinel(sentinel)
         except KeyboardInterrupt:
             self.finish()
-            most = f" to {self.max_visits * len(ordered)}" if self.max_visits > n else ""
-            visits = f" ({self._finished} visits measured of {n * len(ordered)}{most} planned)" if n > 1 else ""
-            raise Interrupted(f"interrupted: {self.recorded} of {len(ordered)} points recorded{visits} in "
-                              f"{self.store.run_dir}; continue with: mlabench sweep --resume {self.store.run_dir}"
-                              ) from None
+            raise Interrupted(f"interrupted: {self._kept(len(ordered))}; continue with: "
+                              f"mlabench sweep --resume {self.store.run_dir}") from None
+        except FileAccessError as exc:  # e.g. a full disk: every record on disk is whole (append_text)
+            raise FileAccessError(f"{exc}; {self._kept(len(ordered))}, none cut short; free space, then "
+                                  f"continue with: mlabench sweep --resume {self.store.run_dir}") from None
         self.finish()
+
+    def _kept(self, points: int) -> str:
+        """What the run folder holds so far, e.g. ``3 of 8 points recorded in results/x``."""
+        n = self.visits
+        most = f" to {self.max_visits * points}" if self.max_visits > n else ""
+        visits = f" ({self._finished} visits measured of {n * points}{most} planned)" if n > 1 else ""
+        return f"{self.recorded} of {points} points recorded{visits} in {self.store.run_dir}"
 
     def _measure_pass(self, plan: list[tuple[int, Point]], prior: dict[str, list[Record]], done: set[str],
                       sentinel: Point | None, progress: ProgressFn | None, total: int) -> None:

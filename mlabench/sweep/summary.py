@@ -5,13 +5,38 @@ count of each split-KV one)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mlabench.tables.table import PARAMS, ColumnStyle, Table, fmt, params_label, short_params
 
 if TYPE_CHECKING:  # records are only read here; importing results would load torch for the CLI
     from mlabench.records.record import Record
+
+
+#: Shape axes besides batch, context and qo_len that a run, or runs read together, may vary (a
+#: ``--heads 8,12,16`` sweep; runs at two page sizes): every table groups by each of them and shows a
+#: column for each that varies (:func:`varying_axes`).
+SHAPE_AXES: dict[str, Callable[[Record], Any]] = {
+    "heads": lambda r: r.num_heads, "page": lambda r: r.shape.get("page_size"),
+    "kv dtype": lambda r: r.shape.get("kv_dtype"), "kv_lora_rank": lambda r: r.shape.get("kv_lora_rank"),
+}
+
+
+def varying_axes(records: Iterable[Record]) -> list[str]:
+    """The names of :data:`SHAPE_AXES` that take more than one value among ``records``, in order."""
+    records = list(records)
+    return [name for name, get in SHAPE_AXES.items() if len({get(r) for r in records}) > 1]
+
+
+def axis_values(record: Record, axes: Sequence[str]) -> tuple:
+    """``record``'s value on each of ``axes`` (names of :data:`SHAPE_AXES`), for a row."""
+    return tuple(SHAPE_AXES[a](record) for a in axes)
+
+
+def sortable(key: tuple) -> tuple:
+    """``key`` with None ordered first and never compared with a number or a string."""
+    return tuple((v is not None, 0 if v is None else v) for v in key)
 
 
 def best_ok(records: Iterable[Record]) -> Record | None:
@@ -64,15 +89,18 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
     at = {f"µs @{s} splits": ColumnStyle(header=f"µs @{s}", drop=2) for s in swept}
     styles = {"best params": PARAMS, "TB/s": ColumnStyle(drop=3), **at, "noisy": ColumnStyle(drop=1)}
     qo = any(r.qo_len != 1 for r in records)  # several query tokens: a qo_len column
-    cols = ["backend", "batch", "context", *(["qo_len"] if qo else []), "best params", "µs", "TB/s", "% floor",
-            *at, "not ok", "noisy"]
+    axes = varying_axes(records)
+    cols = ["backend", "batch", *axes, "context", *(["qo_len"] if qo else []), "best params", "µs", "TB/s",
+            "% floor", *at, "not ok", "noisy"]
     table = Table("Sweep: best configuration per backend, batch and context", cols, styles=styles)
     groups: dict[tuple, list[Record]] = {}
     for r in records:
-        groups.setdefault((r.backend, r.batch, r.num_heads, r.context_len, r.qo_len, not r.causal), []).append(r)
-    for (backend, batch, _h, ctx, *_qo), recs in sorted(groups.items()):
+        key = (r.backend, r.batch, *axis_values(r, SHAPE_AXES), r.context_len, r.qo_len, not r.causal)
+        groups.setdefault(key, []).append(r)
+    for key, recs in sorted(groups.items(), key=lambda kv: sortable(kv[0])):
         best = best_ok(recs)
-        row: list[Any] = [backend, batch, ctx, *([recs[0].qo_label] if qo else [])]
+        row: list[Any] = [key[0], key[1], *axis_values(recs[0], axes), recs[0].context_len,
+                          *([recs[0].qo_label] if qo else [])]
         row += [params_label(best.params), best.stats.median_us, best.achieved_tbps, best.pct_of_floor] \
             if best else ["(none ok)", None, None, None]
         for s in swept:
@@ -89,11 +117,16 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
                            "than the target within the budget; their times are less certain (raise --budget-s, "
                            "or quiet the machine)")
     table.notes += raised
+    if any(r.timing_mode == "wall" for r in records):
+        table.notes.append("CPU run: a smoke test of the pipeline, not a measurement (wall-clock times of "
+                           "PyTorch code on a CPU; compare nothing from them)")
     if measured:
         r0 = measured
         bw = r0.read_bandwidth_tbps if r0.floor_bandwidth == "read" else r0.copy_bandwidth_tbps
-        table.notes.append(f"heads={r0.num_heads} page={r0.shape.get('page_size')} {r0.shape.get('kv_dtype')}; "
-                           f"time: median µs per call ({r0.timing_mode or 'n/a'}); µs @N: at N splits; floor = "
+        fixed = [f"heads={r0.num_heads}" * ("heads" not in axes), f"page={r0.shape.get('page_size')}" * ("page" not in axes),
+                 str(r0.shape.get("kv_dtype")) * ("kv dtype" not in axes)]
+        fixed_text = " ".join(filter(None, fixed))
+        table.notes.append(f"{fixed_text}{'; ' if fixed_text else ''}time: median µs per call ({r0.timing_mode or 'n/a'}); µs @N: at N splits; floor = "
                            f"bytes / measured {r0.floor_bandwidth} bandwidth {fmt(bw)} TB/s")
     return table
 
@@ -106,7 +139,8 @@ COMPARE_STYLES = {"params": ColumnStyle(text=short_params, drop=5), "setup µs":
 
 def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
     """The 12-head question: each padded persistent backend against the best split count of each
-    split-KV backend, per batch and context.
+    split-KV backend, per batch and context (and per heads, page size, ... where the records vary
+    them: :data:`SHAPE_AXES`).
 
     ``families`` maps backend name -> family (``persistent`` / ``split-kv``).  ``speedup`` is
     split-KV µs / persistent µs: above 1 the padded persistent path is faster.  Only ok records
@@ -116,25 +150,29 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
     """
     records, raised = against_run_ceiling(records)
     qo = any(r.qo_len != 1 for r in records)  # several query tokens: a qo_len column
+    axes = varying_axes(records)
     t = Table("Padded persistent vs best split-KV",
-              ["batch", "context", *(["qo_len"] if qo else []), "persistent", "params", "µs", "% floor",
+              ["batch", *axes, "context", *(["qo_len"] if qo else []), "persistent", "params", "µs", "% floor",
                "setup µs", "split-KV", "best splits", "split-KV µs", "split-KV % floor", "speedup"],
               styles=COMPARE_STYLES)
     cells: dict[tuple, dict[str, list[Record]]] = {}
     for r in records:
-        cells.setdefault((r.batch, r.context_len, r.qo_len, not r.causal), {}).setdefault(r.backend, []).append(r)
+        key = (r.batch, *axis_values(r, SHAPE_AXES), r.context_len, r.qo_len, not r.causal)
+        cells.setdefault(key, {}).setdefault(r.backend, []).append(r)
     dropped = _drop_unsupported(cells)
     persistent = sorted({b for b, f in families.items() if f == "persistent"})
     splitkv = sorted({b for b, f in families.items() if f == "split-kv"})
-    for (batch, ctx, *_qo), by_backend in sorted(cells.items()):
-        qo_cell = [next(iter(by_backend.values()))[0].qo_label] if qo else []
+    for key, by_backend in sorted(cells.items(), key=lambda kv: sortable(kv[0])):
+        r0 = next(iter(by_backend.values()))[0]
+        batch, ctx = r0.batch, [*axis_values(r0, axes), r0.context_len]
+        qo_cell = [r0.qo_label] if qo else []
         for p in [b for b in persistent if b in by_backend] or [None]:
             pb = best_ok(by_backend.get(p, [])) if p else None
             for s in [b for b in splitkv if b in by_backend] or [None]:
                 sb = best_ok(by_backend.get(s, [])) if s else None
                 speedup = sb.stats.median_us / pb.stats.median_us if pb and sb else None
                 t.rows.append([
-                    batch, ctx, *qo_cell, p, params_label(pb.params) if pb else None,
+                    batch, *ctx, *qo_cell, p, params_label(pb.params) if pb else None,
                     pb.stats.median_us if pb else None, pb.pct_of_floor if pb else None,
                     sum(pb.setup_us.values()) if pb and pb.setup_us else None, s, sb.effective_params.get("num_kv_splits", sb.params.get("num_kv_splits")) if sb else None,
                     sb.stats.median_us if sb else None, sb.pct_of_floor if sb else None, speedup,
@@ -153,7 +191,7 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
 
 
 def _drop_unsupported(cells: dict[tuple, dict[str, list[Record]]]) -> list[str]:
-    """Take out of ``cells`` (``{(batch, context, qo_len, non-causal): {backend: records}}``) each
+    """Take out of ``cells`` (``{(batch, shape axes..., context, qo_len, non-causal): {backend: records}}``) each
     backend whose every record in a cell is ``unsupported``; one note per backend taken out, naming
     where and the first record's reason."""
     gone: dict[str, list[Record]] = {}

@@ -122,10 +122,27 @@ def choose(configs: list[Measured], noise: float, combine: Combine = "worst",
         best_us = {n: min(m.times()[n] for m in configs if n in m.times()) for c in configs for n in c.times()}
     scored = {id(m): score(m, best_us, combine) for m in configs}
     best = min(configs, key=lambda m: scored[id(m)])
-    tolerance = max(noise, best.rel_ci)
-    near = [m for m in configs if scored[id(m)] <= scored[id(best)] * (1 + tolerance)]
+    near = [m for m in configs if scored[id(m)] <= scored[id(best)] * (1 + max(noise, best.rel_ci))]
     chosen = min(near, key=lambda m: (m.mean_splits(), scored[id(m)], json.dumps(m.params, sort_keys=True)))
     return chosen, best
+
+
+def tie_note(configs: list[Measured], chosen: Measured, best: Measured, noise: float, combine: Combine = "worst",
+             best_us: dict[int, float] | None = None) -> str | None:
+    """What the tie rule of :func:`choose` did when it chose other than the best-scoring
+    configuration (None when it chose that one): how many tied within which tolerance, whether that
+    tolerance was the best's confidence interval (measurements too noisy to tell them apart) or
+    ``noise``, and the chosen time over the best's."""
+    if chosen is best:
+        return None
+    if best_us is None:
+        best_us = {n: min(m.times()[n] for m in configs if n in m.times()) for c in configs for n in c.times()}
+    tolerance = max(noise, best.rel_ci)
+    tied = sum(score(m, best_us, combine) <= score(best, best_us, combine) * (1 + tolerance) for m in configs)
+    why = ("its confidence interval: too noisy to tell them apart; a longer --budget-s or a quieter machine "
+           "narrows it") if best.rel_ci > noise else "--noise"
+    return (f"{tied} configurations tied within ±{100 * tolerance:.3g}% of the fastest ({why}); the tie rule took "
+            f"the fewest splits, {chosen.median_us / best.median_us:.3f}x the fastest's µs")
 
 
 def policy_choice(backend: Backend, fixed: dict[str, Any], searched: dict[str, Any],
@@ -176,6 +193,7 @@ class BucketChoice:
     best_heuristic_worst: float | None
     max_splits: int | None = None  #: the study's wave cap on num_kv_splits (None: none)
     tile_tokens: int | None = None  #: the chosen entry's whole-tile rule (None: not one)
+    tie: str | None = None  #: what the tie rule did when it chose other than the best (:func:`tie_note`)
 
 
 def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend, fixed: dict[str, Any],
@@ -204,7 +222,7 @@ def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend
         len(configs), params, tokens, chosen.median_us, score(chosen, best_us, "worst") - 1, best.median_us,
         heuristics[best_h.launch] if best_h else None,
         best_h.median_us if best_h else None, score(best_h, best_us, "worst") - 1 if best_h else None,
-        tile_tokens=tiles)
+        tile_tokens=tiles, tie=tie_note(configs, chosen, best, noise, combine, best_us))
 
 
 def build_policy(cfg: TuneConfig, choices: list[BucketChoice], device: str, versions: dict[str, Any],

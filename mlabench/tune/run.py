@@ -23,7 +23,8 @@ from pydantic import ValidationError
 from mlabench.backends import get_backend
 from mlabench.backends.registry import backend_packages
 from mlabench.device import current_device
-from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, ResultsError, UnsupportedShapeError
+from mlabench.errors import (BackendUnavailableError, ConfigError, Interrupted, MlabenchError, ResultsError,
+                             UnsupportedShapeError)
 from mlabench.files import validation_line
 from mlabench.inputs import check_fits
 from mlabench.measure.observers import driver_version, gpu_state
@@ -32,6 +33,7 @@ from mlabench.policy.tuned import Policy
 from mlabench.records.provenance import command_line, git_revision, library_versions
 from mlabench.records.record import Manifest, new_run_id, utc_now
 from mlabench.records.store import ResultStore, refuse_archived
+from mlabench.shapes import model_spec, scale_note
 from mlabench.tune.choice import BucketChoice, build_policy, study_choice
 from mlabench.tune.seeded_trials import heuristic_trials, whole_tile_trials
 from mlabench.tune.space import (
@@ -105,8 +107,9 @@ def _manifest(run_id: str, cfg: TuneConfig, specs: list[StudySpec], copy_bw: flo
     config = cfg.model_dump(mode="json", by_alias=True)
     if cfg.storage:
         config["storage"] = redact_url(cfg.storage)
-    return run_manifest(run_id, copy_bw, {"tune": config, "studies": [dataclasses.asdict(s) for s in specs]},
-                        device)
+    manifest = run_manifest(run_id, copy_bw, {"tune": config, "studies": [dataclasses.asdict(s) for s in specs]},
+                            device)
+    return manifest.model_copy(update={"softmax_scale": scale_note(model_spec(cfg.model, cfg.model_config_path))})
 
 
 def recorded_config(run_dir: Path) -> tuple[TuneConfig, list[StudySpec]]:
@@ -223,6 +226,9 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
         store.write_csv()
         raise Interrupted(f"interrupted: trials so far are kept in {store.run_dir}; continue with: "
                           f"mlabench tune --resume {store.run_dir}") from None
+    except MlabenchError as exc:  # a worker failed (e.g. a full disk): its error, and how to go on
+        raise type(exc)(f"{exc}; trials so far are kept in {store.run_dir}; continue with: "
+                        f"mlabench tune --resume {store.run_dir}") from None
     store.write_csv()
     return _finish(cfg, store, studies, specs, device, versions)
 

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mlabench.backends.base import Backend
 from mlabench.checks.verdict import CheckConfig
@@ -28,6 +28,7 @@ from mlabench.files import config_file, read_toml, validation_line
 from mlabench.measure.timing import TimingConfig
 from mlabench.policy.rules import rule_splits, whole_tile_splits
 from mlabench.shapes import MLADecodeShape, resolve_heads
+from mlabench.sweep.check import DEFAULT_CHECK_HEADS
 
 Sampler = Literal["auto", "tpe", "gp", "grid", "brute"]
 #: The searched parameter of a split count that grows with the length (not a backend parameter).
@@ -100,6 +101,15 @@ class TuneConfig(BaseModel):
     rtol: float | None = Field(None, ge=0, description="Elementwise relative tolerance with atol (optional).")
     timing: TimingConfig = Field(default_factory=tune_timing)
     storage: str | None = Field(None, description="Optuna storage URL; None: a journal file in the run folder.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_heads(cls, data: Any) -> Any:
+        """No model and no heads: 12 heads, as ``sweep`` and ``check`` take (Kimi K3 at TP8)."""
+        if isinstance(data, dict) and not any(data.get(k) for k in ("model", "model_config", "model_config_path",
+                                                                     "heads")):
+            data = {**data, "heads": DEFAULT_CHECK_HEADS}
+        return data
 
     @field_validator("batch")
     @classmethod

@@ -6,8 +6,9 @@ mlabench.tune.worker_pool ENTRY PAYLOAD INDEX`` once per device, with only that 
 ``"module:function"``, called as ``function(payload, index)``.  Workers share results through an
 append-only run folder (:func:`append_shared` serialises appends across processes) and whatever
 store the job coordinates on (an Optuna storage for tuning).  Each worker's output goes to
-``<log_dir>/worker-<index>.log``; a worker that fails makes :func:`supervise` raise with its last
-error line.
+``<log_dir>/worker-<index>.log``; a worker that fails makes :func:`supervise` raise with its
+error: the line it sent through a pipe (:data:`ERROR_FD_ENV`; it arrives when the log cannot be
+written, e.g. on a full disk), else the last line of its log.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from mlabench.records.store import ResultStore
 
 #: Comma-separated modules every worker imports first (e.g. one that registers extra backends).
 IMPORTS_ENV = "MLABENCH_WORKER_IMPORTS"
+#: The file descriptor a worker writes its one-line error to before it exits non-zero.
+ERROR_FD_ENV = "MLABENCH_WORKER_ERROR_FD"
 
 
 @dataclass
@@ -42,6 +45,7 @@ class Worker:
     device: str | None
     process: subprocess.Popen
     log_path: Path
+    error_fd: int | None = None  # read end of the pipe the worker writes its error line to
 
 
 def parse_devices(text: str | None) -> list[str | None]:
@@ -96,12 +100,16 @@ def start_workers(entry: str, payload: dict[str, Any], devices: list[str | None]
     workers = []
     for index, device in enumerate(devices):
         log_path = log_dir / f"worker-{index}.log"
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "mlabench.tune.worker_pool", entry, str(payload_path), str(index)],
-                env={**device_env(device, rocm), **(extra_env or {})}, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**device_env(device, rocm), **(extra_env or {}), ERROR_FD_ENV: str(write_fd)},
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, pass_fds=(write_fd,),
             )
-        workers.append(Worker(index, device, proc, log_path))
+        os.close(write_fd)
+        workers.append(Worker(index, device, proc, log_path, read_fd))
     return workers
 
 
@@ -125,11 +133,26 @@ def supervise(workers: list[Worker], poll: Callable[[], None] | None = None, int
         raise
     if poll:
         poll()
-    for w in workers:
+    errors = [(w, _sent_error(w)) for w in workers]
+    for w, sent in errors:
         if w.process.returncode:
             where = f"GPU {w.device}" if w.device is not None else "this host's devices"
             raise MlabenchError(f"worker {w.index} ({where}) exited with {w.process.returncode}: "
-                                f"{last_line(w.log_path)} (log: {w.log_path})")
+                                f"{sent or last_line(w.log_path)} (log: {w.log_path})")
+
+
+def _sent_error(worker: Worker) -> str:
+    """The error line ``worker`` sent through its pipe before exiting ("" when none came); closes
+    the pipe."""
+    if worker.error_fd is None:
+        return ""
+    try:
+        return os.read(worker.error_fd, 4096).decode(errors="replace").strip()
+    except OSError:  # nothing written (BlockingIOError while a grandchild holds the pipe open)
+        return ""
+    finally:
+        os.close(worker.error_fd)
+        worker.error_fd = None
 
 
 def last_line(path: Path) -> str:
@@ -265,11 +288,28 @@ def main(argv: list[str] | None = None) -> int:
     try:
         func(payload, int(index))
     except MlabenchError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        _send_error(f"error: {exc}")
+        try:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        except OSError:  # the log's disk is full: the parent has the line from the pipe
+            pass
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug: its traceback goes to the log, its last line to the parent too
+        _send_error(f"{type(exc).__name__}: {exc}")
+        raise
     return 0
+
+
+def _send_error(line: str) -> None:
+    """Write ``line`` to the parent's error pipe (:data:`ERROR_FD_ENV`), which needs no disk."""
+    fd = os.environ.get(ERROR_FD_ENV, "")
+    if fd.isdigit():
+        try:
+            os.write(int(fd), line.replace("\n", " ").encode()[:4000])
+        except OSError:
+            pass
 
 
 if __name__ == "__main__":

@@ -134,3 +134,18 @@ def test_a_call_that_cannot_be_captured_is_a_flagged_row():
     r, = result.rows
     assert r.flagged and r.note == "capture failed: operation not permitted when stream is capturing"
     assert r.tuned_us is None and r.graph_us is None
+
+
+def test_the_json_names_the_device_per_row_and_a_small_speedup_is_not_minus_zero():
+    """Issue 25 item 14: graph-check's JSON rows did not say the device (only a note did), and a
+    replay 0.03% faster than tuned printed "-0.0" as its slowdown."""
+    cfg = small_config()
+    result = GraphCheckResult(rows=[assess(row(graph_us=59.98), 0.05), assess(row(graph_us=90.0), 0.05)],
+                              device="NVIDIA H200")
+    table = graph_check_table(result, cfg)
+    rows = json.loads(to_json([table]))[0]["rows"]
+    assert [r["device"] for r in rows] == ["NVIDIA H200", "NVIDIA H200"]
+    _headers, texts = table.texts()
+    assert "device" not in _headers                         # a note says it to people
+    slower = _headers.index("slower %")
+    assert [t[slower] for t in texts] == ["0.0", "+50.0"]

@@ -35,6 +35,14 @@ def test_backends_lists_every_backend_with_a_reason():
     assert not rows["aiter-asm"]["available"] and "ROCm" in rows["aiter-asm"]["reason / parameters"]
 
 
+def test_backends_fits_80_columns():
+    """Issue 25 item 14: ``mlabench backends`` printed 86-column lines at 80 columns."""
+    result = CliRunner().invoke(cli.app, ["backends"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80, result.stdout
+    assert "yes; params:" in result.stdout and "no: needs ROCm" in result.stdout
+
+
 def test_check_passes_for_kimi_k3_tp8():
     result = CliRunner().invoke(cli.app, ["check", "--model", "kimi-k3", "--tp", "8", "--backend",
                                           "torch-splitkv", "--splits", "1,3,300", "--json"])
@@ -45,6 +53,9 @@ def test_check_passes_for_kimi_k3_tp8():
     assert all(r["verdict"] == "pass" and r["finite"] and r["rel RMSE"] < 0.0078 and r["rel max err"] < 0.0625
                for r in rows)
     assert "random, needles, peaky, flat" in json.loads(result.stdout)[0]["notes"][0]
+    # issue 25 item 7: the scale in use and where it came from
+    assert "softmax scale 0.072169 = (128 + 64) ** -0.5 (no rope scaling) from vLLM ROCm" in \
+        json.loads(result.stdout)[0]["notes"][-1]
 
 
 def test_check_fails_with_exit_1_on_a_wrong_backend(monkeypatch, capsys):
@@ -198,13 +209,18 @@ def test_compare_from_recorded_runs(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["check", "--tp", "abc"], "Invalid value for '--tp'"),
-    (["check", "--bogus"], "No such option: --bogus"),
-    (["frobnicate"], "No such command 'frobnicate'"),
+    (["check", "--tp", "abc"], "error: invalid value for '--tp': Input should be a valid integer, unable to parse "
+                               "string as an integer (mlabench check --help)"),
+    (["check", "--bogus"], "error: no such option: --bogus (mlabench check --help)"),
+    (["frobnicate"], "error: no such command 'frobnicate'. (mlabench --help)"),
+    (["sweep", "--order", "bogus"], "error: invalid value for '--order': 'bogus' is not one of 'grid', 'shuffled', "
+                                    "'interleaved'. (mlabench sweep --help)"),
+    (["report"], "error: missing option '--from'. (mlabench report --help)"),
 ])
-def test_usage_mistakes_give_usage_and_exit_2_without_traceback(monkeypatch, capsys, args, message):
+def test_usage_mistakes_are_one_line_and_exit_2_without_traceback(monkeypatch, capsys, args, message):
+    """Issue 25: click's usage errors came as four lines, some with pydantic's "Value error," prefix."""
     code, _, err = run(args, monkeypatch, capsys)
-    assert code == 2 and message in err and "Traceback" not in err
+    assert code == 2 and err == message + "\n"
 
 
 def test_version(monkeypatch, capsys):
@@ -415,3 +431,31 @@ def test_each_commands_help_describes_its_own_options_only(command, monkeypatch,
     text = " ".join(out.split())
     assert code == 0 and "check:" not in text and "check's" not in text
     assert ("compare --from" not in text) and (command == "compare") == ("with --from: a filter" in text)
+
+
+def test_the_tune_choice_table_fits_80_columns():
+    """Issue 25 item 14: not on a terminal, tune printed a 109-column table."""
+    from mlabench.cli.output import print_wide
+    from mlabench.cli.tune_command import choice_table
+    from mlabench.tables.render import to_rich
+    from mlabench.tune.choice import BucketChoice
+    from rich.console import Console
+    import io
+
+    rows = [BucketChoice(b, f"{lo + 1}-{hi}", hi, [lo + 1, hi], 20 + lo % 7, lo % 5, 24, {"num_kv_splits": 16 * b}, 512,
+                         123.4 * b + lo, 0.0123 * b, 120.1 * b + lo, f"aiter-gluon-0.1.{lo % 3}", 150.2 * b + hi,
+                         0.25 + b, max_splits=132 - lo % 11, tie="x" * 30)
+            for b in (1, 16) for lo, hi in ((0, 1024), (1024, 4096), (65536, 131072))]
+    console = Console(file=io.StringIO(), width=80)
+    print_wide(console, to_rich(choice_table(rows), 80))
+    text = console.file.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    assert "left out at 80 columns" in text and "batch 16, context 65537-131072: xxx" in text
+
+
+@pytest.mark.parametrize("command", sorted(name for group in GROUPS for name in group.COMMANDS))
+def test_help_mentions_a_sweep_config_only_where_the_command_takes_one(command):
+    """Issue 25 item 14: ``check --help`` said "or the sweep config's" of --tp and --page-size."""
+    text = CliRunner().invoke(cli.app, [command, "--help"], env={"COLUMNS": "200"}).output
+    if "--config" not in text:
+        assert "sweep config" not in text, text

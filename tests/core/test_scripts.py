@@ -20,6 +20,9 @@ case "$*" in
   *"import torch"*) exit 1 ;;
   "-m pip"*) echo "$*" >> "$PIP_LOG" ;;
 esac
+case "$*" in
+  *"--no-index"*) [ -z "$NO_LOCAL_TORCH" ] || exit 1 ;;
+esac
 exit 0
 """
 
@@ -31,12 +34,26 @@ def test_setup_on_a_cpu_machine_takes_torch_from_pytorchs_cpu_index(tmp_path):
     (bin_dir / "python3").chmod(0o755)
     (bin_dir / "dirname").symlink_to(shutil.which("dirname"))  # the script's only outside tool; no nvidia-smi
     log = tmp_path / "pip.log"
-    env = {"PATH": str(bin_dir), "PIP_LOG": str(log), "HOME": str(tmp_path)}
+    env = {"PATH": str(bin_dir), "PIP_LOG": str(log), "HOME": str(tmp_path),
+           "MLABENCH_WHEELS": str(tmp_path / "no-such-folder")}
     subprocess.run([shutil.which("bash"), str(REPO / "scripts/setup.sh")], env=env, check=True, timeout=60)
     torch_line, mlabench_line = log.read_text().splitlines()
     assert "--index-url https://download.pytorch.org/whl/cpu" in torch_line and "torch==2.13.0" in torch_line
-    assert ("--find-links /opt/wheels" in torch_line) == os.path.isdir("/opt/wheels")
     assert mlabench_line.endswith(" -e .")  # torch, now installed, is not asked for again
+    # issue 25 item 14: a local wheel folder is tried first, asking no index (offline: 50 retry
+    # warnings), and PyTorch's index only when it has no torch
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    log.unlink()
+    subprocess.run([shutil.which("bash"), str(REPO / "scripts/setup.sh")], env={**env, "MLABENCH_WHEELS": str(wheels)},
+                   check=True, timeout=60)
+    local_line, mlabench_line = log.read_text().splitlines()
+    assert f"--no-index --find-links {wheels} torch==2.13.0" in local_line and "index-url" not in local_line
+    log.unlink()
+    subprocess.run([shutil.which("bash"), str(REPO / "scripts/setup.sh")],
+                   env={**env, "MLABENCH_WHEELS": str(wheels), "NO_LOCAL_TORCH": "1"}, check=True, timeout=60)
+    local_line, torch_line, mlabench_line = log.read_text().splitlines()
+    assert "--no-index" in local_line and "--index-url https://download.pytorch.org/whl/cpu" in torch_line
 
 
 def test_h200_readme_tables_runs_as_the_readme_writes_it_outside_an_install(tmp_path):

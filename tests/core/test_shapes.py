@@ -156,3 +156,59 @@ def test_a_batch_too_large_for_any_device_is_refused_before_it_is_built(batch, c
     with pytest.raises(ShapeError, match=why):
         MLADecodeShape.uniform(batch, context, 12)
     assert MLADecodeShape.uniform(4, context, 12).batch == 4
+
+
+KIMI_YARN = {"rope_type": "yarn", "factor": 128.0, "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32,
+             "beta_slow": 1, "original_max_position_embeddings": 4096}
+
+
+@pytest.mark.parametrize("layout", [
+    {"rope_scaling": {**KIMI_YARN, "apply_yarn_scaling": False}},             # as vLLM reads it
+    {"rope_parameters": {**KIMI_YARN, "apply_yarn_scaling": False}},
+    {"rope_scaling": KIMI_YARN, "apply_yarn_scaling": False},                 # beside rope_scaling
+])
+def test_apply_yarn_scaling_false_keeps_the_plain_scale(tmp_path, layout):
+    """Issue 25 item 7 (SGLang PR 26203, vLLM PR 41569): YaRN's mscale is not applied to the
+    softmax scale when the config says ``apply_yarn_scaling: false``; 0.159192 was used instead."""
+    (tmp_path / "config.json").write_text(json.dumps({**V3_ATTENTION, **layout}))
+    spec = read_hf_config(tmp_path)
+    assert spec.softmax_scale() == pytest.approx(0.072169, abs=5e-7)
+    assert "apply_yarn_scaling false" in spec.scale_source()
+    (tmp_path / "config.json").write_text(json.dumps({**V3_ATTENTION, "rope_scaling": KIMI_YARN}))
+    assert read_hf_config(tmp_path).softmax_scale() == pytest.approx(0.159192, abs=5e-7)
+
+
+def test_the_scale_says_where_it_came_from(tmp_path):
+    from mlabench.shapes import scale_note
+
+    (tmp_path / "config.json").write_text(json.dumps({**V3_ATTENTION, "rope_scaling": KIMI_YARN}))
+    spec = read_hf_config(tmp_path)
+    assert scale_note(spec) == (f"softmax scale 0.159192 = (128 + 64) ** -0.5 x 1.4852 ** 2 (YaRN mscale of factor "
+                                f"128, mscale_all_dim 1) from {tmp_path / 'config.json'}")
+    assert scale_note(load_model("kimi-k3")).startswith("softmax scale 0.072169 = (128 + 64) ** -0.5 (no rope "
+                                                        "scaling) from vLLM ROCm 12-head")
+    assert scale_note(None) == "softmax scale 0.041667 = 576 ** -0.5 (no model given: 1 / sqrt of the query width)"
+
+
+@pytest.mark.parametrize("config, named", [
+    ({"rope_scaling": {**KIMI_YARN, "attention_factor": 1.2}}, "rope_scaling field 'attention_factor'"),
+    ({"rope_parameters": {**KIMI_YARN, "llama_4_scaling_beta": 0.1}}, "rope_parameters field 'llama_4_scaling_beta'"),
+    ({"rope_scaling": {**KIMI_YARN, "apply_yarn_scaling": "no"}}, "apply_yarn_scaling"),
+    ({"rope_scaling": {**KIMI_YARN, "apply_yarn_scaling": False}, "apply_yarn_scaling": True}, "apply_yarn_scaling"),
+    ({"rope_scaling": KIMI_YARN, "softmax_scale": 0.1}, "'softmax_scale'"),
+    ({"query_pre_attn_scalar": 144}, "'query_pre_attn_scalar'"),
+    ({"attention_multiplier": 0.5}, "'attention_multiplier'"),
+])
+def test_a_field_that_may_change_the_scale_and_is_not_understood_is_refused(tmp_path, config, named):
+    (tmp_path / "config.json").write_text(json.dumps({**V3_ATTENTION, **config}))
+    with pytest.raises(ConfigError, match=named) as info:
+        read_hf_config(tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_fields_of_real_configs_that_do_not_touch_the_scale_are_read(tmp_path):
+    """DeepSeek-V3's own config.json fields (MoE routing scale, rope theta, quantisation) pass."""
+    config = {**V3_ATTENTION, "routed_scaling_factor": 2.5, "rope_theta": 10000, "scoring_func": "sigmoid",
+              "quantization_config": {"weight_block_size": [128, 128]}, "rope_scaling": KIMI_YARN}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert read_hf_config(tmp_path).softmax_scale() == pytest.approx(0.159192, abs=5e-7)

@@ -77,3 +77,22 @@ def test_wall_clock_timing_on_cpu_divides_by_copies():
     assert stats.graph_captures is None  # no graph on the CPU, whatever graph_captures says
     assert time_calls([one], cfg.model_copy(update={"graph_captures": 4}), use_graph=True,
                       device=cpu).graph_captures is None
+
+
+def test_cpu_timing_runs_on_a_set_thread_count_and_gives_it_back():
+    """Issue 25 item 11: under load the CPU sweep's medians came out as multiples of ~4 ms with
+    torch's default threads; with one thread two runs agreed.  The CPU path sets torch's threads
+    (``cpu_threads``, default 1) while it times, and restores them after."""
+    import torch
+
+    cpu = DeviceInfo("cpu", "cpu", "cpu", 2, 0, "cpu", 0)
+    seen = []
+    before = torch.get_num_threads()
+    cfg = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3)
+    assert cfg.cpu_threads == 1
+    time_calls([lambda: seen.append(torch.get_num_threads())], cfg, use_graph=False, device=cpu)
+    assert set(seen) == {1} and torch.get_num_threads() == before
+    seen.clear()
+    time_calls([lambda: seen.append(torch.get_num_threads())], cfg.model_copy(update={"cpu_threads": 2}),
+               use_graph=False, device=cpu)
+    assert set(seen) == {2} and torch.get_num_threads() == before

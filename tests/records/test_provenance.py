@@ -51,3 +51,22 @@ def test_outside_git_the_package_version_stands_for_the_revision(tmp_path, monke
 def test_the_environment_names_the_revision_of_a_copy_without_git(tmp_path, monkeypatch, value, want):
     monkeypatch.setenv("MLABENCH_GIT_REVISION", value)
     assert git_revision(tmp_path) == want
+
+
+@pytest.mark.parametrize("text, want", [("0123456789abcdef0123\n", ("0123456789abcdef0123", False)),
+                                        ("0123456789abcdef0123-dirty\n", ("0123456789abcdef0123", True))])
+def test_an_installed_wheel_records_the_revision_it_was_built_from(tmp_path, monkeypatch, text, want):
+    """Issue 25 item 14: an installed wheel recorded 'mlabench-0.1.0' as its git revision."""
+    monkeypatch.delenv("MLABENCH_GIT_REVISION", raising=False)
+    built = tmp_path / "_revision.txt"
+    built.write_text(text)
+    monkeypatch.setattr("mlabench.records.provenance.BUILT_REVISION", built)
+    assert git_revision(tmp_path / "elsewhere") == want
+
+
+def test_diff_cuts_a_commit_id_but_not_a_version():
+    """Issue 25 item 14: diff cut 'mlabench-0.1.0' to 'mlabench-0.1'."""
+    from mlabench.sweep.diff import short_revision
+
+    assert short_revision("mlabench-0.1.0") == "mlabench-0.1.0"
+    assert short_revision("0123456789abcdef0123") == "0123456789ab"

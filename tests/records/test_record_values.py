@@ -372,3 +372,12 @@ def test_the_check_judges_on_the_coarser_dtypes_limits_or_those_asked_for(q_dtyp
     loose = bench.run(backend, {"num_kv_splits": 2}, copy_bw_tbps=2.0, run_id="t", time_it=False,
                       check=CheckConfig(input_sets=["random"], atol=1e-9, rtol=100.0))
     assert loose.status == "ok" and (loose.verdict.atol, loose.verdict.rtol) == (1e-9, 100.0)
+
+
+def test_a_cpu_sweep_says_it_is_a_smoke_test():
+    """Issue 25 item 11: wall-clock (CPU) records get a plain note; GPU records do not."""
+    said = ("CPU run: a smoke test of the pipeline, not a measurement (wall-clock times of PyTorch code on a "
+            "CPU; compare nothing from them)")
+    assert said in sweep_summary([record(1, 3.0)]).notes
+    graph = [record(1, 3.0).model_copy(update={"timing_mode": "graph"})]
+    assert not any("smoke test" in n for n in sweep_summary(graph).notes)

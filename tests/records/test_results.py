@@ -356,3 +356,45 @@ def test_record_timestamps_are_utc_whatever_the_local_zone(monkeypatch):
         time.tzset()
     assert stamp.utcoffset() == dt.timedelta(0)
     assert abs((dt.datetime.now(dt.timezone.utc) - stamp).total_seconds()) < 60
+
+
+def _fill_disk_after(monkeypatch, nbytes):
+    """``os.write`` writes at most ``nbytes`` more bytes, then fails as a full disk does (ENOSPC)."""
+    import errno
+    import os
+
+    real_write, left = os.write, [nbytes]
+
+    def write(fd, data):
+        if left[0] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = real_write(fd, bytes(data)[:left[0]])
+        left[0] -= n
+        return n
+
+    monkeypatch.setattr("mlabench.files.os.write", write)
+
+
+def test_a_full_disk_leaves_no_torn_record(tmp_path, monkeypatch):
+    """A record is written whole or not at all: a write cut short by a full disk is cut back off,
+    and the error says the disk is full."""
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    store.append(record(1))
+    before = store.jsonl.read_bytes()
+    with monkeypatch.context() as m:
+        _fill_disk_after(m, 40)
+        with pytest.raises(FileAccessError, match=rf"^run results could not be written: the disk is full \(no space left on device\): {store.jsonl}$"):
+            store.append(record(2))
+    assert store.jsonl.read_bytes() == before
+    store.append(record(3))
+    assert [r.context_len for r in store.records()] == [1, 3]
+
+
+def test_a_full_disk_leaves_no_temporary_file(tmp_path, monkeypatch):
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    store.append(record(1))
+    with monkeypatch.context() as m:
+        _fill_disk_after(m, 10)
+        with pytest.raises(FileAccessError, match="the disk is full"):
+            store.write_csv()
+    assert sorted(p.name for p in store.run_dir.iterdir()) == ["manifest.json", "results.jsonl"]

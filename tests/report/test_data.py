@@ -157,3 +157,16 @@ def test_the_heat_map_tells_a_count_not_run_from_one_that_failed():
     heat = split_heatmap([curve])
     assert heat.ratio == [[1.0, None, None]]
     assert heat.measured == [[True, True, False]]
+
+
+def test_the_floor_says_whose_bandwidth_it_is_and_small_bandwidths_keep_their_digits(h200_runs):
+    """Issue 25 item 14: a report over two runs drew one floor line labelled with one run's
+    bandwidth, and a CPU run's 0.0037 TB/s printed as 0.00 TB/s."""
+    one = D.latency_vs_context(h200_runs.records)
+    assert D.floor_text(one) == "copy bandwidth (4.18 TB/s)"
+    other = [r.model_copy(update={"copy_bandwidth_tbps": 4.40, "floor_us": r.floor_us * 4.1807 / 4.40})
+             for r in h200_runs.records if r.floor_us]
+    two = D.latency_vs_context(list(h200_runs.records) + other)
+    assert D.floor_text(two) == "copy bandwidth (4.4 TB/s, the highest of the runs': 4.4, 4.18 TB/s)"
+    assert two.floor_us[1][0][1] == pytest.approx(min(r.floor_us for r in other if r.batch == 1))
+    assert style.tbps_text(0.0037) == "0.0037 TB/s" and style.tbps_text(4.4612) == "4.46 TB/s"

@@ -91,7 +91,7 @@ def test_plot_command(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--kind", "bogus"], "unknown figure kind 'bogus'; known: latency"),
-    (["--format", "jpg"], "figure format must be one of png, svg"),
+    (["--format", "jpg"], "figure format must be one of png, svg, got 'jpg' (plot writes figure files; its --format is their file format, not a table's)"),
 ])
 def test_plot_command_refuses_bad_flags(args, message, tmp_path, monkeypatch, capsys):
     code, _out, err = run_cli(["plot", "--from", str(SERVE), "--out", str(tmp_path), *args], monkeypatch, capsys)
@@ -173,3 +173,13 @@ def test_one_panel_keeps_its_title_and_legend_inside_the_figure():
     for artist in (fig._suptitle, fig.legends[0]):
         box = artist.get_window_extent(renderer)
         assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (artist, box, fig.bbox.width)
+
+
+def test_context_labels_too_close_to_read_are_left_blank():
+    """Issue 25 item 14: on a log axis "100k" and "128K" touched; the longest length keeps its label."""
+    from mlabench.report.figures.style import context_labels
+
+    assert context_labels([1024, 4096, 100000, 131072]) == ["1K", "4K", "", "128K"]
+    assert context_labels([1024, 1280, 2048, 4096]) == ["1K", "", "2K", "4K"]
+    assert context_labels([1024, 4096], log=False) == ["1K", "4K"]
+    assert context_labels([100000, 131072], log=False) == ["100k", "128K"]

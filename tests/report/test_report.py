@@ -116,7 +116,7 @@ def test_report_command(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["mlabench", "report", "--from", str(H200), "--format", "pdf"])
     with pytest.raises(SystemExit) as exc:
         cli.main()
-    assert exc.value.code == 2 and "report format must be one of markdown, html" in capsys.readouterr().err
+    assert exc.value.code == 2 and "report format must be one of markdown, html, got 'pdf' (report writes one document; its --format is the document's file format, not a table's)" in capsys.readouterr().err
 
 
 def test_report_of_a_tuning_run_and_of_a_validation_run(tmp_path):
@@ -130,3 +130,17 @@ def test_report_of_a_tuning_run_and_of_a_validation_run(tmp_path):
     assert "cold cache (4-64 input copies)" in text and "0.5 s budget per point" in text
     text = write_report(load_runs([next(base.glob("validate-*"))]), tmp_path / "v", "markdown").read_text()
     assert "cold cache (4-64 input copies)" in text and "0.3 s budget per point" in text
+
+
+def test_html_shows_code_spans_as_code_and_scrolls_a_wide_table():
+    """Issue 25 item 14: the HTML report showed literal backticks in its "Missing:" boxes, and a
+    21-column table ran past the page."""
+    from mlabench.report.document import Missing, Para, TableBlock, to_html_document
+    from mlabench.tables.table import Table
+
+    wide = Table("wide", [f"c{i}" for i in range(21)], [list(range(21))])
+    page = to_html_document([Missing("run `mlabench sweep`, then pass <its folder> to --from"),
+                             Para("a `b` c"), TableBlock(wide)], "t", {})
+    assert "`" not in page
+    assert "run <code>mlabench sweep</code>, then pass &lt;its folder&gt; to --from" in page
+    assert '<div class="wide"><table>' in page and ".wide { overflow-x: auto;" in page

@@ -351,3 +351,29 @@ def test_the_environment_says_how_many_visits_a_sweep_took():
                            "their mean's standard error was 0.3% or less), samples pooled")
     old = load_runs([REPO / "results/h200/kimi-k3-tp8"])  # recorded before visits: nothing said
     assert "visits" not in dict(kernel_environment(old.kernel_runs[0], old.records).rows)["timing"]
+
+
+def test_the_history_shows_a_choice_far_slower_than_the_best():
+    """Issue 25 item 12: a CPU tune chose 1 split at 53872 µs where the best took 13017 µs (every
+    interval so wide that all tied); the y axis stopped at 3x the best, so the chosen star was off
+    the figure.  The axis now reaches the chosen point, and the title says it was a tie."""
+    from mlabench.report.figures.draw import _mpl
+    from mlabench.report.figures.draw_tuning import _history_panel
+
+    study = T.Study(1, 0, 48, 48)
+    trials = [T.Trial(1, {"num_kv_splits": 1}, 53872.0, "ok", 53872.0, chosen=True),
+              T.Trial(2, {"num_kv_splits": 4}, 13017.0, "ok", 13017.0)]
+    ax = _mpl().figure.Figure().subplots()
+    _history_panel(ax, T.StudyHistory(study, trials, {"num_kv_splits": 1}, 53872.0), "#1f77b4")
+    low, high = ax.get_ylim()
+    assert low < 13017.0 and high > 53872.0
+    stars = [line for line in ax.get_lines() if line.get_marker() == "*"]
+    assert [tuple(s.get_ydata()) for s in stars] == [(53872.0,)]
+
+
+def test_a_choice_of_one_split_is_singular():
+    """Issue 25 item 14: the history title said "chose 1 splits"."""
+    from mlabench.report.figures.draw_tuning import _history_title
+
+    h = T.StudyHistory(T.Study(1, 0, 48, 48), [], {"num_kv_splits": 1}, 53872.0)
+    assert _history_title(h) == "≤ 48 (at 48)\nchose 1 split, 53900 µs"

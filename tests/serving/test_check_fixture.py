@@ -38,3 +38,35 @@ def test_the_same_request_is_judged_on_its_tokens(ids, fixture):
 def test_a_run_checked_alone_is_valid_when_complete():
     assert validate_alone(greedy([1, 2])).verdict == "match"
     assert validate_alone(greedy([1, 2], max_tokens=3)).verdict == "invalid"
+
+
+def test_a_divergence_past_the_end_shows_no_none_tokens():
+    """Issue 25 item 14: a run shorter than its fixture printed "None/None" as the tokens there."""
+    from mlabench.serving.greedy_check import report_table
+
+    report = compare(greedy([4, 5, 6]), greedy([4, 5, 6, 7]), 0.05)
+    _headers, (row,) = report_table(report).texts()
+    assert not any("None" in cell for cell in row)
+
+
+def test_a_fixture_request_another_than_the_runs_is_refused_before_asking():
+    """Issue 25 item 14: ``-n 16`` against a 32-token fixture asked the server, then said
+    "invalid" with None/None; the request is compared with the fixture's first."""
+    from mlabench.errors import ConfigError
+    from mlabench.serving.config import CheckParams
+    from mlabench.serving.greedy_check import check_request_matches
+
+    fixture = greedy(list(range(32)))
+    with pytest.raises(ConfigError, match=r"^-n 16 asks for 16 tokens; the fixture fx.json holds 32 \(run with "
+                                          r"-n 32, or record another fixture\)$"):
+        check_request_matches(CheckParams(max_tokens=16), fixture, "fx.json")
+    with pytest.raises(ConfigError, match="another prompt than the fixture fx.json"):
+        check_request_matches(CheckParams(max_tokens=32), fixture, "fx.json")
+
+
+def test_a_recorded_fixture_is_not_shown_as_a_comparison():
+    from mlabench.serving.greedy_check import report_table
+
+    table = report_table(validate_alone(greedy([1, 2])), recorded="fx.json")
+    assert table.title == "Greedy fixture recorded: fx.json (nothing compared)"
+    assert table.rows[0][0] == "recorded"

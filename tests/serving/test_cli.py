@@ -179,6 +179,9 @@ def test_serve_check_fixture_match_tie_mismatch(tmp_path, server_factory):
     r = run_cli("serve-check", "--base-url", ok_url, "--fixture", fx, "--save-fixture", "-n", "8")
     assert r.returncode == 0, r.stderr
     assert json.loads(Path(fx).read_text())["token_ids"] == [5, 6, 7, 5, 6, 7, 5, 6]
+    assert "Greedy fixture recorded" in r.stdout and "Greedy output check" not in r.stdout
+    r = run_cli("serve-check", "--base-url", ok_url, "--fixture", fx, "-n", "16")
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: -n 16 asks for 16 tokens; the fixture")
     r = run_cli("serve-check", "--base-url", ok_url, "--fixture", fx, "-n", "8", "--json")
     assert r.returncode == 0 and report(r)["verdict"] == "match"
     r = run_cli("serve-check", "--base-url", server_factory("tie"), "--fixture", fx, "-n", "8",

@@ -91,3 +91,15 @@ def test_a_tpot_that_measured_nothing_gives_no_speedup():
     assert [c.speedup for c in t.rows[0].cells] == [None, None]  # not 0.00x
     t = build_table([res("a", 1, 0, 10.0), zero.model_copy(update={"variant": "b"})], ["a", "b"], [1], "a")
     assert t.rows[0].cells[1].speedup is None
+
+
+def test_a_stat_the_results_do_not_hold_is_said_in_a_note():
+    """Issue 25 item 10: ``--stat p99`` on a run recorded without p99 printed every cell "—" and no note."""
+    results = [r.model_copy(update={"tpot": MetricStats(mean_ms=r.tpot.mean_ms)})
+               for r in (res("a", 1, 0, 11.0), res("b", 1, 0, 6.0))]
+    said = ("no p99 TPOT in the recorded results (vllm bench serve wrote none: its --metric-percentiles "
+            "lacked 99); --stat mean or median reads what was recorded")
+    for table in (tpot_table(build_table(results, ["a", "b"], [1], "a", "p99")),
+                  tpot_markdown_table(build_table(results, ["a", "b"], [1], "a", "p99"))):
+        assert said in table.notes
+    assert not tpot_table(build_table(results, ["a", "b"], [1], "a", "mean")).notes

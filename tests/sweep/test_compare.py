@@ -46,3 +46,44 @@ def test_compare_needs_both_paths_with_a_correct_record():
     failed = [r.model_copy(update={"status": "incorrect"}) for r in records[:5]]
     with pytest.raises(MissingResultError, match="no correct record among the 5 read"):
         check_comparable(failed, families)
+
+
+def _rec(backend, heads, median_us, splits=None, page=64, dtype="bfloat16"):
+    from mlabench.measure.stats import summarize
+    from mlabench.records.record import Record, point_key, utc_now
+
+    params = {"num_kv_splits": splits} if splits else {}
+    shape = {"num_heads": heads, "context_lens": [4096], "page_size": page, "kv_dtype": dtype}
+    return Record(key=point_key(backend, params, shape), run_id="r", backend=backend, params=params, shape=shape,
+                  batch=1, num_heads=heads, context_len=4096, status="ok", stats=summarize([median_us] * 3),
+                  timing_mode="wall", timestamp=utc_now())
+
+
+def test_every_table_groups_by_and_shows_each_axis_the_runs_vary():
+    """Issue 25 item 9: a sweep over --heads 8,12,16 gave one compare row for all three head
+    counts (a persistent best and a split-KV best from different heads); every table groups by
+    heads (and page size, dtype) when they vary, and says so in a column."""
+    from mlabench.sweep.compare import winners_table
+    from mlabench.sweep.summary import compare_table, sweep_summary
+
+    families = backend_families()
+    recs = [_rec("triton-persistent", h, 10.0 * h) for h in (8, 12, 16)]
+    recs += [_rec("torch-splitkv", h, 9.0 * h, splits=s) for h in (8, 12, 16) for s in (1, 4)]
+    table = compare_table(recs, families)
+    assert table.columns[:3] == ["batch", "heads", "context"]
+    assert [(row[1], row[5], row[10]) for row in table.rows] == [(8, 80.0, 72.0), (12, 120.0, 108.0),
+                                                                 (16, 160.0, 144.0)]
+    summary = sweep_summary(recs)
+    assert summary.columns[:4] == ["backend", "batch", "heads", "context"]
+    assert [row[:3] for row in summary.rows if row[0] == "torch-splitkv"] == [["torch-splitkv", 1, 8],
+                                                                             ["torch-splitkv", 1, 12],
+                                                                             ["torch-splitkv", 1, 16]]
+    assert not any(n.startswith("heads=") for n in summary.notes)  # no single heads value to name
+    two_pages = [_rec("torch-splitkv", 12, 5.0, 1, page=16), _rec("torch-splitkv", 12, 4.0, 1, page=64)]
+    assert sweep_summary(two_pages).columns[:4] == ["backend", "batch", "page", "context"]
+    assert len(sweep_summary(two_pages).rows) == 2
+    mixed = [r.model_copy(update={"qo_len": 2}) for r in recs] + recs
+    assert winners_table(mixed, families).columns[:3] == ["batch", "heads", "context"]
+    assert len(winners_table(mixed, families).rows) == 3
+    one = [r for r in recs if r.num_heads == 12]
+    assert "heads" not in compare_table(one, families).columns and "heads" not in sweep_summary(one).columns

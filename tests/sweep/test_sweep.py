@@ -199,6 +199,25 @@ def test_model_config_dims_reach_the_shape(tmp_path):
     assert shape == (16, 256, 320)
 
 
+def test_the_manifest_and_the_summary_say_which_softmax_scale_ran(tmp_path):
+    """Issue 25 item 7: the scale a sweep used, and where it came from, is in its manifest."""
+    import json
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_attention_heads": 24, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                                  "qk_nope_head_dim": 128, "rope_scaling": {"type": "yarn", "factor": 40,
+                                                                            "mscale_all_dim": 1.0,
+                                                                            "apply_yarn_scaling": False}}))
+    cfg = small_config(heads=None, model_config=str(config), tp=2, batch=[1], context_lens=[16],
+                       params={"num_kv_splits": [1]})
+    store, recs = run_sweep(cfg, tmp_path / "runs")
+    said = f"softmax scale 0.072169 = (128 + 64) ** -0.5 (YaRN, apply_yarn_scaling false: no mscale) from {config}"
+    assert store.manifest().softmax_scale == said
+    assert recs[0].shape["softmax_scale"] == pytest.approx(192**-0.5)
+    _, plain = run_sweep(small_config(batch=[1], context_lens=[16], params={"num_kv_splits": [1]}), tmp_path / "b")
+    assert _.manifest().softmax_scale.startswith("softmax scale 0.041667 = 576 ** -0.5")
+
+
 @pytest.mark.parametrize("name", ["../../etc/x", "a/b", ""])
 def test_run_name_cannot_leave_the_results_folder(name):
     with pytest.raises(Exception, match="name"):
@@ -302,3 +321,37 @@ def test_a_bad_split_policy_is_one_error_before_anything_runs(tmp_path, monkeypa
     assert code == 2, (out, err)
     assert err.strip().startswith("error:") and said in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "res").exists()
+
+
+def test_a_disk_filling_mid_run_leaves_whole_records_and_names_the_resume(tmp_path, monkeypatch):
+    """Issue 25 item 5: the disk fills after three records; the fourth is not half-written, and the
+    error names the full disk, what was kept and the command that resumes."""
+    import errno
+    import os
+
+    from mlabench.errors import FileAccessError
+
+    real_write, room = os.write, [25]  # part of the next line reaches the disk, then it is full
+
+    def full(fd, data):
+        if not room[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = real_write(fd, bytes(data)[:room[0]])
+        room[0] -= n
+        return n
+
+    def fill_after_three(point, record, done, total):
+        if record is not None and done == 3:
+            monkeypatch.setattr("mlabench.files.os.write", full)
+
+    with pytest.raises(FileAccessError) as info:
+        run_sweep(small_config(), tmp_path, progress=fill_after_three)
+    (run_dir,) = list(tmp_path.iterdir())
+    said = str(info.value)
+    assert "the disk is full" in said and "3 of 8 points recorded" in said, said
+    assert said.endswith(f"free space, then continue with: mlabench sweep --resume {run_dir}") and "\n" not in said
+    data = (run_dir / "results.jsonl").read_bytes()
+    assert data.endswith(b"\n") and len(data.splitlines()) == 3
+    monkeypatch.undo()
+    _, recs = run_sweep(small_config(), tmp_path, resume=run_dir)
+    assert len(recs) == 8

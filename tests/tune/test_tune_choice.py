@@ -122,3 +122,25 @@ def test_validation_evaluates_a_rule_entry_at_each_held_out_length(tmp_path, tin
     assert all(p.policy_params["num_kv_splits"] == -(-p.context_len // 4) for p in result.points)
     # the rule is the best count at every length; one count off is 7-16% slower here (at 12-5 splits)
     assert all(p.policy_us is not None and p.regret(p.policy_us) < 0.05 for p in result.points)
+
+
+def test_a_choice_the_tie_rule_made_says_so():
+    """Issue 25 item 12: a CPU tune chose 1 split at 53872 µs over 13017 µs because every interval
+    was wide enough for all to tie, and said nothing; now the choice carries a note."""
+    from mlabench.tune.choice import tie_note
+
+    one = Measured({"num_kv_splits": 1}, 53872.0, 3.5, 1, {48: 53872.0}, {48: 1})
+    four = Measured({"num_kv_splits": 4}, 13017.0, 3.5, 1, {48: 13017.0}, {48: 4})
+    chosen, best = choose([one, four], 0.01)
+    assert chosen is one and best is four
+    assert tie_note([one, four], chosen, best, 0.01) == (
+        "2 configurations tied within ±350% of the fastest (its confidence interval: too noisy to tell them "
+        "apart; a longer --budget-s or a quieter machine narrows it); the tie rule took the fewest splits, "
+        "4.139x the fastest's µs")
+    rule = landscape({"num_kv_splits": 64, RULE_PARAM: 64}, {1025: 17, 2048: 32, 4096: 64},
+                     {1025: 10.05, 2048: 10.05, 4096: 10.05})
+    fixed = landscape({"num_kv_splits": 48, RULE_PARAM: 1}, dict.fromkeys(LENGTHS, 48), {1025: 10.0, 2048: 10.0, 4096: 10.0})
+    chosen, best = choose([rule, fixed], 0.01)
+    assert tie_note([rule, fixed], chosen, best, 0.01).startswith("2 configurations tied within ±1% of the fastest "
+                                                                   "(--noise); the tie rule took the fewest splits, 1.005x")
+    assert tie_note([one, four], four, four, 0.01) is None

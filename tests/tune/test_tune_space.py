@@ -145,3 +145,13 @@ def test_kernel_variants_stay_at_their_defaults_unless_named():
     assert not names & {"o_split", "lazy_sum", "pdl_prologue"}
     dims, _ = search_space(backend, SHAPE, {"lazy_sum": SpaceRange(low=0, high=1)})
     assert "lazy_sum" in {d.name for d in dims}
+
+
+def test_tune_takes_12_heads_without_a_model_as_sweep_and_check_do():
+    """Issue 25 item 14: tune wanted --heads where sweep and check default to 12 heads."""
+    from mlabench.tune.space import TuneConfig, shape_dims
+
+    cfg = TuneConfig(backend="torch-splitkv", buckets=[128])
+    assert cfg.heads == 12 and shape_dims(cfg)["num_heads"] == 12
+    assert TuneConfig(backend="torch-splitkv", buckets=[128], model="kimi-k3", tp=8).heads is None
+    assert TuneConfig(backend="torch-splitkv", buckets=[128], heads=4).heads == 4

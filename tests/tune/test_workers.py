@@ -87,3 +87,44 @@ def test_workers_take_the_longest_studies_first_and_each_takes_every_study():
     b16_32k = {"batch": 16, "lo": 16384, "hi": 32768, "length": 23000, "lengths": [16385, 32768]}
     assert study_cost(b16_128k) > study_cost(b1_128k) > study_cost(b16_32k) > study_cost({"batch": 1, "hi": 1024})
     assert 17 < study_cost(b16_128k) < 21 and 5 < study_cost({"batch": 1, "hi": 1024}) < 8  # measured 18.0 s, 6.8 s
+
+
+def _log_on_a_full_disk() -> None:
+    """Make this process's stdout and stderr a full disk (``/dev/full``), as a worker's log is when
+    the disk fills."""
+    full = os.open("/dev/full", os.O_WRONLY)
+    os.dup2(full, 1)
+    os.dup2(full, 2)
+
+
+def disk_full_worker(payload, index):
+    """A worker entry whose log cannot be written and whose store append fails on a full disk."""
+    from mlabench.errors import FileAccessError
+
+    _log_on_a_full_disk()
+    raise FileAccessError("run results could not be written: the disk is full (no space left on device): x.jsonl")
+
+
+def crashing_worker(payload, index):
+    """A worker entry that dies of an error nobody caught, its log on a full disk."""
+    import errno
+
+    _log_on_a_full_disk()
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("entry, said", [
+    ("disk_full_worker", "exited with 2: error: run results could not be written: the disk is full"),
+    ("crashing_worker", "exited with 1: OSError: [Errno 28] No space left on device"),
+])
+def test_a_worker_whose_log_cannot_be_written_still_reports_its_error(tmp_path, entry, said):
+    """Issue 25 item 5: with the disk full the worker's log stays empty; its error reaches the
+    parent anyway (through a pipe), not just its exit code."""
+    from mlabench.errors import MlabenchError
+    from mlabench.tune.worker_pool import start_workers, supervise
+
+    workers = start_workers(f"tests.tune.test_workers:{entry}", {}, [None], tmp_path / "workers")
+    with pytest.raises(MlabenchError) as info:
+        supervise(workers, interval_s=0.05)
+    assert said in str(info.value), str(info.value)
+    assert (tmp_path / "workers" / "worker-0.log").read_text() == ""

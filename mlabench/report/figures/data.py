@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlabench.records.record import Record
+from mlabench.report.figures import style
 from mlabench.sweep.summary import best_ok, compare_table
 
 
@@ -83,7 +84,24 @@ class LatencyData:
     copy_bandwidth_tbps: float | None
     timing_mode: str
     floor_bandwidth: str = "copy"
-    floor_bandwidth_tbps: float | None = None
+    floor_bandwidth_tbps: float | None = None  #: the highest of the runs': the floor drawn is its
+    floor_bandwidths_tbps: list[float] = field(default_factory=list)  #: each run's, highest first
+
+
+def floor_bandwidth_text(data: LatencyData) -> str:
+    """The bandwidth the drawn floor divides by, e.g. ``4.46 TB/s``; over runs that measured
+    different ones, the highest (the floor drawn, the lowest time) and each run's."""
+    bws = data.floor_bandwidths_tbps
+    if not bws:
+        return "measured"
+    if len(bws) == 1:
+        return style.tbps_text(bws[0])
+    return f"{style.tbps_text(bws[0])}, the highest of the runs': {', '.join(f'{b:.3g}' for b in bws)} TB/s"
+
+
+def floor_text(data: LatencyData) -> str:
+    """``read bandwidth (4.46 TB/s)``: which bandwidth the floor is of (:func:`floor_bandwidth_text`)."""
+    return f"{data.floor_bandwidth} bandwidth ({floor_bandwidth_text(data)})"
 
 
 def latency_vs_context(records: Sequence[Record]) -> LatencyData:
@@ -109,9 +127,9 @@ def latency_vs_context(records: Sequence[Record]) -> LatencyData:
     bw = next((r.copy_bandwidth_tbps for r in records if r.copy_bandwidth_tbps), None)
     mode = next((r.timing_mode for r in records if r.timing_mode), "")
     timed = [r for r in records if r.floor_us]
-    if timed and all(r.floor_bandwidth == "read" for r in timed):
-        return LatencyData(curves, floors, bw, mode, "read", timed[0].read_bandwidth_tbps)
-    return LatencyData(curves, floors, bw, mode, "copy", bw)
+    read = bool(timed) and all(r.floor_bandwidth == "read" for r in timed)
+    bws = sorted({b for r in timed if (b := r.read_bandwidth_tbps if read else r.copy_bandwidth_tbps)}, reverse=True)
+    return LatencyData(curves, floors, bw, mode, "read" if read else "copy", bws[0] if bws else None, bws)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 
 from mlabench.errors import MlabenchError
 from mlabench.report.figures import style
-from mlabench.report.figures.data import Heatmap, LatencyData, ServingData, Speedup, SplitCurve
+from mlabench.report.figures.data import Heatmap, LatencyData, ServingData, Speedup, SplitCurve, floor_text
 
 PANEL_W, PANEL_H = 5.6, 3.9
 
@@ -77,7 +77,7 @@ def _context_x(ax: Any, contexts: Sequence[int], log: bool = True) -> None:
     if log:
         ax.set_xscale("log")
         ax.xaxis.set_minor_locator(ticker.NullLocator())
-    ax.set_xticks(list(contexts), [style.context_text(c) for c in contexts], rotation=45 if log else 0)
+    ax.set_xticks(list(contexts), style.context_labels(list(contexts), log), rotation=45 if log else 0)
     ax.set_xlabel(style.CONTEXT_AXIS)
 
 
@@ -141,17 +141,16 @@ def latency(data: LatencyData, title: str, where: str, metric: str = "us") -> An
             if hollow:
                 noisy = True
                 ax.plot(*zip(*hollow), "o", color="white", markeredgecolor=color, markersize=4)
-        bw = f"{data.floor_bandwidth_tbps:.2f} TB/s" if data.floor_bandwidth_tbps else "measured"
         kind = f"{data.floor_bandwidth} bandwidth"
         if metric == "us":
             floor = data.floor_us.get(batch, [])
             if floor:
                 ax.plot(*zip(*floor), "--", color=style.FLOOR_COLOR, linewidth=1.2,
-                        label=f"floor: bytes / {kind} ({bw})")
+                        label=f"floor: bytes / {floor_text(data)}")
             _log_y(ax, "µs per decode call (median, log scale)")
         else:
             ax.axhline(100, linestyle="--", color=style.FLOOR_COLOR, linewidth=1.2,
-                       label=f"100% = floor (bytes / {kind}, {bw})")
+                       label=f"100% = floor (bytes / {floor_text(data)})")
             if ax is axes[0]:
                 ax.set_ylabel(f"% of floor ({kind})")
             ax.set_ylim(0, max(110, ax.get_ylim()[1]))

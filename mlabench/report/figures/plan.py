@@ -117,7 +117,7 @@ def _latency(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec]
         data = D.latency_vs_context(recs)
         if not data.curves:
             continue
-        bw = f"{data.floor_bandwidth_tbps:.2f} TB/s" if data.floor_bandwidth_tbps else "measured"
+        bw = D.floor_bandwidth_text(data)
         if kind == "latency":
             title = "MLA decode latency vs context length, best correct configuration per backend"
             caption = (f"Median µs per decode call of each backend's fastest correct configuration; dashed: the "
@@ -328,7 +328,8 @@ def write_figures(runs: Any, out_dir: Path, kinds: Sequence[str] | None = None,
     """
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
-        raise ConfigError(f"figure format must be one of {', '.join(FORMATS)}, got {bad[0] if bad else 'none'!r}")
+        raise ConfigError(f"figure format must be one of {', '.join(FORMATS)}, got {bad[0] if bad else 'none'!r} "
+                          "(plot writes figure files; its --format is their file format, not a table's)")
     specs, skipped = plan(runs, kinds)
     if specs:
         make_dir(out_dir, "figure folder")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Sequence
 
 # One colour per backend in every figure (matplotlib's tab10 hues), fixed by name so that a figure
 # with fewer backends keeps the same colours.
@@ -75,6 +76,11 @@ def tick_text(value: float) -> str:
     return f"{value:g}"
 
 
+def tbps_text(value: float) -> str:
+    """A bandwidth to 3 significant digits: '4.46 TB/s', and a CPU's '0.0037 TB/s' (not '0.00')."""
+    return f"{value:.3g} TB/s"
+
+
 def speedup_text(value: float | None) -> str:
     """A speedup to 2 decimals with a times sign: '1.34×'."""
     return "—" if value is None or not math.isfinite(value) else f"{value:.2f}×"
@@ -96,6 +102,27 @@ def context_text(tokens: int) -> str:
     if tokens >= 1000 and tokens % 1000 == 0:
         return f"{tokens // 1000}k"
     return str(tokens)
+
+
+#: On a log axis, the least ratio between two context lengths whose labels both show: 100000 and
+#: 131072 (1.31x) touched at a figure's width.
+MIN_LABEL_RATIO = 1.4
+
+
+def context_labels(contexts: Sequence[int], log: bool = True) -> list[str]:
+    """:func:`context_text` of each length (ascending), blank where a log axis puts it within
+    :data:`MIN_LABEL_RATIO` of a label shown; the longest length always keeps its label."""
+    labels = [context_text(c) for c in contexts]
+    if not log:
+        return labels
+    shown: list[int] = []
+    for i, c in enumerate(contexts):
+        if shown and c < contexts[shown[-1]] * MIN_LABEL_RATIO:
+            if i != len(contexts) - 1:
+                continue
+            shown.pop()  # the longest wins over its near neighbour
+        shown.append(i)
+    return [text if i in shown else "" for i, text in enumerate(labels)]
 
 
 CONTEXT_AXIS = "context length, tokens (K = 1024, k = 1000)"

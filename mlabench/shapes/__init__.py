@@ -1,4 +1,5 @@
-"""MLA decode shapes, model presets, tensor-parallel head counts and Hugging Face config reading.
+"""MLA decode shapes; model presets, tensor-parallel head counts, Hugging Face config reading and the
+softmax scale are in :mod:`mlabench.shapes.models` (re-exported here).
 
 Absorbed-MLA decode (DeepSeek-V2/V3, Kimi K2/K3): the query of each head is ``kv_lora_rank +
 qk_rope_head_dim`` wide (512 + 64 = 576), there is one latent KV head shared by all query heads,
@@ -22,15 +23,19 @@ the ``L`` cached tokens, for every query token.
 
 from __future__ import annotations
 
-import math
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mlabench.errors import ConfigError, ShapeError, UnknownModelError
-from mlabench.files import configs_dir, read_json, read_toml, validation_line
+from mlabench.errors import ShapeError
+from mlabench.files import validation_line
+from mlabench.shapes.models import (  # the model nouns, imported from here
+    ModelSpec, list_models, load_model, model_spec, read_hf_config, resolve_heads, scale_note,
+)
+
+__all__ = ["MLADecodeShape", "ModelSpec", "list_models", "load_model", "model_spec", "read_hf_config",
+           "resolve_heads", "scale_note"]
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 SUPPORTED_PAGE_SIZES = (1, 16, 64)
@@ -42,9 +47,6 @@ INT32_MAX = 2**31 - 1
 #: The largest latent cache a shape may have: 1 TiB, several times the memory of the largest single
 #: GPU (141 GB on an H200, 288 GB on an MI355X), so no shape past it can run anywhere.
 MAX_CACHE_BYTES = 2**40
-#: Rope types whose effect on the decode softmax scale is known: ``default`` (none) and YaRN, whose
-#: mscale multiplies it (DeepSeek-V3's ``modeling_deepseek.py``; vLLM calls it ``deepseek_yarn``).
-ROPE_TYPES = ("default", "yarn", "deepseek_yarn")
 
 
 class MLADecodeShape(BaseModel):
@@ -252,143 +254,3 @@ class MLADecodeShape(BaseModel):
         if self.qo_len == 1:
             del data["causal"]
         return data
-
-
-# ---- models ------------------------------------------------------------------------------------
-class ModelSpec(BaseModel):
-    """The MLA attention fields of a model, named as in its Hugging Face ``config.json``."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    name: str = Field(description="Preset name or the config's model_type.")
-    num_attention_heads: int = Field(description="Query heads of the whole model (before TP).")
-    kv_lora_rank: int = 512
-    qk_rope_head_dim: int = 64
-    qk_nope_head_dim: int = 128
-    rope_scaling: dict[str, Any] | None = Field(None, description="HF rope_scaling (YaRN for V3).")
-    rope_parameters: dict[str, Any] | None = Field(
-        None, description="The same settings as newer transformers versions save them (with rope_theta).")
-    source: str = Field("", description="Where the numbers come from.")
-
-    @model_validator(mode="after")
-    def _rope_understood(self) -> ModelSpec:
-        try:
-            self.rope()
-        except ConfigError as exc:
-            raise ValueError(str(exc).removeprefix(f"{self.name}: ")) from None
-        return self
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    def local_heads(self, tp: int) -> int:
-        """Query heads per GPU at tensor-parallel size ``tp``; :class:`ShapeError` if not divisible."""
-        if tp <= 0:
-            raise ShapeError(f"--tp must be > 0, got {tp}")
-        if self.num_attention_heads % tp:
-            raise ShapeError(
-                f"{self.name}: {self.num_attention_heads} heads are not divisible by tp={tp}"
-            )
-        return self.num_attention_heads // tp
-
-    def rope(self) -> tuple[str, dict[str, Any]]:
-        """The rope type and its settings, from ``rope_scaling`` or, when that is absent, from
-        ``rope_parameters`` (where transformers 5 writes them).
-
-        The type is ``type`` or ``rope_type``; settings with neither and no ``factor`` are the
-        ``default`` rope.  Raises :class:`ConfigError` naming a type outside :data:`ROPE_TYPES`
-        (its effect on the softmax scale would be a guess).
-        """
-        settings = self.rope_scaling or self.rope_parameters or {}
-        kind = settings.get("type") or settings.get("rope_type")
-        if kind is None and "factor" in settings:
-            raise ConfigError(f"{self.name}: rope settings with a factor but no rope_type: {settings}")
-        kind = str(kind or "default")
-        if kind not in ROPE_TYPES:
-            raise ConfigError(f"{self.name}: rope type {kind!r} is not understood (known: "
-                              f"{', '.join(ROPE_TYPES)}); its effect on the softmax scale is unknown")
-        return kind, settings
-
-    def softmax_scale(self) -> float:
-        """Decode softmax scale as the model computes it.
-
-        ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``, times ``mscale ** 2`` under YaRN rope
-        scaling with ``mscale = 0.1 * mscale_all_dim * ln(factor) + 1`` (1 when factor <= 1).
-        Source: DeepSeek-V3's ``modeling_deepseek.py`` (``yarn_get_mscale`` and
-        ``DeepseekV3Attention.__init__``), which vLLM's ``deepseek_v2.py`` follows.  Raises
-        :class:`ConfigError` for a rope type it does not understand (:meth:`rope`).
-        """
-        scale = self.qk_head_dim**-0.5
-        kind, rs = self.rope()
-        if kind in ("yarn", "deepseek_yarn"):
-            factor = float(rs.get("factor", 1.0))
-            mscale_all_dim = float(rs.get("mscale_all_dim", 0.0) or 0.0)
-            if mscale_all_dim and factor > 1.0:
-                mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0
-                scale *= mscale * mscale
-        return scale
-
-
-def list_models() -> list[str]:
-    """Names of the presets under ``configs/models/`` (file stems), sorted."""
-    return sorted(p.stem for p in (configs_dir() / "models").glob("*.toml"))
-
-
-def load_model(name: str) -> ModelSpec:
-    """Load preset ``configs/models/<name>.toml``; :class:`UnknownModelError` lists the known ones."""
-    path = configs_dir() / "models" / f"{name}.toml"
-    if not path.is_file():
-        raise UnknownModelError(f"unknown model {name!r}; known: {', '.join(list_models())}")
-    data = read_toml(path, "model preset")
-    try:
-        return ModelSpec(name=name, **{k: v for k, v in data.items() if k != "name"})
-    except ValidationError as exc:
-        raise ConfigError(f"{path}: {validation_line(exc)}") from None
-
-
-def read_hf_config(path: str | Path) -> ModelSpec:
-    """Read a model's Hugging Face ``config.json`` (a file or a folder holding one).
-
-    Needs ``num_attention_heads`` and ``kv_lora_rank``; raises :class:`ConfigError` otherwise.
-    """
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    data = read_json(p, "model config")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: expected a JSON object")
-    # Multimodal wrappers (Kimi K2.5-style) keep the language model under text_config.
-    if "kv_lora_rank" not in data and isinstance(data.get("text_config"), dict):
-        data = data["text_config"]
-    missing = [k for k in ("num_attention_heads", "kv_lora_rank") if data.get(k) is None]
-    if missing:
-        raise ConfigError(f"{p}: not an MLA model config (missing {', '.join(missing)})")
-    try:
-        return ModelSpec(name=str(data.get("model_type", p.parent.name)), **data)
-    except ValidationError as exc:
-        raise ConfigError(f"{p}: {validation_line(exc)}") from None
-
-
-def resolve_heads(
-    *, model: str | None = None, model_config: str | Path | None = None, tp: int = 1,
-    heads: int | None = None,
-) -> tuple[int, float | None, ModelSpec | None]:
-    """Local heads and softmax scale from ``--model``/``--model-config``/``--tp`` or ``--heads``.
-
-    Returns ``(num_heads, softmax_scale or None, spec or None)``.  Without a model the scale is
-    None (576 ** -0.5 is used).  Raises :class:`ConfigError` when both or none are given.
-    """
-    if model and model_config:
-        raise ConfigError("give --model or --model-config, not both")
-    spec = load_model(model) if model else read_hf_config(model_config) if model_config else None
-    if spec is None:
-        if heads is None:
-            raise ConfigError("give --model NAME --tp N, --model-config PATH, or --heads N")
-        if heads <= 0:
-            raise ShapeError(f"heads must be > 0, got {heads}")
-        return heads, None, None
-    local = spec.local_heads(tp)
-    if heads is not None and heads != local:
-        raise ConfigError(f"--heads {heads} contradicts {spec.name} at tp={tp} ({local} heads)")
-    return local, spec.softmax_scale(), spec
