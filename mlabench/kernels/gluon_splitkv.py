@@ -76,7 +76,8 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy
 
     kn_smem, kr_smem, bars = page_ring(kvn_desc, kvr_desc, NUM_STAGES)
     if WAIT_PRIOR:  # launched early (PDL): the length, the split and the ring are ready; now wait
-        wait_prior_grid()  # for the grid before (it may write q, and it may read our partials)
+        if n_tiles > 0:  # for the grid before (it may write q and read our partials); an empty
+            wait_prior_grid()  # split touches neither, and exits at once, freeing its SM
     # Start the first pages before anything else: their latency hides the query load.
     for i in gl.static_range(NUM_STAGES - 1):
         if i < n_tiles:
