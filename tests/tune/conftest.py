@@ -83,3 +83,22 @@ def postgres_url():
     yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
     subprocess.run([*ctl, "-m", "immediate", "stop"], capture_output=True, timeout=60)
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh_database(postgres_url):
+    """The URL of a new, empty database in the throwaway cluster (dropped at the end)."""
+    import uuid
+
+    import psycopg2
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    dsn = postgres_url.replace("postgresql+psycopg2://", "postgresql://")
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    yield postgres_url.rsplit("/", 1)[0] + "/" + name
+    with conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    conn.close()
