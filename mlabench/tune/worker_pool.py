@@ -17,6 +17,7 @@ import hashlib
 import importlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from typing import Any
 from mlabench.errors import ConfigError, MlabenchError
 from mlabench.records.record import Record
 from mlabench.records.store import ResultStore
+from mlabench.serving.lifecycle import die_with_parent
 
 #: Comma-separated modules every worker imports first (e.g. one that registers extra backends).
 IMPORTS_ENV = "MLABENCH_WORKER_IMPORTS"
@@ -99,7 +101,8 @@ def start_workers(entry: str, payload: dict[str, Any], devices: list[str | None]
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "mlabench.tune.worker_pool", entry, str(payload_path), str(index)],
-                env={**device_env(device, rocm), **(extra_env or {})}, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**device_env(device, rocm), **(extra_env or {})}, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent(signal.SIGKILL),
             )
         workers.append(Worker(index, device, proc, log_path))
     return workers

@@ -79,3 +79,50 @@ def test_workers_take_the_longest_studies_first_then_join_the_one_with_most_left
     b16_32k = {"batch": 16, "lo": 16384, "hi": 32768, "length": 23000, "lengths": [16385, 32768]}
     assert study_cost(b16_128k) > study_cost(b1_128k) > study_cost(b16_32k) > study_cost({"batch": 1, "hi": 1024})
     assert 17 < study_cost(b16_128k) < 21 and 5 < study_cost({"batch": 1, "hi": 1024}) < 8  # measured 18.0 s, 6.8 s
+
+
+def sleeping_worker(payload, index):
+    """A worker entry that writes its pid and sleeps (for the orphan test)."""
+    import time
+    from pathlib import Path
+
+    Path(payload["folder"], f"{index}.pid").write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_kill_9_of_the_tuning_process_ends_its_workers(tmp_path):
+    """Issue 25 item 6: workers measured on for a minute after ``kill -9`` of ``mlabench tune``."""
+    import signal
+    import time
+    from pathlib import Path
+
+    parent_code = ("import sys\nfrom pathlib import Path\nfrom mlabench.tune.worker_pool import start_workers, supervise\n"
+                   "folder = Path(sys.argv[1])\n"
+                   "supervise(start_workers('tests.tune.test_workers:sleeping_worker', {'folder': str(folder)},"
+                   " [None, None, None], folder / 'workers'))\n")
+    repo = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen([sys.executable, "-c", parent_code, str(tmp_path)], cwd=repo)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("*.pid"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    assert len(pids) == 3 and all(worker_alive_pid(p) for p in pids)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while any(worker_alive_pid(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in pids if worker_alive_pid(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"{len(left)} of 3 workers outlived the tuning process"
+
+
+def worker_alive_pid(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited and waiting to be reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
