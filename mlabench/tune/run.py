@@ -40,7 +40,8 @@ from mlabench.tune.space import (
 )
 from mlabench.tune.storage import journal_copy, open_storage, optuna_module, redact_url
 from mlabench.tune.studies import (
-    FINISHED_STATES, StudyProgress, StudySpec, distinct_finished, prepare_study, study_name, study_progress,
+    FINISHED_STATES, StudyProgress, StudySpec, check_device, check_identity, distinct_finished, prepare_study,
+    study_name, study_progress,
 )
 from mlabench.tune.trial_worker import MAX_TRIALS_FACTOR, STORAGE_ENV
 from mlabench.tune.worker_pool import start_workers, supervise
@@ -205,12 +206,15 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
 
         storage_url = cfg.storage
         storage = open_storage(storage_url, results_root) if storage_url else None  # before any folder
+        if storage is not None:
+            _check_joinable(storage, cfg, specs, device, versions, revision)
         copy_bw = measure_copy_bandwidth_tbps()
         _free_cached_memory()
         run_id = fresh_run_id(results_root, cfg.name)
         store = ResultStore.create(results_root / run_id, _manifest(run_id, cfg, specs, copy_bw, device))
         storage = storage or open_storage(None, store.run_dir)
-    studies = [_prepare(storage, cfg, spec, store, device, revision) for spec in specs]
+    studies = [_prepare(storage, cfg, spec, store, device, _identity(cfg, spec, device, store.manifest().versions, revision))
+               for spec in specs]
     payload = {"config": cfg.model_dump(mode="json", by_alias=True, exclude={"storage"}),
                "run_dir": str(store.run_dir), "studies": [dataclasses.asdict(s) for s in specs],
                "workers": len(devices)}
@@ -263,19 +267,38 @@ def _target(cfg: TuneConfig, spec: StudySpec) -> int:
     return cfg.trials
 
 
-def _prepare(storage: Any, cfg: TuneConfig, spec: StudySpec, store: ResultStore, device: str, revision: str) -> Any:
-    """Create or join ``spec``'s study; its identity (:func:`mlabench.tune.studies.check_identity`) is
-    everything that changes what a trial measures."""
+def _identity(cfg: TuneConfig, spec: StudySpec, device: str, versions: dict[str, Any], revision: str) -> dict[str, Any]:
+    """A study's identity (:func:`mlabench.tune.studies.check_identity`): everything that changes what
+    its trials measure."""
+    shape = tune_shape(shape_dims(cfg), spec.batch, spec.length)
+    space = {"space": {k: v.model_dump(mode="json") for k, v in cfg.space.items()}, "whole_tiles": cfg.whole_tiles,
+             "tokens_per_split": cfg.tokens_per_split.model_dump(mode="json") if cfg.tokens_per_split else None}
+    return {"device": device, "backend": cfg.backend, "batch": spec.batch, "bucket_lo": spec.lo,
+            "bucket_hi": spec.hi, "length": spec.length, "lengths": list(spec.measured()), "shape": shape.key(),
+            "versions": versions, "revision": revision, "max_waves": cfg.max_waves, "max_splits": spec.max_splits,
+            "search": space, "seed": cfg.seed, "timing": cfg.timing.model_dump(mode="json"),
+            "tolerances": {"atol": cfg.atol, "rtol": cfg.rtol}}
+
+
+def _check_joinable(storage: Any, cfg: TuneConfig, specs: list[StudySpec], device: str, versions: dict[str, Any],
+                    revision: str) -> None:
+    """Refuse, before any run folder is written, to join a study of ``storage`` made another way."""
+    optuna = optuna_module()
+    names = set(optuna.get_all_study_names(storage))
+    for spec in specs:
+        if spec.name in names:
+            study = optuna.load_study(study_name=spec.name, storage=storage)
+            check_device(study, device)
+            check_identity(study, _identity(cfg, spec, device, versions, revision))
+
+
+def _prepare(storage: Any, cfg: TuneConfig, spec: StudySpec, store: ResultStore, device: str,
+             identity: dict[str, Any]) -> Any:
+    """Create or join ``spec``'s study, with ``identity`` and this run's id as its user attributes."""
     backend = get_backend(cfg.backend)
     shape = tune_shape(shape_dims(cfg), spec.batch, spec.length)
     enqueue = _enqueued(backend, shape, cfg, spec)
-    space = {"space": {k: v.model_dump(mode="json") for k, v in cfg.space.items()}, "whole_tiles": cfg.whole_tiles,
-             "tokens_per_split": cfg.tokens_per_split.model_dump(mode="json") if cfg.tokens_per_split else None}
-    attrs = {"device": device, "backend": backend.name, "batch": spec.batch, "bucket_lo": spec.lo,
-             "bucket_hi": spec.hi, "length": spec.length, "lengths": list(spec.measured()), "shape": shape.key(),
-             "versions": store.manifest().versions, "revision": revision, "run_id": store.manifest().run_id,
-             "max_waves": cfg.max_waves, "max_splits": spec.max_splits, "search": space, "seed": cfg.seed,
-             "timing": cfg.timing.model_dump(mode="json"), "tolerances": {"atol": cfg.atol, "rtol": cfg.rtol}}
+    attrs = {**identity, "run_id": store.manifest().run_id}
     return prepare_study(storage, spec, attrs, enqueue, device, store.run_dir)
 
 

@@ -202,9 +202,8 @@ def storage_lock(storage: Any, run_dir: Path) -> Iterator[None]:
 
 def has_heartbeat(storage: Any) -> bool:
     """Whether ``storage`` finds dead workers by Optuna's heartbeat (a database storage)."""
-    from optuna.storages._heartbeat import is_heartbeat_enabled
-
-    return bool(is_heartbeat_enabled(storage))
+    interval = getattr(storage, "get_heartbeat_interval", None)  # Optuna's BaseHeartbeat
+    return interval is not None and interval() is not None
 
 
 def fail_stale(study: Any) -> None:

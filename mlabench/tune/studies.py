@@ -61,11 +61,11 @@ NOT_IDENTITY = ("run_id", "seeded", "joined")
 def check_identity(study: Any, identity: dict[str, Any]) -> None:
     """Raise :class:`ResultsError` naming, in one line, every setting of ``identity`` (flattened,
     e.g. ``timing.budget_s``) whose value differs from the one ``study`` was made with."""
+    have = study.user_attrs  # one read of the storage
     mine = _flat(json.loads(json.dumps(identity, sort_keys=True, default=str)))
-    theirs = _flat({k: v for k, v in study.user_attrs.items() if k in identity})
+    theirs = _flat({k: v for k, v in have.items() if k in identity})
     differ = [f"{k} {theirs.get(k, '(none)')!s} there, {mine.get(k, '(none)')!s} here"
-              for k in sorted(set(mine) | set(theirs)) if k.split(".")[0] in study.user_attrs
-              and theirs.get(k) != mine.get(k)]
+              for k in sorted(set(mine) | set(theirs)) if k.split(".")[0] in have and theirs.get(k) != mine.get(k)]
     if differ:
         raise ResultsError(f"study {study.study_name!r} measures trials another way ({'; '.join(differ)}): a "
                            f"machine joins only with the same settings, software and GPU (or use another --storage)")
@@ -90,11 +90,12 @@ def prepare_study(storage: Any, spec: StudySpec, attrs: dict[str, Any],
                                     load_if_exists=True)
         check_device(study, device)
         check_identity(study, {k: v for k, v in attrs.items() if k not in NOT_IDENTITY})
+        have = study.user_attrs
         for key, value in attrs.items():
-            if key not in study.user_attrs:
+            if key not in have:
                 study.set_user_attr(key, value)
         fail_stale(study) if has_heartbeat(storage) else recover_stale(study)
-        if not study.user_attrs.get("seeded"):
+        if not have.get("seeded"):
             for label, params in enqueue:
                 study.enqueue_trial(params, user_attrs={"enqueued_as": label}, skip_if_exists=True)
             study.set_user_attr("seeded", True)

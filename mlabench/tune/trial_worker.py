@@ -1,17 +1,18 @@
-"""The tuning objective and the worker loop: one process per GPU, all on one run's studies.
+"""The tuning objective and the worker loop: one process per GPU, on every machine, all on one job's studies.
 
 A trial measures its configuration at each length of the study's bucket (the split count a
 tokens-per-split or whole-tile rule gives there); its value is the geometric mean of the medians (µs; with one
 length, the median), which ranks configurations as the geometric mean of their time over the best
 time at each length does, and stays put while the best times improve.  Its user attributes keep,
 per length, the record key, status, raw samples, spread and correctness verdict, and
-``launched``: the parameters launched at each length.  Nothing is measured twice: a trial
-launching what a trial of the study already finished launched is a repeat, reused (one another
-worker is measuring is waited for) and not counted towards ``--trials``, and so is a measurement already recorded in the run folder (by another
-trial whose rule gives the same count at that length, or by a worker killed before it could
-report); a measurement another worker is taking right now is waited for (:func:`mlabench.tune.worker_pool.claim`).
-A configuration that fails the correctness check or errors at any length is pruned (its other
-lengths are not measured).
+``launched``: the parameters launched at each length.  Nothing is measured twice, on any machine:
+a trial launching what a trial of the study already finished launched is a repeat, reused (one
+another worker is measuring is waited for) and not counted towards ``--trials``; a point (a count
+at a length) already in the run folder or in any trial of the study (its ``points``, or
+``points_so_far`` while it runs) is reused; a point another worker is measuring (the run folder's
+claim, :func:`mlabench.tune.worker_pool.claim`, or a running trial's ``measuring`` attribute) is
+waited for.  A configuration that fails the correctness check or errors at any length is pruned
+(its other lengths are not measured).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ STALE_CHECK_S = 2.0
 #: repeats for ever (the exhaustive samplers stop when they have visited every point).
 MAX_TRIALS_FACTOR = 4
 #: Seconds between looks at the studies while only other workers' trials are left.
-POLL_S = 1.0
+POLL_S = 0.5
 
 
 def record_attrs(rec: dict[str, Any]) -> dict[str, Any]:

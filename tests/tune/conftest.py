@@ -86,19 +86,33 @@ def postgres_url():
 
 
 @pytest.fixture
-def fresh_database(postgres_url):
-    """The URL of a new, empty database in the throwaway cluster (dropped at the end)."""
+def new_database(postgres_url):
+    """A function making a new, empty database in the throwaway cluster and returning its URL
+    (every one dropped at the end)."""
     import uuid
 
     import psycopg2
 
-    name = f"t_{uuid.uuid4().hex[:12]}"
     dsn = postgres_url.replace("postgresql+psycopg2://", "postgresql://")
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+        made.append(name)
+        return postgres_url.rsplit("/", 1)[0] + "/" + name
+
+    yield make
     with conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    yield postgres_url.rsplit("/", 1)[0] + "/" + name
-    with conn.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        for name in made:
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     conn.close()
+
+
+@pytest.fixture
+def fresh_database(new_database):
+    """The URL of a new, empty database in the throwaway cluster."""
+    return new_database()

@@ -148,3 +148,16 @@ def test_export_refuses_a_study_with_a_trial_still_running(tmp_path, tiny_timing
         export_run(run_dir)
     assert export_run(run_dir, allow_incomplete=True).policy.lookup(1, 48)["num_kv_splits"] == 4
     assert json.loads((run_dir / "policy.json").read_text())["backend"] == "test-fast-wrong"
+
+
+def test_a_machine_tuning_another_way_is_refused_before_its_run_folder(tmp_path, tiny_timing):
+    """Issue 28 item 5: a machine at another timing budget and without the tokens-per-split rule
+    joined the studies of one with the defaults, and both exited 0."""
+    url = f"sqlite:///{tmp_path}/shared.db"
+    run_tune(small_config(tiny_timing, storage=url, lengths_per_bucket=2), tmp_path / "first")
+    other = small_config(tiny_timing.model_copy(update={"budget_s": 0.05}), storage=url, lengths_per_bucket=2,
+                         tokens_per_split=None)
+    with pytest.raises(ResultsError) as exc:
+        run_tune(other, tmp_path / "second")
+    assert "timing.budget_s 0.02 there, 0.05 here" in str(exc.value) and "search.tokens_per_split" in str(exc.value)
+    assert not (tmp_path / "second").exists()
