@@ -291,14 +291,15 @@ def worker_main(payload: dict[str, Any], index: int) -> None:
         sampler = make_sampler(resolve_sampler(cfg, dims), dims, cfg.seed + 1000 * index + position + salt)
         loaded[position] = optuna_module().load_study(study_name=spec.name, storage=storage, sampler=sampler)
         check_device(loaded[position], device)
-    stop = StopAtTrials(cfg.trials)
+    stop, visited = StopAtTrials(cfg.trials), set()
     while True:
-        position, running = _take(loaded, costs, stop, storage, store.run_dir, me)
+        position, running = _take(loaded, costs, stop, storage, store.run_dir, me, visited)
         if position is None:
             if not running:
                 return
             time.sleep(POLL_S)  # other workers' trials: wait for them, or for their heartbeat to stop
             continue
+        visited.add(position)
         try:
             _optimize(loaded[position], specs[position], backend, cfg, store, stop)
         finally:
@@ -312,9 +313,11 @@ def _space(backend: Backend, cfg: TuneConfig, spec: StudySpec) -> tuple[list[Dim
 
 
 def _take(studies: dict[int, Any], costs: list[float], stop: StopAtTrials, storage: Any, run_dir: Path,
-          me: str) -> tuple[int | None, bool]:
+          me: str, visited: set[int]) -> tuple[int | None, bool]:
     """Holding the storage's lock: fail dead workers' trials, pick the next study (:func:`pick_study`)
-    and join it; returns its position (None: none left) and whether a trial runs anywhere."""
+    and join it; returns its position (None: none left) and whether a trial runs anywhere.  A study
+    this worker already ran (``visited``: its sampler exhausted, or ``--timeout`` passed) is taken
+    again only for its waiting trials (a dead worker's retry)."""
     with storage_lock(storage, run_dir):
         joined, remaining, running = [], [], False
         for position in range(len(costs)):
@@ -323,7 +326,9 @@ def _take(studies: dict[int, Any], costs: list[float], stop: StopAtTrials, stora
             trials = study.get_trials(deepcopy=False)
             running = running or any(t.state.name == "RUNNING" for t in trials)
             joined.append(len(study.user_attrs.get("joined", [])))
-            remaining.append(0 if stop.reached(study) else max(1, stop.n - distinct_finished(trials)))
+            waiting = any(t.state.name == "WAITING" for t in trials)
+            done = stop.reached(study) or (position in visited and not waiting)
+            remaining.append(0 if done else max(1, stop.n - distinct_finished(trials)))
         position = pick_study(costs, joined, remaining)
         if position is not None:
             _join(studies[position], me, leave=False)

@@ -161,3 +161,16 @@ def test_a_machine_tuning_another_way_is_refused_before_its_run_folder(tmp_path,
         run_tune(other, tmp_path / "second")
     assert "timing.budget_s 0.02 there, 0.05 here" in str(exc.value) and "search.tokens_per_split" in str(exc.value)
     assert not (tmp_path / "second").exists()
+
+
+def test_a_study_with_fewer_configurations_than_trials_or_a_timeout_ends(tmp_path, tiny_timing):
+    """A worker takes a study again only for its waiting trials: a sampler that ran out of
+    configurations (brute force over 3 counts, --trials 8), or a --timeout, does not make it loop."""
+    cfg = small_config(tiny_timing, trials=8, space={"num_kv_splits": {"low": 1, "high": 3}})
+    result = run_tune(cfg, tmp_path / "few")
+    assert result.choices[0].finished == 3
+    timed = small_config(tiny_timing, sampler="tpe", trials=50, timeout_s=3.0,
+                         space={"num_kv_splits": {"low": 1, "high": 16}})
+    started = time.monotonic()
+    run_tune(timed, tmp_path / "timed")
+    assert time.monotonic() - started < 60
