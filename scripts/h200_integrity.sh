@@ -32,7 +32,8 @@ out="${1:-${OUT:?give OUTDIR or set OUT}/integrity}"
 mkdir -p "$out/work"
 out="$(cd "$out" && pwd)"
 cd "$(dirname "$0")/.."
-if compgen -G ".whl/*.whl" > /dev/null; then  # the device image lacks pydantic and optuna
+if ! python3 -c "import optuna, pydantic" 2>/dev/null && compgen -G ".whl/*.whl" > /dev/null; then
+  # the device image lacks pydantic and optuna: install the carried wheels
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl || { echo "error: could not install .whl/*.whl" >&2; exit 2; }
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"

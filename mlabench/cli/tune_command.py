@@ -150,6 +150,9 @@ LadderFlag = Annotated[str | None, typer.Option(
 SeedFlag = Annotated[int | None, typer.Option(
     metavar="N", help="With --validate: draw the held-out lengths with this seed (default: a fresh one, printed).")]
 ExportFlag = Annotated[Path | None, typer.Option(metavar="RUN", help="Rebuild the policy files of this tuning run.")]
+AllowIncompleteFlag = Annotated[bool, typer.Option(
+    "--allow-incomplete",
+    help="With --export: write the policy although a study has trials running, waiting or missing.")]
 
 
 def tune(
@@ -164,7 +167,8 @@ def tune(
     gpus: GpusFlag = None, workers: WorkersFlag = None, results_dir: ResultsDir = Path("results"),
     resume: Resume = None, validate: ValidateFlag = None, lengths: LengthsFlag = 48,
     min_context: MinContextFlag = 1024, max_context: MaxContextFlag = 131072, ladder: LadderFlag = None,
-    seed: SeedFlag = None, export: ExportFlag = None, format: Format = None, as_json: Json = False, markdown: Markdown = False,
+    seed: SeedFlag = None, export: ExportFlag = None, allow_incomplete: AllowIncompleteFlag = False,
+    format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Tune split counts (and launch parameters) per batch and context bucket; write a policy.
 
@@ -177,7 +181,7 @@ def tune(
     if export is not None:
         from mlabench.tune.run import export_run
 
-        return _report(export_run(export, storage, noise, combine), fmt)
+        return _report(export_run(export, storage, noise, combine, allow_incomplete), fmt)
     from mlabench.tune.run import requested_config, run_tune
     from mlabench.tune.worker_pool import worker_devices
 

@@ -26,7 +26,7 @@ from mlabench.errors import ConfigError, ServerError
 from mlabench.files import append_text, make_dir, read_json, read_text, validation_line, write_text
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.lifecycle import (
-    ManagedServer, log_tail, require_launchable, require_reachable, served_model, stop_group,
+    ManagedServer, die_with_parent, log_tail, require_launchable, require_reachable, served_model, stop_group,
 )
 from mlabench.serving.results import BenchResult, judge, load_result
 
@@ -100,8 +100,8 @@ def run_one(
         log.write(f"# {shlex.join(argv)}\n".encode())
         log.flush()
         try:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, preexec_fn=die_with_parent())
         except OSError as exc:
             raise ConfigError(
                 f"cannot run {argv[0]!r}: {exc} (set MLABENCH_VLLM_BIN, --vllm-bin or vllm_bin)"

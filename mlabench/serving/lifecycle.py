@@ -67,6 +67,33 @@ def require_reachable(base_url: str) -> None:
         raise ServerError(f"no healthy server at {base_url} (GET /health did not answer 200)")
 
 
+#: Linux's prctl option asking for a signal when the parent dies (``<linux/prctl.h>``).
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn`` for :class:`subprocess.Popen`: the child asks the kernel for ``sig`` when
+    the process that started it dies, however it dies (``kill -9`` included), so no server, bench or
+    worker outlives the command.  Linux only (``prctl(PR_SET_PDEATHSIG)``, prctl(2)); elsewhere it
+    does nothing.  The signal follows the parent *thread*: start children from the thread that
+    waits for them.  A parent already gone by then (it died between fork and exec) is caught by
+    comparing the parent pid, and the child exits at once."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        except (OSError, AttributeError):
+            return  # not Linux: nothing to ask for
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
 def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> int | None:
     """Stop ``proc`` and its process group: SIGINT, then SIGTERM, then SIGKILL.
 
@@ -187,6 +214,7 @@ class ManagedServer:
             self.proc = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 cwd=expand(self.spec.cwd) if self.spec.cwd else None, start_new_session=True,
+                preexec_fn=die_with_parent(),
             )
         except OSError as exc:
             raise ServerError(f"cannot start server {argv[0]!r}: {exc}") from None

@@ -40,10 +40,12 @@ from mlabench.tune.space import (
     LEGACY_FIELDS, TuneConfig, buckets_of, load_tune_config, resolve_sampler, shape_dims, space_size, study_space,
     tune_shape, wave_cap,
 )
+from mlabench.tune.storage import journal_copy, open_storage, optuna_module, redact_url
 from mlabench.tune.studies import (
-    StudyProgress, StudySpec, journal_copy, open_storage, optuna_module, prepare_study, redact_url, study_name, study_progress,
+    FINISHED_STATES, StudyProgress, StudySpec, check_device, check_identity, distinct_finished, prepare_study,
+    study_name, study_progress,
 )
-from mlabench.tune.trial_worker import STORAGE_ENV
+from mlabench.tune.trial_worker import MAX_TRIALS_FACTOR, STORAGE_ENV
 from mlabench.tune.worker_pool import start_workers, supervise
 
 Monitor = Callable[[list[StudyProgress]], None]
@@ -154,7 +156,7 @@ def _storage_url(cfg: TuneConfig, recorded: str | None) -> str | None:
     return cfg.storage
 
 
-def plan(cfg: TuneConfig, device: str, versions: dict[str, Any], revision: str) -> list[StudySpec]:
+def plan(cfg: TuneConfig) -> list[StudySpec]:
     """The run's studies, batch by batch, bucket by bucket; validates the backend and every shape
     (:class:`BackendUnavailableError`, :class:`UnsupportedShapeError`, :class:`ConfigError`)."""
     backend = get_backend(cfg.backend)
@@ -174,7 +176,7 @@ def plan(cfg: TuneConfig, device: str, versions: dict[str, Any], revision: str) 
             shape = tune_shape(dims_kw, batch, bucket.length)
             cap = wave_cap(backend, shape, cfg.max_waves)
             study_space(backend, shape, cfg, bucket.measured(), cap)
-            name = study_name(backend.name, shape, bucket, device, versions, revision, cap)
+            name = study_name(backend.name, shape, bucket)
             specs.append(StudySpec(bucket.lo, bucket.hi, bucket.length, bucket.lengths, name=name, batch=batch,
                                    max_splits=cap))
     return specs
@@ -191,25 +193,31 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
     device = gpu_model(devices)
     rev, dirty = git_revision()
     versions = library_versions(backend_packages())
-    specs = plan(cfg, device, versions, rev[:12] + ("+dirty" if dirty else ""))
+    specs = plan(cfg)
+    revision = rev[:12] + ("+dirty" if dirty else "")
     if resume is not None:
         recorded, recorded_specs = recorded_config(resume)
         storage_url = _storage_url(cfg, recorded.storage)
         if recorded.model_copy(update={"storage": None}) != cfg.model_copy(update={"storage": None}):
             raise ConfigError(f"{resume} was recorded with another tuning configuration; resume it without flags")
         here = _manifest("resume", cfg, specs, 0.0, device).identity()
+        storage = open_storage(storage_url, resume)  # checked before anything is written to the folder
         store = ResultStore.open_existing(resume, identity=here)
         specs = recorded_specs
     else:
         from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
 
         storage_url = cfg.storage
+        storage = open_storage(storage_url, results_root) if storage_url else None  # before any folder
+        if storage is not None:
+            _check_joinable(storage, cfg, specs, device, versions, revision)
         copy_bw = measure_copy_bandwidth_tbps()
         _free_cached_memory()
         run_id = fresh_run_id(results_root, cfg.name)
         store = ResultStore.create(results_root / run_id, _manifest(run_id, cfg, specs, copy_bw, device))
-    storage = open_storage(storage_url, store.run_dir)
-    studies = [_prepare(storage, cfg, spec, store, device) for spec in specs]
+        storage = storage or open_storage(None, store.run_dir)
+    studies = [_prepare(storage, cfg, spec, store, device, _identity(cfg, spec, device, store.manifest().versions, revision))
+               for spec in specs]
     payload = {"config": cfg.model_dump(mode="json", by_alias=True, exclude={"storage"}),
                "run_dir": str(store.run_dir), "studies": [dataclasses.asdict(s) for s in specs],
                "workers": len(devices)}
@@ -230,7 +238,22 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
         raise type(exc)(f"{exc}; trials so far are kept in {store.run_dir}; continue with: "
                         f"mlabench tune --resume {store.run_dir}") from None
     store.write_csv()
-    return _finish(cfg, store, studies, specs, device, versions)
+    return _finish(cfg, store, studies, specs, device, versions, allow_incomplete=False)
+
+
+def _incomplete(cfg: TuneConfig, study: Any, spec: StudySpec) -> str:
+    """What a study lacks, in words ("" when finished): trials still running or waiting, or fewer
+    than its target (:func:`_target`) when nothing but ``--timeout`` could have stopped it."""
+    trials = study.get_trials(deepcopy=False)
+    states = [t.state.name for t in trials]
+    target, running, waiting = _target(cfg, spec), states.count("RUNNING"), states.count("WAITING")
+    finished = sum(s in FINISHED_STATES for s in states)
+    distinct = distinct_finished(trials)
+    missing = cfg.timeout_s is None and distinct < target and finished < MAX_TRIALS_FACTOR * target
+    if not (running or missing or (waiting and distinct < target)):
+        return ""
+    return (f"batch {spec.batch} context {spec.lo + 1}-{spec.hi}: {distinct}/{target} trials, {running} running, "
+            f"{waiting} waiting")
 
 
 def _free_cached_memory() -> None:
@@ -250,15 +273,39 @@ def _target(cfg: TuneConfig, spec: StudySpec) -> int:
     return cfg.trials
 
 
-def _prepare(storage: Any, cfg: TuneConfig, spec: StudySpec, store: ResultStore, device: str) -> Any:
+def _identity(cfg: TuneConfig, spec: StudySpec, device: str, versions: dict[str, Any], revision: str) -> dict[str, Any]:
+    """A study's identity (:func:`mlabench.tune.studies.check_identity`): everything that changes what
+    its trials measure."""
+    shape = tune_shape(shape_dims(cfg), spec.batch, spec.length)
+    space = {"space": {k: v.model_dump(mode="json") for k, v in cfg.space.items()}, "whole_tiles": cfg.whole_tiles,
+             "tokens_per_split": cfg.tokens_per_split.model_dump(mode="json") if cfg.tokens_per_split else None}
+    return {"device": device, "backend": cfg.backend, "batch": spec.batch, "bucket_lo": spec.lo,
+            "bucket_hi": spec.hi, "length": spec.length, "lengths": list(spec.measured()), "shape": shape.key(),
+            "versions": versions, "revision": revision, "max_waves": cfg.max_waves, "max_splits": spec.max_splits,
+            "search": space, "seed": cfg.seed, "timing": cfg.timing.model_dump(mode="json"),
+            "tolerances": {"atol": cfg.atol, "rtol": cfg.rtol}}
+
+
+def _check_joinable(storage: Any, cfg: TuneConfig, specs: list[StudySpec], device: str, versions: dict[str, Any],
+                    revision: str) -> None:
+    """Refuse, before any run folder is written, to join a study of ``storage`` made another way."""
+    optuna = optuna_module()
+    names = set(optuna.get_all_study_names(storage))
+    for spec in specs:
+        if spec.name in names:
+            study = optuna.load_study(study_name=spec.name, storage=storage)
+            check_device(study, device)
+            check_identity(study, _identity(cfg, spec, device, versions, revision))
+
+
+def _prepare(storage: Any, cfg: TuneConfig, spec: StudySpec, store: ResultStore, device: str,
+             identity: dict[str, Any]) -> Any:
+    """Create or join ``spec``'s study, with ``identity`` and this run's id as its user attributes."""
     backend = get_backend(cfg.backend)
     shape = tune_shape(shape_dims(cfg), spec.batch, spec.length)
     enqueue = _enqueued(backend, shape, cfg, spec)
-    attrs = {"device": device, "backend": backend.name, "batch": spec.batch, "bucket_lo": spec.lo,
-             "bucket_hi": spec.hi, "length": spec.length, "lengths": list(spec.measured()), "shape": shape.key(),
-             "versions": store.manifest().versions, "run_id": store.manifest().run_id,
-             "max_waves": cfg.max_waves, "max_splits": spec.max_splits}
-    return prepare_study(storage, spec, attrs, enqueue, device)
+    attrs = {**identity, "run_id": store.manifest().run_id}
+    return prepare_study(storage, spec, attrs, enqueue, device, store.run_dir)
 
 
 def _enqueued(backend: Any, shape: Any, cfg: TuneConfig, spec: StudySpec) -> list[tuple[str, dict[str, Any]]]:
@@ -280,7 +327,15 @@ def _enqueued(backend: Any, shape: Any, cfg: TuneConfig, spec: StudySpec) -> lis
 
 
 def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list[StudySpec], device: str,
-            versions: dict[str, Any]) -> TuneResult:
+            versions: dict[str, Any], allow_incomplete: bool) -> TuneResult:
+    """Choose per study and write the policy; refuses (:class:`ResultsError`) when a study has
+    trials running or waiting, or fewer than its target without a ``--timeout``, unless
+    ``allow_incomplete``."""
+    short = [line for st, sp in zip(studies, specs) if (line := _incomplete(cfg, st, sp))]
+    if short and not allow_incomplete:
+        raise ResultsError(f"{len(short)} of {len(specs)} studies are not finished ({short[0]}{'; ...' if len(short) > 1 else ''}):"
+                           f" their policy would rest on part of the search; wait for the workers and run tune --export "
+                           f"{store.run_dir}, or add --allow-incomplete to export it as it is")
     backend = get_backend(cfg.backend)
     dims_kw = shape_dims(cfg)
     rows: list[BucketChoice] = []
@@ -298,9 +353,10 @@ def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list
 
 
 def export_run(run_dir: Path, storage: str | None = None, noise: float | None = None,
-               combine: str | None = None) -> TuneResult:
+               combine: str | None = None, allow_incomplete: bool = False) -> TuneResult:
     """Rebuild and write the policy of a tuning run from its studies (``noise`` and ``combine``
-    override the run's: the choice is made again from what was measured, nothing is measured)."""
+    override the run's: the choice is made again from what was measured, nothing is measured).
+    Raises :class:`ResultsError` for a study with trials running or missing, unless ``allow_incomplete``."""
     cfg, specs = recorded_config(run_dir)
     url = _storage_url(cfg.model_copy(update={"storage": storage}), cfg.storage)
     overrides = {k: v for k, v in (("noise", noise), ("combine", combine)) if v is not None}
@@ -314,5 +370,6 @@ def export_run(run_dir: Path, storage: str | None = None, noise: float | None = 
         handle = open_storage(url, run_dir if url else journal_copy(run_dir, Path(scratch)))
         studies = [optuna.load_study(study_name=s.name, storage=handle) for s in specs]
         manifest = store.manifest()
-        return _finish(cfg, store, studies, specs, str(manifest.device.get("name")), manifest.versions)
+        return _finish(cfg, store, studies, specs, str(manifest.device.get("name")), manifest.versions,
+                       allow_incomplete)
 

@@ -1,81 +1,28 @@
-"""Optuna studies of a tuning run: storage, names, creation, samplers, recovery and progress.
+"""Optuna studies of a tuning run: names, identity, creation and seeding, samplers, recovery, progress.
 
 Optuna is imported lazily (:func:`mlabench.extras.require`), never when the CLI starts.  A study's
-name encodes the backend, the shape, the batch size, the context bucket, the GPU model and the
-library versions (with the git revision), so trials measured on different hardware or software
-never mix; its user attributes repeat them, and a worker on another GPU model refuses to join
-(:func:`check_device`).  Storage: a journal file in the run folder by default, or any database
-URL Optuna supports (PostgreSQL shares studies between machines).
+name encodes the backend, the shape, the batch size and the context bucket: the same command on
+any machine names the same studies.  Everything else that changes what a trial means (GPU model,
+library versions and git revision, timing, search space, wave cap, correctness tolerances) is its
+identity, kept in its user attributes: a worker that differs refuses to join, naming what differs
+(:func:`check_device`, :func:`check_identity`).  Storage: :mod:`mlabench.tune.storage`.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
-import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlabench.errors import ConfigError, ResultsError
-from mlabench.extras import require
 from mlabench.shapes import MLADecodeShape
 from mlabench.tune.space import Bucket
+from mlabench.tune.storage import fail_stale, has_heartbeat, optuna_module, storage_lock
 from mlabench.tune.worker_pool import worker_alive
 
-JOURNAL_FILE = "study.journal"
-ARCHIVED_JOURNAL_FILE = JOURNAL_FILE + ".gz"  #: a committed run keeps its journal gzipped
 FINISHED_STATES = ("COMPLETE", "PRUNED")
-
-
-def optuna_module() -> Any:
-    """The optuna package, with its per-trial INFO logging turned down to warnings."""
-    optuna = require("optuna")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for manifests and messages)."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
-
-
-def journal_copy(run_dir: Path, into: Path) -> Path:
-    """The folder to open a run's journal from for reading: ``run_dir`` itself, or ``into`` holding
-    a plain copy of an archived run's ``study.journal.gz`` (Optuna reads only a plain file).
-    Raises :class:`ResultsError` when the run has no journal (nothing was tuned there)."""
-    if (run_dir / JOURNAL_FILE).exists():
-        return run_dir
-    archived = run_dir / ARCHIVED_JOURNAL_FILE
-    if not archived.exists():
-        raise ResultsError(f"{run_dir}: no {JOURNAL_FILE} (or .gz): not a tuning run with a journal")
-    (into / JOURNAL_FILE).write_bytes(gzip.decompress(archived.read_bytes()))
-    return into
-
-
-def open_storage(url: str | None, run_dir: Path) -> Any:
-    """An Optuna storage: ``run_dir/study.journal`` (a ``JournalStorage``) when ``url`` is None,
-    else ``RDBStorage(url)`` with heartbeats, so a trial of a worker that died is failed and retried
-    once by the other workers.  Raises :class:`ConfigError` for a URL Optuna cannot open."""
-    optuna = optuna_module()
-    if url is None:
-        from optuna.storages.journal import JournalFileBackend
-
-        archived = run_dir / ARCHIVED_JOURNAL_FILE
-        if archived.exists() and not (run_dir / JOURNAL_FILE).exists():
-            raise ConfigError(f"{archived}: an archived run's journal is read-only here (tune "
-                              f"--export reads it); gunzip it to add trials")
-        return optuna.storages.JournalStorage(JournalFileBackend(str(run_dir / JOURNAL_FILE)))
-    try:
-        with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna, and the way to recover
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
-            return optuna.storages.RDBStorage(url, heartbeat_interval=15, grace_period=60,
-                                              heartbeat_stale_trial_callback=retry)
-    except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors have no common base here
-        line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"--storage {redact_url(url)}: cannot open ({line})") from None
 
 
 @dataclass(frozen=True)
@@ -88,17 +35,15 @@ class StudySpec(Bucket):
     max_splits: int | None = None
 
 
-def study_name(backend: str, shape: MLADecodeShape, bucket: Bucket, device: str,
-               versions: dict[str, Any], revision: str, max_splits: int | None = None) -> str:
-    """Readable, unique name of a study: backend, shape (with ``qo<T>`` for several query tokens),
-    batch, bucket and the lengths it is measured at, the split cap when there is one, GPU model,
-    versions."""
-    libs = " ".join(f"{k} {versions[k]}" for k in ("torch", "triton", "mlabench") if versions.get(k))
-    cap = "" if max_splits is None else f" | num_kv_splits <= {max_splits}"
+def study_name(backend: str, shape: MLADecodeShape, bucket: Bucket) -> str:
+    """Readable name of a study: backend, shape (with ``qo<T>`` for several query tokens), batch,
+    bucket and the lengths it is measured at.  What else changes what a trial means (GPU model,
+    versions, revision, timing, search space) is the study's identity (:func:`check_identity`):
+    a machine that differs is refused rather than silently making studies of its own."""
     qo = "" if shape.qo_len == 1 else f" qo{shape.qo_len}" + ("" if shape.causal else " non-causal")
     return (f"{backend} | h{shape.num_heads} r{shape.kv_lora_rank}+{shape.qk_rope_head_dim}{qo} "
             f"page{shape.page_size} {shape.kv_dtype} | batch {shape.batch} | context {bucket.lo + 1}-{bucket.hi} "
-            f"at {','.join(map(str, bucket.measured()))}{cap} | {device} | {libs} rev {revision}")
+            f"at {','.join(map(str, bucket.measured()))}")
 
 
 def check_device(study: Any, device: str) -> None:
@@ -109,21 +54,51 @@ def check_device(study: Any, device: str) -> None:
                            f"{theirs}: a worker on another GPU model does not join")
 
 
+#: User attributes of a study that are not its identity (who made it, and the seeding marker).
+NOT_IDENTITY = ("run_id", "seeded", "joined")
+
+
+def check_identity(study: Any, identity: dict[str, Any]) -> None:
+    """Raise :class:`ResultsError` naming, in one line, every setting of ``identity`` (flattened,
+    e.g. ``timing.budget_s``) whose value differs from the one ``study`` was made with."""
+    have = study.user_attrs  # one read of the storage
+    mine = _flat(json.loads(json.dumps(identity, sort_keys=True, default=str)))
+    theirs = _flat({k: v for k, v in have.items() if k in identity})
+    differ = [f"{k} {theirs.get(k, '(none)')!s} there, {mine.get(k, '(none)')!s} here"
+              for k in sorted(set(mine) | set(theirs)) if k.split(".")[0] in have and theirs.get(k) != mine.get(k)]
+    if differ:
+        raise ResultsError(f"study {study.study_name!r} measures trials another way ({'; '.join(differ)}): a "
+                           f"machine joins only with the same settings, software and GPU (or use another --storage)")
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        return {k: v for key, sub in value.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): value}
+
+
 def prepare_study(storage: Any, spec: StudySpec, attrs: dict[str, Any],
-                  enqueue: list[tuple[str, dict[str, Any]]], device: str) -> Any:
-    """Create (or load) the study, check its device, fail trials of workers that died on this host
-    (re-enqueueing their parameters), and enqueue ``enqueue``'s ``(label, params)`` unless already
-    tried."""
+                  enqueue: list[tuple[str, dict[str, Any]]], device: str, run_dir: Path) -> Any:
+    """Create (or join) the study holding the storage's lock (:func:`storage_lock`): check its GPU
+    model (:func:`check_device`) and identity (``attrs``, :func:`check_identity`), fail the trials
+    of workers that died (:func:`fail_stale`, or on this host :func:`recover_stale` for a storage
+    without heartbeats), and enqueue ``enqueue``'s ``(label, params)`` once per study, whoever comes
+    first (its ``seeded`` user attribute).  Raises :class:`ResultsError` on a mismatch."""
     optuna = optuna_module()
-    study = optuna.create_study(study_name=spec.name, storage=storage, direction="minimize",
-                                load_if_exists=True)
-    check_device(study, device)
-    for key, value in attrs.items():
-        if study.user_attrs.get(key) != value:
-            study.set_user_attr(key, value)
-    recover_stale(study)
-    for label, params in enqueue:
-        study.enqueue_trial(params, user_attrs={"enqueued_as": label}, skip_if_exists=True)
+    with storage_lock(storage, run_dir):
+        study = optuna.create_study(study_name=spec.name, storage=storage, direction="minimize",
+                                    load_if_exists=True)
+        check_device(study, device)
+        check_identity(study, {k: v for k, v in attrs.items() if k not in NOT_IDENTITY})
+        have = study.user_attrs
+        for key, value in attrs.items():
+            if key not in have:
+                study.set_user_attr(key, value)
+        fail_stale(study) if has_heartbeat(storage) else recover_stale(study)
+        if not have.get("seeded"):
+            for label, params in enqueue:
+                study.enqueue_trial(params, user_attrs={"enqueued_as": label}, skip_if_exists=True)
+            study.set_user_attr("seeded", True)
     return study
 
 

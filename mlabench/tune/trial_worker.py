@@ -1,17 +1,18 @@
-"""The tuning objective and the worker loop: one process per GPU, all on one run's studies.
+"""The tuning objective and the worker loop: one process per GPU, on every machine, all on one job's studies.
 
 A trial measures its configuration at each length of the study's bucket (the split count a
 tokens-per-split or whole-tile rule gives there); its value is the geometric mean of the medians (µs; with one
 length, the median), which ranks configurations as the geometric mean of their time over the best
 time at each length does, and stays put while the best times improve.  Its user attributes keep,
 per length, the record key, status, raw samples, spread and correctness verdict, and
-``launched``: the parameters launched at each length.  Nothing is measured twice: a trial
-launching what a trial of the study already finished launched is a repeat, reused (one another
-worker is measuring is waited for) and not counted towards ``--trials``, and so is a measurement already recorded in the run folder (by another
-trial whose rule gives the same count at that length, or by a worker killed before it could
-report); a measurement another worker is taking right now is waited for (:func:`mlabench.tune.worker_pool.claim`).
-A configuration that fails the correctness check or errors at any length is pruned (its other
-lengths are not measured).
+``launched``: the parameters launched at each length.  Nothing is measured twice, on any machine:
+a trial launching what a trial of the study already finished launched is a repeat, reused (one
+another worker is measuring is waited for) and not counted towards ``--trials``; a point (a count
+at a length) already in the run folder or in any trial of the study (its ``points``, or
+``points_so_far`` while it runs) is reused; a point another worker is measuring (the run folder's
+claim, :func:`mlabench.tune.worker_pool.claim`, or a running trial's ``measuring`` attribute) is
+waited for.  A configuration that fails the correctness check or errors at any length is pruned
+(its other lengths are not measured).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +36,9 @@ from mlabench.tune.space import (
     RULE_PARAM, TILE_PARAM, Dimension, TuneConfig, launched, params_at, resolve_sampler, shape_dims, study_space,
     tune_shape,
 )
+from mlabench.tune.storage import fail_stale, has_heartbeat, open_storage, optuna_module, storage_lock
 from mlabench.tune.studies import (
-    FINISHED_STATES, StudySpec, check_device, distinct_finished, launch_key, make_sampler, open_storage, optuna_module,
+    FINISHED_STATES, StudySpec, check_device, distinct_finished, launch_key, make_sampler, recover_stale,
 )
 from mlabench.tune.worker_pool import RecordIndex, append_shared, claim, release, worker_id
 
@@ -43,11 +46,15 @@ from mlabench.tune.worker_pool import RecordIndex, append_shared, claim, release
 STORAGE_ENV = "MLABENCH_TUNE_STORAGE"
 #: Longest wait for another worker measuring the same configuration, seconds.
 WAIT_FOR_PEER_S = 300.0
-_OWN_ATTRS = ("worker", "repeat_of", "enqueued_as", "retry_of", "launched")
+_OWN_ATTRS = ("worker", "repeat_of", "enqueued_as", "retry_of", "launched", "measuring", "points_so_far")
+#: Seconds between checks for dead workers (their heartbeat) while waiting on another's measurement.
+STALE_CHECK_S = 2.0
 #: A study also stops after this many times ``--trials`` finished trials, repeats included: a space
 #: with fewer distinct launches than ``--trials`` would otherwise keep a TPE or GP study suggesting
 #: repeats for ever (the exhaustive samplers stop when they have visited every point).
 MAX_TRIALS_FACTOR = 4
+#: Seconds between looks at the studies while only other workers' trials are left.
+POLL_S = 0.5
 
 
 def record_attrs(rec: dict[str, Any]) -> dict[str, Any]:
@@ -88,6 +95,7 @@ class Objective:
         self.run_id = store.manifest().run_id
         self.benches: dict[int, ShapeBench] = {}
         self.measured = 0
+        self.stale_checked = time.monotonic()
 
     def suggest(self, trial: Any) -> dict[str, Any]:
         """The searched parameters of ``trial`` (fixed ones are not Optuna parameters);
@@ -109,19 +117,22 @@ class Objective:
         searched = self.suggest(trial)
         launches = launched(self.backend, self.fixed, searched, tuple(self.shapes))
         trial.set_user_attr("launched", launches)
-        attrs = self._earlier(trial) or self._evaluate(searched)
+        attrs = self._earlier(trial) or self._evaluate(trial, searched)
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         if attrs["status"] != "ok":
             raise optuna.TrialPruned(f"{attrs['status']}: {attrs['message']}"[:300])
         return float(attrs["median_us"])
 
-    def _evaluate(self, searched: dict[str, Any]) -> dict[str, Any]:
-        """Every length in turn, stopping at the first that is not ``ok``."""
+    def _evaluate(self, trial: Any, searched: dict[str, Any]) -> dict[str, Any]:
+        """Every length in turn, stopping at the first that is not ``ok``; each point is published
+        in the trial's ``points_so_far`` as soon as it is known, for workers on other machines."""
         points = []
         for length in sorted(self.shapes):
-            point = {"length": length, **self._point(length, params_at(self.backend, self.fixed, searched, length))}
+            params = params_at(self.backend, self.fixed, searched, length)
+            point = {"length": length, **self._point(trial, length, params)}
             points.append(point)
+            trial.set_user_attr("points_so_far", points)
             if point["status"] != "ok":
                 break
         return trial_attrs(points)
@@ -141,24 +152,55 @@ class Objective:
             running = [t for t in same if t.state.name == "RUNNING" and t.number < trial.number]
             if not running or time.monotonic() > deadline:
                 return None
-            time.sleep(0.2)
+            self._pause(trial)
 
-    def _point(self, length: int, params: dict[str, Any]) -> dict[str, Any]:
-        """The record of ``params`` at ``length``: already in the run folder, or measured now (once
-        the claim on it is this worker's, or after waiting :data:`WAIT_FOR_PEER_S` for its holder)."""
+    def _point(self, trial: Any, length: int, params: dict[str, Any]) -> dict[str, Any]:
+        """The record of ``params`` at ``length``: already in the run folder or in a trial of the
+        study (measured on any machine), or measured now once this worker holds the claims on it
+        (the run folder's, :func:`mlabench.tune.worker_pool.claim`, and the study's,
+        :meth:`_in_study`), or after waiting :data:`WAIT_FOR_PEER_S` for their holder."""
         key = point_key(self.backend.name, params, self.shapes[length].key())
         deadline = time.monotonic() + WAIT_FOR_PEER_S
         while True:
             rec = self.index.get(key)
             if rec is not None:
                 return record_attrs(rec)
-            if claim(self.store.run_dir, key) or time.monotonic() > deadline:
+            found, free = self._in_study(trial, key)
+            if found is not None:
+                return found
+            late = time.monotonic() > deadline
+            if late or (free and claim(self.store.run_dir, key)):
                 try:
                     rec = self.index.get(key)  # appended between the look and the claim
                     return record_attrs(rec) if rec is not None else self._measure(length, params)
                 finally:
                     release(self.store.run_dir, key)
-            time.sleep(0.2)
+                    trial.set_user_attr("measuring", None)
+            self._pause(trial)
+
+    def _in_study(self, trial: Any, key: str) -> tuple[dict[str, Any] | None, bool]:
+        """Holding the storage's lock: the point with record ``key`` of any trial of the study (its
+        ``points`` or ``points_so_far``), else whether no other running trial is measuring it, in
+        which case this trial claims it (its ``measuring`` user attribute)."""
+        with storage_lock(trial.study._storage, self.store.run_dir):
+            trials = trial.study.get_trials(deepcopy=False)
+            for t in trials:
+                for p in [*t.user_attrs.get("points", ()), *t.user_attrs.get("points_so_far", ())]:
+                    if p.get("record_key") == key:
+                        return {k: v for k, v in p.items() if k != "length"}, False
+            if any(t.state.name == "RUNNING" and t.number != trial.number and t.user_attrs.get("measuring") == key
+                   for t in trials):
+                return None, False
+            trial.set_user_attr("measuring", key)
+            return None, True
+
+    def _pause(self, trial: Any) -> None:
+        """Wait a moment for another worker; every :data:`STALE_CHECK_S`, fail dead workers' trials
+        (their heartbeat stopped, :func:`mlabench.tune.storage.fail_stale`) so nobody waits on them."""
+        time.sleep(0.2)
+        if time.monotonic() - self.stale_checked > STALE_CHECK_S:
+            self.stale_checked = time.monotonic()
+            fail_stale(trial.study)
 
     def _measure(self, length: int, params: dict[str, Any]) -> dict[str, Any]:
         if length not in self.benches:
@@ -208,67 +250,102 @@ def study_cost(spec: dict[str, Any]) -> float:
     return STUDY_FIXED_S + STUDY_S_PER_TOKEN * longest * max(1, int(spec.get("batch", 1))) ** (1 / 3)
 
 
-def deal_studies(costs: list[float], workers: int) -> list[list[int]]:
-    """The studies (positions in ``costs``, expected seconds) dealt to ``workers`` workers, each
-    list in the order its worker takes them: longest first, each to the worker with the least
-    expected time so far (ties: the lower index), the longest-processing-time rule (Graham, "Bounds
-    on multiprocessing timing anomalies", 1969), which ends within 4/3 of the best possible split."""
-    n = max(1, workers)
-    shares: list[list[int]] = [[] for _ in range(n)]
-    loads = [0.0] * n
-    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        w = min(range(n), key=lambda k: (loads[k], k))
-        shares[w].append(i)
-        loads[w] += costs[i]
-    return shares
-
-
-def study_order(costs: list[float], index: int, workers: int) -> list[int]:
-    """The positions of the studies (of expected times ``costs``) in the order worker ``index`` of
-    ``workers`` takes them: its own share (:func:`deal_studies`), then the others' studies from the
-    last each other worker would take, so a worker done early joins the studies still running or
-    not yet started rather than finished ones.
+def pick_study(costs: list[float], joined: list[int], remaining: list[int]) -> int | None:
+    """The study a free worker takes next (its position), or None when no study has trials left to
+    start: among those with ``remaining`` trials > 0, the one the fewest workers are on
+    (``joined``), then the one with the most expected seconds left (``costs`` x ``remaining``),
+    then the lower position.  Every worker on every machine picks this way holding the storage's
+    lock, so workers start on different studies, longest first (the longest-processing-time rule,
+    Graham, "Bounds on multiprocessing timing anomalies", 1969), and a worker done early joins the
+    study with the most left rather than a finished one.
 
     Why: workers that all start at the first study share every study, and each builds the inputs
     and fp32 references of every length of every study itself; on two H200s each measurement was
-    then about 30% slower than one worker's (0.69x one worker's time).  Dealing by rank alone
-    (ranks 0, 2, 4... to one worker) gives the first worker the longer study of every pair.
-    Raises ValueError for an index outside ``range(workers)``."""
-    if not 0 <= index < max(1, workers):
-        raise ValueError(f"worker {index} of {workers}")
-    shares = deal_studies(costs, workers)
-    from_end = {i: (len(share) - pos, i) for share in shares for pos, i in enumerate(share)}
-    return shares[index] + sorted((i for i in from_end if i not in shares[index]), key=from_end.__getitem__)
+    then about 30% slower than one worker's.  A fixed deal per machine cannot know the other
+    machines: two machines each walking the same order shared every study (0.98x one machine)."""
+    ready = [i for i, left in enumerate(remaining) if left > 0]
+    if not ready:
+        return None
+    return min(ready, key=lambda i: (joined[i], -costs[i] * remaining[i], i))
 
 
 def worker_main(payload: dict[str, Any], index: int) -> None:
-    """Run the studies of ``payload`` (``config``, ``run_dir``, ``studies``, ``workers``) in
-    :func:`study_order`, until each has ``trials`` finished trials, its sampler is exhausted or
-    ``timeout_s`` passes.
+    """Run the studies of ``payload`` (``config``, ``run_dir``, ``studies``), taking them one at a
+    time by :func:`pick_study`, each until it has ``trials`` finished trials, its sampler is
+    exhausted or ``timeout_s`` passes; then wait, failing dead workers' trials and taking their
+    retries, until no trial of any study runs anywhere.
 
     Raises :class:`~mlabench.errors.ResultsError` when a study measures another GPU model.
     """
-    optuna = optuna_module()
     cfg = TuneConfig.model_validate(payload["config"])
     store = ResultStore(Path(payload["run_dir"]))
-    manifest = store.manifest()
     storage = open_storage(os.environ.get(STORAGE_ENV) or None, store.run_dir)
     device = current_device().name
     backend = get_backend(cfg.backend)
-    dims_kw, records = shape_dims(cfg), RecordIndex(store)
+    specs = [StudySpec(**data) for data in payload["studies"]]
     costs = [study_cost(data) for data in payload["studies"]]
-    for position in study_order(costs, index, payload.get("workers", 1)):
-        spec = StudySpec(**payload["studies"][position])
-        shapes = {n: tune_shape(dims_kw, spec.batch, n) for n in spec.measured()}
-        dims, fixed = study_space(backend, tune_shape(dims_kw, spec.batch, spec.length), cfg, spec.measured(),
-                                  spec.max_splits)
-        sampler = make_sampler(resolve_sampler(cfg, dims), dims, cfg.seed + 1000 * index + position)
-        study = optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
-        check_device(study, device)
-        stop = StopAtTrials(cfg.trials)
-        if stop.reached(study):
+    me, loaded = worker_id(), {}
+    salt = zlib.crc32(me.encode()) % 1000 * 100000  # machines with one seed would suggest alike
+    for position, spec in enumerate(specs):
+        dims, _fixed = _space(backend, cfg, spec)
+        sampler = make_sampler(resolve_sampler(cfg, dims), dims, cfg.seed + 1000 * index + position + salt)
+        loaded[position] = optuna_module().load_study(study_name=spec.name, storage=storage, sampler=sampler)
+        check_device(loaded[position], device)
+    stop, visited = StopAtTrials(cfg.trials), set()
+    while True:
+        position, running = _take(loaded, costs, stop, storage, store.run_dir, me, visited)
+        if position is None:
+            if not running:
+                return
+            time.sleep(POLL_S)  # other workers' trials: wait for them, or for their heartbeat to stop
             continue
-        objective = Objective(backend, shapes, dims, fixed, store, records, cfg, manifest.copy_bandwidth_tbps)
-        study.optimize(objective, timeout=cfg.timeout_s, callbacks=[stop], gc_after_trial=False)
-        objective.benches.clear()  # free this study's inputs before the next study's
-        del objective
+        visited.add(position)
+        try:
+            _optimize(loaded[position], specs[position], backend, cfg, store, stop)
+        finally:
+            with storage_lock(storage, store.run_dir):
+                _join(loaded[position], me, leave=True)
+
+
+def _space(backend: Backend, cfg: TuneConfig, spec: StudySpec) -> tuple[list[Dimension], dict[str, Any]]:
+    return study_space(backend, tune_shape(shape_dims(cfg), spec.batch, spec.length), cfg, spec.measured(),
+                       spec.max_splits)
+
+
+def _take(studies: dict[int, Any], costs: list[float], stop: StopAtTrials, storage: Any, run_dir: Path,
+          me: str, visited: set[int]) -> tuple[int | None, bool]:
+    """Holding the storage's lock: fail dead workers' trials, pick the next study (:func:`pick_study`)
+    and join it; returns its position (None: none left) and whether a trial runs anywhere.  A study
+    this worker already ran (``visited``: its sampler exhausted, or ``--timeout`` passed) is taken
+    again only for its waiting trials (a dead worker's retry)."""
+    with storage_lock(storage, run_dir):
+        joined, remaining, running = [], [], False
+        for position in range(len(costs)):
+            study = studies[position]
+            fail_stale(study) if has_heartbeat(storage) else recover_stale(study)
+            trials = study.get_trials(deepcopy=False)
+            running = running or any(t.state.name == "RUNNING" for t in trials)
+            joined.append(len(study.user_attrs.get("joined", [])))
+            waiting = any(t.state.name == "WAITING" for t in trials)
+            done = stop.reached(study) or (position in visited and not waiting)
+            remaining.append(0 if done else max(1, stop.n - distinct_finished(trials)))
+        position = pick_study(costs, joined, remaining)
+        if position is not None:
+            _join(studies[position], me, leave=False)
+    return position, running
+
+
+def _join(study: Any, me: str, leave: bool) -> None:
+    """Add ``me`` to (or take it off) the workers on ``study`` (its ``joined`` user attribute)."""
+    joined = [w for w in study.user_attrs.get("joined", []) if w != me]
+    study.set_user_attr("joined", joined if leave else [*joined, me])
+
+
+def _optimize(study: Any, spec: StudySpec, backend: Backend, cfg: TuneConfig, store: ResultStore,
+              stop: StopAtTrials) -> None:
+    dims, fixed = _space(backend, cfg, spec)
+    shapes = {n: tune_shape(shape_dims(cfg), spec.batch, n) for n in spec.measured()}
+    objective = Objective(backend, shapes, dims, fixed, store, RecordIndex(store), cfg,
+                          store.manifest().copy_bandwidth_tbps)
+    study.optimize(objective, timeout=cfg.timeout_s, callbacks=[stop], gc_after_trial=False)
+    objective.benches.clear()  # free this study's inputs before the next study's

@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from typing import Any
 from mlabench.errors import ConfigError, MlabenchError
 from mlabench.records.record import Record
 from mlabench.records.store import ResultStore
+from mlabench.serving.lifecycle import die_with_parent
 
 #: Comma-separated modules every worker imports first (e.g. one that registers extra backends).
 IMPORTS_ENV = "MLABENCH_WORKER_IMPORTS"
@@ -107,6 +109,7 @@ def start_workers(entry: str, payload: dict[str, Any], devices: list[str | None]
                 [sys.executable, "-m", "mlabench.tune.worker_pool", entry, str(payload_path), str(index)],
                 env={**device_env(device, rocm), **(extra_env or {}), ERROR_FD_ENV: str(write_fd)},
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, pass_fds=(write_fd,),
+                preexec_fn=die_with_parent(signal.SIGKILL),
             )
         os.close(write_fd)
         workers.append(Worker(index, device, proc, log_path, read_fd))

@@ -135,10 +135,10 @@ def test_tune_shapes_carry_qo_len(tmp_path):
     cfg = load_tune_config(str(sweep), {"backend": "triton-splitkv"})
     shape = tune_shape(shape_dims(cfg), 4, 2048)
     assert (shape.qo_len, shape.causal) == (2, False)
-    assert " qo2 non-causal " in study_name("b", shape, Bucket(1024, 4096, 2048), "dev", {}, "r")
+    assert " qo2 non-causal " in study_name("b", shape, Bucket(1024, 4096, 2048))
     one = load_tune_config(None, {"backend": "triton-splitkv", "heads": 12, "buckets": [1024]})
     assert "qo_len" not in shape_dims(one)  # a one-token policy's shape is written as before
-    assert " qo" not in study_name("b", tune_shape(shape_dims(one), 1, 512), Bucket(0, 1024, 512), "dev", {}, "r")
+    assert " qo" not in study_name("b", tune_shape(shape_dims(one), 1, 512), Bucket(0, 1024, 512))
     sweep.write_text('heads = [12]\ncontext_lens = [1024]\nqo_len = [1, 2]\n')
     with pytest.raises(ConfigError, match="one qo_len value"):
         load_tune_config(str(sweep), {"backend": "triton-splitkv"})

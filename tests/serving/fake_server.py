@@ -2,6 +2,7 @@
 
 MODE: ok (healthy), die (exit 3 at once), unhealthy (/health 503 forever),
 stubborn (healthy, ignores SIGINT, so stop must escalate), slow (healthy after 1.5 s);
+SIGTERM stops the child and exits, as vLLM stops its engine;
 for POST /v1/completions: ok answers ids 5,6,7,5,...; tie / wrong change position 2 to id 99
 with a top-2 gap of 0.01 / 2.0 nats; short answers one token less than asked.
 It also starts a child process in its group, to check that the whole group is stopped.
@@ -26,6 +27,16 @@ if mode == "die":
     sys.exit(3)
 if mode == "stubborn":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _terminate(_sig, _frame):
+    """Like vLLM on SIGTERM: stop the engine child, then end by the signal."""
+    child.kill()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+signal.signal(signal.SIGTERM, _terminate)
 if mode == "slow":
     time.sleep(1.5)
 

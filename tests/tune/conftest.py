@@ -83,3 +83,36 @@ def postgres_url():
     yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
     subprocess.run([*ctl, "-m", "immediate", "stop"], capture_output=True, timeout=60)
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def new_database(postgres_url):
+    """A function making a new, empty database in the throwaway cluster and returning its URL
+    (every one dropped at the end)."""
+    import uuid
+
+    import psycopg2
+
+    dsn = postgres_url.replace("postgresql+psycopg2://", "postgresql://")
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+        made.append(name)
+        return postgres_url.rsplit("/", 1)[0] + "/" + name
+
+    yield make
+    with conn.cursor() as cur:
+        for name in made:
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    conn.close()
+
+
+@pytest.fixture
+def fresh_database(new_database):
+    """The URL of a new, empty database in the throwaway cluster."""
+    return new_database()

@@ -18,7 +18,8 @@ from mlabench.errors import ConfigError, MlabenchError, ResultsError
 from mlabench.records.store import ResultStore
 from mlabench.tune.run import export_run, gpu_model, run_manifest, run_tune
 from mlabench.tune.space import TuneConfig
-from mlabench.tune.studies import StudySpec, open_storage, optuna_module, prepare_study
+from mlabench.tune.storage import open_storage, optuna_module
+from mlabench.tune.studies import StudySpec, prepare_study
 from mlabench.tune.trial_worker import worker_main
 from tests.tune.fake_backends import PREPARE_ENV
 
@@ -150,9 +151,9 @@ def test_worker_on_another_gpu_model_refuses(tmp_path, tiny_timing):
     storage = open_storage(None, store.run_dir)
     spec = StudySpec(0, 48, 48, name="study", batch=1)
     elsewhere = f"{current_device().name} of another machine"  # never this process's device
-    prepare_study(storage, spec, {"device": elsewhere}, [], elsewhere)
+    prepare_study(storage, spec, {"device": elsewhere}, [], elsewhere, store.run_dir)
     with pytest.raises(ResultsError, match="another GPU model"):
-        prepare_study(storage, spec, {"device": "x"}, [], "AMD Instinct MI355X")
+        prepare_study(storage, spec, {"device": "x"}, [], "AMD Instinct MI355X", store.run_dir)
     payload = {"config": fast_wrong_config(tiny_timing).model_dump(mode="json", by_alias=True),
                "run_dir": str(store.run_dir), "studies": [spec.__dict__]}
     with pytest.raises(ResultsError, match="does not join"):
@@ -180,7 +181,7 @@ def test_export_reads_an_archived_runs_gzipped_journal_and_resume_refuses_it(tmp
 
     from mlabench.errors import ConfigError
     from mlabench.tune.run import export_run
-    from mlabench.tune.studies import open_storage
+    from mlabench.tune.storage import open_storage
 
     committed = Path(__file__).resolve().parents[2] / "results/h200/deploy/qo4"
     run = tmp_path / "run"

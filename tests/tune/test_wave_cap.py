@@ -89,7 +89,6 @@ def test_run_records_the_cap_and_measures_heuristics_beyond_it(tmp_path, tiny_ti
     for spec, cap in zip(tune_run.recorded_config(result.store.run_dir)[1], (8, 4)):
         study = optuna.load_study(study_name=spec.name, storage=storage)
         assert (study.user_attrs["max_splits"], study.user_attrs["max_waves"], spec.max_splits) == (cap, 1.0, cap)
-        assert f"num_kv_splits <= {cap}" in spec.name
     trials = study_trials(result.store.run_dir)
     wide = [t for t in trials if t.user_attrs.get("enqueued_as") == "wide"]
     assert len(wide) == 2 and all(t.state.name == "COMPLETE" and t.params["num_kv_splits"] == 32 for t in wide)

@@ -59,29 +59,21 @@ def test_record_index_reads_only_complete_lines(tmp_path):
     assert index.get(second.key)["message"] == "y"
 
 
-def test_workers_take_the_longest_studies_first_and_each_takes_every_study():
-    from mlabench.tune.trial_worker import deal_studies, study_cost, study_order
+def test_workers_take_the_longest_studies_first_then_join_the_one_with_most_left():
+    from mlabench.tune.trial_worker import pick_study, study_cost
 
-    costs = [1.0, 8.0, 2.0, 7.0, 3.0, 6.0]  # ranked longest first: 1, 3, 5, 4, 2, 0
-    assert study_order(costs, 0, 1) == [1, 3, 5, 4, 2, 0]
-    # longest first to the least loaded: 1 (8) | 3 (7) | 5 -> second (13) | 4 -> first (11) |
-    # 2 -> first (13) | 0 -> first, a tie at 13 going to the lower index (14 against 13)
-    assert deal_studies(costs, 2) == [[1, 4, 2, 0], [3, 5]]
-    assert study_order(costs, 0, 2) == [1, 4, 2, 0, 5, 3]  # then the other's, its last first
-    assert study_order(costs, 1, 2) == [3, 5, 0, 2, 4, 1]
-    for workers in (1, 2, 3, 4, 8):
-        shares = deal_studies(costs, workers)
-        assert sorted(i for share in shares for i in share) == list(range(6))  # each dealt once
-        orders = [study_order(costs, i, workers) for i in range(workers)]
-        assert all(sorted(o) == list(range(6)) for o in orders)  # every worker can reach every study
-        starts = [o[0] for o in orders[:6]]
-        assert len(set(starts)) == len(starts)  # no two workers start on one study
-    # balance: 16 studies of 1..16 s on two workers end within 1 s of each other (68 and 68)
-    loads = [sum(range(1, 17)[i] for i in share) for share in deal_studies([float(c) for c in range(1, 17)], 2)]
-    assert abs(loads[0] - loads[1]) <= 1
-    assert study_order([1.0, 1.0], 1, 2) == [1, 0]  # ties in position order
-    with pytest.raises(ValueError):
-        study_order(costs, 2, 2)
+    costs = [1.0, 8.0, 2.0, 7.0, 3.0, 6.0]
+    joined, remaining = [0] * 6, [4] * 6
+    taken = []
+    for _worker in range(6):  # six workers, one after the other: each a study of its own, longest first
+        i = pick_study(costs, joined, remaining)
+        taken.append(i)
+        joined[i] += 1
+    assert taken == [1, 3, 5, 4, 2, 0]
+    # a worker done early joins the study with the most expected seconds left, not a finished one
+    assert pick_study(costs, [1, 1, 0, 1, 1, 1], [1, 1, 0, 3, 1, 1]) == 3
+    assert pick_study(costs, [0] * 6, [0] * 6) is None  # nothing left to start
+    assert pick_study([1.0, 1.0], [0, 0], [2, 2]) == 0  # ties in position order
     b16_128k = {"batch": 16, "lo": 100000, "hi": 131072, "length": 114000, "lengths": [100001, 131072]}
     b1_128k = {**b16_128k, "batch": 1}
     b16_32k = {"batch": 16, "lo": 16384, "hi": 32768, "length": 23000, "lengths": [16385, 32768]}
@@ -128,3 +120,50 @@ def test_a_worker_whose_log_cannot_be_written_still_reports_its_error(tmp_path, 
         supervise(workers, interval_s=0.05)
     assert said in str(info.value), str(info.value)
     assert (tmp_path / "workers" / "worker-0.log").read_text() == ""
+
+
+def sleeping_worker(payload, index):
+    """A worker entry that writes its pid and sleeps (for the orphan test)."""
+    import time
+    from pathlib import Path
+
+    Path(payload["folder"], f"{index}.pid").write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_kill_9_of_the_tuning_process_ends_its_workers(tmp_path):
+    """Issue 25 item 6: workers measured on for a minute after ``kill -9`` of ``mlabench tune``."""
+    import signal
+    import time
+    from pathlib import Path
+
+    parent_code = ("import sys\nfrom pathlib import Path\nfrom mlabench.tune.worker_pool import start_workers, supervise\n"
+                   "folder = Path(sys.argv[1])\n"
+                   "supervise(start_workers('tests.tune.test_workers:sleeping_worker', {'folder': str(folder)},"
+                   " [None, None, None], folder / 'workers'))\n")
+    repo = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen([sys.executable, "-c", parent_code, str(tmp_path)], cwd=repo)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("*.pid"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    assert len(pids) == 3 and all(worker_alive_pid(p) for p in pids)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while any(worker_alive_pid(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in pids if worker_alive_pid(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"{len(left)} of 3 workers outlived the tuning process"
+
+
+def worker_alive_pid(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited and waiting to be reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
