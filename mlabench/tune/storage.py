@@ -165,14 +165,23 @@ def _creation_lock(url: str) -> Iterator[None]:
 
     engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
     try:
-        with engine.connect() as conn:
-            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": ADVISORY_LOCK_KEY})
-            try:
-                yield
-            finally:
-                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_LOCK_KEY})
+        with engine.connect() as conn, advisory_lock(conn):
+            yield
     finally:
         engine.dispose()
+
+
+@contextmanager
+def advisory_lock(conn: Any) -> Iterator[None]:
+    """Hold PostgreSQL's session advisory lock :data:`ADVISORY_LOCK_KEY` on the SQLAlchemy
+    connection ``conn`` for the ``with`` block (every machine's processes take the same key)."""
+    import sqlalchemy
+
+    conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": ADVISORY_LOCK_KEY})
+    try:
+        yield
+    finally:
+        conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_LOCK_KEY})
 
 
 @contextmanager
@@ -182,15 +191,10 @@ def storage_lock(storage: Any, run_dir: Path) -> Iterator[None]:
     ``run_dir/.studies.lock`` (the processes of this machine)."""
     engine = getattr(storage, "engine", None)
     if engine is not None and engine.dialect.name == "postgresql":
-        import sqlalchemy
-
         with engine.connect() as conn:
-            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": ADVISORY_LOCK_KEY})
-            try:
+            with advisory_lock(conn):
                 yield
-            finally:
-                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_LOCK_KEY})
-                conn.commit()
+            conn.commit()
         return
     with open(run_dir / ".studies.lock", "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)

@@ -1,14 +1,14 @@
 """No orphans: ``kill -9`` of the process running serve-bench ends the server it launched and the
 bench process it runs (issue 25 item 6)."""
 
-import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .conftest import free_port, pid_alive, server_command
+from tests.processes import survivors_of_sigkill
+
+from .conftest import free_port, server_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,13 +39,5 @@ def test_kill_9_of_serve_bench_leaves_no_server_and_no_bench_process(tmp_path):
     assert (tmp_path / "bench.pid").exists(), "the bench process did not start"
     time.sleep(0.2)  # its pid is written: it is past its preexec
     pids = [int(x) for x in pidfile.read_text().split()] + [int((tmp_path / "bench.pid").read_text())]
-    assert all(pid_alive(p) for p in pids)
-    os.kill(parent.pid, signal.SIGKILL)
-    parent.wait()
-    deadline = time.monotonic() + 15
-    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = [p for p in pids if pid_alive(p)]
-    for p in left:
-        os.kill(p, signal.SIGKILL)
+    left = survivors_of_sigkill(parent, pids, 15)
     assert not left, f"{len(left)} of {len(pids)} processes (server, its engine child, bench) outlived their parent"

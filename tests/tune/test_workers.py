@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.processes import survivors_of_sigkill
+
 from mlabench.errors import ConfigError
 from mlabench.records.store import ResultStore
 from mlabench.tune.run import run_manifest
@@ -133,7 +135,6 @@ def sleeping_worker(payload, index):
 
 def test_kill_9_of_the_tuning_process_ends_its_workers(tmp_path):
     """Issue 25 item 6: workers measured on for a minute after ``kill -9`` of ``mlabench tune``."""
-    import signal
     import time
     from pathlib import Path
 
@@ -147,23 +148,6 @@ def test_kill_9_of_the_tuning_process_ends_its_workers(tmp_path):
     while len(list(tmp_path.glob("*.pid"))) < 3 and time.monotonic() < deadline:
         time.sleep(0.1)
     pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
-    assert len(pids) == 3 and all(worker_alive_pid(p) for p in pids)
-    os.kill(parent.pid, signal.SIGKILL)
-    parent.wait()
-    deadline = time.monotonic() + 10
-    while any(worker_alive_pid(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = [p for p in pids if worker_alive_pid(p)]
-    for p in left:
-        os.kill(p, signal.SIGKILL)
+    assert len(pids) == 3
+    left = survivors_of_sigkill(parent, pids, 10)
     assert not left, f"{len(left)} of 3 workers outlived the tuning process"
-
-
-def worker_alive_pid(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, exited and waiting to be reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (ProcessLookupError, FileNotFoundError):
-        return False
