@@ -68,6 +68,17 @@ def _median_us(op: Callable[[], object], device: DeviceInfo, reps: int, warmup: 
     return statistics.median(samples)
 
 
+def _settle(op: Callable[[], object], device: DeviceInfo, seconds: float) -> None:
+    """Run ``op`` until ``seconds`` of wall time have passed (clocks and memory up to speed) on a
+    GPU; nothing on the CPU."""
+    if not device.is_gpu or seconds <= 0:
+        return
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        op()
+        torch.cuda.synchronize()
+
+
 def _buffer_bytes(device: DeviceInfo, size_bytes: int | None, gpu_bytes: int, cpu_bytes: int,
                   buffers: int) -> int:
     """``size_bytes``, or the default size capped at an eighth of free memory per buffer."""
@@ -125,7 +136,7 @@ class ReadCeiling:
 
 def measure_read_ceiling(device: DeviceInfo | None = None, size_bytes: int | None = None,
                          copies: int = CEILING_COPIES, reps: int = 20, warmup: int = 5,
-                         seed: int = 0) -> ReadCeiling:
+                         seed: int = 0, settle_s: float = 0.5, rounds: int = 3) -> ReadCeiling:
     """Streaming read ceiling (TB/s): the best of up to three read-only reductions, each timed over
     ``copies`` separately allocated fp32 buffers read in turn per sample (median of ``reps``
     samples after ``warmup``; bytes read only, the partial sums written are not counted):
@@ -140,6 +151,9 @@ def measure_read_ceiling(device: DeviceInfo | None = None, size_bytes: int | Non
     ``size_bytes`` in all.  The best is taken because a ceiling that a decode kernel can beat is no
     ceiling; rotating buffers averages over where each one landed (one buffer alone moved the ceiling
     by 1-3% between processes on an H200: 4.33-4.56 TB/s, issue 27).  ``seed`` orders the pages.
+    Before any sample the GPU reads for ``settle_s`` seconds (the first process on a freshly
+    started H200 read 4% low without it: results/h200/integrity/), and each reading is the best
+    of ``rounds`` medians.
     """
     device = device or current_device()
     copies = max(1, copies)
@@ -147,10 +161,10 @@ def measure_read_ceiling(device: DeviceInfo | None = None, size_bytes: int | Non
     each = max(unit, _buffer_bytes(device, size_bytes, 4 << 30, 64 << 20, buffers=1) // copies // unit * unit)
     bufs = [torch.empty(each // 4, dtype=torch.float32, device=device.torch_device).uniform_()
             for _ in range(copies)]
-    readings = {"amax": _tbps(copies * each, _median_us(lambda: [torch.amax(b) for b in bufs], device, reps, warmup))}
-    for name, op in _triton_read_ops(bufs, device, seed).items():
-        readings[name] = _tbps(copies * each, _median_us(op, device, reps, warmup))
-    del bufs
+    ops = {"amax": lambda: [torch.amax(b) for b in bufs], **_triton_read_ops(bufs, device, seed)}
+    _settle(ops["amax"], device, settle_s)
+    readings = {name: _tbps(copies * each, min(_median_us(op, device, reps, warmup) for _ in range(rounds)))
+                for name, op in ops.items()}
     best = max(readings, key=readings.__getitem__)
     return ReadCeiling(readings[best], best, readings, copies, each, PAGE_BYTES if "paged" in readings else None)
 
