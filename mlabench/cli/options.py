@@ -135,17 +135,21 @@ def name_list(values: list[str] | None) -> list[str] | None:
 def int_list(text: str | None, flag: str, positive: str | None = None) -> list[int] | None:
     """``"1,2, 4"`` -> ``[1, 2, 4]``; None when the flag was not given.
 
-    Raises :class:`ConfigError` naming ``flag`` for anything but comma-separated integers, and,
+    Raises :class:`ConfigError` naming ``flag`` for anything but comma-separated integers (an
+    empty item, as in ``"256,,512"``, included), and,
     when ``positive`` names the values (e.g. ``"context length"``), for a value <= 0.
     """
     if text is None:
         return None
+    items = text.replace(" ", "").split(",")
+    if not any(items):
+        raise ConfigError(f"{flag} is empty")
+    if not all(items):
+        raise ConfigError(f"{flag} has an empty item: {text!r}")
     try:
-        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+        values = [int(x) for x in items]
     except ValueError:
         raise ConfigError(f"{flag} takes comma-separated integers, got {text!r}") from None
-    if not values:
-        raise ConfigError(f"{flag} is empty")
     for v in values if positive else []:
         if v <= 0:
             raise ConfigError(f"{positive} must be > 0, got {v}")

@@ -49,6 +49,11 @@ INT32_MAX = 2**31 - 1
 MAX_CACHE_BYTES = 2**40
 
 
+#: Most local query heads a shape may have: twice DeepSeek-V3's 128 (the largest MLA model's count
+#: at TP 1), so a typo such as 100000 is refused instead of allocating for it.
+MAX_LOCAL_HEADS = 256
+
+
 class MLADecodeShape(BaseModel):
     """One MLA decode step: the problem every backend solves.
 
@@ -79,8 +84,9 @@ class MLADecodeShape(BaseModel):
     @field_validator("num_heads")
     @classmethod
     def _heads_positive(cls, v: int) -> int:
-        if v <= 0:
-            raise ValueError(f"must be > 0, got {v}")
+        if not 0 < v <= MAX_LOCAL_HEADS:
+            raise ValueError(f"must be 1..{MAX_LOCAL_HEADS} (MLA models have at most 128 query "
+                             f"heads: DeepSeek-V3), got {v}")
         return v
 
     @field_validator("context_lens")

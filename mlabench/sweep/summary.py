@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # records are only read here; importing results would load to
 SHAPE_AXES: dict[str, Callable[[Record], Any]] = {
     "heads": lambda r: r.num_heads, "page": lambda r: r.shape.get("page_size"),
     "kv dtype": lambda r: r.shape.get("kv_dtype"), "kv_lora_rank": lambda r: r.shape.get("kv_lora_rank"),
+    # records of several runs (report --from A --from B) are never pooled: a point of each run
+    "run": lambda r: r.run_id,
 }
 
 

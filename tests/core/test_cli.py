@@ -120,6 +120,11 @@ def test_default_sweep_runs_on_cpu_and_says_so(tmp_path, monkeypatch, capsys):
     (["sweep", "--heads", "12", "--splits", "-1"], "--splits must be > 0"),
     (["sweep", "--heads", "12", "--backend", "aiter-asm"], "aiter-asm is not available here"),
     (["sweep", "--config", "no-such-sweep"], "sweep config not found"),
+    # found by a new user: accepted before, with exit 0 (an empty item skipped, an infinite budget
+    # recorded as null, a head count that allocated for 34 s and then failed the check)
+    (["sweep", "--heads", "12", "--context", "256,,512"], "--context has an empty item"),
+    (["sweep", "--heads", "12", "--context", "256", "--budget-s", "inf"], "budget_s: Input should be a finite"),
+    (["check", "--heads", "100000", "--context", "256"], "num_heads: must be 1..256"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
     code, out, err = run([*args, *(["--results-dir", str(tmp_path)] if args[0] == "sweep" else [])],

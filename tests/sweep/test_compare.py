@@ -87,3 +87,25 @@ def test_every_table_groups_by_and_shows_each_axis_the_runs_vary():
     assert len(winners_table(mixed, families).rows) == 3
     one = [r for r in recs if r.num_heads == 12]
     assert "heads" not in compare_table(one, families).columns and "heads" not in sweep_summary(one).columns
+
+
+def test_two_runs_of_one_grid_are_never_pooled():
+    """A new user's report over two runs of the same grid showed, per point, the faster run's time
+    (and the other run's noisy flag): every table and the latency figure keep a row or a curve per
+    run, with the run named."""
+    from mlabench.report.figures.data import latency_vs_context
+    from mlabench.sweep.summary import compare_table, sweep_summary
+
+    a = [_rec("torch-splitkv", 12, 9.0, splits=1), _rec("triton-persistent", 12, 10.0)]
+    b = [r.model_copy(update={"run_id": "s", "stats": r.stats.model_copy(update={"median_us": 20.0})})
+         for r in a]
+    summary = sweep_summary(a + b)
+    assert summary.columns[:4] == ["backend", "batch", "run", "context"]
+    assert [(row[0], row[2], row[5]) for row in summary.rows] == [
+        ("torch-splitkv", "r", 9.0), ("torch-splitkv", "s", 20.0),
+        ("triton-persistent", "r", 10.0), ("triton-persistent", "s", 20.0)]
+    assert len(compare_table(a + b, backend_families()).rows) == 2
+    curves = latency_vs_context(a + b).curves[1]
+    assert sorted(c.backend for c in curves) == ["torch-splitkv (r)", "torch-splitkv (s)",
+                                                "triton-persistent (r)", "triton-persistent (s)"]
+    assert [c.backend for c in latency_vs_context(a).curves[1]] == ["torch-splitkv", "triton-persistent"]

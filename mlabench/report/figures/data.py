@@ -105,12 +105,14 @@ def floor_text(data: LatencyData) -> str:
 
 
 def latency_vs_context(records: Sequence[Record]) -> LatencyData:
-    """Best correct time per (batch, backend, context), and the floor per (batch, context).
+    """Best correct time per (batch, backend, context), and the floor per (batch, context).  Records
+    of several runs give a curve per run, labelled ``backend (run id)``.
 
     A backend with no ``ok`` record at a context has no point there (the curve skips it).
     """
     curves: dict[int, list[BackendCurve]] = {}
-    for (batch, backend), recs in _by(records, "batch", "backend").items():
+    several = len({r.run_id for r in records}) > 1  # one curve per run: runs are never pooled
+    for (batch, backend, run), recs in _by(records, "batch", "backend", "run_id").items():
         points = []
         for (ctx,), at_ctx in _by(recs, "context_len").items():
             best = best_ok(at_ctx)
@@ -118,7 +120,7 @@ def latency_vs_context(records: Sequence[Record]) -> LatencyData:
                 points.append(BestPoint(ctx, best.stats.median_us, best.pct_of_floor, best.params,
                                         best.stats.noisy))
         if points:
-            curves.setdefault(batch, []).append(BackendCurve(backend, points))
+            curves.setdefault(batch, []).append(BackendCurve(f"{backend} ({run})" if several else backend, points))
     floors: dict[int, list[tuple[int, float]]] = {}
     for (batch, ctx), recs in _by(records, "batch", "context_len").items():
         known = [r.floor_us for r in recs if r.floor_us]
