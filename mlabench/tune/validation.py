@@ -32,7 +32,7 @@ from mlabench.policy.tuned import Policy
 from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.point import ShapeBench
-from mlabench.tables.table import Table
+from mlabench.tables.table import ColumnStyle, Table
 
 Progress = Callable[[int, int, str], None]
 
@@ -278,7 +278,9 @@ def validation_tables(v: Validation) -> list[Table]:
                              "draws them again)")
     point_cols = ["batch", "context", *(["counts"] if counted else []), "best µs", "best splits", "policy splits",
                   "policy %"] + [f"{h} (splits) %" for h in v.heuristic_names]
-    detail = Table("Held-out points", point_cols)
+    # at 80 columns the heuristics' columns go first, then the counts; the policy's stay
+    droppable = {f"{h} (splits) %": 1 for h in v.heuristic_names} | ({"counts": 2} if counted else {})
+    detail = Table("Held-out points", point_cols, styles={c: ColumnStyle(drop=d) for c, d in droppable.items()})
     for p in v.points:
         regret = p.regret(p.policy_us)
         detail.rows.append([p.batch, p.context_len, *([p.counts_measured] if counted else []), p.best_us,

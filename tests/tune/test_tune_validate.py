@@ -70,6 +70,10 @@ def test_validate_measures_regret_and_never_calls_a_wrong_config_best(tmp_path, 
     summary, detail = validation_tables(result)
     assert summary.rows[-1][:5] == ["all", 3, "10", 0.0, 0.0] and len(detail.rows) == 3  # the ladder and 4-9
     assert "best of the split counts measured" in summary.title and "seed 3" in " ".join(summary.notes)
+    from mlabench.tables.render import min_width, to_rich
+
+    detail.rows = detail.rows[:1]  # one held-out point (--lengths 1): no column is constant to move
+    assert min_width(to_rich(detail, width=80)) <= 80  # the heuristics' columns go first, named
     run = result.store.run_dir
     assert (run / "validation.md").read_text().count("|") > 10 and json.loads((run / "validation.json").read_text())
     assert {r.status for r in result.store.records()} == {"ok", "incorrect"}
