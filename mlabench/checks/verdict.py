@@ -117,13 +117,16 @@ def check_config(atol: float | None = None, rtol: float | None = None, rel_rmse:
                  rel_max_err: float | None = None, input_sets: list[str] | None = None) -> CheckConfig:
     """A :class:`CheckConfig` from flags, checked: each given number finite and > 0 (``rtol`` >= 0).
 
-    Raises :class:`ConfigError` naming the flag and the bad value, or an unknown input set.
+    Raises :class:`ConfigError` naming the flag and the bad value, ``rtol`` without ``atol`` (it
+    only widens the ``atol`` bound), or an unknown input set.
     """
     for flag, value, positive in (("--atol", atol, True), ("--rtol", rtol, False),
                                   ("--rel-rmse-limit", rel_rmse, True),
                                   ("--rel-max-err-limit", rel_max_err, True)):
         if value is not None and (not math.isfinite(value) or value < 0 or (positive and value == 0)):
             raise ConfigError(f"{flag} must be a finite number {'> 0' if positive else '>= 0'}, got {value}")
+    if rtol is not None and atol is None:  # the bound is atol + rtol |ref|: rtol alone would go unused
+        raise ConfigError("--rtol needs --atol (the bound is |out - ref| <= atol + rtol |ref|)")
     unknown = [s for s in input_sets or [] if s not in INPUT_SETS]
     if unknown:
         raise ConfigError(f"--inputs: unknown input set {unknown[0]!r} (known: {', '.join(INPUT_SETS)})")

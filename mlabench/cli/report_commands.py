@@ -31,9 +31,12 @@ def plot(
     from mlabench.report.figures.plan import write_figures
     from mlabench.report.runs import load_runs
 
+    kinds = name_list(kind)
+    if kind is not None and not kinds:
+        raise ConfigError(f"--kind is empty (kinds: {', '.join(KINDS)})")
     runs = load_runs(from_run)
     formats = [f.strip() for f in fmt.split(",") if f.strip()]
-    written, skipped = write_figures(runs, out or from_run[0] / "figures", name_list(kind), formats)
+    written, skipped = write_figures(runs, out or from_run[0] / "figures", kinds, formats)
     if not written:
         raise ConfigError("no figure to draw from these runs (" + "; ".join(s.line() for s in skipped) + ")")
     for s in skipped:

@@ -125,6 +125,9 @@ def test_default_sweep_runs_on_cpu_and_says_so(tmp_path, monkeypatch, capsys):
     (["sweep", "--heads", "12", "--context", "256,,512"], "--context has an empty item"),
     (["sweep", "--heads", "12", "--context", "256", "--budget-s", "inf"], "budget_s: Input should be a finite"),
     (["check", "--heads", "100000", "--context", "256"], "num_heads: must be 1..256"),
+    (["check", "--heads", "12", "--rtol", "0.1"], "--rtol needs --atol"),
+    (["plot", "--from", "results/h200/deploy/kimi-k3-tp8/kimi-k3-tp8-gluon-flashmla-20261201-183956-973",
+      "--kind", ""], "--kind is empty"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
     code, out, err = run([*args, *(["--results-dir", str(tmp_path)] if args[0] == "sweep" else [])],
