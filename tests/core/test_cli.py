@@ -358,7 +358,7 @@ def test_optuna_and_matplotlib_come_through_extras(monkeypatch):
 IMPOSSIBLE = [
     (["check", "--context", "1000000000000"], "context length must be <= 2,147,483,647"),
     (["check", "--context", "4096", "--batch", "1000000000"], "B=1000000000 H=12 L=4096"),
-    (["check", "--heads", "2000000000", "--context", "1"], "GiB free"),
+    (["check", "--heads", "2000000000", "--context", "1"], "num_heads: must be 1..256"),
     (["sweep", "--batch", "1000000000", "--context", "4096"], "B=1000000000 H=12 L=4096"),
     (["sweep", "--context", "1000000000000"], "context length must be <= 2,147,483,647"),
     (["compare", "--batch", "1000000000", "--context", "4096"], "B=1000000000 H=12 L=4096"),

@@ -74,7 +74,7 @@ def test_ragged_pages():
 @pytest.mark.parametrize("kwargs, msg", [
     ({"context_lens": (0,)}, "context length must be > 0"),
     ({"context_lens": (-5,)}, "context length must be > 0"),
-    ({"num_heads": 0, "context_lens": (4,)}, "^num_heads: must be > 0, got 0$"),
+    ({"num_heads": 0, "context_lens": (4,)}, r"^num_heads: must be 1\.\.256 \(MLA models have at most 128 query heads: DeepSeek-V3\), got 0$"),
     ({"context_lens": (4,), "page_size": 32}, r"^page_size: must be one of \(1, 16, 64\), got 32$"),
     ({"context_lens": (4,), "q_dtype": "int8"}, "dtype must be one of"),
     ({"context_lens": (4,), "qo_len": 9}, "^qo_len: must be 1-8 query tokens per request, got 9$"),
