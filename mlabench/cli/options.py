@@ -10,6 +10,8 @@ so that ``--help`` shows what to write (``L[,L...]``), never a Python type.
 
 from __future__ import annotations
 
+import math
+
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -61,7 +63,16 @@ NonCausal = Annotated[bool, typer.Option(
 # ---- sweeps and runs ------------------------------------------------------------------------------
 SweepFile = Annotated[str | None, typer.Option(
     "--config", metavar="NAME|PATH", help="Sweep TOML: a path, or a name under configs/sweeps/.")]
-BudgetS = Annotated[float | None, typer.Option(metavar="SECONDS", help="Timing budget per point.")]
+def positive_seconds(value: float | None) -> float | None:
+    """Typer callback of :data:`BudgetS`: None, or a finite number of seconds > 0 (an infinite or NaN
+    budget reached the sweep config and was reported under its internal name)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"must be a finite number of seconds > 0, got {value}")
+    return value
+
+
+BudgetS = Annotated[float | None, typer.Option(metavar="SECONDS", help="Timing budget per point.",
+                                               callback=positive_seconds)]
 ResultsDir = Annotated[Path, typer.Option(metavar="DIR", help="Parent folder of run folders.")]
 Resume = Annotated[Path | None, typer.Option(metavar="RUN", help="Resume this run folder (skips finished points).")]
 

@@ -268,13 +268,16 @@ def _validate(path: Path, lengths: int, low: int, high: int, ladder: str | None,
     from mlabench.tune.validation import validate_policy, validation_tables
 
     policy = load_policy(path)
+    if lengths < 1 or not 1 <= low < high:  # before the progress bar: one line, naming the flags
+        raise ConfigError(f"tune --validate needs --lengths >= 1 and 1 <= --min-context < --max-context, "
+                          f"got {lengths}, {low}, {high}")
+    ladder_counts = int_list(ladder, "--ladder", "--ladder")
     timing = tune_timing().model_copy(update={"budget_s": budget_s}) if budget_s else None
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=err)
     task = bar.add_task("validate", total=None)
     with bar:
-        result = validate_policy(policy, lengths, low, high, int_list(ladder, "--ladder", "--ladder"),
-                                 timing, results_dir,
+        result = validate_policy(policy, lengths, low, high, ladder_counts, timing, results_dir,
                                  lambda done, total, label: bar.update(task, completed=done, total=total,
                                                                        description=label), seed=seed)
     emit(validation_tables(result), fmt)

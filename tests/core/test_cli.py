@@ -123,7 +123,10 @@ def test_default_sweep_runs_on_cpu_and_says_so(tmp_path, monkeypatch, capsys):
     # found by a new user: accepted before, with exit 0 (an empty item skipped, an infinite budget
     # recorded as null, a head count that allocated for 34 s and then failed the check)
     (["sweep", "--heads", "12", "--context", "256,,512"], "--context has an empty item"),
-    (["sweep", "--heads", "12", "--context", "256", "--budget-s", "inf"], "budget_s: Input should be a finite"),
+    (["sweep", "--heads", "12", "--context", "256", "--budget-s", "inf"], "'--budget-s': must be a finite number"),
+    (["tune", "--backend", "torch-splitkv", "--budget-s", "nan"], "'--budget-s': must be a finite number"),
+    (["tune", "--validate", "results/h200/deploy/qo1/tune-kimi-k3-tp8-20261201-152425-462/policy.json",
+      "--lengths", "0"], "needs --lengths >= 1 and 1 <= --min-context < --max-context"),
     (["check", "--heads", "100000", "--context", "256"], "num_heads: must be 1..256"),
     (["check", "--heads", "12", "--rtol", "0.1"], "--rtol needs --atol"),
     (["plot", "--from", "results/h200/deploy/kimi-k3-tp8/kimi-k3-tp8-gluon-flashmla-20261201-183956-973",
@@ -245,7 +248,7 @@ def test_version(monkeypatch, capsys):
     (["check", "--heads", "12", "--json", "--markdown"], "choose one of --json and --markdown"),
     (["sweep", "--context", "4096", "--splits", "513"], "num_kv_splits must be <= 512"),
     (["sweep", "--page-size", "32"], "error: page_size: must be one of (1, 16, 64), got 32"),
-    (["sweep", "--budget-s", "0"], "budget_s"),
+    (["sweep", "--budget-s", "0"], "'--budget-s': must be a finite number of seconds > 0, got 0.0"),
     (["compare", "--from", "nowhere"], "no run folder (results.jsonl, manifest.json)"),
 ])
 def test_more_bad_input(tmp_path, monkeypatch, capsys, args, message):
