@@ -35,6 +35,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from mlabench.records.store import holds_run  # noqa: E402  (a run folder: results plain or gzipped)
+
 CONFIG = "kimi-k3-tp8-triton-rows"
 #: The committed multi-token run on an H200 (Triton 3.6, 16-row tiles only).
 COMMITTED_RUN = REPO / "results/h200/qo-len/kimi-k3-tp8-mtp-20261130-181848-687"
@@ -98,7 +102,7 @@ def short_params(params: dict) -> str:
 def summary(run: Path, committed: Path | None) -> tuple[str, list[str]]:
     """The markdown table of ``run`` and the target lines."""
     best, failed = best_points(run)
-    base = best_points(committed)[0] if committed and (committed / "results.jsonl").exists() else {}
+    base = best_points(committed)[0] if committed and holds_run(committed) else {}  # plain or gzipped
     qo_lens = sorted({k[4] for k in best} | {k[4] for k in failed})
     rows = sorted({k[:4] for k in best} | {k[:4] for k in failed},
                   key=lambda k: (BACKENDS.index(k[0]), k[1] != "16", k[2], k[3]))

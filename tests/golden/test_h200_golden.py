@@ -5,6 +5,7 @@ The records were measured on an H200 and are read, not re-measured, so these run
 """
 
 import csv
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -16,6 +17,11 @@ from mlabench.records.store import ResultStore, records_of
 from mlabench.sweep.summary import sweep_summary
 from mlabench.tables.render import to_markdown
 from tests.golden.cli import run_mlabench
+
+
+def raw_records() -> str:
+    """The committed run's raw records (``results.jsonl.gz``, gzipped as the results/ rule asks)."""
+    return gzip.decompress((RUN / "results.jsonl.gz").read_bytes()).decode()
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "results" / "h200" / "kimi-k3-tp8"
@@ -62,7 +68,7 @@ def test_results_csv_values_are_rewritten_from_the_records(tmp_path):
     assert len(now) == len(committed) == len(ResultStore(RUN).records())
     for old, new in zip(committed, now):
         assert {k: new[k] for k in old} == old
-    first = json.loads((RUN / "results.jsonl").read_text().splitlines()[0])
+    first = json.loads(raw_records().splitlines()[0])
     assert float(now[0]["median_us"]) == first["stats"]["median_us"]
     assert float(now[0]["floor_us"]) == first["floor_us"] and now[0]["noisy"] == "False"
 
@@ -72,7 +78,7 @@ def test_runs_of_two_devices_are_refused_naming_each_run(tmp_path):
 
     other = tmp_path / RUN.name
     other.mkdir()
-    (other / "results.jsonl").write_text((RUN / "results.jsonl").read_text())
+    (other / "results.jsonl").write_text(raw_records())
     manifest = json.loads((RUN / "manifest.json").read_text())
     manifest["device"]["name"] = "AMD Instinct MI355X"
     (other / "manifest.json").write_text(json.dumps(manifest))
@@ -102,7 +108,7 @@ def test_from_a_folder_whose_runs_lie_deeper_names_the_folders_that_hold_them(tm
     assert info.value.code == 2 and str(H200) in listed and str(H200.parent / "qo-len") in listed
     script_out = tmp_path / "hopper-kernel"  # a script's output from before it also wrote run/
     script_out.mkdir()
-    (script_out / "records.jsonl").write_text((RUN / "results.jsonl").read_text())
+    (script_out / "records.jsonl").write_text(raw_records())
     monkeypatch.setattr(sys, "argv", ["mlabench", "compare", "--from", str(script_out)])
     with pytest.raises(SystemExit) as info:
         cli.main()
