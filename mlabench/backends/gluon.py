@@ -58,7 +58,7 @@ RING_STAGES = ParamSpec(
     help="pages in the shared-memory TMA ring: 2 (one CTA per SM, default) or 1 (two CTAs per SM)",
 )
 
-# Kernel variants (results/h200/deploy/variants/: o_split m and lazy_sum 1 took 2-12% off every
+# Kernel variants (results/h200/deploy/variants/: o_split m and lazy_sum 1 took 2-17% off every
 # multi-token point, pdl_prologue 1 took 0.9-1.2 µs off batch 1 and the short contexts of batch
 # 16); tune keeps them at their defaults unless --space names them.
 O_SPLIT = ParamSpec(

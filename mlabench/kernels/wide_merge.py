@@ -149,6 +149,7 @@ def wide_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.
         SPLITS_POW2=max(16, triton.next_power_of_2(num_kv_splits)), BLOCK_S=block_s,
         BLOCK_DV=block_dv, USE_PDL=pdl, RELEASE_NEXT=release_next,
         FROM_LENGTHS=cache_seqlens is not None,
-        POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], num_warps=4, **({"launch_pdl": True} if pdl else {}),
+        POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], num_warps=4,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return out
