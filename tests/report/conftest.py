@@ -2,6 +2,7 @@
 H200 tuning run and its validation (fixtures/README.md), and the committed graph-check and multi-token
 results read in place."""
 
+import gzip
 import json
 from pathlib import Path
 
@@ -21,8 +22,11 @@ QO_LEN_RUN = REPO / "results/h200/qo-len/kimi-k3-tp8-mtp-20261130-181848-687"
 
 
 def raw_records(run: Path = H200_RUN) -> list[dict]:
-    """The fixture's records as plain JSON, for checks that do not go through mlabench's reader."""
-    return [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines() if line.strip()]
+    """A run's records as plain JSON (``results.jsonl``, or ``results.jsonl.gz`` as committed runs
+    keep them), for checks that do not go through mlabench's reader."""
+    plain = run / "results.jsonl"
+    text = plain.read_text() if plain.exists() else gzip.decompress((run / "results.jsonl.gz").read_bytes()).decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="session")
