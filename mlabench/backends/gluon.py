@@ -80,6 +80,18 @@ PDL_PROLOGUE = ParamSpec(
          "cache_seqlens and the device table must be written before that kernel",
 )
 
+# results/h200/deploy/fused-merge/: at batch 16 (8 splits) the fused merge took 0.2-4.6 µs off
+# every context from 4K (+0.1 µs at 1K); at batch 1 it cost 0.9-3.9 µs at each count's best
+# but for 132 splits (one wave, where the wide merge reads 4 empty slots' worth more).
+FUSED_MERGE = ParamSpec(
+    "fused_merge", int, default=lambda s: 1 if s.batch >= 16 else 0, low=0, high=1,
+    omit_default=True, searched=False,
+    help="1: no merge launch; a request's splits merge their own partials after an arrival "
+         "barrier, where the grid is resident at once (batch x row tiles x splits <= SMs; else "
+         "the wide merge runs and effective_params say so); 0: the wide merge kernel.  Default 1 "
+         "from batch 16 (H200: 0.2-4.6 µs faster from 4K), else 0",
+)
+
 
 def hopper_gluon_available() -> tuple[bool, str]:
     """``(True, "")`` on an NVIDIA compute-capability-9.0 GPU with Triton's Gluon importable,
@@ -117,7 +129,8 @@ class GluonSplitKVBackend(Backend):
     packages = TRITON_PACKAGES
     summary = ("project Gluon split-KV kernel for Hopper: TMA page ring, wgmma, up to 64 query rows "
                "a tile, num_kv_splits or a split policy")
-    params = (KV_SPLITS, SPLIT_POLICY, RING_STAGES, PDL, O_SPLIT, LAZY_SUM, PDL_PROLOGUE)
+    params = (KV_SPLITS, SPLIT_POLICY, RING_STAGES, PDL, O_SPLIT, LAZY_SUM, PDL_PROLOGUE,
+              FUSED_MERGE)
 
     def available(self) -> tuple[bool, str]:
         return hopper_gluon_available()
@@ -138,8 +151,9 @@ class GluonSplitKVBackend(Backend):
         return RowTiling.for_rows(shape.qo_len * shape.num_heads).row_tiles
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
+        from mlabench.kernels.gluon_fused_merge import fused_merge_fits
         from mlabench.kernels.gluon_splitkv import (
-            KernelVariant, kv_descriptors, mla_decode_gluon_splitkv,
+            KernelVariant, kv_descriptors, merge_sync_shape, mla_decode_gluon_splitkv,
         )
         from mlabench.kernels.splitkv import splitkv_workspace_bytes
         from mlabench.kernels.workspace import splitkv_workspace_shapes
@@ -149,8 +163,14 @@ class GluonSplitKVBackend(Backend):
         stages, pdl = int(params["num_stages"]), int(params["pdl"])
         variant = KernelVariant(str(params.get("o_split", O_SPLIT.default)),
                                 bool(int(params.get("lazy_sum", LAZY_SUM.default))),
-                                bool(int(params.get("pdl_prologue", PDL_PROLOGUE.default))))
+                                bool(int(params.get("pdl_prologue", PDL_PROLOGUE.default))),
+                                fused_merge_fits(s.batch * self.split_programs(s, params)
+                                                 * choice.grid_splits, current_device().num_sms)
+                                and bool(int(params.get("fused_merge",
+                                                        FUSED_MERGE.default_for(s)))))
         rows = s.qo_len * s.num_heads
+        merge_sync = (torch.zeros(merge_sync_shape(s.batch, rows), dtype=torch.int32,
+                                  device=inputs.device) if variant.fused_merge else None)
         o_shape, l_shape = splitkv_workspace_shapes(s.batch, rows, choice.grid_splits)
         part_o = torch.empty(o_shape, dtype=torch.float32, device=inputs.device)
         part_lse = torch.empty(l_shape, dtype=torch.float32, device=inputs.device)
@@ -163,12 +183,14 @@ class GluonSplitKVBackend(Backend):
                                             partial_out=part_o, partial_lse=part_lse,
                                             descriptors=descs, num_stages=stages, pdl=pdl,
                                             split_policy=choice.table, qo_len=s.qo_len,
-                                            causal=s.causal, variant=variant)
+                                            causal=s.causal, variant=variant,
+                                            merge_sync=merge_sync)
 
         refresh = choice.refresh_fn(inputs.cache_seqlens)
         choice.effective.update(num_stages=stages, pdl=pdl, o_split=variant.o_split,
                                 lazy_sum=int(variant.lazy_sum),
-                                pdl_prologue=int(variant.pdl_prologue))
+                                pdl_prologue=int(variant.pdl_prologue),
+                                fused_merge=int(variant.fused_merge))
         return PreparedCall(fn=fn, out=out, effective_params=choice.effective, refresh=refresh,
                             workspace_bytes=splitkv_workspace_bytes(
                                 1, rows, sum(choice.counts(s.context_lens))),

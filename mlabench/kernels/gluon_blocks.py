@@ -38,6 +38,16 @@ def issue_page(kvn_desc, kvr_desc, bt_row_ptr, page_lo, t, kn_smem, kr_smem, bar
 
 
 @gluon.jit
+def issue_first_pages(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, kn_smem, kr_smem, bars,
+                      NUM_STAGES: gl.constexpr):
+    """Start the copies of the split's first ``NUM_STAGES - 1`` pages (those it owns)."""
+    for i in gl.static_range(NUM_STAGES - 1):
+        if i < n_tiles:
+            issue_page(kvn_desc, kvr_desc, bt_row_ptr, page_lo, i, kn_smem, kr_smem, bars,
+                       NUM_STAGES)
+
+
+@gluon.jit
 def load_q_tiles(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem, qr_smem,
                  BLOCK_R: gl.constexpr, num_warps: gl.constexpr):
     """Copy packed rows ``row_lo .. row_lo + BLOCK_R`` of request ``b`` (rows past ``num_rows``
@@ -127,9 +137,11 @@ def lookup_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps
 @gluon.jit
 def split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS: gl.constexpr,
                 num_warps: gl.constexpr):
-    """``(first page, pages)`` of split ``split`` of a request of ``seq_len`` tokens: its pages cut
-    into the request's own count (``num_splits``, or the policy's with ``POLICY_ROWS > 0``) of
-    ``ceil(pages / count)`` each; 0 pages past the request's last page or its count."""
+    """``(first page, pages, written)`` of split ``split`` of a request of ``seq_len`` tokens: its
+    pages cut into the request's own count (``num_splits``, or the policy's with ``POLICY_ROWS >
+    0``) of ``ceil(pages / count)`` each; 0 pages past the request's last page or its count.
+    ``written``: how many of the request's splits own a page (its first ones), the count
+    :func:`mlabench.kernels.wide_merge.written_splits` derives for the merge."""
     if POLICY_ROWS > 0:  # the request's own count; splits past it own no page
         own = lookup_splits(seq_len, policy_ptr, num_splits, POLICY_ROWS, num_warps)
     else:
@@ -137,7 +149,8 @@ def split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS: gl.constexp
     n_pages = gl.cdiv(seq_len, PAGE_TOKENS)
     per_split = gl.cdiv(n_pages, own)
     page_lo = gl.minimum(split * per_split, n_pages)
-    return page_lo, gl.minimum(page_lo + per_split, n_pages) - page_lo
+    written = gl.cdiv(n_pages, gl.maximum(per_split, 1))
+    return page_lo, gl.minimum(page_lo + per_split, n_pages) - page_lo, written
 
 
 @gluon.jit

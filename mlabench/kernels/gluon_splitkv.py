@@ -31,6 +31,7 @@ and before the output product their latent rows in shared memory are zeroed
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -41,9 +42,12 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlabench.device import current_device
 from mlabench.kernels.common import causal_row_limits
+from mlabench.kernels.gluon_fused_merge import (
+    MergeTiling, arrive_and_wait, fused_merge_fits, merge_share,
+)
 from mlabench.kernels.gluon_blocks import (
-    PAGE_SIZE, accumulators, attend_page, issue_page, launch_dependents, load_q_tiles,
-    page_ring, row_tiles, split_pages, store_partial, wait_prior_grid,
+    PAGE_SIZE, accumulators, attend_page, issue_first_pages, issue_page, launch_dependents,
+    load_q_tiles, page_ring, row_tiles, split_pages, store_partial, wait_prior_grid,
 )
 from mlabench.kernels.row_tiling import QK_WIDTH as D_QK, RowTiling
 from mlabench.kernels.splitkv import checked_splitkv_args
@@ -57,13 +61,15 @@ DEFAULT_NUM_STAGES = 2
 
 @gluon.jit(do_not_specialize=["num_splits"])
 def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_ptr, po_ptr,
-                          plse_ptr, num_splits, num_rows, heads_per_token, qk_scale_log2,
-                          stride_qb, stride_qh, stride_btb, stride_ps, stride_ph, stride_ls,
-                          BLOCK_R: gl.constexpr, ROW_TILES: gl.constexpr, QO_LEN: gl.constexpr,
-                          CAUSAL: gl.constexpr, POLICY_ROWS: gl.constexpr,
-                          NUM_STAGES: gl.constexpr, PDL: gl.constexpr, O_WARPS_M: gl.constexpr,
-                          LAZY_SUM: gl.constexpr, WAIT_PRIOR: gl.constexpr,
-                          num_warps: gl.constexpr):
+                          plse_ptr, out_ptr, sync_ptr, num_splits, num_rows, heads_per_token,
+                          qk_scale_log2, stride_qb, stride_qh, stride_btb, stride_ps, stride_ph,
+                          stride_ls, stride_ob, stride_oh, BLOCK_R: gl.constexpr,
+                          ROW_TILES: gl.constexpr, QO_LEN: gl.constexpr, CAUSAL: gl.constexpr,
+                          POLICY_ROWS: gl.constexpr, NUM_STAGES: gl.constexpr, PDL: gl.constexpr,
+                          O_WARPS_M: gl.constexpr, LAZY_SUM: gl.constexpr, WAIT_PRIOR: gl.constexpr,
+                          FUSED: gl.constexpr, MERGE_COLS: gl.constexpr, MERGE_SPLITS: gl.constexpr,
+                          M_TS: gl.constexpr, M_TR: gl.constexpr, M_TC: gl.constexpr,
+                          M_WS: gl.constexpr, M_WR: gl.constexpr, num_warps: gl.constexpr):
     if PDL == 1:  # let the merge grid be scheduled now; it waits for this grid before reading
         launch_dependents()
     # Grid (B * ROW_TILES, S): a (request, split)'s row tiles run together, sharing pages in L2.
@@ -71,7 +77,8 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy
     row_lo = (gl.program_id(0) % ROW_TILES) * BLOCK_R
     split = gl.program_id(1)
     seq_len = gl.load(seqlens_ptr + b)
-    page_lo, n_tiles = split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS, num_warps)
+    page_lo, n_tiles, written = split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS,
+                                            num_warps)
     bt_row_ptr = bt_ptr + b.to(gl.int64) * stride_btb
 
     kn_smem, kr_smem, bars = page_ring(kvn_desc, kvr_desc, NUM_STAGES)
@@ -79,13 +86,9 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy
         if n_tiles > 0:  # for the grid before (it may write q and read our partials); an empty
             wait_prior_grid()  # split touches neither, and exits at once, freeing its SM
     # Start the first pages before anything else: their latency hides the query load.
-    for i in gl.static_range(NUM_STAGES - 1):
-        if i < n_tiles:
-            issue_page(kvn_desc, kvr_desc, bt_row_ptr, page_lo, i, kn_smem, kr_smem, bars,
-                       NUM_STAGES)
-
-    dt: gl.constexpr = kvn_desc.dtype
-    qn_smem, qr_smem, p_smem = row_tiles(dt, BLOCK_R)
+    issue_first_pages(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, kn_smem, kr_smem, bars,
+                      NUM_STAGES)
+    qn_smem, qr_smem, p_smem = row_tiles(kvn_desc.dtype, BLOCK_R)
     if n_tiles > 0:  # an empty split loads nothing and stores nothing
         load_q_tiles(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem, qr_smem, BLOCK_R,
                      num_warps)
@@ -93,8 +96,7 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy
 
     o, l_i, m_i, s_zero, offs_t, rows = accumulators(row_lo, BLOCK_R, O_WARPS_M, LAZY_SUM,
                                                      num_warps)
-    # Each packed row's causal key limit: the Triton kernels' rule (tested on the CPU there).
-    row_lim = causal_row_limits(seq_len, rows, heads_per_token, QO_LEN)
+    row_lim = causal_row_limits(seq_len, rows, heads_per_token, QO_LEN)  # the Triton kernels' rule
     for t in range(n_tiles):
         ahead = t + NUM_STAGES - 1
         if ahead < n_tiles:  # its slot was released when page t - 1's products completed
@@ -112,6 +114,11 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy
     if n_tiles > 0:  # an empty split writes nothing: the merge reads only the splits owning pages
         store_partial(po_ptr, plse_ptr, b * num_splits + split, row_lo, num_rows, o, l_i, m_i,
                       stride_ps, stride_ph, stride_ls, BLOCK_R, num_warps)
+        if FUSED:  # the request's written splits merge it together: no second launch
+            arrive_and_wait(sync_ptr, gl.program_id(0), written)
+            merge_share(po_ptr, plse_ptr, out_ptr + b.to(gl.int64) * stride_ob, b * num_splits,
+                        split, written, row_lo, num_rows, stride_ps, stride_ph, stride_ls,
+                        stride_oh, BLOCK_R, MERGE_COLS, MERGE_SPLITS, M_TS, M_TR, M_TC, M_WS, M_WR)
 
 
 @dataclass(frozen=True)
@@ -131,12 +138,16 @@ class KernelVariant:
       ``griddepcontrol.wait`` before its first page, its query and its partials.  It reads
       ``cache_seqlens`` and the device table before the wait: both must be written before that
       kernel.
+    - ``fused_merge``: no merge launch; a request's splits merge their partials themselves after
+      an arrival barrier (:mod:`mlabench.kernels.gluon_fused_merge`).  Needs every program of the
+      grid resident at once (at most one per SM) and a zeroed int32 ``merge_sync`` workspace.
     Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``.
     """
 
     o_split: str = "m"
     lazy_sum: bool = True
     pdl_prologue: bool = False
+    fused_merge: bool = False
 
     def __post_init__(self) -> None:
         if self.o_split not in ("n", "m"):
@@ -172,26 +183,55 @@ def kv_descriptors(kv_cache: torch.Tensor) -> tuple[TensorDescriptor, TensorDesc
     return descs[0], descs[1]
 
 
+def merge_sync_shape(batch: int, rows: int) -> tuple[int]:
+    """Shape of the int32 workspace of a fused merge (``KernelVariant.fused_merge``): one barrier
+    word per (request, row tile) of a request of ``rows`` packed rows.  Allocate it zeroed, once:
+    every call leaves the counts (the low 16 bits) at 0."""
+    return (batch * RowTiling.for_rows(rows).row_tiles,)
+
+
 def _launch_stage1(q_rows, kv_cache, block_table, cache_seqlens, partial_out, partial_lse,
                    splits: int, heads: int, softmax_scale: float, descriptors, num_stages: int,
                    pdl: int, split_policy, qo_len: int, causal: bool,
-                   variant: KernelVariant) -> None:
+                   variant: KernelVariant, out_rows, merge_sync) -> None:
     """Launch stage 1 on the grid ``(B * row tiles, splits)`` (arguments as
-    :func:`mla_decode_gluon_splitkv` checked them; ``q_rows`` ``[B, qo_len * H, 576]``)."""
+    :func:`mla_decode_gluon_splitkv` checked them; ``q_rows`` ``[B, qo_len * H, 576]``, ``out_rows``
+    ``[B, qo_len * H, 512]``, written only with ``variant.fused_merge``)."""
     batch, tiling = block_table.shape[0], RowTiling.for_rows(qo_len * heads)
     kvn_desc, kvr_desc = descriptors or kv_descriptors(kv_cache)
+    mt = MergeTiling.for_launch(tiling.block_rows, splits, tiling.num_warps)
     _gluon_splitkv_stage1[(batch * tiling.row_tiles, splits)](
         q_rows, kvn_desc, kvr_desc, block_table, cache_seqlens,
         cache_seqlens if split_policy is None else split_policy, partial_out, partial_lse,
+        out_rows, cache_seqlens if merge_sync is None else merge_sync,
         splits, qo_len * heads, heads, float(softmax_scale) * LOG2E,
         q_rows.stride(0), q_rows.stride(1), block_table.stride(0), partial_out.stride(0),
-        partial_out.stride(1), partial_lse.stride(0), BLOCK_R=tiling.block_rows,
+        partial_out.stride(1), partial_lse.stride(0), out_rows.stride(0), out_rows.stride(1),
+        BLOCK_R=tiling.block_rows,
         ROW_TILES=tiling.row_tiles, QO_LEN=qo_len, CAUSAL=bool(causal) and qo_len > 1,
         POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], NUM_STAGES=num_stages,
         PDL=pdl, O_WARPS_M=variant.o_warps_m(tiling.num_warps), LAZY_SUM=variant.lazy_sum,
-        WAIT_PRIOR=variant.pdl_prologue, num_warps=tiling.num_warps,
+        WAIT_PRIOR=variant.pdl_prologue, FUSED=variant.fused_merge, **mt.constexprs(),
+        num_warps=tiling.num_warps,
         **({"launch_pdl": True} if variant.pdl_prologue else {}),
     )
+
+
+def _check_fused(variant: KernelVariant, merge_sync, batch: int, rows: int, splits: int,
+                 stage1_only: bool) -> None:
+    """ValueError unless a fused merge can run: the grid resident at once, a sync workspace of
+    :func:`merge_sync_shape`, int32, on q's device."""
+    if not variant.fused_merge or stage1_only:
+        return
+    programs = batch * RowTiling.for_rows(rows).row_tiles * splits
+    sms = current_device().num_sms
+    if not fused_merge_fits(programs, sms):
+        raise ValueError(f"fused_merge needs the whole grid resident: {programs} programs "
+                         f"(batch x row tiles x splits) on {sms} SMs; use the wide merge")
+    want = merge_sync_shape(batch, rows)
+    if merge_sync is None or tuple(merge_sync.shape) != want or merge_sync.dtype != torch.int32:
+        got = None if merge_sync is None else (tuple(merge_sync.shape), merge_sync.dtype)
+        raise ValueError(f"fused_merge needs a zeroed int32 merge_sync of shape {want}, got {got}")
 
 
 def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -201,9 +241,8 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
                              descriptors: tuple[TensorDescriptor, TensorDescriptor] | None = None,
                              num_stages: int = DEFAULT_NUM_STAGES, pdl: int = 1,
                              merge_block_dv: int | None = None, split_policy: torch.Tensor | None = None,
-                             qo_len: int = 1, causal: bool = True,
-                             variant: KernelVariant = KernelVariant(),
-                             stage1_only: bool = False) -> torch.Tensor:
+                             qo_len: int = 1, causal: bool = True, variant: KernelVariant = KernelVariant(),
+                             merge_sync: torch.Tensor | None = None, stage1_only: bool = False) -> torch.Tensor:
     """Split-KV MLA decode on Hopper: ``out = softmax(q K^T * softmax_scale) V`` per query row.
 
     Args:
@@ -217,11 +256,12 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
         num_kv_splits: S, 1..512: split ``s`` takes pages ``[s*P, (s+1)*P)``, ``P = ceil(pages/S)``;
             with ``split_policy`` the most splits any request may take (the grid's split axis).
         softmax_scale: multiplier of ``q . k``.
-        partial_out / partial_lse: fp32 workspace of :func:`~mlabench.kernels.workspace.splitkv_workspace_shapes`.
+        partial_out / partial_lse: fp32 workspace of
+            :func:`~mlabench.kernels.workspace.splitkv_workspace_shapes` (None: allocated here).
         descriptors: from :func:`kv_descriptors` (None: built here; pass them when capturing).
         num_stages: pages in the shared-memory ring (1 or 2).
-        pdl: the merge launch: 0 ordinary; 1 programmatic dependent, released at stage 1's start;
-            2 released after stage 1's token loop (it overlaps the epilogue).
+        pdl: the merge launch (fused: the next dependent's): 0 ordinary; 1 programmatic
+            dependent, released at stage 1's start; 2 released after stage 1's token loop.
         merge_block_dv: output columns per merge program (None: sized to the GPU).
         split_policy: None, or the int32 ``[R, 2]`` table of
             :meth:`mlabench.policy.device_table.SplitPolicy.device_table` on q's device: request
@@ -231,6 +271,7 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
         qo_len, causal: query tokens per request; causal: token ``t`` sees the first
             ``cache_seqlens[b] - qo_len + t + 1`` keys, else all.
         variant: the layout and launch choices of :class:`KernelVariant`.
+        merge_sync: with ``variant.fused_merge``, the zeroed int32 :func:`merge_sync_shape`.
         stage1_only: skip the merge (for timing stage 1 alone; ``out`` is then not written).
 
     Returns ``out``.  Raises ValueError on bad layouts, split counts, tables or workspace sizes.
@@ -238,12 +279,16 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     heads, splits = q.shape[1], int(num_kv_splits)
     if q.dtype != kv_cache.dtype:
         raise ValueError("q must have the cache's dtype")
-    q_rows, out_rows, _, _ = checked_splitkv_args(q, kv_cache, block_table, cache_seqlens, out, splits,
-                                                  partial_out, partial_lse, split_policy, qo_len)
+    q_rows, out_rows, partial_out, partial_lse = checked_splitkv_args(
+        q, kv_cache, block_table, cache_seqlens, out, splits, partial_out, partial_lse,
+        split_policy, qo_len)
+    _check_fused(variant, merge_sync, block_table.shape[0], qo_len * heads, splits, stage1_only)
+    if stage1_only:
+        variant = dataclasses.replace(variant, fused_merge=False)
     _launch_stage1(q_rows, kv_cache, block_table, cache_seqlens, partial_out, partial_lse, splits,
                    heads, softmax_scale, descriptors, num_stages, 0 if stage1_only else int(pdl),
-                   split_policy, qo_len, causal, variant)
-    if not stage1_only:
+                   split_policy, qo_len, causal, variant, out_rows, merge_sync)
+    if not stage1_only and not variant.fused_merge:
         wide_merge(partial_out, partial_lse, out_rows, splits, block_dv=merge_block_dv,
                    num_sms=current_device().num_sms, pdl=bool(pdl),
                    release_next=variant.pdl_prologue, cache_seqlens=cache_seqlens,

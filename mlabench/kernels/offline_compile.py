@@ -161,13 +161,14 @@ def stage1_resources(kernel: str, rows_per_tile: int, *, target: str = "sm90",
 
 def compile_stage1_sm90(num_stages: int | None = None, dtype: str = "bf16", *,
                         block_rows: int = 16, qo_len: int = 1, causal: bool = False,
-                        policy_rows: int = 0, variant=None):
+                        policy_rows: int = 0, variant=None, num_splits: int = 132):
     """Compile gluon-splitkv's stage 1 for sm_90 without a GPU (Triton bundles ptxas) and return
     Triton's compiled kernel: ``.asm["ptx"]``, ``.asm["ttgir"]``, ``.asm["cubin"]``,
     ``.metadata.shared`` (bytes).  ``num_stages`` None: the kernel's default ring depth.
     ``block_rows`` 16, 32 or 64 compiles the variant :class:`RowTiling` launches for that tile
     (4 warps for 16 rows, 8 for 32 and 64); ``variant`` a
-    :class:`~mlabench.kernels.gluon_splitkv.KernelVariant` (None: the default).  For the resource
+    :class:`~mlabench.kernels.gluon_splitkv.KernelVariant` (None: the default); ``num_splits``
+    the grid's split count a fused merge's tiling is sized for.  For the resource
     report in docs/PERFORMANCE.md and the CPU tests; run it in a process where Triton's
     interpreter has not run (the interpreter patches the language module it shares with Gluon).
     """
@@ -175,6 +176,7 @@ def compile_stage1_sm90(num_stages: int | None = None, dtype: str = "bf16", *,
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    from mlabench.kernels.gluon_fused_merge import MergeTiling
     from mlabench.kernels.gluon_splitkv import (
         DEFAULT_NUM_STAGES, PAGE_SIZE, KernelVariant, _gluon_splitkv_stage1,
     )
@@ -191,15 +193,16 @@ def compile_stage1_sm90(num_stages: int | None = None, dtype: str = "bf16", *,
 
     sig = {"q_ptr": f"*{dtype}", "kvn_desc": desc(512), "kvr_desc": desc(64),
            "bt_ptr": "*i32", "seqlens_ptr": "*i32", "policy_ptr": "*i32", "po_ptr": "*fp32",
-           "plse_ptr": "*fp32", "num_splits": "i32", "num_rows": "i32", "heads_per_token": "i32",
-           "qk_scale_log2": "fp32"}
+           "plse_ptr": "*fp32", "out_ptr": f"*{dtype}", "sync_ptr": "*i32", "num_splits": "i32",
+           "num_rows": "i32", "heads_per_token": "i32", "qk_scale_log2": "fp32"}
     sig |= {n: "i32" for n in ("stride_qb", "stride_qh", "stride_btb", "stride_ps", "stride_ph",
-                               "stride_ls")}
+                               "stride_ls", "stride_ob", "stride_oh")}
+    mt = MergeTiling.for_launch(block_rows, num_splits, num_warps)
     consts = {"BLOCK_R": block_rows, "ROW_TILES": 1, "QO_LEN": qo_len, "CAUSAL": causal,
               "POLICY_ROWS": policy_rows, "NUM_STAGES": num_stages, "PDL": 1,
               "O_WARPS_M": variant.o_warps_m(num_warps), "LAZY_SUM": variant.lazy_sum,
-              "WAIT_PRIOR": variant.pdl_prologue,
-              "num_warps": num_warps}
+              "WAIT_PRIOR": variant.pdl_prologue, "FUSED": variant.fused_merge,
+              **mt.constexprs(), "num_warps": num_warps}
     sig |= {n: "constexpr" for n in consts}
     # what Triton's launcher would specialise: 16-byte aligned pointers and strides
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())

@@ -35,6 +35,30 @@ def _ref(x, lens):
     return mla_decode_reference(x.q, x.kv_cache, x.block_table, list(lens), x.shape.scale)[0]
 
 
+def _repeated_calls(x, splits, pdl, variant, split_policy=None, merge_sync=None):
+    """Eight calls over one workspace, alternating q and q with its heads reversed, each into its
+    own NaN-filled output: ``(calls, outs, queries)``."""
+    from mlabench.kernels.gluon_splitkv import kv_descriptors, mla_decode_gluon_splitkv
+    from mlabench.kernels.workspace import splitkv_workspace_shapes
+
+    queries = [x.q, torch.flip(x.q, dims=(1,)).contiguous()]
+    o_shape, l_shape = splitkv_workspace_shapes(x.block_table.shape[0], 12, splits)
+    part_o = torch.empty(o_shape, dtype=torch.float32, device=x.q.device)
+    part_lse = torch.empty(l_shape, dtype=torch.float32, device=x.q.device)
+    outs = [torch.full_like(x.new_output(), float("nan")) for _ in range(8)]
+    descs = kv_descriptors(x.kv_cache)
+
+    def calls():
+        for i, out in enumerate(outs):
+            mla_decode_gluon_splitkv(queries[i % 2], x.kv_cache, x.block_table, x.cache_seqlens,
+                                     out, splits, x.shape.scale, partial_out=part_o,
+                                     partial_lse=part_lse, descriptors=descs, pdl=pdl,
+                                     split_policy=split_policy, merge_sync=merge_sync,
+                                     variant=variant)
+
+    return calls, outs, queries
+
+
 @pytest.mark.parametrize("lens,splits", [((4096,), 64), ((1, 1000, 4096, 777), 7),
                                          ((65, 130), 40), ((2, 3000), 512)])
 @pytest.mark.parametrize("stages,pdl", [(2, 1), (2, 0), (2, 2), (1, 1)])
@@ -169,26 +193,12 @@ def test_pdl_prologue_graph_of_repeated_calls(pdl):
     """Stage 1 launched as a programmatic dependent of the previous call's merge: eight calls in
     one graph sharing one workspace, alternating two queries, each output right (a stage 1 that
     wrote its partials before the merge before it had read them would mix the two)."""
-    from mlabench.kernels.gluon_splitkv import KernelVariant, kv_descriptors, mla_decode_gluon_splitkv
-    from mlabench.kernels.workspace import splitkv_workspace_shapes
+    from mlabench.kernels.gluon_splitkv import KernelVariant
 
     _backend()
     lens = (4096, 300, 20000)
     x = _inputs(lens, seed=4, poison=False)
-    queries = [x.q, torch.flip(x.q, dims=(1,)).contiguous()]
-    o_shape, l_shape = splitkv_workspace_shapes(len(lens), 12, 33)
-    part_o = torch.empty(o_shape, dtype=torch.float32, device=x.q.device)
-    part_lse = torch.empty(l_shape, dtype=torch.float32, device=x.q.device)
-    outs = [torch.full_like(x.new_output(), float("nan")) for _ in range(8)]
-    descs = kv_descriptors(x.kv_cache)
-
-    def calls():
-        for i, out in enumerate(outs):
-            mla_decode_gluon_splitkv(queries[i % 2], x.kv_cache, x.block_table, x.cache_seqlens,
-                                     out, 33, x.shape.scale, partial_out=part_o,
-                                     partial_lse=part_lse, descriptors=descs, pdl=pdl,
-                                     variant=KernelVariant(pdl_prologue=True))
-
+    calls, outs, queries = _repeated_calls(x, 33, pdl, KernelVariant(pdl_prologue=True))
     calls()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -203,3 +213,93 @@ def test_pdl_prologue_graph_of_repeated_calls(pdl):
             for q in queries]
     for i, out in enumerate(outs):
         assert torch.allclose(out.float(), refs[i % 2], atol=1e-2, rtol=1e-2), i
+
+
+@pytest.mark.parametrize("qo_len,lens,splits", [
+    (1, (4096,), 16), (1, (131072,), 132), (1, (1, 1000, 4096, 777), 7), (1, (65, 130), 33),
+    (1, (32768,) * 16, 8), (4, (1000, 70, 8, 3000), 7), (8, (65, 2000), 32), (8, (4096, 300), 32),
+])
+def test_fused_merge_matches_fp32(qo_len, lens, splits):
+    """No merge launch: the written splits of each (request, row tile) meet at the arrival
+    barrier and merge their column shares; poisoned ragged inputs, short requests whose last
+    splits own no page, causal multi-token tiles, the counters reused by a second call."""
+    from mlabench.inputs import make_inputs
+    from mlabench.kernels.reference import mla_decode_reference
+    from mlabench.shapes import MLADecodeShape
+
+    backend = _backend()
+    lens = tuple(max(n, qo_len) for n in lens)
+    shape = MLADecodeShape.create(num_heads=12, context_lens=lens, page_size=64, qo_len=qo_len)
+    x = make_inputs(shape, seed=qo_len + 21, poison=True)
+    call = backend.prepare(x, backend.resolve_params(shape, {"num_kv_splits": splits,
+                                                             "fused_merge": 1}))
+    ref, _ = mla_decode_reference(x.q, x.kv_cache, x.block_table, list(lens), shape.scale,
+                                  qo_len=qo_len, causal=True)
+    for _ in range(2):
+        call.out.fill_(float("nan"))
+        out = call.fn()
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all()
+        assert torch.allclose(out.float(), ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("split_policy", [None, "device"])
+def test_fused_merge_graph_of_repeated_calls_follows_new_lengths(tmp_path, split_policy):
+    """One graph of eight fused calls (each a programmatic dependent of the one before), alternating
+    two queries over one workspace and one set of counters, replayed three times at new lengths
+    (a device policy changing each request's count between replays): every output right."""
+    import json
+
+    from mlabench.kernels.gluon_splitkv import KernelVariant, merge_sync_shape
+    from mlabench.kernels.reference import mla_decode_reference
+    from mlabench.policy.device_table import load_split_policy
+
+    _backend()
+    lens = (4096, 300, 20000)
+    x = _inputs(lens, seed=9, poison=False)
+    table = None
+    if split_policy:
+        path = tmp_path / "policy.json"
+        path.write_text(json.dumps({"num_kv_splits": {"3": [[256, 1], [8192, 16], [1 << 20, 40]]}}))
+        table = load_split_policy(path).device_table(3, x.q.device)
+    sync = torch.zeros(merge_sync_shape(len(lens), 12), dtype=torch.int32, device=x.q.device)
+    calls, outs, queries = _repeated_calls(
+        x, 40, 1, KernelVariant(pdl_prologue=True, fused_merge=True), table, sync)
+    calls()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    for new in ([9000, 64, 20000], [1, 8193, 300], list(lens)):
+        x.cache_seqlens.copy_(torch.tensor(new, dtype=torch.int32))
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        refs = [mla_decode_reference(q, x.kv_cache, x.block_table, new, x.shape.scale)[0]
+                for q in queries]
+        for i, out in enumerate(outs):
+            assert torch.allclose(out.float(), refs[i % 2], atol=1e-2, rtol=1e-2), (new, i)
+    assert int((sync & 0xFFFF).sum()) == 0  # every barrier left its count at 0
+    assert int((sync >> 16).min()) == 4 * 8  # one generation a call: 8 eager, 3 replays of 8
+
+
+def test_fused_merge_falls_back_where_the_grid_cannot_be_resident():
+    """16 requests x 16 splits = 256 programs on 132 SMs: the backend runs the wide merge and says
+    so in its effective parameters; the kernel entry point refuses such a launch outright."""
+    from mlabench.kernels.gluon_splitkv import KernelVariant, mla_decode_gluon_splitkv
+
+    backend = _backend()
+    lens = (4096,) * 16
+    x = _inputs(lens)
+    call = backend.prepare(x, backend.resolve_params(x.shape, {"num_kv_splits": 16,
+                                                               "fused_merge": 1}))
+    assert call.effective_params["fused_merge"] == 0
+    out = call.fn()
+    torch.cuda.synchronize()
+    assert torch.allclose(out.float(), _ref(x, lens), atol=1e-2, rtol=1e-2)
+    fits = backend.prepare(x, backend.resolve_params(x.shape, {"num_kv_splits": 8}))
+    assert fits.effective_params["fused_merge"] == 1  # the default from batch 16
+    with pytest.raises(ValueError, match="fused_merge needs the whole grid resident: 256"):
+        mla_decode_gluon_splitkv(x.q, x.kv_cache, x.block_table, x.cache_seqlens,
+                                 x.new_output(), 16, x.shape.scale, partial_out=None,
+                                 partial_lse=None, variant=KernelVariant(fused_merge=True))

@@ -123,7 +123,8 @@ from mlabench.kernels.gluon_splitkv import KernelVariant
 from mlabench.kernels.offline_compile import compile_stage1_sm90
 k = compile_stage1_sm90(int(sys.argv[1]), block_rows=int(sys.argv[2]), qo_len=int(sys.argv[3]),
                         causal=sys.argv[4] == "1", policy_rows=int(sys.argv[5]),
-                        variant=KernelVariant(o_split=sys.argv[6]))
+                        variant=KernelVariant(o_split=sys.argv[6], fused_merge=sys.argv[7] == "1"),
+                        num_splits=int(sys.argv[8]))
 usage = ""
 tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 if os.path.exists(tool) and "cubin" in k.asm:
@@ -135,13 +136,15 @@ print(json.dumps({"ptx": k.asm["ptx"], "shared": k.metadata.shared, "usage": usa
 
 
 def _compile_stage1(num_stages: int, block_rows: int = 16, qo_len: int = 1, causal: bool = False,
-                    policy_rows: int = 0, o_split: str = "m") -> dict:
+                    policy_rows: int = 0, o_split: str = "m", fused_merge: bool = False,
+                    num_splits: int = 132) -> dict:
     """Compile stage 1 for sm_90 in a fresh process (no interpreter state, no GPU needed)."""
     pytest.importorskip("triton.experimental.gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                          env.get("PYTHONPATH", "")])
-    args = [str(a) for a in (num_stages, block_rows, qo_len, int(causal), policy_rows, o_split)]
+    args = [str(a) for a in (num_stages, block_rows, qo_len, int(causal), policy_rows, o_split,
+                             int(fused_merge), num_splits)]
     run = subprocess.run([sys.executable, "-c", _COMPILE, *args], capture_output=True,
                          text=True, env=env, timeout=300)
     if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
@@ -189,6 +192,64 @@ def test_multi_row_tiles_compile_without_spills(block_rows, qo_len, causal, poli
     assert stage1_shared_bytes(block_rows, 2) <= kernel["shared"] <= 227 * 1024
     if kernel["usage"]:
         assert "LOCAL:0" in kernel["usage"] and "STACK:0" in kernel["usage"], kernel["usage"]
+
+
+@pytest.mark.parametrize("block_rows,qo_len,splits,wgmma", [
+    (16, 1, 132, {"m64n16k16": 36 + 32}), (16, 1, 8, {"m64n16k16": 36 + 32}),
+    (64, 4, 8, {"m64n32k16": 36, "m64n64k16": 16}), (64, 8, 2, {"m64n32k16": 36, "m64n64k16": 16}),
+])
+def test_fused_merge_compiles_to_one_barrier_without_spills(block_rows, qo_len, splits, wgmma):
+    """The fused merge in PTX: one acq_rel arrival (a single thread's atom, its result shared),
+    the last arrival's release add (count to 0, generation + 1, no return), the others' volatile
+    spin and an acquire fence; the page products unchanged; no local memory."""
+    kernel = _compile_stage1(2, block_rows, qo_len, qo_len > 1, 0, "m", True, splits)
+    ptx = kernel["ptx"]
+    assert len(re.findall(r"atom\.global\.gpu\.acq_rel\.add\.u32", ptx)) == 1
+    assert len(re.findall(r"red\.global\.gpu\.release\.add\.u32", ptx)) == 1
+    assert len(re.findall(r"atom\.global", ptx)) == 1
+    assert ptx.count("ld.volatile.global.b32") == 2 and ptx.count("fence.acq_rel.gpu") == 1
+    found = {m.group(1): ptx.count(m.group(0)) for m in re.finditer(
+        r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", ptx)}
+    assert found == wgmma
+    assert kernel["shared"] <= 227 * 1024
+    if kernel["usage"]:
+        assert "LOCAL:0" in kernel["usage"] and "STACK:0" in kernel["usage"], kernel["usage"]
+    plain = _compile_stage1(2, block_rows, qo_len, qo_len > 1, 0, "m", False, splits)["ptx"]
+    assert "atom.global" not in plain and "fence.acq_rel" not in plain
+
+
+@pytest.mark.parametrize("block_rows,splits,warps,cols,per_step", [
+    (16, 132, 4, 4, 128), (16, 128, 4, 4, 128), (16, 8, 4, 64, 8), (16, 16, 4, 32, 16),
+    (16, 1, 4, 512, 1), (64, 8, 8, 64, 4), (64, 2, 8, 256, 1), (32, 40, 8, 8, 64),
+])
+def test_merge_tiling_gives_each_participant_about_one_chunk(block_rows, splits, warps, cols,
+                                                             per_step):
+    """Chunks of ``512 / next_pow2(S)`` columns (at least 4), every chunk merged by exactly one
+    of the ``S`` participants (or of fewer, when short requests write fewer splits), a loop step
+    within 2048 partial elements a warp, and a warp's 32 lanes on the tile with no lane idle."""
+    from mlabench.kernels.gluon_fused_merge import MERGE_TILE_PER_WARP, MergeTiling
+
+    mt = MergeTiling.for_launch(block_rows, splits, warps)
+    assert (mt.cols, mt.splits) == (cols, per_step)
+    assert mt.splits * block_rows * mt.cols <= max(MERGE_TILE_PER_WARP * warps,
+                                                   mt.threads[0] * mt.warps[0] * block_rows * 4)
+    t_s, t_r, t_c = mt.threads
+    assert t_s * t_r * t_c == 32 and t_c * 4 <= mt.cols and t_r * mt.warps[1] <= block_rows
+    assert mt.warps[0] * mt.warps[1] == warps
+    for participants in {splits, max(1, splits // 3), 1}:
+        chunks = sorted(c for p in range(participants) for c in mt.chunks_of(p, participants))
+        assert chunks == list(range(512 // mt.cols))
+
+
+def test_merge_tiling_rejects_bad_tiles():
+    from mlabench.kernels.gluon_fused_merge import MergeTiling, fused_merge_fits
+
+    with pytest.raises(ValueError, match="power-of-two row tile"):
+        MergeTiling.for_launch(12, 8, 4)
+    with pytest.raises(ValueError, match=">= 1 split"):
+        MergeTiling.for_launch(16, 0, 4)
+    assert fused_merge_fits(132, 132) and not fused_merge_fits(133, 132)
+    assert not fused_merge_fits(0, 132)
 
 
 @pytest.mark.parametrize("rows,want", [(12, (16, 1, 4)), (16, (16, 1, 4)), (24, (32, 1, 8)),
