@@ -68,15 +68,21 @@ def _median_us(op: Callable[[], object], device: DeviceInfo, reps: int, warmup: 
     return statistics.median(samples)
 
 
-def _settle(op: Callable[[], object], device: DeviceInfo, seconds: float) -> None:
-    """Run ``op`` until ``seconds`` of wall time have passed (clocks and memory up to speed) on a
-    GPU; nothing on the CPU."""
-    if not device.is_gpu or seconds <= 0:
-        return
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+def _settle(op: Callable[[], object], device: DeviceInfo, min_s: float, max_s: float) -> dict | None:
+    """On a GPU, run ``op`` until the SM clock and the board power have held steady over the last
+    two seconds, after at least ``min_s`` and at most ``max_s`` seconds
+    (:func:`mlabench.measure.steady.wait_until_steady`); return what happened (the
+    :class:`~mlabench.measure.steady.SteadyState` as a dict).  Nothing on the CPU (None)."""
+    if not device.is_gpu or max_s <= 0:
+        return None
+    from mlabench.measure.observers import gpu_state
+    from mlabench.measure.steady import wait_until_steady
+
+    def burst() -> None:
         op()
         torch.cuda.synchronize()
+
+    return wait_until_steady(burst, gpu_state, min_s, max_s).model_dump()
 
 
 def _buffer_bytes(device: DeviceInfo, size_bytes: int | None, gpu_bytes: int, cpu_bytes: int,
@@ -119,7 +125,8 @@ class ReadCeiling:
     ``tbps``: the best reading, TB/s; ``method``: which reading that is (``amax``, ``stream`` or
     ``paged``); ``readings_tbps``: every reading taken; ``copies`` buffers of ``buffer_bytes``
     each were read in turn per timed sample; ``page_bytes``: the page of the paged read (None when
-    it was not taken).
+    it was not taken); ``warm_up``: the steady-state wait before the first sample (a
+    :class:`~mlabench.measure.steady.SteadyState` dict; None on the CPU).
     """
 
     tbps: float
@@ -128,6 +135,7 @@ class ReadCeiling:
     copies: int
     buffer_bytes: int
     page_bytes: int | None = None
+    warm_up: dict | None = None
 
     def as_dict(self) -> dict[str, object]:
         """The JSON form kept in a run's manifest."""
@@ -136,7 +144,8 @@ class ReadCeiling:
 
 def measure_read_ceiling(device: DeviceInfo | None = None, size_bytes: int | None = None,
                          copies: int = CEILING_COPIES, reps: int = 20, warmup: int = 5,
-                         seed: int = 0, settle_s: float = 0.5, rounds: int = 3) -> ReadCeiling:
+                         seed: int = 0, settle_s: float = 0.5, settle_max_s: float = 30.0,
+                         rounds: int = 3) -> ReadCeiling:
     """Streaming read ceiling (TB/s): the best of up to three read-only reductions, each timed over
     ``copies`` separately allocated fp32 buffers read in turn per sample (median of ``reps``
     samples after ``warmup``; bytes read only, the partial sums written are not counted):
@@ -146,27 +155,39 @@ def measure_read_ceiling(device: DeviceInfo | None = None, size_bytes: int | Non
     - ``paged``: the same through a shuffled block table of :data:`PAGE_BYTES` pages
       (:func:`~mlabench.kernels.stream_read.paged_sum`), as a decode kernel reads its cache.
 
-    The last two only on a GPU where Triton compiles (not under the interpreter).  The buffers
-    hold 4 GiB in all on a GPU (64 MiB on the CPU; less where free memory is short), or
+    The last two only on a GPU where Triton compiles (not under the interpreter).  A round's
+    buffers hold 4 GiB in all on a GPU (64 MiB on the CPU; less where free memory is short), or
     ``size_bytes`` in all.  The best is taken because a ceiling that a decode kernel can beat is no
     ceiling; rotating buffers averages over where each one landed (one buffer alone moved the ceiling
     by 1-3% between processes on an H200: 4.33-4.56 TB/s, issue 27).  ``seed`` orders the pages.
-    Before any sample the GPU reads for ``settle_s`` seconds (the first process on a freshly
-    started H200 read 4% low without it: results/h200/integrity/), and each reading is the best
-    of ``rounds`` medians.
+    Before any sample the GPU reads until its SM clock and power hold steady over two seconds
+    (at least ``settle_s``, at most ``settle_max_s`` seconds; an idle H200 sits near 375 MHz, and
+    the first process on a freshly started one read 3-4% low after a fixed 0.5 s:
+    results/h200/integrity/).  Each reading is the best of ``rounds`` medians, each round over a
+    fresh set of ``copies`` buffers (the earlier sets stay allocated, so each round lands
+    elsewhere): with one set, one process in five read 1.5-1.7% below the others.
     """
     device = device or current_device()
-    copies = max(1, copies)
+    copies, rounds = max(1, copies), max(1, rounds)
     unit = 2 * PAGE_BYTES  # whole pages, and whole 16 KiB blocks of the streaming sum
-    each = max(unit, _buffer_bytes(device, size_bytes, 4 << 30, 64 << 20, buffers=1) // copies // unit * unit)
-    bufs = [torch.empty(each // 4, dtype=torch.float32, device=device.torch_device).uniform_()
-            for _ in range(copies)]
-    ops = {"amax": lambda: [torch.amax(b) for b in bufs], **_triton_read_ops(bufs, device, seed)}
-    _settle(ops["amax"], device, settle_s)
-    readings = {name: _tbps(copies * each, min(_median_us(op, device, reps, warmup) for _ in range(rounds)))
-                for name, op in ops.items()}
+    total = _buffer_bytes(device, size_bytes, 4 << 30, 64 << 20, buffers=rounds)
+    each = max(unit, total // copies // unit * unit)
+    held: list[list[torch.Tensor]] = []
+    readings: dict[str, float] = {}
+    warm = None
+    for r in range(rounds):
+        bufs = [torch.empty(each // 4, dtype=torch.float32, device=device.torch_device).uniform_()
+                for _ in range(copies)]
+        held.append(bufs)
+        ops = {"amax": lambda b=bufs: [torch.amax(x) for x in b],
+               **_triton_read_ops(bufs, device, seed + r)}
+        if r == 0:
+            warm = _settle(ops["amax"], device, settle_s, settle_max_s)
+        for name, op in ops.items():
+            readings[name] = max(readings.get(name, 0.0), _tbps(copies * each, _median_us(op, device, reps, warmup)))
     best = max(readings, key=readings.__getitem__)
-    return ReadCeiling(readings[best], best, readings, copies, each, PAGE_BYTES if "paged" in readings else None)
+    return ReadCeiling(readings[best], best, readings, copies, each,
+                       PAGE_BYTES if "paged" in readings else None, warm)
 
 
 def measure_read_bandwidth_tbps(device: DeviceInfo | None = None, size_bytes: int | None = None,
