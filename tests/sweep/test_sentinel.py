@@ -2,6 +2,7 @@
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,8 @@ from mlabench.sweep.point import record_fields
 from mlabench.sweep.run import run_sweep
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.sentinel import SentinelMeasurement, drift_of, health_notes, read_sentinels, repeat_noise
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class SlowPhaseBench:
@@ -179,3 +182,12 @@ def test_a_run_with_only_sentinel_jsonl_gz_reads_the_same_sentinels(slow_phase_r
     assert read_sentinels(run_dir) == before[:1]
     plain.unlink()
     assert read_sentinels(run_dir) == before
+
+
+def test_the_committed_runs_gzipped_sentinels_are_the_ones_their_manifests_drift_was_measured_from():
+    """Every committed run's ``sentinel.jsonl.gz`` reads the timed medians its manifest's drift holds."""
+    runs = sorted(p.parent for p in (REPO / "results").rglob("sentinel.jsonl.gz"))
+    assert runs
+    for run in runs:
+        timed = [s.record.stats.median_us for s in read_sentinels(run) if s.record.status == "ok" and s.record.stats]
+        assert timed == json.loads((run / "manifest.json").read_text())["drift"]["medians_us"], run
