@@ -4,9 +4,10 @@ A run folder ``results/<run-id>/`` holds ``manifest.json`` (identity: device, dr
 versions, git revision, command line; measured read and copy bandwidth; warm-up and drift),
 ``results.jsonl`` (one :class:`Record` per line, appended and fsync'ed, never rewritten),
 ``results.csv`` (regenerated from the JSONL) and, for sweeps, ``sentinel.jsonl`` (the sentinel
-point's re-measurements).  Resuming refuses a folder whose identity differs from this process's, and skips
-points whose key is already recorded.  A last line cut short by an interrupted write is dropped on
-resume (the file is truncated back to its last complete line before appending).  Readers of
+point's re-measurements).  Committed runs keep these two gzipped (``.jsonl.gz``), read as they are
+(:func:`stored_file`).  Resuming refuses a folder whose identity differs from this process's, and
+skips points whose key is already recorded.  A last line cut short by an interrupted write is
+dropped on resume (the file is truncated back to its last complete line before appending).  Readers of
 recorded runs (``compare --from``, reports, tuning) use :func:`records_of`, not the sweep runner.
 """
 
@@ -30,6 +31,16 @@ from mlabench.records.record import Manifest, Record
 RESULTS_FILE, ARCHIVED_RESULTS_FILE = "results.jsonl", "results.jsonl.gz"
 
 
+def stored_file(path: Path) -> Path:
+    """The file to read for ``path`` in a run folder: ``path`` itself, or its gzipped copy
+    (``<name>.gz``, how committed runs keep their raw files) when ``path`` does not exist and that does.
+
+    Readers only: a run appends to the plain name, and an archived run is never appended to.
+    """
+    gzipped = path.with_name(path.name + ".gz")
+    return gzipped if not path.exists() and gzipped.is_file() else path
+
+
 def holds_run(path: Path) -> bool:
     """Whether ``path`` is a run folder: it has ``results.jsonl`` or, archived, ``results.jsonl.gz``."""
     return (path / RESULTS_FILE).is_file() or (path / ARCHIVED_RESULTS_FILE).is_file()
@@ -37,7 +48,7 @@ def holds_run(path: Path) -> bool:
 
 def is_archived(run_dir: Path) -> bool:
     """Whether ``run_dir`` is an archived run: ``results.jsonl.gz`` and no ``results.jsonl``."""
-    return not (run_dir / RESULTS_FILE).exists() and (run_dir / ARCHIVED_RESULTS_FILE).is_file()
+    return stored_file(run_dir / RESULTS_FILE).name == ARCHIVED_RESULTS_FILE
 
 
 def refuse_archived(run_dir: Path) -> None:
@@ -52,10 +63,8 @@ class ResultStore:
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
-        self.jsonl = self.run_dir / RESULTS_FILE
-        self.archived = is_archived(self.run_dir)
-        if self.archived:
-            self.jsonl = self.run_dir / ARCHIVED_RESULTS_FILE
+        self.jsonl = stored_file(self.run_dir / RESULTS_FILE)
+        self.archived = self.jsonl.name == ARCHIVED_RESULTS_FILE
         self.manifest_path = self.run_dir / "manifest.json"
 
     # ---- lifecycle -----------------------------------------------------------------------------

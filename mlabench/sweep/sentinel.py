@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mlabench.measure.stats import mean_rel_se
 from mlabench.records.record import Manifest, Record
-from mlabench.records.store import read_jsonl
+from mlabench.records.store import read_jsonl, stored_file
 from mlabench.tables.table import fmt, params_label
 
 SENTINEL_FILE = "sentinel.jsonl"
@@ -93,9 +93,12 @@ def append_sentinel(run_dir: Path, after_points: int, record: Record) -> None:
 def read_sentinels(run_dir: Path) -> list[SentinelMeasurement]:
     """The sentinel measurements of a run, in order; [] when it has none (e.g. older runs).
 
-    A cut-short last line is ignored; raises :class:`ResultsError` for a bad line elsewhere.
+    Reads ``sentinel.jsonl``, or ``sentinel.jsonl.gz`` when only that is there (a committed run:
+    :func:`mlabench.records.store.stored_file`).  A cut-short last line is ignored; raises
+    :class:`ResultsError` for a bad line elsewhere.
     """
-    return read_jsonl(Path(run_dir) / SENTINEL_FILE, SentinelMeasurement, "sentinel measurement")
+    path = stored_file(Path(run_dir) / SENTINEL_FILE)
+    return read_jsonl(path, SentinelMeasurement, "sentinel measurement")
 
 
 def repeat_noise(medians_us: Sequence[float]) -> float | None:

@@ -1,6 +1,8 @@
 """The sentinel and drift (issue 13 item 2) with a stand-in GPU whose clock slows down for a while."""
 
+import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,8 @@ from mlabench.sweep.point import record_fields
 from mlabench.sweep.run import run_sweep
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.sentinel import SentinelMeasurement, drift_of, health_notes, read_sentinels, repeat_noise
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class SlowPhaseBench:
@@ -163,3 +167,27 @@ def test_sweep_prints_one_line_for_all_windows_and_each_with_verbose(slow_phase_
     plain_notes, verbose_notes = (json.loads(r.stdout)[0]["notes"] for r in (plain, verbose))
     assert sum("drifting window" in n for n in plain_notes) == 1 and len(plain_notes) <= 8
     assert sum(n.startswith("drifting window (points ") for n in verbose_notes) == 40
+
+
+def test_a_run_with_only_sentinel_jsonl_gz_reads_the_same_sentinels(slow_phase_run):
+    """A committed run keeps its sentinel measurements gzipped (``sentinel.jsonl.gz``): they read as
+    the plain file did; with both there, the plain one (a live run appends to it) is read."""
+    run_dir = slow_phase_run[0].run_dir
+    plain = run_dir / "sentinel.jsonl"
+    before = read_sentinels(run_dir)
+    assert len(before) == 4
+    (run_dir / "sentinel.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    assert read_sentinels(run_dir) == before
+    plain.write_text(plain.read_text().splitlines(keepends=True)[0])
+    assert read_sentinels(run_dir) == before[:1]
+    plain.unlink()
+    assert read_sentinels(run_dir) == before
+
+
+def test_the_committed_runs_gzipped_sentinels_are_the_ones_their_manifests_drift_was_measured_from():
+    """Every committed run's ``sentinel.jsonl.gz`` reads the timed medians its manifest's drift holds."""
+    runs = sorted(p.parent for p in (REPO / "results").rglob("sentinel.jsonl.gz"))
+    assert runs
+    for run in runs:
+        timed = [s.record.stats.median_us for s in read_sentinels(run) if s.record.status == "ok" and s.record.stats]
+        assert timed == json.loads((run / "manifest.json").read_text())["drift"]["medians_us"], run
