@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24's merge inside gluon-splitkv's stage 1 on one H200 (about 4 minutes; FlashMLA's wheel
+# The merge inside gluon-splitkv's stage 1 (fused_merge) on one H200 (about 4 minutes; FlashMLA's wheel
 # installed for the comparison): the kimi-k3-tp8 grid with fused_merge 0 and 1 in one run per
 # batch size, FlashMLA beside them, and the idle-SM check of the all-SM change (124, 128 and 132
 # one-split requests: does a 129th-132nd busy SM add read bandwidth?).

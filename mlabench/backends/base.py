@@ -47,6 +47,10 @@ class ParamSpec:
     parameter added after runs were recorded, left out of the resolved parameters at its default,
     so that those runs' records and point keys still pair with new ones (``diff``, the report,
     ``tune --export``); the call still reports the value it ran in its effective parameters.
+    ``omitted_value``: for such a parameter whose default is not what the earlier runs ran (a
+    default that changes with the shape), the value they ran: it is left out at that value
+    instead of at the default, so an old record never pairs with a point that runs otherwise, and
+    a point without the parameter runs that value.
     """
 
     name: str
@@ -58,10 +62,23 @@ class ParamSpec:
     high: int | None = None
     omit_default: bool = False
     searched: bool = True
+    omitted_value: Any = None
 
     def left_out(self, value: Any, shape: MLADecodeShape) -> bool:
-        """Whether ``value`` stays out of a point's parameters: ``omit_default`` and the default."""
-        return self.omit_default and value == self.default_for(shape)
+        """Whether ``value`` stays out of a point's parameters: ``omit_default`` and the default,
+        or ``omitted_value`` where one is set."""
+        if not self.omit_default:
+            return False
+        if self.omitted_value is not None:
+            return value == self.omitted_value
+        return value == self.default_for(shape)
+
+    def value_in(self, params: dict[str, Any], shape: MLADecodeShape) -> Any:
+        """The value a point with resolved ``params`` runs: its own, else the one it was left out
+        at (``omitted_value``, or the default)."""
+        if self.name in params:
+            return params[self.name]
+        return self.omitted_value if self.omitted_value is not None else self.default_for(shape)
 
     def default_for(self, shape: MLADecodeShape) -> Any:
         return self.default(shape) if callable(self.default) else self.default

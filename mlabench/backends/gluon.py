@@ -81,11 +81,12 @@ PDL_PROLOGUE = ParamSpec(
 )
 
 # results/h200/deploy/fused-merge/: at batch 16 (8 splits) the fused merge took 0.2-4.6 µs off
-# every context from 4K (+0.1 µs at 1K); at batch 1 it cost 0.9-3.9 µs at each count's best
-# but for 132 splits (one wave, where the wide merge reads 4 empty slots' worth more).
+# every context from 4K (+0.1 µs at 1K); at batch 1 it cost 0.95-1.3 µs at the best counts from
+# 1K to 16K, and from -0.1 to +0.8 µs from 32K.  Left out of a point's parameters at 0, the wide
+# merge every record before it ran, so those records never pair with a fused point.
 FUSED_MERGE = ParamSpec(
     "fused_merge", int, default=lambda s: 1 if s.batch >= 16 else 0, low=0, high=1,
-    omit_default=True, searched=False,
+    omit_default=True, omitted_value=0, searched=False,
     help="1: no merge launch; a request's splits merge their own partials after an arrival "
          "barrier, where the grid is resident at once (batch x row tiles x splits <= SMs; else "
          "the wide merge runs and effective_params say so); 0: the wide merge kernel.  Default 1 "
@@ -166,8 +167,7 @@ class GluonSplitKVBackend(Backend):
                                 bool(int(params.get("pdl_prologue", PDL_PROLOGUE.default))),
                                 fused_merge_fits(s.batch * self.split_programs(s, params)
                                                  * choice.grid_splits, current_device().num_sms)
-                                and bool(int(params.get("fused_merge",
-                                                        FUSED_MERGE.default_for(s)))))
+                                and bool(int(FUSED_MERGE.value_in(params, s))))
         rows = s.qo_len * s.num_heads
         merge_sync = (torch.zeros(merge_sync_shape(s.batch, rows), dtype=torch.int32,
                                   device=inputs.device) if variant.fused_merge else None)

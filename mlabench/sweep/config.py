@@ -255,6 +255,16 @@ def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
     return list(dict.fromkeys(shapes))
 
 
+def check_param_values(cfg: SweepConfig) -> None:
+    """Validate every value of ``cfg.params`` against each named backend that declares it
+    (available here or not), so a bad value is named in one line even where the backend cannot
+    run; :class:`ConfigError` otherwise."""
+    for b in map(get_backend, cfg.backends or backend_names()):
+        for spec in b.params:
+            for value in cfg.params.get(spec.name, ()):
+                spec.validate(value)
+
+
 def expand(cfg: SweepConfig, backends: list[Backend]) -> list[Point]:
     """All points of the sweep, grouped by shape; parameters not in any backend raise ConfigError."""
     known = {p.name for b in map(get_backend, backend_names()) for p in b.params}

@@ -25,7 +25,7 @@ from mlabench.records.provenance import command_line, git_revision, library_vers
 from mlabench.records.record import Manifest, Record, new_run_id, utc_now
 from mlabench.records.store import ResultStore
 from mlabench.shapes import model_spec, scale_note
-from mlabench.sweep.config import SweepConfig, expand, recorded_config
+from mlabench.sweep.config import SweepConfig, check_param_values, expand, recorded_config
 from mlabench.sweep.order import order_points
 from mlabench.sweep.runner import ProgressFn, SweepRunner, choose_sentinel
 from mlabench.sweep.visits import DEFAULT_GPU_VISITS, MAX_VISITS_FACTOR, read_visits
@@ -82,6 +82,7 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     ``progress(point, record, done, total)`` is called before each point (``record`` None) and
     after it.  Ctrl-C saves the CSV and raises :class:`Interrupted`, naming the folder to resume.
     """
+    check_param_values(cfg)
     backends = select_backends(cfg.backends, strict=strict_backends, warn=warn)
     if not backends:
         raise BackendUnavailableError("no backend available here (see `mlabench backends`)")

@@ -258,8 +258,8 @@ def search_space(backend: Backend, shape: MLADecodeShape,
                  narrow: dict[str, SpaceRange] | None = None) -> tuple[list[Dimension], dict[str, Any]]:
     """The backend's declared parameters as ``(dimensions, fixed)``: a bounded integer or a string
     with choices is searched (unless declared ``searched=False`` and not named in ``narrow``);
-    anything else stays at its default.  ``narrow`` restricts ranges
-    (a single value fixes the parameter).  Raises :class:`ConfigError` for a name the backend does
+    anything else stays at its default.  ``narrow`` restricts ranges (a single value fixes the
+    parameter).  Raises :class:`ConfigError` for a name the backend does
     not have, a range outside the declared one, or nothing left to search.
     """
     narrow = dict(narrow or {})
@@ -271,8 +271,8 @@ def search_space(backend: Backend, shape: MLADecodeShape,
     for spec in backend.params:
         r = narrow.get(spec.name, SpaceRange())
         if not spec.searched and spec.name not in narrow:  # a kernel variant: its default
-            if not spec.omit_default:
-                fixed[spec.name] = spec.default_for(shape)
+            if not spec.left_out(default := spec.default_for(shape), shape):
+                fixed[spec.name] = default
         elif r.choices is not None:
             choices = tuple(dict.fromkeys(spec.validate(c) for c in r.choices))
             if len(choices) == 1:

@@ -100,6 +100,26 @@ def test_default_splits_are_pages_or_one_wave(batch, ctx, want):
     assert default_gluon_splits(shape, num_sms=132) == want
 
 
+def test_fused_merge_default_never_pairs_with_a_wide_record():
+    """fused_merge defaults to 1 from batch 16 and is left out of a point's parameters at 0, the
+    wide merge every record before it ran: a default batch-16 point carries fused_merge=1 (a new
+    key), an explicit 0 is the old point, and tune fixes the default it would run."""
+    from mlabench.backends.gluon import FUSED_MERGE
+    from mlabench.tune.space import search_space
+
+    backend = get_backend("gluon-splitkv")
+    b1 = MLADecodeShape.create(num_heads=12, context_lens=(4096,))
+    b16 = MLADecodeShape.create(num_heads=12, context_lens=(4096,) * 16)
+    p1, p16 = backend.resolve_params(b1), backend.resolve_params(b16)
+    wide16 = backend.resolve_params(b16, {"fused_merge": 0})
+    assert "fused_merge" not in p1 and p16["fused_merge"] == 1 and "fused_merge" not in wide16
+    assert wide16 == {k: v for k, v in p16.items() if k != "fused_merge"}
+    assert [FUSED_MERGE.value_in(p, s) for p, s in ((p1, b1), (p16, b16), (wide16, b16))] == [0, 1, 0]
+    assert backend.resolve_params(b1, {"fused_merge": 1})["fused_merge"] == 1
+    assert search_space(backend, b16)[1]["fused_merge"] == 1
+    assert "fused_merge" not in search_space(backend, b1)[1]
+
+
 def test_backend_says_why_not_here_and_which_shapes():
     backend = get_backend("gluon-splitkv")
     ok, reason = backend.available()

@@ -47,6 +47,19 @@ def test_expand_rejects_a_stray_parameter():
         expand(small_config(params={"block_q": [1]}), [get_backend("torch-splitkv")])
 
 
+@pytest.mark.parametrize("value,match", [(2, "fused_merge must be <= 1, got 2"),
+                                         ("yes", "fused_merge must be an integer, got 'yes'")])
+def test_a_bad_value_is_named_even_for_a_backend_not_available_here(tmp_path, value, match):
+    """A config's parameter value is checked against every named backend that declares it before
+    the unavailable ones are left out (gluon-splitkv cannot run on this CPU machine)."""
+    from mlabench.backends import gluon as _gluon  # noqa: F401  (registers gluon-splitkv)
+
+    cfg = small_config(backends=["gluon-splitkv", "torch-splitkv"], params={"fused_merge": [value]})
+    with pytest.raises(ConfigError, match=match):
+        run_sweep(cfg, tmp_path, strict_backends=False)
+    assert not any(tmp_path.iterdir())
+
+
 def test_backend_selection():
     with pytest.raises(UnknownBackendError, match="known: .*reference"):
         select_backends(["nope"])
