@@ -65,10 +65,11 @@ def param_variants(backend: Backend, shape: MLADecodeShape) -> list[dict[str, An
     variants = [defaults]
     for spec in backend.params:
         if spec.kind is int:
-            values = [spec.low or 1, min(spec.high or 7, 7)]
+            values = [1 if spec.low is None else spec.low, min(spec.high or 7, 7)]
         else:
             values = list(spec.choices)
-        variants += [{**defaults, spec.name: v} for v in values if v != defaults[spec.name]]
+        variants += [{**defaults, spec.name: v} for v in values
+                     if v != spec.value_in(defaults, shape)]  # a left-out parameter runs its own
     return variants
 
 
