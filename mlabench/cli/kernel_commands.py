@@ -22,9 +22,12 @@ from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError
 
 
-def backends(format: Format = None, as_json: Json = False, markdown: Markdown = False) -> None:
+def backends(format: Format = None, as_json: Json = False, markdown: Markdown = False,
+             show_params: Annotated[bool, typer.Option(
+                 "--params", help="Also list every backend's parameters (available here or not): "
+                 "values, default, whether tune searches it, what it does.")] = False) -> None:
     """List every backend: available here or not, and why; for library backends, the installed
-    version and the behaviour rules in force."""
+    version and the behaviour rules in force; with ``--params`` every parameter of every backend."""
     from mlabench.backends import backend_names, get_backend
     from mlabench.device import current_device
     from mlabench.tables.table import ColumnStyle, Table
@@ -45,7 +48,25 @@ def backends(format: Format = None, as_json: Json = False, markdown: Markdown = 
         details = b.details()  # e.g. the installed library's version and the rules in force
         if details:
             t.notes.append(f"{name}: {details}")
-    emit([t], fmt)
+    emit([t, _params_table()] if show_params else [t], fmt)
+
+
+def _params_table():
+    """Every backend's parameters: values (choices or an integer range), the default (a callable
+    default depends on the shape: its help says how), searched by ``tune`` or not, and the help."""
+    from mlabench.backends import backend_names, get_backend
+    from mlabench.tables.table import Table
+
+    t = Table("Backend parameters (set them in a sweep config's [params] table, or tune --space)",
+              ["backend", "parameter", "values", "default", "tuned", "what it does"])
+    for name in backend_names():
+        for p in get_backend(name).params:
+            values = ("|".join(p.choices) if p.choices else
+                      f"{p.low}-{p.high}" if p.low is not None and p.high is not None else p.kind.__name__)
+            default = "per shape" if callable(p.default) else repr(p.default)
+            tuned = p.searched and bool(p.choices or (p.kind is int and p.high is not None))
+            t.rows.append([name, p.name, values, default, "yes" if tuned else "no", p.help])
+    return t
 
 
 def check(

@@ -73,9 +73,8 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     Validation (backends, parameters, shapes, memory) happens before any file is written.  With
     ``resume`` the points already in ``resume/results.jsonl`` are skipped (a run with every point
     recorded is returned as it is: nothing measured, only its CSV written again); the folder must have been
-    recorded with the same configuration (its order seed is taken when ``cfg`` has none), on the
-    same device, driver, library versions and git revision (:class:`ConfigError` /
-    :class:`ResultsError` otherwise).  The GPU is warmed up to steady clocks first
+    recorded with the same configuration (its order seed is taken when ``cfg`` has none), device,
+    driver, library versions and git revision (:class:`ConfigError` / :class:`ResultsError`).  The GPU is warmed up to steady clocks first
     (:func:`~mlabench.measure.steady.warm_up`); a new run then measures the copy and read bandwidths.  The
     points run in ``cfg.order``, each in ``cfg.visits`` visits (default: 4 on a GPU when timing, else
     1; recorded resolved) with the sentinel (:class:`~mlabench.sweep.runner.SweepRunner`);

@@ -43,6 +43,23 @@ def test_backends_fits_80_columns():
     assert "yes; params:" in result.stdout and "no: needs ROCm" in result.stdout
 
 
+def test_backends_params_lists_every_parameter_even_where_unavailable():
+    """``--params``: a backend that cannot run here still shows what can be set (gluon-splitkv's
+    fused_merge on this CPU machine), with its values, default and whether tune searches it."""
+    from mlabench.backends import backend_names, get_backend
+
+    result = CliRunner().invoke(cli.app, ["backends", "--params", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)[1]["rows"]
+    assert {(r["backend"], r["parameter"]) for r in rows} == {
+        (n, p.name) for n in backend_names() for p in get_backend(n).params}
+    fused = next(r for r in rows if r["parameter"] == "fused_merge")
+    assert (fused["values"], fused["default"], fused["tuned"]) == ("0-1", "per shape", "no")
+    assert "batch 16" in fused["what it does"]
+    splits = next(r for r in rows if (r["backend"], r["parameter"]) == ("torch-splitkv", "num_kv_splits"))
+    assert (splits["values"], splits["tuned"]) == ("1-512", "yes")
+
+
 def test_check_passes_for_kimi_k3_tp8():
     result = CliRunner().invoke(cli.app, ["check", "--model", "kimi-k3", "--tp", "8", "--backend",
                                           "torch-splitkv", "--splits", "1,3,300", "--json"])
