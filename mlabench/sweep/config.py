@@ -256,10 +256,11 @@ def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
 
 
 def check_param_values(cfg: SweepConfig) -> None:
-    """Validate every value of ``cfg.params`` against each named backend that declares it
-    (available here or not), so a bad value is named in one line even where the backend cannot
-    run; :class:`ConfigError` otherwise."""
-    for b in map(get_backend, cfg.backends or backend_names()):
+    """Validate every value of ``cfg.params`` against each backend ``cfg.backends`` names that
+    declares it (available here or not), so a bad value is named in one line even where that
+    backend cannot run; :class:`ConfigError` otherwise.  Without names, the backends available
+    here check their own values when the points are built."""
+    for b in map(get_backend, cfg.backends or ()):
         for spec in b.params:
             for value in cfg.params.get(spec.name, ()):
                 spec.validate(value)
