@@ -53,9 +53,14 @@ def is_archived(run_dir: Path) -> bool:
 
 def refuse_archived(run_dir: Path) -> None:
     """Raise :class:`ResultsError` when ``run_dir`` is an archived run (:func:`is_archived`): it is
-    read as it is and never written to, so it cannot be resumed."""
+    read as it is and never written to, so it cannot be resumed.  Also when any other raw file is
+    still gzipped (``sentinel.jsonl.gz`` without ``sentinel.jsonl``): a resumed run would append
+    to a new plain file, which readers then take instead of the gzipped records."""
     if is_archived(run_dir):
         raise ResultsError(f"{run_dir} is archived ({ARCHIVED_RESULTS_FILE}): gunzip it to add to it")
+    left = sorted(p.name for p in Path(run_dir).glob("*.jsonl.gz") if not p.with_suffix("").exists())
+    if left:
+        raise ResultsError(f"{run_dir}: {left[0]} is still gzipped: gunzip it too before resuming")
 
 
 class ResultStore:

@@ -115,6 +115,22 @@ def test_an_archived_run_is_read_as_it_is_and_never_appended_to(tmp_path):
         run_folders([tmp_path])
 
 
+def test_resume_is_refused_while_a_sentinel_file_is_still_gzipped(tmp_path):
+    """Records gunzipped but sentinel.jsonl.gz left: a resumed run would start a new plain
+    sentinel file that readers take instead of the old readings; refused, naming the file."""
+    import gzip
+
+    from mlabench.records.store import refuse_archived
+
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    store.append(record(1))
+    (store.run_dir / "sentinel.jsonl.gz").write_bytes(gzip.compress(b"{}\n"))
+    with pytest.raises(ResultsError, match="sentinel.jsonl.gz is still gzipped: gunzip it too"):
+        ResultStore.open_existing(store.run_dir)
+    (store.run_dir / "sentinel.jsonl").write_text("{}\n")
+    refuse_archived(store.run_dir)  # both there: the plain file is the one appended to and read
+
+
 def test_git_revision_only_of_the_checkout_itself(tmp_path, monkeypatch):
     """A package folder inside some other repository (a venv in a project) records the package
     version, not that repository's revision; the checkout records its HEAD."""
