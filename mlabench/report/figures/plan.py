@@ -145,7 +145,8 @@ def _splits(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] 
                 continue
             if kind == "split-sweep":
                 title = f"{backend}: latency vs num_kv_splits at each context length (★ = best)"
-                caption = f"{backend}: median µs per call against the split count asked for, a line per context."
+                caption = (f"{backend}: median µs per call against the split count that ran (under a split "
+                           "policy, the policy's choice), a line per context.")
                 specs.append(FigureSpec(kind, f"split-sweep-{backend}{suffix}", caption,
                                         partial(_draw().split_sweep, curves, title, where)))
             else:
