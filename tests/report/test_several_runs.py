@@ -38,3 +38,23 @@ def test_a_point_without_a_policy_keeps_the_count_it_asked_for(empty_programs):
     plain = _run(empty_programs, "exp-empty-ctas")
     assert D.split_sweep(plain, "gluon-splitkv")[1][0].splits == [16, 128]
     assert all(r.params["num_kv_splits"] == r.effective_params["num_kv_splits"] for r in plain)
+
+
+def test_runs_read_together_get_split_figures_of_their_own(empty_programs):
+    """docs/report.md: records of several runs are never pooled. A folder of two runs gave one
+    split-sweep and one heat map with both runs' points in each context's line; now a figure per run,
+    each holding that run's points only and naming it."""
+    from mlabench.report.figures.plan import plan
+
+    specs, _ = plan(empty_programs, kinds=["split-sweep", "split-heatmap"])
+    runs = sorted({r.run_id for r in empty_programs.records})
+    expected = [f"{kind}-gluon-splitkv-{run}" for kind in ("split-heatmap", "split-sweep") for run in runs]
+    assert sorted(s.stem for s in specs) == expected
+    for spec in specs:
+        run = next(r for r in runs if spec.stem.endswith(r))
+        _data, title, where = spec.draw.args
+        assert where.endswith(f" · run {run}") and spec.caption.startswith(f"gluon-splitkv (run {run}): ")
+        if spec.kind == "split-sweep":
+            mine = [r for r in empty_programs.records if r.run_id == run]
+            assert spec.draw.args[0] == D.split_sweep(mine, "gluon-splitkv")
+    assert D.runs_apart(_run(empty_programs, "exp-empty-ctas")) == [("", _run(empty_programs, "exp-empty-ctas"))]

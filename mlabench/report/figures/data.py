@@ -151,6 +151,15 @@ class SplitCurve:
     best_us: float | None = None
 
 
+def runs_apart(records: Sequence[Record]) -> list[tuple[str, list[Record]]]:
+    """``records`` by run, runs in id order, for figures that must not pool runs: ``[("", records)]``
+    when they are of one run (nothing to name), else ``(run id, its records)`` per run."""
+    by_run = _by(records, "run_id")
+    if len(by_run) <= 1:
+        return [("", list(records))]
+    return [(run, recs) for (run,), recs in by_run.items()]
+
+
 def split_kv_backends(records: Sequence[Record], families: dict[str, str]) -> list[str]:
     """Split-KV backends of ``records`` that were measured at more than one split count."""
     seen: dict[str, set[int]] = {}
@@ -162,7 +171,8 @@ def split_kv_backends(records: Sequence[Record], families: dict[str, str]) -> li
 
 def split_sweep(records: Sequence[Record], backend: str) -> dict[int, list[SplitCurve]]:
     """Figure (c): per batch, per context, ``backend``'s time against the split count that ran (under
-    a split policy, the policy's choice, not the count asked for)."""
+    a split policy, the policy's choice, not the count asked for).  ``records`` of several runs are
+    pooled here: give one run's (:func:`runs_apart`)."""
     mine = [r for r in records if r.backend == backend and split_count(r) is not None]
     splits = sorted({split_count(r) for r in mine})
     out: dict[int, list[SplitCurve]] = {}
