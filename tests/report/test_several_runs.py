@@ -3,9 +3,9 @@ committed runs of results/h200/deploy/."""
 
 import pytest
 
-from mlabench.report.figures import data as D
+from mlabench.report.figures import data as D, style
 from mlabench.sweep.summary import sweep_summary
-from tests.report.conftest import EMPTY_PROGRAMS
+from tests.report.conftest import EMPTY_PROGRAMS, FUSED_MERGE
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +58,27 @@ def test_runs_read_together_get_split_figures_of_their_own(empty_programs):
             mine = [r for r in empty_programs.records if r.run_id == run]
             assert spec.draw.args[0] == D.split_sweep(mine, "gluon-splitkv")
     assert D.runs_apart(_run(empty_programs, "exp-empty-ctas")) == [("", _run(empty_programs, "exp-empty-ctas"))]
+
+
+def test_a_backend_keeps_its_colour_across_runs_and_runs_differ_by_line_style():
+    """fused-merge's runs: FlashMLA was navy in one run's curve and brown in the other's (the colour
+    was looked up by the label ``backend (run id)``); now the backend's colour in every curve."""
+    from matplotlib.colors import to_hex
+
+    from mlabench.report.figures.plan import plan
+    from mlabench.report.runs import load_runs
+
+    runs = load_runs([FUSED_MERGE])
+    data = D.latency_vs_context(runs.records)
+    flashmla = [c for cs in data.curves.values() for c in cs if c.backend == "flashmla"]
+    assert sorted(c.run for c in flashmla) == ["kimi-k3-tp8-fused-b1-20261201-212137-781",
+                                               "kimi-k3-tp8-fused-b16-20261201-212254-877"]
+    assert flashmla[0].label == "flashmla (kimi-k3-tp8-fused-b1-20261201-212137-781)"
+    for spec in plan(runs, kinds=["latency", "pct-of-floor"])[0]:
+        lines = [line for ax in spec.draw().get_axes() for line in ax.get_lines()
+                 if line.get_label().split(" (")[0] in ("flashmla", "gluon-splitkv")]
+        assert len(lines) == 7  # batch 1 and 16: both backends; 124, 128, 132: gluon-splitkv
+        for line in lines:
+            assert to_hex(line.get_color()) == style.backend_color(line.get_label().split(" (")[0]), line
+        by_run = {line.get_label().split(" (")[1]: (line.get_linestyle(), line.get_marker()) for line in lines}
+        assert len(set(by_run.values())) == len(by_run) == 3

@@ -69,10 +69,17 @@ class BestPoint:
 
 @dataclass
 class BackendCurve:
-    """One backend's best configuration per context, at one batch size."""
+    """One backend's best configuration per context, at one batch size (of one run, ``run``, where
+    the records are of several; empty when of one)."""
 
     backend: str
     points: list[BestPoint]
+    run: str = ""
+
+    @property
+    def label(self) -> str:
+        """``backend``, or ``backend (run id)`` where the figure holds several runs."""
+        return f"{self.backend} ({self.run})" if self.run else self.backend
 
 
 @dataclass
@@ -120,7 +127,7 @@ def latency_vs_context(records: Sequence[Record]) -> LatencyData:
                 points.append(BestPoint(ctx, best.stats.median_us, best.pct_of_floor, best.params,
                                         best.stats.noisy))
         if points:
-            curves.setdefault(batch, []).append(BackendCurve(f"{backend} ({run})" if several else backend, points))
+            curves.setdefault(batch, []).append(BackendCurve(backend, points, run if several else ""))
     floors: dict[int, list[tuple[int, float]]] = {}
     for (batch, ctx), recs in _by(records, "batch", "context_len").items():
         known = [r.floor_us for r in recs if r.floor_us]

@@ -20,6 +20,9 @@ from mlabench.report.figures import style
 from mlabench.report.figures.data import Heatmap, LatencyData, ServingData, Speedup, SplitCurve, floor_text
 
 PANEL_W, PANEL_H = 5.6, 3.9
+#: Line styles and markers that tell apart curves of one colour (one backend's in several runs).
+LINESTYLES = ("-", (0, (5, 2)), ":", "-.")
+MARKERS = ("o", "s", "^", "v")
 
 
 def _mpl() -> SimpleNamespace:
@@ -126,21 +129,26 @@ def _legend_columns(labels: Sequence[str], width_in: float, most: int, fontsize:
 
 
 def latency(data: LatencyData, title: str, where: str, metric: str = "us") -> Any:
-    """Figure (a) (``metric="us"``, log-log with the floor) or (b) (``"pct"``, % of the floor)."""
+    """Figure (a) (``metric="us"``, log-log with the floor) or (b) (``"pct"``, % of the floor).
+
+    A backend has one colour in every figure; curves of several runs differ by line style and marker."""
     batches = sorted(data.curves)
     fig, axes = _panels(len(batches), title, where, sharey=metric == "pct")
+    runs = {run: k for k, run in enumerate(sorted({c.run for cs in data.curves.values() for c in cs}))}
     noisy = False
     for ax, batch in zip(axes, batches):
         contexts = sorted({p.context_len for c in data.curves[batch] for p in c.points})
         for curve in data.curves[batch]:
             xs = [p.context_len for p in curve.points]
             ys = [p.median_us if metric == "us" else p.pct_of_floor for p in curve.points]
-            color = style.backend_color(curve.backend)
-            ax.plot(xs, ys, "-o", color=color, label=curve.backend, markersize=4)
+            color, k = style.backend_color(curve.backend), runs[curve.run]
+            marker = MARKERS[k % len(MARKERS)]
+            ax.plot(xs, ys, marker=marker, linestyle=LINESTYLES[k % len(LINESTYLES)], color=color,
+                    label=curve.label, markersize=4)
             hollow = [(x, y) for x, y, p in zip(xs, ys, curve.points) if p.noisy]
             if hollow:
                 noisy = True
-                ax.plot(*zip(*hollow), "o", color="white", markeredgecolor=color, markersize=4)
+                ax.plot(*zip(*hollow), marker, color="white", markeredgecolor=color, markersize=4)
         kind = f"{data.floor_bandwidth} bandwidth"
         if metric == "us":
             floor = data.floor_us.get(batch, [])
