@@ -82,3 +82,21 @@ def test_a_backend_keeps_its_colour_across_runs_and_runs_differ_by_line_style():
             assert to_hex(line.get_color()) == style.backend_color(line.get_label().split(" (")[0]), line
         by_run = {line.get_label().split(" (")[1]: (line.get_linestyle(), line.get_marker()) for line in lines}
         assert len(set(by_run.values())) == len(by_run) == 3
+
+
+def test_a_long_legend_entry_wraps_inside_a_one_panel_figure(empty_programs):
+    """empty-programs' % of floor figure: one panel, and the floor's entry naming both runs'
+    bandwidths was wider than the figure (markers cut on the left, text on the right)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from mlabench.report.figures.plan import plan
+
+    for spec in plan(empty_programs, kinds=["latency", "pct-of-floor"])[0]:
+        fig = spec.draw()
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        legend = fig.legends[0]
+        box = legend.get_window_extent(canvas.get_renderer())
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.width and 0 <= box.y0, (spec.stem, box, fig.bbox.width)
+        texts = [t.get_text() for t in legend.get_texts()]
+        assert any("\n" in t and "the highest of the runs'" in t for t in texts), texts

@@ -102,24 +102,49 @@ def _dedup_legend(fig: Any, axes: list[Any], last: str | None = None, **kw: Any)
     if last in seen:
         seen[last] = seen.pop(last)
     if seen:
-        if "ncol" in kw:  # fewer columns than asked where they do not fit; the rows added get their height
-            ncol = _legend_columns(list(seen), fig.get_figwidth(), kw["ncol"])
-            more_rows = math.ceil(len(seen) / ncol) - math.ceil(len(seen) / kw["ncol"])
-            fig.set_figheight(fig.get_figheight() + 0.19 * more_rows)
+        labels = list(seen)
+        if "ncol" in kw:  # fewer columns than asked where they do not fit; the lines added get their height
+            labels = [_fit_label(label, fig.get_figwidth()) for label in labels]
+            ncol = _legend_columns(labels, fig.get_figwidth(), kw["ncol"])
+            more_rows = _legend_lines(labels, ncol) - math.ceil(len(labels) / kw["ncol"])
+            fig.set_figheight(fig.get_figheight() + 0.19 * max(more_rows, 0))
             kw["ncol"] = ncol
-        fig.legend(list(seen.values()), list(seen), frameon=False, fontsize=9, **kw)
+        fig.legend(list(seen.values()), labels, frameon=False, fontsize=9, **kw)
+
+
+def _text_pt(text: str, fontsize: float = 9) -> float:
+    """The width in points of ``text``'s widest line in the default font (``TextPath``)."""
+    text_path = _mpl().textpath.TextPath
+    return max(text_path((0, 0), line, size=fontsize).get_extents().width for line in text.split("\n"))
+
+
+def _fit_label(label: str, width_in: float, fontsize: float = 9) -> str:
+    """``label`` wrapped at spaces into lines that fit, beside its handle, a legend ``width_in``
+    inches wide (a label wider than the figure ran off both of its edges)."""
+    room = 0.97 * width_in * 72 - 2.8 * fontsize
+    chars = len(label)
+    while _text_pt(text := "\n".join(textwrap.wrap(label, chars, break_on_hyphens=False)), fontsize) > room:
+        if chars <= 12:
+            break
+        chars = max(12, min(chars - 1, int(chars * room / _text_pt(text, fontsize))))
+    return text
+
+
+def _legend_lines(labels: Sequence[str], ncol: int) -> int:
+    """The lines of text of a legend of ``labels`` in ``ncol`` columns (its tallest column)."""
+    rows = math.ceil(len(labels) / ncol)
+    return max(sum(label.count("\n") + 1 for label in labels[i:i + rows]) for i in range(0, len(labels), rows))
 
 
 def _legend_columns(labels: Sequence[str], width_in: float, most: int, fontsize: float = 9) -> int:
     """The most columns, at most ``most``, in which a legend of ``labels`` fits ``width_in`` inches.
 
     Matplotlib fills a legend's columns top to bottom; a column is as wide as its widest entry: the
-    handle (2 font sizes), the pad after it (0.8) and the label, measured with the default font
-    (``TextPath``); columns are 2 font sizes apart (matplotlib's default ``handlelength``,
-    ``handletextpad`` and ``columnspacing``).  1 when even one column is too wide.
+    handle (2 font sizes), the pad after it (0.8) and the label's widest line, measured with the
+    default font (``TextPath``); columns are 2 font sizes apart (matplotlib's default
+    ``handlelength``, ``handletextpad`` and ``columnspacing``).  1 when even one column is too wide.
     """
-    text_path = _mpl().textpath.TextPath
-    entry_pt = [2.8 * fontsize + text_path((0, 0), label, size=fontsize).get_extents().width for label in labels]
+    entry_pt = [2.8 * fontsize + _text_pt(label, fontsize) for label in labels]
     for ncol in range(min(most, len(labels)), 1, -1):
         rows = math.ceil(len(labels) / ncol)
         columns = [max(entry_pt[i:i + rows]) for i in range(0, len(labels), rows)]
