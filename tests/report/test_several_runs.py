@@ -100,3 +100,24 @@ def test_a_long_legend_entry_wraps_inside_a_one_panel_figure(empty_programs):
         assert 0 <= box.x0 and box.x1 <= fig.bbox.width and 0 <= box.y0, (spec.stem, box, fig.bbox.width)
         texts = [t.get_text() for t in legend.get_texts()]
         assert any("\n" in t and "the highest of the runs'" in t for t in texts), texts
+
+
+def _tick_texts(fig):
+    """Each axes' x tick labels as drawn (after layout)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    return [[t.get_text() for t in ax.get_xticklabels()] for ax in fig.get_axes()]
+
+
+def test_tick_labels_show_where_the_axis_has_room_for_them():
+    """fused-merge: 100k sits 1.31x below 128K, 18 points apart on a panel's axis, and was left
+    blank; the split counts 128 and 132, 2 points apart, printed over each other as '1282'."""
+    from mlabench.report.figures.plan import plan
+    from mlabench.report.runs import load_runs
+
+    specs = {s.kind: s for s in plan(load_runs([FUSED_MERGE]), kinds=["latency", "pct-of-floor", "split-sweep"])[0]}
+    for kind in ("latency", "pct-of-floor"):
+        assert _tick_texts(specs[kind].draw())[0] == ["1K", "4K", "8K", "16K", "32K", "64K", "100k", "128K"]
+    assert _tick_texts(specs["split-sweep"].draw())[0] == ["16", "32", "64", "", "132"]
+    assert style.thin_labels([16, 32, 64, 128, 132], list("abcde"), 1.2) == ["a", "b", "c", "", "e"]

@@ -75,12 +75,35 @@ def _wrap(text: str, width_in: float) -> list[str]:
     return textwrap.wrap(text, width=int(width_in * 11.5), break_on_hyphens=False) or [""]
 
 
+#: The least distance, in points along the axis, between two 45°-rotated tick labels that both
+#: show (their lines are then 10 points apart, more than a 10-point label is tall).
+TICK_GAP_PT = 14.0
+
+
+def _log_ticks(ax: Any, values: Sequence[float], texts: Sequence[str], **params: Any) -> None:
+    """Ticks at ``values`` (ascending) on ``ax``'s log x axis, labelled ``texts`` and rotated 45°
+    (``params``: more of ``tick_params``).  A label within :data:`TICK_GAP_PT` of the last one shown,
+    at the axes' width when drawn (after layout), is left blank; the largest value keeps its own."""
+    values, texts = list(values), list(texts)
+
+    def label(value: float, _pos: Any) -> str:
+        lo, hi = ax.get_xlim()
+        width_pt = ax.bbox.width * 72 / ax.figure.dpi
+        ratio = (hi / lo) ** (TICK_GAP_PT / max(width_pt, 1.0)) if 0 < lo < hi else 1.0
+        return style.thin_labels(values, texts, ratio)[values.index(value)] if value in values else ""
+
+    ax.set_xticks(values)
+    ax.xaxis.set_major_formatter(_mpl().ticker.FuncFormatter(label))
+    ax.tick_params(axis="x", labelrotation=45, **params)
+
+
 def _context_x(ax: Any, contexts: Sequence[int], log: bool = True) -> None:
-    ticker = _mpl().ticker
     if log:
         ax.set_xscale("log")
-        ax.xaxis.set_minor_locator(ticker.NullLocator())
-    ax.set_xticks(list(contexts), style.context_labels(list(contexts), log), rotation=45 if log else 0)
+        ax.xaxis.set_minor_locator(_mpl().ticker.NullLocator())
+        _log_ticks(ax, contexts, [style.context_text(c) for c in contexts])
+    else:
+        ax.set_xticks(list(contexts), style.context_labels(list(contexts), log))
     ax.set_xlabel(style.CONTEXT_AXIS)
 
 
@@ -215,7 +238,7 @@ def split_sweep(curves: dict[int, list[SplitCurve]], title: str, where: str) -> 
         splits = curves[batch][0].splits
         ax.set_xscale("log", base=2)
         ax.xaxis.set_minor_locator(mpl.ticker.NullLocator())
-        ax.set_xticks(splits, [str(s) for s in splits], fontsize=8, rotation=45)
+        _log_ticks(ax, splits, [str(s) for s in splits], labelsize=8)
         ax.set_xlabel("num_kv_splits (log scale)")
         _log_y(ax, "µs per decode call (median, log scale)")
         ax.set_title(f"batch {batch}", fontsize=10)
