@@ -47,6 +47,21 @@ def best_ok(records: Iterable[Record]) -> Record | None:
     return min(ok, key=lambda r: r.stats.median_us) if ok else None
 
 
+def ran_params(record: Record) -> dict[str, Any]:
+    """``record``'s params with the ``num_kv_splits`` that ran: under a split policy (a non-empty
+    ``split_policy``) the policy's count, from ``effective_params`` (it may differ from the count asked
+    for, e.g. asked 64, ran 32); a point without a policy keeps its params as they are."""
+    ran = record.effective_params.get("num_kv_splits")
+    if not record.params.get("split_policy") or ran is None:
+        return record.params
+    return {**record.params, "num_kv_splits": ran}
+
+
+def split_count(record: Record) -> int | None:
+    """The ``num_kv_splits`` ``record`` ran (:func:`ran_params`); None for a backend without one."""
+    return ran_params(record).get("num_kv_splits")
+
+
 def against_run_ceiling(records: Sequence[Record]) -> tuple[list[Record], list[str]]:
     """``records`` with every read floor against its run's ceiling: the highest read ceiling among
     the run's records, or the highest TB/s a correct record of the run reached where that is higher
@@ -81,12 +96,12 @@ def against_run_ceiling(records: Sequence[Record]) -> tuple[list[Record], list[s
 def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None) -> Table:
     """Per (backend, batch, context): best configuration and its µs / TB/s / % of floor (against
     the run's highest read ceiling, :func:`against_run_ceiling`), beside the µs at each split count
-    swept (or at ``splits``, those of them swept), and how many points were not ok or noisy.  At a
-    narrow terminal the TB/s, then the split columns (from the right), then ``noisy`` are left out
-    (:class:`ColumnStyle` ``drop``)."""
+    that ran (:func:`split_count`; or at ``splits``, those of them run), and how many points were
+    not ok or noisy.  At a narrow terminal the TB/s, then the split columns (from the right), then
+    ``noisy`` are left out (:class:`ColumnStyle` ``drop``)."""
     measured = records[0] if records else None  # the floor note gives the ceiling measured
     records, raised = against_run_ceiling(records)
-    swept = sorted({r.params.get("num_kv_splits") for r in records} - {None})
+    swept = sorted({split_count(r) for r in records} - {None})
     swept = [s for s in swept if splits is None or s in splits]
     at = {f"µs @{s} splits": ColumnStyle(header=f"µs @{s}", drop=2) for s in swept}
     styles = {"best params": PARAMS, "TB/s": ColumnStyle(drop=3), **at, "noisy": ColumnStyle(drop=1)}
@@ -103,10 +118,10 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
         best = best_ok(recs)
         row: list[Any] = [key[0], key[1], *axis_values(recs[0], axes), recs[0].context_len,
                           *([recs[0].qo_label] if qo else [])]
-        row += [params_label(best.params), best.stats.median_us, best.achieved_tbps, best.pct_of_floor] \
+        row += [params_label(ran_params(best)), best.stats.median_us, best.achieved_tbps, best.pct_of_floor] \
             if best else ["(none ok)", None, None, None]
         for s in swept:
-            hit = best_ok(r for r in recs if r.params.get("num_kv_splits") == s)
+            hit = best_ok(r for r in recs if split_count(r) == s)
             row.append(hit.stats.median_us if hit else None)
         bad = [r for r in recs if r.status != "ok"]
         row.append(", ".join(sorted({f"{r.status}" for r in bad})) + f" ({len(bad)})" if bad else "")
@@ -119,6 +134,9 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
                            "than the target within the budget; their times are less certain (raise --budget-s, "
                            "or quiet the machine)")
     table.notes += raised
+    if any(r.params.get("split_policy") for r in records):
+        table.notes.append("split_policy points: best params and µs @N give the num_kv_splits the policy chose "
+                           "(effective_params), not the one asked for")
     if any(r.timing_mode == "wall" for r in records):
         table.notes.append("CPU run: a smoke test of the pipeline, not a measurement (wall-clock times of "
                            "PyTorch code on a CPU; compare nothing from them)")

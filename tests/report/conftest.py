@@ -19,6 +19,10 @@ TUNE_RUN = TUNE / "tune-kimi-k3-tp8-20261130-161711-925"
 VALIDATE_RUN = TUNE / "validate-20261130-161822-1004"
 GRAPH_CHECK = REPO / "results/h200/graph-check"
 QO_LEN_RUN = REPO / "results/h200/qo-len/kimi-k3-tp8-mtp-20261130-181848-687"
+#: Two committed runs in one folder: plain split counts, and the same kernel under split policies.
+EMPTY_PROGRAMS = REPO / "results/h200/deploy/empty-programs"
+#: Three committed runs in one folder, FlashMLA in two of them.
+FUSED_MERGE = REPO / "results/h200/deploy/fused-merge"
 
 
 def raw_records(run: Path = H200_RUN) -> list[dict]:

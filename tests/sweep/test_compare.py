@@ -106,6 +106,7 @@ def test_two_runs_of_one_grid_are_never_pooled():
         ("triton-persistent", "r", 10.0), ("triton-persistent", "s", 20.0)]
     assert len(compare_table(a + b, backend_families()).rows) == 2
     curves = latency_vs_context(a + b).curves[1]
-    assert sorted(c.backend for c in curves) == ["torch-splitkv (r)", "torch-splitkv (s)",
-                                                "triton-persistent (r)", "triton-persistent (s)"]
+    assert sorted(c.label for c in curves) == ["torch-splitkv (r)", "torch-splitkv (s)",
+                                              "triton-persistent (r)", "triton-persistent (s)"]
+    assert sorted((c.backend, c.run) for c in curves)[0] == ("torch-splitkv", "r")  # its colour: the backend's
     assert [c.backend for c in latency_vs_context(a).curves[1]] == ["torch-splitkv", "triton-persistent"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from mlabench.records.record import Record
 from mlabench.report.figures import style
-from mlabench.sweep.summary import best_ok, compare_table
+from mlabench.sweep.summary import best_ok, compare_table, split_count
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,17 @@ class BestPoint:
 
 @dataclass
 class BackendCurve:
-    """One backend's best configuration per context, at one batch size."""
+    """One backend's best configuration per context, at one batch size (of one run, ``run``, where
+    the records are of several; empty when of one)."""
 
     backend: str
     points: list[BestPoint]
+    run: str = ""
+
+    @property
+    def label(self) -> str:
+        """``backend``, or ``backend (run id)`` where the figure holds several runs."""
+        return f"{self.backend} ({self.run})" if self.run else self.backend
 
 
 @dataclass
@@ -120,7 +127,7 @@ def latency_vs_context(records: Sequence[Record]) -> LatencyData:
                 points.append(BestPoint(ctx, best.stats.median_us, best.pct_of_floor, best.params,
                                         best.stats.noisy))
         if points:
-            curves.setdefault(batch, []).append(BackendCurve(f"{backend} ({run})" if several else backend, points))
+            curves.setdefault(batch, []).append(BackendCurve(backend, points, run if several else ""))
     floors: dict[int, list[tuple[int, float]]] = {}
     for (batch, ctx), recs in _by(records, "batch", "context_len").items():
         known = [r.floor_us for r in recs if r.floor_us]
@@ -136,7 +143,8 @@ def latency_vs_context(records: Sequence[Record]) -> LatencyData:
 
 @dataclass
 class SplitCurve:
-    """One context of one split-KV backend at one batch: time per asked ``num_kv_splits``.
+    """One context of one split-KV backend at one batch: time per ``num_kv_splits`` that ran (a split
+    policy's choice where a point has one, :func:`mlabench.sweep.summary.split_count`).
 
     ``median_us[i]`` is None where no configuration with ``splits[i]`` passed (then
     ``statuses[i]`` says why: incorrect, error, unsupported, timeout or missing).
@@ -150,24 +158,35 @@ class SplitCurve:
     best_us: float | None = None
 
 
+def runs_apart(records: Sequence[Record]) -> list[tuple[str, list[Record]]]:
+    """``records`` by run, runs in id order, for figures that must not pool runs: ``[("", records)]``
+    when they are of one run (nothing to name), else ``(run id, its records)`` per run."""
+    by_run = _by(records, "run_id")
+    if len(by_run) <= 1:
+        return [("", list(records))]
+    return [(run, recs) for (run,), recs in by_run.items()]
+
+
 def split_kv_backends(records: Sequence[Record], families: dict[str, str]) -> list[str]:
     """Split-KV backends of ``records`` that were measured at more than one split count."""
     seen: dict[str, set[int]] = {}
     for r in records:
-        if families.get(r.backend) == "split-kv" and "num_kv_splits" in r.params:
-            seen.setdefault(r.backend, set()).add(r.params["num_kv_splits"])
+        if families.get(r.backend) == "split-kv" and split_count(r) is not None:
+            seen.setdefault(r.backend, set()).add(split_count(r))
     return sorted(b for b, s in seen.items() if len(s) > 1)
 
 
 def split_sweep(records: Sequence[Record], backend: str) -> dict[int, list[SplitCurve]]:
-    """Figure (c): per batch, per context, ``backend``'s time against the split count asked for."""
-    mine = [r for r in records if r.backend == backend and "num_kv_splits" in r.params]
-    splits = sorted({r.params["num_kv_splits"] for r in mine})
+    """Figure (c): per batch, per context, ``backend``'s time against the split count that ran (under
+    a split policy, the policy's choice, not the count asked for).  ``records`` of several runs are
+    pooled here: give one run's (:func:`runs_apart`)."""
+    mine = [r for r in records if r.backend == backend and split_count(r) is not None]
+    splits = sorted({split_count(r) for r in mine})
     out: dict[int, list[SplitCurve]] = {}
     for (batch, ctx), recs in _by(mine, "batch", "context_len").items():
         curve = SplitCurve(ctx, splits, [], [])
         for s in splits:
-            at = [r for r in recs if r.params["num_kv_splits"] == s]
+            at = [r for r in recs if split_count(r) == s]
             best = best_ok(at)
             curve.median_us.append(best.stats.median_us if best else None)
             curve.statuses.append("ok" if best else (at[0].status if at else "missing"))

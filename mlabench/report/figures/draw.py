@@ -20,6 +20,9 @@ from mlabench.report.figures import style
 from mlabench.report.figures.data import Heatmap, LatencyData, ServingData, Speedup, SplitCurve, floor_text
 
 PANEL_W, PANEL_H = 5.6, 3.9
+#: Line styles and markers that tell apart curves of one colour (one backend's in several runs).
+LINESTYLES = ("-", (0, (5, 2)), ":", "-.")
+MARKERS = ("o", "s", "^", "v")
 
 
 def _mpl() -> SimpleNamespace:
@@ -72,12 +75,35 @@ def _wrap(text: str, width_in: float) -> list[str]:
     return textwrap.wrap(text, width=int(width_in * 11.5), break_on_hyphens=False) or [""]
 
 
+#: The least distance, in points along the axis, between two 45°-rotated tick labels that both
+#: show (their lines are then 10 points apart, more than a 10-point label is tall).
+TICK_GAP_PT = 14.0
+
+
+def _log_ticks(ax: Any, values: Sequence[float], texts: Sequence[str], **params: Any) -> None:
+    """Ticks at ``values`` (ascending) on ``ax``'s log x axis, labelled ``texts`` and rotated 45°
+    (``params``: more of ``tick_params``).  A label within :data:`TICK_GAP_PT` of the last one shown,
+    at the axes' width when drawn (after layout), is left blank; the largest value keeps its own."""
+    values, texts = list(values), list(texts)
+
+    def label(value: float, _pos: Any) -> str:
+        lo, hi = ax.get_xlim()
+        width_pt = ax.bbox.width * 72 / ax.figure.dpi
+        ratio = (hi / lo) ** (TICK_GAP_PT / max(width_pt, 1.0)) if 0 < lo < hi else 1.0
+        return style.thin_labels(values, texts, ratio)[values.index(value)] if value in values else ""
+
+    ax.set_xticks(values)
+    ax.xaxis.set_major_formatter(_mpl().ticker.FuncFormatter(label))
+    ax.tick_params(axis="x", labelrotation=45, **params)
+
+
 def _context_x(ax: Any, contexts: Sequence[int], log: bool = True) -> None:
-    ticker = _mpl().ticker
     if log:
         ax.set_xscale("log")
-        ax.xaxis.set_minor_locator(ticker.NullLocator())
-    ax.set_xticks(list(contexts), style.context_labels(list(contexts), log), rotation=45 if log else 0)
+        ax.xaxis.set_minor_locator(_mpl().ticker.NullLocator())
+        _log_ticks(ax, contexts, [style.context_text(c) for c in contexts])
+    else:
+        ax.set_xticks(list(contexts), style.context_labels(list(contexts), log))
     ax.set_xlabel(style.CONTEXT_AXIS)
 
 
@@ -99,24 +125,49 @@ def _dedup_legend(fig: Any, axes: list[Any], last: str | None = None, **kw: Any)
     if last in seen:
         seen[last] = seen.pop(last)
     if seen:
-        if "ncol" in kw:  # fewer columns than asked where they do not fit; the rows added get their height
-            ncol = _legend_columns(list(seen), fig.get_figwidth(), kw["ncol"])
-            more_rows = math.ceil(len(seen) / ncol) - math.ceil(len(seen) / kw["ncol"])
-            fig.set_figheight(fig.get_figheight() + 0.19 * more_rows)
+        labels = list(seen)
+        if "ncol" in kw:  # fewer columns than asked where they do not fit; the lines added get their height
+            labels = [_fit_label(label, fig.get_figwidth()) for label in labels]
+            ncol = _legend_columns(labels, fig.get_figwidth(), kw["ncol"])
+            more_rows = _legend_lines(labels, ncol) - math.ceil(len(labels) / kw["ncol"])
+            fig.set_figheight(fig.get_figheight() + 0.19 * max(more_rows, 0))
             kw["ncol"] = ncol
-        fig.legend(list(seen.values()), list(seen), frameon=False, fontsize=9, **kw)
+        fig.legend(list(seen.values()), labels, frameon=False, fontsize=9, **kw)
+
+
+def _text_pt(text: str, fontsize: float = 9) -> float:
+    """The width in points of ``text``'s widest line in the default font (``TextPath``)."""
+    text_path = _mpl().textpath.TextPath
+    return max(text_path((0, 0), line, size=fontsize).get_extents().width for line in text.split("\n"))
+
+
+def _fit_label(label: str, width_in: float, fontsize: float = 9) -> str:
+    """``label`` wrapped at spaces into lines that fit, beside its handle, a legend ``width_in``
+    inches wide (a label wider than the figure ran off both of its edges)."""
+    room = 0.97 * width_in * 72 - 2.8 * fontsize
+    chars = len(label)
+    while _text_pt(text := "\n".join(textwrap.wrap(label, chars, break_on_hyphens=False)), fontsize) > room:
+        if chars <= 12:
+            break
+        chars = max(12, min(chars - 1, int(chars * room / _text_pt(text, fontsize))))
+    return text
+
+
+def _legend_lines(labels: Sequence[str], ncol: int) -> int:
+    """The lines of text of a legend of ``labels`` in ``ncol`` columns (its tallest column)."""
+    rows = math.ceil(len(labels) / ncol)
+    return max(sum(label.count("\n") + 1 for label in labels[i:i + rows]) for i in range(0, len(labels), rows))
 
 
 def _legend_columns(labels: Sequence[str], width_in: float, most: int, fontsize: float = 9) -> int:
     """The most columns, at most ``most``, in which a legend of ``labels`` fits ``width_in`` inches.
 
     Matplotlib fills a legend's columns top to bottom; a column is as wide as its widest entry: the
-    handle (2 font sizes), the pad after it (0.8) and the label, measured with the default font
-    (``TextPath``); columns are 2 font sizes apart (matplotlib's default ``handlelength``,
-    ``handletextpad`` and ``columnspacing``).  1 when even one column is too wide.
+    handle (2 font sizes), the pad after it (0.8) and the label's widest line, measured with the
+    default font (``TextPath``); columns are 2 font sizes apart (matplotlib's default
+    ``handlelength``, ``handletextpad`` and ``columnspacing``).  1 when even one column is too wide.
     """
-    text_path = _mpl().textpath.TextPath
-    entry_pt = [2.8 * fontsize + text_path((0, 0), label, size=fontsize).get_extents().width for label in labels]
+    entry_pt = [2.8 * fontsize + _text_pt(label, fontsize) for label in labels]
     for ncol in range(min(most, len(labels)), 1, -1):
         rows = math.ceil(len(labels) / ncol)
         columns = [max(entry_pt[i:i + rows]) for i in range(0, len(labels), rows)]
@@ -126,21 +177,26 @@ def _legend_columns(labels: Sequence[str], width_in: float, most: int, fontsize:
 
 
 def latency(data: LatencyData, title: str, where: str, metric: str = "us") -> Any:
-    """Figure (a) (``metric="us"``, log-log with the floor) or (b) (``"pct"``, % of the floor)."""
+    """Figure (a) (``metric="us"``, log-log with the floor) or (b) (``"pct"``, % of the floor).
+
+    A backend has one colour in every figure; curves of several runs differ by line style and marker."""
     batches = sorted(data.curves)
     fig, axes = _panels(len(batches), title, where, sharey=metric == "pct")
+    runs = {run: k for k, run in enumerate(sorted({c.run for cs in data.curves.values() for c in cs}))}
     noisy = False
     for ax, batch in zip(axes, batches):
         contexts = sorted({p.context_len for c in data.curves[batch] for p in c.points})
         for curve in data.curves[batch]:
             xs = [p.context_len for p in curve.points]
             ys = [p.median_us if metric == "us" else p.pct_of_floor for p in curve.points]
-            color = style.backend_color(curve.backend)
-            ax.plot(xs, ys, "-o", color=color, label=curve.backend, markersize=4)
+            color, k = style.backend_color(curve.backend), runs[curve.run]
+            marker = MARKERS[k % len(MARKERS)]
+            ax.plot(xs, ys, marker=marker, linestyle=LINESTYLES[k % len(LINESTYLES)], color=color,
+                    label=curve.label, markersize=4)
             hollow = [(x, y) for x, y, p in zip(xs, ys, curve.points) if p.noisy]
             if hollow:
                 noisy = True
-                ax.plot(*zip(*hollow), "o", color="white", markeredgecolor=color, markersize=4)
+                ax.plot(*zip(*hollow), marker, color="white", markeredgecolor=color, markersize=4)
         kind = f"{data.floor_bandwidth} bandwidth"
         if metric == "us":
             floor = data.floor_us.get(batch, [])
@@ -182,7 +238,7 @@ def split_sweep(curves: dict[int, list[SplitCurve]], title: str, where: str) -> 
         splits = curves[batch][0].splits
         ax.set_xscale("log", base=2)
         ax.xaxis.set_minor_locator(mpl.ticker.NullLocator())
-        ax.set_xticks(splits, [str(s) for s in splits], fontsize=8, rotation=45)
+        _log_ticks(ax, splits, [str(s) for s in splits], labelsize=8)
         ax.set_xlabel("num_kv_splits (log scale)")
         _log_y(ax, "µs per decode call (median, log scale)")
         ax.set_title(f"batch {batch}", fontsize=10)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlabench.report.figures import style
-from mlabench.report.figures.draw import _context_x, _dedup_legend, _mpl, _panels, _wrap
+from mlabench.report.figures.draw import LINESTYLES, MARKERS, _context_x, _dedup_legend, _mpl, _panels, _wrap
 from mlabench.report.figures.graph_check_data import GraphCheckData
 from mlabench.report.figures.tuning_data import PolicySteps, RegretPanel, StudyHistory
 
@@ -195,10 +195,6 @@ def regret(panels: Sequence[RegretPanel], backend: str, title: str, where: str) 
     return fig
 
 
-_LINESTYLES = ("-", (0, (5, 2)), ":", "-.")
-_MARKERS = ("o", "s", "^", "v")
-
-
 def graph_check(data: GraphCheckData, title: str, where: str) -> Any:
     """Figure (g): slowdown (%) of the captured graph vs the call tuned per context, per batch size."""
     batches = sorted(data.curves)
@@ -214,7 +210,7 @@ def graph_check(data: GraphCheckData, title: str, where: str) -> Any:
             pts = [(x, y) for x, y in zip(c.contexts, c.slowdown_pct) if y is not None]
             if not pts:
                 continue
-            ax.plot(*zip(*pts), marker=_MARKERS[k % 4], linestyle=_LINESTYLES[k % 4], markersize=4.5,
+            ax.plot(*zip(*pts), marker=MARKERS[k % 4], linestyle=LINESTYLES[k % 4], markersize=4.5,
                     color=style.backend_color(c.backend), label=c.subject)
             for x, y, flagged in zip(c.contexts, c.slowdown_pct, c.flagged):
                 if flagged and y is not None:

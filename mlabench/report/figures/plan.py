@@ -136,25 +136,33 @@ def _latency(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec]
     return specs or "no correct, timed kernel records among the runs given"
 
 
+def _split_spec(kind: str, backend: str, run: str, curves: dict[int, list[D.SplitCurve]], suffix: str,
+                where: str) -> FigureSpec:
+    """The split-sweep or split-heatmap figure of ``backend`` in one run (``run`` named where the
+    runs given are several: each gets its own figure)."""
+    stem = f"{kind}-{backend}{suffix}" + (f"-{run}" if run else "")
+    of = backend + (f" (run {run})" if run else "")
+    where += f" · run {run}" if run else ""
+    if kind == "split-sweep":
+        title = f"{backend}: latency vs num_kv_splits at each context length (★ = best)"
+        caption = (f"{of}: median µs per call against the split count that ran (under a split policy, the "
+                   "policy's choice), a line per context.")
+        return FigureSpec(kind, stem, caption, partial(_draw().split_sweep, curves, title, where))
+    maps = {b: D.split_heatmap(cs) for b, cs in curves.items()}
+    title = f"{backend}: latency relative to each context's best split count (boxed; ✗ = not correct, – = not measured)"
+    caption = (f"{of}: each cell is µs / the fastest correct split count at that context (boxed); the colour "
+               "scale is logarithmic.")
+    return FigureSpec(kind, stem, caption, partial(_draw().split_heatmap, maps, title, where))
+
+
 def _splits(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] | str:
     specs = []
-    for suffix, where, recs in _groups(runs):
-        for backend in D.split_kv_backends(recs, families):
-            curves = D.split_sweep(recs, backend)
-            if not any(c.best_splits is not None for cs in curves.values() for c in cs):
-                continue
-            if kind == "split-sweep":
-                title = f"{backend}: latency vs num_kv_splits at each context length (★ = best)"
-                caption = f"{backend}: median µs per call against the split count asked for, a line per context."
-                specs.append(FigureSpec(kind, f"split-sweep-{backend}{suffix}", caption,
-                                        partial(_draw().split_sweep, curves, title, where)))
-            else:
-                maps = {b: D.split_heatmap(cs) for b, cs in curves.items()}
-                title = f"{backend}: latency relative to each context's best split count (boxed; ✗ = not correct, – = not measured)"
-                caption = (f"{backend}: each cell is µs / the fastest correct split count at that context "
-                           "(boxed); the colour scale is logarithmic.")
-                specs.append(FigureSpec(kind, f"split-heatmap-{backend}{suffix}", caption,
-                                        partial(_draw().split_heatmap, maps, title, where)))
+    for suffix, where, group in _groups(runs):
+        for run, recs in D.runs_apart(group):  # runs are never pooled: a figure of each
+            for backend in D.split_kv_backends(recs, families):
+                curves = D.split_sweep(recs, backend)
+                if any(c.best_splits is not None for cs in curves.values() for c in cs):
+                    specs.append(_split_spec(kind, backend, run, curves, suffix, where))
     return specs or "no split-KV backend measured at more than one num_kv_splits with a correct result"
 
 

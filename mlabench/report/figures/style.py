@@ -104,21 +104,25 @@ def context_text(tokens: int) -> str:
     return str(tokens)
 
 
-#: On a log axis, the least ratio between two context lengths whose labels both show: 100000 and
-#: 131072 (1.31x) touched at a figure's width.
+#: On a log axis, the least ratio between two context lengths whose labels both show, where the
+#: axis's width is not known (the figures thin their ticks by the width drawn: draw._log_ticks).
 MIN_LABEL_RATIO = 1.4
 
 
-def context_labels(contexts: Sequence[int], log: bool = True) -> list[str]:
+def context_labels(contexts: Sequence[int], log: bool = True, min_ratio: float = MIN_LABEL_RATIO) -> list[str]:
     """:func:`context_text` of each length (ascending), blank where a log axis puts it within
-    :data:`MIN_LABEL_RATIO` of a label shown; the longest length always keeps its label."""
+    ``min_ratio`` of a label shown; the longest length always keeps its label."""
     labels = [context_text(c) for c in contexts]
-    if not log:
-        return labels
+    return thin_labels(contexts, labels, min_ratio) if log else labels
+
+
+def thin_labels(values: Sequence[float], labels: Sequence[str], min_ratio: float) -> list[str]:
+    """``labels`` of ascending ``values`` on a log axis, blank where a value is within ``min_ratio``
+    of the last value labelled; the largest always keeps its label (its near neighbour gives way)."""
     shown: list[int] = []
-    for i, c in enumerate(contexts):
-        if shown and c < contexts[shown[-1]] * MIN_LABEL_RATIO:
-            if i != len(contexts) - 1:
+    for i, c in enumerate(values):
+        if shown and c < values[shown[-1]] * min_ratio:
+            if i != len(values) - 1:
                 continue
             shown.pop()  # the longest wins over its near neighbour
         shown.append(i)
