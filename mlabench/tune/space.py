@@ -271,8 +271,8 @@ def search_space(backend: Backend, shape: MLADecodeShape,
     for spec in backend.params:
         r = narrow.get(spec.name, SpaceRange())
         if not spec.searched and spec.name not in narrow:  # a kernel variant: its default
-            if not spec.left_out(default := spec.default_for(shape), shape):
-                fixed[spec.name] = default
+            if not spec.omit_default:  # (left out: what every earlier record ran, one policy
+                fixed[spec.name] = spec.default_for(shape)  # parameter set for all batches)
         elif r.choices is not None:
             choices = tuple(dict.fromkeys(spec.validate(c) for c in r.choices))
             if len(choices) == 1:
