@@ -67,17 +67,14 @@ class ParamSpec:
     def left_out(self, value: Any, shape: MLADecodeShape) -> bool:
         """Whether ``value`` stays out of a point's parameters: ``omit_default`` and the default,
         or ``omitted_value`` where one is set."""
-        if not self.omit_default:
-            return False
-        if self.omitted_value is not None:
-            return value == self.omitted_value
-        return value == self.default_for(shape)
+        return self.omit_default and value == self._left_out_at(shape)
 
     def value_in(self, params: dict[str, Any], shape: MLADecodeShape) -> Any:
         """The value a point with resolved ``params`` runs: its own, else the one it was left out
         at (``omitted_value``, or the default)."""
-        if self.name in params:
-            return params[self.name]
+        return params[self.name] if self.name in params else self._left_out_at(shape)
+
+    def _left_out_at(self, shape: MLADecodeShape) -> Any:
         return self.omitted_value if self.omitted_value is not None else self.default_for(shape)
 
     def default_for(self, shape: MLADecodeShape) -> Any:

@@ -152,7 +152,7 @@ class GluonSplitKVBackend(Backend):
         return RowTiling.for_rows(shape.qo_len * shape.num_heads).row_tiles
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
-        from mlabench.kernels.gluon_fused_merge import fused_merge_fits
+        from mlabench.kernels.gluon_fused_merge import fused_merge_fits, stage1_programs
         from mlabench.kernels.gluon_splitkv import (
             KernelVariant, kv_descriptors, merge_sync_shape, mla_decode_gluon_splitkv,
         )
@@ -162,13 +162,13 @@ class GluonSplitKVBackend(Backend):
         s = inputs.shape
         choice = SplitChoice(params, s, inputs.device)
         stages, pdl = int(params["num_stages"]), int(params["pdl"])
-        variant = KernelVariant(str(params.get("o_split", O_SPLIT.default)),
-                                bool(int(params.get("lazy_sum", LAZY_SUM.default))),
-                                bool(int(params.get("pdl_prologue", PDL_PROLOGUE.default))),
-                                fused_merge_fits(s.batch * self.split_programs(s, params)
-                                                 * choice.grid_splits, current_device().num_sms)
-                                and bool(int(FUSED_MERGE.value_in(params, s))))
         rows = s.qo_len * s.num_heads
+        fits = fused_merge_fits(stage1_programs(s.batch, rows, choice.grid_splits),
+                                current_device().num_sms)
+        variant = KernelVariant(str(O_SPLIT.value_in(params, s)),
+                                bool(int(LAZY_SUM.value_in(params, s))),
+                                bool(int(PDL_PROLOGUE.value_in(params, s))),
+                                fits and bool(int(FUSED_MERGE.value_in(params, s))))
         merge_sync = (torch.zeros(merge_sync_shape(s.batch, rows), dtype=torch.int32,
                                   device=inputs.device) if variant.fused_merge else None)
         o_shape, l_shape = splitkv_workspace_shapes(s.batch, rows, choice.grid_splits)

@@ -32,8 +32,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from mlabench.kernels.gluon_blocks import D_NOPE
+from mlabench.kernels.row_tiling import RowTiling
+from mlabench.kernels.wide_merge import D_V
 
-D_V = 512  #: output columns of a row
 MIN_MERGE_COLS = 4  #: 16-byte loads of fp32
 MERGE_TILE_PER_WARP = 2048  #: fp32 partial elements one loop step holds per warp (64 a thread)
 
@@ -83,6 +84,12 @@ class MergeTiling:
         """Column chunks participant ``participant`` of ``participants`` merges (the kernel's
         loop, for the CPU tests): every ``participants``-th chunk from its own index."""
         return list(range(participant, D_V // self.cols, participants))
+
+
+def stage1_programs(batch: int, rows: int, splits: int) -> int:
+    """Programs of a stage-1 grid: ``batch x row tiles x splits`` for requests of ``rows`` packed
+    query rows (:class:`~mlabench.kernels.row_tiling.RowTiling`)."""
+    return batch * RowTiling.for_rows(rows).row_tiles * splits
 
 
 def fused_merge_fits(programs: int, num_sms: int) -> bool:

@@ -43,7 +43,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from mlabench.device import current_device
 from mlabench.kernels.common import causal_row_limits
 from mlabench.kernels.gluon_fused_merge import (
-    MergeTiling, arrive_and_wait, fused_merge_fits, merge_share,
+    MergeTiling, arrive_and_wait, fused_merge_fits, merge_share, stage1_programs,
 )
 from mlabench.kernels.gluon_blocks import (
     PAGE_SIZE, accumulators, attend_page, issue_first_pages, issue_page, launch_dependents,
@@ -217,13 +217,12 @@ def _launch_stage1(q_rows, kv_cache, block_table, cache_seqlens, partial_out, pa
     )
 
 
-def _check_fused(variant: KernelVariant, merge_sync, batch: int, rows: int, splits: int,
-                 stage1_only: bool) -> None:
+def _check_fused(variant: KernelVariant, merge_sync, batch: int, rows: int, splits: int) -> None:
     """ValueError unless a fused merge can run: the grid resident at once, a sync workspace of
     :func:`merge_sync_shape`, int32, on q's device."""
-    if not variant.fused_merge or stage1_only:
+    if not variant.fused_merge:
         return
-    programs = batch * RowTiling.for_rows(rows).row_tiles * splits
+    programs = stage1_programs(batch, rows, splits)
     sms = current_device().num_sms
     if not fused_merge_fits(programs, sms):
         raise ValueError(f"fused_merge needs the whole grid resident: {programs} programs "
@@ -282,9 +281,9 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     q_rows, out_rows, partial_out, partial_lse = checked_splitkv_args(
         q, kv_cache, block_table, cache_seqlens, out, splits, partial_out, partial_lse,
         split_policy, qo_len)
-    _check_fused(variant, merge_sync, block_table.shape[0], qo_len * heads, splits, stage1_only)
     if stage1_only:
         variant = dataclasses.replace(variant, fused_merge=False)
+    _check_fused(variant, merge_sync, block_table.shape[0], qo_len * heads, splits)
     _launch_stage1(q_rows, kv_cache, block_table, cache_seqlens, partial_out, partial_lse, splits,
                    heads, softmax_scale, descriptors, num_stages, 0 if stage1_only else int(pdl),
                    split_policy, qo_len, causal, variant, out_rows, merge_sync)
