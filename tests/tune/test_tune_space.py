@@ -75,13 +75,9 @@ def test_objective_searches_all_launch_parameters(tmp_path, tiny_timing):
     records = store.records()
     assert len(records) == len(study.trials) and len({r.key for r in records}) == len(records)
     assert all(r.params["tile_rows"] == 16 for r in records)
-    chosen, fastest = choose(measured_configs(study.trials), 0.01)
-    # every launch parameter at its optimum (each step away costs >= 20%); the split count 12 or,
-    # where a loaded machine's confidence interval ties 11 (10% slower) with it, the fewer splits
-    assert {k: v for k, v in chosen.params.items() if k != "num_kv_splits"} == {
-        "block_n": "32", "num_warps": 4, "num_stages": 2}
-    assert chosen.params["num_kv_splits"] == 12 or (
-        chosen.params["num_kv_splits"] == 11 and fastest.rel_ci >= 0.09)
+    chosen, _ = choose(measured_configs(study.trials), 0.01)
+    # every parameter at its optimum: each step away costs >= 20%, more than a loaded CPU's noise
+    assert chosen.params == {"num_kv_splits": 12, "block_n": "32", "num_warps": 4, "num_stages": 2}
 
 
 def test_fast_wrong_configuration_is_pruned_and_never_chosen(tmp_path, tiny_timing):
