@@ -21,6 +21,10 @@ class ExitCode(IntEnum):
     FAILED = 1
     #: A usage mistake (click's message) or an error the user can cause: one ``error:`` line either way.
     ERROR = 2
+    #: The input is fine but this machine cannot run it: no GPU, a backend or a package missing here
+    #: (:class:`BackendUnavailableError`, :class:`GPURequiredError`, :class:`DependencyError`); one
+    #: ``error:`` line.  Kept apart from 2 so that a script can skip rather than fail.
+    UNAVAILABLE = 3
     #: Stopped by Ctrl-C (128 + SIGINT), after saving what was measured.
     INTERRUPTED = 130
 
@@ -53,11 +57,15 @@ class UnknownBackendError(ConfigError):
 
 
 class BackendUnavailableError(MlabenchError):
-    """A registered backend that cannot run here (missing package, no GPU, wrong architecture)."""
+    """A registered backend that cannot run here (missing package, no GPU, wrong architecture); exits 3."""
+
+    exit_code: ClassVar[int] = ExitCode.UNAVAILABLE
 
 
 class GPURequiredError(MlabenchError):
-    """A command that is only meaningful on a CUDA/ROCm GPU (e.g. graph capture), run without one."""
+    """A command that is only meaningful on a CUDA/ROCm GPU (e.g. graph capture), run without one; exits 3."""
+
+    exit_code: ClassVar[int] = ExitCode.UNAVAILABLE
 
 
 class UnsupportedShapeError(MlabenchError):
@@ -80,7 +88,10 @@ class MissingResultError(MlabenchError):
 
 
 class DependencyError(MlabenchError):
-    """A package a command needs that is missing or fails to import (the message says what to install)."""
+    """A package a command needs that is missing or fails to import (the message says what to install);
+    exits 3."""
+
+    exit_code: ClassVar[int] = ExitCode.UNAVAILABLE
 
 
 class ServerError(MlabenchError):

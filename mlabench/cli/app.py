@@ -6,7 +6,8 @@ Exit codes (:class:`~mlabench.errors.ExitCode`): 0 done; 1 a check failed or a r
 :class:`~mlabench.errors.MissingResultError` gives one ``error:`` line and 1); 2 a usage mistake (click's message
 as one ``error:`` line: :func:`usage_line`) or
 a :class:`~mlabench.errors.MlabenchError` (one ``error: ...`` line on stderr, or the error's own
-``exit_code``); 130 Ctrl-C.  Tables go to stdout, progress and notices to stderr.
+``exit_code``); 3 cannot run here (no GPU, a backend or package missing: the error's own ``exit_code``);
+130 Ctrl-C.  Tables go to stdout, progress and notices to stderr.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from pydantic import ValidationError
 from mlabench.backends import get_backend
 from mlabench.backends.registry import backend_packages
 from mlabench.device import current_device
-from mlabench.errors import (BackendUnavailableError, ConfigError, Interrupted, MlabenchError, ResultsError,
-                             UnsupportedShapeError)
+from mlabench.errors import (BackendUnavailableError, ConfigError, GPURequiredError, Interrupted, MlabenchError,
+                             ResultsError, UnsupportedShapeError)
 from mlabench.files import validation_line
 from mlabench.inputs import check_fits
 from mlabench.measure.observers import driver_version, gpu_state
@@ -64,7 +64,8 @@ class TuneResult:
 def gpu_model(devices: list[str | None]) -> str:
     """The one GPU model of ``devices`` (CUDA/HIP indices; None: this process's first device).
 
-    Raises :class:`ConfigError` when ``--gpus`` names GPUs of different models or when there is no GPU.
+    Raises :class:`ConfigError` when ``--gpus`` names GPUs of different models or a GPU that does not
+    exist, and :class:`GPURequiredError` (exit 3) when there is no GPU.
     """
     import torch
 
@@ -72,7 +73,7 @@ def gpu_model(devices: list[str | None]) -> str:
     if not named:
         return current_device().name
     if not torch.cuda.is_available():
-        raise ConfigError("--gpus needs GPUs, and this machine has none (leave it out to run on the CPU)")
+        raise GPURequiredError("--gpus needs GPUs, and this machine has none (leave it out to run on the CPU)")
     count = torch.cuda.device_count()
     bad = [d for d in named if int(d) >= count]
     if bad:

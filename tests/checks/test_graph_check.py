@@ -120,7 +120,7 @@ def test_refuses_without_a_gpu_in_one_line(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main()
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and err.strip().count("\n") == 0
+    assert exc.value.code == 3 and err.strip().count("\n") == 0  # cannot run here, not bad input
     assert err.startswith("error: graph-check needs a CUDA or ROCm GPU")
 
 

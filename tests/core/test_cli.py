@@ -135,7 +135,6 @@ def test_default_sweep_runs_on_cpu_and_says_so(tmp_path, monkeypatch, capsys):
     (["check", "--heads", "12", "--splits", "4,x"], "--splits takes comma-separated integers"),
     (["sweep", "--heads", "12", "--context", "-4"], "context length must be > 0"),
     (["sweep", "--heads", "12", "--splits", "-1"], "--splits must be > 0"),
-    (["sweep", "--heads", "12", "--backend", "aiter-asm"], "aiter-asm is not available here"),
     (["sweep", "--config", "no-such-sweep"], "sweep config not found"),
     # found by a new user: accepted before, with exit 0 (an empty item skipped, an infinite budget
     # recorded as null, a head count that allocated for 34 s and then failed the check)
@@ -156,6 +155,24 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+@pytest.mark.parametrize("command", ["check", "sweep"])
+def test_cannot_run_here_gives_one_line_and_exit_3(tmp_path, monkeypatch, capsys, command):
+    """Exit 3, not 2, when the input is fine but this machine cannot run it: a backend that is not
+    available here (aiter-asm without ROCm, flashmla without Hopper; whichever one is missing here)."""
+    from mlabench.backends import backend_names, get_backend
+
+    missing = next((n for n in backend_names() if not get_backend(n).available()[0]), None)
+    if missing is None:
+        pytest.skip("every backend is available here")
+    extra = ["--results-dir", str(tmp_path)] if command == "sweep" else []
+    code, out, err = run([command, "--heads", "12", "--context", "64", "--backend", missing, *extra],
+                         monkeypatch, capsys)
+    lines = err.strip().splitlines()
+    assert code == 3 and not out, err
+    assert len(lines) == 1 and lines[0].startswith(f"error: backend {missing} is not available here")
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("given", ["no-such-sweep", "configs/sweeps/nope.toml", "{tmp}/nope.toml"])

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mlabench.device import current_device
-from mlabench.errors import ConfigError, MlabenchError, ResultsError
+from mlabench.errors import ConfigError, GPURequiredError, MlabenchError, ResultsError
 from mlabench.records.store import ResultStore
 from mlabench.tune.run import export_run, gpu_model, run_manifest, run_tune
 from mlabench.tune.space import TuneConfig
@@ -162,8 +162,9 @@ def test_worker_on_another_gpu_model_refuses(tmp_path, tiny_timing):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 def test_gpus_need_gpus():
-    with pytest.raises(ConfigError, match="needs GPUs"):
+    with pytest.raises(GPURequiredError, match="needs GPUs") as info:  # cannot run here: exit 3, not 2
         gpu_model(["0", "1"])
+    assert info.value.exit_code == 3
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
