@@ -15,7 +15,7 @@ import typer
 
 from mlabench.cli.options import (
     Batch, BudgetS, Context, Format, Json, Markdown, NonCausal, PlainPageSize, QoLen, Splits, int_list, name_list,
-    output_format,
+    non_causal_applies, output_format,
 )
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
@@ -83,6 +83,7 @@ def _config(heads: str | None, batch: str | None, context: str | None, page_size
     from mlabench.measure.timing import TimingConfig
 
     head_list = int_list(heads, "--heads", "heads") or [12]
+    non_causal_applies(non_causal, [qo_len or 1])
     if len(head_list) != 1:
         raise ConfigError("graph-check takes one --heads value")
     return GraphCheckConfig(

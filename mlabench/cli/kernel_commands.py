@@ -16,7 +16,7 @@ from mlabench.cli.options import (
     Backends, Batch, BudgetS, CheckBatch, CheckContext, CheckHeads, CompareBatch, CompareContext, CompareQoLens,
     Context, Format, GraphCaptures, Heads, Json, Markdown, MaxVisits, Model, ModelConfig, NonCausal, Order, OrderSeed,
     PageSize, PlainPageSize, PlainTp, QoLens, ResultsDir, Resume, Splits, SweepFile, Tp, Visits, int_list, name_list,
-    output_format,
+    non_causal_applies, output_format, splits_apply,
 )
 from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError
@@ -95,11 +95,14 @@ def check(
     fmt = output_format(format, as_json, markdown)
     input_sets = [x.strip() for x in inputs.split(",") if x.strip()] if inputs is not None else None
     tol = check_config(atol, rtol, rel_rmse_limit, rel_max_err_limit, input_sets)
+    qo_lens, split_list = int_list(qo_len, "--qo-len", "--qo-len"), int_list(splits, "--splits", "--splits")
+    non_causal_applies(non_causal, qo_lens or [1])
+    splits_apply(split_list, name_list(backend))
     shapes = check_shapes(model=model, model_config=model_config, tp=tp, heads=int_list(heads, "--heads"),
                           context_lens=int_list(context, "--context", "context length"),
                           batch=int_list(batch, "--batch"), page_size=page_size, dtype=dtype,
-                          qo_lens=int_list(qo_len, "--qo-len", "--qo-len"), causal=not non_causal)
-    split_list = int_list(splits, "--splits", "--splits") or DEFAULT_CHECK_SPLITS
+                          qo_lens=qo_lens, causal=not non_causal)
+    split_list = split_list or DEFAULT_CHECK_SPLITS
     with progress_bar("check") as update:
         records, unavailable = run_check(shapes, name_list(backend), split_list, tol, seed, update)
     table = check_table(records, unavailable)
@@ -137,6 +140,7 @@ def sweep(
     overrides.update(order=order.value if order else None, order_seed=order_seed, visits=visits,
                      max_visits=max_visits)
     cfg = resolve_sweep_config(config, overrides, resume)
+    _flags_apply(cfg, splits, non_causal)
     if not current_device().is_gpu and cfg.name == "default-cpu":
         notice(f"No GPU found: running a small CPU sweep ({cfg.name}) on {current_device().name}.")
     store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
@@ -183,8 +187,9 @@ def compare(
 
         overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s,
                                qo_len, non_causal)
-        store, records = _run_with_progress(resolve_sweep_config(config, overrides, resume), results_dir, resume,
-                                            strict=bool(backend))
+        cfg = resolve_sweep_config(config, overrides, resume)
+        _flags_apply(cfg, splits, non_causal)
+        store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
     families = backend_families()
     tables = [compare_table(records, families)]
     if len({(r.qo_len, r.causal) for r in records}) > 1:
@@ -211,6 +216,13 @@ def _overrides(model, tp, model_config, heads, backend, batch, context, splits, 
         splits=int_list(splits, "--splits", "--splits"), page_size=page_size, budget_s=budget_s,
         qo_len=int_list(qo_len, "--qo-len", "--qo-len"), causal=False if non_causal else None,
         graph_captures=graph_captures)
+
+
+def _flags_apply(cfg, splits: str | None, non_causal: bool) -> None:
+    """Refuse ``--non-causal`` and ``--splits`` where the sweep ``cfg`` they resolved into gives
+    them nothing to change (every qo_len 1; no backend named that takes num_kv_splits)."""
+    non_causal_applies(non_causal, cfg.qo_len)
+    splits_apply(int_list(splits, "--splits", "--splits"), cfg.backends)
 
 
 def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool):

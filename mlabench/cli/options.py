@@ -165,3 +165,28 @@ def int_list(text: str | None, flag: str, positive: str | None = None) -> list[i
         if v <= 0:
             raise ConfigError(f"{positive} must be > 0, got {v}")
     return values
+
+
+# ---- flags that would change nothing ----------------------------------------------------------
+# Like --from and --resume beside flags they do not take, a flag that cannot apply to what the
+# command runs is refused (one error line, exit 2) rather than dropped without a word.
+def non_causal_applies(non_causal: bool, qo_lens: list[int]) -> None:
+    """Refuse ``--non-causal`` when every query-token count ``qo_lens`` is 1: with one token both
+    masks are the same problem, so the flag would change nothing.  Raises :class:`ConfigError`."""
+    if non_causal and all(t == 1 for t in qo_lens):
+        raise ConfigError("--non-causal changes nothing at one query token (both masks are the same there); "
+                          "give --qo-len 2 or more (e.g. --qo-len 2,4), or leave --non-causal out")
+
+
+def splits_apply(splits: list[int] | None, backends: list[str] | None) -> None:
+    """Refuse ``--splits`` when every backend named takes no ``num_kv_splits`` (the reference, a
+    persistent kernel, FlashMLA), so the split counts would be ignored.  Raises :class:`ConfigError`;
+    unknown names are left to the command, which names them."""
+    from mlabench.backends import backend_names, get_backend
+
+    if not splits or not backends or not set(backends) <= set(backend_names()):
+        return
+    if not any(p.name == "num_kv_splits" for name in backends for p in get_backend(name).params):
+        who = f"{backends[0]} does not take" if len(backends) == 1 else f"none of {', '.join(backends)} takes"
+        raise ConfigError(f"--splits sets num_kv_splits, which {who} (`mlabench backends --params` lists each "
+                          "backend's parameters); name a split-KV backend too, or leave --splits out")

@@ -14,7 +14,7 @@ import typer
 
 from mlabench.cli.options import (
     Batch, BudgetS, Format, Heads, Json, Markdown, Model, ModelConfig, NonCausal, PageSize, QoLen, ResultsDir, Resume,
-    SweepFile, Tp, int_list, output_format,
+    SweepFile, Tp, int_list, non_causal_applies, output_format,
 )
 from mlabench.cli.output import emit, err
 from mlabench.errors import ConfigError
@@ -197,6 +197,7 @@ def tune(
               "space": parse_space(space), "noise": noise, "heuristics": False if no_heuristics else None,
               "timing": {"budget_s": budget_s, "eager": False} if budget_s is not None else None, "storage": storage}
     cfg = requested_config(values, config, resume)
+    non_causal_applies(non_causal, [cfg.qo_len])
     devices = worker_devices(gpus, workers)
     view = LiveView()
     try:

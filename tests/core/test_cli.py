@@ -157,6 +157,23 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
+@pytest.mark.parametrize("args, who", [
+    (["check", "--backend", "reference"], "which reference does not take"),
+    (["check", "--backend", "reference", "--backend", "flashmla"], "which none of reference, flashmla takes"),
+    (["sweep", "--backend", "reference,flashmla"], "which none of reference, flashmla takes"),
+    (["compare", "--backend", "reference"], "which reference does not take"),
+])
+def test_splits_for_backends_without_num_kv_splits_is_refused(tmp_path, monkeypatch, capsys, args, who):
+    """A fresh user's nit: ``check --backend reference --splits 4`` passed without a word about the
+    split counts it ignored.  Refused in one line before anything runs (flashmla, not available on
+    a CPU, is refused for its --splits first: the flags are judged before the machine)."""
+    where = ["--results-dir", str(tmp_path)] if args[0] != "check" else []
+    code, out, err = run([*args, "--heads", "4", "--context", "64", "--splits", "4", *where], monkeypatch, capsys)
+    assert code == 2 and not out and not list(tmp_path.iterdir()), err
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"error: --splits sets num_kv_splits, {who}") and "leave --splits out" in line
+
+
 @pytest.mark.parametrize("command", ["check", "sweep"])
 def test_cannot_run_here_gives_one_line_and_exit_3(tmp_path, monkeypatch, capsys, command):
     """Exit 3, not 2, when the input is fine but this machine cannot run it: a backend that is not

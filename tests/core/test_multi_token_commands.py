@@ -26,6 +26,37 @@ def small(**kw):
     return SweepConfig(**{**base, **kw})
 
 
+# ---- --non-causal at one query token ---------------------------------------------------------------
+ONE_TOKEN_NON_CAUSAL = [
+    ["check", "--heads", "4", "--context", "64", "--non-causal"],
+    ["sweep", "--heads", "4", "--context", "64", "--non-causal"],
+    ["compare", "--heads", "4", "--context", "64", "--qo-len", "1", "--non-causal"],
+    ["tune", "--backend", "torch-splitkv", "--heads", "4", "--buckets", "64", "--non-causal"],
+    ["graph-check", "--context", "64", "--non-causal"],
+]
+
+
+@pytest.mark.parametrize("args", ONE_TOKEN_NON_CAUSAL, ids=[a[0] for a in ONE_TOKEN_NON_CAUSAL])
+def test_non_causal_at_one_token_is_refused_in_one_line(tmp_path, monkeypatch, capsys, args):
+    """A fresh user's nit: ``--non-causal`` at qo_len 1 ran the causal problem without a word (one
+    token: both masks are the same).  Every command that takes it refuses it there, as it refuses
+    flags that go with nothing else (``compare --from``), before measuring or writing anything."""
+    where = ["--results-dir", str(tmp_path)] if args[0] in ("sweep", "compare", "tune") else []
+    code, out, err = run([*args, *where], monkeypatch, capsys)
+    assert code == 2 and not out and not list(tmp_path.iterdir()), err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: --non-causal changes nothing at one query token") and "--qo-len 2" in line
+
+
+def test_non_causal_with_several_token_counts_still_runs(monkeypatch, capsys):
+    code, out, err = run(["check", "--heads", "4", "--backend", "torch-splitkv", "--splits", "2", "--qo-len", "1,2",
+                          "--non-causal", "--context", "40", "--page-size", "16", "--inputs", "random", "--json"],
+                         monkeypatch, capsys)
+    assert code == 0, err
+    assert {r["shape"].split(" p16")[0] for r in json.loads(out)[0]["rows"]} == {"B=1 H=4 L=40",
+                                                                              "B=1 H=4 L=40 T=2 non-causal"}
+
+
 # ---- check -----------------------------------------------------------------------------------------
 def test_check_takes_qo_len(monkeypatch, capsys):
     code, out, err = run(["check", "--heads", "4", "--backend", "torch-splitkv", "--splits", "1,3",
