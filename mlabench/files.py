@@ -9,7 +9,7 @@ prints as one ``error:`` line with exit code 2.
 
 Configuration files too: where the shipped configuration lives (:func:`configs_dir`), finding one by
 name or path (:func:`config_file`), reading TOML (:func:`read_toml`) and a pydantic validation error
-as one line (:func:`validation_line`).
+as one line (:func:`validation_line`, or :func:`file_error_line` in the terms of the file read).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 import os
 import tomllib
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -211,3 +211,70 @@ def validation_line(exc: ValidationError) -> str:
     loc = ".".join(str(p) for p in err.get("loc", ()))
     msg = err.get("msg", str(exc)).removeprefix("Value error, ")
     return f"{loc}: {msg}" if loc else msg
+
+
+#: What a pydantic error type asked for, in words (:func:`file_error_line`); a union's members each
+#: give one, joined by "or".
+EXPECTED = {"int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+            "string_type": "a string", "float_type": "a number", "float_parsing": "a number",
+            "bool_type": "true or false", "bool_parsing": "true or false", "list_type": "a list",
+            "dict_type": "an object", "model_type": "an object", "model_attributes_type": "an object"}
+#: Bounds of a number (``ctx`` key, sign) and of a length.
+BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<"),
+          "less_than_equal": ("le", "<=")}
+
+
+def key_path(path: list[str | int]) -> str:
+    """``["batches", 0, "params", "num_kv_splits"]`` as ``batches[0].params.num_kv_splits``."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def _data_path(err: dict[str, Any], data: Any) -> list[str | int]:
+    """The part of ``err``'s location that names keys and list positions of ``data`` (a missing key
+    included), without pydantic's names for a union's members or its validators."""
+    path: list[str | int] = []
+    node = data
+    for i, part in enumerate(err.get("loc", ())):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif not (err["type"] == "missing" and i == len(err["loc"]) - 1):
+            break
+        path.append(part)
+    return path
+
+
+def _what_is_wrong(errors: list[dict[str, Any]]) -> str:
+    """What the errors at one place of a file say, in words: ``expected an integer or a string, got
+    [4]``, ``expected a value > 0, got -5``, ``missing (required)``, a validator's own message."""
+    err = errors[0]
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "missing":
+        return "missing (required)"
+    if kind == "extra_forbidden":
+        return "not a known key (misspelt?)"
+    if kind in ("value_error", "assertion_error"):
+        return err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    wanted = [EXPECTED[e["type"]] for e in errors if e["type"] in EXPECTED]
+    if kind in BOUNDS:
+        key, sign = BOUNDS[kind]
+        wanted = [f"a value {sign} {ctx.get(key)}"]
+    elif kind == "too_short":
+        wanted = [f"at least {ctx.get('min_length')} item(s)"]
+    got = json.dumps(err.get("input"), default=str)
+    got = got if len(got) <= 60 else got[:57] + "..."
+    return f"expected {' or '.join(dict.fromkeys(wanted))}, got {got}" if wanted else f"{err['msg']}, got {got}"
+
+
+def file_error_line(exc: ValidationError, data: Any,
+                    place: Callable[[list[str | int]], str] = key_path) -> str:
+    """The first pydantic error of validating ``data`` (a file's parsed content) as one line in the
+    file's terms: where (``place`` of the keys and list positions leading there; pydantic's names of
+    a union's members left out) and what is wrong there, e.g.
+    ``batches[0].entries[3].params.num_kv_splits: expected an integer or a string, got [4]``."""
+    errors = exc.errors()
+    path = _data_path(errors[0], data)
+    where = place(path)
+    what = _what_is_wrong([e for e in errors if _data_path(e, data) == path])
+    return f"{where}: {what}" if where else what

@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from mlabench.errors import ConfigError
-from mlabench.files import read_json
+from mlabench.files import file_error_line, key_path, read_json
 from mlabench.policy.rules import MAX_KV_SPLITS, rule_splits, whole_tile_splits
 
 #: Version 2 added ``tokens_per_split`` to an entry, version 3 ``tile_tokens``; :func:`load_policy`
@@ -56,15 +56,14 @@ class PolicyEntry(BaseModel):
     @model_validator(mode="after")
     def _rule_needs_splits(self) -> PolicyEntry:
         if self.tokens_per_split is not None and self.tile_tokens is not None:
-            raise ValueError(f"entry {self.max_context_len}: tokens_per_split and tile_tokens exclude each other")
+            raise ValueError("tokens_per_split and tile_tokens exclude each other")
         for name in ("tokens_per_split", "tile_tokens"):
             if getattr(self, name) is not None and not isinstance(self.params.get("num_kv_splits"), int):
-                raise ValueError(f"entry {self.max_context_len}: {name} needs an integer num_kv_splits")
+                raise ValueError(f"{name} needs an integer num_kv_splits")
         splits = self.params.get("num_kv_splits")
         if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int)
                                    or not 1 <= splits <= MAX_KV_SPLITS):
-            raise ValueError(f"entry {self.max_context_len}: num_kv_splits must be an integer in "
-                             f"1..{MAX_KV_SPLITS}, got {splits!r}")
+            raise ValueError(f"num_kv_splits must be an integer in 1..{MAX_KV_SPLITS}, got {splits!r}")
         return self
 
     @model_serializer(mode="wrap")
@@ -118,7 +117,7 @@ class BatchPolicy(BaseModel):
     def _sorted(self) -> BatchPolicy:
         lens = [e.max_context_len for e in self.entries]
         if lens != sorted(set(lens)):
-            raise ValueError(f"batch {self.batch}: max_context_len must increase strictly, got {lens}")
+            raise ValueError(f"max_context_len must increase strictly from entry to entry, got {lens}")
         return self
 
 
@@ -276,9 +275,26 @@ def load_policy(path: str | Path) -> Policy:
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "policy"
-        raise ConfigError(f"{p}: {where}: {err['msg']}") from None
+        raise ConfigError(f"{p}: {file_error_line(exc, data, lambda path: policy_place(path, data))}") from None
+
+
+def policy_place(path: list[str | int], data: Any) -> str:
+    """Where ``path`` (keys and list positions) is in the policy file ``data``, in its terms:
+    ``batch 1, entry 4 of 6 (max_context_len 16384), key params.num_kv_splits``."""
+    words, rest = [], list(path)
+    if rest[:1] == ["batches"] and len(rest) > 1:
+        batch = data["batches"][rest[1]]
+        size = batch.get("batch") if isinstance(batch, dict) else None
+        words.append(f"batch {size}" if type(size) is int else f"batches[{rest[1]}]")
+        rest = rest[2:]
+        if rest[:1] == ["entries"] and len(rest) > 1:
+            entry, count = batch["entries"][rest[1]], len(batch["entries"])
+            length = entry.get("max_context_len") if isinstance(entry, dict) else None
+            words.append(f"entry {rest[1] + 1} of {count}" + (f" (max_context_len {length})" if type(length) is int else ""))
+            rest = rest[2:]
+    if rest:
+        words.append(f"key {key_path(rest)}")
+    return ", ".join(words)
 
 
 def json_schema() -> dict[str, Any]:

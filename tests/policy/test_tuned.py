@@ -151,6 +151,62 @@ def test_json_round_trip_and_schema_errors(tmp_path):
         load_policy(tmp_path / "missing.json")
 
 
+def _set(keys, value):
+    """A change to a policy's JSON data: ``value`` at the path ``keys``."""
+    def change(data):
+        for key in keys[:-1]:
+            data = data[key]
+        data[keys[-1]] = value
+    return change
+
+
+def _drop(keys):
+    def change(data):
+        for key in keys[:-1]:
+            data = data[key]
+        del data[keys[-1]]
+    return change
+
+
+@pytest.mark.parametrize("change, message", [
+    (_set(["batches", 0, "entries", 2, "params", "num_kv_splits"], 0),
+     "batch 1, entry 3 of 5 (max_context_len 8192): num_kv_splits must be an integer in 1..512, got 0"),
+    (_set(["batches", 0, "entries", 2, "params", "num_kv_splits"], [4]),
+     "batch 1, entry 3 of 5 (max_context_len 8192), key params.num_kv_splits: expected an integer or a string, "
+     "got [4]"),
+    (_set(["batches", 2, "entries", 1, "max_context_len"], -5),
+     "batch 16, entry 2 of 3 (max_context_len -5), key max_context_len: expected a value > 0, got -5"),
+    (_set(["batches", 1, "entries", 0, "tile_tokns"], 32),
+     "batch 4, entry 1 of 2 (max_context_len 8192), key tile_tokns: not a known key (misspelt?)"),
+    (_drop(["batches", 1, "entries", 0, "params"]),
+     "batch 4, entry 1 of 2 (max_context_len 8192), key params: missing (required)"),
+    (_set(["batches", 0, "entries", 1, "tokens_per_split"], "a"),
+     'batch 1, entry 2 of 5 (max_context_len 4096), key tokens_per_split: expected an integer, got "a"'),
+    (_set(["batches", 0, "batch"], 0), "batch 0, key batch: expected a value > 0, got 0"),
+    (_set(["batches", 0, "entries"], {}), "batch 1, key entries: expected a list, got {}"),
+    (lambda data: data["batches"][2]["entries"].reverse(),
+     "batch 16: max_context_len must increase strictly from entry to entry, got [131072, 65536, 4096]"),
+    (_drop(["backend"]), "key backend: missing (required)"),
+])
+def test_schema_errors_name_the_entry_and_key_in_the_files_terms(tmp_path, change, message):
+    """A fresh user's nit: a bad policy file was reported by pydantic's path
+    (``batches.0.entries.2.params.num_kv_splits.int: Input should be a valid integer``).  The line
+    names the batch, the entry (and its max_context_len), the key and what was expected, after the
+    file's path; the same line for a policy read by ``split_policy=device:FILE``."""
+    import json
+
+    from mlabench.policy.device_table import load_split_policy
+
+    data = json.loads(make_policy().to_json())
+    change(data)
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(data))
+    for load in (load_policy, load_split_policy):
+        with pytest.raises(ConfigError) as info:
+            load(path)
+        assert str(info.value) == f"{path}: {message}"
+
+
 @pytest.mark.parametrize("folder, version, lookups", [
     ("first-attempt", 1, {(1, 2381): 69, (16, 50000): 16}),            # before tokens_per_split
     ("wave-cap-attempt", 2, {(1, 15898): 112, (1, 1000): 36, (1, 2940): 46}),  # before tile_tokens

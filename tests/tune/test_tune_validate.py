@@ -140,6 +140,21 @@ def test_cli_errors_are_one_line(args, message):
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
 
 
+def test_cli_bad_policy_file_is_one_line_in_its_terms(tmp_path):
+    """``tune --validate`` of a policy with a bad split count: one line naming the file, the batch,
+    the entry and the key (not pydantic's ``batches.0.entries.0.params.num_kv_splits.int``), exit 2."""
+    data = json.loads(fast_wrong_policy(6).to_json())
+    data["batches"][0]["entries"][0]["params"]["num_kv_splits"] = 2.5
+    bad = tmp_path / "policy.json"
+    bad.write_text(json.dumps(data))
+    res = subprocess.run([sys.executable, "-m", "mlabench", "tune", "--validate", str(bad)], capture_output=True,
+                         text=True, timeout=120)
+    length = data["batches"][0]["entries"][0]["max_context_len"]
+    assert res.returncode == 2 and res.stderr.strip() == (
+        f"error: {bad}: batch 1, entry 1 of 1 (max_context_len {length}), key params.num_kv_splits: expected an "
+        "integer or a string, got 2.5"), res.stderr
+
+
 def test_cli_import_does_not_load_optuna():
     code = "import sys, mlabench.cli; assert 'optuna' not in sys.modules, 'optuna imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
