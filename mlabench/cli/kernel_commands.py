@@ -19,7 +19,7 @@ from mlabench.cli.options import (
     non_causal_applies, output_format, splits_apply,
 )
 from mlabench.cli.output import emit, fail, notice, progress_bar
-from mlabench.errors import ConfigError
+from mlabench.errors import ConfigError, MissingResultError
 
 
 def backends(format: Format = None, as_json: Json = False, markdown: Markdown = False,
@@ -191,13 +191,18 @@ def compare(
         _flags_apply(cfg, splits, non_causal)
         store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
     families = backend_families()
+    try:
+        check_comparable(records, families)  # nothing to compare: the error alone, exit 1, no table of dashes
+    except MissingResultError:
+        if not from_run:
+            _results_went_to(store)  # what was measured is kept
+        raise
     tables = [compare_table(records, families)]
     if len({(r.qo_len, r.causal) for r in records}) > 1:
         tables.append(winners_table(records, families))
     emit(tables, fmt)
     if not from_run:
         _results_went_to(store)
-    check_comparable(records, families)  # after the table (its best split counts still hold): exit 1
 
 
 #: The commands of this group, registered by :mod:`mlabench.cli.app`.

@@ -106,8 +106,8 @@ def winners_table(records: Sequence[Record], families: dict[str, str]) -> Table:
 def check_comparable(records: Sequence[Record], families: dict[str, str]) -> None:
     """Raise :class:`MissingResultError` (exit 1) unless ``records`` hold a correct record of a
     padded persistent backend and one of a split-KV backend: otherwise the comparison the command
-    is for cannot be made (its table still shows each point's best split count).  The message
-    says which side is missing and what the runs do hold."""
+    is for cannot be made, and ``compare`` prints this error alone, before any table (a table would
+    be a column of dashes).  The message says which side is missing and what the runs do hold."""
     ok = [r for r in records if r.status == "ok"]
     if not ok:
         raise MissingResultError(f"no correct record among the {len(records)} read: nothing to compare "
@@ -115,5 +115,5 @@ def check_comparable(records: Sequence[Record], families: dict[str, str]) -> Non
     held = sorted({r.backend for r in ok})
     for family, what in (("persistent", "a padded persistent"), ("split-kv", "a split-KV")):
         if not any(families.get(b) == family for b in held):
-            raise MissingResultError(f"compare needs {what} backend with correct records; these runs "
-                                     f"have {', '.join(held)}")
+            raise MissingResultError(f"nothing to compare: compare needs {what} backend with correct records; "
+                                     f"these runs have {', '.join(held)}")
