@@ -132,16 +132,28 @@ def preflight(variants: list[Variant], vllm_bin: str, bench: bool = True) -> Non
     :class:`ConfigError` (no vllm executable), each one line.
     """
     for variant in variants:
+        if variant.launch is None:
+            require_started(variant)
+            continue
         try:
-            if variant.launch is None:
-                require_reachable(variant.base_url)
-            else:
-                require_launchable(variant.launch, vllm_bin)
+            require_launchable(variant.launch, vllm_bin)
         except ServerError as exc:
-            raise ServerError(f"[{variant.name}] {exc}") from None
+            raise ServerError(f"variant {variant.name!r}: {exc}") from None
     if bench and shutil.which(vllm_bin) is None:
         raise ConfigError(f"cannot run vllm bench serve: {vllm_bin!r} is not an executable program here "
                           "(set MLABENCH_VLLM_BIN, --vllm-bin or the config's vllm_bin)")
+
+
+def require_started(variant: Variant) -> None:
+    """Raise :class:`ServerError` unless the server of ``variant``, one without ``[launch]`` that the
+    user starts, answers ``/health``; the message names the variant and says to start it (its
+    ``start_hint``, else how to have serve-bench start it)."""
+    try:
+        require_reachable(variant.base_url)
+    except ServerError as exc:
+        how = (f"start it first: {variant.start_hint}" if variant.start_hint else
+               "start it first, or give the variant a [variants.launch] table so that mlabench starts it")
+        raise ServerError(f"variant {variant.name!r}: {exc}; {how}") from None
 
 
 def discard_unmeasured(run_dir: Path, measured: str) -> bool:
@@ -159,7 +171,7 @@ def variant_server(
 ) -> Iterator[ManagedServer | None]:
     """Yield a launched server for a variant with ``[launch]``, else check ``base_url`` is up."""
     if variant.launch is None:
-        require_reachable(variant.base_url)
+        require_started(variant)
         yield None
         return
     srv = ManagedServer(variant.launch, variant.base_url, run_dir / f"server-{variant.name}.log",

@@ -102,6 +102,10 @@ class Variant(_Strict):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Label in tables/file names.")
     base_url: str = Field(..., description="Where the server answers, e.g. http://127.0.0.1:8000.")
     launch: LaunchSpec | None = Field(None, description="Start the server here when given.")
+    start_hint: str | None = Field(
+        None, description="Without [launch]: how to start this variant's server, said when base_url does not "
+        "answer (e.g. the command that starts it)."
+    )
     model: str | None = Field(
         None, description="--model for this variant (default: the config's, else /v1/models)."
     )

@@ -100,6 +100,28 @@ def test_user_errors_are_one_line_exit_2(tmp_path, fake_vllm):
     assert not list((tmp_path / "res").iterdir())  # nothing measured: no run folder
 
 
+def test_a_variant_nobody_started_says_how_to_start_it(tmp_path):
+    """A fresh user's nit: ``serve-bench cpu-tiny`` said ``[running] no healthy server``, which read
+    as a status, with no word that the CPU vLLM server must be started first.  The line names the
+    variant and says what to do: the shipped config's start_hint (scripts/cpu_vllm_server.sh), or
+    for a variant without one, to start it or give it [variants.launch]."""
+    from mlabench.serving.config import load_config
+
+    port = free_port()
+    shipped = load_config("cpu-tiny").variants[0]
+    assert shipped.name == "running" and "scripts/cpu_vllm_server.sh start" in shipped.start_hint
+    hinted = tmp_path / "hinted.toml"
+    hinted.write_text(f'baseline = "a"\n[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
+                      'start_hint = "bash start-my-server.sh"\n')
+    down = f"error: variant 'a': no healthy server at http://127.0.0.1:{port} (GET /health did not answer 200); "
+    for cfg, how in ((hinted, "start it first: bash start-my-server.sh"),
+                     (one_variant(tmp_path, port), "start it first, or give the variant a [variants.launch] "
+                                                  "table so that mlabench starts it")):
+        for command in (["serve-bench"], ["serve-check", "--fixture", str(tmp_path / "fx.json"), "--save-fixture"]):
+            r = run_cli(*command, str(cfg), "--results-dir", str(tmp_path / "res"))
+            assert r.returncode == 2 and r.stderr == down + how + "\n", r.stderr
+
+
 def one_variant(tmp_path, port, launch=None, extra=""):
     cfg = tmp_path / f"one-{len(list(tmp_path.glob('one-*')))}.toml"
     cfg.write_text(f'baseline = "a"\n{BENCH_POLL}{extra}[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
@@ -108,8 +130,8 @@ def one_variant(tmp_path, port, launch=None, extra=""):
 
 
 @pytest.mark.parametrize("case, why", [
-    ("closed port", "[a] no healthy server at"),
-    ("no launch program", "[a] cannot start server: 'no-such-server' is not an executable program"),
+    ("closed port", "variant 'a': no healthy server at"),
+    ("no launch program", "variant 'a': cannot start server: 'no-such-server' is not an executable program"),
     ("no vllm", "cannot run vllm bench serve: '/no/vllm' is not an executable program"),
 ])
 def test_nothing_measured_leaves_no_folder_and_one_line(tmp_path, fake_vllm, case, why):
