@@ -219,7 +219,7 @@ EXPECTED = {"int_type": "an integer", "int_parsing": "an integer", "int_from_flo
             "string_type": "a string", "float_type": "a number", "float_parsing": "a number",
             "bool_type": "true or false", "bool_parsing": "true or false", "list_type": "a list",
             "dict_type": "an object", "model_type": "an object", "model_attributes_type": "an object"}
-#: Bounds of a number (``ctx`` key, sign) and of a length.
+#: A number's bounds: pydantic's error type -> (its ``ctx`` key, the sign).
 BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<"),
           "less_than_equal": ("le", "<=")}
 

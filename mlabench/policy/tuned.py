@@ -290,7 +290,8 @@ def policy_place(path: list[str | int], data: Any) -> str:
         if rest[:1] == ["entries"] and len(rest) > 1:
             entry, count = batch["entries"][rest[1]], len(batch["entries"])
             length = entry.get("max_context_len") if isinstance(entry, dict) else None
-            words.append(f"entry {rest[1] + 1} of {count}" + (f" (max_context_len {length})" if type(length) is int else ""))
+            named = f" (max_context_len {length})" if type(length) is int else ""
+            words.append(f"entry {rest[1] + 1} of {count}{named}")
             rest = rest[2:]
     if rest:
         words.append(f"key {key_path(rest)}")
