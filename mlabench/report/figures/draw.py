@@ -26,19 +26,19 @@ MARKERS = ("o", "s", "^", "v")
 
 
 def _mpl() -> SimpleNamespace:
-    """matplotlib's figure, ticker, colors, patches and textpath modules and its colormaps, imported on first
+    """matplotlib's figure, ticker, colors, patches, textpath and transforms modules and its colormaps, imported on first
     use; :class:`MlabenchError` naming what to install when matplotlib is missing."""
     from mlabench.extras import optional_import
 
     names = ("matplotlib", "matplotlib.figure", "matplotlib.ticker", "matplotlib.colors", "matplotlib.patches",
-             "matplotlib.textpath")
+             "matplotlib.textpath", "matplotlib.transforms")
     mods = [optional_import(name) for name in names]
     missing = [why for mod, why in mods if mod is None]
     if missing:
         raise MlabenchError(f"figures need matplotlib: {missing[0]}")
-    top, figure, ticker, colors, patches, textpath = (mod for mod, _ in mods)
+    top, figure, ticker, colors, patches, textpath, transforms = (mod for mod, _ in mods)
     return SimpleNamespace(figure=figure, ticker=ticker, colors=colors, patches=patches, textpath=textpath,
-                           colormaps=top.colormaps)
+                           transforms=transforms, colormaps=top.colormaps)
 
 
 def png_bytes(fig: Any) -> bytes:
