@@ -73,10 +73,32 @@ class Record(BaseModel):
     def median_us(self) -> float | None:
         return self.stats.median_us if self.stats else None
 
+    def shown_params(self) -> dict[str, Any]:
+        """``params`` as a reader sees them: each value asked for that ``effective_params`` holds
+        otherwise replaced by the one that ran, the asked one after it (asked ``fused_merge=1`` where
+        the grid does not fit, the wide merge ran: ``fused_merge=0 (asked 1)``); a per-request list of
+        counts shows as its range (``4-8``).  ``split_policy`` stays as asked (what ran records only
+        its mode; the asked value names the policy's file too).  For labels and tables only: a
+        record's key, and what pairs it with another run's, stay ``params``."""
+        shown = dict(self.params)
+        for name, ran in self.effective_params.items():
+            ran = _range_text(ran) if isinstance(ran, list) else ran
+            if name in shown and name != "split_policy" and str(ran) != str(shown[name]):
+                shown[name] = f"{ran} (asked {shown[name]})"
+        return shown
+
     @property
     def qo_label(self) -> int | str:
         """Query tokens per request as tables show them: ``4``, or ``"4 non-causal"``."""
         return self.qo_len if self.causal else f"{self.qo_len} non-causal"
+
+
+def _range_text(values: list[Any]) -> Any:
+    """A list of per-request values as a label shows it: ``4-8``, or ``8`` when all are 8."""
+    if not values or not all(isinstance(v, (int, float)) for v in values):
+        return values
+    low, high = min(values), max(values)
+    return low if low == high else f"{low}-{high}"
 
 
 class Manifest(BaseModel):

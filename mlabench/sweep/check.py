@@ -162,7 +162,7 @@ def check_table(records: Sequence[Record], unavailable: dict[str, str] | None = 
         verdict = {"ok": "pass", "incorrect": "FAIL"}.get(r.status, r.status)
         if r.status != "ok" and r.message:
             verdict += f": {r.message}"
-        t.rows.append([r.backend, params_label(r.params), shape, v.rel_rmse if v else None,
+        t.rows.append([r.backend, params_label(r.shown_params()), shape, v.rel_rmse if v else None,
                        v.rel_max_err if v else None, v.max_abs_err if v else None,
                        v.all_finite if v else None, verdict])
     v0 = next((r.verdict for r in records if r.verdict and r.verdict.rel_rmse_limit), None)

@@ -254,7 +254,7 @@ def _noise_text(run: Run) -> str:
 
 def _params(r: Record) -> str:
     """A point's parameters, after its query tokens per request when there are several."""
-    label = params_label(r.params)
+    label = params_label(r.shown_params())
     return label if r.qo_len == 1 else f"qo={r.qo_label} {label}"
 
 

@@ -102,7 +102,7 @@ def machine_tables(mf: MachineFactor | None) -> list[Table]:
                       "vs_machine": ColumnStyle(text=fmt, header="beyond machine", justify="right"),
                       "z": ColumnStyle(justify="right", drop=1)})
     for p, rel, z in mf.beyond:
-        t.add_row([p.a.backend, p.a.batch, p.a.context_len, params_label(p.a.params), p.a.stats.median_us,
+        t.add_row([p.a.backend, p.a.batch, p.a.context_len, params_label(p.a.shown_params()), p.a.stats.median_us,
                    p.b.stats.median_us, p.ratio, rel, z], style="red")
     slower = sum(rel > 1 for _, rel, _ in mf.beyond)
     t.notes += [

@@ -80,7 +80,7 @@ class Drift(BaseModel):
 
 def point_label(r: Record) -> str:
     """``backend params B=.. L=..`` of a record, for notes."""
-    return f"{r.backend} {params_label(r.params)} B={r.batch} L={r.context_len}"
+    return f"{r.backend} {params_label(r.shown_params())} B={r.batch} L={r.context_len}"
 
 
 def append_sentinel(run_dir: Path, after_points: int, record: Record) -> None:

@@ -62,6 +62,18 @@ def split_count(record: Record) -> int | None:
     return ran_params(record).get("num_kv_splits")
 
 
+def ran_note(records: Iterable[Record]) -> list[str]:
+    """The note of a table whose params are :meth:`Record.shown_params`, where a point ran another
+    value than it asked for (``fused_merge=0 (asked 1)``); else []."""
+    for r in records:
+        shown = r.shown_params()
+        name = next((k for k in shown if shown[k] != r.params[k]), None)
+        if name is not None:
+            return [f"params: X (asked Y) is the value that ran (effective_params) where it is not the one asked "
+                    f"for, e.g. {r.backend} {name}={shown[name]}"]
+    return []
+
+
 def against_run_ceiling(records: Sequence[Record]) -> tuple[list[Record], list[str]]:
     """``records`` with every read floor against its run's ceiling: the highest read ceiling among
     the run's records, or the highest TB/s a correct record of the run reached where that is higher
@@ -78,7 +90,7 @@ def against_run_ceiling(records: Sequence[Record]) -> tuple[list[Record], list[s
     for r in records:
         if r.run_id in top and r.status == "ok" and r.achieved_tbps and r.achieved_tbps > top[r.run_id]:
             beat[r.run_id] = r if r.run_id not in beat or r.achieved_tbps > beat[r.run_id].achieved_tbps else beat[r.run_id]
-    notes = [f"{run}: {r.backend} {params_label(r.params)} B={r.batch} L={r.context_len} read {fmt(r.achieved_tbps)} TB/s, "
+    notes = [f"{run}: {r.backend} {params_label(r.shown_params())} B={r.batch} L={r.context_len} read {fmt(r.achieved_tbps)} TB/s, "
              f"above the measured read ceiling {fmt(top[run])}: % floor is against {fmt(r.achieved_tbps)}"
              for run, r in beat.items()]
     top.update({run: r.achieved_tbps for run, r in beat.items()})
@@ -118,7 +130,7 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
         best = best_ok(recs)
         row: list[Any] = [key[0], key[1], *axis_values(recs[0], axes), recs[0].context_len,
                           *([recs[0].qo_label] if qo else [])]
-        row += [params_label(ran_params(best)), best.stats.median_us, best.achieved_tbps, best.pct_of_floor] \
+        row += [params_label(best.shown_params()), best.stats.median_us, best.achieved_tbps, best.pct_of_floor] \
             if best else ["(none ok)", None, None, None]
         for s in swept:
             hit = best_ok(r for r in recs if split_count(r) == s)
@@ -133,7 +145,7 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
         table.notes.append(f"{noisy} of {len(records)} points are noisy: the 95% CI of their median stayed wider "
                            "than the target within the budget; their times are less certain (raise --budget-s, "
                            "or quiet the machine)")
-    table.notes += raised
+    table.notes += raised + ran_note(records)
     if any(r.params.get("split_policy") for r in records):
         table.notes.append("split_policy points: best params and µs @N give the num_kv_splits the policy chose "
                            "(effective_params), not the one asked for")
@@ -192,7 +204,7 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
                 sb = best_ok(by_backend.get(s, [])) if s else None
                 speedup = sb.stats.median_us / pb.stats.median_us if pb and sb else None
                 t.rows.append([
-                    batch, *ctx, *qo_cell, p, params_label(pb.params) if pb else None,
+                    batch, *ctx, *qo_cell, p, params_label(pb.shown_params()) if pb else None,
                     pb.stats.median_us if pb else None, pb.pct_of_floor if pb else None,
                     sum(pb.setup_us.values()) if pb and pb.setup_us else None, s, sb.effective_params.get("num_kv_splits", sb.params.get("num_kv_splits")) if sb else None,
                     sb.stats.median_us if sb else None, sb.pct_of_floor if sb else None, speedup,
@@ -206,7 +218,7 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
                        "read-mostly kernel can exceed it by a few percent")
     else:
         t.notes.append("% floor is against the measured streaming read bandwidth (a large read-only reduction)")
-    t.notes += dropped + raised
+    t.notes += dropped + raised + ran_note(r for r in records if families.get(r.backend) == "persistent")
     return t
 
 

@@ -71,6 +71,29 @@ def test_sweep_summary_columns_from_hand_made_records():
     assert "time: median µs per call (wall)" in quiet.notes[-1]
 
 
+def test_a_point_that_ran_other_values_than_it_asked_for_is_labelled_by_what_ran():
+    """gluon-splitkv asked fused_merge=1 where the grid does not fit runs the wide merge
+    (effective_params fused_merge=0): tables labelled the point by the value asked for."""
+    from mlabench.sweep.check import check_table
+    from mlabench.sweep.summary import split_count
+
+    asked = {"num_kv_splits": 132, "fused_merge": 1, "rows_per_tile": "16", "split_policy": "device:p.json"}
+    ran = {"num_kv_splits": [8, 16, 8], "fused_merge": 0, "rows_per_tile": 16, "split_policy": "device", "pdl": 1}
+    fell_back = record(132, 5.0).model_copy(update={"params": asked, "effective_params": ran})
+    assert fell_back.shown_params() == {"num_kv_splits": "8-16 (asked 132)", "fused_merge": "0 (asked 1)",
+                                        "rows_per_tile": "16", "split_policy": "device:p.json"}
+    assert fell_back.params == asked and fell_back.key == record(132, 5.0).key  # pairing is by what was asked
+    plain = record(16, 6.0).model_copy(update={"effective_params": {"num_kv_splits": 16, "fused_merge": 0}})
+    assert plain.shown_params() == {"num_kv_splits": 16} and split_count(plain) == 16
+    table = sweep_summary([fell_back.model_copy(update={"params": {"fused_merge": 1, "num_kv_splits": 132}})])
+    assert table.rows[0][3] == "fused_merge=0 (asked 1) num_kv_splits=8-16 (asked 132)"
+    assert "params: X (asked Y) is the value that ran (effective_params) where it is not the one asked for, e.g. " \
+           "b fused_merge=0 (asked 1)" in table.notes
+    assert not any("asked Y" in n for n in sweep_summary([plain]).notes)
+    assert check_table([fell_back]).rows[0][1] == ("fused_merge=0 (asked 1) num_kv_splits=8-16 (asked 132) "
+                                                   "rows_per_tile=16 split_policy=device:p.json")
+
+
 def test_a_point_that_could_not_start_still_carries_its_floor():
     from mlabench.sweep.point import failed_record
 

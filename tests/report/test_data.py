@@ -148,6 +148,17 @@ def test_readable_numbers_and_one_colour_per_backend():
     assert style.backend_color("some-new-backend") == style.backend_color("some-new-backend")
 
 
+def test_every_registered_backend_has_a_fixed_colour_of_its_own(families):
+    """gluon-splitkv took a spare colour (a hash of its name), which an unknown backend may take too."""
+    from mlabench.policy.heuristics import HEURISTICS
+
+    fixed = {name: style.BACKEND_COLORS.get(name) for name in families}
+    assert None not in fixed.values(), [n for n, c in fixed.items() if c is None]
+    assert len(set(fixed.values())) == len(fixed)
+    others = set(style._SPARE_COLORS) | {style.heuristic_color(h.name) for h in HEURISTICS}
+    assert not set(fixed.values()) & others
+
+
 def test_the_heat_map_tells_a_count_not_run_from_one_that_failed():
     """A sweep need not run every count at every context: such a cell is 'not measured', not
     'not correct' (the gluon-splitkv heat map of a committed run drew both as ✗)."""

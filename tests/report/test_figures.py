@@ -183,3 +183,33 @@ def test_context_labels_too_close_to_read_are_left_blank():
     assert context_labels([1024, 1280, 2048, 4096]) == ["1K", "", "2K", "4K"]
     assert context_labels([1024, 4096], log=False) == ["1K", "4K"]
     assert context_labels([100000, 131072], log=False) == ["100k", "128K"]
+
+
+def _one_split_at_batch_16(records):
+    """The fixture's triton-splitkv records with batch 16 cut to one split count (16), as the
+    committed run-72fb349 ran it."""
+    return [r for r in records if r.backend == "triton-splitkv"
+            and (r.batch == 1 or r.params.get("num_kv_splits") == 16)]
+
+
+def test_each_split_panel_has_its_own_split_counts_and_a_one_split_panel_says_so(h200_runs):
+    """A batch that ran one split count drew every other batch's counts as its columns (all '–')
+    and ticks, and a column of 'best' stars over its one count."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from mlabench.report.figures import data as D, draw
+
+    curves = D.split_sweep(_one_split_at_batch_16(h200_runs.records), "triton-splitkv")
+    assert {c.splits[0] for c in curves[16]} == {16} and all(len(c.splits) == 1 for c in curves[16])
+    assert curves[1][0].splits == [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
+    sweep = draw.split_sweep(curves, "t", "w")
+    heat = draw.split_heatmap({b: D.split_heatmap(cs) for b, cs in curves.items()}, "t", "w")
+    for fig in (sweep, heat):
+        FigureCanvasAgg(fig).draw()
+        one, many = fig.get_axes()[1], fig.get_axes()[0]
+        assert [t.get_text() for t in one.get_xticklabels() if t.get_text()] == ["16"]
+        assert len(many.get_xticks()) == 12
+        assert one.get_title() == "batch 16 (only num_kv_splits = 16 ran)" and many.get_title() == "batch 1"
+    assert not [line for line in sweep.get_axes()[1].get_lines() if line.get_marker() == "*" and len(line.get_xdata())]
+    cells = [t.get_text() for t in heat.get_axes()[1].texts]
+    assert len(cells) == 3 and all(c.endswith(" µs") for c in cells)  # no ratio of 1.00 to the only count

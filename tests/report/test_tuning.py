@@ -203,7 +203,8 @@ def test_every_tuning_and_graph_check_figure_is_drawn(tune_runs, graph_check_run
 
 
 def _line_colors(fig):
-    return {line.get_label(): line.get_color() for ax in fig.axes for line in ax.get_lines()}
+    """``{label: colour}`` of ``fig``'s lines; a heuristic's label without what it says of the policy."""
+    return {line.get_label().split(" (= the policy")[0]: line.get_color() for ax in fig.axes for line in ax.get_lines()}
 
 
 def test_titles_units_legends_and_colours(tune_runs, graph_check_runs):
@@ -377,3 +378,36 @@ def test_a_choice_of_one_split_is_singular():
 
     h = T.StudyHistory(T.Study(1, 0, 48, 48), [], {"num_kv_splits": 1}, 53872.0)
     assert _history_title(h) == "≤ 48 (at 48)\nchose 1 split, 53900 µs"
+
+
+def _display_y(line):
+    """Where ``line``'s points land on the canvas, vertically (pixels)."""
+    return [round(y, 3) for _x, y in line.get_transform().transform(line.get_xydata())]
+
+
+def test_a_heuristic_that_coincides_with_the_policy_or_another_stays_visible():
+    """The policy's regret line was drawn over the heuristics': where a heuristic ran the policy's
+    time (0% beside it at batch 16 of the committed triton-splitkv validation), its line was hidden,
+    and two heuristics of the same times hid one another."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from mlabench.report.figures.draw_tuning import policy_steps, regret
+
+    lengths = [1024, 4096, 16384]
+    policy = T.RegretCurve("policy", lengths, [0.0, 2.0, 0.0], [16, 16, 16], 2.0, 0.6)
+    same = [T.RegretCurve(n, lengths, [0.0, 5.0, 0.0], [16, 8, 16], 5.0, 1.6) for n in ("aiter-gluon-0.1.19", "sglang")]
+    panel = T.RegretPanel(16, policy, same, [4096])
+    assert T.same_as_policy([panel, panel]) == {"aiter-gluon-0.1.19": (4, 6), "sglang": (4, 6)}
+    steps = T.PolicySteps(16, T.SplitSteps("policy", lengths, [16, 16, 16]),
+                          [T.SplitSteps(n, lengths, [16, 16, 16]) for n in ("vllm-triton", "sglang")], [4096], [])
+    for fig in (regret([panel], "gluon-splitkv", "t", "w"), policy_steps([steps], "gluon-splitkv", "t", "w")):
+        FigureCanvasAgg(fig).draw()
+        lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+        mine = lines["tuned policy (gluon-splitkv)"]
+        others = [line for label, line in lines.items() if label.split(" ")[0] in ("aiter-gluon-0.1.19", "sglang",
+                                                                                  "vllm-triton")]
+        assert len(others) == 2 and all(line.get_zorder() > mine.get_zorder() for line in others)
+        assert _display_y(others[0]) != _display_y(others[1])  # side by side, not one over the other
+    labels = [t.get_text() for t in fig.legends[0].get_texts()] + \
+        [t.get_text() for t in regret([panel], "gluon-splitkv", "t", "w").legends[0].get_texts()]
+    assert "sglang (= the policy at 2 of 3 points)" in labels

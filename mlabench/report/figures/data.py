@@ -178,12 +178,16 @@ def split_kv_backends(records: Sequence[Record], families: dict[str, str]) -> li
 
 def split_sweep(records: Sequence[Record], backend: str) -> dict[int, list[SplitCurve]]:
     """Figure (c): per batch, per context, ``backend``'s time against the split count that ran (under
-    a split policy, the policy's choice, not the count asked for).  ``records`` of several runs are
-    pooled here: give one run's (:func:`runs_apart`)."""
+    a split policy, the policy's choice, not the count asked for), over the counts recorded at that
+    batch (each panel its own: a count run only at another batch is no column of this one).
+    ``records`` of several runs are pooled here: give one run's (:func:`runs_apart`)."""
     mine = [r for r in records if r.backend == backend and split_count(r) is not None]
-    splits = sorted({split_count(r) for r in mine})
+    counts: dict[int, set[int]] = {}
+    for r in mine:
+        counts.setdefault(r.batch, set()).add(split_count(r))
     out: dict[int, list[SplitCurve]] = {}
     for (batch, ctx), recs in _by(mine, "batch", "context_len").items():
+        splits = sorted(counts[batch])
         curve = SplitCurve(ctx, splits, [], [])
         for s in splits:
             at = [r for r in recs if split_count(r) == s]
@@ -200,13 +204,15 @@ def split_sweep(records: Sequence[Record], backend: str) -> dict[int, list[Split
 @dataclass
 class Heatmap:
     """Figure (c), second part: rows are contexts, columns split counts, cells µs / the row's best
-    (``measured[i][j]`` False: that count was not run at that context)."""
+    (``measured[i][j]`` False: that count was not run at that context; ``best_us[i]``: the row's
+    best µs, None where no count passed)."""
 
     contexts: list[int]
     splits: list[int]
     ratio: list[list[float | None]] = field(default_factory=list)
     best_column: list[int | None] = field(default_factory=list)
     measured: list[list[bool]] = field(default_factory=list)
+    best_us: list[float | None] = field(default_factory=list)
 
 
 def split_heatmap(curves: Sequence[SplitCurve]) -> Heatmap:
@@ -217,6 +223,7 @@ def split_heatmap(curves: Sequence[SplitCurve]) -> Heatmap:
         heat.ratio.append([us / c.best_us if us is not None and c.best_us else None for us in c.median_us])
         heat.measured.append([status != "missing" for status in c.statuses])
         heat.best_column.append(c.splits.index(c.best_splits) if c.best_splits is not None else None)
+        heat.best_us.append(c.best_us)
     return heat
 
 

@@ -26,19 +26,19 @@ MARKERS = ("o", "s", "^", "v")
 
 
 def _mpl() -> SimpleNamespace:
-    """matplotlib's figure, ticker, colors, patches and textpath modules and its colormaps, imported on first
+    """matplotlib's figure, ticker, colors, patches, textpath and transforms modules and its colormaps, imported on first
     use; :class:`MlabenchError` naming what to install when matplotlib is missing."""
     from mlabench.extras import optional_import
 
     names = ("matplotlib", "matplotlib.figure", "matplotlib.ticker", "matplotlib.colors", "matplotlib.patches",
-             "matplotlib.textpath")
+             "matplotlib.textpath", "matplotlib.transforms")
     mods = [optional_import(name) for name in names]
     missing = [why for mod, why in mods if mod is None]
     if missing:
         raise MlabenchError(f"figures need matplotlib: {missing[0]}")
-    top, figure, ticker, colors, patches, textpath = (mod for mod, _ in mods)
+    top, figure, ticker, colors, patches, textpath, transforms = (mod for mod, _ in mods)
     return SimpleNamespace(figure=figure, ticker=ticker, colors=colors, patches=patches, textpath=textpath,
-                           colormaps=top.colormaps)
+                           transforms=transforms, colormaps=top.colormaps)
 
 
 def png_bytes(fig: Any) -> bytes:
@@ -58,13 +58,15 @@ def png_bytes(fig: Any) -> bytes:
 
 
 def _panels(n: int, title: str, where: str, width: float = PANEL_W, height: float = PANEL_H,
-            sharey: bool = False) -> tuple[Any, list[Any]]:
+            sharey: bool = False, widths: Sequence[float] | None = None) -> tuple[Any, list[Any]]:
+    """A figure of ``n`` panels in a row, ``width`` inches each (or ``widths``, one per panel)."""
+    widths = list(widths or [width] * n)
     # the title wraps as its subtitle does: one panel is narrower than most titles
-    lines = [*_wrap(title, width * n), *_wrap(where, width * n)]
+    lines = [*_wrap(title, sum(widths)), *_wrap(where, sum(widths))]
     # each line past the title's first two gets its own height, so the panels keep theirs
-    fig = _mpl().figure.Figure(figsize=(width * n, height + 0.2 * max(len(lines) - 2, 0)), layout="constrained",
+    fig = _mpl().figure.Figure(figsize=(sum(widths), height + 0.2 * max(len(lines) - 2, 0)), layout="constrained",
                                dpi=100)
-    axes = fig.subplots(1, n, squeeze=False, sharey=sharey)[0]
+    axes = fig.subplots(1, n, squeeze=False, sharey=sharey, width_ratios=widths)[0]
     fig.suptitle("\n".join(lines), fontsize=11)
     return fig, list(axes)
 
@@ -219,40 +221,72 @@ def latency(data: LatencyData, title: str, where: str, metric: str = "us") -> An
     return fig
 
 
+def _one_split_title(batch: int, splits: Sequence[int]) -> str:
+    """A panel's title: ``batch 16``, and where that batch ran one split count, which one."""
+    return f"batch {batch}" + (f" (only num_kv_splits = {splits[0]} ran)" if len(splits) == 1 else "")
+
+
 def split_sweep(curves: dict[int, list[SplitCurve]], title: str, where: str) -> Any:
-    """Figure (c): time vs ``num_kv_splits`` per context (one line each), the best starred."""
+    """Figure (c): time vs ``num_kv_splits`` per context (one line each), the best starred.  Each
+    panel's x axis has its batch's own split counts; a batch that ran one count draws its points
+    over it, unstarred (no other count to beat), and its title says so."""
     mpl = _mpl()
     batches = sorted(curves)
     fig, axes = _panels(len(batches), title, where, width=5.2)
     cmap = mpl.colormaps["viridis"]
     contexts = sorted({c.context_len for cs in curves.values() for c in cs})
     shade = {ctx: cmap(i / max(1, len(contexts) - 1) * 0.9) for i, ctx in enumerate(contexts)}
+    starred = False
     for ax, batch in zip(axes, batches):
+        splits = curves[batch][0].splits
         for c in curves[batch]:
             pts = [(s, us) for s, us in zip(c.splits, c.median_us) if us is not None]
-            ax.plot(*zip(*pts), "-o", color=shade[c.context_len], markersize=3,
+            ax.plot(*zip(*pts), "-o", color=shade[c.context_len], markersize=3 if len(splits) > 1 else 6,
                     label=style.context_text(c.context_len))
-            if c.best_splits is not None:
+            if c.best_splits is not None and len(splits) > 1:
+                starred = True
                 ax.plot([c.best_splits], [c.best_us], "*", color=shade[c.context_len], markersize=13,
                         markeredgecolor="black", markeredgewidth=0.8)
-        splits = curves[batch][0].splits
         ax.set_xscale("log", base=2)
         ax.xaxis.set_minor_locator(mpl.ticker.NullLocator())
         _log_ticks(ax, splits, [str(s) for s in splits], labelsize=8)
+        if len(splits) == 1:  # the one count in the middle, not at an edge of an axis of nothing
+            ax.set_xlim(splits[0] / 2, splits[0] * 2)
         ax.set_xlabel("num_kv_splits (log scale)")
         _log_y(ax, "µs per decode call (median, log scale)")
-        ax.set_title(f"batch {batch}", fontsize=10)
+        ax.set_title(_one_split_title(batch, splits), fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
-    axes[-1].plot([], [], "*", color="white", markeredgecolor="black", markersize=11, label="best split count")
+    if starred:
+        axes[-1].plot([], [], "*", color="white", markeredgecolor="black", markersize=11, label="best split count")
     _dedup_legend(fig, axes, loc="outside right center", title="context")
     return fig
 
 
+def _heat_cells(ax: Any, m: Heatmap, norm: Any) -> None:
+    """``m``'s cell texts and each row's best boxed; a panel of one split count has no ratio to
+    show (each is 1), so its cells give the µs instead, unboxed."""
+    patches = _mpl().patches
+    one = len(m.splits) == 1
+    for i, row in enumerate(m.ratio):
+        for j, v in enumerate(row):
+            dark = v is not None and norm(v) > 0.55
+            mark = style.ratio_text(v) if v is not None else "✗" if m.measured[i][j] else "–"
+            if one and v is not None:
+                mark = f"{style.sig3(m.best_us[i])} µs"
+            ax.text(j, i, mark, ha="center", va="center", fontsize=6.5, color="white" if dark else "black")
+        if m.best_column[i] is not None and not one:
+            ax.add_patch(patches.Rectangle((m.best_column[i] - 0.5, i - 0.5), 1, 1, fill=False,
+                                           edgecolor="black", linewidth=1.6))
+
+
 def split_heatmap(maps: dict[int, Heatmap], title: str, where: str) -> Any:
-    """Figure (c), heat map: context x split count, coloured by µs / the context's best (log)."""
+    """Figure (c), heat map: context x split count, coloured by µs / the context's best (log).  Each
+    panel's columns are its batch's own split counts; a batch that ran one count gets a narrow
+    panel whose cells give the µs (:func:`_heat_cells`) and whose title says so."""
     mpl = _mpl()
     batches = sorted(maps)
-    fig, axes = _panels(len(batches), title, where, width=6.4, height=4.3)
+    widths = [6.4 if len(maps[b].splits) > 1 else 3.2 for b in batches]
+    fig, axes = _panels(len(batches), title, where, height=4.3, widths=widths)
     worst = max((v for m in maps.values() for row in m.ratio for v in row if v is not None), default=2.0)
     norm = mpl.colors.LogNorm(vmin=1.0, vmax=max(worst, 1.01))
     cmap = mpl.colormaps["YlOrRd"].with_extremes(bad="#d9d9d9")
@@ -261,20 +295,12 @@ def split_heatmap(maps: dict[int, Heatmap], title: str, where: str) -> Any:
         m = maps[batch]
         grid = [[v if v is not None else float("nan") for v in row] for row in m.ratio]
         image = ax.imshow(grid, aspect="auto", cmap=cmap, norm=norm, origin="lower")
-        for i, row in enumerate(m.ratio):
-            for j, v in enumerate(row):
-                dark = v is not None and norm(v) > 0.55
-                mark = style.ratio_text(v) if v is not None else "✗" if m.measured[i][j] else "–"
-                ax.text(j, i, mark, ha="center", va="center", fontsize=6.5,
-                        color="white" if dark else "black")
-            if m.best_column[i] is not None:
-                ax.add_patch(mpl.patches.Rectangle((m.best_column[i] - 0.5, i - 0.5), 1, 1,
-                                                          fill=False, edgecolor="black", linewidth=1.6))
+        _heat_cells(ax, m, norm)
         ax.set_xticks(range(len(m.splits)), [str(s) for s in m.splits], fontsize=8)
         ax.set_yticks(range(len(m.contexts)), [style.context_text(c) for c in m.contexts], fontsize=8)
         ax.set_xlabel("num_kv_splits")
         ax.set_ylabel("context length, tokens")
-        ax.set_title(f"batch {batch}", fontsize=10)
+        ax.set_title(_one_split_title(batch, m.splits), fontsize=10)
     cbar = fig.colorbar(image, ax=axes, shrink=0.9)
     cbar.set_label("µs / best µs at that context (log scale)")
     cbar.ax.yaxis.set_major_locator(mpl.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))

@@ -12,7 +12,7 @@ from typing import Any
 from mlabench.report.figures import style
 from mlabench.report.figures.draw import LINESTYLES, MARKERS, _context_x, _dedup_legend, _mpl, _panels, _wrap
 from mlabench.report.figures.graph_check_data import GraphCheckData
-from mlabench.report.figures.tuning_data import PolicySteps, RegretPanel, StudyHistory
+from mlabench.report.figures.tuning_data import PolicySteps, RegretPanel, StudyHistory, same_as_policy
 
 EDGE_COLOR = "#c8c8c8"
 #: Regret ticks, percent.
@@ -25,6 +25,18 @@ def _edges(ax: Any, edges: Sequence[int]) -> None:
     for i, edge in enumerate(edges):
         ax.axvline(edge, color=EDGE_COLOR, linewidth=0.8, zorder=0,
                    label="context bucket edge" if i == 0 else None)
+
+
+#: Points between the lines of two heuristics, so that lines which coincide (each other's, the
+#: policy's) show side by side instead of one over the other.
+DODGE_PT = 1.5
+
+
+def _dodged(ax: Any, k: int, n: int) -> Any:
+    """``ax``'s data transform moved up ``(k - (n - 1) / 2) * DODGE_PT`` points: the place of the
+    ``k``-th of ``n`` lines that may coincide, the middle one where it is."""
+    return _mpl().transforms.offset_copy(ax.transData, fig=ax.figure, y=(k - (n - 1) / 2) * DODGE_PT,
+                                         units="points")
 
 
 def _split_axis(ax: Any, top: int) -> None:
@@ -43,10 +55,10 @@ def policy_steps(panels: Sequence[PolicySteps], backend: str, title: str, where:
     for ax, p in zip(axes, panels):
         _edges(ax, p.edges)
         ax.step(p.policy.lengths, p.policy.splits, where="post", color=style.backend_color(backend),
-                linewidth=4, alpha=0.55, label=f"tuned policy ({backend})", zorder=2)
-        for h in p.heuristics:
+                linewidth=6, alpha=0.5, label=f"tuned policy ({backend})", zorder=2)
+        for k, h in enumerate(p.heuristics):  # over the policy, each a hair from the next: coinciding ones show
             ax.step(h.lengths, h.splits, where="post", color=style.heuristic_color(h.name), linewidth=1.3,
-                    linestyle=(0, (4, 2)), label=h.name, zorder=3)
+                    linestyle=(0, (4, 2)), label=h.name, zorder=3, transform=_dodged(ax, k, len(p.heuristics)))
         if p.held_out_best:
             ax.plot(*zip(*p.held_out_best), "o", color="black", markersize=3.2, zorder=4,
                     label="fastest split count measured at a held-out length (validation ladder)")
@@ -170,17 +182,20 @@ def regret(panels: Sequence[RegretPanel], backend: str, title: str, where: str) 
     fig, axes = _panels(len(panels), title, where, width=6.2, height=4.4, sharey=True)
     top = max((v for p in panels for c in [p.policy, *p.heuristics] for v in c.regret_pct if v is not None),
               default=10.0)
+    same = same_as_policy(list(panels))
     for ax, p in zip(axes, panels):
         _edges(ax, p.edges)
-        for c in p.heuristics:
+        pts = [(x, v) for x, v in zip(p.policy.lengths, p.policy.regret_pct) if v is not None]
+        if pts:  # a broad band under the heuristics: one that ran the same time stays visible on it
+            ax.plot(*zip(*pts), "-o", color=style.backend_color(backend), linewidth=6, alpha=0.5, markersize=5,
+                    label=f"tuned policy ({backend})", zorder=2)
+        for k, c in enumerate(p.heuristics):
             pts = [(x, v) for x, v in zip(c.lengths, c.regret_pct) if v is not None]
+            on, of = same.get(c.name, (0, 0))
             if pts:
                 ax.plot(*zip(*pts), "-o", color=style.heuristic_color(c.name), linewidth=1.1, markersize=2.8,
-                        label=c.name, zorder=3)
-        pts = [(x, v) for x, v in zip(p.policy.lengths, p.policy.regret_pct) if v is not None]
-        if pts:
-            ax.plot(*zip(*pts), "-o", color=style.backend_color(backend), linewidth=2.6, markersize=4.5,
-                    label=f"tuned policy ({backend})", zorder=4)
+                        label=c.name + (f" (= the policy at {on} of {of} points)" if on else ""), zorder=3,
+                        transform=_dodged(ax, k, len(p.heuristics)))
         _context_x(ax, [e for e in p.edges if 0.9 * min(p.policy.lengths) <= e <= 1.1 * max(p.policy.lengths)]
                    or p.policy.lengths)
         _regret_axis(ax, top)

@@ -212,7 +212,8 @@ def _tuned_policy(runs: Any, families: dict[str, str], kind: str) -> list[Figure
                    "heuristic's choice for the same shape on this GPU (dashed), and the fastest trial of each "
                    "bucket's study (diamonds)" + (", and the fastest of the split ladder at each held-out "
                                                   "length of its validation (dots)" if validated else "")
-                   + "; a dashed line hidden under the thick one picks the policy's count there.")
+                   + "; a dashed line on the thick one picks the policy's count there (the dashed lines are "
+                   "drawn up to 3 points apart, so that those which coincide show side by side).")
         specs.append(FigureSpec(kind, "tuned-policy" + _suffix(runs.tune_runs, run), caption, partial(
             _draw_tuning().policy_steps, steps, backend,
             f"{backend}: tuned num_kv_splits per context length vs the public heuristics",
@@ -248,7 +249,9 @@ def _tuning_regret(runs: Any, families: dict[str, str], kind: str) -> list[Figur
         backend = run.manifest.config["validate"].get("backend", "policy")
         caption = (f"{run.name}: regret = time / best time - 1 at each held-out length, best = the fastest "
                    "correct configuration measured there (split ladder, policy, heuristics); the policy of "
-                   f"tuning run {run.policy_run_id or 'not recorded'}. Lines at 0% overlap.")
+                   f"tuning run {run.policy_run_id or 'not recorded'}. The heuristics are drawn over the policy's "
+                   "broad line and up to 3 points apart, so that lines which coincide show; the legend counts "
+                   "the points where each heuristic ran the policy's time.")
         specs.append(FigureSpec(kind, "tuning-regret" + _suffix(runs.validation_runs, run), caption, partial(
             _draw_tuning().regret, panels, backend,
             f"{backend}: regret of the tuned policy and the public heuristics on held-out context lengths",

@@ -10,9 +10,11 @@ import math
 import zlib
 from collections.abc import Sequence
 
-# One colour per backend in every figure (matplotlib's tab10 hues), fixed by name so that a figure
+# One colour per backend in every figure (matplotlib's tab10 hues; gluon-splitkv tab20b's indigo, dark
+# beside triton-splitkv's blue and away from every heuristic's hue), fixed by name so that a figure
 # with fewer backends keeps the same colours.
 BACKEND_COLORS = {
+    "gluon-splitkv": "#393b79",
     "triton-splitkv": "#1f77b4",
     "triton-persistent": "#ff7f0e",
     "flashmla": "#2ca02c",
@@ -21,7 +23,7 @@ BACKEND_COLORS = {
     "torch-splitkv": "#8c564b",
     "reference": "#7f7f7f",
 }
-_SPARE_COLORS = ("#e377c2", "#bcbd22", "#17becf", "#393b79", "#637939", "#843c39")
+_SPARE_COLORS = ("#e377c2", "#bcbd22", "#17becf", "#7b4173", "#637939", "#843c39")
 # Serve-bench variants are servers, not backends: a palette of their own, the baseline in grey.
 BASELINE_COLOR = "#9e9e9e"
 VARIANT_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")

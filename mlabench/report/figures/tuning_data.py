@@ -301,3 +301,15 @@ def validation_regret(run: Any) -> list[RegretPanel]:
         out.append(RegretPanel(batch, policy, heur, edges))
     return out
 
+
+
+def same_as_policy(panels: list[RegretPanel]) -> dict[str, tuple[int, int]]:
+    """Per heuristic, at how many held-out points of all ``panels`` its regret is the policy's (the
+    same time: its point lies on the policy's), and at how many both have one."""
+    out: dict[str, tuple[int, int]] = {}
+    for p in panels:
+        for h in p.heuristics:
+            pairs = [(a, b) for a, b in zip(p.policy.regret_pct, h.regret_pct) if a is not None and b is not None]
+            same, total = out.get(h.name, (0, 0))
+            out[h.name] = (same + sum(math.isclose(a, b, abs_tol=1e-9) for a, b in pairs), total + len(pairs))
+    return out
