@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 from pydantic import ValidationError
 
-from mlabench.errors import ConfigError, ServerError
+from mlabench.errors import ConfigError, DependencyError, ServerError
 from mlabench.files import append_text, make_dir, read_json, read_text, validation_line, write_text
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.lifecycle import (
@@ -140,7 +140,7 @@ def preflight(variants: list[Variant], vllm_bin: str, bench: bool = True) -> Non
         except ServerError as exc:
             raise ServerError(f"variant {variant.name!r}: {exc}") from None
     if bench and shutil.which(vllm_bin) is None:
-        raise ConfigError(f"cannot run vllm bench serve: {vllm_bin!r} is not an executable program here "
+        raise DependencyError(f"cannot run vllm bench serve: {vllm_bin!r} is not an executable program here "
                           "(set MLABENCH_VLLM_BIN, --vllm-bin or the config's vllm_bin)")
 
 
