@@ -13,7 +13,6 @@ To write the files again after a change of output that is meant (and reviewed in
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import shutil
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from mlabench.files import read_text
+from mlabench.records.store import stored_file
 from tests.golden.cli import run_mlabench
 
 HERE = Path(__file__).resolve().parent
@@ -57,9 +58,9 @@ def copy_tuning_run(tmp: Path) -> Path:
     rebuilds the policy files inside the run folder and reads the journal uncompressed)."""
     run = tmp / TUNE.name
     shutil.copytree(TUNE, run)
-    archived = run / "study.journal.gz"
-    if archived.exists() and not (run / "study.journal").exists():
-        (run / "study.journal").write_bytes(gzip.decompress(archived.read_bytes()))
+    journal = run / "study.journal"
+    if not journal.exists():  # committed gzipped: study.journal.gz
+        journal.write_text(read_text(stored_file(journal), "tuning journal"))
     return run
 
 

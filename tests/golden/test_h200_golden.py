@@ -5,7 +5,6 @@ The records were measured on an H200 and are read, not re-measured, so these run
 """
 
 import csv
-import gzip
 import json
 import sys
 from pathlib import Path
@@ -13,19 +12,21 @@ from pathlib import Path
 import pytest
 
 from mlabench import cli
-from mlabench.records.store import ResultStore, records_of
+from mlabench.files import read_text
+from mlabench.records.store import ResultStore, records_of, stored_file
 from mlabench.sweep.summary import sweep_summary
 from mlabench.tables.render import to_markdown
 from tests.golden.cli import run_mlabench
 
 
-def raw_records() -> str:
-    """The committed run's raw records (``results.jsonl.gz``, gzipped as the results/ rule asks)."""
-    return gzip.decompress((RUN / "results.jsonl.gz").read_bytes()).decode()
-
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "results" / "h200" / "kimi-k3-tp8"
 RUN = H200 / "kimi-k3-tp8-20261130-105953-511"
+
+
+def raw_records() -> str:
+    """The committed run's raw records (kept as ``results.jsonl.gz``, as the results/ rule asks)."""
+    return read_text(stored_file(RUN / "results.jsonl"), "run records")
 
 
 def markdown_rows(text: str) -> list[list[str]]:

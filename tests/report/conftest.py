@@ -2,11 +2,13 @@
 H200 tuning run and its validation (fixtures/README.md), and the committed graph-check and multi-token
 results read in place."""
 
-import gzip
 import json
 from pathlib import Path
 
 import pytest
+
+from mlabench.files import read_text
+from mlabench.records.store import stored_file
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H200 = FIXTURES / "h200-kimi-k3-tp8"
@@ -28,8 +30,7 @@ FUSED_MERGE = REPO / "results/h200/deploy/fused-merge"
 def raw_records(run: Path = H200_RUN) -> list[dict]:
     """A run's records as plain JSON (``results.jsonl``, or ``results.jsonl.gz`` as committed runs
     keep them), for checks that do not go through mlabench's reader."""
-    plain = run / "results.jsonl"
-    text = plain.read_text() if plain.exists() else gzip.decompress((run / "results.jsonl.gz").read_bytes()).decode()
+    text = read_text(stored_file(run / "results.jsonl"), "run records")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 

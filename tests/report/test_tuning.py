@@ -2,7 +2,6 @@
 (read as plain JSON here, not through mlabench), what is skipped and why, how runs are recognised,
 the figures drawn, and the report's sections."""
 
-import gzip
 import json
 import shutil
 import sys
@@ -13,16 +12,11 @@ from mlabench import cli
 from mlabench.errors import ResultsError
 from mlabench.report.figures import graph_check_data as G, style, tuning_data as T
 from mlabench.report.figures.plan import plan, write_figures
-from tests.report.conftest import FIXTURES, GRAPH_CHECK, REPO, TUNE, TUNE_RUN, VALIDATE_RUN
+from tests.report.conftest import FIXTURES, GRAPH_CHECK, REPO, TUNE, TUNE_RUN, VALIDATE_RUN, raw_records
 from tests.report.test_figures import assert_real_png
 
 CHOSEN_B1 = [23, 69, 91, 124, 130, 253, 254, 256]  # tune.md and policy.md of the committed run
 CHOSEN_B16 = [8] + [16] * 7
-
-
-def _jsonl(path):
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def test_tuning_and_validation_runs_are_their_own_kinds(tune_runs):
@@ -40,7 +34,7 @@ def test_the_choice_per_bucket_is_the_policys(tune_runs):
     by_batch = {b: [c for c in choices if c.study.batch == b] for b in (1, 16)}
     assert [c.chosen["num_kv_splits"] for c in by_batch[1]] == CHOSEN_B1
     assert [c.chosen["num_kv_splits"] for c in by_batch[16]] == CHOSEN_B16
-    raw = _jsonl(TUNE_RUN / "results.jsonl.gz")
+    raw = raw_records(TUNE_RUN)
     for c in choices:
         mine = [r for r in raw if r["batch"] == c.study.batch and r["context_len"] == c.study.length]
         assert c.configs == c.ok == len(mine) == 40
@@ -55,7 +49,7 @@ def test_the_choice_per_bucket_is_the_policys(tune_runs):
 def test_the_history_is_each_studys_trials_in_order_with_the_best_so_far(tune_runs):
     history = T.tuning_history(tune_runs.tune_runs[0])
     assert sorted(history) == [1, 16] and [len(history[b]) for b in (1, 16)] == [8, 8]
-    raw = _jsonl(TUNE_RUN / "results.jsonl.gz")
+    raw = raw_records(TUNE_RUN)
     for batch, studies in history.items():
         for h in studies:
             mine = [r for r in raw if r["batch"] == batch and r["context_len"] == h.study.length]

@@ -5,7 +5,9 @@ The output is the fp32 reference of the inputs as they are (recomputed only when
 changed); the timed call spins for a cost in µs that depends on the parameters (on a GPU, in a
 kernel, so that graph replay times it), then copies it.  Workers started by the tuner import
 this module through ``MLABENCH_WORKER_IMPORTS``; ``TEST_TUNE_PREPARE_S`` slows every ``prepare``
-(to kill a worker mid-trial, or to let two workers overlap).
+(to kill a worker mid-trial, or to let two workers overlap), and ``TEST_TUNE_TOGETHER`` holds each
+worker's first ``prepare`` until every worker has begun one (so that they overlap however late one
+of them starts).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +28,12 @@ from mlabench.shapes import MLADecodeShape
 
 MODULE = "tests.tune.fake_backends"
 PREPARE_ENV = "TEST_TUNE_PREPARE_S"
+#: ``FOLDER:N``: the first ``prepare`` of each process leaves a file named by its pid in FOLDER and
+#: waits until N processes have (at most :data:`TOGETHER_WAIT_S`), so that no worker finishes its
+#: first trial before every worker has begun measuring one: a worker whose start a loaded machine
+#: delays by seconds still finds trials left.
+TOGETHER_ENV = "TEST_TUNE_TOGETHER"
+TOGETHER_WAIT_S = 120.0
 
 
 #: GPU clock cycles per µs of synthetic cost (an H200's 1.98 GHz boost clock; only the order of the
@@ -41,6 +50,18 @@ def spin_us(us: float, device: torch.device) -> None:
     end = time.perf_counter() + us * 1e-6
     while time.perf_counter() < end:
         pass
+
+
+def wait_for_peers() -> None:
+    """The first call in this process with :data:`TOGETHER_ENV` set: arrive, then wait for the others."""
+    spec = os.environ.get(TOGETHER_ENV)
+    folder = Path(spec.rsplit(":", 1)[0]) if spec else None
+    if folder is None or (folder / str(os.getpid())).exists():
+        return
+    (folder / str(os.getpid())).touch()
+    deadline = time.monotonic() + TOGETHER_WAIT_S
+    while len(list(folder.iterdir())) < int(spec.rsplit(":", 1)[1]) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 class _Synthetic(Backend):
@@ -61,6 +82,7 @@ class _Synthetic(Backend):
         return False
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
+        wait_for_peers()
         time.sleep(float(os.environ.get(PREPARE_ENV, "0")))
         s = inputs.shape
         bias = 1.0 if self.wrong(params) else 0.0
