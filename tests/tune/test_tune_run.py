@@ -76,7 +76,9 @@ def test_real_cpu_backend_end_to_end(tmp_path, tiny_timing):
 
 def test_resume_after_kill9_repeats_no_finished_trial(tmp_path, tiny_timing, monkeypatch):
     monkeypatch.setenv(PREPARE_ENV, "0.2")
-    cfg = fast_wrong_config(tiny_timing)
+    # a point samples until its CI is narrow (as in two_workers): on a loaded machine 0.02 s could
+    # end at 3-5 samples with a CI that ties every configuration, and the fewest splits would win
+    cfg = fast_wrong_config(tiny_timing.model_copy(update={"budget_s": 1.0, "max_samples": 50}))
     errors: list[BaseException] = []
 
     def first_run():
