@@ -130,7 +130,7 @@ class Objective:
         points = []
         for length in sorted(self.shapes):
             params = params_at(self.backend, self.fixed, searched, length)
-            point = {"length": length, **self._point(trial, length, params)}
+            point = {"length": length, **self._point(trial, length, params, points)}
             points.append(point)
             trial.set_user_attr("points_so_far", points)
             if point["status"] != "ok":
@@ -154,11 +154,15 @@ class Objective:
                 return None
             self._pause(trial)
 
-    def _point(self, trial: Any, length: int, params: dict[str, Any]) -> dict[str, Any]:
+    def _point(self, trial: Any, length: int, params: dict[str, Any],
+               earlier: list[dict[str, Any]]) -> dict[str, Any]:
         """The record of ``params`` at ``length``: already in the run folder or in a trial of the
         study (measured on any machine), or measured now once this worker holds the claims on it
         (the run folder's, :func:`mlabench.tune.worker_pool.claim`, and the study's,
-        :meth:`_in_study`), or after waiting :data:`WAIT_FOR_PEER_S` for their holder."""
+        :meth:`_in_study`), or after waiting :data:`WAIT_FOR_PEER_S` for their holder.  A point
+        measured here is published in the trial's ``points_so_far`` (after ``earlier``, the trial's
+        points before it) before the study's claim is given up: a peer looking in between finds
+        the point, never a free claim on a point already measured."""
         key = point_key(self.backend.name, params, self.shapes[length].key())
         deadline = time.monotonic() + WAIT_FOR_PEER_S
         while True:
@@ -172,7 +176,9 @@ class Objective:
             if late or (free and claim(self.store.run_dir, key)):
                 try:
                     rec = self.index.get(key)  # appended between the look and the claim
-                    return record_attrs(rec) if rec is not None else self._measure(length, params)
+                    found = record_attrs(rec) if rec is not None else self._measure(length, params)
+                    trial.set_user_attr("points_so_far", [*earlier, {"length": length, **found}])
+                    return found
                 finally:
                     release(self.store.run_dir, key)
                     trial.set_user_attr("measuring", None)

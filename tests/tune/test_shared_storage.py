@@ -1,6 +1,6 @@
 """The tuning storage: checked before a run folder exists, a torn or corrupt journal, any number
-of machines opening one empty PostgreSQL database at once, seeding once, the study's identity, and
-an export that refuses a study still running."""
+of machines opening one empty PostgreSQL database at once, seeding once, the study's identity, an
+export that refuses a study still running, and a measured point published before its claim goes."""
 
 from __future__ import annotations
 
@@ -174,3 +174,29 @@ def test_a_study_with_fewer_configurations_than_trials_or_a_timeout_ends(tmp_pat
     started = time.monotonic()
     run_tune(timed, tmp_path / "timed")
     assert time.monotonic() - started < 60
+
+
+def test_a_measured_point_is_published_before_its_claim_is_given_up(tmp_path, tiny_timing, monkeypatch):
+    """A machine finds a point in the study (a trial's ``points_so_far``) or a claim on it (a
+    running trial's ``measuring``); a moment when neither shows lets it measure the point again
+    (five machines once measured one configuration twice).  So the measuring trial publishes the
+    point before it gives up the claim."""
+    from tests.tune.helpers import run_in_process, tiny_config
+
+    trial_cls = optuna_module().trial.Trial
+    calls: list[tuple[str, str]] = []
+    original = trial_cls.set_user_attr
+
+    def spy(self, key, value):
+        calls.append((key, json.dumps(value)))
+        original(self, key, value)
+
+    monkeypatch.setattr(trial_cls, "set_user_attr", spy)
+    _, store = run_in_process(tmp_path, tiny_config("test-fast-wrong", tiny_timing, sampler="brute", trials=3))
+    keys = [r.key for r in store.records()]
+    assert len(keys) == 3
+    for key in keys:
+        claimed = calls.index(("measuring", json.dumps(key)))
+        released = calls.index(("measuring", "null"), claimed)
+        published = next(i for i, (k, v) in enumerate(calls) if k == "points_so_far" and key in v)
+        assert claimed < published < released, calls[claimed:released + 2]
