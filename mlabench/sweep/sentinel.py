@@ -31,7 +31,8 @@ from mlabench.records.store import read_jsonl, stored_file
 from mlabench.tables.table import fmt, params_label
 
 SENTINEL_FILE = "sentinel.jsonl"
-#: The sentinel's reference is the median of this many of its first measurements.
+#: The sentinel's reference is the median of this many of its first measurements (of all but the
+#: last where a run has fewer: at least one reading is always compared with a reference it is not in).
 REFERENCE_READINGS = 3
 
 
@@ -121,7 +122,7 @@ def drift_of(sentinels: Sequence[SentinelMeasurement], records: Sequence[Record]
     if len(timed) < 2:
         return None
     medians = [s.record.stats.median_us for s in timed]
-    first = medians[:REFERENCE_READINGS]
+    first = medians[:min(REFERENCE_READINGS, len(medians) - 1)]
     reference = statistics.median(first)
     drift = [m / reference - 1 for m in medians]
     windows = [DriftWindow(from_point=prev.after_points, to_point=cur.after_points, drift=d,
@@ -170,8 +171,8 @@ def _unsettled_text(manifest: Manifest) -> str:
 def _drift_notes(d: Drift, manifest: Manifest, verbose: bool) -> list[str]:
     """The sentinel's line and its drifting windows': one line for all windows, or with ``verbose``
     one per window naming up to 8 of its points."""
-    against = (f"against the median of its first {d.reference_readings} readings" if d.reference_us is not None
-               else "against its first reading")
+    against = (f"against the median of its first {d.reference_readings} readings"
+               if d.reference_us is not None and d.reference_readings > 1 else "against its first reading")
     head = (f"sentinel {d.sentinel} measured {len(d.medians_us)} times: drift {100 * min(d.drift):+.2f}% to "
             f"{100 * max(d.drift):+.2f}% {against} (target ±{100 * d.target:g}%)")
     if d.repeat_noise is not None:

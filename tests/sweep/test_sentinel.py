@@ -129,8 +129,12 @@ def test_the_reference_is_the_median_of_the_first_readings_not_the_cold_first_on
     d = drift_of([sentinel_at(20 * i, us) for i, us in enumerate([102.5, 100.0, 100.2, 103.0, 100.1])], [], 0.01)
     assert d.drifting and [(w.from_point, w.to_point) for w in d.windows] == [(40, 60)]
     assert d.windows[0].drift == pytest.approx(103.0 / 100.2 - 1)
-    # two readings: the reference is their median (mean)
-    assert drift_of([sentinel_at(0, 100.0), sentinel_at(20, 102.0)], [], 0.05).reference_us == 101.0
+    # two readings: the reference is the first (as their mean it made the drift +-1% by construction);
+    # three: the median of the first two, so the last is always against a reference it is not in
+    d = drift_of([sentinel_at(0, 100.0), sentinel_at(20, 102.0)], [], 0.05)
+    assert (d.reference_us, d.reference_readings) == (100.0, 1) and d.drift == pytest.approx([0.0, 0.02])
+    d = drift_of([sentinel_at(20 * i, us) for i, us in enumerate([100.0, 102.0, 110.0])], [], 0.05)
+    assert (d.reference_us, d.reference_readings) == (101.0, 2) and d.drifting
 
 
 def test_forty_drifting_windows_make_one_line_and_every_kind_of_note_one_line(slow_phase_run):
