@@ -141,9 +141,11 @@ WorkersFlag = Annotated[int | None, typer.Option(
 ValidateFlag = Annotated[Path | None, typer.Option(
     metavar="POLICY",
     help="Measure this policy JSON on held-out lengths instead.")]
-LengthsFlag = Annotated[int, typer.Option(metavar="N", help="With --validate: lengths per batch size.")]
-MinContextFlag = Annotated[int, typer.Option(metavar="L", help="With --validate: shortest length.")]
-MaxContextFlag = Annotated[int, typer.Option(metavar="L", help="With --validate: longest length.")]
+LengthsFlag = Annotated[int | None, typer.Option(metavar="N", help="With --validate: lengths per batch size (48).")]
+MinContextFlag = Annotated[int | None, typer.Option(
+    metavar="L", help="With --validate: shortest length (default: the policy's shortest tuned length).")]
+MaxContextFlag = Annotated[int | None, typer.Option(
+    metavar="L", help="With --validate: longest length (default: the policy's last bucket).")]
 LadderFlag = Annotated[str | None, typer.Option(
     metavar="N[,N...]",
     help="With --validate: split counts of the exhaustive reference.")]
@@ -165,8 +167,8 @@ def tune(
     timeout: TimeoutFlag = None, space: SpaceFlag = None, noise: NoiseFlag = None,
     no_heuristics: NoHeuristicsFlag = False, budget_s: BudgetS = None, storage: StorageFlag = None,
     gpus: GpusFlag = None, workers: WorkersFlag = None, results_dir: ResultsDir = Path("results"),
-    resume: Resume = None, validate: ValidateFlag = None, lengths: LengthsFlag = 48,
-    min_context: MinContextFlag = 1024, max_context: MaxContextFlag = 131072, ladder: LadderFlag = None,
+    resume: Resume = None, validate: ValidateFlag = None, lengths: LengthsFlag = None,
+    min_context: MinContextFlag = None, max_context: MaxContextFlag = None, ladder: LadderFlag = None,
     seed: SeedFlag = None, export: ExportFlag = None, allow_incomplete: AllowIncompleteFlag = False,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
@@ -177,7 +179,8 @@ def tune(
     """
     fmt = output_format(format, as_json, markdown)
     if validate is not None:
-        return _validate(validate, lengths, min_context, max_context, ladder, budget_s, results_dir, fmt, seed)
+        return _validate(validate, (lengths, min_context, max_context, ladder, seed, budget_s), results_dir, fmt,
+                         resume)
     if export is not None:
         from mlabench.tune.run import export_run
 
@@ -260,27 +263,36 @@ def _report(result: Any, fmt: str) -> None:
     emit([choices, policy], fmt)
 
 
-def _validate(path: Path, lengths: int, low: int, high: int, ladder: str | None, budget_s: float | None,
-              results_dir: Path, fmt: str, seed: int | None = None) -> None:
+def _validate(path: Path, grid: tuple[Any, ...], results_dir: Path, fmt: str, resume: Path | None) -> None:
+    """``tune --validate``; ``grid``: --lengths, --min-context, --max-context, --ladder, --seed, --budget-s."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mlabench.policy.tuned import load_policy
     from mlabench.tune.space import tune_timing
-    from mlabench.tune.validation import validate_policy, validation_tables
+    from mlabench.tune.validation import policy_span, span_note, validate_policy, validation_tables
 
+    lengths, low, high, ladder, seed, budget_s = grid
     policy = load_policy(path)
-    if lengths < 1 or not 1 <= low < high:  # before the progress bar: one line, naming the flags
+    if resume is not None and any(v is not None for v in grid):
+        raise ConfigError("tune --validate --resume continues with the recorded lengths, ladder, seed and timing; "
+                          "leave out --lengths, --min-context, --max-context, --ladder, --seed and --budget-s")
+    span = policy_span(policy)
+    lo, hi = span[0] if low is None else low, span[1] if high is None else high
+    if (lengths is not None and lengths < 1) or not 1 <= lo < hi:  # before the progress bar: one line
         raise ConfigError(f"tune --validate needs --lengths >= 1 and 1 <= --min-context < --max-context, "
-                          f"got {lengths}, {low}, {high}")
+                          f"got {lengths}, {lo}, {hi}")
+    if resume is None and (note := span_note(policy, lo, hi)):
+        err.print(f"note: {note}")
     ladder_counts = int_list(ladder, "--ladder", "--ladder")
     timing = tune_timing().model_copy(update={"budget_s": budget_s}) if budget_s else None
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=err)
     task = bar.add_task("validate", total=None)
     with bar:
-        result = validate_policy(policy, lengths, low, high, ladder_counts, timing, results_dir,
+        result = validate_policy(policy, lengths, lo, hi, ladder_counts, timing, results_dir,
                                  lambda done, total, label: bar.update(task, completed=done, total=total,
-                                                                       description=label), seed=seed)
+                                                                       description=label), seed=seed,
+                                 resume=resume, policy_path=path)
     emit(validation_tables(result), fmt)
     err.print(f"results: {result.store.run_dir}/ (validation.md, validation.json, results.jsonl)")
 

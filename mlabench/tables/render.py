@@ -35,7 +35,7 @@ def to_rich(table: Table, width: int | None = None) -> Any:
     headers, texts = table.texts()
     shown = [table.columns[i] for i in table.shown(human=True)]
     constant = [c for n, c in enumerate(shown) if len(texts) > 1 and len({row[n] for row in texts}) == 1
-                and c != table.group_by]
+                and c != table.group_by and not table.style(c).keep]
     left_out: list[str] = []
     moved: list[str] = []
     narrow = False  # headers wrapped to their longest word

@@ -46,7 +46,8 @@ class ColumnStyle:
     format for the whole column); ``header`` is the heading people read (default: the column's
     name, which JSON and CSV use); ``show`` is ``all``, ``human`` (Rich and markdown only) or
     ``machine`` (JSON and CSV only); ``drop`` orders the columns the terminal table may leave out
-    when it is too narrow (0: never; higher first).
+    when it is too narrow (0: never; higher first); ``keep``: never moved to the caption when it
+    holds one value in every row (a table's headline numbers).
     """
 
     text: Callable[[Any], str] | None = None
@@ -55,6 +56,7 @@ class ColumnStyle:
     no_wrap: bool = False
     show: Literal["all", "human", "machine"] = "all"
     drop: int = 0
+    keep: bool = False
 
 
 PLAIN = ColumnStyle()

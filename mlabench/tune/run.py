@@ -119,6 +119,10 @@ def recorded_config(run_dir: Path) -> tuple[TuneConfig, list[StudySpec]]:
     """The configuration and studies a tuning run folder was created with (:class:`ResultsError`
     when the folder holds no tuning run)."""
     config = ResultStore(run_dir).manifest().config
+    if "validate" in config:
+        policy = config["validate"].get("policy") or "POLICY"
+        raise ResultsError(f"{run_dir} is a validation run; continue it with: mlabench tune --validate {policy} "
+                           f"--resume {run_dir}")
     if "tune" not in config:
         raise ResultsError(f"{run_dir} is not a tuning run (its manifest has no tune configuration)")
     recorded = {**LEGACY_FIELDS, **config["tune"]}  # a run from before a field: what it measured then

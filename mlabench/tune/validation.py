@@ -25,10 +25,11 @@ from typing import Any
 
 from mlabench.backends import get_backend
 from mlabench.device import current_device
-from mlabench.errors import BackendUnavailableError, ConfigError
+from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, ResultsError
 from mlabench.measure.timing import TimingConfig
 from mlabench.policy.heuristics import heuristic_splits
 from mlabench.policy.tuned import Policy
+from mlabench.records.record import point_key
 from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.point import ShapeBench
@@ -52,8 +53,7 @@ def draw_lengths(count: int, low: int, high: int, avoid: set[int], tile: int, se
     or one with fewer than ``count`` free lengths."""
     if count < 1 or low < 1 or high <= low:
         raise ConfigError(f"validation grid needs count >= 1 and 1 <= low < high, got {count}, {low}, {high}")
-    near = {n for a in avoid for n in range(a - tile, a + tile + 1)}
-    free = [n for n in range(low, high + 1) if n not in near]
+    free = free_lengths(low, high, avoid, tile)
     if len(free) < count:
         raise ConfigError(f"validation grid: fewer than {count} lengths in [{low}, {high}] more than {tile} "
                           "tokens from the bucket edges and tuned lengths")
@@ -64,6 +64,29 @@ def draw_lengths(count: int, low: int, high: int, avoid: set[int], tile: int, se
         pool = [n for n in stratum if n not in taken] or [n for n in free if n not in taken]
         taken.add(rng.choice(pool))
     return sorted(taken)
+
+
+def free_lengths(low: int, high: int, avoid: set[int], tile: int) -> list[int]:
+    """The lengths in ``[low, high]`` more than ``tile`` tokens from every length in ``avoid``."""
+    near = {n for a in avoid for n in range(a - tile, a + tile + 1)}
+    return [n for n in range(low, high + 1) if n not in near]
+
+
+def policy_span(policy: Policy) -> tuple[int, int]:
+    """The context lengths ``policy`` was tuned for: from its shortest tuned length (else half its
+    first bucket edge) to its last bucket edge; the default range of its held-out lengths."""
+    edges = sorted(policy.source.get("buckets") or {e.max_context_len for b in policy.batches for e in b.entries})
+    tuned = policy.source.get("lengths") or []
+    return (min(tuned) if tuned else max(1, edges[0] // 2)), edges[-1]
+
+
+def span_note(policy: Policy, low: int, high: int) -> str | None:
+    """A note when ``[low, high]`` reaches outside :func:`policy_span` (None when inside it)."""
+    lo, hi = policy_span(policy)
+    if lo <= low and high <= hi:
+        return None
+    above = f"; above its last bucket ({hi}) each batch size uses that bucket's choice" if high > hi else ""
+    return f"held-out lengths {low}-{high} reach outside the lengths the policy was tuned at ({lo}-{hi}){above}"
 
 
 def reference_counts(low: int, high: int, cap: int | None, ladder: list[int], around: list[int]) -> list[int]:
@@ -139,51 +162,102 @@ def _splits_spec(backend: Any) -> Any:
     return next((p for p in backend.params if p.name == "num_kv_splits"), None)
 
 
-def validate_policy(policy: Policy, count: int = 48, low: int = 1024, high: int = 131072,
+def validate_policy(policy: Policy, count: int | None = 48, low: int | None = None, high: int | None = None,
                     ladder: list[int] | None = None, timing: TimingConfig | None = None,
                     results_root: Path = Path("results"), progress: Progress | None = None,
-                    seed: int | None = None) -> Validation:
-    """Measure ``policy`` on ``count`` held-out lengths in ``[low, high]`` at each of its batch
-    sizes, drawn with ``seed`` (:func:`draw_lengths`; None: a fresh random seed), which is recorded in
-    the run's configuration, in ``Validation.seed`` and in the tables' notes, and also seeds the inputs.
-    ``ladder``: the ladder of :func:`reference_counts` (default :func:`split_ladder`).
+                    seed: int | None = None, resume: Path | None = None, policy_path: Path | None = None) -> Validation:
+    """Measure ``policy`` on ``count`` held-out lengths in ``[low, high]`` (default
+    :func:`policy_span`; ``count`` None: 48, fewer where the span has fewer free lengths) at each of
+    its batch sizes, drawn with ``seed`` (:func:`draw_lengths`; None: a fresh random seed), which is
+    recorded in the run's configuration, in ``Validation.seed`` and in the tables' notes, and also
+    seeds the inputs.  ``ladder``: the ladder of :func:`reference_counts` (default :func:`split_ladder`).
 
+    ``resume``: a validation folder of this policy to continue, with its recorded lengths, seed,
+    ladder and timing; what it recorded is reused, not measured again.  Ctrl-C saves the CSV and
+    raises :class:`Interrupted` naming the command that continues (``policy_path``: the policy's file).
     Raises :class:`BackendUnavailableError` when the policy's backend cannot run here and
     :class:`ConfigError` for a bad grid.
     """
-    from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
-    from mlabench.tune.run import fresh_run_id, run_manifest
-    from mlabench.tune.space import tune_timing
-
     backend = get_backend(policy.backend)
     ok, why = backend.available()
     if not ok:
         raise BackendUnavailableError(f"backend {backend.name} is not available here: {why}")
+    if resume is not None:
+        store, cfg = _reopen(policy, resume)
+        lengths, seed, ladder, timing = cfg["lengths"], cfg["seed"], cfg["ladder"], TimingConfig(**cfg["timing"])
+    else:
+        store, lengths, seed, timing = _new_run(policy, backend, count, low, high, ladder, timing, results_root,
+                                                seed, policy_path)
+    run_id, copy_bw = store.manifest().run_id, store.manifest().copy_bandwidth_tbps
+    prior = {r.key: r for r in store.records()}
+    points, total = [], len(lengths) * len(policy.batches)
+    try:
+        for b in policy.batches:
+            for length in lengths:
+                shape = _shape(policy, b.batch, length)
+                points.append(_measure_point(backend, shape, policy, ladder, timing, seed, store, run_id, copy_bw,
+                                             prior))
+                if progress:
+                    progress(len(points), total, shape.label())
+    except KeyboardInterrupt:
+        store.write_csv()
+        raise Interrupted(f"interrupted: {len(points)} of {total} points recorded in {store.run_dir} (kept); "
+                          f"continue with: mlabench tune --validate {policy_path or 'POLICY'} --resume "
+                          f"{store.run_dir}") from None
+    return _finish(store, points, seed)
+
+
+def _finish(store: ResultStore, points: list[PointResult], seed: int) -> Validation:
+    """The :class:`Validation` of ``points``, with ``validation.json``, ``validation.md`` and the CSV written."""
+    from mlabench.tables.render import to_markdown
+
+    names = sorted({k for p in points for k in p.heuristics})
+    result = Validation(store, points, names, seed)
+    (store.run_dir / "validation.json").write_text(json.dumps([asdict(p) for p in points], indent=1) + "\n")
+    (store.run_dir / "validation.md").write_text("\n".join(to_markdown(t) for t in validation_tables(result)))
+    store.write_csv()
+    return result
+
+
+def _new_run(policy: Policy, backend: Any, count: int | None, low: int | None, high: int | None,
+             ladder: list[int] | None, timing: TimingConfig | None, results_root: Path, seed: int | None,
+             policy_path: Path | None) -> tuple[ResultStore, list[int], int, TimingConfig]:
+    """A new validation folder: its held-out lengths drawn, its configuration recorded."""
+    from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
+    from mlabench.tune.run import fresh_run_id, run_manifest
+    from mlabench.tune.space import tune_timing
+
     seed = secrets.randbelow(2**31) if seed is None else seed
+    span = policy_span(policy)
+    low, high = span[0] if low is None else low, span[1] if high is None else high
     avoid = set(policy.source.get("buckets", [])) | {e.max_context_len for b in policy.batches for e in b.entries}
-    lengths = draw_lengths(count, low, high, avoid | set(policy.source.get("lengths", [])),
-                           _tile_tokens(backend, policy), seed)
+    avoid |= set(policy.source.get("lengths", []))
+    tile = _tile_tokens(backend, policy)
+    if count is None:  # the default: 48, or as many as the range holds
+        count = max(1, min(48, len(free_lengths(low, high, avoid, tile))))
+    lengths = draw_lengths(count, low, high, avoid, tile, seed)
     timing = timing or tune_timing()
     copy_bw = measure_copy_bandwidth_tbps()
     run_id = fresh_run_id(results_root, "validate")
     config = {"validate": {"policy_source": policy.source, "backend": policy.backend, "lengths": lengths,
-                           "seed": seed, "ladder": ladder, "timing": timing.model_dump()}}
+                           "seed": seed, "ladder": ladder, "timing": timing.model_dump(),
+                           "policy": str(policy_path) if policy_path else None}}
     store = ResultStore.create(results_root / run_id, run_manifest(run_id, copy_bw, config))
-    points, total = [], len(lengths) * len(policy.batches)
-    for b in policy.batches:
-        for length in lengths:
-            shape = _shape(policy, b.batch, length)
-            points.append(_measure_point(backend, shape, policy, ladder, timing, seed, store, run_id, copy_bw))
-            if progress:
-                progress(len(points), total, shape.label())
-    names = sorted({k for p in points for k in p.heuristics})
-    result = Validation(store, points, names, seed)
-    (store.run_dir / "validation.json").write_text(json.dumps([asdict(p) for p in points], indent=1) + "\n")
-    from mlabench.tables.render import to_markdown
+    return store, lengths, seed, timing
 
-    (store.run_dir / "validation.md").write_text("\n".join(to_markdown(t) for t in validation_tables(result)))
-    store.write_csv()
-    return result
+
+def _reopen(policy: Policy, resume: Path) -> tuple[ResultStore, dict[str, Any]]:
+    """The validation folder ``resume`` of ``policy`` and its recorded configuration; refuses another
+    kind of run, another policy, device, driver, library versions or git revision."""
+    from mlabench.tune.run import run_manifest
+
+    store = ResultStore.open_existing(resume, identity=run_manifest("resume", 0.0, {}).identity())
+    cfg = store.manifest().config.get("validate")
+    if cfg is None:
+        raise ResultsError(f"{resume} is not a validation run (its manifest has no validate configuration)")
+    if cfg["policy_source"] != policy.source or cfg["backend"] != policy.backend:
+        raise ConfigError(f"{resume} validated another policy; give that policy's file, or start a new validation")
+    return store, cfg
 
 
 def _tile_tokens(backend: Any, policy: Policy) -> int:
@@ -196,19 +270,24 @@ def _tile_tokens(backend: Any, policy: Policy) -> int:
     return backend.split_tile_tokens(shape, backend.resolve_params(shape)) or shape.page_size
 
 
-def _measure_point(backend, shape, policy, ladder, timing, seed, store, run_id, copy_bw) -> PointResult:
+def _measure_point(backend, shape, policy, ladder, timing, seed, store, run_id, copy_bw, prior) -> PointResult:
     """Measure one held-out point: the policy, the heuristics and :func:`reference_counts`, the
-    window around the best ladder count once the ladder is measured; each distinct launch once."""
+    window around the best ladder count once the ladder is measured; each distinct launch once,
+    a launch recorded before (``prior``: ``{key: record}`` of a resumed run) not again."""
     from mlabench.tune.space import wave_cap
 
-    bench = ShapeBench(shape, timing, seed=seed)
+    bench: list[ShapeBench] = []  # made at the first launch not recorded before: its inputs take memory
     times: dict[str, float | None] = {}
 
     def measure(configs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for key, params in {json.dumps(p, sort_keys=True): p for p in configs.values()}.items():
             if key not in times:
-                rec = bench.run(backend, params, copy_bw_tbps=copy_bw, run_id=run_id)
-                store.append(rec)
+                rec = prior.get(point_key(backend.name, params, shape.key()))
+                if rec is None:
+                    if not bench:
+                        bench.append(ShapeBench(shape, timing, seed=seed))
+                    rec = bench[0].run(backend, params, copy_bw_tbps=copy_bw, run_id=run_id)
+                    store.append(rec)
                 times[key] = rec.median_us if rec.status == "ok" else None
         return configs
 
@@ -257,7 +336,9 @@ def validation_tables(v: Validation) -> list[Table]:
     counted = any(p.counts_measured for p in v.points)  # validations recorded before did not count them
     cols = ["batch", "points", *(["counts"] if counted else []), "policy worst %", "policy geomean %"] + [
         f"{h} geomean %" for h in v.heuristic_names]
-    summary = Table("Regret against the best of the split counts measured at each point", cols)
+    keep = ColumnStyle(keep=True)  # the policy's numbers stay in the table, also when every row has them
+    summary = Table("Regret against the best of the split counts measured at each point", cols,
+                    styles={"policy worst %": keep, "policy geomean %": keep})
     for batch in sorted({p.batch for p in v.points}) + [None]:
         pts = [p for p in v.points if batch is None or p.batch == batch]
         policy = [p.regret(p.policy_us) for p in pts]

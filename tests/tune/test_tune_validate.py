@@ -105,6 +105,8 @@ def test_cli_tune_validate_export(tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)[0]["rows"][-1]["policy worst %"] == 0.0
     assert "seed 11" in " ".join(json.loads(res.stdout)[0]["notes"])
+    assert "note: held-out lengths 90-200 reach outside the lengths the policy was tuned at" in " ".join(
+        res.stderr.split())  # beyond the last bucket (64): said
 
 
 def test_validate_finds_a_best_off_the_ladder_and_off_the_policys_window(tmp_path, tiny_timing):
