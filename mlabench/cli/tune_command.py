@@ -206,7 +206,8 @@ def tune(
         view.stop()
     _report(result, fmt)
     journal = ", study.journal" if (result.store.run_dir / "study.journal").exists() else ""
-    err.print(f"results: {result.store.run_dir}/ (policy.json, policy.h, policy.py, results.jsonl{journal})")
+    err.print(f"results: {result.store.run_dir}/ (policy.json, policy.h, policy.py, results.jsonl{journal})",
+              markup=False)
 
 
 def _one_value(values: list[int] | None, flag: str) -> int | None:
@@ -274,15 +275,16 @@ def _validate(path: Path, lengths: int, low: int, high: int, ladder: str | None,
                           f"got {lengths}, {low}, {high}")
     ladder_counts = int_list(ladder, "--ladder", "--ladder")
     timing = tune_timing().model_copy(update={"budget_s": budget_s}) if budget_s else None
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=err)
+    bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=err)
     task = bar.add_task("validate", total=None)
     with bar:
         result = validate_policy(policy, lengths, low, high, ladder_counts, timing, results_dir,
                                  lambda done, total, label: bar.update(task, completed=done, total=total,
                                                                        description=label), seed=seed)
     emit(validation_tables(result), fmt)
-    err.print(f"results: {result.store.run_dir}/ (validation.md, validation.json, results.jsonl)")
+    err.print(f"results: {result.store.run_dir}/ (validation.md, validation.json, results.jsonl)",
+              markup=False)
 
 
 #: The commands of this group, registered by :mod:`mlabench.cli.app`.

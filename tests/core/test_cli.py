@@ -60,6 +60,22 @@ def test_backends_params_lists_every_parameter_even_where_unavailable():
     assert (splits["values"], splits["tuned"]) == ("1-512", "yes")
 
 
+def test_rich_output_takes_brackets_literally(monkeypatch):
+    """The params table's title keeps "[params]"; a progress label with "[/x]" in it (a path) is
+    no Rich markup (it raised MarkupError)."""
+    from rich.console import Console
+
+    from mlabench.cli import output
+
+    result = CliRunner().invoke(cli.app, ["backends", "--params"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "a sweep config's [params] table" in result.stdout, result.output
+    console = Console(record=True, width=80)
+    monkeypatch.setattr(output, "err", console)
+    with output.progress_bar("check") as update:
+        update(1, 2, "cfg[/x] a")
+    assert "cfg[/x] a" in console.export_text()
+
+
 def test_check_passes_for_kimi_k3_tp8():
     result = CliRunner().invoke(cli.app, ["check", "--model", "kimi-k3", "--tp", "8", "--backend",
                                           "torch-splitkv", "--splits", "1,3,300", "--json"])
