@@ -306,13 +306,15 @@ def test_version(monkeypatch, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["check", "--heads", "0"], "heads must be > 0"),
-    (["check", "--heads", "12", "--batch", "0", "--context", "100"], "--batch takes a value > 0"),
-    (["check", "--heads", "12", "--batch", "2", "--context", "100,200"], "exactly one --context"),
-    (["check", "--heads", "12", "--batch", "5"], "exactly one --context"),
+    (["check", "--heads", "12", "--batch", "0", "--context", "100"], "error: --batch takes values > 0, got 0"),
+    (["check", "--heads", "12", "--batch", "2", "--context", "100,200"],
+     "error: --batch needs exactly one --context length, got 2 ("),
+    (["check", "--heads", "12", "--batch", "5"], "error: --batch needs exactly one --context length, got 0 ("),
+    (["check", "--heads", "12", "--page-size", "32"], "error: --page-size takes 1, 16, 64, got 32"),
     (["check", "--heads", "12", "--atol", "nan"], "--atol must be a finite number > 0"),
     (["check", "--heads", "12", "--json", "--markdown"], "choose one of --json and --markdown"),
     (["sweep", "--context", "4096", "--splits", "513"], "num_kv_splits must be <= 512"),
-    (["sweep", "--page-size", "32"], "error: page_size: must be one of (1, 16, 64), got 32"),
+    (["sweep", "--page-size", "32"], "error: --page-size takes 1, 16, 64, got 32"),
     (["sweep", "--budget-s", "0"], "'--budget-s': must be a finite number of seconds > 0, got 0.0"),
     (["compare", "--from", "nowhere"], "no run folder (results.jsonl, manifest.json)"),
 ])
