@@ -15,7 +15,7 @@ import typer
 
 from mlabench.cli.options import (
     Batch, BudgetS, Context, Format, Json, Markdown, NonCausal, PlainPageSize, QoLen, Splits, int_list, name_list,
-    non_causal_applies, output_format,
+    non_causal_applies, output_format, page_size_flag,
 )
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
@@ -89,7 +89,7 @@ def _config(heads: str | None, batch: str | None, context: str | None, page_size
     return GraphCheckConfig(
         num_heads=head_list[0], batches=tuple(int_list(batch, "--batch", "batch") or (1,)),
         contexts=tuple(int_list(context, "--context", "context length") or DEFAULT_CONTEXTS),
-        page_size=64 if page_size is None else page_size, dtype=dtype,
+        page_size=page_size_flag(page_size) or 64, dtype=dtype,
         capture_len=capture_len if capture_len is not None else qo_len or 1, qo_len=qo_len or 1,
         causal=not non_causal,
         splits=tuple(int_list(splits, "--splits", "--splits") or DEFAULT_SPLITS), tolerance=tolerance,

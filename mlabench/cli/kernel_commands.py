@@ -16,7 +16,7 @@ from mlabench.cli.options import (
     Backends, Batch, BudgetS, CheckBatch, CheckContext, CheckHeads, CompareBatch, CompareContext, CompareQoLens,
     Context, Format, GraphCaptures, Heads, Json, Markdown, MaxVisits, Model, ModelConfig, NonCausal, Order, OrderSeed,
     PageSize, PlainPageSize, PlainTp, QoLens, ResultsDir, Resume, Splits, SweepFile, Tp, Visits, int_list, name_list,
-    non_causal_applies, output_format, splits_apply,
+    non_causal_applies, output_format, page_size_flag, splits_apply,
 )
 from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError, MissingResultError
@@ -100,7 +100,7 @@ def check(
     splits_apply(split_list, name_list(backend))
     shapes = check_shapes(model=model, model_config=model_config, tp=tp, heads=int_list(heads, "--heads"),
                           context_lens=int_list(context, "--context", "context length"),
-                          batch=int_list(batch, "--batch"), page_size=page_size, dtype=dtype,
+                          batch=int_list(batch, "--batch"), page_size=page_size_flag(page_size), dtype=dtype,
                           qo_lens=qo_lens, causal=not non_causal)
     split_list = split_list or DEFAULT_CHECK_SPLITS
     with progress_bar("check") as update:
@@ -135,8 +135,8 @@ def sweep(
     from mlabench.sweep.summary import sweep_summary
 
     fmt = output_format(format, as_json, markdown)
-    overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s,
-                           qo_len, non_causal, graph_captures)
+    overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits,
+                           page_size_flag(page_size), budget_s, qo_len, non_causal, graph_captures)
     overrides.update(order=order.value if order else None, order_seed=order_seed, visits=visits,
                      max_visits=max_visits)
     cfg = resolve_sweep_config(config, overrides, resume)

@@ -190,3 +190,12 @@ def splits_apply(splits: list[int] | None, backends: list[str] | None) -> None:
         who = f"{backends[0]} does not take" if len(backends) == 1 else f"none of {', '.join(backends)} takes"
         raise ConfigError(f"--splits sets num_kv_splits, which {who} (`mlabench backends --params` lists each "
                           "backend's parameters); name a split-KV backend too, or leave --splits out")
+
+
+def page_size_flag(value: int | None) -> int | None:
+    """``--page-size`` as given, refused (naming the flag) unless it is a page size the kernels take."""
+    from mlabench.shapes import SUPPORTED_PAGE_SIZES
+
+    if value is not None and value not in SUPPORTED_PAGE_SIZES:
+        raise ConfigError(f"--page-size takes {', '.join(map(str, SUPPORTED_PAGE_SIZES))}, got {value}")
+    return value

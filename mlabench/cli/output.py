@@ -51,8 +51,8 @@ def progress_bar(what: str) -> Iterator[Callable[[int, int, str], None]]:
     the first update (after validation, so that an error stands alone) and stops on exit."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=err, transient=False)
+    bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=err, transient=False)
     task = None
 
     def update(done: int, total: int, description: str) -> None:

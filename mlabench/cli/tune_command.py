@@ -209,7 +209,8 @@ def tune(
         view.stop()
     _report(result, fmt)
     journal = ", study.journal" if (result.store.run_dir / "study.journal").exists() else ""
-    err.print(f"results: {result.store.run_dir}/ (policy.json, policy.h, policy.py, results.jsonl{journal})")
+    err.print(f"results: {result.store.run_dir}/ (policy.json, policy.h, policy.py, results.jsonl{journal})",
+              markup=False)
 
 
 def _one_value(values: list[int] | None, flag: str) -> int | None:
@@ -285,8 +286,8 @@ def _validate(path: Path, grid: tuple[Any, ...], results_dir: Path, fmt: str, re
         err.print(f"note: {note}")
     ladder_counts = int_list(ladder, "--ladder", "--ladder")
     timing = tune_timing().model_copy(update={"budget_s": budget_s}) if budget_s else None
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=err)
+    bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=err)
     task = bar.add_task("validate", total=None)
     with bar:
         result = validate_policy(policy, lengths, lo, hi, ladder_counts, timing, results_dir,
@@ -294,7 +295,8 @@ def _validate(path: Path, grid: tuple[Any, ...], results_dir: Path, fmt: str, re
                                                                        description=label), seed=seed,
                                  resume=resume, policy_path=path)
     emit(validation_tables(result), fmt)
-    err.print(f"results: {result.store.run_dir}/ (validation.md, validation.json, results.jsonl)")
+    err.print(f"results: {result.store.run_dir}/ (validation.md, validation.json, results.jsonl)",
+              markup=False)
 
 
 #: The commands of this group, registered by :mod:`mlabench.cli.app`.

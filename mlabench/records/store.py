@@ -210,9 +210,10 @@ def _no_run_hint(path: Path) -> str:
         return " (not a folder)"
     if (path / "records.jsonl").is_file():
         return "; its records.jsonl is a script's output, not a run (its README.md says what reads it)"
-    deeper = sorted({str(p.parent.parent) for depth in ("*/*/", "*/*/*/") for name in (RESULTS_FILE, ARCHIVED_RESULTS_FILE)
+    deeper = sorted({str(p.parent) for depth in ("*/*/", "*/*/*/") for name in (RESULTS_FILE, ARCHIVED_RESULTS_FILE)
                      for p in path.glob(depth + name)})
-    return "; folders with runs one level down: " + ", ".join(deeper) if deeper else ""
+    return ("; run folders further down (name one, or the folder just above it): " + ", ".join(deeper)
+            if deeper else "")
 
 
 def describe_records(records: Iterable[Record]) -> str:

@@ -61,8 +61,10 @@ def check_shapes(*, model: str | None = None, model_config: str | Path | None = 
     """
     if not heads and not (model or model_config):
         heads = [DEFAULT_CHECK_HEADS]
-    if batch is not None and (any(b <= 0 for b in batch) or not context_lens or len(context_lens) != 1):
-        raise ConfigError("--batch takes a value > 0 and exactly one --context length "
+    if batch is not None and any(b <= 0 for b in batch):
+        raise ConfigError(f"--batch takes values > 0, got {', '.join(map(str, batch))}")
+    if batch is not None and (not context_lens or len(context_lens) != 1):
+        raise ConfigError(f"--batch needs exactly one --context length, got {len(context_lens or [])} "
                           "(a ragged batch is --context L1,L2,... without --batch)")
     tp = 1 if tp is None else tp
     page_size = 64 if page_size is None else page_size

@@ -192,8 +192,8 @@ def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
         notes.append(f"different hosts: {a.host} vs {b.host} (two machines: see the machine factor)")
     if a.driver != b.driver:
         notes.append(f"different drivers: {a.driver} vs {b.driver}")
-    changed = [f"{k} {a.versions.get(k)} vs {b.versions.get(k)}" for k in sorted(set(a.versions) | set(b.versions))
-               if a.versions.get(k) != b.versions.get(k)]
+    changed = [f"{k} {_shown(a.versions, k, 'not installed')} vs {_shown(b.versions, k, 'not installed')}"
+               for k in sorted(set(a.versions) | set(b.versions)) if a.versions.get(k) != b.versions.get(k)]
     if changed:
         notes.append("different library versions: " + ", ".join(changed))
     rev = lambda m: short_revision(m.git_revision) + ("+changes" if m.git_dirty else "")  # noqa: E731
@@ -211,8 +211,16 @@ def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
 def _changed(va: Any, vb: Any) -> str:
     if isinstance(va, dict) and isinstance(vb, dict):
         keys = sorted(k for k in set(va) | set(vb) if va.get(k) != vb.get(k))
-        return ", ".join(f"{k} {va.get(k)} vs {vb.get(k)}" for k in keys)
-    return f"{va} vs {vb}"
+        return ", ".join(f"{k} {_shown(va, k)} vs {_shown(vb, k)}" for k in keys)
+    return f"{'not recorded' if va is None else va} vs {'not recorded' if vb is None else vb}"
+
+
+def _shown(values: dict[str, Any], key: str, none: str = "none") -> str:
+    """``values[key]`` for a note: "not recorded" where the run has no such key (recorded before
+    it existed), ``none`` where it recorded None (a package not installed, a setting left off)."""
+    if key not in values:
+        return "not recorded"
+    return none if values[key] is None else str(values[key])
 
 
 def geomean(values: list[float]) -> float | None:

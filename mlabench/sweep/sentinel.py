@@ -223,7 +223,8 @@ def ceilings_note(manifest: Manifest) -> str:
         how += (f"; RAISED to {fmt(last['tbps'])} TB/s by {last['point']}, which read faster than the measured "
                 f"{fmt(found.get('tbps'))}: every % floor is against {fmt(last['tbps'])}")
     return (f"memory bandwidth: read {fmt(manifest.read_bandwidth_tbps)} TB/s (the floor{how}), copy "
-            f"{fmt(manifest.copy_bandwidth_tbps)} TB/s (read + write), datasheet {fmt(sheet)} TB/s")
+            f"{fmt(manifest.copy_bandwidth_tbps)} TB/s (read + write), "
+            + (f"datasheet {fmt(sheet)} TB/s" if sheet is not None else "no datasheet figure for this device"))
 
 
 def drift_dict(drift: Drift | None) -> dict[str, Any] | None:

@@ -55,7 +55,7 @@ def to_rich(table: Table, width: int | None = None) -> Any:
         extra.append(f"left out at {width} columns: {', '.join(headers[shown.index(c)] for c in left_out)} "
                      "(a wider terminal, or --format markdown / json / csv, shows them)")
     if extra:
-        t.caption = "\n".join(([t.caption] if t.caption else []) + extra)
+        t.caption = _literal("\n".join(table.notes + extra), "table.caption")
     return t
 
 
@@ -79,7 +79,9 @@ def _rich_table(table: Table, left_out: Sequence[str] = (), narrow: bool = False
     keep = [n for n, i in enumerate(shown) if table.columns[i] not in left_out]
     headers, rows = [headers[n] for n in keep], [[row[n] for n in keep] for row in rows]
     keep = [shown[n] for n in keep]
-    t = RichTable(title=table.title or None, caption="\n".join(table.notes) or None, caption_justify="left",
+    # Titles, notes and cells are taken literally (a path with "[x]" in it is no Rich markup).
+    t = RichTable(title=_literal(table.title, "table.title"),
+                  caption=_literal("\n".join(table.notes), "table.caption"), caption_justify="left",
                   box=box.SIMPLE_HEAD)
     for n, (header, i) in enumerate(zip(headers, keep)):
         s, name = table.style(table.columns[i]), table.columns[i]
@@ -96,8 +98,17 @@ def _rich_table(table: Table, left_out: Sequence[str] = (), narrow: bool = False
         ends = g is not None and (n + 1 == len(rows) or table.rows[n + 1][g] != raw[g])
         if g is not None and g in keep and n and table.rows[n - 1][g] == raw[g]:
             row[keep.index(g)] = ""
-        t.add_row(*row, style=table.row_styles[n] if n < len(table.row_styles) else None, end_section=ends)
+        t.add_row(*(Text(cell) for cell in row), end_section=ends,
+                  style=table.row_styles[n] if n < len(table.row_styles) else None)
     return t
+
+
+def _literal(text: str, style: str) -> Any:
+    """``text`` as a Rich ``Text`` in ``style`` (a table's title or caption style): printed as
+    written, brackets and all, not read as markup; None when empty."""
+    from rich.text import Text
+
+    return Text(text, style=style) if text else None
 
 
 def to_json(tables: Sequence[Table]) -> str:

@@ -60,6 +60,22 @@ def test_backends_params_lists_every_parameter_even_where_unavailable():
     assert (splits["values"], splits["tuned"]) == ("1-512", "yes")
 
 
+def test_rich_output_takes_brackets_literally(monkeypatch):
+    """The params table's title keeps "[params]"; a progress label with "[/x]" in it (a path) is
+    no Rich markup (it raised MarkupError)."""
+    from rich.console import Console
+
+    from mlabench.cli import output
+
+    result = CliRunner().invoke(cli.app, ["backends", "--params"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "a sweep config's [params] table" in result.stdout, result.output
+    console = Console(record=True, width=80)
+    monkeypatch.setattr(output, "err", console)
+    with output.progress_bar("check") as update:
+        update(1, 2, "cfg[/x] a")
+    assert "cfg[/x] a" in console.export_text()
+
+
 def test_check_passes_for_kimi_k3_tp8():
     result = CliRunner().invoke(cli.app, ["check", "--model", "kimi-k3", "--tp", "8", "--backend",
                                           "torch-splitkv", "--splits", "1,3,300", "--json"])
@@ -290,13 +306,15 @@ def test_version(monkeypatch, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["check", "--heads", "0"], "heads must be > 0"),
-    (["check", "--heads", "12", "--batch", "0", "--context", "100"], "--batch takes a value > 0"),
-    (["check", "--heads", "12", "--batch", "2", "--context", "100,200"], "exactly one --context"),
-    (["check", "--heads", "12", "--batch", "5"], "exactly one --context"),
+    (["check", "--heads", "12", "--batch", "0", "--context", "100"], "error: --batch takes values > 0, got 0"),
+    (["check", "--heads", "12", "--batch", "2", "--context", "100,200"],
+     "error: --batch needs exactly one --context length, got 2 ("),
+    (["check", "--heads", "12", "--batch", "5"], "error: --batch needs exactly one --context length, got 0 ("),
+    (["check", "--heads", "12", "--page-size", "32"], "error: --page-size takes 1, 16, 64, got 32"),
     (["check", "--heads", "12", "--atol", "nan"], "--atol must be a finite number > 0"),
     (["check", "--heads", "12", "--json", "--markdown"], "choose one of --json and --markdown"),
     (["sweep", "--context", "4096", "--splits", "513"], "num_kv_splits must be <= 512"),
-    (["sweep", "--page-size", "32"], "error: page_size: must be one of (1, 16, 64), got 32"),
+    (["sweep", "--page-size", "32"], "error: --page-size takes 1, 16, 64, got 32"),
     (["sweep", "--budget-s", "0"], "'--budget-s': must be a finite number of seconds > 0, got 0.0"),
     (["compare", "--from", "nowhere"], "no run folder (results.jsonl, manifest.json)"),
 ])

@@ -111,7 +111,7 @@ def test_an_archived_run_is_read_as_it_is_and_never_appended_to(tmp_path):
     with pytest.raises(ResultsError, match="archived .*gunzip"):  # refused before anything is written
         ResultStore.open_existing(store.run_dir)
     assert len(ResultStore(store.run_dir).records()) == 3
-    with pytest.raises(ResultsError, match="one level down: " + str(tmp_path / "parent")):
+    with pytest.raises(ResultsError, match="further down .*: " + str(store.run_dir)):
         run_folders([tmp_path])
 
 
@@ -242,8 +242,8 @@ def test_no_run_folder_says_why_and_where_the_runs_are(tmp_path):
                                             "what reads it)")
     for run in ("a/h200/r1", "a/h200/r2", "a/mi355x/x/r3"):  # two and three levels down
         ResultStore.create(tmp_path / run, manifest()).append(record(1))
-    assert message(tmp_path / "a") == (f"; folders with runs one level down: {tmp_path}/a/h200, "
-                                       f"{tmp_path}/a/mi355x/x")
+    assert message(tmp_path / "a") == ("; run folders further down (name one, or the folder just above it): "
+                                       f"{tmp_path}/a/h200/r1, {tmp_path}/a/h200/r2, {tmp_path}/a/mi355x/x/r3")
     (tmp_path / "empty").mkdir()
     assert message(tmp_path / "empty") == ""
 

@@ -91,3 +91,12 @@ def test_a_recorded_run_with_a_point_over_100_percent_is_put_against_that_point_
     pct = {row[2]: row[6] for row in sweep_summary(old).rows}
     assert pct[40] == pytest.approx(100.0) and max(pct.values()) == pytest.approx(100.0)
     assert not [n for n in sweep_summary(recs).notes if "above the measured" in n]  # raised as it ran: no note
+
+
+def test_the_bandwidth_note_names_the_datasheet_figure_only_where_there_is_one(raised_run):
+    """A CPU has no datasheet figure: the note says so rather than ``datasheet — TB/s``."""
+    manifest = raised_run[0].manifest()
+    unknown = ceilings_note(manifest.model_copy(update={"datasheet_bandwidth_tbps": None}))
+    assert unknown.endswith("(read + write), no datasheet figure for this device") and "datasheet —" not in unknown
+    known = ceilings_note(manifest.model_copy(update={"datasheet_bandwidth_tbps": 4.8}))
+    assert "(read + write), datasheet 4.8" in known and known.endswith(" TB/s")

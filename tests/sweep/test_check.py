@@ -34,9 +34,9 @@ def test_context_lengths_make_one_ragged_batch_and_batch_repeats_one_length():
 
 
 @pytest.mark.parametrize("kw, error, message", [
-    ({"context_lens": [100], "batch": [0]}, ConfigError, "--batch takes a value > 0"),
-    ({"context_lens": [100, 200], "batch": [2]}, ConfigError, "exactly one --context"),
-    ({"batch": [2]}, ConfigError, "exactly one --context"),
+    ({"context_lens": [100], "batch": [0]}, ConfigError, "--batch takes values > 0, got 0"),
+    ({"context_lens": [100, 200], "batch": [2]}, ConfigError, "needs exactly one --context length, got 2"),
+    ({"batch": [2]}, ConfigError, "needs exactly one --context length, got 0"),
     ({"heads": [0]}, ShapeError, "heads must be > 0"),
     ({"heads": [12], "context_lens": [0]}, ShapeError, "context"),
 ])

@@ -106,12 +106,27 @@ def test_points_in_one_run_only_and_manifest_differences(tmp_path):
     assert rest[-1].title == "points not compared" and len(rest[-1].rows) == 16
 
 
+def test_a_setting_or_version_one_run_lacks_is_said_to_be_not_recorded(tmp_path):
+    """A note never prints a bare None: a key the older run lacks is "not recorded", a package
+    recorded as None is "not installed"."""
+    m = ResultStore(H200_RUN).manifest()
+    timing = {k: v for k, v in m.config["timing"].items() if k != "graph_captures"}
+    a = copy_run(H200_RUN, tmp_path / "a", config={**m.config, "timing": timing},
+                 versions={**m.versions, "aiter": None})
+    b = copy_run(H200_RUN, tmp_path / "b", config={**m.config, "timing": {**timing, "graph_captures": 1}},
+                 versions={**m.versions, "aiter": "0.1.5"})
+    notes = diff_runs(a, b).manifest_notes
+    assert "different timing settings: graph_captures not recorded vs 1" in notes
+    assert "different library versions: aiter not installed vs 0.1.5" in notes
+    assert not any("None" in n for n in notes), notes
+
+
 def test_runs_with_other_visit_settings_are_said_to_differ(tmp_path):
     """The committed run predates visits (1 visit); one recorded with 4 to 12 visits differs."""
     config = {**ResultStore(H200_RUN).manifest().config, "visits": 4, "max_visits": 12, "visit_rel_se": 0.003}
     b = copy_run(H200_RUN, tmp_path / "b", config=config)
     assert diff_runs(H200_RUN, b).manifest_notes == [
-        "different visit settings: max_visits 1 vs 12, visit_rel_se None vs 0.003, visits 1 vs 4"]
+        "different visit settings: max_visits 1 vs 12, visit_rel_se none vs 0.003, visits 1 vs 4"]
     same = copy_run(H200_RUN, tmp_path / "c", config={**config, "visits": None, "max_visits": None,
                                                       "visit_rel_se": None})
     assert diff_runs(H200_RUN, same).manifest_notes == []  # unset reads as one visit

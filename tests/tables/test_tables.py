@@ -47,6 +47,23 @@ def test_rich_groups_rows_and_styles_them():
     assert sample().row_styles == [None, "red", None]
 
 
+def test_rich_prints_titles_notes_and_cells_literally_and_keeps_row_styles():
+    from rich.console import Console
+
+    t = Table("a [params] b", ["path", "n"], notes=["cfg[/x]/config.json", "[bold]x\\"])
+    t.add_row(["/tmp/exp[red]1", 1], style="red")
+    t.add_row(["/tmp/exp[red]1", 2])
+    t.notes.append("[/]")
+    narrow = to_rich(t, 20)  # the constant path column moves to the caption
+    assert str(narrow.caption).endswith("path: /tmp/exp[red]1 (every row)")
+    console = Console(width=80, record=True, color_system="truecolor")
+    console.print(to_rich(t))
+    text = console.export_text(clear=False)
+    for literal in ("a [params] b", "/tmp/exp[red]1", "cfg[/x]/config.json", "[bold]x\\", "[/]"):
+        assert literal in text
+    assert "\x1b[31m" in console.export_text(styles=True)  # the red row stays red
+
+
 def test_an_empty_title_prints_no_title_line_and_render_joins_tables():
     t = Table("", ["a"], [[1]])
     assert to_markdown(t) == "| a |\n|---|\n| 1 |\n"
@@ -183,7 +200,8 @@ def fitted(width, rows=2):
     from mlabench.tables.render import min_width
 
     rich_table = to_rich(fitting_table(rows), width)
-    return [(c.header.plain, c.width) for c in rich_table.columns], rich_table.caption, min_width(rich_table)
+    caption = rich_table.caption and rich_table.caption.plain  # a Text: taken literally
+    return [(c.header.plain, c.width) for c in rich_table.columns], caption, min_width(rich_table)
 
 
 def test_a_narrow_terminal_wraps_headers_then_moves_constant_columns_then_drops_highest_rightmost():
