@@ -350,7 +350,7 @@ def validation_tables(v: Validation) -> list[Table]:
                                for h in v.heuristic_names])
     how = (f"counts: how many; every count up to the wave cap where that is <= {EVERY_COUNT_CAP}, else the ladder "
            f"and every count within {WINDOW_FACTOR:g}x of the policy's and of the best ladder count; with the "
-           "policy's and the heuristics'" if counted else "a validation recorded before issue 27: the split "
+           "policy's and the heuristics'" if counted else "a validation recorded by an older mlabench: the split "
            "ladder, the policy's and the heuristics' counts")
     summary.notes.append("regret = time / best time - 1; best = the fastest correct of the split counts measured "
                          f"at that point ({how}); — = a configuration failed")
