@@ -166,7 +166,7 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
         table.notes.append(f"{noisy} of {len(records)} points are noisy: the 95% CI of their median stayed wider "
                            "than the target within the budget; their times are less certain (raise --budget-s, "
                            "or quiet the machine)")
-    table.notes += raised + floor_notes(records)[1:] + ran_note(records)
+    table.notes += raised + ran_note(records)
     if any(r.params.get("split_policy") for r in records):
         table.notes.append("split_policy points: best params and µs @N give the num_kv_splits the policy chose "
                            "(effective_params), not the one asked for")
@@ -181,6 +181,7 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
         fixed_text = " ".join(filter(None, fixed))
         table.notes.append(f"{fixed_text}{'; ' if fixed_text else ''}time: median µs per call ({r0.timing_mode or 'n/a'}); µs @N: at N splits; floor = "
                            f"bytes / measured {r0.floor_bandwidth} bandwidth {fmt(bw)} TB/s")
+    table.notes += floor_notes(records)[1:]  # and where a point reads above that floor, why
     return table
 
 
