@@ -105,6 +105,27 @@ def against_run_ceiling(records: Sequence[Record]) -> tuple[list[Record], list[s
     return out, notes
 
 
+def floor_notes(records: Sequence[Record]) -> list[str]:
+    """Which bandwidth ``records``' % floor is against, and where a point reads above 100% of its
+    floor, how many, how far and why: runs before the read ceiling put it at the device-to-device
+    copy bandwidth (read + write), which a read-mostly kernel beats."""
+    copy = any(r.floor_bandwidth == "copy" and r.floor_us for r in records)
+    notes = ["% floor is against the measured device-to-device copy bandwidth (read + write); a "
+             "read-mostly kernel can exceed it by a few percent" if copy else
+             "% floor is against the measured streaming read bandwidth (a large read-only reduction)"]
+    over = [r for r in records if r.status == "ok" and (r.pct_of_floor or 0) > 100]
+    if over:
+        bws = sorted({fmt(r.copy_bandwidth_tbps if r.floor_bandwidth == "copy" else r.read_bandwidth_tbps)
+                      for r in over})
+        kinds = " / ".join(sorted({r.floor_bandwidth or "?" for r in over}))
+        notes.append(f"{len(over)} point{'s' * (len(over) != 1)} read above 100% of the floor (up to "
+                     f"{max(r.pct_of_floor for r in over):.1f}%): {'its' if len(over) == 1 else 'their'} run"
+                     f" put the floor at the {kinds} bandwidth ({', '.join(bws)} TB/s)"
+                     + (", which a kernel that mostly reads can beat (the copy also writes); runs that "
+                        "measure the streaming read ceiling never show more than 100%" if "copy" in kinds else ""))
+    return notes
+
+
 def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None) -> Table:
     """Per (backend, batch, context): best configuration and its µs / TB/s / % of floor (against
     the run's highest read ceiling, :func:`against_run_ceiling`), beside the µs at each split count
@@ -160,6 +181,7 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
         fixed_text = " ".join(filter(None, fixed))
         table.notes.append(f"{fixed_text}{'; ' if fixed_text else ''}time: median µs per call ({r0.timing_mode or 'n/a'}); µs @N: at N splits; floor = "
                            f"bytes / measured {r0.floor_bandwidth} bandwidth {fmt(bw)} TB/s")
+    table.notes += floor_notes(records)[1:]  # and where a point reads above that floor, why
     return table
 
 
@@ -213,12 +235,7 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
                    "persistent kernel wins); only configurations that passed the correctness check count")
     t.notes.append("setup µs: scheduling metadata / work list built once per decode step outside the "
                    "timed call (wall clock, as servers share it across layers)")
-    if any(r.floor_bandwidth == "copy" and r.floor_us for r in records):
-        t.notes.append("% floor is against the measured device-to-device copy bandwidth (read + write); a "
-                       "read-mostly kernel can exceed it by a few percent")
-    else:
-        t.notes.append("% floor is against the measured streaming read bandwidth (a large read-only reduction)")
-    t.notes += dropped + raised + ran_note(r for r in records if families.get(r.backend) == "persistent")
+    t.notes += floor_notes(records) + dropped + raised + ran_note(r for r in records if families.get(r.backend) == "persistent")
     return t
 
 

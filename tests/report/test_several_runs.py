@@ -119,5 +119,18 @@ def test_tick_labels_show_where_the_axis_has_room_for_them():
     specs = {s.kind: s for s in plan(load_runs([FUSED_MERGE]), kinds=["latency", "pct-of-floor", "split-sweep"])[0]}
     for kind in ("latency", "pct-of-floor"):
         assert _tick_texts(specs[kind].draw())[0] == ["1K", "4K", "8K", "16K", "32K", "64K", "100k", "128K"]
-    assert _tick_texts(specs["split-sweep"].draw())[0] == ["16", "32", "64", "", "132"]
+    # 128 (64K) and 132 (32K, 100k, 128K) are both best somewhere: they share one label
+    assert _tick_texts(specs["split-sweep"].draw())[0] == ["16", "32", "64", "128/132", ""]
     assert style.thin_labels([16, 32, 64, 128, 132], list("abcde"), 1.2) == ["a", "b", "c", "", "e"]
+
+
+def test_a_starred_split_count_keeps_its_tick_label_over_a_near_neighbour():
+    """Where the best split count (starred) is near another count, its label shows, not the
+    neighbour's, and two starred counts share one: stars at 132 under a lone '128' read as 128
+    (hopper-kernel/run-72fb349, batch 1)."""
+    values = [16, 32, 64, 128, 132, 264]
+    assert style.thin_labels(values, list("abcdef"), 1.2) == ["a", "b", "c", "d", "", "f"]
+    assert style.thin_labels(values, list("abcdef"), 1.2, prefer=[132]) == ["a", "b", "c", "", "e", "f"]
+    assert style.thin_labels(values, list("abcdef"), 1.2, prefer=[128]) == ["a", "b", "c", "d", "", "f"]
+    assert style.thin_labels([128, 132], ["x", "y"], 1.2, prefer=[128]) == ["x", ""]
+    assert style.thin_labels(values, list("abcdef"), 1.2, prefer=[128, 132]) == ["a", "b", "c", "d/e", "", "f"]

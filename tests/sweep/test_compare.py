@@ -1,5 +1,7 @@
 """`compare --from` without the CLI: which recorded records it reads."""
 
+from pathlib import Path
+
 import pytest
 
 from mlabench.errors import MissingResultError, UnknownBackendError
@@ -110,3 +112,16 @@ def test_two_runs_of_one_grid_are_never_pooled():
                                               "triton-persistent (r)", "triton-persistent (s)"]
     assert sorted((c.backend, c.run) for c in curves)[0] == ("torch-splitkv", "r")  # its colour: the backend's
     assert [c.backend for c in latency_vs_context(a).curves[1]] == ["torch-splitkv", "triton-persistent"]
+
+
+def test_compare_says_when_a_point_reads_above_its_copy_floor():
+    """kimi-k3-tp8 (floor at the copy bandwidth): FlashMLA at batch 16 shows 101.3-103.1% of the
+    floor, so the table says why, where docs/measuring.md says a read-ceiling run never does."""
+    from mlabench.sweep.summary import compare_table
+
+    run = Path(__file__).resolve().parents[2] / "results/h200/kimi-k3-tp8/kimi-k3-tp8-20261130-105953-511"
+    notes = compare_table(recorded_records([run], batch=[16]), backend_families()).notes
+    assert ("3 points read above 100% of the floor (up to 103.1%): their run put the floor at the copy "
+            "bandwidth (4.18 TB/s)") in "\n".join(notes)
+    notes = compare_table(recorded_records([run], batch=[1]), backend_families()).notes
+    assert not any("above 100%" in n for n in notes)

@@ -82,17 +82,19 @@ def _wrap(text: str, width_in: float) -> list[str]:
 TICK_GAP_PT = 14.0
 
 
-def _log_ticks(ax: Any, values: Sequence[float], texts: Sequence[str], **params: Any) -> None:
+def _log_ticks(ax: Any, values: Sequence[float], texts: Sequence[str], prefer: Sequence[float] = (),
+               **params: Any) -> None:
     """Ticks at ``values`` (ascending) on ``ax``'s log x axis, labelled ``texts`` and rotated 45°
     (``params``: more of ``tick_params``).  A label within :data:`TICK_GAP_PT` of the last one shown,
-    at the axes' width when drawn (after layout), is left blank; the largest value keeps its own."""
+    at the axes' width when drawn (after layout), is left blank; a value in ``prefer`` (where a star
+    sits), else the largest value, keeps its own (:func:`style.thin_labels`)."""
     values, texts = list(values), list(texts)
 
     def label(value: float, _pos: Any) -> str:
         lo, hi = ax.get_xlim()
         width_pt = ax.bbox.width * 72 / ax.figure.dpi
         ratio = (hi / lo) ** (TICK_GAP_PT / max(width_pt, 1.0)) if 0 < lo < hi else 1.0
-        return style.thin_labels(values, texts, ratio)[values.index(value)] if value in values else ""
+        return style.thin_labels(values, texts, ratio, prefer)[values.index(value)] if value in values else ""
 
     ax.set_xticks(values)
     ax.xaxis.set_major_formatter(_mpl().ticker.FuncFormatter(label))
@@ -249,7 +251,8 @@ def split_sweep(curves: dict[int, list[SplitCurve]], title: str, where: str) -> 
                         markeredgecolor="black", markeredgewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.xaxis.set_minor_locator(mpl.ticker.NullLocator())
-        _log_ticks(ax, splits, [str(s) for s in splits], labelsize=8)
+        best = [c.best_splits for c in curves[batch] if c.best_splits is not None]
+        _log_ticks(ax, splits, [str(s) for s in splits], best, labelsize=8)
         if len(splits) == 1:  # the one count in the middle, not at an edge of an axis of nothing
             ax.set_xlim(splits[0] / 2, splits[0] * 2)
         ax.set_xlabel("num_kv_splits (log scale)")

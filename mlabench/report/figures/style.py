@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 # One colour per backend in every figure (matplotlib's tab10 hues; gluon-splitkv tab20b's indigo, dark
 # beside triton-splitkv's blue and away from every heuristic's hue), fixed by name so that a figure
@@ -118,17 +118,28 @@ def context_labels(contexts: Sequence[int], log: bool = True, min_ratio: float =
     return thin_labels(contexts, labels, min_ratio) if log else labels
 
 
-def thin_labels(values: Sequence[float], labels: Sequence[str], min_ratio: float) -> list[str]:
+def thin_labels(values: Sequence[float], labels: Sequence[str], min_ratio: float,
+                prefer: Collection[float] = ()) -> list[str]:
     """``labels`` of ascending ``values`` on a log axis, blank where a value is within ``min_ratio``
-    of the last value labelled; the largest always keeps its label (its near neighbour gives way)."""
-    shown: list[int] = []
+    of the last value labelled.  Of two near values, one in ``prefer`` (a starred best split count)
+    keeps its label over one that is not, and two in it share one ('128/132'); else the largest
+    value keeps its own."""
+    def rank(i: int) -> tuple[bool, bool]:
+        return values[i] in prefer, i == len(values) - 1
+
+    out, shown = list(labels), []
     for i, c in enumerate(values):
-        if shown and c < values[shown[-1]] * min_ratio:
-            if i != len(values) - 1:
+        last = shown[-1] if shown else None
+        if last is not None and c < values[last] * min_ratio:
+            if rank(i)[0] and rank(last)[0]:
+                out[last], out[i] = f"{out[last]}/{out[i]}", ""
                 continue
-            shown.pop()  # the longest wins over its near neighbour
+            if rank(i) <= rank(last):
+                out[i] = ""
+                continue
+            out[shown.pop()] = ""  # it wins over its near neighbour
         shown.append(i)
-    return [text if i in shown else "" for i, text in enumerate(labels)]
+    return out
 
 
 CONTEXT_AXIS = "context length, tokens (K = 1024, k = 1000)"
