@@ -208,7 +208,7 @@ def test_sweep_summary_floor_note_and_what_a_narrow_terminal_leaves_out_first():
     table = sweep_summary(recs)
     assert table.notes[-1] == ("heads=12 page=16 bfloat16; time: median µs per call (n/a); µs @N: at N splits; "
                                "floor = bytes / measured read bandwidth 4.5 TB/s")
-    caption = to_rich(table, 1).caption.splitlines()
+    caption = to_rich(table, 1).caption.plain.splitlines()
     assert caption[-1] == ("left out at 1 columns: TB/s, µs @16, µs @4, µs @1, noisy (a wider terminal, "
                            "or --format markdown / json / csv, shows them)")
 
