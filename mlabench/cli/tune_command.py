@@ -16,7 +16,7 @@ from mlabench.cli.options import (
     Batch, BudgetS, Format, Heads, Json, Markdown, Model, ModelConfig, NonCausal, PageSize, QoLen, ResultsDir, Resume,
     SweepFile, Tp, int_list, non_causal_applies, output_format,
 )
-from mlabench.cli.output import emit, err
+from mlabench.cli.output import emit, err, progress_bar
 from mlabench.errors import ConfigError
 
 
@@ -266,8 +266,6 @@ def _report(result: Any, fmt: str) -> None:
 
 def _validate(path: Path, grid: tuple[Any, ...], results_dir: Path, fmt: str, resume: Path | None) -> None:
     """``tune --validate``; ``grid``: --lengths, --min-context, --max-context, --ladder, --seed, --budget-s."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from mlabench.policy.tuned import load_policy
     from mlabench.tune.space import tune_timing
     from mlabench.tune.validation import policy_span, span_note, validate_policy, validation_tables
@@ -286,13 +284,8 @@ def _validate(path: Path, grid: tuple[Any, ...], results_dir: Path, fmt: str, re
         err.print(f"note: {note}")
     ladder_counts = int_list(ladder, "--ladder", "--ladder")
     timing = tune_timing().model_copy(update={"budget_s": budget_s}) if budget_s else None
-    bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=err)
-    task = bar.add_task("validate", total=None)
-    with bar:
-        result = validate_policy(policy, lengths, lo, hi, ladder_counts, timing, results_dir,
-                                 lambda done, total, label: bar.update(task, completed=done, total=total,
-                                                                       description=label), seed=seed,
+    with progress_bar("validate") as update:
+        result = validate_policy(policy, lengths, lo, hi, ladder_counts, timing, results_dir, update, seed=seed,
                                  resume=resume, policy_path=path)
     emit(validation_tables(result), fmt)
     err.print(f"results: {result.store.run_dir}/ (validation.md, validation.json, results.jsonl)",

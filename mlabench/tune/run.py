@@ -115,14 +115,19 @@ def _manifest(run_id: str, cfg: TuneConfig, specs: list[StudySpec], copy_bw: flo
     return manifest.model_copy(update={"softmax_scale": scale_note(model_spec(cfg.model, cfg.model_config_path))})
 
 
+def validation_resume_command(policy_path: str | Path | None, run_dir: Path) -> str:
+    """The command that continues the ``tune --validate`` folder ``run_dir`` of the policy file
+    ``policy_path`` (None: not recorded, shown as ``POLICY``)."""
+    return f"mlabench tune --validate {policy_path or 'POLICY'} --resume {run_dir}"
+
+
 def recorded_config(run_dir: Path) -> tuple[TuneConfig, list[StudySpec]]:
     """The configuration and studies a tuning run folder was created with (:class:`ResultsError`
     when the folder holds no tuning run)."""
     config = ResultStore(run_dir).manifest().config
     if "validate" in config:
-        policy = config["validate"].get("policy") or "POLICY"
-        raise ResultsError(f"{run_dir} is a validation run; continue it with: mlabench tune --validate {policy} "
-                           f"--resume {run_dir}")
+        raise ResultsError(f"{run_dir} is a validation run; continue it with: "
+                           f"{validation_resume_command(config['validate'].get('policy'), run_dir)}")
     if "tune" not in config:
         raise ResultsError(f"{run_dir} is not a tuning run (its manifest has no tune configuration)")
     recorded = {**LEGACY_FIELDS, **config["tune"]}  # a run from before a field: what it measured then

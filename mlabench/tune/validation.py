@@ -191,6 +191,8 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
     run_id, copy_bw = store.manifest().run_id, store.manifest().copy_bandwidth_tbps
     prior = {r.key: r for r in store.records()}
     points, total = [], len(lengths) * len(policy.batches)
+    if progress:
+        progress(0, total, "validate")
     try:
         for b in policy.batches:
             for length in lengths:
@@ -200,11 +202,13 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
                 if progress:
                     progress(len(points), total, shape.label())
     except KeyboardInterrupt:
+        from mlabench.tune.run import validation_resume_command
+
         store.write_csv()
         raise Interrupted(f"interrupted: {len(points)} of {total} points recorded in {store.run_dir} (kept); "
-                          f"continue with: mlabench tune --validate {policy_path or 'POLICY'} --resume "
-                          f"{store.run_dir}") from None
+                          f"continue with: {validation_resume_command(policy_path, store.run_dir)}") from None
     return _finish(store, points, seed)
+
 
 
 def _finish(store: ResultStore, points: list[PointResult], seed: int) -> Validation:
