@@ -1,0 +1,140 @@
+"""``gluon-splitkv`` as a vLLM MLA attention backend (vLLM 0.26 and later).
+
+Imported only inside a vLLM process, by the name :mod:`mlabench.deploy.vllm_plugin` registers for
+``--attention-backend CUSTOM``.  Prefill and everything else stay vLLM's (:class:`MLACommonImpl`);
+this backend answers the decode half, ``forward_mqa``, with :class:`ServedDecode`:
+
+- one token per request (``reorder_batch_threshold`` 1), captured in full CUDA graphs for uniform
+  single-token decode batches (``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE``);
+- KV cache pages of 64 tokens (one TMA tile each), bf16 or fp16, the cache's own dtype ("auto");
+- NVIDIA Hopper (compute capability 9.0) only: the kernel uses TMA and wgmma.
+
+The interface follows vLLM's own MLA backends (``vllm/v1/attention/backends/mla/``): a backend
+class naming its builder and implementation, and an implementation whose ``forward_mqa(q,
+kv_cache, attn_metadata, layer)`` returns ``(out [B, H, 512], lse or None)``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from vllm.config import get_current_vllm_config
+from vllm.logger import init_logger
+from vllm.model_executor.layers.attention.mla_attention import (
+    MLACommonBackend,
+    MLACommonImpl,
+    MLACommonMetadata,
+    MLACommonMetadataBuilder,
+)
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
+
+from mlabench.deploy.plugin_settings import (
+    PLUGIN_PAGE_SIZE, PluginConfigError, PluginSettings, describe_policy, load_plugin_policy,
+)
+from mlabench.deploy.served_decode import ServedDecode
+
+logger = init_logger(__name__)
+
+#: One :class:`ServedDecode` per process (every MLA layer of the model shares its tables and
+#: workspace), made by the first layer's implementation.
+_SERVED: dict[str, ServedDecode] = {}
+
+
+class MlabenchMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
+    """vLLM's common MLA metadata (block table, sequence lengths on the device, the step's longest
+    length on the host); decode steps of one token per request run in full CUDA graphs."""
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+
+class MlabenchMLABackend(MLACommonBackend):
+    """mlabench's Hopper split-KV MLA decode kernel with a tuned split policy (``CUSTOM``)."""
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.bfloat16, torch.float16]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "bfloat16", "float16"]
+
+    @staticmethod
+    def get_name() -> str:
+        """vLLM maps a backend to its enum member by this name: a registered third-party backend
+        is ``CUSTOM``."""
+        return "CUSTOM"
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int]:
+        """Pages of 64 tokens only (one TMA tile per block-table entry)."""
+        return [PLUGIN_PAGE_SIZE]
+
+    @staticmethod
+    def get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tuple[int, ...]:
+        """Each layer's cache ``[pages, 64, 576]`` contiguous (the kernel reads whole pages)."""
+        return (1, 0, 2, 3) if include_num_layers_dimension else (0, 1, 2)
+
+    @staticmethod
+    def get_builder_cls() -> type[MlabenchMLAMetadataBuilder]:
+        return MlabenchMLAMetadataBuilder
+
+    @staticmethod
+    def get_impl_cls() -> type[MlabenchMLAImpl]:
+        return MlabenchMLAImpl
+
+    @classmethod
+    def supports_compute_capability(cls, capability) -> bool:
+        """Hopper (9.0) only."""
+        return (capability.major, capability.minor) == (9, 0)
+
+
+class MlabenchMLAImpl(MLACommonImpl[MLACommonMetadata]):
+    """vLLM's MLA implementation with mlabench's decode: ``forward_mqa`` runs ``gluon-splitkv``.
+
+    Raises :class:`PluginConfigError` (one line) at start-up for features the kernel lacks
+    (ALiBi, sliding window, logit soft cap, non-decoder attention), a page size other than 64, or
+    a policy file for another backend, head count, page size or query length.
+    """
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
+                 alibi_slopes: list[float] | None, sliding_window: int | None, kv_cache_dtype: str,
+                 logits_soft_cap: float | None, attn_type: str,
+                 kv_sharing_target_layer_name: str | None, **mla_args) -> None:
+        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
+                         kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name,
+                         **mla_args)
+        if any([alibi_slopes, sliding_window, logits_soft_cap]):
+            raise PluginConfigError("mlabench's MLA backend has no ALiBi, sliding window or logit soft cap")
+        if attn_type != AttentionType.DECODER:
+            raise PluginConfigError(f"mlabench's MLA backend runs decoder self-attention only, not {attn_type}")
+        self._served = _served_decode(num_heads)
+
+    def forward_mqa(self, q, kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: MLACommonMetadata,
+                    layer) -> tuple[torch.Tensor, None]:
+        """Decode attention of one layer: ``q`` ``[B, H, 576]`` (or its latent and RoPE halves),
+        the layer's cache ``[pages, 64, 576]``; returns ``([B, H, 512], None)`` (no LSE: decode
+        context parallelism is not supported)."""
+        if isinstance(q, tuple):
+            q = torch.cat(q, dim=-1)
+        decode = attn_metadata.decode
+        out = self._served(q, kv_c_and_k_pe_cache, decode.block_table, decode.seq_lens,
+                           attn_metadata.max_seq_len, self.scale)
+        return out, None
+
+
+def _served_decode(num_heads: int) -> ServedDecode:
+    """The process's :class:`ServedDecode` (made once, with the start-up line in the log)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    key = f"{device}:{num_heads}"
+    if key not in _SERVED:
+        config = get_current_vllm_config()
+        page_size = int(config.cache_config.block_size)
+        if page_size != PLUGIN_PAGE_SIZE:
+            raise PluginConfigError(f"mlabench's MLA backend reads pages of {PLUGIN_PAGE_SIZE} tokens, "
+                                    f"this server's are {page_size} (--block-size {PLUGIN_PAGE_SIZE})")
+        if getattr(config.parallel_config, "decode_context_parallel_size", 1) > 1:
+            raise PluginConfigError("mlabench's MLA backend returns no LSE: decode context "
+                                    "parallelism is not supported")
+        settings = PluginSettings.resolve(config.additional_config)
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        policy = load_plugin_policy(settings, num_heads, page_size, num_sms)
+        _SERVED[key] = ServedDecode(policy, settings.mode, num_heads,
+                                    int(config.scheduler_config.max_num_seqs), device)
+        logger.info("%s", describe_policy(settings, policy, num_heads))
+    return _SERVED[key]

@@ -1,0 +1,40 @@
+"""The plugin's per-process decode state without a GPU: grid split counts in each mode, the
+workspace every step fits in, and which device table a batch size reads."""
+
+import pytest
+import torch
+
+from mlabench.deploy.served_decode import ServedDecode, grid_splits, workspace_slots
+from mlabench.policy.device_table import SplitPolicy
+
+POLICY = SplitPolicy.create({1: [(4096, 32), (131072, 128)], 16: [(4096, 4), (131072, 16)]})
+
+
+def test_device_mode_sizes_the_grid_for_the_batchs_largest_count():
+    assert grid_splits(POLICY, "device", 1, 10) == 128
+    assert grid_splits(POLICY, "device", 8, 10) == 128   # batch 8 reads batch 1's rows
+    assert grid_splits(POLICY, "device", 16, 10) == 16
+
+
+def test_host_mode_takes_the_longest_contexts_count():
+    assert grid_splits(POLICY, "host", 1, 4000) == 32
+    assert grid_splits(POLICY, "host", 1, 110000) == 128
+    assert grid_splits(POLICY, "host", 16, 4096) == 4
+    assert grid_splits(POLICY, "host", 16, 0) == 4      # a padded step's 0 reads the first row
+    with pytest.raises(ValueError):
+        grid_splits(POLICY, "fixed", 1, 10)
+
+
+def test_the_workspace_fits_every_batch_up_to_the_largest():
+    # batch 15 reads batch 1's rows (128 splits): 15 x 128 slots beat 16 x 16
+    assert workspace_slots(POLICY, "device", 16) == 15 * 128
+    assert workspace_slots(POLICY, "host", 1) == 128
+
+
+def test_tables_by_batch_size_and_none_in_host_mode():
+    served = ServedDecode(POLICY, "device", 12, 16, "cpu")
+    assert served.table_for(1).tolist()[:2] == [[4096, 32], [131072, 128]]
+    assert served.table_for(15) is served.table_for(1)
+    assert served.table_for(16).tolist()[0] == [4096, 4]
+    assert ServedDecode(POLICY, "host", 12, 16, "cpu").table_for(16) is None
+    assert served._partial_out.shape == (15 * 128, 12, 512) and served._partial_out.dtype == torch.float32

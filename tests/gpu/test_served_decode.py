@@ -1,0 +1,63 @@
+"""The vLLM plugin's decode call on a Hopper GPU (skipped elsewhere): vLLM's cache layout
+``[pages, 64, 576]`` against the fp32 reference, in device and host mode, and one graph captured
+at short lengths and replayed at long ones (device mode keeps the policy's count per request)."""
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+POLICY_ROWS = {1: [(1024, 8), (8192, 33), (131072, 132)], 4: [(4096, 4), (131072, 16)]}
+
+
+def _served(mode, max_batch=4):
+    from mlabench.backends.gluon import hopper_gluon_available
+    from mlabench.deploy.served_decode import ServedDecode
+    from mlabench.policy.device_table import SplitPolicy
+
+    ok, why = hopper_gluon_available()
+    if not ok:
+        pytest.skip(why)
+    return ServedDecode(SplitPolicy.create(POLICY_ROWS), mode, 12, max_batch, "cuda")
+
+
+def _inputs(lens, seed=0):
+    from mlabench.inputs import make_inputs
+    from mlabench.shapes import MLADecodeShape
+
+    return make_inputs(MLADecodeShape.create(num_heads=12, context_lens=lens, page_size=64), seed=seed)
+
+
+def _err(x, out, lens):
+    from mlabench.kernels.reference import mla_decode_reference
+
+    ref = mla_decode_reference(x.q, x.kv_cache, x.block_table, list(lens), x.shape.scale)[0]
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("mode", ["device", "host"])
+@pytest.mark.parametrize("lens", [[700], [3000, 65, 20000, 9000]])
+def test_vllm_layout_against_the_reference(mode, lens):
+    served, x = _served(mode), _inputs(lens)
+    out = served(x.q, x.kv_cache.squeeze(2), x.block_table, x.cache_seqlens, max(lens), x.shape.scale)
+    assert out.shape == (len(lens), 12, 512) and out.dtype == x.q.dtype
+    assert _err(x, out, lens) < 1e-2
+
+
+def test_one_graph_captured_short_is_right_long_in_device_mode():
+    served, x = _served("device"), _inputs([40000, 40000, 40000, 40000], seed=1)
+    cache, short = x.kv_cache.squeeze(2), torch.tensor([100, 900, 64, 3000], dtype=torch.int32, device="cuda")
+    long = x.cache_seqlens.clone()
+    x.cache_seqlens.copy_(short)
+    served(x.q, cache, x.block_table, x.cache_seqlens, 3000, x.shape.scale)  # warm-up, as vLLM does
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = served(x.q, cache, x.block_table, x.cache_seqlens, 3000, x.shape.scale)
+    for lens in (short, long, torch.tensor([40000, 1, 20000, 5000], dtype=torch.int32, device="cuda")):
+        x.cache_seqlens.copy_(lens)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _err(x, out, lens.tolist()) < 1e-2
