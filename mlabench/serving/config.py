@@ -62,6 +62,29 @@ class BenchParams(_Strict):
         default_factory=list, description="Raw flags appended as they are (pass-through)."
     )
 
+    @field_validator("random_input_len", mode="before")
+    @classmethod
+    def _lengths_shape(cls, value: Any) -> Any:
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in (value if isinstance(value, list) else [value])):
+            raise ValueError(f"must be a token count or a list of them (e.g. [4096, 32768, 100000]), not {value!r}")
+        return value
+
+    @field_validator("num_prompts", mode="before")
+    @classmethod
+    def _prompts_shape(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        if isinstance(value, dict):  # TOML and JSON keys are strings
+            try:
+                table = {int(k): n for k, n in value.items()}
+            except (TypeError, ValueError):
+                raise ValueError("the keys of a num_prompts table are concurrencies (integers), not "
+                                 f"{[str(k) for k in value]}") from None
+            if all(isinstance(n, int) and not isinstance(n, bool) for n in table.values()):
+                return table
+        raise ValueError(f"must be a prompt count or a table of them keyed by concurrency "
+                         f"(e.g. {{ 1 = 3, 16 = 16 }}), not {value!r}")
+
     @field_validator("random_input_len")
     @classmethod
     def _lengths(cls, value: int | list[int], info: ValidationInfo) -> int | list[int]:
@@ -214,7 +237,7 @@ class ServeConfig(_Strict):
     concurrencies: list[int] = Field(
         default_factory=lambda: [1, 16], min_length=1, description="--max-concurrency values."
     )
-    repeats: int = Field(1, ge=1, description="Runs of vllm bench serve per (variant, concurrency).")
+    repeats: int = Field(1, ge=1, description="Runs of vllm bench serve per (variant, input length, concurrency).")
     bench_timeout_s: float = Field(7200.0, gt=0, description="Limit of one bench run, seconds.")
     bench_poll_s: float = Field(
         0.5, gt=0, description="Seconds between checks of a running bench (done? server alive?)."
@@ -247,7 +270,8 @@ class ServeConfig(_Strict):
             extra = sorted(set(params.num_prompts) - set(self.concurrencies))
             if extra:
                 raise ValueError(f"bench.num_prompts{where} has concurrencies {extra} that are not in "
-                                 f"concurrencies {self.concurrencies}")
+                                 f"concurrencies {self.concurrencies} (give a count for each concurrency run, "
+                                 "and no other)")
         for conc in self.concurrencies:
             n = params.prompts_at(conc)
             if n is None:

@@ -89,7 +89,8 @@ def test_input_lengths_take_a_number_or_a_list(tmp_path):
     assert load_config(write(tmp_path, MINIMAL)).input_lens() == [100000]
     per_variant = load_config(write(tmp_path, MINIMAL + "[variants.bench]\nrandom_input_len = [64, 128]\n"))
     assert per_variant.input_lens() == [64, 128] and per_variant.bench.input_lens() == [100000]
-    for bad, said in (("[]", "non-empty list"), ("[64, 64]", "distinct"), ("[64, 0]", "> 0")):
+    for bad, said in (("[]", "non-empty list"), ("[64, 64]", "distinct"), ("[64, 0]", "> 0"),
+                      ('[64, "x"]', r"must be a token count or a list of them .*, not \[64, 'x'\]$")):
         with pytest.raises(ConfigError, match=f"bench.random_input_len: .*{said}"):
             load_config(write(tmp_path, MINIMAL + f"[bench]\nrandom_input_len = {bad}\n"))
     with pytest.raises(ConfigError, match="several input lengths need dataset_name 'random'"):
@@ -110,7 +111,9 @@ def test_prompts_per_concurrency(tmp_path):
     ("[bench]\nnum_prompts = { 1 = 3, 16 = 8 }\n", "concurrency 16 gets 8 prompts, fewer than 16"),
     ("[bench]\nnum_prompts = { 1 = 3 }\n", "bench.num_prompts gives no prompt count for concurrency 16"),
     ("[bench]\nnum_prompts = { 1 = 3, 8 = 8, 16 = 16 }\n", r"concurrencies \[8\] that are not in concurrencies \[1, 16\]"),
-    ("[bench]\nnum_prompts = { one = 3, 16 = 16 }\n", "bench.num_prompts"),
+    ("[bench]\nnum_prompts = { one = 3, 16 = 16 }\n",
+     r"bench.num_prompts: the keys of a num_prompts table are concurrencies \(integers\), not \['one', '16'\]$"),
+    ("[bench]\nnum_prompts = { 1 = \"x\", 16 = 16 }\n", "bench.num_prompts: must be a prompt count or a table"),
     ("[bench]\nnum_prompts = { 1 = 0, 16 = 16 }\n", "prompt counts must be > 0"),
     ("[variants.bench]\nnum_prompts = 4\n", r"bench.num_prompts \(variant 'a'\): concurrency 16 gets 4 prompts"),
 ])
