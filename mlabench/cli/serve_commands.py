@@ -34,7 +34,7 @@ def serve_bench(
         "--set", metavar="KEY=VALUE", help="Override a config key, e.g. bench.num_prompts=8; repeatable.")] = None,
     concurrency: Annotated[list[str] | None, typer.Option(
         "--concurrency", "-c", metavar="N[,N...]", help="Replace the concurrencies, e.g. 1,16.")] = None,
-    repeats: Annotated[int | None, typer.Option(metavar="N", help="Runs per (variant, concurrency).")] = None,
+    repeats: Annotated[int | None, typer.Option(metavar="N", help="Runs per (variant, input length, concurrency).")] = None,
     results_dir: ResultsDir = Path("results"),
     label: Annotated[str | None, typer.Option(metavar="TEXT", help="Run folder label (default: config name).")] = None,
     vllm_bin: VllmBin = None,
@@ -43,7 +43,7 @@ def serve_bench(
         metavar="RUN", help="Re-render a saved run folder; runs nothing.")] = None,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
-    """Benchmark server variants with `vllm bench serve`; table of TPOT per concurrency."""
+    """Benchmark server variants with `vllm bench serve`; table of TPOT per (input length and) concurrency."""
     fmt = output_format(format, as_json, markdown)
     if stat not in ("mean", "median", "p99"):
         raise ConfigError(f"--stat must be mean, median or p99, not {stat!r}")

@@ -122,8 +122,8 @@ def serve_environment(run: Any) -> Table:
         ["vllm", f"{run.manifest.get('vllm_bin', '—')}" + (f" ({', '.join(versions)})" if versions else "")],
         ["model", f"{conf.model or 'first served model'} (tokenizer {conf.tokenizer or 'the model'})"],
         ["variants", "; ".join(variants)],
-        ["workload", f"{b.dataset_name}, {b.random_input_len} in / {b.random_output_len} out tokens, "
-                     f"{b.num_prompts} prompts, {b.num_warmups} warm-up, request rate {b.request_rate}, "
+        ["workload", f"{b.dataset_name}, {', '.join(map(str, conf.input_lens()))} in / {b.random_output_len} "
+                     f"out tokens, {b.prompts_text(conf.concurrencies)} prompts, {b.num_warmups} warm-up, request rate {b.request_rate}, "
                      f"concurrency {', '.join(map(str, conf.concurrencies))}, {conf.repeats} repeat(s)"],
         ["VLLM_* environment", ", ".join(f"{k}={v}" for k, v in run.manifest.get("env", {}).items()) or "none set"],
         ["commands", f"{run.path / 'commands.txt'}"],
@@ -201,7 +201,7 @@ def kernel_sections(runs: Any, families: dict[str, str], specs: Sequence[FigureS
 
 def serving_section(runs: Any, specs: Sequence[FigureSpec]) -> list[Block]:
     """The serve-bench TPOT table of each serve run (the serve-bench table's own numbers) and figure."""
-    from mlabench.serving.table import body, build_table, headers
+    from mlabench.serving.table import body, failure_lines, headers, table_of
 
     blocks: list[Block] = [Heading("Serving: TPOT by concurrency")]
     if not runs.serve_runs:
@@ -209,11 +209,11 @@ def serving_section(runs: Any, specs: Sequence[FigureSpec]) -> list[Block]:
                                  "configs/serve/...`, then pass its run folder to --from)")]
     for run in runs.serve_runs:
         conf = run.config
-        t = build_table(run.results, [v.name for v in conf.variants], conf.concurrencies, conf.baseline)
-        table = Table(f"{run.name}: TPOT by concurrency (speedup vs {t.baseline}, {t.stat} TPOT)",
+        t = table_of(conf, run.results)
+        by = "input length and concurrency" if t.by_input_len else "concurrency"
+        table = Table(f"{run.name}: TPOT by {by} (speedup vs {t.baseline}, {t.stat} TPOT)",
                       headers(t), body(t))
-        table.notes += [f"c={r.concurrency} {c.variant}: {c.status}; {'; '.join(c.errors)}"
-                        for r in t.rows for c in r.cells if c.status != "ok"]
+        table.notes += failure_lines(t)
         blocks.append(TableBlock(table))
         blocks += [f for f in _figures(specs, "serving-tpot") if f.stem.endswith(run.name)
                    or len(runs.serve_runs) == 1]

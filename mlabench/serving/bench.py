@@ -2,7 +2,8 @@
 
 Layout of ``results/<run-id>/`` (append-only; a new run never reuses a folder):
 ``manifest.json`` (config, vllm executable, start time), ``commands.txt`` (every command run),
-``server-<variant>.log``, ``<variant>-c<conc>-r<repeat>.json`` (vLLM's saved result) and ``.log``,
+``server-<variant>.log``, ``<variant>-c<conc>-r<repeat>.json`` (vLLM's saved result; named
+``<variant>-i<input len>-c<conc>-r<repeat>.json`` when ``random_input_len`` lists several lengths) and ``.log``,
 ``results.jsonl`` (one :class:`BenchResult` per line, written as each run ends), ``table.md`` and
 ``table.json``.
 """
@@ -57,8 +58,14 @@ def bench_command(
     vllm_bin: str, base_url: str, model: str, tokenizer: str, params: BenchParams,
     concurrency: int, result_dir: Path, result_filename: str, metadata: dict[str, str],
 ) -> list[str]:
-    """argv of one ``vllm bench serve`` run (flags: vLLM ``vllm bench serve --help``)."""
-    p = params
+    """argv of one ``vllm bench serve`` run (flags: vLLM ``vllm bench serve --help``).
+
+    ``params`` holds one ``random_input_len`` (:meth:`BenchParams.for_run`; a list is refused with
+    ValueError); ``--num-prompts`` is its count at ``concurrency`` (:meth:`BenchParams.prompts_at`).
+    """
+    if isinstance(params.random_input_len, list):
+        raise ValueError("bench_command takes one random_input_len: give params.for_run(input_len, concurrency)")
+    p = params.for_run(None, concurrency)
     argv = [
         vllm_bin, "bench", "serve", "--backend", p.backend, "--base-url", base_url,
         "--endpoint", p.endpoint, "--model", model, "--tokenizer", tokenizer,
@@ -188,7 +195,9 @@ def run_serve_bench(
     vllm_bin_flag: str | None = None, progress: Progress = lambda _: None,
     run_dir: Path | None = None,
 ) -> tuple[Path, list[BenchResult]]:
-    """Run every (variant, concurrency, repeat); returns (run folder, results in run order).
+    """Run every (variant, input length, concurrency, repeat): one server start per variant, every
+    input length benchmarked against it (:func:`bench_points`); returns (run folder, results in
+    run order).
 
     Results are appended to ``results.jsonl`` as each run ends, so an interrupted run keeps what
     it measured. A bench run that fails or writes no JSON becomes a ``missing``/``error`` result
@@ -209,33 +218,54 @@ def run_serve_bench(
         with variant_server(variant, run_dir, vllm_bin, progress) as srv:
             model = expand(variant.model or config.model or served_model(variant.base_url))
             tokenizer = expand(config.tokenizer) if config.tokenizer else model
-            for conc in config.concurrencies:
-                for rep in range(config.repeats):
-                    stem = f"{variant.name}-c{conc}-r{rep}"
-                    argv = bench_command(
-                        vllm_bin, variant.base_url, model, tokenizer, params, conc, run_dir,
-                        f"{stem}.json",
-                        {"variant": variant.name, "concurrency": str(conc), "repeat": str(rep)},
-                    )
-                    append_text(run_dir / "commands.txt", shlex.join(argv) + "\n", "run folder file")
-                    progress(f"[{variant.name}] concurrency {conc}, repeat {rep + 1}/{config.repeats}")
-                    code = run_one(argv, run_dir / f"{stem}.log", config.bench_timeout_s, srv,
-                                   poll_s=config.bench_poll_s)
-                    res = judge(load_result(run_dir / f"{stem}.json", variant.name, conc, rep, run_dir),
-                                params.min_output_tokens())
-                    if code != 0 and res.status == "ok":
-                        res = res.model_copy(update={"status": "error",
-                                                     "error": f"vllm bench serve exited {code}"})
-                    elif res.status == "missing":
-                        tail = log_tail(run_dir / f"{stem}.log", 8)
-                        res = res.model_copy(update={"error": f"{res.error}; exit code {code}; "
-                                                     f"log tail:\n{tail}"})
-                    results.append(res)
-                    append_text(run_dir / "results.jsonl", res.model_dump_json() + "\n", "run results", sync=True)
-                    progress(f"[{variant.name}] c={conc} r={rep}: {res.status}"
-                             + (f", mean TPOT {res.tpot.mean_ms:.2f} ms"
-                                if res.tpot.mean_ms is not None else ""))
+            for input_len, conc, rep in bench_points(config, params):
+                results.append(_bench_one(config, variant, params.for_run(input_len, conc), run_dir,
+                                          (vllm_bin, model, tokenizer), (input_len, conc, rep), srv, progress))
     return run_dir, results
+
+
+def bench_points(config: ServeConfig, params: BenchParams) -> list[tuple[int, int, int]]:
+    """Every (input length, concurrency, repeat) one server start is benchmarked at, in run order:
+    each input length of ``params`` (tokens), then each concurrency, then each repeat (0-based)."""
+    return [(n, conc, rep) for n in params.input_lens() for conc in config.concurrencies
+            for rep in range(config.repeats)]
+
+
+def result_stem(variant: str, input_len: int, concurrency: int, repeat: int, several_lens: bool) -> str:
+    """File stem of one bench run: ``<variant>-c<conc>-r<rep>``, with ``-i<input len>`` after the
+    variant when the run benchmarks several input lengths (:meth:`ServeConfig.input_lens`)."""
+    return f"{variant}{f'-i{input_len}' if several_lens else ''}-c{concurrency}-r{repeat}"
+
+
+def _bench_one(
+    config: ServeConfig, variant: Variant, params: BenchParams, run_dir: Path,
+    how: tuple[str, str, str], point: tuple[int, int, int], srv: ManagedServer | None, progress: Progress,
+) -> BenchResult:
+    """Run one ``vllm bench serve`` (``params`` already :meth:`~BenchParams.for_run`; ``how`` is
+    (vllm executable, model, tokenizer), ``point`` (input length, concurrency, repeat)), record its
+    result in ``results.jsonl`` and return it."""
+    vllm_bin, model, tokenizer = how
+    input_len, conc, rep = point
+    several = len(config.input_lens()) > 1
+    stem = result_stem(variant.name, input_len, conc, rep, several)
+    argv = bench_command(
+        vllm_bin, variant.base_url, model, tokenizer, params, conc, run_dir, f"{stem}.json",
+        {"variant": variant.name, "input_len": str(input_len), "concurrency": str(conc), "repeat": str(rep)},
+    )
+    append_text(run_dir / "commands.txt", shlex.join(argv) + "\n", "run folder file")
+    tag = f"in={input_len} " if several else ""
+    progress(f"[{variant.name}] {tag}concurrency {conc}, repeat {rep + 1}/{config.repeats}")
+    code = run_one(argv, run_dir / f"{stem}.log", config.bench_timeout_s, srv, poll_s=config.bench_poll_s)
+    res = judge(load_result(run_dir / f"{stem}.json", variant.name, conc, rep, run_dir),
+                params.min_output_tokens()).model_copy(update={"input_len": input_len})
+    if code != 0 and res.status == "ok":
+        res = res.model_copy(update={"status": "error", "error": f"vllm bench serve exited {code}"})
+    elif res.status == "missing":
+        tail = log_tail(run_dir / f"{stem}.log", 8)
+        res = res.model_copy(update={"error": f"{res.error}; exit code {code}; log tail:\n{tail}"})
+    append_text(run_dir / "results.jsonl", res.model_dump_json() + "\n", "run results", sync=True)
+    progress(f"[{variant.name}] {tag}c={conc} r={rep}: {res.status}" + (f", mean TPOT {res.tpot.mean_ms:.2f} ms" if res.tpot.mean_ms is not None else ""))
+    return res
 
 
 def read_run(run_dir: Path) -> tuple[ServeConfig, list[BenchResult]]:
@@ -245,13 +275,14 @@ def read_run(run_dir: Path) -> tuple[ServeConfig, list[BenchResult]]:
     manifest = read_json(run_dir / "manifest.json", "serve-bench run manifest")
     lines = read_text(run_dir / "results.jsonl", "serve-bench run results").splitlines()
     try:
-        config = ServeConfig.model_validate(manifest["config"])
+        config = ServeConfig.model_validate(manifest["config"], context={"recorded": True})
         results = [BenchResult.model_validate_json(line) for line in lines if line.strip()]
     except (ValidationError, KeyError, TypeError) as exc:
         why = validation_line(exc) if isinstance(exc, ValidationError) else f"no {exc}"
         raise ConfigError(f"{run_dir} is not a readable serve-bench run: {why}") from None
-    least = {v.name: config.bench_for(v).min_output_tokens() for v in config.variants}
-    return config, [judge(r, least.get(r.variant)) for r in results]
+    params = {v.name: config.bench_for(v) for v in config.variants}
+    return config, [judge(r, params[r.variant].for_run(r.input_len, r.concurrency).min_output_tokens()
+                          if r.variant in params else None) for r in results]
 
 
 def env_summary() -> dict[str, str]:

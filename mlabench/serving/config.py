@@ -16,7 +16,10 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+    model_validator,
+)
 
 from mlabench.errors import ConfigError
 from mlabench.files import config_file, read_text, read_toml, validation_line
@@ -35,10 +38,14 @@ class BenchParams(_Strict):
     backend: str = Field("vllm", description="--backend (vLLM's own default moved to 'openai').")
     endpoint: str = Field("/v1/completions", description="--endpoint, the API path requests go to.")
     dataset_name: str = Field("random", description="--dataset-name.")
-    random_input_len: int = Field(100000, gt=0, description="--random-input-len, prompt tokens.")
+    random_input_len: int | list[int] = Field(
+        100000, description="--random-input-len, prompt tokens; a list benchmarks each length in turn "
+        "against one server start (e.g. [4096, 32768, 100000]).")
     random_output_len: int = Field(1000, gt=1, description="--random-output-len, output tokens.")
     random_range_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="--random-range-ratio.")
-    num_prompts: int = Field(3, gt=0, description="--num-prompts, measured requests per run.")
+    num_prompts: int | dict[int, int] | None = Field(
+        None, description="--num-prompts, measured requests per run: one number, or a table keyed by "
+        "concurrency ({ 1 = 3, 16 = 16 }); default 3, or the concurrency when it is higher.")
     num_warmups: int = Field(1, ge=0, description="--num-warmups, unmeasured requests first.")
     seed: int = Field(0, description="--seed of the random dataset.")
     request_rate: Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, (int, float))
@@ -55,11 +62,81 @@ class BenchParams(_Strict):
         default_factory=list, description="Raw flags appended as they are (pass-through)."
     )
 
+    @field_validator("random_input_len", mode="before")
+    @classmethod
+    def _lengths_shape(cls, value: Any) -> Any:
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in (value if isinstance(value, list) else [value])):
+            raise ValueError(f"must be a token count or a list of them (e.g. [4096, 32768, 100000]), not {value!r}")
+        return value
+
+    @field_validator("num_prompts", mode="before")
+    @classmethod
+    def _prompts_shape(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        if isinstance(value, dict):  # TOML and JSON keys are strings
+            try:
+                table = {int(k): n for k, n in value.items()}
+            except (TypeError, ValueError):
+                raise ValueError("the keys of a num_prompts table are concurrencies (integers), not "
+                                 f"{[str(k) for k in value]}") from None
+            if all(isinstance(n, int) and not isinstance(n, bool) for n in table.values()):
+                return table
+        raise ValueError(f"must be a prompt count or a table of them keyed by concurrency "
+                         f"(e.g. {{ 1 = 3, 16 = 16 }}), not {value!r}")
+
+    @field_validator("random_input_len")
+    @classmethod
+    def _lengths(cls, value: int | list[int], info: ValidationInfo) -> int | list[int]:
+        lens = value if isinstance(value, list) else [value]
+        if not lens or min(lens) < 1 or len(set(lens)) != len(lens):
+            raise ValueError(f"must be a token count > 0 or a non-empty list of distinct ones, not {value}")
+        if len(lens) > 1 and info.data.get("dataset_name") != "random":
+            raise ValueError(f"several input lengths need dataset_name 'random', not {info.data.get('dataset_name')!r}")
+        return value
+
+    @field_validator("num_prompts")
+    @classmethod
+    def _prompts(cls, value: int | dict[int, int] | None) -> int | dict[int, int] | None:
+        counts = value.values() if isinstance(value, dict) else [] if value is None else [value]
+        if any(n < 1 for n in counts):
+            raise ValueError(f"prompt counts must be > 0, not {value}")
+        return value
+
+    def input_lens(self) -> list[int]:
+        """The prompt lengths to benchmark (tokens), in config order: ``random_input_len`` as a list."""
+        lens = self.random_input_len
+        return list(lens) if isinstance(lens, list) else [lens]
+
+    def prompts_at(self, concurrency: int) -> int | None:
+        """``--num-prompts`` at ``concurrency``: the number, the table's entry (None when the table
+        has none), or by default 3 (the seed's count) or ``concurrency`` when it is higher, so that
+        every slot holds a request."""
+        n = self.num_prompts
+        if n is None:
+            return max(3, concurrency)
+        return n.get(concurrency) if isinstance(n, dict) else n
+
+    def prompts_text(self, concurrencies: list[int]) -> str:
+        """``--num-prompts`` in words: ``3``, or ``3 at c=1, 16 at c=16`` when it differs by concurrency."""
+        counts = [self.prompts_at(c) for c in concurrencies]
+        if len(set(counts)) == 1:
+            return str(counts[0])
+        return ", ".join(f"{n} at c={c}" for c, n in zip(concurrencies, counts))
+
+    def for_run(self, input_len: int | None, concurrency: int) -> "BenchParams":
+        """These parameters for one ``vllm bench serve`` run: one ``random_input_len`` (kept as it
+        is when ``input_len`` is None) and the ``num_prompts`` of ``concurrency``, both scalars."""
+        update: dict[str, Any] = {"num_prompts": self.prompts_at(concurrency)}
+        if input_len is not None:
+            update["random_input_len"] = input_len
+        return self.model_copy(update=update)
 
     def min_output_tokens(self) -> int | None:
         """Fewest output tokens a complete run of these parameters yields, or None when the
         lengths are not fixed (a dataset other than ``random``, EOS honoured, or the lengths or
-        prompt count passed through ``extra_args``).
+        prompt count passed through ``extra_args``), or when ``num_prompts`` is not one number
+        (call it on :meth:`for_run`'s parameters).
 
         With ``ignore_eos`` every request of the random dataset produces its drawn output length,
         and vLLM draws it from ``[floor(L * (1 - r)), ceil(L * (1 + r))]`` (``L`` =
@@ -67,7 +144,7 @@ class BenchParams(_Strict):
         ``num_prompts * floor(L * (1 - r))`` tokens.
         """
         own = ("--random-output-len", "--random-range-ratio", "--num-prompts", "--dataset-name")
-        if not self.ignore_eos or self.dataset_name != "random" or \
+        if not isinstance(self.num_prompts, int) or not self.ignore_eos or self.dataset_name != "random" or \
                 any(a.split("=", 1)[0] in own for a in self.extra_args):
             return None
         return self.num_prompts * math.floor(self.random_output_len * (1 - self.random_range_ratio))
@@ -160,7 +237,7 @@ class ServeConfig(_Strict):
     concurrencies: list[int] = Field(
         default_factory=lambda: [1, 16], min_length=1, description="--max-concurrency values."
     )
-    repeats: int = Field(1, ge=1, description="Runs of vllm bench serve per (variant, concurrency).")
+    repeats: int = Field(1, ge=1, description="Runs of vllm bench serve per (variant, input length, concurrency).")
     bench_timeout_s: float = Field(7200.0, gt=0, description="Limit of one bench run, seconds.")
     bench_poll_s: float = Field(
         0.5, gt=0, description="Seconds between checks of a running bench (done? server alive?)."
@@ -170,7 +247,7 @@ class ServeConfig(_Strict):
     check: CheckParams = Field(default_factory=CheckParams, description="serve-check settings.")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ServeConfig":
+    def _consistent(self, info: ValidationInfo) -> "ServeConfig":
         names = [v.name for v in self.variants]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -180,8 +257,28 @@ class ServeConfig(_Strict):
         if len(set(self.concurrencies)) != len(self.concurrencies) or min(self.concurrencies) < 1:
             raise ValueError(f"concurrencies must be distinct and >= 1: {self.concurrencies}")
         for v in self.variants:
-            self.bench_for(v)
+            params = self.bench_for(v)
+            if not (info.context or {}).get("recorded"):  # a recorded run is read as it ran
+                self._check_prompts(v, params)
         return self
+
+    def _check_prompts(self, variant: Variant, params: BenchParams) -> None:
+        """Raise ValueError unless every concurrency gets a prompt count, at least the concurrency
+        (``vllm bench serve --num-prompts 3 --max-concurrency 16`` runs only 3 requests at once)."""
+        where = f" (variant {variant.name!r})" if "num_prompts" in variant.bench else ""
+        if isinstance(params.num_prompts, dict):
+            extra = sorted(set(params.num_prompts) - set(self.concurrencies))
+            if extra:
+                raise ValueError(f"bench.num_prompts{where} has concurrencies {extra} that are not in "
+                                 f"concurrencies {self.concurrencies} (give a count for each concurrency run, "
+                                 "and no other)")
+        for conc in self.concurrencies:
+            n = params.prompts_at(conc)
+            if n is None:
+                raise ValueError(f"bench.num_prompts{where} gives no prompt count for concurrency {conc}")
+            if n < conc:
+                raise ValueError(f"bench.num_prompts{where}: concurrency {conc} gets {n} prompts, fewer "
+                                 f"than {conc}, so it would run only {n} requests at once (give at least {conc})")
 
     def variant(self, name: str) -> Variant:
         """The variant called ``name``; raises :class:`ConfigError` listing the known names."""
@@ -189,6 +286,10 @@ class ServeConfig(_Strict):
             if v.name == name:
                 return v
         raise ConfigError(f"unknown variant {name!r}; known: {[v.name for v in self.variants]}")
+
+    def input_lens(self) -> list[int]:
+        """Every input length some variant is benchmarked at (tokens), in order of first appearance."""
+        return list(dict.fromkeys(n for v in self.variants for n in self.bench_for(v).input_lens()))
 
     def bench_for(self, variant: Variant) -> BenchParams:
         """Bench params of ``variant``: the config's ``[bench]`` with the variant's overrides."""

@@ -48,6 +48,10 @@ class BenchResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     variant: str = Field(..., description="Server variant name.")
     concurrency: int = Field(..., description="--max-concurrency of the run.")
+    input_len: int | None = Field(
+        None, description="--random-input-len of the run, tokens (None: not recorded, e.g. a run made "
+        "before serve-bench took several input lengths)."
+    )
     repeat: int = Field(..., description="Repeat index, 0-based.")
     status: Status = Field(
         ..., description="ok; failed_requests (some failed or never completed); truncated (fewer "

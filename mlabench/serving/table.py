@@ -1,11 +1,14 @@
-"""The TPOT table: per concurrency and variant, TPOT and speedup against the baseline.
+"""The TPOT table: per concurrency (and input length, when a run has several) and variant, TPOT and
+speedup against the baseline.
 
-Repeats of one (variant, concurrency) are combined by the mean of their per-run statistics (each
+Repeats of one (variant, input length, concurrency) are combined by the mean of their per-run statistics (each
 run has the same request count). Failures are never averaged away: completed/failed are summed
 over repeats, a cell takes its worst repeat's status, and any cell that is not ``ok`` makes the
 table not ok (the CLI then exits non-zero).
 
-Speedup = baseline TPOT / variant TPOT (same statistic, same concurrency): above 1 is faster.
+Speedup = baseline TPOT / variant TPOT (same statistic, same input length and concurrency): above 1
+is faster.  A run of one input length has a row per concurrency as before (no input length
+column), whether or not its results record their input length.
 
 :class:`ServeTable` is the data; :func:`tpot_table` and :func:`tpot_markdown_table` lay it out as
 :class:`mlabench.tables.table.Table` for the one set of renderers (:func:`view` picks the layout).
@@ -48,9 +51,10 @@ class Cell(BaseModel):
 
 
 class Row(BaseModel):
-    """One concurrency."""
+    """One concurrency (of one input length, when the run has several)."""
 
     model_config = ConfigDict(extra="forbid")
+    input_len: int | None = Field(None, description="--random-input-len, tokens; None: one length in the run.")
     concurrency: int = Field(..., description="--max-concurrency.")
     cells: list[Cell] = Field(..., description="One cell per variant, in config order.")
 
@@ -62,12 +66,22 @@ class ServeTable(BaseModel):
     baseline: str = Field(..., description="Variant speedups are taken against.")
     stat: Stat = Field(..., description="TPOT statistic used for speedup.")
     variants: list[str] = Field(..., description="Variant names, column order.")
-    rows: list[Row] = Field(..., description="One row per concurrency.")
+    rows: list[Row] = Field(..., description="One row per (input length, concurrency), or per concurrency.")
 
     @property
     def ok(self) -> bool:
         """True when every cell is ``ok`` (no failed request, no missing result)."""
         return all(c.status == "ok" for r in self.rows for c in r.cells)
+
+    @property
+    def by_input_len(self) -> bool:
+        """True when rows are keyed by input length too (the run has several)."""
+        return any(r.input_len is not None for r in self.rows)
+
+
+def row_label(row: Row) -> str:
+    """``c=16``, or ``in=4096 c=16`` for a row of one of several input lengths."""
+    return ("" if row.input_len is None else f"in={row.input_len} ") + f"c={row.concurrency}"
 
 
 def _avg(values: list[float | None]) -> float | None:
@@ -76,7 +90,7 @@ def _avg(values: list[float | None]) -> float | None:
 
 
 def combine(variant: str, runs: list[BenchResult]) -> Cell:
-    """Combine the repeats of one (variant, concurrency); no runs gives a ``missing`` cell."""
+    """Combine the repeats of one (variant, input length, concurrency); no runs gives a ``missing`` cell."""
     if not runs:
         return Cell(variant=variant, status="missing", repeats=0, errors=["no run recorded"])
     status = max((r.status for r in runs), key=SEVERITY.__getitem__)
@@ -100,26 +114,35 @@ def tpot_of(cell: Cell, stat: Stat) -> float | None:
 
 def build_table(
     results: list[BenchResult], variants: list[str], concurrencies: list[int], baseline: str,
-    stat: Stat = "mean",
+    stat: Stat = "mean", input_lens: list[int] | None = None,
 ) -> ServeTable:
-    """Build the table from every recorded result (any status); expected cells never vanish."""
+    """Build the table from every recorded result (any status); expected cells never vanish.
+
+    With several ``input_lens`` (tokens) there is a row per (input length, concurrency), each
+    holding the results of that ``input_len``; otherwise a row per concurrency holds every result
+    of it (a run of one length, whose older records have no input length).
+    """
     rows = []
-    for conc in concurrencies:
-        cells = [combine(v, [r for r in results if r.variant == v and r.concurrency == conc])
-                 for v in variants]
+    keys = [(n, conc) for n in input_lens for conc in concurrencies] if input_lens and len(input_lens) > 1 \
+        else [(None, conc) for conc in concurrencies]
+    for n, conc in keys:
+        cells = [combine(v, [r for r in results if r.variant == v and r.concurrency == conc
+                             and (n is None or r.input_len == n)]) for v in variants]
         base = next(c for c in cells if c.variant == baseline)
         base_t = tpot_of(base, stat)
         for c in cells:
             t = tpot_of(c, stat)
             if base_t and t and base_t > 0 and t > 0:  # a TPOT that measured nothing has no speedup
                 c.speedup = base_t / t
-        rows.append(Row(concurrency=conc, cells=cells))
+        rows.append(Row(input_len=n, concurrency=conc, cells=cells))
     return ServeTable(baseline=baseline, stat=stat, variants=variants, rows=rows)
 
 
 def table_of(config: ServeConfig, results: list[BenchResult], stat: Stat = "mean") -> ServeTable:
-    """The table of a serve config's variants (in config order) and concurrencies from ``results``."""
-    return build_table(results, [v.name for v in config.variants], config.concurrencies, config.baseline, stat)
+    """The table of a serve config's variants (in config order), input lengths and concurrencies
+    from ``results``."""
+    return build_table(results, [v.name for v in config.variants], config.concurrencies, config.baseline, stat,
+                       config.input_lens())
 
 
 def _f(value: float | None, digits: int = 2) -> str:
@@ -144,8 +167,8 @@ CELL_HEADERS = ("TPOT {stat} ms", "speedup", "TTFT mean ms", "ITL mean ms", "out
 
 
 def headers(table: ServeTable) -> list[str]:
-    """Column headers: 'concurrency', then the cell columns prefixed by each variant name."""
-    out = ["concurrency"]
+    """Column headers: ['input len',] 'concurrency', then the cell columns prefixed by each variant name."""
+    out = ["input len"] * table.by_input_len + ["concurrency"]
     for v in table.variants:
         out += [f"{v} {h.format(stat=table.stat)}" for h in CELL_HEADERS]
     return out
@@ -153,16 +176,16 @@ def headers(table: ServeTable) -> list[str]:
 
 def body(table: ServeTable) -> list[list[str]]:
     """Printed rows (strings), matching :func:`headers`."""
-    return [[str(r.concurrency)] + [t for c in r.cells
+    return [[str(r.input_len)] * table.by_input_len + [str(r.concurrency)] + [t for c in r.cells
                                     for t in cell_texts(c, table.stat, c.variant == table.baseline)]
             for r in table.rows]
 
 
 def failures(table: ServeTable) -> list[str]:
-    """One line per cell that is not ok: concurrency, variant, status and the repeats' errors; and
+    """One line per cell that is not ok: (input length and) concurrency, variant, status and the
+    repeats' errors (:func:`failure_lines`); and
     one when no ok cell holds the ``--stat`` TPOT (p99 needs ``--metric-percentiles`` with 99)."""
-    lines = [f"c={r.concurrency} {c.variant}: {c.status}; {'; '.join(c.errors)}"
-             for r in table.rows for c in r.cells if c.status != "ok"]
+    lines = failure_lines(table)
     ok = [c for r in table.rows for c in r.cells if c.status == "ok"]
     if ok and all(tpot_of(c, table.stat) is None for c in ok):
         others = " or ".join(s for s in ("mean", "median", "p99") if s != table.stat)
@@ -172,8 +195,14 @@ def failures(table: ServeTable) -> list[str]:
     return lines
 
 
+def failure_lines(table: ServeTable) -> list[str]:
+    """``c=16 b: missing; no run recorded``: one line per cell that is not ok (:func:`row_label`)."""
+    return [f"{row_label(r)} {c.variant}: {c.status}; {'; '.join(c.errors)}"
+            for r in table.rows for c in r.cells if c.status != "ok"]
+
+
 def tpot_markdown_table(table: ServeTable) -> Table:
-    """Variants side by side, as in docs/serving.md: one row per concurrency, per variant the
+    """Variants side by side, as in docs/serving.md: one row per (input length and) concurrency, per variant the
     printed cell texts (:func:`cell_texts`); failures listed under it."""
     return Table("", headers(table), body(table), failures(table))
 
@@ -182,18 +211,20 @@ _DATA = ColumnStyle(show="machine")
 
 
 def tpot_table(table: ServeTable) -> Table:
-    """One row per concurrency and variant (the terminal layout: fits 80 columns).
+    """One row per (input length,) concurrency and variant (the terminal layout: fits 80 columns).
 
     People see the ``--stat`` TPOT, speedup, TTFT, ITL, output throughput and completed/failed
     requests; JSON and CSV carry every :class:`Cell` field (mean, median and p99 TPOT, request
-    counts, status, errors) under its own name, beside ``concurrency``.
+    counts, status, errors) under its own name, beside ``concurrency`` (and ``input_len`` when the
+    run has several input lengths).
     """
     stat_col = f"tpot_{table.stat}_ms"
     tpot = {f"tpot_{s}_ms": ColumnStyle(text=_f, header=f"TPOT {s} ms", justify="right",
                                         show="all" if f"tpot_{s}_ms" == stat_col else "machine")
             for s in ("mean", "median", "p99")}
+    lens = {"input_len": ColumnStyle(header="input len", justify="right")} if table.by_input_len else {}
     styles = {
-        "concurrency": ColumnStyle(header="conc", justify="right"), "variant": ColumnStyle(), **tpot,
+        **lens, "concurrency": ColumnStyle(header="conc", justify="right"), "variant": ColumnStyle(), **tpot,
         "speedup": ColumnStyle(text=lambda v: "—" if v is None else f"{v:.2f}x", justify="right", no_wrap=True),
         "ttft_mean_ms": ColumnStyle(text=_f, header="TTFT mean ms", justify="right"),
         "itl_mean_ms": ColumnStyle(text=_f, header="ITL mean ms", justify="right"),
@@ -201,20 +232,22 @@ def tpot_table(table: ServeTable) -> Table:
         "done_failed": ColumnStyle(header="done/failed", justify="right", no_wrap=True, show="human"),
         "status": _DATA, "repeats": _DATA, "completed": _DATA, "failed": _DATA, "errors": _DATA,
     }
-    out = Table(f"TPOT by concurrency (speedup vs {table.baseline}, {table.stat} TPOT)", list(styles),
+    by = "input length and concurrency" if table.by_input_len else "concurrency"
+    out = Table(f"TPOT by {by} (speedup vs {table.baseline}, {table.stat} TPOT)", list(styles),
                 notes=failures(table), styles=styles, group_by="concurrency")
     for row in table.rows:
         for c in row.cells:
             done = f"{c.completed}/{c.failed}" + ("" if c.status == "ok" else f" {c.status.upper()}")
-            values = {**c.model_dump(), "concurrency": row.concurrency, "done_failed": done}
+            values = {**c.model_dump(), "input_len": row.input_len, "concurrency": row.concurrency,
+                      "done_failed": done}
             out.add_row([values[name] for name in out.columns], style=None if c.status == "ok" else "red")
     return out
 
 
 def view(table: ServeTable, format: str) -> Table:
     """The layout for an output format: markdown keeps variants side by side
-    (:func:`tpot_markdown_table`); the terminal table, JSON and CSV have a row per concurrency and
-    variant (:func:`tpot_table`)."""
+    (:func:`tpot_markdown_table`); the terminal table, JSON and CSV have a row per (input length,)
+    concurrency and variant (:func:`tpot_table`)."""
     return tpot_markdown_table(table) if format == "markdown" else tpot_table(table)
 
 

@@ -181,3 +181,24 @@ def test_the_floor_says_whose_bandwidth_it_is_and_small_bandwidths_keep_their_di
     assert D.floor_text(two) == "copy bandwidth (4.4 TB/s, the highest of the runs': 4.4, 4.18 TB/s)"
     assert two.floor_us[1][0][1] == pytest.approx(min(r.floor_us for r in other if r.batch == 1))
     assert style.tbps_text(0.0037) == "0.0037 TB/s" and style.tbps_text(4.4612) == "4.46 TB/s"
+
+
+def test_serving_of_several_input_lengths_keeps_them_apart(serve_runs):
+    """A run of two input lengths: the report's table has a row per (input len, concurrency) and the
+    figure draws the longest length only, never an average of the two."""
+    from mlabench.report.sections import serve_environment, serving_section
+
+    run = serve_runs.serve_runs[0]
+    conf = run.config.model_copy(update={"bench": run.config.bench.model_copy(
+        update={"random_input_len": [64, 128], "num_prompts": {1: 3, 16: 16}})})
+    results = [r.model_copy(update={"input_len": n, "tpot": r.tpot.model_copy(update={"mean_ms": r.tpot.mean_ms * k})})
+               for n, k in ((64, 1.0), (128, 2.0)) for r in run.results]
+    two = type(run)(run.path, run.manifest, conf, results)
+    data = D.serving_tpot(two)
+    assert {(b.concurrency, b.variant): b.tpot_ms for b in data.bars} == \
+        {(r.concurrency, r.variant): r.tpot.mean_ms * 2 for r in run.results}
+    assert "128 in / 16 out" in data.workload and "3 at c=1, 16 at c=16 prompts" in data.workload
+    (table,) = [b.table for b in serving_section(type(serve_runs)(serve_runs=[two]), []) if hasattr(b, "table")]
+    assert table.columns[:2] == ["input len", "concurrency"] and [r[:2] for r in table.rows] == \
+        [["64", "1"], ["64", "16"], ["128", "1"], ["128", "16"]]
+    assert "64, 128 in / 16 out tokens, 3 at c=1, 16 at c=16 prompts" in dict(serve_environment(two).rows)["workload"]

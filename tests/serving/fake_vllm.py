@@ -1,7 +1,8 @@
 """A stand-in for `vllm bench serve`: writes a result JSON like vLLM 0.32.0 does.
 
 Behaviour from the environment: FAKE_TPOT_MS_<VARIANT> (TPOT at concurrency 1, default 10; it
-grows by 5% per extra concurrent request), FAKE_BENCH_MODE = ok | fail_requests | no_result |
+grows by 5% per extra concurrent request, and by FAKE_TPOT_MS_PER_1K_IN ms, default 0, per 1000
+--random-input-len tokens), FAKE_BENCH_MODE = ok | fail_requests | no_result |
 sleep (sleeps 600 s after writing FAKE_BENCH_PIDFILE) | exit1 | one_token (every TPOT 0, as vLLM
 writes when no request produced a second token) | truncated (streams cut short: half the output
 tokens).  In the other modes every request yields its full --random-output-len.
@@ -32,6 +33,7 @@ if mode == "exit1":
 conc = int(opt("--max-concurrency"))
 n = int(opt("--num-prompts"))
 tpot = float(os.environ.get(f"FAKE_TPOT_MS_{meta['variant'].upper()}", "10")) * (1 + 0.05 * (conc - 1))
+tpot += float(os.environ.get("FAKE_TPOT_MS_PER_1K_IN", "0")) * int(opt("--random-input-len")) / 1000
 tpot = 0.0 if mode == "one_token" else tpot
 failed = 1 if mode == "fail_requests" else 0
 result = {

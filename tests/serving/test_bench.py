@@ -3,6 +3,8 @@
 import datetime as dt
 from pathlib import Path
 
+import pytest
+
 from mlabench.serving.bench import bench_command, new_run_dir
 from mlabench.serving.config import BenchParams
 
@@ -15,11 +17,14 @@ def test_command_has_the_seed_flags_and_save_result():
     for part in ("--backend vllm", "--base-url http://h:1", "--endpoint /v1/completions",
                  "--model M", "--tokenizer T", "--dataset-name random", "--random-input-len 100000",
                  "--random-output-len 1000", "--random-range-ratio 0.0", "--max-concurrency 16",
-                 "--num-prompts 3", "--num-warmups 1", "--seed 0", "--request-rate inf",
+                 "--num-prompts 16", "--num-warmups 1", "--seed 0", "--request-rate inf",
                  "--ignore-eos", "--trust-remote-code", "--disable-tqdm", "--save-result",
                  "--result-dir /r", "--result-filename x.json"):
         assert part in s, part
     assert argv[-3:] == ["--metadata", "variant=asm", "concurrency=16"]
+    # the seed's 3 prompts at concurrency 1; at 16 one prompt per slot (3 would run 3 at once)
+    one = bench_command("vllm", "u", "M", "M", BenchParams(), 1, Path("/r"), "f", {"variant": "a"})
+    assert one[one.index("--num-prompts") + 1] == "3"
 
 
 def test_overrides_and_pass_through():
@@ -39,3 +44,22 @@ def test_run_dirs_are_never_reused(tmp_path):
     b = new_run_dir(tmp_path, "cfg", now)
     assert a.name == "serve-20261130T120000Z-cfg" and b.name == a.name + "-2"
     assert (a / "keep.json").exists()
+
+
+def test_prompts_per_concurrency_reach_the_command():
+    p = BenchParams(num_prompts={1: 3, 16: 16}, random_input_len=[4096, 100000])
+    for conc, n in ((1, "3"), (16, "16")):
+        argv = bench_command("vllm", "u", "M", "M", p.for_run(4096, conc), conc, Path("/r"), "f", {"variant": "a"})
+        assert argv[argv.index("--num-prompts") + 1] == n and argv[argv.index("--random-input-len") + 1] == "4096"
+    with pytest.raises(ValueError, match="one random_input_len"):
+        bench_command("vllm", "u", "M", "M", p, 1, Path("/r"), "f", {"variant": "a"})
+
+
+def test_points_run_every_concurrency_of_a_length_before_the_next_length():
+    from mlabench.serving.bench import bench_points, result_stem
+    from mlabench.serving.config import ServeConfig, Variant
+
+    conf = ServeConfig(baseline="a", variants=[Variant(name="a", base_url="http://x")], repeats=2,
+                       bench=BenchParams(random_input_len=[64, 128]))
+    assert bench_points(conf, conf.bench)[:5] == [(64, 1, 0), (64, 1, 1), (64, 16, 0), (64, 16, 1), (128, 1, 0)]
+    assert result_stem("a", 64, 16, 1, True) == "a-i64-c16-r1" and result_stem("a", 64, 16, 1, False) == "a-c16-r1"

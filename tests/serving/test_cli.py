@@ -265,3 +265,77 @@ def test_concurrency_takes_commas_like_every_list(tmp_path, fake_vllm):
     r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"), "-c", "1,4", "-c", "2", "--json")
     assert r.returncode == 0, r.stderr
     assert [row["concurrency"] for row in json.loads(r.stdout)[0]["rows"]] == [1, 1, 4, 4, 2, 2]
+
+
+def test_several_input_lengths_are_benchmarked_against_one_server_start(tmp_path, fake_vllm):
+    """Issue 33: contexts 4K, 32K and 100K needed three runs and three starts of every server (1-3
+    minutes each on a GPU).  A list of input lengths runs each against one start per variant, with
+    each concurrency's own prompt count, into ``-i<len>`` files and a row per (input len, concurrency)."""
+    cfg = two_variant_config(tmp_path, fake_vllm, free_port(), free_port(), "concurrencies = [1, 4]")
+    cfg.write_text(cfg.read_text().replace("random_input_len = 64\n",
+                                           "random_input_len = [64, 256]\nnum_prompts = { 1 = 2, 4 = 5 }\n"))
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"), "--json",
+                env={"FAKE_TPOT_MS_BASE": "40", "FAKE_TPOT_MS_FAST": "10", "FAKE_TPOT_MS_PER_1K_IN": "20"})
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("launching") == 2  # one server start per variant
+    rows = json.loads(r.stdout)[0]["rows"]
+    assert [(row["input_len"], row["concurrency"], row["variant"]) for row in rows] == [
+        (n, c, v) for n in (64, 256) for c in (1, 4) for v in ("base", "fast")]
+    for row in rows:  # TPOT of the fake: base ms x 1.05^(c-1) steps + 20 ms per 1000 input tokens
+        grow, extra = 1 + 0.05 * (row["concurrency"] - 1), 20 * row["input_len"] / 1000
+        assert row["tpot_mean_ms"] == pytest.approx({"base": 40, "fast": 10}[row["variant"]] * grow + extra)
+        assert row["completed"] == {1: 2, 4: 5}[row["concurrency"]]
+        if row["variant"] == "fast":  # speedup within the same (input len, concurrency)
+            assert row["speedup"] == pytest.approx((40 * grow + extra) / (10 * grow + extra))
+    (run,) = (tmp_path / "res").iterdir()
+    names = {p.name for p in run.iterdir()}
+    assert {f"{v}-i{n}-c{c}-r0.json" for v in ("base", "fast") for n in (64, 256) for c in (1, 4)} <= names
+    assert not [n for n in names if n.endswith(".json") and "-c" in n and "-i" not in n]
+    assert sorted(n for n in names if n.startswith("server-")) == ["server-base.log", "server-fast.log"]
+    recorded = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    assert [(x["input_len"], x["concurrency"]) for x in recorded[:4]] == [(64, 1), (64, 4), (256, 1), (256, 4)]
+    commands = [line.split() for line in (run / "commands.txt").read_text().splitlines()]
+    assert [(a[a.index("--random-input-len") + 1], a[a.index("--max-concurrency") + 1], a[a.index("--num-prompts") + 1])
+            for a in commands[:4]] == [("64", "1", "2"), ("64", "4", "5"), ("256", "1", "2"), ("256", "4", "5")]
+    assert all("input_len=" + a[a.index("--random-input-len") + 1] in a for a in commands)
+    assert json.loads((run / "table.json").read_text()) == json.loads(r.stdout)
+    md = run_cli("serve-bench", "--from-run", str(run), "--markdown")
+    assert md.returncode == 0 and "| input len | concurrency | base TPOT mean ms |" in md.stdout
+    assert "| 256 | 4 | 51.12 | 1.00x (base) |" in md.stdout
+
+
+def test_fewer_prompts_than_the_concurrency_is_refused(tmp_path, fake_vllm):
+    """``--num-prompts 3 --max-concurrency 16`` runs only 3 requests at once: a c=16 row that is a
+    c=3 measurement.  Refused before anything starts, one line, exit 2, naming both numbers."""
+    cfg = two_variant_config(tmp_path, fake_vllm, free_port(), free_port())
+    cfg.write_text(cfg.read_text().replace("random_output_len = 8\n", "random_output_len = 8\nnum_prompts = 3\n"))
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "bench.num_prompts: concurrency 16 gets 3 prompts, fewer than 16" in r.stderr
+    assert not (tmp_path / "res").exists()
+
+
+def test_an_old_single_length_run_reads_as_before(tmp_path):
+    """A run recorded before input lengths existed (no ``input_len`` in its results, files
+    ``<variant>-c<conc>-r<rep>``, an integer ``num_prompts``): ``--from-run`` prints the table it
+    saved then, byte for byte; and a recorded run with fewer prompts than a concurrency is still read."""
+    import shutil
+
+    repo = Path(__file__).parents[2]
+    old = repo / "results" / "cpu-vllm" / "serve-20261130T105730Z-cpu-tiny"
+    assert "input_len" not in (old / "results.jsonl").read_text()
+    r = run_cli("serve-bench", "--from-run", str(old), "--markdown")
+    assert r.returncode == 0 and r.stdout == (old / "table.md").read_text()
+    (table,) = json.loads(run_cli("serve-bench", "--from-run", str(old), "--json").stdout)
+    assert table["title"] == "TPOT by concurrency (speedup vs running, mean TPOT)"
+    assert table["columns"][:2] == ["concurrency", "variant"] and "input_len" not in table["columns"]
+    saved = json.loads((old / "table.json").read_text())  # the ServeTable dump of that time
+    assert [(row["concurrency"], row["variant"], row["tpot_mean_ms"], row["speedup"]) for row in table["rows"]] == \
+        [(r["concurrency"], c["variant"], c["tpot_mean_ms"], c["speedup"]) for r in saved["rows"] for c in r["cells"]]
+    run = tmp_path / "seed-style"
+    shutil.copytree(old, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["config"]["bench"]["num_prompts"] = 3
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert run_cli("serve-bench", "--from-run", str(run), "--json").returncode in (0, 1)  # read, not refused
+    assert "error:" not in run_cli("serve-bench", "--from-run", str(run)).stderr

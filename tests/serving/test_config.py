@@ -22,7 +22,9 @@ def test_defaults_are_the_seed_bench_line(tmp_path):
     b = c.bench
     assert (b.dataset_name, b.random_input_len, b.random_output_len, b.random_range_ratio) == \
         ("random", 100000, 1000, 0.0)
-    assert (b.num_prompts, b.num_warmups, b.seed, b.request_rate) == (3, 1, 0, "inf")
+    assert (b.num_warmups, b.seed, b.request_rate) == (1, 0, "inf")
+    # the seed's 3 prompts, but never fewer than the concurrency (3 at c=16 would run 3 at once)
+    assert b.num_prompts is None and (b.prompts_at(1), b.prompts_at(16)) == (3, 16)
     assert (b.ignore_eos, b.endpoint, b.backend) == (True, "/v1/completions", "vllm")
     assert c.concurrencies == [1, 16] and c.repeats == 1 and c.check.max_tokens == 64
 
@@ -79,3 +81,49 @@ def test_expand_and_vllm_bin_precedence(monkeypatch):
 def test_shipped_configs_validate(name):
     c = load_config(REPO / "configs/serve" / name)
     assert c.baseline in [v.name for v in c.variants]
+
+
+def test_input_lengths_take_a_number_or_a_list(tmp_path):
+    c = load_config(write(tmp_path, MINIMAL + "[bench]\nrandom_input_len = [4096, 32768, 100000]\n"))
+    assert c.bench.input_lens() == [4096, 32768, 100000] and c.input_lens() == [4096, 32768, 100000]
+    assert load_config(write(tmp_path, MINIMAL)).input_lens() == [100000]
+    per_variant = load_config(write(tmp_path, MINIMAL + "[variants.bench]\nrandom_input_len = [64, 128]\n"))
+    assert per_variant.input_lens() == [64, 128] and per_variant.bench.input_lens() == [100000]
+    for bad, said in (("[]", "non-empty list"), ("[64, 64]", "distinct"), ("[64, 0]", "> 0"),
+                      ('[64, "x"]', r"must be a token count or a list of them .*, not \[64, 'x'\]$")):
+        with pytest.raises(ConfigError, match=f"bench.random_input_len: .*{said}"):
+            load_config(write(tmp_path, MINIMAL + f"[bench]\nrandom_input_len = {bad}\n"))
+    with pytest.raises(ConfigError, match="several input lengths need dataset_name 'random'"):
+        load_config(write(tmp_path, MINIMAL + '[bench]\ndataset_name = "sharegpt"\nrandom_input_len = [1, 2]\n'))
+
+
+def test_prompts_per_concurrency(tmp_path):
+    c = load_config(write(tmp_path, MINIMAL + "[bench]\nnum_prompts = { 1 = 3, 16 = 16 }\n"))
+    assert c.bench.num_prompts == {1: 3, 16: 16}
+    assert c.bench.for_run(None, 16).num_prompts == 16 and c.bench.for_run(None, 1).num_prompts == 3
+    assert c.bench.prompts_text([1, 16]) == "3 at c=1, 16 at c=16"
+    one = load_config(write(tmp_path, MINIMAL + "[bench]\nnum_prompts = 16\n"))
+    assert one.bench.prompts_at(1) == one.bench.prompts_at(16) == 16 and one.bench.prompts_text([1, 16]) == "16"
+
+
+@pytest.mark.parametrize("text, said", [
+    ("[bench]\nnum_prompts = 3\n", "bench.num_prompts: concurrency 16 gets 3 prompts, fewer than 16"),
+    ("[bench]\nnum_prompts = { 1 = 3, 16 = 8 }\n", "concurrency 16 gets 8 prompts, fewer than 16"),
+    ("[bench]\nnum_prompts = { 1 = 3 }\n", "bench.num_prompts gives no prompt count for concurrency 16"),
+    ("[bench]\nnum_prompts = { 1 = 3, 8 = 8, 16 = 16 }\n", r"concurrencies \[8\] that are not in concurrencies \[1, 16\]"),
+    ("[bench]\nnum_prompts = { one = 3, 16 = 16 }\n",
+     r"bench.num_prompts: the keys of a num_prompts table are concurrencies \(integers\), not \['one', '16'\]$"),
+    ("[bench]\nnum_prompts = { 1 = \"x\", 16 = 16 }\n", "bench.num_prompts: must be a prompt count or a table"),
+    ("[bench]\nnum_prompts = { 1 = 0, 16 = 16 }\n", "prompt counts must be > 0"),
+    ("[variants.bench]\nnum_prompts = 4\n", r"bench.num_prompts \(variant 'a'\): concurrency 16 gets 4 prompts"),
+])
+def test_too_few_or_unkeyed_prompts_are_refused(tmp_path, text, said):
+    """``vllm bench serve --num-prompts 3 --max-concurrency 16`` silently runs 3 requests at once."""
+    with pytest.raises(ConfigError, match=said) as err:
+        load_config(write(tmp_path, MINIMAL + text))
+    assert "\n" not in str(err.value)
+
+
+def test_as_many_prompts_as_the_concurrency_is_enough(tmp_path):
+    assert load_config(write(tmp_path, MINIMAL + "[bench]\nnum_prompts = 3\n"), ["concurrencies=[1, 3]"])
+    assert load_config(write(tmp_path, MINIMAL + "[bench]\nnum_prompts = { 1 = 1, 16 = 16 }\n"))

@@ -103,3 +103,38 @@ def test_a_stat_the_results_do_not_hold_is_said_in_a_note():
                   tpot_markdown_table(build_table(results, ["a", "b"], [1], "a", "p99"))):
         assert said in table.notes
     assert not tpot_table(build_table(results, ["a", "b"], [1], "a", "mean")).notes
+
+
+def at(n, result):
+    return result.model_copy(update={"input_len": n})
+
+
+def test_rows_per_input_length_and_concurrency():
+    """Several input lengths: a row per (input len, concurrency); speedup within that row only."""
+    results = [at(4096, res("asm", 1, 0, 20.0)), at(4096, res("gluon", 1, 0, 10.0)),
+               at(100000, res("asm", 1, 0, 87.29)), at(100000, res("gluon", 1, 0, 23.58))]
+    t = build_table(results, ["asm", "gluon"], [1], "asm", input_lens=[4096, 100000])
+    assert [(r.input_len, r.concurrency) for r in t.rows] == [(4096, 1), (100000, 1)] and t.by_input_len
+    assert t.rows[0].cells[1].speedup == pytest.approx(2.0)
+    assert t.rows[1].cells[1].speedup == pytest.approx(87.29 / 23.58)
+    md = to_markdown(t)
+    assert md.splitlines()[0].startswith("| input len | concurrency | asm TPOT mean ms |")
+    assert "| 100000 | 1 | 87.29 | 1.00x (base) |" in md
+    (tbl,) = json.loads(to_json([tpot_table(t)]))
+    assert tbl["title"] == "TPOT by input length and concurrency (speedup vs asm, mean TPOT)"
+    assert [(r["input_len"], r["variant"]) for r in tbl["rows"]] == [
+        (4096, "asm"), (4096, "gluon"), (100000, "asm"), (100000, "gluon")]
+
+
+def test_a_missing_length_is_named_in_the_notes():
+    t = build_table([at(64, res("a", 1, 0, 10.0))], ["a"], [1], "a", input_lens=[64, 128])
+    assert tpot_table(t).notes == ["in=128 c=1 a: missing; no run recorded"] and not t.ok
+
+
+def test_one_input_length_prints_as_before():
+    """A run of one length prints the same whether its results record the length or not."""
+    plain = [res("a", 1, 0, 10.0), res("b", 1, 0, 5.0)]
+    old = build_table(plain, ["a", "b"], [1], "a")
+    new = build_table([at(64, r) for r in plain], ["a", "b"], [1], "a", input_lens=[64])
+    assert to_markdown(new) == to_markdown(old) and to_json([tpot_table(new)]) == to_json([tpot_table(old)])
+    assert not new.by_input_len and "input" not in to_markdown(new)

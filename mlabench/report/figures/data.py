@@ -282,17 +282,20 @@ def serving_tpot(run: Any, stat: str = "mean") -> ServingData:
     """TPOT (``stat``: mean, median or p99; ms) and speedup over the baseline of a serve-bench run.
 
     ``run`` is a :class:`mlabench.report.runs.ServeRun`; the numbers are the serve-bench table's
-    (:func:`mlabench.serving.table.build_table`: repeats averaged, worst status kept).
+    (:func:`mlabench.serving.table.build_table`: repeats averaged, worst status kept).  A run of
+    several input lengths is drawn at its longest one.
     """
     from mlabench.serving.table import build_table, tpot_of
 
     conf = run.config
     variants = [v.name for v in conf.variants]
-    table = build_table(run.results, variants, conf.concurrencies, conf.baseline, stat)  # type: ignore[arg-type]
+    lens = conf.input_lens()
+    results = [r for r in run.results if len(lens) == 1 or r.input_len == max(lens)]
+    table = build_table(results, variants, conf.concurrencies, conf.baseline, stat)  # type: ignore[arg-type]
     bars = [TpotBar(row.concurrency, c.variant, tpot_of(c, table.stat), c.speedup, c.status)
             for row in table.rows for c in row.cells]
     b = conf.bench
-    tokens = f" {b.random_input_len} in / {b.random_output_len} out tokens" if b.dataset_name == "random" else ""
-    workload = f"{b.dataset_name}{tokens}, {b.num_prompts} prompts"
+    tokens = f" {max(lens)} in / {b.random_output_len} out tokens" if b.dataset_name == "random" else ""
+    workload = f"{b.dataset_name}{tokens}, {b.prompts_text(conf.concurrencies)} prompts"
     return ServingData(run.name, conf.description or conf.model or run.name, conf.baseline, stat, variants,
                        list(conf.concurrencies), bars, workload)
