@@ -55,6 +55,7 @@ def serve_bench(
         raise ConfigError("give a serve config (configs/serve/*.toml) or --from-run RUN_DIR")
     concurrencies = int_list(",".join(concurrency), "--concurrency", "concurrency") if concurrency else None
     conf = cfg.load_config(config_path, cfg.bench_overrides(set_ or [], concurrencies, repeats))
+    predict = _prediction_input(conf, predict_from)
     bench.preflight(conf.variants, cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin))
     run_dir = bench.new_run_dir(results_dir, label or config_path.stem)
     try:
@@ -65,14 +66,35 @@ def serve_bench(
             tbl.write_table_files(tbl.table_of(conf, bench.read_run(run_dir)[1], stat), run_dir)  # type: ignore[arg-type]
             notice(f"partial results kept in {run_dir}")
         raise
-    _show(tbl.table_of(conf, results, stat), run_dir, fmt)  # type: ignore[arg-type]
+    _show(tbl.table_of(conf, results, stat), run_dir, fmt, predict)  # type: ignore[arg-type]
 
 
-def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str) -> None:
-    """Save the table files (a new run), print the table, and exit 1 unless every cell is ok."""
+def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None):
+    """``(spec, records, the run's input length when it has one)`` for ``--predict-from``
+    (checked before anything runs), or None."""
+    if not runs:
+        return None
+    from mlabench.deploy.prediction import PredictionSpec
+    from mlabench.records.store import records_of
+
+    return (PredictionSpec.of(conf.prediction, [v.name for v in conf.variants]), records_of(runs),
+            conf.input_lens()[0])
+
+
+def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str, predict=None) -> None:
+    """Save the table files (a new run), print the table (and the prediction beside the measured
+    TPOT, with ``predict``), and exit 1 unless every cell is ok."""
     if run_dir is not None:
         tbl.write_table_files(t, run_dir)
-    emit([tbl.view(t, fmt)], fmt)
+    tables = [tbl.view(t, fmt)]
+    if predict is not None:
+        from mlabench.deploy.prediction import prediction_rows, prediction_table
+
+        spec, records, only_len = predict
+        measured = {(c.variant, r.input_len or only_len, r.concurrency): tbl.tpot_of(c, t.stat)
+                    for r in t.rows for c in r.cells if c.status == "ok" and tbl.tpot_of(c, t.stat)}
+        tables.append(prediction_table(spec, prediction_rows(spec, measured, records), t.stat))
+    emit(tables, fmt)
     if run_dir is not None:
         notice(f"run folder: {run_dir}", style="")
     if not t.ok:

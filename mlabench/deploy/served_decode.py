@@ -10,6 +10,8 @@ can be captured and replayed.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from mlabench.policy.device_table import SplitPolicy
@@ -53,6 +55,7 @@ class ServedDecode:
         self._partial_out = torch.empty(o_shape, dtype=torch.float32, device=device)
         self._partial_lse = torch.empty(l_shape, dtype=torch.float32, device=device)
         self._descriptors: dict[tuple[int, tuple[int, ...]], object] = {}
+        self._host_counts: set[tuple[int, int]] = set()
 
     def table_for(self, batch: int) -> torch.Tensor | None:
         """The device table of ``batch`` requests in ``device`` mode (that of the largest tuned
@@ -81,11 +84,17 @@ class ServedDecode:
         if key not in self._descriptors:  # host objects only: safe inside a graph capture
             self._descriptors[key] = kv_descriptors(cache)
         out = torch.empty(batch, self.num_heads, 512, dtype=q.dtype, device=q.device)
+        splits = grid_splits(self.policy, self.mode, batch, max_seq_len)
+        if self.mode == "host" and (batch, splits) not in self._host_counts:
+            # once per (batch, count): at graph capture this is the count every replay keeps
+            self._host_counts.add((batch, splits))
+            _log.info("mlabench: host split count %d for a step of %d requests (longest context %d)",
+                      splits, batch, max_seq_len)
         # pdl 1 at batch 1, else 0: gluon-splitkv's default (mlabench.backends.gluon.PDL); the
         # prologue variant stays off since the kernel before attention here is vLLM's, not a merge.
         return mla_decode_gluon_splitkv(
             q.contiguous(), cache, block_table, seq_lens, out,
-            grid_splits(self.policy, self.mode, batch, max_seq_len), softmax_scale,
+            splits, softmax_scale,
             partial_out=self._partial_out, partial_lse=self._partial_lse,
             descriptors=self._descriptors[key], pdl=1 if batch == 1 else 0,
             split_policy=self.table_for(batch), qo_len=1,

@@ -245,6 +245,9 @@ class ServeConfig(_Strict):
     variants: list[Variant] = Field(..., min_length=1, description="Server variants, in order.")
     bench: BenchParams = Field(default_factory=BenchParams, description="Bench flags.")
     check: CheckParams = Field(default_factory=CheckParams, description="serve-check settings.")
+    prediction: dict[str, Any] | None = Field(
+        None, description="[prediction]: layers, reference, short_input_len and per variant the "
+        "kernel its server runs, for serve-bench --predict-from (checked by mlabench.deploy.prediction).")
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> "ServeConfig":

@@ -48,6 +48,8 @@ class Cell(BaseModel):
     output_throughput_tok_s: float | None = Field(None, description="Output tokens/s.")
     speedup: float | None = Field(None, description="Baseline TPOT / this TPOT (chosen stat).")
     errors: list[str] = Field(default_factory=list, description="Errors of the repeats.")
+    planned: bool = Field(True, description="False: the variant's config leaves this input length "
+                                            "out (its own [variants.bench] list), so nothing was run.")
 
 
 class Row(BaseModel):
@@ -70,8 +72,8 @@ class ServeTable(BaseModel):
 
     @property
     def ok(self) -> bool:
-        """True when every cell is ``ok`` (no failed request, no missing result)."""
-        return all(c.status == "ok" for r in self.rows for c in r.cells)
+        """True when every planned cell is ``ok`` (no failed request, no missing result)."""
+        return all(c.status == "ok" for r in self.rows for c in r.cells if c.planned)
 
     @property
     def by_input_len(self) -> bool:
@@ -115,12 +117,15 @@ def tpot_of(cell: Cell, stat: Stat) -> float | None:
 def build_table(
     results: list[BenchResult], variants: list[str], concurrencies: list[int], baseline: str,
     stat: Stat = "mean", input_lens: list[int] | None = None,
+    planned: dict[str, list[int]] | None = None,
 ) -> ServeTable:
     """Build the table from every recorded result (any status); expected cells never vanish.
 
     With several ``input_lens`` (tokens) there is a row per (input length, concurrency), each
     holding the results of that ``input_len``; otherwise a row per concurrency holds every result
-    of it (a run of one length, whose older records have no input length).
+    of it (a run of one length, whose older records have no input length).  ``planned`` maps a
+    variant to the lengths its config runs (default: all): its cells at other lengths are marked
+    ``planned=False``, neither missing nor failed.
     """
     rows = []
     keys = [(n, conc) for n in input_lens for conc in concurrencies] if input_lens and len(input_lens) > 1 \
@@ -128,6 +133,9 @@ def build_table(
     for n, conc in keys:
         cells = [combine(v, [r for r in results if r.variant == v and r.concurrency == conc
                              and (n is None or r.input_len == n)]) for v in variants]
+        for c in cells:
+            if n is not None and planned and n not in planned.get(c.variant, [n]) and not c.repeats:
+                c.planned, c.errors = False, []
         base = next(c for c in cells if c.variant == baseline)
         base_t = tpot_of(base, stat)
         for c in cells:
@@ -142,7 +150,7 @@ def table_of(config: ServeConfig, results: list[BenchResult], stat: Stat = "mean
     """The table of a serve config's variants (in config order), input lengths and concurrencies
     from ``results``."""
     return build_table(results, [v.name for v in config.variants], config.concurrencies, config.baseline, stat,
-                       config.input_lens())
+                       config.input_lens(), {v.name: config.bench_for(v).input_lens() for v in config.variants})
 
 
 def _f(value: float | None, digits: int = 2) -> str:
@@ -151,6 +159,8 @@ def _f(value: float | None, digits: int = 2) -> str:
 
 def cell_texts(cell: Cell, stat: Stat, is_baseline: bool) -> list[str]:
     """Printed columns of one cell: TPOT, speedup, TTFT, ITL, out tok/s, completed/failed."""
+    if not cell.planned:
+        return ["not run", "—", "—", "—", "—", "—"]
     if cell.status == "missing" and cell.tpot_mean_ms is None:
         return ["MISSING", "—", "—", "—", "—", f"{cell.completed}/{cell.failed}"]
     speed = "1.00x (base)" if is_baseline and cell.speedup else (
@@ -198,7 +208,7 @@ def failures(table: ServeTable) -> list[str]:
 def failure_lines(table: ServeTable) -> list[str]:
     """``c=16 b: missing; no run recorded``: one line per cell that is not ok (:func:`row_label`)."""
     return [f"{row_label(r)} {c.variant}: {c.status}; {'; '.join(c.errors)}"
-            for r in table.rows for c in r.cells if c.status != "ok"]
+            for r in table.rows for c in r.cells if c.status != "ok" and c.planned]
 
 
 def tpot_markdown_table(table: ServeTable) -> Table:
@@ -237,6 +247,8 @@ def tpot_table(table: ServeTable) -> Table:
                 notes=failures(table), styles=styles, group_by="concurrency")
     for row in table.rows:
         for c in row.cells:
+            if not c.planned:  # the variant's config leaves this length out
+                continue
             done = f"{c.completed}/{c.failed}" + ("" if c.status == "ok" else f" {c.status.upper()}")
             values = {**c.model_dump(), "input_len": row.input_len, "concurrency": row.concurrency,
                       "done_failed": done}

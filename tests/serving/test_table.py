@@ -138,3 +138,17 @@ def test_one_input_length_prints_as_before():
     new = build_table([at(64, r) for r in plain], ["a", "b"], [1], "a", input_lens=[64])
     assert to_markdown(new) == to_markdown(old) and to_json([tpot_table(new)]) == to_json([tpot_table(old)])
     assert not new.by_input_len and "input" not in to_markdown(new)
+
+
+def test_a_length_a_variant_leaves_out_is_not_run_rather_than_missing():
+    results = [at(4096, res("a", 1, 0, 10.0)), at(4096, res("b", 1, 0, 8.0)), at(32768, res("a", 1, 0, 12.0))]
+    t = build_table(results, ["a", "b"], [1], "a", input_lens=[4096, 32768],
+                    planned={"a": [4096, 32768], "b": [4096]})
+    assert t.ok
+    unplanned = t.rows[1].cells[1]
+    assert not unplanned.planned and unplanned.status == "missing"
+    md = to_markdown(t)
+    assert "not run" in md and "MISSING" not in md
+    assert [r["variant"] for r in json.loads(to_json([tpot_table(t)]))[0]["rows"]] == ["a", "b", "a"]
+    # without the plan (or once the variant ran there) the same gap is missing
+    assert not build_table(results, ["a", "b"], [1], "a", input_lens=[4096, 32768]).ok

@@ -1,0 +1,154 @@
+"""TPOT predicted from microbenchmarks, beside the TPOT a server measured.
+
+A decode step of an MLA model is the attention kernel once per layer plus everything else (weight
+reads of the projections and MLP, norms, sampling, the scheduler).  With ``L`` layers, a kernel's
+microbenchmarked time ``a(B, N)`` per layer at batch ``B`` and context ``N``, and the step's
+non-attention time ``R(B)``::
+
+    predicted TPOT(variant, N, c) = R(c) + L * a_variant(c, N)
+
+at concurrency ``c`` (the server decodes ``c`` requests a step).  ``R`` is measured once per
+concurrency, from one reference variant at one short input length where attention is a small
+share of the step: ``R(c) = TPOT(reference, N_short, c) - L * a_reference(c, N_short)``; so the
+reference's prediction at ``N_short`` equals its measurement by construction, and every other
+(variant, length) is a true prediction.  What it leaves out, and so what a gap shows: the steps
+that also run a prefill chunk of another request (at concurrency 16 a request decodes while later
+ones are prefilled), launch gaps outside captured graphs, and the context growing while it
+decodes.  Users say microbenchmarks over-promise; the ``error %`` column says by how much.
+
+The spec is the serve config's ``[prediction]`` table (:class:`PredictionSpec`), the attention
+times come from sweep run folders (``mlabench sweep``), the TPOTs from a serve-bench run.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mlabench.errors import ConfigError
+from mlabench.files import validation_line
+from mlabench.records.record import Record
+from mlabench.tables.table import ColumnStyle, Table
+
+
+class KernelRef(BaseModel):
+    """The microbenchmark of the kernel a variant's server runs: a backend and the parameters its
+    records must have (values compared as text; ``*`` and ``?`` match as in file names, e.g.
+    ``split_policy = "device:*"``), with ``by_concurrency`` adding or replacing some at one
+    concurrency (a count a captured graph froze differs by batch size)."""
+
+    model_config = ConfigDict(extra="forbid")
+    backend: str = Field(description="mlabench backend name, e.g. gluon-splitkv.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Parameters a record must match.")
+    by_concurrency: dict[int, dict[str, Any]] = Field(
+        default_factory=dict, description="Concurrency -> parameters that hold at that concurrency only.")
+
+    def matches(self, record: Record, concurrency: int) -> bool:
+        """True when ``record`` is this backend with every parameter named for ``concurrency``
+        matching."""
+        wanted = {**self.params, **self.by_concurrency.get(concurrency, {})}
+        return record.backend == self.backend and all(
+            name in record.params and fnmatch.fnmatchcase(str(record.params[name]), str(want))
+            for name, want in wanted.items())
+
+
+class PredictionSpec(BaseModel):
+    """``[prediction]`` of a serve config: ``layers`` (attention calls per decode step), the
+    ``reference`` variant and ``short_input_len`` that give the non-attention time, and per
+    variant the :class:`KernelRef` of its kernel (variants without one are measured only)."""
+
+    model_config = ConfigDict(extra="forbid")
+    layers: int = Field(gt=0, description="MLA layers of the served model (61 for the Kimi K3 proxy).")
+    reference: str = Field(description="Variant whose short-context TPOT gives the non-attention time.")
+    short_input_len: int = Field(gt=0, description="Input length of that measurement, tokens.")
+    kernels: dict[str, KernelRef] = Field(description="Variant name -> the kernel its server runs.")
+
+    @classmethod
+    def of(cls, table: dict[str, Any] | None, variants: Iterable[str]) -> PredictionSpec:
+        """Validate a config's ``[prediction]`` against its ``variants``; :class:`ConfigError`
+        (one line) when there is none, it is malformed or names a variant the config lacks."""
+        if not table:
+            raise ConfigError("the serve config has no [prediction] table (layers, reference, "
+                              "short_input_len, kernels): nothing says which kernel each variant runs")
+        try:
+            spec = cls.model_validate(table)
+        except ValidationError as exc:
+            raise ConfigError(f"[prediction]: {validation_line(exc)}") from None
+        known = set(variants)
+        unknown = sorted({spec.reference, *spec.kernels} - known)
+        if unknown:
+            raise ConfigError(f"[prediction] names variants the config lacks: {', '.join(unknown)}")
+        if spec.reference not in spec.kernels:
+            raise ConfigError(f"[prediction] reference {spec.reference!r} needs an entry in kernels")
+        return spec
+
+
+def attention_us(records: Iterable[Record], kernel: KernelRef, batch: int, context_len: int) -> float | None:
+    """Median µs per call of the fastest correct record of ``kernel`` at ``batch`` one-token
+    requests of ``context_len`` tokens; None when no such record exists (a fast wrong answer
+    never predicts anything)."""
+    times = [r.median_us for r in records
+             if kernel.matches(r, batch) and r.batch == batch and r.context_len == context_len
+             and r.qo_len == 1 and r.status == "ok" and r.median_us is not None]
+    return min(times) if times else None
+
+
+def non_attention_ms(tpot_ms: float, layers: int, attn_us: float) -> float:
+    """``R = TPOT - layers * attention``: the step's time outside attention, ms."""
+    return tpot_ms - layers * attn_us / 1000.0
+
+
+def predicted_tpot_ms(rest_ms: float, layers: int, attn_us: float) -> float:
+    """``R + layers * attention``, ms (module docstring)."""
+    return rest_ms + layers * attn_us / 1000.0
+
+
+def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], float],
+                    records: list[Record]) -> list[dict[str, Any]]:
+    """One row per measured (input length, concurrency, variant), in that order: measured and
+    predicted TPOT (ms), their gap, the attention µs per layer and the share of the step it
+    predicts.  ``measured`` maps ``(variant, input_len, concurrency)`` to TPOT ms.  A row's
+    ``predicted`` is None (with ``why``) where a record or the reference is missing."""
+    rest: dict[int, float | None] = {}
+    for conc in sorted({c for _, _, c in measured}):
+        tpot = measured.get((spec.reference, spec.short_input_len, conc))
+        attn = attention_us(records, spec.kernels[spec.reference], conc, spec.short_input_len)
+        rest[conc] = None if tpot is None or attn is None else non_attention_ms(tpot, spec.layers, attn)
+    rows = []
+    for (variant, input_len, conc), tpot in sorted(measured.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        kernel = spec.kernels.get(variant)
+        attn = attention_us(records, kernel, conc, input_len) if kernel else None
+        why = ("no kernel named in [prediction]" if kernel is None else
+               f"no correct {kernel.backend} record at batch {conc}, context {input_len}" if attn is None else
+               f"no non-attention time at c={conc} ({spec.reference} at {spec.short_input_len})"
+               if rest[conc] is None else "")
+        pred = None if why else predicted_tpot_ms(rest[conc], spec.layers, attn)
+        rows.append({"input_len": input_len, "concurrency": conc, "variant": variant, "measured_ms": tpot,
+                     "predicted_ms": pred, "error_pct": None if pred is None else 100.0 * (pred - tpot) / tpot,
+                     "attention_us": attn,
+                     "attention_share_pct": None if pred is None else 100.0 * spec.layers * attn / 1000.0 / pred,
+                     "why": why})
+    return rows
+
+
+def prediction_table(spec: PredictionSpec, rows: list[dict[str, Any]], stat: str = "mean") -> Table:
+    """The rows of :func:`prediction_rows` as a table, grouped by input length and concurrency."""
+    columns = ["input_len", "concurrency", "variant", "measured_ms", "predicted_ms", "error_pct",
+               "attention_us", "attention_share_pct"]
+    table = Table(
+        title=f"{stat} TPOT measured and predicted ({spec.layers} layers x attention µs + the "
+              f"non-attention time of {spec.reference} at {spec.short_input_len} tokens)",
+        columns=columns, rows=[[r[c] for c in columns] for r in rows], group_by="input_len",
+        styles={"input_len": ColumnStyle(header="input len"),
+                "measured_ms": ColumnStyle(header=f"measured {stat} TPOT ms"),
+                "predicted_ms": ColumnStyle(header="predicted TPOT ms"),
+                "error_pct": ColumnStyle(header="error %"),
+                "attention_us": ColumnStyle(header="attention µs/layer"),
+                "attention_share_pct": ColumnStyle(header="attention % of step")})
+    table.notes.append(f"error % = (predicted - measured) / measured; at {spec.short_input_len} tokens "
+                       f"{spec.reference}'s prediction is its measurement by construction")
+    table.notes.extend(sorted({f"{r['variant']}: {r['why']}" for r in rows if r["why"]}))
+    return table

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# TPOT of mlabench's gluon-splitkv inside vLLM 0.26 on one H200, against vLLM's own MLA decode
+# backends (results/h200/serving/): the Kimi K3 TP8 proxy served with dummy weights, every variant
+# of configs/serve/h200-kimi-k3-tp8-proxy.toml at 4K, 32K and 100K tokens in, concurrency 1 and 16,
+# plus the microbenchmarks the TPOT prediction reads (configs/sweeps/kimi-k3-tp8-serving.toml).
+# Offline: vLLM comes from the slim bundle of ../shared/gpu-vllm built into .gpuserve/ (its README).
+# Stages, each one `run` call on the device machine (it keeps /tmp only while warm, so make them
+# back to back), from the repository root:
+#   install-vllm           carry .gpuserve/vllm, .gpuserve/install.sh, .gpuserve/tools
+#   install-deps OUT       carry .gpuserve/deps, .gpuserve/install.sh, .gpuserve/tools, .whl
+#                          (sgl_flash_mla for the FlashMLA microbenchmark); then mlabench itself
+#                          (editable, no deps: its vllm.general_plugins entry point), the proxy
+#                          model, the sweep into OUT/sweep/, and serve-bench started in the
+#                          background (its own session; it outlives the call, not the machine)
+#   wait OUT [SECONDS]     wait for serve-bench (at most SECONDS, default 560), then copy its run
+#                          folder to OUT (as serve.tar.gz) and print its table
+# Environment: VSITE (/tmp/vsite), POLICY (the committed tuned policy), SERVE_SET (extra --set
+# arguments for serve-bench, e.g. "--set bench.random_output_len=16" for a quick try).
+set -uo pipefail
+stage="${1:?usage: $0 install-vllm | install-deps OUT | wait OUT [SECONDS]}"
+export VSITE="${VSITE:-/tmp/vsite}"
+export PYTHONPATH="$VSITE${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+       TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 COLUMNS=200 PYTHONUNBUFFERED=1
+export MLABENCH_SERVE_POLICY="${POLICY:-$PWD/results/h200/deploy/qo1/tune-kimi-k3-tp8-20261201-152425-462/policy.json}"
+export MLABENCH_PROXY_MODEL_DIR=/tmp/models/kimi-k3-tp8-proxy MLABENCH_TINY_PROXY_DIR=/tmp/models/tiny-mla-12h
+export MLABENCH_VLLM_BIN=/tmp/vllm-bin/vllm
+work=/tmp/serving   # serve-bench's results root and log, kept between calls while the machine is warm
+ts() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+
+case "$stage" in
+  install-vllm)
+    bash .gpuserve/install.sh vllm ;;
+  install-deps)
+    out="${2:?usage: $0 install-deps OUT}"; mkdir -p "$out/sweep" "$work"
+    bash .gpuserve/install.sh deps || exit 1
+    if ls .whl/*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target "$VSITE" .whl/*.whl || exit 1
+    fi
+    ts "mlabench (editable, no dependencies) for its vllm.general_plugins entry point"
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+    mkdir -p /tmp/vllm-bin
+    printf '#!/bin/sh\nexec python3 -m vllm.entrypoints.cli.main "$@"\n' > "$MLABENCH_VLLM_BIN"
+    chmod +x "$MLABENCH_VLLM_BIN"
+    python3 -c "from importlib.metadata import entry_points as e; print([p.value for p in e(group='vllm.general_plugins')])"
+    rm -rf "$MLABENCH_PROXY_MODEL_DIR" "$MLABENCH_TINY_PROXY_DIR"
+    python3 -c "from mlabench.deploy.proxy_model import kimi_k3_tp8_proxy as p, tiny_proxy as t, write_model_folder as w; print(w(p(), '$MLABENCH_PROXY_MODEL_DIR'), w(t(), '$MLABENCH_TINY_PROXY_DIR'))" || exit 1
+    ts "GPU tests of the plugin's decode call"
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_served_decode.py 2>&1 | tail -n 15
+    ts "smoke: the tiny proxy served by FLASHMLA (greedy fixture), then by the plugin (greedy check)"
+    mkdir -p "$out/check"
+    python3 -m mlabench serve-check configs/serve/h200-tiny-proxy.toml --variant flashmla --results-dir "$out/check" \
+      --fixture "$out/check/greedy-tiny-flashmla.json" --save-fixture 2>&1 | tail -n 15
+    python3 -m mlabench serve-check configs/serve/h200-tiny-proxy.toml --variant mlabench --results-dir "$out/check" \
+      --fixture "$out/check/greedy-tiny-flashmla.json" --json > "$out/check/check-mlabench.json" 2> "$out/check/check-mlabench.log"
+    rc=$?; cat "$out/check/check-mlabench.json"; tail -n 5 "$out/check/check-mlabench.log"
+    grep -h "mlabench" "$out"/check/check-*/server-*.log 2>/dev/null | tail -n 5
+    if [ "$rc" -gt 1 ]; then
+      ts "the plugin's server did not serve (exit $rc): not starting the full run"
+      tail -n 80 "$out"/check/check-*mlabench*/server-*.log 2>/dev/null; exit 1
+    fi
+    ts "microbenchmarks of the served kernels (prediction input)"
+    python3 -m mlabench sweep --config configs/sweeps/kimi-k3-tp8-serving.toml --results-dir "$out/sweep" \
+      2>&1 | tail -n 40
+    python3 -m mlabench sweep --config configs/sweeps/kimi-k3-tp8-serving-host.toml --results-dir "$out/sweep" \
+      2>&1 | tail -n 20
+    ts "serve-bench in the background (log: $work/serve-bench.log)"
+    # shellcheck disable=SC2086
+    setsid nohup python3 -m mlabench serve-bench configs/serve/h200-kimi-k3-tp8-proxy.toml \
+      --results-dir "$work" --label h200-proxy ${SERVE_SET:-} > "$work/serve-bench.log" 2>&1 < /dev/null &
+    echo $! > "$work/serve-bench.pid"
+    sleep 100; tail -n 30 "$work/serve-bench.log"; tail -n 40 "$work"/serve-*/server-*.log 2>/dev/null | grep -E "mlabench|Error|error|CUSTOM|backend" | tail -n 20 ;;
+  wait)
+    out="${2:?usage: $0 wait OUT [SECONDS]}"; limit="${3:-560}"; mkdir -p "$out"
+    pid="$(cat "$work/serve-bench.pid")"; t=0
+    while kill -0 "$pid" 2>/dev/null && (( t < limit )); do sleep 10; t=$((t + 10)); done
+    kill -0 "$pid" 2>/dev/null && ts "serve-bench still running after ${limit}s" || ts "serve-bench done"
+    tail -n 60 "$work/serve-bench.log"
+    run="$(ls -d "$work"/serve-* 2>/dev/null | tail -n 1)"
+    [ -n "$run" ] && tar -czf "$out/serve.tar.gz" -C "$work" "$(basename "$run")" serve-bench.log ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+esac

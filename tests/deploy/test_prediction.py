@@ -1,0 +1,91 @@
+"""TPOT predicted from microbenchmarks: the arithmetic, the choice of records (fastest correct of
+the named kernel at the served batch and length), and the rows' gaps."""
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from mlabench.deploy.prediction import (
+    KernelRef, PredictionSpec, attention_us, non_attention_ms, predicted_tpot_ms, prediction_rows,
+    prediction_table,
+)
+from mlabench.errors import ConfigError
+
+
+@dataclass
+class Rec:
+    """The fields of a record the prediction reads."""
+
+    backend: str
+    median_us: float | None
+    batch: int
+    context_len: int
+    params: dict = field(default_factory=dict)
+    status: str = "ok"
+    qo_len: int = 1
+
+
+SPEC = PredictionSpec.of({
+    "layers": 10, "reference": "fm", "short_input_len": 4096,
+    "kernels": {"fm": {"backend": "flashmla"},
+                "ours": {"backend": "gluon-splitkv", "params": {"split_policy": "device:*"}}},
+}, ["fm", "ours", "fa3"])
+
+RECORDS = [
+    Rec("flashmla", 20.0, 1, 4096), Rec("flashmla", 60.0, 1, 100000),
+    Rec("gluon-splitkv", 8.0, 1, 4096, {"split_policy": "device:/x/policy.json"}),
+    Rec("gluon-splitkv", 35.0, 1, 100000, {"split_policy": "device:/x/policy.json"}),
+    Rec("gluon-splitkv", 30.0, 1, 100000, {"split_policy": "device:/x/policy.json"}, status="incorrect"),
+    Rec("gluon-splitkv", 10.0, 1, 100000, {"split_policy": ""}),            # not the served kernel
+    Rec("gluon-splitkv", 34.0, 1, 100000, {"split_policy": "device:/y/policy.json", "pdl": 1}),
+]
+
+
+def test_arithmetic():
+    assert non_attention_ms(10.0, 61, 20.0) == pytest.approx(10.0 - 1.22)
+    assert predicted_tpot_ms(8.78, 61, 40.0) == pytest.approx(8.78 + 2.44)
+
+
+def test_the_fastest_correct_record_of_the_named_kernel():
+    ours = SPEC.kernels["ours"]
+    assert attention_us(RECORDS, ours, 1, 100000) == 34.0      # the incorrect 30 and the fixed-count 10 never count
+    assert attention_us(RECORDS, ours, 16, 100000) is None
+    assert KernelRef(backend="gluon-splitkv", params={"split_policy": "device:*"}).matches(RECORDS[2], 1)
+    frozen = KernelRef(backend="gluon-splitkv", params={"split_policy": ""},
+                       by_concurrency={1: {"num_kv_splits": 108}, 16: {"num_kv_splits": 16}})
+    recs = [Rec("gluon-splitkv", 9.0, 1, 4096, {"split_policy": "", "num_kv_splits": 16}),
+            Rec("gluon-splitkv", 11.0, 1, 4096, {"split_policy": "", "num_kv_splits": 108}),
+            Rec("gluon-splitkv", 30.0, 16, 4096, {"split_policy": "", "num_kv_splits": 16})]
+    assert attention_us(recs, frozen, 1, 4096) == 11.0 and attention_us(recs, frozen, 16, 4096) == 30.0
+
+
+def test_rows_predict_every_variant_from_the_references_short_step():
+    measured = {("fm", 4096, 1): 5.0, ("fm", 100000, 1): 5.5, ("ours", 4096, 1): 4.9,
+                ("ours", 100000, 1): 5.0, ("fa3", 100000, 1): 5.2}
+    rows = {(r["variant"], r["input_len"]): r for r in prediction_rows(SPEC, measured, RECORDS)}
+    rest = 5.0 - 10 * 20.0 / 1000                                 # 4.8 ms outside attention
+    assert rows[("fm", 4096)]["predicted_ms"] == pytest.approx(5.0)  # by construction
+    assert rows[("fm", 100000)]["predicted_ms"] == pytest.approx(rest + 0.6)
+    assert rows[("ours", 100000)]["predicted_ms"] == pytest.approx(rest + 0.34)
+    assert rows[("ours", 100000)]["error_pct"] == pytest.approx(100 * (5.14 - 5.0) / 5.0)
+    assert rows[("ours", 100000)]["attention_share_pct"] == pytest.approx(100 * 0.34 / 5.14)
+    assert rows[("fa3", 100000)]["predicted_ms"] is None and "no kernel named" in rows[("fa3", 100000)]["why"]
+    table = prediction_table(SPEC, list(rows.values()))
+    assert any("fa3: no kernel named" in n for n in table.notes)
+
+
+def test_without_the_reference_measurement_nothing_is_predicted():
+    rows = prediction_rows(SPEC, {("ours", 100000, 16): 9.0}, RECORDS)
+    assert rows[0]["predicted_ms"] is None and "no correct gluon-splitkv record at batch 16" in rows[0]["why"]
+
+
+@pytest.mark.parametrize("table, words", [
+    (None, "no [prediction] table"),
+    ({"layers": 0, "reference": "fm", "short_input_len": 1, "kernels": {}}, "layers"),
+    ({"layers": 1, "reference": "zz", "short_input_len": 1, "kernels": {"fm": {"backend": "x"}}}, "lacks: zz"),
+    ({"layers": 1, "reference": "fa3", "short_input_len": 1, "kernels": {"fm": {"backend": "x"}}}, "needs an entry"),
+])
+def test_a_bad_spec_is_one_line(table, words):
+    with pytest.raises(ConfigError) as err:
+        PredictionSpec.of(table, ["fm", "ours", "fa3"])
+    assert words in str(err.value) and "\n" not in str(err.value)
