@@ -41,6 +41,10 @@ def serve_bench(
     stat: Annotated[str, typer.Option(metavar="mean|median|p99", help="TPOT statistic for speedup.")] = "mean",
     from_run: Annotated[Path | None, typer.Option(
         metavar="RUN", help="Re-render a saved run folder; runs nothing.")] = None,
+    predict_from: Annotated[list[Path] | None, typer.Option(
+        "--predict-from", metavar="SWEEP_RUN",
+        help="Sweep run folder(s) of the served kernels: print TPOT predicted from them beside the "
+             "measured one (the config's [prediction]); repeatable.")] = None,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Benchmark server variants with `vllm bench serve`; table of TPOT per (input length and) concurrency."""
@@ -49,7 +53,8 @@ def serve_bench(
         raise ConfigError(f"--stat must be mean, median or p99, not {stat!r}")
     if from_run is not None:
         conf, results = bench.read_run(from_run)
-        _show(tbl.table_of(conf, results, stat), None, fmt)  # type: ignore[arg-type]
+        predict = _prediction_input(conf, predict_from)
+        _show(tbl.table_of(conf, results, stat), None, fmt, predict)  # type: ignore[arg-type]
         return
     if config_path is None:
         raise ConfigError("give a serve config (configs/serve/*.toml) or --from-run RUN_DIR")
