@@ -14,8 +14,10 @@ import logging
 
 import torch
 
-from mlabench.policy.device_table import SplitPolicy
-from mlabench.policy.device_table import POLICY_MODES
+from mlabench.policy.device_table import POLICY_MODES, SplitPolicy
+
+#: A child of vLLM's logger, so that the lines reach vLLM's log handlers (and the server's log).
+_log = logging.getLogger("vllm.mlabench")
 
 
 def grid_splits(policy: SplitPolicy, mode: str, batch: int, max_seq_len: int) -> int:

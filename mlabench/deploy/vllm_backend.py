@@ -34,7 +34,9 @@ from mlabench.deploy.plugin_settings import (
 )
 from mlabench.deploy.served_decode import ServedDecode
 
-logger = init_logger(__name__)
+#: Under vLLM's "vllm" logger, whose handlers print to the server's log (a logger outside it, such
+#: as this module's own name, has no handler there and drops INFO lines).
+logger = init_logger("vllm.mlabench")
 
 #: One :class:`ServedDecode` per process (every MLA layer of the model shares its tables and
 #: workspace), made by the first layer's implementation.

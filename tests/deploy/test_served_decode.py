@@ -38,3 +38,27 @@ def test_tables_by_batch_size_and_none_in_host_mode():
     assert served.table_for(16).tolist()[0] == [4096, 4]
     assert ServedDecode(POLICY, "host", 12, 16, "cpu").table_for(16) is None
     assert served._partial_out.shape == (15 * 128, 12, 512) and served._partial_out.dtype == torch.float32
+
+
+def test_a_call_passes_the_grid_and_table_and_host_mode_logs_each_count_once(monkeypatch, caplog):
+    import mlabench.kernels.gluon_splitkv as kernel
+
+    calls = []
+    monkeypatch.setattr(kernel, "kv_descriptors", lambda cache: ("descriptors", cache.shape))
+    monkeypatch.setattr(kernel, "mla_decode_gluon_splitkv",
+                        lambda q, cache, bt, lens, out, splits, scale, **kw: calls.append((splits, kw)) or out)
+    q, cache = torch.zeros(16, 12, 576), torch.zeros(8, 64, 576)
+    bt, lens = torch.zeros(16, 2, dtype=torch.int32), torch.ones(16, dtype=torch.int32)
+    device = ServedDecode(POLICY, "device", 12, 16, "cpu")
+    out = device(q, cache, bt, lens, 5000, 0.1)
+    assert out.shape == (16, 12, 512) and calls[-1][0] == 16
+    assert calls[-1][1]["split_policy"] is device.table_for(16) and calls[-1][1]["pdl"] == 0
+    assert calls[-1][1]["descriptors"] == ("descriptors", (8, 64, 1, 576))
+    host = ServedDecode(POLICY, "host", 12, 16, "cpu")
+    with caplog.at_level("INFO", logger="vllm.mlabench"):
+        for longest in (110000, 110000, 3000):
+            host(q[:1], cache, bt[:1], lens[:1], longest, 0.1)
+    assert [c[0] for c in calls[-3:]] == [128, 128, 32] and calls[-1][1]["split_policy"] is None
+    lines = [r.getMessage() for r in caplog.records if r.name == "vllm.mlabench"]
+    assert lines == ["mlabench: host split count 128 for a step of 1 requests (longest context 110000)",
+                     "mlabench: host split count 32 for a step of 1 requests (longest context 3000)"]
