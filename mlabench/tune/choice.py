@@ -4,9 +4,9 @@ A configuration of a study (a point of its search space; with ``tokens_per_split
 split count grows with the length) is measured at each of its bucket's lengths.  Its score is the
 worst (``combine="worst"``, a min-max choice) or the geometric mean (``"geomean"``) of its time at
 each length over the best correct time measured at that length by any trial of the study.  Among
-configurations whose score is within the noise of the best score, the one with the fewest splits
-(averaged over the lengths) wins: less workspace, fewer partials to merge.  With one length this is
-the plain noise-aware choice on medians.  See ``docs/tuning.md``.
+configurations whose score is within the noise of the best score (:func:`tie_window`), the one with
+the fewest splits (averaged over the lengths) wins: less workspace, fewer partials to merge.  With
+one length this is the plain noise-aware choice on medians.  See ``docs/tuning.md``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,18 @@ from mlabench.tune.space import RULE_PARAM, TILE_PARAM, Bucket, TuneConfig, full
 from mlabench.tune.studies import distinct_finished, launch_key
 
 Combine = Literal["worst", "geomean"]
+
+#: The most the best configuration's measured spread widens the tie window (a fraction of its
+#: score).  Beyond it a spread says the machine was too busy to measure, not that a configuration
+#: 1.87x slower by its medians is as fast (issue 35: ±657% on a busy CPU made it a tie).
+TIE_SPREAD_CAP = 0.05
+
+
+def tie_window(noise: float, best: Measured) -> float:
+    """The relative window of :func:`choose`'s ties: ``noise`` (``--noise``, as the user set it),
+    widened to the best configuration's widest CI half-width ``best.rel_ci`` up to
+    :data:`TIE_SPREAD_CAP`."""
+    return max(noise, min(best.rel_ci, TIE_SPREAD_CAP))
 
 
 @dataclass(frozen=True)
@@ -112,8 +124,8 @@ def score(m: Measured, best_us: dict[int, float], combine: Combine = "worst") ->
 def choose(configs: list[Measured], noise: float, combine: Combine = "worst",
            best_us: dict[int, float] | None = None) -> tuple[Measured, Measured]:
     """``(chosen, best)``: ``best`` has the lowest :func:`score`; ``chosen`` is, among the
-    configurations scoring within ``max(noise, best's widest CI half-width)`` of it, the one with
-    the fewest splits averaged over the lengths, then the better score.  ``best_us``: the best time
+    configurations scoring within :func:`tie_window` of it, the one with the fewest splits
+    averaged over the lengths, then the better score.  ``best_us``: the best time
     per length (default: the fastest of ``configs`` at each).  Raises :class:`ResultsError` when no
     configuration passed the correctness check."""
     if not configs:
@@ -122,7 +134,7 @@ def choose(configs: list[Measured], noise: float, combine: Combine = "worst",
         best_us = {n: min(m.times()[n] for m in configs if n in m.times()) for c in configs for n in c.times()}
     scored = {id(m): score(m, best_us, combine) for m in configs}
     best = min(configs, key=lambda m: scored[id(m)])
-    near = [m for m in configs if scored[id(m)] <= scored[id(best)] * (1 + max(noise, best.rel_ci))]
+    near = [m for m in configs if scored[id(m)] <= scored[id(best)] * (1 + tie_window(noise, best))]
     chosen = min(near, key=lambda m: (m.mean_splits(), scored[id(m)], json.dumps(m.params, sort_keys=True)))
     return chosen, best
 
@@ -131,16 +143,18 @@ def tie_note(configs: list[Measured], chosen: Measured, best: Measured, noise: f
              best_us: dict[int, float] | None = None) -> str | None:
     """What the tie rule of :func:`choose` did when it chose other than the best-scoring
     configuration (None when it chose that one): how many tied within which tolerance, whether that
-    tolerance was the best's confidence interval (measurements too noisy to tell them apart) or
-    ``noise``, and the chosen time over the best's."""
+    tolerance was the best's confidence interval (measurements too noisy to tell them apart; when
+    wider than :data:`TIE_SPREAD_CAP`, the cap) or ``noise``, and the chosen time over the best's."""
     if chosen is best:
         return None
     if best_us is None:
         best_us = {n: min(m.times()[n] for m in configs if n in m.times()) for c in configs for n in c.times()}
-    tolerance = max(noise, best.rel_ci)
+    tolerance = tie_window(noise, best)
     tied = sum(score(m, best_us, combine) <= score(best, best_us, combine) * (1 + tolerance) for m in configs)
-    why = ("its confidence interval: too noisy to tell them apart; a longer --budget-s or a quieter machine "
-           "narrows it") if best.rel_ci > noise else "--noise"
+    capped = (f", ±{100 * best.rel_ci:.3g}%, capped at ±{100 * TIE_SPREAD_CAP:.3g}%"
+              if best.rel_ci > TIE_SPREAD_CAP >= noise else "")
+    why = (f"its confidence interval{capped}: too noisy to tell them apart; a longer --budget-s or a quieter "
+           "machine narrows it") if best.rel_ci > noise else "--noise"
     return (f"{tied} configurations tied within ±{100 * tolerance:.3g}% of the fastest ({why}); the tie rule took "
             f"the fewest splits, {chosen.median_us / best.median_us:.3f}x the fastest's µs")
 

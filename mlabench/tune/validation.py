@@ -176,9 +176,13 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
     ladder and timing; what it recorded is reused, not measured again.  Ctrl-C saves the CSV and
     raises :class:`Interrupted` naming the command that continues (``policy_path``: the policy's file).
     Raises :class:`BackendUnavailableError` when the policy's backend cannot run here and
-    :class:`ConfigError` for a bad grid.
+    :class:`ConfigError` for a bad grid or a backend that takes no ``num_kv_splits`` (it would
+    run every count alike, and the policy's regret would read 0%).
     """
     backend = get_backend(policy.backend)
+    if _splits_spec(backend) is None:
+        raise ConfigError(f"backend {backend.name} takes no num_kv_splits: there are no split counts to validate "
+                          f"(tune --backend {backend.name} has nothing to tune either)")
     ok, why = backend.available()
     if not ok:
         raise BackendUnavailableError(f"backend {backend.name} is not available here: {why}")

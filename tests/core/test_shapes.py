@@ -212,3 +212,28 @@ def test_fields_of_real_configs_that_do_not_touch_the_scale_are_read(tmp_path):
               "quantization_config": {"weight_block_size": [128, 128]}, "rope_scaling": KIMI_YARN}
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert read_hf_config(tmp_path).softmax_scale() == pytest.approx(0.159192, abs=5e-7)
+
+
+V32_INDEXER = {"model_type": "deepseek_v32", "index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}
+
+
+@pytest.mark.parametrize("command", [["check"], ["sweep", "--results-dir", "runs"],
+                                     ["tune", "--backend", "torch-splitkv", "--buckets", "1024", "--results-dir", "runs"]])
+def test_a_sparse_attention_model_is_refused_naming_the_field(tmp_path, command):
+    """Issue 35 A4: a DeepSeek-V3.2 config.json (index_topk 2048) passed check, sweep and tune as a
+    dense model, though past 2048 tokens it reads only the tokens its indexer selects."""
+    import subprocess
+    import sys
+
+    (tmp_path / "config.json").write_text(json.dumps({**V3_ATTENTION, "rope_scaling": YARN_40, **V32_INDEXER}))
+    res = subprocess.run([sys.executable, "-m", "mlabench", *command, "--model-config", str(tmp_path), "--tp", "8"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.strip() == (
+        f"error: {tmp_path / 'config.json'}: field 'index_topk' (2048) marks a sparse-attention model: past 2048 "
+        "tokens each query reads only the tokens its indexer selects; mlabench times dense MLA decode over the "
+        "whole cache, so its numbers would not be this model's"), res.stderr
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "config.json").write_text(json.dumps({**V3_ATTENTION, "index_n_heads": 64}))
+    with pytest.raises(ConfigError, match="field 'index_n_heads' \\(64\\) marks a sparse-attention model: past "
+                                          "index_topk tokens"):
+        read_hf_config(tmp_path)

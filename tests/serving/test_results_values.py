@@ -127,3 +127,32 @@ def test_judge_names_every_reason_and_the_most_severe_status_wins():
 def test_judge_of_an_ok_result_without_a_tpot_mean():
     r = judge(BenchResult(variant="v", concurrency=1, repeat=0, status="ok"))
     assert r.status == "error" and r.error == f"TPOT measured nothing (no mean; {NOTHING})"
+
+
+def test_itls_that_hold_the_ttft_give_the_tpot_of_latency_minus_ttft():
+    # 16 output tokens, TTFT 0.5 s, then 15 gaps of 20 ms; the ITL list also holds the TTFT first
+    itls = [[0.5] + [0.02] * 15] * 2
+    r = parse_result(per_request(output_lens=[16, 16], itls=itls, latencies=[0.8, 0.8],
+                                 ttfts=[0.5, 0.5]), "v", 1, 0)
+    assert r.status == "ok" and r.tpot.mean_ms == pytest.approx(20.0)  # not 0.8 s / 15 = 53.3 ms
+
+
+def test_itls_of_multi_token_chunks_are_consistent():
+    # 16 tokens in 8 chunks after the first: 7 gaps of 40 ms and one of 20 ms sum to latency - TTFT
+    r = parse_result(per_request(output_lens=[16], itls=[[0.04] * 7 + [0.02]], latencies=[0.8],
+                                 ttfts=[0.5]), "v", 1, 0)
+    assert r.status == "ok" and r.tpot.mean_ms == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize("lists, why", [
+    ({"itls": [[0.5] + [0.02] * 15]}, "request 0: 16 ITLs for 16 output tokens (at most 15)"),
+    ({"itls": [[0.5] + [0.02] * 14], "latencies": [0.8], "ttfts": [0.5]},
+     "request 0: 15 ITLs for 16 output tokens sum to 780.000 ms, but latency - TTFT is 300.000 ms"),
+    ({"latencies": [0.4], "ttfts": [0.5]}, "request 0: latency 0.4 s below TTFT 0.5 s"),
+])
+def test_per_request_lists_that_disagree_are_refused_with_the_reason(lists, why):
+    r = parse_result(per_request(output_lens=[16], **lists), "v", 1, 0)
+    assert r.status == "error" and r.tpot.mean_ms is None
+    assert r.error.startswith("per-request lists disagree") and why in r.error
+    failed = parse_result({**per_request(output_lens=[16], **lists), "failed": 1}, "v", 1, 0)
+    assert failed.status == "failed_requests" and why in failed.error

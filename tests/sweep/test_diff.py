@@ -159,8 +159,29 @@ def test_diff_of_runs_with_no_point_in_common_is_one_error_line_and_exit_1(tmp_p
     a = copy_run(H200_RUN, tmp_path / "a", keep=lambda r: r.batch == 1 and r.backend == "flashmla")
     code, out, err = mlabench(["diff", str(a), str(b)], monkeypatch, capsys)
     assert code == 1 and not out and len(err.strip().splitlines()) == 1
-    assert err.startswith("error: the two runs have no point in common: A (a) holds backends flashmla; batch 1; "
-                          "qo_len 1; context 1024-131072 (8 lengths); B (b) holds backends flashmla, ")
+    assert err.startswith("error: the two runs have no point in common: they differ in batch: A 1, B 16; A (a) "
+                          "holds backends flashmla; batch 1; qo_len 1; context 1024-131072 (8 lengths); B (b) holds "
+                          "backends flashmla, ")
+
+
+def test_diff_of_runs_at_other_head_counts_names_the_heads(tmp_path, monkeypatch, capsys):
+    """Issue 35 C12: two runs that differ only in head count said "no point in common" and described
+    both runs alike (backends, batch, qo_len, context); the error names the dimension that differs."""
+    from mlabench.records.record import point_key
+
+    a = copy_run(H200_RUN, tmp_path / "a", keep=lambda r: r.backend == "flashmla")
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "manifest.json").write_text((a / "manifest.json").read_text())
+    store = ResultStore(b)
+    for r in ResultStore(a).records():
+        shape = {**r.shape, "num_heads": 16, "page_size": 16}
+        store.append(r.model_copy(update={"num_heads": 16, "shape": shape,
+                                          "key": point_key(r.backend, r.params, shape)}))
+    code, out, err = mlabench(["diff", str(a), str(b)], monkeypatch, capsys)
+    assert code == 1 and not out and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: the two runs have no point in common: they differ in heads: A 12, B 16; "
+                          "page_size: A 64, B 16; A (a) holds backends flashmla; "), err
 
 
 def test_diff_reads_at_80_columns_names_its_change_column_and_counts_sentinels(tmp_path):

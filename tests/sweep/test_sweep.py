@@ -47,6 +47,26 @@ def test_expand_rejects_a_stray_parameter():
         expand(small_config(params={"block_q": [1]}), [get_backend("torch-splitkv")])
 
 
+@pytest.mark.parametrize("backends, key, takers", [
+    (["torch-splitkv"], "split_policy", "triton-splitkv, gluon-splitkv"),
+    (["torch-splitkv"], "lazy_sum", "gluon-splitkv"),
+    (["torch-splitkv"], "o_split", "gluon-splitkv"),
+    (["triton-splitkv"], "fused_merge", "gluon-splitkv"),
+])
+def test_expand_rejects_a_parameter_no_backend_of_the_run_takes(backends, key, takers):
+    """Issue 35 A3: a real key on the wrong backends was dropped without a word."""
+    from mlabench.backends import gluon as _gluon  # noqa: F401  (registers gluon-splitkv)
+
+    cfg = small_config(backends=backends, params={"num_kv_splits": [1], key: ["x"]})
+    with pytest.raises(ConfigError) as err:
+        expand(cfg, [get_backend("torch-splitkv")])
+    assert str(err.value) == (f"parameter {key!r} is taken only by {takers}, none of the backends of this "
+                              f"sweep ({backends[0]})")
+    # without names, the run's backends are the ones selected here
+    with pytest.raises(ConfigError, match=f"none of the backends of this sweep \\(torch-splitkv\\)"):
+        expand(small_config(backends=None, params={key: ["x"]}), [get_backend("torch-splitkv")])
+
+
 @pytest.mark.parametrize("value,match", [(2, "fused_merge must be <= 1, got 2"),
                                          ("yes", "fused_merge must be an integer, got 'yes'")])
 def test_a_bad_value_is_named_even_for_a_backend_not_available_here(tmp_path, value, match):

@@ -129,14 +129,14 @@ def test_a_choice_the_tie_rule_made_says_so():
     was wide enough for all to tie, and said nothing; now the choice carries a note."""
     from mlabench.tune.choice import tie_note
 
-    one = Measured({"num_kv_splits": 1}, 53872.0, 3.5, 1, {48: 53872.0}, {48: 1})
+    one = Measured({"num_kv_splits": 1}, 13400.0, 3.5, 1, {48: 13400.0}, {48: 1})
     four = Measured({"num_kv_splits": 4}, 13017.0, 3.5, 1, {48: 13017.0}, {48: 4})
     chosen, best = choose([one, four], 0.01)
     assert chosen is one and best is four
     assert tie_note([one, four], chosen, best, 0.01) == (
-        "2 configurations tied within ±350% of the fastest (its confidence interval: too noisy to tell them "
-        "apart; a longer --budget-s or a quieter machine narrows it); the tie rule took the fewest splits, "
-        "4.139x the fastest's µs")
+        "2 configurations tied within ±5% of the fastest (its confidence interval, ±350%, capped at ±5%: too "
+        "noisy to tell them apart; a longer --budget-s or a quieter machine narrows it); the tie rule took the "
+        "fewest splits, 1.029x the fastest's µs")
     rule = landscape({"num_kv_splits": 64, RULE_PARAM: 64}, {1025: 17, 2048: 32, 4096: 64},
                      {1025: 10.05, 2048: 10.05, 4096: 10.05})
     fixed = landscape({"num_kv_splits": 48, RULE_PARAM: 1}, dict.fromkeys(LENGTHS, 48), {1025: 10.0, 2048: 10.0, 4096: 10.0})
@@ -144,3 +144,22 @@ def test_a_choice_the_tie_rule_made_says_so():
     assert tie_note([rule, fixed], chosen, best, 0.01).startswith("2 configurations tied within ±1% of the fastest "
                                                                    "(--noise); the tie rule took the fewest splits, 1.005x")
     assert tie_note([one, four], four, four, 0.01) is None
+
+
+@pytest.mark.parametrize("spread", [3.5, 6.57])
+def test_a_huge_spread_does_not_make_a_much_slower_configuration_a_tie(spread):
+    """Issue 35 A5 (and issue 25 item 12's CPU tune): with the fastest's spread at ±657% (±350%) on a
+    busy CPU, every configuration tied and the tie rule exported one 1.87x (4.1x) slower; the
+    spread widens the tie window only up to TIE_SPREAD_CAP."""
+    from mlabench.tune.choice import tie_note
+
+    one = Measured({"num_kv_splits": 1}, 1.87 * 13017.0, spread, 1, {48: 1.87 * 13017.0}, {48: 1})
+    four = Measured({"num_kv_splits": 4}, 13017.0, spread, 1, {48: 13017.0}, {48: 4})
+    chosen, best = choose([one, four], 0.01)
+    assert chosen is best is four and tie_note([one, four], chosen, best, 0.01) is None
+    from mlabench.tune.choice import TIE_SPREAD_CAP, tie_window
+
+    assert tie_window(0.01, four) == TIE_SPREAD_CAP == 0.05
+    assert tie_window(0.2, four) == 0.2                        # --noise as the user set it is not capped
+    assert choose([one, four], 0.9)[0] is one
+

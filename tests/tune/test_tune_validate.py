@@ -157,6 +157,26 @@ def test_cli_bad_policy_file_is_one_line_in_its_terms(tmp_path):
         "integer or a string, got 2.5"), res.stderr
 
 
+def test_cli_refuses_a_policy_of_a_backend_without_split_counts_and_another_backend(tmp_path):
+    """Issue 35 A2: the reference backend ignores num_kv_splits, so validating a policy of it measured
+    every count alike and reported regret 0%; and --backend was ignored beside --validate."""
+    data = json.loads(fast_wrong_policy(6).to_json())
+    ref = tmp_path / "reference.json"
+    ref.write_text(json.dumps({**data, "backend": "reference"}))
+    fast = tmp_path / "fast.json"
+    fast.write_text(json.dumps(data))
+    for args, line in [
+        ([str(ref)], "error: backend reference takes no num_kv_splits: there are no split counts to validate "
+                     "(tune --backend reference has nothing to tune either)"),
+        ([str(fast), "--backend", "torch-splitkv"], "error: tune --validate measures a policy on its own backend "
+         "(test-fast-wrong), not --backend torch-splitkv: leave --backend out or give the policy of torch-splitkv"),
+    ]:
+        res = subprocess.run([sys.executable, "-m", "mlabench", "tune", "--results-dir", str(tmp_path / "r"),
+                              "--validate", *args], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and res.stderr.strip() == line, res.stderr
+    assert not (tmp_path / "r").exists()
+
+
 def test_cli_import_does_not_load_optuna():
     code = "import sys, mlabench.cli; assert 'optuna' not in sys.modules, 'optuna imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
