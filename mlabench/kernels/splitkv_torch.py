@@ -43,7 +43,9 @@ def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     of its ``qo_len`` query tokens sees the part its mask allows
     (:func:`mlabench.kernels.reference.visible_keys`), and one that sees none gets zeros.
     Returns ``out`` ``[B * qo_len, H, kv_lora_rank]`` in q's dtype.  Computes in float32.  Cache
-    slots past a request's length are never read into the arithmetic (they may hold NaN).
+    slots past a request's length are never read into the arithmetic (they may hold NaN), and
+    block-table entries past its ``ceil(L / page)`` pages are never followed (they may point past
+    the cache).  ``kv_lora_rank``: the latent width, the rest of the last dim being rope.
     Raises ValueError if ``num_kv_splits < 1``.
     """
     if num_kv_splits < 1:
@@ -52,7 +54,12 @@ def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     page = kv_cache.shape[1]
     max_pages = block_table.shape[1]
     lens = cache_seqlens.long()
-    kv = kv_cache[block_table.long()].reshape(batch, max_pages * page, -1).float()  # [B, Lp, 576]
+    # Only a request's own pages, ceil(L / page) of them, are read, as the kernels read them: the
+    # block table's entries past those (a graph batch's padding) may point anywhere, past the cache
+    # included, so they gather page 0 instead, and the mask below zeroes what it holds.
+    owned = torch.arange(max_pages, device=q.device)[None, :] < (lens[:, None] + page - 1) // page
+    pages = torch.where(owned, block_table.long(), 0)
+    kv = kv_cache[pages].reshape(batch, max_pages * page, -1).float()  # [B, Lp, 576]
     pos = torch.arange(kv.shape[1], device=q.device)
     valid = pos[None, :] < lens[:, None]  # [B, Lp]
     # Gathered slots past a request's length (its last page's tail, what block-table padding points
