@@ -10,7 +10,7 @@ import torch
 from mlabench.backends.registry import get_backend
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import mla_decode_reference
-from mlabench.kernels.splitkv_torch import mla_decode_splitkv_torch
+from mlabench.kernels.splitkv_torch import mla_decode_splitkv_torch, split_starts
 from mlabench.shapes import MLADecodeShape
 from tests.kernels.helpers import TOL, max_err
 
@@ -43,3 +43,19 @@ def test_a_latent_width_of_256_runs_and_is_right():
     ref, _ = mla_decode_reference(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, shape.scale,
                                   kv_lora_rank=256)
     assert out.shape == (2, 12, 256) and max_err(out, ref) < TOL[shape.q_dtype]
+
+
+@pytest.mark.parametrize("length,splits,starts", [
+    (2000, 12, [0, 192, 384, 576, 768, 960, 1152, 1344, 1536, 1728, 1920]),  # 32 pages, 3 a split: 11 written
+    (640, 8, [0, 128, 256, 384, 512]),  # 10 pages, 2 a split: 5 of 8 written
+    (320, 4, [0, 128, 256]),            # 5 pages, 2 a split: 3 of 4 written
+    (320, 8, [0, 64, 128, 192, 256]),   # fewer pages than splits: one page each
+    (1, 4, [0]),
+])
+def test_page_granular_split_starts_leave_the_last_splits_empty(length, splits, starts):
+    """Issue 35 item 14: the splits that own pages (the starts a record names, what stage 1
+    writes) are ceil(pages / ceil(pages / S)), fewer than min(pages, S) at these lengths; the
+    rule of mlabench.kernels.wide_merge.written_splits and gluon_blocks.split_pages."""
+    got = split_starts([length], splits, align=64)[0]
+    pages = -(-length // 64)
+    assert got == starts and len(got) == -(-pages // -(-pages // splits))
