@@ -31,6 +31,16 @@ def splitkv_torch_elements(batch: int, heads: int, max_len: int, splits: int) ->
     return batch * heads * max_len * min(splits, max_len)
 
 
+def _own_pages(kv_cache: torch.Tensor, block_table: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """The pages of ``block_table`` ``[B, max_pages]`` gathered from ``kv_cache``, ``[B, max_pages,
+    page, 1, 576]``: a request's own ``ceil(L / page)`` pages, as the kernels read them; its entries
+    past those (a graph batch's padding) may point anywhere, past the cache included, so page 0 is
+    gathered in their place (the caller masks every slot past ``L``)."""
+    page, max_pages = kv_cache.shape[1], block_table.shape[1]
+    owned = torch.arange(max_pages, device=block_table.device)[None, :] < (lens[:, None] + page - 1) // page
+    return kv_cache[torch.where(owned, block_table.long(), 0)]
+
+
 def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                              cache_seqlens: torch.Tensor, num_kv_splits: int, softmax_scale: float,
                              out: torch.Tensor | None = None, kv_lora_rank: int = 512,
@@ -54,12 +64,7 @@ def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     page = kv_cache.shape[1]
     max_pages = block_table.shape[1]
     lens = cache_seqlens.long()
-    # Only a request's own pages, ceil(L / page) of them, are read, as the kernels read them: the
-    # block table's entries past those (a graph batch's padding) may point anywhere, past the cache
-    # included, so they gather page 0 instead, and the mask below zeroes what it holds.
-    owned = torch.arange(max_pages, device=q.device)[None, :] < (lens[:, None] + page - 1) // page
-    pages = torch.where(owned, block_table.long(), 0)
-    kv = kv_cache[pages].reshape(batch, max_pages * page, -1).float()  # [B, Lp, 576]
+    kv = _own_pages(kv_cache, block_table, lens).reshape(batch, max_pages * page, -1).float()  # [B, Lp, 576]
     pos = torch.arange(kv.shape[1], device=q.device)
     valid = pos[None, :] < lens[:, None]  # [B, Lp]
     # Gathered slots past a request's length (its last page's tail, what block-table padding points
