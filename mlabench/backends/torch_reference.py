@@ -79,7 +79,7 @@ class TorchSplitKVBackend(Backend):
         def fn() -> torch.Tensor:
             return mla_decode_splitkv_torch(inputs.q, inputs.kv_cache, inputs.block_table,
                                             inputs.cache_seqlens, splits, s.scale, out=out,
-                                            qo_len=s.qo_len, causal=s.causal)
+                                            kv_lora_rank=s.kv_lora_rank, qo_len=s.qo_len, causal=s.causal)
 
         rows = s.batch * splits * s.qo_len * s.num_heads
         return PreparedCall(fn=fn, out=out, effective_params={"num_kv_splits": splits},

@@ -31,6 +31,16 @@ def splitkv_torch_elements(batch: int, heads: int, max_len: int, splits: int) ->
     return batch * heads * max_len * min(splits, max_len)
 
 
+def _own_pages(kv_cache: torch.Tensor, block_table: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """The pages of ``block_table`` ``[B, max_pages]`` gathered from ``kv_cache``, ``[B, max_pages,
+    page, 1, 576]``: a request's own ``ceil(L / page)`` pages, as the kernels read them; its entries
+    past those (a graph batch's padding) may point anywhere, past the cache included, so page 0 is
+    gathered in their place (the caller masks every slot past ``L``)."""
+    page, max_pages = kv_cache.shape[1], block_table.shape[1]
+    owned = torch.arange(max_pages, device=block_table.device)[None, :] < (lens[:, None] + page - 1) // page
+    return kv_cache[torch.where(owned, block_table.long(), 0)]
+
+
 def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                              cache_seqlens: torch.Tensor, num_kv_splits: int, softmax_scale: float,
                              out: torch.Tensor | None = None, kv_lora_rank: int = 512,
@@ -43,7 +53,9 @@ def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     of its ``qo_len`` query tokens sees the part its mask allows
     (:func:`mlabench.kernels.reference.visible_keys`), and one that sees none gets zeros.
     Returns ``out`` ``[B * qo_len, H, kv_lora_rank]`` in q's dtype.  Computes in float32.  Cache
-    slots past a request's length are never read into the arithmetic (they may hold NaN).
+    slots past a request's length are never read into the arithmetic (they may hold NaN), and
+    block-table entries past its ``ceil(L / page)`` pages are never followed (they may point past
+    the cache).  ``kv_lora_rank``: the latent width, the rest of the last dim being rope.
     Raises ValueError if ``num_kv_splits < 1``.
     """
     if num_kv_splits < 1:
@@ -52,7 +64,7 @@ def mla_decode_splitkv_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     page = kv_cache.shape[1]
     max_pages = block_table.shape[1]
     lens = cache_seqlens.long()
-    kv = kv_cache[block_table.long()].reshape(batch, max_pages * page, -1).float()  # [B, Lp, 576]
+    kv = _own_pages(kv_cache, block_table, lens).reshape(batch, max_pages * page, -1).float()  # [B, Lp, 576]
     pos = torch.arange(kv.shape[1], device=q.device)
     valid = pos[None, :] < lens[:, None]  # [B, Lp]
     # Gathered slots past a request's length (its last page's tail, what block-table padding points

@@ -6,7 +6,9 @@ returns an empty dict instead of raising: observation must never break a measure
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -98,6 +100,71 @@ def gpu_state() -> dict[str, Any]:
         except Exception:  # noqa: BLE001
             return {}
     return {}
+
+
+def clock_now() -> dict[str, Any]:
+    """``{sm_clock_mhz, power_w}`` of the GPU torch calls ``cuda:0`` now: two NVML calls, few
+    enough to make while a timed replay runs; ``{}`` where NVML does not read them (CPU, AMD)."""
+    if current_device().kind != "cuda" or (nvml := _nvml()) is None:
+        return {}
+    try:
+        h = _nvml_handle()
+        return {"sm_clock_mhz": nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM),
+                "power_w": nvml.nvmlDeviceGetPowerUsage(h) / 1000.0}
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+class ClockSampler:
+    """The clocks a point's timed samples ran at: called once per timed GPU sample while it runs
+    (:func:`mlabench.measure.timing.time_calls`' ``during``), it keeps each reading of ``read``
+    (default :func:`clock_now`) that has an SM clock.
+
+    A reading taken after the timing finds the GPU idle or ramping down, and one taken before it
+    finds it idle after the checks and set-up; these are the readings of the work itself."""
+
+    def __init__(self, read: Callable[[], dict[str, Any]] | None = None):
+        self.read = read or clock_now
+        self.readings: list[dict[str, Any]] = []
+
+    def __call__(self) -> None:
+        state = self.read()
+        if state.get("sm_clock_mhz") is not None:
+            self.readings.append(state)
+
+    def summary(self) -> dict[str, Any]:
+        """``{sm_clock_mhz, sm_clock_min_mhz, sm_clock_max_mhz, power_w, readings}``: the median,
+        lowest and highest SM clock (MHz) and the median power (W, where read) over the readings;
+        ``{}`` with none."""
+        return clocks_summary([s["sm_clock_mhz"] for s in self.readings],
+                              [s["power_w"] for s in self.readings if s.get("power_w") is not None])
+
+
+def clocks_summary(clocks_mhz: Sequence[float], powers_w: Sequence[float] = ()) -> dict[str, Any]:
+    """The summary :meth:`ClockSampler.summary` records, from SM clocks (MHz) and powers (W);
+    ``{}`` without clocks."""
+    if not clocks_mhz:
+        return {}
+    out: dict[str, Any] = {"sm_clock_mhz": statistics.median(clocks_mhz), "sm_clock_min_mhz": min(clocks_mhz),
+                           "sm_clock_max_mhz": max(clocks_mhz), "readings": len(clocks_mhz)}
+    if powers_w:
+        out["power_w"] = round(statistics.median(powers_w), 3)
+    return out
+
+
+def pooled_clocks(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One summary from several visits' (:meth:`ClockSampler.summary` each): the median of their
+    medians, the lowest and highest reading of all, the readings summed; ``{}`` when none has a
+    clock."""
+    known = [s for s in summaries if s.get("sm_clock_mhz") is not None]
+    if not known:
+        return {}
+    out = clocks_summary([s["sm_clock_mhz"] for s in known],
+                         [s["power_w"] for s in known if s.get("power_w") is not None])
+    out.update(sm_clock_min_mhz=min(s.get("sm_clock_min_mhz", s["sm_clock_mhz"]) for s in known),
+               sm_clock_max_mhz=max(s.get("sm_clock_max_mhz", s["sm_clock_mhz"]) for s in known),
+               readings=sum(s.get("readings", 1) for s in known))
+    return out
 
 
 def driver_version() -> str:

@@ -7,8 +7,8 @@ buffer, like a decode kernel) and reads the SM clock and power through the manag
 (:func:`mlabench.measure.observers.gpu_state`) until, over the last ``window_s`` seconds, the clock moved by
 at most ``clock_tol`` and the power by at most ``power_tol`` of their medians, or until
 ``steady_max_s`` passes.  The outcome goes into the run's manifest; each point then records the
-clocks just before and after its timing, and :func:`below_steady` flags one whose SM clock read
-below the steady value.  The reader, the load and the clock are parameters, so the logic runs in
+clocks just before and after its timing and while its timed samples ran, and :func:`below_steady`
+flags one whose SM clock read below the steady value.  The reader, the load and the clock are parameters, so the logic runs in
 tests with stand-ins.
 """
 
@@ -101,10 +101,17 @@ def wait_until_steady(work: Callable[[], None], read_state: Callable[[], dict[st
 
 
 def below_steady(before: dict[str, Any], after: dict[str, Any], steady_mhz: float | None,
-                 tol: float = CLOCK_TOL) -> bool | None:
-    """True when the SM clock read before or after a point's timing is more than ``tol`` below
-    ``steady_mhz``; None when either is unknown."""
-    clocks = [s["sm_clock_mhz"] for s in (before, after) if s.get("sm_clock_mhz") is not None]
+                 tol: float = CLOCK_TOL, during: dict[str, Any] | None = None) -> bool | None:
+    """True when the SM clock a point's timed samples ran at is more than ``tol`` below
+    ``steady_mhz``: the median of the readings ``during`` them
+    (:meth:`~mlabench.measure.observers.ClockSampler.summary`) where there are some, else the
+    lower of the readings just ``before`` and ``after`` the timing (which can find the GPU idle:
+    a false alarm is possible, a missed one is not); None when the steady clock or every reading
+    is unknown."""
+    if during and during.get("sm_clock_mhz") is not None:
+        clocks = [during["sm_clock_mhz"]]
+    else:
+        clocks = [s["sm_clock_mhz"] for s in (before, after) if s.get("sm_clock_mhz") is not None]
     if not steady_mhz or not clocks:
         return None
     return min(clocks) < (1 - tol) * steady_mhz

@@ -127,7 +127,7 @@ def _run_all(calls: Sequence[Callable[[], object]]) -> None:
 
 
 def time_calls(calls: Sequence[Callable[[], object]], cfg: TimingConfig, *, use_graph: bool,
-               device: DeviceInfo | None = None) -> Stats:
+               device: DeviceInfo | None = None, during: Callable[[], object] | None = None) -> Stats:
     """Time ``calls`` (one per input copy) and return per-call statistics (µs).
 
     On a GPU one pass over ``calls`` is timed as a pilot, then each sample runs
@@ -137,6 +137,9 @@ def time_calls(calls: Sequence[Callable[[], object]], cfg: TimingConfig, *, use_
     sample is one pass timed with the wall clock, on ``cfg.cpu_threads`` torch threads.  The returned :class:`~mlabench.measure.stats.Stats`
     says how many calls each sample held (``calls_per_sample``), from how many graphs
     (``graph_captures``) and, with more than one, each graph's own median (``capture_medians_us``).
+    ``during`` (a GPU's clock reader, :class:`~mlabench.measure.observers.ClockSampler`) is called on
+    the host once per timed GPU sample while that sample runs (:func:`_event_us`), not in the
+    warm-up samples nor the pilot; never on the CPU.
     """
     device = device or current_device()
     if not device.is_gpu:
@@ -166,7 +169,8 @@ def time_calls(calls: Sequence[Callable[[], object]], cfg: TimingConfig, *, use_
 
     def sample() -> float:
         graph = len(taken) % len(steps)
-        taken.append((graph, _event_us(steps[graph], lead_cycles) / n))
+        probe = during if len(taken) >= cfg.warmup_iters else None
+        taken.append((graph, _event_us(steps[graph], lead_cycles, probe) / n))
         return taken[-1][1]
 
     stats = run_until_stable(sample, cfg)
@@ -186,9 +190,12 @@ def _gpu_step(calls: Sequence[Callable[[], object]], use_graph: bool) -> Callabl
     return lambda: _run_all(calls)
 
 
-def _event_us(step: Callable[[], None], lead_cycles: int = 0) -> float:
+def _event_us(step: Callable[[], None], lead_cycles: int = 0, during: Callable[[], object] | None = None) -> float:
     """Device time of one ``step()``, µs, between two events on the current stream; with
-    ``lead_cycles``, a spin of that many GPU clock cycles is queued before the first event."""
+    ``lead_cycles``, a spin of that many GPU clock cycles is queued before the first event.
+    ``during()`` runs on the host after the step and its end event are queued and before waiting
+    for them, so it reads the GPU while the step runs (the events time the device, so a host call
+    there adds nothing to the time); a reading after the wait would find the GPU idle."""
     start_ev = torch.cuda.Event(enable_timing=True)
     end_ev = torch.cuda.Event(enable_timing=True)
     if lead_cycles:
@@ -196,6 +203,8 @@ def _event_us(step: Callable[[], None], lead_cycles: int = 0) -> float:
     start_ev.record()
     step()
     end_ev.record()
+    if during is not None:
+        during()
     end_ev.synchronize()
     return start_ev.elapsed_time(end_ev) * 1e3
 

@@ -25,7 +25,7 @@ as such a table.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ import torch
 
 from mlabench.errors import ConfigError
 from mlabench.files import read_json
-from mlabench.policy.rules import MAX_KV_SPLITS
+from mlabench.policy.rules import MAX_KV_SPLITS, MAX_POLICY_ROWS, policy_too_long
 
 #: The largest ``max_context_len`` an int32 table row can hold; the padding rows of
 #: :meth:`SplitPolicy.device_table` use it so that every length finds a row.
@@ -58,7 +58,8 @@ class SplitPolicy:
     @classmethod
     def create(cls, tables: dict[int, Iterable[Sequence[int]]], source: str = "") -> SplitPolicy:
         """Validate and build.  Raises :class:`ConfigError` for no batch sizes, a batch size < 1, an
-        empty table, lengths that do not increase strictly, or a split count outside 1..512."""
+        empty table, one of more than :data:`~mlabench.policy.rules.MAX_POLICY_ROWS` rows (counted
+        before any is read), lengths that do not increase strictly, or a split count outside 1..512."""
         if not tables:
             raise ConfigError(f"{source or 'split policy'}: no batch sizes")
         clean: dict[int, Rows] = {}
@@ -66,6 +67,8 @@ class SplitPolicy:
             where = f"{source or 'split policy'}: batch {batch}"
             if int(batch) < 1:
                 raise ConfigError(f"{where}: batch sizes must be >= 1")
+            if isinstance(rows, Sized) and len(rows) > MAX_POLICY_ROWS:
+                raise ConfigError(f"{where}: {policy_too_long('rows', len(rows))}")
             try:
                 pairs = tuple((int(n), int(s)) for n, s in rows)
             except (TypeError, ValueError):

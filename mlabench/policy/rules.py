@@ -11,6 +11,20 @@ from __future__ import annotations
 #: cap (the split-KV backends' ``num_kv_splits`` range, a policy table's counts).
 MAX_KV_SPLITS = 512
 
+#: The most rows (context buckets) of one batch size's split policy table, or entries of a tuned
+#: policy's batch size.  The split-KV kernels hold a batch size's whole table in registers
+#: (``split_policy=device``; Gluon: every warp the whole table): a 2,000,000-row table failed to
+#: compile after 90 s (past Triton's largest tensor, 2**20 elements).  The committed whole-tile
+#: policies, the longest, have 677-700 rows; 4096 leaves room and still compiles.
+MAX_POLICY_ROWS = 4096
+
+
+def policy_too_long(what: str, count: int) -> str:
+    """The one-line refusal of a policy table of ``count`` rows or entries (``what``) over
+    :data:`MAX_POLICY_ROWS`."""
+    return (f"{count} {what}, more than the {MAX_POLICY_ROWS} a split policy table may hold (the split-KV "
+            "kernels hold a batch size's whole table in registers): merge neighbouring buckets")
+
 
 def rule_splits(context_len: int, tokens_per_split: int, max_splits: int) -> int:
     """``clamp(ceil(context_len / tokens_per_split), 1, max_splits)``: the split count of a

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serial
 
 from mlabench.errors import ConfigError
 from mlabench.files import file_error_line, key_path, read_json
-from mlabench.policy.rules import MAX_KV_SPLITS, rule_splits, whole_tile_splits
+from mlabench.policy.rules import MAX_KV_SPLITS, MAX_POLICY_ROWS, policy_too_long, rule_splits, whole_tile_splits
 
 #: Version 2 added ``tokens_per_split`` to an entry, version 3 ``tile_tokens``; :func:`load_policy`
 #: still reads versions 1 and 2 (neither field means a fixed count, as it always did).
@@ -272,10 +272,21 @@ def load_policy(path: str | Path) -> Policy:
                           f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))} (written by another mlabench)")
     if isinstance(data, dict) and data.get("schema_version") in (1, 2):
         data = {**data, "schema_version": POLICY_SCHEMA_VERSION}  # they lack only later optional fields
+    _refuse_long_tables(p, data)
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{p}: {file_error_line(exc, data, lambda path: policy_place(path, data))}") from None
+
+
+def _refuse_long_tables(path: Path, data: Any) -> None:
+    """ConfigError for a batch size of more than :data:`~mlabench.policy.rules.MAX_POLICY_ROWS`
+    entries, counted before they are validated (2,000,000 entries would take minutes)."""
+    batches = data.get("batches") if isinstance(data, dict) else None
+    for batch in batches if isinstance(batches, list) else []:
+        entries = batch.get("entries") if isinstance(batch, dict) else None
+        if isinstance(entries, list) and len(entries) > MAX_POLICY_ROWS:
+            raise ConfigError(f"{path}: batch {batch.get('batch')}: {policy_too_long('entries', len(entries))}")
 
 
 def policy_place(path: list[str | int], data: Any) -> str:

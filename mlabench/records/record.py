@@ -65,8 +65,13 @@ class Record(BaseModel):
                           "(stats pools their samples); None: one visit.")
     gpu_state: dict[str, Any] = Field(default_factory=dict, description="Clocks, temperature, power read after timing.")
     gpu_state_before: dict[str, Any] = Field(default_factory=dict, description="The same, read just before timing.")
+    gpu_state_during: dict[str, Any] = Field(default_factory=dict, description=(
+        "SM clock (median, lowest, highest, MHz), median power (W) and the number of readings taken while "
+        "the timed samples ran, one per sample (mlabench.measure.observers.ClockSampler); {} on the CPU and in "
+        "records written before it was read."))
     clock_below_steady: bool | None = Field(
-        None, description="SM clock before or after timing below the run's steady clock (None: not known).")
+        None, description="SM clock below the run's steady clock: the median read while the timed samples ran, "
+                          "or, in records without that reading, the one before or after timing (None: not known).")
     timestamp: str = Field(description="UTC time the record was written, ISO 8601.")
 
     @property

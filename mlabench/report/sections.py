@@ -81,12 +81,34 @@ def _bandwidth_rows(m: Any) -> list[list[str]]:
             ["copy bandwidth", copy + ")"], ["datasheet bandwidth", sheet]]
 
 
+#: What the report says of SM clocks read after each point by an mlabench that read NVML's GPU 0
+#: of the host (its records' ``gpu_state`` has no ``at_s``): on a host of several GPUs, not
+#: necessarily the one measured (results/h200/hopper-kernel/run-72fb349, run on GPU 1: 345 MHz
+#: and 78 W at every point, an idle GPU, while its points read 4.3 TB/s).
+OLD_OBSERVER_NOTE = ("read after each point, not while it ran, by an mlabench that read the host's first GPU: "
+                     "on a host of several GPUs maybe not the one measured")
+
+
+def clock_row(records: Sequence[Record]) -> list[str]:
+    """The environment table's SM clock row: the range of the median SM clock each point's timed
+    samples ran at (``gpu_state_during``) where recorded (the points below the run's steady clock
+    are a health note, :func:`~mlabench.sweep.sentinel.health_notes`); in older records the clock
+    read after each point, saying what it is."""
+    during = [r.gpu_state_during["sm_clock_mhz"] for r in records if r.gpu_state_during.get("sm_clock_mhz") is not None]
+    if during:
+        return ["SM clock while timing", _range(during, "MHz")]
+    after = [r.gpu_state for r in records if r.gpu_state.get("sm_clock_mhz") is not None]
+    if not after:
+        return ["SM clock after each point", "—"]
+    text = _range([s["sm_clock_mhz"] for s in after], "MHz")
+    return ["SM clock after each point", text + (f" ({OLD_OBSERVER_NOTE})" if all("at_s" not in s for s in after) else "")]
+
+
 def kernel_environment(run: Any, records: Sequence[Record], kind: str = "Kernel run") -> Table:
     """Key/value table of one kernel, tuning or validation run (``kind`` starts its title): device,
     clocks, driver, versions, revision, command, what it measured, timing."""
     m, dev = run.manifest, run.manifest.device
     mine = [r for r in records if r.run_id == m.run_id]
-    during = [r.gpu_state["sm_clock_mhz"] for r in mine if r.gpu_state.get("sm_clock_mhz") is not None]
     memory = f", {dev['total_memory_bytes'] / 2**30:.0f} GiB" if dev.get("total_memory_bytes") else ""
     settings = m.visit_settings()
     visits, most = settings["visits"], settings["max_visits"]
@@ -98,7 +120,7 @@ def kernel_environment(run: Any, records: Sequence[Record], kind: str = "Kernel 
         ["git revision", m.git_revision[:12] + (" (with uncommitted changes)" if m.git_dirty else "")],
         ["device", f"{dev.get('name')} ({dev.get('arch')}, {dev.get('num_sms')} SMs{memory})"],
         ["driver", m.driver], ["clocks at start", _clocks_text(m.gpu_state)],
-        ["SM clock after each point", _range(during, "MHz") if during else "—"],
+        clock_row(mine),
         ["versions", ", ".join(f"{k} {v}" for k, v in m.versions.items() if v)],
         *_bandwidth_rows(m),
         list(config_row(m.config) or ("sweep", _sweep_text(m.config))),

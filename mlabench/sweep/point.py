@@ -21,7 +21,7 @@ from mlabench.checks.verdict import CheckConfig, Verdict, compare_outputs, worst
 from mlabench.device import DeviceInfo, current_device
 from mlabench.errors import MlabenchError, OutOfMemoryError, UnsupportedShapeError
 from mlabench.inputs import MLADecodeInputs, check_fits, input_bytes, make_inputs
-from mlabench.measure.observers import gpu_state
+from mlabench.measure.observers import ClockSampler, gpu_state
 from mlabench.measure.timing import TimingConfig, cold_cache_copies, time_calls
 from mlabench.records.record import Record, point_key, utc_now
 from mlabench.shapes import MLADecodeShape
@@ -103,7 +103,8 @@ class ShapeBench:
 
         ``check`` says how outputs are judged (default: every input set, the dtypes' limits).  The
         floor divides the bytes moved by ``read_bw_tbps`` when given, else by ``copy_bw_tbps``;
-        the GPU's clocks, power and temperature are read just before and just after the timing.
+        the GPU's clocks, power and temperature are read just before and just after the timing,
+        and its SM clock and power while each timed sample runs (``gpu_state_during``).
         ``verify=False`` (a sweep's later visits of a point already checked) times only: no
         verdict, no refresh cost, no eager timing, status ``ok``.
         """
@@ -139,26 +140,35 @@ class ShapeBench:
             status=status, message=(message + timed["note"]).strip(), timing_mode=timed["mode"],
             stats=stats, eager_stats=timed.get("eager"), cold_cache_copies=len(calls),
             **speed_fields(s.min_bytes_moved, base["floor_us"], stats.median_us),
-            gpu_state=gpu_state(), **base,
+            gpu_state=gpu_state(), gpu_state_during=timed["clocks"], **base,
         )
 
     def _time(self, calls: list, graph_safe: bool, eager: bool = True) -> dict[str, Any]:
+        """``{mode, stats, note, eager?, clocks}``: the recorded timing (graph where it can be
+        captured, else eager), the eager one where asked, and ``clocks``, the SM clock read while
+        the recorded timing's samples ran (:class:`~mlabench.measure.observers.ClockSampler`)."""
         cfg = self.timing
         if not self.device.is_gpu:
-            return {"mode": "wall", "stats": time_calls(calls, cfg, use_graph=False), "note": ""}
+            return {"mode": "wall", "stats": time_calls(calls, cfg, use_graph=False), "note": "", "clocks": {}}
         result: dict[str, Any] = {"note": ""}
+        graph_clocks, eager_clocks = ClockSampler(), ClockSampler()
+
+        def eager_time() -> None:
+            result["eager"] = time_calls(calls, cfg, use_graph=False, during=eager_clocks)
+
         if (cfg.eager and eager) or not (cfg.graph and graph_safe):
-            result["eager"] = time_calls(calls, cfg, use_graph=False)
+            eager_time()
         if cfg.graph and graph_safe:
             try:
-                result.update(mode="graph", stats=time_calls(calls, cfg, use_graph=True))
+                result.update(mode="graph", stats=time_calls(calls, cfg, use_graph=True, during=graph_clocks),
+                              clocks=graph_clocks.summary())
                 return result
             except RuntimeError as exc:  # capture failed: keep the eager time, say why
                 torch.cuda.synchronize()
                 result["note"] = f" graph capture failed ({str(exc).splitlines()[0][:200]}); eager time"
                 if "eager" not in result:
-                    result["eager"] = time_calls(calls, cfg, use_graph=False)
-        result.update(mode="eager", stats=result.pop("eager"))
+                    eager_time()
+        result.update(mode="eager", stats=result.pop("eager"), clocks=eager_clocks.summary())
         return result
 
 

@@ -228,7 +228,7 @@ class SweepRunner:
                                  f"inputs could not be created: {str(exc).splitlines()[0][:300]}", self.read_bw)
         rec = bench.run(get_backend(p.backend), p.params, copy_bw_tbps=self.copy_bw, run_id=self.run_id,
                         check=self.cfg.check, time_it=self.time_it, read_bw_tbps=self.read_bw, verify=verify)
-        low = below_steady(rec.gpu_state_before, rec.gpu_state, self.steady_mhz)
+        low = below_steady(rec.gpu_state_before, rec.gpu_state, self.steady_mhz, during=rec.gpu_state_during)
         return rec.model_copy(update={"clock_below_steady": low}) if low is not None else rec
 
     def _sentinel(self, sentinel: Point | None) -> None:

@@ -35,6 +35,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from mlabench.files import append_text
+from mlabench.measure.observers import pooled_clocks
 from mlabench.measure.stats import mean_rel_se, summarize
 from mlabench.records.record import Record, utc_now
 from mlabench.records.store import read_jsonl
@@ -128,7 +129,8 @@ def pooled_record(visits: Sequence[Record], target_rel_ci: float = 0.01) -> Reco
     confidence interval of all of them, ``noisy`` against ``target_rel_ci``; ``calls_per_sample``
     and ``graph_captures`` of the first, ``capture_medians_us`` of every visit in turn); the speed fields from
     the pooled median; ``visit_medians_us`` each visit's own median; the GPU state after the last
-    visit; ``clock_below_steady`` when any visit was.  One visit, or an untimed first visit, is
+    visit; the clocks while timing pooled over the visits
+    (:func:`~mlabench.measure.observers.pooled_clocks`); ``clock_below_steady`` when any visit was.  One visit, or an untimed first visit, is
     returned as it is.  Raises ValueError for no visits."""
     if not visits:
         raise ValueError("no visits")
@@ -145,4 +147,5 @@ def pooled_record(visits: Sequence[Record], target_rel_ci: float = 0.01) -> Reco
     return first.model_copy(update={
         "stats": stats, **speed_fields(first.bytes_moved, first.floor_us, stats.median_us),
         "visit_medians_us": [v.stats.median_us for v in timed], "gpu_state": timed[-1].gpu_state,
+        "gpu_state_during": pooled_clocks([v.gpu_state_during for v in timed]),
         "clock_below_steady": any(flags) if flags else None, "timestamp": utc_now()})

@@ -152,6 +152,17 @@ def test_passes_every_input_set_with_its_defaults(name, shape):
     assert verdict.passed and set(verdict.by_input_set) == {"random", "needles", "peaky", "flat"}, verdict
 
 
+@pytest.mark.parametrize("shape", [0, 1])  # not the 256 heads: a minute in Triton's interpreter
+@pytest.mark.parametrize("name", NAMES)
+def test_a_shape_it_says_it_takes_it_computes(name, shape):
+    """Issue 35 item 11: torch-splitkv said it took kv_lora_rank 256 and crashed with a reshape
+    error.  A backend either refuses a shape in ``supports`` or passes its check."""
+    shape = ODD_SHAPES[shape]
+    backend = runnable(name, shape)
+    _call, verdict = ShapeBench(shape, seed=3, copies=1).check(backend, backend.resolve_params(shape))
+    assert verdict.passed, verdict
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", NAMES)
 def test_refresh_follows_new_lengths(name, shape):

@@ -93,6 +93,10 @@ def test_flag_rule():
     assert assess(row(captured_splits="per request"), 0.05).note == "67% slower than tuned"
     assert not assess(row(graph_us=62.9), 0.05).flagged  # 4.8% slower: within 5%
     assert assess(row(graph_us=63.1), 0.05).flagged
+    # Issue 35 item 15: a graph faster than tuned (a slowdown of -50%, beyond the tolerance in size)
+    # is no fault: flagging |slowdown| > tolerance would flag it
+    fast = assess(row(graph_us=30.0), 0.05)
+    assert fast.slowdown == pytest.approx(-0.5) and not fast.flagged and fast.note == ""
     wrong = assess(row(graph_us=50.0, correct=False), 0.05)
     assert wrong.flagged and "stale" in wrong.note
     assert not assess(row(tuned_us=None), 0.05).flagged and row(tuned_us=None).slowdown is None

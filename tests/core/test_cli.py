@@ -539,3 +539,17 @@ def test_help_mentions_a_sweep_config_only_where_the_command_takes_one(command):
     text = CliRunner().invoke(cli.app, [command, "--help"], env={"COLUMNS": "200"}).output
     if "--config" not in text:
         assert "sweep config" not in text, text
+
+
+def test_a_split_policy_table_too_long_for_the_kernel_is_one_line_before_any_run_folder(tmp_path, monkeypatch, capsys):
+    """Issue 35 item 10: ``split_policy=device:FILE`` with 2,000,000 rows gave a Triton traceback
+    after 90 s and a run folder holding only a manifest.  The table is bounded when read."""
+    policy, config = tmp_path / "long.json", tmp_path / "sweep.toml"
+    policy.write_text(json.dumps([[n, 1 + n % 4] for n in range(1, 5002)]))
+    config.write_text('name = "long"\nheads = [12]\nbatch = [1]\ncontext_lens = [128]\nbackends = ["triton-splitkv"]\n'
+                      f'[params]\nsplit_policy = ["device:{policy}"]\n')
+    results = tmp_path / "results"
+    code, out, err = run(["sweep", "--config", str(config), "--results-dir", str(results)], monkeypatch, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {policy}: batch 1: 5001 rows, more than the 4096")
+    assert not results.exists()

@@ -215,19 +215,45 @@ def test_multi_row_tiles_compile_without_spills(block_rows, qo_len, causal, poli
         assert "LOCAL:0" in kernel["usage"] and "STACK:0" in kernel["usage"], kernel["usage"]
 
 
+#: The spellings of a gpu-scope release add in PTX (issue 35 item 6): Triton 3.9 writes the add
+#: whose result is unused as ``red.global.gpu.release.add.u32``, Triton 3.8 (and 3.5-3.7) as
+#: ``atom.global.gpu.release.add.u32`` with a result no one reads; both order every earlier store
+#: of the thread before the add.  A relaxed add after a ``fence.acq_rel.gpu`` / ``fence.sc.gpu``
+#: (``membar.gl``) would too.
+_RELEASE_ADD = re.compile(r"(?:red|atom)\.global\.gpu\.release\.add\.u32")
+_FENCED_ADD = re.compile(r"(?:fence\.(?:acq_rel|sc)\.gpu|membar\.gl);[^\n]*\n(?:\s*//[^\n]*\n)*\s*(?:@%p\d+\s+)?"
+                         r"(?:red|atom)(?:\.relaxed)?\.global\.gpu\.add\.u32")
+
+
+def release_adds(ptx: str) -> int:
+    """How many gpu-scope adds of ``ptx`` release (any spelling of :data:`_RELEASE_ADD`, or a
+    relaxed add right after a gpu-scope fence)."""
+    return len(_RELEASE_ADD.findall(ptx)) + len(_FENCED_ADD.findall(ptx))
+
+
+def test_release_adds_counts_every_spelling_and_nothing_without_a_release():
+    assert release_adds("@%p55 red.global.gpu.release.add.u32 [ %rd272 + 0 ], %r1091;") == 1  # Triton 3.9
+    assert release_adds("@%p55 atom.global.gpu.release.add.u32 %r1037, [ %rd177 + 0 ], %r1038;") == 1  # 3.8
+    assert release_adds("fence.acq_rel.gpu;\n\t@%p5 red.global.gpu.add.u32 [ %rd2 + 0 ], %r9;") == 1
+    for unordered in ("@%p55 red.global.gpu.relaxed.add.u32 [ %rd272 + 0 ], %r1091;",
+                      "@%p55 atom.global.gpu.relaxed.add.u32 %r1, [ %rd1 + 0 ], %r2;",
+                      "red.global.gpu.add.u32 [ %rd2 + 0 ], %r9;", "atom.global.gpu.acquire.add.u32 %r1, [%rd1], %r2;"):
+        assert release_adds(unordered) == 0, unordered
+
+
 @pytest.mark.parametrize("block_rows,qo_len,splits,wgmma", [
     (16, 1, 132, {"m64n16k16": 36 + 32}), (16, 1, 8, {"m64n16k16": 36 + 32}),
     (64, 4, 8, {"m64n32k16": 36, "m64n64k16": 16}), (64, 8, 2, {"m64n32k16": 36, "m64n64k16": 16}),
 ])
 def test_fused_merge_compiles_to_one_barrier_without_spills(block_rows, qo_len, splits, wgmma):
     """The fused merge in PTX: one acq_rel arrival (a single thread's atom, its result shared),
-    the last arrival's release add (count to 0, generation + 1, no return), the others' volatile
-    spin and an acquire fence; the page products unchanged; no local memory."""
+    the last arrival's release add (count to 0, generation + 1), the others' volatile spin and an
+    acquire fence; the page products unchanged; no local memory."""
     kernel = _compile_stage1(2, block_rows, qo_len, qo_len > 1, 0, "m", True, splits)
     ptx = kernel["ptx"]
     assert len(re.findall(r"atom\.global\.gpu\.acq_rel\.add\.u32", ptx)) == 1
-    assert len(re.findall(r"red\.global\.gpu\.release\.add\.u32", ptx)) == 1
-    assert len(re.findall(r"atom\.global", ptx)) == 1
+    assert release_adds(ptx) == 1
+    assert len(re.findall(r"atom\.global", ptx)) == 1 + ptx.count("atom.global.gpu.release.add.u32")
     assert ptx.count("ld.volatile.global.b32") == 2 and ptx.count("fence.acq_rel.gpu") == 1
     found = {m.group(1): ptx.count(m.group(0)) for m in re.finditer(
         r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", ptx)}
@@ -339,12 +365,20 @@ def test_wide_merge_never_reads_an_empty_splits_partial():
     assert max_err(out, ref) < 2e-3
 
 
-@pytest.mark.parametrize("policy_rows", [None, [[256, 1], [1024, 16], [1 << 20, 5]]])
-def test_wide_merge_from_lengths_reads_only_written_splits(policy_rows):
+@pytest.mark.parametrize("lens,splits,policy_rows", [
+    ((300, 64, 1, 2000), 16, None),
+    ((300, 64, 1, 2000), 16, [[256, 1], [1024, 16], [1 << 20, 5]]),
+    # Issue 35 item 14: lengths where ceil(pages / S) pages a split leave the last splits empty, so
+    # the written count differs from min(pages, S): 32 pages in 12 splits of 3 write 11, 10 pages
+    # in 8 splits of 2 write 5, 5 pages in 4 splits of 2 write 3.  At the lengths above every
+    # request has the same count either way, and a wrong rule passed.
+    ((2000, 640, 320, 1), 12, None),
+    ((2000, 640, 320, 1), 12, [[400, 4], [700, 8], [1 << 20, 12]]),
+])
+def test_wide_merge_from_lengths_reads_only_written_splits(lens, splits, policy_rows):
     """With the lengths (and the device table stage 1 read) the merge reads only the splits that
     own pages: the slots of the others, lse included, may hold NaN (stage 1 writes nothing there),
     and a request of length 0 gets a zero row."""
-    lens, splits = (300, 64, 1, 2000), 16
     inp, ref = make_case(12, lens, 64)
     table, own = None, [splits] * len(lens)
     if policy_rows is not None:  # 4 rows (a power of two), the last repeated as the table pads
@@ -352,16 +386,19 @@ def test_wide_merge_from_lengths_reads_only_written_splits(policy_rows):
         own = [next(count for n_max, count in policy_rows if n <= n_max) for n in lens]
     po = torch.full((len(lens) * splits, 12, 512), float("nan"), device=DEVICE)
     pl = torch.full((len(lens) * splits, 12), float("nan"), device=DEVICE)
+    discriminating: list[bool] = []
     for b, (n, count) in enumerate(zip(lens, own)):
         p_all, l_all = page_split_partials(inp, count)
         pages = -(-n // 64)
         written = -(-pages // -(-pages // count))  # splits that own a page
+        discriminating.append(written != min(pages, count))
         po[b * splits:b * splits + written] = p_all[b * count:b * count + written]
         pl[b * splits:b * splits + written] = l_all[b * count:b * count + written]
     out = inp.new_output()
     wide_merge(po, pl, out, splits, block_dv=64, cache_seqlens=inp.cache_seqlens,
                split_policy=table)
     assert max_err(out, ref) < 2e-3
+    assert any(discriminating) or lens == (300, 64, 1, 2000)
     inp.cache_seqlens[2] = 0
     wide_merge(po, pl, out, splits, block_dv=64, cache_seqlens=inp.cache_seqlens,
                split_policy=table)

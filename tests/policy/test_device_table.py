@@ -94,3 +94,22 @@ def test_load_rejects(tmp_path, text, match):
         load_split_policy(path)
     with pytest.raises(ConfigError, match="not found"):
         load_split_policy(tmp_path / "missing.json")
+
+
+def test_a_table_longer_than_the_kernel_holds_is_refused_when_read(tmp_path):
+    """Issue 35 item 10: a 2,000,000-row table failed to compile after 90 s; more than
+    MAX_POLICY_ROWS rows (or a tune policy's entries) of one batch size is one ConfigError line."""
+    from mlabench.policy.rules import MAX_POLICY_ROWS
+
+    rows = [(n, 1 + n % 4) for n in range(1, MAX_POLICY_ROWS + 1)]
+    assert len(SplitPolicy.create({1: rows}).device_table(1, "cpu")) == MAX_POLICY_ROWS  # the most still reads
+    with pytest.raises(ConfigError, match=f"batch 2: {MAX_POLICY_ROWS + 1} rows, more than the {MAX_POLICY_ROWS}"):
+        SplitPolicy.create({1: rows, 2: rows + [(10**6, 2)]})
+    entries = [PolicyEntry(max_context_len=n, params={"num_kv_splits": s}) for n, s in rows + [(10**6, 2)]]
+    tuned = Policy(backend="triton-splitkv", shape={}, device="cpu", param_names=["num_kv_splits"],
+                   batches=[BatchPolicy(batch=1, entries=entries)])
+    path = tmp_path / "policy.json"
+    path.write_text(tuned.to_json())
+    with pytest.raises(ConfigError) as info:
+        load_split_policy(path)
+    assert str(info.value).startswith(f"{path}: batch 1: {MAX_POLICY_ROWS + 1} entries, more than the {MAX_POLICY_ROWS}")

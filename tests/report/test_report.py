@@ -13,7 +13,7 @@ import pytest
 from mlabench import cli
 from mlabench.report.build import build_report, write_report
 from mlabench.report.document import to_markdown_document
-from tests.report.conftest import H200, SERVE
+from tests.report.conftest import H200, REPO, SERVE
 
 SECTIONS = ["# mlabench report: NVIDIA H200 · kimi-k3 TP8", "## Environment", "## Correctness",
             "## Latency and the memory-bandwidth floor", "## Best split count",
@@ -144,3 +144,19 @@ def test_html_shows_code_spans_as_code_and_scrolls_a_wide_table():
     assert "`" not in page
     assert "run <code>mlabench sweep</code>, then pass &lt;its folder&gt; to --from" in page
     assert '<div class="wide"><table>' in page and ".wide { overflow-x: auto;" in page
+
+
+def test_the_clock_row_says_what_its_reading_is():
+    """Issue 35 item 7: run-72fb349's records read 345 MHz and 78 W after every point, an idle
+    GPU (its points reached 4.3 TB/s): an mlabench that read NVML's first GPU of the host, the
+    run on GPU 1.  Such a row says so; records with the clock read while timing show that."""
+    from mlabench.records.store import records_of
+    from mlabench.report.sections import OLD_OBSERVER_NOTE, clock_row
+
+    old = records_of([REPO / "results/h200/hopper-kernel/run-72fb349/run"])
+    assert clock_row(old) == ["SM clock after each point", f"345 MHz ({OLD_OBSERVER_NOTE})"]
+    after = {"sm_clock_mhz": 1980, "at_s": 1.0}
+    assert clock_row([old[0].model_copy(update={"gpu_state": after})]) == ["SM clock after each point", "1980 MHz"]
+    during = [old[i].model_copy(update={"gpu_state": after, "gpu_state_during": {"sm_clock_mhz": mhz}})
+              for i, mhz in ((0, 1965), (1, 1980))]
+    assert clock_row(during) == ["SM clock while timing", "1965-1980 MHz"]

@@ -12,7 +12,7 @@ from mlabench.sweep.config import SweepConfig
 from mlabench.sweep.point import record_fields
 from mlabench.sweep.run import run_sweep
 from mlabench.sweep.sentinel import ceilings_note
-from mlabench.sweep.summary import sweep_summary
+from mlabench.sweep.summary import against_run_ceiling, sweep_summary
 
 SHAPE40 = MLADecodeShape.uniform(1, 40, 12, page_size=16)
 #: The measured ceiling: 40-token points at 100 µs read 75% of it, the one at 50 µs 150%.
@@ -22,6 +22,9 @@ CEILING_TBPS = SHAPE40.min_bytes_moved / 75e-6 / 1e12
 class FastPointBench:
     """Stands in for ShapeBench: every call takes 100 µs, but 2 splits at 40 tokens take 50 µs."""
 
+    #: The fast point's status: ``incorrect`` for a wrong answer that reads faster than the ceiling.
+    fast_status = "ok"
+
     def __init__(self, shape, timing, seed=0):
         self.shape, self.inputs = shape, [None]
 
@@ -29,13 +32,15 @@ class FastPointBench:
         fields = record_fields(backend.name, params, self.shape, run_id, copy_bw_tbps, read_bw_tbps)
         us = 50.0 if (params["num_kv_splits"], self.shape.max_context_len) == (2, 40) else 100.0
         fields["floor_us"] = self.shape.floor_us(read_bw_tbps)
-        return Record(status="ok", stats=summarize([us] * 3), timing_mode="wall", achieved_tbps=
+        return Record(status=self.fast_status if us == 50.0 else "ok", stats=summarize([us] * 3), timing_mode="wall",
+                      achieved_tbps=
                       self.shape.min_bytes_moved / (us * 1e-6) / 1e12, pct_of_floor=100 * fields["floor_us"] / us,
                       **fields)
 
 
-@pytest.fixture
-def raised_run(tmp_path, monkeypatch):
+def sweep_with_a_fast_point(tmp_path, monkeypatch, status="ok"):
+    """The 6-point sweep whose point (2 splits, 40 tokens) reads 1.5x the ceiling with ``status``."""
+    monkeypatch.setattr(FastPointBench, "fast_status", status)
     monkeypatch.setattr(runner, "ShapeBench", FastPointBench)
     found = ReadCeiling(CEILING_TBPS, "paged", {"amax": 0.9 * CEILING_TBPS, "paged": CEILING_TBPS}, 4, 1 << 20,
                         73728)
@@ -43,6 +48,32 @@ def raised_run(tmp_path, monkeypatch):
     cfg = SweepConfig(name="t", heads=[12], batch=[1], context_lens=[16, 40], page_size=16, order="grid",
                       backends=["torch-splitkv"], params={"num_kv_splits": [1, 2, 3]}, visits=1)
     return run_sweep(cfg, tmp_path)
+
+
+@pytest.fixture
+def raised_run(tmp_path, monkeypatch):
+    return sweep_with_a_fast_point(tmp_path, monkeypatch)
+
+
+def test_an_incorrect_point_faster_than_the_ceiling_neither_raises_it_nor_rebases_the_table(tmp_path, monkeypatch):
+    """Issue 35 item 15: a fast wrong answer is no evidence of bandwidth.  The run keeps its
+    measured ceiling, the points after it are against that one, and the summary neither re-bases
+    the % of floor on it nor says the ceiling was beaten."""
+    store, recs = sweep_with_a_fast_point(tmp_path, monkeypatch, "incorrect")
+    wrong = next(r for r in recs if r.stats.median_us == 50.0)
+    assert wrong.status == "incorrect" and wrong.achieved_tbps == pytest.approx(1.5 * CEILING_TBPS)
+    m = store.manifest()
+    assert m.read_bandwidth_tbps == pytest.approx(CEILING_TBPS) and "raised" not in m.read_ceiling
+    assert all(r.read_bandwidth_tbps == pytest.approx(CEILING_TBPS) for r in recs)
+    assert recs[5].pct_of_floor == pytest.approx(75.0)  # measured after it: the measured ceiling
+    rebased, notes = against_run_ceiling(recs)
+    assert notes == [] and [r.pct_of_floor for r in rebased] == [r.pct_of_floor for r in recs]
+    table = sweep_summary(recs)
+    pct = {row[2]: row[6] for row in table.rows}
+    shape16 = MLADecodeShape.uniform(1, 16, 12, page_size=16)
+    assert pct[40] == pytest.approx(75.0)  # the best correct point at 40 tokens, against the measured ceiling
+    assert pct[16] == pytest.approx(100 * shape16.min_bytes_moved / (CEILING_TBPS * 1e6) / 100.0)
+    assert not [n for n in table.notes if "above the measured" in n or "RAISED" in n]
 
 
 def test_a_point_beating_the_ceiling_raises_it_and_no_point_reads_over_100_percent(raised_run):

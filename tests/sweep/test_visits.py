@@ -56,6 +56,15 @@ def test_pooled_record_takes_every_visits_samples():
     assert out.stats.capture_medians_us is None  # no visit had them
 
 
+def test_pooled_record_pools_the_clocks_read_while_each_visit_was_timed():
+    visits = [record([10.0, 10.1, 10.2]).model_copy(update={"gpu_state_during": during})
+              for during in ({"sm_clock_mhz": 1980, "sm_clock_min_mhz": 1965, "sm_clock_max_mhz": 1980, "readings": 3},
+                             {"sm_clock_mhz": 1500, "sm_clock_min_mhz": 1500, "sm_clock_max_mhz": 1500, "readings": 4},
+                             {})]
+    assert pooled_record(visits).gpu_state_during == {
+        "sm_clock_mhz": 1740.0, "sm_clock_min_mhz": 1500, "sm_clock_max_mhz": 1980, "readings": 7}
+
+
 def test_pooled_record_keeps_every_visits_graph_medians_in_turn():
     a, b = record([10.0, 10.2, 10.4, 10.6]), record([11.0, 11.2, 11.4, 11.6])
     a.stats.capture_medians_us, b.stats.capture_medians_us = [10.1, 10.5], [11.1, 11.5]

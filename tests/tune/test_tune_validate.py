@@ -187,3 +187,24 @@ def test_generated_python_policy_imports_without_mlabench(tmp_path):
     out = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, '.'); import policy; print(policy.lookup(1, 10))"],
                          cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "{'num_kv_splits': 6}" and paths["python"].name == "policy.py"
+
+
+def test_regrets_have_their_exact_values():
+    """Issue 35 item 15: no test checked a regret's value, only its sign or a bound.  Two batch-1
+    points: the policy 10% and 25% slower than the best (worst 25%, geometric mean
+    sqrt(1.1 x 1.25) - 1 = 17.26%), a heuristic 50% slower at one and failed at the other."""
+    from mlabench.tune.validation import PointResult, Validation, geomean_regret_pct, validation_tables
+
+    points = [PointResult(1, 1000, 100.0, {"num_kv_splits": 8}, {"num_kv_splits": 4}, 110.0,
+                          {"h": {"us": 150.0, "num_kv_splits": 2}}, counts_measured=5),
+              PointResult(1, 2000, 200.0, {"num_kv_splits": 16}, {"num_kv_splits": 8}, 250.0,
+                          {"h": {"us": None, "num_kv_splits": 1}}, counts_measured=7)]
+    assert [p.regret(p.policy_us) for p in points] == [pytest.approx(0.10), pytest.approx(0.25)]
+    assert points[0].regret(None) is None and PointResult(1, 1, None, {}, {}, 5.0).regret(5.0) is None
+    geomean = 100 * ((1.10 * 1.25) ** 0.5 - 1)
+    assert geomean_regret_pct([0.10, 0.25]) == pytest.approx(geomean) == pytest.approx(17.2604, abs=1e-4)
+    assert geomean_regret_pct([0.10, None]) is None and geomean_regret_pct([]) is None
+    summary, detail = validation_tables(Validation(store=None, points=points, heuristic_names=["h"]))
+    assert summary.rows[0] == [1, 2, "5-7", pytest.approx(25.0), pytest.approx(geomean), None]
+    assert [row[6] for row in detail.rows] == [pytest.approx(10.0), pytest.approx(25.0)]
+    assert [row[7] for row in detail.rows] == ["50.0 (2)", "— (1)"]
