@@ -38,7 +38,7 @@ from mlabench.tune.space import (
 )
 from mlabench.tune.storage import fail_stale, has_heartbeat, open_storage, optuna_module, storage_lock
 from mlabench.tune.studies import (
-    FINISHED_STATES, StudySpec, check_device, distinct_finished, launch_key, make_sampler, recover_stale,
+    FINISHED_STATES, StudySpec, check_device, distinct_finished, launch_key, make_sampler, recover_stale, sampler_seed,
 )
 from mlabench.tune.worker_pool import RecordIndex, append_shared, claim, release, worker_id
 
@@ -294,7 +294,8 @@ def worker_main(payload: dict[str, Any], index: int) -> None:
     salt = zlib.crc32(me.encode()) % 1000 * 100000  # machines with one seed would suggest alike
     for position, spec in enumerate(specs):
         dims, _fixed = _space(backend, cfg, spec)
-        sampler = make_sampler(resolve_sampler(cfg, dims), dims, cfg.seed + 1000 * index + position + salt)
+        name = resolve_sampler(cfg, dims)
+        sampler = make_sampler(name, dims, sampler_seed(name, cfg.seed, position, index, salt))
         loaded[position] = optuna_module().load_study(study_name=spec.name, storage=storage, sampler=sampler)
         check_device(loaded[position], device)
     stop, visited = StopAtTrials(cfg.trials), set()
