@@ -138,7 +138,7 @@ def open_storage(url: str | None, run_dir: Path) -> Any:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats
                 retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
                 return optuna.storages.RDBStorage(url, heartbeat_interval=max(1, grace // 4), grace_period=grace,
-                                                  heartbeat_stale_trial_callback=retry)
+                                                  heartbeat_stale_trial_callback=retry, engine_kwargs=_engine_kwargs(url))
         except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors have no common base here
             if _collided(exc) and attempt + 1 < CREATE_ATTEMPTS:
                 time.sleep(0.2 * 2 ** attempt)  # another machine created the tables meanwhile
@@ -146,6 +146,16 @@ def open_storage(url: str | None, run_dir: Path) -> Any:
             line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"--storage {redact_url(url)}: cannot open ({line})") from None
     raise AssertionError("unreachable")
+
+
+def _engine_kwargs(url: str) -> dict[str, Any]:
+    """SQLAlchemy engine options: for SQLite, wait up to ``2 x`` :func:`grace_period_s` (at least
+    30 s) for the database's write lock rather than the driver's 5 s.  A worker stopped while it
+    held that lock (a stall: SIGSTOP, swapping) made the other worker's stale-trial cleanup fail
+    with "database is locked" and end the run; now it waits for the stall to pass."""
+    if not url.startswith("sqlite"):
+        return {}
+    return {"connect_args": {"timeout": max(30, 2 * grace_period_s())}}
 
 
 def _collided(exc: BaseException) -> bool:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mlabench.device import current_device
-from mlabench.errors import ConfigError, GPURequiredError, MlabenchError, ResultsError
+from mlabench.errors import ConfigError, GPURequiredError, MlabenchError, ResultsError, WorkerError
 from mlabench.records.store import ResultStore
 from mlabench.tune.run import export_run, gpu_model, run_manifest, run_tune
 from mlabench.tune.space import TuneConfig
@@ -216,7 +216,7 @@ def test_a_failed_worker_names_the_command_that_resumes(tmp_path, tiny_timing, m
     said = "worker 0 (this host's devices) exited with 2: error: run results could not be written: the disk is full"
 
     def supervise(workers, poll=None):
-        raise MlabenchError(said)
+        raise WorkerError(said, 2)
 
     monkeypatch.setattr("mlabench.tune.run.start_workers", lambda *a, **k: [])
     monkeypatch.setattr("mlabench.tune.run.supervise", supervise)
