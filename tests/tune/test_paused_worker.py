@@ -4,6 +4,8 @@ finishes (before: "Cannot tell a FAIL trial" ended the run, exit 2, no policy)."
 
 from __future__ import annotations
 
+import pytest
+
 from mlabench.tune.run import run_tune
 from mlabench.tune.storage import GRACE_ENV
 from tests.tune.fake_backends import PREPARE_ENV, STALL_ENV, TOGETHER_ENV
@@ -25,18 +27,20 @@ def test_a_worker_paused_past_the_grace_period_has_its_late_result_dropped_and_t
     result = run_tune(cfg, tmp_path, devices=[None, None])
     trials = assert_nothing_lost_or_twice(result.store.run_dir, url)
     pid = stalled.read_text()
-    (stale,) = [t for t in trials if t.user_attrs.get("worker", "").split(":")[1:2] == [pid]
-                and t.state.name == "FAIL"]
-    retry = [t for t in trials if t.system_attrs.get("failed_trial") == stale.number]
-    assert [t.state.name for t in retry] in (["COMPLETE"], ["PRUNED"])
+    stale = [t for t in trials if t.user_attrs.get("worker", "").split(":")[1:2] == [pid] and t.state.name == "FAIL"]
+    assert stale  # (a loaded machine may miss a heartbeat elsewhere too: such a trial is retried alike)
+    for t in [t for t in trials if t.state.name == "FAIL"]:
+        retry = [r for r in trials if r.system_attrs.get("failed_trial") == t.number]
+        assert [r.state.name for r in retry] in (["COMPLETE"], ["PRUNED"]), t.number
     done = {t.params["num_kv_splits"] for t in trials if t.state.name in ("COMPLETE", "PRUNED")}
     assert done == set(range(1, 9))
     assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
     logs = " ".join(p.read_text() for p in (result.store.run_dir / "workers").glob("worker-*.log"))
-    assert f"notice: trial {stale.number} " in logs and "dropped" in logs
+    assert f"notice: trial {stale[0].number} " in logs and "dropped" in logs
     assert result.policy.lookup(1, 48)["num_kv_splits"] == 6
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
 def test_sqlite_stale_trial_cleanup_waits_for_a_stalled_writer(tmp_path, monkeypatch):
     """A worker stopped while it held SQLite's write lock: the other worker's stale-trial cleanup
     waits for it (up to twice the grace period), where the driver's 5 s ended in "database is locked"."""
