@@ -87,6 +87,18 @@ class MissingResultError(MlabenchError):
     exit_code: ClassVar[int] = ExitCode.FAILED
 
 
+class WorkerError(MlabenchError):
+    """A worker process that stopped with an error: exits as the worker did when that was bad input
+    (2) or a machine that cannot run it (3), else 1 (the run stopped short: a result is missing)."""
+
+    exit_code: ClassVar[int] = ExitCode.FAILED
+
+    def __init__(self, message: str, worker_exit: int = ExitCode.FAILED):
+        super().__init__(message)
+        if worker_exit in (ExitCode.ERROR, ExitCode.UNAVAILABLE):
+            self.exit_code = worker_exit
+
+
 class DependencyError(MlabenchError):
     """A package a command needs that is missing or fails to import (the message says what to install);
     exits 3."""

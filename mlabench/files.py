@@ -63,11 +63,14 @@ def user_path(path: str | Path, what: str) -> Iterator[None]:
 
 def read_text(path: str | Path, what: str) -> str:
     """The UTF-8 text of ``path`` (gunzipped when its name ends in ``.gz``); :class:`FileAccessError`
-    when it cannot be read as text, or is not a whole gzip stream (cut short, corrupt, not gzip)."""
+    when it cannot be read as text, or is not a whole gzip stream (cut short, corrupt, not gzip,
+    empty: 0 bytes)."""
     with user_path(path, what):
         if Path(path).suffix != ".gz":
             return Path(path).read_text(encoding="utf-8")
         data = Path(path).read_bytes()
+        if not data:  # gzip reads 0 bytes as no text: a run with no records, where a file was lost
+            raise FileAccessError(f"{what} is empty (0 bytes, not a gzip file): {path}")
         try:
             return gzip.decompress(data).decode("utf-8")
         except (EOFError, gzip.BadGzipFile, zlib.error) as exc:  # EOFError would read as Ctrl-C to Click

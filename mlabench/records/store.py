@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import csv
 import io
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from mlabench.errors import ResultsError
+from mlabench.errors import FileAccessError, ResultsError
 from mlabench.files import append_text, make_dir, read_text, user_path, validation_line, write_text
 from mlabench.records.csv_rows import CSV_FIELDS, csv_row
 from mlabench.records.record import Manifest, Record
@@ -75,12 +76,27 @@ class ResultStore:
     # ---- lifecycle -----------------------------------------------------------------------------
     @classmethod
     def create(cls, run_dir: Path, manifest: Manifest) -> ResultStore:
-        """Make a new run folder; :class:`ResultsError` if it already holds results."""
+        """Make a new run folder; :class:`ResultsError` if it already holds results.
+
+        When the manifest cannot be written (:class:`FileAccessError`, e.g. a full disk), a folder
+        made here is removed again and the error says so: no run folder without a manifest is left.
+        """
         store = cls(run_dir)
         if store.manifest_path.exists():
             raise ResultsError(f"{run_dir} already holds a run; use --resume to continue it")
+        made = not store.run_dir.exists()
         make_dir(store.run_dir, "run folder")
-        store._write_manifest(manifest)
+        try:
+            store._write_manifest(manifest)
+        except FileAccessError as exc:
+            left = "it holds no run"
+            if made:
+                try:
+                    store.run_dir.rmdir()
+                    left = "the run folder was removed"
+                except OSError:
+                    left = "the run folder could not be removed: delete it"
+            raise FileAccessError(f"{exc} (nothing was recorded; {left})") from None
         return store
 
     def _write_manifest(self, manifest: Manifest) -> None:
@@ -133,20 +149,34 @@ class ResultStore:
         append_text(self.jsonl, record.model_dump_json() + "\n", "run results", sync=True)
 
     def records(self) -> list[Record]:
-        """Every complete record, in order; a cut-short last line is ignored."""
+        """Every complete record, in order; a cut-short last line is ignored.  A ``results.jsonl.gz``
+        beside the plain file that is not a whole gzip file is named in a ``notice:`` on stderr
+        (the plain file is read; the archive would not restore the run)."""
+        gzipped = self.run_dir / ARCHIVED_RESULTS_FILE
+        if not self.archived and self.jsonl.exists() and gzipped.is_file():
+            try:
+                read_text(gzipped, "archived run results")
+            except FileAccessError as exc:
+                print(f"notice: {exc}; {self.jsonl.name} beside it is read", file=sys.stderr, flush=True)
         return read_jsonl(self.jsonl, Record, "record")
 
     def finished_keys(self) -> set[str]:
         return {r.key for r in self.records()}
 
     def _drop_partial_line(self) -> None:
+        """Cut a torn last line (no newline after it: a write cut short) off ``results.jsonl``
+        before appending, with a ``notice:`` on stderr naming the bytes cut (the point it recorded,
+        if whole, is measured again), as ``tune`` does for its journal."""
         if self.archived or not self.jsonl.exists():
             return
         with user_path(self.jsonl, "run results"):
             data = self.jsonl.read_bytes()
             if data and not data.endswith(b"\n"):
+                end = data.rfind(b"\n") + 1
                 with open(self.jsonl, "r+b") as fh:
-                    fh.truncate(data.rfind(b"\n") + 1)
+                    fh.truncate(end)
+                print(f"notice: {self.jsonl}: its last line was torn ({len(data) - end} bytes, a write cut "
+                      f"short) and is cut off; the point it recorded is measured again", file=sys.stderr, flush=True)
 
     # ---- exports -------------------------------------------------------------------------------
     def write_csv(self, path: Path | None = None) -> Path:

@@ -91,8 +91,11 @@ def _rich_table(table: Table, left_out: Sequence[str] = (), narrow: bool = False
         # word, the header wraps), so that Rich, short of room, narrows only columns of several words.
         width = max([cell_len(row[n]) for row in rows]
                     + [cell_len(w) for w in (header.split() if narrow else [header])]) if whole else None
+        # A column of several words still keeps its header's longest word whole: a name such as
+        # aiter-gluon-0.1.20 was folded as "aiter-gluon-0.1.2" / "0".
         t.add_column(Text(header, no_wrap=False, overflow="fold"), justify="right" if numbers else s.justify,
-                     no_wrap=whole, width=width, overflow="ellipsis" if whole else "fold")
+                     no_wrap=whole, width=width, overflow="ellipsis" if whole else "fold",
+                     min_width=max((cell_len(w) for w in header.split()), default=0))
     g = table.columns.index(table.group_by) if table.group_by else None
     for n, (raw, row) in enumerate(zip(table.rows, rows)):
         ends = g is not None and (n + 1 == len(rows) or table.rows[n + 1][g] != raw[g])

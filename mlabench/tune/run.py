@@ -23,8 +23,8 @@ from pydantic import ValidationError
 from mlabench.backends import get_backend
 from mlabench.backends.registry import backend_packages
 from mlabench.device import current_device
-from mlabench.errors import (BackendUnavailableError, ConfigError, GPURequiredError, Interrupted, MlabenchError,
-                             ResultsError, UnsupportedShapeError)
+from mlabench.errors import (BackendUnavailableError, ConfigError, GPURequiredError, Interrupted, ResultsError,
+                             UnsupportedShapeError, WorkerError)
 from mlabench.files import validation_line
 from mlabench.inputs import check_fits
 from mlabench.measure.observers import driver_version, gpu_state
@@ -244,9 +244,9 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
         store.write_csv()
         raise Interrupted(f"interrupted: trials so far are kept in {store.run_dir}; continue with: "
                           f"mlabench tune --resume {store.run_dir}") from None
-    except MlabenchError as exc:  # a worker failed (e.g. a full disk): its error, and how to go on
-        raise type(exc)(f"{exc}; trials so far are kept in {store.run_dir}; continue with: "
-                        f"mlabench tune --resume {store.run_dir}") from None
+    except WorkerError as exc:  # a worker failed (e.g. a full disk): its error, and how to go on
+        raise WorkerError(f"{exc}; trials so far are kept in {store.run_dir}; continue with: "
+                          f"mlabench tune --resume {store.run_dir}", exc.exit_code) from None
     store.write_csv()
     return _finish(cfg, store, studies, specs, device, versions, allow_incomplete=False)
 

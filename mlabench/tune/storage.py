@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mlabench.errors import ConfigError, ResultsError
+from mlabench.errors import ConfigError, DependencyError, ResultsError
 from mlabench.extras import require
 
 JOURNAL_FILE = "study.journal"
@@ -119,7 +119,8 @@ def open_storage(url: str | None, run_dir: Path) -> Any:
     :func:`check_journal`) when ``url`` is None, else ``RDBStorage(url)`` with heartbeats every
     quarter of :func:`grace_period_s`, so a trial of a worker that died anywhere is failed and
     retried once by the other workers (:func:`fail_stale`).  Raises :class:`ConfigError` for a URL
-    Optuna cannot open or an archived journal, :class:`ResultsError` for a corrupt journal."""
+    Optuna cannot open or an archived journal, :class:`DependencyError` (exit 3) for a URL whose
+    database driver is not installed, :class:`ResultsError` for a corrupt journal."""
     optuna = optuna_module()
     if url is None:
         from optuna.storages.journal import JournalFileBackend
@@ -138,7 +139,11 @@ def open_storage(url: str | None, run_dir: Path) -> Any:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats
                 retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
                 return optuna.storages.RDBStorage(url, heartbeat_interval=max(1, grace // 4), grace_period=grace,
-                                                  heartbeat_stale_trial_callback=retry)
+                                                  heartbeat_stale_trial_callback=retry, engine_kwargs=_engine_kwargs(url))
+        except ImportError as exc:  # the URL's database driver is not installed here: exit 3, not 2
+            missing = getattr(exc.__cause__, "name", None) or getattr(exc, "name", None) or "its driver"
+            raise DependencyError(f"--storage {redact_url(url)}: the database driver {missing} is not installed "
+                                  f"(pip install it; PostgreSQL: pip install psycopg2-binary)") from None
         except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors have no common base here
             if _collided(exc) and attempt + 1 < CREATE_ATTEMPTS:
                 time.sleep(0.2 * 2 ** attempt)  # another machine created the tables meanwhile
@@ -146,6 +151,16 @@ def open_storage(url: str | None, run_dir: Path) -> Any:
             line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"--storage {redact_url(url)}: cannot open ({line})") from None
     raise AssertionError("unreachable")
+
+
+def _engine_kwargs(url: str) -> dict[str, Any]:
+    """SQLAlchemy engine options: for SQLite, wait up to ``2 x`` :func:`grace_period_s` (at least
+    30 s) for the database's write lock rather than the driver's 5 s.  A worker stopped while it
+    held that lock (a stall: SIGSTOP, swapping) made the other worker's stale-trial cleanup fail
+    with "database is locked" and end the run; now it waits for the stall to pass."""
+    if not url.startswith("sqlite"):
+        return {}
+    return {"connect_args": {"timeout": max(30, 2 * grace_period_s())}}
 
 
 def _collided(exc: BaseException) -> bool:

@@ -128,10 +128,23 @@ def _params_of(trial: Any) -> dict[str, Any]:
     return dict(trial.params) or dict(trial.system_attrs.get("fixed_params", {}))
 
 
+def sampler_seed(name: str, seed: int, position: int, worker: int, salt: int) -> int:
+    """The seed of one worker's sampler for the study at ``position``: ``seed + position`` for
+    ``grid``, the same in every worker on every machine, because Optuna's ``GridSampler`` shuffles
+    its grid by the seed and its workers share trials by grid index (with one seed per worker, index
+    3 is another point in each: two workers on a 6-point grid ended at 4-5 distinct points, the grid
+    "exhausted"); other samplers get ``worker`` (index on this machine) and ``salt`` (this machine's)
+    added, so that parallel workers suggest different points."""
+    if name == "grid":
+        return seed + position
+    return seed + 1000 * worker + position + salt
+
+
 def make_sampler(name: str, dims: list[Any], seed: int | None) -> Any:
     """An Optuna sampler: ``tpe`` (multivariate, grouped for a conditional space, constant liar for
     parallel workers), ``gp``,
-    ``grid`` (every point of the space) or ``brute`` (exhaustive, skipping running trials)."""
+    ``grid`` (every point of the space; give every worker the same ``seed``, :func:`sampler_seed`)
+    or ``brute`` (exhaustive, skipping running trials)."""
     optuna = optuna_module()
     samplers = optuna.samplers
     if name == "tpe":  # group: the space is conditional when the whole-tile rule is searched

@@ -18,6 +18,7 @@ waited for.  A configuration that fails the correctness check or errors at any l
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 import zlib
@@ -36,9 +37,11 @@ from mlabench.tune.space import (
     RULE_PARAM, TILE_PARAM, Dimension, TuneConfig, launched, params_at, resolve_sampler, shape_dims, study_space,
     tune_shape,
 )
-from mlabench.tune.storage import fail_stale, has_heartbeat, open_storage, optuna_module, storage_lock
+from mlabench.tune.storage import (
+    fail_stale, grace_period_s, has_heartbeat, open_storage, optuna_module, storage_lock,
+)
 from mlabench.tune.studies import (
-    FINISHED_STATES, StudySpec, check_device, distinct_finished, launch_key, make_sampler, recover_stale,
+    FINISHED_STATES, StudySpec, check_device, distinct_finished, launch_key, make_sampler, recover_stale, sampler_seed,
 )
 from mlabench.tune.worker_pool import RecordIndex, append_shared, claim, release, worker_id
 
@@ -96,6 +99,7 @@ class Objective:
         self.benches: dict[int, ShapeBench] = {}
         self.measured = 0
         self.stale_checked = time.monotonic()
+        self.current: Any | None = None  # the trial being evaluated
 
     def suggest(self, trial: Any) -> dict[str, Any]:
         """The searched parameters of ``trial`` (fixed ones are not Optuna parameters);
@@ -113,6 +117,7 @@ class Objective:
 
     def __call__(self, trial: Any) -> float:
         optuna = optuna_module()
+        self.current = trial
         trial.set_user_attr("worker", worker_id())
         searched = self.suggest(trial)
         launches = launched(self.backend, self.fixed, searched, tuple(self.shapes))
@@ -294,7 +299,8 @@ def worker_main(payload: dict[str, Any], index: int) -> None:
     salt = zlib.crc32(me.encode()) % 1000 * 100000  # machines with one seed would suggest alike
     for position, spec in enumerate(specs):
         dims, _fixed = _space(backend, cfg, spec)
-        sampler = make_sampler(resolve_sampler(cfg, dims), dims, cfg.seed + 1000 * index + position + salt)
+        name = resolve_sampler(cfg, dims)
+        sampler = make_sampler(name, dims, sampler_seed(name, cfg.seed, position, index, salt))
         loaded[position] = optuna_module().load_study(study_name=spec.name, storage=storage, sampler=sampler)
         check_device(loaded[position], device)
     stop, visited = StopAtTrials(cfg.trials), set()
@@ -353,5 +359,33 @@ def _optimize(study: Any, spec: StudySpec, backend: Backend, cfg: TuneConfig, st
     shapes = {n: tune_shape(shape_dims(cfg), spec.batch, n) for n in spec.measured()}
     objective = Objective(backend, shapes, dims, fixed, store, RecordIndex(store), cfg,
                           store.manifest().copy_bandwidth_tbps)
-    study.optimize(objective, timeout=cfg.timeout_s, callbacks=[stop], gc_after_trial=False)
+    deadline = None if cfg.timeout_s is None else time.monotonic() + cfg.timeout_s
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            study.optimize(objective, timeout=left, callbacks=[stop], gc_after_trial=False)
+            break
+        except (ValueError, RuntimeError) as exc:
+            if not dropped_late(study, objective.current, exc):
+                raise
+        if stop.reached(study) or (deadline is not None and time.monotonic() >= deadline):
+            break
     objective.benches.clear()  # free this study's inputs before the next study's
+
+
+def dropped_late(study: Any, trial: Any | None, exc: BaseException) -> bool:
+    """Whether ``exc`` is Optuna refusing ``trial``'s result because another worker failed it as
+    stale: this worker stalled (stopped, swapping) past the grace period, its heartbeat silent
+    (:func:`mlabench.tune.storage.fail_stale`), and the trial's retry is measured elsewhere.  Then
+    its late result is dropped with a ``notice:`` in this worker's log (what it appended to the run
+    folder stays, and the retry reuses it) and the worker goes on.  Optuna raises
+    ``UpdateFinishedTrialError`` for an attribute set on the failed trial, and ``ValueError("Cannot
+    tell a FAIL trial.")`` for its result."""
+    optuna = optuna_module()
+    refused = isinstance(exc, optuna.exceptions.UpdateFinishedTrialError) or str(exc).startswith("Cannot tell a ")
+    if trial is None or not refused or study._storage.get_trial(trial._trial_id).state.name != "FAIL":
+        return False
+    print(f"notice: trial {trial.number} of {study.study_name!r} was failed as stale while this worker was "
+          f"stalled (no heartbeat for over {grace_period_s()} s); its late result is dropped and its retry "
+          f"counts instead", file=sys.stderr, flush=True)
+    return True

@@ -25,7 +25,7 @@ from typing import Any
 
 from mlabench.backends import get_backend
 from mlabench.device import current_device
-from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, ResultsError
+from mlabench.errors import BackendUnavailableError, ConfigError, FileAccessError, Interrupted, ResultsError
 from mlabench.measure.timing import TimingConfig
 from mlabench.policy.heuristics import heuristic_splits
 from mlabench.policy.tuned import Policy
@@ -205,13 +205,19 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
                                              prior))
                 if progress:
                     progress(len(points), total, shape.label())
+        return _finish(store, points, seed)
     except KeyboardInterrupt:
         from mlabench.tune.run import validation_resume_command
 
         store.write_csv()
         raise Interrupted(f"interrupted: {len(points)} of {total} points recorded in {store.run_dir} (kept); "
                           f"continue with: {validation_resume_command(policy_path, store.run_dir)}") from None
-    return _finish(store, points, seed)
+    except FileAccessError as exc:  # e.g. the disk filled up: what was recorded stays, and how to go on
+        from mlabench.tune.run import validation_resume_command
+
+        raise FileAccessError(f"{exc}; {len(points)} of {total} points are recorded in {store.run_dir} (kept); "
+                              f"once it can be written, continue with: "
+                              f"{validation_resume_command(policy_path, store.run_dir)}") from None
 
 
 

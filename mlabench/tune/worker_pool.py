@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlabench.errors import ConfigError, MlabenchError
+from mlabench.errors import ConfigError, MlabenchError, WorkerError
 from mlabench.records.record import Record
 from mlabench.records.store import ResultStore
 from mlabench.serving.lifecycle import die_with_parent
@@ -119,8 +119,8 @@ def start_workers(entry: str, payload: dict[str, Any], devices: list[str | None]
 def supervise(workers: list[Worker], poll: Callable[[], None] | None = None, interval_s: float = 0.5) -> None:
     """Wait for every worker, calling ``poll`` every ``interval_s`` seconds (and once at the end).
 
-    Ctrl-C terminates the workers and re-raises.  Raises :class:`MlabenchError` naming the first
-    worker that exited non-zero and the last line of its log.
+    Ctrl-C terminates the workers and re-raises.  Raises :class:`WorkerError` naming the first
+    worker that exited non-zero and its error line (exit 2 or 3 as the worker's, else 1).
     """
     try:
         while any(w.process.poll() is None for w in workers):
@@ -140,8 +140,8 @@ def supervise(workers: list[Worker], poll: Callable[[], None] | None = None, int
     for w, sent in errors:
         if w.process.returncode:
             where = f"GPU {w.device}" if w.device is not None else "this host's devices"
-            raise MlabenchError(f"worker {w.index} ({where}) exited with {w.process.returncode}: "
-                                f"{sent or last_line(w.log_path)} (log: {w.log_path})")
+            raise WorkerError(f"worker {w.index} ({where}) exited with {w.process.returncode}: "
+                              f"{sent or last_line(w.log_path)} (log: {w.log_path})", w.process.returncode)
 
 
 def _sent_error(worker: Worker) -> str:
@@ -281,7 +281,7 @@ class RecordIndex:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m mlabench.tune.worker_pool ENTRY PAYLOAD INDEX``: run one worker; errors a user can cause
-    print one ``error:`` line and exit 2."""
+    print one ``error:`` line and exit with their code (2 bad input, 3 cannot run here)."""
     entry, payload_path, index = (argv if argv is not None else sys.argv[1:])[:3]
     for extra in filter(None, os.environ.get(IMPORTS_ENV, "").split(",")):
         importlib.import_module(extra.strip())  # e.g. a module registering out-of-tree backends
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         except OSError:  # the log's disk is full: the parent has the line from the pipe
             pass
-        return 2
+        return int(exc.exit_code)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a bug: its traceback goes to the log, its last line to the parent too

@@ -315,3 +315,20 @@ def test_json_is_indented_for_people_and_params_leave_unset_options_out():
                             '      {\n        "a": 1\n      }\n    ],\n    "notes": []\n  }\n]')
     assert params_label({"split_policy": "", "num_kv_splits": 4}) == "num_kv_splits=4"
     assert params_label({"split_policy": ""}) == "—"
+
+
+def test_a_header_word_is_never_split_however_narrow_the_column():
+    """Issue 35 item 17: a heuristic's column (cells of two words) was narrowed below its header's
+    name, which then folded as "aiter-gluon-0.1.2" / "0" in tune --validate's held-out table."""
+    from rich.console import Console
+
+    from mlabench.tables.render import min_width
+
+    names = ["aiter-gluon-0.1.20", "vllm-triton", "sglang", "flashinfer"]
+    table = Table("Held-out points", ["batch", "context", "policy %", *(f"{h} (splits) %" for h in names)])
+    table.rows = [[1, 1000 + i, 0.5, *(f"{13.1 * i:.1f} ({i + 8})" for _ in names)] for i in range(3)]
+    for width in (80, 120):
+        rich_table = to_rich(table, width=width)
+        console = Console(width=max(width, min_width(rich_table)), file=io.StringIO())
+        console.print(rich_table)
+        assert "aiter-gluon-0.1.20" in console.file.getvalue(), console.file.getvalue()

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,10 @@ PREPARE_ENV = "TEST_TUNE_PREPARE_S"
 #: delays by seconds still finds trials left.
 TOGETHER_ENV = "TEST_TUNE_TOGETHER"
 TOGETHER_WAIT_S = 120.0
+#: ``FILE:S``: the first process whose ``prepare`` creates FILE stops itself (SIGSTOP: every thread,
+#: its heartbeat too) for S seconds, as a machine that stalls (swapping, a debugger) without dying.
+#: It stops in ``prepare``, holding no lock of the storage, so the other workers go on meanwhile.
+STALL_ENV = "TEST_TUNE_STALL"
 
 
 #: GPU clock cycles per µs of synthetic cost (an H200's 1.98 GHz boost clock; only the order of the
@@ -64,6 +70,22 @@ def wait_for_peers() -> None:
         time.sleep(0.05)
 
 
+def stall_once() -> None:
+    """With :data:`STALL_ENV` set, the first process to get here stops itself for its seconds (a
+    child process sends SIGCONT), its pid written into the file."""
+    spec = os.environ.get(STALL_ENV)
+    if not spec:
+        return
+    path, seconds = spec.rsplit(":", 1)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    Path(path).write_text(str(os.getpid()))
+    subprocess.Popen(["/bin/sh", "-c", f"sleep {float(seconds)}; kill -CONT {os.getpid()}"], start_new_session=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 class _Synthetic(Backend):
     family = "split-kv"
     summary = "test-only synthetic backend"
@@ -83,6 +105,7 @@ class _Synthetic(Backend):
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         wait_for_peers()
+        stall_once()
         time.sleep(float(os.environ.get(PREPARE_ENV, "0")))
         s = inputs.shape
         bias = 1.0 if self.wrong(params) else 0.0

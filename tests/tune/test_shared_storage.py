@@ -37,6 +37,21 @@ def test_a_storage_that_cannot_be_opened_leaves_no_run_folder(tmp_path, tiny_tim
     assert not results.exists() or not list(results.iterdir())
 
 
+def test_a_storage_whose_driver_is_not_installed_exits_3_and_leaves_no_run_folder(tmp_path, tiny_timing,
+                                                                                  monkeypatch):
+    """Issue 35 item 13: a package missing here is exit 3 (README), not 2 (bad input)."""
+    import sys
+
+    from mlabench.errors import DependencyError
+
+    monkeypatch.setitem(sys.modules, "pymysql", None)  # import pymysql fails, as where it is not installed
+    results = tmp_path / "results"
+    with pytest.raises(DependencyError, match="the database driver pymysql is not installed") as info:
+        run_tune(small_config(tiny_timing, storage="mysql+pymysql://u@127.0.0.1:9/x"), results)
+    assert info.value.exit_code == 3
+    assert not results.exists() or not list(results.iterdir())
+
+
 def journal_with_trials(run_dir: Path) -> Path:
     optuna = optuna_module()
     run_dir.mkdir(parents=True, exist_ok=True)

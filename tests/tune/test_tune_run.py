@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mlabench.device import current_device
-from mlabench.errors import ConfigError, GPURequiredError, MlabenchError, ResultsError
+from mlabench.errors import ConfigError, GPURequiredError, MlabenchError, ResultsError, WorkerError
 from mlabench.records.store import ResultStore
 from mlabench.tune.run import export_run, gpu_model, run_manifest, run_tune
 from mlabench.tune.space import TuneConfig
@@ -216,7 +216,7 @@ def test_a_failed_worker_names_the_command_that_resumes(tmp_path, tiny_timing, m
     said = "worker 0 (this host's devices) exited with 2: error: run results could not be written: the disk is full"
 
     def supervise(workers, poll=None):
-        raise MlabenchError(said)
+        raise WorkerError(said, 2)
 
     monkeypatch.setattr("mlabench.tune.run.start_workers", lambda *a, **k: [])
     monkeypatch.setattr("mlabench.tune.run.supervise", supervise)
@@ -227,3 +227,22 @@ def test_a_failed_worker_names_the_command_that_resumes(tmp_path, tiny_timing, m
     assert info.value.exit_code == 2
     # issue 25 item 7: a tuning run's manifest names its softmax scale too (12 heads, no model: 576 ** -0.5)
     assert ResultStore(run_dir).manifest().softmax_scale.startswith("softmax scale 0.041667 = 576 ** -0.5")
+
+
+def test_two_workers_finish_a_grid_search(tmp_path, tiny_timing, monkeypatch):
+    """Issue 35 item 8: Optuna's grid sampler shuffles its grid by its seed and its workers share
+    trials by grid index, so workers seeded differently each took index i for another point: two
+    workers on a 6-point grid stopped at 4-5 points ("not finished", and --resume added nothing).
+    Every worker seeds a study's grid alike: two workers measure every point of a 16-point grid
+    once.  Both begin measuring before either finishes (``TOGETHER_ENV``), as in two_workers."""
+    arrived = tmp_path / "arrived"
+    arrived.mkdir()
+    monkeypatch.setenv(PREPARE_ENV, "0.2")
+    monkeypatch.setenv(TOGETHER_ENV, f"{arrived}:2")
+    cfg = fast_wrong_config(tiny_timing, sampler="grid", heuristics=False)
+    result = run_tune(cfg, tmp_path, devices=[None, None])
+    assert len(list(arrived.iterdir())) == 2                          # both began measuring
+    trials = assert_nothing_lost_or_twice(result.store.run_dir)
+    done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert sorted({t.params["num_kv_splits"] for t in done}) == list(range(1, 17))
+    assert len({t.user_attrs["worker"] for t in done}) == 2           # both workers took trials

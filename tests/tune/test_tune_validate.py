@@ -109,6 +109,29 @@ def test_cli_tune_validate_export(tmp_path):
         res.stderr.split())  # beyond the last bucket (64): said
 
 
+def test_validate_on_a_full_disk_keeps_what_it_recorded_and_says_how_to_continue(tmp_path, tiny_timing, monkeypatch):
+    """Issue 35 item 13: a disk filling up mid-validation ends it with the command that continues."""
+    from mlabench.errors import FileAccessError
+    from mlabench.records import store as store_module
+
+    real, calls = store_module.append_text, []
+
+    def append_text(path, text, what, sync=False):
+        calls.append(path)
+        if len(calls) > 2:
+            raise FileAccessError(f"{what} could not be written: the disk is full (no space left on device): {path}")
+        real(path, text, what, sync)
+
+    monkeypatch.setattr(store_module, "append_text", append_text)
+    with pytest.raises(FileAccessError) as info:
+        validate_policy(fast_wrong_policy(6), count=2, low=90, high=128, ladder=[1, 6], timing=tiny_timing,
+                        results_root=tmp_path, seed=3, policy_path=tmp_path / "policy.json")
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert str(info.value).startswith("run results could not be written: the disk is full")
+    assert str(info.value).endswith(f"0 of 2 points are recorded in {run} (kept); once it can be written, continue "
+                                    f"with: mlabench tune --validate {tmp_path / 'policy.json'} --resume {run}")
+
+
 def test_validate_finds_a_best_off_the_ladder_and_off_the_policys_window(tmp_path, tiny_timing):
     # ladder 1, 2, 4, 16 (16 wrong); the policy's 3 -> window 2-4; the best ladder count 4 -> window 3-6
     result = validate_policy(fast_wrong_policy(3), count=1, low=90, high=100, ladder=[1, 2, 4, 16],

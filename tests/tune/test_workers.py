@@ -107,13 +107,14 @@ def crashing_worker(payload, index):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
-@pytest.mark.parametrize("entry, said", [
-    ("disk_full_worker", "exited with 2: error: run results could not be written: the disk is full"),
-    ("crashing_worker", "exited with 1: OSError: [Errno 28] No space left on device"),
+@pytest.mark.parametrize("entry, said, code", [
+    ("disk_full_worker", "exited with 2: error: run results could not be written: the disk is full", 2),
+    ("crashing_worker", "exited with 1: OSError: [Errno 28] No space left on device", 1),
 ])
-def test_a_worker_whose_log_cannot_be_written_still_reports_its_error(tmp_path, entry, said):
+def test_a_worker_whose_log_cannot_be_written_still_reports_its_error(tmp_path, entry, said, code):
     """Issue 25 item 5: with the disk full the worker's log stays empty; its error reaches the
-    parent anyway (through a pipe), not just its exit code."""
+    parent anyway (through a pipe), not just its exit code.  Issue 35 item 9: a worker that crashed
+    at run time exits 1 (the run stopped short), not 2 (bad input); an error of the user's keeps its code."""
     from mlabench.errors import MlabenchError
     from mlabench.tune.worker_pool import start_workers, supervise
 
@@ -121,6 +122,7 @@ def test_a_worker_whose_log_cannot_be_written_still_reports_its_error(tmp_path, 
     with pytest.raises(MlabenchError) as info:
         supervise(workers, interval_s=0.05)
     assert said in str(info.value), str(info.value)
+    assert info.value.exit_code == code
     assert (tmp_path / "workers" / "worker-0.log").read_text() == ""
 
 

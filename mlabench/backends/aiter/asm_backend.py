@@ -175,6 +175,9 @@ class AiterAsmBackend(AiterBackend):
             refusal = asm_qo_len_reason(shape.qo_len, True, "", True)  # nor by GPU: the token count only
             return (False, refusal) if refusal else (True, "")
         gfx = aiter_gfx(found)[0] or ""
+        if gfx in found.missing_kernels:  # e.g. a development build without its gfx950 kernels
+            return False, (f"this AITER has no {gfx} MLA decode kernel file {found.missing_kernels[gfx]} (not "
+                           "installed; the bf16 persistent path for 16-64 heads runs it): unsupported")
         refusal = (asm_qo_len_reason(shape.qo_len, shape.causal, gfx, takes_causal(found))
                    or asm_wrong_result_reason(found.rule("asm_kv_offsets"), gfx, allocated_kv_cache_bytes(shape)))
         return (False, refusal) if refusal else (True, "")

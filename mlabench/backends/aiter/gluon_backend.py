@@ -65,7 +65,9 @@ class AiterGluonBackend(AiterBackend):
     v0.1.20); ``splits_on_device`` -- True under the budget rule, where ``refresh`` keeps
     ``num_kv_splits`` and ``workspace_bytes`` at what runs at the new lengths (otherwise the count
     stays what ``prepare`` chose; ``split_starts`` are those of the lengths at prepare);
-    ``workspace_bytes`` counts only the splits that run.  Shapes AITER refuses (its head, batch
+    ``workspace_bytes`` counts only the splits that run.  Where the split rule is a guess (a
+    development build whose source shows none, :attr:`AiterInstall.rule_guesses`) both counts are
+    None and ``num_kv_splits_unknown`` says why, rather than a count AITER may not launch.  Shapes AITER refuses (its head, batch
     and ``min_kv_seq_len`` checks, citing the failure AITER hits first) and KV caches that would
     crash it (the allocated tensor, spare page included) are ``unsupported`` before anything
     launches, with the reason.
@@ -151,18 +153,21 @@ class AiterGluonBackend(AiterBackend):
 
     @staticmethod
     def _record(call: PreparedCall, plan: GluonPlan, s: MLADecodeShape) -> None:
-        """Set what ``call`` runs under ``plan``: its split counts and the partials they write."""
-        call.effective_params["num_kv_splits"] = plan.splits_run
+        """Set what ``call`` runs under ``plan``: its split counts and the partials they write; the
+        counts stay None where the split rule is a guess (``num_kv_splits_unknown`` says why)."""
+        known = "num_kv_splits_unknown" not in call.effective_params
+        call.effective_params["num_kv_splits"] = plan.splits_run if known else None
         call.workspace_bytes = gluon_workspace_bytes(plan, s.num_heads, s.v_head_dim,
                                                      call.out.element_size(), s.qo_len)
 
     @staticmethod
     def _effective(found: AiterInstall, plan: GluonPlan) -> dict[str, Any]:
         kind = "gluon_bh16_splits" if plan.regime == "bh16" else "gluon_bh64"
-        rule = found.rules[kind]
+        rule, guess = found.rules[kind], found.rule_guesses.get(kind)
         return {
-            "num_kv_splits": plan.splits_run,
-            "num_kv_splits_launched": plan.launched,
+            "num_kv_splits": None if guess else plan.splits_run,
+            "num_kv_splits_launched": None if guess else plan.launched,
+            **({"num_kv_splits_unknown": guess} if guess else {}),
             "min_kv_seq_len": plan.min_kv_seq_len,
             "split_source": "min_kv_seq_len steering" if plan.steered else "AITER's rule",
             SPLITS_ON_DEVICE: plan.on_device,

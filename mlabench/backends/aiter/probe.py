@@ -55,6 +55,12 @@ class AiterInstall:
     - ``notes``: differences that do not stop a backend (signature drift in unused parameters).
     - ``rule_notes``: rule kind -> where the version range and the installed AITER disagree.
     - ``param_names``: logical call -> the installed function's parameter names.
+    - ``missing_kernels``: GPU architecture -> the kernel file a rule is read from (the manifest's
+      ``asm_blob`` rules, e.g. ``gfx950/mla/..._v3_ps.co``) that this AITER does not install: its
+      ASM path cannot run there, and the version range does not decide that rule.
+    - ``rule_guesses``: rule kind -> why its variant is a guess: taken from the version range of a
+      development build (``.dev``, pre-release or local version) whose installed AITER did not show
+      it (source unreadable, or no known variant in it); what it decides is recorded as unknown.
     """
 
     version: str | None
@@ -68,6 +74,8 @@ class AiterInstall:
     notes: list[str] = field(default_factory=list)
     rule_notes: dict[str, str] = field(default_factory=dict)
     param_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    missing_kernels: dict[str, str] = field(default_factory=dict)
+    rule_guesses: dict[str, str] = field(default_factory=dict)
 
     def rule(self, kind: str) -> str | None:
         r = self.rules.get(kind)
@@ -216,13 +224,22 @@ def _detect_rules(m: Manifest, rng: Range | None, found: AiterInstall, gluon_mod
     for kind, variants in m.rules.items():
         hits = [name for name, v in variants.items() if _shows(v, code, asm_dir)]
         fallback = rng.rules[kind] if rng else None
-        if len(hits) == 1:
+        missing = _missing_kernel(variants, asm_dir)
+        if missing:  # a development build without the file: its version cannot vouch for the kernel
+            found.missing_kernels[missing.split("/")[0]] = str(asm_dir / missing if asm_dir else missing)
+            found.rules[kind] = RuleInForce(None, f"undetermined: kernel file {missing} not installed")
+        elif len(hits) == 1:
             found.rules[kind] = RuleInForce(hits[0], _how(variants[hits[0]]))
             if fallback and fallback != hits[0]:
                 found.rule_notes[kind] = (f"{kind}: version {found.version} (range {rng.name}) says "
                                           f"{fallback}, the installed AITER shows {hits[0]}: used")
         elif fallback:
             found.rules[kind] = RuleInForce(fallback, f"version {found.version}, range {rng.name}")
+            version = parse_version(found.version)
+            if version is not None and (version.is_devrelease or version.is_prerelease or version.local):
+                seen = "its source could not be read" if code is None else "no known variant shows in it"
+                found.rule_guesses[kind] = (f"{kind} unknown: AITER {found.version} is a development build and "
+                                            f"{seen}; its tag's rule ({fallback}) may not be the code it runs")
         else:
             why = "several variants match" if hits else "no variant recognised"
             found.rules[kind] = RuleInForce(None, f"undetermined: {why}, version unknown")
@@ -249,6 +266,13 @@ def _shows(v: RuleVariant, code: str | None, asm_dir: Path | None) -> bool:
         return git_blob_id((asm_dir / v.file).read_bytes()) in v.blobs
     except OSError:
         return False
+
+
+def _missing_kernel(variants: dict[str, RuleVariant], asm_dir: Path | None) -> str | None:
+    """The kernel file (relative to ``AITER_ASM_DIR``) the ``asm_blob`` ``variants`` are read from
+    when it is not installed (or ``AITER_ASM_DIR`` is unknown), else None."""
+    files = {v.file for v in variants.values() if v.detect == "asm_blob" and v.file}
+    return next((f for f in sorted(files) if asm_dir is None or not (asm_dir / f).is_file()), None)
 
 
 def _module_code(module: Any) -> str | None:

@@ -328,10 +328,13 @@ def speedups(points: Sequence[Speedup], title: str, where: str) -> Any:
             xs = [i + (k - (len(pairs) - 1) / 2) * width for i, c in enumerate(contexts) if c in at]
             ys = [at[c].speedup for c in contexts if c in at]
             label = f"{pers} vs {skv}"
+            hatched = several_split_kv and k % 2
             bars = ax.bar(xs, ys, width * 0.92, color=style.backend_color(pers), label=label,
-                          hatch="//" if several_split_kv and k % 2 else None)
+                          hatch="//" if hatched else None)
+            # on hatching, white text on the hatch's black lines is hard to read: dark text on a white patch
             ax.bar_label(bars, [f"{y:.2f}" for y in ys], label_type="center", fontsize=7.5, rotation=90,
-                         color="white", fontweight="bold")
+                         color="black" if hatched else "white", fontweight="bold",
+                         bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none") if hatched else None)
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="1.0 = equal")
         ax.set_xticks(range(len(contexts)), [style.context_text(c) for c in contexts])
         ax.set_xlabel(style.CONTEXT_AXIS)

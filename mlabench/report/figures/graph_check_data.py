@@ -45,12 +45,54 @@ class GraphCheckData:
     where: str
     capture: str
     sources: list[str] = field(default_factory=list)
+    #: What tells this figure from the others, as file-name words: ``device``, ``heads``, ``page``,
+    #: ``dtype`` and ``qo`` (the tokens per request captured), e.g. ``{"qo": "qo4", "heads": "h12"}``.
+    facets: dict[str, str] = field(default_factory=dict)
+
+
+def figure_stems(groups: list[GraphCheckData]) -> list[str]:
+    """File stems of the figures of ``groups``: ``graph-check`` for one, else ``graph-check-`` and
+    the facets that differ between them (``graph-check-qo1``, ``graph-check-qo4``), so that a reader
+    knows from the names what differs; a number only where the facets do not tell them apart."""
+    if len(groups) == 1:
+        return ["graph-check"]
+    keys = [k for k in dict.fromkeys(k for g in groups for k in g.facets)
+            if len({g.facets.get(k, "") for g in groups}) > 1]
+    stems = ["-".join(["graph-check", *(g.facets[k] for k in keys if g.facets.get(k))]) for g in groups]
+    if len(set(stems)) < len(stems):
+        return [f"{stem}-{i + 1}" for i, stem in enumerate(stems)]
+    return stems
 
 
 _TOLERANCE = re.compile(r"> ?([0-9.]+)% slower than tuned")
 _SHAPE = re.compile(r"heads=(\d+) page=(\d+) (\w+)")
 _DEVICE = re.compile(r"^device: (.+)$")
 _CAPTURE = re.compile(r"captured with (\d+) token\(s\) per request([^,]*)")
+
+
+#: Flagged points of one curve closer than this ratio of lengths (64K, 100K, 128K on a log axis)
+#: take turns above and below: their labels, all above, printed over each other.
+CLOSE_CONTEXT_RATIO = 1.6
+
+
+def label_below(curves: list[SlowdownCurve]) -> set[tuple[str, int]]:
+    """``(subject, context)`` of the flagged points whose label goes below the point, not above: along
+    a curve, every other one of a run of points closer than :data:`CLOSE_CONTEXT_RATIO`; and at a
+    context where several curves are flagged, every one but the highest (+38% was printed over
+    +287%)."""
+    at: dict[int, list[tuple[float, str]]] = {}
+    below: set[tuple[str, int]] = set()
+    for c in curves:
+        prev: tuple[int, bool] | None = None  # the last labelled context and whether it went below
+        for x, y, flagged in zip(c.contexts, c.slowdown_pct, c.flagged):
+            if not flagged or y is None:
+                continue
+            at.setdefault(x, []).append((y, c.subject))
+            down = prev is not None and x < prev[0] * CLOSE_CONTEXT_RATIO and not prev[1]
+            if down:
+                below.add((c.subject, x))
+            prev = (x, down)
+    return below | {(subject, x) for x, pts in at.items() for _y, subject in sorted(pts)[:-1]}
 
 
 def where_text(notes: list[str]) -> str:
@@ -65,6 +107,19 @@ def where_text(notes: list[str]) -> str:
     return " · ".join(parts)
 
 
+def _facets(notes: list[str], tokens: str | None) -> dict[str, str]:
+    """File-name words for a graph-check table's device, shape and captured tokens per request."""
+    device = next((m.group(1) for n in notes if (m := _DEVICE.match(n))), None)
+    shape = next((m for n in notes if (m := _SHAPE.search(n))), None)
+    out = {"device": re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")} if device else {}
+    if shape:
+        heads, page, dtype = shape.groups()
+        out.update(heads=f"h{heads}", page=f"page{page}", dtype=style.DTYPE_SHORT.get(dtype, dtype))
+    if tokens:
+        out["qo"] = f"qo{tokens}"
+    return out
+
+
 def graph_check_slowdown(checks: list[Any]) -> list[GraphCheckData]:
     """The slowdown curves of graph-check results (:class:`mlabench.report.runs.GraphCheckRun`), one
     :class:`GraphCheckData` per shape and device (results with the same notes on those share one)."""
@@ -75,7 +130,8 @@ def graph_check_slowdown(checks: list[Any]) -> list[GraphCheckData]:
                f"{capture.group(2)}" if capture else "captured at small lengths")
         tol = next((float(m.group(1)) for n in check.notes if (m := _TOLERANCE.search(n))), None)
         data = groups.setdefault((where_text(check.notes), cap),
-                                 GraphCheckData({}, tol, where_text(check.notes), cap))
+                                 GraphCheckData({}, tol, where_text(check.notes), cap,
+                                                facets=_facets(check.notes, capture.group(1) if capture else None)))
         data.sources.append(str(check.path))
         for subject in dict.fromkeys(r["subject"] for r in check.rows):
             for batch in sorted({int(r["batch"]) for r in check.rows if r["subject"] == subject}):

@@ -263,11 +263,11 @@ def _tuning_regret(runs: Any, families: dict[str, str], kind: str) -> list[Figur
 def _graph_check(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] | str:
     groups = G.graph_check_slowdown(runs.graph_checks)
     specs = []
-    for i, data in enumerate(groups):
+    for data, stem in zip(groups, G.figure_stems(groups)):
         caption = (f"Slowdown = captured graph µs / µs of the same backend prepared for that context length "
                    f"(its fastest split count where it has one), both graph-replayed; from "
                    f"{', '.join(data.sources)}.")
-        specs.append(FigureSpec(kind, "graph-check" + ("" if len(groups) == 1 else f"-{i + 1}"), caption, partial(
+        specs.append(FigureSpec(kind, stem, caption, partial(
             _draw_tuning().graph_check, data,
             "Decode graph captured once vs the call tuned for each context length",
             f"{data.where} · {data.capture}, replayed after the per-step refresh")))

@@ -1,0 +1,76 @@
+"""What a reader sees (issue 35 item 17): the graph-check figures of results/h200/deploy (files named
+by what differs, a slowdown axis that keeps 3-30% readable beside 6000%, labels apart), and the
+labels of hatched bars in persistent-vs-splitkv."""
+
+from __future__ import annotations
+
+from mlabench.report.figures import graph_check_data as G
+from mlabench.report.figures.plan import plan
+from mlabench.report.runs import load_runs
+from tests.report.conftest import QO_LEN_RUN, REPO
+
+DEPLOY = REPO / "results/h200/deploy"
+
+
+def _boxes_overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_deploy_graph_checks_are_named_by_what_differs_on_a_readable_axis_with_labels_apart():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    runs = load_runs([DEPLOY / "qo1", DEPLOY / "qo4"])
+    specs, _ = plan(runs, ["graph-check"])
+    assert [s.stem for s in specs] == ["graph-check-qo1", "graph-check-qo4"]   # not graph-check-1, -2
+    figs = {s.stem: s.draw() for s in specs}
+    qo1 = figs["graph-check-qo1"].axes
+    assert qo1[0].get_yscale() == "symlog" and "log scale above" in qo1[0].get_ylabel()   # up to +6440%
+    assert figs["graph-check-qo4"].axes[0].get_yscale() == "linear"                       # up to +30%
+    canvas = FigureCanvasAgg(figs["graph-check-qo1"])
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for ax in qo1:
+        labels = [t for t in ax.texts if t.get_text().endswith("%")]
+        assert len(labels) >= 10
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        touching = [(labels[i].get_text(), labels[j].get_text()) for i in range(len(boxes))
+                    for j in range(i + 1, len(boxes)) if _boxes_overlap(boxes[i], boxes[j])]
+        assert not touching, touching
+
+
+def test_figure_stems_and_label_sides():
+    def curve(subject, contexts, pct):
+        return G.SlowdownCurve(subject, subject, contexts, pct, [None] * len(pct), [None] * len(pct),
+                               [None] * len(pct), [True] * len(pct))
+
+    def data(**facets):
+        return G.GraphCheckData({}, 3.0, "", "", facets=facets)
+
+    assert G.figure_stems([data(qo="qo1")]) == ["graph-check"]
+    assert G.figure_stems([data(qo="qo1", heads="h12"), data(qo="qo4", heads="h12")]) == [
+        "graph-check-qo1", "graph-check-qo4"]
+    assert G.figure_stems([data(heads="h12"), data(heads="h12")]) == ["graph-check-1", "graph-check-2"]
+    host = curve("host", [1024, 65536, 100000, 131072], [287.0, 5158.0, 6156.0, 6440.0])
+    device = curve("device", [1024], [38.0])
+    # the lower of two labels at 1K goes below; along a curve, close lengths take turns
+    assert G.label_below([host, device]) == {("device", 1024), ("host", 100000)}
+
+
+def test_labels_on_hatched_bars_are_dark_on_a_white_patch():
+    """White bold text over black hatching was hard to read (results/h200/qo-len/figures)."""
+    from matplotlib.colors import to_rgb
+
+    runs = load_runs([QO_LEN_RUN])
+    spec = next(s for s in plan(runs, ["persistent-vs-splitkv"])[0] if s.stem.endswith("bf16"))
+    fig = spec.draw()
+    checked = 0
+    for ax in fig.axes:
+        assert len(ax.patches) == len(ax.texts)
+        for bar, label in zip(ax.patches, ax.texts):  # bar_label labels the bars in the order drawn
+            assert label.get_text() == f"{bar.get_height():.2f}"
+            if bar.get_hatch():
+                assert to_rgb(label.get_color()) == (0, 0, 0) and label.get_bbox_patch() is not None
+                checked += 1
+            else:
+                assert to_rgb(label.get_color()) == (1, 1, 1)   # white on a solid bar reads well
+    assert checked >= 12
