@@ -10,12 +10,19 @@
 #   install-deps OUT       carry .gpuserve/deps, .gpuserve/install.sh, .gpuserve/tools, .whl
 #                          (sgl_flash_mla for the FlashMLA microbenchmark); then mlabench itself
 #                          (editable, no deps: its vllm.general_plugins entry point), the proxy
-#                          model, the sweep into OUT/sweep/, and serve-bench started in the
-#                          background (its own session; it outlives the call, not the machine)
+#                          models, the plugin's GPU tests and the greedy check on the tiny proxy
+#                          (OUT/check.tar.gz), the sweeps (OUT/sweep.tar.gz), and serve-bench
+#                          started in the background (its own session: it outlives the call, not
+#                          the machine)
 #   wait OUT [SECONDS]     wait for serve-bench (at most SECONDS, default 560), then copy its run
-#                          folder to OUT (as serve.tar.gz) and print its table
-# Environment: VSITE (/tmp/vsite), POLICY (the committed tuned policy), SERVE_SET (extra --set
-# arguments for serve-bench, e.g. "--set bench.random_output_len=16" for a quick try).
+#                          folder and log to OUT/serve.tar.gz (also while it still runs: a call
+#                          that cannot wait to the end still takes what is measured)
+# $OUT brings back at most 8 files, so each stage packs its folders.  About 7 minutes a variant of
+# the full config (16 prompts of 100K tokens to prefill at concurrency 16 dominate): more than one
+# session's device time for all five; SERVE_CONFIG runs another config (e.g. a copy with fewer
+# variants), SKIP_SMOKE=1 and SKIP_SWEEP=1 leave those parts out of a second session.
+# Environment: VSITE (/tmp/vsite), POLICY (the committed tuned policy), SERVE_CONFIG, SERVE_SET
+# (extra --set arguments for serve-bench, e.g. "--set bench.random_output_len=16" for a quick try).
 set -uo pipefail
 stage="${1:?usage: $0 install-vllm | install-deps OUT | wait OUT [SECONDS]}"
 export VSITE="${VSITE:-/tmp/vsite}"
@@ -25,6 +32,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRAC
 export MLABENCH_SERVE_POLICY="${POLICY:-$PWD/results/h200/deploy/qo1/tune-kimi-k3-tp8-20261201-152425-462/policy.json}"
 export MLABENCH_PROXY_MODEL_DIR=/tmp/models/kimi-k3-tp8-proxy MLABENCH_TINY_PROXY_DIR=/tmp/models/tiny-mla-12h
 export MLABENCH_VLLM_BIN=/tmp/vllm-bin/vllm
+config="${SERVE_CONFIG:-configs/serve/h200-kimi-k3-tp8-proxy.toml}"
 work=/tmp/serving   # serve-bench's results root and log, kept between calls while the machine is warm
 ts() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 
@@ -45,6 +53,7 @@ case "$stage" in
     python3 -c "from importlib.metadata import entry_points as e; print([p.value for p in e(group='vllm.general_plugins')])"
     rm -rf "$MLABENCH_PROXY_MODEL_DIR" "$MLABENCH_TINY_PROXY_DIR"
     python3 -c "from mlabench.deploy.proxy_model import kimi_k3_tp8_proxy as p, tiny_proxy as t, write_model_folder as w; print(w(p(), '$MLABENCH_PROXY_MODEL_DIR'), w(t(), '$MLABENCH_TINY_PROXY_DIR'))" || exit 1
+    if [ "${SKIP_SMOKE:-0}" != 1 ]; then
     ts "GPU tests of the plugin's decode call"
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_served_decode.py 2>&1 | tail -n 15
     ts "smoke: the tiny proxy served by FLASHMLA (greedy fixture), then by the plugin (greedy check)"
@@ -57,16 +66,22 @@ case "$stage" in
     grep -h "mlabench" "$out"/check/check-*/server-*.log 2>/dev/null | tail -n 5
     if [ "$rc" -gt 1 ]; then
       ts "the plugin's server did not serve (exit $rc): not starting the full run"
-      tail -n 80 "$out"/check/check-*mlabench*/server-*.log 2>/dev/null; exit 1
+      tail -n 80 "$out"/check/check-*mlabench*/server-*.log 2>/dev/null
+      tar -czf "$out/check.tar.gz" -C "$out" check && rm -rf "$out/check"; exit 1
     fi
+    tar -czf "$out/check.tar.gz" -C "$out" check && rm -rf "$out/check"
+    fi
+    if [ "${SKIP_SWEEP:-0}" != 1 ]; then
     ts "microbenchmarks of the served kernels (prediction input)"
     python3 -m mlabench sweep --config configs/sweeps/kimi-k3-tp8-serving.toml --results-dir "$out/sweep" \
       2>&1 | tail -n 40
     python3 -m mlabench sweep --config configs/sweeps/kimi-k3-tp8-serving-host.toml --results-dir "$out/sweep" \
       2>&1 | tail -n 20
+    tar -czf "$out/sweep.tar.gz" -C "$out" sweep && rm -rf "$out/sweep"
+    fi
     ts "serve-bench in the background (log: $work/serve-bench.log)"
     # shellcheck disable=SC2086
-    setsid nohup python3 -m mlabench serve-bench configs/serve/h200-kimi-k3-tp8-proxy.toml \
+    setsid nohup python3 -m mlabench serve-bench "$config" \
       --results-dir "$work" --label h200-proxy ${SERVE_SET:-} > "$work/serve-bench.log" 2>&1 < /dev/null &
     echo $! > "$work/serve-bench.pid"
     sleep 100; tail -n 30 "$work/serve-bench.log"; tail -n 40 "$work"/serve-*/server-*.log 2>/dev/null | grep -E "mlabench|Error|error|CUSTOM|backend" | tail -n 20 ;;
@@ -76,7 +91,7 @@ case "$stage" in
     while kill -0 "$pid" 2>/dev/null && (( t < limit )); do sleep 10; t=$((t + 10)); done
     kill -0 "$pid" 2>/dev/null && ts "serve-bench still running after ${limit}s" || ts "serve-bench done"
     tail -n 60 "$work/serve-bench.log"
-    run="$(ls -d "$work"/serve-* 2>/dev/null | tail -n 1)"
+    run="$(ls -d "$work"/serve-2* 2>/dev/null | tail -n 1)"  # serve-<UTC time>-<label>, not serve-bench.*
     [ -n "$run" ] && tar -czf "$out/serve.tar.gz" -C "$work" "$(basename "$run")" serve-bench.log ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
