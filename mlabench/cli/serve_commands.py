@@ -160,5 +160,20 @@ def serve_check(
         fail(f"greedy check: {report.verdict}")
 
 
+def proxy_model(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="kimi-k3-tp8 or tiny.")],
+    out: Annotated[Path, typer.Argument(metavar="DIR", help="New folder for config.json and the tokenizer.")],
+) -> None:
+    """Write a model folder vLLM serves with --load-format dummy (MLA proxy of one TP rank)."""
+    from mlabench.deploy.proxy_model import proxy_by_name, write_model_folder
+
+    proxy = proxy_by_name(name)
+    write_model_folder(proxy, out)
+    notice(f"{proxy.name}: {proxy.num_hidden_layers} layers, {proxy.num_attention_heads} MLA heads, "
+           f"{proxy.decode_params() / 1e9:.2f} G weights read per decode step, "
+           f"{proxy.kv_bytes_per_token()} KV bytes per token; serve it with "
+           f"vllm serve {out} --load-format dummy", style="")
+
+
 #: The commands of this group, registered by :mod:`mlabench.cli.app`.
-COMMANDS = {"serve-bench": serve_bench, "serve-check": serve_check}
+COMMANDS = {"serve-bench": serve_bench, "serve-check": serve_check, "proxy-model": proxy_model}

@@ -1,0 +1,53 @@
+"""`mlabench serve-bench --from-run RUN --predict-from SWEEP`: a recorded serve run (written
+here) beside the committed H200 sweep of gluon-splitkv and FlashMLA."""
+
+import json
+from pathlib import Path
+
+from mlabench.deploy.prediction import KernelRef, attention_us
+from mlabench.records.store import records_of
+from mlabench.serving.results import BenchResult, MetricStats
+from tests.core.test_cli import run
+
+REPO = Path(__file__).resolve().parents[2]
+SWEEP = REPO / "results/h200/deploy/kimi-k3-tp8/kimi-k3-tp8-gluon-flashmla-20261201-183956-973"
+PREDICTION = {"layers": 61, "reference": "fm", "short_input_len": 4096,
+              "kernels": {"fm": {"backend": "flashmla"},
+                          "ours": {"backend": "gluon-splitkv", "params": {"num_kv_splits": 132}}}}
+TPOT = {("fm", 4096): 8.0, ("fm", 100000): 10.5, ("ours", 4096): 7.0, ("ours", 100000): 7.5}
+
+
+def _serve_run(tmp_path, prediction):
+    run_dir = tmp_path / "serve-run"
+    run_dir.mkdir()
+    config = {"baseline": "fm", "concurrencies": [1], "prediction": prediction,
+              "bench": {"random_input_len": [4096, 100000], "random_output_len": 128},
+              "variants": [{"name": "fm", "base_url": "http://127.0.0.1:1"},
+                           {"name": "ours", "base_url": "http://127.0.0.1:2"}]}
+    (run_dir / "manifest.json").write_text(json.dumps({"kind": "serve-bench", "config": config}))
+    lines = [BenchResult(variant=v, concurrency=1, input_len=n, repeat=0, status="ok", completed=3,
+                         failed=0, tpot=MetricStats(mean_ms=t)).model_dump_json() for (v, n), t in TPOT.items()]
+    (run_dir / "results.jsonl").write_text("\n".join(lines) + "\n")
+    return run_dir
+
+
+def test_predicted_beside_measured(tmp_path, monkeypatch, capsys):
+    run_dir = _serve_run(tmp_path, PREDICTION)
+    code, out, err = run(["serve-bench", "--from-run", str(run_dir), "--predict-from", str(SWEEP), "--json"],
+                         monkeypatch, capsys)
+    assert code == 0, err
+    serve_table, prediction = json.loads(out)
+    rows = {(r["variant"], r["input_len"]): r for r in prediction["rows"]}
+    records = records_of([SWEEP])
+    fm_4k = attention_us(records, KernelRef(backend="flashmla"), 1, 4096)
+    ours = attention_us(records, KernelRef(backend="gluon-splitkv", params={"num_kv_splits": 132}), 1, 100000)
+    rest = 8.0 - 61 * fm_4k / 1000
+    assert abs(rows[("fm", 4096)]["predicted_ms"] - 8.0) < 1e-9  # the reference, by construction
+    assert abs(rows[("ours", 100000)]["predicted_ms"] - (rest + 61 * ours / 1000)) < 1e-9
+    assert rows[("ours", 100000)]["attention_us"] == ours
+
+
+def test_a_run_without_a_prediction_table_is_one_line(tmp_path, monkeypatch, capsys):
+    code, _out, err = run(["serve-bench", "--from-run", str(_serve_run(tmp_path, None)),
+                           "--predict-from", str(SWEEP)], monkeypatch, capsys)
+    assert code == 2 and err.startswith("error: the serve config has no [prediction] table") and err.count("\n") == 1
