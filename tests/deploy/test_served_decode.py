@@ -40,8 +40,16 @@ def test_tables_by_batch_size_and_none_in_host_mode():
     assert served._partial_out.shape == (15 * 128, 12, 512) and served._partial_out.dtype == torch.float32
 
 
-def test_a_call_passes_the_grid_and_table_and_host_mode_logs_each_count_once(monkeypatch, caplog):
+def test_a_call_passes_the_grid_and_table_and_host_mode_logs_each_count_once(monkeypatch):
+    import logging
+
     import mlabench.kernels.gluon_splitkv as kernel
+
+    lines = []
+
+    class Lines(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
 
     calls = []
     monkeypatch.setattr(kernel, "kv_descriptors", lambda cache: ("descriptors", cache.shape))
@@ -55,10 +63,15 @@ def test_a_call_passes_the_grid_and_table_and_host_mode_logs_each_count_once(mon
     assert calls[-1][1]["split_policy"] is device.table_for(16) and calls[-1][1]["pdl"] == 0
     assert calls[-1][1]["descriptors"] == ("descriptors", (8, 64, 1, 576))
     host = ServedDecode(POLICY, "host", 12, 16, "cpu")
-    with caplog.at_level("INFO", logger="vllm.mlabench"):
+    log, handler = logging.getLogger("vllm.mlabench"), Lines(logging.INFO)
+    level, log.level = log.level, logging.INFO
+    log.addHandler(handler)
+    try:
         for longest in (110000, 110000, 3000):
             host(q[:1], cache, bt[:1], lens[:1], longest, 0.1)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
     assert [c[0] for c in calls[-3:]] == [128, 128, 32] and calls[-1][1]["split_policy"] is None
-    lines = [r.getMessage() for r in caplog.records if r.name == "vllm.mlabench"]
     assert lines == ["mlabench: host split count 128 for a step of 1 requests (longest context 110000)",
                      "mlabench: host split count 32 for a step of 1 requests (longest context 3000)"]
