@@ -21,6 +21,8 @@
 # the full config (16 prompts of 100K tokens to prefill at concurrency 16 dominate): more than one
 # session's device time for all five; SERVE_CONFIG runs another config (e.g. a copy with fewer
 # variants), SKIP_SMOKE=1 and SKIP_SWEEP=1 leave those parts out of a second session.
+# RESUME=results/serve-<time>-h200-proxy (carried) continues that run in a new session
+# (serve-bench --resume): the points it lacks, the servers they need.
 # Environment: VSITE (/tmp/vsite), POLICY (the committed tuned policy), SERVE_CONFIG, SERVE_SET
 # (extra --set arguments for serve-bench, e.g. "--set bench.random_output_len=16" for a quick try).
 set -uo pipefail
@@ -81,8 +83,14 @@ case "$stage" in
     fi
     ts "serve-bench in the background (log: $work/serve-bench.log)"
     # shellcheck disable=SC2086
-    setsid nohup python3 -m mlabench serve-bench "$config" \
-      --results-dir "$work" --label h200-proxy ${SERVE_SET:-} > "$work/serve-bench.log" 2>&1 < /dev/null &
+    if [ -n "${RESUME:-}" ]; then  # a run folder of an earlier session, carried: run what it lacks
+      mkdir -p "$work" && cp -r "$RESUME" "$work/" && what=(--resume "$work/$(basename "$RESUME")")
+    else
+      what=("$config" --results-dir "$work" --label h200-proxy)
+    fi
+    # shellcheck disable=SC2086
+    setsid nohup python3 -m mlabench serve-bench "${what[@]}" ${SERVE_SET:-} \
+      > "$work/serve-bench.log" 2>&1 < /dev/null &
     echo $! > "$work/serve-bench.pid"
     sleep 100; tail -n 30 "$work/serve-bench.log"; tail -n 40 "$work"/serve-*/server-*.log 2>/dev/null | grep -E "mlabench|Error|error|CUSTOM|backend" | tail -n 20 ;;
   wait)

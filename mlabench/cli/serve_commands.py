@@ -41,6 +41,9 @@ def serve_bench(
     stat: Annotated[str, typer.Option(metavar="mean|median|p99", help="TPOT statistic for speedup.")] = "mean",
     from_run: Annotated[Path | None, typer.Option(
         metavar="RUN", help="Re-render a saved run folder; runs nothing.")] = None,
+    resume: Annotated[Path | None, typer.Option(
+        metavar="RUN", help="Continue this run folder with its own config: run only the points "
+                            "it has no ok result for, starting only the servers they need.")] = None,
     predict_from: Annotated[list[Path] | None, typer.Option(
         "--predict-from", metavar="SWEEP_RUN",
         help="Sweep run folder(s) of the served kernels: print TPOT predicted from them beside the "
@@ -56,8 +59,11 @@ def serve_bench(
         predict = _prediction_input(conf, predict_from)
         _show(tbl.table_of(conf, results, stat), None, fmt, predict)  # type: ignore[arg-type]
         return
+    if resume is not None:
+        _resume(resume, config_path, set_ or concurrency or repeats, vllm_bin, stat, fmt, predict_from)
+        return
     if config_path is None:
-        raise ConfigError("give a serve config (configs/serve/*.toml) or --from-run RUN_DIR")
+        raise ConfigError("give a serve config (configs/serve/*.toml), --from-run RUN_DIR or --resume RUN_DIR")
     concurrencies = int_list(",".join(concurrency), "--concurrency", "concurrency") if concurrency else None
     conf = cfg.load_config(config_path, cfg.bench_overrides(set_ or [], concurrencies, repeats))
     predict = _prediction_input(conf, predict_from)
@@ -72,6 +78,27 @@ def serve_bench(
             notice(f"partial results kept in {run_dir}")
         raise
     _show(tbl.table_of(conf, results, stat), run_dir, fmt, predict)  # type: ignore[arg-type]
+
+
+def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str, predict_from) -> None:
+    """``serve-bench --resume RUN``: the run's own config, its unfinished points (servers stopped
+    on any exit, the folder kept), then the table of everything recorded."""
+    if config_path is not None or overrides:
+        raise ConfigError("--resume continues a run with the config it recorded: give no CONFIG, "
+                          "--set, --concurrency or --repeats with it")
+    conf, recorded = bench.read_run(run_dir)
+    predict = _prediction_input(conf, predict_from)
+    done = bench.finished_points(recorded, len(conf.input_lens()) > 1)
+    left = [v for v in conf.variants if bench.points_left(conf, v, done)]
+    bench.preflight(left, cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin))
+    notice(f"resuming {run_dir}: {len(done)} point(s) recorded ok; variants left: "
+           f"{', '.join(v.name for v in left) or 'none'}", style="")
+    try:
+        bench.run_serve_bench(conf, run_dir.parent, vllm_bin_flag=vllm_bin, progress=_progress,
+                              run_dir=run_dir, done=done)
+    finally:
+        tbl.write_table_files(tbl.table_of(conf, bench.read_run(run_dir)[1], stat), run_dir)  # type: ignore[arg-type]
+    _show(tbl.table_of(conf, bench.read_run(run_dir)[1], stat), None, fmt, predict)  # type: ignore[arg-type]
 
 
 def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None):

@@ -193,7 +193,7 @@ def variant_server(
 def run_serve_bench(
     config: ServeConfig, results_root: Path, label: str = "serve",
     vllm_bin_flag: str | None = None, progress: Progress = lambda _: None,
-    run_dir: Path | None = None,
+    run_dir: Path | None = None, done: set[tuple[str, int | None, int, int]] | None = None,
 ) -> tuple[Path, list[BenchResult]]:
     """Run every (variant, input length, concurrency, repeat): one server start per variant, every
     input length benchmarked against it (:func:`bench_points`); returns (run folder, results in
@@ -203,25 +203,55 @@ def run_serve_bench(
     it measured. A bench run that fails or writes no JSON becomes a ``missing``/``error`` result
     (never dropped). Raises :class:`ServerError` when a server cannot be reached, dies, or fails
     to start (fail fast: later variants are not run); servers launched here are always stopped.
+    With ``done`` (:func:`finished_points` of ``run_dir``, resuming it) those points are skipped, a
+    variant with none left is not started, and the manifest is kept as it is.
     """
     vllm_bin = resolve_vllm_bin(config.vllm_bin, vllm_bin_flag)
     run_dir = run_dir or new_run_dir(results_root, label)
-    manifest = {
-        "kind": "serve-bench", "schema_version": 1,
-        "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "vllm_bin": vllm_bin, "env": env_summary(), "config": config.model_dump(mode="json"),
-    }
-    write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n", "run manifest")
+    if done is None:
+        manifest = {
+            "kind": "serve-bench", "schema_version": 1,
+            "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "vllm_bin": vllm_bin, "env": env_summary(), "config": config.model_dump(mode="json"),
+        }
+        write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n", "run manifest")
     results: list[BenchResult] = []
     for variant in config.variants:
         params = config.bench_for(variant)
+        todo = points_left(config, variant, done or set())
+        if not todo:
+            progress(f"[{variant.name}] every point recorded already")
+            continue
         with variant_server(variant, run_dir, vllm_bin, progress) as srv:
             model = expand(variant.model or config.model or served_model(variant.base_url))
             tokenizer = expand(config.tokenizer) if config.tokenizer else model
-            for input_len, conc, rep in bench_points(config, params):
+            for input_len, conc, rep in todo:
                 results.append(_bench_one(config, variant, params.for_run(input_len, conc), run_dir,
                                           (vllm_bin, model, tokenizer), (input_len, conc, rep), srv, progress))
     return run_dir, results
+
+
+def points_left(config: ServeConfig, variant: Variant,
+                done: set[tuple[str, int | None, int, int]]) -> list[tuple[int, int, int]]:
+    """The :func:`bench_points` of ``variant`` that ``done`` (:func:`finished_points`) lacks."""
+    several = len(config.input_lens()) > 1
+    return [p for p in bench_points(config, config.bench_for(variant))
+            if (variant.name, p[0] if several else None, p[1], p[2]) not in done]
+
+
+def finished_points(results: list[BenchResult], several_lens: bool) -> set[tuple[str, int | None, int, int]]:
+    """``(variant, input length or None, concurrency, repeat)`` of every ``ok`` result: what a
+    resumed run skips (a failed or missing point runs again; its new result supersedes the old in
+    the table, :func:`latest_results`).  The input length counts only when the run has several."""
+    return {(r.variant, r.input_len if several_lens else None, r.concurrency, r.repeat)
+            for r in results if r.status == "ok"}
+
+
+def latest_results(results: list[BenchResult]) -> list[BenchResult]:
+    """The last recorded result of each (variant, input length, concurrency, repeat), in file
+    order: ``results.jsonl`` keeps every run (append-only), a resumed point's rerun supersedes it."""
+    last = {(r.variant, r.input_len, r.concurrency, r.repeat): r for r in results}
+    return list(last.values())
 
 
 def bench_points(config: ServeConfig, params: BenchParams) -> list[tuple[int, int, int]]:
@@ -282,7 +312,7 @@ def read_run(run_dir: Path) -> tuple[ServeConfig, list[BenchResult]]:
         raise ConfigError(f"{run_dir} is not a readable serve-bench run: {why}") from None
     params = {v.name: config.bench_for(v) for v in config.variants}
     return config, [judge(r, params[r.variant].for_run(r.input_len, r.concurrency).min_output_tokens()
-                          if r.variant in params else None) for r in results]
+                          if r.variant in params else None) for r in latest_results(results)]
 
 
 def env_summary() -> dict[str, str]:

@@ -339,3 +339,29 @@ def test_an_old_single_length_run_reads_as_before(tmp_path):
     (run / "manifest.json").write_text(json.dumps(manifest))
     assert run_cli("serve-bench", "--from-run", str(run), "--json").returncode in (0, 1)  # read, not refused
     assert "error:" not in run_cli("serve-bench", "--from-run", str(run)).stderr
+
+
+def test_resume_runs_only_what_the_run_lacks(tmp_path, fake_vllm):
+    """An interrupted or partly failed run is continued in its own folder with its recorded config:
+    only the points without an ok result run, only their servers start, and a rerun point's new
+    result supersedes the failed one in the table (results.jsonl keeps both)."""
+    cfg = two_variant_config(tmp_path, fake_vllm, free_port(), free_port(), "concurrencies = [1]")
+    cfg.write_text(cfg.read_text().replace("random_input_len = 64\n", "random_input_len = [64, 256]\n"))
+    assert run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res")).returncode == 0
+    (run,) = (tmp_path / "res").iterdir()
+    lines = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    assert [(x["variant"], x["input_len"]) for x in lines] == [("base", 64), ("base", 256), ("fast", 64), ("fast", 256)]
+    lines[0].update(status="error", error="vllm bench serve exited 1")  # base at 64 failed
+    (run / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines[:3]))  # fast at 256 never ran
+    r = run_cli("serve-bench", "--resume", str(run), "--json")
+    assert r.returncode == 0, r.stderr
+    assert "2 point(s) recorded ok; variants left: base, fast" in r.stderr and r.stderr.count("launching") == 2
+    recorded = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    assert [(x["variant"], x["input_len"], x["status"]) for x in recorded[3:]] == [("base", 64, "ok"), ("fast", 256, "ok")]
+    rows = json.loads(r.stdout)[0]["rows"]
+    assert [(x["variant"], x["input_len"], x["status"]) for x in rows] == [
+        ("base", 64, "ok"), ("fast", 64, "ok"), ("base", 256, "ok"), ("fast", 256, "ok")]
+    again = run_cli("serve-bench", "--resume", str(run))
+    assert again.returncode == 0 and "variants left: none" in again.stderr and "launching" not in again.stderr
+    refused = run_cli("serve-bench", str(cfg), "--resume", str(run))
+    assert refused.returncode == 2 and refused.stderr.startswith("error: --resume continues a run with the config it recorded")
