@@ -173,7 +173,8 @@ def compare(
     With --from it only reads recorded runs; otherwise it measures (or, with --resume, completes)
     the sweep it needs first.
     """
-    from mlabench.sweep.compare import backend_families, check_comparable, recorded_records, winners_table
+    from mlabench.backends import backend_families
+    from mlabench.sweep.compare import check_comparable, recorded_records, winners_table
     from mlabench.sweep.summary import compare_table
 
     fmt = output_format(format, as_json, markdown)
