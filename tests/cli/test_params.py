@@ -7,7 +7,7 @@ import pytest
 
 from mlabench.cli.options import backend_params
 from mlabench.errors import ConfigError
-from tests.core.test_cli import run
+from tests.cli.test_cli import run
 
 
 def test_param_values_are_coerced_by_the_backends_own_spec():

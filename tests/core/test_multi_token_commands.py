@@ -15,7 +15,7 @@ from mlabench.sweep.compare import path_winner, recorded_records, winners_table
 from mlabench.sweep.config import SweepConfig, expand, load_sweep_config
 from mlabench.sweep.run import run_sweep
 from mlabench.sweep.summary import compare_table, sweep_summary
-from tests.core.test_cli import run
+from tests.cli.test_cli import run
 
 FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
 

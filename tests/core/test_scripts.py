@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.core.test_cli import run
+from tests.cli.test_cli import run
 
 REPO = Path(__file__).resolve().parents[2]
 
