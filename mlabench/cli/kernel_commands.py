@@ -57,7 +57,8 @@ def _params_table():
     from mlabench.backends import backend_names, get_backend
     from mlabench.tables.table import Table
 
-    t = Table("Backend parameters (set them in a sweep config's [params] table, or tune --space)",
+    t = Table("Backend parameters (set them with --param NAME=V[,V...], in a sweep config's [params] table, or "
+              "search them with tune --space)",
               ["backend", "parameter", "values", "default", "tuned", "what it does"])
     for name in backend_names():
         for p in get_backend(name).params:
