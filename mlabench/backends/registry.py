@@ -43,6 +43,12 @@ def get_backend(name: str) -> Backend:
     return _INSTANCES[name]
 
 
+def backend_families() -> dict[str, str]:
+    """``{backend name: family}`` of every registered backend (``persistent``, ``split-kv``, ...):
+    what compare tables and report figures pair padded persistent kernels with split-KV ones by."""
+    return {name: get_backend(name).family for name in backend_names()}
+
+
 def available_backends() -> list[Backend]:
     """Instances of every backend that can run here."""
     return [b for b in (get_backend(n) for n in backend_names()) if b.available()[0]]

@@ -77,8 +77,10 @@ class Subject:
 POLICY_PARAM = "split_policy"
 
 
-def subjects_for(backends: Sequence[str], policy_modes: Sequence[str]) -> list[Subject]:
-    """One subject per backend, or per policy mode for a backend that takes :data:`POLICY_PARAM`.
+def subjects_for(backends: Sequence[str], policy_modes: Sequence[str],
+                 params: dict[str, Any] | None = None) -> list[Subject]:
+    """One subject per backend, or per policy mode for a backend that takes :data:`POLICY_PARAM`;
+    each with the values of ``params`` (one value per name, already validated) its backend takes.
 
     Raises :class:`UnknownBackendError` for an unregistered name and :class:`ConfigError` for a
     mode other than ``host`` / ``device``.
@@ -88,10 +90,12 @@ def subjects_for(backends: Sequence[str], policy_modes: Sequence[str]) -> list[S
         raise ConfigError(f"--split-policy takes host or device, got {bad[0]!r}")
     out: list[Subject] = []
     for name in dict.fromkeys(backends):
-        if POLICY_PARAM in get_backend(name).param_names() and policy_modes:
-            out += [Subject(name, policy_mode=m) for m in dict.fromkeys(policy_modes)]
+        takes = get_backend(name).param_names()
+        own = {k: v for k, v in (params or {}).items() if k in takes}
+        if POLICY_PARAM in takes and policy_modes:
+            out += [Subject(name, dict(own), policy_mode=m) for m in dict.fromkeys(policy_modes)]
         else:
-            out.append(Subject(name))
+            out.append(Subject(name, own))
     return out
 
 

@@ -14,8 +14,8 @@ from typing import Annotated, Any
 import typer
 
 from mlabench.cli.options import (
-    Batch, BudgetS, Context, Format, Json, Markdown, NonCausal, PlainPageSize, QoLen, Splits, int_list, name_list,
-    non_causal_applies, output_format, page_size_flag,
+    Batch, BudgetS, Context, Format, Json, Markdown, NonCausal, Params, PlainPageSize, QoLen, Splits, backend_params,
+    int_list, name_list, non_causal_applies, output_format, page_size_flag,
 )
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
@@ -41,7 +41,7 @@ def graph_check(
     dtype: Annotated[str, typer.Option(metavar="DTYPE", help="q and KV dtype.")] = "bfloat16",
     capture_len: Annotated[int | None, typer.Option(
         metavar="L", help="Tokens per request when the graph is captured (default: --qo-len, 1).")] = None,
-    splits: Splits = None,
+    splits: Splits = None, param: Params = None,
     tolerance: Annotated[float, typer.Option(metavar="FRACTION", help="Flag a graph slower than tuned by more "
                                              "than this fraction.")] = 0.05,
     budget_s: BudgetS = None, seed: Annotated[int, typer.Option(metavar="N", help="Input seed.")] = 0,
@@ -57,9 +57,12 @@ def graph_check(
     from mlabench.tables.render import render
 
     fmt = output_format(format, as_json, markdown)
-    cfg = _config(heads, batch, context, page_size, dtype, capture_len, qo_len, non_causal, splits, tolerance,
+    backends = name_list(backend) or ["triton-splitkv"]
+    axes = backend_params(param, splits, backends) or {}
+    split_list = axes.pop("num_kv_splits", None)
+    cfg = _config(heads, batch, context, page_size, dtype, capture_len, qo_len, non_causal, split_list, tolerance,
                   budget_s, seed)
-    subjects = subjects_for(name_list(backend) or ["triton-splitkv"], name_list(split_policy) or ["host", "device"])
+    subjects = subjects_for(backends, name_list(split_policy) or ["host", "device"], _one_value_each(axes))
     given = load_split_policy(policy) if policy else None
     with tempfile.TemporaryDirectory(prefix="mlabench-graph-check-") as tmp:
         path = policy_out or Path(tmp) / "policy.json"
@@ -75,7 +78,7 @@ def graph_check(
 
 
 def _config(heads: str | None, batch: str | None, context: str | None, page_size: int | None, dtype: str,
-            capture_len: int | None, qo_len: int | None, non_causal: bool, splits: str | None, tolerance: float,
+            capture_len: int | None, qo_len: int | None, non_causal: bool, splits: list[int] | None, tolerance: float,
             budget_s: float | None, seed: int) -> Any:
     """The :class:`~mlabench.checks.graph_check.GraphCheckConfig` of the flags (their defaults where
     not given); :class:`ConfigError` for more than one ``--heads`` value."""
@@ -92,8 +95,23 @@ def _config(heads: str | None, batch: str | None, context: str | None, page_size
         page_size=page_size_flag(page_size) or 64, dtype=dtype,
         capture_len=capture_len if capture_len is not None else qo_len or 1, qo_len=qo_len or 1,
         causal=not non_causal,
-        splits=tuple(int_list(splits, "--splits", "--splits") or DEFAULT_SPLITS), tolerance=tolerance,
+        splits=tuple(splits or DEFAULT_SPLITS), tolerance=tolerance,
         timing=TimingConfig(budget_s=0.5 if budget_s is None else budget_s), seed=seed)
+
+
+def _one_value_each(axes: dict[str, list[Any]]) -> dict[str, Any]:
+    """``--param`` values other than the split counts (searched per length) as the one value each
+    captured graph runs; :class:`ConfigError` for several values, or for ``split_policy`` (set by
+    ``--split-policy`` and ``--policy``)."""
+    from mlabench.checks.graph_check import POLICY_PARAM
+
+    if POLICY_PARAM in axes:
+        raise ConfigError(f"--param {POLICY_PARAM}: graph-check sets it from --split-policy and --policy")
+    several = [name for name, values in axes.items() if len(set(values)) > 1]
+    if several:
+        raise ConfigError(f"--param {several[0]}: graph-check captures one value of it, got "
+                          f"{','.join(map(str, axes[several[0]]))}")
+    return {name: values[0] for name, values in axes.items()}
 
 
 #: The commands of this group, registered by :mod:`mlabench.cli.app`.

@@ -15,8 +15,8 @@ import typer
 from mlabench.cli.options import (
     Backends, Batch, BudgetS, CheckBatch, CheckContext, CheckHeads, CompareBatch, CompareContext, CompareQoLens,
     Context, Format, GraphCaptures, Heads, Json, Markdown, MaxVisits, Model, ModelConfig, NonCausal, Order, OrderSeed,
-    PageSize, PlainPageSize, PlainTp, QoLens, ResultsDir, Resume, Splits, SweepFile, Tp, Visits, int_list, name_list,
-    non_causal_applies, output_format, page_size_flag, splits_apply,
+    PageSize, Params, PlainPageSize, PlainTp, QoLens, ResultsDir, Resume, Splits, SweepFile, Tp, Visits,
+    backend_params, int_list, name_list, non_causal_applies, output_format, page_size_flag,
 )
 from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError, MissingResultError
@@ -57,7 +57,8 @@ def _params_table():
     from mlabench.backends import backend_names, get_backend
     from mlabench.tables.table import Table
 
-    t = Table("Backend parameters (set them in a sweep config's [params] table, or tune --space)",
+    t = Table("Backend parameters (set them with --param NAME=V[,V...], in a sweep config's [params] table, or "
+              "search them with tune --space)",
               ["backend", "parameter", "values", "default", "tuned", "what it does"])
     for name in backend_names():
         for p in get_backend(name).params:
@@ -71,7 +72,8 @@ def _params_table():
 
 def check(
     model: Model = None, tp: PlainTp = None, model_config: ModelConfig = None, heads: CheckHeads = None,
-    backend: Backends = None, splits: Splits = None, batch: CheckBatch = None, context: CheckContext = None,
+    backend: Backends = None, splits: Splits = None, param: Params = None, batch: CheckBatch = None,
+    context: CheckContext = None,
     qo_len: QoLens = None, non_causal: NonCausal = False, page_size: PlainPageSize = None,
     dtype: Annotated[str, typer.Option(metavar="DTYPE", help="q and KV dtype.")] = "bfloat16",
     rel_rmse_limit: Annotated[float | None, typer.Option(
@@ -95,16 +97,16 @@ def check(
     fmt = output_format(format, as_json, markdown)
     input_sets = [x.strip() for x in inputs.split(",") if x.strip()] if inputs is not None else None
     tol = check_config(atol, rtol, rel_rmse_limit, rel_max_err_limit, input_sets)
-    qo_lens, split_list = int_list(qo_len, "--qo-len", "--qo-len"), int_list(splits, "--splits", "--splits")
+    qo_lens = int_list(qo_len, "--qo-len", "--qo-len")
     non_causal_applies(non_causal, qo_lens or [1])
-    splits_apply(split_list, name_list(backend))
+    axes = backend_params(param, splits, name_list(backend)) or {}
     shapes = check_shapes(model=model, model_config=model_config, tp=tp, heads=int_list(heads, "--heads"),
                           context_lens=int_list(context, "--context", "context length"),
                           batch=int_list(batch, "--batch"), page_size=page_size_flag(page_size), dtype=dtype,
                           qo_lens=qo_lens, causal=not non_causal)
-    split_list = split_list or DEFAULT_CHECK_SPLITS
+    split_list = axes.pop("num_kv_splits", None) or DEFAULT_CHECK_SPLITS
     with progress_bar("check") as update:
-        records, unavailable = run_check(shapes, name_list(backend), split_list, tol, seed, update)
+        records, unavailable = run_check(shapes, name_list(backend), split_list, tol, seed, update, params=axes)
     table = check_table(records, unavailable)
     table.notes.append(scale_note(model_spec(model, model_config)))
     emit([table], fmt)
@@ -117,7 +119,7 @@ def sweep(
     config: SweepFile = None, model: Model = None, tp: Tp = None, model_config: ModelConfig = None,
     heads: Heads = None, backend: Backends = None, batch: Batch = None, context: Context = None,
     qo_len: QoLens = None, non_causal: NonCausal = False,
-    splits: Splits = None, page_size: PageSize = None, budget_s: BudgetS = None,
+    splits: Splits = None, param: Params = None, page_size: PageSize = None, budget_s: BudgetS = None,
     results_dir: ResultsDir = Path("results"), resume: Resume = None, order: Order = None,
     order_seed: OrderSeed = None, visits: Visits = None, max_visits: MaxVisits = None,
     graph_captures: GraphCaptures = None, format: Format = None, as_json: Json = False, markdown: Markdown = False,
@@ -135,12 +137,13 @@ def sweep(
     from mlabench.sweep.summary import sweep_summary
 
     fmt = output_format(format, as_json, markdown)
-    overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits,
+    overrides = _overrides(model, tp, model_config, heads, backend, batch, context,
+                           backend_params(param, splits, name_list(backend)),
                            page_size_flag(page_size), budget_s, qo_len, non_causal, graph_captures)
     overrides.update(order=order.value if order else None, order_seed=order_seed, visits=visits,
                      max_visits=max_visits)
     cfg = resolve_sweep_config(config, overrides, resume)
-    _flags_apply(cfg, splits, non_causal)
+    _flags_apply(cfg, param, splits, non_causal)
     if not current_device().is_gpu and cfg.name == "default-cpu":
         notice(f"No GPU found: running a small CPU sweep ({cfg.name}) on {current_device().name}.")
     store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
@@ -161,7 +164,7 @@ def compare(
     model: Model = None, tp: Tp = None, model_config: ModelConfig = None, heads: Heads = None,
     batch: CompareBatch = None, context: CompareContext = None, qo_len: CompareQoLens = None,
     non_causal: NonCausal = False,
-    splits: Splits = None, backend: Backends = None,
+    splits: Splits = None, param: Params = None, backend: Backends = None,
     page_size: PageSize = None, budget_s: BudgetS = None, results_dir: ResultsDir = Path("results"),
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
@@ -171,13 +174,14 @@ def compare(
     With --from it only reads recorded runs; otherwise it measures (or, with --resume, completes)
     the sweep it needs first.
     """
-    from mlabench.sweep.compare import backend_families, check_comparable, recorded_records, winners_table
+    from mlabench.backends import backend_families
+    from mlabench.sweep.compare import check_comparable, recorded_records, winners_table
     from mlabench.sweep.summary import compare_table
 
     fmt = output_format(format, as_json, markdown)
     if from_run:
         if config or resume or non_causal or any(v is not None for v in (model, tp, model_config, heads, splits,
-                                                                         page_size, budget_s)):
+                                                                         param, page_size, budget_s)):
             raise ConfigError("--from only reads recorded runs: it takes --batch, --context, --qo-len and "
                               "--backend as filters, nothing else")
         records = recorded_records(from_run, int_list(batch, "--batch"), int_list(context, "--context"),
@@ -185,10 +189,11 @@ def compare(
     else:
         from mlabench.sweep.config import resolve_sweep_config
 
-        overrides = _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s,
-                               qo_len, non_causal)
+        overrides = _overrides(model, tp, model_config, heads, backend, batch, context,
+                               backend_params(param, splits, name_list(backend)), page_size, budget_s, qo_len,
+                               non_causal)
         cfg = resolve_sweep_config(config, overrides, resume)
-        _flags_apply(cfg, splits, non_causal)
+        _flags_apply(cfg, param, splits, non_causal)
         store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
     families = backend_families()
     try:
@@ -209,25 +214,27 @@ def compare(
 COMMANDS = {"backends": backends, "check": check, "sweep": sweep, "compare": compare}
 
 
-def _overrides(model, tp, model_config, heads, backend, batch, context, splits, page_size, budget_s,
+def _overrides(model, tp, model_config, heads, backend, batch, context, params, page_size, budget_s,
                qo_len=None, non_causal=False, graph_captures=None) -> dict:
-    """The sweep flags, parsed, as :func:`mlabench.sweep.config.sweep_overrides`."""
+    """The sweep flags, parsed, as :func:`mlabench.sweep.config.sweep_overrides` (``params``: the
+    axes of :func:`~mlabench.cli.options.backend_params`)."""
     from mlabench.sweep.config import sweep_overrides
 
     return sweep_overrides(
         model=model, tp=tp, model_config=model_config, heads=int_list(heads, "--heads", "heads"),
         backends=name_list(backend), batch=int_list(batch, "--batch", "batch"),
         context_lens=int_list(context, "--context", "context length"),
-        splits=int_list(splits, "--splits", "--splits"), page_size=page_size, budget_s=budget_s,
+        params=params, page_size=page_size, budget_s=budget_s,
         qo_len=int_list(qo_len, "--qo-len", "--qo-len"), causal=False if non_causal else None,
         graph_captures=graph_captures)
 
 
-def _flags_apply(cfg, splits: str | None, non_causal: bool) -> None:
-    """Refuse ``--non-causal`` and ``--splits`` where the sweep ``cfg`` they resolved into gives
-    them nothing to change (every qo_len 1; no backend named that takes num_kv_splits)."""
+def _flags_apply(cfg, param: list[str] | None, splits: str | None, non_causal: bool) -> None:
+    """Refuse ``--non-causal``, ``--param`` and ``--splits`` where the sweep ``cfg`` they resolved
+    into gives them nothing to change (every qo_len 1; no backend of the sweep, a config's named
+    ones included, that takes the parameter)."""
     non_causal_applies(non_causal, cfg.qo_len)
-    splits_apply(int_list(splits, "--splits", "--splits"), cfg.backends)
+    backend_params(param, splits, cfg.backends)
 
 
 def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool):

@@ -14,7 +14,7 @@ import math
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Sequence
 
 import typer
 
@@ -46,7 +46,12 @@ PlainPageSize = Annotated[int | None, typer.Option(
     "--page-size", metavar="N", help="KV page size: 1, 16 or 64 (default 64).")]
 Backends = Annotated[list[str] | None, typer.Option(
     "--backend", metavar="NAME[,NAME...]", help="Backends, e.g. a,b (or repeated); default: every available one.")]
-Splits = Annotated[str | None, typer.Option(metavar="N[,N...]", help="num_kv_splits values, e.g. 1,16,64.")]
+Splits = Annotated[str | None, typer.Option(
+    metavar="N[,N...]", help="num_kv_splits values, e.g. 1,16,64: the same as --param num_kv_splits=1,16,64.")]
+Params = Annotated[list[str] | None, typer.Option(
+    "--param", metavar="NAME=V[,V...]",
+    help="A backend parameter's values, e.g. head_padding=zero or num_kv_splits=1,16 (repeatable; "
+         "`mlabench backends --params` lists them). tune searches parameters with --space instead.")]
 QoLens = Annotated[str | None, typer.Option(
     "--qo-len", metavar="T[,T...]",
     help="Query tokens per request, 1-8 (speculative-decoding verify, MTP), e.g. 1,2,4 (default 1).")]
@@ -178,18 +183,68 @@ def non_causal_applies(non_causal: bool, qo_lens: list[int]) -> None:
                           "give --qo-len 2 or more (e.g. --qo-len 2,4), or leave --non-causal out")
 
 
-def splits_apply(splits: list[int] | None, backends: list[str] | None) -> None:
-    """Refuse ``--splits`` when every backend named takes no ``num_kv_splits`` (the reference, a
-    persistent kernel, FlashMLA), so the split counts would be ignored.  Raises :class:`ConfigError`;
-    unknown names are left to the command, which names them."""
+def backend_params(params: list[str] | None, splits: str | None,
+                   backends: Sequence[str] | None) -> dict[str, list[Any]] | None:
+    """The backend parameters of ``--param NAME=V[,V...]`` (repeatable) and of its alias ``--splits
+    N[,N...]`` (``--param num_kv_splits=N[,N...]``), as axes ``{name: [value, ...]}`` with each value
+    coerced by its :class:`~mlabench.backends.base.ParamSpec`; None when neither was given.
+
+    The one place the command line's backend parameters are checked against the registry, for
+    ``backends`` (the names the command runs; None or empty: every registered backend, whose values
+    those available here judge, as a sweep's own points would; a name not registered is left to the
+    command, which names it, and the check is then against every backend).  Raises :class:`ConfigError` in one line for text not ``NAME=V[,V...]``, a name given
+    twice or by both flags, a name none of those backends takes (listing the parameters they take),
+    and a value a backend that takes the name refuses (the spec's own error, after the flag).
+    """
     from mlabench.backends import backend_names, get_backend
 
-    if not splits or not backends or not set(backends) <= set(backend_names()):
-        return
-    if not any(p.name == "num_kv_splits" for name in backends for p in get_backend(name).params):
-        who = f"{backends[0]} does not take" if len(backends) == 1 else f"none of {', '.join(backends)} takes"
-        raise ConfigError(f"--splits sets num_kv_splits, which {who} (`mlabench backends --params` lists each "
-                          "backend's parameters); name a split-KV backend too, or leave --splits out")
+    axes: dict[str, list[Any]] = {}
+    flags: dict[str, str] = {}
+    for text in params or ():
+        name, sep, values = (part.strip() for part in text.partition("="))
+        items = [v.strip() for v in values.split(",")]
+        if not sep or not name or not all(items):
+            raise ConfigError(f"--param takes NAME=V[,V...] (e.g. num_kv_splits=1,16), got {text!r}")
+        if name in axes:
+            raise ConfigError(f"--param {name} is given twice: give its values once, comma-separated")
+        axes[name], flags[name] = items, f"--param {name}"
+    split_list = int_list(splits, "--splits", "--splits")
+    if split_list:
+        if SPLITS_PARAM in axes:
+            raise ConfigError(f"--splits is --param {SPLITS_PARAM}=N[,N...]: give one of them")
+        axes[SPLITS_PARAM], flags[SPLITS_PARAM] = split_list, "--splits"
+    if not axes:
+        return None
+    known = backend_names()
+    names = list(dict.fromkeys(backends)) if backends and set(backends) <= set(known) else known
+    specs = [spec for name in names for spec in get_backend(name).params]
+    here = specs if names is not known else [  # unnamed: the backends that would run judge the values
+        spec for name in names if get_backend(name).available()[0] for spec in get_backend(name).params]
+    for name, values in axes.items():
+        takers = [spec for spec in specs if spec.name == name]
+        if not takers:
+            raise ConfigError(_not_taken(flags[name], name, names, specs, everyone=names is known))
+        judges = [spec for spec in here if spec.name == name] or takers
+        try:
+            axes[name] = [[spec.validate(v) for spec in judges][0] for v in values]
+        except ConfigError as exc:
+            raise ConfigError(f"{flags[name]}: {exc}") from None
+    return axes
+
+
+#: The parameter ``--splits`` sets.
+SPLITS_PARAM = "num_kv_splits"
+
+
+def _not_taken(flag: str, name: str, backends: list[str], specs: list[Any], everyone: bool) -> str:
+    """The one line refusing ``flag``, whose parameter ``name`` none of ``backends`` takes."""
+    taken = ", ".join(dict.fromkeys(spec.name for spec in specs)) or "no parameters"
+    who = ("no backend takes" if everyone else f"{backends[0]} does not take" if len(backends) == 1
+           else f"none of {', '.join(backends)} takes")
+    what = f"{flag} sets {name}, which" if flag == "--splits" else f"{flag}: unknown parameter {name!r}, which"
+    return (f"{what} {who} ({'it takes' if len(backends) == 1 else 'they take'}: {taken}; "
+            "`mlabench backends --params` lists each backend's "
+            f"parameters); name a backend that takes it, or leave {flag} out")
 
 
 def page_size_flag(value: int | None) -> int | None:

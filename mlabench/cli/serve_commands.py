@@ -31,7 +31,8 @@ def _progress(message: str) -> None:
 def serve_bench(
     config_path: ServeFile = None,
     set_: Annotated[list[str] | None, typer.Option(
-        "--set", metavar="KEY=VALUE", help="Override a config key, e.g. bench.num_prompts=8; repeatable.")] = None,
+        "--set", metavar="KEY=VALUE", help="Override a serving config key, e.g. bench.num_prompts=8; repeatable "
+        "(a key of the config, not a kernel parameter: those are --param of check/sweep).")] = None,
     concurrency: Annotated[list[str] | None, typer.Option(
         "--concurrency", "-c", metavar="N[,N...]", help="Replace the concurrencies, e.g. 1,16.")] = None,
     repeats: Annotated[int | None, typer.Option(metavar="N", help="Runs per (variant, input length, concurrency).")] = None,

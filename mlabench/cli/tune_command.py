@@ -126,7 +126,8 @@ TrialsFlag = Annotated[int | None, typer.Option(metavar="N", help="Finished tria
 TimeoutFlag = Annotated[float | None, typer.Option(metavar="SECONDS", help="Seconds per study and worker.")]
 SpaceFlag = Annotated[list[str] | None, typer.Option(
     metavar="NAME=SPEC",
-    help="Narrow a parameter: NAME=LOW:HIGH or NAME=A,B.")]
+    help="Narrow a parameter's search space: NAME=LOW:HIGH or NAME=A,B (the range tune draws from; "
+         "other commands set values with --param NAME=V[,V...]).")]
 NoiseFlag = Annotated[float | None, typer.Option(
     metavar="FRACTION",
     help="Ties within this fraction of the best (default 0.01).")]

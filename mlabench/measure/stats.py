@@ -77,6 +77,14 @@ def mean_rel_se(values: list[float]) -> float | None:
     return statistics.stdev(values) / math.sqrt(len(values)) / mean if mean > 0 else None
 
 
+def geomean(values: list[float]) -> float | None:
+    """The geometric mean of positive ``values`` (ratios, µs): None for none, the value itself
+    (exactly) for one.  Raises ``ValueError`` for a value <= 0 (outside ``math.log``'s domain)."""
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else math.exp(statistics.fmean(math.log(v) for v in values))
+
+
 def summarize(samples_us: list[float], target_rel_ci: float = 0.01) -> Stats:
     """Build :class:`Stats` from raw samples; raises ValueError on an empty list."""
     if not samples_us:

@@ -43,7 +43,7 @@ def build_report(runs: Any, families: dict[str, str] | None = None, figure_dir: 
     ``command``, when given, is shown as the command that made the report.
     """
     from mlabench.report.figures.plan import plan
-    from mlabench.report.runs import backend_families
+    from mlabench.backends import backend_families
 
     families = families if families is not None else backend_families()
     specs, skipped = plan(runs, families=families)

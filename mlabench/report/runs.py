@@ -263,10 +263,3 @@ def load_runs(paths: Iterable[Path | str]) -> Runs:
     if len(devices) > 1:
         raise ResultsError("runs from different devices do not compare: " + ", ".join(sorted(devices)))
     return runs
-
-
-def backend_families() -> dict[str, str]:
-    """Backend name -> family (``split-kv``, ``persistent``, ...) of every registered backend."""
-    from mlabench.backends import backend_names, get_backend
-
-    return {name: get_backend(name).family for name in backend_names()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from mlabench.backends import backend_names, get_backend
 from mlabench.backends.base import Backend, param_grid
@@ -86,7 +87,8 @@ def check_shapes(*, model: str | None = None, model_config: str | Path | None = 
 
 def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None = None,
               splits: Sequence[int] = DEFAULT_CHECK_SPLITS, check: CheckConfig | None = None,
-              seed: int = 0, progress: Progress | None = None) -> tuple[list[Record], dict[str, str]]:
+              seed: int = 0, progress: Progress | None = None,
+              params: dict[str, list[Any]] | None = None) -> tuple[list[Record], dict[str, str]]:
     """One record per (backend, params, shape), and ``{backend: why}`` for those unavailable here.
 
     Named backends must exist (:class:`UnknownBackendError`) and be available
@@ -94,7 +96,8 @@ def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None =
     fit in free memory (:class:`OutOfMemoryError`), all checked before anything runs; fresh inputs
     per shape (``seed``), outputs poisoned with NaN before each run, judged by ``check`` (default:
     every input set, the dtypes' relative limits).  ``progress(done, total, what)`` is called before
-    each check and once at the end.
+    each check and once at the end.  ``params`` gives other parameters' values (axes, as a sweep
+    config's ``[params]``); a string parameter without one is checked at every choice.
     """
     for shape in shapes:
         check_fits(shape)
@@ -103,7 +106,7 @@ def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None =
     else:  # every one, so that the table can say why some are not available here
         chosen = [b for b in map(get_backend, backend_names()) if not b.is_reference]
     unavailable = {b.name: why for b in chosen for ok, why in [b.available()] if not ok}
-    grid = {"num_kv_splits": list(dict.fromkeys(splits))}
+    grid = {"num_kv_splits": list(dict.fromkeys(splits)), **(params or {})}
     plan = [(shape, b, params) for shape in shapes for b in chosen if b.name not in unavailable
             for params in _grid(b, shape, grid)]
     records: list[Record] = []
@@ -123,7 +126,7 @@ def run_check(shapes: Sequence[MLADecodeShape], backends: Sequence[str] | None =
     return records, unavailable
 
 
-def _grid(backend: Backend, shape: MLADecodeShape, axes: dict[str, list[int]]) -> list[dict]:
+def _grid(backend: Backend, shape: MLADecodeShape, axes: dict[str, list[Any]]) -> list[dict]:
     """Every choice of ``backend``'s parameters on ``shape`` with ``axes``; a library that picks its
     own split count (aiter-gluon) is checked on its pick too."""
     grid = param_grid(backend, shape, axes, all_choices=True)

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlabench.backends import backend_names, get_backend
+from mlabench.backends import get_backend
 from mlabench.errors import MissingResultError
 from mlabench.records.record import Record
 from mlabench.records.store import describe_records, records_of
@@ -48,13 +48,6 @@ def recorded_records(runs: Iterable[Path], batch: Sequence[int] | None = None,
         raise MissingResultError(f"no recorded point matches {' '.join(asked) or 'anything'}: the runs hold "
                                  + describe_records(everything))
     return kept
-
-
-def backend_families() -> dict[str, str]:
-    """``{backend name: family}`` of every registered backend (``persistent``, ``split-kv``, ...),
-    which :func:`mlabench.sweep.summary.compare_table` uses to pair padded persistent kernels with
-    split-KV ones."""
-    return {name: get_backend(name).family for name in backend_names()}
 
 
 def path_winner(records: Sequence[Record], families: dict[str, str]) -> dict[str, Any] | None:

@@ -168,9 +168,10 @@ def sweep_overrides(*, model: str | None = None, tp: int | None = None, model_co
                     splits: list[int] | None = None, page_size: int | None = None,
                     budget_s: float | None = None, order: str | None = None,
                     order_seed: int | None = None, qo_len: list[int] | None = None,
-                    causal: bool | None = None, graph_captures: int | None = None) -> dict[str, Any]:
+                    causal: bool | None = None, graph_captures: int | None = None,
+                    params: dict[str, list[Any]] | None = None) -> dict[str, Any]:
     """Sweep fields changed by flags, in :class:`SweepConfig`'s layout; None where not given
-    (``splits`` is the ``num_kv_splits`` axis, ``budget_s`` the per-point timing budget, seconds,
+    (``params`` the parameter axes, ``splits`` the ``num_kv_splits`` one, ``budget_s`` the per-point timing budget, seconds,
     and ``graph_captures`` the graphs per GPU measurement, both of the ``timing`` table,
     ``order`` and ``order_seed`` the measuring order, :mod:`mlabench.sweep.order`, ``qo_len`` the
     query-token axis and ``causal`` its mask)."""
@@ -180,7 +181,7 @@ def sweep_overrides(*, model: str | None = None, tp: int | None = None, model_co
         "model": model, "tp": tp, "model_config": str(model_config) if model_config else None,
         "backends": backends or None, "heads": heads, "batch": batch, "context_lens": context_lens,
         "qo_len": qo_len, "causal": causal, "page_size": page_size,
-        "params": {"num_kv_splits": splits} if splits else None,
+        "params": {**({"num_kv_splits": splits} if splits else {}), **(params or {})} or None,
         "timing": timing or None,
     }
 

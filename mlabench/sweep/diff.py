@@ -35,7 +35,7 @@ from typing import Any
 
 from mlabench.backends import get_backend
 from mlabench.errors import ConfigError, MissingResultError, MlabenchError, ResultsError
-from mlabench.measure.stats import mean_rel_se, median_rel_ci
+from mlabench.measure.stats import geomean, mean_rel_se, median_rel_ci
 from mlabench.records.record import Manifest, Record, point_key
 from mlabench.records.store import ResultStore, describe_records, run_folders
 from mlabench.shapes import MLADecodeShape
@@ -248,11 +248,6 @@ def _shown(values: dict[str, Any], key: str, none: str = "none") -> str:
     if key not in values:
         return "not recorded"
     return none if values[key] is None else str(values[key])
-
-
-def geomean(values: list[float]) -> float | None:
-    """Geometric mean of positive values; None for none."""
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
 def agreement(points: list[PointDiff], min_us: float) -> dict[str, Any]:

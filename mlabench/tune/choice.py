@@ -20,6 +20,7 @@ from typing import Any, Literal
 from mlabench.backends import get_backend
 from mlabench.backends.base import Backend
 from mlabench.errors import ResultsError
+from mlabench.measure.stats import geomean
 from mlabench.policy.heuristics import HEURISTICS
 from mlabench.policy.rules import rule_splits
 from mlabench.policy.tuned import BatchPolicy, Policy, PolicyEntry, merge_adjacent
@@ -260,6 +261,3 @@ def build_policy(cfg: TuneConfig, choices: list[BucketChoice], device: str, vers
                   param_names=names, batches=batches, source=source)
 
 
-def geomean(values: list[float]) -> float:
-    """The geometric mean (one value: that value, exactly)."""
-    return values[0] if len(values) == 1 else math.exp(statistics.fmean(math.log(v) for v in values))

@@ -7,9 +7,17 @@ import sys
 
 import pytest
 
-from mlabench.backends import backend_names, get_backend
+from mlabench.backends import backend_families, backend_names, get_backend
 from mlabench.errors import ConfigError
 from mlabench.shapes import MLADecodeShape
+
+
+def test_backend_families_pair_persistent_with_split_kv():
+    """The one ``backend_families`` (issue 36: compare and report each had one): every registered
+    backend's family, which compare tables and report figures pair backends by."""
+    families = backend_families()
+    assert families["triton-persistent"] == "persistent" and families["torch-splitkv"] == "split-kv"
+    assert set(families) == set(backend_names()) and families["flashmla"] == get_backend("flashmla").family
 
 
 def test_registered_with_params():

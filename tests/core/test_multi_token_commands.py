@@ -15,7 +15,7 @@ from mlabench.sweep.compare import path_winner, recorded_records, winners_table
 from mlabench.sweep.config import SweepConfig, expand, load_sweep_config
 from mlabench.sweep.run import run_sweep
 from mlabench.sweep.summary import compare_table, sweep_summary
-from tests.core.test_cli import run
+from tests.cli.test_cli import run
 
 FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
 
@@ -148,7 +148,7 @@ def test_compare_from_filters_by_qo_len(tmp_path, monkeypatch, capsys):
     assert code == 1 and not out and "padded persistent" in err, err  # split-KV only: the error alone
     # the reference stands in for a persistent kernel, so that the records compare
     families = {"reference": "persistent", "torch-splitkv": "split-kv"}
-    monkeypatch.setattr("mlabench.sweep.compare.backend_families", lambda: families)
+    monkeypatch.setattr("mlabench.backends.backend_families", lambda: families)
     code, out, err = run(["compare", "--from", str(tmp_path), "--json"], monkeypatch, capsys)
     assert code == 0, err
     tables = json.loads(out)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.core.test_cli import run
+from tests.cli.test_cli import run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,11 +82,11 @@ def test_hopper_kernel_script_writes_a_run_folder_that_compare_and_plot_read(tmp
     the CPU with torch-splitkv, the GPU-only timing loop left out), so `compare --from OUT` reads them."""
     import json
 
-    from mlabench.backends import get_backend
+    from mlabench.backends import backend_families, get_backend
     from mlabench.errors import ResultsError
     from mlabench.measure.timing import TimingConfig
     from mlabench.shapes import MLADecodeShape
-    from mlabench.sweep.compare import backend_families, recorded_records
+    from mlabench.sweep.compare import recorded_records
     from mlabench.sweep.point import ShapeBench
     from mlabench.sweep.summary import compare_table
 

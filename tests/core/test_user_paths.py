@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from mlabench.errors import FileAccessError
-from tests.core.test_cli import run
+from tests.cli.test_cli import run
 
 RUN = Path(__file__).parent.parent / "report" / "fixtures" / "h200-kimi-k3-tp8"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from mlabench.deploy.prediction import KernelRef, attention_us
 from mlabench.records.store import records_of
 from mlabench.serving.results import BenchResult, MetricStats
-from tests.core.test_cli import run
+from tests.cli.test_cli import run
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEP = REPO / "results/h200/deploy/kimi-k3-tp8/kimi-k3-tp8-gluon-flashmla-20261201-183956-973"

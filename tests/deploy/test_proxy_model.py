@@ -71,7 +71,7 @@ def test_a_folder_in_use_is_refused(tmp_path):
 
 
 def test_the_command_refuses_an_unknown_name_and_a_folder_in_use(tmp_path, monkeypatch, capsys):
-    from tests.core.test_cli import run
+    from tests.cli.test_cli import run
 
     code, _out, err = run(["proxy-model", "kimi-k9", str(tmp_path / "m")], monkeypatch, capsys)
     assert code == 2 and err.strip() == "error: unknown proxy model 'kimi-k9'; known: kimi-k3-tp8, tiny"

@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from mlabench.measure.stats import median_rel_ci, quantile, summarize
+from mlabench.measure.stats import geomean, median_rel_ci, quantile, summarize
 from mlabench.measure.timing import TimingConfig, run_until_stable
 
 
@@ -97,3 +97,14 @@ def test_budget_counts_from_the_first_timed_sample():
     stats = run_until_stable(_ten_percent_spread(), cfg, clock=lambda: 1000.0 + next(ticks) * 0.25)
     # clock read at the start (t0) and after samples 3, 4, ...: t0 + 0.25, 0.5, 0.75, 1.0 -> stop at 6
     assert stats.n == 6 and stats.noisy
+
+
+def test_geomean_of_none_one_and_several_values():
+    """The one ``geomean`` (issue 36: diff and tune each had one): None for none, a single value
+    exactly (tune's choice compares it with the value itself), the n-th root of the product."""
+    assert geomean([]) is None
+    assert geomean([0.1]) == 0.1
+    assert geomean([2.0, 8.0]) == pytest.approx(4.0, rel=1e-15)
+    assert geomean([1.1, 1.25]) == pytest.approx((1.1 * 1.25) ** 0.5, rel=1e-15)
+    with pytest.raises(ValueError):
+        geomean([1.0, 0.0])

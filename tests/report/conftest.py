@@ -57,7 +57,7 @@ def both_runs():
 
 @pytest.fixture(scope="session")
 def families():
-    from mlabench.report.runs import backend_families
+    from mlabench.backends import backend_families
 
     return backend_families()
 

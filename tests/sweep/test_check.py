@@ -64,6 +64,13 @@ def test_repeated_splits_run_once_and_failures_are_incorrect_or_error():
     assert [r.status for r in check_failures(bad)] == ["incorrect", "error"]
 
 
+def test_params_are_axes_of_the_check_beside_the_split_counts():
+    """Issue 36: ``check --param`` reaches the check as axes, its values in place of the split counts."""
+    (shape,) = check_shapes(heads=[4], context_lens=[40], page_size=16)
+    records, _ = run_check([shape], ["torch-splitkv"], [3], params={"num_kv_splits": [2, 5]})
+    assert [r.params["num_kv_splits"] for r in records] == [2, 5]
+
+
 def test_a_library_that_picks_its_split_count_is_checked_on_its_own_pick(monkeypatch):
     import dataclasses
 

@@ -6,7 +6,8 @@ import pytest
 
 from mlabench.errors import MissingResultError, UnknownBackendError
 from mlabench.measure.timing import TimingConfig
-from mlabench.sweep.compare import backend_families, recorded_records
+from mlabench.backends import backend_families
+from mlabench.sweep.compare import recorded_records
 from mlabench.sweep.config import SweepConfig
 from mlabench.sweep.run import run_sweep
 
@@ -24,11 +25,6 @@ def test_recorded_records_filter_by_batch_context_and_backend(tmp_path):
         recorded_records([tmp_path], backends=["triton-splitkv"])
     with pytest.raises(UnknownBackendError, match="cutlass"):
         recorded_records([tmp_path], backends=["cutlass"])
-
-
-def test_backend_families_pair_persistent_with_split_kv():
-    families = backend_families()
-    assert families["triton-persistent"] == "persistent" and families["torch-splitkv"] == "split-kv"
 
 
 def test_compare_needs_both_paths_with_a_correct_record():

@@ -11,7 +11,7 @@ from mlabench.measure.stats import mean_rel_se, median_rel_ci, summarize
 from mlabench.records.store import ResultStore
 from mlabench.sweep.diff import diff_runs, diff_tables
 from mlabench.sweep.sentinel import append_sentinel
-from tests.core.test_cli import run as mlabench
+from tests.cli.test_cli import run as mlabench
 
 H200_RUN = Path(__file__).resolve().parents[2] / "results/h200/kimi-k3-tp8/kimi-k3-tp8-20261130-105953-511"
 

@@ -10,7 +10,7 @@ from mlabench.records.store import ResultStore
 from mlabench.sweep.diff import diff_runs, diff_tables
 from mlabench.sweep.machine import machine_factor, machine_tables, two_machines
 from mlabench.sweep.sentinel import append_sentinel
-from tests.core.test_cli import run as mlabench
+from tests.cli.test_cli import run as mlabench
 from tests.sweep.test_diff import H200_RUN, copy_run
 
 #: The point that changed beyond the machine: triton-splitkv's first record.

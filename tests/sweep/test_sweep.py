@@ -339,7 +339,7 @@ def test_a_model_flag_replaces_the_files_model_whichever_kind(tmp_path):
 def test_a_bad_split_policy_is_one_error_before_anything_runs(tmp_path, monkeypatch, capsys, policy, said):
     """A sweep config's split_policy file (corrupt, negative counts) or mode is refused with one
     line and exit 2, and no run folder is made (it used to exit 0 with every point an error)."""
-    from tests.core.test_cli import run
+    from tests.cli.test_cli import run
 
     path = tmp_path / "policy.json"
     if policy is not None:

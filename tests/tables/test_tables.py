@@ -127,7 +127,8 @@ def test_at_80_columns_numbers_never_wrap(which):
     """Issue 8 item 10: in an 80-column log every number is whole on one line; columns are left
     out (and said so) instead."""
     from mlabench.sweep.check import check_table
-    from mlabench.sweep.compare import backend_families, recorded_records
+    from mlabench.backends import backend_families
+    from mlabench.sweep.compare import recorded_records
     from mlabench.sweep.summary import compare_table, sweep_summary
 
     records = recorded_records([H200])

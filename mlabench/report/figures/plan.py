@@ -300,7 +300,7 @@ def plan(runs: Any, kinds: Sequence[str] | None = None,
     Returns the figures to draw and, for each kind with nothing to draw, a :class:`Skipped` saying
     why. An unknown kind raises :class:`ConfigError` listing the known ones.
     """
-    from mlabench.report.runs import backend_families
+    from mlabench.backends import backend_families
 
     kinds = list(dict.fromkeys(kinds or KINDS))
     unknown = [k for k in kinds if k not in KINDS]
