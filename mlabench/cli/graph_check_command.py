@@ -20,6 +20,7 @@ from mlabench.cli.options import (
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
 from mlabench.files import write_text
+from mlabench.run_files import POLICY_FILE
 
 
 def graph_check(
@@ -65,7 +66,7 @@ def graph_check(
     subjects = subjects_for(backends, name_list(split_policy) or ["host", "device"], _one_value_each(axes))
     given = load_split_policy(policy) if policy else None
     with tempfile.TemporaryDirectory(prefix="mlabench-graph-check-") as tmp:
-        path = policy_out or Path(tmp) / "policy.json"
+        path = policy_out or Path(tmp) / POLICY_FILE
         result = run_graph_check(cfg, subjects, policy=given, policy_path=path,
                                  progress=lambda msg: notice(msg, style="dim"))
     table = graph_check_table(result, cfg)

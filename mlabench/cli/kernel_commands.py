@@ -20,6 +20,7 @@ from mlabench.cli.options import (
 )
 from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError, MissingResultError
+from mlabench.run_files import MANIFEST_FILE, RESULTS_CSV_FILE, RESULTS_FILE
 
 
 def backends(format: Format = None, as_json: Json = False, markdown: Markdown = False,
@@ -250,4 +251,4 @@ def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool
 
 
 def _results_went_to(store) -> None:
-    notice(f"results: {store.run_dir}/ (results.jsonl, results.csv, manifest.json)", style="")
+    notice(f"results: {store.run_dir}/ ({RESULTS_FILE}, {RESULTS_CSV_FILE}, {MANIFEST_FILE})", style="")

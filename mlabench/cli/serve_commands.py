@@ -17,6 +17,7 @@ from mlabench.cli.options import Format, Json, Markdown, ResultsDir, VllmBin, in
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
 from mlabench.files import write_text
+from mlabench.run_files import CHECK_FILE, RESULTS_FILE
 from mlabench.serving import bench, config as cfg, greedy_check as greedy, table as tbl
 from mlabench.serving.lifecycle import served_model
 
@@ -74,7 +75,7 @@ def serve_bench(
         _, results = bench.run_serve_bench(conf, results_dir, vllm_bin_flag=vllm_bin,
                                            progress=_progress, run_dir=run_dir)
     except BaseException:  # keep what was measured, then re-raise (servers are stopped by now)
-        if bench.discard_unmeasured(run_dir, "results.jsonl"):
+        if bench.discard_unmeasured(run_dir, RESULTS_FILE):
             tbl.write_table_files(tbl.table_of(conf, bench.read_run(run_dir)[1], stat), run_dir)  # type: ignore[arg-type]
             notice(f"partial results kept in {run_dir}")
         raise
@@ -171,7 +172,7 @@ def serve_check(
                                         params)
     except BaseException:
         if run_dir is not None:
-            bench.discard_unmeasured(run_dir, "check.json")
+            bench.discard_unmeasured(run_dir, CHECK_FILE)
         raise
     if expected is None:
         report = greedy.validate_alone(out)
@@ -181,7 +182,7 @@ def serve_check(
     else:
         report = greedy.compare(out, expected, params.tie_threshold)
     if run_dir is not None:
-        write_text(run_dir / "check.json", report.model_dump_json(indent=2) + "\n", "check report")
+        write_text(run_dir / CHECK_FILE, report.model_dump_json(indent=2) + "\n", "check report")
     saved = fixture if expected is None and report.verdict == "match" else None
     emit([greedy.report_table(report, saved)], fmt)
     if not greedy.passes(report, strict):

@@ -18,6 +18,8 @@ from mlabench.cli.options import (
 )
 from mlabench.cli.output import emit, err, progress_bar
 from mlabench.errors import ConfigError
+from mlabench.run_files import (JOURNAL_FILE, POLICY_FILE, POLICY_HEADER_FILE, POLICY_MODULE_FILE, RESULTS_FILE,
+                                VALIDATION_FILE, VALIDATION_TABLE_FILE)
 
 
 def parse_rule_range(text: str | None) -> dict[str, int] | str | None:
@@ -209,8 +211,9 @@ def tune(
     finally:
         view.stop()
     _report(result, fmt)
-    journal = ", study.journal" if (result.store.run_dir / "study.journal").exists() else ""
-    err.print(f"results: {result.store.run_dir}/ (policy.json, policy.h, policy.py, results.jsonl{journal})",
+    journal = f", {JOURNAL_FILE}" if (result.store.run_dir / JOURNAL_FILE).exists() else ""
+    err.print(f"results: {result.store.run_dir}/ ({POLICY_FILE}, {POLICY_HEADER_FILE}, {POLICY_MODULE_FILE}, "
+              f"{RESULTS_FILE}{journal})",
               markup=False)
 
 
@@ -294,7 +297,7 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
         result = validate_policy(policy, lengths, lo, hi, ladder_counts, timing, results_dir, update, seed=seed,
                                  resume=resume, policy_path=path)
     emit(validation_tables(result), fmt)
-    err.print(f"results: {result.store.run_dir}/ (validation.md, validation.json, results.jsonl)",
+    err.print(f"results: {result.store.run_dir}/ ({VALIDATION_TABLE_FILE}, {VALIDATION_FILE}, {RESULTS_FILE})",
               markup=False)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from mlabench.files import write_text
 from mlabench.policy.rules import rule_splits, whole_tile_splits
 from mlabench.policy.tuned import Policy, lookup_rows
+from mlabench.run_files import POLICY_STEM
 
 
 # ---- exports -------------------------------------------------------------------------------------
@@ -112,7 +113,7 @@ def to_python_module(policy: Policy) -> str:
                       "    return lookup_rows(ROWS, batch, context_len)", ""])
 
 
-def write_exports(policy: Policy, folder: Path, stem: str = "policy") -> dict[str, Path]:
+def write_exports(policy: Policy, folder: Path, stem: str = POLICY_STEM) -> dict[str, Path]:
     """Write ``<stem>.json``, ``<stem>.h`` and ``<stem>.py`` into ``folder``; returns their paths."""
     paths = {"json": folder / f"{stem}.json", "cpp": folder / f"{stem}.h", "python": folder / f"{stem}.py"}
     for kind, text in (("json", policy.to_json()), ("cpp", to_cpp_header(policy)),

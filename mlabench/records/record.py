@@ -113,6 +113,9 @@ class Manifest(BaseModel):
 
     schema_version: int = SCHEMA_VERSION
     run_id: str
+    kind: str | None = Field(
+        None, description="What run this is: sweep, tune or validation (mlabench.run_files.RUN_KINDS).  None in runs "
+                          "recorded before manifests said it: mlabench.records.kinds.run_kind derives it.")
     created: str
     command: list[str]
     git_revision: str

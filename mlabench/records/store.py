@@ -26,10 +26,9 @@ from mlabench.errors import FileAccessError, ResultsError
 from mlabench.files import append_text, make_dir, read_text, user_path, validation_line, write_text
 from mlabench.records.csv_rows import CSV_FIELDS, csv_row
 from mlabench.records.record import Manifest, Record
+from mlabench.run_files import (ARCHIVED_RESULTS_FILE, MANIFEST_FILE, RESULTS_CSV_FILE, RESULTS_FILE,
+                                SCRIPT_RECORDS_FILE)
 
-#: A run's records, and the same gzipped: an archived run (committed results kept small), read as
-#: it is and never appended to (``gunzip`` it to resume it).
-RESULTS_FILE, ARCHIVED_RESULTS_FILE = "results.jsonl", "results.jsonl.gz"
 
 
 def stored_file(path: Path) -> Path:
@@ -71,7 +70,7 @@ class ResultStore:
         self.run_dir = Path(run_dir)
         self.jsonl = stored_file(self.run_dir / RESULTS_FILE)
         self.archived = self.jsonl.name == ARCHIVED_RESULTS_FILE
-        self.manifest_path = self.run_dir / "manifest.json"
+        self.manifest_path = self.run_dir / MANIFEST_FILE
 
     # ---- lifecycle -----------------------------------------------------------------------------
     @classmethod
@@ -121,7 +120,7 @@ class ResultStore:
         archived one (:func:`refuse_archived`), or one whose identity differs from ``identity``."""
         store = cls(run_dir)
         if not store.manifest_path.exists():
-            raise ResultsError(f"{run_dir}: no manifest.json, nothing to resume")
+            raise ResultsError(f"{run_dir}: no {MANIFEST_FILE}, nothing to resume")
         refuse_archived(run_dir)
         if identity is not None:
             theirs = store.manifest().identity()
@@ -181,7 +180,7 @@ class ResultStore:
     # ---- exports -------------------------------------------------------------------------------
     def write_csv(self, path: Path | None = None) -> Path:
         """Flatten the records into ``results.csv`` (regenerated, never appended); returns its path."""
-        path = path or self.run_dir / "results.csv"
+        path = path or self.run_dir / RESULTS_CSV_FILE
         rows = [csv_row(r) for r in self.records()]
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\r\n")
@@ -228,7 +227,7 @@ def run_folders(paths: Iterable[Path]) -> list[Path]:
             continue
         inner = sorted(p for p in path.iterdir() if p.is_dir() and holds_run(p)) if path.is_dir() else []
         if not inner:
-            raise ResultsError(f"{path}: no run folder (results.jsonl, manifest.json) here or one level down"
+            raise ResultsError(f"{path}: no run folder ({RESULTS_FILE}, {MANIFEST_FILE}) here or one level down"
                                + _no_run_hint(path))
         found.extend(inner)
     return found
@@ -238,8 +237,8 @@ def _no_run_hint(path: Path) -> str:
     """Why ``path`` holds no run folder, and where the runs are when they lie deeper."""
     if not path.is_dir():
         return " (not a folder)"
-    if (path / "records.jsonl").is_file():
-        return "; its records.jsonl is a script's output, not a run (its README.md says what reads it)"
+    if (path / SCRIPT_RECORDS_FILE).is_file():
+        return f"; its {SCRIPT_RECORDS_FILE} is a script's output, not a run (its README.md says what reads it)"
     deeper = sorted({str(p.parent) for depth in ("*/*/", "*/*/*/") for name in (RESULTS_FILE, ARCHIVED_RESULTS_FILE)
                      for p in path.glob(depth + name)})
     return ("; run folders further down (name one, or the folder just above it): " + ", ".join(deeper)

@@ -5,11 +5,14 @@ One function, :func:`load_runs`, reads every path named (a run folder, a folder 
 level down, or a graph-check JSON file) and sorts what it finds by kind:
 
 - a ``serve-bench`` run (its ``manifest.json`` says ``"kind": "serve-bench"``);
-- a tuning run (``mlabench tune``: its manifest's configuration has ``tune``; trial records in the
-  order measured, the exported ``policy.json`` beside them);
-- a validation run (``mlabench tune --validate``: configuration ``validate``; ``validation.json``);
-- a kernel run (sweep, compare: :class:`~mlabench.records.record.Record` lines), the only records the
-  sweep figures and tables read;
+- a tuning run (``mlabench tune``, kind ``tune``; trial records in the order measured, the exported
+  ``policy.json`` beside them);
+- a validation run (``mlabench tune --validate``, kind ``validation``; ``validation.json``);
+- a kernel run (sweep, compare, kind ``sweep``: :class:`~mlabench.records.record.Record` lines),
+  the only records the sweep figures and tables read;
+
+each by its kind (:func:`mlabench.records.kinds.run_kind`: the manifest's ``kind``, or for runs
+recorded before manifests said it, derived from their configuration);
 - a graph-check result: the JSON table ``mlabench graph-check --save FILE`` writes, named directly
   or found in a folder named (or one level inside it).
 
@@ -26,8 +29,10 @@ from typing import Any
 
 from mlabench.errors import ResultsError
 from mlabench.files import read_json
+from mlabench.records.kinds import run_kind
 from mlabench.records.record import Manifest, Record
 from mlabench.records.store import ResultStore, holds_run, records_of, run_folders
+from mlabench.run_files import MANIFEST_FILE, POLICY_FILE, SERVE_BENCH_KIND, TUNE_KIND, VALIDATION_FILE, VALIDATION_KIND
 from mlabench.serving.config import ServeConfig
 from mlabench.serving.results import BenchResult
 
@@ -152,22 +157,6 @@ class Runs:
         return str(self.manifests[0].device.get("name")) if self.manifests else None
 
 
-def run_kind(path: Path) -> str:
-    """``serve-bench``, ``tune``, ``validate`` or ``kernel``: what the run folder ``path`` holds,
-    from its ``manifest.json`` (``kernel`` when the manifest says nothing else or is unreadable:
-    reading it as a kernel run then says what is wrong)."""
-    try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return "kernel"
-    if not isinstance(manifest, dict):
-        return "kernel"
-    if manifest.get("kind") == "serve-bench":
-        return "serve-bench"
-    config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
-    return next((kind for kind in ("tune", "validate") if kind in config), "kernel")
-
-
 def read_graph_check(path: Path) -> GraphCheckRun | None:
     """The graph-check table in the JSON file ``path``; None when the file holds something else
     (another table, a manifest, a policy) or is too large to be one."""
@@ -209,7 +198,7 @@ def _tune_run(folder: Path) -> TuneRun:
     from mlabench.policy.tuned import load_policy
 
     store = ResultStore(folder)
-    policy = load_policy(folder / "policy.json") if (folder / "policy.json").is_file() else None
+    policy = load_policy(folder / POLICY_FILE) if (folder / POLICY_FILE).is_file() else None
     return TuneRun(folder, store.manifest(), store.records(), policy)
 
 
@@ -218,12 +207,12 @@ def _validation_run(folder: Path) -> ValidationRun:
 
     store = ResultStore(folder)
     points = None
-    if (folder / "validation.json").is_file():
-        raw = read_json(folder / "validation.json", "validation results")
+    if (folder / VALIDATION_FILE).is_file():
+        raw = read_json(folder / VALIDATION_FILE, "validation results")
         try:
             points = [PointResult(**p) for p in raw]
         except TypeError:
-            raise ResultsError(f"{folder / 'validation.json'}: not the points of a validation run") from None
+            raise ResultsError(f"{folder / VALIDATION_FILE}: not the points of a validation run") from None
     return ValidationRun(folder, store.manifest(), store.records(), points)
 
 
@@ -246,13 +235,13 @@ def load_runs(paths: Iterable[Path | str]) -> Runs:
     kernel_folders = []
     for folder in dict.fromkeys(run_folders(with_runs) if with_runs else []):
         kind = run_kind(folder)
-        if kind == "serve-bench":
+        if kind == SERVE_BENCH_KIND:
             config, results = read_run(folder)
-            manifest = read_json(folder / "manifest.json", "serve-bench run manifest")
+            manifest = read_json(folder / MANIFEST_FILE, "serve-bench run manifest")
             runs.serve_runs.append(ServeRun(folder, manifest, config, results))
-        elif kind == "tune":
+        elif kind == TUNE_KIND:
             runs.tune_runs.append(_tune_run(folder))
-        elif kind == "validate":
+        elif kind == VALIDATION_KIND:
             runs.validation_runs.append(_validation_run(folder))
         else:
             kernel_folders.append(folder)

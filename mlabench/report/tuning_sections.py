@@ -16,6 +16,7 @@ from mlabench.policy.tuned import TILES_NOTATION
 from mlabench.report.document import Block, FigureBlock, Heading, Missing, Para, TableBlock
 from mlabench.report.figures import style, tuning_data as T
 from mlabench.report.figures.plan import FigureSpec
+from mlabench.run_files import POLICY_FILE, VALIDATION_FILE
 from mlabench.tables.table import Table
 
 
@@ -116,7 +117,7 @@ def _tune_blocks(run: Any, specs: Sequence[FigureSpec], alone: bool) -> list[Blo
                                 f"{ok} correct ({run.path})."),
                            TableBlock(choice_table(run))]
     if run.policy is None:
-        blocks.append(Missing(f"tuning run {run.name} has no policy.json: it did not finish (continue it with "
+        blocks.append(Missing(f"tuning run {run.name} has no {POLICY_FILE}: it did not finish (continue it with "
                               f"`mlabench tune --resume {run.path}`, or write the policy of its studies with "
                               f"`mlabench tune --export {run.path}`)"))
     else:
@@ -133,7 +134,7 @@ def _validation_blocks(runs: Any, run: Any, specs: Sequence[FigureSpec], alone: 
                            Para(f"{validate_config_text(run.manifest.config['validate'])}; the tuning run "
                                 + ("is in this report" if given else "is not among the folders given") + ".")]
     if run.points is None:
-        return blocks + [Missing(f"{run.path} has no validation.json (an interrupted validation): no regret "
+        return blocks + [Missing(f"{run.path} has no {VALIDATION_FILE} (an interrupted validation): no regret "
                                  "to show; run `mlabench tune --validate POLICY` again")]
     names = sorted({h for p in run.points for h in p.heuristics})
     summary = validation_tables(Validation(ResultStore(run.path), run.points, names))[0]
@@ -152,7 +153,7 @@ def tuning_section(runs: Any, specs: Sequence[FigureSpec]) -> list[Block]:
         blocks += _tune_blocks(run, specs, len(runs.tune_runs) == 1)
     if not runs.validation_runs:
         blocks.append(Missing("no validation run among the folders given (`mlabench tune --validate "
-                              "<tuning run>/policy.json`): the policy's regret on held-out lengths is not shown"))
+                              f"<tuning run>/{POLICY_FILE}`): the policy's regret on held-out lengths is not shown"))
     for run in runs.validation_runs:
         blocks += _validation_blocks(runs, run, specs, len(runs.validation_runs) == 1)
     return blocks

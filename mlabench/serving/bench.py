@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from mlabench.errors import ConfigError, DependencyError, ServerError
 from mlabench.files import append_text, make_dir, read_json, read_text, validation_line, write_text
+from mlabench.run_files import COMMANDS_FILE, MANIFEST_FILE, RESULTS_FILE, SERVE_BENCH_KIND
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.lifecycle import (
     ManagedServer, die_with_parent, log_tail, require_launchable, require_reachable, served_model, stop_group,
@@ -210,11 +211,11 @@ def run_serve_bench(
     run_dir = run_dir or new_run_dir(results_root, label)
     if done is None:
         manifest = {
-            "kind": "serve-bench", "schema_version": 1,
+            "kind": SERVE_BENCH_KIND, "schema_version": 1,
             "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "vllm_bin": vllm_bin, "env": env_summary(), "config": config.model_dump(mode="json"),
         }
-        write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n", "run manifest")
+        write_text(run_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n", "run manifest")
     results: list[BenchResult] = []
     for variant in config.variants:
         params = config.bench_for(variant)
@@ -282,7 +283,7 @@ def _bench_one(
         vllm_bin, variant.base_url, model, tokenizer, params, conc, run_dir, f"{stem}.json",
         {"variant": variant.name, "input_len": str(input_len), "concurrency": str(conc), "repeat": str(rep)},
     )
-    append_text(run_dir / "commands.txt", shlex.join(argv) + "\n", "run folder file")
+    append_text(run_dir / COMMANDS_FILE, shlex.join(argv) + "\n", "run folder file")
     tag = f"in={input_len} " if several else ""
     progress(f"[{variant.name}] {tag}concurrency {conc}, repeat {rep + 1}/{config.repeats}")
     code = run_one(argv, run_dir / f"{stem}.log", config.bench_timeout_s, srv, poll_s=config.bench_poll_s)
@@ -293,7 +294,7 @@ def _bench_one(
     elif res.status == "missing":
         tail = log_tail(run_dir / f"{stem}.log", 8)
         res = res.model_copy(update={"error": f"{res.error}; exit code {code}; log tail:\n{tail}"})
-    append_text(run_dir / "results.jsonl", res.model_dump_json() + "\n", "run results", sync=True)
+    append_text(run_dir / RESULTS_FILE, res.model_dump_json() + "\n", "run results", sync=True)
     progress(f"[{variant.name}] {tag}c={conc} r={rep}: {res.status}" + (f", mean TPOT {res.tpot.mean_ms:.2f} ms" if res.tpot.mean_ms is not None else ""))
     return res
 
@@ -302,8 +303,8 @@ def read_run(run_dir: Path) -> tuple[ServeConfig, list[BenchResult]]:
     """Re-read a finished (or interrupted) run folder: its config and results.jsonl, each result
     judged again (:func:`~mlabench.serving.results.judge`) with its variant's parameters, so that a
     run recorded before a check existed is shown as that check sees it."""
-    manifest = read_json(run_dir / "manifest.json", "serve-bench run manifest")
-    lines = read_text(run_dir / "results.jsonl", "serve-bench run results").splitlines()
+    manifest = read_json(run_dir / MANIFEST_FILE, "serve-bench run manifest")
+    lines = read_text(run_dir / RESULTS_FILE, "serve-bench run results").splitlines()
     try:
         config = ServeConfig.model_validate(manifest["config"], context={"recorded": True})
         results = [BenchResult.model_validate_json(line) for line in lines if line.strip()]

@@ -23,6 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from mlabench.files import write_text
+from mlabench.run_files import TABLE_FILE, TABLE_JSON_FILE
 from mlabench.serving.config import ServeConfig
 from mlabench.serving.results import SEVERITY, BenchResult, Status
 from mlabench.tables.render import to_json, to_markdown
@@ -266,5 +267,5 @@ def view(table: ServeTable, format: str) -> Table:
 def write_table_files(table: ServeTable, run_dir: Path) -> None:
     """Save ``table.md`` (:func:`tpot_markdown_table`) and ``table.json`` (:func:`tpot_table`, as
     ``--json`` prints it) in the run folder."""
-    write_text(run_dir / "table.md", to_markdown(tpot_markdown_table(table)), "run table")
-    write_text(run_dir / "table.json", to_json([tpot_table(table)]) + "\n", "run table")
+    write_text(run_dir / TABLE_FILE, to_markdown(tpot_markdown_table(table)), "run table")
+    write_text(run_dir / TABLE_JSON_FILE, to_json([tpot_table(table)]) + "\n", "run table")

@@ -24,6 +24,7 @@ from mlabench.measure.steady import warm_up
 from mlabench.records.provenance import command_line, git_revision, library_versions
 from mlabench.records.record import Manifest, Record, new_run_id, utc_now
 from mlabench.records.store import ResultStore
+from mlabench.run_files import SWEEP_KIND
 from mlabench.shapes import model_spec, scale_note
 from mlabench.sweep.config import SweepConfig, check_param_values, expand, recorded_config
 from mlabench.sweep.order import order_points
@@ -43,7 +44,7 @@ def make_manifest(run_id: str, cfg: SweepConfig, copy_bw_tbps: float, read_bw_tb
 def kernel_run_manifest(run_id: str, config: dict[str, Any], copy_bw_tbps: float, read_bw_tbps: float | None = None,
                         warmups: list[dict[str, Any]] | None = None,
                         read_ceiling: dict[str, Any] | None = None) -> Manifest:
-    """The manifest of a new kernel run (a folder ``compare``, ``plot``, ``report`` and ``diff`` read):
+    """The manifest of a new kernel run (kind :data:`~mlabench.run_files.SWEEP_KIND`) (a folder ``compare``, ``plot``, ``report`` and ``diff`` read):
     this process's identity (device, driver, library versions, git revision, command line), the
     measured copy and read bandwidths (TB/s) beside the datasheet's, how the read one was found
     (``read_ceiling``: :meth:`~mlabench.measure.bandwidth.ReadCeiling.as_dict`), ``config`` (a sweep's
@@ -62,6 +63,7 @@ def kernel_run_manifest(run_id: str, config: dict[str, Any], copy_bw_tbps: float
         versions=library_versions(backend_packages()), copy_bandwidth_tbps=copy_bw_tbps,
         read_bandwidth_tbps=read_bw_tbps, read_ceiling=read_ceiling,
         datasheet_bandwidth_tbps=datasheet_bandwidth_tbps(dev.name), config=config, warmups=warmups or [],
+        kind=SWEEP_KIND,
     )
 
 

@@ -28,9 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from mlabench.measure.stats import mean_rel_se
 from mlabench.records.record import Manifest, Record
 from mlabench.records.store import read_jsonl, stored_file
+from mlabench.run_files import RESULTS_FILE, SENTINEL_FILE, VISITS_FILE
 from mlabench.tables.table import fmt, params_label
 
-SENTINEL_FILE = "sentinel.jsonl"
 #: The sentinel's reference is the median of this many of its first measurements (of all but the
 #: last where a run has fewer: at least one reading is always compared with a reference it is not in).
 REFERENCE_READINGS = 3
@@ -41,8 +41,8 @@ class SentinelMeasurement(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    after_points: int = Field(description="Records in results.jsonl when it was taken (with several visits "
-                                          "per point: visits in visits.jsonl).")
+    after_points: int = Field(description=f"Records in {RESULTS_FILE} when it was taken (with several visits "
+                                          f"per point: visits in {VISITS_FILE}).")
     record: Record = Field(description="The sentinel point as measured then.")
 
 
@@ -51,8 +51,8 @@ class DriftWindow(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    from_point: int = Field(description="Index (0-based, in results.jsonl; with several visits per point, "
-                                        "in visits.jsonl) of the first point in the window.")
+    from_point: int = Field(description=f"Index (0-based, in {RESULTS_FILE}; with several visits per point, "
+                                        f"in {VISITS_FILE}) of the first point in the window.")
     to_point: int = Field(description="Index after the last point in the window.")
     drift: float = Field(description="Drift of the sentinel measured at the window's end.")
     points: list[str] = Field(description="The points measured in the window, as labels.")

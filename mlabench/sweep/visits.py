@@ -39,9 +39,9 @@ from mlabench.measure.observers import pooled_clocks
 from mlabench.measure.stats import mean_rel_se, summarize
 from mlabench.records.record import Record, utc_now
 from mlabench.records.store import read_jsonl
+from mlabench.run_files import VISITS_FILE
 from mlabench.sweep.point import speed_fields
 
-VISITS_FILE = "visits.jsonl"
 #: Visits per point on a GPU when the sweep does not say (``SweepConfig.visits``); 1 on the CPU.
 DEFAULT_GPU_VISITS = 4
 #: Most visits per point when the sweep does not say (``SweepConfig.max_visits``): this many times

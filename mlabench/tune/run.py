@@ -33,6 +33,7 @@ from mlabench.policy.tuned import Policy
 from mlabench.records.provenance import command_line, git_revision, library_versions
 from mlabench.records.record import Manifest, new_run_id, utc_now
 from mlabench.records.store import ResultStore, refuse_archived
+from mlabench.run_files import TUNE_KIND, WORKERS_FOLDER
 from mlabench.shapes import model_spec, scale_note
 from mlabench.tune.choice import BucketChoice, build_policy, study_choice
 from mlabench.tune.seeded_trials import heuristic_trials, whole_tile_trials
@@ -85,14 +86,17 @@ def gpu_model(devices: list[str | None]) -> str:
     return models[named[0]]
 
 
-def run_manifest(run_id: str, copy_bw: float, config: dict[str, Any], device: str | None = None) -> Manifest:
-    """The manifest of a tuning or validation run (database passwords in the command line redacted)."""
+def run_manifest(run_id: str, copy_bw: float, config: dict[str, Any], device: str | None = None,
+                 kind: str | None = None) -> Manifest:
+    """The manifest of a tuning or validation run (database passwords in the command line redacted);
+    ``kind`` is :data:`~mlabench.run_files.TUNE_KIND` or :data:`~mlabench.run_files.VALIDATION_KIND`."""
     rev, dirty = git_revision()
     dev = dict(current_device().__dict__, name=device or current_device().name)
     command = [redact_url(x) if "://" in x else x for x in command_line()]
     return Manifest(run_id=run_id, created=utc_now(), command=command, git_revision=rev, git_dirty=dirty,
                     host=socket.gethostname(), device=dev, gpu_state=gpu_state(), driver=driver_version(),
-                    versions=library_versions(backend_packages()), copy_bandwidth_tbps=copy_bw, config=config)
+                    versions=library_versions(backend_packages()), copy_bandwidth_tbps=copy_bw, config=config,
+                    kind=kind)
 
 
 def fresh_run_id(results_root: Path, prefix: str) -> str:
@@ -111,7 +115,7 @@ def _manifest(run_id: str, cfg: TuneConfig, specs: list[StudySpec], copy_bw: flo
     if cfg.storage:
         config["storage"] = redact_url(cfg.storage)
     manifest = run_manifest(run_id, copy_bw, {"tune": config, "studies": [dataclasses.asdict(s) for s in specs]},
-                            device)
+                            device, kind=TUNE_KIND)
     return manifest.model_copy(update={"softmax_scale": scale_note(model_spec(cfg.model, cfg.model_config_path))})
 
 
@@ -236,7 +240,7 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
     import torch
 
     env = {STORAGE_ENV: storage_url} if storage_url else {}
-    workers = start_workers("mlabench.tune.trial_worker:worker_main", payload, devices, store.run_dir / "workers",
+    workers = start_workers("mlabench.tune.trial_worker:worker_main", payload, devices, store.run_dir / WORKERS_FOLDER,
                             rocm=torch.version.hip is not None, extra_env=env)
     try:
         supervise(workers, poll)

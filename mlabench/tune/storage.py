@@ -29,9 +29,8 @@ from typing import Any
 
 from mlabench.errors import ConfigError, DependencyError, ResultsError
 from mlabench.extras import require
+from mlabench.run_files import ARCHIVED_JOURNAL_FILE, JOURNAL_FILE, STUDIES_LOCK_FILE
 
-JOURNAL_FILE = "study.journal"
-ARCHIVED_JOURNAL_FILE = JOURNAL_FILE + ".gz"  #: a committed run keeps its journal gzipped
 #: Seconds without a heartbeat after which a RUNNING trial of a database storage counts as dead
 #: (its worker killed, its machine gone); its heartbeat beats every quarter of it.  The
 #: environment variable of that name overrides it (the tests use a few seconds).
@@ -211,7 +210,7 @@ def storage_lock(storage: Any, run_dir: Path) -> Iterator[None]:
                 yield
             conn.commit()
         return
-    with open(run_dir / ".studies.lock", "a") as fh:
+    with open(run_dir / STUDIES_LOCK_FILE, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

@@ -31,6 +31,7 @@ from mlabench.policy.heuristics import heuristic_splits
 from mlabench.policy.tuned import Policy
 from mlabench.records.record import point_key
 from mlabench.records.store import ResultStore
+from mlabench.run_files import VALIDATION_FILE, VALIDATION_KIND, VALIDATION_TABLE_FILE
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.point import ShapeBench
 from mlabench.tables.table import ColumnStyle, Table
@@ -227,8 +228,8 @@ def _finish(store: ResultStore, points: list[PointResult], seed: int) -> Validat
 
     names = sorted({k for p in points for k in p.heuristics})
     result = Validation(store, points, names, seed)
-    (store.run_dir / "validation.json").write_text(json.dumps([asdict(p) for p in points], indent=1) + "\n")
-    (store.run_dir / "validation.md").write_text("\n".join(to_markdown(t) for t in validation_tables(result)))
+    (store.run_dir / VALIDATION_FILE).write_text(json.dumps([asdict(p) for p in points], indent=1) + "\n")
+    (store.run_dir / VALIDATION_TABLE_FILE).write_text("\n".join(to_markdown(t) for t in validation_tables(result)))
     store.write_csv()
     return result
 
@@ -256,7 +257,7 @@ def _new_run(policy: Policy, backend: Any, count: int | None, low: int | None, h
     config = {"validate": {"policy_source": policy.source, "backend": policy.backend, "lengths": lengths,
                            "seed": seed, "ladder": ladder, "timing": timing.model_dump(),
                            "policy": str(policy_path) if policy_path else None}}
-    store = ResultStore.create(results_root / run_id, run_manifest(run_id, copy_bw, config))
+    store = ResultStore.create(results_root / run_id, run_manifest(run_id, copy_bw, config, kind=VALIDATION_KIND))
     return store, lengths, seed, timing
 
 

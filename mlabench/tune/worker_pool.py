@@ -31,6 +31,7 @@ from typing import Any
 from mlabench.errors import ConfigError, MlabenchError, WorkerError
 from mlabench.records.record import Record
 from mlabench.records.store import ResultStore
+from mlabench.run_files import APPEND_LOCK_FILE, CLAIMS_FOLDER, WORKER_PAYLOAD_FILE
 from mlabench.serving.lifecycle import die_with_parent
 
 #: Comma-separated modules every worker imports first (e.g. one that registers extra backends).
@@ -97,7 +98,7 @@ def start_workers(entry: str, payload: dict[str, Any], devices: list[str | None]
     database URL holding a password).
     """
     log_dir.mkdir(parents=True, exist_ok=True)
-    payload_path = log_dir / "worker-payload.json"
+    payload_path = log_dir / WORKER_PAYLOAD_FILE
     payload_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     workers = []
     for index, device in enumerate(devices):
@@ -198,7 +199,7 @@ def _start_ticks(pid: int) -> str:
 def append_shared(store: ResultStore, record: Record) -> None:
     """Append ``record`` to ``store`` holding an exclusive lock, so records from several worker
     processes never interleave within a line."""
-    with open(store.run_dir / ".append.lock", "a") as lock:
+    with open(store.run_dir / APPEND_LOCK_FILE, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             store.append(record)
@@ -207,7 +208,7 @@ def append_shared(store: ResultStore, record: Record) -> None:
 
 
 def _claim_path(run_dir: Path, key: str) -> Path:
-    folder = run_dir / ".claims"
+    folder = run_dir / CLAIMS_FOLDER
     folder.mkdir(exist_ok=True)
     return folder / hashlib.sha1(key.encode()).hexdigest()
 

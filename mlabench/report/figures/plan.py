@@ -20,6 +20,7 @@ from typing import Any
 from mlabench.errors import ConfigError
 from mlabench.files import make_dir, write_bytes
 from mlabench.report.figures import data as D, graph_check_data as G, style, tuning_data as T
+from mlabench.run_files import POLICY_FILE, VALIDATION_FILE
 
 KINDS: dict[str, str] = {
     "latency": "decode latency vs context length per backend, with the floor (log-log)",
@@ -203,7 +204,7 @@ def _tuned_policy(runs: Any, families: dict[str, str], kind: str) -> list[Figure
     for run in runs.tune_runs:
         steps = T.policy_steps(run, runs.validation_runs)
         if not steps:
-            why.append(f"tuning run {run.name} has no policy.json (unfinished: `mlabench tune --resume` it, "
+            why.append(f"tuning run {run.name} has no {POLICY_FILE} (unfinished: `mlabench tune --resume` it, "
                        "or `mlabench tune --export` it)")
             continue
         backend = run.config["backend"]
@@ -257,7 +258,7 @@ def _tuning_regret(runs: Any, families: dict[str, str], kind: str) -> list[Figur
             f"{backend}: regret of the tuned policy and the public heuristics on held-out context lengths",
             _run_where(run.manifest, run.records))))
     return specs or ("no validation run (`mlabench tune --validate`) among the runs given"
-                     if not runs.validation_runs else "the validation runs given have no validation.json")
+                     if not runs.validation_runs else f"the validation runs given have no {VALIDATION_FILE}")
 
 
 def _graph_check(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] | str:

@@ -1,0 +1,84 @@
+"""The name of every file and folder a run folder (``results/<run-id>/``) holds, defined once.
+
+Every writer and reader of a run folder (the record store, sweeps' visits and sentinel, tuning's
+journal, locks and workers, validation, policy exports, serve-bench and its table, reports) takes
+its names from here; ``tests/records/test_run_files.py`` checks that no module spells one as a
+string literal.  This module sits at the bottom of the import-linter layers (beside
+:mod:`mlabench.files`) because writers below :mod:`mlabench.records` (:mod:`mlabench.serving`,
+:mod:`mlabench.policy`) name run files too; it imports nothing.
+
+Committed runs keep their raw JSONL and journal files gzipped: ``<name>`` + :data:`GZIP_SUFFIX`.
+"""
+
+from __future__ import annotations
+
+#: Appended to a raw file's name when a committed run keeps it gzipped (read as it is, never appended to).
+GZIP_SUFFIX = ".gz"
+
+# ---- every run ----------------------------------------------------------------------------------
+#: The run's identity and configuration (a :class:`~mlabench.records.record.Manifest`, or the
+#: serve-bench manifest); its ``kind`` says what run it is.
+MANIFEST_FILE = "manifest.json"
+#: One record per line (kernel :class:`~mlabench.records.record.Record`, or serve-bench
+#: :class:`~mlabench.serving.results.BenchResult`), appended and fsync'ed.
+RESULTS_FILE = "results.jsonl"
+ARCHIVED_RESULTS_FILE = RESULTS_FILE + GZIP_SUFFIX
+#: The records flattened to CSV (regenerated from :data:`RESULTS_FILE`, never appended).
+RESULTS_CSV_FILE = "results.csv"
+
+# ---- sweeps -------------------------------------------------------------------------------------
+#: The sentinel point's re-measurements (:mod:`mlabench.sweep.sentinel`).
+SENTINEL_FILE = "sentinel.jsonl"
+#: Each visit of a point, before its pooled record (:mod:`mlabench.sweep.visits`).
+VISITS_FILE = "visits.jsonl"
+
+# ---- tuning and validation ----------------------------------------------------------------------
+#: Optuna's journal of the studies (:mod:`mlabench.tune.storage`).
+JOURNAL_FILE = "study.journal"
+ARCHIVED_JOURNAL_FILE = JOURNAL_FILE + GZIP_SUFFIX
+#: Lock file serialising study creation between processes.
+STUDIES_LOCK_FILE = ".studies.lock"
+#: Lock file serialising appends of the trial workers to :data:`RESULTS_FILE`.
+APPEND_LOCK_FILE = ".append.lock"
+#: Folder of the trial workers' claims on points.
+CLAIMS_FOLDER = ".claims"
+#: Folder of the trial workers' logs and their payload.
+WORKERS_FOLDER = "workers"
+WORKER_PAYLOAD_FILE = "worker-payload.json"
+#: A validation run's points (:class:`~mlabench.tune.validation.PointResult` list) and their tables.
+VALIDATION_FILE = "validation.json"
+VALIDATION_TABLE_FILE = "validation.md"
+#: The exported policy: its stem, and the JSON, C++ header and Python module written from it
+#: (:func:`mlabench.policy.exports.write_exports`).
+POLICY_STEM = "policy"
+POLICY_FILE = POLICY_STEM + ".json"
+POLICY_HEADER_FILE = POLICY_STEM + ".h"
+POLICY_MODULE_FILE = POLICY_STEM + ".py"
+
+# ---- serve-bench and serve-check ----------------------------------------------------------------
+#: Every ``vllm bench serve`` command line run, one a line.
+COMMANDS_FILE = "commands.txt"
+#: The TPOT table of a serve-bench run, as markdown and as JSON.
+TABLE_FILE = "table.md"
+TABLE_JSON_FILE = "table.json"
+#: A serve-check's report.
+CHECK_FILE = "check.json"
+
+# ---- what run a folder holds --------------------------------------------------------------------
+#: The ``kind`` a manifest says (:func:`mlabench.records.kinds.run_kind` reads it, or derives it for
+#: runs recorded before manifests said it): a kernel sweep (``sweep``, ``compare`` measuring, the
+#: scripts that measure points), a tuning run, a validation run (``tune --validate``), a serve-bench run.
+SWEEP_KIND, TUNE_KIND, VALIDATION_KIND, SERVE_BENCH_KIND = "sweep", "tune", "validation", "serve-bench"
+RUN_KINDS = (SWEEP_KIND, TUNE_KIND, VALIDATION_KIND, SERVE_BENCH_KIND)
+
+# ---- not a run ----------------------------------------------------------------------------------
+#: A script's records (no manifest): named in the error for a folder that holds no run.
+SCRIPT_RECORDS_FILE = "records.jsonl"
+
+#: Every name above a run folder's file or folder can have (the gzipped ones included).
+RUN_FILE_NAMES = (
+    MANIFEST_FILE, RESULTS_FILE, ARCHIVED_RESULTS_FILE, RESULTS_CSV_FILE, SENTINEL_FILE, VISITS_FILE,
+    JOURNAL_FILE, ARCHIVED_JOURNAL_FILE, STUDIES_LOCK_FILE, APPEND_LOCK_FILE, CLAIMS_FOLDER, WORKERS_FOLDER,
+    WORKER_PAYLOAD_FILE, VALIDATION_FILE, VALIDATION_TABLE_FILE, POLICY_FILE, POLICY_HEADER_FILE,
+    POLICY_MODULE_FILE, COMMANDS_FILE, TABLE_FILE, TABLE_JSON_FILE, CHECK_FILE, SCRIPT_RECORDS_FILE,
+)

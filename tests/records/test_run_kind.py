@@ -1,0 +1,67 @@
+"""Every run folder says, or is given, what run it is (issue 36): :func:`run_kind` over every
+committed run, a few checked by hand, and new manifests carrying their ``kind``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlabench.records.kinds import manifest_kind, run_kind
+from mlabench.records.record import Manifest
+from mlabench.run_files import (ARCHIVED_JOURNAL_FILE, MANIFEST_FILE, RUN_KINDS, SERVE_BENCH_KIND, SWEEP_KIND,
+                                TUNE_KIND, VALIDATION_FILE, VALIDATION_KIND)
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+COMMITTED_RUNS = sorted(p.parent for p in RESULTS.rglob(MANIFEST_FILE))
+
+
+def test_there_are_committed_runs_to_read():
+    assert len(COMMITTED_RUNS) >= 20
+
+
+@pytest.mark.parametrize("run", COMMITTED_RUNS, ids=lambda p: str(p.relative_to(RESULTS)))
+def test_every_committed_run_has_a_kind_its_files_agree_with(run):
+    """A tuning run holds its journal, a validation run its points, a serve-bench run says so."""
+    kind = run_kind(run)
+    assert kind in RUN_KINDS
+    assert (kind == TUNE_KIND) == (run / ARCHIVED_JOURNAL_FILE).is_file()
+    assert (kind == VALIDATION_KIND) == (run / VALIDATION_FILE).is_file()
+    assert (kind == SERVE_BENCH_KIND) == (json.loads((run / MANIFEST_FILE).read_text()).get("kind") == SERVE_BENCH_KIND)
+
+
+@pytest.mark.parametrize(("folder", "kind"), [
+    ("cpu-vllm/serve-20261130T105730Z-cpu-tiny", SERVE_BENCH_KIND),
+    ("h200/deploy/qo1/tune-kimi-k3-tp8-20261201-152425-462", TUNE_KIND),
+    ("h200/deploy/qo1/validate-20261201-152911-787", VALIDATION_KIND),
+    ("h200/kimi-k3-tp8/kimi-k3-tp8-20261130-105953-511", SWEEP_KIND),
+    ("h200/hopper-kernel/run-72fb349/run", SWEEP_KIND),  # a script's kernel run
+])
+def test_committed_runs_checked_by_hand(folder, kind):
+    assert run_kind(RESULTS / folder) == kind
+
+
+def test_a_manifest_saying_its_kind_is_taken_at_its_word(tmp_path):
+    """``kind`` wins over the configuration; an unknown one, a missing or unreadable manifest read as a sweep."""
+    assert manifest_kind({"kind": VALIDATION_KIND, "config": {"tune": {}}}) == VALIDATION_KIND
+    assert manifest_kind({"kind": "something-else", "config": {"validate": {}}}) == VALIDATION_KIND
+    assert manifest_kind({"kind": None, "config": []}) == SWEEP_KIND
+    assert run_kind(tmp_path) == SWEEP_KIND
+    (tmp_path / MANIFEST_FILE).write_text("[1, 2]")
+    assert run_kind(tmp_path) == SWEEP_KIND
+
+
+def test_new_sweep_tuning_and_validation_manifests_say_their_kind():
+    from mlabench.sweep.run import kernel_run_manifest
+    from mlabench.tune.run import run_manifest
+
+    assert kernel_run_manifest("r", {}, 1.0).kind == SWEEP_KIND
+
+    assert run_manifest("r", 1.0, {"validate": {}}, kind=VALIDATION_KIND).kind == VALIDATION_KIND
+    assert json.loads(run_manifest("r", 1.0, {}, kind=TUNE_KIND).model_dump_json())["kind"] == TUNE_KIND
+
+
+def test_a_manifest_recorded_before_kinds_still_reads():
+    manifest = json.loads((RESULTS / "h200/deploy/qo1/tune-kimi-k3-tp8-20261201-152425-462" / MANIFEST_FILE).read_text())
+    assert "kind" not in manifest and Manifest.model_validate(manifest).kind is None
