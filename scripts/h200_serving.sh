@@ -75,14 +75,15 @@ case "$stage" in
     fi
     if [ "${SKIP_SWEEP:-0}" != 1 ]; then
     ts "microbenchmarks of the served kernels (prediction input)"
-    python3 -m mlabench sweep --config configs/sweeps/kimi-k3-tp8-serving.toml --results-dir "$out/sweep" \
-      2>&1 | tail -n 40
-    python3 -m mlabench sweep --config configs/sweeps/kimi-k3-tp8-serving-host.toml --results-dir "$out/sweep" \
-      2>&1 | tail -n 20
+    python3 -m mlabench sweep --config configs/sweeps/kimi-k3-tp8-serving.toml --results-dir "$out/sweep" 2>&1
+    python3 -m mlabench sweep --config configs/sweeps/kimi-k3-tp8-serving-host.toml --results-dir "$out/sweep" 2>&1
     tar -czf "$out/sweep.tar.gz" -C "$out" sweep && rm -rf "$out/sweep"
     fi
     ts "serve-bench in the background (log: $work/serve-bench.log)"
     # shellcheck disable=SC2086
+    if [ -n "${RESUME:-}" ] && [ -n "${SERVE_SET:-}" ]; then
+      echo "RESUME runs the config the run recorded: no SERVE_SET with it" >&2; exit 2
+    fi
     if [ -n "${RESUME:-}" ]; then  # a run folder of an earlier session, carried: run what it lacks
       mkdir -p "$work" && cp -r "$RESUME" "$work/" && what=(--resume "$work/$(basename "$RESUME")")
     else

@@ -56,8 +56,10 @@ def serve_bench(
     fmt = output_format(format, as_json, markdown)
     if stat not in ("mean", "median", "p99"):
         raise ConfigError(f"--stat must be mean, median or p99, not {stat!r}")
+    if from_run is not None and resume is not None:
+        raise ConfigError("give either --from-run (re-render) or --resume (run what is left), not both")
     if from_run is not None:
-        conf, results = bench.read_run(from_run)
+        conf, results = _read_serve_run(from_run)
         predict = _prediction_input(conf, predict_from)
         _show(tbl.table_of(conf, results, stat), None, fmt, predict)  # type: ignore[arg-type]
         return
@@ -82,17 +84,29 @@ def serve_bench(
     _show(tbl.table_of(conf, results, stat), run_dir, fmt, predict)  # type: ignore[arg-type]
 
 
+def _read_serve_run(run_dir: Path):
+    """:func:`bench.read_run` of a folder that is a serve-bench run; one line saying what it is
+    otherwise (a sweep, tune or validation run, or no run at all)."""
+    from mlabench.records.kinds import run_kind
+    from mlabench.run_files import MANIFEST_FILE, SERVE_BENCH_KIND
+
+    if (run_dir / MANIFEST_FILE).exists() and run_kind(run_dir) != SERVE_BENCH_KIND:
+        raise ConfigError(f"{run_dir} is a {run_kind(run_dir)} run, not a serve-bench run")
+    return bench.read_run(run_dir)
+
+
 def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str, predict_from) -> None:
     """``serve-bench --resume RUN``: the run's own config, its unfinished points (servers stopped
     on any exit, the folder kept), then the table of everything recorded."""
     if config_path is not None or overrides:
         raise ConfigError("--resume continues a run with the config it recorded: give no CONFIG, "
                           "--set, --concurrency or --repeats with it")
-    conf, recorded = bench.read_run(run_dir)
+    conf, recorded = _read_serve_run(run_dir)
     predict = _prediction_input(conf, predict_from)
     done = bench.finished_points(recorded, len(conf.input_lens()) > 1)
     left = [v for v in conf.variants if bench.points_left(conf, v, done)]
-    bench.preflight(left, cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin))
+    if left:  # a finished run needs no server and no vllm
+        bench.preflight(left, cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin))
     notice(f"resuming {run_dir}: {len(done)} point(s) recorded ok; variants left: "
            f"{', '.join(v.name for v in left) or 'none'}", style="")
     try:
@@ -109,7 +123,15 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None):
     if not runs:
         return None
     from mlabench.deploy.prediction import PredictionSpec
+    from mlabench.records.kinds import run_kind
     from mlabench.records.store import records_of
+    from mlabench.run_files import SWEEP_KIND
+
+    for run in runs:
+        if not run.is_dir():
+            raise ConfigError(f"--predict-from {run}: no such run folder")
+        if run_kind(run) != SWEEP_KIND:
+            raise ConfigError(f"--predict-from {run}: a {run_kind(run)} run, not a sweep of the served kernels")
 
     return (PredictionSpec.of(conf.prediction, [v.name for v in conf.variants]), records_of(runs),
             conf.input_lens()[0])

@@ -122,7 +122,8 @@ def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], f
         kernel = spec.kernels.get(variant)
         attn = attention_us(records, kernel, conc, input_len) if kernel else None
         why = ("no kernel named in [prediction]" if kernel is None else
-               f"no correct {kernel.backend} record at batch {conc}, context {input_len}" if attn is None else
+               f"no correct {kernel.backend} record{_params_text(kernel, conc)} at batch {conc}, context "
+               f"{input_len}" if attn is None else
                f"no non-attention time at c={conc} ({spec.reference} at {spec.short_input_len})"
                if rest[conc] is None else "")
         pred = None if why else predicted_tpot_ms(rest[conc], spec.layers, attn)
@@ -132,6 +133,12 @@ def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], f
                      "attention_share_pct": None if pred is None else 100.0 * spec.layers * attn / 1000.0 / pred,
                      "why": why})
     return rows
+
+
+def _params_text(kernel: KernelRef, concurrency: int) -> str:
+    """`` with num_kv_splits=256`` for a reason line: the parameters a record had to match."""
+    wanted = {**kernel.params, **kernel.by_concurrency.get(concurrency, {})}
+    return " with " + " ".join(f"{k}={v}" for k, v in wanted.items()) if wanted else ""
 
 
 def prediction_table(spec: PredictionSpec, rows: list[dict[str, Any]], stat: str = "mean") -> Table:

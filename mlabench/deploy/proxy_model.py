@@ -168,6 +168,8 @@ def write_model_folder(proxy: ProxyModel, out_dir: str | Path) -> Path:
     from mlabench.extras import require
 
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file: give a new folder")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} exists and is not empty: give a new folder")
     tk = require("tokenizers")

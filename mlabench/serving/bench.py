@@ -304,7 +304,10 @@ def read_run(run_dir: Path) -> tuple[ServeConfig, list[BenchResult]]:
     judged again (:func:`~mlabench.serving.results.judge`) with its variant's parameters, so that a
     run recorded before a check existed is shown as that check sees it."""
     manifest = read_json(run_dir / MANIFEST_FILE, "serve-bench run manifest")
-    lines = read_text(run_dir / RESULTS_FILE, "serve-bench run results").splitlines()
+    if isinstance(manifest, dict) and manifest.get("kind") not in (None, SERVE_BENCH_KIND):
+        raise ConfigError(f"{run_dir} is a {manifest['kind']} run, not a serve-bench run")
+    results_path = run_dir / RESULTS_FILE  # absent until the first point ends: nothing recorded yet
+    lines = read_text(results_path, "serve-bench run results").splitlines() if results_path.exists() else []
     try:
         config = ServeConfig.model_validate(manifest["config"], context={"recorded": True})
         results = [BenchResult.model_validate_json(line) for line in lines if line.strip()]

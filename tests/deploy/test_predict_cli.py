@@ -51,3 +51,12 @@ def test_a_run_without_a_prediction_table_is_one_line(tmp_path, monkeypatch, cap
     code, _out, err = run(["serve-bench", "--from-run", str(_serve_run(tmp_path, None)),
                            "--predict-from", str(SWEEP)], monkeypatch, capsys)
     assert code == 2 and err.startswith("error: the serve config has no [prediction] table") and err.count("\n") == 1
+
+
+def test_a_folder_that_is_not_a_sweep_is_refused(tmp_path, monkeypatch, capsys):
+    serve = _serve_run(tmp_path, PREDICTION)
+    for bad, words in ((serve, "a serve-bench run, not a sweep"), (tmp_path / "none", "no such run folder")):
+        code, _out, err = run(["serve-bench", "--from-run", str(serve), "--predict-from", str(bad)], monkeypatch, capsys)
+        assert code == 2 and words in err and err.count("\n") == 1
+    code, _out, err = run(["serve-bench", "--from-run", str(SWEEP)], monkeypatch, capsys)
+    assert code == 2 and "is a sweep run, not a serve-bench run" in err

@@ -365,3 +365,8 @@ def test_resume_runs_only_what_the_run_lacks(tmp_path, fake_vllm):
     assert again.returncode == 0 and "variants left: none" in again.stderr and "launching" not in again.stderr
     refused = run_cli("serve-bench", str(cfg), "--resume", str(run))
     assert refused.returncode == 2 and refused.stderr.startswith("error: --resume continues a run with the config it recorded")
+    both = run_cli("serve-bench", "--resume", str(run), "--from-run", str(run))
+    assert both.returncode == 2 and "not both" in both.stderr
+    (run / "results.jsonl").unlink()  # cut short before its first point ended: every point runs
+    fresh = run_cli("serve-bench", "--resume", str(run))
+    assert fresh.returncode == 0 and "0 point(s) recorded ok; variants left: base, fast" in fresh.stderr
