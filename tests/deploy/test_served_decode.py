@@ -64,7 +64,9 @@ def test_a_call_passes_the_grid_and_table_and_host_mode_logs_each_count_once(mon
     assert calls[-1][1]["descriptors"] == ("descriptors", (8, 64, 1, 576))
     host = ServedDecode(POLICY, "host", 12, 16, "cpu")
     log, handler = logging.getLogger("vllm.mlabench"), Lines(logging.INFO)
-    level, log.level = log.level, logging.INFO
+    # a logging config read earlier in the process (alembic's, in the tuner's tests) disables the
+    # loggers that existed then, this one included
+    level, disabled, log.level, log.disabled = log.level, log.disabled, logging.INFO, False
     log.addHandler(handler)
     try:
         for longest in (110000, 110000, 3000):
@@ -72,6 +74,7 @@ def test_a_call_passes_the_grid_and_table_and_host_mode_logs_each_count_once(mon
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
+        log.disabled = disabled
     assert [c[0] for c in calls[-3:]] == [128, 128, 32] and calls[-1][1]["split_policy"] is None
     assert lines == ["mlabench: host split count 128 for a step of 1 requests (longest context 110000)",
                      "mlabench: host split count 32 for a step of 1 requests (longest context 3000)"]
