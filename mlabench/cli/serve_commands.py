@@ -87,11 +87,17 @@ def serve_bench(
 def _read_serve_run(run_dir: Path):
     """:func:`bench.read_run` of a folder that is a serve-bench run; one line saying what it is
     otherwise (a sweep, tune or validation run, or no run at all)."""
-    from mlabench.records.kinds import run_kind
+    import json
+
+    from mlabench.records.kinds import manifest_kind
     from mlabench.run_files import MANIFEST_FILE, SERVE_BENCH_KIND
 
-    if (run_dir / MANIFEST_FILE).exists() and run_kind(run_dir) != SERVE_BENCH_KIND:
-        raise ConfigError(f"{run_dir} is a {run_kind(run_dir)} run, not a serve-bench run")
+    try:
+        manifest = json.loads((run_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # missing or unreadable: read_run says which, in its words
+        manifest = None
+    if isinstance(manifest, dict) and manifest_kind(manifest) != SERVE_BENCH_KIND:
+        raise ConfigError(f"{run_dir} is a {manifest_kind(manifest)} run, not a serve-bench run")
     return bench.read_run(run_dir)
 
 
