@@ -119,8 +119,9 @@ def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str
         bench.run_serve_bench(conf, run_dir.parent, vllm_bin_flag=vllm_bin, progress=_progress,
                               run_dir=run_dir, done=done)
     finally:
-        tbl.write_table_files(tbl.table_of(conf, bench.read_run(run_dir)[1], stat), run_dir)  # type: ignore[arg-type]
-    _show(tbl.table_of(conf, bench.read_run(run_dir)[1], stat), None, fmt, predict)  # type: ignore[arg-type]
+        table = tbl.table_of(conf, bench.read_run(run_dir)[1], stat)  # type: ignore[arg-type]
+        tbl.write_table_files(table, run_dir)
+    _show(table, None, fmt, predict)
 
 
 def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None):

@@ -32,10 +32,10 @@ def grid_splits(policy: SplitPolicy, mode: str, batch: int, max_seq_len: int) ->
     return policy.lookup(batch, max(1, int(max_seq_len)))
 
 
-def workspace_slots(policy: SplitPolicy, mode: str, max_batch: int) -> int:
+def workspace_slots(policy: SplitPolicy, max_batch: int) -> int:
     """Partial slots (request x split) of the largest step up to ``max_batch`` requests: the
-    workspace that every step fits in, whatever its batch size, lengths or mode."""
-    del mode  # host mode never exceeds the batch size's largest count either
+    workspace that every step fits in, whatever its batch size, lengths or mode (a host-mode count
+    never exceeds its batch size's largest either)."""
     return max(b * policy.max_splits(b) for b in range(1, max_batch + 1))
 
 
@@ -53,7 +53,7 @@ class ServedDecode:
 
         self.policy, self.mode, self.num_heads = policy, mode, num_heads
         self._tables = {b: policy.device_table(b, device) for b in policy.tables}
-        o_shape, l_shape = splitkv_workspace_shapes(1, num_heads, workspace_slots(policy, mode, max_batch))
+        o_shape, l_shape = splitkv_workspace_shapes(1, num_heads, workspace_slots(policy, max_batch))
         self._partial_out = torch.empty(o_shape, dtype=torch.float32, device=device)
         self._partial_lse = torch.empty(l_shape, dtype=torch.float32, device=device)
         self._descriptors: dict[tuple[int, tuple[int, ...]], object] = {}

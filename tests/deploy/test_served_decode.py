@@ -27,8 +27,8 @@ def test_host_mode_takes_the_longest_contexts_count():
 
 def test_the_workspace_fits_every_batch_up_to_the_largest():
     # batch 15 reads batch 1's rows (128 splits): 15 x 128 slots beat 16 x 16
-    assert workspace_slots(POLICY, "device", 16) == 15 * 128
-    assert workspace_slots(POLICY, "host", 1) == 128
+    assert workspace_slots(POLICY, 16) == 15 * 128
+    assert workspace_slots(POLICY, 1) == 128
 
 
 def test_tables_by_batch_size_and_none_in_host_mode():
