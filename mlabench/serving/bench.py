@@ -286,7 +286,9 @@ def _bench_one(
     append_text(run_dir / COMMANDS_FILE, shlex.join(argv) + "\n", "run folder file")
     tag = f"in={input_len} " if several else ""
     progress(f"[{variant.name}] {tag}concurrency {conc}, repeat {rep + 1}/{config.repeats}")
+    started = time.monotonic()
     code = run_one(argv, run_dir / f"{stem}.log", config.bench_timeout_s, srv, poll_s=config.bench_poll_s)
+    took_s = time.monotonic() - started
     res = judge(load_result(run_dir / f"{stem}.json", variant.name, conc, rep, run_dir),
                 params.min_output_tokens()).model_copy(update={"input_len": input_len})
     if code != 0 and res.status == "ok":
@@ -295,7 +297,8 @@ def _bench_one(
         tail = log_tail(run_dir / f"{stem}.log", 8)
         res = res.model_copy(update={"error": f"{res.error}; exit code {code}; log tail:\n{tail}"})
     append_text(run_dir / RESULTS_FILE, res.model_dump_json() + "\n", "run results", sync=True)
-    progress(f"[{variant.name}] {tag}c={conc} r={rep}: {res.status}" + (f", mean TPOT {res.tpot.mean_ms:.2f} ms" if res.tpot.mean_ms is not None else ""))
+    tpot = f", mean TPOT {res.tpot.mean_ms:.2f} ms" if res.tpot.mean_ms is not None else ""
+    progress(f"[{variant.name}] {tag}c={conc} r={rep}: {res.status}{tpot} ({took_s:.0f} s)")
     return res
 
 
