@@ -60,7 +60,12 @@ def serve_bench(
         raise ConfigError("give either --from-run (re-render) or --resume (run what is left), not both")
     if from_run is not None:
         conf, results = _read_serve_run(from_run)
-        predict = _prediction_input(conf, predict_from)
+        if config_path is not None and not predict_from:
+            raise ConfigError("with --from-run a CONFIG only gives the [prediction] of --predict-from: "
+                              "the run is shown with the config it recorded")
+        # a CONFIG given with --from-run replaces only the recorded [prediction] (another reference, say)
+        spec_from = cfg.load_config(config_path) if config_path is not None else None
+        predict = _prediction_input(conf, predict_from, spec_from.prediction if spec_from else None)
         _show(tbl.table_of(conf, results, stat), None, fmt, predict)  # type: ignore[arg-type]
         return
     if resume is not None:
@@ -124,9 +129,9 @@ def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str
     _show(table, None, fmt, predict)
 
 
-def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None):
+def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dict | None = None):
     """``(spec, records, the run's input length when it has one)`` for ``--predict-from``
-    (checked before anything runs), or None."""
+    (checked before anything runs), or None; ``table`` replaces ``conf``'s ``[prediction]``."""
     if not runs:
         return None
     from mlabench.deploy.prediction import PredictionSpec
@@ -140,7 +145,7 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None):
         if run_kind(run) != SWEEP_KIND:
             raise ConfigError(f"--predict-from {run}: a {run_kind(run)} run, not a sweep of the served kernels")
 
-    return (PredictionSpec.of(conf.prediction, [v.name for v in conf.variants]), records_of(runs),
+    return (PredictionSpec.of(table or conf.prediction, [v.name for v in conf.variants]), records_of(runs),
             conf.input_lens()[0])
 
 
@@ -151,12 +156,14 @@ def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str, predict=None) -> No
         tbl.write_table_files(t, run_dir)
     tables = [tbl.view(t, fmt)]
     if predict is not None:
-        from mlabench.deploy.prediction import prediction_rows, prediction_table
+        from mlabench.deploy.prediction import measured_step, prediction_rows, prediction_table
 
         spec, records, only_len = predict
-        measured = {(c.variant, r.input_len or only_len, r.concurrency): tbl.tpot_of(c, t.stat)
+        measured = {(c.variant, r.input_len or only_len, r.concurrency):
+                    measured_step(r.concurrency, tbl.tpot_of(c, t.stat), c.itl_median_ms)
                     for r in t.rows for c in r.cells if c.status == "ok" and tbl.tpot_of(c, t.stat)}
-        tables.append(prediction_table(spec, prediction_rows(spec, measured, records), t.stat))
+        order = [c.variant for c in t.rows[0].cells] if t.rows else []
+        tables.append(prediction_table(spec, prediction_rows(spec, measured, records, order), t.stat))
     emit(tables, fmt)
     if run_dir is not None:
         notice(f"run folder: {run_dir}", style="")

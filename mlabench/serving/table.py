@@ -46,6 +46,7 @@ class Cell(BaseModel):
     tpot_p99_ms: float | None = Field(None, description="p99 TPOT, ms.")
     ttft_mean_ms: float | None = Field(None, description="Mean TTFT, ms.")
     itl_mean_ms: float | None = Field(None, description="Mean ITL, ms.")
+    itl_median_ms: float | None = Field(None, description="Median ITL, ms: the typical decode step.")
     output_throughput_tok_s: float | None = Field(None, description="Output tokens/s.")
     speedup: float | None = Field(None, description="Baseline TPOT / this TPOT (chosen stat).")
     errors: list[str] = Field(default_factory=list, description="Errors of the repeats.")
@@ -105,6 +106,7 @@ def combine(variant: str, runs: list[BenchResult]) -> Cell:
         tpot_p99_ms=_avg([r.tpot.p99_ms for r in runs]),
         ttft_mean_ms=_avg([r.ttft.mean_ms for r in runs]),
         itl_mean_ms=_avg([r.itl.mean_ms for r in runs]),
+        itl_median_ms=_avg([r.itl.median_ms for r in runs]),
         output_throughput_tok_s=_avg([r.output_throughput_tok_s for r in runs]),
         errors=[f"r{r.repeat}: {r.error}" for r in runs if r.error],
     )

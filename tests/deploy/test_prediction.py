@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from mlabench.deploy.prediction import (
-    KernelRef, PredictionSpec, attention_us, non_attention_ms, predicted_tpot_ms, prediction_rows,
-    prediction_table,
+    KernelRef, MeasuredStep, PredictionSpec, attention_us, measured_step, non_attention_ms,
+    predicted_tpot_ms, prediction_rows, prediction_table,
 )
 from mlabench.errors import ConfigError
 
@@ -59,9 +59,13 @@ def test_the_fastest_correct_record_of_the_named_kernel():
     assert attention_us(recs, frozen, 1, 4096) == 11.0 and attention_us(recs, frozen, 16, 4096) == 30.0
 
 
+def _at_c1(tpot: dict) -> dict:
+    return {k: measured_step(k[2], v, None) for k, v in tpot.items()}
+
+
 def test_rows_predict_every_variant_from_the_references_short_step():
-    measured = {("fm", 4096, 1): 5.0, ("fm", 100000, 1): 5.5, ("ours", 4096, 1): 4.9,
-                ("ours", 100000, 1): 5.0, ("fa3", 100000, 1): 5.2}
+    measured = _at_c1({("fm", 4096, 1): 5.0, ("fm", 100000, 1): 5.5, ("ours", 4096, 1): 4.9,
+                       ("ours", 100000, 1): 5.0, ("fa3", 100000, 1): 5.2})
     rows = {(r["variant"], r["input_len"]): r for r in prediction_rows(SPEC, measured, RECORDS)}
     rest = 5.0 - 10 * 20.0 / 1000                                 # 4.8 ms outside attention
     assert rows[("fm", 4096)]["predicted_ms"] == pytest.approx(5.0)  # by construction
@@ -75,7 +79,7 @@ def test_rows_predict_every_variant_from_the_references_short_step():
 
 
 def test_without_the_reference_measurement_nothing_is_predicted():
-    rows = prediction_rows(SPEC, {("ours", 100000, 16): 9.0}, RECORDS)
+    rows = prediction_rows(SPEC, _at_c1({("ours", 100000, 16): 9.0}), RECORDS)
     assert rows[0]["predicted_ms"] is None
     assert "no correct gluon-splitkv record with split_policy=device:* at batch 16" in rows[0]["why"]
 
@@ -90,3 +94,27 @@ def test_a_bad_spec_is_one_line(table, words):
     with pytest.raises(ConfigError) as err:
         PredictionSpec.of(table, ["fm", "ours", "fa3"])
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_above_concurrency_1_the_step_is_the_median_itl_and_the_rest_of_the_tpot_is_shown():
+    assert measured_step(1, 6.0, 6.3) == MeasuredStep(6.0, 6.0, "TPOT")      # one request: every step decodes it
+    assert measured_step(16, 340.0, 31.0) == MeasuredStep(340.0, 31.0, "p50 ITL")
+    assert measured_step(16, 12.0, None) == MeasuredStep(12.0, 12.0, "TPOT")  # no ITL recorded
+    spec = PredictionSpec.of({"layers": 10, "reference": "ours", "short_input_len": 4096,
+                              "kernels": {"ours": {"backend": "flashmla"}}}, ["ours"])
+    recs = [Rec("flashmla", 100.0, 16, 4096), Rec("flashmla", 400.0, 16, 100000)]
+    measured = {("ours", 4096, 16): measured_step(16, 9.0, 8.0),
+                ("ours", 100000, 16): measured_step(16, 340.0, 12.5)}
+    rows = {r["input_len"]: r for r in prediction_rows(spec, measured, recs)}
+    rest = 8.0 - 10 * 0.1                                    # R from the reference's median ITL, not its TPOT
+    assert rows[100000]["predicted_ms"] == pytest.approx(rest + 4.0)
+    assert rows[100000]["error_pct"] == pytest.approx(100 * (11.0 - 12.5) / 12.5)
+    assert rows[100000]["outside_step_pct"] == pytest.approx(100 * (340.0 - 12.5) / 340.0)
+    assert rows[100000]["step_from"] == "p50 ITL"
+
+
+def test_rows_follow_the_given_variant_order():
+    measured = _at_c1({("ours", 4096, 1): 4.9, ("fm", 4096, 1): 5.0, ("fa3", 4096, 1): 5.1})
+    rows = prediction_rows(SPEC, measured, RECORDS, order=["ours", "fm", "fa3"])
+    assert [r["variant"] for r in rows] == ["ours", "fm", "fa3"]
+    assert [r["variant"] for r in prediction_rows(SPEC, measured, RECORDS)] == ["fa3", "fm", "ours"]
