@@ -151,12 +151,10 @@ def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str, predict=None) -> No
         tbl.write_table_files(t, run_dir)
     tables = [tbl.view(t, fmt)]
     if predict is not None:
-        from mlabench.deploy.prediction import prediction_rows, prediction_table
+        from mlabench.deploy.prediction import measured_tpots, prediction_rows, prediction_table
 
         spec, records, only_len = predict
-        measured = {(c.variant, r.input_len or only_len, r.concurrency): tbl.tpot_of(c, t.stat)
-                    for r in t.rows for c in r.cells if c.status == "ok" and tbl.tpot_of(c, t.stat)}
-        tables.append(prediction_table(spec, prediction_rows(spec, measured, records), t.stat))
+        tables.append(prediction_table(spec, prediction_rows(spec, measured_tpots(t, only_len), records), t.stat))
     emit(tables, fmt)
     if run_dir is not None:
         notice(f"run folder: {run_dir}", style="")

@@ -106,6 +106,16 @@ def predicted_tpot_ms(rest_ms: float, layers: int, attn_us: float) -> float:
     return rest_ms + layers * attn_us / 1000.0
 
 
+def measured_tpots(table: Any, only_len: int) -> dict[tuple[str, int, int], float]:
+    """The ok cells of a :class:`mlabench.serving.table.ServeTable` as ``(variant, input_len,
+    concurrency) -> TPOT ms`` (its ``stat``), the input of :func:`prediction_rows`; ``only_len``
+    (tokens) stands for the input length of a run of one length, whose rows have none."""
+    from mlabench.serving.table import tpot_of
+
+    return {(c.variant, r.input_len or only_len, r.concurrency): t for r in table.rows for c in r.cells
+            if c.status == "ok" and (t := tpot_of(c, table.stat))}
+
+
 def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], float],
                     records: list[Record]) -> list[dict[str, Any]]:
     """One row per measured (input length, concurrency, variant), in that order: measured and

@@ -56,3 +56,13 @@ def write_serve_run(folder: Path, name: str = "serve-20261204T160000Z-h200-synth
              for (n, c), t in points.items() if (v, n, c) not in drop]
     (run / "results.jsonl").write_text("\n".join(lines) + "\n")
     return run
+
+
+#: A committed H200 sweep of FlashMLA and gluon-splitkv at the three lengths, batch 1 and 16.
+PREDICTION_SWEEP = Path(__file__).resolve().parents[2] / \
+    "results/h200/deploy/kimi-k3-tp8/kimi-k3-tp8-gluon-flashmla-20261201-183956-973"
+#: ``[prediction]`` of the run against :data:`PREDICTION_SWEEP`; triton has no kernel there.
+PREDICTION = {"layers": 61, "reference": "flashmla", "short_input_len": 4096,
+              "kernels": {"flashmla": {"backend": "flashmla"},
+                          "mlabench": {"backend": "gluon-splitkv", "by_concurrency": {
+                              1: {"num_kv_splits": 132}, 16: {"num_kv_splits": 16}}}}}

@@ -222,3 +222,26 @@ def test_serving_bars_of_every_input_length_and_the_lengths_a_variant_does_not_r
     for conc in (1, 16):
         bar = data.bar("triton", conc, 100000)
         assert not bar.planned and bar.tpot_ms is None and bar.speedup is None
+
+
+def test_serving_bars_carry_the_tpot_predicted_from_the_sweeps_given(tmp_path):
+    """`plot --from SERVE_RUN --from SWEEP_RUN`: each bar the run's [prediction] covers gets the TPOT
+    `serve-bench --predict-from` prints (it was only printed); a variant without a kernel gets none."""
+    from mlabench.deploy.prediction import PredictionSpec, prediction_rows
+    from mlabench.records.store import records_of
+    from mlabench.report.runs import load_runs
+    from tests.report.serve_runs import PREDICTION, PREDICTION_SWEEP, TPOT_MS, write_serve_run
+
+    runs = load_runs([write_serve_run(tmp_path, prediction=PREDICTION), PREDICTION_SWEEP])
+    data = D.serving_tpot(runs.serve_runs[0], records=runs.records)
+    measured = {(v, n, c): t for v, points in TPOT_MS.items() for (n, c), t in points.items()}
+    rows = prediction_rows(PredictionSpec.of(PREDICTION, TPOT_MS), measured, records_of([PREDICTION_SWEEP]))
+    expected = {(r["variant"], r["input_len"], r["concurrency"]): r["predicted_ms"] for r in rows}
+    assert {(b.variant, b.input_len, b.concurrency): b.predicted_ms for b in data.bars if b.planned} == expected
+    assert sum(p is not None for p in expected.values()) == 12 and data.predicted_note == ""
+    assert data.bar("flashmla", 1, 4096).predicted_ms == pytest.approx(8.12)  # the reference, by construction
+    assert data.bar("triton", 16, 4096).predicted_ms is None
+    plain = D.serving_tpot(load_runs([write_serve_run(tmp_path / "plain")]).serve_runs[0], records=runs.records)
+    assert all(b.predicted_ms is None for b in plain.bars)
+    assert plain.predicted_note.startswith("the serve config has no [prediction] table")
+    assert D.serving_tpot(runs.serve_runs[0]).predicted_note == ""  # no sweep given: nothing to say

@@ -111,3 +111,25 @@ def test_a_serve_run_of_several_input_lengths_gets_a_panel_per_length_and_concur
         assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
         assert not [(i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes))
                     if _boxes_overlap(boxes[i], boxes[j])], ax.get_title()
+
+
+def test_plot_of_a_serve_run_and_its_kernel_sweeps_draws_the_predicted_tpot(tmp_path, monkeypatch, capsys):
+    """`plot --from SERVE_RUN --from SWEEP_RUN`: black dashes at the predicted TPOT, `pred` in the
+    labels, the caption says what they are; without [prediction] the caption says why none."""
+    from tests.report.serve_runs import PREDICTION, PREDICTION_SWEEP, write_serve_run
+    from tests.report.test_figures import assert_real_png, run_cli
+
+    run = write_serve_run(tmp_path, prediction=PREDICTION)
+    code, out, err = run_cli(["plot", "--from", str(run), "--from", str(PREDICTION_SWEEP), "--kind", "serving-tpot",
+                              "--out", str(tmp_path / "figs")], monkeypatch, capsys)
+    assert code == 0 and out.split() == [str(tmp_path / "figs" / "serving-tpot.png")], err
+    assert_real_png(tmp_path / "figs" / "serving-tpot.png")
+    (spec,), _ = plan(load_runs([run, PREDICTION_SWEEP]), ["serving-tpot"])
+    assert "dashed: TPOT predicted from the sweep runs given" in spec.caption
+    fig = spec.draw()
+    first = fig.axes[0]
+    assert [t.get_text() for t in first.texts] == ["6.31 ms\n1.29×\npred 7.14", "8.12 ms\nbaseline\npred 8.12",
+                                                   "10.4 ms\n0.78×"]
+    assert len(first.collections) == 2 and "black dashes: TPOT predicted" in fig.get_supxlabel()
+    (plain,), _ = plan(load_runs([write_serve_run(tmp_path / "plain"), PREDICTION_SWEEP]), ["serving-tpot"])
+    assert "no TPOT predicted from the sweep runs given: the serve config has no [prediction] table" in plain.caption

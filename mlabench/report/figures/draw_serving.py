@@ -19,12 +19,19 @@ from mlabench.report.figures.draw import _dedup_legend, _mpl, _panels, _wrap
 #: Inches per panel of the grid, and per bar within a panel.
 GRID_PANEL_H, GRID_BAR_W, GRID_MIN_W = 2.7, 0.8, 2.8
 NOT_RUN_COLOR, FAILED_COLOR = "#6b6b6b", "#b00020"
+PREDICTED_LABEL = "predicted from the kernel sweeps given"
 
 
 def _bar_text(data: ServingData, bar: TpotBar) -> str:
     """``6.31 ms`` over ``1.29×`` (``baseline`` for the baseline), and the status when not ok."""
     speed = "baseline" if bar.variant == data.baseline else style.speedup_text(bar.speedup)
-    return f"{style.sig3(bar.tpot_ms)} ms\n{speed}" + ("" if bar.status == "ok" else f"\n{bar.status}")
+    predicted = "" if bar.predicted_ms is None else f"\npred {style.sig3(bar.predicted_ms)}"
+    return f"{style.sig3(bar.tpot_ms)} ms\n{speed}{predicted}" + ("" if bar.status == "ok" else f"\n{bar.status}")
+
+
+def _top(bars: list[TpotBar]) -> float:
+    """The highest TPOT, measured or predicted, of ``bars`` (ms; 1.0 when none has one)."""
+    return max((t for b in bars for t in (b.tpot_ms, b.predicted_ms) if t), default=1.0)
 
 
 def _draw_bar(ax: Any, data: ServingData, bar: TpotBar, x: float, width: float, color: str, top: float,
@@ -41,7 +48,11 @@ def _draw_bar(ax: Any, data: ServingData, bar: TpotBar, x: float, width: float, 
                     bbox=dict(boxstyle="round,pad=0.3", facecolor="none", edgecolor=color, linestyle="--"))
         return
     ax.bar([x], [bar.tpot_ms], width * 0.92, color=color, label=label, hatch=None if bar.status == "ok" else "xx")
-    ax.text(x, bar.tpot_ms + top * 0.02, _bar_text(data, bar), ha="center", va="bottom", fontsize=fontsize)
+    if bar.predicted_ms is not None:
+        ax.hlines(bar.predicted_ms, x - width * 0.5, x + width * 0.5, colors="black", linestyles=(0, (3, 1.5)),
+                  linewidth=1.6, label=PREDICTED_LABEL)
+    ax.text(x, max(bar.tpot_ms, bar.predicted_ms or 0) + top * 0.02, _bar_text(data, bar), ha="center", va="bottom",
+            fontsize=fontsize)
 
 
 def serving(data: ServingData, title: str, where: str) -> Any:
@@ -53,7 +64,7 @@ def serving(data: ServingData, title: str, where: str) -> Any:
                          height=4.4)
     colors = style.variant_colors(data.variants, data.baseline)
     width = 0.8 / len(data.variants)
-    top = max((b.tpot_ms for b in data.bars if b.tpot_ms), default=1.0)
+    top = _top(data.bars)
     for k, variant in enumerate(data.variants):
         label = variant + (" (baseline)" if variant == data.baseline else "")
         for i, conc in enumerate(data.concurrencies):
@@ -64,7 +75,7 @@ def serving(data: ServingData, title: str, where: str) -> Any:
     ax.set_ylabel(f"TPOT, {data.stat} over requests, ms")
     ax.set_ylim(0, top * 1.3)
     ax.grid(True, axis="y", alpha=0.3)
-    _dedup_legend(fig, [ax], loc="outside right center", title="variant")
+    _dedup_legend(fig, [ax], last=PREDICTED_LABEL, loc="outside right center", title="variant")
     return fig
 
 
@@ -83,7 +94,7 @@ def _grid(data: ServingData, title: str, where: str) -> Any:
         for c, n in enumerate(cols):
             ax = grid[r][c]
             bars = [data.bar(v, conc, n) for v in data.variants]
-            top = max((b.tpot_ms for b in bars if b.tpot_ms), default=1.0)
+            top = _top(bars)
             for k, bar in enumerate(bars):
                 _draw_bar(ax, data, bar, k, 0.8, colors[bar.variant], top, fontsize=7.5)
             names = [v + ("\n(baseline)" if v == data.baseline else "") for v in data.variants]
@@ -95,5 +106,7 @@ def _grid(data: ServingData, title: str, where: str) -> Any:
             if c == 0:
                 ax.set_ylabel(f"{data.stat} TPOT, ms", fontsize=9)
             ax.grid(True, axis="y", alpha=0.3)
-    fig.supxlabel("each panel has its own TPOT axis, from 0", fontsize=8, color=NOT_RUN_COLOR)
+    predicted = any(b.predicted_ms is not None for b in data.bars)
+    fig.supxlabel("each panel has its own TPOT axis, from 0" + (" · black dashes: TPOT predicted from the kernel "
+                  "sweeps given" if predicted else ""), fontsize=8.5, color="#404040")
     return fig

@@ -183,7 +183,7 @@ def _persistent(runs: Any, families: dict[str, str], kind: str) -> list[FigureSp
 def _serving(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] | str:
     specs = []
     for run in runs.serve_runs:
-        data = D.serving_tpot(run)
+        data = D.serving_tpot(run, records=runs.records)
         if not any(b.tpot_ms is not None for b in data.bars):
             continue
         suffix = "" if len(runs.serve_runs) == 1 else f"-{run.name}"
@@ -192,10 +192,19 @@ def _serving(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec]
         caption = (f"{run.name}: {data.stat} time per output token of each server variant, labelled with the "
                    f"speedup over {data.baseline} (baseline TPOT / variant TPOT)"
                    + ("; a panel per input length and concurrency, each on its own axis" if data.input_lens
-                      else "") + ".")
+                      else "") + _predicted_caption(data) + ".")
         specs.append(FigureSpec(kind, "serving-tpot" + suffix, caption,
                                 partial(_draw_serving().serving, data, title, f"{data.description} · {data.workload}")))
     return specs or "no serve-bench run with a TPOT result among the runs given"
+
+
+def _predicted_caption(data: D.ServingData) -> str:
+    """The caption's words on the predicted TPOT: what the dashed lines are, why there are none
+    although sweep runs were given, or nothing (no sweep run given)."""
+    if any(b.predicted_ms is not None for b in data.bars):
+        return ("; dashed: TPOT predicted from the sweep runs given, as `serve-bench --predict-from` prints it "
+                "(docs/vllm-plugin.md)")
+    return f"; no TPOT predicted from the sweep runs given: {data.predicted_note}" if data.predicted_note else ""
 
 
 def _suffix(items: Sequence[Any], item: Any) -> str:
