@@ -108,7 +108,8 @@ def predicted_tpot_ms(rest_ms: float, layers: int, attn_us: float) -> float:
 
 def measured_tpots(table: Any, only_len: int) -> dict[tuple[str, int, int], float]:
     """The ok cells of a :class:`mlabench.serving.table.ServeTable` as ``(variant, input_len,
-    concurrency) -> TPOT ms`` (its ``stat``), the input of :func:`prediction_rows`; ``only_len``
+    concurrency) -> TPOT ms`` (its ``stat``; variants in the table's order, the config's), the
+    input of :func:`prediction_rows`; ``only_len``
     (tokens) stands for the input length of a run of one length, whose rows have none."""
     from mlabench.serving.table import tpot_of
 
@@ -118,9 +119,11 @@ def measured_tpots(table: Any, only_len: int) -> dict[tuple[str, int, int], floa
 
 def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], float],
                     records: list[Record]) -> list[dict[str, Any]]:
-    """One row per measured (input length, concurrency, variant), in that order: measured and
-    predicted TPOT (ms), their gap, the attention µs per layer and the share of the step it
-    predicts.  ``measured`` maps ``(variant, input_len, concurrency)`` to TPOT ms.  A row's
+    """One row per measured (input length, concurrency, variant), by input length and concurrency,
+    the variants of each in the order of ``measured`` (the serve config's, from
+    :func:`measured_tpots`): measured and predicted TPOT (ms), their gap, the attention µs per layer
+    and the share of the step it predicts.  ``measured`` maps ``(variant, input_len, concurrency)``
+    to TPOT ms.  A row's
     ``predicted`` is None (with ``why``) where a record or the reference is missing."""
     rest: dict[int, float | None] = {}
     for conc in sorted({c for _, _, c in measured}):
@@ -128,7 +131,7 @@ def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], f
         attn = attention_us(records, spec.kernels[spec.reference], conc, spec.short_input_len)
         rest[conc] = None if tpot is None or attn is None else non_attention_ms(tpot, spec.layers, attn)
     rows = []
-    for (variant, input_len, conc), tpot in sorted(measured.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+    for (variant, input_len, conc), tpot in sorted(measured.items(), key=lambda kv: (kv[0][1], kv[0][2])):
         kernel = spec.kernels.get(variant)
         attn = attention_us(records, kernel, conc, input_len) if kernel else None
         why = ("no kernel named in [prediction]" if kernel is None else
@@ -167,5 +170,5 @@ def prediction_table(spec: PredictionSpec, rows: list[dict[str, Any]], stat: str
                 "attention_share_pct": ColumnStyle(header="attention % of step")})
     table.notes.append(f"error % = (predicted - measured) / measured; at {spec.short_input_len} tokens "
                        f"{spec.reference}'s prediction is its measurement by construction")
-    table.notes.extend(sorted({f"{r['variant']}: {r['why']}" for r in rows if r["why"]}))
+    table.notes.extend(dict.fromkeys(f"{r['variant']}: {r['why']}" for r in rows if r["why"]))
     return table
