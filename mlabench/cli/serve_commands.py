@@ -54,6 +54,7 @@ def serve_bench(
 ) -> None:
     """Benchmark server variants with `vllm bench serve`; table of TPOT per (input length and) concurrency."""
     fmt = output_format(format, as_json, markdown)
+    _renamed_env()
     if stat not in ("mean", "median", "p99"):
         raise ConfigError(f"--stat must be mean, median or p99, not {stat!r}")
     if from_run is not None and resume is not None:
@@ -82,6 +83,15 @@ def serve_bench(
             notice(f"partial results kept in {run_dir}")
         raise
     _show(tbl.table_of(conf, results, stat), run_dir, fmt, predict)  # type: ignore[arg-type]
+
+
+def _renamed_env() -> None:
+    """A line on stderr for each environment variable set under its old name
+    (:data:`mlabench.serving.environment.RENAMED_ENV`)."""
+    from mlabench.serving.environment import renamed_env_notes
+
+    for line in renamed_env_notes():
+        notice(line)
 
 
 def _read_serve_run(run_dir: Path):
@@ -182,6 +192,7 @@ def serve_check(
 ) -> None:
     """Greedy output check: temperature 0, logprobs, N tokens; compare token ids with a fixture."""
     fmt = output_format(format, as_json, markdown)
+    _renamed_env()
     if (config_path is None) == (base_url is None):
         raise ConfigError("give either a serve CONFIG or --base-url (not both)")
     conf = cfg.load_config(config_path) if config_path is not None else cfg.config_from_url(base_url, model)  # type: ignore[arg-type]
