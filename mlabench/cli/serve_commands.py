@@ -54,6 +54,7 @@ def serve_bench(
 ) -> None:
     """Benchmark server variants with `vllm bench serve`; table of TPOT per (input length and) concurrency."""
     fmt = output_format(format, as_json, markdown)
+    _renamed_env()
     if stat not in ("mean", "median", "p99"):
         raise ConfigError(f"--stat must be mean, median or p99, not {stat!r}")
     if from_run is not None and resume is not None:
@@ -87,6 +88,15 @@ def serve_bench(
             notice(f"partial results kept in {run_dir}")
         raise
     _show(tbl.table_of(conf, results, stat), run_dir, fmt, predict)  # type: ignore[arg-type]
+
+
+def _renamed_env() -> None:
+    """A line on stderr for each environment variable set under its old name
+    (:data:`mlabench.serving.environment.RENAMED_ENV`)."""
+    from mlabench.serving.environment import renamed_env_notes
+
+    for line in renamed_env_notes():
+        notice(line)
 
 
 def _read_serve_run(run_dir: Path):
@@ -156,14 +166,10 @@ def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str, predict=None) -> No
         tbl.write_table_files(t, run_dir)
     tables = [tbl.view(t, fmt)]
     if predict is not None:
-        from mlabench.deploy.prediction import measured_step, prediction_rows, prediction_table
+        from mlabench.deploy.prediction import measured_steps, prediction_rows, prediction_table
 
         spec, records, only_len = predict
-        measured = {(c.variant, r.input_len or only_len, r.concurrency):
-                    measured_step(r.concurrency, tbl.tpot_of(c, t.stat), c.itl_median_ms)
-                    for r in t.rows for c in r.cells if c.status == "ok" and tbl.tpot_of(c, t.stat)}
-        order = [c.variant for c in t.rows[0].cells] if t.rows else []
-        tables.append(prediction_table(spec, prediction_rows(spec, measured, records, order), t.stat))
+        tables.append(prediction_table(spec, prediction_rows(spec, measured_steps(t, only_len), records), t.stat))
     emit(tables, fmt)
     if run_dir is not None:
         notice(f"run folder: {run_dir}", style="")
@@ -191,6 +197,7 @@ def serve_check(
 ) -> None:
     """Greedy output check: temperature 0, logprobs, N tokens; compare token ids with a fixture."""
     fmt = output_format(format, as_json, markdown)
+    _renamed_env()
     if (config_path is None) == (base_url is None):
         raise ConfigError("give either a serve CONFIG or --base-url (not both)")
     conf = cfg.load_config(config_path) if config_path is not None else cfg.config_from_url(base_url, model)  # type: ignore[arg-type]

@@ -131,23 +131,33 @@ def predicted_tpot_ms(rest_ms: float, layers: int, attn_us: float) -> float:
     return rest_ms + layers * attn_us / 1000.0
 
 
+def measured_steps(table: Any, only_len: int) -> dict[tuple[str, int, int], MeasuredStep]:
+    """The ok cells of a :class:`mlabench.serving.table.ServeTable` as ``(variant, input_len,
+    concurrency) ->`` :class:`MeasuredStep` (TPOT of the table's ``stat``; variants in the table's
+    order, the config's), the input of :func:`prediction_rows`; ``only_len`` (tokens) stands for
+    the input length of a run of one length, whose rows have none."""
+    from mlabench.serving.table import tpot_of
+
+    return {(c.variant, r.input_len or only_len, r.concurrency): measured_step(r.concurrency, t, c.itl_median_ms)
+            for r in table.rows for c in r.cells if c.status == "ok" and (t := tpot_of(c, table.stat))}
+
+
 def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], MeasuredStep],
-                    records: list[Record], order: Iterable[str] = ()) -> list[dict[str, Any]]:
-    """One row per measured (input length, concurrency, variant), in that order (variants in
-    ``order``, then by name): measured and predicted step (ms), their gap, the mean TPOT and the
-    share of it outside the step (the other requests' prefill at concurrency above 1), the
-    attention µs per layer and the share of the step it predicts.  ``measured`` maps ``(variant,
-    input_len, concurrency)`` to :class:`MeasuredStep`.  A row's ``predicted`` is None (with
-    ``why``) where a record or the reference is missing."""
+                    records: list[Record]) -> list[dict[str, Any]]:
+    """One row per measured (input length, concurrency, variant), by input length and concurrency,
+    the variants of each in the order of ``measured`` (the serve config's, from
+    :func:`measured_steps`): measured and predicted step (ms), their gap, the TPOT and the share of
+    it outside the step (the other requests' prefill at concurrency above 1), the attention µs per
+    layer and the share of the step it predicts.  ``measured`` maps ``(variant, input_len,
+    concurrency)`` to :class:`MeasuredStep`.  A row's ``predicted`` is None (with ``why``) where a
+    record or the reference is missing."""
     rest: dict[int, float | None] = {}
     for conc in sorted({c for _, _, c in measured}):
         ref = measured.get((spec.reference, spec.short_input_len, conc))
         attn = attention_us(records, spec.kernels[spec.reference], conc, spec.short_input_len)
         rest[conc] = None if ref is None or attn is None else non_attention_ms(ref.step_ms, spec.layers, attn)
-    rank = {name: i for i, name in enumerate(order)}
     rows = []
-    for (variant, input_len, conc), got in sorted(
-            measured.items(), key=lambda kv: (kv[0][1], kv[0][2], rank.get(kv[0][0], len(rank)), kv[0][0])):
+    for (variant, input_len, conc), got in sorted(measured.items(), key=lambda kv: (kv[0][1], kv[0][2])):
         kernel = spec.kernels.get(variant)
         attn = attention_us(records, kernel, conc, input_len) if kernel else None
         why = ("no kernel named in [prediction]" if kernel is None else
@@ -194,5 +204,5 @@ def prediction_table(spec: PredictionSpec, rows: list[dict[str, Any]], stat: str
     table.notes.append("measured step: the TPOT at concurrency 1, the median inter-token latency above it; "
                        f"TPOT outside step % = ({stat} TPOT - step) / TPOT: at concurrency above 1 the "
                        "prefill of the other requests, which no decode microbenchmark sees")
-    table.notes.extend(sorted({f"{r['variant']}: {r['why']}" for r in rows if r["why"]}))
+    table.notes.extend(dict.fromkeys(f"{r['variant']}: {r['why']}" for r in rows if r["why"]))
     return table

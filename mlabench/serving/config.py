@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,9 +22,9 @@ from pydantic import (
 
 from mlabench.errors import ConfigError
 from mlabench.files import config_file, read_text, read_toml, validation_line
+from mlabench.serving.environment import expand
 
 VLLM_BIN_ENV = "MLABENCH_VLLM_BIN"
-_UNEXPANDED = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
 
 
 class _Strict(BaseModel):
@@ -298,15 +297,6 @@ class ServeConfig(_Strict):
         """Bench params of ``variant``: the config's ``[bench]`` with the variant's overrides."""
         merged = {**self.bench.model_dump(), **variant.bench}
         return BenchParams.model_validate(merged)
-
-
-def expand(text: str) -> str:
-    """Expand ``~`` and ``$VAR``; raises :class:`ConfigError` when a variable is not set."""
-    out = os.path.expanduser(os.path.expandvars(text))
-    left = _UNEXPANDED.search(out)
-    if left:
-        raise ConfigError(f"environment variable {left.group(0)} in {text!r} is not set")
-    return out
 
 
 def resolve_vllm_bin(config_value: str | None = None, flag: str | None = None) -> str:

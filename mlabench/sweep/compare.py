@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mlabench.backends import get_backend
-from mlabench.errors import MissingResultError
+from mlabench.errors import BackendUnavailableError, ConfigError, MissingResultError
 from mlabench.records.record import Record
 from mlabench.records.store import describe_records, records_of
 from mlabench.sweep.summary import axis_values, best_ok, sortable, varying_axes
@@ -48,6 +48,27 @@ def recorded_records(runs: Iterable[Path], batch: Sequence[int] | None = None,
         raise MissingResultError(f"no recorded point matches {' '.join(asked) or 'anything'}: the runs hold "
                                  + describe_records(everything))
     return kept
+
+
+def check_both_paths_run(running: Sequence[str], names: Sequence[str] | None, families: dict[str, str]) -> None:
+    """Before ``compare`` measures: raise unless the backends that would run (``running``, of those
+    asked for, ``names``, or by default every one) hold a padded persistent and a split-KV one, so
+    that a sweep whose comparison cannot be made is refused in one line instead of measured first.
+
+    :class:`ConfigError` (exit 2) when ``names`` hold no backend of a path (the flags or config
+    leave it out); :class:`BackendUnavailableError` (exit 3) when they do but none of them runs here.
+    """
+    for family, what in PATHS.items():
+        if any(families.get(b) == family for b in running):
+            continue
+        of_path = [b for b, f in families.items() if f == family]
+        asked = [b for b in names or of_path if families.get(b) == family]
+        if not asked:
+            raise ConfigError(f"nothing to compare: compare needs a {what} backend ({', '.join(of_path)}) "
+                              f"beside {', '.join(names or running)}; add one to --backend")
+        raise BackendUnavailableError(f"nothing to compare here: no {what} backend runs on this machine "
+                                      f"({', '.join(asked)}: `mlabench backends` says why); `mlabench compare "
+                                      "--from RUN` compares runs recorded elsewhere")
 
 
 def path_winner(records: Sequence[Record], families: dict[str, str]) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mlabench.backends.base import Backend
 from mlabench.backends.registry import backend_packages, select_backends
 from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, ConfigError
@@ -26,7 +27,7 @@ from mlabench.records.record import Manifest, Record, new_run_id, utc_now
 from mlabench.records.store import ResultStore
 from mlabench.run_files import SWEEP_KIND
 from mlabench.shapes import model_spec, scale_note
-from mlabench.sweep.config import SweepConfig, check_param_values, expand, recorded_config
+from mlabench.sweep.config import Point, SweepConfig, check_param_values, expand, recorded_config
 from mlabench.sweep.order import order_points
 from mlabench.sweep.runner import ProgressFn, SweepRunner, choose_sentinel
 from mlabench.sweep.visits import DEFAULT_GPU_VISITS, MAX_VISITS_FACTOR, read_visits
@@ -69,7 +70,8 @@ def kernel_run_manifest(run_id: str, config: dict[str, Any], copy_bw_tbps: float
 
 def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Path | None = None,
               progress: ProgressFn | None = None, time_it: bool = True, strict_backends: bool = True,
-              warn: Callable[[str], None] | None = None) -> tuple[ResultStore, list[Record]]:
+              warn: Callable[[str], None] | None = None,
+              check_backends: Callable[[list[Backend]], None] | None = None) -> tuple[ResultStore, list[Record]]:
     """Run (or resume) a sweep; returns the store and every record of the run.
 
     Validation (backends, parameters, shapes, memory) happens before any file is written.  With
@@ -82,14 +84,10 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     1; recorded resolved) with the sentinel (:class:`~mlabench.sweep.runner.SweepRunner`);
     ``progress(point, record, done, total)`` is called before each point (``record`` None) and
     after it.  Ctrl-C saves the CSV and raises :class:`Interrupted`, naming the folder to resume.
+    ``check_backends(backends)``, given, judges the backends that would run (after the shapes are
+    judged, before anything is written or measured) and raises to refuse them.
     """
-    check_param_values(cfg)
-    backends = select_backends(cfg.backends, strict=strict_backends, warn=warn)
-    if not backends:
-        raise BackendUnavailableError("no backend available here (see `mlabench backends`)")
-    points = expand(cfg, backends)
-    for shape in {p.shape for p in points}:
-        check_fits(shape)
+    points = _points(cfg, strict_backends, warn, check_backends)
     if cfg.visits is None:  # recorded resolved, so a resumed run keeps its own
         cfg = cfg.model_copy(update={"visits": DEFAULT_GPU_VISITS if time_it and current_device().is_gpu else 1})
     if cfg.max_visits is None:
@@ -127,6 +125,22 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     runner = SweepRunner(cfg, store, steady_mhz=steady.sm_clock_mhz, time_it=time_it)
     runner.run(order_points(points, cfg.order, cfg.order_seed), choose_sentinel(points), progress)
     return store, store.records()
+
+
+def _points(cfg: SweepConfig, strict_backends: bool, warn: Callable[[str], None] | None,
+            check_backends: Callable[[list[Backend]], None] | None) -> list[Point]:
+    """The points of ``cfg``, judged before anything is written (:func:`run_sweep`'s arguments):
+    parameter values, backends, that every shape fits, then ``check_backends``."""
+    check_param_values(cfg)
+    backends = select_backends(cfg.backends, strict=strict_backends, warn=warn)
+    if not backends:
+        raise BackendUnavailableError("no backend available here (see `mlabench backends`)")
+    points = expand(cfg, backends)
+    for shape in {p.shape for p in points}:
+        check_fits(shape)
+    if check_backends is not None:
+        check_backends(backends)
+    return points
 
 
 def _reopen(cfg: SweepConfig, resume: Path) -> ResultStore:

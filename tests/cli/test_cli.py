@@ -474,15 +474,35 @@ def test_lists_take_commas_everywhere(monkeypatch, capsys):
     assert {r["persistent"] for r in rows} == {"flashmla"} and {r["split-KV"] for r in rows} == {"triton-splitkv"}
 
 
-def test_check_shows_progress_and_compare_says_where_its_results_went(tmp_path, monkeypatch, capsys):
+def test_check_shows_progress_and_compare_refuses_a_sweep_of_one_path_before_measuring(tmp_path, monkeypatch, capsys):
+    """A new user's `compare --backend torch-splitkv` measured its sweep, wrote a run folder, and only then
+    said there was nothing to compare: now one line, exit 2, nothing measured or written."""
     code, _, err = run(["check", "--backend", "torch-splitkv", "--splits", "1,2", "--context", "64,100"],
                        monkeypatch, capsys)
     assert code == 0 and "checked" in err and "2/2" in err
-    code, _, err = run(["compare", "--backend", "torch-splitkv", "--context", "32", "--batch", "1", "--splits", "1",
-                        "--page-size", "16", "--budget-s", "0.05", "--results-dir", str(tmp_path)], monkeypatch, capsys)
-    (run_dir,) = tmp_path.iterdir()
-    assert code == 1 and f"results: {run_dir}/" in err and err.strip().splitlines()[-1].startswith(
-        "error: nothing to compare: compare needs a padded persistent")  # the error last, after where results went
+    code, out, err = run(["compare", "--backend", "torch-splitkv", "--context", "32", "--batch", "1", "--splits", "1",
+                          "--page-size", "16", "--budget-s", "0.05", "--results-dir", str(tmp_path)], monkeypatch, capsys)
+    assert code == 2 and not out and not list(tmp_path.iterdir()), err
+    assert err.strip().splitlines() == ["error: nothing to compare: compare needs a padded persistent backend "
+                                        "(aiter-asm, flashmla, triton-persistent) beside torch-splitkv; add one to --backend"]
+
+
+def test_compare_refuses_a_path_with_no_backend_that_runs_here():
+    """The default sweep on a machine where no padded persistent backend runs (a CPU): exit 3 before
+    anything is measured, naming the backends of the path and `compare --from`."""
+    from mlabench.errors import BackendUnavailableError, ConfigError
+    from mlabench.sweep.compare import check_both_paths_run
+
+    families = {"flashmla": "persistent", "triton-persistent": "persistent", "torch-splitkv": "split-kv",
+                "triton-splitkv": "split-kv", "reference": "reference"}
+    check_both_paths_run(["flashmla", "triton-splitkv"], None, families)  # both paths: nothing to say
+    with pytest.raises(BackendUnavailableError, match=r"no padded persistent backend runs on this machine "
+                       r"\(flashmla, triton-persistent: `mlabench backends` says why\); `mlabench compare --from RUN`"):
+        check_both_paths_run(["torch-splitkv"], None, families)
+    with pytest.raises(BackendUnavailableError, match=r"no split-KV backend runs on this machine \(triton-splitkv:"):
+        check_both_paths_run(["flashmla"], ["flashmla", "triton-splitkv"], families)
+    with pytest.raises(ConfigError, match="needs a split-KV backend \\(torch-splitkv, triton-splitkv\\) beside flashmla"):
+        check_both_paths_run(["flashmla"], ["flashmla"], families)
 
 
 def test_the_sweep_reports_progress_before_its_first_point(tmp_path):

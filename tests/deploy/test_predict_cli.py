@@ -17,13 +17,12 @@ PREDICTION = {"layers": 61, "reference": "fm", "short_input_len": 4096,
 TPOT = {("fm", 4096): 8.0, ("fm", 100000): 10.5, ("ours", 4096): 7.0, ("ours", 100000): 7.5}
 
 
-def _serve_run(tmp_path, prediction):
+def _serve_run(tmp_path, prediction, names=("fm", "ours")):
     run_dir = tmp_path / "serve-run"
     run_dir.mkdir()
     config = {"baseline": "fm", "concurrencies": [1], "prediction": prediction,
               "bench": {"random_input_len": [4096, 100000], "random_output_len": 128},
-              "variants": [{"name": "fm", "base_url": "http://127.0.0.1:1"},
-                           {"name": "ours", "base_url": "http://127.0.0.1:2"}]}
+              "variants": [{"name": name, "base_url": f"http://127.0.0.1:{k + 1}"} for k, name in enumerate(names)]}
     (run_dir / "manifest.json").write_text(json.dumps({"kind": "serve-bench", "config": config}))
     lines = [BenchResult(variant=v, concurrency=1, input_len=n, repeat=0, status="ok", completed=3,
                          failed=0, tpot=MetricStats(mean_ms=t)).model_dump_json() for (v, n), t in TPOT.items()]
@@ -45,6 +44,17 @@ def test_predicted_beside_measured(tmp_path, monkeypatch, capsys):
     assert abs(rows[("fm", 4096)]["predicted_ms"] - 8.0) < 1e-9  # the reference, by construction
     assert abs(rows[("ours", 100000)]["predicted_ms"] - (rest + 61 * ours / 1000)) < 1e-9
     assert rows[("ours", 100000)]["attention_us"] == ours
+
+
+def test_the_prediction_lists_variants_in_the_configs_order(tmp_path, monkeypatch, capsys):
+    """A new user's config listed its own variant first; the prediction table sorted them by name."""
+    run_dir = _serve_run(tmp_path, PREDICTION, names=("ours", "fm"))
+    code, out, err = run(["serve-bench", "--from-run", str(run_dir), "--predict-from", str(SWEEP), "--json"],
+                         monkeypatch, capsys)
+    assert code == 0, err
+    rows = json.loads(out)[1]["rows"]
+    assert [(r["input_len"], r["variant"]) for r in rows] == [(4096, "ours"), (4096, "fm"), (100000, "ours"),
+                                                              (100000, "fm")]
 
 
 def test_a_run_without_a_prediction_table_is_one_line(tmp_path, monkeypatch, capsys):

@@ -185,7 +185,7 @@ def test_the_floor_says_whose_bandwidth_it_is_and_small_bandwidths_keep_their_di
 
 def test_serving_of_several_input_lengths_keeps_them_apart(serve_runs):
     """A run of two input lengths: the report's table has a row per (input len, concurrency) and the
-    figure draws the longest length only, never an average of the two."""
+    figure a bar per (input length, concurrency, variant), never an average of the lengths."""
     from mlabench.report.sections import serve_environment, serving_section
 
     run = serve_runs.serve_runs[0]
@@ -195,10 +195,54 @@ def test_serving_of_several_input_lengths_keeps_them_apart(serve_runs):
                for n, k in ((64, 1.0), (128, 2.0)) for r in run.results]
     two = type(run)(run.path, run.manifest, conf, results)
     data = D.serving_tpot(two)
-    assert {(b.concurrency, b.variant): b.tpot_ms for b in data.bars} == \
-        {(r.concurrency, r.variant): r.tpot.mean_ms * 2 for r in run.results}
-    assert "128 in / 16 out" in data.workload and "3 at c=1, 16 at c=16 prompts" in data.workload
+    assert data.input_lens == [64, 128]
+    assert {(b.input_len, b.concurrency, b.variant): b.tpot_ms for b in data.bars} == \
+        {(n, r.concurrency, r.variant): r.tpot.mean_ms * k for n, k in ((64, 1.0), (128, 2.0)) for r in run.results}
+    assert "64, 128 in / 16 out" in data.workload and "3 at c=1, 16 at c=16 prompts" in data.workload
     (table,) = [b.table for b in serving_section(type(serve_runs)(serve_runs=[two]), []) if hasattr(b, "table")]
     assert table.columns[:2] == ["input len", "concurrency"] and [r[:2] for r in table.rows] == \
         [["64", "1"], ["64", "16"], ["128", "1"], ["128", "16"]]
     assert "64, 128 in / 16 out tokens, 3 at c=1, 16 at c=16 prompts" in dict(serve_environment(two).rows)["workload"]
+
+
+def test_serving_bars_of_every_input_length_and_the_lengths_a_variant_does_not_run(tmp_path):
+    """Issue 33: the figure of a run of 4K, 32K and 100K drew 100K only, and a variant that runs
+    fewer lengths (its own bench.random_input_len) as "missing" there."""
+    from mlabench.report.runs import load_runs
+    from tests.report.serve_runs import LENS, TPOT_MS, write_serve_run
+
+    data = D.serving_tpot(load_runs([write_serve_run(tmp_path)]).serve_runs[0])
+    assert data.input_lens == LENS and data.variants == ["mlabench", "flashmla", "triton"]
+    assert len(data.bars) == 3 * 2 * 3
+    for variant, points in TPOT_MS.items():
+        for (n, conc), tpot in points.items():
+            bar = data.bar(variant, conc, n)
+            assert bar.tpot_ms == tpot and bar.planned and bar.status == "ok"
+            assert bar.speedup == pytest.approx(TPOT_MS["flashmla"][(n, conc)] / tpot)
+    for conc in (1, 16):
+        bar = data.bar("triton", conc, 100000)
+        assert not bar.planned and bar.tpot_ms is None and bar.speedup is None
+
+
+def test_serving_bars_carry_the_tpot_predicted_from_the_sweeps_given(tmp_path):
+    """`plot --from SERVE_RUN --from SWEEP_RUN`: each bar the run's [prediction] covers gets the TPOT
+    `serve-bench --predict-from` prints (it was only printed); a variant without a kernel gets none."""
+    from mlabench.deploy.prediction import PredictionSpec, measured_step, prediction_rows
+    from mlabench.records.store import records_of
+    from mlabench.report.runs import load_runs
+    from tests.report.serve_runs import PREDICTION, PREDICTION_SWEEP, TPOT_MS, write_serve_run
+
+    runs = load_runs([write_serve_run(tmp_path, prediction=PREDICTION), PREDICTION_SWEEP])
+    data = D.serving_tpot(runs.serve_runs[0], records=runs.records)
+    measured = {(v, n, c): measured_step(c, t, None) for v, points in TPOT_MS.items() for (n, c), t in points.items()}
+    rows = prediction_rows(PredictionSpec.of(PREDICTION, TPOT_MS), measured, records_of([PREDICTION_SWEEP]))
+    # the synthetic run records no ITL: every step is its TPOT (with a median ITL, c=16 gets no dash)
+    expected = {(r["variant"], r["input_len"], r["concurrency"]): r["predicted_ms"] for r in rows}
+    assert {(b.variant, b.input_len, b.concurrency): b.predicted_ms for b in data.bars if b.planned} == expected
+    assert sum(p is not None for p in expected.values()) == 12 and data.predicted_note == ""
+    assert data.bar("flashmla", 1, 4096).predicted_ms == pytest.approx(8.12)  # the reference, by construction
+    assert data.bar("triton", 16, 4096).predicted_ms is None
+    plain = D.serving_tpot(load_runs([write_serve_run(tmp_path / "plain")]).serve_runs[0], records=runs.records)
+    assert all(b.predicted_ms is None for b in plain.bars)
+    assert plain.predicted_note.startswith("the serve config has no [prediction] table")
+    assert D.serving_tpot(runs.serve_runs[0]).predicted_note == ""  # no sweep given: nothing to say

@@ -74,3 +74,62 @@ def test_labels_on_hatched_bars_are_dark_on_a_white_patch():
             else:
                 assert to_rgb(label.get_color()) == (1, 1, 1)   # white on a solid bar reads well
     assert checked >= 12
+
+
+def test_a_serve_run_of_several_input_lengths_gets_a_panel_per_length_and_concurrency(tmp_path, monkeypatch, capsys):
+    """Issue 33: a run of 4K, 32K and 100K at concurrency 1 and 16 was drawn at 100K only, on one
+    axis (c=1's 7 ms beside c=16's 345 ms), and a variant that does not run 100K as "missing".  Now:
+    a panel per (concurrency, input length) on its own axis, every bar labelled with TPOT and
+    speedup, "not run" where the variant's config leaves the length out; labels apart and inside."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from tests.report.serve_runs import write_serve_run
+    from tests.report.test_figures import assert_real_png, run_cli
+
+    run = write_serve_run(tmp_path, drop=(("mlabench", 32768, 16),))
+    code, out, err = run_cli(["plot", "--from", str(run), "--kind", "serving-tpot"], monkeypatch, capsys)
+    assert code == 0, err
+    assert out.split() == [str(run / "figures" / "serving-tpot.png")]
+    assert_real_png(run / "figures" / "serving-tpot.png")
+    (spec,), _ = plan(load_runs([run]), ["serving-tpot"])
+    fig = spec.draw()
+    assert "by input length and concurrency" in fig._suptitle.get_text()
+    axes = fig.axes
+    assert [a.get_title() for a in axes] == [f"{n} input tokens, concurrency {c}" for c in (1, 16)
+                                             for n in (4096, 32768, 100000)]
+    texts = {a.get_title(): [t.get_text() for t in a.texts] for a in axes}
+    assert texts["4096 input tokens, concurrency 1"] == ["6.31 ms\n1.29×", "8.12 ms\nbaseline", "10.4 ms\n0.78×"]
+    assert texts["100000 input tokens, concurrency 16"] == ["345 ms\n1.01×", "347 ms\nbaseline", "not run"]
+    assert texts["32768 input tokens, concurrency 16"][0] == "missing"
+    assert axes[5].get_ylim()[1] > 300 > 20 > axes[2].get_ylim()[1]  # c=16 at 100K does not flatten c=1
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for ax in axes:
+        frame = ax.get_window_extent(renderer)
+        boxes = [t.get_window_extent(renderer) for t in ax.texts]
+        assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
+        assert not [(i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes))
+                    if _boxes_overlap(boxes[i], boxes[j])], ax.get_title()
+
+
+def test_plot_of_a_serve_run_and_its_kernel_sweeps_draws_the_predicted_tpot(tmp_path, monkeypatch, capsys):
+    """`plot --from SERVE_RUN --from SWEEP_RUN`: black dashes at the predicted TPOT, `pred` in the
+    labels, the caption says what they are; without [prediction] the caption says why none."""
+    from tests.report.serve_runs import PREDICTION, PREDICTION_SWEEP, write_serve_run
+    from tests.report.test_figures import assert_real_png, run_cli
+
+    run = write_serve_run(tmp_path, prediction=PREDICTION)
+    code, out, err = run_cli(["plot", "--from", str(run), "--from", str(PREDICTION_SWEEP), "--kind", "serving-tpot",
+                              "--out", str(tmp_path / "figs")], monkeypatch, capsys)
+    assert code == 0 and out.split() == [str(tmp_path / "figs" / "serving-tpot.png")], err
+    assert_real_png(tmp_path / "figs" / "serving-tpot.png")
+    (spec,), _ = plan(load_runs([run, PREDICTION_SWEEP]), ["serving-tpot"])
+    assert "dashed: TPOT predicted from the sweep runs given" in spec.caption
+    fig = spec.draw()
+    first = fig.axes[0]
+    assert [t.get_text() for t in first.texts] == ["6.31 ms\n1.29×\npred 7.14", "8.12 ms\nbaseline\npred 8.12",
+                                                   "10.4 ms\n0.78×"]
+    assert len(first.collections) == 2 and "black dashes: TPOT predicted" in fig.get_supxlabel()
+    (plain,), _ = plan(load_runs([write_serve_run(tmp_path / "plain"), PREDICTION_SWEEP]), ["serving-tpot"])
+    assert "no TPOT predicted from the sweep runs given: the serve config has no [prediction] table" in plain.caption

@@ -127,3 +127,30 @@ def test_too_few_or_unkeyed_prompts_are_refused(tmp_path, text, said):
 def test_as_many_prompts_as_the_concurrency_is_enough(tmp_path):
     assert load_config(write(tmp_path, MINIMAL + "[bench]\nnum_prompts = 3\n"), ["concurrencies=[1, 3]"])
     assert load_config(write(tmp_path, MINIMAL + "[bench]\nnum_prompts = { 1 = 1, 16 = 16 }\n"))
+
+
+def test_the_tiny_model_folder_has_one_variable_name_and_the_old_one_still_works(tmp_path, monkeypatch):
+    """cpu-tiny and scripts/cpu_vllm_server.sh called the tiny model's folder MLABENCH_TINY_MODEL_DIR,
+    h200-tiny-proxy and scripts/h200_serving.sh MLABENCH_TINY_PROXY_DIR: a user who set one got
+    "not set" from the other config.  Now MLABENCH_TINY_PROXY_DIR everywhere; the documented old
+    name is taken with a deprecation line, and a run recorded with it resumes under the new one."""
+    import subprocess
+
+    from mlabench.serving.environment import renamed_env_notes
+
+    monkeypatch.delenv("MLABENCH_TINY_MODEL_DIR", raising=False)
+    monkeypatch.setenv("MLABENCH_TINY_PROXY_DIR", "/models/tiny")
+    for name in ("cpu-tiny", "h200-tiny-proxy"):
+        conf = load_config(name)
+        assert expand(conf.tokenizer) == "/models/tiny"
+    assert expand("$MLABENCH_TINY_MODEL_DIR") == "/models/tiny" and renamed_env_notes() == []  # a recorded run
+    monkeypatch.delenv("MLABENCH_TINY_PROXY_DIR")
+    monkeypatch.setenv("MLABENCH_TINY_MODEL_DIR", "/models/old")
+    assert expand(load_config("cpu-tiny").tokenizer) == "/models/old"
+    assert renamed_env_notes() == ["MLABENCH_TINY_MODEL_DIR is the old name of MLABENCH_TINY_PROXY_DIR: "
+                                   "set MLABENCH_TINY_PROXY_DIR instead (the old name will stop working)"]
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "MLABENCH_TINY_MODEL_DIR": "/models/old"}
+    out = subprocess.run(["bash", str(REPO / "scripts/cpu_vllm_server.sh"), "env"], env=env, capture_output=True,
+                         text=True, check=True)
+    assert "MLABENCH_TINY_PROXY_DIR=/models/old" in out.stdout.split() and "MLABENCH_TINY_MODEL_DIR" not in out.stdout
+    assert "old name of MLABENCH_TINY_PROXY_DIR" in out.stderr

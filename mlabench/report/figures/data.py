@@ -255,18 +255,24 @@ def persistent_vs_splitkv(records: Sequence[Record], families: dict[str, str]) -
 
 @dataclass
 class TpotBar:
-    """Figure (e): one variant at one concurrency; ``tpot_ms`` None when no result was recorded."""
+    """Figure (e): one variant at one concurrency (and input length, tokens, where the run has
+    several); ``tpot_ms`` None when no result was recorded, or when the variant's config leaves
+    that length out (``planned`` False: "not run", neither missing nor failed)."""
 
     concurrency: int
     variant: str
     tpot_ms: float | None
     speedup: float | None
     status: str
+    input_len: int | None = None
+    planned: bool = True
+    predicted_ms: float | None = None  #: TPOT predicted from kernel sweeps (:func:`predictions`), ms
 
 
 @dataclass
 class ServingData:
-    """Figure (e): TPOT per concurrency and variant of one serve-bench run."""
+    """Figure (e): TPOT per (input length,) concurrency and variant of one serve-bench run;
+    ``input_lens`` (tokens) empty when the run has one length."""
 
     run_name: str
     description: str
@@ -276,26 +282,62 @@ class ServingData:
     concurrencies: list[int]
     bars: list[TpotBar]
     workload: str
+    input_lens: list[int] = field(default_factory=list)
+    predicted_note: str = ""  #: why no bar has a prediction although sweep records were given
+
+    def bar(self, variant: str, concurrency: int, input_len: int | None = None) -> TpotBar:
+        """The bar of ``variant`` at ``concurrency`` (and ``input_len``); KeyError when there is none."""
+        for b in self.bars:
+            if (b.variant, b.concurrency, b.input_len) == (variant, concurrency, input_len):
+                return b
+        raise KeyError((variant, concurrency, input_len))
 
 
-def serving_tpot(run: Any, stat: str = "mean") -> ServingData:
+def serving_tpot(run: Any, stat: str = "mean", records: Sequence[Record] = ()) -> ServingData:
     """TPOT (``stat``: mean, median or p99; ms) and speedup over the baseline of a serve-bench run.
 
     ``run`` is a :class:`mlabench.report.runs.ServeRun`; the numbers are the serve-bench table's
-    (:func:`mlabench.serving.table.build_table`: repeats averaged, worst status kept).  A run of
-    several input lengths is drawn at its longest one.
+    (:func:`mlabench.serving.table.table_of`: repeats averaged, worst status kept, speedup against
+    the baseline at the same input length and concurrency).  A run of several input lengths has a
+    bar per (input length, concurrency, variant); a variant whose own ``bench.random_input_len``
+    leaves a length out has a bar there with ``planned`` False.  With sweep ``records`` and a
+    ``[prediction]`` in the run's config, each bar the prediction covers gets ``predicted_ms``
+    (:func:`predictions`).
     """
-    from mlabench.serving.table import build_table, tpot_of
+    from mlabench.serving.table import table_of, tpot_of
 
     conf = run.config
-    variants = [v.name for v in conf.variants]
+    table = table_of(conf, run.results, stat)  # type: ignore[arg-type]
+    bars = [TpotBar(row.concurrency, c.variant, tpot_of(c, table.stat), c.speedup, c.status, row.input_len,
+                    c.planned) for row in table.rows for c in row.cells]
     lens = conf.input_lens()
-    results = [r for r in run.results if len(lens) == 1 or r.input_len == max(lens)]
-    table = build_table(results, variants, conf.concurrencies, conf.baseline, stat)  # type: ignore[arg-type]
-    bars = [TpotBar(row.concurrency, c.variant, tpot_of(c, table.stat), c.speedup, c.status)
-            for row in table.rows for c in row.cells]
     b = conf.bench
-    tokens = f" {max(lens)} in / {b.random_output_len} out tokens" if b.dataset_name == "random" else ""
+    tokens = f" {', '.join(map(str, lens))} in / {b.random_output_len} out tokens" if b.dataset_name == "random" else ""
     workload = f"{b.dataset_name}{tokens}, {b.prompts_text(conf.concurrencies)} prompts"
-    return ServingData(run.name, conf.description or conf.model or run.name, conf.baseline, stat, variants,
-                       list(conf.concurrencies), bars, workload)
+    data = ServingData(run.name, conf.description or conf.model or run.name, conf.baseline, stat,
+                       [v.name for v in conf.variants], list(conf.concurrencies), bars, workload,
+                       lens if table.by_input_len else [])
+    if records:
+        data.predicted_note = predictions(data, conf, table, records)
+    return data
+
+
+def predictions(data: ServingData, conf: Any, table: Any, records: Sequence[Record]) -> str:
+    """Set ``predicted_ms`` of ``data``'s bars: TPOT predicted from the kernel ``records`` as
+    ``serve-bench --predict-from`` prints it (:mod:`mlabench.deploy.prediction`, the run's
+    ``[prediction]``).  Returns why no bar got one ("" when some did): no or a malformed
+    ``[prediction]``, or no record it matches."""
+    from mlabench.deploy.prediction import PredictionSpec, measured_steps, prediction_rows
+    from mlabench.errors import ConfigError
+
+    try:
+        spec = PredictionSpec.of(conf.prediction, data.variants)
+    except ConfigError as exc:
+        return str(exc)
+    rows = prediction_rows(spec, measured_steps(table, conf.input_lens()[0]), list(records))
+    for r in rows:
+        if r["predicted_ms"] is not None and r["step_from"] == "TPOT":  # a bar is a TPOT: above c=1 the step is not
+            data.bar(r["variant"], r["concurrency"], r["input_len"] if data.input_lens else None).predicted_ms = \
+                r["predicted_ms"]
+    return "" if any(b.predicted_ms is not None for b in data.bars) else \
+        "; ".join(sorted({f"{r['variant']}: {r['why']}" for r in rows})) or "no measured TPOT to predict"

@@ -17,7 +17,7 @@ from typing import Any
 
 from mlabench.errors import MlabenchError
 from mlabench.report.figures import style
-from mlabench.report.figures.data import Heatmap, LatencyData, ServingData, Speedup, SplitCurve, floor_text
+from mlabench.report.figures.data import Heatmap, LatencyData, Speedup, SplitCurve, floor_text
 
 PANEL_W, PANEL_H = 5.6, 3.9
 #: Line styles and markers that tell apart curves of one colour (one backend's in several runs).
@@ -346,33 +346,3 @@ def speedups(points: Sequence[Speedup], title: str, where: str) -> Any:
     _dedup_legend(fig, axes, last="1.0 = equal", loc="outside lower center", ncol=4)
     return fig
 
-
-def serving(data: ServingData, title: str, where: str) -> Any:
-    """Figure (e): TPOT bars per concurrency and variant, each labelled with its speedup."""
-    fig, (ax,) = _panels(1, title, where, width=max(6.0, 1.6 * len(data.concurrencies) * len(data.variants)),
-                         height=4.4)
-    colors = style.variant_colors(data.variants, data.baseline)
-    width = 0.8 / len(data.variants)
-    top = max((b.tpot_ms for b in data.bars if b.tpot_ms), default=1.0)
-    for k, variant in enumerate(data.variants):
-        for i, conc in enumerate(data.concurrencies):
-            bar = next(b for b in data.bars if b.variant == variant and b.concurrency == conc)
-            x = i + (k - (len(data.variants) - 1) / 2) * width
-            label = variant + (" (baseline)" if variant == data.baseline else "")
-            if bar.tpot_ms is None:
-                ax.text(x, top * 0.02, f"{variant}: {bar.status}", rotation=90, ha="center", va="bottom",
-                        fontsize=8, color="#b00020")
-                continue
-            ax.bar([x], [bar.tpot_ms], width * 0.92, color=colors[variant], label=label,
-                   hatch=None if bar.status == "ok" else "xx")
-            speed = "baseline" if variant == data.baseline else style.speedup_text(bar.speedup)
-            note = "" if bar.status == "ok" else f"\n{bar.status}"
-            ax.text(x, bar.tpot_ms + top * 0.02, f"{style.sig3(bar.tpot_ms)} ms\n{speed}{note}",
-                    ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(data.concurrencies)), [f"concurrency {c}" for c in data.concurrencies])
-    ax.set_xlim(-0.5, len(data.concurrencies) - 0.5)
-    ax.set_ylabel(f"TPOT, {data.stat} over requests, ms")
-    ax.set_ylim(0, top * 1.3)
-    ax.grid(True, axis="y", alpha=0.3)
-    _dedup_legend(fig, [ax], loc="outside right center", title="variant")
-    return fig

@@ -28,7 +28,7 @@ KINDS: dict[str, str] = {
     "split-sweep": "latency vs num_kv_splits per context, the best starred (each split-KV backend)",
     "split-heatmap": "context x num_kv_splits, µs relative to each context's best (each split-KV backend)",
     "persistent-vs-splitkv": "speedup of padded persistent kernels over the best split-KV count",
-    "serving-tpot": "serve-bench TPOT per concurrency and variant, with the speedup over the baseline",
+    "serving-tpot": "serve-bench TPOT per (input length,) concurrency and variant, with the speedup over the baseline",
     "tuned-policy": "a tuning run's policy: num_kv_splits vs context length, against the public heuristics",
     "tuning-history": "each tuning study's trials in the order measured, with the best so far (per batch)",
     "tuning-regret": "regret of the tuned policy and the heuristics on a validation run's held-out lengths",
@@ -183,16 +183,29 @@ def _persistent(runs: Any, families: dict[str, str], kind: str) -> list[FigureSp
 def _serving(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] | str:
     specs = []
     for run in runs.serve_runs:
-        data = D.serving_tpot(run)
+        data = D.serving_tpot(run, records=runs.records)
         if not any(b.tpot_ms is not None for b in data.bars):
             continue
         suffix = "" if len(runs.serve_runs) == 1 else f"-{run.name}"
-        title = f"Serving TPOT by concurrency ({data.stat} TPOT; speedup vs {data.baseline})"
+        by = "input length and concurrency" if data.input_lens else "concurrency"
+        title = f"Serving TPOT by {by} ({data.stat} TPOT; speedup vs {data.baseline})"
         caption = (f"{run.name}: {data.stat} time per output token of each server variant, labelled with the "
-                   f"speedup over {data.baseline} (baseline TPOT / variant TPOT).")
+                   f"speedup over {data.baseline} (baseline TPOT / variant TPOT)"
+                   + ("; a panel per input length and concurrency, each on its own axis" if data.input_lens
+                      else "") + _predicted_caption(data) + ".")
         specs.append(FigureSpec(kind, "serving-tpot" + suffix, caption,
-                                partial(_draw().serving, data, title, f"{data.description} · {data.workload}")))
+                                partial(_draw_serving().serving, data, title, f"{data.description} · {data.workload}")))
     return specs or "no serve-bench run with a TPOT result among the runs given"
+
+
+def _predicted_caption(data: D.ServingData) -> str:
+    """The caption's words on the predicted TPOT: what the dashed lines are, why there are none
+    although sweep runs were given, or nothing (no sweep run given)."""
+    if any(b.predicted_ms is not None for b in data.bars):
+        return ("; dashed: TPOT predicted from the sweep runs given, as `serve-bench --predict-from` prints it, "
+                "where its measured step is the TPOT (concurrency 1; above it the step is held against the "
+                "median ITL in that table, not against the TPOT drawn here; docs/vllm-plugin.md)")
+    return f"; no TPOT predicted from the sweep runs given: {data.predicted_note}" if data.predicted_note else ""
 
 
 def _suffix(items: Sequence[Any], item: Any) -> str:
@@ -286,6 +299,12 @@ def _draw() -> Any:
     from mlabench.report.figures import draw
 
     return draw
+
+
+def _draw_serving() -> Any:
+    from mlabench.report.figures import draw_serving
+
+    return draw_serving
 
 
 def _draw_tuning() -> Any:
