@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from mlabench.errors import ConfigError, DependencyError, ServerError
 from mlabench.files import append_text, make_dir, read_json, read_text, validation_line, write_text
-from mlabench.run_files import COMMANDS_FILE, MANIFEST_FILE, RESULTS_FILE, SERVE_BENCH_KIND
+from mlabench.run_files import COMMANDS_FILE, MANIFEST_FILE, RESULTS_FILE, SERVE_BENCH_KIND, server_log_file
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.lifecycle import (
     ManagedServer, die_with_parent, log_tail, require_launchable, require_reachable, served_model, stop_group,
@@ -182,7 +182,7 @@ def variant_server(
         require_started(variant)
         yield None
         return
-    srv = ManagedServer(variant.launch, variant.base_url, run_dir / f"server-{variant.name}.log",
+    srv = ManagedServer(variant.launch, variant.base_url, run_dir / server_log_file(variant.name),
                         vllm_bin=vllm_bin)
     progress(f"[{variant.name}] launching (log: {srv.log_path}): {shlex.join(srv.argv())}")
     with srv:
