@@ -281,7 +281,7 @@ class ServingData:
 def serving_tpot(run: Any, stat: str = "mean") -> ServingData:
     """TPOT (``stat``: mean, median or p99; ms) and speedup over the baseline of a serve-bench run.
 
-    ``run`` is a :class:`mlabench.report.runs.ServeRun`; the numbers are the serve-bench table's
+    ``run`` is a :class:`mlabench.records.readers.ServeRun`; the numbers are the serve-bench table's
     (:func:`mlabench.serving.table.build_table`: repeats averaged, worst status kept).  A run of
     several input lengths is drawn at its longest one.
     """
