@@ -21,6 +21,7 @@ from mlabench.records.store import ResultStore
 from mlabench.run_files import POLICY_FILE, SERVE_BENCH_KIND, SWEEP_KIND, TUNE_KIND, VALIDATION_KIND
 from mlabench.serving.config import ServeConfig
 from mlabench.serving.results import BenchResult
+from mlabench.serving.run_folder import read_serve_folder
 
 
 @dataclass
@@ -125,14 +126,9 @@ def read_validation_run(folder: Path) -> ValidationRun:
 
 def read_serve_run(folder: Path) -> ServeRun:
     """The serve-bench run in ``folder``: its manifest, configuration and latest result of each
-    point (:func:`mlabench.serving.bench.read_run`); :class:`~mlabench.errors.ConfigError` for an
-    unreadable run."""
-    from mlabench.files import read_json
-    from mlabench.run_files import MANIFEST_FILE
-    from mlabench.serving.bench import read_run
-
-    config, results = read_run(folder)
-    return ServeRun(folder, read_json(folder / MANIFEST_FILE, "serve-bench run manifest"), config, results)
+    point, read once (:func:`mlabench.serving.run_folder.read_serve_folder`);
+    :class:`~mlabench.errors.ConfigError` for an unreadable run."""
+    return ServeRun(folder, *read_serve_folder(folder))
 
 
 #: The reader of each run kind (:data:`~mlabench.run_files.RUN_KINDS`).

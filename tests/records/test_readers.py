@@ -44,3 +44,20 @@ def test_validation_points_absent_read_or_refused(tmp_path):
 def test_geomean_regret_is_none_when_a_configuration_failed():
     assert geomean_regret_pct([0.1, 0.1]) == pytest.approx(10.0)
     assert geomean_regret_pct([0.1, None]) is None and geomean_regret_pct([]) is None
+
+
+def test_reading_a_serve_bench_run_starts_no_server_machinery():
+    """The serve-bench reader (:mod:`mlabench.serving.run_folder`) reads the folder without
+    importing the bench driver or the server lifecycle; the CLI's name for it still works."""
+    import subprocess
+    import sys
+
+    from mlabench.serving import bench, run_folder
+
+    assert bench.read_run is run_folder.read_run
+    run = next(r for r in COMMITTED_RUNS if run_kind(r) == SERVE_BENCH_KIND)
+    code = ("import sys; from pathlib import Path; from mlabench.records.readers import read_run_folder; "
+            f"r = read_run_folder(Path({str(run)!r})); assert r.results and r.manifest['kind'] == 'serve-bench'; "
+            "print(sorted(m for m in sys.modules if m.startswith('mlabench.serving.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "mlabench.serving.bench" not in out and "mlabench.serving.lifecycle" not in out, out
