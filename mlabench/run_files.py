@@ -2,8 +2,8 @@
 
 Every writer and reader of a run folder (the record store, sweeps' visits and sentinel, tuning's
 journal, locks and workers, validation, policy exports, serve-bench and its table, reports) takes
-its names from here; ``tests/records/test_run_files.py`` checks that no module spells one as a
-string literal.  This module sits at the bottom of the import-linter layers (beside
+its names from here; ``tests/core/test_run_file_names.py`` checks that no other module spells
+one (or a name made from one of :data:`RUN_FILE_PATTERNS`) as a string literal.  This module sits at the bottom of the import-linter layers (beside
 :mod:`mlabench.files`) because writers below :mod:`mlabench.records` (:mod:`mlabench.serving`,
 :mod:`mlabench.policy`) name run files too; it imports nothing.
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 #: Appended to a raw file's name when a committed run keeps it gzipped (read as it is, never appended to).
 GZIP_SUFFIX = ".gz"
+#: Any raw JSONL file of a run kept gzipped (a glob in a run folder: results, sentinel, visits).
+ARCHIVED_JSONL_GLOB = "*.jsonl" + GZIP_SUFFIX
 
 # ---- every run ----------------------------------------------------------------------------------
 #: The run's identity and configuration (a :class:`~mlabench.records.record.Manifest`, or the
@@ -45,6 +47,8 @@ CLAIMS_FOLDER = ".claims"
 #: Folder of the trial workers' logs and their payload.
 WORKERS_FOLDER = "workers"
 WORKER_PAYLOAD_FILE = "worker-payload.json"
+#: One trial worker's log in :data:`WORKERS_FOLDER` (:func:`worker_log_file`).
+WORKER_LOG_PATTERN = "worker-*.log"
 #: A validation run's points (:class:`~mlabench.tune.validation.PointResult` list) and their tables.
 VALIDATION_FILE = "validation.json"
 VALIDATION_TABLE_FILE = "validation.md"
@@ -54,6 +58,8 @@ POLICY_STEM = "policy"
 POLICY_FILE = POLICY_STEM + ".json"
 POLICY_HEADER_FILE = POLICY_STEM + ".h"
 POLICY_MODULE_FILE = POLICY_STEM + ".py"
+#: The exported policy's files by format (the keys :func:`mlabench.policy.exports.write_exports` returns).
+POLICY_FILES = {"json": POLICY_FILE, "cpp": POLICY_HEADER_FILE, "python": POLICY_MODULE_FILE}
 
 # ---- serve-bench and serve-check ----------------------------------------------------------------
 #: Every ``vllm bench serve`` command line run, one a line.
@@ -63,6 +69,8 @@ TABLE_FILE = "table.md"
 TABLE_JSON_FILE = "table.json"
 #: A serve-check's report.
 CHECK_FILE = "check.json"
+#: The log of a server serve-bench launched for one variant (:func:`server_log_file`).
+SERVER_LOG_PATTERN = "server-*.log"
 
 # ---- what run a folder holds --------------------------------------------------------------------
 #: The ``kind`` a manifest says (:func:`mlabench.records.kinds.run_kind` reads it, or derives it for
@@ -82,3 +90,21 @@ RUN_FILE_NAMES = (
     WORKER_PAYLOAD_FILE, VALIDATION_FILE, VALIDATION_TABLE_FILE, POLICY_FILE, POLICY_HEADER_FILE,
     POLICY_MODULE_FILE, COMMANDS_FILE, TABLE_FILE, TABLE_JSON_FILE, CHECK_FILE, SCRIPT_RECORDS_FILE,
 )
+#: Names made from a value (``*`` stands for it): one file per worker, per served variant.
+RUN_FILE_PATTERNS = (WORKER_LOG_PATTERN, SERVER_LOG_PATTERN)
+
+
+def _from_pattern(pattern: str, value: object) -> str:
+    """``pattern`` (one of :data:`RUN_FILE_PATTERNS`) with its ``*`` replaced by ``value``."""
+    head, tail = pattern.split("*")
+    return f"{head}{value}{tail}"
+
+
+def worker_log_file(index: int) -> str:
+    """The log of trial worker ``index`` (0-based) in :data:`WORKERS_FOLDER`: ``worker-<index>.log``."""
+    return _from_pattern(WORKER_LOG_PATTERN, index)
+
+
+def server_log_file(variant: str) -> str:
+    """The log of the server serve-bench launched for the variant named ``variant``: ``server-<variant>.log``."""
+    return _from_pattern(SERVER_LOG_PATTERN, variant)

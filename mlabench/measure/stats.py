@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -83,6 +84,20 @@ def geomean(values: list[float]) -> float | None:
     if not values:
         return None
     return values[0] if len(values) == 1 else math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def repeat_noise(medians_us: Sequence[float]) -> float | None:
+    """Relative standard deviation of re-measuring one point, from successive medians (µs, in the
+    order measured: a sweep's sentinel, :mod:`mlabench.sweep.sentinel`).
+
+    The mean square successive difference of the log medians, halved (von Neumann's estimator: a
+    slow drift barely inflates it); None for fewer than 3 medians.
+    """
+    logs = [math.log(m) for m in medians_us if m > 0]
+    if len(logs) < 3:
+        return None
+    diffs = [(b - a) ** 2 for a, b in zip(logs, logs[1:])]
+    return math.sqrt(sum(diffs) / (2 * len(diffs)))
 
 
 def summarize(samples_us: list[float], target_rel_ci: float = 0.01) -> Stats:

@@ -14,7 +14,7 @@ from typing import Any
 from mlabench.files import write_text
 from mlabench.policy.rules import rule_splits, whole_tile_splits
 from mlabench.policy.tuned import Policy, lookup_rows
-from mlabench.run_files import POLICY_STEM
+from mlabench.run_files import POLICY_FILES
 
 
 # ---- exports -------------------------------------------------------------------------------------
@@ -113,9 +113,10 @@ def to_python_module(policy: Policy) -> str:
                       "    return lookup_rows(ROWS, batch, context_len)", ""])
 
 
-def write_exports(policy: Policy, folder: Path, stem: str = POLICY_STEM) -> dict[str, Path]:
-    """Write ``<stem>.json``, ``<stem>.h`` and ``<stem>.py`` into ``folder``; returns their paths."""
-    paths = {"json": folder / f"{stem}.json", "cpp": folder / f"{stem}.h", "python": folder / f"{stem}.py"}
+def write_exports(policy: Policy, folder: Path) -> dict[str, Path]:
+    """Write ``policy.json``, ``policy.h`` and ``policy.py`` (:data:`~mlabench.run_files.POLICY_FILES`)
+    into ``folder``; returns their paths by format (``json``, ``cpp``, ``python``)."""
+    paths = {kind: folder / name for kind, name in POLICY_FILES.items()}
     for kind, text in (("json", policy.to_json()), ("cpp", to_cpp_header(policy)),
                        ("python", to_python_module(policy))):
         write_text(paths[kind], text, "policy file", atomic=True)

@@ -26,8 +26,8 @@ from mlabench.errors import FileAccessError, ResultsError
 from mlabench.files import append_text, make_dir, read_text, user_path, validation_line, write_text
 from mlabench.records.csv_rows import CSV_FIELDS, csv_row
 from mlabench.records.record import Manifest, Record
-from mlabench.run_files import (ARCHIVED_RESULTS_FILE, MANIFEST_FILE, RESULTS_CSV_FILE, RESULTS_FILE,
-                                SCRIPT_RECORDS_FILE)
+from mlabench.run_files import (ARCHIVED_JSONL_GLOB, ARCHIVED_RESULTS_FILE, GZIP_SUFFIX, MANIFEST_FILE,
+                                RESULTS_CSV_FILE, RESULTS_FILE, SCRIPT_RECORDS_FILE)
 
 
 
@@ -37,7 +37,7 @@ def stored_file(path: Path) -> Path:
 
     Readers only: a run appends to the plain name, and an archived run is never appended to.
     """
-    gzipped = path.with_name(path.name + ".gz")
+    gzipped = path.with_name(path.name + GZIP_SUFFIX)
     return gzipped if not path.exists() and gzipped.is_file() else path
 
 
@@ -58,7 +58,7 @@ def refuse_archived(run_dir: Path) -> None:
     to a new plain file, which readers then take instead of the gzipped records."""
     if is_archived(run_dir):
         raise ResultsError(f"{run_dir} is archived ({ARCHIVED_RESULTS_FILE}): gunzip it to add to it")
-    left = sorted(p.name for p in Path(run_dir).glob("*.jsonl.gz") if not p.with_suffix("").exists())
+    left = sorted(p.name for p in Path(run_dir).glob(ARCHIVED_JSONL_GLOB) if not p.with_suffix("").exists())
     if left:
         raise ResultsError(f"{run_dir}: {left[0]} is still gzipped: gunzip it too before resuming")
 

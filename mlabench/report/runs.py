@@ -12,7 +12,8 @@ level down, or a graph-check JSON file) and sorts what it finds by kind:
   the only records the sweep figures and tables read;
 
 each by its kind (:func:`mlabench.records.kinds.run_kind`: the manifest's ``kind``, or for runs
-recorded before manifests said it, derived from their configuration);
+recorded before manifests said it, derived from their configuration) and read by that kind's
+reader (:func:`mlabench.records.readers.read_run_folder`);
 - a graph-check result: the JSON table ``mlabench graph-check --save FILE`` writes, named directly
   or found in a folder named (or one level inside it).
 
@@ -28,75 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from mlabench.errors import ResultsError
-from mlabench.files import read_json
-from mlabench.records.kinds import run_kind
+from mlabench.records.readers import KernelRun, ServeRun, TuneRun, ValidationRun, read_run_folder
 from mlabench.records.record import Manifest, Record
-from mlabench.records.store import ResultStore, holds_run, records_of, run_folders
-from mlabench.run_files import MANIFEST_FILE, POLICY_FILE, SERVE_BENCH_KIND, TUNE_KIND, VALIDATION_FILE, VALIDATION_KIND
-from mlabench.serving.config import ServeConfig
-from mlabench.serving.results import BenchResult
+from mlabench.records.store import holds_run, records_of, run_folders
 
 #: Columns every graph-check table has (``mlabench.checks.graph_check_table.graph_check_table``).
 GRAPH_CHECK_COLUMNS = ("subject", "batch", "context", "graph_us", "tuned_us", "slowdown_pct", "correct", "flagged")
 #: Largest JSON file probed for a graph-check table, bytes (the tables are a few tens of KB).
 GRAPH_CHECK_MAX_BYTES = 4 << 20
-
-
-@dataclass
-class KernelRun:
-    """A kernel run folder (``mlabench sweep`` / ``compare``) and its manifest."""
-
-    path: Path
-    manifest: Manifest
-
-
-@dataclass
-class TuneRun:
-    """A ``mlabench tune`` run folder: its manifest, every trial's record in the order measured, and
-    the exported policy (a :class:`mlabench.policy.tuned.Policy`; None until the run finished or was
-    exported with ``tune --export``)."""
-
-    path: Path
-    manifest: Manifest
-    records: list[Record]
-    policy: Any = None
-
-    @property
-    def name(self) -> str:
-        """The run id."""
-        return self.manifest.run_id
-
-    @property
-    def config(self) -> dict[str, Any]:
-        """The tuning configuration as run (``TuneConfig`` fields)."""
-        return self.manifest.config["tune"]
-
-    @property
-    def studies(self) -> list[dict[str, Any]]:
-        """One dict per study: ``batch``, bucket ``lo``/``hi`` (tokens, ``(lo, hi]``), measured ``length``."""
-        return list(self.manifest.config.get("studies") or [])
-
-
-@dataclass
-class ValidationRun:
-    """A ``mlabench tune --validate`` run folder: its manifest, records, and the points of its
-    ``validation.json`` (:class:`mlabench.tune.validation.PointResult`; None when the file is absent,
-    e.g. an interrupted validation)."""
-
-    path: Path
-    manifest: Manifest
-    records: list[Record]
-    points: list[Any] | None = None
-
-    @property
-    def name(self) -> str:
-        """The run id."""
-        return self.manifest.run_id
-
-    @property
-    def policy_run_id(self) -> str | None:
-        """The tuning run whose policy was validated (from the policy's ``source``), when recorded."""
-        return (self.manifest.config["validate"].get("policy_source") or {}).get("run_id")
 
 
 @dataclass
@@ -116,21 +56,6 @@ class GraphCheckRun:
     def name(self) -> str:
         """The file's name without ``.json``."""
         return self.path.stem
-
-
-@dataclass
-class ServeRun:
-    """A ``mlabench serve-bench`` run folder: its configuration, manifest and results."""
-
-    path: Path
-    manifest: dict[str, Any]
-    config: ServeConfig
-    results: list[BenchResult]
-
-    @property
-    def name(self) -> str:
-        """The run folder's name."""
-        return self.path.name
 
 
 @dataclass
@@ -194,28 +119,6 @@ def _has_runs(path: Path) -> bool:
     return path.is_dir() and (holds_run(path) or any(p.is_dir() and holds_run(p) for p in path.iterdir()))
 
 
-def _tune_run(folder: Path) -> TuneRun:
-    from mlabench.policy.tuned import load_policy
-
-    store = ResultStore(folder)
-    policy = load_policy(folder / POLICY_FILE) if (folder / POLICY_FILE).is_file() else None
-    return TuneRun(folder, store.manifest(), store.records(), policy)
-
-
-def _validation_run(folder: Path) -> ValidationRun:
-    from mlabench.tune.validation import PointResult
-
-    store = ResultStore(folder)
-    points = None
-    if (folder / VALIDATION_FILE).is_file():
-        raw = read_json(folder / VALIDATION_FILE, "validation results")
-        try:
-            points = [PointResult(**p) for p in raw]
-        except TypeError:
-            raise ResultsError(f"{folder / VALIDATION_FILE}: not the points of a validation run") from None
-    return ValidationRun(folder, store.manifest(), store.records(), points)
-
-
 def load_runs(paths: Iterable[Path | str]) -> Runs:
     """Read the run folders and graph-check results named (or found one level inside the folders named).
 
@@ -223,8 +126,6 @@ def load_runs(paths: Iterable[Path | str]) -> Runs:
     graph-check result, an unreadable record, manifest or validation file, or runs from different
     devices; :class:`~mlabench.errors.ConfigError` for an unreadable serve-bench run or policy.
     """
-    from mlabench.serving.bench import read_run
-
     runs = Runs()
     with_runs = []
     for path in map(Path, paths):
@@ -232,20 +133,12 @@ def load_runs(paths: Iterable[Path | str]) -> Runs:
         runs.graph_checks += checks
         if not checks or _has_runs(path):
             with_runs.append(path)
-    kernel_folders = []
+    kinds = {KernelRun: runs.kernel_runs, TuneRun: runs.tune_runs, ValidationRun: runs.validation_runs,
+             ServeRun: runs.serve_runs}
     for folder in dict.fromkeys(run_folders(with_runs) if with_runs else []):
-        kind = run_kind(folder)
-        if kind == SERVE_BENCH_KIND:
-            config, results = read_run(folder)
-            manifest = read_json(folder / MANIFEST_FILE, "serve-bench run manifest")
-            runs.serve_runs.append(ServeRun(folder, manifest, config, results))
-        elif kind == TUNE_KIND:
-            runs.tune_runs.append(_tune_run(folder))
-        elif kind == VALIDATION_KIND:
-            runs.validation_runs.append(_validation_run(folder))
-        else:
-            kernel_folders.append(folder)
-            runs.kernel_runs.append(KernelRun(folder, ResultStore(folder).manifest()))
+        run = read_run_folder(folder)  # one reader per kind (mlabench.records.readers)
+        kinds[type(run)].append(run)  # type: ignore[arg-type]
+    kernel_folders = [k.path for k in runs.kernel_runs]
     if kernel_folders:
         runs.records = records_of(kernel_folders)
     devices = {str(m.device.get("name")) for m in runs.manifests}

@@ -21,16 +21,15 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from pydantic import ValidationError
-
 from mlabench.errors import ConfigError, DependencyError, ServerError
-from mlabench.files import append_text, make_dir, read_json, read_text, validation_line, write_text
-from mlabench.run_files import COMMANDS_FILE, MANIFEST_FILE, RESULTS_FILE, SERVE_BENCH_KIND
+from mlabench.files import append_text, make_dir, write_text
+from mlabench.run_files import COMMANDS_FILE, MANIFEST_FILE, RESULTS_FILE, SERVE_BENCH_KIND, server_log_file
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.lifecycle import (
     ManagedServer, die_with_parent, log_tail, require_launchable, require_reachable, served_model, stop_group,
 )
 from mlabench.serving.results import BenchResult, judge, load_result
+from mlabench.serving.run_folder import read_run  # the serve-bench run's reader: `bench.read_run` for the CLI
 
 Progress = Callable[[str], None]
 
@@ -182,7 +181,7 @@ def variant_server(
         require_started(variant)
         yield None
         return
-    srv = ManagedServer(variant.launch, variant.base_url, run_dir / f"server-{variant.name}.log",
+    srv = ManagedServer(variant.launch, variant.base_url, run_dir / server_log_file(variant.name),
                         vllm_bin=vllm_bin)
     progress(f"[{variant.name}] launching (log: {srv.log_path}): {shlex.join(srv.argv())}")
     with srv:
@@ -243,16 +242,10 @@ def points_left(config: ServeConfig, variant: Variant,
 def finished_points(results: list[BenchResult], several_lens: bool) -> set[tuple[str, int | None, int, int]]:
     """``(variant, input length or None, concurrency, repeat)`` of every ``ok`` result: what a
     resumed run skips (a failed or missing point runs again; its new result supersedes the old in
-    the table, :func:`latest_results`).  The input length counts only when the run has several."""
+    the table, :func:`~mlabench.serving.run_folder.latest_results`).  The input length counts only
+    when the run has several."""
     return {(r.variant, r.input_len if several_lens else None, r.concurrency, r.repeat)
             for r in results if r.status == "ok"}
-
-
-def latest_results(results: list[BenchResult]) -> list[BenchResult]:
-    """The last recorded result of each (variant, input length, concurrency, repeat), in file
-    order: ``results.jsonl`` keeps every run (append-only), a resumed point's rerun supersedes it."""
-    last = {(r.variant, r.input_len, r.concurrency, r.repeat): r for r in results}
-    return list(last.values())
 
 
 def bench_points(config: ServeConfig, params: BenchParams) -> list[tuple[int, int, int]]:
@@ -300,26 +293,6 @@ def _bench_one(
     tpot = f", mean TPOT {res.tpot.mean_ms:.2f} ms" if res.tpot.mean_ms is not None else ""
     progress(f"[{variant.name}] {tag}c={conc} r={rep}: {res.status}{tpot} ({took_s:.0f} s)")
     return res
-
-
-def read_run(run_dir: Path) -> tuple[ServeConfig, list[BenchResult]]:
-    """Re-read a finished (or interrupted) run folder: its config and results.jsonl, each result
-    judged again (:func:`~mlabench.serving.results.judge`) with its variant's parameters, so that a
-    run recorded before a check existed is shown as that check sees it."""
-    manifest = read_json(run_dir / MANIFEST_FILE, "serve-bench run manifest")
-    if isinstance(manifest, dict) and manifest.get("kind") not in (None, SERVE_BENCH_KIND):
-        raise ConfigError(f"{run_dir} is a {manifest['kind']} run, not a serve-bench run")
-    results_path = run_dir / RESULTS_FILE  # absent until the first point ends: nothing recorded yet
-    lines = read_text(results_path, "serve-bench run results").splitlines() if results_path.exists() else []
-    try:
-        config = ServeConfig.model_validate(manifest["config"], context={"recorded": True})
-        results = [BenchResult.model_validate_json(line) for line in lines if line.strip()]
-    except (ValidationError, KeyError, TypeError) as exc:
-        why = validation_line(exc) if isinstance(exc, ValidationError) else f"no {exc}"
-        raise ConfigError(f"{run_dir} is not a readable serve-bench run: {why}") from None
-    params = {v.name: config.bench_for(v) for v in config.variants}
-    return config, [judge(r, params[r.variant].for_run(r.input_len, r.concurrency).min_output_tokens()
-                          if r.variant in params else None) for r in latest_results(results)]
 
 
 def env_summary() -> dict[str, str]:

@@ -14,7 +14,7 @@ The samples of one measurement are taken within milliseconds, though, and a poin
 same sweep twice disagreed by 0.5% at the median point while most points' samples spanned less.
 A test on the samples alone (a rank test, or non-overlapping intervals) then calls most points of
 two equal runs different.  So each run adds its *repeat noise*, the spread between successive
-measurements of its sentinel point (:func:`mlabench.sweep.sentinel.repeat_noise`; zero for runs
+measurements of its sentinel point (:func:`mlabench.measure.stats.repeat_noise`; zero for runs
 without sentinel measurements).  A point measured in several visits (:mod:`mlabench.sweep.visits`) takes
 as its first part the larger of its pooled samples' standard error and that of the mean of its
 visits' medians: samples within a visit are not independent draws, and a point whose visits
@@ -35,11 +35,11 @@ from typing import Any
 
 from mlabench.backends import get_backend
 from mlabench.errors import ConfigError, MissingResultError, MlabenchError, ResultsError
-from mlabench.measure.stats import geomean, mean_rel_se, median_rel_ci
+from mlabench.measure.stats import geomean, mean_rel_se, median_rel_ci, repeat_noise
 from mlabench.records.record import Manifest, Record, point_key
+from mlabench.records.side_files import read_sentinels
 from mlabench.records.store import ResultStore, describe_records, run_folders
 from mlabench.shapes import MLADecodeShape
-from mlabench.sweep.sentinel import read_sentinels, repeat_noise
 from mlabench.tables.table import PARAMS, ColumnStyle, Table, params_label
 
 #: Normal quantile a point's |ln ratio| must exceed, in units of its combined standard error.

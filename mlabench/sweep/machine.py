@@ -24,10 +24,10 @@ import statistics
 from dataclasses import dataclass, field
 
 from mlabench.records.record import Manifest
+from mlabench.records.side_files import read_sentinels
 from mlabench.sweep.diff import (
     Z_CRITICAL, PointDiff, RunDiff, combined_se, comparable_key, z_score,
 )
-from mlabench.sweep.sentinel import read_sentinels
 from mlabench.tables.table import PARAMS, ColumnStyle, Table, params_label
 
 

@@ -21,11 +21,12 @@ from mlabench.errors import FileAccessError, Interrupted, MlabenchError
 from mlabench.inputs import input_bytes
 from mlabench.measure.steady import below_steady
 from mlabench.records.record import Record
+from mlabench.records.side_files import read_sentinels
 from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.config import Point, SweepConfig
 from mlabench.sweep.point import ShapeBench, failed_record, speed_fields
-from mlabench.sweep.sentinel import append_sentinel, drift_dict, drift_of, point_label, read_sentinels
+from mlabench.sweep.sentinel import append_sentinel, drift_dict, drift_of, point_label
 from mlabench.sweep.visits import (
     append_visit, measured_in_order, pooled_record, read_visits, settled, visit_order, wants_more,
 )

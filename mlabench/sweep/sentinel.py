@@ -11,12 +11,12 @@ slowness; issue 27 item 4).  A run whose sentinel drifts by more than the target
 that ends a window of points is flagged, and the points measured in a drifting window (between the
 sentinel before and the drifting one) are named.  The spread between successive sentinel
 measurements is the run's *repeat noise*: how far one point's median moves when it is measured
-again, beyond what its own samples show; :mod:`mlabench.sweep.diff` uses it.
+again, beyond what its own samples show (:func:`mlabench.measure.stats.repeat_noise`); :mod:`mlabench.sweep.diff`
+uses it.  The measurements are read back by :func:`mlabench.records.side_files.read_sentinels`.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -25,25 +25,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mlabench.measure.stats import mean_rel_se
+from mlabench.measure.stats import mean_rel_se, repeat_noise
 from mlabench.records.record import Manifest, Record
-from mlabench.records.store import read_jsonl, stored_file
+from mlabench.records.side_files import SentinelMeasurement
 from mlabench.run_files import RESULTS_FILE, SENTINEL_FILE, VISITS_FILE
 from mlabench.tables.table import fmt, params_label
 
 #: The sentinel's reference is the median of this many of its first measurements (of all but the
 #: last where a run has fewer: at least one reading is always compared with a reference it is not in).
 REFERENCE_READINGS = 3
-
-
-class SentinelMeasurement(BaseModel):
-    """One measurement of the sentinel point (one line of ``sentinel.jsonl``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    after_points: int = Field(description=f"Records in {RESULTS_FILE} when it was taken (with several visits "
-                                          f"per point: visits in {VISITS_FILE}).")
-    record: Record = Field(description="The sentinel point as measured then.")
 
 
 class DriftWindow(BaseModel):
@@ -89,30 +79,6 @@ def append_sentinel(run_dir: Path, after_points: int, record: Record) -> None:
     line = SentinelMeasurement(after_points=after_points, record=record).model_dump_json() + "\n"
     with open(Path(run_dir) / SENTINEL_FILE, "a", encoding="utf-8") as fh:
         fh.write(line)
-
-
-def read_sentinels(run_dir: Path) -> list[SentinelMeasurement]:
-    """The sentinel measurements of a run, in order; [] when it has none (e.g. older runs).
-
-    Reads ``sentinel.jsonl``, or ``sentinel.jsonl.gz`` when only that is there (a committed run:
-    :func:`mlabench.records.store.stored_file`).  A cut-short last line is ignored; raises
-    :class:`ResultsError` for a bad line elsewhere.
-    """
-    path = stored_file(Path(run_dir) / SENTINEL_FILE)
-    return read_jsonl(path, SentinelMeasurement, "sentinel measurement")
-
-
-def repeat_noise(medians_us: Sequence[float]) -> float | None:
-    """Relative standard deviation of re-measuring one point, from successive medians.
-
-    The mean square successive difference of the log medians, halved (von Neumann's estimator: a
-    slow drift barely inflates it); None for fewer than 3 medians.
-    """
-    logs = [math.log(m) for m in medians_us if m > 0]
-    if len(logs) < 3:
-        return None
-    diffs = [(b - a) ** 2 for a, b in zip(logs, logs[1:])]
-    return math.sqrt(sum(diffs) / (2 * len(diffs)))
 
 
 def drift_of(sentinels: Sequence[SentinelMeasurement], records: Sequence[Record], target: float) -> Drift | None:

@@ -62,7 +62,7 @@ def journal_copy(run_dir: Path, into: Path) -> Path:
         return run_dir
     archived = run_dir / ARCHIVED_JOURNAL_FILE
     if not archived.exists():
-        raise ResultsError(f"{run_dir}: no {JOURNAL_FILE} (or .gz): not a tuning run with a journal")
+        raise ResultsError(f"{run_dir}: no {JOURNAL_FILE} (or {ARCHIVED_JOURNAL_FILE}): not a tuning run with a journal")
     try:
         (into / JOURNAL_FILE).write_bytes(gzip.decompress(archived.read_bytes()))
     except (OSError, EOFError, zlib.error) as exc:

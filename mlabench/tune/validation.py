@@ -19,7 +19,7 @@ import math
 import random
 import secrets
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from mlabench.measure.timing import TimingConfig
 from mlabench.policy.heuristics import heuristic_splits
 from mlabench.policy.tuned import Policy
 from mlabench.records.record import point_key
+from mlabench.records.side_files import PointResult, geomean_regret_pct
 from mlabench.records.store import ResultStore
 from mlabench.run_files import VALIDATION_FILE, VALIDATION_KIND, VALIDATION_TABLE_FILE
 from mlabench.shapes import MLADecodeShape
@@ -106,24 +107,6 @@ def split_ladder(low: int, high: int, num_sms: int) -> list[int]:
     multiples of the SM count up to 4, within ``[low, high]``."""
     values = {1 << k for k in range(12)} | {3 << k for k in range(11)} | {m * num_sms for m in range(1, 5)}
     return sorted(v for v in values if low <= v <= high)
-
-
-@dataclass
-class PointResult:
-    """One validated point: the best measured configuration and each rule's time (µs; None failed)."""
-
-    batch: int
-    context_len: int
-    best_us: float | None
-    best_params: dict[str, Any]
-    policy_params: dict[str, Any]
-    policy_us: float | None
-    heuristics: dict[str, dict[str, Any]] = field(default_factory=dict)
-    counts_measured: int = 0  # distinct split counts measured at the point (the best is of these)
-
-    def regret(self, us: float | None) -> float | None:
-        """``us / best_us - 1`` (None when either failed)."""
-        return us / self.best_us - 1 if us is not None and self.best_us else None
 
 
 @dataclass
@@ -333,15 +316,6 @@ def _point_result(shape: MLADecodeShape, configs: dict[str, dict[str, Any]],
     return PointResult(shape.batch, shape.max_context_len, ok.get(best_key) if best_key else None,
                        json.loads(best_key) if best_key else {}, configs["policy"], us["policy"], heur,
                        counts_measured=counts)
-
-
-def geomean_regret_pct(values: list[float | None]) -> float | None:
-    """``100 * (geometric mean of (1 + regret) - 1)``, percent; None when ``values`` is empty or holds
-    a None (a configuration that failed)."""
-    vals = [v for v in values if v is not None]
-    if not vals or len(vals) < len(values):
-        return None
-    return 100 * (math.exp(sum(math.log1p(v) for v in vals) / len(vals)) - 1)
 
 
 def validation_tables(v: Validation) -> list[Table]:

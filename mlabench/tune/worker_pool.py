@@ -31,7 +31,7 @@ from typing import Any
 from mlabench.errors import ConfigError, MlabenchError, WorkerError
 from mlabench.records.record import Record
 from mlabench.records.store import ResultStore
-from mlabench.run_files import APPEND_LOCK_FILE, CLAIMS_FOLDER, WORKER_PAYLOAD_FILE
+from mlabench.run_files import APPEND_LOCK_FILE, CLAIMS_FOLDER, WORKER_PAYLOAD_FILE, worker_log_file
 from mlabench.serving.lifecycle import die_with_parent
 
 #: Comma-separated modules every worker imports first (e.g. one that registers extra backends).
@@ -102,7 +102,7 @@ def start_workers(entry: str, payload: dict[str, Any], devices: list[str | None]
     payload_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     workers = []
     for index, device in enumerate(devices):
-        log_path = log_dir / f"worker-{index}.log"
+        log_path = log_dir / worker_log_file(index)
         read_fd, write_fd = os.pipe()
         os.set_blocking(read_fd, False)
         with open(log_path, "ab") as log:

@@ -143,7 +143,7 @@ def test_the_cpu_default_is_one_visit(tmp_path):
 
 
 def test_a_visit_runs_sentinel_counts_visits_and_its_windows_name_them(tmp_path):
-    from mlabench.sweep.sentinel import read_sentinels
+    from mlabench.records.side_files import read_sentinels
 
     store, _ = run_sweep(config(visits=3, sentinel_every=4, drift_target=1e-9), tmp_path)
     assert [s.after_points for s in read_sentinels(store.run_dir)] == [0, 4, 8, 12]  # of 12 visits

@@ -296,7 +296,7 @@ class ServingData:
 def serving_tpot(run: Any, stat: str = "mean", records: Sequence[Record] = ()) -> ServingData:
     """TPOT (``stat``: mean, median or p99; ms) and speedup over the baseline of a serve-bench run.
 
-    ``run`` is a :class:`mlabench.report.runs.ServeRun`; the numbers are the serve-bench table's
+    ``run`` is a :class:`mlabench.records.readers.ServeRun`; the numbers are the serve-bench table's
     (:func:`mlabench.serving.table.table_of`: repeats averaged, worst status kept, speedup against
     the baseline at the same input length and concurrency).  A run of several input lengths has a
     bar per (input length, concurrency, variant); a variant whose own ``bench.random_input_len``

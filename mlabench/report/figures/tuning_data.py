@@ -8,7 +8,7 @@ no matplotlib.
   heuristic's (:mod:`mlabench.policy.heuristics`) and the fastest split counts measured;
 - :func:`validation_regret`: the regret of the policy and of each heuristic on the held-out grid.
 
-A tuning run's trials are its records (:class:`mlabench.report.runs.TuneRun`), one per configuration
+A tuning run's trials are its records (:class:`mlabench.records.readers.TuneRun`), one per configuration
 measured, in the order they were measured; a configuration a study suggested again is reused, not
 measured again, so it has no record of its own.  The heuristics' choices are recomputed from each
 study's shape, the run's GPU (SM count) and search range, as the tuner enqueued them.  Times are
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlabench.records.record import Record
+from mlabench.records.side_files import geomean_regret_pct
 
 SPLITS = "num_kv_splits"
 
@@ -68,7 +69,7 @@ class StudyChoice:
 
 
 def studies_of(run: Any) -> list[Study]:
-    """The studies of a :class:`mlabench.report.runs.TuneRun`, in the order of its manifest; a study
+    """The studies of a :class:`mlabench.records.readers.TuneRun`, in the order of its manifest; a study
     measured at several lengths is shown at the one nearest its representative length (the
     bucket's geometric middle), whose records are one per configuration like a one-length study's."""
     out = []
@@ -220,7 +221,7 @@ def length_grid(low: int, high: int, extra: set[int], points: int = 240) -> list
 def policy_steps(run: Any, validations: list[Any] = ()) -> list[PolicySteps]:
     """Per batch size of ``run``'s policy: its split count and every public heuristic's over the
     context lengths of the buckets (from a quarter of the first edge to the last edge), and the
-    fastest split counts measured.  ``validations``: :class:`mlabench.report.runs.ValidationRun` s, those
+    fastest split counts measured.  ``validations``: :class:`mlabench.records.readers.ValidationRun` s, those
     of this run's policy add their held-out points.  [] when the run has no policy."""
     from mlabench.shapes import MLADecodeShape
 
@@ -275,8 +276,6 @@ class RegretPanel:
 
 
 def _curve(name: str, points: list[Any], us_of: Any, splits_of: Any) -> RegretCurve:
-    from mlabench.tune.validation import geomean_regret_pct
-
     regrets = [p.regret(us_of(p)) for p in points]
     pct = [None if r is None else 100 * r for r in regrets]
     worst = None if None in pct or not pct else max(pct)
@@ -285,7 +284,7 @@ def _curve(name: str, points: list[Any], us_of: Any, splits_of: Any) -> RegretCu
 
 
 def validation_regret(run: Any) -> list[RegretPanel]:
-    """Per batch size of a :class:`mlabench.report.runs.ValidationRun`: the regret of its policy and of
+    """Per batch size of a :class:`mlabench.records.readers.ValidationRun`: the regret of its policy and of
     every heuristic at each held-out length ([] without ``validation.json``).  The best time of a
     point is the fastest correct configuration measured there (split ladder, policy, heuristics)."""
     points = run.points or []
