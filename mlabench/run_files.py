@@ -12,6 +12,8 @@ Committed runs keep their raw JSONL and journal files gzipped: ``<name>`` + :dat
 
 from __future__ import annotations
 
+from pathlib import Path
+
 #: Appended to a raw file's name when a committed run keeps it gzipped (read as it is, never appended to).
 GZIP_SUFFIX = ".gz"
 #: Any raw JSONL file of a run kept gzipped (a glob in a run folder: results, sentinel, visits).
@@ -108,3 +110,13 @@ def worker_log_file(index: int) -> str:
 def server_log_file(variant: str) -> str:
     """The log of the server serve-bench launched for the variant named ``variant``: ``server-<variant>.log``."""
     return _from_pattern(SERVER_LOG_PATTERN, variant)
+
+
+def stored_file(path: Path) -> Path:
+    """The file to read for ``path`` in a run folder: ``path`` itself, or its gzipped copy
+    (``<name>.gz``, how committed runs keep their raw files) when ``path`` does not exist and that does.
+
+    Readers only: a run appends to the plain name, and an archived run is never appended to.
+    """
+    gzipped = path.with_name(path.name + GZIP_SUFFIX)
+    return gzipped if not path.exists() and gzipped.is_file() else path

@@ -17,10 +17,11 @@
 #   wait OUT [SECONDS]     wait for serve-bench (at most SECONDS, default 560), then copy its run
 #                          folder and log to OUT/serve.tar.gz (also while it still runs: a call
 #                          that cannot wait to the end still takes what is measured)
-# $OUT brings back at most 8 files, so each stage packs its folders.  About 7 minutes a variant of
-# the full config (16 prompts of 100K tokens to prefill at concurrency 16 dominate): more than one
-# session's device time for all five; SERVE_CONFIG runs another config (e.g. a copy with fewer
-# variants), SKIP_SMOKE=1 and SKIP_SWEEP=1 leave those parts out of a second session.
+# $OUT brings back at most 8 files, so each stage packs its folders.  About 5.5 minutes a variant of
+# the full config (16 prompts of 100K tokens to prefill at concurrency 16 dominate): all five, the
+# smoke and the sweeps took 28 of one session's 30 device minutes (install 1, smoke and sweeps 4.5,
+# serving 21.5, in one install-deps call and three wait calls); SERVE_CONFIG runs another config,
+# SKIP_SMOKE=1 and SKIP_SWEEP=1 leave those parts out of a second session.
 # RESUME=results/serve-<time>-h200-proxy (carried) continues that run in a new session
 # (serve-bench --resume): the points it lacks, the servers they need.
 # Environment: VSITE (/tmp/vsite), POLICY (the committed tuned policy), SERVE_CONFIG, SERVE_SET

@@ -26,19 +26,10 @@ from mlabench.errors import FileAccessError, ResultsError
 from mlabench.files import append_text, make_dir, read_text, user_path, validation_line, write_text
 from mlabench.records.csv_rows import CSV_FIELDS, csv_row
 from mlabench.records.record import Manifest, Record
+from mlabench.run_files import stored_file  # noqa: F401  (re-exported: readers import it from here)
 from mlabench.run_files import (ARCHIVED_JSONL_GLOB, ARCHIVED_RESULTS_FILE, GZIP_SUFFIX, MANIFEST_FILE,
                                 RESULTS_CSV_FILE, RESULTS_FILE, SCRIPT_RECORDS_FILE)
 
-
-
-def stored_file(path: Path) -> Path:
-    """The file to read for ``path`` in a run folder: ``path`` itself, or its gzipped copy
-    (``<name>.gz``, how committed runs keep their raw files) when ``path`` does not exist and that does.
-
-    Readers only: a run appends to the plain name, and an archived run is never appended to.
-    """
-    gzipped = path.with_name(path.name + GZIP_SUFFIX)
-    return gzipped if not path.exists() and gzipped.is_file() else path
 
 
 def holds_run(path: Path) -> bool:
