@@ -73,6 +73,10 @@ TABLE_JSON_FILE = "table.json"
 CHECK_FILE = "check.json"
 #: The log of a server serve-bench launched for one variant (:func:`server_log_file`).
 SERVER_LOG_PATTERN = "server-*.log"
+#: One ``vllm bench serve`` run of a serve-bench run: its JSON result and its log, named by
+#: :func:`bench_point_stem` (``<variant>[-i<input len>]-c<concurrency>-r<repeat>``).
+BENCH_RESULT_SUFFIX = ".json"
+BENCH_LOG_SUFFIX = ".log"
 
 # ---- what run a folder holds --------------------------------------------------------------------
 #: The ``kind`` a manifest says (:func:`mlabench.records.kinds.run_kind` reads it, or derives it for
@@ -110,6 +114,13 @@ def worker_log_file(index: int) -> str:
 def server_log_file(variant: str) -> str:
     """The log of the server serve-bench launched for the variant named ``variant``: ``server-<variant>.log``."""
     return _from_pattern(SERVER_LOG_PATTERN, variant)
+
+
+def bench_point_stem(variant: str, input_len: int, concurrency: int, repeat: int, several_lens: bool) -> str:
+    """File stem of one bench run of serve-bench: ``<variant>-c<conc>-r<rep>``, with
+    ``-i<input len>`` after the variant when the run benchmarks several input lengths; its files are
+    the stem plus :data:`BENCH_RESULT_SUFFIX` and :data:`BENCH_LOG_SUFFIX`."""
+    return f"{variant}{f'-i{input_len}' if several_lens else ''}-c{concurrency}-r{repeat}"
 
 
 def stored_file(path: Path) -> Path:

@@ -23,7 +23,8 @@ from typing import Callable, Iterator
 
 from mlabench.errors import ConfigError, DependencyError, ServerError
 from mlabench.files import append_text, make_dir, write_text
-from mlabench.run_files import COMMANDS_FILE, MANIFEST_FILE, RESULTS_FILE, SERVE_BENCH_KIND, server_log_file
+from mlabench.run_files import (BENCH_LOG_SUFFIX, BENCH_RESULT_SUFFIX, COMMANDS_FILE, MANIFEST_FILE, RESULTS_FILE,
+                                SERVE_BENCH_KIND, bench_point_stem, server_log_file)
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.lifecycle import (
     ManagedServer, die_with_parent, log_tail, require_launchable, require_reachable, served_model, stop_group,
@@ -255,12 +256,6 @@ def bench_points(config: ServeConfig, params: BenchParams) -> list[tuple[int, in
             for rep in range(config.repeats)]
 
 
-def result_stem(variant: str, input_len: int, concurrency: int, repeat: int, several_lens: bool) -> str:
-    """File stem of one bench run: ``<variant>-c<conc>-r<rep>``, with ``-i<input len>`` after the
-    variant when the run benchmarks several input lengths (:meth:`ServeConfig.input_lens`)."""
-    return f"{variant}{f'-i{input_len}' if several_lens else ''}-c{concurrency}-r{repeat}"
-
-
 def _bench_one(
     config: ServeConfig, variant: Variant, params: BenchParams, run_dir: Path,
     how: tuple[str, str, str], point: tuple[int, int, int], srv: ManagedServer | None, progress: Progress,
@@ -271,23 +266,23 @@ def _bench_one(
     vllm_bin, model, tokenizer = how
     input_len, conc, rep = point
     several = len(config.input_lens()) > 1
-    stem = result_stem(variant.name, input_len, conc, rep, several)
+    stem = bench_point_stem(variant.name, input_len, conc, rep, several)
     argv = bench_command(
-        vllm_bin, variant.base_url, model, tokenizer, params, conc, run_dir, f"{stem}.json",
+        vllm_bin, variant.base_url, model, tokenizer, params, conc, run_dir, stem + BENCH_RESULT_SUFFIX,
         {"variant": variant.name, "input_len": str(input_len), "concurrency": str(conc), "repeat": str(rep)},
     )
     append_text(run_dir / COMMANDS_FILE, shlex.join(argv) + "\n", "run folder file")
     tag = f"in={input_len} " if several else ""
     progress(f"[{variant.name}] {tag}concurrency {conc}, repeat {rep + 1}/{config.repeats}")
     started = time.monotonic()
-    code = run_one(argv, run_dir / f"{stem}.log", config.bench_timeout_s, srv, poll_s=config.bench_poll_s)
+    code = run_one(argv, run_dir / (stem + BENCH_LOG_SUFFIX), config.bench_timeout_s, srv, poll_s=config.bench_poll_s)
     took_s = time.monotonic() - started
-    res = judge(load_result(run_dir / f"{stem}.json", variant.name, conc, rep, run_dir),
+    res = judge(load_result(run_dir / (stem + BENCH_RESULT_SUFFIX), variant.name, conc, rep, run_dir),
                 params.min_output_tokens()).model_copy(update={"input_len": input_len})
     if code != 0 and res.status == "ok":
         res = res.model_copy(update={"status": "error", "error": f"vllm bench serve exited {code}"})
     elif res.status == "missing":
-        tail = log_tail(run_dir / f"{stem}.log", 8)
+        tail = log_tail(run_dir / (stem + BENCH_LOG_SUFFIX), 8)
         res = res.model_copy(update={"error": f"{res.error}; exit code {code}; log tail:\n{tail}"})
     append_text(run_dir / RESULTS_FILE, res.model_dump_json() + "\n", "run results", sync=True)
     tpot = f", mean TPOT {res.tpot.mean_ms:.2f} ms" if res.tpot.mean_ms is not None else ""

@@ -56,7 +56,8 @@ def test_prompts_per_concurrency_reach_the_command():
 
 
 def test_points_run_every_concurrency_of_a_length_before_the_next_length():
-    from mlabench.serving.bench import bench_points, result_stem
+    from mlabench.run_files import bench_point_stem as result_stem
+    from mlabench.serving.bench import bench_points
     from mlabench.serving.config import ServeConfig, Variant
 
     conf = ServeConfig(baseline="a", variants=[Variant(name="a", base_url="http://x")], repeats=2,
