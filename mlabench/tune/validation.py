@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mlabench.backends import get_backend
+from mlabench.bench.shape_bench import ShapeBench
 from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, ConfigError, FileAccessError, Interrupted, ResultsError
 from mlabench.measure.timing import TimingConfig
@@ -33,7 +34,6 @@ from mlabench.records.record import point_key
 from mlabench.records.store import ResultStore
 from mlabench.run_files import VALIDATION_FILE, VALIDATION_KIND, VALIDATION_TABLE_FILE
 from mlabench.shapes import MLADecodeShape
-from mlabench.sweep.point import ShapeBench
 from mlabench.tables.table import ColumnStyle, Table
 
 Progress = Callable[[int, int, str], None]

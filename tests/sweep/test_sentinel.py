@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from mlabench.bench.point import record_fields
 from mlabench.measure.stats import summarize
 from mlabench.measure.steady import SteadyState
 from mlabench.measure.timing import TimingConfig
 from mlabench.records.record import Record
+from mlabench.shapes import MLADecodeShape
 from mlabench.sweep import run as sweep_run, runner
 from mlabench.sweep.config import SweepConfig
-from mlabench.sweep.point import record_fields
 from mlabench.sweep.run import run_sweep
-from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.sentinel import SentinelMeasurement, drift_of, health_notes, read_sentinels, repeat_noise
 
 REPO = Path(__file__).resolve().parents[2]

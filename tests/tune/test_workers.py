@@ -43,7 +43,7 @@ def test_worker_liveness_survives_pid_reuse_and_other_hosts():
 
 def test_record_index_reads_only_complete_lines(tmp_path):
     from mlabench.shapes import MLADecodeShape
-    from mlabench.sweep.point import failed_record
+    from mlabench.bench.point import failed_record
 
     store = ResultStore.create(tmp_path / "run", run_manifest("run", 1.0, {}))
     index = RecordIndex(store)
