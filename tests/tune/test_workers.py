@@ -12,7 +12,7 @@ from tests.processes import survivors_of_sigkill
 
 from mlabench.errors import ConfigError
 from mlabench.records.store import ResultStore
-from mlabench.tune.run import run_manifest
+from mlabench.tune.manifest import run_manifest
 from mlabench.tune.worker_pool import RecordIndex, append_shared, device_env, parse_devices, worker_alive, worker_id
 
 
