@@ -1,5 +1,5 @@
 """``python -m mlabench``: the same as the ``mlabench`` console script."""
 
-from mlabench.cli import main
+from mlabench.cli.app import main
 
 main()

@@ -43,17 +43,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mlabench.backends import get_backend  # noqa: E402
 from mlabench.backends import gluon as _gluon  # noqa: E402,F401  (registers gluon-splitkv)
+from mlabench.bench.shape_bench import ShapeBench  # noqa: E402
 from mlabench.device import current_device  # noqa: E402
 from mlabench.inputs import make_inputs  # noqa: E402
 from mlabench.kernels.reference import mla_decode_reference  # noqa: E402
-from mlabench.sweep.point import ShapeBench  # noqa: E402
+from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps  # noqa: E402
+from mlabench.measure.timing import TimingConfig, time_calls  # noqa: E402
 from mlabench.records.record import Record, new_run_id  # noqa: E402
 from mlabench.records.store import ResultStore  # noqa: E402
 from mlabench.shapes import MLADecodeShape  # noqa: E402
 from mlabench.sweep.config import SweepConfig  # noqa: E402
 from mlabench.sweep.run import kernel_run_manifest  # noqa: E402
-from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps  # noqa: E402
-from mlabench.measure.timing import TimingConfig, time_calls  # noqa: E402
 
 HEADS = 12
 #: The run folder under OUT.

@@ -10,8 +10,8 @@
 # Four pytest runs, each writing OUTDIR/junit-<part>.xml and OUTDIR/pytest-<part>.log:
 #   host    tests/serving tests/report tests/e2e tests/golden tests/tables tests/records: no GPU
 #           use; started first, in the background
-#   gpu     tests/core tests/cli tests/kernels tests/backends tests/checks tests/measure tests/sweep
-#           tests/policy tests/gpu but the timing tests: on the GPU,
+#   gpu     tests/core tests/cli tests/kernels tests/backends tests/checks tests/measure tests/bench
+#           tests/sweep tests/policy tests/gpu but the timing tests: on the GPU,
 #           spread over pytest-xdist workers (correctness, not timing, is asserted there)
 #   timing  tests/gpu/test_gpu_timing.py: alone on the GPU once the gpu part is done (it compares
 #           times with times; beside other workers' kernels a call took 5x as long, unevenly)
@@ -60,7 +60,7 @@ start=$(date +%s)
 part host tests/serving tests/report tests/e2e tests/golden tests/tables tests/records &
 host=$!
 part gpu "${workers[@]}" tests/core tests/cli tests/kernels tests/backends tests/checks tests/measure \
-  tests/sweep tests/policy tests/gpu \
+  tests/bench tests/sweep tests/policy tests/gpu \
   --ignore=tests/gpu/test_gpu_timing.py
 gpu=$?
 part timing tests/gpu/test_gpu_timing.py

@@ -35,6 +35,19 @@ Family = Literal["split-kv", "persistent", "reference"]
 #: ``refresh`` then keeps ``effective_params["num_kv_splits"]`` at the counts of the current lengths.
 SPLITS_ON_DEVICE = "splits_on_device"
 
+#: Latent (kv_lora_rank) and decoupled RoPE widths every MLA decode kernel here is built for:
+#: a 576-wide query and key, a 512-wide value and output.
+MLA_DIMS = (512, 64)
+
+
+def check_mla_dims(shape: MLADecodeShape, who: str) -> tuple[bool, str]:
+    """``(True, "")`` when ``shape`` is kv_lora_rank 512 + rope 64, else ``(False, reason)``
+    naming ``who`` (e.g. ``"FlashMLA decode"``)."""
+    if (shape.kv_lora_rank, shape.qk_rope_head_dim) != MLA_DIMS:
+        return False, (f"{who} is built for kv_lora_rank 512 + rope 64, got "
+                       f"{shape.kv_lora_rank} + {shape.qk_rope_head_dim}")
+    return True, ""
+
 
 @dataclass(frozen=True)
 class ParamSpec:

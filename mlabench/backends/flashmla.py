@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from mlabench.backends.base import Backend, PreparedCall
+from mlabench.backends.base import Backend, PreparedCall, check_mla_dims
 from mlabench.backends.registry import register
-from mlabench.backends.shared import accepts_kwarg, check_mla_dims, require, timed_us
+from mlabench.backends.shared import accepts_kwarg, require, timed_us
 from mlabench.errors import BackendUnavailableError
 from mlabench.extras import optional_import, package_version
 from mlabench.inputs import MLADecodeInputs

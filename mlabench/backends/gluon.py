@@ -12,15 +12,15 @@ from typing import Any
 
 import torch
 
-from mlabench.backends.base import Backend, ParamSpec, PreparedCall
+from mlabench.backends.base import Backend, ParamSpec, PreparedCall, check_mla_dims
 from mlabench.backends.registry import register
-from mlabench.backends.shared import NUM_KV_SPLITS, check_mla_dims
-from mlabench.backends.triton import SPLIT_POLICY, TRITON_PACKAGES, SplitChoice
+from mlabench.backends.shared import NUM_KV_SPLITS, SPLIT_POLICY, TRITON_PACKAGES
 from mlabench.device import current_device, triton_interpreting
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.row_tiling import RowTiling
 from mlabench.policy.rules import MAX_KV_SPLITS
+from mlabench.policy.split_choice import SplitChoice
 from mlabench.shapes import MLADecodeShape
 
 PAGE_TOKENS = 64

@@ -1,6 +1,6 @@
-"""What several backends share: their common parameters, the MLA dimension check, and the small
-helpers of adapters around libraries (probing an optional module, timing untimed setup, reading a
-signature).
+"""What several backends share: their common parameters (the split count, the split policy of the
+Triton and Gluon backends, head padding), the packages Triton comes in, and the small helpers of
+adapters around libraries (probing an optional module, timing untimed setup, reading a signature).
 
 Imports nothing optional: every backend module imports this one on every CLI start.
 """
@@ -10,26 +10,23 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TypeVar
 
 import torch
 
 from mlabench.backends.base import ParamSpec
+from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError
 from mlabench.extras import optional_import
 from mlabench.kernels.padding import HEAD_PADDINGS
 from mlabench.kernels.splitkv_torch import split_starts
+from mlabench.policy.device_table import parse_split_policy
 from mlabench.policy.heuristics import vllm_triton_splits
 from mlabench.policy.rules import MAX_KV_SPLITS
-from mlabench.shapes import MLADecodeShape
 
 T = TypeVar("T")
-
-#: Latent (kv_lora_rank) and decoupled RoPE widths every MLA decode kernel here is built for:
-#: a 576-wide query and key, a 512-wide value and output.
-MLA_DIMS = (512, 64)
-
 
 #: The split-count parameter of the split-KV backends (a library may narrow it, e.g. with
 #: ``dataclasses.replace``).
@@ -39,21 +36,41 @@ NUM_KV_SPLITS = ParamSpec(
     low=1, high=MAX_KV_SPLITS,
 )
 
+
+#: Distributions that ship Triton: upstream, and the builds torch's ROCm and CUDA wheels pull in.
+TRITON_PACKAGES = {"triton": ("triton", "pytorch-triton-rocm", "pytorch-triton")}
+
+
+@dataclass(frozen=True)
+class SplitPolicySpec(ParamSpec):
+    """:data:`SPLIT_POLICY` of the Triton and Gluon split-KV backends: validated by reading it, so
+    that a bad mode or policy file is one ``error:`` line before anything is measured (sweep, check,
+    graph-check, tune), not an error record per point
+    (:func:`mlabench.policy.device_table.parse_split_policy`)."""
+
+    def validate(self, value: Any) -> Any:
+        text = str(super().validate(value))
+        if text:
+            parse_split_policy(text, current_device().num_sms)
+        return text
+
+
+SPLIT_POLICY = SplitPolicySpec(
+    "split_policy", str, default="",
+    help="where the split count comes from: empty = num_kv_splits for every request; "
+         "'device[:POLICY.json]' = each request's own count looked up in a policy table in device "
+         "memory (one captured graph keeps the right count at every length); "
+         "'host[:POLICY.json]' = one count looked up on the host from the longest context at each "
+         "refresh (a captured graph keeps the count of capture time). Without a file: vLLM's "
+         "heuristic as a table. num_kv_splits is ignored in both policy modes",
+)
+
 #: How the padded backends lay q out in 16-row head tiles (:mod:`mlabench.kernels.padding`).
 HEAD_PADDING = ParamSpec(
     "head_padding", str, default="zero", choices=HEAD_PADDINGS,
     help="how q is padded to 16-head tiles: zero heads, or the heads repeated in order "
          "(vLLM's layout)",
 )
-
-
-def check_mla_dims(shape: MLADecodeShape, who: str) -> tuple[bool, str]:
-    """``(True, "")`` when ``shape`` is kv_lora_rank 512 + rope 64, else ``(False, reason)``
-    naming ``who`` (e.g. ``"FlashMLA decode"``)."""
-    if (shape.kv_lora_rank, shape.qk_rope_head_dim) != MLA_DIMS:
-        return False, (f"{who} is built for kv_lora_rank 512 + rope 64, got "
-                       f"{shape.kv_lora_rank} + {shape.qk_rope_head_dim}")
-    return True, ""
 
 
 def require(name: str) -> ModuleType:

@@ -11,46 +11,21 @@ from typing import Any
 
 import torch
 
-from mlabench.backends.base import Backend, ParamSpec, PreparedCall
+from mlabench.backends.base import Backend, ParamSpec, PreparedCall, check_mla_dims
 from mlabench.backends.registry import register
-from mlabench.backends.shared import HEAD_PADDING, NUM_KV_SPLITS, check_mla_dims, timed_us
+from mlabench.backends.shared import (
+    HEAD_PADDING, NUM_KV_SPLITS, SPLIT_POLICY, TRITON_PACKAGES, timed_us,
+)
 from mlabench.device import current_device, triton_interpreting
 from mlabench.errors import ConfigError
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.padding import HEAD_TILE, HeadPadder, padded_heads
 from mlabench.kernels.triton_launch import CUDA_LAUNCH, ROW_TILES, choose_rows_per_tile, row_tiles
-from mlabench.policy.device_table import parse_split_policy
 from mlabench.policy.split_choice import SplitChoice
 from mlabench.shapes import MLADecodeShape
 
 NO_GPU_REASON = "no GPU: set TRITON_INTERPRET=1 to run it in Triton's CPU interpreter (slow)"
-#: Distributions that ship Triton: upstream, and the builds torch's ROCm and CUDA wheels pull in.
-TRITON_PACKAGES = {"triton": ("triton", "pytorch-triton-rocm", "pytorch-triton")}
-
-@dataclass(frozen=True)
-class SplitPolicySpec(ParamSpec):
-    """:data:`SPLIT_POLICY`: validated by reading it, so that a bad mode or policy file is one
-    ``error:`` line before anything is measured (sweep, check, graph-check, tune), not an error
-    record per point (:func:`mlabench.policy.device_table.parse_split_policy`)."""
-
-    def validate(self, value: Any) -> Any:
-        text = str(super().validate(value))
-        if text:
-            parse_split_policy(text, current_device().num_sms)
-        return text
-
-
-SPLIT_POLICY = SplitPolicySpec(
-    "split_policy", str, default="",
-    help="where the split count comes from: empty = num_kv_splits for every request; "
-         "'device[:POLICY.json]' = each request's own count looked up in a policy table in device "
-         "memory (one captured graph keeps the right count at every length); "
-         "'host[:POLICY.json]' = one count looked up on the host from the longest context at each "
-         "refresh (a captured graph keeps the count of capture time). Without a file: vLLM's "
-         "heuristic as a table. num_kv_splits is ignored in both policy modes",
-)
-
 
 
 @dataclass(frozen=True)

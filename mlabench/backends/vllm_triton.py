@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from mlabench.backends.base import Backend, PreparedCall
+from mlabench.backends.base import Backend, PreparedCall, check_mla_dims
 from mlabench.backends.registry import register
-from mlabench.backends.shared import NUM_KV_SPLITS, check_mla_dims
+from mlabench.backends.shared import NUM_KV_SPLITS
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.shapes import MLADecodeShape

@@ -1,6 +1,6 @@
 """The ``tune`` command: Optuna search of split counts per context bucket, validation, export.
 
-Thin: parse flags, call :func:`mlabench.tune.run.run_tune`, :func:`mlabench.tune.validation.validate_policy`
+Thin: parse flags, call :func:`mlabench.tune.run.run_tune`, :func:`mlabench.tune.validation_run.validate_policy`
 or :func:`mlabench.tune.run.export_run`, render.  Optuna is imported only when the command runs.
 """
 
@@ -274,7 +274,8 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
     ``backend`` (--backend), when given, must be the policy's: a policy is measured on its own backend."""
     from mlabench.policy.tuned import load_policy
     from mlabench.tune.space import tune_timing
-    from mlabench.tune.validation import policy_span, span_note, validate_policy, validation_tables
+    from mlabench.tune.validation import policy_span, span_note, validation_tables
+    from mlabench.tune.validation_run import validate_policy
 
     lengths, low, high, ladder, seed, budget_s = grid
     policy = load_policy(path)

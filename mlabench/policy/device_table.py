@@ -170,14 +170,14 @@ def _tables_of(data: Any, path: Path) -> dict[int, Any]:
                       "a list of [max_len, splits], or a tune policy file")
 
 
-#: The two policy modes of a backend's ``split_policy`` parameter (:data:`mlabench.backends.triton.SPLIT_POLICY`):
+#: The two policy modes of a backend's ``split_policy`` parameter (:data:`mlabench.backends.shared.SPLIT_POLICY`):
 #: ``host`` (one count chosen on the host, frozen by a graph capture) and ``device`` (each request's
 #: count looked up in device memory).
 POLICY_MODES = ("host", "device")
 
 
 def parse_split_policy(text: str, num_sms: int) -> tuple[str, SplitPolicy | None]:
-    """``(mode, policy)`` of a ``split_policy`` parameter value (:data:`mlabench.backends.triton.SPLIT_POLICY`): ``("fixed", None)`` for ``""``, else
+    """``(mode, policy)`` of a ``split_policy`` parameter value (:data:`mlabench.backends.shared.SPLIT_POLICY`): ``("fixed", None)`` for ``""``, else
     ``("host" | "device", policy)`` read from the file after the colon, or vLLM's heuristic for
     ``num_sms`` SMs when there is none.  Raises :class:`ConfigError` for another mode or a bad file."""
     if not text:

@@ -11,8 +11,8 @@ from typing import Any
 from mlabench.records.record import Record
 from mlabench.report.document import Block, Bullets, Code, FigureBlock, Heading, Missing, Para, TableBlock
 from mlabench.report.figures import style
-from mlabench.report.figures.plan import FigureSpec, Skipped
-from mlabench.report.tuning_sections import config_row
+from mlabench.report.figures.spec import FigureSpec, Skipped
+from mlabench.report.run_text import config_row
 from mlabench.run_files import COMMANDS_FILE
 from mlabench.sweep.sentinel import health_notes
 from mlabench.sweep.summary import compare_table, sweep_summary

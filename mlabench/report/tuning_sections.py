@@ -1,5 +1,5 @@
-"""The report's "tuned policy and validation" and "graph-check" sections, and the text that describes
-a tuning or validation run in the environment tables.
+"""The report's "tuned policy and validation" and "graph-check" sections (the line describing a
+tuning or validation run's configuration is :mod:`mlabench.report.run_text`'s).
 
 Numbers come from the runs as recorded: a tuning run's choice per study from its trial records and
 its exported policy (:mod:`mlabench.report.figures.tuning_data`), a validation run's regret summary from its
@@ -14,8 +14,9 @@ from typing import Any
 
 from mlabench.policy.tuned import TILES_NOTATION
 from mlabench.report.document import Block, FigureBlock, Heading, Missing, Para, TableBlock
-from mlabench.report.figures import style, tuning_data as T
-from mlabench.report.figures.plan import FigureSpec
+from mlabench.report.figures import tuning_data as T
+from mlabench.report.figures.spec import FigureSpec
+from mlabench.report.run_text import tune_config_text, validate_config_text
 from mlabench.run_files import POLICY_FILE, VALIDATION_FILE
 from mlabench.tables.table import Table
 
@@ -31,51 +32,6 @@ def params_text(params: dict[str, Any] | None) -> str:
     if params is None:
         return "—"
     return " ".join(f"{k}={v}" for k, v in params.items() if v != "") or "defaults"
-
-
-def tune_config_text(cfg: dict[str, Any]) -> str:
-    """One line of a tuning run's configuration: backend, model, batch sizes, buckets, trials, noise."""
-    buckets = cfg.get("buckets") or []
-    model = f"model {cfg.get('model')}, TP {cfg.get('tp')}" if cfg.get("model") else f"{cfg.get('heads')} heads"
-    qo = "" if cfg.get("qo_len", 1) == 1 else f"; qo_len {cfg.get('qo_len')}"
-    return (f"tune {cfg.get('backend')}; {model}{qo}; batch {', '.join(map(str, cfg.get('batch') or []))}; "
-            f"{len(buckets)} context buckets up to {style.context_text(buckets[-1]) if buckets else '—'}, each "
-            f"measured at {_lengths_text(cfg)}; page {cfg.get('page_size')}; "
-            f"{cfg.get('trials')} trials per study, sampler {cfg.get('sampler')}"
-            + (", the public heuristics first" if cfg.get("heuristics") else "")
-            + f"; ties within {100 * (cfg.get('noise') or 0):g}%")
-
-
-def _lengths_text(cfg: dict[str, Any]) -> str:
-    """Where a tuning run measured each bucket: its representative length (runs before several
-    lengths per bucket), or K lengths scored by the worst or geometric-mean ratio to the best."""
-    k = int(cfg.get("lengths_per_bucket") or 1)
-    if k == 1:
-        return f"its {cfg.get('representative')} length"
-    rule = cfg.get("tokens_per_split")
-    return (f"{k} lengths from its lower to its upper edge, scored by the {cfg.get('combine')} ratio to the best "
-            f"at each" + (", split counts scaling with the length searched too" if rule else "")
-            + (" (whole tiles per split too, where the backend declares its tile)" if rule and cfg.get("whole_tiles") else ""))
-
-
-def validate_config_text(cfg: dict[str, Any]) -> str:
-    """One line of a validation run's configuration: the policy's run, the held-out lengths, the ladder."""
-    lengths = cfg.get("lengths") or []
-    span = f"{style.context_text(min(lengths))}-{style.context_text(max(lengths))}" if lengths else "—"
-    ladder = ", ".join(map(str, cfg["ladder"])) if cfg.get("ladder") else "the default ladder"
-    source = (cfg.get("policy_source") or {}).get("run_id") or "a policy without a recorded run"
-    return (f"validate the {cfg.get('backend')} policy of {source} at {len(lengths)} held-out lengths per "
-            f"batch size ({span} tokens) against {ladder} of split counts and every public heuristic")
-
-
-def config_row(config: dict[str, Any]) -> tuple[str, str] | None:
-    """``("tuning", text)`` or ``("validation", text)`` for a tuning or validation run's manifest
-    configuration; None for a sweep's."""
-    if "tune" in config:
-        return "tuning", tune_config_text(config["tune"])
-    if "validate" in config:
-        return "validation", validate_config_text(config["validate"])
-    return None
 
 
 def choice_table(run: Any) -> Table:

@@ -10,13 +10,14 @@ from typing import Any
 from mlabench.backends import backend_names, get_backend
 from mlabench.backends.base import Backend, param_grid
 from mlabench.backends.registry import select_backends
+from mlabench.bench.point import DEFAULT_CHECK_HEADS, failed_record
+from mlabench.bench.shape_bench import ShapeBench
 from mlabench.checks.verdict import CheckConfig
 from mlabench.errors import ConfigError, MlabenchError
 from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
 from mlabench.records.record import Record
 from mlabench.shapes import MLADecodeShape, resolve_heads
-from mlabench.sweep.point import ShapeBench, failed_record
 from mlabench.tables.table import PARAMS, ColumnStyle, Table, fmt, params_label
 
 #: ``progress(done, total, what)``: how far a run has come, for a progress bar.
@@ -25,9 +26,6 @@ Progress = Callable[[int, int, str], None]
 #: Split counts checked by default: 1, a non-power of two, typical counts, and more splits than a
 #: short request has tokens.
 DEFAULT_CHECK_SPLITS = (1, 3, 16, 64, 256)
-#: Local heads checked when neither a model nor heads are named: Kimi K3's 96 heads at TP8, the
-#: head count the persistent kernels must pad to 16.
-DEFAULT_CHECK_HEADS = 12
 
 
 def default_check_shapes(num_heads: int, softmax_scale: float | None, page_size: int = 64,
@@ -51,7 +49,7 @@ def check_shapes(*, model: str | None = None, model_config: str | Path | None = 
     ``qo_lens`` (default 1) under the ``causal`` mask or not.
 
     Heads come from the model (``model`` or ``model_config`` at ``tp``, default 1), else from
-    ``heads``, else :data:`DEFAULT_CHECK_HEADS`.  Without ``context_lens``:
+    ``heads``, else :data:`~mlabench.bench.point.DEFAULT_CHECK_HEADS`.  Without ``context_lens``:
     :func:`default_check_shapes`.  With them and no ``batch``: one ragged batch, one request per
     length.  With ``batch``: for each value, that many requests of the one length given.
     ``page_size`` defaults to 64.  Raises :class:`ConfigError` for a batch <= 0 or a batch with

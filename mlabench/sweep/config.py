@@ -8,7 +8,6 @@ folder is created, so bad input leaves nothing half-written.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mlabench.backends import backend_names, get_backend
 from mlabench.backends.base import Backend, param_grid
+from mlabench.bench.point import Point
 from mlabench.checks.verdict import CheckConfig
 from mlabench.device import DeviceInfo, current_device
 from mlabench.errors import ConfigError, ResultsError
 from mlabench.files import config_file, read_toml, validation_line
 from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
-from mlabench.records.record import point_key
 from mlabench.records.store import ResultStore, refuse_archived
 from mlabench.shapes import MLADecodeShape, resolve_heads
 from mlabench.sweep.order import DEFAULT_ORDER, Order
@@ -213,19 +212,6 @@ def resolve_sweep_config(config: str | Path | None, overrides: dict[str, Any],
     if given:
         base["name"] = "sweep"
     return load_sweep_config(None, overrides, base=base)
-
-@dataclass(frozen=True)
-class Point:
-    """One configuration to measure."""
-
-    backend: str
-    params: dict[str, Any]
-    shape: MLADecodeShape
-
-    @property
-    def key(self) -> str:
-        return point_key(self.backend, self.params, self.shape.key())
-
 
 def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
     """Every shape of the sweep (heads x batch x context x qo_len), validated and without repeats.

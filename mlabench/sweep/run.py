@@ -51,7 +51,7 @@ def kernel_run_manifest(run_id: str, config: dict[str, Any], copy_bw_tbps: float
     (``read_ceiling``: :meth:`~mlabench.measure.bandwidth.ReadCeiling.as_dict`), ``config`` (a sweep's
     :class:`SweepConfig` fields, or a script's grid in the same layout) and the GPU warm-ups.
 
-    For sweeps (:func:`make_manifest`) and scripts that measure with :class:`~mlabench.sweep.point.ShapeBench`
+    For sweeps (:func:`make_manifest`) and scripts that measure with :class:`~mlabench.bench.shape_bench.ShapeBench`
     outside a sweep (``scripts/h200_hopper_kernel.py``).
     """
     dev = current_device()

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 
 from mlabench.backends import get_backend
 from mlabench.backends.base import param_grid
+from mlabench.bench.point import failed_record, speed_fields
+from mlabench.bench.shape_bench import ShapeBench
 from mlabench.device import current_device, free_memory_bytes
 from mlabench.errors import FileAccessError, Interrupted, MlabenchError
 from mlabench.inputs import input_bytes
@@ -25,7 +27,6 @@ from mlabench.records.side_files import read_sentinels
 from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.config import Point, SweepConfig
-from mlabench.sweep.point import ShapeBench, failed_record, speed_fields
 from mlabench.sweep.sentinel import append_sentinel, drift_dict, drift_of, point_label
 from mlabench.sweep.visits import (
     append_visit, measured_in_order, pooled_record, read_visits, settled, visit_order, wants_more,

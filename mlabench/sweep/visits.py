@@ -34,13 +34,13 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mlabench.bench.point import speed_fields
 from mlabench.files import append_text
 from mlabench.measure.observers import pooled_clocks
 from mlabench.measure.stats import mean_rel_se, summarize
 from mlabench.records.record import Record, utc_now
 from mlabench.records.store import read_jsonl
 from mlabench.run_files import VISITS_FILE
-from mlabench.sweep.point import speed_fields
 
 #: Visits per point on a GPU when the sweep does not say (``SweepConfig.visits``); 1 on the CPU.
 DEFAULT_GPU_VISITS = 4

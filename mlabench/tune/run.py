@@ -11,7 +11,6 @@ run, then chooses per study and writes the policy (``policy.json``, ``policy.h``
 from __future__ import annotations
 
 import dataclasses
-import socket
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,15 +26,15 @@ from mlabench.errors import (BackendUnavailableError, ConfigError, GPURequiredEr
                              UnsupportedShapeError, WorkerError)
 from mlabench.files import validation_line
 from mlabench.inputs import check_fits
-from mlabench.measure.observers import driver_version, gpu_state
 from mlabench.policy.exports import write_exports
 from mlabench.policy.tuned import Policy
-from mlabench.records.provenance import command_line, git_revision, library_versions
-from mlabench.records.record import Manifest, new_run_id, utc_now
+from mlabench.records.provenance import git_revision, library_versions
+from mlabench.records.record import Manifest, utc_now
 from mlabench.records.store import ResultStore, refuse_archived
 from mlabench.run_files import TUNE_KIND, WORKERS_FOLDER
 from mlabench.shapes import model_spec, scale_note
 from mlabench.tune.choice import BucketChoice, build_policy, study_choice
+from mlabench.tune.manifest import fresh_run_id, run_manifest, validation_resume_command
 from mlabench.tune.seeded_trials import heuristic_trials, whole_tile_trials
 from mlabench.tune.space import (
     LEGACY_FIELDS, TuneConfig, buckets_of, load_tune_config, resolve_sampler, shape_dims, space_size, study_space,
@@ -85,31 +84,6 @@ def gpu_model(devices: list[str | None]) -> str:
                           + ", ".join(f"{d}: {m}" for d, m in models.items()))
     return models[named[0]]
 
-
-def run_manifest(run_id: str, copy_bw: float, config: dict[str, Any], device: str | None = None,
-                 kind: str | None = None) -> Manifest:
-    """The manifest of a tuning or validation run (database passwords in the command line redacted);
-    ``kind`` is :data:`~mlabench.run_files.TUNE_KIND` or :data:`~mlabench.run_files.VALIDATION_KIND`."""
-    rev, dirty = git_revision()
-    dev = dict(current_device().__dict__, name=device or current_device().name)
-    command = [redact_url(x) if "://" in x else x for x in command_line()]
-    return Manifest(run_id=run_id, created=utc_now(), command=command, git_revision=rev, git_dirty=dirty,
-                    host=socket.gethostname(), device=dev, gpu_state=gpu_state(), driver=driver_version(),
-                    versions=library_versions(backend_packages()), copy_bandwidth_tbps=copy_bw, config=config,
-                    kind=kind)
-
-
-def fresh_run_id(results_root: Path, prefix: str) -> str:
-    """:func:`new_run_id`, with ``-2``, ``-3``... appended when a run of this process already took it
-    (two runs started within one second)."""
-    run_id = base = new_run_id(prefix)
-    n = 1
-    while (results_root / run_id).exists():
-        n += 1
-        run_id = f"{base}-{n}"
-    return run_id
-
-
 def _manifest(run_id: str, cfg: TuneConfig, specs: list[StudySpec], copy_bw: float, device: str) -> Manifest:
     config = cfg.model_dump(mode="json", by_alias=True)
     if cfg.storage:
@@ -117,13 +91,6 @@ def _manifest(run_id: str, cfg: TuneConfig, specs: list[StudySpec], copy_bw: flo
     manifest = run_manifest(run_id, copy_bw, {"tune": config, "studies": [dataclasses.asdict(s) for s in specs]},
                             device, kind=TUNE_KIND)
     return manifest.model_copy(update={"softmax_scale": scale_note(model_spec(cfg.model, cfg.model_config_path))})
-
-
-def validation_resume_command(policy_path: str | Path | None, run_dir: Path) -> str:
-    """The command that continues the ``tune --validate`` folder ``run_dir`` of the policy file
-    ``policy_path`` (None: not recorded, shown as ``POLICY``)."""
-    return f"mlabench tune --validate {policy_path or 'POLICY'} --resume {run_dir}"
-
 
 def recorded_config(run_dir: Path) -> tuple[TuneConfig, list[StudySpec]]:
     """The configuration and studies a tuning run folder was created with (:class:`ResultsError`

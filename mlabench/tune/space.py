@@ -22,13 +22,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mlabench.backends.base import Backend
+from mlabench.bench.point import DEFAULT_CHECK_HEADS
 from mlabench.checks.verdict import CheckConfig
 from mlabench.errors import ConfigError
 from mlabench.files import config_file, read_toml, validation_line
 from mlabench.measure.timing import TimingConfig
 from mlabench.policy.rules import rule_splits, whole_tile_splits
 from mlabench.shapes import MLADecodeShape, resolve_heads
-from mlabench.sweep.check import DEFAULT_CHECK_HEADS
 
 Sampler = Literal["auto", "tpe", "gp", "grid", "brute"]
 #: The searched parameter of a split count that grows with the length (not a backend parameter).

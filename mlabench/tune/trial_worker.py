@@ -27,12 +27,12 @@ from typing import Any
 
 from mlabench.backends import get_backend
 from mlabench.backends.base import Backend
+from mlabench.bench.shape_bench import ShapeBench
 from mlabench.device import current_device
 from mlabench.measure.stats import geomean
 from mlabench.records.record import Record, point_key
 from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
-from mlabench.sweep.point import ShapeBench
 from mlabench.tune.space import (
     RULE_PARAM, TILE_PARAM, Dimension, TuneConfig, launched, params_at, resolve_sampler, shape_dims, study_space,
     tune_shape,

@@ -12,12 +12,12 @@ import torch
 
 from mlabench.backends import backend_names, get_backend
 from mlabench.backends.base import Backend, Family
+from mlabench.bench.shape_bench import ShapeBench
 from mlabench.checks.verdict import compare_outputs
 from mlabench.errors import ConfigError
 from mlabench.inputs import make_inputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.shapes import MLADecodeShape
-from mlabench.sweep.point import ShapeBench
 
 NAMES = backend_names()
 #: bf16, page size 64, 12 heads: a shape every built-in backend takes (FlashMLA needs page 64 and

@@ -9,7 +9,8 @@ import torch
 
 from mlabench.backends import backend_names, get_backend
 from mlabench.backends.registry import backend_packages
-from mlabench.backends.shared import HEAD_PADDING, NUM_KV_SPLITS, accepts_kwarg, check_mla_dims, require, timed_us
+from mlabench.backends.base import check_mla_dims
+from mlabench.backends.shared import HEAD_PADDING, NUM_KV_SPLITS, accepts_kwarg, require, timed_us
 from mlabench.errors import BackendUnavailableError
 from mlabench.kernels.workspace import split_workspace_bytes
 from mlabench.policy.heuristics import vllm_triton_splits

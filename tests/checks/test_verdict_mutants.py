@@ -1,7 +1,7 @@
 """The failure modes the relative verdict and the needle inputs exist for, each caught.
 
 A split-KV decode in PyTorch (:mod:`tests.checks.mutant_kernels`) broken one way at a time, checked
-by :class:`~mlabench.sweep.point.ShapeBench` as ``check`` and ``sweep`` check a backend: ``check``'s
+by :class:`~mlabench.bench.shape_bench.ShapeBench` as ``check`` and ``sweep`` check a backend: ``check``'s
 default shape (12 heads, softmax scale 576^-0.5, bf16, page size 64) with one request of 4096 or
 32768 tokens, 16 splits.  Under the old rule (``|out - ref| <= 1e-2 + 1e-2 |ref|`` on random
 inputs, as the CPU draws them) the faults the issue lists passed, as asserted here; each now
@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mlabench.bench.point import DEFAULT_CHECK_HEADS
+from mlabench.bench.shape_bench import ShapeBench
 from mlabench.checks.verdict import ErrorLimits, compare_outputs
 from mlabench.shapes import MLADecodeShape
-from mlabench.sweep.check import DEFAULT_CHECK_HEADS
-from mlabench.sweep.point import ShapeBench
 from tests.checks.mutant_kernels import Fault, MutantBackend
 
 SPLITS = 16

@@ -374,7 +374,7 @@ def test_compare_from_filters_and_refuses_mixed_devices(tmp_path, monkeypatch, c
 
 
 def test_ctrl_c_says_how_to_resume(tmp_path, monkeypatch, capsys):
-    from mlabench.sweep import point
+    from mlabench.bench import shape_bench as point
 
     calls = {"n": 0}
     real = point.ShapeBench.run

@@ -192,7 +192,7 @@ def test_a_wrong_causal_mask_fails_the_check(mask_error):
     """On check's ragged batch (the shortest request holds just the block) a kernel that ignores
     the causal mask, or stops one key short, is found wrong."""
     from mlabench.sweep.check import default_check_shapes
-    from mlabench.sweep.point import ShapeBench
+    from mlabench.bench.shape_bench import ShapeBench
 
     ragged = default_check_shapes(4, None, page_size=16, qo_len=4)[1]
     small = MLADecodeShape.create(**{**ragged.model_dump(), "context_lens": (4, 100, 300)})

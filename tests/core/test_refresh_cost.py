@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from mlabench.backends import get_backend
+from mlabench.bench.shape_bench import ShapeBench
 from mlabench.measure.timing import TimingConfig
 from mlabench.records.csv_rows import csv_row
 from mlabench.shapes import MLADecodeShape
-from mlabench.sweep.point import ShapeBench
 
 SHAPE = MLADecodeShape.create(num_heads=4, context_lens=(40, 9), page_size=16, q_dtype="float32",
                               kv_dtype="float32")

@@ -87,7 +87,7 @@ def test_hopper_kernel_script_writes_a_run_folder_that_compare_and_plot_read(tmp
     from mlabench.measure.timing import TimingConfig
     from mlabench.shapes import MLADecodeShape
     from mlabench.sweep.compare import recorded_records
-    from mlabench.sweep.point import ShapeBench
+    from mlabench.bench.shape_bench import ShapeBench
     from mlabench.sweep.summary import compare_table
 
     script = load_hopper_script()

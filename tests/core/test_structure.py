@@ -24,6 +24,11 @@ MAX_FUNCTION_LINES = 60
 MAX_ROOT_MODULES = 6
 #: Functions over MAX_FUNCTION_LINES that this rule does not yet hold, and why (none now).
 LONG_FUNCTIONS: set[str] = set()
+#: The most modules one chain of imports may pass through, from ``mlabench.__main__`` down to
+#: ``mlabench.errors``, imports inside functions and under TYPE_CHECKING included (issue 36: 26 when
+#: counted first, through the report's sections, the tuning figures' data, the tuner's run and worker
+#: pool, sweep's check and three backend modules).
+MAX_IMPORT_CHAIN = 15
 
 
 def test_packages_keep_their_layers():
@@ -77,6 +82,28 @@ def test_no_module_imports_itself_through_others():
         if module not in index:
             visit(module)
     assert not cycles, f"modules that import each other: {cycles}"
+
+
+def longest_import_chain(graph) -> list[str]:
+    """The longest chain ``a -> b -> ...`` of mlabench modules each importing the next, in ``graph``
+    (grimp's, acyclic: :func:`test_no_module_imports_itself_through_others`)."""
+    longest: dict[str, list[str]] = {}
+
+    def chain(module: str) -> list[str]:  # recursion depth is the chain's length: about 15
+        if module not in longest:
+            below = [chain(m) for m in sorted(graph.find_modules_directly_imported_by(module))]
+            longest[module] = [module, *max(below, key=len, default=[])]
+        return longest[module]
+
+    return max((chain(m) for m in sorted(graph.modules)), key=len)
+
+
+def test_import_chains_are_short():
+    """No chain of imports (inside functions too) passes through more than MAX_IMPORT_CHAIN modules: a
+    module imports what it needs from a module of its own concern, not through a longer one."""
+    grimp = pytest.importorskip("grimp", reason="grimp comes with import-linter (the test extra)")
+    chain = longest_import_chain(grimp.build_graph("mlabench", cache_dir=None))
+    assert len(chain) <= MAX_IMPORT_CHAIN, f"{len(chain)} modules: {' -> '.join(chain)}"
 
 
 def python_files() -> list[Path]:

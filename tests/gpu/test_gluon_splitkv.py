@@ -93,7 +93,7 @@ def test_passes_every_input_set_on_poisoned_inputs(splits):
     """NaN in every page tail and padding page, needles at its page-granular split edges, the
     peaky and the flat sets: the check ``check`` and ``sweep`` take."""
     from mlabench.shapes import MLADecodeShape
-    from mlabench.sweep.point import ShapeBench
+    from mlabench.bench.shape_bench import ShapeBench
 
     backend = _backend()
     shape = MLADecodeShape.create(num_heads=12, context_lens=(1, 1000, 4096, 777), page_size=64)

@@ -38,7 +38,7 @@ def test_a_replay_holds_the_planned_work_and_per_call_time_is_flat():
     from mlabench.backends import get_backend
     from mlabench.measure.timing import TimingConfig
     from mlabench.shapes import MLADecodeShape
-    from mlabench.sweep.point import ShapeBench
+    from mlabench.bench.shape_bench import ShapeBench
 
     backend = get_backend("triton-splitkv")
     bench = ShapeBench(MLADecodeShape.uniform(1, 32768, 12, page_size=64), TimingConfig(eager=False))
@@ -59,7 +59,7 @@ def test_samples_taken_from_several_captures_in_turn():
     from mlabench.backends import get_backend
     from mlabench.measure.timing import TimingConfig, time_calls
     from mlabench.shapes import MLADecodeShape
-    from mlabench.sweep.point import ShapeBench
+    from mlabench.bench.shape_bench import ShapeBench
 
     bench = ShapeBench(MLADecodeShape.uniform(1, 32768, 12, page_size=64), TimingConfig(eager=False))
     fns = [get_backend("triton-splitkv").prepare(x, {"num_kv_splits": 64}).fn for x in bench.inputs]

@@ -11,10 +11,10 @@ import torch
 
 from mlabench.backends import get_backend
 from mlabench.backends.triton import NO_GPU_REASON
+from mlabench.bench.shape_bench import ShapeBench
 from mlabench.errors import ConfigError
 from mlabench.kernels.splitkv_torch import split_starts
 from mlabench.shapes import MLADecodeShape
-from mlabench.sweep.point import ShapeBench
 from tests.kernels.helpers import TOL, make_case, max_err, reference
 
 

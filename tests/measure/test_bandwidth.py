@@ -11,8 +11,8 @@ from mlabench.measure.bandwidth import (
     CEILING_COPIES, PAGE_BYTES, datasheet_bandwidth_tbps, measure_copy_bandwidth_tbps, measure_read_bandwidth_tbps,
     measure_read_ceiling,
 )
+from mlabench.bench.point import record_fields
 from mlabench.shapes import MLADecodeShape
-from mlabench.sweep.point import record_fields
 
 CPU = DeviceInfo("cpu", "cpu", "cpu", 2, 0, "cpu", 8 << 30)
 

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from mlabench.backends import get_backend
+from mlabench.bench.shape_bench import ShapeBench
 from mlabench.measure.stats import summarize
 from mlabench.measure.timing import TimingConfig
 from mlabench.records.record import Record, point_key, utc_now
 from mlabench.shapes import MLADecodeShape
-from mlabench.sweep.point import ShapeBench
 from mlabench.sweep.summary import sweep_summary
 
 FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
@@ -95,7 +95,7 @@ def test_a_point_that_ran_other_values_than_it_asked_for_is_labelled_by_what_ran
 
 
 def test_a_point_that_could_not_start_still_carries_its_floor():
-    from mlabench.sweep.point import failed_record
+    from mlabench.bench.point import failed_record
 
     shape = MLADecodeShape.create(num_heads=12, context_lens=(4096,), page_size=64)
     rec = failed_record("b", {"num_kv_splits": 4}, shape, "r", 4.0, "inputs could not be created")
@@ -262,7 +262,7 @@ def test_a_record_keeps_what_the_call_reports_and_times_every_copy_on_the_read_f
     from mlabench.checks.verdict import CheckConfig
 
     reads = iter(range(1, 10))  # the GPU's clocks and power, read just before and just after timing
-    monkeypatch.setattr("mlabench.sweep.point.gpu_state", lambda: {"read": next(reads)})
+    monkeypatch.setattr("mlabench.bench.shape_bench.gpu_state", lambda: {"read": next(reads)})
     shape = MLADecodeShape.create(num_heads=12, context_lens=(40, 17), page_size=16)
     bench, backend = ShapeBench(shape, timing=FAST, copies=3), Recording()
     rec = bench.run(backend, {"num_kv_splits": 2}, copy_bw_tbps=2.0, read_bw_tbps=3.0, run_id="t",
@@ -294,7 +294,7 @@ def test_a_failure_on_the_elementwise_tolerance_says_so_not_the_relative_errors(
 
 def test_verdict_message_names_the_relative_errors_that_failed_and_only_a_missing_needle_found():
     from mlabench.checks.verdict import Verdict
-    from mlabench.sweep.point import _verdict_message
+    from mlabench.bench.shape_bench import _verdict_message
 
     def v(rel_rmse, rel_max, missing=""):
         return Verdict(passed=False, shape_ok=True, all_finite=True, max_abs_err=0.01, rmse=0.001, cosine=1.0,
@@ -312,7 +312,7 @@ def test_verdict_message_names_the_relative_errors_that_failed_and_only_a_missin
 
 
 def test_a_point_that_could_not_start_divides_by_the_read_bandwidth_when_measured():
-    from mlabench.sweep.point import failed_record
+    from mlabench.bench.point import failed_record
 
     shape = MLADecodeShape.create(num_heads=12, context_lens=(4096,), page_size=64)
     rec = failed_record("b", {}, shape, "r", 4.0, "inputs could not be created", read_bw_tbps=5.0)
@@ -334,10 +334,10 @@ def test_short_memory_halves_the_copies_until_they_and_the_reference_scratch_fit
 def test_refresh_cost_is_the_median_of_five_timed_refreshes(monkeypatch):
     from mlabench.backends.base import PreparedCall
     from mlabench.device import current_device
-    from mlabench.sweep.point import refresh_cost_us
+    from mlabench.bench.shape_bench import refresh_cost_us
 
     times = iter([50.0, 10.0, 40.0, 20.0, 30.0, 60.0, 70.0])
-    monkeypatch.setattr("mlabench.sweep.point.timed_us", lambda device, step: (step(), next(times)))
+    monkeypatch.setattr("mlabench.bench.shape_bench.timed_us", lambda device, step: (step(), next(times)))
     call = PreparedCall(fn=lambda: None, out=torch.zeros(1), refresh=lambda: None)
     assert refresh_cost_us(call, current_device()) == 30.0  # of 10, 20, 30, 40, 50
     assert refresh_cost_us(PreparedCall(fn=lambda: None, out=torch.zeros(1)), current_device()) == 0.0

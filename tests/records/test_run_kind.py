@@ -54,7 +54,7 @@ def test_a_manifest_saying_its_kind_is_taken_at_its_word(tmp_path):
 
 def test_new_sweep_tuning_and_validation_manifests_say_their_kind():
     from mlabench.sweep.run import kernel_run_manifest
-    from mlabench.tune.run import run_manifest
+    from mlabench.tune.manifest import run_manifest
 
     assert kernel_run_manifest("r", {}, 1.0).kind == SWEEP_KIND
 

@@ -10,7 +10,7 @@ import pytest
 
 from mlabench import cli
 from mlabench.errors import ResultsError
-from mlabench.report.figures import graph_check_data as G, style, tuning_data as T
+from mlabench.report.figures import graph_check_data as G, style, tuning_data as T, tuning_types as TT
 from mlabench.report.figures.plan import plan, write_figures
 from tests.report.conftest import FIXTURES, GRAPH_CHECK, REPO, TUNE, TUNE_RUN, VALIDATE_RUN, raw_records
 from tests.report.test_figures import assert_real_png
@@ -355,11 +355,11 @@ def test_the_history_shows_a_choice_far_slower_than_the_best():
     from mlabench.report.figures.draw import _mpl
     from mlabench.report.figures.draw_tuning import _history_panel
 
-    study = T.Study(1, 0, 48, 48)
-    trials = [T.Trial(1, {"num_kv_splits": 1}, 53872.0, "ok", 53872.0, chosen=True),
-              T.Trial(2, {"num_kv_splits": 4}, 13017.0, "ok", 13017.0)]
+    study = TT.Study(1, 0, 48, 48)
+    trials = [TT.Trial(1, {"num_kv_splits": 1}, 53872.0, "ok", 53872.0, chosen=True),
+              TT.Trial(2, {"num_kv_splits": 4}, 13017.0, "ok", 13017.0)]
     ax = _mpl().figure.Figure().subplots()
-    _history_panel(ax, T.StudyHistory(study, trials, {"num_kv_splits": 1}, 53872.0), "#1f77b4")
+    _history_panel(ax, TT.StudyHistory(study, trials, {"num_kv_splits": 1}, 53872.0), "#1f77b4")
     low, high = ax.get_ylim()
     assert low < 13017.0 and high > 53872.0
     stars = [line for line in ax.get_lines() if line.get_marker() == "*"]
@@ -370,7 +370,7 @@ def test_a_choice_of_one_split_is_singular():
     """Issue 25 item 14: the history title said "chose 1 splits"."""
     from mlabench.report.figures.draw_tuning import _history_title
 
-    h = T.StudyHistory(T.Study(1, 0, 48, 48), [], {"num_kv_splits": 1}, 53872.0)
+    h = TT.StudyHistory(TT.Study(1, 0, 48, 48), [], {"num_kv_splits": 1}, 53872.0)
     assert _history_title(h) == "≤ 48 (at 48)\nchose 1 split, 53900 µs"
 
 
@@ -388,12 +388,12 @@ def test_a_heuristic_that_coincides_with_the_policy_or_another_stays_visible():
     from mlabench.report.figures.draw_tuning import policy_steps, regret
 
     lengths = [1024, 4096, 16384]
-    policy = T.RegretCurve("policy", lengths, [0.0, 2.0, 0.0], [16, 16, 16], 2.0, 0.6)
-    same = [T.RegretCurve(n, lengths, [0.0, 5.0, 0.0], [16, 8, 16], 5.0, 1.6) for n in ("aiter-gluon-0.1.19", "sglang")]
-    panel = T.RegretPanel(16, policy, same, [4096])
-    assert T.same_as_policy([panel, panel]) == {"aiter-gluon-0.1.19": (4, 6), "sglang": (4, 6)}
-    steps = T.PolicySteps(16, T.SplitSteps("policy", lengths, [16, 16, 16]),
-                          [T.SplitSteps(n, lengths, [16, 16, 16]) for n in ("vllm-triton", "sglang")], [4096], [])
+    policy = TT.RegretCurve("policy", lengths, [0.0, 2.0, 0.0], [16, 16, 16], 2.0, 0.6)
+    same = [TT.RegretCurve(n, lengths, [0.0, 5.0, 0.0], [16, 8, 16], 5.0, 1.6) for n in ("aiter-gluon-0.1.19", "sglang")]
+    panel = TT.RegretPanel(16, policy, same, [4096])
+    assert TT.same_as_policy([panel, panel]) == {"aiter-gluon-0.1.19": (4, 6), "sglang": (4, 6)}
+    steps = TT.PolicySteps(16, TT.SplitSteps("policy", lengths, [16, 16, 16]),
+                          [TT.SplitSteps(n, lengths, [16, 16, 16]) for n in ("vllm-triton", "sglang")], [4096], [])
     for fig in (regret([panel], "gluon-splitkv", "t", "w"), policy_steps([steps], "gluon-splitkv", "t", "w")):
         FigureCanvasAgg(fig).draw()
         lines = {line.get_label(): line for line in fig.axes[0].get_lines()}

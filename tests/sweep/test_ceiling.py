@@ -3,13 +3,13 @@ that reads faster than it raises it for the run, so no point shows more than 100
 
 import pytest
 
+from mlabench.bench.point import record_fields
 from mlabench.measure.bandwidth import ReadCeiling
 from mlabench.measure.stats import summarize
 from mlabench.records.record import Record
 from mlabench.shapes import MLADecodeShape
 from mlabench.sweep import run as sweep_run, runner
 from mlabench.sweep.config import SweepConfig
-from mlabench.sweep.point import record_fields
 from mlabench.sweep.run import run_sweep
 from mlabench.sweep.sentinel import ceilings_note
 from mlabench.sweep.summary import against_run_ceiling, sweep_summary

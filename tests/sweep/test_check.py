@@ -4,9 +4,10 @@ import math
 
 import pytest
 
+from mlabench.bench.point import DEFAULT_CHECK_HEADS
 from mlabench.checks.verdict import check_config
 from mlabench.errors import ConfigError, ShapeError, UnknownModelError
-from mlabench.sweep.check import DEFAULT_CHECK_HEADS, check_failures, check_shapes, default_check_shapes, run_check
+from mlabench.sweep.check import check_failures, check_shapes, default_check_shapes, run_check
 
 
 def test_without_a_model_check_uses_12_heads_and_the_default_shapes():

@@ -54,7 +54,7 @@ def test_a_resumed_shuffled_run_keeps_its_order(tmp_path, monkeypatch):
     from mlabench.errors import Interrupted
     from mlabench.measure.timing import TimingConfig
     from mlabench.records.store import ResultStore
-    from mlabench.sweep import point
+    from mlabench.bench import shape_bench as point
     from mlabench.sweep.config import SweepConfig, expand
     from mlabench.sweep.run import run_sweep
 

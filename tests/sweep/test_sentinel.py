@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from mlabench.bench.point import record_fields
 from mlabench.measure.stats import repeat_noise, summarize
 from mlabench.measure.steady import SteadyState
 from mlabench.measure.timing import TimingConfig
 from mlabench.records.record import Record
 from mlabench.records.side_files import SentinelMeasurement, read_sentinels
+from mlabench.shapes import MLADecodeShape
 from mlabench.sweep import run as sweep_run, runner
 from mlabench.sweep.config import SweepConfig
-from mlabench.sweep.point import record_fields
 from mlabench.sweep.run import run_sweep
-from mlabench.shapes import MLADecodeShape
 from mlabench.sweep.sentinel import drift_of, health_notes
 
 REPO = Path(__file__).resolve().parents[2]

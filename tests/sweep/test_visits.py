@@ -82,7 +82,7 @@ def test_one_visit_or_an_untimed_first_visit_is_kept_as_is():
 
 
 def test_a_sweep_times_each_point_in_every_visit_and_checks_it_once(tmp_path, monkeypatch):
-    from mlabench.sweep import point
+    from mlabench.bench import shape_bench as point
 
     real, verify_flags = point.ShapeBench.run, []
 

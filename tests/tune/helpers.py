@@ -12,7 +12,7 @@ import pytest
 
 from mlabench.backends import get_backend
 from mlabench.records.store import ResultStore
-from mlabench.tune.run import run_manifest
+from mlabench.tune.manifest import run_manifest
 from mlabench.tune.space import (
     Bucket, TuneConfig, buckets_of, resolve_sampler, shape_dims, study_space, tune_shape, wave_cap,
 )

@@ -14,7 +14,8 @@ import pytest
 
 from mlabench.errors import ConfigError, ResultsError
 from mlabench.records.store import ResultStore
-from mlabench.tune.run import export_run, recorded_config, run_manifest, run_tune
+from mlabench.tune.manifest import run_manifest
+from mlabench.tune.run import export_run, recorded_config, run_tune
 from mlabench.tune.space import TuneConfig
 from mlabench.tune.storage import check_journal, open_storage, optuna_module
 from mlabench.tune.studies import StudySpec, prepare_study

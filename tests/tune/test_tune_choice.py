@@ -13,7 +13,7 @@ from mlabench.policy.rules import rule_splits
 from mlabench.tune.choice import Measured, build_policy, choose, measured_configs, policy_choice, score, study_choice
 from mlabench.tune.seeded_trials import heuristic_trials
 from mlabench.tune.space import RULE_PARAM, TILE_PARAM, Bucket, buckets_of, shape_dims, study_space, tune_shape
-from mlabench.tune.validation import validate_policy
+from mlabench.tune.validation_run import validate_policy
 from tests.tune.helpers import export_lookups, run_in_process, tiny_config
 
 LENGTHS = (1025, 2048, 4096)

@@ -16,7 +16,8 @@ import torch
 from mlabench.device import current_device
 from mlabench.errors import ConfigError, GPURequiredError, MlabenchError, ResultsError, WorkerError
 from mlabench.records.store import ResultStore
-from mlabench.tune.run import export_run, gpu_model, run_manifest, run_tune
+from mlabench.tune.manifest import run_manifest
+from mlabench.tune.run import export_run, gpu_model, run_tune
 from mlabench.tune.space import TuneConfig
 from mlabench.tune.storage import open_storage, optuna_module
 from mlabench.tune.studies import StudySpec, prepare_study

@@ -12,9 +12,8 @@ from typer.testing import CliRunner
 from mlabench.errors import ConfigError
 from mlabench.policy.exports import write_exports
 from mlabench.policy.tuned import BatchPolicy, Policy, PolicyEntry
-from mlabench.tune.validation import (
-    draw_lengths, reference_counts, split_ladder, validate_policy, validation_tables,
-)
+from mlabench.tune.validation import draw_lengths, reference_counts, split_ladder, validation_tables
+from mlabench.tune.validation_run import validate_policy
 
 
 def test_held_out_lengths_are_drawn_from_a_seed_one_per_stratum_off_the_tuned_lengths():

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from mlabench.bench.shape_bench import ShapeBench
 from mlabench.errors import ConfigError, Interrupted, ResultsError
 from mlabench.policy.tuned import BatchPolicy, Policy, PolicyEntry
 from mlabench.records.store import ResultStore
-from mlabench.sweep.point import ShapeBench
-from mlabench.tune.validation import policy_span, span_note, validate_policy, validation_tables
+from mlabench.tune.validation import policy_span, span_note, validation_tables
+from mlabench.tune.validation_run import validate_policy
 
 
 def span_policy(splits: int = 6) -> Policy:

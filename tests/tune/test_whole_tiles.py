@@ -13,7 +13,8 @@ from mlabench.kernels.splitkv_torch import split_starts
 from mlabench.policy.rules import whole_tile_splits
 from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
-from mlabench.tune.run import run_manifest, run_tune
+from mlabench.tune.manifest import run_manifest
+from mlabench.tune.run import run_tune
 from mlabench.tune.seeded_trials import heuristic_trials, whole_tile_trials
 from mlabench.tune.space import (
     RULE_PARAM, TILE_PARAM, TuneConfig, buckets_of, launched, params_at, shape_dims, space_size, study_space,

@@ -12,7 +12,7 @@ from tests.processes import survivors_of_sigkill
 
 from mlabench.errors import ConfigError
 from mlabench.records.store import ResultStore
-from mlabench.tune.run import run_manifest
+from mlabench.tune.manifest import run_manifest
 from mlabench.tune.worker_pool import RecordIndex, append_shared, device_env, parse_devices, worker_alive, worker_id
 
 
@@ -43,7 +43,7 @@ def test_worker_liveness_survives_pid_reuse_and_other_hosts():
 
 def test_record_index_reads_only_complete_lines(tmp_path):
     from mlabench.shapes import MLADecodeShape
-    from mlabench.sweep.point import failed_record
+    from mlabench.bench.point import failed_record
 
     store = ResultStore.create(tmp_path / "run", run_manifest("run", 1.0, {}))
     index = RecordIndex(store)

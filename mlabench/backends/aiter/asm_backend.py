@@ -1,4 +1,5 @@
-"""AITER MLA decode on ROCm: the persistent ASM path (``aiter-asm``) and what both AITER backends share.
+"""AITER MLA decode on ROCm: the persistent ASM path (``aiter-asm``); what both AITER backends share
+is in :mod:`mlabench.backends.aiter.common`.
 
 Both backends run AITER's page-size-1 kernels on our paged cache viewed as ``[P * page, 1, 1, 576]``
 with ``kv_indices`` that map every token to its row (:func:`~mlabench.backends.aiter.args.page1_kv_layout`),
@@ -18,66 +19,27 @@ they run (:func:`mlabench.backends.shared.likely_split_starts`), where the check
 from __future__ import annotations
 
 import os
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from mlabench.backends.aiter.args import page1_cache_view, page1_layout_for_steps
-from mlabench.backends.aiter.manifest import load_manifest
+from mlabench.backends.aiter.common import (
+    AiterBackend, bf16_mla, installed_aiter, require_aiter, rocm_reason,
+)
 from mlabench.backends.aiter.probe import AiterInstall, probe_aiter
 from mlabench.backends.aiter.rules import asm_nonpersistent_splits, asm_qo_len_reason, asm_wrong_result_reason
-from mlabench.backends.base import Backend, PreparedCall
+from mlabench.backends.base import PreparedCall
 from mlabench.backends.registry import register
-from mlabench.backends.shared import HEAD_PADDING, check_mla_dims, likely_split_starts, timed_us
-from mlabench.errors import BackendUnavailableError, UnsupportedShapeError
-from mlabench.extras import optional_import
+from mlabench.backends.shared import HEAD_PADDING, likely_split_starts, timed_us
+from mlabench.errors import UnsupportedShapeError
 from mlabench.inputs import MLADecodeInputs, allocated_kv_cache_bytes
 from mlabench.kernels.padding import HeadPadder, padded_heads, slice_heads
 from mlabench.kernels.workspace import split_workspace_bytes
 from mlabench.shapes import MLADecodeShape
 
 ASM_ARCHS = ("gfx942", "gfx950")
-#: Distributions that install the ``aiter`` module (ROCm images and source builds name it either way).
-AITER_PACKAGES = {"aiter": ("amd-aiter", "aiter")}
 ASM_RULES = ("asm_gate", "asm_kv_offsets")
-
-
-def rocm_reason(archs: tuple[str, ...]) -> str:
-    """Why this is no ROCm machine with a GPU (empty when it is one)."""
-    want = "/".join(archs)
-    if torch.version.hip is None:
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only"
-        return f"needs ROCm (AMD GPU, {want}); this torch is a {build} build"
-    if not torch.cuda.is_available():
-        return f"needs ROCm (AMD GPU, {want}); torch sees no GPU"
-    return ""
-
-
-def installed_aiter(backend: str) -> tuple[AiterInstall | None, str]:
-    """``(install, "")`` when AITER imports and ``backend`` ("asm"/"gluon") can call it, else
-    ``(install or None, reason)``: the import failure, or every way the installed AITER differs
-    from what the adapter calls (signatures, undetectable rules)."""
-    found = probe_aiter()
-    if found is None:
-        return None, optional_import("aiter")[1]
-    if found.problems[backend]:
-        who = f"AITER {found.version or '(version unknown)'}"
-        return found, f"{who} differs from the manifest: " + "; ".join(found.problems[backend])
-    return found, ""
-
-
-def rules_in_force() -> dict[str, str | None]:
-    """Rule kind -> variant of the installed AITER; without AITER, the newest manifest range's."""
-    found = probe_aiter()
-    return found.rule_variants() if found is not None else dict(load_manifest().ranges[-1].rules)
-
-
-def require_aiter(backend: str) -> AiterInstall:
-    """The installed AITER for ``backend``; :class:`BackendUnavailableError` with the reason."""
-    found, reason = installed_aiter(backend)
-    if found is None or reason:
-        raise BackendUnavailableError(reason)
-    return found
 
 
 def aiter_gfx(found: AiterInstall) -> tuple[str | None, str]:
@@ -89,35 +51,10 @@ def aiter_gfx(found: AiterInstall) -> tuple[str | None, str]:
         return None, f"AITER's get_gfx() failed: {exc}"
 
 
-def bf16_mla(shape: MLADecodeShape) -> tuple[bool, str]:
-    """bf16 q and KV, kv_lora_rank 512 + rope 64: what these adapters run."""
-    if shape.q_dtype != "bfloat16" or shape.kv_dtype != "bfloat16":
-        return False, f"AITER MLA decode here runs bf16 q and KV only (got {shape.q_dtype}/{shape.kv_dtype})"
-    return check_mla_dims(shape, "AITER's MLA decode")
-
-
 def takes_causal(found: AiterInstall) -> bool:
     """Whether the installed ``mla_decode_fwd`` has a ``causal`` argument (v0.1.20 on); an
     uninspectable one is taken not to."""
     return "causal" in found.param_names.get("decode", ())
-
-
-def install_details(kinds: tuple[str, ...]) -> str:
-    """The AITER line of ``mlabench backends``: version, range, the rules ``kinds`` in force."""
-    found = probe_aiter()
-    return found.describe(kinds) if found is not None else ""
-
-
-class AiterBackend(Backend):
-    """What the AITER backends share: the package they depend on, and the listing line naming the
-    installed AITER and the rules (``rule_kinds``) they follow."""
-
-    gpu_kernel = True
-    packages = AITER_PACKAGES
-    rule_kinds: ClassVar[tuple[str, ...]] = ()
-
-    def details(self) -> str:
-        return install_details(self.rule_kinds)
 
 
 @register

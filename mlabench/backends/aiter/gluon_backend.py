@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from mlabench.backends.aiter.args import page1_layout_for_steps
-from mlabench.backends.aiter.asm_backend import (
+from mlabench.backends.aiter.common import (
     AiterBackend, bf16_mla, installed_aiter, require_aiter, rocm_reason, rules_in_force,
 )
 from mlabench.backends.aiter.probe import AiterInstall

@@ -12,7 +12,7 @@ from typing import Any
 from mlabench.report.figures import style
 from mlabench.report.figures.draw import LINESTYLES, MARKERS, _context_x, _dedup_legend, _mpl, _panels, _wrap
 from mlabench.report.figures.graph_check_data import GraphCheckData, label_below
-from mlabench.report.figures.tuning_data import PolicySteps, RegretPanel, StudyHistory, same_as_policy
+from mlabench.report.figures.tuning_types import PolicySteps, RegretPanel, StudyHistory, same_as_policy
 
 EDGE_COLOR = "#c8c8c8"
 #: Above this slowdown (%) the graph-check axis is linear to 10% and logarithmic beyond (issue 35:

@@ -11,8 +11,7 @@ is absent is skipped, never drawn empty). Importing this package does not import
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from mlabench.errors import ConfigError
 from mlabench.files import make_dir, write_bytes
 from mlabench.report.figures import data as D, graph_check_data as G, style, tuning_data as T
+from mlabench.report.figures.spec import FigureSpec, Skipped
 from mlabench.run_files import POLICY_FILE, VALIDATION_FILE
 
 KINDS: dict[str, str] = {
@@ -37,28 +37,6 @@ KINDS: dict[str, str] = {
 #: Kinds drawn from kernel sweep records (a sweep or compare run).
 SWEEP_KINDS = ("latency", "pct-of-floor", "split-sweep", "split-heatmap", "persistent-vs-splitkv")
 FORMATS = ("png", "svg")
-
-
-@dataclass
-class FigureSpec:
-    """One figure to draw: its kind, file stem, a caption for reports, and a drawing callable."""
-
-    kind: str
-    stem: str
-    caption: str
-    draw: Callable[[], Any]
-
-
-@dataclass
-class Skipped:
-    """A figure kind the runs cannot give, and why."""
-
-    kind: str
-    reason: str
-
-    def line(self) -> str:
-        """``skipped <kind>: <reason>``, the one line a command prints."""
-        return f"skipped {self.kind}: {self.reason}"
 
 
 def _where_text(device: str | None, heads: int | None, model: Any, tp: Any, qo_len: int, causal: bool,

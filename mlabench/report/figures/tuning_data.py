@@ -19,53 +19,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 from mlabench.records.record import Record
 from mlabench.records.side_files import geomean_regret_pct
+from mlabench.report.figures.tuning_types import (
+    PolicySteps, RegretCurve, RegretPanel, SplitSteps, Study, StudyChoice, StudyHistory, Trial,
+)
 
 SPLITS = "num_kv_splits"
-
-
-@dataclass
-class Study:
-    """One study's bucket ``(lo, hi]`` (tokens) at one batch size, measured at ``length`` tokens
-    (of a study measured at several lengths, the one shown: :func:`studies_of`)."""
-
-    batch: int
-    lo: int
-    hi: int
-    length: int
-
-    @property
-    def bucket(self) -> str:
-        """``1-1024``: the context lengths the study covers."""
-        return f"{self.lo + 1}-{self.hi}"
-
-
-@dataclass
-class StudyChoice:
-    """What one study measured and chose (µs per call; None where nothing correct was measured).
-
-    ``speedup`` = best heuristic µs / chosen µs (above 1: the tuned choice is faster).
-    """
-
-    study: Study
-    configs: int
-    ok: int
-    chosen: dict[str, Any] | None
-    chosen_us: float | None
-    fastest: dict[str, Any] | None
-    fastest_us: float | None
-    best_heuristic: str | None = None
-    heuristic: dict[str, Any] | None = None
-    heuristic_us: float | None = None
-
-    @property
-    def speedup(self) -> float | None:
-        """Best heuristic's µs / the chosen configuration's µs."""
-        return self.heuristic_us / self.chosen_us if self.heuristic_us and self.chosen_us else None
 
 
 def studies_of(run: Any) -> list[Study]:
@@ -138,34 +100,6 @@ def study_choices(run: Any) -> list[StudyChoice]:
     return out
 
 
-@dataclass
-class Trial:
-    """One configuration measured by a study, in the order measured (``order`` from 1).
-
-    ``median_us`` None: not correct or failed (``status`` says which; the study pruned it).
-    ``heuristics``: the public heuristics whose choice this configuration is.
-    """
-
-    order: int
-    params: dict[str, Any]
-    median_us: float | None
-    status: str
-    best_so_far_us: float | None
-    heuristics: list[str] = field(default_factory=list)
-    chosen: bool = False
-
-
-@dataclass
-class StudyHistory:
-    """A study's optimisation history; ``chosen_us`` is the policy's choice (None without a policy)."""
-
-    study: Study
-    trials: list[Trial]
-    chosen: dict[str, Any] | None = None
-    chosen_us: float | None = None
-    chosen_rule: str | None = None
-
-
 def tuning_history(run: Any) -> dict[int, list[StudyHistory]]:
     """Per batch size, per study (in bucket order), its trials and the best time so far (µs)."""
     choices = {(c.study.batch, c.study.hi): c for c in study_choices(run)}
@@ -187,29 +121,6 @@ def tuning_history(run: Any) -> dict[int, list[StudyHistory]]:
         out.setdefault(study.batch, []).append(StudyHistory(study, trials, choice.chosen, choice.chosen_us,
                                                             rule_text))
     return {b: sorted(hs, key=lambda h: h.study.hi) for b, hs in sorted(out.items())}
-
-
-@dataclass
-class SplitSteps:
-    """A split-count rule as a step function: ``splits[i]`` tokens from ``lengths[i]`` to the next length."""
-
-    name: str
-    lengths: list[int]
-    splits: list[int]
-
-
-@dataclass
-class PolicySteps:
-    """One batch size of figure (f), first part: the policy and each heuristic against the context
-    length, the tuned buckets' upper edges, each study's fastest split count at its measured length,
-    and the fastest of the split ladder at each held-out length of a validation of this policy."""
-
-    batch: int
-    policy: SplitSteps
-    heuristics: list[SplitSteps]
-    edges: list[int]
-    fastest: list[tuple[int, int]]
-    held_out_best: list[tuple[int, int]] = field(default_factory=list)
 
 
 def length_grid(low: int, high: int, extra: set[int], points: int = 240) -> list[int]:
@@ -252,29 +163,6 @@ def policy_steps(run: Any, validations: list[Any] = ()) -> list[PolicySteps]:
     return out
 
 
-@dataclass
-class RegretCurve:
-    """One rule's regret over the held-out lengths of one batch size: ``100 * (µs / best µs - 1)``
-    (None where it failed), with the split count it ran and its worst and geometric-mean regret."""
-
-    name: str
-    lengths: list[int]
-    regret_pct: list[float | None]
-    splits: list[int | None]
-    worst_pct: float | None
-    geomean_pct: float | None
-
-
-@dataclass
-class RegretPanel:
-    """Figure (f), regret part, one batch size: the policy's curve and each heuristic's."""
-
-    batch: int
-    policy: RegretCurve
-    heuristics: list[RegretCurve]
-    edges: list[int]
-
-
 def _curve(name: str, points: list[Any], us_of: Any, splits_of: Any) -> RegretCurve:
     regrets = [p.regret(us_of(p)) for p in points]
     pct = [None if r is None else 100 * r for r in regrets]
@@ -298,17 +186,4 @@ def validation_regret(run: Any) -> list[RegretPanel]:
         heur = [_curve(h, mine, lambda p, h=h: p.heuristics[h]["us"], lambda p, h=h: p.heuristics[h][SPLITS])
                 for h in names]
         out.append(RegretPanel(batch, policy, heur, edges))
-    return out
-
-
-
-def same_as_policy(panels: list[RegretPanel]) -> dict[str, tuple[int, int]]:
-    """Per heuristic, at how many held-out points of all ``panels`` its regret is the policy's (the
-    same time: its point lies on the policy's), and at how many both have one."""
-    out: dict[str, tuple[int, int]] = {}
-    for p in panels:
-        for h in p.heuristics:
-            pairs = [(a, b) for a, b in zip(p.policy.regret_pct, h.regret_pct) if a is not None and b is not None]
-            same, total = out.get(h.name, (0, 0))
-            out[h.name] = (same + sum(math.isclose(a, b, abs_tol=1e-9) for a, b in pairs), total + len(pairs))
     return out

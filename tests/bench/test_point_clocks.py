@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from mlabench.bench import shape_bench as point
+from mlabench.bench.shape_bench import ShapeBench
 from mlabench.device import DeviceInfo
 from mlabench.measure.stats import summarize
 from mlabench.measure.timing import TimingConfig
-from mlabench.sweep import point
-from mlabench.sweep.point import ShapeBench
 
 GPU = DeviceInfo(kind="cuda", torch_device="cuda", name="stand-in", num_sms=132, l2_bytes=0, arch="sm_90",
                  total_memory_bytes=1)

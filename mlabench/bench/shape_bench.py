@@ -1,6 +1,6 @@
 """Measure one point: prepare, check against the reference on its own inputs, time, record.
 
-Shared by ``check``, ``sweep`` and ``compare``.  :class:`ShapeBench` owns the inputs of one shape
+Shared by ``check``, ``sweep``, ``tune`` (trials and validation) and scripts.  :class:`ShapeBench` owns the inputs of one shape
 (``copies`` independent sets for a cold cache; copy 0, the one verdicts are taken on, is poisoned
 with NaN wherever no request may read) and their fp32 references; :meth:`ShapeBench.run` turns one
 (backend, params) into a :class:`~mlabench.records.record.Record`, whatever happens: an unsupported shape,
@@ -16,6 +16,7 @@ import torch
 
 from mlabench.backends.base import Backend, PreparedCall
 from mlabench.backends.shared import timed_us
+from mlabench.bench.point import record_fields, speed_fields
 from mlabench.checks.input_sets import VerificationCase, find_missing, make_case, split_starts_for, with_reference
 from mlabench.checks.verdict import CheckConfig, Verdict, compare_outputs, worst_verdict
 from mlabench.device import DeviceInfo, current_device
@@ -23,7 +24,7 @@ from mlabench.errors import MlabenchError, OutOfMemoryError, UnsupportedShapeErr
 from mlabench.inputs import MLADecodeInputs, check_fits, input_bytes, make_inputs
 from mlabench.measure.observers import ClockSampler, gpu_state
 from mlabench.measure.timing import TimingConfig, cold_cache_copies, time_calls
-from mlabench.records.record import Record, point_key, utc_now
+from mlabench.records.record import Record
 from mlabench.shapes import MLADecodeShape
 
 
@@ -172,13 +173,6 @@ class ShapeBench:
         return result
 
 
-def speed_fields(bytes_moved: int, floor_us: float | None, median_us: float) -> dict[str, float | None]:
-    """``achieved_tbps`` (``bytes_moved`` over ``median_us``, TB/s) and ``pct_of_floor``
-    (``100 * floor_us / median_us``; None without a floor) of a record."""
-    return {"achieved_tbps": bytes_moved / (median_us * 1e-6) / 1e12,
-            "pct_of_floor": 100 * floor_us / median_us if floor_us else None}
-
-
 def refresh_cost_us(call: PreparedCall, device: DeviceInfo, reps: int = 5) -> float:
     """Median wall time of ``call.refresh`` (µs, between device synchronisations) over ``reps``
     runs at unchanged lengths; 0.0 when the call has nothing to refresh."""
@@ -187,32 +181,6 @@ def refresh_cost_us(call: PreparedCall, device: DeviceInfo, reps: int = 5) -> fl
     dev = torch.device(device.torch_device)
     samples = sorted(timed_us(dev, call.refresh)[1] for _ in range(reps))
     return samples[len(samples) // 2]
-
-
-def record_fields(backend: str, params: dict[str, Any], shape: MLADecodeShape, run_id: str,
-                  copy_bw_tbps: float | None, read_bw_tbps: float | None = None) -> dict[str, Any]:
-    """The fields every :class:`Record` of a point carries, whatever its status.
-
-    The floor is ``shape.min_bytes_moved`` over the read bandwidth when given (the ceiling of a
-    read-only stream), else over the copy bandwidth.
-    """
-    floor_bw = read_bw_tbps or copy_bw_tbps
-    return dict(
-        key=point_key(backend, params, shape.key()), run_id=run_id, backend=backend, params=params,
-        shape=shape.key(), batch=shape.batch, num_heads=shape.num_heads,
-        context_len=shape.max_context_len, qo_len=shape.qo_len, causal=shape.causal,
-        bytes_moved=shape.min_bytes_moved, timestamp=utc_now(),
-        copy_bandwidth_tbps=copy_bw_tbps, read_bandwidth_tbps=read_bw_tbps,
-        floor_bandwidth="read" if read_bw_tbps else "copy",
-        floor_us=shape.floor_us(floor_bw) if floor_bw else None,
-    )
-
-
-def failed_record(backend: str, params: dict[str, Any], shape: MLADecodeShape, run_id: str,
-                  copy_bw_tbps: float | None, message: str, read_bw_tbps: float | None = None) -> Record:
-    """An ``error`` row for a point that could not even start (e.g. its inputs did not fit)."""
-    return Record(status="error", message=message,
-                  **record_fields(backend, params, shape, run_id, copy_bw_tbps, read_bw_tbps))
 
 
 def _verdict_message(v: Verdict) -> str:
