@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from mlabench.backends.base import Backend, ParamSpec, PreparedCall
+from mlabench.backends.base import Backend, ParamSpec, PreparedCall, check_mla_dims
 from mlabench.backends.registry import register
-from mlabench.backends.shared import check_mla_dims, timed_us
+from mlabench.backends.shared import timed_us
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.shapes import MLADecodeShape
