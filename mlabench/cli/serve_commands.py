@@ -67,6 +67,8 @@ def serve_bench(
         # a CONFIG given with --from-run replaces only the recorded [prediction] (another reference, say)
         spec_from = cfg.load_config(config_path) if config_path is not None else None
         predict = _prediction_input(conf, predict_from, spec_from.prediction if spec_from else None)
+        if spec_from is not None and spec_from.prediction != conf.prediction:
+            notice(_replaced_prediction(spec_from.prediction, conf.prediction), style="")
         _show(tbl.table_of(conf, results, stat), None, fmt, predict)  # type: ignore[arg-type]
         return
     if resume is not None:
@@ -139,6 +141,15 @@ def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str
         table = tbl.table_of(conf, bench.read_run(run_dir)[1], stat)  # type: ignore[arg-type]
         tbl.write_table_files(table, run_dir)
     _show(table, None, fmt, predict)
+
+
+def _replaced_prediction(given: dict, recorded: dict | None) -> str:
+    """The line saying that a CONFIG's ``[prediction]`` replaced the run's recorded one, whose
+    numbers ``plot``/``report`` still draw (they read only the run)."""
+    def ref(table: dict | None) -> str:
+        return f"reference {table.get('reference')}" if isinstance(table, dict) else "none"
+    return (f"the config's [prediction] ({ref(given)}) replaces the one the run recorded ({ref(recorded)}); "
+            "plot and report draw the recorded one")
 
 
 def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dict | None = None):

@@ -70,3 +70,24 @@ def test_a_folder_that_is_not_a_sweep_is_refused(tmp_path, monkeypatch, capsys):
         assert code == 2 and words in err and err.count("\n") == 1
     code, _out, err = run(["serve-bench", "--from-run", str(SWEEP)], monkeypatch, capsys)
     assert code == 2 and "is a sweep run, not a serve-bench run" in err
+
+
+def test_a_config_that_replaces_the_recorded_prediction_says_so(tmp_path, monkeypatch, capsys):
+    """A new user's plot of the same run and sweeps drew other predictions than the table of
+    `serve-bench CONFIG --from-run --predict-from`: the config had replaced the recorded reference."""
+    run_dir = _serve_run(tmp_path, PREDICTION)
+    config = tmp_path / "other-reference.toml"
+    config.write_text('baseline = "fm"\n'
+                      + "".join(f'[[variants]]\nname = "{n}"\nbase_url = "http://127.0.0.1:{k + 1}"\n'
+                                for k, n in enumerate(("fm", "ours")))
+                      + '[prediction]\nlayers = 61\nreference = "ours"\nshort_input_len = 4096\n'
+                        '[prediction.kernels]\nfm = { backend = "flashmla" }\n'
+                        'ours = { backend = "gluon-splitkv", params = { num_kv_splits = 132 } }\n')
+    argv = ["serve-bench", str(config), "--from-run", str(run_dir), "--predict-from", str(SWEEP), "--json"]
+    code, out, err = run(argv, monkeypatch, capsys)
+    assert code == 0, err
+    assert ("the config's [prediction] (reference ours) replaces the one the run recorded (reference fm); "
+            "plot and report draw the recorded one") in err
+    assert json.loads(out)[1]["rows"][1]["error_pct"] == 0.0  # ours at 4096: the new reference
+    code, _out, err = run(argv[:1] + argv[2:], monkeypatch, capsys)
+    assert code == 0 and "replaces" not in err
