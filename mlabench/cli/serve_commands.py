@@ -115,7 +115,27 @@ def _read_serve_run(run_dir: Path):
         manifest = None
     if isinstance(manifest, dict) and manifest_kind(manifest) != SERVE_BENCH_KIND:
         raise ConfigError(f"{run_dir} is a {manifest_kind(manifest)} run, not a serve-bench run")
+    if manifest is None and run_dir.is_dir():
+        _refuse_a_folder_of_runs(run_dir)
     return bench.read_run(run_dir)
+
+
+def _refuse_a_folder_of_runs(folder: Path) -> None:
+    """One line for a folder that is no run but holds runs one level down (``results/h200/serving``
+    for its serve run, a ``sweep/`` folder): the serve-bench runs to give instead, or their kinds."""
+    from mlabench.records.kinds import run_kind
+    from mlabench.run_files import MANIFEST_FILE, SERVE_BENCH_KIND
+
+    try:
+        inner = sorted(p for p in folder.iterdir() if (p / MANIFEST_FILE).is_file())
+    except OSError:  # unreadable: read_run says so
+        return
+    serve = [str(p) for p in inner if run_kind(p) == SERVE_BENCH_KIND]
+    if serve:
+        raise ConfigError(f"{folder} is no run folder; give one of the serve-bench runs it holds: {', '.join(serve)}")
+    if inner:
+        kinds = ", ".join(sorted({run_kind(p) for p in inner}))
+        raise ConfigError(f"{folder} is no run folder and holds no serve-bench run (only {kinds} runs)")
 
 
 def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str, predict_from) -> None:

@@ -91,3 +91,13 @@ def test_a_config_that_replaces_the_recorded_prediction_says_so(tmp_path, monkey
     assert json.loads(out)[1]["rows"][1]["error_pct"] == 0.0  # ours at 4096: the new reference
     code, _out, err = run(argv[:1] + argv[2:], monkeypatch, capsys)
     assert code == 0 and "replaces" not in err
+
+
+def test_a_folder_of_runs_given_to_from_run_names_the_serve_runs_in_it(tmp_path, monkeypatch, capsys):
+    """A new user gave `--from-run results/h200/serving` (the run one level down) and then the sweep
+    folder: both said only "serve-bench run manifest not found"."""
+    serve = _serve_run(tmp_path, PREDICTION)
+    code, _out, err = run(["serve-bench", "--from-run", str(tmp_path)], monkeypatch, capsys)
+    assert code == 2 and err == f"error: {tmp_path} is no run folder; give one of the serve-bench runs it holds: {serve}\n"
+    code, _out, err = run(["serve-bench", "--from-run", str(SWEEP.parent)], monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1 and "holds no serve-bench run (only sweep runs)" in err
