@@ -13,7 +13,7 @@ from mlabench.report.document import Block, Bullets, Code, FigureBlock, Heading,
 from mlabench.report.figures import style
 from mlabench.report.figures.plan import FigureSpec, Skipped
 from mlabench.report.tuning_sections import config_row
-from mlabench.run_files import COMMANDS_FILE
+from mlabench.run_files import COMMANDS_FILE, stored_file
 from mlabench.sweep.sentinel import health_notes
 from mlabench.sweep.summary import compare_table, sweep_summary
 from mlabench.sweep.visits import DEFAULT_VISIT_REL_SE
@@ -149,7 +149,7 @@ def serve_environment(run: Any) -> Table:
                      f"out tokens, {b.prompts_text(conf.concurrencies)} prompts, {b.num_warmups} warm-up, request rate {b.request_rate}, "
                      f"concurrency {', '.join(map(str, conf.concurrencies))}, {conf.repeats} repeat(s)"],
         ["VLLM_* environment", ", ".join(f"{k}={v}" for k, v in run.manifest.get("env", {}).items()) or "none set"],
-        ["commands", f"{run.path / COMMANDS_FILE}"],
+        ["commands", f"{stored_file(run.path / COMMANDS_FILE)}"],
     ]
     return Table(f"Serve-bench run {run.name}", ["field", "value"], rows)
 
