@@ -115,6 +115,8 @@ def _read_serve_run(run_dir: Path):
         manifest = None
     if isinstance(manifest, dict) and manifest_kind(manifest) != SERVE_BENCH_KIND:
         raise ConfigError(f"{run_dir} is a {manifest_kind(manifest)} run, not a serve-bench run")
+    if run_dir.is_file():
+        raise ConfigError(f"{run_dir} is a file: give the run folder that holds it")
     if manifest is None and run_dir.is_dir():
         _refuse_a_folder_of_runs(run_dir)
     return bench.read_run(run_dir)
@@ -184,7 +186,8 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dic
 
     for run in runs:
         if not run.is_dir():
-            raise ConfigError(f"--predict-from {run}: no such run folder")
+            raise ConfigError(f"--predict-from {run}: " + ("a file, not a run folder" if run.is_file()
+                                                            else "no such run folder"))
         if run_kind(run) != SWEEP_KIND:
             raise ConfigError(f"--predict-from {run}: a {run_kind(run)} run, not a sweep of the served kernels")
 

@@ -101,3 +101,14 @@ def test_a_folder_of_runs_given_to_from_run_names_the_serve_runs_in_it(tmp_path,
     assert code == 2 and err == f"error: {tmp_path} is no run folder; give one of the serve-bench runs it holds: {serve}\n"
     code, _out, err = run(["serve-bench", "--from-run", str(SWEEP.parent)], monkeypatch, capsys)
     assert code == 2 and err.count("\n") == 1 and "holds no serve-bench run (only sweep runs)" in err
+
+
+def test_a_file_given_for_a_run_folder_is_named_as_a_file(tmp_path, monkeypatch, capsys):
+    """`--from-run RUN/results.jsonl.gz` said "manifest is not a folder (or a part of its path is a file)"."""
+    serve = _serve_run(tmp_path, PREDICTION)
+    results = serve / "results.jsonl"
+    for argv, words in ((["--from-run", str(results)], f"error: {results} is a file: give the run folder that holds it"),
+                        (["--from-run", str(serve), "--predict-from", str(results)],
+                         f"error: --predict-from {results}: a file, not a run folder")):
+        code, _out, err = run(["serve-bench", *argv], monkeypatch, capsys)
+        assert code == 2 and err == words + "\n"
