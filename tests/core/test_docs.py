@@ -69,3 +69,13 @@ def test_readme_h200_tables_are_the_scripts_output():
     assert len(tables) == 1
     assert tables[0] in (REPO / "README.md").read_text()
     assert "178 records read, 0 not ok" in out
+
+
+def test_configs_that_speak_of_the_prediction_cite_its_manual():
+    """The H200 serve and sweep configs sent a reader of their `--predict-from` comment to
+    docs/serving.md, which only points on to docs/vllm-plugin.md, where the prediction is described."""
+    configs = [p for p in sorted((REPO / "configs").rglob("*.toml")) if "--predict-from" in p.read_text()]
+    assert configs
+    wrong = [str(p.relative_to(REPO)) for p in configs
+             if "docs/serving.md" in p.read_text() or "docs/vllm-plugin.md" not in p.read_text()]
+    assert not wrong, f"cite docs/vllm-plugin.md for the prediction: {wrong}"
