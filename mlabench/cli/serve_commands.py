@@ -49,7 +49,7 @@ def serve_bench(
     predict_from: Annotated[list[Path] | None, typer.Option(
         "--predict-from", metavar="SWEEP_RUN",
         help="Sweep run folder(s) of the served kernels: print TPOT predicted from them beside the "
-             "measured one (the config's [prediction]); repeatable.")] = None,
+             "measured one (the [prediction] of CONFIG, else the one the run recorded); repeatable.")] = None,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Benchmark server variants with `vllm bench serve`; table of TPOT per (input length and) concurrency."""

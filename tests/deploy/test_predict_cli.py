@@ -112,3 +112,9 @@ def test_a_file_given_for_a_run_folder_is_named_as_a_file(tmp_path, monkeypatch,
                          f"error: --predict-from {results}: a file, not a run folder")):
         code, _out, err = run(["serve-bench", *argv], monkeypatch, capsys)
         assert code == 2 and err == words + "\n"
+
+
+def test_the_help_says_which_prediction_table_is_read(monkeypatch, capsys):
+    """`--help` said "the config's [prediction]"; with --from-run and no CONFIG it is the recorded one."""
+    code, out, _err = run(["serve-bench", "--help"], monkeypatch, capsys)
+    assert code == 0 and "else the one the run recorded" in " ".join(out.split())
