@@ -118,3 +118,14 @@ def test_the_help_says_which_prediction_table_is_read(monkeypatch, capsys):
     """`--help` said "the config's [prediction]"; with --from-run and no CONFIG it is the recorded one."""
     code, out, _err = run(["serve-bench", "--help"], monkeypatch, capsys)
     assert code == 0 and "else the one the run recorded" in " ".join(out.split())
+
+
+def test_a_cut_results_line_is_named_by_its_line(tmp_path, monkeypatch, capsys):
+    """A run killed while appending a result left half a line: the error said "line 1 column 13" of
+    the JSON, not which line of results.jsonl to look at."""
+    serve = _serve_run(tmp_path, PREDICTION)
+    with (serve / "results.jsonl").open("a") as f:
+        f.write('{"variant": "fm", "concur')
+    code, _out, err = run(["serve-bench", "--from-run", str(serve)], monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: {serve} is not a readable serve-bench run: results.jsonl line 5: Invalid JSON")
