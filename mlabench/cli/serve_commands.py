@@ -66,6 +66,9 @@ def serve_bench(
                               "the run is shown with the config it recorded")
         # a CONFIG given with --from-run replaces only the recorded [prediction] (another reference, say)
         spec_from = cfg.load_config(config_path) if config_path is not None else None
+        if spec_from is not None and not spec_from.prediction:
+            raise ConfigError(f"{config_path} has no [prediction] table: with --from-run a CONFIG only gives "
+                              "the [prediction] of --predict-from (leave it out to use the run's own)")
         predict = _prediction_input(conf, predict_from, spec_from.prediction if spec_from else None)
         if spec_from is not None and spec_from.prediction != conf.prediction:
             notice(_replaced_prediction(spec_from.prediction, conf.prediction), style="")

@@ -129,3 +129,14 @@ def test_a_cut_results_line_is_named_by_its_line(tmp_path, monkeypatch, capsys):
     code, _out, err = run(["serve-bench", "--from-run", str(serve)], monkeypatch, capsys)
     assert code == 2 and err.count("\n") == 1
     assert err.startswith(f"error: {serve} is not a readable serve-bench run: results.jsonl line 5: Invalid JSON")
+
+
+def test_a_config_without_a_prediction_table_is_refused_with_from_run(tmp_path, monkeypatch, capsys):
+    """`serve-bench cpu-tiny --from-run H200_RUN --predict-from ...` printed the run's recorded
+    prediction as if the config had given it."""
+    run_dir = _serve_run(tmp_path, PREDICTION)
+    config = tmp_path / "plain.toml"
+    config.write_text('baseline = "fm"\n[[variants]]\nname = "fm"\nbase_url = "http://127.0.0.1:1"\n')
+    code, _out, err = run(["serve-bench", str(config), "--from-run", str(run_dir), "--predict-from", str(SWEEP)],
+                          monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {config} has no [prediction] table")
