@@ -60,19 +60,7 @@ def serve_bench(
     if from_run is not None and resume is not None:
         raise ConfigError("give either --from-run (re-render) or --resume (run what is left), not both")
     if from_run is not None:
-        conf, results = _read_serve_run(from_run)
-        if config_path is not None and not predict_from:
-            raise ConfigError("with --from-run a CONFIG only gives the [prediction] of --predict-from: "
-                              "the run is shown with the config it recorded")
-        # a CONFIG given with --from-run replaces only the recorded [prediction] (another reference, say)
-        spec_from = cfg.load_config(config_path) if config_path is not None else None
-        if spec_from is not None and not spec_from.prediction:
-            raise ConfigError(f"{config_path} has no [prediction] table: with --from-run a CONFIG only gives "
-                              "the [prediction] of --predict-from (leave it out to use the run's own)")
-        predict = _prediction_input(conf, predict_from, spec_from.prediction if spec_from else None)
-        if spec_from is not None and spec_from.prediction != conf.prediction:
-            notice(_replaced_prediction(spec_from.prediction, conf.prediction), style="")
-        _show(tbl.table_of(conf, results, stat), None, fmt, predict)  # type: ignore[arg-type]
+        _from_run(from_run, config_path, predict_from, stat, fmt)
         return
     if resume is not None:
         _resume(resume, config_path, set_ or concurrency or repeats, vllm_bin, stat, fmt, predict_from)
@@ -93,6 +81,23 @@ def serve_bench(
             notice(f"partial results kept in {run_dir}")
         raise
     _show(tbl.table_of(conf, results, stat), run_dir, fmt, predict)  # type: ignore[arg-type]
+
+
+def _from_run(run_dir: Path, config_path: Path | None, predict_from, stat: str, fmt: str) -> None:
+    """``serve-bench [CONFIG] --from-run RUN [--predict-from SWEEP...]``: the recorded run's table; a
+    CONFIG replaces only the recorded ``[prediction]`` (another reference, say), and says so."""
+    conf, results = _read_serve_run(run_dir)
+    if config_path is not None and not predict_from:
+        raise ConfigError("with --from-run a CONFIG only gives the [prediction] of --predict-from: "
+                          "the run is shown with the config it recorded")
+    spec_from = cfg.load_config(config_path) if config_path is not None else None
+    if spec_from is not None and not spec_from.prediction:
+        raise ConfigError(f"{config_path} has no [prediction] table: with --from-run a CONFIG only gives "
+                          "the [prediction] of --predict-from (leave it out to use the run's own)")
+    predict = _prediction_input(conf, predict_from, spec_from.prediction if spec_from else None)
+    if spec_from is not None and spec_from.prediction != conf.prediction:
+        notice(_replaced_prediction(spec_from.prediction, conf.prediction), style="")
+    _show(tbl.table_of(conf, results, stat), None, fmt, predict)  # type: ignore[arg-type]
 
 
 def _renamed_env() -> None:
