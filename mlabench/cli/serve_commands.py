@@ -49,7 +49,7 @@ def serve_bench(
     predict_from: Annotated[list[Path] | None, typer.Option(
         "--predict-from", metavar="SWEEP_RUN",
         help="Sweep run folder(s) of the served kernels: print TPOT predicted from them beside the "
-             "measured one (the config's [prediction]); repeatable.")] = None,
+             "measured one (the [prediction] of CONFIG, else the one the run recorded); repeatable.")] = None,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Benchmark server variants with `vllm bench serve`; table of TPOT per (input length and) concurrency."""
@@ -60,14 +60,7 @@ def serve_bench(
     if from_run is not None and resume is not None:
         raise ConfigError("give either --from-run (re-render) or --resume (run what is left), not both")
     if from_run is not None:
-        conf, results = _read_serve_run(from_run)
-        if config_path is not None and not predict_from:
-            raise ConfigError("with --from-run a CONFIG only gives the [prediction] of --predict-from: "
-                              "the run is shown with the config it recorded")
-        # a CONFIG given with --from-run replaces only the recorded [prediction] (another reference, say)
-        spec_from = cfg.load_config(config_path) if config_path is not None else None
-        predict = _prediction_input(conf, predict_from, spec_from.prediction if spec_from else None)
-        _show(tbl.table_of(conf, results, stat), None, fmt, predict)  # type: ignore[arg-type]
+        _from_run(from_run, config_path, predict_from, stat, fmt)
         return
     if resume is not None:
         _resume(resume, config_path, set_ or concurrency or repeats, vllm_bin, stat, fmt, predict_from)
@@ -88,6 +81,23 @@ def serve_bench(
             notice(f"partial results kept in {run_dir}")
         raise
     _show(tbl.table_of(conf, results, stat), run_dir, fmt, predict)  # type: ignore[arg-type]
+
+
+def _from_run(run_dir: Path, config_path: Path | None, predict_from, stat: str, fmt: str) -> None:
+    """``serve-bench [CONFIG] --from-run RUN [--predict-from SWEEP...]``: the recorded run's table; a
+    CONFIG replaces only the recorded ``[prediction]`` (another reference, say), and says so."""
+    conf, results = _read_serve_run(run_dir)
+    if config_path is not None and not predict_from:
+        raise ConfigError("with --from-run a CONFIG only gives the [prediction] of --predict-from: "
+                          "the run is shown with the config it recorded")
+    spec_from = cfg.load_config(config_path) if config_path is not None else None
+    if spec_from is not None and not spec_from.prediction:
+        raise ConfigError(f"{config_path} has no [prediction] table: with --from-run a CONFIG only gives "
+                          "the [prediction] of --predict-from (leave it out to use the run's own)")
+    predict = _prediction_input(conf, predict_from, spec_from.prediction if spec_from else None)
+    if spec_from is not None and spec_from.prediction != conf.prediction:
+        notice(_replaced_prediction(spec_from.prediction, conf.prediction), style="")
+    _show(tbl.table_of(conf, results, stat), None, fmt, predict)  # type: ignore[arg-type]
 
 
 def _renamed_env() -> None:
@@ -113,7 +123,29 @@ def _read_serve_run(run_dir: Path):
         manifest = None
     if isinstance(manifest, dict) and manifest_kind(manifest) != SERVE_BENCH_KIND:
         raise ConfigError(f"{run_dir} is a {manifest_kind(manifest)} run, not a serve-bench run")
+    if run_dir.is_file():
+        raise ConfigError(f"{run_dir} is a file: give the run folder that holds it")
+    if manifest is None and run_dir.is_dir():
+        _refuse_a_folder_of_runs(run_dir)
     return bench.read_run(run_dir)
+
+
+def _refuse_a_folder_of_runs(folder: Path) -> None:
+    """One line for a folder that is no run but holds runs one level down (``results/h200/serving``
+    for its serve run, a ``sweep/`` folder): the serve-bench runs to give instead, or their kinds."""
+    from mlabench.records.kinds import run_kind
+    from mlabench.run_files import MANIFEST_FILE, SERVE_BENCH_KIND
+
+    try:
+        inner = sorted(p for p in folder.iterdir() if (p / MANIFEST_FILE).is_file())
+    except OSError:  # unreadable: read_run says so
+        return
+    serve = [str(p) for p in inner if run_kind(p) == SERVE_BENCH_KIND]
+    if serve:
+        raise ConfigError(f"{folder} is no run folder; give one of the serve-bench runs it holds: {', '.join(serve)}")
+    if inner:
+        kinds = ", ".join(sorted({run_kind(p) for p in inner}))
+        raise ConfigError(f"{folder} is no run folder and holds no serve-bench run (only {kinds} runs)")
 
 
 def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str, predict_from) -> None:
@@ -141,6 +173,15 @@ def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str
     _show(table, None, fmt, predict)
 
 
+def _replaced_prediction(given: dict, recorded: dict | None) -> str:
+    """The line saying that a CONFIG's ``[prediction]`` replaced the run's recorded one, whose
+    numbers ``plot``/``report`` still draw (they read only the run)."""
+    def ref(table: dict | None) -> str:
+        return f"reference {table.get('reference')}" if isinstance(table, dict) else "none"
+    return (f"the config's [prediction] ({ref(given)}) replaces the one the run recorded ({ref(recorded)}); "
+            "plot and report draw the recorded one")
+
+
 def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dict | None = None):
     """``(spec, records, the run's input length when it has one)`` for ``--predict-from``
     (checked before anything runs), or None; ``table`` replaces ``conf``'s ``[prediction]``."""
@@ -153,7 +194,8 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dic
 
     for run in runs:
         if not run.is_dir():
-            raise ConfigError(f"--predict-from {run}: no such run folder")
+            raise ConfigError(f"--predict-from {run}: " + ("a file, not a run folder" if run.is_file()
+                                                            else "no such run folder"))
         if run_kind(run) != SWEEP_KIND:
             raise ConfigError(f"--predict-from {run}: a {run_kind(run)} run, not a sweep of the served kernels")
 

@@ -201,7 +201,9 @@ def prediction_table(spec: PredictionSpec, rows: list[dict[str, Any]], stat: str
                 "attention_share_pct": ColumnStyle(header="attention % of step")})
     table.notes.append(f"error % = (predicted - measured) / measured; at {spec.short_input_len} tokens "
                        f"{spec.reference}'s prediction is its measurement by construction")
-    table.notes.append("measured step: the TPOT at concurrency 1, the median inter-token latency above it; "
+    table.notes.append("measured step (\"step from\"): TPOT at concurrency 1, where every step decodes the one "
+                       "request; p50 ITL above it, the median inter-token latency over every token of every "
+                       "request, the typical decode step; "
                        f"TPOT outside step % = ({stat} TPOT - step) / TPOT: at concurrency above 1 the "
                        "prefill of the other requests, which no decode microbenchmark sees")
     table.notes.extend(dict.fromkeys(f"{r['variant']}: {r['why']}" for r in rows if r["why"]))

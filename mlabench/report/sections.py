@@ -13,7 +13,7 @@ from mlabench.report.document import Block, Bullets, Code, FigureBlock, Heading,
 from mlabench.report.figures import style
 from mlabench.report.figures.spec import FigureSpec, Skipped
 from mlabench.report.run_text import config_row
-from mlabench.run_files import COMMANDS_FILE
+from mlabench.run_files import COMMANDS_FILE, stored_file
 from mlabench.sweep.sentinel import health_notes
 from mlabench.sweep.summary import compare_table, sweep_summary
 from mlabench.sweep.visits import DEFAULT_VISIT_REL_SE
@@ -149,7 +149,7 @@ def serve_environment(run: Any) -> Table:
                      f"out tokens, {b.prompts_text(conf.concurrencies)} prompts, {b.num_warmups} warm-up, request rate {b.request_rate}, "
                      f"concurrency {', '.join(map(str, conf.concurrencies))}, {conf.repeats} repeat(s)"],
         ["VLLM_* environment", ", ".join(f"{k}={v}" for k, v in run.manifest.get("env", {}).items()) or "none set"],
-        ["commands", f"{run.path / COMMANDS_FILE}"],
+        ["commands", f"{stored_file(run.path / COMMANDS_FILE)}"],
     ]
     return Table(f"Serve-bench run {run.name}", ["field", "value"], rows)
 
@@ -238,9 +238,29 @@ def serving_section(runs: Any, specs: Sequence[FigureSpec]) -> list[Block]:
                       headers(t), body(t))
         table.notes += failure_lines(t)
         blocks.append(TableBlock(table))
+        blocks += _prediction_block(conf, t, runs.records)
         blocks += [f for f in _figures(specs, "serving-tpot") if f.stem.endswith(run.name)
                    or len(runs.serve_runs) == 1]
     return blocks
+
+
+def _prediction_block(conf: Any, table: Any, records: Sequence[Record]) -> list[Block]:
+    """The table of `serve-bench --from-run RUN --predict-from SWEEP...` (the run's recorded
+    ``[prediction]``) when sweep ``records`` were given and the run has a valid ``[prediction]``;
+    nothing otherwise (the figure's caption says why none)."""
+    from mlabench.deploy.prediction import PredictionSpec, measured_steps, prediction_rows, prediction_table
+    from mlabench.errors import ConfigError
+
+    if not records or not conf.prediction:
+        return []
+    try:
+        spec = PredictionSpec.of(conf.prediction, [v.name for v in conf.variants])
+    except ConfigError:
+        return []
+    t = prediction_table(spec, prediction_rows(spec, measured_steps(table, conf.input_lens()[0]), list(records)),
+                         table.stat)
+    # the report renders columns by name (no styles): name them as serve-bench prints them
+    return [TableBlock(Table(t.title, [t.style(c).header or c for c in t.columns], t.rows, t.notes))]
 
 
 def figures_section(specs: Sequence[FigureSpec], skipped: Sequence[Skipped], figure_dir: str | None) -> list[Block]:

@@ -42,12 +42,17 @@ def read_serve_folder(run_dir: Path) -> tuple[dict[str, Any], ServeConfig, list[
         raise ConfigError(f"{run_dir} is a {manifest['kind']} run, not a serve-bench run")
     results_path = stored_file(run_dir / RESULTS_FILE)  # absent until the first point ends: nothing recorded yet
     lines = read_text(results_path, "serve-bench run results").splitlines() if results_path.exists() else []
+    where = ""
     try:
         config = ServeConfig.model_validate(manifest["config"], context={"recorded": True})
-        results = [BenchResult.model_validate_json(line) for line in lines if line.strip()]
+        results = []
+        for number, line in enumerate(lines, 1):
+            where = f"{results_path.name} line {number}: "
+            if line.strip():
+                results.append(BenchResult.model_validate_json(line))
     except (ValidationError, KeyError, TypeError) as exc:
         why = validation_line(exc) if isinstance(exc, ValidationError) else f"no {exc}"
-        raise ConfigError(f"{run_dir} is not a readable serve-bench run: {why}") from None
+        raise ConfigError(f"{run_dir} is not a readable serve-bench run: {where}{why}") from None
     params = {v.name: config.bench_for(v) for v in config.variants}
     return manifest, config, [judge(r, params[r.variant].for_run(r.input_len, r.concurrency).min_output_tokens()
                                     if r.variant in params else None) for r in latest_results(results)]

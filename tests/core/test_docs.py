@@ -69,3 +69,31 @@ def test_readme_h200_tables_are_the_scripts_output():
     assert len(tables) == 1
     assert tables[0] in (REPO / "README.md").read_text()
     assert "178 records read, 0 not ok" in out
+
+
+def test_configs_that_speak_of_the_prediction_cite_its_manual():
+    """The H200 serve and sweep configs sent a reader of their `--predict-from` comment to
+    docs/serving.md, which only points on to docs/vllm-plugin.md, where the prediction is described."""
+    configs = [p for p in sorted((REPO / "configs").rglob("*.toml")) if "--predict-from" in p.read_text()]
+    assert configs
+    wrong = [str(p.relative_to(REPO)) for p in configs
+             if "docs/serving.md" in p.read_text() or "docs/vllm-plugin.md" not in p.read_text()]
+    assert not wrong, f"cite docs/vllm-plugin.md for the prediction: {wrong}"
+
+
+
+def test_the_serve_bench_synopsis_names_every_option():
+    """docs/serving.md's synopsis had no --predict-from (nor a CONFIG beside --from-run): a user
+    reading the page could not find how the README's prediction table is made."""
+    import typer.main
+
+    from mlabench import cli
+
+    command = typer.main.get_command(cli.app).commands["serve-bench"]  # type: ignore[attr-defined]
+    # each option by its shortest name (-c for --concurrency); --json and --markdown are --format's
+    options = {min(p.opts, key=len) for p in command.params if p.opts[0].startswith("-")} - {"--json", "--markdown"}
+    text = (REPO / "docs" / "serving.md").read_text()
+    synopsis = text[text.index("## serve-bench"):text.index("`--resume` continues")]
+    assert "--predict-from" in options
+    assert not [o for o in sorted(options) if f"[{o} " not in synopsis and f" {o} " not in synopsis], synopsis
+    assert "[CONFIG] --from-run" in synopsis

@@ -70,3 +70,73 @@ def test_a_folder_that_is_not_a_sweep_is_refused(tmp_path, monkeypatch, capsys):
         assert code == 2 and words in err and err.count("\n") == 1
     code, _out, err = run(["serve-bench", "--from-run", str(SWEEP)], monkeypatch, capsys)
     assert code == 2 and "is a sweep run, not a serve-bench run" in err
+
+
+def test_a_config_that_replaces_the_recorded_prediction_says_so(tmp_path, monkeypatch, capsys):
+    """A new user's plot of the same run and sweeps drew other predictions than the table of
+    `serve-bench CONFIG --from-run --predict-from`: the config had replaced the recorded reference."""
+    run_dir = _serve_run(tmp_path, PREDICTION)
+    config = tmp_path / "other-reference.toml"
+    config.write_text('baseline = "fm"\n'
+                      + "".join(f'[[variants]]\nname = "{n}"\nbase_url = "http://127.0.0.1:{k + 1}"\n'
+                                for k, n in enumerate(("fm", "ours")))
+                      + '[prediction]\nlayers = 61\nreference = "ours"\nshort_input_len = 4096\n'
+                        '[prediction.kernels]\nfm = { backend = "flashmla" }\n'
+                        'ours = { backend = "gluon-splitkv", params = { num_kv_splits = 132 } }\n')
+    argv = ["serve-bench", str(config), "--from-run", str(run_dir), "--predict-from", str(SWEEP), "--json"]
+    code, out, err = run(argv, monkeypatch, capsys)
+    assert code == 0, err
+    assert ("the config's [prediction] (reference ours) replaces the one the run recorded (reference fm); "
+            "plot and report draw the recorded one") in err
+    assert json.loads(out)[1]["rows"][1]["error_pct"] == 0.0  # ours at 4096: the new reference
+    code, _out, err = run(argv[:1] + argv[2:], monkeypatch, capsys)
+    assert code == 0 and "replaces" not in err
+
+
+def test_a_folder_of_runs_given_to_from_run_names_the_serve_runs_in_it(tmp_path, monkeypatch, capsys):
+    """A new user gave `--from-run results/h200/serving` (the run one level down) and then the sweep
+    folder: both said only "serve-bench run manifest not found"."""
+    serve = _serve_run(tmp_path, PREDICTION)
+    code, _out, err = run(["serve-bench", "--from-run", str(tmp_path)], monkeypatch, capsys)
+    assert code == 2 and err == f"error: {tmp_path} is no run folder; give one of the serve-bench runs it holds: {serve}\n"
+    code, _out, err = run(["serve-bench", "--from-run", str(SWEEP.parent)], monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1 and "holds no serve-bench run (only sweep runs)" in err
+
+
+def test_a_file_given_for_a_run_folder_is_named_as_a_file(tmp_path, monkeypatch, capsys):
+    """`--from-run RUN/results.jsonl.gz` said "manifest is not a folder (or a part of its path is a file)"."""
+    serve = _serve_run(tmp_path, PREDICTION)
+    results = serve / "results.jsonl"
+    for argv, words in ((["--from-run", str(results)], f"error: {results} is a file: give the run folder that holds it"),
+                        (["--from-run", str(serve), "--predict-from", str(results)],
+                         f"error: --predict-from {results}: a file, not a run folder")):
+        code, _out, err = run(["serve-bench", *argv], monkeypatch, capsys)
+        assert code == 2 and err == words + "\n"
+
+
+def test_the_help_says_which_prediction_table_is_read(monkeypatch, capsys):
+    """`--help` said "the config's [prediction]"; with --from-run and no CONFIG it is the recorded one."""
+    code, out, _err = run(["serve-bench", "--help"], monkeypatch, capsys)
+    assert code == 0 and "else the one the run recorded" in " ".join(out.split())
+
+
+def test_a_cut_results_line_is_named_by_its_line(tmp_path, monkeypatch, capsys):
+    """A run killed while appending a result left half a line: the error said "line 1 column 13" of
+    the JSON, not which line of results.jsonl to look at."""
+    serve = _serve_run(tmp_path, PREDICTION)
+    with (serve / "results.jsonl").open("a") as f:
+        f.write('{"variant": "fm", "concur')
+    code, _out, err = run(["serve-bench", "--from-run", str(serve)], monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: {serve} is not a readable serve-bench run: results.jsonl line 5: Invalid JSON")
+
+
+def test_a_config_without_a_prediction_table_is_refused_with_from_run(tmp_path, monkeypatch, capsys):
+    """`serve-bench cpu-tiny --from-run H200_RUN --predict-from ...` printed the run's recorded
+    prediction as if the config had given it."""
+    run_dir = _serve_run(tmp_path, PREDICTION)
+    config = tmp_path / "plain.toml"
+    config.write_text('baseline = "fm"\n[[variants]]\nname = "fm"\nbase_url = "http://127.0.0.1:1"\n')
+    code, _out, err = run(["serve-bench", str(config), "--from-run", str(run_dir), "--predict-from", str(SWEEP)],
+                          monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {config} has no [prediction] table")

@@ -116,3 +116,12 @@ def test_above_concurrency_1_the_step_is_the_median_itl_and_the_rest_of_the_tpot
 def test_rows_keep_the_order_of_the_measured_variants():
     measured = _at_c1({("ours", 4096, 1): 4.9, ("fm", 4096, 1): 5.0, ("fa3", 4096, 1): 5.1})
     assert [r["variant"] for r in prediction_rows(SPEC, measured, RECORDS)] == ["ours", "fm", "fa3"]
+
+
+def test_the_notes_say_what_each_step_from_value_means():
+    """A new user read "p50 ITL" in the step column; no note said that it is the median ITL."""
+    measured = {("ours", 4096, 1): measured_step(1, 9.0, 9.1), ("ours", 4096, 16): measured_step(16, 12.0, 8.0)}
+    table = prediction_table(SPEC, prediction_rows(SPEC, measured, RECORDS))
+    notes = " ".join(table.notes)
+    for step_from in {row[table.columns.index("step_from")] for row in table.rows}:
+        assert f"{step_from} at concurrency 1" in notes or f"{step_from} above it, the median" in notes

@@ -246,3 +246,17 @@ def test_serving_bars_carry_the_tpot_predicted_from_the_sweeps_given(tmp_path):
     assert all(b.predicted_ms is None for b in plain.bars)
     assert plain.predicted_note.startswith("the serve config has no [prediction] table")
     assert D.serving_tpot(runs.serve_runs[0]).predicted_note == ""  # no sweep given: nothing to say
+
+
+def test_the_serve_environment_names_the_commands_file_the_run_has(tmp_path):
+    """The committed H200 serve run keeps commands.txt.gz; the report named a commands.txt that is not there."""
+    import gzip
+
+    from mlabench.report.runs import load_runs
+    from mlabench.report.sections import serve_environment
+    from tests.report.serve_runs import write_serve_run
+
+    run_dir = write_serve_run(tmp_path)
+    (run_dir / "commands.txt.gz").write_bytes(gzip.compress(b"vllm bench serve\n"))
+    rows = dict(serve_environment(load_runs([run_dir]).serve_runs[0]).rows)
+    assert rows["commands"] == str(run_dir / "commands.txt.gz")

@@ -131,5 +131,9 @@ def test_plot_of_a_serve_run_and_its_kernel_sweeps_draws_the_predicted_tpot(tmp_
     assert [t.get_text() for t in first.texts] == ["6.31 ms\n1.29×\npred 7.14", "8.12 ms\nbaseline\npred 8.12",
                                                    "10.4 ms\n0.78×"]
     assert len(first.collections) == 2 and "black dashes: TPOT predicted" in fig.get_supxlabel()
+    # a new user's dashes disagreed with `serve-bench CONFIG --from-run --predict-from` (another
+    # reference) and nothing said which [prediction] drew them
+    assert "non-attention time from flashmla, the run's recorded [prediction]" in fig.get_supxlabel()
+    assert "recorded [prediction] (non-attention time from flashmla at its short input length)" in spec.caption
     (plain,), _ = plan(load_runs([write_serve_run(tmp_path / "plain"), PREDICTION_SWEEP]), ["serving-tpot"])
     assert "no TPOT predicted from the sweep runs given: the serve config has no [prediction] table" in plain.caption

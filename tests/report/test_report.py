@@ -160,3 +160,18 @@ def test_the_clock_row_says_what_its_reading_is():
     during = [old[i].model_copy(update={"gpu_state": after, "gpu_state_during": {"sm_clock_mhz": mhz}})
               for i, mhz in ((0, 1965), (1, 1980))]
     assert clock_row(during) == ["SM clock while timing", "1965-1980 MHz"]
+
+
+def test_a_report_of_a_serve_run_and_its_sweeps_has_the_prediction_table(tmp_path):
+    """A new user gave `report` the H200 serve run and its sweeps: the figure had dashes but the
+    report no table of the numbers under them, `serve-bench --predict-from`'s."""
+    from mlabench.report.runs import load_runs
+    from tests.report.serve_runs import PREDICTION, PREDICTION_SWEEP, write_serve_run
+
+    run = write_serve_run(tmp_path, prediction=PREDICTION)
+    text = to_markdown_document(build_report(load_runs([run, PREDICTION_SWEEP])).blocks)
+    assert "**decode step measured and predicted (61 layers x attention µs + the non-attention time of flashmla" in text
+    assert "| input len | concurrency | variant | measured step ms | step from | predicted step ms | error % |" in text
+    plain = to_markdown_document(build_report(load_runs([write_serve_run(tmp_path / "plain"), PREDICTION_SWEEP])).blocks)
+    assert "decode step measured and predicted" not in plain  # no [prediction]: the caption says why
+    assert "decode step measured and predicted" not in to_markdown_document(build_report(load_runs([run])).blocks)

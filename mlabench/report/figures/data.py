@@ -284,6 +284,7 @@ class ServingData:
     workload: str
     input_lens: list[int] = field(default_factory=list)
     predicted_note: str = ""  #: why no bar has a prediction although sweep records were given
+    predicted_reference: str = ""  #: the recorded [prediction]'s reference variant, where bars have a prediction
 
     def bar(self, variant: str, concurrency: int, input_len: int | None = None) -> TpotBar:
         """The bar of ``variant`` at ``concurrency`` (and ``input_len``); KeyError when there is none."""
@@ -339,5 +340,6 @@ def predictions(data: ServingData, conf: Any, table: Any, records: Sequence[Reco
         if r["predicted_ms"] is not None and r["step_from"] == "TPOT":  # a bar is a TPOT: above c=1 the step is not
             data.bar(r["variant"], r["concurrency"], r["input_len"] if data.input_lens else None).predicted_ms = \
                 r["predicted_ms"]
+    data.predicted_reference = spec.reference
     return "" if any(b.predicted_ms is not None for b in data.bars) else \
         "; ".join(sorted({f"{r['variant']}: {r['why']}" for r in rows})) or "no measured TPOT to predict"

@@ -180,7 +180,9 @@ def _predicted_caption(data: D.ServingData) -> str:
     """The caption's words on the predicted TPOT: what the dashed lines are, why there are none
     although sweep runs were given, or nothing (no sweep run given)."""
     if any(b.predicted_ms is not None for b in data.bars):
-        return ("; dashed: TPOT predicted from the sweep runs given, as `serve-bench --predict-from` prints it, "
+        return ("; dashed: TPOT predicted from the sweep runs given by the run's recorded [prediction] "
+                f"(non-attention time from {data.predicted_reference} at its short input length), as "
+                "`serve-bench --from-run RUN --predict-from` prints it without a CONFIG, "
                 "where its measured step is the TPOT (concurrency 1; above it the step is held against the "
                 "median ITL in that table, not against the TPOT drawn here; docs/vllm-plugin.md)")
     return f"; no TPOT predicted from the sweep runs given: {data.predicted_note}" if data.predicted_note else ""
