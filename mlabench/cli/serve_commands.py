@@ -156,7 +156,8 @@ def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str
                           "--set, --concurrency or --repeats with it")
     conf, recorded = _read_serve_run(run_dir)
     if not (run_dir / RESULTS_FILE).exists() and (run_dir / (RESULTS_FILE + GZIP_SUFFIX)).exists():
-        raise ConfigError(f"{run_dir} is archived ({RESULTS_FILE}{GZIP_SUFFIX}): gunzip it to add to it")
+        raise ConfigError(f"{run_dir} is archived ({RESULTS_FILE}{GZIP_SUFFIX}): to continue it, copy the folder "
+                          f"and gunzip {RESULTS_FILE}{GZIP_SUFFIX} in the copy (a committed run stays as it is)")
     predict = _prediction_input(conf, predict_from)
     done = bench.finished_points(recorded, len(conf.input_lens()) > 1)
     left = [v for v in conf.variants if bench.points_left(conf, v, done)]

@@ -370,3 +370,19 @@ def test_resume_runs_only_what_the_run_lacks(tmp_path, fake_vllm):
     (run / "results.jsonl").unlink()  # cut short before its first point ended: every point runs
     fresh = run_cli("serve-bench", "--resume", str(run))
     assert fresh.returncode == 0 and "0 point(s) recorded ok; variants left: base, fast" in fresh.stderr
+
+
+def test_resume_of_an_archived_run_is_refused_and_the_run_left_as_it_is(tmp_path):
+    """The committed H200 run keeps results.jsonl gzipped: --resume would append to a new plain
+    file beside it; it is refused in one line that says how to continue a copy."""
+    import shutil
+
+    src = Path(__file__).resolve().parents[2] / "results/h200/serving/serve-20261204T182027Z-h200-proxy"
+    run_dir = tmp_path / src.name
+    shutil.copytree(src, run_dir)
+    before = sorted(p.name for p in run_dir.iterdir())
+    proc = run_cli("serve-bench", "--resume", str(run_dir))
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {run_dir} is archived (results.jsonl.gz): to continue it, copy")
+    assert sorted(p.name for p in run_dir.iterdir()) == before
