@@ -84,6 +84,19 @@ BENCH_LOG_SUFFIX = ".log"
 #: scripts that measure points), a tuning run, a validation run (``tune --validate``), a serve-bench run.
 SWEEP_KIND, TUNE_KIND, VALIDATION_KIND, SERVE_BENCH_KIND = "sweep", "tune", "validation", "serve-bench"
 RUN_KINDS = (SWEEP_KIND, TUNE_KIND, VALIDATION_KIND, SERVE_BENCH_KIND)
+#: Key of a manifest's ``config`` -> the kind of a run whose manifest does not say it.
+_KIND_OF_CONFIG_KEY = {"tune": TUNE_KIND, "validate": VALIDATION_KIND}
+
+
+def manifest_kind(manifest: dict) -> str:
+    """The kind of the run whose parsed ``manifest.json`` is ``manifest``: its ``kind`` when it is
+    one of :data:`RUN_KINDS`, else derived from its ``config`` keys (runs recorded before manifests
+    said it: ``config.tune`` a tuning run, ``config.validate`` a validation run; serve-bench
+    manifests have always said theirs); :data:`SWEEP_KIND` when neither says otherwise."""
+    if manifest.get("kind") in RUN_KINDS:
+        return str(manifest["kind"])
+    config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    return next((kind for key, kind in _KIND_OF_CONFIG_KEY.items() if key in config), SWEEP_KIND)
 
 # ---- not a run ----------------------------------------------------------------------------------
 #: A script's records (no manifest): named in the error for a folder that holds no run.

@@ -111,23 +111,17 @@ def _renamed_env() -> None:
 
 def _read_serve_run(run_dir: Path):
     """:func:`bench.read_run` of a folder that is a serve-bench run; one line saying what it is
-    otherwise (a sweep, tune or validation run, or no run at all)."""
-    import json
+    otherwise (a file, a folder of runs, another kind of run: read_run says that, or no run)."""
+    from mlabench.errors import FileAccessError
 
-    from mlabench.records.kinds import manifest_kind
-    from mlabench.run_files import MANIFEST_FILE, SERVE_BENCH_KIND
-
-    try:
-        manifest = json.loads((run_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # missing or unreadable: read_run says which, in its words
-        manifest = None
-    if isinstance(manifest, dict) and manifest_kind(manifest) != SERVE_BENCH_KIND:
-        raise ConfigError(f"{run_dir} is a {manifest_kind(manifest)} run, not a serve-bench run")
     if run_dir.is_file():
         raise ConfigError(f"{run_dir} is a file: give the run folder that holds it")
-    if manifest is None and run_dir.is_dir():
-        _refuse_a_folder_of_runs(run_dir)
-    return bench.read_run(run_dir)
+    try:
+        return bench.read_run(run_dir)
+    except FileAccessError:  # no readable manifest: a folder holding runs gets its own line
+        if run_dir.is_dir():
+            _refuse_a_folder_of_runs(run_dir)
+        raise
 
 
 def _refuse_a_folder_of_runs(folder: Path) -> None:

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from mlabench.errors import ConfigError
 from mlabench.files import read_json, read_text, validation_line
-from mlabench.run_files import MANIFEST_FILE, RESULTS_FILE, SERVE_BENCH_KIND, stored_file
+from mlabench.run_files import MANIFEST_FILE, RESULTS_FILE, SERVE_BENCH_KIND, manifest_kind, stored_file
 from mlabench.serving.config import ServeConfig
 from mlabench.serving.results import BenchResult, judge
 
@@ -38,8 +38,8 @@ def read_serve_folder(run_dir: Path) -> tuple[dict[str, Any], ServeConfig, list[
     read, :class:`ConfigError` for a manifest of another kind of run or a run that does not parse.
     """
     manifest = read_json(run_dir / MANIFEST_FILE, "serve-bench run manifest")
-    if isinstance(manifest, dict) and manifest.get("kind") not in (None, SERVE_BENCH_KIND):
-        raise ConfigError(f"{run_dir} is a {manifest['kind']} run, not a serve-bench run")
+    if isinstance(manifest, dict) and manifest_kind(manifest) != SERVE_BENCH_KIND:
+        raise ConfigError(f"{run_dir} is a {manifest_kind(manifest)} run, not a serve-bench run")
     results_path = stored_file(run_dir / RESULTS_FILE)  # absent until the first point ends: nothing recorded yet
     lines = read_text(results_path, "serve-bench run results").splitlines() if results_path.exists() else []
     where = ""
