@@ -17,7 +17,7 @@ from mlabench.cli.options import Format, Json, Markdown, ResultsDir, VllmBin, in
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
 from mlabench.files import write_text
-from mlabench.run_files import CHECK_FILE, GZIP_SUFFIX, RESULTS_FILE
+from mlabench.run_files import ARCHIVED_RESULTS_FILE, CHECK_FILE, RESULTS_FILE
 from mlabench.serving import bench, config as cfg, greedy_check as greedy, table as tbl
 from mlabench.serving.lifecycle import served_model
 
@@ -149,9 +149,11 @@ def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str
         raise ConfigError("--resume continues a run with the config it recorded: give no CONFIG, "
                           "--set, --concurrency or --repeats with it")
     conf, recorded = _read_serve_run(run_dir)
-    if not (run_dir / RESULTS_FILE).exists() and (run_dir / (RESULTS_FILE + GZIP_SUFFIX)).exists():
-        raise ConfigError(f"{run_dir} is archived ({RESULTS_FILE}{GZIP_SUFFIX}): to continue it, copy the folder "
-                          f"and gunzip {RESULTS_FILE}{GZIP_SUFFIX} in the copy (a committed run stays as it is)")
+    from mlabench.records.store import is_archived
+
+    if is_archived(run_dir):
+        raise ConfigError(f"{run_dir} is archived ({ARCHIVED_RESULTS_FILE}): to continue it, copy the folder "
+                          f"and gunzip {ARCHIVED_RESULTS_FILE} in the copy (a committed run stays as it is)")
     predict = _prediction_input(conf, predict_from)
     done = bench.finished_points(recorded, len(conf.input_lens()) > 1)
     left = [v for v in conf.variants if bench.points_left(conf, v, done)]
