@@ -98,6 +98,7 @@ def manifest_kind(manifest: dict) -> str:
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     return next((kind for key, kind in _KIND_OF_CONFIG_KEY.items() if key in config), SWEEP_KIND)
 
+
 # ---- not a run ----------------------------------------------------------------------------------
 #: A script's records (no manifest): named in the error for a folder that holds no run.
 SCRIPT_RECORDS_FILE = "records.jsonl"

@@ -126,7 +126,7 @@ def non_attention_ms(step_ms: float, layers: int, attn_us: float) -> float:
     return step_ms - layers * attn_us / 1000.0
 
 
-def predicted_tpot_ms(rest_ms: float, layers: int, attn_us: float) -> float:
+def predicted_step_ms(rest_ms: float, layers: int, attn_us: float) -> float:
     """``R + layers * attention``, ms (module docstring)."""
     return rest_ms + layers * attn_us / 1000.0
 
@@ -165,7 +165,7 @@ def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], M
                f"{input_len}" if attn is None else
                f"no non-attention time at c={conc} ({spec.reference} at {spec.short_input_len})"
                if rest[conc] is None else "")
-        pred = None if why else predicted_tpot_ms(rest[conc], spec.layers, attn)
+        pred = None if why else predicted_step_ms(rest[conc], spec.layers, attn)
         rows.append({"input_len": input_len, "concurrency": conc, "variant": variant,
                      "measured_ms": got.step_ms, "step_from": got.step_from, "predicted_ms": pred,
                      "error_pct": None if pred is None else 100.0 * (pred - got.step_ms) / got.step_ms,

@@ -7,7 +7,7 @@ import pytest
 
 from mlabench.deploy.prediction import (
     KernelRef, MeasuredStep, PredictionSpec, attention_us, measured_step, non_attention_ms,
-    predicted_tpot_ms, prediction_rows, prediction_table,
+    predicted_step_ms, prediction_rows, prediction_table,
 )
 from mlabench.errors import ConfigError
 
@@ -43,7 +43,7 @@ RECORDS = [
 
 def test_arithmetic():
     assert non_attention_ms(10.0, 61, 20.0) == pytest.approx(10.0 - 1.22)
-    assert predicted_tpot_ms(8.78, 61, 40.0) == pytest.approx(8.78 + 2.44)
+    assert predicted_step_ms(8.78, 61, 40.0) == pytest.approx(8.78 + 2.44)
 
 
 def test_the_fastest_correct_record_of_the_named_kernel():
