@@ -236,7 +236,7 @@ def points_left(config: ServeConfig, variant: Variant,
                 done: set[tuple[str, int | None, int, int]]) -> list[tuple[int, int, int]]:
     """The :func:`bench_points` of ``variant`` that ``done`` (:func:`finished_points`) lacks."""
     several = len(config.input_lens()) > 1
-    return [p for p in bench_points(config, config.bench_for(variant))
+    return [p for p in bench_points(config, variant)
             if (variant.name, p[0] if several else None, p[1], p[2]) not in done]
 
 
@@ -249,11 +249,12 @@ def finished_points(results: list[BenchResult], several_lens: bool) -> set[tuple
             for r in results if r.status == "ok"}
 
 
-def bench_points(config: ServeConfig, params: BenchParams) -> list[tuple[int, int, int]]:
-    """Every (input length, concurrency, repeat) one server start is benchmarked at, in run order:
-    each input length of ``params`` (tokens), then each concurrency, then each repeat (0-based)."""
-    return [(n, conc, rep) for n in params.input_lens() for conc in config.concurrencies
-            for rep in range(config.repeats)]
+def bench_points(config: ServeConfig, variant: Variant) -> list[tuple[int, int, int]]:
+    """Every (input length, concurrency, repeat) ``variant``'s server start is benchmarked at, in
+    run order: each input length of its bench params (tokens), then each of its concurrencies
+    (:meth:`ServeConfig.concurrencies_for`), then each repeat (0-based)."""
+    return [(n, conc, rep) for n in config.bench_for(variant).input_lens()
+            for conc in config.concurrencies_for(variant) for rep in range(config.repeats)]
 
 
 def _bench_one(

@@ -188,6 +188,10 @@ class Variant(_Strict):
     bench: dict[str, Any] = Field(
         default_factory=dict, description="Per-variant overrides of [bench] keys."
     )
+    concurrencies: list[int] | None = Field(
+        None, min_length=1, description="Run this variant only at these of the config's concurrencies "
+        "(default: every one); e.g. [16] to rerun only the concurrency-16 points."
+    )
 
 
 class CheckParams(_Strict):
@@ -259,10 +263,19 @@ class ServeConfig(_Strict):
         if len(set(self.concurrencies)) != len(self.concurrencies) or min(self.concurrencies) < 1:
             raise ValueError(f"concurrencies must be distinct and >= 1: {self.concurrencies}")
         for v in self.variants:
+            if v.concurrencies is not None and not self.concurrencies_for(v):
+                raise ValueError(f"variant {v.name!r} runs at concurrencies {v.concurrencies}, none of "
+                                 f"which is in concurrencies {self.concurrencies}")
             params = self.bench_for(v)
             if not (info.context or {}).get("recorded"):  # a recorded run is read as it ran
                 self._check_prompts(v, params)
         return self
+
+    def concurrencies_for(self, variant: Variant) -> list[int]:
+        """The concurrencies ``variant`` runs at: the config's, in their order, less those its own
+        ``concurrencies`` leave out."""
+        keep = variant.concurrencies
+        return [c for c in self.concurrencies if keep is None or c in keep]
 
     def _check_prompts(self, variant: Variant, params: BenchParams) -> None:
         """Raise ValueError unless every concurrency gets a prompt count, at least the concurrency
@@ -274,7 +287,7 @@ class ServeConfig(_Strict):
                 raise ValueError(f"bench.num_prompts{where} has concurrencies {extra} that are not in "
                                  f"concurrencies {self.concurrencies} (give a count for each concurrency run, "
                                  "and no other)")
-        for conc in self.concurrencies:
+        for conc in self.concurrencies_for(variant):
             n = params.prompts_at(conc)
             if n is None:
                 raise ValueError(f"bench.num_prompts{where} gives no prompt count for concurrency {conc}")

@@ -55,6 +55,20 @@ def test_prompts_per_concurrency_reach_the_command():
         bench_command("vllm", "u", "M", "M", p, 1, Path("/r"), "f", {"variant": "a"})
 
 
+def test_a_variant_runs_only_its_own_concurrencies():
+    from mlabench.serving.bench import bench_points
+    from mlabench.serving.config import ServeConfig, Variant
+
+    conf = ServeConfig(baseline="a", variants=[Variant(name="a", base_url="http://x"),
+                                               Variant(name="b", base_url="http://y", concurrencies=[16])],
+                       bench=BenchParams(random_input_len=[64, 128]))
+    assert bench_points(conf, conf.variants[1]) == [(64, 16, 0), (128, 16, 0)]
+    assert [p[1] for p in bench_points(conf, conf.variants[0])] == [1, 16, 1, 16]
+    with pytest.raises(ValueError, match="variant 'b' runs at concurrencies \\[4\\], none of which"):
+        ServeConfig(baseline="a", variants=[Variant(name="a", base_url="http://x"),
+                                            Variant(name="b", base_url="http://y", concurrencies=[4])])
+
+
 def test_points_run_every_concurrency_of_a_length_before_the_next_length():
     from mlabench.run_files import bench_point_stem as result_stem
     from mlabench.serving.bench import bench_points
@@ -62,5 +76,5 @@ def test_points_run_every_concurrency_of_a_length_before_the_next_length():
 
     conf = ServeConfig(baseline="a", variants=[Variant(name="a", base_url="http://x")], repeats=2,
                        bench=BenchParams(random_input_len=[64, 128]))
-    assert bench_points(conf, conf.bench)[:5] == [(64, 1, 0), (64, 1, 1), (64, 16, 0), (64, 16, 1), (128, 1, 0)]
+    assert bench_points(conf, conf.variants[0])[:5] == [(64, 1, 0), (64, 1, 1), (64, 16, 0), (64, 16, 1), (128, 1, 0)]
     assert result_stem("a", 64, 16, 1, True) == "a-i64-c16-r1" and result_stem("a", 64, 16, 1, False) == "a-c16-r1"
