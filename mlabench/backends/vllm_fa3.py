@@ -50,6 +50,41 @@ def fa3_query_parts(q: torch.Tensor, kv_lora_rank: int) -> tuple[torch.Tensor, t
     return q[..., :kv_lora_rank], q[..., kv_lora_rank:]
 
 
+def fa3_mla_decode(fa, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                   seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_query_len: int,
+                   max_seq_len: int, softmax_scale: float, *, out: torch.Tensor | None = None,
+                   scheduler_metadata: torch.Tensor | None = None, num_splits: int = 0,
+                   kv_lora_rank: int = 512) -> torch.Tensor:
+    """Absorbed MLA attention of ``T`` query tokens over a paged latent cache with FA3, as vLLM's
+    FLASH_ATTN_MLA decode calls it (module docstring): any query length per request (varlen),
+    causal with each request's queries at the end of its keys.
+
+    Args:
+        fa: vLLM's FlashAttention module (``vllm.vllm_flash_attn``).
+        q: ``[T, H, 576]`` bf16/fp16, latent then RoPE columns; request ``b``'s tokens are rows
+            ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``.
+        kv_cache: ``[pages, page_size, 1, 576]``, q's dtype.
+        block_table: ``[B, max_pages]`` int32.  seq_lens: ``[B]`` int32 keys per request (its
+            new tokens included), on the device.  cu_seqlens_q: ``[B + 1]`` int32, on the device.
+        max_query_len / max_seq_len: the longest query and key lengths (host integers, >= 1).
+        out: ``[T, H, 512]`` to write (None: FA3 allocates it).
+        scheduler_metadata, num_splits: FA3's ahead-of-time schedule and split cap (None, 0:
+            FA3 schedules inside the call, uncapped).
+        kv_lora_rank: the latent columns of q and the cache (512 in DeepSeek-V3 and Kimi K3).
+
+    Returns ``[T, H, 512]`` in q's dtype (``out`` when given).
+    """
+    lora = kv_lora_rank
+    q_nope, q_pe = fa3_query_parts(q, lora)
+    o = fa.flash_attn_varlen_func(
+        q=q_pe, k=kv_cache[..., lora:], v=kv_cache[..., :lora], q_v=q_nope,
+        max_seqlen_q=max(int(max_query_len), 1), cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_k=int(max_seq_len), seqused_k=seq_lens, block_table=block_table,
+        softmax_scale=softmax_scale, causal=True, fa_version=3,
+        scheduler_metadata=scheduler_metadata, num_splits=num_splits, out=out)
+    return o if out is None or o is out else out.copy_(o)  # FA writes into ``out`` when given
+
+
 @register
 class VllmFA3MLABackend(Backend):
     """vLLM's FlashAttention-3 MLA decode (``flash_attn_varlen_func`` with ``q_v``), ``qo_len``
@@ -89,7 +124,6 @@ class VllmFA3MLABackend(Backend):
         s, splits = inputs.shape, int(params["max_num_splits"])
         dev, batch = inputs.device, len(s.context_lens)
         kv = inputs.kv_cache  # [pages, page_size, 1, 576]: the head axis vLLM adds with unsqueeze
-        k_pe, v_c = kv[..., s.kv_lora_rank:], kv[..., :s.kv_lora_rank]
         cu_q = torch.arange(0, batch + 1, dtype=torch.int32, device=dev) * s.qo_len
         max_k = max(s.context_lens)
         out = inputs.new_output()
@@ -107,13 +141,9 @@ class VllmFA3MLABackend(Backend):
             meta.copy_(schedule())
 
         def fn() -> torch.Tensor:
-            q_nope, q_pe = fa3_query_parts(inputs.q, s.kv_lora_rank)
-            o = fa.flash_attn_varlen_func(
-                q=q_pe, k=k_pe, v=v_c, q_v=q_nope, max_seqlen_q=s.qo_len, cu_seqlens_q=cu_q,
-                max_seqlen_k=max_k, seqused_k=inputs.cache_seqlens, block_table=inputs.block_table,
-                softmax_scale=s.scale, causal=True, fa_version=3, scheduler_metadata=meta,
-                num_splits=splits, out=out)
-            return out if o is out else out.copy_(o)  # FA writes into ``out`` when it is given
+            return fa3_mla_decode(fa, inputs.q, kv, inputs.block_table, inputs.cache_seqlens, cu_q,
+                                  s.qo_len, max_k, s.scale, out=out, scheduler_metadata=meta,
+                                  num_splits=splits, kv_lora_rank=s.kv_lora_rank)
 
         return PreparedCall(fn=fn, out=out, effective_params={"max_num_splits": splits},
                             setup_us={"metadata_us": metadata_us}, refresh=refresh)

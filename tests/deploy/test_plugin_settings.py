@@ -6,7 +6,8 @@ import json
 import pytest
 
 from mlabench.deploy.plugin_settings import (
-    ENV_MODE, ENV_POLICY, PluginConfigError, PluginSettings, describe_policy, load_plugin_policy,
+    ENV_MODE, ENV_POLICY, ENV_SHORT_EXTENDS, PluginConfigError, PluginSettings, describe_policy,
+    load_plugin_policy, reorder_batch_threshold,
 )
 from mlabench.errors import ConfigError
 from mlabench.policy.device_table import heuristic_policy
@@ -47,11 +48,26 @@ def test_environment_then_default():
     ({}, {ENV_MODE: "sometimes"}, "(environment), got 'sometimes'"),
     ({"mlabench": {"policy": "x.json"}}, {}, "unknown key(s) policy"),
     ({"mlabench": "x.json"}, {}, "must be an object"),
+    ({"mlabench": {"short_extends": "triton"}}, {}, "short_extends must be one of fa3, prefill"),
+    ({}, {ENV_SHORT_EXTENDS: "eager"}, "(environment), got 'eager'"),
 ])
 def test_bad_settings_are_one_line(config, env, words):
     with pytest.raises(PluginConfigError) as err:
         PluginSettings.resolve(config, env)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_short_extends_go_to_fa3_unless_told_prefill():
+    default = PluginSettings.resolve(None, {})
+    assert default.short_extends == "fa3" and reorder_batch_threshold(default) == 512
+    told = PluginSettings.resolve({"mlabench": {"short_extends": "prefill"}}, {ENV_SHORT_EXTENDS: "fa3"})
+    assert told.short_extends == "prefill" and reorder_batch_threshold(told) == 1
+    env = PluginSettings.resolve({}, {ENV_SHORT_EXTENDS: "prefill"})
+    assert (env.short_extends, env.mode, env.policy_path, env.origin) == ("prefill", "device", None, "environment")
+    line = describe_policy(env, heuristic_policy(132), 12)
+    assert line.endswith("short extends: vLLM's prefill path")
+    assert "short extends: vLLM's FA3 kernel (steps with extends of 2-512 tokens)" in describe_policy(
+        default, heuristic_policy(132), 12)
 
 
 def test_the_committed_policy_is_taken_with_its_tables():

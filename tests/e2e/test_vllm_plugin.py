@@ -59,3 +59,27 @@ def test_another_custom_backend_is_left_alone():
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "somebody.else.Backend"
     assert "already registered as somebody.else.Backend" in out.stderr + out.stdout
+
+
+def test_short_extends_are_decode_rows_that_carry_their_query_lengths():
+    # a step's decode rows: two one-token decodes and a 7-token chunked-prefill remainder
+    out = in_vllm(
+        "import inspect, torch\n"
+        "from mlabench.deploy.vllm_backend import MlabenchMLAMetadataBuilder as B\n"
+        "from vllm.model_executor.layers.attention.mla_attention import QueryLenSupport as Q\n"
+        "b = object.__new__(B)\n"
+        "starts = torch.tensor([0, 1, 2, 9], dtype=torch.int32)\n"
+        "kw = dict(block_table_tensor=torch.zeros(3, 4, dtype=torch.int32),\n"
+        "          seq_lens_device=torch.tensor([5, 6, 40], dtype=torch.int32), max_seq_len=40,\n"
+        "          query_start_loc_cpu=starts, query_start_loc_device=starts.clone(), num_decode_tokens=9,\n"
+        "          dcp_tot_seq_lens_device=None)\n"
+        "if 'max_query_len' in inspect.signature(B.__mro__[1]._build_decode).parameters:\n"
+        "    kw['max_query_len'] = 7\n"
+        "m = b._build_decode(**kw)\n"
+        "one = b._build_decode(**{**kw, 'query_start_loc_cpu': torch.tensor([0, 1, 2], dtype=torch.int32)})\n"
+        "print(B.query_len_support == Q.VARLEN, B.reorder_batch_threshold, type(m).__name__,\n"
+        "      m.max_query_len, m.max_seq_len, m.query_start_loc is kw['query_start_loc_device'],\n"
+        "      m.seq_lens.tolist(), one.max_query_len)\n")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-10:] == ["True", "512", "MlabenchDecodeMetadata", "7", "40", "True",
+                                        "[5,", "6,", "40]", "1"]

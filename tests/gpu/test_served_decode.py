@@ -1,6 +1,7 @@
 """The vLLM plugin's decode call on a Hopper GPU (skipped elsewhere): vLLM's cache layout
-``[pages, 64, 576]`` against the fp32 reference, in device and host mode, and one graph captured
-at short lengths and replayed at long ones (device mode keeps the policy's count per request)."""
+``[pages, 64, 576]`` against the fp32 reference, in device and host mode, one graph captured
+at short lengths and replayed at long ones (device mode keeps the policy's count per request), and
+the FA3 call that runs a step with short extends (where vLLM's FlashAttention build is installed)."""
 
 import pytest
 import torch
@@ -61,3 +62,25 @@ def test_one_graph_captured_short_is_right_long_in_device_mode():
         graph.replay()
         torch.cuda.synchronize()
         assert _err(x, out, lens.tolist()) < 1e-2
+
+
+def test_a_step_with_short_extends_runs_fa3_varlen_against_the_reference():
+    from mlabench.backends.vllm_fa3 import VLLM_FA_MODULE, fa3_mla_decode
+    from mlabench.extras import optional_import
+    from mlabench.kernels.reference import mla_decode_reference
+
+    fa, why = optional_import(VLLM_FA_MODULE)
+    if fa is None or not fa.is_fa_version_supported(3):
+        pytest.skip(why or "no FA3 in vLLM's FlashAttention build")
+    lens, qlens = [3000, 700, 20000, 513], [1, 7, 300, 1]
+    x = _inputs(lens, seed=2)
+    q = torch.randn(sum(qlens), 12, 576, dtype=x.q.dtype, device="cuda")
+    starts = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    out = fa3_mla_decode(fa, q, x.kv_cache, x.block_table, x.cache_seqlens, starts, max(qlens),
+                         max(lens), x.shape.scale)
+    assert out.shape == (sum(qlens), 12, 512) and out.dtype == q.dtype
+    for b, (n, first) in enumerate(zip(qlens, starts.tolist())):
+        ref = mla_decode_reference(q[first:first + n], x.kv_cache, x.block_table[b:b + 1], [lens[b]],
+                                   x.shape.scale, qo_len=n, causal=True)[0]
+        got = out[first:first + n].float()
+        assert ((got - ref).norm() / ref.norm()).item() < 1e-2, (b, n)
