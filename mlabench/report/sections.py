@@ -146,7 +146,7 @@ def serve_environment(run: Any) -> Table:
         ["model", f"{conf.model or 'first served model'} (tokenizer {conf.tokenizer or 'the model'})"],
         ["variants", "; ".join(variants)],
         ["workload", f"{b.dataset_name}, {', '.join(map(str, conf.input_lens()))} in / {b.random_output_len} "
-                     f"out tokens, {b.prompts_text(conf.concurrencies)} prompts, {b.num_warmups} warm-up, request rate {b.request_rate}, "
+                     f"out tokens, {b.prompts_text(conf.concurrencies)} prompts, {b.warmups_text(conf.concurrencies)}, request rate {b.request_rate}, "
                      f"concurrency {', '.join(map(str, conf.concurrencies))}, {conf.repeats} repeat(s)"],
         ["VLLM_* environment", ", ".join(f"{k}={v}" for k, v in run.manifest.get("env", {}).items()) or "none set"],
         ["commands", f"{stored_file(run.path / COMMANDS_FILE)}"],

@@ -62,7 +62,8 @@ def bench_command(
     """argv of one ``vllm bench serve`` run (flags: vLLM ``vllm bench serve --help``).
 
     ``params`` holds one ``random_input_len`` (:meth:`BenchParams.for_run`; a list is refused with
-    ValueError); ``--num-prompts`` is its count at ``concurrency`` (:meth:`BenchParams.prompts_at`).
+    ValueError); ``--num-prompts`` and ``--num-warmups`` are its counts at ``concurrency``
+    (:meth:`BenchParams.prompts_at`, :meth:`BenchParams.warmups_at`; no ``--num-warmups`` for 0).
     """
     if isinstance(params.random_input_len, list):
         raise ValueError("bench_command takes one random_input_len: give params.for_run(input_len, concurrency)")

@@ -22,6 +22,7 @@ from pydantic import (
 
 from mlabench.errors import ConfigError
 from mlabench.files import config_file, read_text, read_toml, validation_line
+from mlabench.serving.counts import count_table, counts_text
 from mlabench.serving.environment import expand
 
 VLLM_BIN_ENV = "MLABENCH_VLLM_BIN"
@@ -45,7 +46,11 @@ class BenchParams(_Strict):
     num_prompts: int | dict[int, int] | None = Field(
         None, description="--num-prompts, measured requests per run: one number, or a table keyed by "
         "concurrency ({ 1 = 3, 16 = 16 }); default 3, or the concurrency when it is higher.")
-    num_warmups: int = Field(1, ge=0, description="--num-warmups, unmeasured requests first.")
+    num_warmups: int | dict[int, int] = Field(
+        1, description="--num-warmups, unmeasured requests sent at the run's concurrency before the "
+        "measured ones: one number, or a table keyed by concurrency ({ 1 = 1, 16 = 16 }: a full burst at "
+        "c=16, so one-time costs such as kernel compiles stay out of the measured run); a concurrency "
+        "the table does not name gets 1.")
     seed: int = Field(0, description="--seed of the random dataset.")
     request_rate: Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, (int, float))
                                                  else v)] = Field(
@@ -68,21 +73,10 @@ class BenchParams(_Strict):
             raise ValueError(f"must be a token count or a list of them (e.g. [4096, 32768, 100000]), not {value!r}")
         return value
 
-    @field_validator("num_prompts", mode="before")
+    @field_validator("num_prompts", "num_warmups", mode="before")
     @classmethod
-    def _prompts_shape(cls, value: Any) -> Any:
-        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-            return value
-        if isinstance(value, dict):  # TOML and JSON keys are strings
-            try:
-                table = {int(k): n for k, n in value.items()}
-            except (TypeError, ValueError):
-                raise ValueError("the keys of a num_prompts table are concurrencies (integers), not "
-                                 f"{[str(k) for k in value]}") from None
-            if all(isinstance(n, int) and not isinstance(n, bool) for n in table.values()):
-                return table
-        raise ValueError(f"must be a prompt count or a table of them keyed by concurrency "
-                         f"(e.g. {{ 1 = 3, 16 = 16 }}), not {value!r}")
+    def _counts_shape(cls, value: Any, info: ValidationInfo) -> Any:
+        return count_table(value, info.field_name or "", *_COUNT_WORDS[info.field_name or ""][:2])
 
     @field_validator("random_input_len")
     @classmethod
@@ -94,12 +88,13 @@ class BenchParams(_Strict):
             raise ValueError(f"several input lengths need dataset_name 'random', not {info.data.get('dataset_name')!r}")
         return value
 
-    @field_validator("num_prompts")
+    @field_validator("num_prompts", "num_warmups")
     @classmethod
-    def _prompts(cls, value: int | dict[int, int] | None) -> int | dict[int, int] | None:
+    def _counts(cls, value: int | dict[int, int] | None, info: ValidationInfo) -> int | dict[int, int] | None:
+        what, _, least = _COUNT_WORDS[info.field_name or ""]
         counts = value.values() if isinstance(value, dict) else [] if value is None else [value]
-        if any(n < 1 for n in counts):
-            raise ValueError(f"prompt counts must be > 0, not {value}")
+        if any(n < least for n in counts):
+            raise ValueError(f"{what} counts must be {'> 0' if least else '>= 0'}, not {value}")
         return value
 
     def input_lens(self) -> list[int]:
@@ -118,15 +113,26 @@ class BenchParams(_Strict):
 
     def prompts_text(self, concurrencies: list[int]) -> str:
         """``--num-prompts`` in words: ``3``, or ``3 at c=1, 16 at c=16`` when it differs by concurrency."""
-        counts = [self.prompts_at(c) for c in concurrencies]
-        if len(set(counts)) == 1:
-            return str(counts[0])
-        return ", ".join(f"{n} at c={c}" for c, n in zip(concurrencies, counts))
+        return counts_text({c: self.prompts_at(c) for c in concurrencies})
+
+    def warmups_at(self, concurrency: int) -> int:
+        """``--num-warmups`` at ``concurrency``: the number, or the table's entry (1, the default,
+        when the table names no such concurrency)."""
+        n = self.num_warmups
+        return n.get(concurrency, 1) if isinstance(n, dict) else n
+
+    def warmups_text(self, concurrencies: list[int]) -> str:
+        """``--num-warmups`` in words with its noun: ``1 warm-up``, ``16 warm-ups``, or
+        ``1 warm-up at c=1, 16 at c=16`` when it differs by concurrency."""
+        counts = {c: self.warmups_at(c) for c in concurrencies}
+        return counts_text(counts, " warm-up" if list(counts.values())[:1] == [1] else " warm-ups")
 
     def for_run(self, input_len: int | None, concurrency: int) -> "BenchParams":
         """These parameters for one ``vllm bench serve`` run: one ``random_input_len`` (kept as it
-        is when ``input_len`` is None) and the ``num_prompts`` of ``concurrency``, both scalars."""
-        update: dict[str, Any] = {"num_prompts": self.prompts_at(concurrency)}
+        is when ``input_len`` is None) and the ``num_prompts`` and ``num_warmups`` of
+        ``concurrency``, all scalars."""
+        update: dict[str, Any] = {"num_prompts": self.prompts_at(concurrency),
+                                  "num_warmups": self.warmups_at(concurrency)}
         if input_len is not None:
             update["random_input_len"] = input_len
         return self.model_copy(update=update)
@@ -147,6 +153,11 @@ class BenchParams(_Strict):
                 any(a.split("=", 1)[0] in own for a in self.extra_args):
             return None
         return self.num_prompts * math.floor(self.random_output_len * (1 - self.random_range_ratio))
+
+
+# per count field of BenchParams: its noun in messages, an example table, the least count allowed
+_COUNT_WORDS = {"num_prompts": ("prompt", "{ 1 = 3, 16 = 16 }", 1),
+                "num_warmups": ("warm-up", "{ 1 = 1, 16 = 16 }", 0)}
 
 
 class LaunchSpec(_Strict):

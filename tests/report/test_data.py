@@ -260,3 +260,24 @@ def test_the_serve_environment_names_the_commands_file_the_run_has(tmp_path):
     (run_dir / "commands.txt.gz").write_bytes(gzip.compress(b"vllm bench serve\n"))
     rows = dict(serve_environment(load_runs([run_dir]).serve_runs[0]).rows)
     assert rows["commands"] == str(run_dir / "commands.txt.gz")
+
+
+def test_the_serve_environment_gives_the_warmups_of_each_concurrency(tmp_path, serve_runs):
+    """A run of `num_warmups = { 1 = 1, 16 = 16 }` (its manifest keeps the table with string keys, as
+    JSON does) reads back and says so; a recorded run of one number (`"num_warmups": 1`) still reads."""
+    import json
+
+    from mlabench.report.runs import load_runs
+    from mlabench.report.sections import serve_environment
+    from tests.report.serve_runs import write_serve_run
+
+    run_dir = write_serve_run(tmp_path)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["config"]["bench"]["num_warmups"] = {"1": 1, "16": 16}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    run = load_runs([run_dir]).serve_runs[0]
+    assert run.config.bench.num_warmups == {1: 1, 16: 16}
+    assert "3 at c=1, 16 at c=16 prompts, 1 warm-up at c=1, 16 at c=16, request rate" in \
+        dict(serve_environment(run).rows)["workload"]
+    (old,) = serve_runs.serve_runs
+    assert old.config.bench.num_warmups == 1 and ", 1 warm-up, " in dict(serve_environment(old).rows)["workload"]

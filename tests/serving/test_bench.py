@@ -69,6 +69,18 @@ def test_a_variant_runs_only_its_own_concurrencies():
                                             Variant(name="b", base_url="http://y", concurrencies=[4])])
 
 
+def test_warmups_per_concurrency_reach_the_command():
+    """A full burst of warm-ups at c=16 (one-time costs out of the measured run), one at c=1."""
+    p = BenchParams(num_warmups={1: 1, 16: 16}, random_input_len=[4096, 100000])
+    for conc, n in ((1, "1"), (16, "16")):
+        for params in (p.for_run(4096, conc), p.model_copy(update={"random_input_len": 4096})):  # the table too
+            argv = bench_command("vllm", "u", "M", "M", params, conc, Path("/r"), "f", {"variant": "a"})
+            assert argv[argv.index("--num-warmups") + 1] == n
+    none = bench_command("vllm", "u", "M", "M", BenchParams(num_warmups={1: 0}, random_input_len=64), 1,
+                         Path("/r"), "f", {"variant": "a"})
+    assert "--num-warmups" not in none
+
+
 def test_points_run_every_concurrency_of_a_length_before_the_next_length():
     from mlabench.run_files import bench_point_stem as result_stem
     from mlabench.serving.bench import bench_points

@@ -124,6 +124,36 @@ def test_too_few_or_unkeyed_prompts_are_refused(tmp_path, text, said):
     assert "\n" not in str(err.value)
 
 
+def test_warmups_per_concurrency(tmp_path):
+    """`num_warmups = { 1 = 1, 16 = 16 }`: a full burst of warm-ups at c=16, so one-time costs (kernel
+    compiles of the first mixed prefill+decode steps) fall before the measured run, not in it."""
+    c = load_config(write(tmp_path, MINIMAL + "[bench]\nnum_warmups = { 1 = 1, 16 = 16 }\n"))
+    assert c.bench.num_warmups == {1: 1, 16: 16}
+    assert c.bench.for_run(None, 16).num_warmups == 16 and c.bench.for_run(4096, 1).num_warmups == 1
+    assert c.bench.warmups_at(4) == 1  # a concurrency the table does not name: the default, 1
+    assert c.bench.warmups_text([1, 16]) == "1 warm-up at c=1, 16 at c=16"
+    zero = load_config(write(tmp_path, MINIMAL + "[bench]\nnum_warmups = { 1 = 0, 16 = 16 }\n"))
+    assert zero.bench.warmups_text([1, 16]) == "0 warm-ups at c=1, 16 at c=16"
+    one = load_config(write(tmp_path, MINIMAL + "[bench]\nnum_warmups = 16\n"))
+    assert one.bench.for_run(None, 1).num_warmups == 16 and one.bench.warmups_text([1, 16]) == "16 warm-ups"
+    assert load_config(write(tmp_path, MINIMAL)).bench.warmups_text([1, 16]) == "1 warm-up"
+
+
+@pytest.mark.parametrize("text, said", [
+    ("num_warmups = { one = 1, 16 = 16 }",
+     r"bench.num_warmups: the keys of a num_warmups table are concurrencies \(integers\), not \['one', '16'\]$"),
+    ("num_warmups = { 1 = \"x\", 16 = 16 }", r"bench.num_warmups: must be a warm-up count or a table of them keyed "
+     r"by concurrency \(e.g. \{ 1 = 1, 16 = 16 \}\)"),
+    ("num_warmups = true", "bench.num_warmups: must be a warm-up count"),
+    ("num_warmups = { 1 = -1, 16 = 16 }", r"bench.num_warmups: warm-up counts must be >= 0, not \{1: -1, 16: 16\}"),
+    ("num_warmups = -1", "bench.num_warmups: warm-up counts must be >= 0, not -1"),
+])
+def test_bad_warmups_are_refused(tmp_path, text, said):
+    with pytest.raises(ConfigError, match=said) as err:
+        load_config(write(tmp_path, MINIMAL + f"[bench]\n{text}\n"))
+    assert "\n" not in str(err.value)
+
+
 def test_as_many_prompts_as_the_concurrency_is_enough(tmp_path):
     assert load_config(write(tmp_path, MINIMAL + "[bench]\nnum_prompts = 3\n"), ["concurrencies=[1, 3]"])
     assert load_config(write(tmp_path, MINIMAL + "[bench]\nnum_prompts = { 1 = 1, 16 = 16 }\n"))

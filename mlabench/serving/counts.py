@@ -1,0 +1,38 @@
+"""Counts given per concurrency: ``[bench] num_prompts`` and ``num_warmups`` take one number or a
+table keyed by concurrency (``{ 1 = 3, 16 = 16 }``).  The table's shape check and its text in
+words, shared by both fields of :class:`mlabench.serving.config.BenchParams`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def count_table(value: Any, name: str, what: str, example: str) -> Any:
+    """``value`` of the count field ``name`` (e.g. ``num_prompts``) checked for shape: None or an
+    int passes as it is, a table keyed by concurrency comes back with int keys (TOML and JSON keys
+    are strings: ``{"16": 16}`` becomes ``{16: 16}``).  Raises ValueError naming ``what`` is
+    counted (``prompt``) and an ``example`` table for anything else (a bool, a key that is not an
+    integer, a count that is not an int); the range of the counts is checked after this."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, dict):
+        try:
+            table = {int(k): n for k, n in value.items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"the keys of a {name} table are concurrencies (integers), not "
+                             f"{[str(k) for k in value]}") from None
+        if all(isinstance(n, int) and not isinstance(n, bool) for n in table.values()):
+            return table
+    raise ValueError(f"must be a {what} count or a table of them keyed by concurrency "
+                     f"(e.g. {example}), not {value!r}")
+
+
+def counts_text(counts: dict[int, int | None], noun: str = "") -> str:
+    """A count per concurrency in words: ``3`` + ``noun`` when every concurrency gets the same,
+    else ``3<noun> at c=1, 16 at c=16`` (concurrencies in the order given; ``noun`` e.g.
+    ``" warm-up"``, on the first count only)."""
+    values = list(counts.values())
+    if len(set(values)) <= 1:
+        return f"{values[0] if values else ''}{noun}"
+    return ", ".join(f"{n}{noun if i == 0 else ''} at c={c}" for i, (c, n) in enumerate(counts.items()))
