@@ -40,7 +40,7 @@ import torch
 from mlabench.backends.base import Backend, PreparedCall
 from mlabench.backends.flashmla_limits import FLASHMLA_PAGE_SIZE, flashmla_supports, flashmla_workspace_bytes
 from mlabench.backends.registry import register
-from mlabench.backends.shared import timed_us
+from mlabench.backends.shared import cuda_module, timed_us
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.shapes import MLADecodeShape
@@ -71,9 +71,7 @@ class VllmFlashMLABackend(Backend):
     summary = "vLLM's FlashMLA decode (FLASHMLA), called as vLLM calls it"
 
     def available(self) -> tuple[bool, str]:
-        if not torch.cuda.is_available() or torch.version.hip is not None:
-            return False, "needs an NVIDIA Hopper GPU (SM90) with a CUDA build of torch"
-        mod, why = optional_import(VLLM_FLASHMLA_MODULE)
+        mod, why = cuda_module(VLLM_FLASHMLA_MODULE, "SM90")
         if mod is None:
             return False, why
         supported = getattr(mod, "is_flashmla_dense_supported", None)
