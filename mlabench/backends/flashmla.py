@@ -22,17 +22,15 @@ from typing import Any
 
 import torch
 
-from mlabench.backends.base import Backend, PreparedCall, check_mla_dims
+from mlabench.backends.base import Backend, PreparedCall
+from mlabench.backends.flashmla_limits import FLASHMLA_PAGE_SIZE, flashmla_supports, flashmla_workspace_bytes
 from mlabench.backends.registry import register
 from mlabench.backends.shared import accepts_kwarg, require, timed_us
 from mlabench.errors import BackendUnavailableError
 from mlabench.extras import optional_import, package_version
 from mlabench.inputs import MLADecodeInputs
-from mlabench.kernels.workspace import split_workspace_bytes
 from mlabench.shapes import MLADecodeShape
 
-FLASHMLA_PAGE_SIZE = 64
-FLASHMLA_DTYPES = ("bfloat16", "float16")
 API_LEGACY_FLAG = "use_legacy"  # sgl-flash-mla: dense decode behind use_legacy=True
 API_TENSOR_METADATA = "tensor-metadata"  # FlashMLA source builds before 2026-09-30
 API_STUB = "stub"
@@ -113,14 +111,6 @@ def flashmla_split_starts(tile_scheduler_metadata: torch.Tensor | None, batch: i
     return [sorted(x) for x in starts]
 
 
-def flashmla_workspace_bytes(batch: int, num_heads: int, num_sm_parts: int, qo_len: int = 1,
-                             head_dim_v: int = 512) -> int:
-    """fp32 split partials FlashMLA writes and reads: ``(B + num_sm_parts)`` rows of ``[H, s_q, Dv]``
-    output plus one lse each (FlashMLA ``flash_api.cpp`` sizes ``out_accum``/``softmax_lse_accum``
-    so; an estimate, it is allocated inside the call)."""
-    return split_workspace_bytes((batch + num_sm_parts) * num_heads * qo_len, head_dim_v)
-
-
 @register
 class FlashMLABackend(Backend):
     """FlashMLA's SM90 dense MLA decode (``flash_mla.flash_mla_with_kvcache``).
@@ -166,16 +156,7 @@ class FlashMLABackend(Backend):
         return True, ""
 
     def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
-        if shape.page_size != FLASHMLA_PAGE_SIZE:
-            return False, f"FlashMLA needs page size {FLASHMLA_PAGE_SIZE}, got {shape.page_size}"
-        if shape.q_dtype not in FLASHMLA_DTYPES or shape.kv_dtype != shape.q_dtype:
-            got = f"{shape.q_dtype}/{shape.kv_dtype}"
-            return False, f"FlashMLA needs bf16 or fp16 q and KV of one dtype (got {got})"
-        ok, why = check_mla_dims(shape, "FlashMLA decode")
-        rows = shape.num_heads * shape.qo_len
-        if ok and rows > 128:
-            return False, f"FlashMLA decode takes at most 128 query rows per KV head, got {rows}"
-        return ok, why
+        return flashmla_supports(shape, "FlashMLA")
 
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         mod = require("flash_mla")

@@ -81,6 +81,15 @@ def require(name: str) -> ModuleType:
     return mod
 
 
+def cuda_module(name: str, gpu: str) -> tuple[ModuleType | None, str]:
+    """``(module, "")`` when torch is a CUDA build that sees a GPU and optional module ``name``
+    imports; else ``(None, reason)``: ``"needs an NVIDIA Hopper GPU (<gpu>) with a CUDA build of
+    torch"`` or what to install.  ``gpu`` names the GPU feature the backend needs (e.g. ``"FA3"``)."""
+    if not torch.cuda.is_available() or torch.version.hip is not None:
+        return None, f"needs an NVIDIA Hopper GPU ({gpu}) with a CUDA build of torch"
+    return optional_import(name)
+
+
 def timed_us(device: torch.device, step: Callable[[], T]) -> tuple[T, float]:
     """Run ``step()`` between two device synchronisations; returns ``(result, wall_us)``.
 

@@ -26,7 +26,7 @@ import torch
 
 from mlabench.backends.base import Backend, ParamSpec, PreparedCall, check_mla_dims
 from mlabench.backends.registry import register
-from mlabench.backends.shared import timed_us
+from mlabench.backends.shared import cuda_module, timed_us
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.shapes import MLADecodeShape
@@ -98,9 +98,7 @@ class VllmFA3MLABackend(Backend):
     params = (MAX_NUM_SPLITS,)
 
     def available(self) -> tuple[bool, str]:
-        if not torch.cuda.is_available() or torch.version.hip is not None:
-            return False, "needs an NVIDIA Hopper GPU (FA3) with a CUDA build of torch"
-        mod, why = optional_import(VLLM_FA_MODULE)
+        mod, why = cuda_module(VLLM_FA_MODULE, "FA3")
         if mod is None:
             return False, why
         supported = getattr(mod, "is_fa_version_supported", None)

@@ -72,3 +72,16 @@ def test_library_versions_come_from_the_backends():
     assert set(versions) == {"python", "torch", "cuda", "hip", "mlabench", *packages}
     assert library_versions({"nothing": ("no-such-dist-mlabench",)})["nothing"] is None
     assert "triton" not in library_versions({})
+
+
+def test_cuda_module_names_the_gpu_feature_then_what_to_install(monkeypatch):
+    from mlabench.backends.shared import cuda_module
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cuda_module("json", "FA3") == (None, "needs an NVIDIA Hopper GPU (FA3) with a CUDA build of torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    mod, why = cuda_module("json", "FA3")
+    assert mod is not None and why == ""
+    mod, why = cuda_module("vllm_not_installed_here.x", "FA3")
+    assert mod is None and "not installed" in why

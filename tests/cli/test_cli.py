@@ -484,7 +484,8 @@ def test_check_shows_progress_and_compare_refuses_a_sweep_of_one_path_before_mea
                           "--page-size", "16", "--budget-s", "0.05", "--results-dir", str(tmp_path)], monkeypatch, capsys)
     assert code == 2 and not out and not list(tmp_path.iterdir()), err
     assert err.strip().splitlines() == ["error: nothing to compare: compare needs a padded persistent backend "
-                                        "(aiter-asm, flashmla, triton-persistent) beside torch-splitkv; add one to --backend"]
+                                        "(aiter-asm, flashmla, triton-persistent, vllm-flashmla) beside "
+                                        "torch-splitkv; add one to --backend"]
 
 
 def test_compare_refuses_a_path_with_no_backend_that_runs_here():

@@ -125,3 +125,20 @@ def test_the_notes_say_what_each_step_from_value_means():
     notes = " ".join(table.notes)
     for step_from in {row[table.columns.index("step_from")] for row in table.rows}:
         assert f"{step_from} at concurrency 1" in notes or f"{step_from} above it, the median" in notes
+
+
+@pytest.mark.parametrize("config", ["configs/serve/h200-kimi-k3-tp8-proxy.toml",
+                                    "results/h200/serving/prediction-20261204.toml"])
+def test_the_h200_configs_name_registered_backends_for_each_variant(config):
+    """Every kernel a shipped [prediction] names is a registered backend (a typo predicts nothing);
+    the H200 config predicts the FLASHMLA server from vLLM's own call (vllm-flashmla), the snapshot
+    of the committed table from the flashmla backend it was computed with."""
+    from pathlib import Path
+
+    from mlabench.backends import backend_names
+    from mlabench.serving.config import load_config
+
+    conf = load_config(Path(__file__).resolve().parents[2] / config)
+    spec = PredictionSpec.of(conf.prediction, [v.name for v in conf.variants])
+    assert {k.backend for k in spec.kernels.values()} <= set(backend_names())
+    assert spec.kernels["flashmla"].backend == ("flashmla" if "results" in config else "vllm-flashmla")

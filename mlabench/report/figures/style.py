@@ -24,6 +24,7 @@ BACKEND_COLORS = {
     "reference": "#7f7f7f",
     "vllm-triton-mla": "#b8860b",
     "vllm-fa3-mla": "#dd8452",
+    "vllm-flashmla": "#98df8a",
 }
 _SPARE_COLORS = ("#e377c2", "#bcbd22", "#17becf", "#7b4173", "#637939", "#843c39")
 # Serve-bench variants are servers, not backends: a palette of their own, the baseline in grey.
