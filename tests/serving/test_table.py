@@ -152,3 +152,17 @@ def test_a_length_a_variant_leaves_out_is_not_run_rather_than_missing():
     assert [r["variant"] for r in json.loads(to_json([tpot_table(t)]))[0]["rows"]] == ["a", "b", "a"]
     # without the plan (or once the variant ran there) the same gap is missing
     assert not build_table(results, ["a", "b"], [1], "a", input_lens=[4096, 32768]).ok
+
+
+def test_a_concurrency_a_variant_leaves_out_is_not_run_rather_than_missing():
+    from mlabench.serving.config import ServeConfig, Variant
+    from mlabench.serving.table import table_of
+
+    conf = ServeConfig(baseline="a", variants=[Variant(name="a", base_url="http://x"),
+                                               Variant(name="b", base_url="http://y", concurrencies=[16])])
+    t = table_of(conf, [res("a", 1, 0, 10.0), res("a", 16, 0, 20.0), res("b", 16, 0, 18.0)])
+    assert t.ok and [c.planned for c in t.rows[0].cells] == [True, False]
+    assert tpot_table(t).notes == [] and "not run" in to_markdown(t)
+    # once b records a run at c=1 it counts; with no plan the gap is missing
+    assert build_table([res("a", 1, 0, 10.0), res("a", 16, 0, 20.0), res("b", 16, 0, 18.0)],
+                       ["a", "b"], [1, 16], "a").ok is False
