@@ -199,10 +199,8 @@ class Variant(_Strict):
     bench: dict[str, Any] = Field(
         default_factory=dict, description="Per-variant overrides of [bench] keys."
     )
-    concurrencies: list[int] | None = Field(
-        None, min_length=1, description="Run this variant only at these of the config's concurrencies "
-        "(default: every one); e.g. [16] to rerun only the concurrency-16 points."
-    )
+    concurrencies: list[int] | None = Field(None, min_length=1, description="Run this variant only at these "
+                                            "of the config's concurrencies (default: every one), e.g. [16].")
 
 
 class CheckParams(_Strict):
@@ -283,10 +281,8 @@ class ServeConfig(_Strict):
         return self
 
     def concurrencies_for(self, variant: Variant) -> list[int]:
-        """The concurrencies ``variant`` runs at: the config's, in their order, less those its own
-        ``concurrencies`` leave out."""
-        keep = variant.concurrencies
-        return [c for c in self.concurrencies if keep is None or c in keep]
+        """The config's concurrencies, in order, less those ``variant.concurrencies`` leave out."""
+        return [c for c in self.concurrencies if variant.concurrencies is None or c in variant.concurrencies]
 
     def _check_prompts(self, variant: Variant, params: BenchParams) -> None:
         """Raise ValueError unless every concurrency gets a prompt count, at least the concurrency

@@ -12,12 +12,14 @@ from tests.cli.test_cli import run
 
 REPO = Path(__file__).resolve().parents[2]
 SERVING = REPO / "results/h200/serving"
-RUN = SERVING / "serve-20261204T182027Z-h200-proxy"
-SWEEPS = [SERVING / "sweep/kimi-k3-tp8-serving-20261204-181954-1205",
-          SERVING / "sweep/kimi-k3-tp8-serving-host-20261204-182017-1293"]
-#: the [prediction] the committed table was computed with (flashmla from the flashmla backend; the
-#: serve config now predicts it from vllm-flashmla, which these sweeps did not time)
-CONFIG = SERVING / "prediction-20261204.toml"
+#: run 1: every variant at every point; run 2: concurrency 16 again after the short-extend change
+RUN1 = SERVING / "serve-20261204T182027Z-h200-proxy"
+RUN2 = SERVING / "serve-20261204T211104Z-h200-proxy"
+SWEEPS = [SERVING / "sweep/kimi-k3-tp8-serving-20261204-211036-1205",
+          SERVING / "sweep/kimi-k3-tp8-serving-host-20261204-211057-1293",
+          SERVING / "sweep/kimi-k3-tp8-serving-20261204-213747-742"]
+CONFIG1 = REPO / "configs/serve/h200-kimi-k3-tp8-proxy.toml"
+CONFIG2 = REPO / "configs/serve/h200-kimi-k3-tp8-proxy-c16.toml"
 #: README.md names the variants by the vLLM backend they run
 README_COLUMNS = {"mlabench plugin": "mlabench", "FLASHMLA": "flashmla", "FLASH_ATTN_MLA": "fa3",
                   "TRITON_MLA": "triton"}
@@ -36,11 +38,10 @@ def _table_after(text: str, heading: str) -> list[list[str]]:
     return rows
 
 
-@pytest.fixture
-def printed(monkeypatch, capsys):
-    """``(serve table rows, prediction rows)`` as `serve-bench CONFIG --from-run --predict-from --json`
-    prints them, each keyed by (input length, concurrency, variant)."""
-    code, out, err = run(["serve-bench", str(CONFIG), "--from-run", str(RUN),
+def _printed(monkeypatch, capsys, config, run_dir):
+    """``(serve table rows, prediction rows)`` as `serve-bench CONFIG --from-run RUN --predict-from
+    SWEEP... --json` prints them, each keyed by (input length, concurrency, variant)."""
+    code, out, err = run(["serve-bench", str(config), "--from-run", str(run_dir),
                           *[a for s in SWEEPS for a in ("--predict-from", str(s))], "--json"], monkeypatch, capsys)
     assert code == 0, err
     serve, prediction = json.loads(out)
@@ -48,34 +49,55 @@ def printed(monkeypatch, capsys):
             {(r["input_len"], r["concurrency"], r["variant"]): r for r in prediction["rows"]})
 
 
-def test_the_readmes_tpot_table_is_the_runs(printed):
-    serve, _ = printed
-    header, *rows = _table_after((REPO / "README.md").read_text(), "## End to end")
+@pytest.fixture
+def printed(monkeypatch, capsys):
+    """Run 1's rows (its config's [prediction] as committed now)."""
+    return _printed(monkeypatch, capsys, CONFIG1, RUN1)
+
+
+@pytest.fixture
+def printed2(monkeypatch, capsys):
+    """Run 2's rows."""
+    return _printed(monkeypatch, capsys, CONFIG2, RUN2)
+
+
+def _check_tpot_table(serve, header, rows, columns=None):
     for row in rows:
         for name, cell in zip(header[2:], row[2:]):
-            assert cell == f"{serve[(int(row[0]), int(row[1]), README_COLUMNS[name])]['tpot_mean_ms']:.2f}", (row, name)
-
-
-def test_the_serving_readmes_tpot_table_is_the_runs(printed):
-    serve, _ = printed
-    header, *rows = _table_after((SERVING / "README.md").read_text(), "## Mean TPOT")
-    variants = [h for h in header[2:] if h in {v for _, _, v in serve}]
-    for row in rows:
-        for name, cell in zip(variants, row[2:]):
-            key = (int(row[0]), int(row[1]), name)
+            key = (int(row[0]), int(row[1]), (columns or {}).get(name, name))
             assert cell == (f"{serve[key]['tpot_mean_ms']:.2f}" if key in serve else "not run"), (row, name)
+
+
+def test_the_readmes_tpot_tables_are_the_runs(printed, printed2):
+    text = (REPO / "README.md").read_text()
+    header, *rows = _table_after(text, "## End to end")
+    assert {r[1] for r in rows} == {"1"}
+    _check_tpot_table(printed[0], header, rows, README_COLUMNS)
+    header, *rows = _table_after(text, "At concurrency 16,")
+    assert {r[1] for r in rows} == {"16"} and len(rows) == 3
+    _check_tpot_table(printed2[0], header, rows, README_COLUMNS)
+
+
+def test_the_serving_readmes_tpot_tables_are_the_runs(printed, printed2):
+    text = (SERVING / "README.md").read_text()
+    _check_tpot_table(printed2[0], *(lambda t: (t[0], t[1:]))(_table_after(text, "## Concurrency 16")))
+    _check_tpot_table(printed[0], *(lambda t: (t[0], t[1:]))(_table_after(text, "## Every variant")))
 
 
 def test_the_serving_readmes_prediction_table_is_the_commands(printed):
     _, prediction = printed
-    header, *rows = _table_after((SERVING / "README.md").read_text(), "## Predicted from")
-    assert header[:3] == ["input tokens", "conc", "variant"] and len(rows) == 18
+    text = (SERVING / "README.md").read_text()
+    header, *rows = _table_after(text, "## Predicted from")
+    assert header[:3] == ["input tokens", "conc", "variant"] and len(rows) == 24
     for n, conc, variant, us, predicted, measured, error, outside in rows:
         r = prediction[(int(n), int(conc), variant)]
         assert [us, predicted, measured] == [f"{r['attention_us']:.2f}", f"{r['predicted_ms']:.2f}",
                                              f"{r['measured_ms']:.2f}"], variant
         assert error == f"{r['error_pct']:+.1f}" and float(outside) == round(r["outside_step_pct"], 1), variant
-    assert re.search(r"16 of 18 predictions are within 10%", (SERVING / "README.md").read_text())
-    assert f"mlabench serve-bench {CONFIG.relative_to(REPO)} \\\n      --from-run {RUN.relative_to(REPO)}" in (
-        SERVING / "README.md").read_text()   # the command the page gives is the one checked
-    assert sum(abs(prediction[(int(r[0]), int(r[1]), r[2])]["error_pct"]) <= 10 for r in rows) == 16
+    assert all(abs(r["error_pct"]) <= 10 for r in prediction.values()) and "All 24 predictions are within 10%" in text
+    assert f"mlabench serve-bench {CONFIG1.relative_to(REPO)} \\\n      --from-run {RUN1.relative_to(REPO)}" in text
+
+
+def test_run_2s_predictions_from_the_same_sweeps_are_within_10_percent(printed2):
+    _, prediction = printed2
+    assert prediction and all(abs(r["error_pct"]) <= 10 for r in prediction.values() if r["error_pct"] is not None)
