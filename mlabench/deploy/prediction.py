@@ -87,7 +87,8 @@ class PredictionSpec(BaseModel):
         known = set(variants)
         unknown = sorted({spec.reference, *spec.kernels} - known)
         if unknown:
-            raise ConfigError(f"[prediction] names variants the config lacks: {', '.join(unknown)}")
+            raise ConfigError(f"[prediction] names variants that the run or config it is read with lacks: "
+                              f"{', '.join(unknown)} (a CONFIG given with --from-run lends only its [prediction])")
         if spec.reference not in spec.kernels:
             raise ConfigError(f"[prediction] reference {spec.reference!r} needs an entry in kernels")
         return spec
