@@ -25,7 +25,10 @@
 # RESUME=results/serve-<time>-h200-proxy (carried) continues that run in a new session
 # (serve-bench --resume): the points it lacks, the servers they need.
 # Environment: VSITE (/tmp/vsite), POLICY (the committed tuned policy), SERVE_CONFIG, SERVE_SET
-# (extra --set arguments for serve-bench, e.g. "--set bench.random_output_len=16" for a quick try).
+# (extra --set arguments for serve-bench, e.g. "--set bench.random_output_len=16" for a quick try),
+# MLABENCH_GIT_REVISION (<sha> or <sha>-dirty, written literally into the call's command: the
+# device's copy of the tree has no .git of this checkout, so the sweeps and serve-bench record
+# otherwise whatever revision its last editable install saw).
 set -uo pipefail
 stage="${1:?usage: $0 install-vllm | install-deps OUT | wait OUT [SECONDS]}"
 export VSITE="${VSITE:-/tmp/vsite}"

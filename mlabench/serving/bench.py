@@ -196,6 +196,7 @@ def run_serve_bench(
     config: ServeConfig, results_root: Path, label: str = "serve",
     vllm_bin_flag: str | None = None, progress: Progress = lambda _: None,
     run_dir: Path | None = None, done: set[tuple[str, int | None, int, int]] | None = None,
+    provenance: dict | None = None,
 ) -> tuple[Path, list[BenchResult]]:
     """Run every (variant, input length, concurrency, repeat): one server start per variant, every
     input length benchmarked against it (:func:`bench_points`); returns (run folder, results in
@@ -206,7 +207,8 @@ def run_serve_bench(
     (never dropped). Raises :class:`ServerError` when a server cannot be reached, dies, or fails
     to start (fail fast: later variants are not run); servers launched here are always stopped.
     With ``done`` (:func:`finished_points` of ``run_dir``, resuming it) those points are skipped, a
-    variant with none left is not started, and the manifest is kept as it is.
+    variant with none left is not started, and the manifest is kept as it is.  ``provenance`` (the
+    command line, mlabench's revision, library versions: the CLI's) goes into a new manifest as it is.
     """
     vllm_bin = resolve_vllm_bin(config.vllm_bin, vllm_bin_flag)
     run_dir = run_dir or new_run_dir(results_root, label)
@@ -214,7 +216,8 @@ def run_serve_bench(
         manifest = {
             "kind": SERVE_BENCH_KIND, "schema_version": 1,
             "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "vllm_bin": vllm_bin, "env": env_summary(), "config": config.model_dump(mode="json"),
+            "vllm_bin": vllm_bin, "env": env_summary(), **(provenance or {}),
+            "config": config.model_dump(mode="json"),
         }
         write_text(run_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n", "run manifest")
     results: list[BenchResult] = []

@@ -67,6 +67,10 @@ def test_serve_bench_table_speedup_and_files(tmp_path, fake_vllm):
     assert json.loads((run / "table.json").read_text()) == [t]
     again = run_cli("serve-bench", "--from-run", str(run), "--markdown")
     assert again.returncode == 0 and "4.00x" in again.stdout
+    # where the run comes from: the H200 runs' manifests held no revision or versions
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert "serve-bench" in manifest["command"] and manifest["git_revision"]
+    assert {"python", "torch", "vllm", "mlabench"} <= set(manifest["versions"])
 
 
 @pytest.mark.parametrize("mode,said", [("fail_requests", ("2/1 FAILED_REQUESTS", "connection reset")),
