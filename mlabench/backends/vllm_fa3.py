@@ -50,6 +50,16 @@ def fa3_query_parts(q: torch.Tensor, kv_lora_rank: int) -> tuple[torch.Tensor, t
     return q[..., :kv_lora_rank], q[..., kv_lora_rank:]
 
 
+def fa3_reason(fa) -> str:
+    """Empty when vLLM's FlashAttention module ``fa`` (``vllm.vllm_flash_attn``) runs FA3 on this
+    GPU, else why not (its own ``fa_version_unsupported_reason`` where it gives one)."""
+    supported = getattr(fa, "is_fa_version_supported", None)
+    if callable(supported) and supported(3):
+        return ""
+    reason = getattr(fa, "fa_version_unsupported_reason", lambda _v: None)(3)
+    return f"vLLM's FlashAttention build has no FA3 here{f': {reason}' if reason else ''}"
+
+
 def fa3_mla_decode(fa, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                    seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_query_len: int,
                    max_seq_len: int, softmax_scale: float, *, out: torch.Tensor | None = None,
@@ -74,10 +84,9 @@ def fa3_mla_decode(fa, q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
 
     Returns ``[T, H, 512]`` in q's dtype (``out`` when given).
     """
-    lora = kv_lora_rank
-    q_nope, q_pe = fa3_query_parts(q, lora)
+    q_nope, q_pe = fa3_query_parts(q, kv_lora_rank)
     o = fa.flash_attn_varlen_func(
-        q=q_pe, k=kv_cache[..., lora:], v=kv_cache[..., :lora], q_v=q_nope,
+        q=q_pe, k=kv_cache[..., kv_lora_rank:], v=kv_cache[..., :kv_lora_rank], q_v=q_nope,
         max_seqlen_q=max(int(max_query_len), 1), cu_seqlens_q=cu_seqlens_q,
         max_seqlen_k=int(max_seq_len), seqused_k=seq_lens, block_table=block_table,
         softmax_scale=softmax_scale, causal=True, fa_version=3,
@@ -99,13 +108,8 @@ class VllmFA3MLABackend(Backend):
 
     def available(self) -> tuple[bool, str]:
         mod, why = cuda_module(VLLM_FA_MODULE, "FA3")
-        if mod is None:
-            return False, why
-        supported = getattr(mod, "is_fa_version_supported", None)
-        if not callable(supported) or not supported(3):
-            reason = getattr(mod, "fa_version_unsupported_reason", lambda _v: None)(3)
-            return False, f"vLLM's FlashAttention build has no FA3 here{f': {reason}' if reason else ''}"
-        return True, ""
+        why = why or fa3_reason(mod)
+        return not why, why
 
     def supports(self, shape: MLADecodeShape) -> tuple[bool, str]:
         ok, why = check_mla_dims(shape, "vLLM's FA3 MLA decode")

@@ -21,6 +21,7 @@ kv_cache, attn_metadata, layer)`` returns ``(out [B, H, 512], lse or None)``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -37,7 +38,7 @@ from vllm.model_executor.layers.attention.mla_attention import (
 )
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
 
-from mlabench.backends.vllm_fa3 import VLLM_FA_MODULE, fa3_mla_decode
+from mlabench.backends.vllm_fa3 import VLLM_FA_MODULE, fa3_mla_decode, fa3_reason
 from mlabench.deploy.plugin_settings import (
     PLUGIN_PAGE_SIZE, SHORT_EXTEND_MAX_TOKENS, PluginConfigError, PluginSettings, describe_policy,
     load_plugin_policy, reorder_batch_threshold,
@@ -160,7 +161,7 @@ class MlabenchMLAImpl(MLACommonImpl[MLACommonMetadata]):
         if isinstance(q, tuple):
             q = torch.cat(q, dim=-1)
         decode = attn_metadata.decode
-        if getattr(decode, "max_query_len", 1) > 1:
+        if decode.max_query_len > 1:
             out = fa3_mla_decode(self._fa, q, kv_c_and_k_pe_cache.unsqueeze(2), decode.block_table,
                                  decode.seq_lens, decode.query_start_loc, decode.max_query_len,
                                  decode.max_seq_len, self.scale, kv_lora_rank=self.kv_lora_rank)
@@ -170,19 +171,19 @@ class MlabenchMLAImpl(MLACommonImpl[MLACommonMetadata]):
         return out, None
 
 
+@functools.cache
 def _short_extend_kernel():
     """vLLM's FlashAttention module when the plugin sends short extends to FA3 (None with
-    ``short_extends = "prefill"``); PluginConfigError in one line when FA3 is not there."""
+    ``short_extends = "prefill"``), looked up once per process (every layer's implementation asks);
+    PluginConfigError in one line when FA3 is not there."""
     settings = PluginSettings.resolve(get_current_vllm_config().additional_config)
     if settings.short_extends != "fa3":
         return None
     fa, why = optional_import(VLLM_FA_MODULE)
-    supported = getattr(fa, "is_fa_version_supported", None)
-    if not callable(supported) or not supported(3):
-        raise PluginConfigError("mlabench's MLA backend runs short extends with vLLM's FA3 kernel, "
-                                f"which this GPU or build lacks ({why or 'no FA3'}): set "
-                                "short_extends to prefill "
-                                "(MLABENCH_SHORT_EXTENDS=prefill)")
+    why = why or fa3_reason(fa)
+    if why:
+        raise PluginConfigError(f"mlabench's MLA backend runs short extends with vLLM's FA3 kernel ({why}): "
+                                "set short_extends to prefill (MLABENCH_SHORT_EXTENDS=prefill)")
     return fa
 
 
