@@ -7,7 +7,10 @@
 # Stages, each one `run` call on the device machine (it keeps /tmp only while warm, so make them
 # back to back), from the repository root:
 #   install-vllm           carry .gpuserve/vllm, .gpuserve/install.sh, .gpuserve/tools
-#   install-deps OUT       carry .gpuserve/deps, .gpuserve/install.sh, .gpuserve/tools, .whl
+#   install-deps OUT       carry .gpuserve/deps, .gpuserve/install.sh, .gpuserve/tools, .whl,
+#                          .mlabench-revision.json (`python3 scripts/stamp_revision.py` here first:
+#                          the device's copy of the tree has no .git of this checkout, so the sweeps
+#                          and serve-bench record the stamped revision while the code is the same)
 #                          (sgl_flash_mla for the FlashMLA microbenchmark); then mlabench itself
 #                          (editable, no deps: its vllm.general_plugins entry point), the proxy
 #                          models, the plugin's GPU tests and the greedy check on the tiny proxy
@@ -26,9 +29,7 @@
 # (serve-bench --resume): the points it lacks, the servers they need.
 # Environment: VSITE (/tmp/vsite), POLICY (the committed tuned policy), SERVE_CONFIG, SERVE_SET
 # (extra --set arguments for serve-bench, e.g. "--set bench.random_output_len=16" for a quick try),
-# MLABENCH_GIT_REVISION (<sha> or <sha>-dirty, written literally into the call's command: the
-# device's copy of the tree has no .git of this checkout, so the sweeps and serve-bench record
-# otherwise whatever revision its last editable install saw).
+# MLABENCH_GIT_REVISION (<sha> or <sha>-dirty: overrides the stamp).
 set -uo pipefail
 stage="${1:?usage: $0 install-vllm | install-deps OUT | wait OUT [SECONDS]}"
 export VSITE="${VSITE:-/tmp/vsite}"

@@ -3,6 +3,8 @@ as a manifest records them."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import platform
 import subprocess
@@ -13,18 +15,86 @@ from pathlib import Path
 
 #: Where a wheel keeps the revision it was built from (``setup.py`` writes it; absent in a checkout).
 BUILT_REVISION = Path(__file__).resolve().parents[1] / "_revision.txt"
+#: The revision stamp of a checkout copied without its ``.git`` (git-ignored; :func:`write_revision_stamp`).
+STAMP_NAME = ".mlabench-revision.json"
+#: Parts of the package whose edits cannot change a measurement (the serving driver): they neither
+#: make a checkout dirty nor enter a stamp's digest.
+_DRIVER_PATHS = ("mlabench/serving", "mlabench/cli/serve_commands.py")
+
+
+def code_digest(repo: Path) -> str:
+    """sha256 (hex) over the path and bytes of every file of ``repo/mlabench`` that can change a
+    measurement (not the serving driver, caches or a wheel's ``_revision.txt``), in path order."""
+    digest = hashlib.sha256()
+    root = repo / "mlabench"
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(repo).as_posix()
+        if (not path.is_file() or "__pycache__" in path.parts or path.name == BUILT_REVISION.name
+                or any(rel == d or rel.startswith(d + "/") for d in _DRIVER_PATHS)):
+            continue
+        digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def write_revision_stamp(repo: Path | None = None) -> dict:
+    """Write ``repo/.mlabench-revision.json``: the checkout's git revision, whether it is dirty, and
+    :func:`code_digest` of its code.  A copy of the tree without ``.git`` (a GPU machine's) that
+    carries the stamp records that revision while its code still has that digest
+    (:func:`git_revision`).  Returns the stamp.  Raises RuntimeError outside a git checkout."""
+    repo = (repo or Path(__file__).resolve().parents[2]).resolve()
+    rev = _checkout_revision(repo)
+    if rev is None:
+        raise RuntimeError(f"{repo} is not a git checkout: nothing to stamp")
+    stamp = {"revision": rev[0], "dirty": rev[1], "digest": code_digest(repo)}
+    (repo / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+    return stamp
+
+
+def _stamped_revision(repo: Path) -> tuple[str, bool] | None:
+    """The stamp's ``(revision, dirty)`` when ``repo`` has one whose digest is its code's, else None
+    (no stamp, an unreadable one, or code edited since it was written)."""
+    try:
+        stamp = json.loads((repo / STAMP_NAME).read_text())
+        if stamp["digest"] == code_digest(repo):
+            return str(stamp["revision"]), bool(stamp["dirty"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _checkout_revision(repo: Path) -> tuple[str, bool] | None:
+    """``(HEAD, dirty)`` of the git work tree whose top level is ``repo``, else None."""
+    try:
+        top = subprocess.run(["git", "-C", str(repo), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=10)
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != repo:
+            return None
+        rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        paths = ["mlabench", *(f":!{d}" for d in _DRIVER_PATHS)]
+        dirty = bool(subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", *paths],
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+        return rev, dirty
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def git_revision(repo: Path | None = None) -> tuple[str, bool]:
-    """``(revision, dirty)`` of the mlabench checkout; outside one (an installed wheel) the revision
-    the wheel was built from (``mlabench/_revision.txt``, written by ``setup.py``), else the package
-    version, ``("mlabench-0.1.0", False)``.
+    """``(revision, dirty)`` of the mlabench checkout ``repo`` (default: the folder above the
+    package); dirty when code that can change a measurement (not the serving driver) was edited
+    since the commit.  In order:
 
-    Only a git work tree whose top level is ``repo`` (default: the folder above the package)
-    counts, so a wheel installed in a virtual environment inside some other repository does not
-    record that repository's revision.  ``$MLABENCH_GIT_REVISION`` (``<sha>`` or ``<sha>-dirty``)
-    overrides it, for copies of the tree made without ``.git`` (e.g. a working tree shipped to a
-    GPU machine).
+    1. ``$MLABENCH_GIT_REVISION`` (``<sha>`` or ``<sha>-dirty``);
+    2. git, where ``repo`` is the top level of a clean git work tree (so a wheel installed in a
+       virtual environment inside some other repository does not record that repository's
+       revision);
+    3. the checkout's stamp (:func:`write_revision_stamp`) while its digest is the code's: a copy
+       of the tree shipped to a GPU machine without its ``.git``, or over the ``.git`` of an older
+       checkout (which git would call that commit, dirty);
+    4. git's dirty work tree;
+    5. outside one (an installed wheel), the revision the wheel was built from
+       (``mlabench/_revision.txt``, written by ``setup.py``), else the package version,
+       ``("mlabench-0.1.0", False)``.
     """
     from mlabench import __version__
 
@@ -32,22 +102,14 @@ def git_revision(repo: Path | None = None) -> tuple[str, bool]:
     if env:
         return env.removesuffix("-dirty"), env.endswith("-dirty")
     repo = (repo or Path(__file__).resolve().parents[2]).resolve()
+    checkout = _checkout_revision(repo)
+    if checkout and not checkout[1]:
+        return checkout
+    found = _stamped_revision(repo) or checkout
+    if found:
+        return found
     text = BUILT_REVISION.read_text().strip() if BUILT_REVISION.is_file() else ""
-    no_git = (text.removesuffix("-dirty"), text.endswith("-dirty")) if text else (f"mlabench-{__version__}", False)
-    try:
-        top = subprocess.run(["git", "-C", str(repo), "rev-parse", "--show-toplevel"], capture_output=True,
-                             text=True, timeout=10)
-        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != repo:
-            return no_git
-        rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=True).stdout.strip()
-        # Only code that can change a measurement counts (not the serving driver).
-        paths = ["mlabench", ":!mlabench/serving", ":!mlabench/cli/serve_commands.py"]
-        dirty = bool(subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", *paths],
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
-        return rev, dirty
-    except (OSError, subprocess.SubprocessError):
-        return no_git
+    return (text.removesuffix("-dirty"), text.endswith("-dirty")) if text else (f"mlabench-{__version__}", False)
 
 
 def library_versions(packages: Mapping[str, Sequence[str]]) -> dict[str, str | None]:

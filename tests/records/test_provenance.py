@@ -70,3 +70,40 @@ def test_diff_cuts_a_commit_id_but_not_a_version():
 
     assert short_revision("mlabench-0.1.0") == "mlabench-0.1.0"
     assert short_revision("0123456789abcdef0123") == "0123456789ab"
+
+
+def test_a_stamp_names_the_revision_of_a_copy_over_an_older_checkout(repo):
+    """A GPU machine's copy of the tree sat over the .git of an older checkout: its sweeps recorded
+    that commit, dirty (d034bfa for code at f8cbc3d).  The stamp written where the code was
+    committed names the right one, and only while the code is what was stamped."""
+    from mlabench.records.provenance import write_revision_stamp
+
+    old = git(repo, "rev-parse", "HEAD")
+    (repo / "mlabench/measure/timing.py").write_text("x = 2\n")
+    git(repo, "commit", "-qam", "new code")
+    stamp = write_revision_stamp(repo)
+    new = git(repo, "rev-parse", "HEAD")
+    assert stamp["revision"] == new and not stamp["dirty"]
+    git(repo, "reset", "-q", "--soft", old)  # the copy: new files over the old commit's .git
+    assert git_revision(repo) == (new, False)
+    (repo / "mlabench/serving/bench.py").write_text("x = 3\n")  # the driver does not count
+    assert git_revision(repo) == (new, False)
+    (repo / "mlabench/measure/timing.py").write_text("x = 4\n")  # edited since the stamp
+    assert git_revision(repo) == (old, True)
+
+
+def test_a_clean_checkout_wins_over_a_stamp(repo):
+    from mlabench.records.provenance import write_revision_stamp
+
+    (repo / "mlabench/measure/timing.py").write_text("x = 2\n")
+    write_revision_stamp(repo)  # dirty stamp of the first commit
+    git(repo, "commit", "-qam", "commit the edit")
+    assert git_revision(repo) == (git(repo, "rev-parse", "HEAD"), False)
+
+
+def test_stamping_outside_git_is_refused(tmp_path):
+    from mlabench.records.provenance import write_revision_stamp
+
+    (tmp_path / "mlabench").mkdir()
+    with pytest.raises(RuntimeError, match="not a git checkout"):
+        write_revision_stamp(tmp_path)
