@@ -158,6 +158,10 @@ def test_validate_measures_every_count_up_to_a_small_wave_cap(tmp_path, tiny_tim
     (["tune", "--backend", "torch-splitkv", "--heads", "2", "--buckets", "64", "--space", "num_kv_splits"], "--space takes"),
     (["tune", "--backend", "torch-splitkv", "--heads", "2", "--buckets", "64,32"], "buckets: must be increasing"),
     (["tune", "--validate", "missing.json"], "error: policy not found"),
+    (["tune", "--backend", "torch-splitkv", "--buckets", "64", "--tolerance", "0.05"], "--tolerance goes with --validate"),
+    (["tune", "--validate", "missing.json", "--tolerance", "-0.1"], "--tolerance must be a fraction >= 0"),
+    (["tune", "--backend", "torch-splitkv", "--heads", "2", "--buckets", "64", "--edges-per-octave", "0"],
+     "edges_per_octave: Input should be greater than or equal to 1"),
 ])
 def test_cli_errors_are_one_line(args, message):
     res = subprocess.run([sys.executable, "-m", "mlabench", *args], capture_output=True, text=True, timeout=120)
