@@ -19,13 +19,14 @@
 # MLABENCH_TUNE_* (e.g. MLABENCH_TUNE_TRIALS, MLABENCH_TUNE_VALIDATE=0, MLABENCH_TUNE_BUCKETS).
 # FLASHMLA_WHEEL=path installs FlashMLA first (no network needed).
 # DEVICE_POLICY=K (issue 34): tune the policy for split_policy=device, K sub-buckets per octave
-# (tune --edges-per-octave K --device-policy: the split count alone, pdl and num_stages at the
-# graph's defaults; MLABENCH_TUNE_RULE defaults to off there, MLABENCH_TUNE_LENGTHS to 3,
-# MLABENCH_TUNE_TRIALS to 16), validate it against the 3% target at batch 1 and 16 (validate.md's
-# verdict line; exit code in timing.txt) and graph-check it in device mode only (POLICY_MODES).
-# K=4 at qo_len 1: 60 studies (30 buckets x 2 batch sizes; ~2,900 measurements where the recorded
-# qo1 tune made 1,888 in 250 s), ~7 min of tune, ~2.5 of validation, ~1.5 of graph-check: over two
-# calls of at most 10 minutes, the second validating and graph-checking the first's run (TUNE_RUN):
+# (tune --edges-per-octave K --device-policy: the split count alone, the split ladder up to one
+# wave first, pdl and num_stages at the graph's defaults; MLABENCH_TUNE_RULE defaults to off there,
+# MLABENCH_TUNE_LENGTHS to 2, MLABENCH_TUNE_TRIALS to 24), validate it against the 3% target at
+# batch 1 and 16 (validate.md's verdict line; exit code in timing.txt) and graph-check it in
+# device mode only (POLICY_MODES; docs/tuning-device.md).  K=4 at qo_len 1: 60 studies (30 buckets
+# x 2 batch sizes; ~2,900 measurements where the recorded qo1 tune made 1,888 in 250 s), ~6.5 min
+# of tune, ~2.5 of validation, ~1.5 of graph-check: over two calls of at most 10 minutes, the
+# second validating and graph-checking the first's run (TUNE_RUN):
 #   DEVICE_POLICY=4 MLABENCH_TUNE_VALIDATE=0 POLICY_MODES=none STAGES=qo1 bash scripts/h200_gluon_deploy.sh OUT
 #   DEVICE_POLICY=4 TUNE_RUN=OUT/qo1/tune-kimi-k3-tp8-... STAGES=qo1 bash scripts/h200_gluon_deploy.sh OUT
 set -uo pipefail
@@ -39,8 +40,8 @@ ladder=1,2,4,8,12,16,24,33,44,66,88,132
 device_flags=""
 if [ -n "${DEVICE_POLICY:-}" ]; then  # a policy for split_policy=device: finer buckets, the count alone
   device_flags="--edges-per-octave $DEVICE_POLICY --device-policy"
-  export MLABENCH_TUNE_RULE="${MLABENCH_TUNE_RULE:-off}" MLABENCH_TUNE_LENGTHS="${MLABENCH_TUNE_LENGTHS:-3}"
-  export MLABENCH_TUNE_TRIALS="${MLABENCH_TUNE_TRIALS:-16}" POLICY_MODES="${POLICY_MODES:-device}"
+  export MLABENCH_TUNE_RULE="${MLABENCH_TUNE_RULE:-off}" MLABENCH_TUNE_LENGTHS="${MLABENCH_TUNE_LENGTHS:-2}"
+  export MLABENCH_TUNE_TRIALS="${MLABENCH_TUNE_TRIALS:-24}" POLICY_MODES="${POLICY_MODES:-device}"
 fi
 
 tune_and_check() {  # $1 qo_len, $2 contexts of the graph-check

@@ -36,7 +36,7 @@ from mlabench.shapes import model_spec, scale_note
 from mlabench.tune.choice import BucketChoice, build_policy, study_choice
 from mlabench.tune.edges import fine_edges
 from mlabench.tune.manifest import fresh_run_id, run_manifest, validation_resume_command
-from mlabench.tune.seeded_trials import heuristic_trials, whole_tile_trials
+from mlabench.tune.seeded_trials import heuristic_trials, ladder_trials, whole_tile_trials
 from mlabench.tune.space import (
     LEGACY_FIELDS, TuneConfig, buckets_of, load_tune_config, resolve_sampler, shape_dims, space_size, study_space,
     tune_shape, wave_cap,
@@ -296,12 +296,15 @@ def _prepare(storage: Any, cfg: TuneConfig, spec: StudySpec, store: ResultStore,
 def _enqueued(backend: Any, shape: Any, cfg: TuneConfig, spec: StudySpec) -> list[tuple[str, dict[str, Any]]]:
     """The trials every study measures first: the public heuristics (unless ``cfg.heuristics`` is
     off), then the whole-tile candidates (where the study searches that rule; clamped to the
-    searched range).  The heuristics' counts stay as declared beyond the study's wave cap
+    searched range) and, for ``cfg.device_policy``, the split ladder up to one wave
+    (:func:`~mlabench.tune.seeded_trials.ladder_trials`).  The heuristics' counts stay as declared beyond the study's wave cap
     (Optuna records a fixed value outside the searched range, and TPE and GP take it; the choice
     may still pick it); an exhaustive sampler cannot hold a trial outside its grid, so there the
     count is clamped to the cap."""
     capped, _fixed = study_space(backend, shape, cfg, spec.measured(), spec.max_splits)
     tiles = whole_tile_trials(backend, shape, capped)
+    if cfg.device_policy:  # a device policy's studies also measure the split ladder up to one wave
+        tiles += ladder_trials(backend, shape, capped, current_device().num_sms, spec.max_splits)
     if not cfg.heuristics:
         return tiles
     dims, _fixed = study_space(backend, shape, cfg, spec.measured())

@@ -86,3 +86,30 @@ def test_finer_buckets_make_a_policy_that_a_coarse_bucket_could_not_pass_validat
     assert [r["target"] for r in detail] == ["ok"] * 4 and any(256 < r["context"] for r in detail)
     assert all(r["policy splits"] == r["best splits"] for r in detail)
     assert any(n.startswith("target met") for n in json.loads(res.stdout)[0]["notes"])
+
+
+def test_a_device_policy_study_measures_the_split_ladder_up_to_one_wave_first():
+    """The recorded H200 tune never measured 8 splits at batch 16 from 16K to 64K (the best there):
+    a device policy's studies enqueue the ladder up to one wave, the wave cap where the backend
+    knows it, else one program per SM."""
+    from mlabench.tune.run import _enqueued
+    from mlabench.tune.seeded_trials import ladder_trials
+    from mlabench.tune.studies import StudySpec
+
+    steps = get_backend("test-steps")
+    cfg = TuneConfig(backend="test-steps", heads=2, buckets=[64], page_size=16, tokens_per_split=None,
+                     device_policy=True)
+    one, sixteen = (tune_shape({"num_heads": 2, "page_size": 16}, b, 64) for b in (1, 16))
+    dims = study_space(steps, one, cfg, (64,))[0]
+    assert [n for n, _ in ladder_trials(steps, one, dims, 132)] == [f"ladder-{n}" for n in (1, 2, 3, 4, 6, 8, 12)]
+    assert [p for _, p in ladder_trials(steps, sixteen, dims, 132)] == [{"num_kv_splits": n} for n in (1, 2, 3, 4, 6, 8)]
+    trap = get_backend("test-wave-trap")  # 8 programs at once: the study's wave cap, not the SM count
+    trap_dims = study_space(trap, one, TuneConfig(backend="test-wave-trap", heads=2, buckets=[64], page_size=16),
+                            (32, 64))[0]  # the rule searched: a fixed count is tokens_per_split 1
+    assert ladder_trials(trap, one, trap_dims, 132, max_splits=8)[-1] == (
+        "ladder-8", {"num_kv_splits": 8, "tokens_per_split": 1})
+    spec = StudySpec(0, 64, 64, (64,), name="s", batch=1, max_splits=None)
+    names = [n for n, _ in _enqueued(steps, one, cfg, spec)]
+    assert "ladder-1" in names and names.index("ladder-1") > names.index("vllm-triton")  # after the heuristics
+    assert not any(n.startswith("ladder-") for n, _ in _enqueued(steps, one, cfg.model_copy(
+        update={"device_policy": False}), spec))
