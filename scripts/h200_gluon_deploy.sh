@@ -18,6 +18,17 @@
 # (with one stage); POLICY_MODES [device host]; QO4_CONTEXTS [1K-128K]; and the tune script's
 # MLABENCH_TUNE_* (e.g. MLABENCH_TUNE_TRIALS, MLABENCH_TUNE_VALIDATE=0, MLABENCH_TUNE_BUCKETS).
 # FLASHMLA_WHEEL=path installs FlashMLA first (no network needed).
+# DEVICE_POLICY=K (issue 34): tune the policy for split_policy=device, K sub-buckets per octave
+# (tune --edges-per-octave K --device-policy: the split count alone, the split ladder up to one
+# wave first, pdl and num_stages at the graph's defaults; MLABENCH_TUNE_RULE defaults to off there,
+# MLABENCH_TUNE_LENGTHS to 2, MLABENCH_TUNE_TRIALS to 24), validate it against the 3% target at
+# batch 1 and 16 (validate.md's verdict line; exit code in timing.txt) and graph-check it in
+# device mode only (POLICY_MODES; docs/tuning-device.md).  K=4 at qo_len 1: 60 studies (30 buckets
+# x 2 batch sizes; ~2,900 measurements where the recorded qo1 tune made 1,888 in 250 s), ~6.5 min
+# of tune, ~2.5 of validation, ~1.5 of graph-check: over two calls of at most 10 minutes, the
+# second validating and graph-checking the first's run (TUNE_RUN):
+#   DEVICE_POLICY=4 MLABENCH_TUNE_VALIDATE=0 POLICY_MODES=none STAGES=qo1 bash scripts/h200_gluon_deploy.sh OUT
+#   DEVICE_POLICY=4 TUNE_RUN=OUT/qo1/tune-kimi-k3-tp8-... STAGES=qo1 bash scripts/h200_gluon_deploy.sh OUT
 set -uo pipefail
 out="${1:?usage: $0 OUTDIR}"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -26,6 +37,12 @@ mlabench=(python3 -m mlabench)
 stage() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 contexts=1024,4096,8192,16384,32768,65536,100000,131072
 ladder=1,2,4,8,12,16,24,33,44,66,88,132
+device_flags=""
+if [ -n "${DEVICE_POLICY:-}" ]; then  # a policy for split_policy=device: finer buckets, the count alone
+  device_flags="--edges-per-octave $DEVICE_POLICY --device-policy"
+  export MLABENCH_TUNE_RULE="${MLABENCH_TUNE_RULE:-off}" MLABENCH_TUNE_LENGTHS="${MLABENCH_TUNE_LENGTHS:-2}"
+  export MLABENCH_TUNE_TRIALS="${MLABENCH_TUNE_TRIALS:-24}" POLICY_MODES="${POLICY_MODES:-device}"
+fi
 
 tune_and_check() {  # $1 qo_len, $2 contexts of the graph-check
   local dir="$out/qo$1" run="${TUNE_RUN:-}"
@@ -33,16 +50,18 @@ tune_and_check() {  # $1 qo_len, $2 contexts of the graph-check
   if [ -z "$run" ]; then
     stage "tune gluon-splitkv at qo_len $1"
     MLABENCH_TUNE_BACKEND=gluon-splitkv MLABENCH_TUNE_TILES=off \
-      MLABENCH_TUNE_SHAPE="--config kimi-k3-tp8 --qo-len $1" \
+      MLABENCH_TUNE_SHAPE="--config kimi-k3-tp8 --qo-len $1 $device_flags" \
       bash "$here/h200_tune_kimi_k3_tp8.sh" "$dir" 2> "$dir/stages.log"
     run="$(ls -d "$dir"/tune-kimi-* 2>/dev/null | tail -n 1)"
   elif [ "${MLABENCH_TUNE_VALIDATE:-1}" != 0 ]; then  # a run tuned in an earlier call: validate it
     read -r v_lengths v_low v_high <<< "${MLABENCH_VALIDATE_GRID:-24 1024 131072}"
     "${mlabench[@]}" tune --validate "$run/policy.json" --lengths "$v_lengths" --min-context "$v_low" \
       --max-context "$v_high" --budget-s 0.3 --results-dir "$dir" --markdown > "$dir/validate.md"
+    echo "validate exit code: $? (1: a held-out length missed the 3% target)" >> "$dir/timing.txt"
   fi
   [ -f "$run/policy.json" ] || { echo "no policy in $dir: see $dir/stages.log" >&2; return 1; }
   for mode in ${POLICY_MODES:-device host}; do
+    [ "$mode" = none ] && continue
     stage "graph-check split_policy=$mode, qo_len $1"
     "${mlabench[@]}" graph-check --backend gluon-splitkv --split-policy "$mode" --policy "$run/policy.json" \
       --qo-len "$1" --capture-len "$1" --batch 1,16 --context "$2" --splits "$ladder" --tolerance 0.03 \

@@ -38,7 +38,8 @@
 #             tuned length, each measuring the split ladder, the policy and the heuristics: ~2.3 min;
 #   export:   seconds.  Total ~380 s (at most ~420 s).  MLABENCH_TUNE_TRIALS=24 adds ~40 s.
 # Environment (defaults in brackets):
-#   MLABENCH_TUNE_VALIDATE=0          skip the validation;
+#   MLABENCH_TUNE_VALIDATE=0          skip the validation (its exit code 1, a held-out length more than
+#                                     3% over the best count there, is written to timing.txt, not fatal);
 #   MLABENCH_TUNE_TRIALS [20], MLABENCH_TUNE_TIMEOUT [60 s per study], MLABENCH_TUNE_LENGTHS [6 per
 #   bucket], MLABENCH_TUNE_WAVES [1: --max-waves; 0: no cap], MLABENCH_TUNE_BUCKETS [the config's],
 #   MLABENCH_TUNE_RULE [1:2048, or off], MLABENCH_TUNE_TILES [on, or off: --no-whole-tiles];
@@ -78,8 +79,10 @@ if [ "${MLABENCH_TUNE_VALIDATE:-1}" != 0 ]; then
   stage "validate $run/policy.json"
   start=$(date +%s)
   "${mlabench[@]}" tune --validate "$run/policy.json" --lengths "$v_lengths" --min-context "$v_low" \
-    --max-context "$v_high" --budget-s 0.3 --results-dir "$out" --markdown > "$out/validate.md" || exit
-  echo "validate wall time: $(( $(date +%s) - start )) s" | tee -a "$out/timing.txt" >&2
+    --max-context "$v_high" --budget-s 0.3 --results-dir "$out" --markdown > "$out/validate.md"
+  rc=$?  # 1: a held-out length missed the 3% target (validate.md's verdict line); the run goes on
+  [ "$rc" -le 1 ] || exit "$rc"
+  echo "validate wall time: $(( $(date +%s) - start )) s (exit code $rc)" | tee -a "$out/timing.txt" >&2
 fi
 
 stage "export"

@@ -16,7 +16,7 @@ from mlabench.cli.options import (
     Batch, BudgetS, Format, Heads, Json, Markdown, Model, ModelConfig, NonCausal, PageSize, QoLen, ResultsDir, Resume,
     SweepFile, Tp, int_list, non_causal_applies, output_format,
 )
-from mlabench.cli.output import emit, err, progress_bar
+from mlabench.cli.output import emit, err, fail, progress_bar
 from mlabench.errors import ConfigError
 from mlabench.run_files import (JOURNAL_FILE, POLICY_FILE, POLICY_HEADER_FILE, POLICY_MODULE_FILE, RESULTS_FILE,
                                 VALIDATION_FILE, VALIDATION_TABLE_FILE)
@@ -120,6 +120,15 @@ WholeTilesFlag = Annotated[bool | None, typer.Option(
     help="Where --tokens-per-split is searched and the backend declares the tile its splits are made of "
          "(triton-splitkv: 32 tokens), also search the whole-tile rule (the fewest splits of whole tiles, at"
          " most num_kv_splits) and measure it first at one wave, half and a quarter of one (default: on).")]
+EdgesPerOctaveFlag = Annotated[int | None, typer.Option(
+    metavar="K",
+    help="Cut each bucket between two given edges into sub-buckets of at most 2^(1/K) in length, each a study "
+         "(e.g. 4: 1024,1218,1448,...,4096), for a policy read from device memory (default: the given edges).")]
+DevicePolicyFlag = Annotated[bool, typer.Option(
+    "--device-policy",
+    help="Tune for split_policy=device: search num_kv_splits only, the backend's other parameters at their "
+         "defaults for the batch size, as the graph that reads its counts from device memory runs them "
+         "(--space still names any to search).")]
 DtypeFlag = Annotated[str | None, typer.Option(metavar="DTYPE", help="q and KV dtype (default bfloat16).")]
 SamplerFlag = Annotated[str | None, typer.Option(
     metavar="auto|tpe|gp|grid|brute",
@@ -154,6 +163,10 @@ LadderFlag = Annotated[str | None, typer.Option(
     help="With --validate: split counts of the exhaustive reference.")]
 SeedFlag = Annotated[int | None, typer.Option(
     metavar="N", help="With --validate: draw the held-out lengths with this seed (default: a fresh one, printed).")]
+ToleranceFlag = Annotated[float | None, typer.Option(
+    metavar="FRACTION",
+    help="With --validate: the target, every held-out length within this fraction of the best split count "
+         "measured there (default 0.03); exit code 1 when a length misses it.")]
 ExportFlag = Annotated[Path | None, typer.Option(metavar="RUN", help="Rebuild the policy files of this tuning run.")]
 AllowIncompleteFlag = Annotated[bool, typer.Option(
     "--allow-incomplete",
@@ -165,14 +178,16 @@ def tune(
     model_config: ModelConfig = None, heads: Heads = None, batch: Batch = None, buckets: BucketsFlag = None,
     representative: RepresentativeFlag = None, lengths_per_bucket: LengthsPerBucketFlag = None,
     combine: CombineFlag = None, max_waves: MaxWavesFlag = None, tokens_per_split: TokensPerSplitFlag = None,
-    whole_tiles: WholeTilesFlag = None, page_size: PageSize = None, qo_len: QoLen = None,
+    whole_tiles: WholeTilesFlag = None, edges_per_octave: EdgesPerOctaveFlag = None,
+    device_policy: DevicePolicyFlag = False, page_size: PageSize = None, qo_len: QoLen = None,
     non_causal: NonCausal = False, dtype: DtypeFlag = None, sampler: SamplerFlag = None, trials: TrialsFlag = None,
     timeout: TimeoutFlag = None, space: SpaceFlag = None, noise: NoiseFlag = None,
     no_heuristics: NoHeuristicsFlag = False, budget_s: BudgetS = None, storage: StorageFlag = None,
     gpus: GpusFlag = None, workers: WorkersFlag = None, results_dir: ResultsDir = Path("results"),
     resume: Resume = None, validate: ValidateFlag = None, lengths: LengthsFlag = None,
     min_context: MinContextFlag = None, max_context: MaxContextFlag = None, ladder: LadderFlag = None,
-    seed: SeedFlag = None, export: ExportFlag = None, allow_incomplete: AllowIncompleteFlag = False,
+    seed: SeedFlag = None, tolerance: ToleranceFlag = None, export: ExportFlag = None,
+    allow_incomplete: AllowIncompleteFlag = False,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Tune split counts (and launch parameters) per batch and context bucket; write a policy.
@@ -183,7 +198,9 @@ def tune(
     fmt = output_format(format, as_json, markdown)
     if validate is not None:
         return _validate(validate, backend, (lengths, min_context, max_context, ladder, seed, budget_s), results_dir,
-                         fmt, resume)
+                         fmt, resume, tolerance)
+    if tolerance is not None:
+        raise ConfigError("--tolerance goes with --validate (the target each held-out length is judged by)")
     if export is not None:
         from mlabench.tune.run import export_run
 
@@ -197,7 +214,8 @@ def tune(
               "batch": int_list(batch, "--batch", "batch"),
               "buckets": int_list(buckets, "--buckets", "--buckets"), "representative": representative,
               "lengths_per_bucket": lengths_per_bucket, "combine": combine, "max_waves": max_waves,
-              "tokens_per_split": rule, "whole_tiles": whole_tiles,
+              "tokens_per_split": rule, "whole_tiles": whole_tiles, "edges_per_octave": edges_per_octave,
+              "device_policy": True if device_policy else None,
               "page_size": page_size, "q_dtype": dtype, "kv_dtype": dtype, "qo_len": qo_len,
               "causal": False if non_causal else None, "sampler": sampler, "trials": trials, "timeout_s": timeout,
               "space": parse_space(space), "noise": noise, "heuristics": False if no_heuristics else None,
@@ -269,15 +287,22 @@ def _report(result: Any, fmt: str) -> None:
 
 
 def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_dir: Path, fmt: str,
-              resume: Path | None) -> None:
+              resume: Path | None, tolerance: float | None) -> None:
     """``tune --validate``; ``grid``: --lengths, --min-context, --max-context, --ladder, --seed, --budget-s.
-    ``backend`` (--backend), when given, must be the policy's: a policy is measured on its own backend."""
+    ``backend`` (--backend), when given, must be the policy's: a policy is measured on its own backend.
+    Exits 1 (:func:`~mlabench.cli.output.fail`, as ``graph-check`` does) when a held-out length misses
+    the target ``tolerance`` (--tolerance, default
+    :data:`~mlabench.tune.validation.TARGET_TOLERANCE`), after the tables and the results line."""
     from mlabench.policy.tuned import load_policy
     from mlabench.tune.space import tune_timing
-    from mlabench.tune.validation import policy_span, span_note, validation_tables
+    from mlabench.tune.validation import (TARGET_TOLERANCE, policy_span, span_note, target_misses, target_verdict,
+                                          validation_tables)
     from mlabench.tune.validation_run import validate_policy
 
     lengths, low, high, ladder, seed, budget_s = grid
+    tolerance = TARGET_TOLERANCE if tolerance is None else tolerance
+    if tolerance < 0:
+        raise ConfigError(f"--tolerance must be a fraction >= 0 (0.03: 3%), got {tolerance}")
     policy = load_policy(path)
     if backend is not None and backend != policy.backend:
         raise ConfigError(f"tune --validate measures a policy on its own backend ({policy.backend}), not --backend "
@@ -296,10 +321,12 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
     timing = tune_timing().model_copy(update={"budget_s": budget_s}) if budget_s else None
     with progress_bar("validate") as update:
         result = validate_policy(policy, lengths, lo, hi, ladder_counts, timing, results_dir, update, seed=seed,
-                                 resume=resume, policy_path=path)
+                                 resume=resume, policy_path=path, tolerance=tolerance)
     emit(validation_tables(result), fmt)
     err.print(f"results: {result.store.run_dir}/ ({VALIDATION_TABLE_FILE}, {VALIDATION_FILE}, {RESULTS_FILE})",
               markup=False)
+    if target_misses(result.points, tolerance):
+        fail(target_verdict(result.points, tolerance))
 
 
 #: The commands of this group, registered by :mod:`mlabench.cli.app`.

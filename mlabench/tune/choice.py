@@ -24,6 +24,7 @@ from mlabench.measure.stats import geomean
 from mlabench.policy.heuristics import HEURISTICS
 from mlabench.policy.rules import rule_splits
 from mlabench.policy.tuned import BatchPolicy, Policy, PolicyEntry, merge_adjacent
+from mlabench.tune.edges import fine_edges
 from mlabench.tune.space import RULE_PARAM, TILE_PARAM, Bucket, TuneConfig, full_params, params_at, shape_dims
 from mlabench.tune.studies import distinct_finished, launch_key
 
@@ -250,7 +251,8 @@ def build_policy(cfg: TuneConfig, choices: list[BucketChoice], device: str, vers
     for batch in cfg.batch:
         entries = [PolicyEntry(max_context_len=hi, params=by_key[(batch, hi)].chosen,
                                tokens_per_split=by_key[(batch, hi)].tokens_per_split,
-                               tile_tokens=by_key[(batch, hi)].tile_tokens) for hi in cfg.buckets]
+                               tile_tokens=by_key[(batch, hi)].tile_tokens)
+                   for hi in fine_edges(cfg.buckets, cfg.edges_per_octave)]
         batches.append(BatchPolicy(batch=batch, entries=merge_adjacent(entries)))
     shape = dict(shape_dims(cfg))
     shape.setdefault("kv_lora_rank", 512)

@@ -34,8 +34,9 @@ from mlabench.records.store import ResultStore, refuse_archived
 from mlabench.run_files import TUNE_KIND, WORKERS_FOLDER
 from mlabench.shapes import model_spec, scale_note
 from mlabench.tune.choice import BucketChoice, build_policy, study_choice
+from mlabench.tune.edges import fine_edges
 from mlabench.tune.manifest import fresh_run_id, run_manifest, validation_resume_command
-from mlabench.tune.seeded_trials import heuristic_trials, whole_tile_trials
+from mlabench.tune.seeded_trials import heuristic_trials, ladder_trials, whole_tile_trials
 from mlabench.tune.space import (
     LEGACY_FIELDS, TuneConfig, buckets_of, load_tune_config, resolve_sampler, shape_dims, space_size, study_space,
     tune_shape, wave_cap,
@@ -147,7 +148,8 @@ def plan(cfg: TuneConfig) -> list[StudySpec]:
     dims_kw = shape_dims(cfg)
     specs = []
     for batch in cfg.batch:
-        for bucket in buckets_of(cfg.buckets, cfg.representative, cfg.lengths_per_bucket):
+        for bucket in buckets_of(fine_edges(cfg.buckets, cfg.edges_per_octave), cfg.representative,
+                                 cfg.lengths_per_bucket):
             for length in bucket.measured():
                 shape = tune_shape(dims_kw, batch, length)
                 ok, why = backend.supports(shape)
@@ -260,6 +262,8 @@ def _identity(cfg: TuneConfig, spec: StudySpec, device: str, versions: dict[str,
     shape = tune_shape(shape_dims(cfg), spec.batch, spec.length)
     space = {"space": {k: v.model_dump(mode="json") for k, v in cfg.space.items()}, "whole_tiles": cfg.whole_tiles,
              "tokens_per_split": cfg.tokens_per_split.model_dump(mode="json") if cfg.tokens_per_split else None}
+    if cfg.device_policy:  # only then: the studies of runs recorded before it keep their identity
+        space["device_policy"] = True
     return {"device": device, "backend": cfg.backend, "batch": spec.batch, "bucket_lo": spec.lo,
             "bucket_hi": spec.hi, "length": spec.length, "lengths": list(spec.measured()), "shape": shape.key(),
             "versions": versions, "revision": revision, "max_waves": cfg.max_waves, "max_splits": spec.max_splits,
@@ -292,12 +296,15 @@ def _prepare(storage: Any, cfg: TuneConfig, spec: StudySpec, store: ResultStore,
 def _enqueued(backend: Any, shape: Any, cfg: TuneConfig, spec: StudySpec) -> list[tuple[str, dict[str, Any]]]:
     """The trials every study measures first: the public heuristics (unless ``cfg.heuristics`` is
     off), then the whole-tile candidates (where the study searches that rule; clamped to the
-    searched range).  The heuristics' counts stay as declared beyond the study's wave cap
+    searched range) and, for ``cfg.device_policy``, the split ladder up to one wave
+    (:func:`~mlabench.tune.seeded_trials.ladder_trials`).  The heuristics' counts stay as declared beyond the study's wave cap
     (Optuna records a fixed value outside the searched range, and TPE and GP take it; the choice
     may still pick it); an exhaustive sampler cannot hold a trial outside its grid, so there the
     count is clamped to the cap."""
     capped, _fixed = study_space(backend, shape, cfg, spec.measured(), spec.max_splits)
     tiles = whole_tile_trials(backend, shape, capped)
+    if cfg.device_policy:  # a device policy's studies also measure the split ladder up to one wave
+        tiles += ladder_trials(backend, shape, capped, current_device().num_sms, spec.max_splits)
     if not cfg.heuristics:
         return tiles
     dims, _fixed = study_space(backend, shape, cfg, spec.measured())
@@ -326,7 +333,8 @@ def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list
         row = study_choice(study.get_trials(deepcopy=False), spec, spec.batch, backend, fixed, cfg.noise, cfg.combine)
         rows.append(dataclasses.replace(row, max_splits=spec.max_splits))
     source = {"run_id": store.manifest().run_id, "noise": cfg.noise, "created": utc_now(),
-              "studies": [s.name for s in specs], "buckets": cfg.buckets, "representative": cfg.representative,
+              "studies": [s.name for s in specs], "buckets": fine_edges(cfg.buckets, cfg.edges_per_octave),
+              "representative": cfg.representative,
               "lengths_per_bucket": cfg.lengths_per_bucket, "combine": cfg.combine,
               "lengths": sorted({n for s in specs for n in s.measured()})}
     policy = build_policy(cfg, rows, device, versions, source)

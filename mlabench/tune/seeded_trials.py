@@ -10,7 +10,9 @@ beat them, each with its name in the trial's ``enqueued_as`` user attribute:
   ``whole-tiles-<cap>``, where the study searches that rule.  Why these caps: on an H200 at batch
   1 the fastest count below 32K was the one with the fewest 32-token tiles per split within about
   one program per SM (132 splits, half the 264-program wave), and at 1-3K tokens 48-96 splits of
-  one tile (docs/tuning.md).
+  one tile (docs/tuning.md);
+- :func:`ladder_trials`: for a device policy (``tune --device-policy``), the split ladder up to one
+  wave, named ``ladder-<n>``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from mlabench.backends.base import Backend
 from mlabench.shapes import MLADecodeShape
 from mlabench.tune.space import RULE_PARAM, TILE_PARAM, Dimension, wave_cap
+from mlabench.tune.validation import split_ladder
 
 #: Fractions of one wave of resident programs enqueued as whole-tile caps.
 WHOLE_TILE_WAVES = (1.0, 0.5, 0.25)
@@ -82,3 +85,29 @@ def whole_tile_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimens
     caps = dict.fromkeys(min(max(int(wave * f), 1, splits.low), splits.high) for f in WHOLE_TILE_WAVES)
     base, tile = default_point(backend, shape, dims), max(tiles.choices)
     return [(f"whole-tiles-{n}", {**base, "num_kv_splits": n, TILE_PARAM: tile}) for n in caps]
+
+
+def ladder_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimension], num_sms: int,
+                  max_splits: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """``(f"ladder-{n}", searched params)`` for each count ``n`` of the split ladder
+    (:func:`mlabench.tune.validation.split_ladder`: powers of two, 1.5x powers of two, the SM count)
+    up to one wave: ``max_splits`` (the study's wave cap) or, where the backend does not say its
+    resident programs, ``num_sms // (batch x split programs)`` (one program per SM), within the
+    searched range; other parameters at their defaults, a searched rule at a fixed count
+    (``tokens_per_split`` 1, ``tile_tokens`` 0; none when the rule's range starts above 1).  Empty
+    when ``num_kv_splits`` is not searched as a range.
+
+    Why: the gluon-splitkv tune of ``results/h200/deploy/qo1/`` (20 trials over counts, a rule,
+    ``pdl`` and ``num_stages``) never measured 8 splits at batch 16 from 16K to 64K and chose 16,
+    3.0-7.5% slower than 8 at held-out lengths; its validation's best counts at 32 held-out points
+    were all within one wave (12-132 at batch 1, 6-8 at batch 16) and 29 of them on this ladder."""
+    by_name = {d.name: d for d in dims}
+    splits, rule = by_name.get("num_kv_splits"), by_name.get(RULE_PARAM)
+    if splits is None or splits.choices or (rule is not None and rule.low > 1):
+        return []
+    params = backend.resolve_params(shape)
+    top = max_splits or max(1, num_sms // (shape.batch * backend.split_programs(shape, params)))
+    base = {**default_point(backend, shape, dims), **({RULE_PARAM: 1} if rule else {}),
+            **({TILE_PARAM: 0} if TILE_PARAM in by_name else {})}
+    return [(f"ladder-{n}", {**base, "num_kv_splits": n})
+            for n in split_ladder(splits.low, min(splits.high, top), num_sms)]

@@ -1,16 +1,11 @@
-"""``mlabench tune``: one Optuna study per (batch, context bucket), a noise-aware choice, a policy.
+"""``mlabench tune``: what a run searches (:class:`TuneConfig`), its buckets, shapes and search space.
 
-For a backend and a decode shape, each study searches the backend's declared parameters
-(:class:`~mlabench.backends.base.ParamSpec`: integers by ``low``/``high``, strings by ``choices``),
-and, where ``num_kv_splits`` is searched, a split count that grows with the length
-(``tokens_per_split``: ``clamp(ceil(L / t), 1, num_kv_splits)``, or the whole-tile rule where
-the backend declares its split tile), on several lengths of the bucket (its lower edge + 1 to its upper edge, log-spaced); the objective is the measurement
-engine's median (graph replay and cold cache on a GPU) at each length, and every measurement is
-also a result record in the run folder.  A configuration that fails the correctness check or
-errors at any length is pruned and never chosen.  The public heuristics (:mod:`mlabench.policy.heuristics`)
-and the whole-tile candidates are enqueued as the first trials (:mod:`mlabench.tune.seeded_trials`).  The choice per bucket (:mod:`mlabench.tune.choice`) weighs
-every length against the best time measured there; adjacent buckets with the same choice merge
-into one policy entry (:mod:`mlabench.policy.tuned`).  See ``docs/tuning.md``.
+Each study (batch, context bucket) searches the backend's declared parameters
+(:class:`~mlabench.backends.base.ParamSpec`) and, where ``num_kv_splits`` is searched, a split count
+that grows with the length (``tokens_per_split``, or the whole-tile rule where the backend declares
+its split tile), at several lengths of the bucket (log-spaced from its lower edge + 1 to its upper
+edge).  Studies run in :mod:`mlabench.tune.trial_worker`, the public heuristics first
+(:mod:`mlabench.tune.seeded_trials`); the choice is :mod:`mlabench.tune.choice`.  See ``docs/tuning.md``.
 """
 
 from __future__ import annotations
@@ -82,6 +77,10 @@ class TuneConfig(BaseModel):
     whole_tiles: bool = Field(True, description="Where the tokens-per-split rule is searched and the backend "
                               "declares the tile its splits are made of (split_tile_tokens), also search the "
                               "whole-tile rule and enqueue its candidates (docs/tuning.md).")
+    edges_per_octave: int | None = Field(None, ge=1, le=16, description="Cut buckets into sub-buckets of at "
+                                         "most 2 ** (1 / K) in length (edges.fine_edges); None: the given edges.")
+    device_policy: bool = Field(False, description="For split_policy=device: search num_kv_splits only, the "
+                                "other parameters at their defaults for the batch (what that graph runs).")
     max_waves: float = Field(1.0, ge=0, description="Cap num_kv_splits at this many waves of the backend's "
                              "resident programs (wave_cap); 0: no cap.  No effect where the backend does not say.")
     page_size: int = Field(64, description="KV-cache page size.")
@@ -137,7 +136,6 @@ class TuneConfig(BaseModel):
         """How trial outputs are judged: every input set, the dtypes' relative limits, and the
         elementwise bound when ``atol`` is set."""
         return CheckConfig(atol=self.atol, rtol=self.rtol)
-
 
 
 def load_tune_config(sweep: str | None, values: dict[str, Any]) -> TuneConfig:
@@ -254,13 +252,13 @@ class Dimension:
         return list(self.choices) if self.choices else list(range(self.low, self.high + 1))
 
 
-def search_space(backend: Backend, shape: MLADecodeShape,
-                 narrow: dict[str, SpaceRange] | None = None) -> tuple[list[Dimension], dict[str, Any]]:
+def search_space(backend: Backend, shape: MLADecodeShape, narrow: dict[str, SpaceRange] | None = None,
+                 counts_only: bool = False) -> tuple[list[Dimension], dict[str, Any]]:
     """The backend's declared parameters as ``(dimensions, fixed)``: a bounded integer or a string
-    with choices is searched (unless declared ``searched=False`` and not named in ``narrow``);
-    anything else stays at its default.  ``narrow`` restricts ranges (a single value fixes the
-    parameter).  Raises :class:`ConfigError` for a name the backend does
-    not have, a range outside the declared one, or nothing left to search.
+    with choices is searched (unless declared ``searched=False``, or ``counts_only`` and not
+    ``num_kv_splits``, and not named in ``narrow``); anything else stays at its default.  ``narrow``
+    restricts ranges (a single value fixes the parameter).  Raises :class:`ConfigError` for a name
+    the backend does not have, a range outside the declared one, or nothing left to search.
     """
     narrow = dict(narrow or {})
     unknown = sorted(set(narrow) - set(backend.param_names()))
@@ -270,7 +268,7 @@ def search_space(backend: Backend, shape: MLADecodeShape,
     dims, fixed = [], {}
     for spec in backend.params:
         r = narrow.get(spec.name, SpaceRange())
-        if not spec.searched and spec.name not in narrow:  # a kernel variant: its default
+        if (not spec.searched or counts_only and spec.name != "num_kv_splits") and spec.name not in narrow:
             if not spec.omit_default:  # (left out: what every earlier record ran, one policy
                 fixed[spec.name] = spec.default_for(shape)  # parameter set for all batches)
         elif r.choices is not None:
@@ -347,7 +345,7 @@ def study_space(backend: Backend, shape: MLADecodeShape, cfg: TuneConfig, length
     Raises :class:`ConfigError` as :func:`search_space` does, and when the rule is asked for but
     the ``num_kv_splits`` range does not start at 1 (the rule counts down to 1 split).
     """
-    dims, fixed = search_space(backend, shape, cfg.space)
+    dims, fixed = search_space(backend, shape, cfg.space, cfg.device_policy)
     if max_splits is not None:
         dims = [capped(d, max_splits) if d.name == "num_kv_splits" and not d.choices else d for d in dims]
     rule = cfg.tokens_per_split

@@ -32,6 +32,10 @@ EVERY_COUNT_CAP = 64
 #: Elsewhere a point measures the ladder and every count within this factor of the policy's count
 #: and of the best ladder count.
 WINDOW_FACTOR = 1.5
+#: The target of ``tune --validate`` (``--tolerance``): at every held-out point the policy's choice
+#: within this fraction of the best count measured there (issue 34: a device policy within 3% of the
+#: count tuned for each length, batch 1 and 16, 1K-128K).
+TARGET_TOLERANCE = 0.03
 
 
 def draw_lengths(count: int, low: int, high: int, avoid: set[int], tile: int, seed: int) -> list[int]:
@@ -104,6 +108,26 @@ class Validation:
     points: list[PointResult]
     heuristic_names: list[str]
     seed: int | None = None  # the held-out lengths' draw
+    tolerance: float = TARGET_TOLERANCE  # the target: every point's policy regret at most this fraction
+
+
+def target_misses(points: list[PointResult], tolerance: float) -> list[PointResult]:
+    """The points where the policy misses the target: its time more than ``tolerance`` (a fraction)
+    over the best count measured there, or it failed (no time, or no correct configuration)."""
+    return [p for p in points if (r := p.regret(p.policy_us)) is None or r > tolerance]
+
+
+def target_verdict(points: list[PointResult], tolerance: float) -> str:
+    """One line: whether every point is within ``tolerance`` of its best, else how many are not
+    and which (``batch B: L1, L2, ...`` per batch size)."""
+    misses = target_misses(points, tolerance)
+    target = f"every held-out length within {100 * tolerance:g}% of the best count measured there"
+    if not misses:
+        return f"target met: {target} ({len(points)} points)"
+    where = "; ".join(f"batch {b}: " + ", ".join(str(p.context_len) for p in misses if p.batch == b)
+                      for b in sorted({p.batch for p in misses}))
+    return f"target not met: {target}: {len(misses)} of {len(points)} points miss it ({where})"
+
 
 def validation_tables(v: Validation) -> list[Table]:
     """A summary per batch (worst and geometric-mean regret of the policy and every heuristic,
@@ -130,19 +154,23 @@ def validation_tables(v: Validation) -> list[Table]:
            "ladder, the policy's and the heuristics' counts")
     summary.notes.append("regret = time / best time - 1; best = the fastest correct of the split counts measured "
                          f"at that point ({how}); — = a configuration failed")
+    summary.notes.append(target_verdict(v.points, v.tolerance))
     if v.seed is not None:
         summary.notes.append(f"held-out lengths drawn with seed {v.seed} (tune --validate ... --seed {v.seed} "
                              "draws them again)")
     point_cols = ["batch", "context", *(["counts"] if counted else []), "best µs", "best splits", "policy splits",
-                  "policy %"] + [f"{h} (splits) %" for h in v.heuristic_names]
+                  "policy %", "target"] + [f"{h} (splits) %" for h in v.heuristic_names]
     # at 80 columns the heuristics' columns go first, then the counts; the policy's stay
     droppable = {f"{h} (splits) %": 1 for h in v.heuristic_names} | ({"counts": 2} if counted else {})
-    detail = Table("Held-out points", point_cols, styles={c: ColumnStyle(drop=d) for c, d in droppable.items()})
+    missed = {id(p) for p in target_misses(v.points, v.tolerance)}
+    detail = Table(f"Held-out points (policy %: its slowdown over the best count; target: within "
+                   f"{100 * v.tolerance:g}%)", point_cols, styles={c: ColumnStyle(drop=d) for c, d in droppable.items()})
     for p in v.points:
         regret = p.regret(p.policy_us)
         detail.rows.append([p.batch, p.context_len, *([p.counts_measured] if counted else []), p.best_us,
                             p.best_params.get("num_kv_splits"),
-                            p.policy_params.get("num_kv_splits"), None if regret is None else 100 * regret]
+                            p.policy_params.get("num_kv_splits"), None if regret is None else 100 * regret,
+                            "miss" if id(p) in missed else "ok"]
                            + [_heuristic_cell(p, h) for h in v.heuristic_names])
     return [summary, detail]
 

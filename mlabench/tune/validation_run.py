@@ -29,8 +29,8 @@ from mlabench.run_files import VALIDATION_FILE, VALIDATION_KIND, VALIDATION_TABL
 from mlabench.shapes import MLADecodeShape
 from mlabench.tune.manifest import fresh_run_id, run_manifest, validation_resume_command
 from mlabench.tune.space import tune_timing, wave_cap
-from mlabench.tune.validation import (PointResult, Validation, draw_lengths, free_lengths, policy_span,
-                                      reference_counts, split_ladder, validation_tables)
+from mlabench.tune.validation import (TARGET_TOLERANCE, PointResult, Validation, draw_lengths, free_lengths,
+                                      policy_span, reference_counts, split_ladder, validation_tables)
 
 Progress = Callable[[int, int, str], None]
 
@@ -65,7 +65,8 @@ def _splits_spec(backend: Any) -> Any:
 def validate_policy(policy: Policy, count: int | None = 48, low: int | None = None, high: int | None = None,
                     ladder: list[int] | None = None, timing: TimingConfig | None = None,
                     results_root: Path = Path("results"), progress: Progress | None = None,
-                    seed: int | None = None, resume: Path | None = None, policy_path: Path | None = None) -> Validation:
+                    seed: int | None = None, resume: Path | None = None, policy_path: Path | None = None,
+                    tolerance: float = TARGET_TOLERANCE) -> Validation:
     """Measure ``policy`` on ``count`` held-out lengths in ``[low, high]`` (default
     :func:`policy_span`; ``count`` None: 48, fewer where the span has fewer free lengths) at each of
     its batch sizes, drawn with ``seed`` (:func:`draw_lengths`; None: a fresh random seed), which is
@@ -73,7 +74,8 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
     seeds the inputs.  ``ladder``: the ladder of :func:`reference_counts` (default :func:`split_ladder`).
 
     ``resume``: a validation folder of this policy to continue, with its recorded lengths, seed,
-    ladder and timing; what it recorded is reused, not measured again.  Ctrl-C saves the CSV and
+    ladder and timing; what it recorded is reused, not measured again.  ``tolerance``: the target
+    the tables judge each point by (:func:`~mlabench.tune.validation.target_verdict`).  Ctrl-C saves the CSV and
     raises :class:`Interrupted` naming the command that continues (``policy_path``: the policy's file).
     Raises :class:`BackendUnavailableError` when the policy's backend cannot run here and
     :class:`ConfigError` for a bad grid or a backend that takes no ``num_kv_splits`` (it would
@@ -105,7 +107,7 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
                                              prior))
                 if progress:
                     progress(len(points), total, shape.label())
-        return _finish(store, points, seed)
+        return _finish(store, points, seed, tolerance)
     except KeyboardInterrupt:
         store.write_csv()
         raise Interrupted(f"interrupted: {len(points)} of {total} points recorded in {store.run_dir} (kept); "
@@ -116,12 +118,12 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
                               f"{validation_resume_command(policy_path, store.run_dir)}") from None
 
 
-def _finish(store: ResultStore, points: list[PointResult], seed: int) -> Validation:
+def _finish(store: ResultStore, points: list[PointResult], seed: int, tolerance: float) -> Validation:
     """The :class:`Validation` of ``points``, with ``validation.json``, ``validation.md`` and the CSV written."""
     from mlabench.tables.render import to_markdown
 
     names = sorted({k for p in points for k in p.heuristics})
-    result = Validation(store, points, names, seed)
+    result = Validation(store, points, names, seed, tolerance)
     (store.run_dir / VALIDATION_FILE).write_text(json.dumps([asdict(p) for p in points], indent=1) + "\n")
     (store.run_dir / VALIDATION_TABLE_FILE).write_text("\n".join(to_markdown(t) for t in validation_tables(result)))
     store.write_csv()

@@ -226,7 +226,24 @@ class TiledBackend(_Synthetic):
         return 100.0 * tiles * (1.0 if splits <= self.RESIDENT // 2 else 2.2) + 25.0 * splits
 
 
-CLASSES = (LaunchParamsBackend, FastWrongBackend, FlatBackend, LengthScaledBackend, WaveTrapBackend, TiledBackend)
+class SteppedBackend(_Synthetic):
+    """Splits 1-12 and a launch parameter, whose best count falls from 10 to 3 at 512 tokens (as the
+    H200's gluon-splitkv's best count at batch 1 went 28, 23, 54 over three lengths of one bucket):
+    each split away from it costs 50%, ``pdl`` 1 costs 50% more than its default 0.  A bucket
+    (256, 1024] then has no count, and no rule growing with the length, within 3% at both ends."""
+
+    name = "test-steps"
+    params = (ParamSpec("num_kv_splits", int, default=1, help="splits", low=1, high=12),
+              ParamSpec("pdl", int, default=0, help="a launch parameter", low=0, high=1))
+    STEP = 512
+
+    def cost_at_us(self, p: dict[str, Any], context_len: int) -> float:
+        best = 10 if context_len <= self.STEP else 3
+        return 200.0 * (1 + 0.5 * abs(p["num_kv_splits"] - best)) * (1.5 if p.get("pdl") else 1.0)
+
+
+CLASSES = (LaunchParamsBackend, FastWrongBackend, FlatBackend, LengthScaledBackend, WaveTrapBackend, TiledBackend,
+           SteppedBackend)
 
 
 def register_all() -> None:

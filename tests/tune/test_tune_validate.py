@@ -158,6 +158,10 @@ def test_validate_measures_every_count_up_to_a_small_wave_cap(tmp_path, tiny_tim
     (["tune", "--backend", "torch-splitkv", "--heads", "2", "--buckets", "64", "--space", "num_kv_splits"], "--space takes"),
     (["tune", "--backend", "torch-splitkv", "--heads", "2", "--buckets", "64,32"], "buckets: must be increasing"),
     (["tune", "--validate", "missing.json"], "error: policy not found"),
+    (["tune", "--backend", "torch-splitkv", "--buckets", "64", "--tolerance", "0.05"], "--tolerance goes with --validate"),
+    (["tune", "--validate", "missing.json", "--tolerance", "-0.1"], "--tolerance must be a fraction >= 0"),
+    (["tune", "--backend", "torch-splitkv", "--heads", "2", "--buckets", "64", "--edges-per-octave", "0"],
+     "edges_per_octave: Input should be greater than or equal to 1"),
 ])
 def test_cli_errors_are_one_line(args, message):
     res = subprocess.run([sys.executable, "-m", "mlabench", *args], capture_output=True, text=True, timeout=120)
@@ -229,4 +233,24 @@ def test_regrets_have_their_exact_values():
     summary, detail = validation_tables(Validation(store=None, points=points, heuristic_names=["h"]))
     assert summary.rows[0] == [1, 2, "5-7", pytest.approx(25.0), pytest.approx(geomean), None]
     assert [row[6] for row in detail.rows] == [pytest.approx(10.0), pytest.approx(25.0)]
-    assert [row[7] for row in detail.rows] == ["50.0 (2)", "— (1)"]
+    assert [row[7] for row in detail.rows] == ["miss", "miss"]  # both over the 3% target
+    assert [row[8] for row in detail.rows] == ["50.0 (2)", "— (1)"]
+
+
+def test_target_verdict_names_each_length_over_the_tolerance_and_a_failed_policy():
+    """Issue 34 item 3: each held-out length against the best count measured there, 3% by default;
+    one line says which lengths miss (a policy that failed misses too)."""
+    from mlabench.tune.validation import PointResult, Validation, target_misses, target_verdict, validation_tables
+
+    def point(batch: int, length: int, policy_us: float | None) -> PointResult:
+        return PointResult(batch, length, 100.0, {"num_kv_splits": 8}, {"num_kv_splits": 4}, policy_us)
+
+    points = [point(1, 1000, 102.9), point(1, 2000, 103.1), point(16, 3000, None), point(16, 4000, 100.0)]
+    assert [p.context_len for p in target_misses(points, 0.03)] == [2000, 3000]
+    assert target_verdict(points, 0.03) == ("target not met: every held-out length within 3% of the best count "
+                                            "measured there: 2 of 4 points miss it (batch 1: 2000; batch 16: 3000)")
+    assert target_verdict(points[:1] + points[3:], 0.03).startswith("target met: every held-out length within 3%")
+    assert [p.context_len for p in target_misses(points, 0.05)] == [3000]  # the tolerance is the caller's
+    summary, detail = validation_tables(Validation(store=None, points=points, heuristic_names=[], tolerance=0.05))
+    assert [row[detail.columns.index("target")] for row in detail.rows] == ["ok", "ok", "miss", "ok"]
+    assert "within 5%" in detail.title and any(n.startswith("target not met") for n in summary.notes)
