@@ -216,7 +216,7 @@ def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str, predict=None) -> No
     TPOT, with ``predict``), and exit 1 unless every cell is ok."""
     if run_dir is not None:
         tbl.write_table_files(t, run_dir)
-    tables = [tbl.view(t, fmt)]
+    tables = tbl.view(t, fmt)
     if predict is not None:
         from mlabench.deploy.prediction import measured_steps, prediction_rows, prediction_table
 
