@@ -108,6 +108,6 @@ def _grid(data: ServingData, title: str, where: str) -> Any:
             ax.grid(True, axis="y", alpha=0.3)
     predicted = any(b.predicted_ms is not None for b in data.bars)
     fig.supxlabel("each panel has its own TPOT axis, from 0" + (" · black dashes: TPOT predicted from the kernel "
-                  f"sweeps given (non-attention time from {data.predicted_reference}, the run's recorded "
-                  "[prediction])" if predicted else ""), fontsize=8.5, color="#404040")
+                  f"sweeps given (non-attention time from {data.predicted_reference}, {data.prediction_source})"
+                  if predicted else ""), fontsize=8.5, color="#404040")
     return fig
