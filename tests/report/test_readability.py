@@ -186,3 +186,16 @@ def _config_prediction_table(path):
     from mlabench.serving.config import load_config
 
     return load_config(path).prediction
+
+
+def test_a_bar_has_no_speedup_label_where_the_baseline_has_no_tpot(tmp_path):
+    """Issue 33: run 2's figure labelled mlabench at concurrency 1 "—", a speedup over a baseline
+    that was never run there; its own bar already says "not run" (or its status)."""
+    from tests.report.serve_runs import write_serve_run
+
+    run = write_serve_run(tmp_path, drop=(("flashmla", 100000, 1),))
+    (spec,), _ = plan(load_runs([run]), ["serving-tpot"])
+    panel = spec.draw().axes[2]  # concurrency 1, 100000 input tokens
+    assert panel.get_title() == "100000 input tokens, concurrency 1"
+    assert [t.get_text() for t in panel.texts] == ["7.64 ms", "missing", "not run"]
+    assert [t.get_text() for t in spec.draw().axes[0].texts][0] == "6.31 ms\n1.29×"  # the baseline ran there
