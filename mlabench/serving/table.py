@@ -121,17 +121,16 @@ def tpot_of(cell: Cell, stat: Stat) -> float | None:
 def build_table(
     results: list[BenchResult], variants: list[str], concurrencies: list[int], baseline: str,
     stat: Stat = "mean", input_lens: list[int] | None = None,
-    planned: dict[str, list[int]] | None = None,
-    planned_concurrencies: dict[str, list[int]] | None = None,
+    planned: dict[str, set[tuple[int | None, int]]] | None = None,
 ) -> ServeTable:
     """Build the table from every recorded result (any status); expected cells never vanish.
 
     With several ``input_lens`` (tokens) there is a row per (input length, concurrency), each
     holding the results of that ``input_len``; otherwise a row per concurrency holds every result
     of it (a run of one length, whose older records have no input length).  ``planned`` maps a
-    variant to the lengths its config runs (default: all): its cells at other lengths are marked
-    ``planned=False``, neither missing nor failed; so are its cells at a concurrency its
-    ``planned_concurrencies`` entry (default: all) leaves out.
+    variant to the (input length, concurrency) points its config runs, keyed as the rows are
+    (input length None in a run of one length; default: every row): its cells elsewhere that
+    recorded nothing are marked ``planned=False``, neither missing nor failed.
     """
     rows = []
     keys = [(n, conc) for n in input_lens for conc in concurrencies] if input_lens and len(input_lens) > 1 \
@@ -140,9 +139,7 @@ def build_table(
         cells = [combine(v, [r for r in results if r.variant == v and r.concurrency == conc
                              and (n is None or r.input_len == n)]) for v in variants]
         for c in cells:
-            len_runs = n is None or not planned or n in planned.get(c.variant, [n])
-            conc_runs = conc in (planned_concurrencies or {}).get(c.variant, [conc])
-            if not (len_runs and conc_runs) and not c.repeats:
+            if (n, conc) not in (planned or {}).get(c.variant, {(n, conc)}) and not c.repeats:
                 c.planned, c.errors = False, []
         base = next(c for c in cells if c.variant == baseline)
         base_t = tpot_of(base, stat)
@@ -156,10 +153,13 @@ def build_table(
 
 def table_of(config: ServeConfig, results: list[BenchResult], stat: Stat = "mean") -> ServeTable:
     """The table of a serve config's variants (in config order), input lengths and concurrencies
-    from ``results``."""
+    from ``results``; a variant's cells at a point its config does not run (its own input lengths
+    and concurrencies) are "not run"."""
+    several = len(config.input_lens()) > 1
+    planned = {v.name: {(n if several else None, conc) for n in config.bench_for(v).input_lens()
+                        for conc in config.concurrencies_for(v)} for v in config.variants}
     return build_table(results, [v.name for v in config.variants], config.concurrencies, config.baseline, stat,
-                       config.input_lens(), {v.name: config.bench_for(v).input_lens() for v in config.variants},
-                       {v.name: config.concurrencies_for(v) for v in config.variants})
+                       config.input_lens(), planned)
 
 
 def _f(value: float | None, digits: int = 2) -> str:

@@ -143,7 +143,7 @@ def test_one_input_length_prints_as_before():
 def test_a_length_a_variant_leaves_out_is_not_run_rather_than_missing():
     results = [at(4096, res("a", 1, 0, 10.0)), at(4096, res("b", 1, 0, 8.0)), at(32768, res("a", 1, 0, 12.0))]
     t = build_table(results, ["a", "b"], [1], "a", input_lens=[4096, 32768],
-                    planned={"a": [4096, 32768], "b": [4096]})
+                    planned={"a": {(4096, 1), (32768, 1)}, "b": {(4096, 1)}})
     assert t.ok
     unplanned = t.rows[1].cells[1]
     assert not unplanned.planned and unplanned.status == "missing"
@@ -176,7 +176,7 @@ def test_the_markdown_tables_mark_what_failed_or_did_not_run():
 
     results = [res("a", 1, 0, 10.0), res("a", 1, 1, 10.0, "failed_requests", 2, 1), res("b", 1, 0, 5.0),
                res("a", 16, 0, 20.0)]
-    t = build_table(results, ["a", "b", "c"], [1, 16], "a", planned_concurrencies={"c": [16]})
+    t = build_table(results, ["a", "b", "c"], [1, 16], "a", planned={"c": {(None, 16)}})
     tpot, ttft, *_, done = metric_tables(t)
     assert tpot.title == "mean TPOT, ms (speedup vs a)" and tpot.columns == ["concurrency", "a", "b", "c"]
     assert tpot.rows == [["1", "10.00 FAILED_REQUESTS", "5.00 (2.00x)", "not run"],
