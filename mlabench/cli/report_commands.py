@@ -21,6 +21,10 @@ FromRuns = Annotated[list[Path], typer.Option(
 
 def plot(
     from_run: FromRuns,
+    config_path: Annotated[Path | None, typer.Argument(
+        metavar="CONFIG", show_default=False,
+        help="A serve config whose [prediction] the serving figure's predicted TPOT follows instead of the "
+             "one each serve-bench run recorded (as serve-bench CONFIG --from-run); needs sweep runs.")] = None,
     out: Annotated[Path | None, typer.Option(
         metavar="DIR", help="Folder for the figures (default: <first --from>/figures).")] = None,
     kind: Annotated[list[str] | None, typer.Option(
@@ -35,6 +39,8 @@ def plot(
     if kind is not None and not kinds:
         raise ConfigError(f"--kind is empty (kinds: {', '.join(KINDS)})")
     runs = load_runs(from_run)
+    if config_path is not None:
+        runs.prediction = _config_prediction(runs, config_path)
     formats = [f.strip() for f in fmt.split(",") if f.strip()]
     written, skipped = write_figures(runs, out or from_run[0] / "figures", kinds, formats)
     if not written:
@@ -44,6 +50,24 @@ def plot(
     for _spec, paths in written:
         for path in paths:
             typer.echo(str(path))
+
+
+def _config_prediction(runs, config_path: Path) -> tuple[dict, str]:
+    """``plot CONFIG``: CONFIG's ``[prediction]`` and its words for the serving figure, checked as
+    ``serve-bench CONFIG --from-run`` checks it (:func:`~mlabench.cli.serve_commands.config_prediction`,
+    then against each serve run's variants); a line for each run whose recorded one it replaces."""
+    from mlabench.cli.serve_commands import config_prediction, replaced_prediction
+    from mlabench.deploy.prediction import PredictionSpec
+
+    if not runs.serve_runs:
+        raise ConfigError(f"plot {config_path}: a CONFIG gives the [prediction] of serve-bench runs, and --from "
+                          "gives none")
+    table = config_prediction(config_path, bool(runs.records), "plot", "the sweep runs given with --from")
+    for run in runs.serve_runs:
+        PredictionSpec.of(table, [v.name for v in run.config.variants])
+        if table != run.config.prediction:
+            notice(f"{run.name}: " + replaced_prediction(table, run.config.prediction), style="")
+    return table, f"the [prediction] of {config_path}"
 
 
 def report(

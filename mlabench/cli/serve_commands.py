@@ -98,17 +98,28 @@ def _from_run(run_dir: Path, config_path: Path | None, predict_from, stat: str, 
     """``serve-bench [CONFIG] --from-run RUN [--predict-from SWEEP...]``: the recorded run's table; a
     CONFIG replaces only the recorded ``[prediction]`` (another reference, say), and says so."""
     conf, results = _read_serve_run(run_dir)
-    if config_path is not None and not predict_from:
-        raise ConfigError("with --from-run a CONFIG only gives the [prediction] of --predict-from: "
-                          "the run is shown with the config it recorded")
-    spec_from = cfg.load_config(config_path) if config_path is not None else None
-    if spec_from is not None and not spec_from.prediction:
-        raise ConfigError(f"{config_path} has no [prediction] table: with --from-run a CONFIG only gives "
-                          "the [prediction] of --predict-from (leave it out to use the run's own)")
-    predict = _prediction_input(conf, predict_from, spec_from.prediction if spec_from else None)
-    if spec_from is not None and spec_from.prediction != conf.prediction:
-        notice(_replaced_prediction(spec_from.prediction, conf.prediction), style="")
+    table = config_prediction(config_path, bool(predict_from), "--from-run", "--predict-from") \
+        if config_path is not None else None
+    predict = _prediction_input(conf, predict_from, table)
+    if table is not None and table != conf.prediction:
+        notice(replaced_prediction(table, conf.prediction) + "; plot draws it given the same CONFIG, report "
+               "the recorded one", style="")
     _show(tbl.table_of(conf, results, stat), None, fmt, predict)  # type: ignore[arg-type]
+
+
+def config_prediction(config_path: Path, sweeps_given: bool, where: str, sweeps: str) -> dict:
+    """The ``[prediction]`` table of the serve config at ``config_path``, which replaces a recorded
+    run's (``serve-bench CONFIG --from-run``, ``plot CONFIG``: ``where``).  :class:`ConfigError`
+    when no sweep run is given to predict from (``sweeps`` names how they are given) or the config
+    has no ``[prediction]``: a CONFIG gives nothing else there."""
+    if not sweeps_given:
+        raise ConfigError(f"with {where} a CONFIG only gives the [prediction] of {sweeps}: "
+                          "the run is shown with the config it recorded")
+    table = cfg.load_config(config_path).prediction
+    if not table:
+        raise ConfigError(f"{config_path} has no [prediction] table: with {where} a CONFIG only gives "
+                          f"the [prediction] of {sweeps} (leave it out to use the run's own)")
+    return table
 
 
 def _renamed_env() -> None:
@@ -181,13 +192,11 @@ def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str
     _show(table, None, fmt, predict)
 
 
-def _replaced_prediction(given: dict, recorded: dict | None) -> str:
-    """The line saying that a CONFIG's ``[prediction]`` replaced the run's recorded one, whose
-    numbers ``plot``/``report`` still draw (they read only the run)."""
+def replaced_prediction(given: dict, recorded: dict | None) -> str:
+    """The words saying that a CONFIG's ``[prediction]`` replaced the run's recorded one."""
     def ref(table: dict | None) -> str:
         return f"reference {table.get('reference')}" if isinstance(table, dict) else "none"
-    return (f"the config's [prediction] ({ref(given)}) replaces the one the run recorded ({ref(recorded)}); "
-            "plot and report draw the recorded one")
+    return f"the config's [prediction] ({ref(given)}) replaces the one the run recorded ({ref(recorded)})"
 
 
 def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dict | None = None):
@@ -216,7 +225,7 @@ def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str, predict=None) -> No
     TPOT, with ``predict``), and exit 1 unless every cell is ok."""
     if run_dir is not None:
         tbl.write_table_files(t, run_dir)
-    tables = [tbl.view(t, fmt)]
+    tables = tbl.view(t, fmt)
     if predict is not None:
         from mlabench.deploy.prediction import measured_steps, prediction_rows, prediction_table
 

@@ -66,6 +66,9 @@ class Runs:
     kernel_runs: list[KernelRun] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     serve_runs: list[ServeRun] = field(default_factory=list)
+    #: a serve config's ``[prediction]`` table and its words ("the [prediction] of CONFIG"), which
+    #: replaces the serve runs' recorded one in the serving figure (``plot CONFIG``); None: the recorded one
+    prediction: tuple[dict[str, Any], str] | None = None
     tune_runs: list[TuneRun] = field(default_factory=list)
     validation_runs: list[ValidationRun] = field(default_factory=list)
     graph_checks: list[GraphCheckRun] = field(default_factory=list)

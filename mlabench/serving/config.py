@@ -22,7 +22,7 @@ from pydantic import (
 
 from mlabench.errors import ConfigError
 from mlabench.files import config_file, read_text, read_toml, validation_line
-from mlabench.serving.counts import count_table, counts_text
+from mlabench.serving.counts import count_table, counts_text, unrun_count_keys
 from mlabench.serving.environment import expand
 
 VLLM_BIN_ENV = "MLABENCH_VLLM_BIN"
@@ -271,12 +271,18 @@ class ServeConfig(_Strict):
             raise ValueError(f"baseline {self.baseline!r} is not a variant (variants: {names})")
         if len(set(self.concurrencies)) != len(self.concurrencies) or min(self.concurrencies) < 1:
             raise ValueError(f"concurrencies must be distinct and >= 1: {self.concurrencies}")
+        recorded = (info.context or {}).get("recorded")  # a recorded run is read as it ran
+        if not recorded:  # a count table keyed by a concurrency not run (a typo: 61 for 16) is refused
+            unrun_count_keys(self.bench.model_dump(), sorted({c for v in self.variants for c in self.concurrencies_for(v)}),
+                             "", "no variant runs")
         for v in self.variants:
             if v.concurrencies is not None and not self.concurrencies_for(v):
                 raise ValueError(f"variant {v.name!r} runs at concurrencies {v.concurrencies}, none of "
                                  f"which is in concurrencies {self.concurrencies}")
             params = self.bench_for(v)
-            if not (info.context or {}).get("recorded"):  # a recorded run is read as it ran
+            if not recorded:
+                unrun_count_keys(params.model_dump(include=set(v.bench)), self.concurrencies_for(v),
+                                 f" (variant {v.name!r})", "the variant does not run")
                 self._check_prompts(v, params)
         return self
 
@@ -288,12 +294,6 @@ class ServeConfig(_Strict):
         """Raise ValueError unless every concurrency gets a prompt count, at least the concurrency
         (``vllm bench serve --num-prompts 3 --max-concurrency 16`` runs only 3 requests at once)."""
         where = f" (variant {variant.name!r})" if "num_prompts" in variant.bench else ""
-        if isinstance(params.num_prompts, dict):
-            extra = sorted(set(params.num_prompts) - set(self.concurrencies))
-            if extra:
-                raise ValueError(f"bench.num_prompts{where} has concurrencies {extra} that are not in "
-                                 f"concurrencies {self.concurrencies} (give a count for each concurrency run, "
-                                 "and no other)")
         for conc in self.concurrencies_for(variant):
             n = params.prompts_at(conc)
             if n is None:

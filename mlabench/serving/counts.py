@@ -28,6 +28,20 @@ def count_table(value: Any, name: str, what: str, example: str) -> Any:
                      f"(e.g. {example}), not {value!r}")
 
 
+def unrun_count_keys(bench: dict[str, Any], runs: list[int], where: str, why: str) -> None:
+    """Raise ValueError when the ``num_prompts`` or ``num_warmups`` table in ``bench`` (validated
+    bench fields: ``[bench]``'s, or those a variant overrides) is keyed by a concurrency outside
+    ``runs``, the concurrencies it applies to; the message says ``bench.<field>``, then ``where``
+    (`` (variant 'b')``) and ``why`` those keys are not run.  A table that leaves out a concurrency
+    run passes (``num_warmups`` then gives 1; ``num_prompts`` is checked for that elsewhere)."""
+    for name in ("num_prompts", "num_warmups"):
+        table = bench.get(name)
+        extra = sorted(set(table) - set(runs)) if isinstance(table, dict) else []
+        if extra:
+            raise ValueError(f"bench.{name}{where} has concurrencies {extra} that {why} (concurrencies "
+                             f"run: {runs}): key it by those only")
+
+
 def counts_text(counts: dict[int, int | None], noun: str = "") -> str:
     """A count per concurrency in words: ``3`` + ``noun`` when every concurrency gets the same,
     else ``3<noun> at c=1, 16 at c=16`` (concurrencies in the order given; ``noun`` e.g.

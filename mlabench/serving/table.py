@@ -16,6 +16,7 @@ column), whether or not its results record their input length.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from statistics import fmean
 from typing import Literal
@@ -26,7 +27,7 @@ from mlabench.files import write_text
 from mlabench.run_files import TABLE_FILE, TABLE_JSON_FILE
 from mlabench.serving.config import ServeConfig
 from mlabench.serving.results import SEVERITY, BenchResult, Status
-from mlabench.tables.render import to_json, to_markdown
+from mlabench.tables.render import render, to_json
 from mlabench.tables.table import ColumnStyle, Table
 
 Stat = Literal["mean", "median", "p99"]
@@ -120,17 +121,16 @@ def tpot_of(cell: Cell, stat: Stat) -> float | None:
 def build_table(
     results: list[BenchResult], variants: list[str], concurrencies: list[int], baseline: str,
     stat: Stat = "mean", input_lens: list[int] | None = None,
-    planned: dict[str, list[int]] | None = None,
-    planned_concurrencies: dict[str, list[int]] | None = None,
+    planned: dict[str, set[tuple[int | None, int]]] | None = None,
 ) -> ServeTable:
     """Build the table from every recorded result (any status); expected cells never vanish.
 
     With several ``input_lens`` (tokens) there is a row per (input length, concurrency), each
     holding the results of that ``input_len``; otherwise a row per concurrency holds every result
     of it (a run of one length, whose older records have no input length).  ``planned`` maps a
-    variant to the lengths its config runs (default: all): its cells at other lengths are marked
-    ``planned=False``, neither missing nor failed; so are its cells at a concurrency its
-    ``planned_concurrencies`` entry (default: all) leaves out.
+    variant to the (input length, concurrency) points its config runs, keyed as the rows are
+    (input length None in a run of one length; default: every row): its cells elsewhere that
+    recorded nothing are marked ``planned=False``, neither missing nor failed.
     """
     rows = []
     keys = [(n, conc) for n in input_lens for conc in concurrencies] if input_lens and len(input_lens) > 1 \
@@ -139,9 +139,7 @@ def build_table(
         cells = [combine(v, [r for r in results if r.variant == v and r.concurrency == conc
                              and (n is None or r.input_len == n)]) for v in variants]
         for c in cells:
-            len_runs = n is None or not planned or n in planned.get(c.variant, [n])
-            conc_runs = conc in (planned_concurrencies or {}).get(c.variant, [conc])
-            if not (len_runs and conc_runs) and not c.repeats:
+            if (n, conc) not in (planned or {}).get(c.variant, {(n, conc)}) and not c.repeats:
                 c.planned, c.errors = False, []
         base = next(c for c in cells if c.variant == baseline)
         base_t = tpot_of(base, stat)
@@ -155,10 +153,13 @@ def build_table(
 
 def table_of(config: ServeConfig, results: list[BenchResult], stat: Stat = "mean") -> ServeTable:
     """The table of a serve config's variants (in config order), input lengths and concurrencies
-    from ``results``."""
+    from ``results``; a variant's cells at a point its config does not run (its own input lengths
+    and concurrencies) are "not run"."""
+    several = len(config.input_lens()) > 1
+    planned = {v.name: {(n if several else None, conc) for n in config.bench_for(v).input_lens()
+                        for conc in config.concurrencies_for(v)} for v in config.variants}
     return build_table(results, [v.name for v in config.variants], config.concurrencies, config.baseline, stat,
-                       config.input_lens(), {v.name: config.bench_for(v).input_lens() for v in config.variants},
-                       {v.name: config.concurrencies_for(v) for v in config.variants})
+                       config.input_lens(), planned)
 
 
 def _f(value: float | None, digits: int = 2) -> str:
@@ -219,9 +220,50 @@ def failure_lines(table: ServeTable) -> list[str]:
             for r in table.rows for c in r.cells if c.status != "ok" and c.planned]
 
 
+def _tpot_text(cell: Cell, table: ServeTable) -> str:
+    """``6.34 (1.29x)``: the ``--stat`` TPOT with the speedup over the baseline (the baseline's alone)."""
+    speed = "" if cell.speedup is None or cell.variant == table.baseline else f" ({cell.speedup:.2f}x)"
+    return _f(tpot_of(cell, table.stat)) + speed
+
+
+#: The markdown layout, a table per metric: its title (``{stat}``, ``{baseline}`` filled in) and cell text.
+METRICS: list[tuple[str, Callable[[Cell, ServeTable], str]]] = [
+    ("{stat} TPOT, ms (speedup vs {baseline})", _tpot_text),
+    ("mean TTFT, ms", lambda c, _: _f(c.ttft_mean_ms)),
+    ("median ITL, ms (the typical decode step)", lambda c, _: _f(c.itl_median_ms)),
+    ("output tokens/s", lambda c, _: _f(c.output_throughput_tok_s, 1)),
+    ("requests completed/failed", lambda c, _: f"{c.completed}/{c.failed}"),
+]
+
+
+def _metric_cell(cell: Cell, text: str) -> str:
+    """``text``, or ``not run`` / ``MISSING`` where nothing ran, with the status after it when not ok."""
+    if not cell.planned:
+        return "not run"
+    if cell.status == "missing" and not cell.repeats:
+        return "MISSING"
+    return text + ("" if cell.status == "ok" else f" {cell.status.upper()}")
+
+
+def metric_tables(table: ServeTable) -> list[Table]:
+    """The markdown layout (``--markdown``, ``table.md``), what a pull request shows: a table per
+    metric of :data:`METRICS` (the ``--stat`` TPOT with speedups, mean TTFT, median ITL, output
+    throughput, requests completed/failed), a row per (input length and) concurrency and a column
+    per variant; failures listed under the first.  JSON and CSV (:func:`tpot_table`) hold every number."""
+    keys = ["input len"] * table.by_input_len + ["concurrency"]
+    out = []
+    for n, (title, text) in enumerate(METRICS):
+        rows = [[str(r.input_len)] * table.by_input_len + [str(r.concurrency)]
+                + [_metric_cell(c, text(c, table)) for c in r.cells] for r in table.rows]
+        out.append(Table(title.format(stat=table.stat, baseline=table.baseline), keys + table.variants, rows,
+                         failures(table) if n == 0 else []))
+    return out
+
+
 def tpot_markdown_table(table: ServeTable) -> Table:
-    """Variants side by side, as in docs/serving.md: one row per (input length and) concurrency, per variant the
-    printed cell texts (:func:`cell_texts`); failures listed under it."""
+    """The wide layout (``mlabench report``; the ``table.md`` of runs before :func:`metric_tables`): one
+    row per (input length and) concurrency, per variant every printed cell text (:func:`cell_texts`);
+    failures listed under it."""
     return Table("", headers(table), body(table), failures(table))
 
 
@@ -264,15 +306,15 @@ def tpot_table(table: ServeTable) -> Table:
     return out
 
 
-def view(table: ServeTable, format: str) -> Table:
-    """The layout for an output format: markdown keeps variants side by side
-    (:func:`tpot_markdown_table`); the terminal table, JSON and CSV have a row per (input length,)
+def view(table: ServeTable, format: str) -> list[Table]:
+    """The tables of an output format: markdown has a table per metric, variants side by side
+    (:func:`metric_tables`); the terminal table, JSON and CSV have a row per (input length,)
     concurrency and variant (:func:`tpot_table`)."""
-    return tpot_markdown_table(table) if format == "markdown" else tpot_table(table)
+    return metric_tables(table) if format == "markdown" else [tpot_table(table)]
 
 
 def write_table_files(table: ServeTable, run_dir: Path) -> None:
-    """Save ``table.md`` (:func:`tpot_markdown_table`) and ``table.json`` (:func:`tpot_table`, as
-    ``--json`` prints it) in the run folder."""
-    write_text(run_dir / TABLE_FILE, to_markdown(tpot_markdown_table(table)), "run table")
+    """Save ``table.md`` (:func:`metric_tables`, as ``--markdown`` prints them) and ``table.json``
+    (:func:`tpot_table`, as ``--json`` prints it) in the run folder."""
+    write_text(run_dir / TABLE_FILE, render(metric_tables(table), "markdown"), "run table")
     write_text(run_dir / TABLE_JSON_FILE, to_json([tpot_table(table)]) + "\n", "run table")

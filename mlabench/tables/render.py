@@ -22,10 +22,15 @@ def to_markdown(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_rich(table: Table, width: int | None = None) -> Any:
-    """A ``rich.table.Table`` (notes as its caption); number columns never wrap.
+#: Cells of at most this many characters are labels, kept whole on the terminal however narrow the room.
+SHORT_CELL = 10
 
-    With ``width`` (the console's, e.g. 80 in a log) and a table wider than that, a column that
+
+def to_rich(table: Table, width: int | None = None) -> Any:
+    """A ``rich.table.Table`` (notes as its caption); numbers, names and short labels never wrap.
+
+    With ``width`` (the console's, e.g. 80 in a log) and a table wider than that, headers wrap to
+    their longest word one at a time (the one that saves most first), then a column that
     holds one value in every row moves to the caption (``split-KV: triton-splitkv``), then
     columns whose style may be dropped (:attr:`ColumnStyle.drop`, highest first, rightmost first)
     are left out, until the table fits; the caption names them.  Print it at least
@@ -38,11 +43,13 @@ def to_rich(table: Table, width: int | None = None) -> Any:
                 and c != table.group_by and not table.style(c).keep]
     left_out: list[str] = []
     moved: list[str] = []
-    narrow = False  # headers wrapped to their longest word
+    narrow: list[str] = []  # columns whose headers wrap to their longest word
+    wraps = sorted((c for c in shown if _header_saving(headers[shown.index(c)], texts, shown.index(c)) > 0),
+                   key=lambda c: -_header_saving(headers[shown.index(c)], texts, shown.index(c)))
     while width is not None and min_width(_rich_table(table, left_out + moved, narrow)) > width:
         droppable = [c for c in shown if c not in left_out + moved and table.style(c).drop > 0]
-        if not narrow:
-            narrow = True
+        if len(narrow) < len(wraps):  # one header at a time, the one that saves most first
+            narrow.append(wraps[len(narrow)])
         elif constant:
             moved.append(constant.pop(0))
         elif droppable:
@@ -59,6 +66,13 @@ def to_rich(table: Table, width: int | None = None) -> Any:
     return t
 
 
+def _header_saving(header: str, texts: list[list[str]], n: int) -> int:
+    """Columns saved by wrapping column ``n``'s ``header`` to its longest word (its cells kept whole)."""
+    from rich.cells import cell_len
+
+    return cell_len(header) - max([cell_len(row[n]) for row in texts] + [cell_len(w) for w in header.split()])
+
+
 def min_width(rich_table: Any) -> int:
     """The fewest columns ``rich_table`` needs without splitting a word (or a number)."""
     from rich.console import Console
@@ -68,7 +82,7 @@ def min_width(rich_table: Any) -> int:
     return Measurement.get(console, console.options, rich_table).minimum
 
 
-def _rich_table(table: Table, left_out: Sequence[str] = (), narrow: bool = False) -> Any:
+def _rich_table(table: Table, left_out: Sequence[str] = (), narrow: Sequence[str] = ()) -> Any:
     from rich import box
     from rich.cells import cell_len
     from rich.table import Table as RichTable
@@ -86,11 +100,12 @@ def _rich_table(table: Table, left_out: Sequence[str] = (), narrow: bool = False
     for n, (header, i) in enumerate(zip(headers, keep)):
         s, name = table.style(table.columns[i]), table.columns[i]
         numbers = table.numeric(name)
-        whole = numbers or s.no_wrap or all(" " not in row[n] for row in rows)  # numbers and names: never split
-        # Such a column is as wide as its widest cell or header (``narrow``: the header's longest
+        # numbers, names and short labels ("p50 ITL"): never split, so that a row stays one line
+        whole = numbers or s.no_wrap or all(" " not in row[n] or cell_len(row[n]) <= SHORT_CELL for row in rows)
+        # Such a column is as wide as its widest cell or header (a ``narrow`` one: the header's longest
         # word, the header wraps), so that Rich, short of room, narrows only columns of several words.
         width = max([cell_len(row[n]) for row in rows]
-                    + [cell_len(w) for w in (header.split() if narrow else [header])]) if whole else None
+                    + [cell_len(w) for w in (header.split() if name in narrow else [header])]) if whole else None
         # A column of several words still keeps its header's longest word whole: a name such as
         # aiter-gluon-0.1.20 was folded as "aiter-gluon-0.1.2" / "0".
         t.add_column(Text(header, no_wrap=False, overflow="fold"), justify="right" if numbers else s.justify,

@@ -87,7 +87,7 @@ def test_a_config_that_replaces_the_recorded_prediction_says_so(tmp_path, monkey
     code, out, err = run(argv, monkeypatch, capsys)
     assert code == 0, err
     assert ("the config's [prediction] (reference ours) replaces the one the run recorded (reference fm); "
-            "plot and report draw the recorded one") in err
+            "plot draws it given the same CONFIG, report the recorded one") in err
     assert json.loads(out)[1]["rows"][1]["error_pct"] == 0.0  # ours at 4096: the new reference
     code, _out, err = run(argv[:1] + argv[2:], monkeypatch, capsys)
     assert code == 0 and "replaces" not in err

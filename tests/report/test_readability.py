@@ -137,3 +137,65 @@ def test_plot_of_a_serve_run_and_its_kernel_sweeps_draws_the_predicted_tpot(tmp_
     assert "recorded [prediction] (non-attention time from flashmla at its short input length)" in spec.caption
     (plain,), _ = plan(load_runs([write_serve_run(tmp_path / "plain"), PREDICTION_SWEEP]), ["serving-tpot"])
     assert "no TPOT predicted from the sweep runs given: the serve config has no [prediction] table" in plain.caption
+
+
+def _config_with_reference(path, reference):
+    """A serve config of the synthetic run's variants whose [prediction] takes ``reference``."""
+    from tests.report.serve_runs import TPOT_MS
+
+    path.write_text('baseline = "flashmla"\n' + "".join(
+        f'[[variants]]\nname = "{n}"\nbase_url = "http://127.0.0.1:{8100 + k}"\n' for k, n in enumerate(TPOT_MS))
+        + f'[prediction]\nlayers = 61\nreference = "{reference}"\nshort_input_len = 4096\n[prediction.kernels]\n'
+        'flashmla = { backend = "flashmla" }\nmlabench = { backend = "gluon-splitkv", by_concurrency = '
+        '{ 1 = { num_kv_splits = 132 }, 16 = { num_kv_splits = 16 } } }\n')
+    return path
+
+
+def test_plot_takes_a_configs_prediction_as_serve_bench_does(tmp_path, monkeypatch, capsys):
+    """Issue 33: `plot` drew only the run's recorded [prediction], so the README's prediction table
+    (`serve-bench CONFIG --from-run RUN --predict-from ...`, the config's reference) had no figure.
+    `plot CONFIG --from RUN --from SWEEP` draws the config's, says so, and refuses what serve-bench refuses."""
+    from tests.report.serve_runs import PREDICTION, PREDICTION_SWEEP, write_serve_run
+    from tests.report.test_figures import run_cli
+
+    run = write_serve_run(tmp_path, prediction=PREDICTION)
+    config = _config_with_reference(tmp_path / "ours.toml", "mlabench")
+    code, out, err = run_cli(["plot", str(config), "--from", str(run), "--from", str(PREDICTION_SWEEP),
+                              "--kind", "serving-tpot", "--out", str(tmp_path / "figs")], monkeypatch, capsys)
+    assert code == 0 and out.split() == [str(tmp_path / "figs" / "serving-tpot.png")], err
+    assert f"{run.name}: the config's [prediction] (reference mlabench) replaces the one the run recorded " \
+           "(reference flashmla)" in err
+    runs = load_runs([run, PREDICTION_SWEEP])
+    runs.prediction = (_config_prediction_table(config), f"the [prediction] of {config}")
+    (spec,), _ = plan(runs, ["serving-tpot"])
+    fig = spec.draw()
+    assert fig.axes[0].texts[0].get_text() == "6.31 ms\n1.29×\npred 6.31"  # mlabench, the reference now
+    assert f"non-attention time from mlabench, the [prediction] of {config})" in fig.get_supxlabel()
+    assert f"by the [prediction] of {config} (non-attention time from mlabench" in spec.caption
+    for argv, said in (([str(config), "--from", str(run)], "with plot a CONFIG only gives the [prediction] of the "
+                        "sweep runs given with --from"),
+                       ([str(REPO / "configs/serve/cpu-tiny.toml"), "--from", str(run), "--from", str(PREDICTION_SWEEP)],
+                        "cpu-tiny.toml has no [prediction] table"),
+                       ([str(config), "--from", str(PREDICTION_SWEEP)], "a CONFIG gives the [prediction] of "
+                        "serve-bench runs, and --from gives none")):
+        code, _out, err = run_cli(["plot", *argv, "--out", str(tmp_path / "no")], monkeypatch, capsys)
+        assert code == 2 and err.startswith("error: ") and said in err and err.count("\n") == 1, err
+
+
+def _config_prediction_table(path):
+    from mlabench.serving.config import load_config
+
+    return load_config(path).prediction
+
+
+def test_a_bar_has_no_speedup_label_where_the_baseline_has_no_tpot(tmp_path):
+    """Issue 33: run 2's figure labelled mlabench at concurrency 1 "—", a speedup over a baseline
+    that was never run there; its own bar already says "not run" (or its status)."""
+    from tests.report.serve_runs import write_serve_run
+
+    run = write_serve_run(tmp_path, drop=(("flashmla", 100000, 1),))
+    (spec,), _ = plan(load_runs([run]), ["serving-tpot"])
+    panel = spec.draw().axes[2]  # concurrency 1, 100000 input tokens
+    assert panel.get_title() == "100000 input tokens, concurrency 1"
+    assert [t.get_text() for t in panel.texts] == ["7.64 ms", "missing", "not run"]
+    assert [t.get_text() for t in spec.draw().axes[0].texts][0] == "6.31 ms\n1.29×"  # the baseline ran there

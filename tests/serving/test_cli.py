@@ -304,8 +304,25 @@ def test_several_input_lengths_are_benchmarked_against_one_server_start(tmp_path
     assert all("input_len=" + a[a.index("--random-input-len") + 1] in a for a in commands)
     assert json.loads((run / "table.json").read_text()) == json.loads(r.stdout)
     md = run_cli("serve-bench", "--from-run", str(run), "--markdown")
-    assert md.returncode == 0 and "| input len | concurrency | base TPOT mean ms |" in md.stdout
-    assert "| 256 | 4 | 51.12 | 1.00x (base) |" in md.stdout
+    assert md.returncode == 0 and md.stdout == (run / "table.md").read_text()
+    assert "| input len | concurrency | base | fast |" in md.stdout and "| 256 | 4 | 51.12 |" in md.stdout
+
+
+def test_markdown_is_a_table_per_metric_with_variants_as_columns():
+    """Issue 33: ``--markdown`` printed a column per variant and metric, 32 for the H200 run of five
+    variants, unreadable in a pull request.  Now a table per metric (the TPOT with speedups first), a
+    column per variant; every number is still in ``--json``."""
+    run = Path(__file__).parents[2] / "results/h200/serving/serve-20261204T182027Z-h200-proxy"
+    r = run_cli("serve-bench", "--from-run", str(run), "--markdown")
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("|")]
+    assert max(line.count(" | ") + 1 for line in rows) == 7  # input len, concurrency, five variants
+    titles = [line for line in r.stdout.splitlines() if line.startswith("**")]
+    assert titles == ["**mean TPOT, ms (speedup vs flashmla)**", "**mean TTFT, ms**",
+                      "**median ITL, ms (the typical decode step)**", "**output tokens/s**",
+                      "**requests completed/failed**"]
+    assert "| 4096 | 1 | 6.34 (1.29x) | 8.16 | 6.62 (1.23x) | 6.35 (1.29x) | 10.39 (0.79x) |" in rows
+    assert "| 100000 | 16 | 31.18 | 34.12 | 32.68 | not run | 80.60 |" in rows  # median ITL
 
 
 def test_fewer_prompts_than_the_concurrency_is_refused(tmp_path, fake_vllm):
@@ -322,14 +339,17 @@ def test_fewer_prompts_than_the_concurrency_is_refused(tmp_path, fake_vllm):
 def test_an_old_single_length_run_reads_as_before(tmp_path):
     """A run recorded before input lengths existed (no ``input_len`` in its results, files
     ``<variant>-c<conc>-r<rep>``, an integer ``num_prompts``): ``--from-run`` prints the table it
-    saved then, byte for byte; and a recorded run with fewer prompts than a concurrency is still read."""
+    saved then (one column per variant and metric, as that time's ``--markdown`` printed them); and a
+    recorded run with fewer prompts than a concurrency is still read."""
     import shutil
 
     repo = Path(__file__).parents[2]
     old = repo / "results" / "cpu-vllm" / "serve-20261130T105730Z-cpu-tiny"
     assert "input_len" not in (old / "results.jsonl").read_text()
     r = run_cli("serve-bench", "--from-run", str(old), "--markdown")
-    assert r.returncode == 0 and r.stdout == (old / "table.md").read_text()
+    assert r.returncode == 0 and "input" not in r.stdout and "| 16 | 19.63 | 14.65 (1.34x) |" in r.stdout
+    saved_md = [line.split(" | ") for line in (old / "table.md").read_text().splitlines() if line[:3] == "| 1"]
+    assert [(cells[0][2:], cells[1], cells[7]) for cells in saved_md] == [("1", "6.62", "7.45"), ("16", "19.63", "14.65")]
     (table,) = json.loads(run_cli("serve-bench", "--from-run", str(old), "--json").stdout)
     assert table["title"] == "TPOT by concurrency (speedup vs running, mean TPOT)"
     assert table["columns"][:2] == ["concurrency", "variant"] and "input_len" not in table["columns"]

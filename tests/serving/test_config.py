@@ -110,7 +110,8 @@ def test_prompts_per_concurrency(tmp_path):
     ("[bench]\nnum_prompts = 3\n", "bench.num_prompts: concurrency 16 gets 3 prompts, fewer than 16"),
     ("[bench]\nnum_prompts = { 1 = 3, 16 = 8 }\n", "concurrency 16 gets 8 prompts, fewer than 16"),
     ("[bench]\nnum_prompts = { 1 = 3 }\n", "bench.num_prompts gives no prompt count for concurrency 16"),
-    ("[bench]\nnum_prompts = { 1 = 3, 8 = 8, 16 = 16 }\n", r"concurrencies \[8\] that are not in concurrencies \[1, 16\]"),
+    ("[bench]\nnum_prompts = { 1 = 3, 8 = 8, 16 = 16 }\n",
+     r"bench.num_prompts has concurrencies \[8\] that no variant runs \(concurrencies run: \[1, 16\]\)"),
     ("[bench]\nnum_prompts = { one = 3, 16 = 16 }\n",
      r"bench.num_prompts: the keys of a num_prompts table are concurrencies \(integers\), not \['one', '16'\]$"),
     ("[bench]\nnum_prompts = { 1 = \"x\", 16 = 16 }\n", "bench.num_prompts: must be a prompt count or a table"),
@@ -151,6 +152,27 @@ def test_warmups_per_concurrency(tmp_path):
 def test_bad_warmups_are_refused(tmp_path, text, said):
     with pytest.raises(ConfigError, match=said) as err:
         load_config(write(tmp_path, MINIMAL + f"[bench]\n{text}\n"))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("rest, said", [
+    ("[bench]\nnum_warmups = { 1 = 1, 61 = 16 }\n",
+     r"bench.num_warmups has concurrencies \[61\] that no variant runs \(concurrencies run: \[1, 16\]\)"),
+    ("concurrencies = [16]\n[bench]\nnum_warmups = { 1 = 1, 16 = 16 }\n",
+     r"bench.num_warmups has concurrencies \[1\] that no variant runs \(concurrencies run: \[16\]\)"),
+    ("concurrencies = [16]\n[bench]\nnum_prompts = { 1 = 3, 16 = 16 }\n",
+     r"bench.num_prompts has concurrencies \[1\] that no variant runs"),
+    ("[[variants]]\nname = 'b'\nbase_url = 'http://x'\nconcurrencies = [16]\n"
+     "bench = { num_warmups = { 1 = 0, 16 = 4 } }\n",
+     r"bench.num_warmups \(variant 'b'\) has concurrencies \[1\] that the variant does not run \(concurrencies "
+     r"run: \[16\]\)"),
+])
+def test_a_count_for_a_concurrency_not_run_is_refused(tmp_path, rest, said):
+    """Issue 33: a num_warmups table keyed by a concurrency not run (a typo: 61 for 16) was ignored,
+    and c=16 got the default 1 warm-up; num_prompts checked only the config's concurrencies, not
+    which of them a variant runs."""
+    with pytest.raises(ConfigError, match=said) as err:
+        load_config(write(tmp_path, MINIMAL + rest))
     assert "\n" not in str(err.value)
 
 

@@ -143,7 +143,7 @@ def test_one_input_length_prints_as_before():
 def test_a_length_a_variant_leaves_out_is_not_run_rather_than_missing():
     results = [at(4096, res("a", 1, 0, 10.0)), at(4096, res("b", 1, 0, 8.0)), at(32768, res("a", 1, 0, 12.0))]
     t = build_table(results, ["a", "b"], [1], "a", input_lens=[4096, 32768],
-                    planned={"a": [4096, 32768], "b": [4096]})
+                    planned={"a": {(4096, 1), (32768, 1)}, "b": {(4096, 1)}})
     assert t.ok
     unplanned = t.rows[1].cells[1]
     assert not unplanned.planned and unplanned.status == "missing"
@@ -166,3 +166,20 @@ def test_a_concurrency_a_variant_leaves_out_is_not_run_rather_than_missing():
     # once b records a run at c=1 it counts; with no plan the gap is missing
     assert build_table([res("a", 1, 0, 10.0), res("a", 16, 0, 20.0), res("b", 16, 0, 18.0)],
                        ["a", "b"], [1, 16], "a").ok is False
+
+
+def test_the_markdown_tables_mark_what_failed_or_did_not_run():
+    """The table per metric (issue 33) keeps failures visible: a failed cell carries its status in
+    every table, a missing one says MISSING, one never planned "not run", and the reasons are
+    listed under the first table."""
+    from mlabench.serving.table import metric_tables
+
+    results = [res("a", 1, 0, 10.0), res("a", 1, 1, 10.0, "failed_requests", 2, 1), res("b", 1, 0, 5.0),
+               res("a", 16, 0, 20.0)]
+    t = build_table(results, ["a", "b", "c"], [1, 16], "a", planned={"c": {(None, 16)}})
+    tpot, ttft, *_, done = metric_tables(t)
+    assert tpot.title == "mean TPOT, ms (speedup vs a)" and tpot.columns == ["concurrency", "a", "b", "c"]
+    assert tpot.rows == [["1", "10.00 FAILED_REQUESTS", "5.00 (2.00x)", "not run"],
+                         ["16", "20.00", "MISSING", "MISSING"]]
+    assert done.rows[0][1] == "5/1 FAILED_REQUESTS" and ttft.rows[0][2] == "100.00"
+    assert "c=16 b: missing; no run recorded" in tpot.notes and not ttft.notes

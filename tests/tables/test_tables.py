@@ -279,24 +279,25 @@ def grouped_table():
     """A group column, a number column, one of several words, a no-wrap one, a right-justified one."""
     t = Table("", ["group", "n", "words", "flag", "tag"], group_by="group",
               styles={"flag": ColumnStyle(no_wrap=True), "tag": ColumnStyle(justify="right")})
-    t.add_row(["a", 1.5, "two words", "no wrap here", "x"])
+    t.add_row(["a", 1.5, "two wordy-words", "no wrap here", "x"])
     t.add_row(["a", 10.25, "w", "y", "long"], style="red")
     t.add_row(["b", 3.0, "w", "z", "x"])
     return t
 
 
 def test_a_grouped_table_line_by_line_at_its_narrowest():
-    """At its narrowest only the column of several words wraps; the group value shows once, a line
+    """At its narrowest only the column of several words (longer than a short label) wraps; the group value shows once, a line
     follows each group; numbers stand right-aligned, a right-justified text column too; each row
     keeps its style (a failed one red)."""
     lines = [line.rstrip() for line in rendered(grouped_table(), 1).splitlines()]
     assert lines == [
-        "", "  group       n   words   flag            tag", " " + "─" * 45,
-        "  a        1.50   two     no wrap here      x", "                  words",
-        "          10.25   w       y              long", "", "  b        3.00   w       z                 x", "",
+        "", "  group       n   words         flag            tag", " " + "─" * 51,
+        "  a        1.50   two           no wrap here      x", "                  wordy-words",
+        "          10.25   w             y              long", "",
+        "  b        3.00   w             z                 x", "",
     ]
     assert [line.rstrip() for line in rendered(grouped_table(), 200).splitlines()][3] == \
-        "  a        1.50   two words   no wrap here      x"
+        "  a        1.50   two wordy-words   no wrap here      x"
     assert [row.style for row in to_rich(grouped_table()).rows] == [None, "red", None]
 
 
@@ -333,3 +334,20 @@ def test_a_header_word_is_never_split_however_narrow_the_column():
         console = Console(width=max(width, min_width(rich_table)), file=io.StringIO())
         console.print(rich_table)
         assert "aiter-gluon-0.1.20" in console.file.getvalue(), console.file.getvalue()
+
+
+def test_a_short_label_is_never_split_and_headers_wrap_one_at_a_time():
+    """Issue 33: the prediction table's "step from" column ("TPOT", "p50 ITL") was squeezed to
+    "p50" / "ITL" on two lines (its header too) a few columns short of the table's width; now a
+    short label stays whole, and headers wrap one at a time, the one that saves most first."""
+    t = Table("", ["variant", "step_from", "ms", "pct"], [["fa3", "TPOT", 1.5, 2.0], ["fa3", "p50 ITL", 2.5, 3.0]],
+              styles={"step_from": ColumnStyle(header="step from"), "ms": ColumnStyle(header="measured step ms"),
+                      "pct": ColumnStyle(header="TPOT outside step %")})
+    from mlabench.tables.render import min_width
+
+    full = min_width(to_rich(t))
+    assert "TPOT outside step %" in rendered(t, full)
+    text = rendered(t, full - 1)  # one header wraps, the one that saves most; the others stay whole
+    assert "measured step ms" in text and "TPOT outside step %" not in text and "  step %" in text
+    for width in (full - 1, 30, 20):
+        assert "p50 ITL" in rendered(t, width), rendered(t, width)

@@ -284,7 +284,8 @@ class ServingData:
     workload: str
     input_lens: list[int] = field(default_factory=list)
     predicted_note: str = ""  #: why no bar has a prediction although sweep records were given
-    predicted_reference: str = ""  #: the recorded [prediction]'s reference variant, where bars have a prediction
+    predicted_reference: str = ""  #: the [prediction]'s reference variant, where bars have a prediction
+    prediction_source: str = "the run's recorded [prediction]"  #: which [prediction] the bars' predictions follow
 
     def bar(self, variant: str, concurrency: int, input_len: int | None = None) -> TpotBar:
         """The bar of ``variant`` at ``concurrency`` (and ``input_len``); KeyError when there is none."""
@@ -294,7 +295,8 @@ class ServingData:
         raise KeyError((variant, concurrency, input_len))
 
 
-def serving_tpot(run: Any, stat: str = "mean", records: Sequence[Record] = ()) -> ServingData:
+def serving_tpot(run: Any, stat: str = "mean", records: Sequence[Record] = (),
+                 prediction: tuple[dict[str, Any], str] | None = None) -> ServingData:
     """TPOT (``stat``: mean, median or p99; ms) and speedup over the baseline of a serve-bench run.
 
     ``run`` is a :class:`mlabench.records.readers.ServeRun`; the numbers are the serve-bench table's
@@ -303,7 +305,8 @@ def serving_tpot(run: Any, stat: str = "mean", records: Sequence[Record] = ()) -
     bar per (input length, concurrency, variant); a variant whose own ``bench.random_input_len``
     leaves a length out has a bar there with ``planned`` False.  With sweep ``records`` and a
     ``[prediction]`` in the run's config, each bar the prediction covers gets ``predicted_ms``
-    (:func:`predictions`).
+    (:func:`predictions`); ``prediction`` (a serve config's ``[prediction]`` table and its words,
+    "the [prediction] of CONFIG") replaces the recorded one, as ``serve-bench CONFIG --from-run``.
     """
     from mlabench.serving.table import table_of, tpot_of
 
@@ -318,6 +321,9 @@ def serving_tpot(run: Any, stat: str = "mean", records: Sequence[Record] = ()) -
     data = ServingData(run.name, conf.description or conf.model or run.name, conf.baseline, stat,
                        [v.name for v in conf.variants], list(conf.concurrencies), bars, workload,
                        lens if table.by_input_len else [])
+    if prediction is not None:
+        conf = conf.model_copy(update={"prediction": prediction[0]})
+        data.prediction_source = prediction[1]
     if records:
         data.predicted_note = predictions(data, conf, table, records)
     return data

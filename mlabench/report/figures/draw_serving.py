@@ -4,7 +4,7 @@ A run of one input length is one panel, concurrencies side by side, a bar per va
 several is a grid, a row per concurrency and a column per input length, each panel on its own
 linear axis from 0: TPOT at concurrency 1 (a few ms) and at 16 with long prompts (hundreds) differ
 50x, which one axis would flatten.  Every bar is labelled with its TPOT and its speedup over the
-baseline; a variant that does not run a length (its own ``bench.random_input_len``) says "not
+baseline (where the baseline has a TPOT at that point); a variant that does not run a length (its own ``bench.random_input_len``) says "not
 run" there, one without a result says its status.
 """
 
@@ -23,10 +23,17 @@ PREDICTED_LABEL = "predicted from the kernel sweeps given"
 
 
 def _bar_text(data: ServingData, bar: TpotBar) -> str:
-    """``6.31 ms`` over ``1.29×`` (``baseline`` for the baseline), and the status when not ok."""
-    speed = "baseline" if bar.variant == data.baseline else style.speedup_text(bar.speedup)
+    """``6.31 ms`` over ``1.29×`` (``baseline`` for the baseline; no speedup line where the baseline
+    has no TPOT at that point: its own bar says "not run" or its status), and the status when not ok."""
+    speed = "\nbaseline" if bar.variant == data.baseline else "" if _baseline_absent(data, bar) else \
+        "\n" + style.speedup_text(bar.speedup)
     predicted = "" if bar.predicted_ms is None else f"\npred {style.sig3(bar.predicted_ms)}"
-    return f"{style.sig3(bar.tpot_ms)} ms\n{speed}{predicted}" + ("" if bar.status == "ok" else f"\n{bar.status}")
+    return f"{style.sig3(bar.tpot_ms)} ms{speed}{predicted}" + ("" if bar.status == "ok" else f"\n{bar.status}")
+
+
+def _baseline_absent(data: ServingData, bar: TpotBar) -> bool:
+    """True when the baseline has no TPOT where ``bar`` stands (not run there, or no result)."""
+    return data.bar(data.baseline, bar.concurrency, bar.input_len).tpot_ms is None
 
 
 def _top(bars: list[TpotBar]) -> float:
@@ -108,6 +115,6 @@ def _grid(data: ServingData, title: str, where: str) -> Any:
             ax.grid(True, axis="y", alpha=0.3)
     predicted = any(b.predicted_ms is not None for b in data.bars)
     fig.supxlabel("each panel has its own TPOT axis, from 0" + (" · black dashes: TPOT predicted from the kernel "
-                  f"sweeps given (non-attention time from {data.predicted_reference}, the run's recorded "
-                  "[prediction])" if predicted else ""), fontsize=8.5, color="#404040")
+                  f"sweeps given (non-attention time from {data.predicted_reference}, {data.prediction_source})"
+                  if predicted else ""), fontsize=8.5, color="#404040")
     return fig

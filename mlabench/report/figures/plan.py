@@ -161,7 +161,7 @@ def _persistent(runs: Any, families: dict[str, str], kind: str) -> list[FigureSp
 def _serving(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec] | str:
     specs = []
     for run in runs.serve_runs:
-        data = D.serving_tpot(run, records=runs.records)
+        data = D.serving_tpot(run, records=runs.records, prediction=runs.prediction)
         if not any(b.tpot_ms is not None for b in data.bars):
             continue
         suffix = "" if len(runs.serve_runs) == 1 else f"-{run.name}"
@@ -180,9 +180,11 @@ def _predicted_caption(data: D.ServingData) -> str:
     """The caption's words on the predicted TPOT: what the dashed lines are, why there are none
     although sweep runs were given, or nothing (no sweep run given)."""
     if any(b.predicted_ms is not None for b in data.bars):
-        return ("; dashed: TPOT predicted from the sweep runs given by the run's recorded [prediction] "
+        recorded = data.prediction_source == D.ServingData.prediction_source
+        return (f"; dashed: TPOT predicted from the sweep runs given by {data.prediction_source} "
                 f"(non-attention time from {data.predicted_reference} at its short input length), as "
-                "`serve-bench --from-run RUN --predict-from` prints it without a CONFIG, "
+                f"`serve-bench {'' if recorded else 'CONFIG '}--from-run RUN --predict-from` prints it"
+                f"{' without a CONFIG' if recorded else ''}, "
                 "where its measured step is the TPOT (concurrency 1; above it the step is held against the "
                 "median ITL in that table, not against the TPOT drawn here; docs/vllm-plugin.md)")
     return f"; no TPOT predicted from the sweep runs given: {data.predicted_note}" if data.predicted_note else ""
