@@ -117,7 +117,7 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy
         if FUSED:  # the request's written splits merge it together: no second launch
             arrive_and_wait(sync_ptr, gl.program_id(0), written)
             merge_share(po_ptr, plse_ptr, out_ptr + b.to(gl.int64) * stride_ob, b * num_splits,
-                        split, written, row_lo, num_rows, stride_ps, stride_ph, stride_ls,
+                        split, written, written, row_lo, num_rows, stride_ps, stride_ph, stride_ls,
                         stride_oh, BLOCK_R, MERGE_COLS, MERGE_SPLITS, M_TS, M_TR, M_TC, M_WS, M_WR)
 
 
