@@ -12,6 +12,8 @@ import json
 import pytest
 import torch
 
+from tests.gpu.test_gluon_splitkv import _backend, _inputs, _repeated_calls
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -20,16 +22,6 @@ pytestmark = [pytest.mark.gpu,
 POLICY = {"num_kv_splits": {"1": [[1024, 16], [8192, 64], [1 << 20, 300]],
                             "4": [[256, 1], [4096, 7], [1 << 20, 132]],
                             "16": [[256, 1], [2048, 5], [8192, 12], [1 << 20, 33]]}}
-
-
-def _backend():
-    from mlabench.backends import get_backend, gluon as _gluon  # noqa: F401  (registers gluon-splitkv)
-
-    backend = get_backend("gluon-splitkv")
-    ok, why = backend.available()
-    if not ok:
-        pytest.skip(why)
-    return backend
 
 
 def _params(backend, shape, tmp_path, **extra):
@@ -133,7 +125,6 @@ def test_loop_graph_of_repeated_calls_follows_new_lengths(tmp_path, fused):
     wrote a partial before the merge before it had read it would mix the two queries."""
     from mlabench.kernels.gluon_splitkv import KernelVariant, merge_sync_shape
     from mlabench.policy.device_table import load_split_policy
-    from tests.gpu.test_gluon_splitkv import _inputs, _repeated_calls
 
     _backend()
     lens = (131072, 300, 20000, 64) * 4
