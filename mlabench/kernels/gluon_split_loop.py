@@ -81,7 +81,9 @@ def run_split(kvn_desc, kvr_desc, bt_row_ptr, b, row_lo, seq_len, split, step, b
     program's first pages (``split + step``, if below ``written``), then its partial at slot
     ``b * num_splits + split``.  Returns the ring uses so far."""
     page_lo, n_tiles = split_range(split, n_pages, per_split)
-    shift = page_lo - base  # the page functions read the request's page shift + use
+    # The page functions read the request's page shift + use.  shift >= 0: the k-th split of
+    # program p starts at page (p + k*G) * per_split, past the k * per_split pages used before.
+    shift = page_lo - base
     end = base + n_tiles
     o, l_i, m_i, s_zero, offs_t, rows = accumulators(row_lo, BLOCK_R, O_WARPS_M, LAZY_SUM,
                                                      num_warps)

@@ -57,6 +57,7 @@ def loop_program_trace(program: int, grid_splits: int, seq_len: int, own: int, n
     for split in range(program, written, grid_splits):
         lo, n = split_range(split, pages, per_split)
         shift, end = lo - base, base + n
+        assert shift >= 0  # the block-table pointer never steps below the request's row
         for t in range(base, end):
             if t + num_stages - 1 < end:
                 events.append(("issue", t + num_stages - 1, shift + t + num_stages - 1))
