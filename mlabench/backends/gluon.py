@@ -16,6 +16,7 @@ from mlabench.backends.base import Backend, ParamSpec, PreparedCall, check_mla_d
 from mlabench.backends.registry import register
 from mlabench.backends.shared import NUM_KV_SPLITS, SPLIT_POLICY, TRITON_PACKAGES
 from mlabench.device import current_device, triton_interpreting
+from mlabench.errors import UnsupportedShapeError
 from mlabench.extras import optional_import
 from mlabench.inputs import MLADecodeInputs
 from mlabench.kernels.row_tiling import RowTiling
@@ -93,6 +94,17 @@ FUSED_MERGE = ParamSpec(
          "from batch 16 (H200: 0.2-4.6 µs faster from 4K), else 0",
 )
 
+# Not yet measured (issue 34 item 2): off by default, so the served path stays the GPU-verified
+# one; results/h200/deploy/empty-programs/split-loop.toml measures it.
+SPLIT_LOOP = ParamSpec(
+    "split_loop", int, default=0, low=0, high=1, omit_default=True, searched=False,
+    help="1: with split_policy=device only, the persistent split loop: the grid holds one wave of "
+         "programs per request and row tile (at most the policy's largest count, not always it) "
+         "and each runs its request's splits p, p + G, ...; where that wave holds the largest "
+         "count the loop-free kernel runs.  0 (default): one program per split of the largest "
+         "count (not yet measured on a GPU)",
+)
+
 
 def hopper_gluon_available() -> tuple[bool, str]:
     """``(True, "")`` on an NVIDIA compute-capability-9.0 GPU with Triton's Gluon importable,
@@ -121,7 +133,9 @@ class GluonSplitKVBackend(Backend):
     split count is ``num_kv_splits`` or comes from a split policy (``split_policy``, as for
     ``triton-splitkv``): ``device`` looks each request's count up inside the kernel, so one
     captured graph runs the policy's count at every length; ``host`` looks one count up at each
-    refresh from the longest context, which a captured graph freezes.
+    refresh from the longest context, which a captured graph freezes.  With ``device``,
+    ``split_loop`` sizes the grid to one wave and lets each program loop over its request's splits
+    (:mod:`mlabench.kernels.split_loop`).
     """
 
     name = "gluon-splitkv"
@@ -131,7 +145,7 @@ class GluonSplitKVBackend(Backend):
     summary = ("project Gluon split-KV kernel for Hopper: TMA page ring, wgmma, up to 64 query rows "
                "a tile, num_kv_splits or a split policy")
     params = (KV_SPLITS, SPLIT_POLICY, RING_STAGES, PDL, O_SPLIT, LAZY_SUM, PDL_PROLOGUE,
-              FUSED_MERGE)
+              FUSED_MERGE, SPLIT_LOOP)
 
     def available(self) -> tuple[bool, str]:
         return hopper_gluon_available()
@@ -156,6 +170,7 @@ class GluonSplitKVBackend(Backend):
         from mlabench.kernels.gluon_splitkv import (
             KernelVariant, kv_descriptors, merge_sync_shape, mla_decode_gluon_splitkv,
         )
+        from mlabench.kernels.split_loop import stage1_grid_splits
         from mlabench.kernels.splitkv import splitkv_workspace_bytes
         from mlabench.kernels.workspace import splitkv_workspace_shapes
 
@@ -163,12 +178,17 @@ class GluonSplitKVBackend(Backend):
         choice = SplitChoice(params, s, inputs.device)
         stages, pdl = int(params["num_stages"]), int(params["pdl"])
         rows = s.qo_len * s.num_heads
-        fits = fused_merge_fits(stage1_programs(s.batch, rows, choice.grid_splits),
-                                current_device().num_sms)
+        split_loop = bool(int(SPLIT_LOOP.value_in(params, s)))
+        if split_loop and choice.mode != "device":
+            raise UnsupportedShapeError("split_loop=1 runs only with split_policy=device:...: the "
+                                        "other split counts keep their grid")
+        grid = stage1_grid_splits(split_loop, s.batch, rows, choice.grid_splits, stages,
+                                  current_device().num_sms)
+        fits = fused_merge_fits(stage1_programs(s.batch, rows, grid), current_device().num_sms)
         variant = KernelVariant(str(O_SPLIT.value_in(params, s)),
                                 bool(int(LAZY_SUM.value_in(params, s))),
                                 bool(int(PDL_PROLOGUE.value_in(params, s))),
-                                fits and bool(int(FUSED_MERGE.value_in(params, s))))
+                                fits and bool(int(FUSED_MERGE.value_in(params, s))), split_loop)
         merge_sync = (torch.zeros(merge_sync_shape(s.batch, rows), dtype=torch.int32,
                                   device=inputs.device) if variant.fused_merge else None)
         o_shape, l_shape = splitkv_workspace_shapes(s.batch, rows, choice.grid_splits)
@@ -190,7 +210,9 @@ class GluonSplitKVBackend(Backend):
         choice.effective.update(num_stages=stages, pdl=pdl, o_split=variant.o_split,
                                 lazy_sum=int(variant.lazy_sum),
                                 pdl_prologue=int(variant.pdl_prologue),
-                                fused_merge=int(variant.fused_merge))
+                                fused_merge=int(variant.fused_merge),
+                                split_loop=int(variant.split_loop),
+                                **({"grid_splits": grid} if split_loop else {}))
         return PreparedCall(fn=fn, out=out, effective_params=choice.effective, refresh=refresh,
                             workspace_bytes=splitkv_workspace_bytes(
                                 1, rows, sum(choice.counts(s.context_lens))),

@@ -135,21 +135,44 @@ def lookup_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps
 
 
 @gluon.jit
-def split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS: gl.constexpr,
-                num_warps: gl.constexpr):
-    """``(first page, pages, written)`` of split ``split`` of a request of ``seq_len`` tokens: its
-    pages cut into the request's own count (``num_splits``, or the policy's with ``POLICY_ROWS >
-    0``) of ``ceil(pages / count)`` each; 0 pages past the request's last page or its count.
-    ``written``: how many of the request's splits own a page (its first ones), the count
-    :func:`mlabench.kernels.wide_merge.written_splits` derives for the merge."""
+def split_geometry(seq_len, num_splits, policy_ptr, POLICY_ROWS: gl.constexpr,
+                   num_warps: gl.constexpr):
+    """``(pages, pages per split)`` of a request of ``seq_len`` tokens cut into its own count
+    (``num_splits``, or the policy's with ``POLICY_ROWS > 0``, at most ``num_splits``) of
+    ``ceil(pages / count)`` pages each.  The host's model is
+    :func:`mlabench.kernels.split_loop.split_geometry`."""
     if POLICY_ROWS > 0:  # the request's own count; splits past it own no page
         own = lookup_splits(seq_len, policy_ptr, num_splits, POLICY_ROWS, num_warps)
     else:
         own = num_splits
     n_pages = gl.cdiv(seq_len, PAGE_TOKENS)
-    per_split = gl.cdiv(n_pages, own)
+    return n_pages, gl.cdiv(n_pages, own)
+
+
+@gluon.jit
+def split_range(split, n_pages, per_split):
+    """``(first page, pages)`` of split ``split`` of :func:`split_geometry`'s request: 0 pages past
+    its last page."""
     page_lo = gl.minimum(split * per_split, n_pages)
-    written = gl.cdiv(n_pages, gl.maximum(per_split, 1))
+    return page_lo, gl.minimum(page_lo + per_split, n_pages) - page_lo
+
+
+@gluon.jit
+def written_splits(n_pages, per_split):
+    """How many of :func:`split_geometry`'s splits own a page (the first ones): the count
+    :func:`mlabench.kernels.wide_merge.written_splits` derives for the merge."""
+    return gl.cdiv(n_pages, gl.maximum(per_split, 1))
+
+
+@gluon.jit
+def split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS: gl.constexpr,
+                num_warps: gl.constexpr):
+    """``(first page, pages, written)`` of split ``split`` of a request of ``seq_len`` tokens
+    (:func:`split_geometry`, :func:`split_range`, :func:`written_splits`); 0 pages past the
+    request's last page or its count."""
+    n_pages, per_split = split_geometry(seq_len, num_splits, policy_ptr, POLICY_ROWS, num_warps)
+    page_lo = gl.minimum(split * per_split, n_pages)  # split_range's, in main's order (same PTX)
+    written = written_splits(n_pages, per_split)
     return page_lo, gl.minimum(page_lo + per_split, n_pages) - page_lo, written
 
 

@@ -128,13 +128,14 @@ def arrive_and_wait(sync_ptr, tile, participants):
 
 
 @gluon.jit
-def merge_share(po_ptr, plse_ptr, out_row_ptr, first_slot, participant, participants, row_lo,
-                num_rows, stride_ps, stride_ph, stride_ls, stride_oh, BLOCK_R: gl.constexpr,
+def merge_share(po_ptr, plse_ptr, out_row_ptr, first_slot, participant, participants, slots,
+                row_lo, num_rows, stride_ps, stride_ph, stride_ls, stride_oh, BLOCK_R: gl.constexpr,
                 MERGE_COLS: gl.constexpr, MERGE_SPLITS: gl.constexpr, M_TS: gl.constexpr,
                 M_TR: gl.constexpr, M_TC: gl.constexpr, M_WS: gl.constexpr, M_WR: gl.constexpr):
     """Merge this participant's column chunks of a (request, row tile): for rows ``row_lo ..``
     (those below ``num_rows``) and each chunk, ``sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m)``
-    over the ``participants`` slots from ``first_slot``, written to the request's output
+    over the ``slots`` slots from ``first_slot`` (the written splits; as many as the
+    ``participants`` sharing the chunks, or more with the persistent split loop), written to the request's output
     ``out_row_ptr`` (packed row ``r`` at ``r * stride_oh``, in its dtype).  A row no split saw
     gets 0.
     A row's partial in a split that saw none of its keys (lse ``-inf``) may hold anything: its
@@ -153,9 +154,9 @@ def merge_share(po_ptr, plse_ptr, out_row_ptr, first_slot, participant, particip
         m = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=gl.SliceLayout(0, l_sr))
         w_sum = gl.zeros([BLOCK_R], gl.float32, layout=gl.SliceLayout(0, l_sr))
         acc = gl.zeros([BLOCK_R, MERGE_COLS], gl.float32, layout=l_rc)
-        for s0 in range(0, participants, MERGE_SPLITS):
+        for s0 in range(0, slots, MERGE_SPLITS):
             slot = (first_slot + s0 + s_ar).to(gl.int64)
-            live = (s0 + s_ar) < participants
+            live = (s0 + s_ar) < slots
             ok = live[:, None] & r_ok[None, :]
             lse = gl.load(plse_ptr + slot[:, None] * stride_ls + r_sr[None, :], mask=ok,
                           other=float("-inf"))

@@ -49,7 +49,9 @@ from mlabench.kernels.gluon_blocks import (
     PAGE_SIZE, accumulators, attend_page, issue_first_pages, issue_page, launch_dependents,
     load_q_tiles, page_ring, row_tiles, split_pages, store_partial, wait_prior_grid,
 )
+from mlabench.kernels.gluon_split_loop import stage1_split_loop
 from mlabench.kernels.row_tiling import QK_WIDTH as D_QK, RowTiling
+from mlabench.kernels.split_loop import stage1_grid_splits
 from mlabench.kernels.splitkv import checked_splitkv_args
 from mlabench.kernels.wide_merge import wide_merge
 
@@ -117,7 +119,7 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy
         if FUSED:  # the request's written splits merge it together: no second launch
             arrive_and_wait(sync_ptr, gl.program_id(0), written)
             merge_share(po_ptr, plse_ptr, out_ptr + b.to(gl.int64) * stride_ob, b * num_splits,
-                        split, written, row_lo, num_rows, stride_ps, stride_ph, stride_ls,
+                        split, written, written, row_lo, num_rows, stride_ps, stride_ph, stride_ls,
                         stride_oh, BLOCK_R, MERGE_COLS, MERGE_SPLITS, M_TS, M_TR, M_TC, M_WS, M_WR)
 
 
@@ -141,6 +143,11 @@ class KernelVariant:
     - ``fused_merge``: no merge launch; a request's splits merge their partials themselves after
       an arrival barrier (:mod:`mlabench.kernels.gluon_fused_merge`).  Needs every program of the
       grid resident at once (at most one per SM) and a zeroed int32 ``merge_sync`` workspace.
+    - ``split_loop``: with a split policy in device memory only, the persistent split loop
+      (:mod:`mlabench.kernels.gluon_split_loop`): the grid's split axis holds
+      :func:`~mlabench.kernels.split_loop.loop_grid_splits` programs (one wave, at most the
+      policy's largest count) instead of the largest count, and each program runs its request's
+      splits ``p, p + G, ...``; the partials, slots and merges are unchanged.  Not yet measured.
     Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``.
     """
 
@@ -148,6 +155,7 @@ class KernelVariant:
     lazy_sum: bool = True
     pdl_prologue: bool = False
     fused_merge: bool = False
+    split_loop: bool = False
 
     def __post_init__(self) -> None:
         if self.o_split not in ("n", "m"):
@@ -191,16 +199,20 @@ def merge_sync_shape(batch: int, rows: int) -> tuple[int]:
 
 
 def _launch_stage1(q_rows, kv_cache, block_table, cache_seqlens, partial_out, partial_lse,
-                   splits: int, heads: int, softmax_scale: float, descriptors, num_stages: int,
-                   pdl: int, split_policy, qo_len: int, causal: bool,
+                   splits: int, grid_splits: int, heads: int, softmax_scale: float, descriptors,
+                   num_stages: int, pdl: int, split_policy, qo_len: int, causal: bool,
                    variant: KernelVariant, out_rows, merge_sync) -> None:
-    """Launch stage 1 on the grid ``(B * row tiles, splits)`` (arguments as
+    """Launch stage 1 on the grid ``(B * row tiles, grid_splits)`` (arguments as
     :func:`mla_decode_gluon_splitkv` checked them; ``q_rows`` ``[B, qo_len * H, 576]``, ``out_rows``
-    ``[B, qo_len * H, 512]``, written only with ``variant.fused_merge``)."""
+    ``[B, qo_len * H, 512]``, written only with ``variant.fused_merge``; ``grid_splits`` is
+    ``splits`` unless ``variant.split_loop``).  Fewer programs than splits run the kernel of the
+    persistent split loop; as many run the loop-free kernel, each program owning at most one
+    split either way."""
     batch, tiling = block_table.shape[0], RowTiling.for_rows(qo_len * heads)
     kvn_desc, kvr_desc = descriptors or kv_descriptors(kv_cache)
-    mt = MergeTiling.for_launch(tiling.block_rows, splits, tiling.num_warps)
-    _gluon_splitkv_stage1[(batch * tiling.row_tiles, splits)](
+    mt = MergeTiling.for_launch(tiling.block_rows, grid_splits, tiling.num_warps)
+    kernel = stage1_split_loop if grid_splits < splits else _gluon_splitkv_stage1
+    kernel[(batch * tiling.row_tiles, grid_splits)](
         q_rows, kvn_desc, kvr_desc, block_table, cache_seqlens,
         cache_seqlens if split_policy is None else split_policy, partial_out, partial_lse,
         out_rows, cache_seqlens if merge_sync is None else merge_sync,
@@ -218,8 +230,8 @@ def _launch_stage1(q_rows, kv_cache, block_table, cache_seqlens, partial_out, pa
 
 
 def _check_fused(variant: KernelVariant, merge_sync, batch: int, rows: int, splits: int) -> None:
-    """ValueError unless a fused merge can run: the grid resident at once, a sync workspace of
-    :func:`merge_sync_shape`, int32, on q's device."""
+    """ValueError unless a fused merge can run: the grid (``splits`` on its split axis) resident
+    at once, a sync workspace of :func:`merge_sync_shape`, int32, on q's device."""
     if not variant.fused_merge:
         return
     programs = stage1_programs(batch, rows, splits)
@@ -231,6 +243,22 @@ def _check_fused(variant: KernelVariant, merge_sync, batch: int, rows: int, spli
     if merge_sync is None or tuple(merge_sync.shape) != want or merge_sync.dtype != torch.int32:
         got = None if merge_sync is None else (tuple(merge_sync.shape), merge_sync.dtype)
         raise ValueError(f"fused_merge needs a zeroed int32 merge_sync of shape {want}, got {got}")
+
+
+def _launch_plan(variant: KernelVariant, stage1_only: bool, split_policy, merge_sync, batch: int,
+                 rows: int, splits: int, num_stages: int) -> tuple[KernelVariant, int]:
+    """``(variant, grid split axis)`` of a call: no fused merge when ``stage1_only``; the split
+    loop's grid (:func:`~mlabench.kernels.split_loop.stage1_grid_splits`); ValueError for the
+    loop without a device policy, or a fused merge that cannot run (:func:`_check_fused`)."""
+    if stage1_only:
+        variant = dataclasses.replace(variant, fused_merge=False)
+    if variant.split_loop and split_policy is None:
+        raise ValueError("split_loop needs a split policy in device memory (split_policy); "
+                         "a fixed split count keeps its grid")
+    grid_splits = stage1_grid_splits(variant.split_loop, batch, rows, splits, num_stages,
+                                     current_device().num_sms)
+    _check_fused(variant, merge_sync, batch, rows, grid_splits)
+    return variant, grid_splits
 
 
 def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -253,7 +281,8 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
             when causal), read on the device (a captured graph follows new lengths).
         out: ``[B * qo_len, H, 512]`` in q's dtype, written in place and returned.
         num_kv_splits: S, 1..512: split ``s`` takes pages ``[s*P, (s+1)*P)``, ``P = ceil(pages/S)``;
-            with ``split_policy`` the most splits any request may take (the grid's split axis).
+            with ``split_policy`` the most splits a request may take (its slots; the grid's too
+            unless ``variant.split_loop``).
         softmax_scale: multiplier of ``q . k``.
         partial_out / partial_lse: fp32 workspace of
             :func:`~mlabench.kernels.workspace.splitkv_workspace_shapes` (None: allocated here).
@@ -273,7 +302,7 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
         merge_sync: with ``variant.fused_merge``, the zeroed int32 :func:`merge_sync_shape`.
         stage1_only: skip the merge (for timing stage 1 alone; ``out`` is then not written).
 
-    Returns ``out``.  Raises ValueError on bad layouts, split counts, tables or workspace sizes.
+    Returns ``out``.  Raises ValueError on bad layouts, counts, tables, workspaces or variants.
     """
     heads, splits = q.shape[1], int(num_kv_splits)
     if q.dtype != kv_cache.dtype:
@@ -281,12 +310,11 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     q_rows, out_rows, partial_out, partial_lse = checked_splitkv_args(
         q, kv_cache, block_table, cache_seqlens, out, splits, partial_out, partial_lse,
         split_policy, qo_len)
-    if stage1_only:
-        variant = dataclasses.replace(variant, fused_merge=False)
-    _check_fused(variant, merge_sync, block_table.shape[0], qo_len * heads, splits)
+    variant, grid_splits = _launch_plan(variant, stage1_only, split_policy, merge_sync,
+                                        block_table.shape[0], qo_len * heads, splits, num_stages)
     _launch_stage1(q_rows, kv_cache, block_table, cache_seqlens, partial_out, partial_lse, splits,
-                   heads, softmax_scale, descriptors, num_stages, 0 if stage1_only else int(pdl),
-                   split_policy, qo_len, causal, variant, out_rows, merge_sync)
+                   grid_splits, heads, softmax_scale, descriptors, num_stages, 0 if stage1_only
+                   else int(pdl), split_policy, qo_len, causal, variant, out_rows, merge_sync)
     if not stage1_only and not variant.fused_merge:
         wide_merge(partial_out, partial_lse, out_rows, splits, block_dv=merge_block_dv,
                    num_sms=current_device().num_sms, pdl=bool(pdl),

@@ -167,8 +167,10 @@ def compile_stage1_sm90(num_stages: int | None = None, dtype: str = "bf16", *,
     ``.metadata.shared`` (bytes).  ``num_stages`` None: the kernel's default ring depth.
     ``block_rows`` 16, 32 or 64 compiles the variant :class:`RowTiling` launches for that tile
     (4 warps for 16 rows, 8 for 32 and 64); ``variant`` a
-    :class:`~mlabench.kernels.gluon_splitkv.KernelVariant` (None: the default); ``num_splits``
-    the grid's split count a fused merge's tiling is sized for.  For the resource
+    :class:`~mlabench.kernels.gluon_splitkv.KernelVariant` (None: the default; with
+    ``split_loop`` the kernel of :mod:`mlabench.kernels.gluon_split_loop`, which a launch runs
+    where the loop's grid holds fewer programs than splits); ``num_splits`` the grid's split
+    count a fused merge's tiling is sized for.  For the resource
     report in docs/PERFORMANCE.md and the CPU tests; run it in a process where Triton's
     interpreter has not run (the interpreter patches the language module it shares with Gluon).
     """
@@ -177,6 +179,7 @@ def compile_stage1_sm90(num_stages: int | None = None, dtype: str = "bf16", *,
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from mlabench.kernels.gluon_fused_merge import MergeTiling
+    from mlabench.kernels.gluon_split_loop import stage1_split_loop
     from mlabench.kernels.gluon_splitkv import (
         DEFAULT_NUM_STAGES, PAGE_SIZE, KernelVariant, _gluon_splitkv_stage1,
     )
@@ -207,7 +210,8 @@ def compile_stage1_sm90(num_stages: int | None = None, dtype: str = "bf16", *,
     # what Triton's launcher would specialise: 16-byte aligned pointers and strides
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
              if t.startswith("*") or n.startswith("stride")}
-    src = GluonASTSource(fn=_gluon_splitkv_stage1, signature=sig, attrs=attrs, constexprs=consts)
+    fn = stage1_split_loop if variant.split_loop else _gluon_splitkv_stage1
+    src = GluonASTSource(fn=fn, signature=sig, attrs=attrs, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 

@@ -144,7 +144,8 @@ from mlabench.kernels.gluon_splitkv import KernelVariant
 from mlabench.kernels.offline_compile import compile_stage1_sm90
 k = compile_stage1_sm90(int(sys.argv[1]), block_rows=int(sys.argv[2]), qo_len=int(sys.argv[3]),
                         causal=sys.argv[4] == "1", policy_rows=int(sys.argv[5]),
-                        variant=KernelVariant(o_split=sys.argv[6], fused_merge=sys.argv[7] == "1"),
+                        variant=KernelVariant(o_split=sys.argv[6], fused_merge=sys.argv[7] == "1",
+                                              split_loop=sys.argv[9] == "1"),
                         num_splits=int(sys.argv[8]))
 usage = ""
 tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -152,20 +153,23 @@ if os.path.exists(tool) and "cubin" in k.asm:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"]); f.flush()
         usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-print(json.dumps({"ptx": k.asm["ptx"], "shared": k.metadata.shared, "usage": usage}))
+from mlabench.kernels.offline_compile import token_loop_spills
+print(json.dumps({"ptx": k.asm["ptx"], "shared": k.metadata.shared, "usage": usage,
+                  "token_loop_spills": token_loop_spills(k.asm["cubin"]) if usage else None}))
 """
 
 
 def _compile_stage1(num_stages: int, block_rows: int = 16, qo_len: int = 1, causal: bool = False,
                     policy_rows: int = 0, o_split: str = "m", fused_merge: bool = False,
-                    num_splits: int = 132) -> dict:
-    """Compile stage 1 for sm_90 in a fresh process (no interpreter state, no GPU needed)."""
+                    num_splits: int = 132, split_loop: bool = False) -> dict:
+    """Compile stage 1 for sm_90 in a fresh process (no interpreter state, no GPU needed);
+    ``split_loop``: the kernel of the persistent split loop."""
     pytest.importorskip("triton.experimental.gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                          env.get("PYTHONPATH", "")])
     args = [str(a) for a in (num_stages, block_rows, qo_len, int(causal), policy_rows, o_split,
-                             int(fused_merge), num_splits)]
+                             int(fused_merge), num_splits, int(split_loop))]
     run = subprocess.run([sys.executable, "-c", _COMPILE, *args], capture_output=True,
                          text=True, env=env, timeout=300)
     if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
