@@ -272,9 +272,11 @@ class ServeConfig(_Strict):
         if len(set(self.concurrencies)) != len(self.concurrencies) or min(self.concurrencies) < 1:
             raise ValueError(f"concurrencies must be distinct and >= 1: {self.concurrencies}")
         recorded = (info.context or {}).get("recorded")  # a recorded run is read as it ran
+        declared = (info.context or {}).get("declared_concurrencies")  # the file's, before -c
+        declared = declared if isinstance(declared, list) else ()
         if not recorded:  # a count table keyed by a concurrency not run (a typo: 61 for 16) is refused
             unrun_count_keys(self.bench.model_dump(), sorted({c for v in self.variants for c in self.concurrencies_for(v)}),
-                             "", "no variant runs")
+                             "", "no variant runs", declared)
         for v in self.variants:
             if v.concurrencies is not None and not self.concurrencies_for(v):
                 raise ValueError(f"variant {v.name!r} runs at concurrencies {v.concurrencies}, none of "
@@ -282,7 +284,7 @@ class ServeConfig(_Strict):
             params = self.bench_for(v)
             if not recorded:
                 unrun_count_keys(params.model_dump(include=set(v.bench)), self.concurrencies_for(v),
-                                 f" (variant {v.name!r})", "the variant does not run")
+                                 f" (variant {v.name!r})", "the variant does not run", declared)
                 self._check_prompts(v, params)
         return self
 
@@ -360,16 +362,14 @@ def bench_overrides(sets: list[str], concurrencies: list[int] | None = None,
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ServeConfig:
-    """Read and validate a serve config TOML; raises :class:`ConfigError` with one clear line.
-
-    ``path`` is a file, or the name of a shipped config (``configs/serve/<name>.toml``).
-    ``overrides`` are ``key.path=value`` strings (e.g. ``bench.random_input_len=256``,
-    ``concurrencies=[1]``) applied before validation.
-    """
+    """Read and validate a serve config TOML (``path``: a file, or the name of a shipped config,
+    ``configs/serve/<name>.toml``) after ``overrides``, ``key.path=value`` strings (e.g.
+    ``concurrencies=[1]``); raises :class:`ConfigError` with one clear line."""
     p = config_file(path, "serve", "serve config")
-    data = _apply_overrides(read_toml(p, "serve config"), overrides or [])
+    raw = read_toml(p, "serve config")
+    declared = {"declared_concurrencies": raw.get("concurrencies")}  # count tables may key these under -c
     try:
-        return ServeConfig.model_validate(data)
+        return ServeConfig.model_validate(_apply_overrides(raw, overrides or []), context=declared)
     except ValidationError as exc:
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise ConfigError(f"{p}: {validation_line(exc)}{more}") from None

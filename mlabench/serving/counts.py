@@ -5,6 +5,7 @@ words, shared by both fields of :class:`mlabench.serving.config.BenchParams`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -28,15 +29,18 @@ def count_table(value: Any, name: str, what: str, example: str) -> Any:
                      f"(e.g. {example}), not {value!r}")
 
 
-def unrun_count_keys(bench: dict[str, Any], runs: list[int], where: str, why: str) -> None:
+def unrun_count_keys(bench: dict[str, Any], runs: list[int], where: str, why: str,
+                     declared: Iterable[int] = ()) -> None:
     """Raise ValueError when the ``num_prompts`` or ``num_warmups`` table in ``bench`` (validated
     bench fields: ``[bench]``'s, or those a variant overrides) is keyed by a concurrency outside
-    ``runs``, the concurrencies it applies to; the message says ``bench.<field>``, then ``where``
-    (`` (variant 'b')``) and ``why`` those keys are not run.  A table that leaves out a concurrency
-    run passes (``num_warmups`` then gives 1; ``num_prompts`` is checked for that elsewhere)."""
+    ``runs``, the concurrencies it applies to, and outside ``declared``, those the config file
+    names (``serve-bench -c 16`` runs a subset of them: their keys are then unused, not typos);
+    the message says ``bench.<field>``, then ``where`` (`` (variant 'b')``) and ``why`` those keys
+    are not run.  A table that leaves out a concurrency run passes (``num_warmups`` then gives 1;
+    ``num_prompts`` is checked for that elsewhere)."""
     for name in ("num_prompts", "num_warmups"):
         table = bench.get(name)
-        extra = sorted(set(table) - set(runs)) if isinstance(table, dict) else []
+        extra = sorted(set(table) - set(runs) - set(declared)) if isinstance(table, dict) else []
         if extra:
             raise ValueError(f"bench.{name}{where} has concurrencies {extra} that {why} (concurrencies "
                              f"run: {runs}): key it by those only")

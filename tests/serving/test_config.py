@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from mlabench.errors import ConfigError
-from mlabench.serving.config import expand, load_config, resolve_vllm_bin
+from mlabench.serving.config import bench_overrides, expand, load_config, resolve_vllm_bin
 
 REPO = Path(__file__).resolve().parents[2]
 MINIMAL = 'baseline = "a"\n[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:1"\n'
@@ -174,6 +174,17 @@ def test_a_count_for_a_concurrency_not_run_is_refused(tmp_path, rest, said):
     with pytest.raises(ConfigError, match=said) as err:
         load_config(write(tmp_path, MINIMAL + rest))
     assert "\n" not in str(err.value)
+
+
+def test_running_fewer_concurrencies_than_the_file_names_leaves_their_counts_unused(tmp_path):
+    """`serve-bench CONFIG -c 16` (as the H200 repeats of 4K at 16 ran) on a config whose count
+    tables are keyed 1 and 16 was refused: key 1 "no variant runs".  The file names it, so it is
+    not a typo; a key the file does not name still is, with -c too."""
+    text = "concurrencies = [1, 16]\n" + MINIMAL + "[bench]\nnum_prompts = { 1 = 3, 16 = 16 }\nnum_warmups = { 1 = 1, %s = 4 }\n"
+    conf = load_config(write(tmp_path, text % 16), bench_overrides([], [16]))
+    assert conf.concurrencies == [16] and conf.bench.warmups_at(16) == 4
+    with pytest.raises(ConfigError, match=r"bench.num_warmups has concurrencies \[61\] that no variant runs"):
+        load_config(write(tmp_path, text % 61), bench_overrides([], [16]))
 
 
 def test_as_many_prompts_as_the_concurrency_is_enough(tmp_path):
