@@ -37,6 +37,9 @@ def serve_bench(
     concurrency: Annotated[list[str] | None, typer.Option(
         "--concurrency", "-c", metavar="N[,N...]", help="Replace the concurrencies, e.g. 1,16.")] = None,
     repeats: Annotated[int | None, typer.Option(metavar="N", help="Runs per (variant, input length, concurrency).")] = None,
+    variant: Annotated[list[str] | None, typer.Option(
+        "--variant", metavar="NAME[,NAME...]", help="Run only these variants (the baseline among them: "
+        "--set baseline=NAME names another); repeatable.")] = None,
     results_dir: ResultsDir = Path("results"),
     label: Annotated[str | None, typer.Option(metavar="TEXT", help="Run folder label (default: config name).")] = None,
     vllm_bin: VllmBin = None,
@@ -63,12 +66,14 @@ def serve_bench(
         _from_run(from_run, config_path, predict_from, stat, fmt)
         return
     if resume is not None:
-        _resume(resume, config_path, set_ or concurrency or repeats, vllm_bin, stat, fmt, predict_from)
+        _resume(resume, config_path, set_ or concurrency or repeats or variant, vllm_bin, stat, fmt, predict_from)
         return
     if config_path is None:
         raise ConfigError("give a serve config (configs/serve/*.toml), --from-run RUN_DIR or --resume RUN_DIR")
     concurrencies = int_list(",".join(concurrency), "--concurrency", "concurrency") if concurrency else None
     conf = cfg.load_config(config_path, cfg.bench_overrides(set_ or [], concurrencies, repeats))
+    if variant:
+        conf = only_variants(conf, [n.strip() for item in variant for n in item.split(",") if n.strip()])
     predict = _prediction_input(conf, predict_from)
     bench.preflight(conf.variants, cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin))
     run_dir = bench.new_run_dir(results_dir, label or config_path.stem)
@@ -81,6 +86,17 @@ def serve_bench(
             notice(f"partial results kept in {run_dir}")
         raise
     _show(tbl.table_of(conf, results, stat), run_dir, fmt, predict)  # type: ignore[arg-type]
+
+
+def only_variants(conf: cfg.ServeConfig, names: list[str]) -> cfg.ServeConfig:
+    """``conf`` with only the variants ``names``, in the config's order (``serve-bench --variant``);
+    the run folder records that config, so ``--resume`` runs those only.  Raises ConfigError for an
+    unknown name (listing the known ones) or a selection without the baseline."""
+    keep = {conf.variant(name).name for name in names}
+    if conf.baseline not in keep:
+        raise ConfigError(f"--variant leaves out the baseline {conf.baseline!r}: keep it, or name "
+                          f"another with --set baseline=NAME")
+    return conf.model_copy(update={"variants": [v for v in conf.variants if v.name in keep]})
 
 
 def _provenance() -> dict:
@@ -169,7 +185,7 @@ def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str
     on any exit, the folder kept), then the table of everything recorded."""
     if config_path is not None or overrides:
         raise ConfigError("--resume continues a run with the config it recorded: give no CONFIG, "
-                          "--set, --concurrency or --repeats with it")
+                          "--set, --concurrency, --repeats or --variant with it")
     conf, recorded = _read_serve_run(run_dir)
     from mlabench.records.store import is_archived
 

@@ -271,6 +271,25 @@ def test_concurrency_takes_commas_like_every_list(tmp_path, fake_vllm):
     assert [row["concurrency"] for row in json.loads(r.stdout)[0]["rows"]] == [1, 1, 4, 4, 2, 2]
 
 
+def test_variant_runs_only_the_variants_named_and_the_run_records_them(tmp_path, fake_vllm):
+    """The H200 repeats of 4K at concurrency 16 (mlabench against FA3 of a five-variant config)
+    needed a hand-edited copy of the config; --variant picks them, and the run folder's config holds
+    only them, so --resume runs no other."""
+    cfg = two_variant_config(tmp_path, fake_vllm, free_port(), free_port(), "concurrencies = [1]")
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"), "--variant", "fast",
+                "--set", "baseline=fast", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [row["variant"] for row in json.loads(r.stdout)[0]["rows"]] == ["fast"]
+    run = next((tmp_path / "res").iterdir())
+    assert not (run / "server-base.log").exists()
+    assert [v["name"] for v in json.loads((run / "manifest.json").read_text())["config"]["variants"]] == ["fast"]
+    for args, said in [(["--variant", "fast"], "error: --variant leaves out the baseline 'base': keep it, or "
+                                               "name another with --set baseline=NAME"),
+                       (["--variant", "base,slow"], "error: unknown variant 'slow'; known: ['base', 'fast']")]:
+        r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res2"), *args)
+        assert r.returncode == 2 and r.stderr.strip() == said, r.stderr
+
+
 def test_several_input_lengths_are_benchmarked_against_one_server_start(tmp_path, fake_vllm):
     """Issue 33: contexts 4K, 32K and 100K needed three runs and three starts of every server (1-3
     minutes each on a GPU).  A list of input lengths runs each against one start per variant, with
