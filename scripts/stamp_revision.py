@@ -2,20 +2,24 @@
 
 Run here before a call on the GPU machine, and name the stamp in the call's ``carry``:
 
-    python3 scripts/stamp_revision.py      # writes .mlabench-revision.json (git-ignored), prints it
+    python3 scripts/stamp_revision.py [REPO]   # writes REPO/.mlabench-revision.json (git-ignored:
+                                               # REPO defaults to this checkout), prints it
     run(command=..., carry=[..., ".mlabench-revision.json"])
 
-Runs there then record this revision (and whether it was dirty) while their code is what was
-stamped (:func:`mlabench.records.provenance.git_revision`); once the code differs, the stamp is
-ignored.
+Runs there then record this revision, dirty as stamped while their code is what was stamped, and
+dirty once it differs (:func:`mlabench.records.provenance.git_revision`).
 """
 
 import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+CHECKOUT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(CHECKOUT))
 from mlabench.records.provenance import write_revision_stamp  # noqa: E402
 
 if __name__ == "__main__":
-    print(json.dumps(write_revision_stamp()))
+    try:
+        print(json.dumps(write_revision_stamp(Path(sys.argv[1]) if len(sys.argv) > 1 else CHECKOUT)))
+    except RuntimeError as exc:
+        sys.exit(f"error: {exc}")

@@ -51,15 +51,13 @@ def write_revision_stamp(repo: Path | None = None) -> dict:
 
 
 def _stamped_revision(repo: Path) -> tuple[str, bool] | None:
-    """The stamp's ``(revision, dirty)`` when ``repo`` has one whose digest is its code's, else None
-    (no stamp, an unreadable one, or code edited since it was written)."""
+    """The stamp's ``(revision, dirty)`` when ``repo`` has one: dirty as stamped while its digest is
+    the code's, dirty once the code was edited since; None without a (readable) stamp."""
     try:
         stamp = json.loads((repo / STAMP_NAME).read_text())
-        if stamp["digest"] == code_digest(repo):
-            return str(stamp["revision"]), bool(stamp["dirty"])
+        return str(stamp["revision"]), bool(stamp["dirty"]) or stamp["digest"] != code_digest(repo)
     except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
+        return None
 
 
 def _checkout_revision(repo: Path) -> tuple[str, bool] | None:
@@ -88,9 +86,9 @@ def git_revision(repo: Path | None = None) -> tuple[str, bool]:
     2. git, where ``repo`` is the top level of a clean git work tree (so a wheel installed in a
        virtual environment inside some other repository does not record that repository's
        revision);
-    3. the checkout's stamp (:func:`write_revision_stamp`) while its digest is the code's: a copy
-       of the tree shipped to a GPU machine without its ``.git``, or over the ``.git`` of an older
-       checkout (which git would call that commit, dirty);
+    3. the checkout's stamp (:func:`write_revision_stamp`): a copy of the tree shipped to a GPU
+       machine without its ``.git``, or over the ``.git`` of an older checkout (which git would
+       call that commit, dirty); dirty as stamped while the code is what was stamped, else dirty;
     4. git's dirty work tree;
     5. outside one (an installed wheel), the revision the wheel was built from
        (``mlabench/_revision.txt``, written by ``setup.py``), else the package version,

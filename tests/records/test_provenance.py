@@ -89,7 +89,10 @@ def test_a_stamp_names_the_revision_of_a_copy_over_an_older_checkout(repo):
     (repo / "mlabench/serving/bench.py").write_text("x = 3\n")  # the driver does not count
     assert git_revision(repo) == (new, False)
     (repo / "mlabench/measure/timing.py").write_text("x = 4\n")  # edited since the stamp
-    assert git_revision(repo) == (old, True)
+    assert git_revision(repo) == (new, True)
+    subprocess.run(["rm", "-rf", str(repo / ".git")], check=True)  # a copy without any .git
+    assert git_revision(repo) == (new, True)
+    assert old
 
 
 def test_a_clean_checkout_wins_over_a_stamp(repo):
@@ -107,3 +110,13 @@ def test_stamping_outside_git_is_refused(tmp_path):
     (tmp_path / "mlabench").mkdir()
     with pytest.raises(RuntimeError, match="not a git checkout"):
         write_revision_stamp(tmp_path)
+
+
+def test_the_stamp_script_outside_git_is_one_error_line(tmp_path):
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts/stamp_revision.py"
+    (tmp_path / "mlabench").mkdir()
+    r = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.strip() == f"error: {tmp_path} is not a git checkout: nothing to stamp"
