@@ -75,7 +75,8 @@ for seed in $seeds; do
   start=$(date +%s)
   python3 -m mlabench tune --validate "$policy" --seed "$seed" --lengths "${LENGTHS:-6}" --min-context "$low" \
     --max-context "$high" --budget-s "${BUDGET_S:-0.2}" --results-dir "$out/work" --markdown \
-    > "$out/validate-$seed.md" || failed=1
+    > "$out/validate-$seed.md"
+  [ $? -le 1 ] || failed=1  # 1: a held-out length missed tune --validate's target (judged below)
   echo "validate seed $seed wall time: $(( $(date +%s) - start )) s" | tee -a "$out/timing.txt"
 done
 

@@ -196,11 +196,10 @@ def tune(
     results/<run-id>/ with policy.json, policy.h and policy.py.  See docs/tuning.md.
     """
     fmt = output_format(format, as_json, markdown)
+    refuse_unused_flags(locals())
     if validate is not None:
         return _validate(validate, backend, (lengths, min_context, max_context, ladder, seed, budget_s), results_dir,
                          fmt, resume, tolerance)
-    if tolerance is not None:
-        raise ConfigError("--tolerance goes with --validate (the target each held-out length is judged by)")
     if export is not None:
         from mlabench.tune.run import export_run
 
@@ -233,6 +232,35 @@ def tune(
     err.print(f"results: {result.store.run_dir}/ ({POLICY_FILE}, {POLICY_HEADER_FILE}, {POLICY_MODULE_FILE}, "
               f"{RESULTS_FILE}{journal})",
               markup=False)
+
+
+#: ``tune``'s parameters by what reads them: the search (a new run or ``--resume``), ``--validate``
+#: and ``--export`` (the backend, --budget-s, --results-dir, --resume and the output flags are shared).
+SEARCH_FLAGS = ("config", "model", "tp", "model_config", "heads", "batch", "buckets", "representative",
+                "lengths_per_bucket", "combine", "max_waves", "tokens_per_split", "whole_tiles", "edges_per_octave",
+                "device_policy", "page_size", "qo_len", "non_causal", "dtype", "sampler", "trials", "timeout",
+                "space", "noise", "no_heuristics", "storage", "gpus", "workers")
+VALIDATE_FLAGS = ("lengths", "min_context", "max_context", "ladder", "seed", "tolerance")
+EXPORT_FLAGS = ("storage", "noise", "combine", "allow_incomplete")
+
+
+def refuse_unused_flags(given: dict[str, Any]) -> None:
+    """ConfigError naming the flags given (not None or False) that the mode of ``tune`` does not
+    read: ``--validate`` reads a policy, ``--export`` a run's studies, a search neither's flags.
+    ``given``: the command's parameters by name (``--tolerance 0.05`` without ``--validate``, or
+    ``--edges-per-octave 4`` with it, ran as if they were not there)."""
+    modes = {"a tuning run": SEARCH_FLAGS, "--validate": VALIDATE_FLAGS, "--export": EXPORT_FLAGS}
+    mode = "--validate" if given.get("validate") is not None else (
+        "--export" if given.get("export") is not None else "a tuning run")
+    by_owner: dict[str, list[str]] = {}
+    for name in dict.fromkeys(n for names in modes.values() for n in names):
+        if name not in modes[mode] and given.get(name) not in (None, False):
+            owners = " or ".join(m for m, names in modes.items() if name in names)
+            by_owner.setdefault(owners, []).append(f"--{name.replace('_', '-')}")
+    if by_owner:
+        raise ConfigError("; ".join(f"{', '.join(flags)} go{'es' if len(flags) == 1 else ''} with {owners}"
+                                    for owners, flags in by_owner.items())
+                          + f", not {'tune ' if mode.startswith('--') else ''}{mode}")
 
 
 def _one_value(values: list[int] | None, flag: str) -> int | None:
@@ -301,8 +329,8 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
 
     lengths, low, high, ladder, seed, budget_s = grid
     tolerance = TARGET_TOLERANCE if tolerance is None else tolerance
-    if tolerance < 0:
-        raise ConfigError(f"--tolerance must be a fraction >= 0 (0.03: 3%), got {tolerance}")
+    if not 0 <= tolerance < 1:
+        raise ConfigError(f"--tolerance is a fraction in [0, 1) (0.03: 3%), got {tolerance}")
     policy = load_policy(path)
     if backend is not None and backend != policy.backend:
         raise ConfigError(f"tune --validate measures a policy on its own backend ({policy.backend}), not --backend "

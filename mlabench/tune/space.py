@@ -62,25 +62,21 @@ class TuneConfig(BaseModel):
     heads: int | None = Field(None, description="Local heads (without a model).")
     batch: list[int] = Field([1], description="Batch sizes; one study per batch and bucket.")
     buckets: list[int] = Field(description="Context bucket upper edges, tokens, increasing.")
-    representative: Literal["geomean", "upper"] = Field(
-        "geomean", description="With one length per bucket, the length measured for (lo, hi]: sqrt(lo * hi) "
-        "or hi; with several, the length the heuristics' counts are taken at.")
-    lengths_per_bucket: int = Field(3, ge=1, le=16, description="Lengths measured per bucket (lo, hi], "
-                                    "log-spaced from lo + 1 to hi; 1: the representative length only.")
-    combine: Literal["worst", "geomean"] = Field(
-        "worst", description="How a configuration's times at a bucket's lengths combine, each over the best "
-        "time measured at its length: the worst ratio (min-max) or their geometric mean.")
+    representative: Literal["geomean", "upper"] = Field("geomean", description="With one length per bucket, "
+        "the length measured for (lo, hi]: sqrt(lo * hi) or hi; with several, where the heuristics' counts are taken.")
+    lengths_per_bucket: int = Field(3, ge=1, le=16, description="Lengths measured per bucket (lo, hi], log-spaced "
+                                    "from lo + 1 to hi; 1: the representative length only.")
+    combine: Literal["worst", "geomean"] = Field("worst", description="How a configuration's times at a bucket's "
+        "lengths combine, each over the best measured there: the worst ratio (min-max) or their geometric mean.")
     tokens_per_split: SpaceRange | None = Field(
         default_factory=lambda: SpaceRange(low=1, high=4096),
         description="Range of the tokens-per-split rule searched beside num_kv_splits (1: a fixed count); "
         "None: fixed counts only.  Needs two lengths per bucket or more.")
-    whole_tiles: bool = Field(True, description="Where the tokens-per-split rule is searched and the backend "
-                              "declares the tile its splits are made of (split_tile_tokens), also search the "
-                              "whole-tile rule and enqueue its candidates (docs/tuning.md).")
+    whole_tiles: bool = Field(True, description="Where the tokens-per-split rule is searched and the backend declares "
+                              "its split tile (split_tile_tokens), also search the whole-tile rule (docs/tuning.md).")
     edges_per_octave: int | None = Field(None, ge=1, le=16, description="Cut buckets into sub-buckets of at "
                                          "most 2 ** (1 / K) in length (edges.fine_edges); None: the given edges.")
-    device_policy: bool = Field(False, description="For split_policy=device: search num_kv_splits only, the "
-                                "other parameters at their defaults for the batch (what that graph runs).")
+    device_policy: bool = Field(False, description="For split_policy=device: num_kv_splits only, the rest at defaults.")
     max_waves: float = Field(1.0, ge=0, description="Cap num_kv_splits at this many waves of the backend's "
                              "resident programs (wave_cap); 0: no cap.  No effect where the backend does not say.")
     page_size: int = Field(64, description="KV-cache page size.")
@@ -166,8 +162,14 @@ def load_tune_config(sweep: str | None, values: dict[str, Any]) -> TuneConfig:
     data.update({k: v for k, v in values.items() if v is not None})
     try:
         return TuneConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"tune: {validation_line(exc)}") from None
+    except ValidationError as exc:  # a field a flag set is named by the flag
+        field, line = str((exc.errors()[0].get("loc") or ("",))[0]), validation_line(exc)
+        flag = FIELD_FLAGS.get(field, "--" + field.replace("_", "-")) if values.get(field) is not None else None
+        raise ConfigError(f"{flag}: {line.split(': ', 1)[-1]}" if flag else f"tune: {line}") from None
+
+
+#: TuneConfig fields set by a flag of another name (the others: ``--`` and the field, dashed).
+FIELD_FLAGS = {"q_dtype": "--dtype", "kv_dtype": "--dtype", "timeout_s": "--timeout", "timing": "--budget-s"}
 
 
 # ---- buckets and shapes --------------------------------------------------------------------------

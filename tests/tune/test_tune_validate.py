@@ -159,9 +159,16 @@ def test_validate_measures_every_count_up_to_a_small_wave_cap(tmp_path, tiny_tim
     (["tune", "--backend", "torch-splitkv", "--heads", "2", "--buckets", "64,32"], "buckets: must be increasing"),
     (["tune", "--validate", "missing.json"], "error: policy not found"),
     (["tune", "--backend", "torch-splitkv", "--buckets", "64", "--tolerance", "0.05"], "--tolerance goes with --validate"),
-    (["tune", "--validate", "missing.json", "--tolerance", "-0.1"], "--tolerance must be a fraction >= 0"),
+    (["tune", "--validate", "missing.json", "--tolerance", "-0.1"], "--tolerance is a fraction in [0, 1)"),
+    # a user typing 3 for 3% got a target every point met
+    (["tune", "--validate", "missing.json", "--tolerance", "3"], "error: --tolerance is a fraction in [0, 1) (0.03: 3%), got 3.0"),
     (["tune", "--backend", "torch-splitkv", "--heads", "2", "--buckets", "64", "--edges-per-octave", "0"],
-     "edges_per_octave: Input should be greater than or equal to 1"),
+     "error: --edges-per-octave: Input should be greater than or equal to 1"),
+    # flags another mode reads ran as if they were not there
+    (["tune", "--validate", "missing.json", "--edges-per-octave", "4", "--device-policy", "--trials", "3"],
+     "error: --edges-per-octave, --device-policy, --trials go with a tuning run, not tune --validate"),
+    (["tune", "--export", "run", "--edges-per-octave", "4", "--seed", "1"],
+     "error: --edges-per-octave goes with a tuning run; --seed goes with --validate, not tune --export"),
 ])
 def test_cli_errors_are_one_line(args, message):
     res = subprocess.run([sys.executable, "-m", "mlabench", *args], capture_output=True, text=True, timeout=120)
