@@ -213,6 +213,8 @@ def validation_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err.get("loc", ()))
     msg = err.get("msg", str(exc)).removeprefix("Value error, ")
+    if err.get("type") == "extra_forbidden":  # pydantic's "Extra inputs are not permitted"
+        msg = "unknown key (a typo?)"
     return f"{loc}: {msg}" if loc else msg
 
 

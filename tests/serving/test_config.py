@@ -30,7 +30,7 @@ def test_defaults_are_the_seed_bench_line(tmp_path):
 
 
 def test_unknown_key_is_one_clear_error(tmp_path):
-    with pytest.raises(ConfigError, match=r"bench\.random_input_length: Extra inputs"):
+    with pytest.raises(ConfigError, match=r"bench\.random_input_length: unknown key \(a typo\?\)"):
         load_config(write(tmp_path, MINIMAL + "[bench]\nrandom_input_length = 5\n"))
 
 

@@ -110,7 +110,7 @@ def test_default_backends_on_a_gpu_are_the_gpu_kernels(monkeypatch):
     ("batch = [1,\n", "malformed TOML"),
     ("batch = [0]\n", "batch: must be > 0"),
     ("context_lens = [-1]\n", "context_lens: must be > 0"),
-    ("colour = 'red'\n", "colour: Extra inputs"),
+    ("colour = 'red'\n", "colour: unknown key"),
     ("[params]\nnum_kv_splits = 4\n", "params.num_kv_splits"),
     ("[params]\nnum_kv_splits = []\n", "^sweep config: params: num_kv_splits must be a non-empty list$"),
 ])
