@@ -273,8 +273,8 @@ _DATA = ColumnStyle(show="machine")
 def tpot_table(table: ServeTable) -> Table:
     """One row per (input length,) concurrency and variant (the terminal layout: fits 80 columns).
 
-    People see the ``--stat`` TPOT, speedup, TTFT, ITL, output throughput and completed/failed
-    requests; JSON and CSV carry every :class:`Cell` field (mean, median and p99 TPOT, request
+    People see the ``--stat`` TPOT, speedup, mean TTFT, median ITL (the typical decode step; the
+    mean ITL is the mean TPOT again), output throughput and completed/failed requests; JSON and CSV carry every :class:`Cell` field (mean, median and p99 TPOT, request
     counts, status, errors) under its own name, beside ``concurrency`` (and ``input_len`` when the
     run has several input lengths).
     """
@@ -287,7 +287,8 @@ def tpot_table(table: ServeTable) -> Table:
         **lens, "concurrency": ColumnStyle(header="conc", justify="right"), "variant": ColumnStyle(), **tpot,
         "speedup": ColumnStyle(text=lambda v: "—" if v is None else f"{v:.2f}x", justify="right", no_wrap=True),
         "ttft_mean_ms": ColumnStyle(text=_f, header="TTFT mean ms", justify="right"),
-        "itl_mean_ms": ColumnStyle(text=_f, header="ITL mean ms", justify="right"),
+        "itl_mean_ms": ColumnStyle(text=_f, header="ITL mean ms", justify="right", show="machine"),
+        "itl_median_ms": ColumnStyle(text=_f, header="ITL median ms", justify="right"),
         "output_throughput_tok_s": ColumnStyle(text=lambda v: _f(v, 1), header="out tok/s", justify="right"),
         "done_failed": ColumnStyle(header="done/failed", justify="right", no_wrap=True, show="human"),
         "status": _DATA, "repeats": _DATA, "completed": _DATA, "failed": _DATA, "errors": _DATA,
