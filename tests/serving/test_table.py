@@ -132,12 +132,19 @@ def test_a_missing_length_is_named_in_the_notes():
 
 
 def test_one_input_length_prints_as_before():
-    """A run of one length prints the same whether its results record the length or not."""
+    """A run of one length prints the same whether its results record the length or not; its JSON
+    and CSV rows carry the length its results record (a new user found `input len` gone from the
+    JSON of the H200 4K repeats)."""
+    from mlabench.tables.render import to_csv, to_markdown as one_markdown
+
     plain = [res("a", 1, 0, 10.0), res("b", 1, 0, 5.0)]
     old = build_table(plain, ["a", "b"], [1], "a")
     new = build_table([at(64, r) for r in plain], ["a", "b"], [1], "a", input_lens=[64])
-    assert to_markdown(new) == to_markdown(old) and to_json([tpot_table(new)]) == to_json([tpot_table(old)])
-    assert not new.by_input_len and "input" not in to_markdown(new)
+    assert to_markdown(new) == to_markdown(old) and not new.by_input_len and "input" not in to_markdown(new)
+    assert one_markdown(tpot_table(new)) == one_markdown(tpot_table(old))  # what people see of it
+    assert [r["input_len"] for r in json.loads(to_json([tpot_table(new)]))[0]["rows"]] == [64, 64]
+    assert to_csv(tpot_table(new)).startswith("input_len,concurrency,variant,")
+    assert "input_len" not in json.loads(to_json([tpot_table(old)]))[0]["columns"]  # nothing recorded
 
 
 def test_a_length_a_variant_leaves_out_is_not_run_rather_than_missing():
