@@ -163,8 +163,9 @@ def test_plot_takes_a_configs_prediction_as_serve_bench_does(tmp_path, monkeypat
     code, out, err = run_cli(["plot", str(config), "--from", str(run), "--from", str(PREDICTION_SWEEP),
                               "--kind", "serving-tpot", "--out", str(tmp_path / "figs")], monkeypatch, capsys)
     assert code == 0 and out.split() == [str(tmp_path / "figs" / "serving-tpot.png")], err
-    assert f"{run.name}: the config's [prediction] (reference mlabench) replaces the one the run recorded " \
-           "(reference flashmla)" in err
+    # it named the reference of both, the same where only a kernel differed: now it says what differs
+    assert f"{run.name}: the config's [prediction] replaces the one the run recorded (reference flashmla -> " \
+           "mlabench" in err
     runs = load_runs([run, PREDICTION_SWEEP])
     runs.prediction = (_config_prediction_table(config), f"the [prediction] of {config}")
     (spec,), _ = plan(runs, ["serving-tpot"])
@@ -172,8 +173,8 @@ def test_plot_takes_a_configs_prediction_as_serve_bench_does(tmp_path, monkeypat
     assert fig.axes[0].texts[0].get_text() == "6.31 ms\n1.29×\npred 6.31"  # mlabench, the reference now
     assert f"non-attention time from mlabench, the [prediction] of {config})" in " ".join(fig.get_supxlabel().split())
     assert f"by the [prediction] of {config} (non-attention time from mlabench" in spec.caption
-    for argv, said in (([str(config), "--from", str(run)], "with plot a CONFIG only gives the [prediction] of the "
-                        "sweep runs given with --from"),
+    for argv, said in (([str(config), "--from", str(run)], "error: no sweep run given: with plot a CONFIG only "
+                        "gives the [prediction] that predicts TPOT from sweep runs; add --from SWEEP_RUN"),
                        ([str(REPO / "configs/serve/cpu-tiny.toml"), "--from", str(run), "--from", str(PREDICTION_SWEEP)],
                         "cpu-tiny.toml has no [prediction] table"),
                        ([str(config), "--from", str(PREDICTION_SWEEP)], "a CONFIG gives the [prediction] of "
