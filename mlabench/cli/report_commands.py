@@ -62,7 +62,7 @@ def _config_prediction(runs, config_path: Path) -> tuple[dict, str]:
     if not runs.serve_runs:
         raise ConfigError(f"plot {config_path}: a CONFIG gives the [prediction] of serve-bench runs, and --from "
                           "gives none")
-    table = config_prediction(config_path, bool(runs.records), "plot", "the sweep runs given with --from")
+    table = config_prediction(config_path, bool(runs.records), "plot", "--from")
     for run in runs.serve_runs:
         PredictionSpec.of(table, [v.name for v in run.config.variants])
         if table != run.config.prediction:

@@ -114,7 +114,7 @@ def _from_run(run_dir: Path, config_path: Path | None, predict_from, stat: str, 
     """``serve-bench [CONFIG] --from-run RUN [--predict-from SWEEP...]``: the recorded run's table; a
     CONFIG replaces only the recorded ``[prediction]`` (another reference, say), and says so."""
     conf, results = _read_serve_run(run_dir)
-    table = config_prediction(config_path, bool(predict_from), "--from-run", "--predict-from") \
+    table = config_prediction(config_path, bool(predict_from), "serve-bench --from-run", "--predict-from") \
         if config_path is not None else None
     predict = _prediction_input(conf, predict_from, table)
     if table is not None and table != conf.prediction:
@@ -126,15 +126,16 @@ def _from_run(run_dir: Path, config_path: Path | None, predict_from, stat: str, 
 def config_prediction(config_path: Path, sweeps_given: bool, where: str, sweeps: str) -> dict:
     """The ``[prediction]`` table of the serve config at ``config_path``, which replaces a recorded
     run's (``serve-bench CONFIG --from-run``, ``plot CONFIG``: ``where``).  :class:`ConfigError`
-    when no sweep run is given to predict from (``sweeps`` names how they are given) or the config
-    has no ``[prediction]``: a CONFIG gives nothing else there."""
+    when no sweep run is given to predict from (``sweeps``: the option that gives them, said in
+    the error) or the config has no ``[prediction]``: a CONFIG gives nothing else there."""
     if not sweeps_given:
-        raise ConfigError(f"with {where} a CONFIG only gives the [prediction] of {sweeps}: "
-                          "the run is shown with the config it recorded")
+        raise ConfigError(f"no sweep run given: with {where} a CONFIG only gives the [prediction] that "
+                          f"predicts TPOT from sweep runs; add {sweeps} SWEEP_RUN (the sweeps of the served "
+                          "kernels), or leave CONFIG out (the run is shown with the config it recorded)")
     table = cfg.load_config(config_path).prediction
     if not table:
         raise ConfigError(f"{config_path} has no [prediction] table: with {where} a CONFIG only gives "
-                          f"the [prediction] of {sweeps} (leave it out to use the run's own)")
+                          f"the [prediction] of the sweep runs given with {sweeps} (leave it out to use the run's own)")
     return table
 
 
@@ -209,10 +210,24 @@ def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str
 
 
 def replaced_prediction(given: dict, recorded: dict | None) -> str:
-    """The words saying that a CONFIG's ``[prediction]`` replaced the run's recorded one."""
-    def ref(table: dict | None) -> str:
-        return f"reference {table.get('reference')}" if isinstance(table, dict) else "none"
-    return f"the config's [prediction] ({ref(given)}) replaces the one the run recorded ({ref(recorded)})"
+    """The words saying that a CONFIG's ``[prediction]`` replaced the run's recorded one, and what
+    differs: ``(reference fm -> ours; flashmla's kernel: backend flashmla -> vllm-flashmla)``."""
+    if not isinstance(recorded, dict):
+        return "the config's [prediction] replaces the run's, which recorded none"
+    said = [f"{key} {recorded.get(key)} -> {given.get(key)}" for key in dict.fromkeys([*recorded, *given])
+            if key != "kernels" and given.get(key) != recorded.get(key)]
+    old, new = recorded.get("kernels") or {}, given.get("kernels") or {}
+    for name in dict.fromkeys([*old, *new]):
+        was, now = old.get(name), new.get(name)
+        if was == now:
+            continue
+        if not (isinstance(was, dict) and isinstance(now, dict)):  # one side names no kernel: its backend
+            said.append(f"{name}'s kernel: " + " -> ".join(str(k.get("backend")) if isinstance(k, dict) else "none"
+                                                             for k in (was, now)))
+        else:
+            said.append(f"{name}'s kernel: " + ", ".join(f"{k} {was.get(k)} -> {now.get(k)}"
+                                                           for k in dict.fromkeys([*was, *now]) if was.get(k) != now.get(k)))
+    return f"the config's [prediction] replaces the one the run recorded ({'; '.join(said) or 'same values'})"
 
 
 def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dict | None = None):

@@ -180,8 +180,9 @@ def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], M
 
 
 def _params_text(kernel: KernelRef, concurrency: int) -> str:
-    """`` with num_kv_splits=256`` for a reason line: the parameters a record had to match."""
-    wanted = {**kernel.params, **kernel.by_concurrency.get(concurrency, {})}
+    """`` with num_kv_splits=256`` for a reason line: the parameters a record had to match, but for
+    those it had to hold empty (``split_policy = ""``: "split_policy=" read as a value left out)."""
+    wanted = {k: v for k, v in {**kernel.params, **kernel.by_concurrency.get(concurrency, {})}.items() if v != ""}
     return " with " + " ".join(f"{k}={v}" for k, v in wanted.items()) if wanted else ""
 
 
@@ -197,7 +198,7 @@ def prediction_table(spec: PredictionSpec, rows: list[dict[str, Any]], stat: str
                 "measured_ms": ColumnStyle(header="measured step ms"),
                 "step_from": ColumnStyle(header="step from"),
                 "predicted_ms": ColumnStyle(header="predicted step ms"),
-                "error_pct": ColumnStyle(header="error %"),
+                "error_pct": ColumnStyle(header="error %", text=lambda v: "—" if v is None else f"{v:.2f}"),
                 "tpot_ms": ColumnStyle(header=f"{stat} TPOT ms"),
                 "outside_step_pct": ColumnStyle(header="TPOT outside step %"),
                 "attention_us": ColumnStyle(header="attention µs/layer"),

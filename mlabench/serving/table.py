@@ -72,6 +72,8 @@ class ServeTable(BaseModel):
     stat: Stat = Field(..., description="TPOT statistic used for speedup.")
     variants: list[str] = Field(..., description="Variant names, column order.")
     rows: list[Row] = Field(..., description="One row per (input length, concurrency), or per concurrency.")
+    input_len: int | None = Field(None, description="A run of one input length: the length its results "
+                                                    "record (tokens), None when they record none.")
 
     @property
     def ok(self) -> bool:
@@ -133,7 +135,8 @@ def build_table(
     recorded nothing are marked ``planned=False``, neither missing nor failed.
     """
     rows = []
-    keys = [(n, conc) for n in input_lens for conc in concurrencies] if input_lens and len(input_lens) > 1 \
+    several = bool(input_lens and len(input_lens) > 1)
+    keys = [(n, conc) for n in input_lens for conc in concurrencies] if several and input_lens \
         else [(None, conc) for conc in concurrencies]
     for n, conc in keys:
         cells = [combine(v, [r for r in results if r.variant == v and r.concurrency == conc
@@ -148,7 +151,9 @@ def build_table(
             if base_t and t and base_t > 0 and t > 0:  # a TPOT that measured nothing has no speedup
                 c.speedup = base_t / t
         rows.append(Row(input_len=n, concurrency=conc, cells=cells))
-    return ServeTable(baseline=baseline, stat=stat, variants=variants, rows=rows)
+    recorded = {r.input_len for r in results if r.input_len is not None}
+    only = recorded.pop() if len(recorded) == 1 and not several else None
+    return ServeTable(baseline=baseline, stat=stat, variants=variants, rows=rows, input_len=only)
 
 
 def table_of(config: ServeConfig, results: list[BenchResult], stat: Stat = "mean") -> ServeTable:
@@ -273,21 +278,25 @@ _DATA = ColumnStyle(show="machine")
 def tpot_table(table: ServeTable) -> Table:
     """One row per (input length,) concurrency and variant (the terminal layout: fits 80 columns).
 
-    People see the ``--stat`` TPOT, speedup, TTFT, ITL, output throughput and completed/failed
-    requests; JSON and CSV carry every :class:`Cell` field (mean, median and p99 TPOT, request
-    counts, status, errors) under its own name, beside ``concurrency`` (and ``input_len`` when the
-    run has several input lengths).
+    People see the ``--stat`` TPOT, speedup, mean TTFT, median ITL (the typical decode step; the
+    mean ITL is the mean TPOT again), output throughput and completed/failed requests; JSON and CSV carry every :class:`Cell` field (mean, median and p99 TPOT, request
+    counts, status, errors) under its own name, beside ``concurrency`` and ``input_len`` (where the
+    run has several input lengths, or its results record their one).
     """
     stat_col = f"tpot_{table.stat}_ms"
     tpot = {f"tpot_{s}_ms": ColumnStyle(text=_f, header=f"TPOT {s} ms", justify="right",
                                         show="all" if f"tpot_{s}_ms" == stat_col else "machine")
             for s in ("mean", "median", "p99")}
-    lens = {"input_len": ColumnStyle(header="input len", justify="right")} if table.by_input_len else {}
+    # a run of one length has no input len column for people, but its JSON and CSV rows carry it
+    lens = {"input_len": ColumnStyle(header="input len", justify="right",
+                                     show="all" if table.by_input_len else "machine")} \
+        if table.by_input_len or table.input_len is not None else {}
     styles = {
         **lens, "concurrency": ColumnStyle(header="conc", justify="right"), "variant": ColumnStyle(), **tpot,
         "speedup": ColumnStyle(text=lambda v: "—" if v is None else f"{v:.2f}x", justify="right", no_wrap=True),
         "ttft_mean_ms": ColumnStyle(text=_f, header="TTFT mean ms", justify="right"),
-        "itl_mean_ms": ColumnStyle(text=_f, header="ITL mean ms", justify="right"),
+        "itl_mean_ms": ColumnStyle(text=_f, header="ITL mean ms", justify="right", show="machine"),
+        "itl_median_ms": ColumnStyle(text=_f, header="ITL median ms", justify="right"),
         "output_throughput_tok_s": ColumnStyle(text=lambda v: _f(v, 1), header="out tok/s", justify="right"),
         "done_failed": ColumnStyle(header="done/failed", justify="right", no_wrap=True, show="human"),
         "status": _DATA, "repeats": _DATA, "completed": _DATA, "failed": _DATA, "errors": _DATA,
@@ -300,7 +309,7 @@ def tpot_table(table: ServeTable) -> Table:
             if not c.planned:  # the variant's config leaves this length out
                 continue
             done = f"{c.completed}/{c.failed}" + ("" if c.status == "ok" else f" {c.status.upper()}")
-            values = {**c.model_dump(), "input_len": row.input_len, "concurrency": row.concurrency,
+            values = {**c.model_dump(), "input_len": row.input_len or table.input_len, "concurrency": row.concurrency,
                       "done_failed": done}
             out.add_row([values[name] for name in out.columns], style=None if c.status == "ok" else "red")
     return out

@@ -86,7 +86,9 @@ def test_a_config_that_replaces_the_recorded_prediction_says_so(tmp_path, monkey
     argv = ["serve-bench", str(config), "--from-run", str(run_dir), "--predict-from", str(SWEEP), "--json"]
     code, out, err = run(argv, monkeypatch, capsys)
     assert code == 0, err
-    assert ("the config's [prediction] (reference ours) replaces the one the run recorded (reference fm); "
+    # it named both references ("(reference mlabench) ... (reference mlabench)" where only a kernel
+    # differed, as in the H200 concurrency-16 run): now it says what differs
+    assert ("the config's [prediction] replaces the one the run recorded (reference fm -> ours); "
             "plot draws it given the same CONFIG, report the recorded one") in err
     assert json.loads(out)[1]["rows"][1]["error_pct"] == 0.0  # ours at 4096: the new reference
     code, _out, err = run(argv[:1] + argv[2:], monkeypatch, capsys)
@@ -140,3 +142,16 @@ def test_a_config_without_a_prediction_table_is_refused_with_from_run(tmp_path, 
     code, _out, err = run(["serve-bench", str(config), "--from-run", str(run_dir), "--predict-from", str(SWEEP)],
                           monkeypatch, capsys)
     assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {config} has no [prediction] table")
+
+
+def test_the_replaced_prediction_names_the_kernels_that_differ():
+    """Same reference, another backend for one variant and a kernel the run had none for."""
+    from mlabench.cli.serve_commands import replaced_prediction
+
+    given = {**PREDICTION, "kernels": {"fm": {"backend": "vllm-flashmla"}, "ours": PREDICTION["kernels"]["ours"],
+                                       "new": {"backend": "vllm-fa3-mla"}}}
+    assert replaced_prediction(given, PREDICTION) == (
+        "the config's [prediction] replaces the one the run recorded (fm's kernel: backend flashmla -> "
+        "vllm-flashmla; new's kernel: none -> vllm-fa3-mla)")
+    assert "recorded none" in replaced_prediction(given, None)
+

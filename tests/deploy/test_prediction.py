@@ -84,6 +84,23 @@ def test_without_the_reference_measurement_nothing_is_predicted():
     assert "no correct gluon-splitkv record with split_policy=device:* at batch 16" in rows[0]["why"]
 
 
+def test_a_note_omits_empty_params_and_error_pct_has_two_decimals():
+    """A new user read "split_policy= num_kv_splits=108" (a parameter held empty) and `error %` with
+    three decimals beside columns of two."""
+    from mlabench.tables.render import to_markdown
+
+    spec = PredictionSpec.of({"layers": 10, "reference": "fm", "short_input_len": 4096, "kernels": {
+        "fm": {"backend": "flashmla"},
+        "host": {"backend": "gluon-splitkv", "params": {"split_policy": ""}, "by_concurrency": {1: {"num_kv_splits": 108}}}}},
+        ["fm", "host"])
+    rows = prediction_rows(spec, _at_c1({("fm", 4096, 1): 5.0, ("fm", 100000, 1): 5.123, ("host", 4096, 1): 4.0}),
+                           RECORDS)
+    table = prediction_table(spec, rows)
+    assert "host: no correct gluon-splitkv record with num_kv_splits=108 at batch 1, context 4096" in table.notes
+    errors = [line.split(" | ")[6] for line in to_markdown(table).splitlines() if "| fm |" in line]
+    assert errors == ["0.00", f"{100 * (5.4 - 5.123) / 5.123:.2f}"]
+
+
 @pytest.mark.parametrize("table, words", [
     (None, "no [prediction] table"),
     ({"layers": 0, "reference": "fm", "short_input_len": 1, "kernels": {}}, "layers"),

@@ -133,7 +133,7 @@ def test_plot_of_a_serve_run_and_its_kernel_sweeps_draws_the_predicted_tpot(tmp_
     assert len(first.collections) == 2 and "black dashes: TPOT predicted" in fig.get_supxlabel()
     # a new user's dashes disagreed with `serve-bench CONFIG --from-run --predict-from` (another
     # reference) and nothing said which [prediction] drew them
-    assert "non-attention time from flashmla, the run's recorded [prediction]" in fig.get_supxlabel()
+    assert "non-attention time from flashmla, the run's recorded [prediction]" in " ".join(fig.get_supxlabel().split())
     assert "recorded [prediction] (non-attention time from flashmla at its short input length)" in spec.caption
     (plain,), _ = plan(load_runs([write_serve_run(tmp_path / "plain"), PREDICTION_SWEEP]), ["serving-tpot"])
     assert "no TPOT predicted from the sweep runs given: the serve config has no [prediction] table" in plain.caption
@@ -163,17 +163,18 @@ def test_plot_takes_a_configs_prediction_as_serve_bench_does(tmp_path, monkeypat
     code, out, err = run_cli(["plot", str(config), "--from", str(run), "--from", str(PREDICTION_SWEEP),
                               "--kind", "serving-tpot", "--out", str(tmp_path / "figs")], monkeypatch, capsys)
     assert code == 0 and out.split() == [str(tmp_path / "figs" / "serving-tpot.png")], err
-    assert f"{run.name}: the config's [prediction] (reference mlabench) replaces the one the run recorded " \
-           "(reference flashmla)" in err
+    # it named the reference of both, the same where only a kernel differed: now it says what differs
+    assert f"{run.name}: the config's [prediction] replaces the one the run recorded (reference flashmla -> " \
+           "mlabench" in err
     runs = load_runs([run, PREDICTION_SWEEP])
     runs.prediction = (_config_prediction_table(config), f"the [prediction] of {config}")
     (spec,), _ = plan(runs, ["serving-tpot"])
     fig = spec.draw()
     assert fig.axes[0].texts[0].get_text() == "6.31 ms\n1.29×\npred 6.31"  # mlabench, the reference now
-    assert f"non-attention time from mlabench, the [prediction] of {config})" in fig.get_supxlabel()
+    assert f"non-attention time from mlabench, the [prediction] of {config})" in " ".join(fig.get_supxlabel().split())
     assert f"by the [prediction] of {config} (non-attention time from mlabench" in spec.caption
-    for argv, said in (([str(config), "--from", str(run)], "with plot a CONFIG only gives the [prediction] of the "
-                        "sweep runs given with --from"),
+    for argv, said in (([str(config), "--from", str(run)], "error: no sweep run given: with plot a CONFIG only "
+                        "gives the [prediction] that predicts TPOT from sweep runs; add --from SWEEP_RUN"),
                        ([str(REPO / "configs/serve/cpu-tiny.toml"), "--from", str(run), "--from", str(PREDICTION_SWEEP)],
                         "cpu-tiny.toml has no [prediction] table"),
                        ([str(config), "--from", str(PREDICTION_SWEEP)], "a CONFIG gives the [prediction] of "
@@ -199,3 +200,27 @@ def test_a_bar_has_no_speedup_label_where_the_baseline_has_no_tpot(tmp_path):
     assert panel.get_title() == "100000 input tokens, concurrency 1"
     assert [t.get_text() for t in panel.texts] == ["7.64 ms", "missing", "not run"]
     assert [t.get_text() for t in spec.draw().axes[0].texts][0] == "6.31 ms\n1.29×"  # the baseline ran there
+
+
+H200_SERVING = REPO / "results/h200/serving"
+
+
+def test_the_serving_footer_fits_the_figure_and_says_why_bars_have_no_dash():
+    """A new user's `plot CONFIG --from RUN --from SWEEP...` of the committed H200 runs: the footer
+    naming a long CONFIG path ran off both PNG edges, and nothing said why most bars had no dash
+    (concurrency 16: the step is the median ITL; mlabench-host at 32K/100K: no host sweep point)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    config = REPO / "configs/serve/h200-kimi-k3-tp8-proxy-c16.toml"
+    runs = load_runs([H200_SERVING / "serve-20261204T211104Z-h200-proxy", *sorted((H200_SERVING / "sweep").iterdir())])
+    runs.prediction = (_config_prediction_table(config), f"the [prediction] of {config}")
+    (spec,), _ = plan(runs, ["serving-tpot"])
+    fig = spec.draw()
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    box, width = fig._supxlabel.get_window_extent(canvas.get_renderer()), fig.bbox.width
+    assert 0 <= box.x0 and box.x1 <= width, (box, width)
+    footer = " ".join(fig.get_supxlabel().split())
+    assert str(config) in footer.replace("/ ", "/")
+    assert "no dash: above concurrency 1 (the predicted step there is the median ITL, not the TPOT drawn); " \
+           "mlabench-host at 32768, 100000 in (no sweep record)" in footer

@@ -132,12 +132,19 @@ def test_a_missing_length_is_named_in_the_notes():
 
 
 def test_one_input_length_prints_as_before():
-    """A run of one length prints the same whether its results record the length or not."""
+    """A run of one length prints the same whether its results record the length or not; its JSON
+    and CSV rows carry the length its results record (a new user found `input len` gone from the
+    JSON of the H200 4K repeats)."""
+    from mlabench.tables.render import to_csv, to_markdown as one_markdown
+
     plain = [res("a", 1, 0, 10.0), res("b", 1, 0, 5.0)]
     old = build_table(plain, ["a", "b"], [1], "a")
     new = build_table([at(64, r) for r in plain], ["a", "b"], [1], "a", input_lens=[64])
-    assert to_markdown(new) == to_markdown(old) and to_json([tpot_table(new)]) == to_json([tpot_table(old)])
-    assert not new.by_input_len and "input" not in to_markdown(new)
+    assert to_markdown(new) == to_markdown(old) and not new.by_input_len and "input" not in to_markdown(new)
+    assert one_markdown(tpot_table(new)) == one_markdown(tpot_table(old))  # what people see of it
+    assert [r["input_len"] for r in json.loads(to_json([tpot_table(new)]))[0]["rows"]] == [64, 64]
+    assert to_csv(tpot_table(new)).startswith("input_len,concurrency,variant,")
+    assert "input_len" not in json.loads(to_json([tpot_table(old)]))[0]["columns"]  # nothing recorded
 
 
 def test_a_length_a_variant_leaves_out_is_not_run_rather_than_missing():
@@ -183,3 +190,17 @@ def test_the_markdown_tables_mark_what_failed_or_did_not_run():
                          ["16", "20.00", "MISSING", "MISSING"]]
     assert done.rows[0][1] == "5/1 FAILED_REQUESTS" and ttft.rows[0][2] == "100.00"
     assert "c=16 b: missing; no run recorded" in tpot.notes and not ttft.notes
+
+
+def test_json_csv_and_the_terminal_carry_the_median_itl():
+    """The median ITL (the typical decode step) is in JSON and CSV and is the ITL people see; the mean
+    ITL, which is the mean TPOT again, stays in JSON and CSV only."""
+    from mlabench.tables.render import to_csv
+
+    r = res("a", 16, 0, 10.0).model_copy(update={"itl": MetricStats(mean_ms=10.0, median_ms=8.0)})
+    table = tpot_table(build_table([r], ["a"], [16], "a"))
+    (row,) = json.loads(to_json([table]))[0]["rows"]
+    assert row["itl_median_ms"] == 8.0 and row["itl_mean_ms"] == 10.0
+    assert "itl_median_ms" in to_csv(table).splitlines()[0]
+    shown = [table.style(table.columns[i]).header for i in table.shown(human=True)]
+    assert "ITL median ms" in shown and "ITL mean ms" not in shown

@@ -286,6 +286,7 @@ class ServingData:
     predicted_note: str = ""  #: why no bar has a prediction although sweep records were given
     predicted_reference: str = ""  #: the [prediction]'s reference variant, where bars have a prediction
     prediction_source: str = "the run's recorded [prediction]"  #: which [prediction] the bars' predictions follow
+    no_dash_note: str = ""  #: where some bars have a prediction, why the others have none (one short line)
 
     def bar(self, variant: str, concurrency: int, input_len: int | None = None) -> TpotBar:
         """The bar of ``variant`` at ``concurrency`` (and ``input_len``); KeyError when there is none."""
@@ -347,5 +348,23 @@ def predictions(data: ServingData, conf: Any, table: Any, records: Sequence[Reco
             data.bar(r["variant"], r["concurrency"], r["input_len"] if data.input_lens else None).predicted_ms = \
                 r["predicted_ms"]
     data.predicted_reference = spec.reference
+    if any(b.predicted_ms is not None for b in data.bars):
+        data.no_dash_note = _no_dash_note(rows, bool(data.input_lens))
     return "" if any(b.predicted_ms is not None for b in data.bars) else \
         "; ".join(sorted({f"{r['variant']}: {r['why']}" for r in rows})) or "no measured TPOT to predict"
+
+
+def _no_dash_note(rows: list[dict[str, Any]], by_len: bool) -> str:
+    """``no dash: above concurrency 1 (...); mlabench-host at 32768, 100000 in (no sweep record)``:
+    why the measured bars of :func:`predictions`' ``rows`` without a predicted TPOT have none, or ""."""
+    parts = ["above concurrency 1 (the predicted step there is the median ITL, not the TPOT drawn)"] \
+        * any(r["step_from"] != "TPOT" for r in rows)
+    missing: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        if r["step_from"] == "TPOT" and r["predicted_ms"] is None:
+            why = "no sweep record" if r["why"].startswith("no correct") else r["why"]
+            where = f"{r['input_len']}" if by_len else f"c={r['concurrency']}"
+            missing.setdefault((r["variant"], why), []).append(where)
+    parts += [f"{v} at {', '.join(dict.fromkeys(at))}{' in' if by_len else ''} ({why})"
+              for (v, why), at in missing.items()]
+    return "no dash: " + "; ".join(parts) if parts else ""

@@ -83,6 +83,7 @@ def serving(data: ServingData, title: str, where: str) -> Any:
     ax.set_ylim(0, top * 1.3)
     ax.grid(True, axis="y", alpha=0.3)
     _dedup_legend(fig, [ax], last=PREDICTED_LABEL, loc="outside right center", title="variant")
+    _footer(fig, fig.get_figwidth(), data.no_dash_note)
     return fig
 
 
@@ -114,7 +115,15 @@ def _grid(data: ServingData, title: str, where: str) -> Any:
                 ax.set_ylabel(f"{data.stat} TPOT, ms", fontsize=9)
             ax.grid(True, axis="y", alpha=0.3)
     predicted = any(b.predicted_ms is not None for b in data.bars)
-    fig.supxlabel("each panel has its own TPOT axis, from 0" + (" · black dashes: TPOT predicted from the kernel "
-                  f"sweeps given (non-attention time from {data.predicted_reference}, {data.prediction_source})"
-                  if predicted else ""), fontsize=8.5, color="#404040")
+    _footer(fig, panel_w * len(cols), "each panel has its own TPOT axis, from 0" + (
+        " · black dashes: TPOT predicted from the kernel sweeps given (non-attention time from "
+        f"{data.predicted_reference}, {data.prediction_source})" if predicted else ""), data.no_dash_note)
     return fig
+
+
+def _footer(fig: Any, width_in: float, *texts: str) -> None:
+    """``texts`` (each non-empty one from a new line) under the panels, wrapped to the figure's
+    ``width_in`` inches at the footer's 8.5 points (a long CONFIG path ran off both edges)."""
+    lines = [line for text in texts if text for line in _wrap(text, width_in * 11 / 8.5)]
+    if lines:
+        fig.supxlabel("\n".join(lines), fontsize=8.5, color="#404040")
