@@ -105,6 +105,15 @@ SPLIT_LOOP = ParamSpec(
          "count (not yet measured on a GPU)",
 )
 
+# Not yet measured (docs/PERFORMANCE.md, "multi-token tile"): off until an H200 run says otherwise.
+MULTI_TOKEN = ParamSpec(
+    "multi_token", int, default=0, low=0, high=1, omit_default=True, searched=False,
+    help="1: requests of more than 16 query rows (qo_len x heads) run the warp-specialised "
+         "multi-token stage 1 (a TMA loader warp, a softmax warpgroup, two output warpgroups) "
+         "with the wide merge (fused_merge is then 0); 0 (default): the kernel above for every "
+         "shape.  Not with split_loop=1.  Not yet measured on a GPU",
+)
+
 
 def hopper_gluon_available() -> tuple[bool, str]:
     """``(True, "")`` on an NVIDIA compute-capability-9.0 GPU with Triton's Gluon importable,
@@ -145,7 +154,7 @@ class GluonSplitKVBackend(Backend):
     summary = ("project Gluon split-KV kernel for Hopper: TMA page ring, wgmma, up to 64 query rows "
                "a tile, num_kv_splits or a split policy")
     params = (KV_SPLITS, SPLIT_POLICY, RING_STAGES, PDL, O_SPLIT, LAZY_SUM, PDL_PROLOGUE,
-              FUSED_MERGE, SPLIT_LOOP)
+              FUSED_MERGE, SPLIT_LOOP, MULTI_TOKEN)
 
     def available(self) -> tuple[bool, str]:
         return hopper_gluon_available()
@@ -182,13 +191,19 @@ class GluonSplitKVBackend(Backend):
         if split_loop and choice.mode != "device":
             raise UnsupportedShapeError("split_loop=1 runs only with split_policy=device:...: the "
                                         "other split counts keep their grid")
+        multi = KernelVariant(multi_token=bool(int(MULTI_TOKEN.value_in(params, s))))
+        if split_loop and multi.multi_token:
+            raise UnsupportedShapeError("split_loop=1 and multi_token=1 do not run together: "
+                                        "the multi-token stage 1 has no split loop")
         grid = stage1_grid_splits(split_loop, s.batch, rows, choice.grid_splits, stages,
                                   current_device().num_sms)
         fits = fused_merge_fits(stage1_programs(s.batch, rows, grid), current_device().num_sms)
+        fits = fits and multi.multi_token_tiling(rows) is None  # the multi-token path: wide merge
         variant = KernelVariant(str(O_SPLIT.value_in(params, s)),
                                 bool(int(LAZY_SUM.value_in(params, s))),
                                 bool(int(PDL_PROLOGUE.value_in(params, s))),
-                                fits and bool(int(FUSED_MERGE.value_in(params, s))), split_loop)
+                                fits and bool(int(FUSED_MERGE.value_in(params, s))), split_loop,
+                                multi_token=multi.multi_token)
         merge_sync = (torch.zeros(merge_sync_shape(s.batch, rows), dtype=torch.int32,
                                   device=inputs.device) if variant.fused_merge else None)
         o_shape, l_shape = splitkv_workspace_shapes(s.batch, rows, choice.grid_splits)
@@ -213,6 +228,8 @@ class GluonSplitKVBackend(Backend):
                                 fused_merge=int(variant.fused_merge),
                                 split_loop=int(variant.split_loop),
                                 **({"grid_splits": grid} if split_loop else {}))
+        if variant.multi_token_tiling(rows) is not None:  # recorded only where it ran
+            choice.effective.update(multi_token=1)
         return PreparedCall(fn=fn, out=out, effective_params=choice.effective, refresh=refresh,
                             workspace_bytes=splitkv_workspace_bytes(
                                 1, rows, sum(choice.counts(s.context_lens))),

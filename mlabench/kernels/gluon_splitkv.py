@@ -148,7 +148,13 @@ class KernelVariant:
       :func:`~mlabench.kernels.split_loop.loop_grid_splits` programs (one wave, at most the
       policy's largest count) instead of the largest count, and each program runs its request's
       splits ``p, p + G, ...``; the partials, slots and merges are unchanged.  Not yet measured.
-    Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``.
+    - ``multi_token``: requests of more than 16 packed rows (``qo_len x heads``) run the
+      warp-specialised stage 1 of :mod:`mlabench.kernels.gluon_multi_token` (a loader warp, a
+      softmax warpgroup, two output warpgroups; the softmax of one page overlaps the products of
+      the next), merged by the wide merge (``fused_merge`` is ignored there).  Off by default: not
+      yet measured on a GPU.  Requests of 16 rows or fewer run the kernel above either way.
+    Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``, or ``split_loop`` with
+    ``multi_token``.
     """
 
     o_split: str = "m"
@@ -156,15 +162,28 @@ class KernelVariant:
     pdl_prologue: bool = False
     fused_merge: bool = False
     split_loop: bool = False
+    multi_token: bool = False
 
     def __post_init__(self) -> None:
         if self.o_split not in ("n", "m"):
             raise ValueError(f"o_split must be 'n' or 'm', got {self.o_split!r}")
+        if self.split_loop and self.multi_token:
+            raise ValueError("split_loop and multi_token do not run together (the multi-token "
+                             "stage 1 has no split loop)")
 
     def o_warps_m(self, num_warps: int) -> int:
         """Warps of the output product stacked on its 512 rows: all ``num_warps`` for ``"m"``, 4
         (one warpgroup's worth, the others side by side on the rows) for ``"n"``."""
         return num_warps if self.o_split == "m" else 4
+
+    def multi_token_tiling(self, rows: int) -> RowTiling | None:
+        """The tiling of the multi-token stage 1 where it runs for ``rows`` packed rows a request
+        (``multi_token`` on, more than 16 rows), else None."""
+        # imported here, not above: the one-token kernel's source lines, and so its PTX line
+        # table, stay as they were
+        from mlabench.kernels.gluon_multi_token import multi_token_tiling
+
+        return multi_token_tiling(rows) if self.multi_token else None
 
 
 def kv_descriptors(kv_cache: torch.Tensor) -> tuple[TensorDescriptor, TensorDescriptor]:
@@ -210,6 +229,15 @@ def _launch_stage1(q_rows, kv_cache, block_table, cache_seqlens, partial_out, pa
     split either way."""
     batch, tiling = block_table.shape[0], RowTiling.for_rows(qo_len * heads)
     kvn_desc, kvr_desc = descriptors or kv_descriptors(kv_cache)
+    mt_tiling = variant.multi_token_tiling(qo_len * heads)
+    if mt_tiling is not None:
+        from mlabench.kernels.gluon_multi_token import launch_multi_token_stage1
+
+        launch_multi_token_stage1(mt_tiling, q_rows, (kvn_desc, kvr_desc), block_table,
+                                  cache_seqlens, split_policy, partial_out, partial_lse, splits,
+                                  heads, float(softmax_scale) * LOG2E, qo_len, causal, num_stages,
+                                  pdl, variant.pdl_prologue)
+        return
     mt = MergeTiling.for_launch(tiling.block_rows, grid_splits, tiling.num_warps)
     kernel = stage1_split_loop if grid_splits < splits else _gluon_splitkv_stage1
     kernel[(batch * tiling.row_tiles, grid_splits)](
@@ -247,11 +275,12 @@ def _check_fused(variant: KernelVariant, merge_sync, batch: int, rows: int, spli
 
 def _launch_plan(variant: KernelVariant, stage1_only: bool, split_policy, merge_sync, batch: int,
                  rows: int, splits: int, num_stages: int) -> tuple[KernelVariant, int]:
-    """``(variant, grid split axis)`` of a call: no fused merge when ``stage1_only``; the split
-    loop's grid (:func:`~mlabench.kernels.split_loop.stage1_grid_splits`); ValueError for the
-    loop without a device policy, or a fused merge that cannot run (:func:`_check_fused`)."""
-    if stage1_only:
-        variant = dataclasses.replace(variant, fused_merge=False)
+    """``(variant, grid split axis)`` of a call: no fused merge when ``stage1_only`` or on the
+    multi-token path; the split loop's grid
+    (:func:`~mlabench.kernels.split_loop.stage1_grid_splits`); ValueError for the loop without a
+    device policy, or a fused merge that cannot run (:func:`_check_fused`)."""
+    if stage1_only or variant.multi_token_tiling(rows) is not None:
+        variant = dataclasses.replace(variant, fused_merge=False)  # the wide merge, or none
     if variant.split_loop and split_policy is None:
         raise ValueError("split_loop needs a split policy in device memory (split_policy); "
                          "a fixed split count keeps its grid")

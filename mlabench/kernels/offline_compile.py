@@ -84,10 +84,10 @@ def _ptxas_usage(ptx: str) -> tuple[int, int]:
     return int(regs.group(1)), int(spills.group(1))
 
 
-def token_loop_spills(cubin: bytes) -> int:
-    """``LDL``/``STL`` instructions in the innermost loop of ``cubin``'s SASS (Triton's bundled
-    ``cuobjdump``) that holds an ``HMMA``/``HGMMA``: the token loop of stage 1.  Loops are the
-    ranges of backward branches.  Raises RuntimeError when no such loop is found."""
+def mma_loops(cubin: bytes) -> list[tuple[int, int, int]]:
+    """``(instructions, tensor-core products, LDL/STL)`` of every loop of ``cubin``'s SASS
+    (Triton's bundled ``cuobjdump``) that holds an ``HMMA``/``HGMMA``; loops are the ranges of
+    backward branches, outer loops included."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     cuobjdump = str(Path(get_ptxas(90).path).with_name("cuobjdump"))
@@ -103,12 +103,21 @@ def token_loop_spills(cubin: bytes) -> int:
         target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
         if target and int(target.group(1), 16) < addr:
             body = [t for a, t in ins if int(target.group(1), 16) <= a <= addr]
-            if any("MMA" in t for t in body):
-                loops.append(body)
+            mma = sum(1 for t in body if "MMA" in t)
+            if mma:
+                local = sum(1 for t in body if re.search(r"\b(LDL|STL)\b", t))
+                loops.append((len(body), mma, local))
+    return loops
+
+
+def token_loop_spills(cubin: bytes) -> int:
+    """``LDL``/``STL`` instructions in the innermost loop of ``cubin``'s SASS that holds an
+    ``HMMA``/``HGMMA`` (:func:`mma_loops`): the token loop of stage 1.  Raises RuntimeError when
+    no such loop is found."""
+    loops = mma_loops(cubin)
     if not loops:
         raise RuntimeError("no loop with tensor-core products found in the SASS")
-    inner = min(loops, key=len)
-    return sum(1 for t in inner if re.search(r"\b(LDL|STL)\b", t))
+    return min(loops)[2]
 
 
 def stage1_resources(kernel: str, rows_per_tile: int, *, target: str = "sm90",
@@ -174,45 +183,71 @@ def compile_stage1_sm90(num_stages: int | None = None, dtype: str = "bf16", *,
     report in docs/PERFORMANCE.md and the CPU tests; run it in a process where Triton's
     interpreter has not run (the interpreter patches the language module it shares with Gluon).
     """
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from mlabench.kernels.gluon_fused_merge import MergeTiling
     from mlabench.kernels.gluon_split_loop import stage1_split_loop
     from mlabench.kernels.gluon_splitkv import (
-        DEFAULT_NUM_STAGES, PAGE_SIZE, KernelVariant, _gluon_splitkv_stage1,
+        DEFAULT_NUM_STAGES, KernelVariant, _gluon_splitkv_stage1,
     )
 
     num_stages = num_stages or DEFAULT_NUM_STAGES
     variant = variant or KernelVariant()
 
-    elem = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     num_warps = RowTiling.for_rows(block_rows).num_warps
-
-    def desc(width: int) -> str:
-        layout = gl.NVMMASharedLayout.get_default_for([PAGE_SIZE, width], elem)
-        return f"tensordesc<{dtype}[{PAGE_SIZE}, {width}],{layout!r}>"
-
-    sig = {"q_ptr": f"*{dtype}", "kvn_desc": desc(512), "kvr_desc": desc(64),
-           "bt_ptr": "*i32", "seqlens_ptr": "*i32", "policy_ptr": "*i32", "po_ptr": "*fp32",
-           "plse_ptr": "*fp32", "out_ptr": f"*{dtype}", "sync_ptr": "*i32", "num_splits": "i32",
-           "num_rows": "i32", "heads_per_token": "i32", "qk_scale_log2": "fp32"}
-    sig |= {n: "i32" for n in ("stride_qb", "stride_qh", "stride_btb", "stride_ps", "stride_ph",
-                               "stride_ls", "stride_ob", "stride_oh")}
     mt = MergeTiling.for_launch(block_rows, num_splits, num_warps)
     consts = {"BLOCK_R": block_rows, "ROW_TILES": 1, "QO_LEN": qo_len, "CAUSAL": causal,
               "POLICY_ROWS": policy_rows, "NUM_STAGES": num_stages, "PDL": 1,
               "O_WARPS_M": variant.o_warps_m(num_warps), "LAZY_SUM": variant.lazy_sum,
               "WAIT_PRIOR": variant.pdl_prologue, "FUSED": variant.fused_merge,
               **mt.constexprs(), "num_warps": num_warps}
-    sig |= {n: "constexpr" for n in consts}
-    # what Triton's launcher would specialise: 16-byte aligned pointers and strides
+    fn = stage1_split_loop if variant.split_loop else _gluon_splitkv_stage1
+    return _compile_gluon(fn, dtype, consts, {"num_warps": num_warps})
+
+
+def _compile_gluon(fn, dtype: str, consts: dict, options: dict):
+    """Compile the Gluon stage-1 kernel ``fn`` for sm_90 with ``consts``: its arguments typed by
+    name (``q_ptr``/``out_ptr`` in ``dtype``, the partials fp32, the two cache descriptors, other
+    pointers int32, other scalars int32 but the fp32 scale), pointers and strides marked 16-byte
+    aligned as Triton's launcher would specialise them."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from mlabench.kernels.gluon_blocks import PAGE_SIZE
+
+    elem = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+
+    def desc(width: int) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for([PAGE_SIZE, width], elem)
+        return f"tensordesc<{dtype}[{PAGE_SIZE}, {width}],{layout!r}>"
+
+    named = {"q_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "po_ptr": "*fp32", "plse_ptr": "*fp32",
+             "kvn_desc": desc(512), "kvr_desc": desc(64), "qk_scale_log2": "fp32"}
+    sig = {n: "constexpr" if n in consts else named.get(n, "*i32" if n.endswith("_ptr") else "i32")
+           for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
              if t.startswith("*") or n.startswith("stride")}
-    fn = stage1_split_loop if variant.split_loop else _gluon_splitkv_stage1
     src = GluonASTSource(fn=fn, signature=sig, attrs=attrs, constexprs=consts)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_multi_token_sm90(block_rows: int = 64, qo_len: int = 8, *, causal: bool = True,
+                             policy_rows: int = 0, num_stages: int = 2, dtype: str = "bf16",
+                             pdl_prologue: bool = False):
+    """Compile the multi-token stage 1 (:mod:`mlabench.kernels.gluon_multi_token`) for sm_90
+    without a GPU and return Triton's compiled kernel (as :func:`compile_stage1_sm90`):
+    ``block_rows`` 32 or 64 (the tile :func:`~mlabench.kernels.gluon_multi_token.multi_token_tiling`
+    launches), the launch's ``maxnreg`` and partition registers.  Run it where Triton's
+    interpreter has not run."""
+    from mlabench.kernels.gluon_multi_token import (
+        MT_MAXNREG, MT_NUM_WARPS, _multi_token_stage1, p_buffers,
+    )
+
+    consts = {"BLOCK_R": block_rows, "ROW_TILES": 1, "QO_LEN": qo_len, "CAUSAL": causal,
+              "POLICY_ROWS": policy_rows, "NUM_STAGES": num_stages,
+              "P_BUFS": p_buffers(block_rows), "PDL": 1, "WAIT_PRIOR": pdl_prologue,
+              "num_warps": MT_NUM_WARPS}
+    return _compile_gluon(_multi_token_stage1, dtype, consts,
+                          {"num_warps": MT_NUM_WARPS, "maxnreg": MT_MAXNREG})
 
 
 def main() -> None:

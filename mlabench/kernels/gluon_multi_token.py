@@ -1,0 +1,271 @@
+"""Warp-specialised stage 1 of ``gluon-splitkv`` for multi-token tiles (``KernelVariant.multi_token``).
+
+Not yet measured on a GPU: the variant is off by default (docs/PERFORMANCE.md, "multi-token tile").
+
+The one-token kernel (:mod:`mlabench.kernels.gluon_splitkv`) runs a page's score product, its
+softmax and its output product one after the other in the same warps, so the tensor cores idle
+during the softmax and the page loads wait for the products; at 48 and 96 packed rows (4 and 8
+tokens of 12 heads) that serialisation, not the cache stream, sets the time.  This stage 1 keeps
+the one-token kernel's grid and row tiles (:class:`~mlabench.kernels.row_tiling.RowTiling`: one
+CTA per 32 or 64 rows, so 96 rows are two CTAs reading the same pages, the second from L2) and
+splits each CTA's work among three partitions:
+
+- **Loader** (1 warp, 24 registers): the TMA copies of the split's pages into a 2-page ring; a
+  slot is refilled once the output product of the page it held has completed (``kv_free``).
+- **Softmax warpgroup** (4 warps, 152 registers): ``S^T [64 tokens, R] = K_page Q^T`` as one
+  wgmma chain with all R rows as N (36 ``m64nRk16``), the masks (length; the causal limit per row
+  only on a split's last page or two), the online softmax, the zeroing of a last page's rows
+  past the length; it hands ``P^T`` (bf16) and the rescale ``alpha`` to the output warps through
+  ``P_BUFS`` tiles (``p_ready``/``p_free``), and computes page ``t + 1``'s scores while the output
+  warps multiply page ``t``.
+- **Output warpgroups** (8 warps, the default partition, 160-168 registers): ``O^T [512, R] fp32
+  *= alpha; += V^T P^T``, each warpgroup 256 of the 512 output columns (16 ``m64nRk16`` a page),
+  then the normalised partial store that :func:`mlabench.kernels.wide_merge.wide_merge` reads.
+
+Why not one CTA for all 96 rows of an 8-token request: its accumulator ``O^T [512, 96]`` fp32 is
+192 KB, three quarters of an SM's 256 KB register file before any score, weight or address
+register (two warpgroups would need 192 accumulator registers a thread, four 96 with 128 a thread
+left in all); and Gluon tensors have power-of-two shapes, so no 48-row half either.  A 64-row CTA
+holds 128 KB of accumulator, 128 registers a thread over two warpgroups.  Shared memory at 64
+rows: query 73.7 KB, ring 2 x 73.7 KB, one P tile 8.2 KB: 225 KB of the 227 KB a block may have,
+so the P tile is single-buffered there (the softmax warpgroup still computes the next page's
+scores and weights before it waits for the tile); 2 tiles at 32 rows.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait,
+)
+
+from mlabench.kernels.common import causal_row_limits
+from mlabench.kernels.gluon_blocks import (
+    D_NOPE, PAGE_TOKENS, issue_page, launch_dependents, load_q_tiles, page_ring, scaled_scores,
+    softmax_step, split_pages, store_partial, wait_prior_grid, zero_rows_from,
+)
+from mlabench.kernels.row_tiling import RowTiling
+
+MT_NUM_WARPS = 8  #: warps of the output partition (the kernel's ``num_warps``)
+#: Registers a thread the worker partitions ask for (softmax warpgroup, loader warp); the output
+#: warpgroups get the rest of the 64K-register file (``maxnreg`` times the 16 warps).
+SOFTMAX_REGS = gl.constexpr(152)
+LOADER_REGS = gl.constexpr(24)
+MT_MAXNREG = 128
+
+
+def multi_token_tiling(rows: int) -> RowTiling | None:
+    """The row tiling of the multi-token stage 1 for ``rows`` packed rows a request: the tiles of
+    :meth:`RowTiling.for_rows` (32 or 64 rows; so the split grid, the workspace and the row-tile
+    count the backend reports are those of the one-token kernel), with the output partition's
+    8 warps; None for 16 rows or fewer, which the one-token kernel keeps."""
+    if rows <= 16:
+        return None
+    return RowTiling.for_rows(rows)
+
+
+def p_buffers(block_rows: int) -> int:
+    """P^T tiles between the softmax and the output warps: 2 up to 32 rows; 1 at 64, where a
+    second would take shared memory past the 227 KB a block may have (query 73.7 KB, ring 147.5
+    KB, P 8.2 KB: 224 KB)."""
+    return 2 if block_rows <= 32 else 1
+
+
+@gluon.jit
+def _loader(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, heads_per_token,
+            qk_scale_log2, smem, bars, BLOCK_R: gl.constexpr, QO_LEN: gl.constexpr,
+            CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """Loader partition: page ``t`` into slot ``t % NUM_STAGES`` once the slot is free (a fresh
+    mbarrier counts as having completed the phase before its first, so the first pages go at
+    once)."""
+    kn_smem, kr_smem = smem[0], smem[1]
+    kv_ready, kv_free = bars[0], bars[1]
+    for t in range(n_tiles):
+        slot = t % NUM_STAGES
+        mbarrier.wait(kv_free.index(slot), ((t // NUM_STAGES) & 1) ^ 1)
+        issue_page(kvn_desc, kvr_desc, bt_row_ptr, page_lo, t, kn_smem, kr_smem, kv_ready,
+                   NUM_STAGES)
+
+
+@gluon.jit
+def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, heads_per_token,
+             qk_scale_log2, smem, bars, BLOCK_R: gl.constexpr, QO_LEN: gl.constexpr,
+             CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """Softmax partition (one warpgroup): per page the score product over all ``BLOCK_R`` rows,
+    the masks, one online-softmax step and the tail zeroing; publishes ``P^T`` and ``alpha`` in
+    buffer ``t % P_BUFS``, and after the last page the rows' max and sum (``ml_smem``, ``done``)."""
+    kn_smem, kr_smem, qn_smem, qr_smem, p_smem, a_smem, ml_smem = smem
+    kv_ready, p_ready, p_free, done = bars[0], bars[2], bars[3], bars[4]
+    P_BUFS: gl.constexpr = p_smem.type.shape[0]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_R, 16])
+    s_zero = gl.zeros([PAGE_TOKENS, BLOCK_R], gl.float32, layout=mma)
+    l_i = gl.zeros([PAGE_TOKENS, BLOCK_R], gl.float32, layout=mma)  # summed over tokens at the end
+    m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=gl.SliceLayout(0, mma))
+    offs_t = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1, mma))
+    first_masked = seq_len - QO_LEN + 1  # under CAUSAL, no row sees a key from here on
+    for t in range(n_tiles):
+        slot = t % NUM_STAGES
+        mbarrier.wait(kv_ready.index(slot), (t // NUM_STAGES) & 1)
+        kn = kn_smem.index(slot)
+        s = warpgroup_mma(kn, qn_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(kr_smem.index(slot), qr_smem.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        tok = (page_lo + t) * PAGE_TOKENS + offs_t
+        if CAUSAL and (page_lo + t + 1) * PAGE_TOKENS > first_masked:  # the last page or two
+            rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, mma))
+            row_lim = causal_row_limits(seq_len, rows, heads_per_token, QO_LEN)
+            s = scaled_scores(s, tok, seq_len, row_lim, qk_scale_log2, True)
+        else:  # every row sees every key of the page below the length
+            s = scaled_scores(s, tok, seq_len, seq_len, qk_scale_log2, False)
+        if (page_lo + t + 1) * PAGE_TOKENS > seq_len:  # the last page: V rows past the length
+            zero_rows_from(kn, seq_len - (page_lo + t) * PAGE_TOKENS, 4)  # fenced inside
+        p, alpha, m_i = softmax_step(s, m_i, CAUSAL)
+        l_i = l_i * alpha[None, :] + p
+        j = t % P_BUFS
+        mbarrier.wait(p_free.index(j), ((t // P_BUFS) & 1) ^ 1)  # page t - 2's product done
+        p_smem.index(j).store(p.to(p_smem.dtype))
+        a_smem.index(j).store(alpha)
+        fence_async_shared()  # P is read by wgmma (the async proxy) in the other partition
+        mbarrier.arrive(p_ready.index(j), count=1)
+    if n_tiles > 0:
+        ml_smem.index(0).store(m_i)
+        ml_smem.index(1).store(gl.sum(l_i, axis=0))
+        mbarrier.arrive(done.index(0), count=1)
+
+
+@gluon.jit
+def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr,
+            num_warps: gl.constexpr):
+    """Output partition (the default, ``num_warps`` = 8): ``O^T *= alpha; O^T += V^T P^T`` per
+    page, each warpgroup 256 of the 512 output columns; frees the page's slot and P buffer once
+    its products completed.  Returns ``(o [512, BLOCK_R] fp32, m [BLOCK_R], l [BLOCK_R])``."""
+    kn_smem, p_smem, a_smem, ml_smem = smem[0], smem[4], smem[5], smem[6]
+    kv_free, p_ready, p_free, done = bars[1], bars[2], bars[3], bars[4]
+    P_BUFS: gl.constexpr = p_smem.type.shape[0]
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                    instr_shape=[16, BLOCK_R, 16])
+    col: gl.constexpr = gl.SliceLayout(0, mma_o)
+    o = gl.zeros([D_NOPE, BLOCK_R], gl.float32, layout=mma_o)
+    for t in range(n_tiles):
+        slot = t % NUM_STAGES
+        j = t % P_BUFS
+        mbarrier.wait(p_ready.index(j), (t // P_BUFS) & 1)
+        o = o * a_smem.index(j).load(col)[None, :]
+        o = warpgroup_mma(kn_smem.index(slot).permute((1, 0)), p_smem.index(j), o, is_async=True)
+        o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
+        mbarrier.arrive(kv_free.index(slot), count=1)
+        mbarrier.arrive(p_free.index(j), count=1)
+    m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=col)
+    l_i = gl.zeros([BLOCK_R], gl.float32, layout=col)
+    if n_tiles > 0:
+        mbarrier.wait(done.index(0), 0)
+        m_i = ml_smem.index(0).load(col)
+        l_i = ml_smem.index(1).load(col)
+    return o, m_i, l_i
+
+
+@gluon.jit
+def _shared_tiles(dt: gl.constexpr, BLOCK_R: gl.constexpr, P_BUFS: gl.constexpr):
+    """The query tiles ``[BLOCK_R, 512]``/``[BLOCK_R, 64]``, ``P_BUFS`` P^T tiles ``[64,
+    BLOCK_R]``, their ``alpha`` rows and the final ``(m, l)`` rows (fp32)."""
+    qn_smem = gl.allocate_shared_memory(dt, [BLOCK_R, D_NOPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_R, D_NOPE], dt))
+    qr_smem = gl.allocate_shared_memory(dt, [BLOCK_R, 64],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_R, 64], dt))
+    p_smem = gl.allocate_shared_memory(dt, [P_BUFS, PAGE_TOKENS, BLOCK_R],
+                                       gl.NVMMASharedLayout.get_default_for([PAGE_TOKENS, BLOCK_R], dt))
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_R], flat)
+    ml_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_R], flat)
+    return qn_smem, qr_smem, p_smem, a_smem, ml_smem
+
+
+@gluon.jit
+def _barriers(NUM_STAGES: gl.constexpr, P_BUFS: gl.constexpr):
+    """``(kv_ready, kv_free, p_ready, p_free, done)``, each mbarrier initialised to one arrival."""
+    lay: gl.constexpr = mbarrier.MBarrierLayout()
+    kv_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], lay)
+    p_ready = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], lay)
+    p_free = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], lay)
+    done = gl.allocate_shared_memory(gl.int64, [1, 1], lay)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(kv_free.index(i), count=1)
+    for i in gl.static_range(P_BUFS):
+        mbarrier.init(p_ready.index(i), count=1)
+        mbarrier.init(p_free.index(i), count=1)
+    mbarrier.init(done.index(0), count=1)
+    return kv_free, p_ready, p_free, done
+
+
+@gluon.jit(do_not_specialize=["num_splits"])
+def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_ptr, po_ptr,
+                        plse_ptr, num_splits, num_rows, heads_per_token, qk_scale_log2, stride_qb,
+                        stride_qh, stride_btb, stride_ps, stride_ph, stride_ls,
+                        BLOCK_R: gl.constexpr, ROW_TILES: gl.constexpr, QO_LEN: gl.constexpr,
+                        CAUSAL: gl.constexpr, POLICY_ROWS: gl.constexpr,
+                        NUM_STAGES: gl.constexpr, P_BUFS: gl.constexpr, PDL: gl.constexpr,
+                        WAIT_PRIOR: gl.constexpr, num_warps: gl.constexpr):
+    if PDL == 1:  # let the merge grid be scheduled now; it waits for this grid before reading
+        launch_dependents()
+    # Grid (B * ROW_TILES, S) as the one-token kernel's: a request's row tiles share pages in L2.
+    b = gl.program_id(0) // ROW_TILES
+    row_lo = (gl.program_id(0) % ROW_TILES) * BLOCK_R
+    split = gl.program_id(1)
+    seq_len = gl.load(seqlens_ptr + b)
+    page_lo, n_tiles, written = split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS,
+                                            num_warps)
+    bt_row_ptr = bt_ptr + b.to(gl.int64) * stride_btb
+    kn_smem, kr_smem, kv_ready = page_ring(kvn_desc, kvr_desc, NUM_STAGES)
+    qn_smem, qr_smem, p_smem, a_smem, ml_smem = _shared_tiles(kvn_desc.dtype, BLOCK_R, P_BUFS)
+    kv_free, p_ready, p_free, done = _barriers(NUM_STAGES, P_BUFS)
+    if WAIT_PRIOR:  # PDL prologue: an empty split touches neither q nor the partials
+        if n_tiles > 0:
+            wait_prior_grid()
+    if n_tiles > 0:
+        load_q_tiles(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem, qr_smem, BLOCK_R,
+                     num_warps)
+        fence_async_shared()
+    smem = (kn_smem, kr_smem, qn_smem, qr_smem, p_smem, a_smem, ml_smem)
+    bars = (kv_ready, kv_free, p_ready, p_free, done)
+    # the worker partitions take the same arguments, spelled out in the call: a tuple assigned to
+    # a variable first would turn its constexprs into tensors
+    o, m_i, l_i = gl.warp_specialize([
+        (_output, (smem, bars, n_tiles, BLOCK_R, NUM_STAGES, num_warps)),
+        (_softmax, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
+                    heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
+                    NUM_STAGES)),
+        (_loader, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
+                   heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
+                   NUM_STAGES)),
+    ], [4, 1], [SOFTMAX_REGS, LOADER_REGS])
+    if PDL == 2:  # the merge's launch overlaps this program's epilogue only
+        launch_dependents()
+    if n_tiles > 0:  # an empty split writes nothing: the merge reads only the splits owning pages
+        store_partial(po_ptr, plse_ptr, b * num_splits + split, row_lo, num_rows, o, l_i, m_i,
+                      stride_ps, stride_ph, stride_ls, BLOCK_R, num_warps)
+
+
+def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_table, cache_seqlens,
+                              split_policy, partial_out, partial_lse, splits: int, heads: int,
+                              qk_scale_log2: float, qo_len: int, causal: bool, num_stages: int,
+                              pdl: int, wait_prior: bool) -> None:
+    """Launch the multi-token stage 1 on the grid ``(B * tiling.row_tiles, splits)`` (arguments as
+    :func:`mlabench.kernels.gluon_splitkv.mla_decode_gluon_splitkv` checked them; ``q_rows``
+    ``[B, qo_len * H, 576]``, ``tiling`` from :func:`multi_token_tiling`, ``descriptors`` from
+    :func:`~mlabench.kernels.gluon_splitkv.kv_descriptors`).  Writes the partials the wide merge
+    reads; no fused merge."""
+    kvn_desc, kvr_desc = descriptors
+    batch = block_table.shape[0]
+    _multi_token_stage1[(batch * tiling.row_tiles, splits)](
+        q_rows, kvn_desc, kvr_desc, block_table, cache_seqlens,
+        cache_seqlens if split_policy is None else split_policy, partial_out, partial_lse,
+        splits, qo_len * heads, heads, qk_scale_log2, q_rows.stride(0), q_rows.stride(1),
+        block_table.stride(0), partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
+        BLOCK_R=tiling.block_rows, ROW_TILES=tiling.row_tiles, QO_LEN=qo_len,
+        CAUSAL=bool(causal) and qo_len > 1,
+        POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], NUM_STAGES=num_stages,
+        P_BUFS=p_buffers(tiling.block_rows), PDL=pdl, WAIT_PRIOR=wait_prior, num_warps=tiling.num_warps, maxnreg=MT_MAXNREG,
+        **({"launch_pdl": True} if wait_prior else {}),
+    )

@@ -1,0 +1,110 @@
+"""CPU tests of the multi-token stage 1 of gluon-splitkv (``KernelVariant.multi_token``).
+
+The kernel has no CPU interpreter: it is compiled here for sm_90 (Triton bundles ptxas and
+cuobjdump) and its PTX and SASS are checked for the structure the design relies on (warp
+specialisation, TMA, mbarriers, wgmma with every row as N, no local memory in the output
+product's loop).  tests/gpu/test_gluon_multi_token.py runs it against the fp32 reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton.experimental.gluon")
+
+from mlabench.kernels.gluon_multi_token import multi_token_tiling, p_buffers  # noqa: E402
+from mlabench.kernels.gluon_splitkv import KernelVariant  # noqa: E402
+from mlabench.kernels.row_tiling import RowTiling  # noqa: E402
+
+_COMPILE = """
+import json, sys
+from mlabench.kernels.offline_compile import compile_multi_token_sm90, mma_loops
+k = compile_multi_token_sm90(int(sys.argv[1]), int(sys.argv[2]), causal=sys.argv[3] == "1",
+                             policy_rows=int(sys.argv[4]))
+print(json.dumps({"ptx": k.asm["ptx"], "shared": k.metadata.shared,
+                  "loops": mma_loops(k.asm["cubin"])}))
+"""
+
+
+def _compile(block_rows: int, qo_len: int, causal: bool, policy_rows: int) -> dict:
+    """Compile the multi-token stage 1 for sm_90 in a fresh process (no interpreter state)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                         env.get("PYTHONPATH", "")])
+    args = [str(a) for a in (block_rows, qo_len, int(causal), policy_rows)]
+    run = subprocess.run([sys.executable, "-c", _COMPILE, *args], capture_output=True, text=True,
+                         env=env, timeout=600)
+    if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
+        pytest.skip("this Triton build has no ptxas")
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("rows,want", [
+    (12, None), (16, None),                 # one token: the one-token kernel, variant on or off
+    (24, RowTiling(32, 1, 8)),              # qo_len 2
+    (48, RowTiling(64, 1, 8)),              # qo_len 4
+    (96, RowTiling(64, 2, 8)),              # qo_len 8: two CTAs, as RowTiling cuts them
+])
+def test_multi_token_tiling_keeps_row_tiling_counts(rows, want):
+    tiling = multi_token_tiling(rows)
+    assert tiling == want
+    if tiling is not None:
+        assert tiling.row_tiles == RowTiling.for_rows(rows).row_tiles
+
+
+def test_variant_is_off_by_default_and_never_takes_one_token():
+    assert KernelVariant().multi_token is False
+    assert KernelVariant().multi_token_tiling(96) is None
+    assert KernelVariant(multi_token=True).multi_token_tiling(12) is None
+    assert KernelVariant(multi_token=True).multi_token_tiling(96) == RowTiling(64, 2, 8)
+
+
+def test_p_buffers_fit_shared_memory():
+    assert p_buffers(32) == 2 and p_buffers(64) == 1
+
+
+@pytest.mark.parametrize("block_rows,qo_len,causal,policy_rows", [
+    (32, 2, True, 0),
+    (64, 4, True, 16),    # a device split policy
+    (64, 8, False, 0),
+])
+def test_multi_token_stage1_compiles_warp_specialised(block_rows, qo_len, causal, policy_rows):
+    """The design in PTX and SASS: the cache by bulk tensor copies completing on mbarriers, the
+    partitions' register budgets set by ``setmaxnreg``, one wgmma shape with all the tile's rows
+    as N (36 for a page's scores in the softmax warpgroup, 16 for each output warpgroup's
+    256 x 64 x 64 update), shared memory within the 227 KB a block may have, no local memory in
+    the output product's loop and at most a few spill instructions in the softmax loop."""
+    kernel = _compile(block_rows, qo_len, causal, policy_rows)
+    ptx = kernel["ptx"]
+    assert "cp.async.bulk.tensor.2d.shared::cta.global.mbarrier::complete_tx::bytes" in ptx
+    assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive" in ptx
+    assert "setmaxnreg.inc.sync.aligned.u32" in ptx and "setmaxnreg.dec.sync.aligned.u32" in ptx
+    shapes = {m: ptx.count(m) for m in
+              re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16", ptx)}
+    assert shapes == {f"wgmma.mma_async.sync.aligned.m64n{block_rows}k16.f32.bf16.bf16": 36 + 16}
+    assert "mma.sync" not in ptx
+    assert kernel["shared"] <= 227 * 1024
+    output_loop = min(kernel["loops"])  # the smallest loop with tensor-core products
+    assert output_loop[1] == 16 and output_loop[2] == 0, kernel["loops"]
+    softmax_loop = min(loop for loop in kernel["loops"] if loop[1] == 36)
+    assert softmax_loop[2] <= 4, kernel["loops"]
+
+
+def test_backend_parameter_is_off_by_default_and_not_searched():
+    """gluon-splitkv's ``multi_token`` parameter: 0 by default and left out of a point's
+    parameters there (records before it pair with the points that run the one-token kernel),
+    never swept by ``tune`` unless ``--space`` names it."""
+    from mlabench.backends.gluon import GluonSplitKVBackend
+    from mlabench.shapes import MLADecodeShape
+
+    spec = {p.name: p for p in GluonSplitKVBackend.params}["multi_token"]
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(32768,) * 16, qo_len=8)
+    assert spec.default_for(shape) == 0 and spec.left_out(0, shape) and not spec.searched
