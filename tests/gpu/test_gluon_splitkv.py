@@ -19,14 +19,14 @@ def _backend():
     return backend
 
 
-def _inputs(lens, seed=0, poison=True):
-    """Inputs whose unread cache slots (page tails, padding pages) hold NaN unless ``poison`` is
-    False."""
+def _inputs(lens, seed=0, poison=True, qo_len=1):
+    """Inputs (``qo_len`` causal tokens a request) whose unread cache slots (page tails, padding
+    pages) hold NaN unless ``poison`` is False."""
     from mlabench.inputs import make_inputs
     from mlabench.shapes import MLADecodeShape
 
-    return make_inputs(MLADecodeShape.create(num_heads=12, context_lens=lens, page_size=64),
-                       seed=seed, poison=poison)
+    return make_inputs(MLADecodeShape.create(num_heads=12, context_lens=lens, page_size=64,
+                                             qo_len=qo_len), seed=seed, poison=poison)
 
 
 def _ref(x, lens):
@@ -42,7 +42,8 @@ def _repeated_calls(x, splits, pdl, variant, split_policy=None, merge_sync=None)
     from mlabench.kernels.workspace import splitkv_workspace_shapes
 
     queries = [x.q, torch.flip(x.q, dims=(1,)).contiguous()]
-    o_shape, l_shape = splitkv_workspace_shapes(x.block_table.shape[0], 12, splits)
+    qo_len = x.shape.qo_len
+    o_shape, l_shape = splitkv_workspace_shapes(x.block_table.shape[0], 12 * qo_len, splits)
     part_o = torch.empty(o_shape, dtype=torch.float32, device=x.q.device)
     part_lse = torch.empty(l_shape, dtype=torch.float32, device=x.q.device)
     outs = [torch.full_like(x.new_output(), float("nan")) for _ in range(8)]
@@ -54,7 +55,7 @@ def _repeated_calls(x, splits, pdl, variant, split_policy=None, merge_sync=None)
                                      out, splits, x.shape.scale, partial_out=part_o,
                                      partial_lse=part_lse, descriptors=descs, pdl=pdl,
                                      split_policy=split_policy, merge_sync=merge_sync,
-                                     variant=variant)
+                                     variant=variant, qo_len=qo_len)
 
     return calls, outs, queries
 
@@ -127,10 +128,11 @@ def test_multi_token_bf16_matches_fp32(qo_len, causal, lens, splits):
 
 
 @pytest.mark.parametrize("qo_len", [1, 4])
-def test_device_policy_graph_keeps_each_requests_count(tmp_path, qo_len):
+@pytest.mark.parametrize("multi_token", [0, 1])
+def test_device_policy_graph_keeps_each_requests_count(tmp_path, qo_len, multi_token):
     """One graph captured at 1 token with a device policy, replayed at long and ragged lengths
     after they change in place: right at every length, and the counts it reports are the
-    policy's per request."""
+    policy's per request (``multi_token`` 1: the multi-token stage 1 at qo_len 4)."""
     import json
 
     from mlabench.inputs import make_inputs
@@ -144,7 +146,8 @@ def test_device_policy_graph_keeps_each_requests_count(tmp_path, qo_len):
     lens = (20000, 64, 9000, 300)
     shape = MLADecodeShape.create(num_heads=12, context_lens=lens, page_size=64, qo_len=qo_len)
     x = make_inputs(shape, seed=5, poison=False)
-    params = backend.resolve_params(shape, {"split_policy": f"device:{policy}"})
+    params = backend.resolve_params(shape, {"split_policy": f"device:{policy}",
+                                            "multi_token": multi_token})
     call = backend.prepare(x, params)
     assert call.effective_params["num_kv_splits"] == 33  # the grid: batch 4's largest count
     assert [len(s) for s in call.split_starts] == [32, 1, 29, 3]  # non-empty splits
@@ -189,16 +192,19 @@ def test_kernel_variants_match_fp32(o_split, lazy_sum, qo_len, lens, splits):
 
 
 @pytest.mark.parametrize("pdl", [0, 1, 2])
-def test_pdl_prologue_graph_of_repeated_calls(pdl):
+@pytest.mark.parametrize("qo_len,multi_token", [(1, False), (8, True)])
+def test_pdl_prologue_graph_of_repeated_calls(pdl, qo_len, multi_token):
     """Stage 1 launched as a programmatic dependent of the previous call's merge: eight calls in
     one graph sharing one workspace, alternating two queries, each output right (a stage 1 that
-    wrote its partials before the merge before it had read them would mix the two)."""
+    wrote its partials before the merge before it had read them would mix the two); at 8 tokens
+    the multi-token stage 1."""
     from mlabench.kernels.gluon_splitkv import KernelVariant
 
     _backend()
     lens = (4096, 300, 20000)
-    x = _inputs(lens, seed=4, poison=False)
-    calls, outs, queries = _repeated_calls(x, 33, pdl, KernelVariant(pdl_prologue=True))
+    x = _inputs(lens, seed=4, poison=False, qo_len=qo_len)
+    calls, outs, queries = _repeated_calls(x, 33, pdl, KernelVariant(pdl_prologue=True,
+                                                                     multi_token=multi_token))
     calls()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -209,8 +215,8 @@ def test_pdl_prologue_graph_of_repeated_calls(pdl):
     torch.cuda.synchronize()
     from mlabench.kernels.reference import mla_decode_reference
 
-    refs = [mla_decode_reference(q, x.kv_cache, x.block_table, list(lens), x.shape.scale)[0]
-            for q in queries]
+    refs = [mla_decode_reference(q, x.kv_cache, x.block_table, list(lens), x.shape.scale,
+                                 qo_len=qo_len, causal=True)[0] for q in queries]
     for i, out in enumerate(outs):
         assert torch.allclose(out.float(), refs[i % 2], atol=1e-2, rtol=1e-2), i
 
