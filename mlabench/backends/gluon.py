@@ -105,7 +105,7 @@ SPLIT_LOOP = ParamSpec(
          "count (not yet measured on a GPU)",
 )
 
-# Not yet measured (docs/PERFORMANCE.md, "multi-token tile"): off until an H200 run says otherwise.
+# Not yet measured (docs/PERFORMANCE.md section 7): off until an H200 run says otherwise.
 MULTI_TOKEN = ParamSpec(
     "multi_token", int, default=0, low=0, high=1, omit_default=True, searched=False,
     help="1: requests of more than 16 query rows (qo_len x heads) run the warp-specialised "

@@ -1,6 +1,6 @@
 """Warp-specialised stage 1 of ``gluon-splitkv`` for multi-token tiles (``KernelVariant.multi_token``).
 
-Not yet measured on a GPU: the variant is off by default (docs/PERFORMANCE.md, "multi-token tile").
+Not yet measured on a GPU: the variant is off by default (docs/PERFORMANCE.md section 7).
 
 The one-token kernel (:mod:`mlabench.kernels.gluon_splitkv`) runs a page's score product, its
 softmax and its output product one after the other in the same warps, so the tensor cores idle

@@ -252,7 +252,7 @@ def compile_multi_token_sm90(block_rows: int = 64, qo_len: int = 8, *, causal: b
 
 def main() -> None:
     """Print the resources of every row tile's default launch (both kernels, both targets, and
-    the split-KV kernel's device policy path)."""
+    the split-KV kernel's device policy path), then those of gluon-splitkv's multi-token stage 1."""
     print("kernel            target  rows  launch (block_n, warps, stages)  registers  spills  "
           "shared  spills in token loop")
     for target in ("sm90", "gfx942"):
@@ -262,6 +262,12 @@ def main() -> None:
                 name = kernel + ("-policy" if policy else "")
                 print(f"{name:<17} {target:<7} {rows:>4}  {str(r.launch):<31}  {r.registers:>9}  "
                       f"{r.spill_bytes:>6}  {r.shared_bytes:>6}  {r.token_loop_spills}", flush=True)
+    print("\ngluon-splitkv multi_token stage 1, sm90 (causal): rows, shared bytes, spill bytes, "
+          "(instructions, wgmma, LDL/STL) of each loop with products")
+    for rows in (32, 64):
+        k = compile_multi_token_sm90(rows, TILE_QO_LEN[rows])
+        print(rows, k.metadata.shared, _ptxas_usage(k.asm["ptx"])[1], mma_loops(k.asm["cubin"]),
+              flush=True)
 
 
 if __name__ == "__main__":
