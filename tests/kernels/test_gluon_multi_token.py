@@ -108,3 +108,42 @@ def test_backend_parameter_is_off_by_default_and_not_searched():
     spec = {p.name: p for p in GluonSplitKVBackend.params}["multi_token"]
     shape = MLADecodeShape.create(num_heads=12, context_lens=(32768,) * 16, qo_len=8)
     assert spec.default_for(shape) == 0 and spec.left_out(0, shape) and not spec.searched
+
+
+@pytest.mark.parametrize("qo_len,multi_token,want", [(8, True, RowTiling(64, 2, 8)),
+                                                     (2, True, RowTiling(32, 1, 8)),
+                                                     (1, True, None), (8, False, None)])
+def test_entry_point_routes_multi_token_shapes_to_their_stage1(monkeypatch, qo_len, multi_token,
+                                                               want):
+    """``mla_decode_gluon_splitkv`` launches the multi-token stage 1 exactly where the variant is
+    on and a request has more than 16 rows, with the wide merge after it even when the variant
+    asks for a fused merge (no sync workspace needed there); elsewhere the one-token stage 1."""
+    import torch
+
+    from mlabench.kernels import gluon_multi_token, gluon_splitkv
+
+    launched = []
+    monkeypatch.setattr(gluon_multi_token, "launch_multi_token_stage1",
+                        lambda tiling, *a: launched.append(("multi", tiling, a[-2], a[-1])))
+    monkeypatch.setattr(gluon_splitkv, "_gluon_splitkv_stage1",
+                        type("K", (), {"__getitem__": lambda self, grid: (
+                            lambda *a, **k: launched.append(("one", k["BLOCK_R"])))})())
+    monkeypatch.setattr(gluon_splitkv, "wide_merge", lambda *a, **k: launched.append(("merge",)))
+    monkeypatch.setattr(gluon_splitkv, "_check_fused", lambda variant, *a: launched.append(
+        ("fused", variant.fused_merge)))
+    heads, batch, splits = 12, 2, 4
+    q = torch.zeros((batch * qo_len, heads, 576), dtype=torch.bfloat16)
+    cache = torch.zeros((8, 64, 1, 576), dtype=torch.bfloat16)
+    table = torch.arange(8, dtype=torch.int32).view(batch, 4)
+    lens = torch.full((batch,), 200, dtype=torch.int32)
+    out = torch.zeros((batch * qo_len, heads, 512), dtype=torch.bfloat16)
+    po = torch.zeros((batch * splits, qo_len * heads, 512))
+    pl = torch.zeros((batch * splits, qo_len * heads))
+    variant = gluon_splitkv.KernelVariant(fused_merge=True, multi_token=multi_token)
+    gluon_splitkv.mla_decode_gluon_splitkv(q, cache, table, lens, out, splits, 0.1,
+                                           partial_out=po, partial_lse=pl, descriptors=(1, 2),
+                                           qo_len=qo_len, variant=variant)
+    if want is None:
+        assert launched[0] == ("fused", True) and launched[1][0] == "one"
+    else:  # (tiling, pdl, pdl_prologue); the fused merge dropped for the wide one
+        assert launched == [("fused", False), ("multi", want, 1, False), ("merge",)]
