@@ -105,13 +105,14 @@ SPLIT_LOOP = ParamSpec(
          "count (not yet measured on a GPU)",
 )
 
-# Not yet measured (docs/PERFORMANCE.md section 7): off until an H200 run says otherwise.
+# Not yet measured (docs/multi-token-tile.md): off until an H200 run says otherwise.
 MULTI_TOKEN = ParamSpec(
-    "multi_token", int, default=0, low=0, high=1, omit_default=True, searched=False,
-    help="1: requests of more than 16 query rows (qo_len x heads) run the warp-specialised "
+    "multi_token", int, default=0, low=0, high=2, omit_default=True, searched=False,
+    help="1 or 2: requests of more than 16 query rows (qo_len x heads) run the warp-specialised "
          "multi-token stage 1 (a TMA loader warp, a softmax warpgroup, two output warpgroups) "
-         "with the wide merge (fused_merge is then 0); 0 (default): the kernel above for every "
-         "shape.  Not with split_loop=1.  Not yet measured on a GPU",
+         "with the wide merge (fused_merge is then 0); 2 computes the next page's scores before "
+         "handing a page's weights over (num_stages 2 only).  0 (default): the kernel above for "
+         "every shape.  Not with split_loop=1.  Not yet measured on a GPU",
 )
 
 
@@ -191,9 +192,9 @@ class GluonSplitKVBackend(Backend):
         if split_loop and choice.mode != "device":
             raise UnsupportedShapeError("split_loop=1 runs only with split_policy=device:...: the "
                                         "other split counts keep their grid")
-        multi = KernelVariant(multi_token=bool(int(MULTI_TOKEN.value_in(params, s))))
+        multi = KernelVariant(multi_token=int(MULTI_TOKEN.value_in(params, s)))
         if split_loop and multi.multi_token:
-            raise UnsupportedShapeError("split_loop=1 and multi_token=1 do not run together: "
+            raise UnsupportedShapeError("split_loop=1 and multi_token=1 or 2 do not run together: "
                                         "the multi-token stage 1 has no split loop")
         grid = stage1_grid_splits(split_loop, s.batch, rows, choice.grid_splits, stages,
                                   current_device().num_sms)
@@ -229,7 +230,7 @@ class GluonSplitKVBackend(Backend):
                                 split_loop=int(variant.split_loop),
                                 **({"grid_splits": grid} if split_loop else {}))
         if variant.multi_token_tiling(rows) is not None:  # recorded only where it ran
-            choice.effective.update(multi_token=1)
+            choice.effective.update(multi_token=variant.multi_token if stages > 1 else 1)
         return PreparedCall(fn=fn, out=out, effective_params=choice.effective, refresh=refresh,
                             workspace_bytes=splitkv_workspace_bytes(
                                 1, rows, sum(choice.counts(s.context_lens))),

@@ -1,6 +1,6 @@
 """Warp-specialised stage 1 of ``gluon-splitkv`` for multi-token tiles (``KernelVariant.multi_token``).
 
-Not yet measured on a GPU: the variant is off by default (docs/PERFORMANCE.md section 7).
+Not yet measured on a GPU: the variant is off by default (docs/multi-token-tile.md).
 
 The one-token kernel (:mod:`mlabench.kernels.gluon_splitkv`) runs a page's score product, its
 softmax and its output product one after the other in the same warps, so the tensor cores idle
@@ -16,9 +16,13 @@ splits each CTA's work among three partitions:
   wgmma chain with all R rows as N (36 ``m64nRk16``), the masks (length; the causal limit per row
   only on a split's last page or two), the online softmax, the zeroing of a last page's rows
   past the length; it hands ``P^T`` (bf16) and the rescale ``alpha`` to the output warps through
-  ``P_BUFS`` tiles (``p_ready``/``p_free``), and computes page ``t + 1``'s scores while the output
-  warps multiply page ``t``.
-- **Output warpgroups** (8 warps, the default partition, 160-168 registers): ``O^T [512, R] fp32
+  ``P_BUFS`` tiles (``p_ready``/``p_free``).  Two orders (``multi_token`` 1 and 2): hand page
+  ``t``'s weights over, then compute page ``t + 1``'s scores (the tensor cores take both products
+  at once, and a page that has not landed yet delays nothing); or compute page ``t + 1``'s scores
+  first (the tensor cores take them before page ``t``'s output product, under which page ``t +
+  1``'s softmax then runs: for the compute-bound 96-row steps, at the cost of waiting for page
+  ``t + 1`` to land, and of one unused score product a split).
+- **Output warpgroups** (8 warps, the default partition, 168 registers): ``O^T [512, R] fp32
   *= alpha; += V^T P^T``, each warpgroup 256 of the 512 output columns (16 ``m64nRk16`` a page),
   then the normalised partial store that :func:`mlabench.kernels.wide_merge.wide_merge` reads.
 
@@ -75,7 +79,7 @@ def p_buffers(block_rows: int) -> int:
 @gluon.jit
 def _loader(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, heads_per_token,
             qk_scale_log2, smem, bars, BLOCK_R: gl.constexpr, QO_LEN: gl.constexpr,
-            CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr):
+            CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_FIRST: gl.constexpr):
     """Loader partition: page ``t`` into slot ``t % NUM_STAGES`` once the slot is free (a fresh
     mbarrier counts as having completed the phase before its first, so the first pages go at
     once)."""
@@ -89,9 +93,22 @@ def _loader(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, h
 
 
 @gluon.jit
+def _scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, dead, NUM_STAGES: gl.constexpr):
+    """``S^T = K Q^T`` of page ``t`` of the ring (latent and RoPE parts) once it has landed, into
+    the registers of ``dead`` (a ``[64, rows]`` score tensor no longer read: its values are not
+    used, so no zero tile stays live)."""
+    slot = t % NUM_STAGES
+    mbarrier.wait(kv_ready.index(slot), (t // NUM_STAGES) & 1)
+    s = warpgroup_mma(kn_smem.index(slot), qn_smem.permute((1, 0)), dead, use_acc=False,
+                      is_async=True)
+    s = warpgroup_mma(kr_smem.index(slot), qr_smem.permute((1, 0)), s, is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+
+
+@gluon.jit
 def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, heads_per_token,
              qk_scale_log2, smem, bars, BLOCK_R: gl.constexpr, QO_LEN: gl.constexpr,
-             CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr):
+             CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_FIRST: gl.constexpr):
     """Softmax partition (one warpgroup): per page the score product over all ``BLOCK_R`` rows,
     the masks, one online-softmax step and the tail zeroing; publishes ``P^T`` and ``alpha`` in
     buffer ``t % P_BUFS``, and after the last page the rows' max and sum (``ml_smem``, ``done``)."""
@@ -100,18 +117,17 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
     P_BUFS: gl.constexpr = p_smem.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_R, 16])
-    s_zero = gl.zeros([PAGE_TOKENS, BLOCK_R], gl.float32, layout=mma)
+    s = gl.zeros([PAGE_TOKENS, BLOCK_R], gl.float32, layout=mma)  # S^T of page t in iteration t
     l_i = gl.zeros([PAGE_TOKENS, BLOCK_R], gl.float32, layout=mma)  # summed over tokens at the end
     m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=gl.SliceLayout(0, mma))
     offs_t = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1, mma))
     first_masked = seq_len - QO_LEN + 1  # under CAUSAL, no row sees a key from here on
+    if SCORES_FIRST and n_tiles > 0:
+        s = _scores(0, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s, NUM_STAGES)
     for t in range(n_tiles):
-        slot = t % NUM_STAGES
-        mbarrier.wait(kv_ready.index(slot), (t // NUM_STAGES) & 1)
-        kn = kn_smem.index(slot)
-        s = warpgroup_mma(kn, qn_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(kr_smem.index(slot), qr_smem.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        if not SCORES_FIRST:
+            s = _scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s, NUM_STAGES)
+        kn = kn_smem.index(t % NUM_STAGES)
         tok = (page_lo + t) * PAGE_TOKENS + offs_t
         if CAUSAL and (page_lo + t + 1) * PAGE_TOKENS > first_masked:  # the last page or two
             rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, mma))
@@ -124,10 +140,15 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
         p, alpha, m_i = softmax_step(s, m_i, CAUSAL)
         l_i = l_i * alpha[None, :] + p
         j = t % P_BUFS
-        mbarrier.wait(p_free.index(j), ((t // P_BUFS) & 1) ^ 1)  # page t - 2's product done
+        mbarrier.wait(p_free.index(j), ((t // P_BUFS) & 1) ^ 1)  # a fresh barrier: at once
         p_smem.index(j).store(p.to(p_smem.dtype))
         a_smem.index(j).store(alpha)
         fence_async_shared()  # P is read by wgmma (the async proxy) in the other partition
+        if SCORES_FIRST:  # the next page's scores reach the tensor cores before this page's
+            # output product, so the next softmax runs under that product (after the last page
+            # this page's again, still in its slot: one unused product a split, no branch)
+            s = _scores(gl.minimum(t + 1, n_tiles - 1), kn_smem, kr_smem, qn_smem, qr_smem,
+                        kv_ready, s, NUM_STAGES)
         mbarrier.arrive(p_ready.index(j), count=1)
     if n_tiles > 0:
         ml_smem.index(0).store(m_i)
@@ -205,8 +226,9 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
                         stride_qh, stride_btb, stride_ps, stride_ph, stride_ls,
                         BLOCK_R: gl.constexpr, ROW_TILES: gl.constexpr, QO_LEN: gl.constexpr,
                         CAUSAL: gl.constexpr, POLICY_ROWS: gl.constexpr,
-                        NUM_STAGES: gl.constexpr, P_BUFS: gl.constexpr, PDL: gl.constexpr,
-                        WAIT_PRIOR: gl.constexpr, num_warps: gl.constexpr):
+                        NUM_STAGES: gl.constexpr, P_BUFS: gl.constexpr,
+                        SCORES_FIRST: gl.constexpr, PDL: gl.constexpr, WAIT_PRIOR: gl.constexpr,
+                        num_warps: gl.constexpr):
     if PDL == 1:  # let the merge grid be scheduled now; it waits for this grid before reading
         launch_dependents()
     # Grid (B * ROW_TILES, S) as the one-token kernel's: a request's row tiles share pages in L2.
@@ -235,10 +257,10 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
         (_output, (smem, bars, n_tiles, BLOCK_R, NUM_STAGES, num_warps)),
         (_softmax, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
                     heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
-                    NUM_STAGES)),
+                    NUM_STAGES, SCORES_FIRST)),
         (_loader, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
                    heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
-                   NUM_STAGES)),
+                   NUM_STAGES, SCORES_FIRST)),
     ], [4, 1], [SOFTMAX_REGS, LOADER_REGS])
     if PDL == 2:  # the merge's launch overlaps this program's epilogue only
         launch_dependents()
@@ -250,12 +272,14 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
 def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_table, cache_seqlens,
                               split_policy, partial_out, partial_lse, splits: int, heads: int,
                               qk_scale_log2: float, qo_len: int, causal: bool, num_stages: int,
-                              pdl: int, wait_prior: bool) -> None:
+                              pdl: int, wait_prior: bool, scores_first: bool = False) -> None:
     """Launch the multi-token stage 1 on the grid ``(B * tiling.row_tiles, splits)`` (arguments as
     :func:`mlabench.kernels.gluon_splitkv.mla_decode_gluon_splitkv` checked them; ``q_rows``
     ``[B, qo_len * H, 576]``, ``tiling`` from :func:`multi_token_tiling`, ``descriptors`` from
-    :func:`~mlabench.kernels.gluon_splitkv.kv_descriptors`).  Writes the partials the wide merge
-    reads; no fused merge."""
+    :func:`~mlabench.kernels.gluon_splitkv.kv_descriptors`).  ``scores_first``: the softmax
+    warpgroup computes page ``t + 1``'s scores before it hands page ``t``'s weights over (with a
+    2-page ring only: with one slot the next page lands after that product, so it is ignored).
+    Writes the partials the wide merge reads; no fused merge."""
     kvn_desc, kvr_desc = descriptors
     batch = block_table.shape[0]
     _multi_token_stage1[(batch * tiling.row_tiles, splits)](
@@ -266,6 +290,7 @@ def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_tabl
         BLOCK_R=tiling.block_rows, ROW_TILES=tiling.row_tiles, QO_LEN=qo_len,
         CAUSAL=bool(causal) and qo_len > 1,
         POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], NUM_STAGES=num_stages,
-        P_BUFS=p_buffers(tiling.block_rows), PDL=pdl, WAIT_PRIOR=wait_prior, num_warps=tiling.num_warps, maxnreg=MT_MAXNREG,
+        P_BUFS=p_buffers(tiling.block_rows), SCORES_FIRST=scores_first and num_stages > 1,
+        PDL=pdl, WAIT_PRIOR=wait_prior, num_warps=tiling.num_warps, maxnreg=MT_MAXNREG,
         **({"launch_pdl": True} if wait_prior else {}),
     )

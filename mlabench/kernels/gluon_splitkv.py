@@ -148,13 +148,15 @@ class KernelVariant:
       :func:`~mlabench.kernels.split_loop.loop_grid_splits` programs (one wave, at most the
       policy's largest count) instead of the largest count, and each program runs its request's
       splits ``p, p + G, ...``; the partials, slots and merges are unchanged.  Not yet measured.
-    - ``multi_token``: requests of more than 16 packed rows (``qo_len x heads``) run the
+    - ``multi_token``: 1 or 2: requests of more than 16 packed rows (``qo_len x heads``) run the
       warp-specialised stage 1 of :mod:`mlabench.kernels.gluon_multi_token` (a loader warp, a
-      softmax warpgroup, two output warpgroups; the softmax of one page overlaps the products of
-      the next), merged by the wide merge (``fused_merge`` is ignored there).  Off by default: not
-      yet measured on a GPU.  Requests of 16 rows or fewer run the kernel above either way.
-    Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``, or ``split_loop`` with
-    ``multi_token``.
+      softmax warpgroup, two output warpgroups), merged by the wide merge (``fused_merge`` is
+      ignored there); 1 hands a page's weights to the output warps before the next page's scores
+      are computed, 2 computes the next page's scores first (its softmax then runs under this
+      page's output product; needs the 2-page ring, 1 runs otherwise).  0 (default): the kernel
+      above; not yet measured on a GPU.  Requests of 16 rows or fewer run it either way.
+    Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``, a ``multi_token`` other
+    than 0, 1 or 2, or ``split_loop`` with ``multi_token``.
     """
 
     o_split: str = "m"
@@ -162,11 +164,13 @@ class KernelVariant:
     pdl_prologue: bool = False
     fused_merge: bool = False
     split_loop: bool = False
-    multi_token: bool = False
+    multi_token: int = 0
 
     def __post_init__(self) -> None:
         if self.o_split not in ("n", "m"):
             raise ValueError(f"o_split must be 'n' or 'm', got {self.o_split!r}")
+        if self.multi_token not in (0, 1, 2):
+            raise ValueError(f"multi_token must be 0, 1 or 2, got {self.multi_token!r}")
         if self.split_loop and self.multi_token:
             raise ValueError("split_loop and multi_token do not run together (the multi-token "
                              "stage 1 has no split loop)")
@@ -236,7 +240,7 @@ def _launch_stage1(q_rows, kv_cache, block_table, cache_seqlens, partial_out, pa
         launch_multi_token_stage1(mt_tiling, q_rows, (kvn_desc, kvr_desc), block_table,
                                   cache_seqlens, split_policy, partial_out, partial_lse, splits,
                                   heads, float(softmax_scale) * LOG2E, qo_len, causal, num_stages,
-                                  pdl, variant.pdl_prologue)
+                                  pdl, variant.pdl_prologue, variant.multi_token == 2)
         return
     mt = MergeTiling.for_launch(tiling.block_rows, grid_splits, tiling.num_warps)
     kernel = stage1_split_loop if grid_splits < splits else _gluon_splitkv_stage1

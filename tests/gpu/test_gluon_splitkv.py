@@ -128,11 +128,11 @@ def test_multi_token_bf16_matches_fp32(qo_len, causal, lens, splits):
 
 
 @pytest.mark.parametrize("qo_len", [1, 4])
-@pytest.mark.parametrize("multi_token", [0, 1])
+@pytest.mark.parametrize("multi_token", [0, 1, 2])
 def test_device_policy_graph_keeps_each_requests_count(tmp_path, qo_len, multi_token):
     """One graph captured at 1 token with a device policy, replayed at long and ragged lengths
     after they change in place: right at every length, and the counts it reports are the
-    policy's per request (``multi_token`` 1: the multi-token stage 1 at qo_len 4)."""
+    policy's per request (``multi_token`` 1 and 2: the multi-token stage 1 at qo_len 4)."""
     import json
 
     from mlabench.inputs import make_inputs
@@ -192,7 +192,7 @@ def test_kernel_variants_match_fp32(o_split, lazy_sum, qo_len, lens, splits):
 
 
 @pytest.mark.parametrize("pdl", [0, 1, 2])
-@pytest.mark.parametrize("qo_len,multi_token", [(1, False), (8, True)])
+@pytest.mark.parametrize("qo_len,multi_token", [(1, 0), (8, 1), (8, 2)])
 def test_pdl_prologue_graph_of_repeated_calls(pdl, qo_len, multi_token):
     """Stage 1 launched as a programmatic dependent of the previous call's merge: eight calls in
     one graph sharing one workspace, alternating two queries, each output right (a stage 1 that

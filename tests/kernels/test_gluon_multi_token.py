@@ -27,18 +27,19 @@ _COMPILE = """
 import json, sys
 from mlabench.kernels.offline_compile import compile_multi_token_sm90, mma_loops
 k = compile_multi_token_sm90(int(sys.argv[1]), int(sys.argv[2]), causal=sys.argv[3] == "1",
-                             policy_rows=int(sys.argv[4]))
+                             policy_rows=int(sys.argv[4]), scores_first=sys.argv[5] == "1")
 print(json.dumps({"ptx": k.asm["ptx"], "shared": k.metadata.shared,
                   "loops": mma_loops(k.asm["cubin"])}))
 """
 
 
-def _compile(block_rows: int, qo_len: int, causal: bool, policy_rows: int) -> dict:
+def _compile(block_rows: int, qo_len: int, causal: bool, policy_rows: int,
+             scores_first: bool) -> dict:
     """Compile the multi-token stage 1 for sm_90 in a fresh process (no interpreter state)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                          env.get("PYTHONPATH", "")])
-    args = [str(a) for a in (block_rows, qo_len, int(causal), policy_rows)]
+    args = [str(a) for a in (block_rows, qo_len, int(causal), policy_rows, int(scores_first))]
     run = subprocess.run([sys.executable, "-c", _COMPILE, *args], capture_output=True, text=True,
                          env=env, timeout=600)
     if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
@@ -61,7 +62,9 @@ def test_multi_token_tiling_keeps_row_tiling_counts(rows, want):
 
 
 def test_variant_is_off_by_default_and_never_takes_one_token():
-    assert KernelVariant().multi_token is False
+    assert KernelVariant().multi_token == 0
+    with pytest.raises(ValueError, match="multi_token must be 0, 1 or 2"):
+        KernelVariant(multi_token=3)
     assert KernelVariant().multi_token_tiling(96) is None
     assert KernelVariant(multi_token=True).multi_token_tiling(12) is None
     assert KernelVariant(multi_token=True).multi_token_tiling(96) == RowTiling(64, 2, 8)
@@ -71,31 +74,37 @@ def test_p_buffers_fit_shared_memory():
     assert p_buffers(32) == 2 and p_buffers(64) == 1
 
 
-@pytest.mark.parametrize("block_rows,qo_len,causal,policy_rows", [
-    (32, 2, True, 0),
-    (64, 4, True, 16),    # a device split policy
-    (64, 8, False, 0),
+@pytest.mark.parametrize("block_rows,qo_len,causal,policy_rows,scores_first,local", [
+    # local: the most LDL/STL the softmax loop may hold (Triton 3.9: 2, 2, 0, 21, 16)
+    (32, 2, True, 0, False, 4),
+    (64, 4, True, 16, False, 4),  # a device split policy
+    (64, 8, False, 0, False, 4),
+    (64, 8, True, 0, True, 32),   # multi_token 2: the next page's scores first
+    (32, 2, True, 0, True, 32),
 ])
-def test_multi_token_stage1_compiles_warp_specialised(block_rows, qo_len, causal, policy_rows):
+def test_multi_token_stage1_compiles_warp_specialised(block_rows, qo_len, causal, policy_rows,
+                                                      scores_first, local):
     """The design in PTX and SASS: the cache by bulk tensor copies completing on mbarriers, the
     partitions' register budgets set by ``setmaxnreg``, one wgmma shape with all the tile's rows
-    as N (36 for a page's scores in the softmax warpgroup, 16 for each output warpgroup's
-    256 x 64 x 64 update), shared memory within the 227 KB a block may have, no local memory in
-    the output product's loop and at most a few spill instructions in the softmax loop."""
-    kernel = _compile(block_rows, qo_len, causal, policy_rows)
+    as N (36 for a page's scores in the softmax warpgroup, twice with the next page's scores
+    first, their first page before the loop; 16 for each output warpgroup's 256 x 64 x 64
+    update), shared memory within the 227 KB a block may have, at most one local-memory access
+    in the output product's loop and a bounded number in the softmax loop."""
+    kernel = _compile(block_rows, qo_len, causal, policy_rows, scores_first)
     ptx = kernel["ptx"]
     assert "cp.async.bulk.tensor.2d.shared::cta.global.mbarrier::complete_tx::bytes" in ptx
     assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive" in ptx
     assert "setmaxnreg.inc.sync.aligned.u32" in ptx and "setmaxnreg.dec.sync.aligned.u32" in ptx
     shapes = {m: ptx.count(m) for m in
               re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16", ptx)}
-    assert shapes == {f"wgmma.mma_async.sync.aligned.m64n{block_rows}k16.f32.bf16.bf16": 36 + 16}
+    scores = 36 * (2 if scores_first else 1)
+    assert shapes == {f"wgmma.mma_async.sync.aligned.m64n{block_rows}k16.f32.bf16.bf16": scores + 16}
     assert "mma.sync" not in ptx
     assert kernel["shared"] <= 227 * 1024
     output_loop = min(kernel["loops"])  # the smallest loop with tensor-core products
-    assert output_loop[1] == 16 and output_loop[2] == 0, kernel["loops"]
+    assert output_loop[1] == 16 and output_loop[2] <= 1, kernel["loops"]
     softmax_loop = min(loop for loop in kernel["loops"] if loop[1] == 36)
-    assert softmax_loop[2] <= 4, kernel["loops"]
+    assert softmax_loop[2] <= local, kernel["loops"]
 
 
 def test_backend_parameter_is_off_by_default_and_not_searched():
@@ -110,9 +119,9 @@ def test_backend_parameter_is_off_by_default_and_not_searched():
     assert spec.default_for(shape) == 0 and spec.left_out(0, shape) and not spec.searched
 
 
-@pytest.mark.parametrize("qo_len,multi_token,want", [(8, True, RowTiling(64, 2, 8)),
-                                                     (2, True, RowTiling(32, 1, 8)),
-                                                     (1, True, None), (8, False, None)])
+@pytest.mark.parametrize("qo_len,multi_token,want", [(8, 1, RowTiling(64, 2, 8)),
+                                                     (2, 2, RowTiling(32, 1, 8)),
+                                                     (1, 2, None), (8, 0, None)])
 def test_entry_point_routes_multi_token_shapes_to_their_stage1(monkeypatch, qo_len, multi_token,
                                                                want):
     """``mla_decode_gluon_splitkv`` launches the multi-token stage 1 exactly where the variant is
@@ -124,7 +133,7 @@ def test_entry_point_routes_multi_token_shapes_to_their_stage1(monkeypatch, qo_l
 
     launched = []
     monkeypatch.setattr(gluon_multi_token, "launch_multi_token_stage1",
-                        lambda tiling, *a: launched.append(("multi", tiling, a[-2], a[-1])))
+                        lambda tiling, *a: launched.append(("multi", tiling, *a[-3:])))
     monkeypatch.setattr(gluon_splitkv, "_gluon_splitkv_stage1",
                         type("K", (), {"__getitem__": lambda self, grid: (
                             lambda *a, **k: launched.append(("one", k["BLOCK_R"])))})())
@@ -145,5 +154,6 @@ def test_entry_point_routes_multi_token_shapes_to_their_stage1(monkeypatch, qo_l
                                            qo_len=qo_len, variant=variant)
     if want is None:
         assert launched[0] == ("fused", True) and launched[1][0] == "one"
-    else:  # (tiling, pdl, pdl_prologue); the fused merge dropped for the wide one
-        assert launched == [("fused", False), ("multi", want, 1, False), ("merge",)]
+    else:  # (tiling, pdl, pdl_prologue, scores first); the fused merge dropped for the wide one
+        assert launched == [("fused", False), ("multi", want, 1, False, multi_token == 2),
+                            ("merge",)]
