@@ -157,3 +157,30 @@ def test_entry_point_routes_multi_token_shapes_to_their_stage1(monkeypatch, qo_l
     else:  # (tiling, pdl, pdl_prologue, scores first); the fused merge dropped for the wide one
         assert launched == [("fused", False), ("multi", want, 1, False, multi_token == 2),
                             ("merge",)]
+
+
+def test_split_loop_and_multi_token_are_refused_together(tmp_path):
+    """``split_loop`` and ``multi_token`` (both off by default) do not run together: the
+    multi-token stage 1 has no split loop, so the variant refuses the pair (ValueError) and the
+    backend reports the point unsupported in one line; each alone still prepares."""
+    import json
+
+    from mlabench.backends import get_backend, gluon as _gluon  # noqa: F401
+    from mlabench.errors import UnsupportedShapeError
+    from mlabench.inputs import make_inputs
+    from mlabench.shapes import MLADecodeShape
+
+    with pytest.raises(ValueError, match="split_loop and multi_token do not run together"):
+        KernelVariant(split_loop=True, multi_token=1)
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"num_kv_splits": {"16": [[4096, 8], [1 << 20, 16]]}}))
+    backend = get_backend("gluon-splitkv")
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(4096,) * 16, page_size=64, qo_len=4)
+    x = make_inputs(shape, seed=0)
+    device = {"split_policy": f"device:{policy}"}
+    both = backend.resolve_params(shape, {"split_loop": 1, "multi_token": 2, **device})
+    with pytest.raises(UnsupportedShapeError, match="split_loop=1 and multi_token=1 or 2"):
+        backend.prepare(x, both)
+    for one in ({"split_loop": 1}, {"multi_token": 2}):
+        call = backend.prepare(x, backend.resolve_params(shape, {**one, **device}))
+        assert all(call.effective_params[k] == v for k, v in one.items())
