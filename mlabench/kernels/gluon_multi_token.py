@@ -12,7 +12,7 @@ splits each CTA's work among three partitions:
 
 - **Loader** (1 warp, 24 registers): the TMA copies of the split's pages into a 2-page ring; a
   slot is refilled once the output product of the page it held has completed (``kv_free``).
-- **Softmax warpgroup** (4 warps, 152 registers): ``S^T [64 tokens, R] = K_page Q^T`` as one
+- **Softmax warpgroup** (4 warps, 168 registers): ``S^T [64 tokens, R] = K_page Q^T`` as one
   wgmma chain with all R rows as N (36 ``m64nRk16``), the masks (length; the causal limit per row
   only on a split's last page or two), the online softmax, the zeroing of a last page's rows
   past the length; it hands ``P^T`` (bf16) and the rescale ``alpha`` to the output warps through
@@ -22,7 +22,7 @@ splits each CTA's work among three partitions:
   first (the tensor cores take them before page ``t``'s output product, under which page ``t +
   1``'s softmax then runs: for the compute-bound 96-row steps, at the cost of waiting for page
   ``t + 1`` to land, and of one unused score product a split).
-- **Output warpgroups** (8 warps, the default partition, 168 registers): ``O^T [512, R] fp32
+- **Output warpgroups** (8 warps, the default partition, 160 registers): ``O^T [512, R] fp32
   *= alpha; += V^T P^T``, each warpgroup 256 of the 512 output columns (16 ``m64nRk16`` a page),
   then the normalised partial store that :func:`mlabench.kernels.wide_merge.wide_merge` reads.
 
@@ -53,8 +53,10 @@ from mlabench.kernels.row_tiling import RowTiling
 
 MT_NUM_WARPS = 8  #: warps of the output partition (the kernel's ``num_warps``)
 #: Registers a thread the worker partitions ask for (softmax warpgroup, loader warp); the output
-#: warpgroups get the rest of the 64K-register file (``maxnreg`` times the 16 warps).
-SOFTMAX_REGS = gl.constexpr(152)
+#: warpgroups get the rest of the 64K-register file (``maxnreg`` times the 16 warps): 160, which
+#: their loop of a 128-register accumulator needs no local memory with.  At 152 the softmax loop
+#: of a causal 64-row tile used local memory under Triton 3.6 (19 LDL/STL a page, 0 at 168).
+SOFTMAX_REGS = gl.constexpr(168)
 LOADER_REGS = gl.constexpr(24)
 MT_MAXNREG = 128
 
@@ -98,10 +100,11 @@ def _scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, dead, NUM_STAGES: g
     the registers of ``dead`` (a ``[64, rows]`` score tensor no longer read: its values are not
     used, so no zero tile stays live)."""
     slot = t % NUM_STAGES
+    q = t >> 30  # 0 (a split has far fewer pages), but not provably so: see _shared_tiles
     mbarrier.wait(kv_ready.index(slot), (t // NUM_STAGES) & 1)
-    s = warpgroup_mma(kn_smem.index(slot), qn_smem.permute((1, 0)), dead, use_acc=False,
+    s = warpgroup_mma(kn_smem.index(slot), qn_smem.index(q).permute((1, 0)), dead, use_acc=False,
                       is_async=True)
-    s = warpgroup_mma(kr_smem.index(slot), qr_smem.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(kr_smem.index(slot), qr_smem.index(q).permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
 
 
@@ -127,7 +130,6 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
     for t in range(n_tiles):
         if not SCORES_FIRST:
             s = _scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s, NUM_STAGES)
-        kn = kn_smem.index(t % NUM_STAGES)
         tok = (page_lo + t) * PAGE_TOKENS + offs_t
         if CAUSAL and (page_lo + t + 1) * PAGE_TOKENS > first_masked:  # the last page or two
             rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, mma))
@@ -135,8 +137,6 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
             s = scaled_scores(s, tok, seq_len, row_lim, qk_scale_log2, True)
         else:  # every row sees every key of the page below the length
             s = scaled_scores(s, tok, seq_len, seq_len, qk_scale_log2, False)
-        if (page_lo + t + 1) * PAGE_TOKENS > seq_len:  # the last page: V rows past the length
-            zero_rows_from(kn, seq_len - (page_lo + t) * PAGE_TOKENS, 4)  # fenced inside
         p, alpha, m_i = softmax_step(s, m_i, CAUSAL)
         l_i = l_i * alpha[None, :] + p
         j = t % P_BUFS
@@ -144,6 +144,11 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
         p_smem.index(j).store(p.to(p_smem.dtype))
         a_smem.index(j).store(alpha)
         fence_async_shared()  # P is read by wgmma (the async proxy) in the other partition
+        # the last page: V rows past the length, zeroed before p_ready and after the weights are
+        # stored (the scores and weights no longer hold registers: no local memory)
+        if (page_lo + t + 1) * PAGE_TOKENS > seq_len:
+            zero_rows_from(kn_smem.index(t % NUM_STAGES), seq_len - (page_lo + t) * PAGE_TOKENS,
+                           4)  # fenced inside
         if SCORES_FIRST:  # the next page's scores reach the tensor cores before this page's
             # output product, so the next softmax runs under that product (after the last page
             # this page's again, still in its slot: one unused product a split, no branch)
@@ -189,11 +194,18 @@ def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr
 
 @gluon.jit
 def _shared_tiles(dt: gl.constexpr, BLOCK_R: gl.constexpr, P_BUFS: gl.constexpr):
-    """The query tiles ``[BLOCK_R, 512]``/``[BLOCK_R, 64]``, ``P_BUFS`` P^T tiles ``[64,
-    BLOCK_R]``, their ``alpha`` rows and the final ``(m, l)`` rows (fp32)."""
-    qn_smem = gl.allocate_shared_memory(dt, [BLOCK_R, D_NOPE],
+    """The query tiles ``[1, BLOCK_R, 512]``/``[1, BLOCK_R, 64]``, ``P_BUFS`` P^T tiles ``[64,
+    BLOCK_R]``, their ``alpha`` rows and the final ``(m, l)`` rows (fp32).
+
+    The query tiles have a leading dimension of 1 that the score product indexes with a value
+    the compiler cannot prove to be 0 (:func:`_scores`): with a constant index, Triton 3.6 hoists
+    the 36 wgmma descriptors of the query out of the page loop, 64 bits each, and keeps them in
+    about 70 registers of the softmax warpgroup, which then spilled 42-54 values a page (Triton
+    3.9 keeps only their low halves, in uniform registers).  Computed in the loop, they are a
+    uniform add each, as the page's own descriptors are."""
+    qn_smem = gl.allocate_shared_memory(dt, [1, BLOCK_R, D_NOPE],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_R, D_NOPE], dt))
-    qr_smem = gl.allocate_shared_memory(dt, [BLOCK_R, 64],
+    qr_smem = gl.allocate_shared_memory(dt, [1, BLOCK_R, 64],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_R, 64], dt))
     p_smem = gl.allocate_shared_memory(dt, [P_BUFS, PAGE_TOKENS, BLOCK_R],
                                        gl.NVMMASharedLayout.get_default_for([PAGE_TOKENS, BLOCK_R], dt))
@@ -246,8 +258,8 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
         if n_tiles > 0:
             wait_prior_grid()
     if n_tiles > 0:
-        load_q_tiles(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem, qr_smem, BLOCK_R,
-                     num_warps)
+        load_q_tiles(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem.index(0),
+                     qr_smem.index(0), BLOCK_R, num_warps)
         fence_async_shared()
     smem = (kn_smem, kr_smem, qn_smem, qr_smem, p_smem, a_smem, ml_smem)
     bars = (kv_ready, kv_free, p_ready, p_free, done)

@@ -74,22 +74,24 @@ def test_p_buffers_fit_shared_memory():
     assert p_buffers(32) == 2 and p_buffers(64) == 1
 
 
-@pytest.mark.parametrize("block_rows,qo_len,causal,policy_rows,scores_first,local", [
-    # local: the most LDL/STL the softmax loop may hold (Triton 3.9: 2, 2, 0, 21, 16)
-    (32, 2, True, 0, False, 4),
-    (64, 4, True, 16, False, 4),  # a device split policy
-    (64, 8, False, 0, False, 4),
-    (64, 8, True, 0, True, 32),   # multi_token 2: the next page's scores first
-    (32, 2, True, 0, True, 32),
+@pytest.mark.parametrize("block_rows,qo_len,causal,policy_rows,scores_first", [
+    (32, 2, True, 0, False),
+    (64, 4, True, 16, False),  # a device split policy
+    (64, 8, False, 0, False),
+    (64, 8, True, 0, False),
+    (64, 8, True, 0, True),    # multi_token 2: the next page's scores first
+    (32, 2, True, 0, True),
 ])
 def test_multi_token_stage1_compiles_warp_specialised(block_rows, qo_len, causal, policy_rows,
-                                                      scores_first, local):
+                                                      scores_first):
     """The design in PTX and SASS: the cache by bulk tensor copies completing on mbarriers, the
     partitions' register budgets set by ``setmaxnreg``, one wgmma shape with all the tile's rows
     as N (36 for a page's scores in the softmax warpgroup, twice with the next page's scores
     first, their first page before the loop; 16 for each output warpgroup's 256 x 64 x 64
-    update), shared memory within the 227 KB a block may have, at most one local-memory access
-    in the output product's loop and a bounded number in the softmax loop."""
+    update), shared memory within the 227 KB a block may have, no local memory in the output
+    product's loop and at most 2 accesses in the softmax loop.  Triton 3.6 (the H200's) spilled
+    36-54 a page in the 64-row softmax loop before the query's descriptors were computed in it
+    (Triton 3.9: 0-2, and 16-21 with the next page's scores first); 0 now, 0-2 under 3.9."""
     kernel = _compile(block_rows, qo_len, causal, policy_rows, scores_first)
     ptx = kernel["ptx"]
     assert "cp.async.bulk.tensor.2d.shared::cta.global.mbarrier::complete_tx::bytes" in ptx
@@ -102,9 +104,9 @@ def test_multi_token_stage1_compiles_warp_specialised(block_rows, qo_len, causal
     assert "mma.sync" not in ptx
     assert kernel["shared"] <= 227 * 1024
     output_loop = min(kernel["loops"])  # the smallest loop with tensor-core products
-    assert output_loop[1] == 16 and output_loop[2] <= 1, kernel["loops"]
+    assert output_loop[1] == 16 and output_loop[2] == 0, kernel["loops"]
     softmax_loop = min(loop for loop in kernel["loops"] if loop[1] == 36)
-    assert softmax_loop[2] <= local, kernel["loops"]
+    assert softmax_loop[2] <= 2, kernel["loops"]
 
 
 def test_backend_parameter_is_off_by_default_and_not_searched():
