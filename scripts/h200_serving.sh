@@ -7,16 +7,16 @@
 # Stages, each one `run` call on the device machine (it keeps /tmp only while warm, so make them
 # back to back), from the repository root:
 #   install-vllm           carry .gpuserve/vllm, .gpuserve/install.sh, .gpuserve/tools
-#   install-deps OUT       carry .gpuserve/deps, .gpuserve/install.sh, .gpuserve/tools, .whl,
-#                          .mlabench-revision.json (`python3 scripts/stamp_revision.py` here first:
-#                          the device's copy of the tree has no .git of this checkout, so the sweeps
-#                          and serve-bench record the stamped revision while the code is the same)
-#                          (sgl_flash_mla for the FlashMLA microbenchmark); then mlabench itself
-#                          (editable, no deps: its vllm.general_plugins entry point), the proxy
-#                          models, the plugin's GPU tests and the greedy check on the tiny proxy
-#                          (OUT/check.tar.gz), the sweeps (OUT/sweep.tar.gz), and serve-bench
-#                          started in the background (its own session: it outlives the call, not
-#                          the machine)
+#   install-deps OUT       carry .gpuserve/deps, .gpuserve/install.sh, .gpuserve/tools, .whl
+#                          (sgl_flash_mla for the FlashMLA microbenchmark) and .mlabench-revision.json
+#                          (`python3 scripts/stamp_revision.py` here first: the device's copy of the
+#                          tree has no .git of this checkout, so its runs record the stamped
+#                          revision); then mlabench itself (editable, no deps: its
+#                          vllm.general_plugins entry point), the proxy models, the GPU tests
+#                          (GPU_TESTS; their output in check/gpu-tests.txt) and the greedy check on
+#                          the tiny proxy (OUT/check.tar.gz), the sweeps (OUT/sweep.tar.gz), and
+#                          serve-bench started in the background (its own session: it outlives the
+#                          call, not the machine)
 #   wait OUT [SECONDS]     wait for serve-bench (at most SECONDS, default 560), then copy its run
 #                          folder and log to OUT/serve.tar.gz (also while it still runs: a call
 #                          that cannot wait to the end still takes what is measured)
@@ -27,8 +27,10 @@
 # SKIP_SMOKE=1 and SKIP_SWEEP=1 leave those parts out of a second session.
 # RESUME=results/serve-<time>-h200-proxy (carried) continues that run in a new session
 # (serve-bench --resume): the points it lacks, the servers they need.
-# Environment: VSITE (/tmp/vsite), POLICY (the committed tuned policy), SERVE_CONFIG, SERVE_SET
-# (extra --set arguments for serve-bench, e.g. "--set bench.random_output_len=16" for a quick try),
+# Environment: VSITE (/tmp/vsite), POLICY (the committed tuned policy), GPU_TESTS (the pytest
+# paths install-deps runs first, default tests/gpu/test_served_decode.py), SERVE_CONFIG, SERVE_SET
+# (extra serve-bench arguments, e.g. "--set bench.random_output_len=16" for a quick try, or
+# "--variant mlabench,fa3 --set baseline=fa3 --set bench.random_input_len=4096 -c 16 --repeats 3"),
 # MLABENCH_GIT_REVISION (<sha> or <sha>-dirty: overrides the stamp).
 set -uo pipefail
 stage="${1:?usage: $0 install-vllm | install-deps OUT | wait OUT [SECONDS]}"
@@ -61,10 +63,12 @@ case "$stage" in
     rm -rf "$MLABENCH_PROXY_MODEL_DIR" "$MLABENCH_TINY_PROXY_DIR"
     python3 -c "from mlabench.deploy.proxy_model import kimi_k3_tp8_proxy as p, tiny_proxy as t, write_model_folder as w; print(w(p(), '$MLABENCH_PROXY_MODEL_DIR'), w(t(), '$MLABENCH_TINY_PROXY_DIR'))" || exit 1
     if [ "${SKIP_SMOKE:-0}" != 1 ]; then
-    ts "GPU tests of the plugin's decode call"
-    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_served_decode.py 2>&1 | tail -n 15
-    ts "smoke: the tiny proxy served by FLASHMLA (greedy fixture), then by the plugin (greedy check)"
+    ts "GPU tests: ${GPU_TESTS:=tests/gpu/test_served_decode.py} (all of them in OUT/check/gpu-tests.txt)"
     mkdir -p "$out/check"
+    # shellcheck disable=SC2086
+    python3 -m pytest -q -p no:cacheprovider $GPU_TESTS > "$out/check/gpu-tests.txt" 2>&1
+    tail -n 15 "$out/check/gpu-tests.txt"
+    ts "smoke: the tiny proxy served by FLASHMLA (greedy fixture), then by the plugin (greedy check)"
     python3 -m mlabench serve-check configs/serve/h200-tiny-proxy.toml --variant flashmla --results-dir "$out/check" \
       --fixture "$out/check/greedy-tiny-flashmla.json" --save-fixture 2>&1 | tail -n 15
     python3 -m mlabench serve-check configs/serve/h200-tiny-proxy.toml --variant mlabench --results-dir "$out/check" \
