@@ -44,8 +44,8 @@ def to_rich(table: Table, width: int | None = None) -> Any:
     left_out: list[str] = []
     moved: list[str] = []
     narrow: list[str] = []  # columns whose headers wrap to their longest word
-    wraps = sorted((c for c in shown if _header_saving(headers[shown.index(c)], texts, shown.index(c)) > 0),
-                   key=lambda c: -_header_saving(headers[shown.index(c)], texts, shown.index(c)))
+    saving = {c: _header_saving(headers[n], texts, n) for n, c in enumerate(shown)} if width is not None else {}
+    wraps = sorted((c for c in saving if saving[c] > 0), key=lambda c: -saving[c])
     while width is not None and min_width(_rich_table(table, left_out + moved, narrow)) > width:
         droppable = [c for c in shown if c not in left_out + moved and table.style(c).drop > 0]
         if len(narrow) < len(wraps):  # one header at a time, the one that saves most first
