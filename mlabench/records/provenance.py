@@ -39,7 +39,7 @@ def code_digest(repo: Path) -> str:
 def write_revision_stamp(repo: Path | None = None) -> dict:
     """Write ``repo/.mlabench-revision.json``: the checkout's git revision, whether it is dirty, and
     :func:`code_digest` of its code.  A copy of the tree without ``.git`` (a GPU machine's) that
-    carries the stamp records that revision while its code still has that digest
+    carries the stamp records that revision, dirty once its code no longer has that digest
     (:func:`git_revision`).  Returns the stamp.  Raises RuntimeError outside a git checkout."""
     repo = (repo or Path(__file__).resolve().parents[2]).resolve()
     rev = _checkout_revision(repo)
@@ -98,7 +98,7 @@ def git_revision(repo: Path | None = None) -> tuple[str, bool]:
 
     env = os.environ.get("MLABENCH_GIT_REVISION")
     if env:
-        return env.removesuffix("-dirty"), env.endswith("-dirty")
+        return _named_revision(env)
     repo = (repo or Path(__file__).resolve().parents[2]).resolve()
     checkout = _checkout_revision(repo)
     if checkout and not checkout[1]:
@@ -107,7 +107,13 @@ def git_revision(repo: Path | None = None) -> tuple[str, bool]:
     if found:
         return found
     text = BUILT_REVISION.read_text().strip() if BUILT_REVISION.is_file() else ""
-    return (text.removesuffix("-dirty"), text.endswith("-dirty")) if text else (f"mlabench-{__version__}", False)
+    return _named_revision(text) if text else (f"mlabench-{__version__}", False)
+
+
+def _named_revision(text: str) -> tuple[str, bool]:
+    """``<sha>`` or ``<sha>-dirty`` (``$MLABENCH_GIT_REVISION``, a wheel's ``_revision.txt``) as
+    ``(revision, dirty)``."""
+    return text.removesuffix("-dirty"), text.endswith("-dirty")
 
 
 def library_versions(packages: Mapping[str, Sequence[str]]) -> dict[str, str | None]:
