@@ -145,6 +145,10 @@ def measured_steps(table: Any, only_len: int) -> dict[tuple[str, int, int], Meas
             for r in table.rows for c in r.cells if c.status == "ok" and (t := tpot_of(c, table.stat))}
 
 
+#: How a row's ``why`` begins where the sweeps hold no correct record of its kernel at its point.
+NO_RECORD = "no correct"
+
+
 def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], MeasuredStep],
                     records: list[Record]) -> list[dict[str, Any]]:
     """One row per measured (input length, concurrency, variant), by input length and concurrency,
@@ -164,7 +168,7 @@ def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], M
         kernel = spec.kernels.get(variant)
         attn = attention_us(records, kernel, conc, input_len) if kernel else None
         why = ("no kernel named in [prediction]" if kernel is None else
-               f"no correct {kernel.backend} record{_params_text(kernel, conc)} at batch {conc}, context "
+               f"{NO_RECORD} {kernel.backend} record{_params_text(kernel, conc)} at batch {conc}, context "
                f"{input_len}" if attn is None else
                f"no non-attention time at c={conc} ({spec.reference} at {spec.short_input_len})"
                if rest[conc] is None else "")

@@ -357,12 +357,14 @@ def predictions(data: ServingData, conf: Any, table: Any, records: Sequence[Reco
 def _no_dash_note(rows: list[dict[str, Any]], by_len: bool) -> str:
     """``no dash: above concurrency 1 (...); mlabench-host at 32768, 100000 in (no sweep record)``:
     why the measured bars of :func:`predictions`' ``rows`` without a predicted TPOT have none, or ""."""
+    from mlabench.deploy.prediction import NO_RECORD
+
     parts = ["above concurrency 1 (the predicted step there is the median ITL, not the TPOT drawn)"] \
         * any(r["step_from"] != "TPOT" for r in rows)
     missing: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         if r["step_from"] == "TPOT" and r["predicted_ms"] is None:
-            why = "no sweep record" if r["why"].startswith("no correct") else r["why"]
+            why = "no sweep record" if r["why"].startswith(NO_RECORD) else r["why"]
             where = f"{r['input_len']}" if by_len else f"c={r['concurrency']}"
             missing.setdefault((r["variant"], why), []).append(where)
     parts += [f"{v} at {', '.join(dict.fromkeys(at))}{' in' if by_len else ''} ({why})"
