@@ -192,19 +192,18 @@ class GluonSplitKVBackend(Backend):
         if split_loop and choice.mode != "device":
             raise UnsupportedShapeError("split_loop=1 runs only with split_policy=device:...: the "
                                         "other split counts keep their grid")
-        multi = KernelVariant(multi_token=int(MULTI_TOKEN.value_in(params, s)))
-        if split_loop and multi.multi_token:
+        multi_token = int(MULTI_TOKEN.value_in(params, s))
+        if split_loop and multi_token:
             raise UnsupportedShapeError("split_loop=1 and multi_token=1 or 2 do not run together: "
                                         "the multi-token stage 1 has no split loop")
+        variant = KernelVariant(str(O_SPLIT.value_in(params, s)), bool(int(LAZY_SUM.value_in(params, s))),
+                                bool(int(PDL_PROLOGUE.value_in(params, s))), False, split_loop,
+                                multi_token=multi_token)
         grid = stage1_grid_splits(split_loop, s.batch, rows, choice.grid_splits, stages,
                                   current_device().num_sms)
         fits = fused_merge_fits(stage1_programs(s.batch, rows, grid), current_device().num_sms)
-        fits = fits and multi.multi_token_tiling(rows) is None  # the multi-token path: wide merge
-        variant = KernelVariant(str(O_SPLIT.value_in(params, s)),
-                                bool(int(LAZY_SUM.value_in(params, s))),
-                                bool(int(PDL_PROLOGUE.value_in(params, s))),
-                                fits and bool(int(FUSED_MERGE.value_in(params, s))), split_loop,
-                                multi_token=multi.multi_token)
+        fits = fits and variant.multi_token_tiling(rows) is None  # the multi-token path: wide merge
+        variant = dataclasses.replace(variant, fused_merge=fits and bool(int(FUSED_MERGE.value_in(params, s))))
         merge_sync = (torch.zeros(merge_sync_shape(s.batch, rows), dtype=torch.int32,
                                   device=inputs.device) if variant.fused_merge else None)
         o_shape, l_shape = splitkv_workspace_shapes(s.batch, rows, choice.grid_splits)
