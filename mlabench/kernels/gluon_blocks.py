@@ -48,18 +48,21 @@ def issue_first_pages(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, kn_smem,
 
 
 @gluon.jit
-def load_q_tiles(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem, qr_smem,
-                 BLOCK_R: gl.constexpr, num_warps: gl.constexpr):
+def load_q_tiles(q_ptr, qr_ptr, b, row_lo, num_rows, stride_qb, stride_qh, stride_qrb, stride_qrh,
+                 qn_smem, qr_smem, BLOCK_R: gl.constexpr, num_warps: gl.constexpr):
     """Copy packed rows ``row_lo .. row_lo + BLOCK_R`` of request ``b`` (rows past ``num_rows``
-    zero) into the two shared-memory query tiles ``[BLOCK_R, 512]`` and ``[BLOCK_R, 64]``."""
+    zero) into the two shared-memory query tiles: ``[BLOCK_R, 512]`` from the latent columns at
+    ``q_ptr`` and ``[BLOCK_R, 64]`` from the RoPE columns at ``qr_ptr``, each with its own request
+    and row strides (one 576-wide query: ``qr_ptr`` is ``q_ptr + 512`` with q's strides)."""
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
     rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, ld))
     rmask = rows < num_rows
     base = q_ptr + b.to(gl.int64) * stride_qb + rows[:, None] * stride_qh
     cols = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, ld))
     qn_smem.store(gl.load(base + cols[None, :], mask=rmask[:, None], other=0.0))
+    rbase = qr_ptr + b.to(gl.int64) * stride_qrb + rows[:, None] * stride_qrh
     rcols = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, ld))
-    qr_smem.store(gl.load(base + D_NOPE + rcols[None, :], mask=rmask[:, None], other=0.0))
+    qr_smem.store(gl.load(rbase + rcols[None, :], mask=rmask[:, None], other=0.0))
 
 
 @gluon.jit

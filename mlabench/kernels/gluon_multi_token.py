@@ -258,8 +258,8 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
         if n_tiles > 0:
             wait_prior_grid()
     if n_tiles > 0:
-        load_q_tiles(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem.index(0),
-                     qr_smem.index(0), BLOCK_R, num_warps)
+        load_q_tiles(q_ptr, q_ptr + D_NOPE, b, row_lo, num_rows, stride_qb, stride_qh, stride_qb,
+                     stride_qh, qn_smem.index(0), qr_smem.index(0), BLOCK_R, num_warps)
         fence_async_shared()
     smem = (kn_smem, kr_smem, qn_smem, qr_smem, p_smem, a_smem, ml_smem)
     bars = (kv_ready, kv_free, p_ready, p_free, done)

@@ -108,10 +108,10 @@ def run_split(kvn_desc, kvr_desc, bt_row_ptr, b, row_lo, seq_len, split, step, b
 
 
 @gluon.jit(do_not_specialize=["num_splits"])
-def stage1_split_loop(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_ptr, po_ptr,
+def stage1_split_loop(q_ptr, qr_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_ptr, po_ptr,
                       plse_ptr, out_ptr, sync_ptr, num_splits, num_rows, heads_per_token,
-                      qk_scale_log2, stride_qb, stride_qh, stride_btb, stride_ps, stride_ph,
-                      stride_ls, stride_ob, stride_oh, BLOCK_R: gl.constexpr,
+                      qk_scale_log2, stride_qb, stride_qh, stride_qrb, stride_qrh, stride_btb,
+                      stride_ps, stride_ph, stride_ls, stride_ob, stride_oh, BLOCK_R: gl.constexpr,
                       ROW_TILES: gl.constexpr, QO_LEN: gl.constexpr, CAUSAL: gl.constexpr,
                       POLICY_ROWS: gl.constexpr, NUM_STAGES: gl.constexpr, PDL: gl.constexpr,
                       O_WARPS_M: gl.constexpr, LAZY_SUM: gl.constexpr, WAIT_PRIOR: gl.constexpr,
@@ -144,8 +144,8 @@ def stage1_split_loop(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_ptr
                       NUM_STAGES)
     qn_smem, qr_smem, p_smem = row_tiles(kvn_desc.dtype, BLOCK_R)
     if first < written:  # the query tiles serve every split of this program
-        load_q_tiles(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem, qr_smem, BLOCK_R,
-                     num_warps)
+        load_q_tiles(q_ptr, qr_ptr, b, row_lo, num_rows, stride_qb, stride_qh, stride_qrb,
+                     stride_qrh, qn_smem, qr_smem, BLOCK_R, num_warps)
         fence_async_shared()
     base = 0  # ring uses so far: page t of the current split is use base + t
     for split in range(first, written, step):

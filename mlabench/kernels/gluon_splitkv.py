@@ -62,10 +62,11 @@ DEFAULT_NUM_STAGES = 2
 
 
 @gluon.jit(do_not_specialize=["num_splits"])
-def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_ptr, po_ptr,
-                          plse_ptr, out_ptr, sync_ptr, num_splits, num_rows, heads_per_token,
-                          qk_scale_log2, stride_qb, stride_qh, stride_btb, stride_ps, stride_ph,
-                          stride_ls, stride_ob, stride_oh, BLOCK_R: gl.constexpr,
+def _gluon_splitkv_stage1(q_ptr, qr_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_ptr,
+                          po_ptr, plse_ptr, out_ptr, sync_ptr, num_splits, num_rows,
+                          heads_per_token, qk_scale_log2, stride_qb, stride_qh, stride_qrb,
+                          stride_qrh, stride_btb, stride_ps, stride_ph, stride_ls, stride_ob,
+                          stride_oh, BLOCK_R: gl.constexpr,
                           ROW_TILES: gl.constexpr, QO_LEN: gl.constexpr, CAUSAL: gl.constexpr,
                           POLICY_ROWS: gl.constexpr, NUM_STAGES: gl.constexpr, PDL: gl.constexpr,
                           O_WARPS_M: gl.constexpr, LAZY_SUM: gl.constexpr, WAIT_PRIOR: gl.constexpr,
@@ -92,8 +93,8 @@ def _gluon_splitkv_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy
                       NUM_STAGES)
     qn_smem, qr_smem, p_smem = row_tiles(kvn_desc.dtype, BLOCK_R)
     if n_tiles > 0:  # an empty split loads nothing and stores nothing
-        load_q_tiles(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem, qr_smem, BLOCK_R,
-                     num_warps)
+        load_q_tiles(q_ptr, qr_ptr, b, row_lo, num_rows, stride_qb, stride_qh, stride_qrb,
+                     stride_qrh, qn_smem, qr_smem, BLOCK_R, num_warps)
         fence_async_shared()
 
     o, l_i, m_i, s_zero, offs_t, rows = accumulators(row_lo, BLOCK_R, O_WARPS_M, LAZY_SUM,
@@ -221,13 +222,14 @@ def merge_sync_shape(batch: int, rows: int) -> tuple[int]:
     return (batch * RowTiling.for_rows(rows).row_tiles,)
 
 
-def _launch_stage1(q_rows, kv_cache, block_table, cache_seqlens, partial_out, partial_lse,
-                   splits: int, grid_splits: int, heads: int, softmax_scale: float, descriptors,
+def _launch_stage1(q_rows, rope_rows, kv_cache, block_table, cache_seqlens, partial_out,
+                   partial_lse, splits: int, grid_splits: int, heads: int, softmax_scale: float, descriptors,
                    num_stages: int, pdl: int, split_policy, qo_len: int, causal: bool,
                    variant: KernelVariant, out_rows, merge_sync) -> None:
     """Launch stage 1 on the grid ``(B * row tiles, grid_splits)`` (arguments as
-    :func:`mla_decode_gluon_splitkv` checked them; ``q_rows`` ``[B, qo_len * H, 576]``, ``out_rows``
-    ``[B, qo_len * H, 512]``, written only with ``variant.fused_merge``; ``grid_splits`` is
+    :func:`mla_decode_gluon_splitkv` checked them; ``q_rows`` ``[B, qo_len * H, >= 512]`` (its first
+    512 columns read; all 576 by the multi-token stage 1), ``rope_rows`` ``[B, qo_len * H, 64]``,
+    ``out_rows`` ``[B, qo_len * H, 512]``, written only with ``variant.fused_merge``; ``grid_splits`` is
     ``splits`` unless ``variant.split_loop``).  Fewer programs than splits run the kernel of the
     persistent split loop; as many run the loop-free kernel, each program owning at most one
     split either way."""
@@ -245,11 +247,12 @@ def _launch_stage1(q_rows, kv_cache, block_table, cache_seqlens, partial_out, pa
     mt = MergeTiling.for_launch(tiling.block_rows, grid_splits, tiling.num_warps)
     kernel = stage1_split_loop if grid_splits < splits else _gluon_splitkv_stage1
     kernel[(batch * tiling.row_tiles, grid_splits)](
-        q_rows, kvn_desc, kvr_desc, block_table, cache_seqlens,
+        q_rows, rope_rows, kvn_desc, kvr_desc, block_table, cache_seqlens,
         cache_seqlens if split_policy is None else split_policy, partial_out, partial_lse,
         out_rows, cache_seqlens if merge_sync is None else merge_sync,
         splits, qo_len * heads, heads, float(softmax_scale) * LOG2E,
-        q_rows.stride(0), q_rows.stride(1), block_table.stride(0), partial_out.stride(0),
+        q_rows.stride(0), q_rows.stride(1), rope_rows.stride(0), rope_rows.stride(1),
+        block_table.stride(0), partial_out.stride(0),
         partial_out.stride(1), partial_lse.stride(0), out_rows.stride(0), out_rows.stride(1),
         BLOCK_R=tiling.block_rows,
         ROW_TILES=tiling.row_tiles, QO_LEN=qo_len, CAUSAL=bool(causal) and qo_len > 1,
@@ -278,11 +281,14 @@ def _check_fused(variant: KernelVariant, merge_sync, batch: int, rows: int, spli
 
 
 def _launch_plan(variant: KernelVariant, stage1_only: bool, split_policy, merge_sync, batch: int,
-                 rows: int, splits: int, num_stages: int) -> tuple[KernelVariant, int]:
+                 rows: int, splits: int, num_stages: int, halves: bool) -> tuple[KernelVariant, int]:
     """``(variant, grid split axis)`` of a call: no fused merge when ``stage1_only`` or on the
     multi-token path; the split loop's grid
     (:func:`~mlabench.kernels.split_loop.stage1_grid_splits`); ValueError for the loop without a
-    device policy, or a fused merge that cannot run (:func:`_check_fused`)."""
+    device policy, the multi-token path with the query in ``halves``, or a fused merge that cannot
+    run (:func:`_check_fused`)."""
+    if halves and variant.multi_token_tiling(rows) is not None:
+        raise ValueError("multi_token reads one 576-wide q: pass q whole, not q_rope apart")
     if stage1_only or variant.multi_token_tiling(rows) is not None:
         variant = dataclasses.replace(variant, fused_merge=False)  # the wide merge, or none
     if variant.split_loop and split_policy is None:
@@ -302,13 +308,15 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
                              num_stages: int = DEFAULT_NUM_STAGES, pdl: int = 1,
                              merge_block_dv: int | None = None, split_policy: torch.Tensor | None = None,
                              qo_len: int = 1, causal: bool = True, variant: KernelVariant = KernelVariant(),
-                             merge_sync: torch.Tensor | None = None, stage1_only: bool = False) -> torch.Tensor:
+                             merge_sync: torch.Tensor | None = None, stage1_only: bool = False,
+                             q_rope: torch.Tensor | None = None) -> torch.Tensor:
     """Split-KV MLA decode on Hopper: ``out = softmax(q K^T * softmax_scale) V`` per query row.
 
     Args:
         q: ``[B * qo_len, H, 576]`` bf16/fp16, contiguous over its first two dimensions; request
             ``b``'s ``qo_len x H`` rows are packed token-major (row ``t * H + h``) into tiles of up
-            to 64 (:class:`RowTiling`), each tile streaming the request's pages once.
+            to 64 (:class:`RowTiling`), each tile streaming the request's pages once.  With
+            ``q_rope``: only the 512 latent columns, ``[B * qo_len, H, 512]``.
         kv_cache: ``[num_pages, 64, 1, 576]`` contiguous, q's dtype.
         block_table: ``[B, max_pages]`` int32.  cache_seqlens: ``[B]`` int32, each >= 1 (>= qo_len
             when causal), read on the device (a captured graph follows new lengths).
@@ -334,19 +342,25 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
         variant: the layout and launch choices of :class:`KernelVariant`.
         merge_sync: with ``variant.fused_merge``, the zeroed int32 :func:`merge_sync_shape`.
         stage1_only: skip the merge (for timing stage 1 alone; ``out`` is then not written).
+        q_rope: None (q holds all 576 columns), or the 64 RoPE columns ``[B * qo_len, H, 64]``
+            as a second tensor, so that vLLM's query halves (a transposed latent view and a
+            slice) are read where they lie, with no concatenation.  Each half may have any strides
+            with a unit column stride, both in the cache's dtype; at ``qo_len > 1`` each half's
+            token stride must be H times its head stride (rows ``t * H + h`` at one stride); not
+            with ``variant.multi_token`` (its stage 1 reads one 576-wide q).
 
     Returns ``out``.  Raises ValueError on bad layouts, counts, tables, workspaces or variants.
     """
     heads, splits = q.shape[1], int(num_kv_splits)
     if q.dtype != kv_cache.dtype:
         raise ValueError("q must have the cache's dtype")
-    q_rows, out_rows, partial_out, partial_lse = checked_splitkv_args(
+    q_rows, rope_rows, out_rows, partial_out, partial_lse = checked_splitkv_args(
         q, kv_cache, block_table, cache_seqlens, out, splits, partial_out, partial_lse,
-        split_policy, qo_len)
-    variant, grid_splits = _launch_plan(variant, stage1_only, split_policy, merge_sync,
-                                        block_table.shape[0], qo_len * heads, splits, num_stages)
-    _launch_stage1(q_rows, kv_cache, block_table, cache_seqlens, partial_out, partial_lse, splits,
-                   grid_splits, heads, softmax_scale, descriptors, num_stages, 0 if stage1_only
+        split_policy, qo_len, q_rope)
+    variant, grid_splits = _launch_plan(variant, stage1_only, split_policy, merge_sync, block_table.shape[0],
+                                        qo_len * heads, splits, num_stages, q_rope is not None)
+    _launch_stage1(q_rows, rope_rows, kv_cache, block_table, cache_seqlens, partial_out, partial_lse,
+                   splits, grid_splits, heads, softmax_scale, descriptors, num_stages, 0 if stage1_only
                    else int(pdl), split_policy, qo_len, causal, variant, out_rows, merge_sync)
     if not stage1_only and not variant.fused_merge:
         wide_merge(partial_out, partial_lse, out_rows, splits, block_dv=merge_block_dv,

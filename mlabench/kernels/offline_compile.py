@@ -205,7 +205,7 @@ def compile_stage1_sm90(num_stages: int | None = None, dtype: str = "bf16", *,
 
 def _compile_gluon(fn, dtype: str, consts: dict, options: dict):
     """Compile the Gluon stage-1 kernel ``fn`` for sm_90 with ``consts``: its arguments typed by
-    name (``q_ptr``/``out_ptr`` in ``dtype``, the partials fp32, the two cache descriptors, other
+    name (``q_ptr``/``qr_ptr``/``out_ptr`` in ``dtype``, the partials fp32, the two cache descriptors, other
     pointers int32, other scalars int32 but the fp32 scale), pointers and strides marked 16-byte
     aligned as Triton's launcher would specialise them."""
     from triton.backends.compiler import GPUTarget
@@ -220,7 +220,7 @@ def _compile_gluon(fn, dtype: str, consts: dict, options: dict):
         layout = gl.NVMMASharedLayout.get_default_for([PAGE_SIZE, width], elem)
         return f"tensordesc<{dtype}[{PAGE_SIZE}, {width}],{layout!r}>"
 
-    named = {"q_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "po_ptr": "*fp32", "plse_ptr": "*fp32",
+    named = {"q_ptr": f"*{dtype}", "qr_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "po_ptr": "*fp32", "plse_ptr": "*fp32",
              "kvn_desc": desc(512), "kvr_desc": desc(64), "qk_scale_log2": "fp32"}
     sig = {n: "constexpr" if n in consts else named.get(n, "*i32" if n.endswith("_ptr") else "i32")
            for n in fn.arg_names}

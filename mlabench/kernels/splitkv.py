@@ -107,12 +107,14 @@ def splitkv_workspace_bytes(batch: int, num_heads: int, num_kv_splits: int) -> i
 
 
 def checked_splitkv_args(q, kv_cache, block_table, cache_seqlens, out, num_kv_splits, partial_out,
-                  partial_lse, split_policy, qo_len):
+                         partial_lse, split_policy, qo_len, q_rope=None):
     """Every argument check of a split-KV launch (:func:`mla_decode_splitkv`, and
     :func:`mlabench.kernels.gluon_splitkv.mla_decode_gluon_splitkv`), ValueError naming what is
-    wrong; returns q and out as packed rows ``[B, qo_len * H, D]`` and the workspace (allocated
-    when None)."""
-    check_decode_args(q, kv_cache, block_table, cache_seqlens, out, qo_len)
+    wrong; returns ``(q_rows, rope_rows, out_rows, partial_out, partial_lse)``: q, its RoPE
+    columns and out as packed rows ``[B, qo_len * H, D]`` and the workspace (allocated when None).
+    ``rope_rows`` is ``q_rows[..., 512:]`` for a 576-wide q, else the packed ``q_rope``
+    (:func:`mlabench.kernels.common.check_decode_args` describes the halves)."""
+    check_decode_args(q, kv_cache, block_table, cache_seqlens, out, qo_len, q_rope)
     if not 1 <= num_kv_splits <= MAX_KV_SPLITS:
         raise ValueError(f"num_kv_splits must be in 1..{MAX_KV_SPLITS}, got {num_kv_splits}")
     batch, rows = block_table.shape[0], qo_len * q.shape[1]
@@ -120,7 +122,19 @@ def checked_splitkv_args(q, kv_cache, block_table, cache_seqlens, out, num_kv_sp
         partial_out, partial_lse = alloc_splitkv_workspace(batch, rows, num_kv_splits, q.device)
     check_workspace(partial_out, partial_lse, batch, rows, num_kv_splits)
     check_policy_table(split_policy, q.device)
-    return pack_rows(q, batch, qo_len), pack_rows(out, batch, qo_len), partial_out, partial_lse
+    if q_rope is None:
+        q_rows = pack_rows(q, batch, qo_len)
+        rope_rows = q_rows[..., D_NOPE:]
+    else:
+        try:
+            q_rows, rope_rows = pack_rows(q, batch, qo_len), pack_rows(q_rope, batch, qo_len)
+        except ValueError:
+            raise ValueError(
+                f"q_rope with qo_len {qo_len}: each query half must have a token stride of H x "
+                f"its head stride (packed row t*H+h at one row stride), got q strides {q.stride()}, "
+                f"q_rope {q_rope.stride()}; halves with other strides work at qo_len 1 only "
+                "(else pass one [B*qo_len, H, 576] q)") from None
+    return q_rows, rope_rows, pack_rows(out, batch, qo_len), partial_out, partial_lse
 
 
 def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -162,7 +176,7 @@ def mla_decode_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     rows = qo_len * heads
     tile = choose_rows_per_tile(rows, rows_per_tile)
     block_n, num_warps, num_stages = resolve_launch(q, block_n, num_warps, num_stages, tile)
-    q_rows, out_rows, partial_out, partial_lse = checked_splitkv_args(
+    q_rows, _, out_rows, partial_out, partial_lse = checked_splitkv_args(
         q, kv_cache, block_table, cache_seqlens, out, int(num_kv_splits), partial_out, partial_lse,
         split_policy, qo_len)
     policy_rows = 0 if split_policy is None else split_policy.shape[0]

@@ -57,3 +57,17 @@ def assert_equal_up_to_rounding(out: torch.Tensor, expected: torch.Tensor) -> No
     """
     torch.testing.assert_close(out, expected, rtol=2.0 ** -10, atol=1e-6)
 
+
+
+def vllm_query_halves(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q [T, H, 576]`` -> ``(ql_nope [T, H, 512], q_pe [T, H, 64])`` holding q's values, laid out
+    as vLLM's MLA layer hands them to ``forward_mqa``: ``ql_nope`` the transposed view of a ``[H,
+    T, 512]`` bmm output (strides ``(512, T * 512, 1)``: not contiguous), ``q_pe`` a slice of the
+    ``[T, H, 192]`` projected query (strides ``(H * 192, 192, 1)``).  The bmm multiplies by the
+    identity, so the values are exact in any dtype."""
+    tokens, heads, _ = q.shape
+    eye = torch.eye(512, dtype=q.dtype, device=q.device).expand(heads, 512, 512)
+    ql_nope = torch.bmm(q[..., :512].transpose(0, 1), eye).transpose(0, 1)
+    projected = torch.zeros(tokens, heads, 192, dtype=q.dtype, device=q.device)
+    projected[..., 128:] = q[..., 512:]
+    return ql_nope, projected[..., 128:]
