@@ -60,8 +60,8 @@ def fa3_reason(fa) -> str:
     return f"vLLM's FlashAttention build has no FA3 here{f': {reason}' if reason else ''}"
 
 
-def fa3_mla_decode(fa, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                   seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_query_len: int,
+def fa3_mla_decode(fa, q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
+                   block_table: torch.Tensor, seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_query_len: int,
                    max_seq_len: int, softmax_scale: float, *, out: torch.Tensor | None = None,
                    scheduler_metadata: torch.Tensor | None = None, num_splits: int = 0,
                    kv_lora_rank: int = 512) -> torch.Tensor:
@@ -72,7 +72,9 @@ def fa3_mla_decode(fa, q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     Args:
         fa: vLLM's FlashAttention module (``vllm.vllm_flash_attn``).
         q: ``[T, H, 576]`` bf16/fp16, latent then RoPE columns; request ``b``'s tokens are rows
-            ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``.
+            ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``.  Or its halves ``(q_nope [T, H, 512], q_pe [T,
+            H, 64])`` as vLLM hands them over (any row strides, unit column stride), passed on
+            as they are, as vLLM's FLASH_ATTN_MLA passes them.
         kv_cache: ``[pages, page_size, 1, 576]``, q's dtype.
         block_table: ``[B, max_pages]`` int32.  seq_lens: ``[B]`` int32 keys per request (its
             new tokens included), on the device.  cu_seqlens_q: ``[B + 1]`` int32, on the device.
@@ -84,7 +86,7 @@ def fa3_mla_decode(fa, q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
 
     Returns ``[T, H, 512]`` in q's dtype (``out`` when given).
     """
-    q_nope, q_pe = fa3_query_parts(q, kv_lora_rank)
+    q_nope, q_pe = q if isinstance(q, tuple) else fa3_query_parts(q, kv_lora_rank)
     o = fa.flash_attn_varlen_func(
         q=q_pe, k=kv_cache[..., kv_lora_rank:], v=kv_cache[..., :kv_lora_rank], q_v=q_nope,
         max_seqlen_q=max(int(max_query_len), 1), cu_seqlens_q=cu_seqlens_q,

@@ -67,12 +67,15 @@ class ServedDecode:
         sizes = [b for b in sorted(self._tables) if b <= batch] or [min(self._tables)]
         return self._tables[sizes[-1]]
 
-    def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                 seq_lens: torch.Tensor, max_seq_len: int, softmax_scale: float) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
+                 block_table: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int,
+                 softmax_scale: float) -> torch.Tensor:
         """Decode one token per request.
 
         Args:
-            q: ``[B, H, 576]`` (latent then RoPE columns), bf16/fp16.
+            q: ``[B, H, 576]`` (latent then RoPE columns), bf16/fp16; or vLLM's halves ``(latent
+                [B, H, 512], rope [B, H, 64])``, passed to the kernel as they lie (any strides with
+                a unit column stride: no concatenation, no copy).
             kv_cache: vLLM's MLA cache of one layer, ``[pages, 64, 576]``, contiguous, q's dtype.
             block_table: ``[B, max_pages]`` int32.  seq_lens: ``[B]`` int32 (read on the device).
             max_seq_len: the step's longest context on the host (host mode only).
@@ -80,6 +83,7 @@ class ServedDecode:
         """
         from mlabench.kernels.gluon_splitkv import KernelVariant, kv_descriptors, mla_decode_gluon_splitkv
 
+        q, q_rope = q if isinstance(q, tuple) else (q.contiguous(), None)
         batch = q.shape[0]
         cache = kv_cache.unsqueeze(2)
         key = (cache.data_ptr(), tuple(cache.shape))
@@ -95,9 +99,9 @@ class ServedDecode:
         # pdl 1 at batch 1, else 0: gluon-splitkv's default (mlabench.backends.gluon.PDL); the
         # prologue variant stays off since the kernel before attention here is vLLM's, not a merge.
         return mla_decode_gluon_splitkv(
-            q.contiguous(), cache, block_table, seq_lens, out,
+            q, cache, block_table, seq_lens, out,
             splits, softmax_scale,
             partial_out=self._partial_out, partial_lse=self._partial_lse,
             descriptors=self._descriptors[key], pdl=1 if batch == 1 else 0,
             split_policy=self.table_for(batch), qo_len=1,
-            variant=KernelVariant(pdl_prologue=False, fused_merge=False))
+            variant=KernelVariant(pdl_prologue=False, fused_merge=False), q_rope=q_rope)

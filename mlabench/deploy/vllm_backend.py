@@ -157,9 +157,9 @@ class MlabenchMLAImpl(MLACommonImpl[MLACommonMetadata]):
         """Decode attention of one layer: ``q`` ``[T, H, 576]`` (or its latent and RoPE halves),
         the layer's cache ``[pages, 64, 576]``; returns ``([T, H, 512], None)`` (no LSE: decode
         context parallelism is not supported).  ``T`` is the step's decode requests, or with
-        short extends their tokens (then FA3 runs them: module docstring)."""
-        if isinstance(q, tuple):
-            q = torch.cat(q, dim=-1)
+        short extends their tokens (then FA3 runs them: module docstring).  vLLM's halves (a
+        transposed bmm-output view and a slice) go to either kernel as they are: concatenating them
+        would add a kernel per layer to the captured step."""
         decode = attn_metadata.decode
         if decode.max_query_len > 1:
             out = fa3_mla_decode(self._fa, q, kv_c_and_k_pe_cache.unsqueeze(2), decode.block_table,

@@ -88,6 +88,25 @@ def test_query_parts_are_views_of_the_latent_and_rope_columns():
     assert torch.equal(pe, q[..., 512:])
 
 
+def test_halves_go_to_fa3_as_they_lie_with_the_same_output(fake_fa):
+    """vLLM's halves (a transposed bmm-output view and a slice) reach FA3 as q_v and q, the same
+    objects, and give what the 576-wide query gives."""
+    from mlabench.backends.vllm_fa3 import fa3_mla_decode
+    from tests.kernels.helpers import vllm_query_halves
+
+    shape = MLADecodeShape(num_heads=12, context_lens=(70, 129), qo_len=2, page_size=64,
+                           q_dtype="float32", kv_dtype="float32")
+    x = make_inputs(shape, device="cpu")
+    cu_q = torch.tensor([0, 2, 4], dtype=torch.int32)
+    args = (x.kv_cache, x.block_table, x.cache_seqlens, cu_q, 2, 129, shape.scale)
+    halves = vllm_query_halves(x.q)
+    got = fa3_mla_decode(fake_fa, halves, *args, scheduler_metadata=torch.zeros(1))
+    (_, kw), = fake_fa.flash_attn_varlen_func.calls
+    assert kw["q_v"] is halves[0] and kw["q"] is halves[1]
+    whole = fa3_mla_decode(fake_fa, x.q, *args, scheduler_metadata=torch.zeros(1))
+    assert torch.equal(got, whole)
+
+
 def test_unavailable_without_a_gpu_says_why():
     ok, why = get_backend("vllm-fa3-mla").available()
     if not torch.cuda.is_available():

@@ -78,3 +78,25 @@ def test_a_call_passes_the_grid_and_table_and_host_mode_logs_each_count_once(mon
     assert [c[0] for c in calls[-3:]] == [128, 128, 32] and calls[-1][1]["split_policy"] is None
     assert lines == ["mlabench: host split count 128 for a step of 1 requests (longest context 110000)",
                      "mlabench: host split count 32 for a step of 1 requests (longest context 3000)"]
+
+
+def test_a_call_passes_vllms_query_halves_to_the_kernel_as_they_lie(monkeypatch):
+    """The plugin's decode takes vLLM's ``(latent, rope)`` and hands both to the kernel unchanged
+    (no concatenation, no copy: a kernel fewer per layer in the captured step); one 576-wide q goes
+    as q with no ``q_rope``."""
+    import mlabench.kernels.gluon_splitkv as kernel
+    from tests.kernels.helpers import vllm_query_halves
+
+    calls = []
+    monkeypatch.setattr(kernel, "kv_descriptors", lambda cache: "descriptors")
+    monkeypatch.setattr(kernel, "mla_decode_gluon_splitkv",
+                        lambda q, cache, bt, lens, out, splits, scale, **kw: calls.append((q, kw)) or out)
+    q, cache = torch.zeros(16, 12, 576, dtype=torch.bfloat16), torch.zeros(8, 64, 576, dtype=torch.bfloat16)
+    bt, lens = torch.zeros(16, 2, dtype=torch.int32), torch.ones(16, dtype=torch.int32)
+    served = ServedDecode(POLICY, "device", 12, 16, "cpu")
+    halves = vllm_query_halves(q)
+    out = served(halves, cache, bt, lens, 5000, 0.1)
+    assert out.shape == (16, 12, 512) and out.dtype == torch.bfloat16
+    assert calls[-1][0] is halves[0] and calls[-1][1]["q_rope"] is halves[1]
+    served(q, cache, bt, lens, 5000, 0.1)
+    assert calls[-1][0] is q and calls[-1][1]["q_rope"] is None
