@@ -309,3 +309,74 @@ def test_fused_merge_falls_back_where_the_grid_cannot_be_resident():
         mla_decode_gluon_splitkv(x.q, x.kv_cache, x.block_table, x.cache_seqlens,
                                  x.new_output(), 16, x.shape.scale, partial_out=None,
                                  partial_lse=None, variant=KernelVariant(fused_merge=True))
+
+
+@pytest.mark.parametrize("variant_kw", [{}, {"fused_merge": True, "pdl_prologue": True}])
+def test_vllm_query_halves_in_a_graph_replayed_at_new_lengths(variant_kw):
+    """vLLM's query halves read where they lie (``q_rope``: a transposed bmm-output view and a
+    slice, strides of 16 requests): right eagerly, and in a graph captured there and replayed at
+    new lengths after new query values are written into the same two buffers."""
+    from mlabench.kernels.gluon_splitkv import (
+        KernelVariant, kv_descriptors, merge_sync_shape, mla_decode_gluon_splitkv,
+    )
+    from mlabench.kernels.reference import mla_decode_reference
+    from mlabench.kernels.workspace import splitkv_workspace_shapes
+    from tests.kernels.helpers import vllm_query_halves
+
+    _backend()
+    lens = (4096,) * 12 + (1, 777, 20000, 65)
+    x = _inputs(lens, seed=13, poison=False)  # lengths shrink below: no NaN in what they read
+    nope, pe = vllm_query_halves(x.q)
+    assert nope.stride() == (512, 16 * 512, 1)
+    variant = KernelVariant(**variant_kw)
+    sync = torch.zeros(merge_sync_shape(16, 12), dtype=torch.int32, device="cuda")
+    o_shape, l_shape = splitkv_workspace_shapes(16, 12, 8)
+    part_o, part_lse = torch.empty(o_shape, device="cuda"), torch.empty(l_shape, device="cuda")
+    out, descs = torch.full_like(x.new_output(), float("nan")), kv_descriptors(x.kv_cache)
+
+    def call():
+        mla_decode_gluon_splitkv(nope, x.kv_cache, x.block_table, x.cache_seqlens, out, 8,
+                                 x.shape.scale, partial_out=part_o, partial_lse=part_lse,
+                                 descriptors=descs, variant=variant, q_rope=pe,
+                                 merge_sync=sync if variant.fused_merge else None)
+
+    call()
+    torch.cuda.synchronize()
+    assert torch.allclose(out.float(), _ref(x, lens), atol=1e-2, rtol=1e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for seed, new in ((1, [64] * 8 + [4000, 1, 4096, 300, 1, 700, 19999, 64]), (2, list(lens))):
+        q = torch.randn(x.q.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+        q = q.to(x.q.dtype)
+        nope.copy_(q[..., :512])
+        pe.copy_(q[..., 512:])
+        x.cache_seqlens.copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = mla_decode_reference(q, x.kv_cache, x.block_table, new, x.shape.scale)[0]
+        assert torch.allclose(out.float(), ref, atol=1e-2, rtol=1e-2), new
+
+
+def test_query_halves_at_several_tokens_match_fp32():
+    """qo_len 4 (48 packed rows, one 64-row tile): a latent view of q and a RoPE slice of a wider
+    tensor, each token stride H times its head stride."""
+    from mlabench.inputs import make_inputs
+    from mlabench.kernels.gluon_splitkv import mla_decode_gluon_splitkv
+    from mlabench.kernels.reference import mla_decode_reference
+    from mlabench.shapes import MLADecodeShape
+    from tests.kernels.helpers import vllm_query_halves
+
+    _backend()
+    lens = (1000, 70, 8, 3000)
+    shape = MLADecodeShape.create(num_heads=12, context_lens=lens, page_size=64, qo_len=4)
+    x = make_inputs(shape, seed=17, poison=True)
+    out = mla_decode_gluon_splitkv(x.q[..., :512], x.kv_cache, x.block_table, x.cache_seqlens,
+                                   x.new_output(), 7, shape.scale, partial_out=None,
+                                   partial_lse=None, qo_len=4, q_rope=vllm_query_halves(x.q)[1])
+    torch.cuda.synchronize()
+    ref, _ = mla_decode_reference(x.q, x.kv_cache, x.block_table, list(lens), shape.scale,
+                                  qo_len=4, causal=True)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out.float(), ref, atol=1e-2, rtol=1e-2)
