@@ -279,18 +279,21 @@ def check_decode_args(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torc
                       cache_seqlens: torch.Tensor, out: torch.Tensor, qo_len: int = 1,
                       q_rope: torch.Tensor | None = None) -> None:
     """Raise ValueError unless the tensors have the MLA decode layout this module assumes:
-    q ``[B * qo_len, H, 576]``, out ``[B * qo_len, H, 512]``, ``B`` the block table's rows.
+    q ``[B * qo_len, H, 576]`` in the cache's dtype, out ``[B * qo_len, H, 512]``, ``B`` the block
+    table's rows.
 
     With ``q_rope`` the query comes in halves, as vLLM hands them over: q ``[B * qo_len, H, 512]``
     (the latent columns) and q_rope ``[B * qo_len, H, 64]`` (the RoPE columns), each with any
     strides but a unit column stride, both in the cache's dtype."""
+    if q.dtype != kv_cache.dtype:
+        raise ValueError(f"q must have the cache's dtype {kv_cache.dtype}, got {q.dtype}")
     if q_rope is None:
         if q.dim() != 3 or q.shape[-1] != D_QK or q.stride(-1) != 1:
             raise ValueError(f"q must be [B*qo_len, H, {D_QK}] with unit last stride, got {tuple(q.shape)}")
     else:
         halves = [(t.dim(), t.shape[-1], t.stride(-1)) for t in (q, q_rope)]
         if (halves != [(3, D_NOPE, 1), (3, D_ROPE, 1)] or q.shape[:2] != q_rope.shape[:2]
-                or not q.dtype == q_rope.dtype == kv_cache.dtype):
+                or q_rope.dtype != q.dtype):
             raise ValueError(f"query halves must be q [B*qo_len, H, {D_NOPE}] and q_rope "
                              f"[B*qo_len, H, {D_ROPE}], unit last strides, the cache's dtype "
                              f"{kv_cache.dtype}; got {tuple(q.shape)} {q.dtype} stride {q.stride()}"

@@ -313,14 +313,12 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
     """Split-KV MLA decode on Hopper: ``out = softmax(q K^T * softmax_scale) V`` per query row.
 
     Args:
-        q: ``[B * qo_len, H, 576]`` bf16/fp16, contiguous over its first two dimensions; request
+        q: ``[B * qo_len, H, 576]`` bf16/fp16 (with ``q_rope`` its 512 latent columns); request
             ``b``'s ``qo_len x H`` rows are packed token-major (row ``t * H + h``) into tiles of up
-            to 64 (:class:`RowTiling`), each tile streaming the request's pages once.  With
-            ``q_rope``: only the 512 latent columns, ``[B * qo_len, H, 512]``.
-        kv_cache: ``[num_pages, 64, 1, 576]`` contiguous, q's dtype.
+            to 64 (:class:`RowTiling`), each tile streaming the request's pages once.
+        kv_cache: ``[num_pages, 64, 1, 576]`` contiguous.  out: ``[B * qo_len, H, 512]``, written.
         block_table: ``[B, max_pages]`` int32.  cache_seqlens: ``[B]`` int32, each >= 1 (>= qo_len
             when causal), read on the device (a captured graph follows new lengths).
-        out: ``[B * qo_len, H, 512]`` in q's dtype, written in place and returned.
         num_kv_splits: S, 1..512: split ``s`` takes pages ``[s*P, (s+1)*P)``, ``P = ceil(pages/S)``;
             with ``split_policy`` the most splits a request may take (its slots; the grid's too
             unless ``variant.split_loop``).
@@ -342,18 +340,14 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
         variant: the layout and launch choices of :class:`KernelVariant`.
         merge_sync: with ``variant.fused_merge``, the zeroed int32 :func:`merge_sync_shape`.
         stage1_only: skip the merge (for timing stage 1 alone; ``out`` is then not written).
-        q_rope: None (q holds all 576 columns), or the 64 RoPE columns ``[B * qo_len, H, 64]``
-            as a second tensor, so that vLLM's query halves (a transposed latent view and a
-            slice) are read where they lie, with no concatenation.  Each half may have any strides
-            with a unit column stride, both in the cache's dtype; at ``qo_len > 1`` each half's
-            token stride must be H times its head stride (rows ``t * H + h`` at one stride); not
-            with ``variant.multi_token`` (its stage 1 reads one 576-wide q).
+        q_rope: None, or the 64 RoPE columns ``[B * qo_len, H, 64]`` apart (vLLM's halves, read
+            where they lie); q, q_rope, kv_cache, out: one dtype.  Any unit-column strides; at
+            ``qo_len > 1`` each query tensor's token stride must be H times its head stride; not with
+            ``variant.multi_token`` (its stage 1 reads one 576-wide q).
 
     Returns ``out``.  Raises ValueError on bad layouts, counts, tables, workspaces or variants.
     """
     heads, splits = q.shape[1], int(num_kv_splits)
-    if q.dtype != kv_cache.dtype:
-        raise ValueError("q must have the cache's dtype")
     q_rows, rope_rows, out_rows, partial_out, partial_lse = checked_splitkv_args(
         q, kv_cache, block_table, cache_seqlens, out, splits, partial_out, partial_lse,
         split_policy, qo_len, q_rope)
@@ -363,8 +357,7 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
                    splits, grid_splits, heads, softmax_scale, descriptors, num_stages, 0 if stage1_only
                    else int(pdl), split_policy, qo_len, causal, variant, out_rows, merge_sync)
     if not stage1_only and not variant.fused_merge:
-        wide_merge(partial_out, partial_lse, out_rows, splits, block_dv=merge_block_dv,
-                   num_sms=current_device().num_sms, pdl=bool(pdl),
-                   release_next=variant.pdl_prologue, cache_seqlens=cache_seqlens,
-                   split_policy=split_policy)
+        wide_merge(partial_out, partial_lse, out_rows, splits, block_dv=merge_block_dv, pdl=bool(pdl),
+                   num_sms=current_device().num_sms, release_next=variant.pdl_prologue,
+                   cache_seqlens=cache_seqlens, split_policy=split_policy)
     return out

@@ -70,7 +70,8 @@ def test_bad_halves_get_one_error(case):
         nope, pe = nope.half(), pe.half()
     else:
         pe = q[..., 448::2][..., :64]
-    with pytest.raises(ValueError, match="query halves must be"):
+    match = "q must have the cache's dtype" if case == "cache dtype" else "query halves must be"
+    with pytest.raises(ValueError, match=match):
         _checked(nope, cache, *rest, q_rope=pe)
 
 
