@@ -17,9 +17,8 @@ attention is a small share of the step: ``R(c) = step(reference, N_short, c) - L
 a_reference(c, N_short)``; so the reference's prediction at ``N_short`` equals its measurement by
 construction, and every other (variant, length) is a true prediction.  The best reference is a
 variant whose server calls the microbenchmarked kernel as timed: a backend whose server wrapper
-adds work per layer puts that work into every other variant's ``R`` (mlabench's plugin adds the
-concatenation of vLLM's query halves, and runs stage 1 without the PDL prologue the sweep's
-default has: docs/vllm-plugin.md).  What a
+adds work per layer puts that work into every other variant's ``R`` (mlabench's plugin runs the
+backend's defaults on vLLM's query halves as they lie: docs/vllm-plugin.md).  What a
 gap shows: work around the kernel in the server that the microbenchmark does not time, launch gaps,
 and the context growing while it decodes.  Users say microbenchmarks over-promise; the ``error %``
 column says by how much.

@@ -32,6 +32,24 @@ def grid_splits(policy: SplitPolicy, mode: str, batch: int, max_seq_len: int) ->
     return policy.lookup(batch, max(1, int(max_seq_len)))
 
 
+def served_variant():
+    """The :class:`~mlabench.kernels.gluon_splitkv.KernelVariant` the plugin runs: the
+    ``gluon-splitkv`` backend's defaults (``o_split``, ``lazy_sum``, ``pdl_prologue``), so that a
+    sweep of the backend at its defaults times the kernel the server calls (the TPOT prediction's
+    reference, docs/vllm-plugin.md), and the wide merge (no ``merge_sync`` workspace; in device
+    mode at 16 requests the grid of 16 x 16 programs exceeds the SMs the fused merge needs, so the
+    sweep's points there run the wide merge too).
+
+    ``pdl_prologue``: stage 1 is a programmatic dependent of the kernel before it in the step
+    (vLLM's), which needs ``seq_lens`` and the device table written before that kernel: vLLM
+    writes ``seq_lens`` when it prepares the step, before layer 0, and the tables at start-up."""
+    from mlabench.backends.gluon import LAZY_SUM, O_SPLIT, PDL_PROLOGUE
+    from mlabench.kernels.gluon_splitkv import KernelVariant
+
+    return KernelVariant(o_split=O_SPLIT.default, lazy_sum=bool(LAZY_SUM.default),
+                         pdl_prologue=bool(PDL_PROLOGUE.default), fused_merge=False)
+
+
 def workspace_slots(policy: SplitPolicy, max_batch: int) -> int:
     """Partial slots (request x split) of the largest step up to ``max_batch`` requests: the
     workspace that every step fits in, whatever its batch size, lengths or mode (a host-mode count
@@ -58,6 +76,7 @@ class ServedDecode:
         self._partial_lse = torch.empty(l_shape, dtype=torch.float32, device=device)
         self._descriptors: dict[tuple[int, tuple[int, ...]], object] = {}
         self._host_counts: set[tuple[int, int]] = set()
+        self._variant = served_variant()
 
     def table_for(self, batch: int) -> torch.Tensor | None:
         """The device table of ``batch`` requests in ``device`` mode (that of the largest tuned
@@ -81,7 +100,7 @@ class ServedDecode:
             max_seq_len: the step's longest context on the host (host mode only).
             softmax_scale: multiplier of ``q . k``.
         """
-        from mlabench.kernels.gluon_splitkv import KernelVariant, kv_descriptors, mla_decode_gluon_splitkv
+        from mlabench.kernels.gluon_splitkv import kv_descriptors, mla_decode_gluon_splitkv
 
         q, q_rope = q if isinstance(q, tuple) else (q.contiguous(), None)
         batch = q.shape[0]
@@ -96,12 +115,11 @@ class ServedDecode:
             self._host_counts.add((batch, splits))
             _log.info("mlabench: host split count %d for a step of %d requests (longest context %d)",
                       splits, batch, max_seq_len)
-        # pdl 1 at batch 1, else 0: gluon-splitkv's default (mlabench.backends.gluon.PDL); the
-        # prologue variant stays off since the kernel before attention here is vLLM's, not a merge.
+        # pdl 1 at batch 1, else 0: gluon-splitkv's default (mlabench.backends.gluon.PDL)
         return mla_decode_gluon_splitkv(
             q, cache, block_table, seq_lens, out,
             splits, softmax_scale,
             partial_out=self._partial_out, partial_lse=self._partial_lse,
             descriptors=self._descriptors[key], pdl=1 if batch == 1 else 0,
             split_policy=self.table_for(batch), qo_len=1,
-            variant=KernelVariant(pdl_prologue=False, fused_merge=False), q_rope=q_rope)
+            variant=self._variant, q_rope=q_rope)

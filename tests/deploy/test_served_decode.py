@@ -4,7 +4,7 @@ workspace every step fits in, and which device table a batch size reads."""
 import pytest
 import torch
 
-from mlabench.deploy.served_decode import ServedDecode, grid_splits, workspace_slots
+from mlabench.deploy.served_decode import ServedDecode, grid_splits, served_variant, workspace_slots
 from mlabench.policy.device_table import SplitPolicy
 
 POLICY = SplitPolicy.create({1: [(4096, 32), (131072, 128)], 16: [(4096, 4), (131072, 16)]})
@@ -100,3 +100,30 @@ def test_a_call_passes_vllms_query_halves_to_the_kernel_as_they_lie(monkeypatch)
     assert calls[-1][0] is halves[0] and calls[-1][1]["q_rope"] is halves[1]
     served(q, cache, bt, lens, 5000, 0.1)
     assert calls[-1][0] is q and calls[-1][1]["q_rope"] is None
+
+
+def test_the_plugin_runs_the_kernel_a_sweep_of_the_backend_times():
+    """The TPOT prediction's reference is the plugin, predicted from a sweep of gluon-splitkv at
+    its defaults: the served calls ran without the PDL prologue those points had (the committed
+    serving sweeps record pdl_prologue 1).  The plugin now takes the backend's defaults, and the
+    wide merge (the grid in device mode at 16 requests does not fit the fused one)."""
+    from mlabench.backends.gluon import LAZY_SUM, O_SPLIT, PDL_PROLOGUE
+
+    variant = served_variant()
+    assert (variant.o_split, variant.lazy_sum, variant.pdl_prologue, variant.fused_merge) == (
+        O_SPLIT.default, bool(LAZY_SUM.default), bool(PDL_PROLOGUE.default), False)
+    assert grid_splits(POLICY, "device", 16, 10) * 16 > 132  # why the fused merge cannot run there
+
+
+def test_a_call_runs_the_served_variant(monkeypatch):
+    import mlabench.kernels.gluon_splitkv as kernel
+
+    calls = []
+    monkeypatch.setattr(kernel, "kv_descriptors", lambda cache: "descriptors")
+    monkeypatch.setattr(kernel, "mla_decode_gluon_splitkv",
+                        lambda q, cache, bt, lens, out, splits, scale, **kw: calls.append(kw) or out)
+    q, cache = torch.zeros(1, 12, 576), torch.zeros(8, 64, 576)
+    ServedDecode(POLICY, "device", 12, 16, "cpu")(q, cache, torch.zeros(1, 2, dtype=torch.int32),
+                                                 torch.ones(1, dtype=torch.int32), 100, 0.1)
+    assert calls[-1]["variant"] == served_variant() and calls[-1]["variant"].pdl_prologue
+    assert calls[-1]["pdl"] == 1
