@@ -341,9 +341,8 @@ def mla_decode_gluon_splitkv(q: torch.Tensor, kv_cache: torch.Tensor, block_tabl
         merge_sync: with ``variant.fused_merge``, the zeroed int32 :func:`merge_sync_shape`.
         stage1_only: skip the merge (for timing stage 1 alone; ``out`` is then not written).
         q_rope: None, or the 64 RoPE columns ``[B * qo_len, H, 64]`` apart (vLLM's halves, read
-            where they lie); q, q_rope, kv_cache, out: one dtype.  Any unit-column strides; at
-            ``qo_len > 1`` each query tensor's token stride must be H times its head stride; not with
-            ``variant.multi_token`` (its stage 1 reads one 576-wide q).
+            where they lie; not with ``variant.multi_token``); q, q_rope, kv_cache, out: one dtype.
+            Unit column strides; at ``qo_len > 1`` token stride = H x head stride.
 
     Returns ``out``.  Raises ValueError on bad layouts, counts, tables, workspaces or variants.
     """

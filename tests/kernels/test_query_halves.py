@@ -102,3 +102,28 @@ def test_stage1_gets_both_pointers_and_their_strides(monkeypatch, halves):
     rope = q[..., 512:] if pe is None else pe
     assert args[0].data_ptr() == nope.data_ptr() and args[1].data_ptr() == rope.data_ptr()
     assert args[15:19] == (*nope.stride()[:2], *rope.stride()[:2])
+
+
+def test_the_split_loop_kernel_gets_both_pointers_and_multi_token_refuses_halves(monkeypatch):
+    """The split loop's stage 1 (a device policy, batch 16: a grid of fewer programs than splits)
+    takes the same query arguments as the loop-free one; the multi-token stage 1 reads one
+    576-wide q, so halves with ``multi_token`` are refused in one line."""
+    gluon_splitkv = pytest.importorskip("mlabench.kernels.gluon_splitkv")
+    recorder = _Recorder()
+    monkeypatch.setattr(gluon_splitkv, "stage1_split_loop", recorder)
+    monkeypatch.setattr(gluon_splitkv, "_gluon_splitkv_stage1", None)  # must not run
+    q, cache, table, lens, out = _args(16)
+    nope, pe = vllm_query_halves(q)
+    policy = torch.tensor([[4096, 64]] * 2, dtype=torch.int32)
+    run = lambda variant, q_rope: gluon_splitkv.mla_decode_gluon_splitkv(  # noqa: E731
+        nope, cache, table, lens, out, 64, 0.1, partial_out=None, partial_lse=None,
+        descriptors=("n", "r"), stage1_only=True, split_policy=policy, variant=variant, q_rope=q_rope)
+    run(gluon_splitkv.KernelVariant(split_loop=True), pe)
+    assert recorder.args[0].data_ptr() == nope.data_ptr() and recorder.args[1].data_ptr() == pe.data_ptr()
+    assert recorder.args[15:19] == (*nope.stride()[:2], *pe.stride()[:2])
+    q8, cache, table, lens, out8 = _args(2, qo_len=8)
+    nope8, pe8 = q8[..., :512], q8[..., 512:]
+    with pytest.raises(ValueError, match="multi_token reads one 576-wide q: pass q whole, not q_rope apart"):
+        gluon_splitkv.mla_decode_gluon_splitkv(
+            nope8, cache, table, lens, out8, 4, 0.1, partial_out=None, partial_lse=None, qo_len=8,
+            descriptors=("n", "r"), variant=gluon_splitkv.KernelVariant(multi_token=1), q_rope=pe8)
