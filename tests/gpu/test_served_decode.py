@@ -25,11 +25,12 @@ def _served(mode, max_batch=4):
     return ServedDecode(SplitPolicy.create(POLICY_ROWS), mode, 12, max_batch, "cuda")
 
 
-def _inputs(lens, seed=0):
+def _inputs(lens, seed=0, poison=True):
     from mlabench.inputs import make_inputs
     from mlabench.shapes import MLADecodeShape
 
-    return make_inputs(MLADecodeShape.create(num_heads=12, context_lens=lens, page_size=64), seed=seed)
+    return make_inputs(MLADecodeShape.create(num_heads=12, context_lens=lens, page_size=64), seed=seed,
+                       poison=poison)
 
 
 def _err(x, out, lens):
@@ -87,7 +88,10 @@ def test_a_step_with_short_extends_runs_fa3_varlen_against_the_reference(halves)
     if fa is None or not fa.is_fa_version_supported(3):
         pytest.skip(why or "no FA3 in vLLM's FlashAttention build")
     lens, qlens = [3000, 700, 20000, 513], [1, 7, 300, 1]
-    x = _inputs(lens, seed=2)
+    # Unpoisoned: FA3 (vLLM's kernel, not ours) multiplies the masked tail of a request's last page
+    # by a zero weight, so a NaN there is NaN in its output; vLLM's cache never holds NaN (zeroed at
+    # start-up, then finite values of earlier requests).  This checks the call, not FA3's masking.
+    x = _inputs(lens, seed=2, poison=False)
     q = torch.randn(sum(qlens), 12, 576, dtype=x.q.dtype, device="cuda")
     starts = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     out = fa3_mla_decode(fa, vllm_query_halves(q) if halves else q, x.kv_cache, x.block_table,
