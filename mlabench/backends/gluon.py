@@ -102,17 +102,18 @@ SPLIT_LOOP = ParamSpec(
          "programs per request and row tile (at most the policy's largest count, not always it) "
          "and each runs its request's splits p, p + G, ...; where that wave holds the largest "
          "count the loop-free kernel runs.  0 (default): one program per split of the largest "
-         "count (not yet measured on a GPU)",
+         "count (H200: the loop gained nothing at batch 16, results/h200/deploy/README.md)",
 )
 
-# Not yet measured (docs/multi-token-tile.md): off until an H200 run says otherwise.
+# H200 (docs/multi-token-tile.md): 1 wins where a split holds >= 16 pages, loses at <= 4; off by default.
 MULTI_TOKEN = ParamSpec(
     "multi_token", int, default=0, low=0, high=2, omit_default=True, searched=False,
     help="1 or 2: requests of more than 16 query rows (qo_len x heads) run the warp-specialised "
          "multi-token stage 1 (a TMA loader warp, a softmax warpgroup, two output warpgroups) "
          "with the wide merge (fused_merge is then 0); 2 computes the next page's scores before "
          "handing a page's weights over (num_stages 2 only).  0 (default): the kernel above for "
-         "every shape.  Not with split_loop=1.  Not yet measured on a GPU",
+         "every shape.  Not with split_loop=1.  H200: 1 is faster where each split holds >= 16 "
+         "pages, slower at <= 4",
 )
 
 
