@@ -16,7 +16,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -25,9 +24,10 @@ from mlabench.errors import ConfigError, DependencyError, ServerError
 from mlabench.files import append_text, make_dir, write_text
 from mlabench.run_files import (BENCH_LOG_SUFFIX, BENCH_RESULT_SUFFIX, COMMANDS_FILE, MANIFEST_FILE, RESULTS_FILE,
                                 SERVE_BENCH_KIND, bench_point_stem, server_log_file)
+from mlabench.serving.bench_process import BenchProcess, bench_process_mode, run_one  # noqa: F401 (run_one: tests)
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.lifecycle import (
-    ManagedServer, die_with_parent, log_tail, require_launchable, require_reachable, served_model, stop_group,
+    ManagedServer, log_tail, require_launchable, require_reachable, served_model,
 )
 from mlabench.serving.results import BenchResult, judge, load_result
 from mlabench.serving.run_folder import read_run  # the serve-bench run's reader: `bench.read_run` for the CLI
@@ -93,43 +93,6 @@ def bench_command(
     argv += list(p.extra_args)
     argv += ["--metadata", *(f"{k}={v}" for k, v in metadata.items())]
     return argv
-
-
-def run_one(
-    argv: list[str], log_path: Path, timeout_s: float,
-    server: ManagedServer | None = None, poll_s: float = 0.5,
-) -> int:
-    """Run one bench command (own process group, output to ``log_path``); returns its exit code.
-
-    Raises :class:`ServerError` when ``server`` (a launched one) exits meanwhile, and
-    :class:`ServerError` on timeout. The bench process group is stopped on any exit path,
-    KeyboardInterrupt included.
-    """
-    with open(log_path, "ab") as log:
-        log.write(f"# {shlex.join(argv)}\n".encode())
-        log.flush()
-        try:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, preexec_fn=die_with_parent())
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot run {argv[0]!r}: {exc} (set MLABENCH_VLLM_BIN, --vllm-bin or vllm_bin)"
-            ) from None
-    deadline = time.monotonic() + timeout_s
-    try:
-        while proc.poll() is None:
-            if server is not None and not server.alive():
-                raise ServerError(
-                    f"server exited during the benchmark; last lines of {server.log_path}:\n"
-                    f"{log_tail(server.log_path)}"
-                )
-            if time.monotonic() > deadline:
-                raise ServerError(f"vllm bench serve ran past {timeout_s:.0f} s; see {log_path}")
-            time.sleep(poll_s)
-        return proc.returncode
-    finally:
-        if proc.poll() is None:
-            stop_group(proc, grace_s=5.0)
 
 
 def preflight(variants: list[Variant], vllm_bin: str, bench: bool = True) -> None:
@@ -209,30 +172,36 @@ def run_serve_bench(
     With ``done`` (:func:`finished_points` of ``run_dir``, resuming it) those points are skipped, a
     variant with none left is not started, and the manifest is kept as it is.  ``provenance`` (the
     command line, mlabench's revision, library versions: the CLI's) goes into a new manifest as it is.
+    The commands run in one shared process where they can (:class:`BenchProcess`; the manifest's
+    ``bench_process`` says which was planned, and serve-bench's progress when it could not start).
     """
     vllm_bin = resolve_vllm_bin(config.vllm_bin, vllm_bin_flag)
+    bench_process_mode()  # a bad MLABENCH_BENCH_PROCESS fails before a run folder exists
     run_dir = run_dir or new_run_dir(results_root, label)
-    if done is None:
-        manifest = {
-            "kind": SERVE_BENCH_KIND, "schema_version": 1,
-            "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "vllm_bin": vllm_bin, "env": env_summary(), **(provenance or {}),
-            "config": config.model_dump(mode="json"),
-        }
-        write_text(run_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n", "run manifest")
     results: list[BenchResult] = []
-    for variant in config.variants:
-        params = config.bench_for(variant)
-        todo = points_left(config, variant, done or set())
-        if not todo:
-            progress(f"[{variant.name}] every point recorded already")
-            continue
-        with variant_server(variant, run_dir, vllm_bin, progress) as srv:
-            model = expand(variant.model or config.model or served_model(variant.base_url))
-            tokenizer = expand(config.tokenizer) if config.tokenizer else model
-            for input_len, conc, rep in todo:
-                results.append(_bench_one(config, variant, params.for_run(input_len, conc), run_dir,
-                                          (vllm_bin, model, tokenizer), (input_len, conc, rep), srv, progress))
+    with BenchProcess(vllm_bin, run_dir, progress) as runner:
+        if done is None:
+            manifest = {
+                "kind": SERVE_BENCH_KIND, "schema_version": 1,
+                "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "vllm_bin": vllm_bin, "env": env_summary(),
+                "bench_process": "shared" if runner.shared else "per-run", **(provenance or {}),
+                "config": config.model_dump(mode="json"),
+            }
+            write_text(run_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n", "run manifest")
+        for variant in config.variants:
+            params = config.bench_for(variant)
+            todo = points_left(config, variant, done or set())
+            if not todo:
+                progress(f"[{variant.name}] every point recorded already")
+                continue
+            with variant_server(variant, run_dir, vllm_bin, progress) as srv:
+                model = expand(variant.model or config.model or served_model(variant.base_url))
+                tokenizer = expand(config.tokenizer) if config.tokenizer else model
+                for input_len, conc, rep in todo:
+                    results.append(_bench_one(config, variant, params.for_run(input_len, conc), run_dir,
+                                              (vllm_bin, model, tokenizer), (input_len, conc, rep),
+                                              (runner, srv), progress))
     return run_dir, results
 
 
@@ -263,12 +232,15 @@ def bench_points(config: ServeConfig, variant: Variant) -> list[tuple[int, int, 
 
 def _bench_one(
     config: ServeConfig, variant: Variant, params: BenchParams, run_dir: Path,
-    how: tuple[str, str, str], point: tuple[int, int, int], srv: ManagedServer | None, progress: Progress,
+    how: tuple[str, str, str], point: tuple[int, int, int],
+    where: tuple[BenchProcess, ManagedServer | None], progress: Progress,
 ) -> BenchResult:
     """Run one ``vllm bench serve`` (``params`` already :meth:`~BenchParams.for_run`; ``how`` is
-    (vllm executable, model, tokenizer), ``point`` (input length, concurrency, repeat)), record its
-    result in ``results.jsonl`` and return it."""
+    (vllm executable, model, tokenizer), ``point`` (input length, concurrency, repeat), ``where``
+    the run's :class:`BenchProcess` and the variant's launched server, if any), record its result
+    in ``results.jsonl`` and return it."""
     vllm_bin, model, tokenizer = how
+    runner, srv = where
     input_len, conc, rep = point
     several = len(config.input_lens()) > 1
     stem = bench_point_stem(variant.name, input_len, conc, rep, several)
@@ -280,7 +252,8 @@ def _bench_one(
     tag = f"in={input_len} " if several else ""
     progress(f"[{variant.name}] {tag}concurrency {conc}, repeat {rep + 1}/{config.repeats}")
     started = time.monotonic()
-    code = run_one(argv, run_dir / (stem + BENCH_LOG_SUFFIX), config.bench_timeout_s, srv, poll_s=config.bench_poll_s)
+    code = runner.run(argv, run_dir / (stem + BENCH_LOG_SUFFIX), config.bench_timeout_s, srv,
+                      poll_s=config.bench_poll_s)
     took_s = time.monotonic() - started
     res = judge(load_result(run_dir / (stem + BENCH_RESULT_SUFFIX), variant.name, conc, rep, run_dir),
                 params.min_output_tokens()).model_copy(update={"input_len": input_len})

@@ -38,6 +38,26 @@ def fake_vllm(tmp_path: Path) -> str:
     return str(exe)
 
 
+@pytest.fixture
+def fake_vllm_python(tmp_path: Path, monkeypatch) -> str:
+    """Path of a Python script that behaves like `vllm bench serve` (fake_vllm.py), with a fake
+    ``vllm`` package on ``PYTHONPATH`` whose ``vllm.entrypoints.cli.main.main`` runs the same
+    stand-in: what serve-bench's shared bench process (mlabench.serving.bench_worker) imports."""
+    pkg = tmp_path / "fake-vllm-site"
+    run_fake = f"import runpy\n\n\ndef main():\n    runpy.run_path({str(HERE / 'fake_vllm.py')!r}, run_name='__main__')\n"
+    for module, text in {"vllm/__init__.py": "", "vllm/benchmarks/__init__.py": "", "vllm/benchmarks/serve.py": "",
+                         "vllm/entrypoints/__init__.py": "", "vllm/entrypoints/cli/__init__.py": "",
+                         "vllm/entrypoints/cli/benchmark/__init__.py": "",
+                         "vllm/entrypoints/cli/benchmark/main.py": "", "vllm/entrypoints/cli/main.py": run_fake}.items():
+        (pkg / module).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / module).write_text(text)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(pkg), os.environ.get("PYTHONPATH")])))
+    exe = tmp_path / "vllm-py"
+    exe.write_text(f"#!{sys.executable}\nimport runpy\nrunpy.run_path({str(HERE / 'fake_vllm.py')!r}, run_name='__main__')\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
 def server_command(port: int, mode: str, pidfile: Path) -> list[str]:
     return [sys.executable, str(HERE / "fake_server.py"), str(port), mode, str(pidfile)]
 

@@ -5,7 +5,10 @@ grows by 5% per extra concurrent request, and by FAKE_TPOT_MS_PER_1K_IN ms, defa
 --random-input-len tokens), FAKE_BENCH_MODE = ok | fail_requests | no_result |
 sleep (sleeps 600 s after writing FAKE_BENCH_PIDFILE) | exit1 | one_token (every TPOT 0, as vLLM
 writes when no request produced a second token) | truncated (streams cut short: half the output
-tokens).  In the other modes every request yields its full --random-output-len.
+tokens).  In the other modes every request yields its full --random-output-len.  FAKE_BENCH_PIDS: a
+file each run appends its process id to.  Run as a script, or by the fake vLLM package of
+``conftest.fake_vllm_python`` in serve-bench's shared bench process (then ``sys.argv`` is the
+command's, as vLLM's entry point sees it).
 """
 
 import json
@@ -23,6 +26,9 @@ def opt(name):
 
 meta = dict(kv.split("=", 1) for kv in args[args.index("--metadata") + 1:])
 mode = os.environ.get("FAKE_BENCH_MODE", "ok")
+if os.environ.get("FAKE_BENCH_PIDS"):  # which process ran each command
+    with open(os.environ["FAKE_BENCH_PIDS"], "a") as fh:
+        fh.write(f"{os.getpid()}\n")
 if mode == "sleep":
     with open(os.environ["FAKE_BENCH_PIDFILE"], "w") as fh:
         fh.write(str(os.getpid()))

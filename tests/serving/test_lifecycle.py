@@ -158,7 +158,7 @@ def test_prompt_text_file_and_repeat(tmp_path, monkeypatch):
 def test_poll_intervals_are_parameters(tmp_path, fake_vllm, monkeypatch):
     """Issue 15 item 5: health polls (``[launch] health_poll_s``) and bench polls
     (``bench_poll_s``) come from the config, so the tests run on short ones."""
-    from mlabench.serving import bench
+    from mlabench.serving import bench, bench_process
     from mlabench.serving.config import load_config
 
     port, seen = free_port(), {}
@@ -167,8 +167,8 @@ def test_poll_intervals_are_parameters(tmp_path, fake_vllm, monkeypatch):
                    f'bench_poll_s = 0.03\n[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
                    f"{launch_table(port, 'slow', tmp_path / 'p')}".replace(f"health_poll_s = {POLL_S}",
                                                                           "health_poll_s = 0.02"))
-    real_run_one, real_wait = bench.run_one, ManagedServer._wait_healthy
-    monkeypatch.setattr(bench, "run_one", lambda *a, **k: seen.setdefault("bench", k["poll_s"]) and real_run_one(*a, **k))
+    real_run_one, real_wait = bench_process.run_one, ManagedServer._wait_healthy
+    monkeypatch.setattr(bench_process, "run_one", lambda *a, **k: seen.setdefault("bench", k["poll_s"]) and real_run_one(*a, **k))
     monkeypatch.setattr(ManagedServer, "_wait_healthy",
                         lambda self, t0: seen.setdefault("health", self.poll_s) and real_wait(self, t0))
     _, results = bench.run_serve_bench(load_config(cfg), tmp_path / "res")

@@ -1,0 +1,106 @@
+"""serve-bench's shared bench process: every ``vllm bench serve`` of a run in one process where the
+vLLM executable is a Python script, a process per command otherwise (mlabench.serving.bench_process)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlabench.errors import ConfigError, ServerError
+from mlabench.serving.bench import run_serve_bench
+from mlabench.serving.bench_process import WORKER_LOG, bench_process_mode, script_python
+from mlabench.serving.config import load_config
+
+from .conftest import BENCH_POLL, free_port, launch_table, pid_alive
+
+
+def _config(tmp_path, vllm_bin, extra=""):
+    port = free_port()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'baseline = "a"\nvllm_bin = "{vllm_bin}"\nmodel = "m"\nrepeats = 2\n{BENCH_POLL}{extra}\n'
+                   f'[bench]\nrandom_input_len = 64\nrandom_output_len = 8\n'
+                   f'[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
+                   f"{launch_table(port, 'ok', tmp_path / 'p')}")
+    return load_config(cfg)
+
+
+def _run(tmp_path, vllm_bin, monkeypatch, extra="", **env):
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("FAKE_BENCH_PIDS", str(pids))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    said: list[str] = []
+    run_dir, results = run_serve_bench(_config(tmp_path, vllm_bin, extra), tmp_path / "res", progress=said.append)
+    return run_dir, results, pids.read_text().split() if pids.exists() else [], said
+
+
+def test_a_python_vllm_runs_every_command_of_the_run_in_one_process(tmp_path, fake_vllm_python, monkeypatch):
+    run_dir, results, pids, said = _run(tmp_path, fake_vllm_python, monkeypatch)
+    assert [r.status for r in results] == ["ok"] * 4  # concurrency 1 and 16, two repeats
+    assert len(pids) == 4 and len(set(pids)) == 1, pids
+    assert any("every command in one process" in line for line in said), said
+    assert json.loads((run_dir / "manifest.json").read_text())["bench_process"] == "shared"
+    log = (run_dir / "a-c16-r1.log").read_text()
+    assert "bench serve" in log and "shared bench process" in log and "fake bench done" in log
+    assert not pid_alive(int(pids[0]))  # stopped at the end of the run
+
+
+def test_per_run_and_a_shell_wrapper_give_each_command_its_own_process(tmp_path, fake_vllm_python,
+                                                                      fake_vllm, monkeypatch):
+    run_dir, results, pids, _ = _run(tmp_path, fake_vllm_python, monkeypatch, MLABENCH_BENCH_PROCESS="per-run")
+    assert [r.status for r in results] == ["ok"] * 4 and len(set(pids)) == 4
+    assert json.loads((run_dir / "manifest.json").read_text())["bench_process"] == "per-run"
+    (tmp_path / "pids").unlink()
+    monkeypatch.delenv("MLABENCH_BENCH_PROCESS")
+    run_dir, results, pids, _ = _run(tmp_path, fake_vllm, monkeypatch)  # #!/bin/sh: not a Python script
+    assert [r.status for r in results] == ["ok"] * 4 and len(set(pids)) == 4
+    assert json.loads((run_dir / "manifest.json").read_text())["bench_process"] == "per-run"
+
+
+def test_a_python_that_cannot_import_vllm_falls_back_to_a_process_each(tmp_path, fake_vllm_python, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "")  # the fixture's fake vllm package is off the path
+    run_dir, results, pids, said = _run(tmp_path, fake_vllm_python, monkeypatch)
+    assert [r.status for r in results] == ["ok"] * 4 and len(set(pids)) == 4
+    assert any("a process per command (the shared process cannot run: ModuleNotFoundError" in s for s in said), said
+
+
+def test_a_failing_command_is_its_exit_code_and_the_next_one_runs(tmp_path, fake_vllm_python, monkeypatch):
+    _, results, pids, _ = _run(tmp_path, fake_vllm_python, monkeypatch, FAKE_BENCH_MODE="exit1")
+    assert [r.status for r in results] == ["missing"] * 4  # no result file, as from a process
+    assert all("exit code 1" in r.error and "fake failure" in r.error for r in results) and len(set(pids)) == 1
+
+
+def test_a_command_past_its_time_stops_the_shared_process(tmp_path, fake_vllm_python, monkeypatch):
+    pidfile = tmp_path / "bench.pid"
+    with pytest.raises(ServerError, match="ran past 2 s"):
+        _run(tmp_path, fake_vllm_python, monkeypatch, "bench_timeout_s = 2",
+             FAKE_BENCH_MODE="sleep", FAKE_BENCH_PIDFILE=str(pidfile))
+    assert not pid_alive(int(pidfile.read_text()))
+
+
+def test_script_python_reads_the_interpreter_of_a_python_script_only(tmp_path):
+    def exe(name, text):
+        path = tmp_path / name
+        path.write_text(text)
+        path.chmod(0o755)
+        return str(path)
+
+    assert script_python(exe("a", f"#!{sys.executable}\nprint(1)\n")) == [sys.executable]
+    assert script_python(exe("b", "#!/usr/bin/env python3\n")) == ["/usr/bin/env", "python3"]
+    assert script_python(exe("c", "#!/bin/sh\nexec python3 -m vllm \"$@\"\n")) is None
+    assert script_python(exe("d", "\x7fELF")) is None
+    assert script_python(str(tmp_path / "missing")) is None
+
+
+def test_the_mode_is_shared_or_per_run(monkeypatch):
+    monkeypatch.delenv("MLABENCH_BENCH_PROCESS", raising=False)
+    assert bench_process_mode() == "shared"
+    monkeypatch.setenv("MLABENCH_BENCH_PROCESS", "once")
+    with pytest.raises(ConfigError, match="MLABENCH_BENCH_PROCESS must be one of shared, per-run, got 'once'"):
+        bench_process_mode()
+
+
+def test_the_worker_log_is_in_the_run_folder(tmp_path, fake_vllm_python, monkeypatch):
+    run_dir, _, _, _ = _run(tmp_path, fake_vllm_python, monkeypatch)
+    assert (Path(run_dir) / WORKER_LOG).exists()
