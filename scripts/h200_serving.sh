@@ -23,7 +23,10 @@
 # $OUT brings back at most 8 files, so each stage packs its folders.  About 5.5 minutes a variant of
 # the full config (16 prompts of 100K tokens to prefill at concurrency 16 dominate): all five, the
 # smoke and the sweeps took 28 of one session's 30 device minutes (install 1, smoke and sweeps 4.5,
-# serving 21.5, in one install-deps call and three wait calls); SERVE_CONFIG runs another config,
+# serving 21.5, in one install-deps call and three wait calls), when each vllm bench serve was a
+# new process spending 15-20 s on imports: with one shared bench process (docs/serving.md) expect
+# about 1.7 minutes less a variant (not yet measured), so the full config should fit one session
+# with SKIP_SWEEP=1 (the prediction then reads sweeps of another session).  SERVE_CONFIG runs another config,
 # SKIP_SMOKE=1 and SKIP_SWEEP=1 leave those parts out of a second session.
 # RESUME=results/serve-<time>-h200-proxy (carried) continues that run in a new session
 # (serve-bench --resume): the points it lacks, the servers they need.
