@@ -41,6 +41,7 @@ def run_command(argv: list, log_path: str) -> int:
     ``log_path``; returns its exit status."""
     from vllm.entrypoints.cli.main import main as vllm_main
 
+    saved = os.dup(1), os.dup(2)  # put back afterwards: output between commands is not theirs
     with open(log_path, "ab") as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
@@ -56,6 +57,9 @@ def run_command(argv: list, log_path: str) -> int:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        for fd, old in zip((1, 2), saved):
+            os.dup2(old, fd)
+            os.close(old)
 
 
 def main() -> int:

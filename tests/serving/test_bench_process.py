@@ -104,3 +104,33 @@ def test_the_mode_is_shared_or_per_run(monkeypatch):
 def test_the_worker_log_is_in_the_run_folder(tmp_path, fake_vllm_python, monkeypatch):
     run_dir, _, _, _ = _run(tmp_path, fake_vllm_python, monkeypatch)
     assert (Path(run_dir) / WORKER_LOG).exists()
+
+
+SHARED_PARENT = """
+import sys
+from pathlib import Path
+from mlabench.serving.bench_process import BenchProcess
+folder = Path(sys.argv[2])
+with BenchProcess(sys.argv[1], folder, print) as runner:
+    runner.run([sys.argv[1], "bench", "serve", "--metadata", "variant=a"], folder / "bench.log", 600, None, 0.05)
+"""
+
+
+def test_kill_9_of_serve_bench_leaves_no_shared_bench_process(tmp_path, fake_vllm_python, monkeypatch):
+    import os
+    import subprocess
+    import time
+
+    from tests.processes import survivors_of_sigkill
+
+    pidfile = tmp_path / "bench.pid"
+    monkeypatch.setenv("FAKE_BENCH_MODE", "sleep")
+    monkeypatch.setenv("FAKE_BENCH_PIDFILE", str(pidfile))
+    parent = subprocess.Popen([sys.executable, "-c", SHARED_PARENT, fake_vllm_python, str(tmp_path)],
+                              cwd=Path(__file__).resolve().parents[2], env=dict(os.environ))
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() and time.monotonic() < deadline and parent.poll() is None:
+        time.sleep(0.1)
+    assert pidfile.exists(), "the shared bench process did not run the command"
+    time.sleep(0.2)
+    assert not survivors_of_sigkill(parent, [int(pidfile.read_text())], 15)
