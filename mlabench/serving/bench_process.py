@@ -135,6 +135,8 @@ class BenchProcess:
         """Run one command line, its output appended to ``log_path``; its exit code.  Raises
         :class:`ServerError` as :func:`run_one` does (and then stops the shared process: a
         command cut short leaves it mid-run)."""
+        if self._proc is not None and self._proc.poll() is not None:  # it died since the last one
+            self.close()
         if self.python is not None and self._proc is None:
             self._start(timeout_s)
         if self._proc is None:
@@ -145,10 +147,12 @@ class BenchProcess:
             self._proc.stdin.write(json.dumps({"argv": argv, "log": str(log_path)}) + "\n")
             self._proc.stdin.flush()
             answer = self._answer(timeout_s, server, poll_s, log_path)
+        except BrokenPipeError:  # it died as the command was sent
+            answer = None
         except BaseException:
             self.close()
             raise
-        if answer is None:  # the process died mid-command: the next command starts a new one
+        if answer is None:  # it died mid-command: this command failed, the next starts a new one
             code = self._proc.poll()
             self.close()
             return code if code else 1

@@ -3,6 +3,7 @@ vLLM executable is a Python script, a process per command otherwise (mlabench.se
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,13 @@ def test_a_failing_command_is_its_exit_code_and_the_next_one_runs(tmp_path, fake
     assert all("exit code 1" in r.error and "fake failure" in r.error for r in results) and len(set(pids)) == 1
 
 
+def test_a_shared_process_that_dies_fails_its_command_and_the_next_starts_a_new_one(tmp_path, fake_vllm_python,
+                                                                                    monkeypatch):
+    _, results, pids, said = _run(tmp_path, fake_vllm_python, monkeypatch, FAKE_BENCH_MODE="die")
+    assert [r.status for r in results] == ["missing"] * 4 and all("exit code 3" in r.error for r in results)
+    assert len(set(pids)) == 4 and sum("every command in one process" in s for s in said) == 4
+
+
 def test_a_command_past_its_time_stops_the_shared_process(tmp_path, fake_vllm_python, monkeypatch):
     pidfile = tmp_path / "bench.pid"
     with pytest.raises(ServerError, match="ran past 2 s"):
@@ -119,7 +127,6 @@ with BenchProcess(sys.argv[1], folder, print) as runner:
 def test_kill_9_of_serve_bench_leaves_no_shared_bench_process(tmp_path, fake_vllm_python, monkeypatch):
     import os
     import subprocess
-    import time
 
     from tests.processes import survivors_of_sigkill
 
@@ -134,3 +141,22 @@ def test_kill_9_of_serve_bench_leaves_no_shared_bench_process(tmp_path, fake_vll
     assert pidfile.exists(), "the shared bench process did not run the command"
     time.sleep(0.2)
     assert not survivors_of_sigkill(parent, [int(pidfile.read_text())], 15)
+
+
+def test_a_shared_process_killed_between_commands_is_started_again(tmp_path, fake_vllm_python, monkeypatch):
+    import os
+    import signal
+
+    from mlabench.serving.bench_process import BenchProcess
+
+    monkeypatch.setenv("FAKE_BENCH_PIDS", str(tmp_path / "pids"))
+    argv = [fake_vllm_python, "bench", "serve", "--max-concurrency", "1", "--num-prompts", "1",
+            "--random-input-len", "8", "--random-output-len", "2", "--backend", "vllm", "--model", "m",
+            "--result-dir", str(tmp_path), "--result-filename", "r.json", "--metadata", "variant=a"]
+    with BenchProcess(fake_vllm_python, tmp_path, lambda _: None) as runner:
+        assert runner.run(argv, tmp_path / "1.log", 60, None, 0.05) == 0
+        os.kill(int((tmp_path / "pids").read_text().split()[0]), signal.SIGKILL)
+        time.sleep(0.3)
+        assert runner.run(argv, tmp_path / "2.log", 60, None, 0.05) == 0
+    first, second = (tmp_path / "pids").read_text().split()
+    assert first != second
