@@ -15,7 +15,7 @@ import typer
 
 from mlabench.cli.options import (
     Batch, BudgetS, Context, Format, Json, Markdown, NonCausal, Params, PlainPageSize, QoLen, Splits, backend_params,
-    int_list, name_list, non_causal_applies, output_format, page_size_flag,
+    fraction, int_list, name_list, non_causal_applies, output_format, page_size_flag,
 )
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
@@ -43,8 +43,8 @@ def graph_check(
     capture_len: Annotated[int | None, typer.Option(
         metavar="L", help="Tokens per request when the graph is captured (default: --qo-len, 1).")] = None,
     splits: Splits = None, param: Params = None,
-    tolerance: Annotated[float, typer.Option(metavar="FRACTION", help="Flag a graph slower than tuned by more "
-                                             "than this fraction.")] = 0.05,
+    tolerance: Annotated[str, typer.Option(metavar="FRACTION", help="Flag a graph slower than tuned by more "
+                                           "than this fraction (0.05 or 5%).")] = "0.05",
     budget_s: BudgetS = None, seed: Annotated[int, typer.Option(metavar="N", help="Input seed.")] = 0,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
@@ -61,8 +61,8 @@ def graph_check(
     backends = name_list(backend) or ["triton-splitkv"]
     axes = backend_params(param, splits, backends) or {}
     split_list = axes.pop("num_kv_splits", None)
-    cfg = _config(heads, batch, context, page_size, dtype, capture_len, qo_len, non_causal, split_list, tolerance,
-                  budget_s, seed)
+    cfg = _config(heads, batch, context, page_size, dtype, capture_len, qo_len, non_causal, split_list,
+                  fraction(tolerance, "--tolerance", below_one=False), budget_s, seed)
     subjects = subjects_for(backends, name_list(split_policy) or ["host", "device"], _one_value_each(axes))
     given = load_split_policy(policy) if policy else None
     with tempfile.TemporaryDirectory(prefix="mlabench-graph-check-") as tmp:

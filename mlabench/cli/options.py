@@ -172,6 +172,23 @@ def int_list(text: str | None, flag: str, positive: str | None = None) -> list[i
     return values
 
 
+def fraction(text: str | None, flag: str, below_one: bool = True) -> float | None:
+    """``"0.03"`` or ``"3%"`` -> ``0.03``; None when the flag was not given.  Raises
+    :class:`ConfigError` naming ``flag`` for anything else, for a negative value and, with
+    ``below_one``, for one of 1 (100%) or more."""
+    if text is None:
+        return None
+    body = text.strip()
+    try:
+        value = float(body[:-1]) / 100 if body.endswith("%") else float(body)
+    except ValueError:
+        raise ConfigError(f"{flag} takes a fraction such as 0.03 or 3%, got {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (below_one and value >= 1):
+        span = "[0, 1)" if below_one else ">= 0"
+        raise ConfigError(f"{flag} is a fraction {span} (0.03 or 3%), got {text!r}")
+    return value
+
+
 # ---- flags that would change nothing ----------------------------------------------------------
 # Like --from and --resume beside flags they do not take, a flag that cannot apply to what the
 # command runs is refused (one error line, exit 2) rather than dropped without a word.

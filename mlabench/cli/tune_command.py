@@ -14,7 +14,7 @@ import typer
 
 from mlabench.cli.options import (
     Batch, BudgetS, Format, Heads, Json, Markdown, Model, ModelConfig, NonCausal, PageSize, QoLen, ResultsDir, Resume,
-    SweepFile, Tp, int_list, non_causal_applies, output_format,
+    SweepFile, Tp, fraction, int_list, non_causal_applies, output_format,
 )
 from mlabench.cli.output import emit, err, fail, progress_bar
 from mlabench.errors import ConfigError
@@ -163,10 +163,10 @@ LadderFlag = Annotated[str | None, typer.Option(
     help="With --validate: split counts of the exhaustive reference.")]
 SeedFlag = Annotated[int | None, typer.Option(
     metavar="N", help="With --validate: draw the held-out lengths with this seed (default: a fresh one, printed).")]
-ToleranceFlag = Annotated[float | None, typer.Option(
+ToleranceFlag = Annotated[str | None, typer.Option(
     metavar="FRACTION",
-    help="With --validate: the target, every held-out length within this fraction of the best split count "
-         "measured there (default 0.03); exit code 1 when a length misses it.")]
+    help="With --validate: the target, every held-out length within this fraction (0.03 or 3%) of the best "
+         "split count measured there (default 0.03); exit code 1 when a length misses it.")]
 ExportFlag = Annotated[Path | None, typer.Option(metavar="RUN", help="Rebuild the policy files of this tuning run.")]
 AllowIncompleteFlag = Annotated[bool, typer.Option(
     "--allow-incomplete",
@@ -199,7 +199,7 @@ def tune(
     refuse_unused_flags(locals())
     if validate is not None:
         return _validate(validate, backend, (lengths, min_context, max_context, ladder, seed, budget_s), results_dir,
-                         fmt, resume, tolerance)
+                         fmt, resume, fraction(tolerance, "--tolerance"))
     if export is not None:
         from mlabench.tune.run import export_run
 
@@ -328,9 +328,7 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
     from mlabench.tune.validation_run import validate_policy
 
     lengths, low, high, ladder, seed, budget_s = grid
-    tolerance = TARGET_TOLERANCE if tolerance is None else tolerance
-    if not 0 <= tolerance < 1:
-        raise ConfigError(f"--tolerance is a fraction in [0, 1) (0.03: 3%), got {tolerance}")
+    tolerance = TARGET_TOLERANCE if tolerance is None else tolerance  # in [0, 1): options.fraction
     policy = load_policy(path)
     if backend is not None and backend != policy.backend:
         raise ConfigError(f"tune --validate measures a policy on its own backend ({policy.backend}), not --backend "

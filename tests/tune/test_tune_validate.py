@@ -159,9 +159,13 @@ def test_validate_measures_every_count_up_to_a_small_wave_cap(tmp_path, tiny_tim
     (["tune", "--backend", "torch-splitkv", "--heads", "2", "--buckets", "64,32"], "buckets: must be increasing"),
     (["tune", "--validate", "missing.json"], "error: policy not found"),
     (["tune", "--backend", "torch-splitkv", "--buckets", "64", "--tolerance", "0.05"], "--tolerance goes with --validate"),
-    (["tune", "--validate", "missing.json", "--tolerance", "-0.1"], "--tolerance is a fraction in [0, 1)"),
+    (["tune", "--validate", "missing.json", "--tolerance", "-0.1"], "--tolerance is a fraction [0, 1)"),
     # a user typing 3 for 3% got a target every point met
-    (["tune", "--validate", "missing.json", "--tolerance", "3"], "error: --tolerance is a fraction in [0, 1) (0.03: 3%), got 3.0"),
+    (["tune", "--validate", "missing.json", "--tolerance", "3"], "error: --tolerance is a fraction [0, 1) (0.03 or 3%), got '3'"),
+    (["tune", "--validate", "missing.json", "--tolerance", "3 %x"], "error: --tolerance takes a fraction such as 0.03 or 3%"),
+    # 3% is read as 0.03: the command goes on to the policy file
+    (["tune", "--validate", "missing.json", "--tolerance", "3%"], "error: policy not found"),
+    (["graph-check", "--tolerance", "five"], "error: --tolerance takes a fraction such as 0.03 or 3%, got 'five'"),
     (["tune", "--backend", "torch-splitkv", "--heads", "2", "--buckets", "64", "--edges-per-octave", "0"],
      "error: --edges-per-octave: Input should be greater than or equal to 1"),
     # flags another mode reads ran as if they were not there
