@@ -84,22 +84,40 @@ def test_a_backend_keeps_its_colour_across_runs_and_runs_differ_by_line_style():
         assert len(set(by_run.values())) == len(by_run) == 3
 
 
-def test_a_long_legend_entry_wraps_inside_a_one_panel_figure(empty_programs):
-    """empty-programs' % of floor figure: one panel, and the floor's entry naming both runs'
-    bandwidths was wider than the figure (markers cut on the left, text on the right)."""
+def _legend_box(spec):
+    """(figure, its legend, the legend's box as drawn, in pixels)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from mlabench.report.figures.plan import plan
+    fig = spec.draw()
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return fig, fig.legends[0], fig.legends[0].get_window_extent(canvas.get_renderer())
 
-    for spec in plan(empty_programs, kinds=["latency", "pct-of-floor"])[0]:
-        fig = spec.draw()
-        canvas = FigureCanvasAgg(fig)
-        canvas.draw()
-        legend = fig.legends[0]
-        box = legend.get_window_extent(canvas.get_renderer())
+
+def test_a_long_legend_entry_wraps_inside_a_one_panel_figure():
+    """empty-programs' two batch-1 runs, % of floor figure: one panel, and the floor's entry
+    naming both runs' bandwidths was wider than the figure (markers cut on the left, text on the
+    right)."""
+    from mlabench.report.figures.plan import plan
+    from mlabench.report.runs import load_runs
+
+    runs = load_runs(sorted(EMPTY_PROGRAMS.glob("exp-empty-ctas-*")) + sorted(EMPTY_PROGRAMS.glob("exp-policy-small-*")))
+    for spec in plan(runs, kinds=["latency", "pct-of-floor"])[0]:
+        fig, legend, box = _legend_box(spec)
         assert 0 <= box.x0 and box.x1 <= fig.bbox.width and 0 <= box.y0, (spec.stem, box, fig.bbox.width)
         texts = [t.get_text() for t in legend.get_texts()]
         assert any("\n" in t and "the highest of the runs'" in t for t in texts), texts
+
+
+def test_a_legend_in_fewer_columns_than_entries_fits_as_matplotlib_fills_it(empty_programs):
+    """All three empty-programs runs: 4 entries in 3 columns are laid out 2, 1, 1 by matplotlib;
+    the fit counted 2 and 2 (two columns) and chose 3 columns, 1.4 times the figure's width."""
+    from mlabench.report.figures.plan import plan
+
+    for spec in plan(empty_programs, kinds=["latency", "pct-of-floor"])[0]:
+        fig, legend, box = _legend_box(spec)
+        assert len(legend.get_texts()) == 4
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.width and 0 <= box.y0, (spec.stem, box, fig.bbox.width)
 
 
 def _tick_texts(fig):

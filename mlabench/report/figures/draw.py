@@ -157,24 +157,32 @@ def _fit_label(label: str, width_in: float, fontsize: float = 9) -> str:
     return text
 
 
+def _legend_column_spans(n: int, ncol: int) -> list[tuple[int, int]]:
+    """``(first, end)`` of each column of a legend of ``n`` entries in ``ncol`` columns, as
+    matplotlib fills them (``Legend._init_legend_box``): top to bottom, the first ``n % ncol``
+    columns one entry longer (4 entries in 3 columns: 2, 1, 1, not 2 and 2)."""
+    rows, longer = divmod(n, ncol)
+    sizes = [k for k in [rows + 1] * longer + [rows] * (ncol - longer) if k]
+    firsts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [(first, first + k) for first, k in zip(firsts, sizes)]
+
+
 def _legend_lines(labels: Sequence[str], ncol: int) -> int:
     """The lines of text of a legend of ``labels`` in ``ncol`` columns (its tallest column)."""
-    rows = math.ceil(len(labels) / ncol)
-    return max(sum(label.count("\n") + 1 for label in labels[i:i + rows]) for i in range(0, len(labels), rows))
+    return max(sum(label.count("\n") + 1 for label in labels[a:b]) for a, b in _legend_column_spans(len(labels), ncol))
 
 
 def _legend_columns(labels: Sequence[str], width_in: float, most: int, fontsize: float = 9) -> int:
     """The most columns, at most ``most``, in which a legend of ``labels`` fits ``width_in`` inches.
 
-    Matplotlib fills a legend's columns top to bottom; a column is as wide as its widest entry: the
+    Matplotlib fills a legend's columns top to bottom (:func:`_legend_column_spans`); a column is as wide as its widest entry: the
     handle (2 font sizes), the pad after it (0.8) and the label's widest line, measured with the
     default font (``TextPath``); columns are 2 font sizes apart (matplotlib's default
     ``handlelength``, ``handletextpad`` and ``columnspacing``).  1 when even one column is too wide.
     """
     entry_pt = [2.8 * fontsize + _text_pt(label, fontsize) for label in labels]
     for ncol in range(min(most, len(labels)), 1, -1):
-        rows = math.ceil(len(labels) / ncol)
-        columns = [max(entry_pt[i:i + rows]) for i in range(0, len(labels), rows)]
+        columns = [max(entry_pt[a:b]) for a, b in _legend_column_spans(len(labels), ncol)]
         if (sum(columns) + 2 * fontsize * (len(columns) - 1)) / 72 <= 0.97 * width_in:
             return ncol
     return 1
