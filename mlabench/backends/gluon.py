@@ -94,8 +94,8 @@ FUSED_MERGE = ParamSpec(
          "from batch 16 (H200: 0.2-4.6 µs faster from 4K), else 0",
 )
 
-# Not yet measured (issue 34 item 2): off by default, so the served path stays the GPU-verified
-# one; results/h200/deploy/empty-programs/split-loop.toml measures it.
+# Off by default: on an H200 it gained nothing (results/h200/deploy/README.md; the sweep:
+# results/h200/deploy/empty-programs/split-loop.toml).
 SPLIT_LOOP = ParamSpec(
     "split_loop", int, default=0, low=0, high=1, omit_default=True, searched=False,
     help="1: with split_policy=device only, the persistent split loop: the grid holds one wave of "

@@ -1,6 +1,6 @@
 """Warp-specialised stage 1 of ``gluon-splitkv`` for multi-token tiles (``KernelVariant.multi_token``).
 
-Not yet measured on a GPU: the variant is off by default (docs/multi-token-tile.md).
+Off by default: measured on an H200, it is not faster everywhere (docs/multi-token-tile.md).
 
 The one-token kernel (:mod:`mlabench.kernels.gluon_splitkv`) runs a page's score product, its
 softmax and its output product one after the other in the same warps, so the tensor cores idle

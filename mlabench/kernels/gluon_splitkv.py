@@ -148,14 +148,14 @@ class KernelVariant:
       (:mod:`mlabench.kernels.gluon_split_loop`): the grid's split axis holds
       :func:`~mlabench.kernels.split_loop.loop_grid_splits` programs (one wave, at most the
       policy's largest count) instead of the largest count, and each program runs its request's
-      splits ``p, p + G, ...``; the partials, slots and merges are unchanged.  Not yet measured.
+      splits ``p, p + G, ...``; the partials, slots and merges are unchanged.  H200: no gain.
     - ``multi_token``: 1 or 2: requests of more than 16 packed rows (``qo_len x heads``) run the
       warp-specialised stage 1 of :mod:`mlabench.kernels.gluon_multi_token` (a loader warp, a
       softmax warpgroup, two output warpgroups), merged by the wide merge (``fused_merge`` is
       ignored there); 1 hands a page's weights to the output warps before the next page's scores
       are computed, 2 computes the next page's scores first (its softmax then runs under this
       page's output product; needs the 2-page ring, 1 runs otherwise).  0 (default): the kernel
-      above; not yet measured on a GPU.  Requests of 16 rows or fewer run it either way.
+      above (H200: 1 wins at >= 16 pages a split).  Requests of 16 rows or fewer run it either way.
     Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``, a ``multi_token`` other
     than 0, 1 or 2, or ``split_loop`` with ``multi_token``.
     """
