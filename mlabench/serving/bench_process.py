@@ -3,12 +3,12 @@ a process per command.
 
 A command in a fresh process first spends 8-20 s importing vLLM (15-20 s of a 21-s point on the
 H200 machine: a five-variant run of six points each pays 8 minutes of it).  Where the vLLM
-executable is a Python script (its ``#!`` line names a Python, as pip's console scripts do), the
-commands run in one process of that Python, :mod:`mlabench.serving.bench_worker`, which imports
-vLLM once and runs each command line through vLLM's own entry point.  Elsewhere (a shell wrapper,
-a binary), or with ``MLABENCH_BENCH_PROCESS=per-run``, or when that process cannot import vLLM, each
-command runs in its own process as before.  Either way the command, its log and its result file
-are the same.
+executable is vLLM's console script (a ``#!`` line naming a Python, then pip's few lines calling
+vLLM's entry point), the commands run in one process of that Python,
+:mod:`mlabench.serving.bench_worker`, which imports vLLM once and runs each command line through
+that entry point.  Elsewhere (a wrapper of one's own, shell or Python; a binary), or with
+``MLABENCH_BENCH_PROCESS=per-run``, or when that process cannot import vLLM, each command runs in
+its own process as before.  Either way the command, its log and its result file are the same.
 """
 
 from __future__ import annotations
@@ -80,20 +80,34 @@ def _wait(running: Callable[[], bool], timeout_s: float, server: ManagedServer |
         time.sleep(poll_s)
 
 
+#: The lines of pip's (and uv's) console script for ``vllm``, apart from its ``#!`` line and comments:
+#: running such a script is calling vLLM's entry point, what the shared process does.
+_CONSOLE_SCRIPT_LINES = ("import re", "import sys", "from vllm.entrypoints.cli.main import main",
+                         "if __name__ ==", "sys.argv[0] = re.sub(", "sys.exit(main())")
+
+
 def script_python(executable: str) -> list[str] | None:
     """The interpreter command (``["/venv/bin/python3"]``, ``["/usr/bin/env", "python3"]``) of
-    ``executable`` (a name on ``PATH`` or a path) when its first line is a ``#!`` line naming a
-    Python; None for anything else (a shell script, a binary, a missing file)."""
+    ``executable`` (a name on ``PATH`` or a path) when it is vLLM's console script (a ``#!`` line
+    naming a Python, then only pip's lines that call ``vllm.entrypoints.cli.main.main``); None for
+    anything else: a shell script, a binary, a missing file, or a Python script of one's own (a
+    wrapper that sets variables first), which must run as it is."""
     path = shutil.which(executable)
     if path is None:
         return None
     try:
         with open(path, "rb") as fh:
-            first = fh.readline(512)
+            text = fh.read(4096).decode(errors="replace")
     except OSError:
         return None
-    words = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
-    return words if words and "python" in Path(words[-1]).name else None
+    first, _, rest = text.partition("\n")
+    words = first[2:].split() if first.startswith("#!") else []
+    if not words or "python" not in Path(words[-1]).name:
+        return None
+    body = [line.strip() for line in rest.splitlines() if line.strip() and not line.strip().startswith("#")]
+    if _CONSOLE_SCRIPT_LINES[2] not in body or not all(line.startswith(_CONSOLE_SCRIPT_LINES) for line in body):
+        return None
+    return words
 
 
 def bench_process_mode() -> str:
