@@ -163,8 +163,8 @@ class BenchProcess:
             answer = self._answer(timeout_s, server, poll_s, log_path)
         except BrokenPipeError:  # it died as the command was sent
             answer = None
-        except BaseException:
-            self.close()
+        except BaseException:  # Ctrl-C, the server gone, past its time: stop it now, mid-command
+            self.close(finish=False)
             raise
         if answer is None:  # it died mid-command: this command failed, the next starts a new one
             code = self._proc.poll()
@@ -172,14 +172,17 @@ class BenchProcess:
             return code if code else 1
         return int(answer.get("rc", 1))
 
-    def close(self) -> None:
-        """Stop the shared process, if one runs (its input closed first, then its group)."""
+    def close(self, finish: bool = True) -> None:
+        """Stop the shared process, if one runs: its input closed and 5 s to exit (``finish``,
+        between commands), then its group signalled (at once without ``finish``: a command given
+        up on must not run on and save a result nobody records)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
         try:
             proc.stdin.close()
-            proc.wait(timeout=5)
+            if finish:
+                proc.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
             pass
         stop_group(proc, grace_s=2.0)

@@ -86,6 +86,14 @@ def test_a_command_past_its_time_stops_the_shared_process(tmp_path, fake_vllm_py
     assert not pid_alive(int(pidfile.read_text()))
 
 
+def test_a_command_given_up_on_does_not_run_on_and_save_a_result(tmp_path, fake_vllm_python, monkeypatch):
+    with pytest.raises(ServerError, match="ran past 1 s"):  # as on Ctrl-C or a dead server
+        _run(tmp_path, fake_vllm_python, monkeypatch, "bench_timeout_s = 1",
+             FAKE_BENCH_MODE="slow", FAKE_BENCH_SLEEP_S="2.5")
+    time.sleep(3)
+    assert not list((tmp_path / "res").glob("*/a-c1-r0.json"))  # it was stopped, not let finish
+
+
 def test_script_python_reads_the_interpreter_of_vllms_console_script_only(tmp_path):
     def exe(name, text):
         path = tmp_path / name
