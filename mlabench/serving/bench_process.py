@@ -3,8 +3,8 @@ a process per command.
 
 A command in a fresh process first spends 8-20 s importing vLLM (15-20 s of a 21-s point on the
 H200 machine: a five-variant run of six points each pays 8 minutes of it).  Where the vLLM
-executable is vLLM's console script (a ``#!`` line naming a Python, then pip's few lines calling
-vLLM's entry point), the commands run in one process of that Python,
+executable is vLLM's console script (a ``#!`` line naming a Python, then pip's or uv's few lines
+calling vLLM's entry point), the commands run in one process of that Python,
 :mod:`mlabench.serving.bench_worker`, which imports vLLM once and runs each command line through
 that entry point.  Elsewhere (a wrapper of one's own, shell or Python; a binary), or with
 ``MLABENCH_BENCH_PROCESS=per-run``, or when that process cannot import vLLM, each command runs in
@@ -80,18 +80,21 @@ def _wait(running: Callable[[], bool], timeout_s: float, server: ManagedServer |
         time.sleep(poll_s)
 
 
-#: The lines of pip's (and uv's) console script for ``vllm``, apart from its ``#!`` line and comments:
-#: running such a script is calling vLLM's entry point, what the shared process does.
-_CONSOLE_SCRIPT_LINES = ("import re", "import sys", "from vllm.entrypoints.cli.main import main",
-                         "if __name__ ==", "sys.argv[0] = re.sub(", "sys.exit(main())")
+#: The lines of pip's and uv's console scripts for ``vllm``, apart from the ``#!`` line and comments
+#: (pip: ``re.sub`` on ``sys.argv[0]``; uv: ``endswith`` tests), whole and by their start: running
+#: such a script is calling vLLM's entry point, what the shared process does.
+_CONSOLE_LINES = frozenset({"import re", "import sys", "from vllm.entrypoints.cli.main import main",
+                            "sys.exit(main())"})
+_CONSOLE_LINE_STARTS = ("if __name__ ==", "sys.argv[0] = re.sub(", "if sys.argv[0].endswith(",
+                        "elif sys.argv[0].endswith(", "sys.argv[0] = sys.argv[0][:")
 
 
 def script_python(executable: str) -> list[str] | None:
     """The interpreter command (``["/venv/bin/python3"]``, ``["/usr/bin/env", "python3"]``) of
     ``executable`` (a name on ``PATH`` or a path) when it is vLLM's console script (a ``#!`` line
-    naming a Python, then only pip's lines that call ``vllm.entrypoints.cli.main.main``); None for
-    anything else: a shell script, a binary, a missing file, or a Python script of one's own (a
-    wrapper that sets variables first), which must run as it is."""
+    naming a Python, then only pip's or uv's lines that call ``vllm.entrypoints.cli.main.main``);
+    None for anything else: a shell script, a binary, a missing file, or a Python script of one's
+    own (a wrapper that sets variables first), which must run as it is."""
     path = shutil.which(executable)
     if path is None:
         return None
@@ -105,7 +108,8 @@ def script_python(executable: str) -> list[str] | None:
     if not words or "python" not in Path(words[-1]).name:
         return None
     body = [line.strip() for line in rest.splitlines() if line.strip() and not line.strip().startswith("#")]
-    if _CONSOLE_SCRIPT_LINES[2] not in body or not all(line.startswith(_CONSOLE_SCRIPT_LINES) for line in body):
+    if "from vllm.entrypoints.cli.main import main" not in body or not all(
+            line in _CONSOLE_LINES or line.startswith(_CONSOLE_LINE_STARTS) for line in body):
         return None
     return words
 

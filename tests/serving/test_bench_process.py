@@ -102,13 +102,16 @@ def test_script_python_reads_the_interpreter_of_vllms_console_script_only(tmp_pa
         return str(path)
 
     assert script_python(exe("a", f"#!{sys.executable}\n{VLLM_CONSOLE_SCRIPT}")) == [sys.executable]
-    uv_style = VLLM_CONSOLE_SCRIPT.replace("'__main__'", '"__main__"')
+    uv_style = ('import sys\nfrom vllm.entrypoints.cli.main import main\nif __name__ == "__main__":\n'
+                '    if sys.argv[0].endswith("-script.pyw"):\n        sys.argv[0] = sys.argv[0][:-11]\n'
+                '    elif sys.argv[0].endswith(".exe"):\n        sys.argv[0] = sys.argv[0][:-4]\n    sys.exit(main())\n')
     assert script_python(exe("b", f"#!/usr/bin/env python3\n{uv_style}")) == ["/usr/bin/env", "python3"]
     assert script_python(exe("c", "#!/bin/sh\nexec python3 -m vllm \"$@\"\n")) is None
     assert script_python(exe("d", "\x7fELF")) is None
     assert script_python(str(tmp_path / "missing")) is None
     # a Python wrapper of one's own: running it is not just calling vLLM's entry point
     assert script_python(exe("e", f"#!{sys.executable}\nimport os\nos.environ['X'] = '1'\n{VLLM_CONSOLE_SCRIPT}")) is None
+    assert script_python(exe("g", f"#!{sys.executable}\nimport requests\n{VLLM_CONSOLE_SCRIPT}")) is None
     assert script_python(exe("f", f"#!{sys.executable}\nimport os\nos.execv('/venv/bin/vllm', ['vllm'])\n")) is None
 
 
