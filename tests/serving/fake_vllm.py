@@ -3,8 +3,9 @@
 Behaviour from the environment: FAKE_TPOT_MS_<VARIANT> (TPOT at concurrency 1, default 10; it
 grows by 5% per extra concurrent request, and by FAKE_TPOT_MS_PER_1K_IN ms, default 0, per 1000
 --random-input-len tokens), FAKE_BENCH_MODE = ok | fail_requests | no_result |
-sleep (sleeps 600 s after writing FAKE_BENCH_PIDFILE) | exit1 | die (os._exit(3)) | one_token (every TPOT 0, as vLLM
-writes when no request produced a second token) | truncated (streams cut short: half the output
+sleep (sleeps 600 s after writing FAKE_BENCH_PIDFILE) | slow (FAKE_BENCH_SLEEP_S s, then as ok) |
+exit1 | die (os._exit(3)) | one_token (every TPOT 0, as vLLM writes when no request produced a
+second token) | truncated (streams cut short: half the output
 tokens).  In the other modes every request yields its full --random-output-len.  FAKE_BENCH_PIDS: a
 file each run appends its process id to.  Run as a script, or by the fake vLLM package of
 ``conftest.fake_vllm_python`` in serve-bench's shared bench process (then ``sys.argv`` is the
@@ -33,6 +34,8 @@ if mode == "sleep":
     with open(os.environ["FAKE_BENCH_PIDFILE"], "w") as fh:
         fh.write(str(os.getpid()))
     time.sleep(600)
+if mode == "slow":  # FAKE_BENCH_SLEEP_S seconds, then a result as in "ok"
+    time.sleep(float(os.environ["FAKE_BENCH_SLEEP_S"]))
 if mode == "die":  # the process ends at once, as if killed (in the shared bench process: it)
     os._exit(3)
 if mode == "exit1":

@@ -13,7 +13,7 @@ from mlabench.serving.bench import run_serve_bench
 from mlabench.serving.bench_process import WORKER_LOG, bench_process_mode, script_python
 from mlabench.serving.config import load_config
 
-from .conftest import BENCH_POLL, free_port, launch_table, pid_alive
+from .conftest import BENCH_POLL, VLLM_CONSOLE_SCRIPT, free_port, launch_table, pid_alive
 
 
 def _config(tmp_path, vllm_bin, extra=""):
@@ -60,8 +60,7 @@ def test_per_run_and_a_shell_wrapper_give_each_command_its_own_process(tmp_path,
 
 
 def test_a_python_that_cannot_import_vllm_falls_back_to_a_process_each(tmp_path, fake_vllm_python, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", "")  # the fixture's fake vllm package is off the path
-    run_dir, results, pids, said = _run(tmp_path, fake_vllm_python, monkeypatch)
+    run_dir, results, pids, said = _run(tmp_path, fake_vllm_python, monkeypatch, FAKE_VLLM_NO_BENCH="1")
     assert [r.status for r in results] == ["ok"] * 4 and len(set(pids)) == 4
     assert any("a process per command (the shared process cannot run: ModuleNotFoundError" in s for s in said), said
 
@@ -87,18 +86,43 @@ def test_a_command_past_its_time_stops_the_shared_process(tmp_path, fake_vllm_py
     assert not pid_alive(int(pidfile.read_text()))
 
 
-def test_script_python_reads_the_interpreter_of_a_python_script_only(tmp_path):
+def test_a_command_given_up_on_does_not_run_on_and_save_a_result(tmp_path, fake_vllm_python, monkeypatch):
+    with pytest.raises(ServerError, match="ran past 1 s"):  # as on Ctrl-C or a dead server
+        _run(tmp_path, fake_vllm_python, monkeypatch, "bench_timeout_s = 1",
+             FAKE_BENCH_MODE="slow", FAKE_BENCH_SLEEP_S="2.5")
+    time.sleep(3)
+    assert not list((tmp_path / "res").glob("*/a-c1-r0.json"))  # it was stopped, not let finish
+
+
+def test_script_python_reads_the_interpreter_of_vllms_console_script_only(tmp_path):
     def exe(name, text):
         path = tmp_path / name
         path.write_text(text)
         path.chmod(0o755)
         return str(path)
 
-    assert script_python(exe("a", f"#!{sys.executable}\nprint(1)\n")) == [sys.executable]
-    assert script_python(exe("b", "#!/usr/bin/env python3\n")) == ["/usr/bin/env", "python3"]
+    assert script_python(exe("a", f"#!{sys.executable}\n{VLLM_CONSOLE_SCRIPT}")) == [sys.executable]
+    uv_style = ('import sys\nfrom vllm.entrypoints.cli.main import main\nif __name__ == "__main__":\n'
+                '    if sys.argv[0].endswith("-script.pyw"):\n        sys.argv[0] = sys.argv[0][:-11]\n'
+                '    elif sys.argv[0].endswith(".exe"):\n        sys.argv[0] = sys.argv[0][:-4]\n    sys.exit(main())\n')
+    assert script_python(exe("b", f"#!/usr/bin/env python3\n{uv_style}")) == ["/usr/bin/env", "python3"]
     assert script_python(exe("c", "#!/bin/sh\nexec python3 -m vllm \"$@\"\n")) is None
     assert script_python(exe("d", "\x7fELF")) is None
     assert script_python(str(tmp_path / "missing")) is None
+    # a Python wrapper of one's own: running it is not just calling vLLM's entry point
+    assert script_python(exe("e", f"#!{sys.executable}\nimport os\nos.environ['X'] = '1'\n{VLLM_CONSOLE_SCRIPT}")) is None
+    assert script_python(exe("g", f"#!{sys.executable}\nimport requests\n{VLLM_CONSOLE_SCRIPT}")) is None
+    assert script_python(exe("f", f"#!{sys.executable}\nimport os\nos.execv('/venv/bin/vllm', ['vllm'])\n")) is None
+
+
+def test_a_python_wrapper_of_vllm_runs_as_it_is(tmp_path, fake_vllm_python, monkeypatch):
+    wrapper = tmp_path / "my-vllm"  # sets a variable, then calls vLLM: the shared process would skip it
+    wrapper.write_text(f"#!{sys.executable}\nimport os\nos.environ['FAKE_TPOT_MS_A'] = '42'\n{VLLM_CONSOLE_SCRIPT}")
+    wrapper.chmod(0o755)
+    run_dir, results, pids, _ = _run(tmp_path, str(wrapper), monkeypatch)
+    assert [r.status for r in results] == ["ok"] * 4 and len(set(pids)) == 4
+    assert results[0].tpot.mean_ms == pytest.approx(42, rel=0.01)  # the wrapper ran
+    assert json.loads((run_dir / "manifest.json").read_text())["bench_process"] == "per-run"
 
 
 def test_the_mode_is_shared_or_per_run(monkeypatch):
