@@ -184,3 +184,16 @@ def test_a_shared_process_killed_between_commands_is_started_again(tmp_path, fak
         assert runner.run(argv, tmp_path / "2.log", 60, None, 0.05) == 0
     first, second = (tmp_path / "pids").read_text().split()
     assert first != second
+
+
+def test_the_h200_scripts_vllm_wrapper_gets_the_shared_process(tmp_path):
+    """scripts/h200_serving.sh writes the vllm executable the H200 runs serve-bench with: it must
+    read as vLLM's console script, or the every-variant run loses the time the shared process saves."""
+    import re
+
+    script = (Path(__file__).resolve().parents[2] / "scripts/h200_serving.sh").read_text()
+    (body,) = re.findall(r"printf '(#!/usr/bin/env python3[^']*)' > \"\$MLABENCH_VLLM_BIN\"", script)
+    exe = tmp_path / "vllm"
+    exe.write_text(body.replace("\\n", "\n"))
+    exe.chmod(0o755)
+    assert script_python(str(exe)) == ["/usr/bin/env", "python3"]
