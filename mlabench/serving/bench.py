@@ -202,6 +202,7 @@ def run_serve_bench(
                     results.append(_bench_one(config, variant, params.for_run(input_len, conc), run_dir,
                                               (vllm_bin, model, tokenizer), (input_len, conc, rep),
                                               (runner, srv), progress))
+                runner.close()  # one per server: none runs while the next server starts and sizes its GPU memory
     return run_dir, results
 
 

@@ -16,23 +16,26 @@ from mlabench.serving.config import load_config
 from .conftest import BENCH_POLL, VLLM_CONSOLE_SCRIPT, free_port, launch_table, pid_alive
 
 
-def _config(tmp_path, vllm_bin, extra=""):
-    port = free_port()
+def _config(tmp_path, vllm_bin, extra="", variants=("a",)):
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'baseline = "a"\nvllm_bin = "{vllm_bin}"\nmodel = "m"\nrepeats = 2\n{BENCH_POLL}{extra}\n'
-                   f'[bench]\nrandom_input_len = 64\nrandom_output_len = 8\n'
-                   f'[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\n'
-                   f"{launch_table(port, 'ok', tmp_path / 'p')}")
+    text = (f'baseline = "a"\nvllm_bin = "{vllm_bin}"\nmodel = "m"\nrepeats = 2\n{BENCH_POLL}{extra}\n'
+            f'[bench]\nrandom_input_len = 64\nrandom_output_len = 8\n')
+    for name in variants:
+        port = free_port()
+        text += (f'[[variants]]\nname = "{name}"\nbase_url = "http://127.0.0.1:{port}"\n'
+                 f"{launch_table(port, 'ok', tmp_path / ('p' + name))}")
+    cfg.write_text(text)
     return load_config(cfg)
 
 
-def _run(tmp_path, vllm_bin, monkeypatch, extra="", **env):
+def _run(tmp_path, vllm_bin, monkeypatch, extra="", variants=("a",), **env):
     pids = tmp_path / "pids"
     monkeypatch.setenv("FAKE_BENCH_PIDS", str(pids))
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     said: list[str] = []
-    run_dir, results = run_serve_bench(_config(tmp_path, vllm_bin, extra), tmp_path / "res", progress=said.append)
+    run_dir, results = run_serve_bench(_config(tmp_path, vllm_bin, extra, variants), tmp_path / "res",
+                                       progress=said.append)
     return run_dir, results, pids.read_text().split() if pids.exists() else [], said
 
 
@@ -197,3 +200,12 @@ def test_the_h200_scripts_vllm_wrapper_gets_the_shared_process(tmp_path):
     exe.write_text(body.replace("\\n", "\n"))
     exe.chmod(0o755)
     assert script_python(str(exe)) == ["/usr/bin/env", "python3"]
+
+
+def test_each_variant_gets_its_own_shared_process_none_alive_while_a_server_starts(tmp_path, fake_vllm_python,
+                                                                                  monkeypatch):
+    """A vLLM process left running could hold GPU memory the next server sizes itself by."""
+    _, results, pids, _ = _run(tmp_path, fake_vllm_python, monkeypatch, variants=("a", "b"))
+    assert [r.status for r in results] == ["ok"] * 8
+    assert len(set(pids[:4])) == len(set(pids[4:])) == 1 and pids[0] != pids[4], pids
+    assert not pid_alive(int(pids[0]))
