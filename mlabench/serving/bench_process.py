@@ -1,10 +1,10 @@
-"""How serve-bench runs its ``vllm bench serve`` commands: one shared process for a whole run, or
-a process per command.
+"""How serve-bench runs its ``vllm bench serve`` commands: one shared process per server (variant)
+of a run, or a process per command.
 
 A command in a fresh process first spends 8-20 s importing vLLM (15-20 s of a 21-s point on the
 H200 machine: a five-variant run of six points each pays 8 minutes of it).  Where the vLLM
 executable is vLLM's console script (a ``#!`` line naming a Python, then pip's or uv's few lines
-calling vLLM's entry point), the commands run in one process of that Python,
+calling vLLM's entry point), each variant's commands run in one process of that Python,
 :mod:`mlabench.serving.bench_worker`, which imports vLLM once and runs each command line through
 that entry point.  Elsewhere (a wrapper of one's own, shell or Python; a binary), or with
 ``MLABENCH_BENCH_PROCESS=per-run``, or when that process cannot import vLLM, each command runs in
@@ -124,7 +124,8 @@ def bench_process_mode() -> str:
 
 class BenchProcess:
     """Runs a serve-bench run's ``vllm bench serve`` commands (module docstring): in one shared
-    process started at the first command, else one process per command (:func:`run_one`).
+    process started at the first command (and again after :meth:`close`, which serve-bench calls
+    after each variant), else one process per command (:func:`run_one`).
 
     ``vllm_bin``: the vLLM executable of the commands (their ``argv[0]``); ``run_dir``: the run
     folder (the shared process's output goes to :data:`WORKER_LOG` there); ``progress``: one line
@@ -210,7 +211,7 @@ class BenchProcess:
             self.close()
             self.python = None
             return
-        self.progress(f"vllm bench serve: every command in one process ({shlex.join(self.python)}, "
+        self.progress(f"vllm bench serve: this server's commands in one process ({shlex.join(self.python)}, "
                       f"pid {self._proc.pid}; {BENCH_PROCESS_ENV}=per-run for one each)")
 
     def _answer(self, timeout_s: float, server: ManagedServer | None, poll_s: float,

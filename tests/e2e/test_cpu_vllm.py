@@ -58,7 +58,7 @@ def test_serve_bench_running_and_launched(cpu_server, tmp_path):
             assert data["max_concurrency"] == conc and data["variant"] == variant
     # the venv's vllm is a console script: every `vllm bench serve` of the run in one process
     assert json.loads((run / "manifest.json").read_text())["bench_process"] == "shared"
-    assert "every command in one process" in r.stderr, r.stderr[-2000:]
+    assert "server's commands in one process" in r.stderr, r.stderr[-2000:]
     assert "shared bench process" in (run / "launched-c16-r0.log").read_text()
     log = (run / "server-launched.log").read_text()
     # the MLA attention path really ran: "Using CPU_MLA backend.", or AMX_MLA where the CPU has AMX

@@ -43,7 +43,7 @@ def test_a_python_vllm_runs_every_command_of_the_run_in_one_process(tmp_path, fa
     run_dir, results, pids, said = _run(tmp_path, fake_vllm_python, monkeypatch)
     assert [r.status for r in results] == ["ok"] * 4  # concurrency 1 and 16, two repeats
     assert len(pids) == 4 and len(set(pids)) == 1, pids
-    assert any("every command in one process" in line for line in said), said
+    assert any("server's commands in one process" in line for line in said), said
     assert json.loads((run_dir / "manifest.json").read_text())["bench_process"] == "shared"
     log = (run_dir / "a-c16-r1.log").read_text()
     assert "bench serve" in log and "shared bench process" in log and "fake bench done" in log
@@ -78,7 +78,7 @@ def test_a_shared_process_that_dies_fails_its_command_and_the_next_starts_a_new_
                                                                                     monkeypatch):
     _, results, pids, said = _run(tmp_path, fake_vllm_python, monkeypatch, FAKE_BENCH_MODE="die")
     assert [r.status for r in results] == ["missing"] * 4 and all("exit code 3" in r.error for r in results)
-    assert len(set(pids)) == 4 and sum("every command in one process" in s for s in said) == 4
+    assert len(set(pids)) == 4 and sum("server's commands in one process" in s for s in said) == 4
 
 
 def test_a_command_past_its_time_stops_the_shared_process(tmp_path, fake_vllm_python, monkeypatch):
