@@ -24,7 +24,9 @@ from mlabench.errors import ConfigError, DependencyError, ServerError
 from mlabench.files import append_text, make_dir, write_text
 from mlabench.run_files import (BENCH_LOG_SUFFIX, BENCH_RESULT_SUFFIX, COMMANDS_FILE, MANIFEST_FILE, RESULTS_FILE,
                                 SERVE_BENCH_KIND, bench_point_stem, server_log_file)
-from mlabench.serving.bench_process import BenchProcess, bench_process_mode, run_one  # noqa: F401 (run_one: tests)
+from mlabench.serving.bench_process import (  # noqa: F401 (run_one: tests)
+    BenchProcess, bench_process_mode, require_alive, run_one,
+)
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.lifecycle import (
     ManagedServer, log_tail, require_launchable, require_reachable, served_model,
@@ -266,6 +268,7 @@ def _bench_one(
     append_text(run_dir / RESULTS_FILE, res.model_dump_json() + "\n", "run results", sync=True)
     tpot = f", mean TPOT {res.tpot.mean_ms:.2f} ms" if res.tpot.mean_ms is not None else ""
     progress(f"[{variant.name}] {tag}c={conc} r={rep}: {res.status}{tpot} ({took_s:.0f} s)")
+    require_alive(srv)  # a server gone by the command's end (its requests failed fast): stop now
     return res
 
 

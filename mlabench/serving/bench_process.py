@@ -64,17 +64,21 @@ def run_one(
             stop_group(proc, grace_s=5.0)
 
 
+def require_alive(server: ManagedServer | None) -> None:
+    """Raise :class:`ServerError` (with the tail of its log) when ``server``, a launched one, has
+    exited; nothing for None (a server serve-bench did not start)."""
+    if server is not None and not server.alive():
+        raise ServerError(f"server exited during the benchmark; last lines of {server.log_path}:\n"
+                          f"{log_tail(server.log_path)}")
+
+
 def _wait(running: Callable[[], bool], timeout_s: float, server: ManagedServer | None,
           poll_s: float, log_path: Path) -> None:
     """Poll ``running`` every ``poll_s`` until it is False; raises :class:`ServerError` when
     ``server`` exits meanwhile or ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
     while running():
-        if server is not None and not server.alive():
-            raise ServerError(
-                f"server exited during the benchmark; last lines of {server.log_path}:\n"
-                f"{log_tail(server.log_path)}"
-            )
+        require_alive(server)
         if time.monotonic() > deadline:
             raise ServerError(f"vllm bench serve ran past {timeout_s:.0f} s; see {log_path}")
         time.sleep(poll_s)

@@ -7,7 +7,8 @@ sleep (sleeps 600 s after writing FAKE_BENCH_PIDFILE) | slow (FAKE_BENCH_SLEEP_S
 exit1 | die (os._exit(3)) | one_token (every TPOT 0, as vLLM writes when no request produced a
 second token) | truncated (streams cut short: half the output
 tokens).  In the other modes every request yields its full --random-output-len.  FAKE_BENCH_PIDS: a
-file each run appends its process id to.  Run as a script, or by the fake vLLM package of
+file each run appends its process id to.  FAKE_KILL_SERVER_PIDFILE: the fake server's pid file; its
+server is killed before the result is written.  Run as a script, or by the fake vLLM package of
 ``conftest.fake_vllm_python`` in serve-bench's shared bench process (then ``sys.argv`` is the
 command's, as vLLM's entry point sees it).
 """
@@ -36,6 +37,10 @@ if mode == "sleep":
     time.sleep(600)
 if mode == "slow":  # FAKE_BENCH_SLEEP_S seconds, then a result as in "ok"
     time.sleep(float(os.environ["FAKE_BENCH_SLEEP_S"]))
+if os.environ.get("FAKE_KILL_SERVER_PIDFILE"):  # the server crashes as the run ends (its requests failed fast)
+    with open(os.environ["FAKE_KILL_SERVER_PIDFILE"]) as fh:
+        os.kill(int(fh.read().split()[0]), 9)
+    time.sleep(0.2)
 if mode == "die":  # the process ends at once, as if killed (in the shared bench process: it)
     os._exit(3)
 if mode == "exit1":

@@ -18,7 +18,9 @@ from .conftest import BENCH_POLL, VLLM_CONSOLE_SCRIPT, free_port, launch_table, 
 
 def _config(tmp_path, vllm_bin, extra="", variants=("a",)):
     cfg = tmp_path / "c.toml"
-    text = (f'baseline = "a"\nvllm_bin = "{vllm_bin}"\nmodel = "m"\nrepeats = 2\n{BENCH_POLL}{extra}\n'
+    repeats = "" if "repeats" in extra else "repeats = 2\n"
+    poll = "" if "bench_poll_s" in extra else BENCH_POLL
+    text = (f'baseline = "a"\nvllm_bin = "{vllm_bin}"\nmodel = "m"\n{repeats}{poll}{extra}\n'
             f'[bench]\nrandom_input_len = 64\nrandom_output_len = 8\n')
     for name in variants:
         port = free_port()
@@ -209,3 +211,13 @@ def test_each_variant_gets_its_own_shared_process_none_alive_while_a_server_star
     assert [r.status for r in results] == ["ok"] * 8
     assert len(set(pids[:4])) == len(set(pids[4:])) == 1 and pids[0] != pids[4], pids
     assert not pid_alive(int(pids[0]))
+
+
+def test_a_server_gone_when_its_last_command_ends_stops_the_run(tmp_path, fake_vllm, monkeypatch):
+    """The last point of a variant whose server died as it ran (a real bench then ends fast, its
+    requests refused): the result is recorded, and the run stops there instead of going on."""
+    monkeypatch.setenv("FAKE_KILL_SERVER_PIDFILE", str(tmp_path / "pa"))
+    with pytest.raises(ServerError, match="server exited during the benchmark"):  # polled every 5 s: the
+        _run(tmp_path, fake_vllm, monkeypatch, "concurrencies = [1]\nrepeats = 1\nbench_poll_s = 5")  # run ends first
+    (run,) = (tmp_path / "res").iterdir()
+    assert len((run / "results.jsonl").read_text().splitlines()) == 1
