@@ -24,9 +24,7 @@ from mlabench.errors import ConfigError, DependencyError, ServerError
 from mlabench.files import append_text, make_dir, write_text
 from mlabench.run_files import (BENCH_LOG_SUFFIX, BENCH_RESULT_SUFFIX, COMMANDS_FILE, MANIFEST_FILE, RESULTS_FILE,
                                 SERVE_BENCH_KIND, bench_point_stem, server_log_file)
-from mlabench.serving.bench_process import (  # noqa: F401 (run_one: tests)
-    BenchProcess, bench_process_mode, require_alive, run_one,
-)
+from mlabench.serving.bench_process import BenchProcess, bench_process_mode, require_alive
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.lifecycle import (
     ManagedServer, log_tail, require_launchable, require_reachable, served_model,

@@ -26,7 +26,8 @@ from typing import Callable
 from mlabench.errors import ConfigError, ServerError
 from mlabench.serving.lifecycle import ManagedServer, die_with_parent, log_tail, stop_group
 
-#: ``shared`` (default: one process where the vLLM executable is a Python script) or ``per-run``.
+#: ``shared`` (default: one process per variant where the vLLM executable is vLLM's console script)
+#: or ``per-run``.
 BENCH_PROCESS_ENV = "MLABENCH_BENCH_PROCESS"
 BENCH_PROCESS_MODES = ("shared", "per-run")
 WORKER_SCRIPT = Path(__file__).with_name("bench_worker.py")

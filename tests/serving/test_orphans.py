@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 PARENT = """
 import sys, json
 from pathlib import Path
-from mlabench.serving.bench import run_one
+from mlabench.serving.bench_process import run_one
 from mlabench.serving.config import LaunchSpec
 from mlabench.serving.lifecycle import ManagedServer
 command, port, folder = json.loads(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
