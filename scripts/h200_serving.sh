@@ -17,6 +17,11 @@
 #                          the tiny proxy (OUT/check.tar.gz), the sweeps (OUT/sweep.tar.gz), and
 #                          serve-bench started in the background (its own session: it outlives the
 #                          call, not the machine)
+#   tune OUT               (optional, after install-vllm in the same call; carry .whl/opt: optuna's
+#                          wheels) a device policy for gluon-splitkv tuned on this machine
+#                          (scripts/h200_gluon_deploy.sh with DEVICE_POLICY [2] sub-buckets per
+#                          octave, validated; docs/tuning-device.md) into /tmp/tune and
+#                          OUT/tune.tar.gz: serve it with POLICY=$(ls /tmp/tune/qo1/tune-*/policy.json)
 #   wait OUT [SECONDS]     wait for serve-bench (at most SECONDS, default 560), then copy its run
 #                          folder and log to OUT/serve.tar.gz (also while it still runs: a call
 #                          that cannot wait to the end still takes what is measured)
@@ -36,7 +41,7 @@
 # "--variant mlabench,fa3 --set baseline=fa3 --set bench.random_input_len=4096 -c 16 --repeats 3"),
 # MLABENCH_GIT_REVISION (<sha> or <sha>-dirty: overrides the stamp).
 set -uo pipefail
-stage="${1:?usage: $0 install-vllm | install-deps OUT | wait OUT [SECONDS]}"
+stage="${1:?usage: $0 install-vllm | tune OUT | install-deps OUT | wait OUT [SECONDS]}"
 export VSITE="${VSITE:-/tmp/vsite}"
 export PYTHONPATH="$VSITE${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
@@ -51,6 +56,14 @@ ts() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 case "$stage" in
   install-vllm)
     bash .gpuserve/install.sh vllm ;;
+  tune)
+    out="${2:?usage: $0 tune OUT}"; mkdir -p "$out"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/optsite .whl/opt/*.whl || exit 1
+    PYTHONPATH="/tmp/optsite:$PYTHONPATH" DEVICE_POLICY="${DEVICE_POLICY:-2}" STAGES=qo1 \
+      POLICY_MODES="${POLICY_MODES:-none}" bash scripts/h200_gluon_deploy.sh /tmp/tune
+    cat /tmp/tune/qo1/timing.txt; tail -n 3 /tmp/tune/qo1/validate.md
+    tar -czf "$out/tune.tar.gz" -C /tmp tune
+    ls /tmp/tune/qo1/tune-*/policy.json ;;
   install-deps)
     out="${2:?usage: $0 install-deps OUT}"; mkdir -p "$out/sweep" "$work"
     bash .gpuserve/install.sh deps || exit 1
@@ -89,8 +102,12 @@ case "$stage" in
     fi
     if [ "${SKIP_SWEEP:-0}" != 1 ]; then
     ts "microbenchmarks of the served kernels (prediction input)"
-    python3 -m mlabench sweep --config configs/sweeps/kimi-k3-tp8-serving.toml --results-dir "$out/sweep" 2>&1
-    python3 -m mlabench sweep --config configs/sweeps/kimi-k3-tp8-serving-host.toml --results-dir "$out/sweep" 2>&1
+    # the served policy, and in host mode the counts its graphs freeze (the longest context at capture)
+    host_splits="$(python3 -c "from mlabench.policy.device_table import load_split_policy as l; p = l('$MLABENCH_SERVE_POLICY'); print(','.join(str(p.lookup(b, 110000)) for b in (1, 16)))")"
+    python3 -m mlabench sweep --config configs/sweeps/kimi-k3-tp8-serving.toml --results-dir "$out/sweep" \
+      --param "split_policy=device:$MLABENCH_SERVE_POLICY" 2>&1
+    python3 -m mlabench sweep --config configs/sweeps/kimi-k3-tp8-serving-host.toml --results-dir "$out/sweep" \
+      --splits "$host_splits" 2>&1
     tar -czf "$out/sweep.tar.gz" -C "$out" sweep && rm -rf "$out/sweep"
     fi
     ts "serve-bench in the background (log: $work/serve-bench.log)"
