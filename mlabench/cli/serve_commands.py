@@ -231,7 +231,7 @@ def replaced_prediction(given: dict, recorded: dict | None) -> str:
 
 
 def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dict | None = None):
-    """``(spec, records, the run's input length when it has one)`` for ``--predict-from``
+    """``(spec, records, the run's input length when it has one, its output tokens)`` for ``--predict-from``
     (checked before anything runs), or None; ``table`` replaces ``conf``'s ``[prediction]``."""
     if not runs:
         return None
@@ -248,7 +248,7 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dic
             raise ConfigError(f"--predict-from {run}: a {run_kind(run)} run, not a sweep of the served kernels")
 
     return (PredictionSpec.of(table or conf.prediction, [v.name for v in conf.variants]), records_of(runs),
-            conf.input_lens()[0])
+            conf.input_lens()[0], conf.bench.random_output_len)
 
 
 def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str, predict=None) -> None:
@@ -260,8 +260,9 @@ def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str, predict=None) -> No
     if predict is not None:
         from mlabench.deploy.prediction import measured_steps, prediction_rows, prediction_table
 
-        spec, records, only_len = predict
-        tables.append(prediction_table(spec, prediction_rows(spec, measured_steps(t, only_len), records), t.stat))
+        spec, records, only_len, output_len = predict
+        tables.append(prediction_table(spec, prediction_rows(spec, measured_steps(t, only_len), records, output_len),
+                                       t.stat))
     emit(tables, fmt)
     if run_dir is not None:
         notice(f"run folder: {run_dir}", style="")

@@ -105,6 +105,19 @@ def attention_us(records: Iterable[Record], kernel: KernelRef, batch: int, conte
     return min(times) if times else None
 
 
+def served_attention_us(records: list[Record], kernel: KernelRef, batch: int, input_len: int,
+                        output_len: int) -> tuple[float | None, int]:
+    """``(µs, context)``: :func:`attention_us` at the middle of the served decode, ``input_len +
+    output_len // 2`` tokens (a decode step's context runs from ``input_len + 1`` to ``input_len +
+    output_len - 1``, so a split policy's bucket edge at the input length is timed on the side the
+    server runs), else at ``input_len`` (sweeps that timed the input lengths themselves)."""
+    for context in dict.fromkeys([input_len + output_len // 2, input_len]):
+        us = attention_us(records, kernel, batch, context)
+        if us is not None:
+            return us, context
+    return None, input_len + output_len // 2
+
+
 @dataclass(frozen=True)
 class MeasuredStep:
     """What a serve-bench cell measured for one (variant, input length, concurrency), ms: its mean
@@ -149,26 +162,29 @@ NO_RECORD = "no correct"
 
 
 def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], MeasuredStep],
-                    records: list[Record]) -> list[dict[str, Any]]:
+                    records: list[Record], output_len: int = 0) -> list[dict[str, Any]]:
     """One row per measured (input length, concurrency, variant), by input length and concurrency,
     the variants of each in the order of ``measured`` (the serve config's, from
     :func:`measured_steps`): measured and predicted step (ms), their gap, the TPOT and the share of
     it outside the step (the other requests' prefill at concurrency above 1), the attention µs per
     layer and the share of the step it predicts.  ``measured`` maps ``(variant, input_len,
     concurrency)`` to :class:`MeasuredStep`.  A row's ``predicted`` is None (with ``why``) where a
-    record or the reference is missing."""
+    record or the reference is missing.  Attention is read at the middle of the decode
+    (:func:`served_attention_us`, ``output_len`` the output tokens a request decodes; the row's
+    ``attention_context``)."""
     rest: dict[int, float | None] = {}
     for conc in sorted({c for _, _, c in measured}):
         ref = measured.get((spec.reference, spec.short_input_len, conc))
-        attn = attention_us(records, spec.kernels[spec.reference], conc, spec.short_input_len)
+        attn, _ = served_attention_us(records, spec.kernels[spec.reference], conc, spec.short_input_len, output_len)
         rest[conc] = None if ref is None or attn is None else non_attention_ms(ref.step_ms, spec.layers, attn)
     rows = []
     for (variant, input_len, conc), got in sorted(measured.items(), key=lambda kv: (kv[0][1], kv[0][2])):
         kernel = spec.kernels.get(variant)
-        attn = attention_us(records, kernel, conc, input_len) if kernel else None
+        attn, context = (served_attention_us(records, kernel, conc, input_len, output_len) if kernel
+                         else (None, input_len))
         why = ("no kernel named in [prediction]" if kernel is None else
                f"{NO_RECORD} {kernel.backend} record{_params_text(kernel, conc)} at batch {conc}, context "
-               f"{input_len}" if attn is None else
+               f"{context}" + (f" or {input_len}" if context != input_len else "") if attn is None else
                f"no non-attention time at c={conc} ({spec.reference} at {spec.short_input_len})"
                if rest[conc] is None else "")
         pred = None if why else predicted_step_ms(rest[conc], spec.layers, attn)
@@ -176,7 +192,7 @@ def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], M
                      "measured_ms": got.step_ms, "step_from": got.step_from, "predicted_ms": pred,
                      "error_pct": None if pred is None else 100.0 * (pred - got.step_ms) / got.step_ms,
                      "tpot_ms": got.tpot_ms, "outside_step_pct": 100.0 * (got.tpot_ms - got.step_ms) / got.tpot_ms,
-                     "attention_us": attn,
+                     "attention_us": attn, "attention_context": context,
                      "attention_share_pct": None if pred is None else 100.0 * spec.layers * attn / 1000.0 / pred,
                      "why": why})
     return rows
@@ -192,7 +208,7 @@ def _params_text(kernel: KernelRef, concurrency: int) -> str:
 def prediction_table(spec: PredictionSpec, rows: list[dict[str, Any]], stat: str = "mean") -> Table:
     """The rows of :func:`prediction_rows` as a table, grouped by input length and concurrency."""
     columns = ["input_len", "concurrency", "variant", "measured_ms", "step_from", "predicted_ms", "error_pct",
-               "tpot_ms", "outside_step_pct", "attention_us", "attention_share_pct"]
+               "tpot_ms", "outside_step_pct", "attention_us", "attention_context", "attention_share_pct"]
     table = Table(
         title=f"decode step measured and predicted ({spec.layers} layers x attention µs + the "
               f"non-attention time of {spec.reference} at {spec.short_input_len} tokens)",
@@ -205,6 +221,7 @@ def prediction_table(spec: PredictionSpec, rows: list[dict[str, Any]], stat: str
                 "tpot_ms": ColumnStyle(header=f"{stat} TPOT ms"),
                 "outside_step_pct": ColumnStyle(header="TPOT outside step %"),
                 "attention_us": ColumnStyle(header="attention µs/layer"),
+                "attention_context": ColumnStyle(header="at context"),
                 "attention_share_pct": ColumnStyle(header="attention % of step")})
     table.notes.append(f"error % = (predicted - measured) / measured; at {spec.short_input_len} tokens "
                        f"{spec.reference}'s prediction is its measurement by construction")

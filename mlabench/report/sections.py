@@ -257,8 +257,8 @@ def _prediction_block(conf: Any, table: Any, records: Sequence[Record]) -> list[
         spec = PredictionSpec.of(conf.prediction, [v.name for v in conf.variants])
     except ConfigError:
         return []
-    t = prediction_table(spec, prediction_rows(spec, measured_steps(table, conf.input_lens()[0]), list(records)),
-                         table.stat)
+    t = prediction_table(spec, prediction_rows(spec, measured_steps(table, conf.input_lens()[0]), list(records),
+                                               conf.bench.random_output_len), table.stat)
     # the report renders columns by name (no styles): name them as serve-bench prints them
     return [TableBlock(Table(t.title, [t.style(c).header or c for c in t.columns], t.rows, t.notes))]
 

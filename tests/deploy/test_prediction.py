@@ -7,7 +7,7 @@ import pytest
 
 from mlabench.deploy.prediction import (
     KernelRef, MeasuredStep, PredictionSpec, attention_us, measured_step, non_attention_ms,
-    predicted_step_ms, prediction_rows, prediction_table,
+    predicted_step_ms, prediction_rows, prediction_table, served_attention_us,
 )
 from mlabench.errors import ConfigError
 
@@ -57,6 +57,22 @@ def test_the_fastest_correct_record_of_the_named_kernel():
             Rec("gluon-splitkv", 11.0, 1, 4096, {"split_policy": "", "num_kv_splits": 108}),
             Rec("gluon-splitkv", 30.0, 16, 4096, {"split_policy": "", "num_kv_splits": 16})]
     assert attention_us(recs, frozen, 1, 4096) == 11.0 and attention_us(recs, frozen, 16, 4096) == 30.0
+
+
+def test_attention_is_read_at_the_middle_of_the_served_decode():
+    """A policy's bucket edge at the input length: the server decodes at input + 1 and on, so the
+    record at input + output / 2 wins over the one at the input length; older sweeps (input length
+    only) still predict; the row says which context it read."""
+    fm = SPEC.kernels["fm"]
+    recs = [Rec("flashmla", 20.0, 1, 4096), Rec("flashmla", 26.0, 1, 4160)]
+    assert served_attention_us(recs, fm, 1, 4096, 128) == (26.0, 4160)
+    assert served_attention_us(recs[:1], fm, 1, 4096, 128) == (20.0, 4096)
+    assert served_attention_us(recs, fm, 16, 4096, 128) == (None, 4160)
+    assert served_attention_us(recs, fm, 1, 4096, 0) == (20.0, 4096)
+    rows = prediction_rows(SPEC, _at_c1({("fm", 4096, 1): 5.0}), recs, output_len=128)
+    assert rows[0]["attention_context"] == 4160 and rows[0]["attention_us"] == 26.0
+    missing = prediction_rows(SPEC, _at_c1({("fm", 4096, 1): 5.0, ("ours", 4096, 1): 4.0}), recs, output_len=128)
+    assert "context 4160 or 4096" in missing[1]["why"]
 
 
 def _at_c1(tpot: dict) -> dict:

@@ -342,7 +342,8 @@ def predictions(data: ServingData, conf: Any, table: Any, records: Sequence[Reco
         spec = PredictionSpec.of(conf.prediction, data.variants)
     except ConfigError as exc:
         return str(exc)
-    rows = prediction_rows(spec, measured_steps(table, conf.input_lens()[0]), list(records))
+    rows = prediction_rows(spec, measured_steps(table, conf.input_lens()[0]), list(records),
+                           conf.bench.random_output_len)
     for r in rows:
         if r["predicted_ms"] is not None and r["step_from"] == "TPOT":  # a bar is a TPOT: above c=1 the step is not
             data.bar(r["variant"], r["concurrency"], r["input_len"] if data.input_lens else None).predicted_ms = \
