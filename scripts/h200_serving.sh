@@ -118,7 +118,9 @@ case "$stage" in
     if [ -n "${RESUME:-}" ]; then  # a run folder of an earlier session, carried: run what it lacks
       mkdir -p "$work" && cp -r "$RESUME" "$work/" && what=(--resume "$work/$(basename "$RESUME")")
     else
-      what=("$config" --results-dir "$work" --label h200-proxy)
+      # the GPU in the run folder's name: h200-proxy, or h100-proxy where an H100 came for the H200
+      gpu="$(python3 -c "import torch; n = torch.cuda.get_device_name().split(); print((n[1] if len(n) > 1 else n[0]).lower())")"
+      what=("$config" --results-dir "$work" --label "${gpu:-gpu}-proxy")
     fi
     # shellcheck disable=SC2086
     setsid nohup python3 -m mlabench serve-bench "${what[@]}" ${SERVE_SET:-} \
