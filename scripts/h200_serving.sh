@@ -59,9 +59,10 @@ case "$stage" in
   tune)
     out="${2:?usage: $0 tune OUT}"; mkdir -p "$out"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/optsite .whl/opt/*.whl || exit 1
-    PYTHONPATH="/tmp/optsite:$PYTHONPATH" DEVICE_POLICY="${DEVICE_POLICY:-2}" STAGES=qo1 \
+    # optuna only, not vLLM's site (the tune imports no vLLM: install-vllm may run beside it)
+    PYTHONPATH=/tmp/optsite DEVICE_POLICY="${DEVICE_POLICY:-2}" STAGES=qo1 \
       POLICY_MODES="${POLICY_MODES:-none}" bash scripts/h200_gluon_deploy.sh /tmp/tune
-    cat /tmp/tune/qo1/timing.txt; tail -n 3 /tmp/tune/qo1/validate.md
+    cat /tmp/tune/qo1/timing.txt; tail -n 3 /tmp/tune/qo1/validate.md 2>/dev/null
     tar -czf "$out/tune.tar.gz" -C /tmp tune
     ls /tmp/tune/qo1/tune-*/policy.json ;;
   install-deps)
