@@ -56,7 +56,7 @@ tune_and_check() {  # $1 qo_len, $2 contexts of the graph-check
   elif [ "${MLABENCH_TUNE_VALIDATE:-1}" != 0 ]; then  # a run tuned in an earlier call: validate it
     read -r v_lengths v_low v_high <<< "${MLABENCH_VALIDATE_GRID:-24 1024 131072}"
     "${mlabench[@]}" tune --validate "$run/policy.json" --lengths "$v_lengths" --min-context "$v_low" \
-      --max-context "$v_high" --budget-s 0.3 --results-dir "$dir" --markdown > "$dir/validate.md"
+      --max-context "$v_high" ${MLABENCH_VALIDATE_CONTEXT:+--context "$MLABENCH_VALIDATE_CONTEXT"} --budget-s 0.3 --results-dir "$dir" --markdown > "$dir/validate.md"
     echo "validate exit code: $? (1: a held-out length missed the 3% target)" >> "$dir/timing.txt"
   fi
   [ -f "$run/policy.json" ] || { echo "no policy in $dir: see $dir/stages.log" >&2; return 1; }

@@ -44,6 +44,8 @@
 #   bucket], MLABENCH_TUNE_WAVES [1: --max-waves; 0: no cap], MLABENCH_TUNE_BUCKETS [the config's],
 #   MLABENCH_TUNE_RULE [1:2048, or off], MLABENCH_TUNE_TILES [on, or off: --no-whole-tiles];
 #   MLABENCH_TUNE_BACKEND [triton-splitkv], MLABENCH_TUNE_SHAPE [--config kimi-k3-tp8],
+#   MLABENCH_VALIDATE_CONTEXT [none: lengths validated too, e.g. 4160,32832,100064, where the serving
+#   benchmark decodes: tune --validate --context];
 #   MLABENCH_VALIDATE_GRID ["24 1024 131072": lengths per batch size, shortest, longest] -- the last
 #   three let the same path run on a CPU with a tiny shape (e.g. MLABENCH_TUNE_BACKEND=torch-splitkv
 #   MLABENCH_TUNE_SHAPE="--heads 2 --batch 1,2 --page-size 16" MLABENCH_TUNE_BUCKETS=64,256
@@ -79,7 +81,7 @@ if [ "${MLABENCH_TUNE_VALIDATE:-1}" != 0 ]; then
   stage "validate $run/policy.json"
   start=$(date +%s)
   "${mlabench[@]}" tune --validate "$run/policy.json" --lengths "$v_lengths" --min-context "$v_low" \
-    --max-context "$v_high" --budget-s 0.3 --results-dir "$out" --markdown > "$out/validate.md"
+    --max-context "$v_high" ${MLABENCH_VALIDATE_CONTEXT:+--context "$MLABENCH_VALIDATE_CONTEXT"} --budget-s 0.3 --results-dir "$out" --markdown > "$out/validate.md"
   rc=$?  # 1: a held-out length missed the 3% target (validate.md's verdict line); the run goes on
   [ "$rc" -le 1 ] || exit "$rc"
   echo "validate wall time: $(( $(date +%s) - start )) s (exit code $rc)" | tee -a "$out/timing.txt" >&2

@@ -153,7 +153,12 @@ WorkersFlag = Annotated[int | None, typer.Option(
 ValidateFlag = Annotated[Path | None, typer.Option(
     metavar="POLICY",
     help="Measure this policy JSON on held-out lengths instead.")]
-LengthsFlag = Annotated[int | None, typer.Option(metavar="N", help="With --validate: lengths per batch size (48).")]
+LengthsFlag = Annotated[int | None, typer.Option(
+    metavar="N", help="With --validate: lengths per batch size (48; 0 with --context: those only).")]
+ContextFlag = Annotated[str | None, typer.Option(
+    "--context", metavar="L[,L...]",
+    help="With --validate: also these lengths, wherever they fall, e.g. the contexts a server decodes "
+         "at (4160 for 4096-token prompts).")]
 MinContextFlag = Annotated[int | None, typer.Option(
     metavar="L", help="With --validate: shortest length (default: the policy's shortest tuned length).")]
 MaxContextFlag = Annotated[int | None, typer.Option(
@@ -184,7 +189,7 @@ def tune(
     timeout: TimeoutFlag = None, space: SpaceFlag = None, noise: NoiseFlag = None,
     no_heuristics: NoHeuristicsFlag = False, budget_s: BudgetS = None, storage: StorageFlag = None,
     gpus: GpusFlag = None, workers: WorkersFlag = None, results_dir: ResultsDir = Path("results"),
-    resume: Resume = None, validate: ValidateFlag = None, lengths: LengthsFlag = None,
+    resume: Resume = None, validate: ValidateFlag = None, lengths: LengthsFlag = None, context: ContextFlag = None,
     min_context: MinContextFlag = None, max_context: MaxContextFlag = None, ladder: LadderFlag = None,
     seed: SeedFlag = None, tolerance: ToleranceFlag = None, export: ExportFlag = None,
     allow_incomplete: AllowIncompleteFlag = False,
@@ -198,8 +203,8 @@ def tune(
     fmt = output_format(format, as_json, markdown)
     refuse_unused_flags(locals())
     if validate is not None:
-        return _validate(validate, backend, (lengths, min_context, max_context, ladder, seed, budget_s), results_dir,
-                         fmt, resume, fraction(tolerance, "--tolerance"))
+        return _validate(validate, backend, (lengths, min_context, max_context, ladder, seed, budget_s, context),
+                         results_dir, fmt, resume, fraction(tolerance, "--tolerance"))
     if export is not None:
         from mlabench.tune.run import export_run
 
@@ -240,7 +245,7 @@ SEARCH_FLAGS = ("config", "model", "tp", "model_config", "heads", "batch", "buck
                 "lengths_per_bucket", "combine", "max_waves", "tokens_per_split", "whole_tiles", "edges_per_octave",
                 "device_policy", "page_size", "qo_len", "non_causal", "dtype", "sampler", "trials", "timeout",
                 "space", "noise", "no_heuristics", "storage", "gpus", "workers")
-VALIDATE_FLAGS = ("lengths", "min_context", "max_context", "ladder", "seed", "tolerance")
+VALIDATE_FLAGS = ("lengths", "context", "min_context", "max_context", "ladder", "seed", "tolerance")
 EXPORT_FLAGS = ("storage", "noise", "combine", "allow_incomplete")
 
 
@@ -316,7 +321,8 @@ def _report(result: Any, fmt: str) -> None:
 
 def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_dir: Path, fmt: str,
               resume: Path | None, tolerance: float | None) -> None:
-    """``tune --validate``; ``grid``: --lengths, --min-context, --max-context, --ladder, --seed, --budget-s.
+    """``tune --validate``; ``grid``: --lengths, --min-context, --max-context, --ladder, --seed, --budget-s,
+    --context.
     ``backend`` (--backend), when given, must be the policy's: a policy is measured on its own backend.
     Exits 1 (:func:`~mlabench.cli.output.fail`, as ``graph-check`` does) when a held-out length misses
     the target ``tolerance`` (--tolerance, default
@@ -327,7 +333,8 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
                                           validation_tables)
     from mlabench.tune.validation_run import validate_policy
 
-    lengths, low, high, ladder, seed, budget_s = grid
+    lengths, low, high, ladder, seed, budget_s, context = grid
+    extra = int_list(context, "--context", "context length") or []
     tolerance = TARGET_TOLERANCE if tolerance is None else tolerance  # in [0, 1): options.fraction
     policy = load_policy(path)
     if backend is not None and backend != policy.backend:
@@ -335,19 +342,20 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
                           f"{backend}: leave --backend out or give the policy of {backend}")
     if resume is not None and any(v is not None for v in grid):
         raise ConfigError("tune --validate --resume continues with the recorded lengths, ladder, seed and timing; "
-                          "leave out --lengths, --min-context, --max-context, --ladder, --seed and --budget-s")
+                          "leave out --lengths, --context, --min-context, --max-context, --ladder, --seed and "
+                          "--budget-s")
     span = policy_span(policy)
     lo, hi = span[0] if low is None else low, span[1] if high is None else high
-    if (lengths is not None and lengths < 1) or not 1 <= lo < hi:  # before the progress bar: one line
-        raise ConfigError(f"tune --validate needs --lengths >= 1 and 1 <= --min-context < --max-context, "
-                          f"got {lengths}, {lo}, {hi}")
+    if (lengths is not None and lengths < (0 if extra else 1)) or not 1 <= lo < hi:  # before the progress bar
+        raise ConfigError(f"tune --validate needs --lengths >= 1 (or 0 with --context) and 1 <= --min-context < "
+                          f"--max-context, got {lengths}, {lo}, {hi}")
     if resume is None and (note := span_note(policy, lo, hi)):
         err.print(f"note: {note}")
     ladder_counts = int_list(ladder, "--ladder", "--ladder")
     timing = tune_timing().model_copy(update={"budget_s": budget_s}) if budget_s else None
     with progress_bar("validate") as update:
         result = validate_policy(policy, lengths, lo, hi, ladder_counts, timing, results_dir, update, seed=seed,
-                                 resume=resume, policy_path=path, tolerance=tolerance)
+                                 resume=resume, policy_path=path, tolerance=tolerance, extra_lengths=extra)
     emit(validation_tables(result), fmt)
     err.print(f"results: {result.store.run_dir}/ ({VALIDATION_TABLE_FILE}, {VALIDATION_FILE}, {RESULTS_FILE})",
               markup=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -66,12 +66,15 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
                     ladder: list[int] | None = None, timing: TimingConfig | None = None,
                     results_root: Path = Path("results"), progress: Progress | None = None,
                     seed: int | None = None, resume: Path | None = None, policy_path: Path | None = None,
-                    tolerance: float = TARGET_TOLERANCE) -> Validation:
+                    tolerance: float = TARGET_TOLERANCE, extra_lengths: Sequence[int] = ()) -> Validation:
     """Measure ``policy`` on ``count`` held-out lengths in ``[low, high]`` (default
-    :func:`policy_span`; ``count`` None: 48, fewer where the span has fewer free lengths) at each of
+    :func:`policy_span`; ``count`` None: 48, fewer where the span has fewer free lengths; 0: none) at each of
     its batch sizes, drawn with ``seed`` (:func:`draw_lengths`; None: a fresh random seed), which is
     recorded in the run's configuration, in ``Validation.seed`` and in the tables' notes, and also
     seeds the inputs.  ``ladder``: the ladder of :func:`reference_counts` (default :func:`split_ladder`).
+    ``extra_lengths``: lengths measured too, wherever they fall (tuned lengths and bucket edges
+    included), such as the contexts a server decodes at: a benchmark's prompt of 4096 tokens
+    decodes at 4097 and on, beside a bucket edge that the drawn lengths keep a tile away from.
 
     ``resume``: a validation folder of this policy to continue, with its recorded lengths, seed,
     ladder and timing; what it recorded is reused, not measured again.  ``tolerance``: the target
@@ -92,8 +95,8 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
         store, cfg = _reopen(policy, resume)
         lengths, seed, ladder, timing = cfg["lengths"], cfg["seed"], cfg["ladder"], TimingConfig(**cfg["timing"])
     else:
-        store, lengths, seed, timing = _new_run(policy, backend, count, low, high, ladder, timing, results_root,
-                                                seed, policy_path)
+        store, lengths, seed, timing = _new_run(policy, backend, (count, extra_lengths), low, high, ladder, timing,
+                                                results_root, seed, policy_path)
     run_id, copy_bw = store.manifest().run_id, store.manifest().copy_bandwidth_tbps
     prior = {r.key: r for r in store.records()}
     points, total = [], len(lengths) * len(policy.batches)
@@ -130,10 +133,12 @@ def _finish(store: ResultStore, points: list[PointResult], seed: int, tolerance:
     return result
 
 
-def _new_run(policy: Policy, backend: Any, count: int | None, low: int | None, high: int | None,
-             ladder: list[int] | None, timing: TimingConfig | None, results_root: Path, seed: int | None,
-             policy_path: Path | None) -> tuple[ResultStore, list[int], int, TimingConfig]:
-    """A new validation folder: its held-out lengths drawn, its configuration recorded."""
+def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[int]], low: int | None,
+             high: int | None, ladder: list[int] | None, timing: TimingConfig | None, results_root: Path,
+             seed: int | None, policy_path: Path | None) -> tuple[ResultStore, list[int], int, TimingConfig]:
+    """A new validation folder: its held-out lengths drawn (``counts``: how many, and the extra
+    lengths measured too), its configuration recorded."""
+    count, extra = counts
     from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
 
     seed = secrets.randbelow(2**31) if seed is None else seed
@@ -144,7 +149,8 @@ def _new_run(policy: Policy, backend: Any, count: int | None, low: int | None, h
     tile = _tile_tokens(backend, policy)
     if count is None:  # the default: 48, or as many as the range holds
         count = max(1, min(48, len(free_lengths(low, high, avoid, tile))))
-    lengths = draw_lengths(count, low, high, avoid, tile, seed)
+    drawn = draw_lengths(count, low, high, avoid, tile, seed) if count else []
+    lengths = sorted(set(drawn) | {int(n) for n in extra})
     timing = timing or tune_timing()
     copy_bw = measure_copy_bandwidth_tbps()
     run_id = fresh_run_id(results_root, "validate")

@@ -81,6 +81,36 @@ def test_validate_measures_regret_and_never_calls_a_wrong_config_best(tmp_path, 
     assert worse.points[0].regret(worse.points[0].policy_us) > 0.2
 
 
+def test_validate_also_measures_the_lengths_asked_for_wherever_they_fall(tmp_path, tiny_timing):
+    """A server's decode of 64-token prompts runs at 65 and on, beside the bucket edge 64 that the
+    drawn lengths keep a page away from: --context measures such lengths too, and alone with 0."""
+    policy = fast_wrong_policy(6)
+    both = validate_policy(policy, count=2, low=80, high=128, ladder=[1, 6], timing=tiny_timing,
+                           results_root=tmp_path, seed=3, extra_lengths=[65, 45])
+    lens = [p.context_len for p in both.points]
+    assert 45 in lens and 65 in lens and len(lens) == 4 and lens == sorted(lens)
+    assert both.store.manifest().config["validate"]["lengths"] == lens  # recorded: --resume measures them again
+    only = validate_policy(policy, count=0, low=80, high=128, ladder=[1, 6], timing=tiny_timing,
+                           results_root=tmp_path, seed=3, extra_lengths=[65])
+    assert [p.context_len for p in only.points] == [65]
+
+
+def test_cli_validate_context_flag(tmp_path):
+    from mlabench.cli import app
+
+    path = tmp_path / "policy.json"
+    path.write_text(fast_wrong_policy(6).model_dump_json())
+    base = ["tune", "--validate", str(path), "--ladder", "1,6", "--budget-s", "0.02", "--results-dir", str(tmp_path)]
+    res = CliRunner().invoke(app, [*base, "--lengths", "0", "--context", "65", "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert [r["context"] for r in json.loads(res.stdout)[1]["rows"]] == [65]
+    for args, message in ((["--lengths", "0"], "--lengths >= 1 (or 0 with --context)"),
+                          (["--context", "65,,90"], "--context")):
+        res = subprocess.run([sys.executable, "-m", "mlabench", *base, *args], capture_output=True, text=True,
+                             timeout=120)
+        assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
+
+
 def test_cli_tune_validate_export(tmp_path):
     from mlabench.cli import app
 
