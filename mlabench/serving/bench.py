@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mlabench.errors import ConfigError, DependencyError, ServerError
-from mlabench.files import append_text, make_dir, write_text
+from mlabench.files import append_text, make_dir, user_path, write_text
 from mlabench.run_files import (BENCH_LOG_SUFFIX, BENCH_RESULT_SUFFIX, COMMANDS_FILE, MANIFEST_FILE, RESULTS_FILE,
                                 SERVE_BENCH_KIND, bench_point_stem, server_log_file)
 from mlabench.serving.bench_process import BenchProcess, bench_process_mode, require_alive
@@ -30,7 +30,7 @@ from mlabench.serving.lifecycle import (
     ManagedServer, log_tail, require_launchable, require_reachable, served_model,
 )
 from mlabench.serving.results import BenchResult, judge, load_result
-from mlabench.serving.run_folder import read_run  # the serve-bench run's reader: `bench.read_run` for the CLI
+from mlabench.serving.run_folder import read_run, recorded_result_files  # read_run: `bench.read_run` for the CLI
 
 Progress = Callable[[str], None]
 
@@ -179,6 +179,7 @@ def run_serve_bench(
     bench_process_mode()  # a bad MLABENCH_BENCH_PROCESS fails before a run folder exists
     run_dir = run_dir or new_run_dir(results_root, label)
     results: list[BenchResult] = []
+    recorded = recorded_result_files(run_dir)  # a resumed run's: no command writes over them
     with BenchProcess(vllm_bin, run_dir, progress) as runner:
         if done is None:
             manifest = {
@@ -201,7 +202,7 @@ def run_serve_bench(
                 for input_len, conc, rep in todo:
                     results.append(_bench_one(config, variant, params.for_run(input_len, conc), run_dir,
                                               (vllm_bin, model, tokenizer), (input_len, conc, rep),
-                                              (runner, srv), progress))
+                                              (runner, srv), progress, recorded))
                 runner.close()  # one per server: none runs while the next server starts and sizes its GPU memory
     return run_dir, results
 
@@ -234,17 +235,18 @@ def bench_points(config: ServeConfig, variant: Variant) -> list[tuple[int, int, 
 def _bench_one(
     config: ServeConfig, variant: Variant, params: BenchParams, run_dir: Path,
     how: tuple[str, str, str], point: tuple[int, int, int],
-    where: tuple[BenchProcess, ManagedServer | None], progress: Progress,
+    where: tuple[BenchProcess, ManagedServer | None], progress: Progress, recorded: set[str],
 ) -> BenchResult:
     """Run one ``vllm bench serve`` (``params`` already :meth:`~BenchParams.for_run`; ``how`` is
     (vllm executable, model, tokenizer), ``point`` (input length, concurrency, repeat), ``where``
     the run's :class:`BenchProcess` and the variant's launched server, if any), record its result
-    in ``results.jsonl`` and return it."""
+    in ``results.jsonl`` and return it; its files are named by :func:`point_stem` (``recorded``: the
+    result files the run's records name)."""
     vllm_bin, model, tokenizer = how
     runner, srv = where
     input_len, conc, rep = point
     several = len(config.input_lens()) > 1
-    stem = bench_point_stem(variant.name, input_len, conc, rep, several)
+    stem = point_stem(run_dir, bench_point_stem(variant.name, input_len, conc, rep, several), recorded, progress)
     argv = bench_command(
         vllm_bin, variant.base_url, model, tokenizer, params, conc, run_dir, stem + BENCH_RESULT_SUFFIX,
         {"variant": variant.name, "input_len": str(input_len), "concurrency": str(conc), "repeat": str(rep)},
@@ -268,6 +270,38 @@ def _bench_one(
     progress(f"[{variant.name}] {tag}c={conc} r={rep}: {res.status}{tpot} ({took_s:.0f} s)")
     require_alive(srv)  # a server gone by the command's end (its requests failed fast): stop now
     return res
+
+
+#: Infix of a result file (and its log) that serve-bench found without a record and set aside.
+UNRECORDED = ".unrecorded"
+
+
+def point_stem(run_dir: Path, stem: str, recorded: set[str], progress: Progress) -> str:
+    """The stem of the files the point's next command writes, so that it overwrites no result:
+    ``stem`` (:func:`~mlabench.run_files.bench_point_stem`) unless ``recorded`` (the result files
+    the run's records name) holds ``stem.json`` (a failed point run again by ``--resume``), then
+    ``stem-2``, ``stem-3``...  A result file found at that stem with no record (its command ended as
+    serve-bench was stopped, before it was recorded) is first renamed with its log to
+    ``<stem>.unrecorded[-N].json`` / ``.log``, and ``progress`` says so.  :class:`FileAccessError`
+    when it cannot be renamed."""
+    name, n = stem, 1
+    while name + BENCH_RESULT_SUFFIX in recorded:
+        n += 1
+        name = f"{stem}-{n}"
+    found = run_dir / (name + BENCH_RESULT_SUFFIX)
+    if not found.exists():
+        return name
+    k, aside = 1, name + UNRECORDED
+    while any((run_dir / (aside + sfx)).exists() for sfx in (BENCH_RESULT_SUFFIX, BENCH_LOG_SUFFIX)):
+        k += 1
+        aside = f"{name}{UNRECORDED}-{k}"
+    for sfx in (BENCH_RESULT_SUFFIX, BENCH_LOG_SUFFIX):
+        if (run_dir / (name + sfx)).exists():
+            with user_path(run_dir / (name + sfx), "unrecorded bench result"):
+                (run_dir / (name + sfx)).rename(run_dir / (aside + sfx))
+    progress(f"{found.name}: a result with no record (serve-bench stopped before recording it) kept as "
+             f"{aside}{BENCH_RESULT_SUFFIX} with its log; the point runs again")
+    return name
 
 
 def env_summary() -> dict[str, str]:
