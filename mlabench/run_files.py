@@ -77,6 +77,9 @@ SERVER_LOG_PATTERN = "server-*.log"
 #: :func:`bench_point_stem` (``<variant>[-i<input len>]-c<concurrency>-r<repeat>``).
 BENCH_RESULT_SUFFIX = ".json"
 BENCH_LOG_SUFFIX = ".log"
+#: Put after the stem of a result file (and its log) that serve-bench found with no record and set
+#: aside before running its point again (``<stem>.unrecorded[-N].json``).
+BENCH_UNRECORDED_INFIX = ".unrecorded"
 
 # ---- what run a folder holds --------------------------------------------------------------------
 #: The ``kind`` a manifest says (:func:`mlabench.records.kinds.run_kind` reads it, or derives it for

@@ -100,9 +100,10 @@ def only_variants(conf: cfg.ServeConfig, names: list[str]) -> cfg.ServeConfig:
 
 
 def _provenance() -> dict:
-    """What a new serve-bench run folder's manifest records of where it comes from: the command
-    line, mlabench's git revision (``$MLABENCH_GIT_REVISION`` where the tree has no ``.git``), and
-    python, torch (CUDA/HIP) and vLLM versions of this process (the servers' vLLM is ``vllm_bin``'s)."""
+    """What a serve-bench run's manifest records of where it (or a ``--resume`` of it) comes from:
+    the command line, mlabench's git revision (``$MLABENCH_GIT_REVISION`` where the tree has no
+    ``.git``), and python, torch (CUDA/HIP) and vLLM versions of this process (the run records the
+    vLLM executable's instead where it can read it: :func:`bench.write_manifest`)."""
     from mlabench.records.provenance import command_line, git_revision, library_versions
 
     rev, dirty = git_revision()
@@ -202,7 +203,7 @@ def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str
            f"{', '.join(v.name for v in left) or 'none'}", style="")
     try:
         bench.run_serve_bench(conf, run_dir.parent, vllm_bin_flag=vllm_bin, progress=_progress,
-                              run_dir=run_dir, done=done)
+                              run_dir=run_dir, done=done, provenance=_provenance())
     finally:
         table = tbl.table_of(conf, bench.read_run(run_dir)[1], stat)  # type: ignore[arg-type]
         tbl.write_table_files(table, run_dir)

