@@ -17,8 +17,11 @@
 #                          the tiny proxy (OUT/check.tar.gz), the sweeps (OUT/sweep.tar.gz), and
 #                          serve-bench started in the background (its own session: it outlives the
 #                          call, not the machine)
-#   tune OUT               (optional, after install-vllm in the same call; carry .whl/opt: optuna's
-#                          wheels) a device policy for gluon-splitkv tuned on this machine
+#   tune OUT               (optional, with install-vllm in the same call; carry .whl/opt: the cp312
+#                          wheels of optuna, pydantic and what they need that the GPU image lacks:
+#                          alembic, mako, sqlalchemy, colorlog, pydantic_core, annotated_types,
+#                          typing_inspection, typing_extensions; 2.6 MB under the 64 MiB with
+#                          .gpuserve/vllm) a device policy for gluon-splitkv tuned on this machine
 #                          (scripts/h200_gluon_deploy.sh with DEVICE_POLICY [2] sub-buckets per
 #                          octave, validated, also at the served contexts 4160, 32832 and 100064;
 #                          docs/tuning-device.md) into /tmp/tune and
