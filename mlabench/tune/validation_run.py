@@ -138,9 +138,9 @@ def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[in
              seed: int | None, policy_path: Path | None) -> tuple[ResultStore, list[int], int, TimingConfig]:
     """A new validation folder: its held-out lengths drawn (``counts``: how many, and the extra
     lengths measured too), its configuration recorded."""
-    count, extra = counts
     from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
 
+    count, extra = counts
     seed = secrets.randbelow(2**31) if seed is None else seed
     span = policy_span(policy)
     low, high = span[0] if low is None else low, span[1] if high is None else high
