@@ -95,6 +95,9 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
         store, cfg = _reopen(policy, resume)
         lengths, seed, ladder, timing = cfg["lengths"], cfg["seed"], cfg["ladder"], TimingConfig(**cfg["timing"])
     else:
+        for b in policy.batches:  # a bad --context length fails before a run folder exists
+            for length in extra_lengths:
+                _shape(policy, b.batch, length)
         store, lengths, seed, timing = _new_run(policy, backend, (count, extra_lengths), low, high, ladder, timing,
                                                 results_root, seed, policy_path)
     run_id, copy_bw = store.manifest().run_id, store.manifest().copy_bandwidth_tbps

@@ -111,6 +111,22 @@ def test_cli_validate_context_flag(tmp_path):
         assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
 
 
+def test_cli_validate_context_past_the_policy_says_so_and_a_bad_one_leaves_no_folder(tmp_path):
+    """--context 90 lies above the policy's last bucket (64), where it runs that bucket's choice:
+    the note says so, as for --max-context 90; a length no shape takes is refused before a
+    validation folder exists."""
+    path = tmp_path / "policy.json"
+    path.write_text(fast_wrong_policy(2).model_copy(update={"backend": "torch-splitkv"}).model_dump_json())
+    base = [sys.executable, "-m", "mlabench", "tune", "--validate", str(path), "--ladder", "1,2", "--budget-s", "0.02",
+            "--lengths", "0", "--results-dir", str(tmp_path / "res")]
+    res = subprocess.run([*base, "--context", "90"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "above its last bucket (64) each batch size uses that bucket's choice" in res.stderr
+    res = subprocess.run([*base, "--context", "90,99999999999"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "int32 lengths" in res.stderr and "Traceback" not in res.stderr
+    assert len(list((tmp_path / "res").iterdir())) == 1  # the first run's only
+
+
 def test_cli_tune_validate_export(tmp_path):
     from mlabench.cli import app
 
