@@ -96,9 +96,6 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
         lengths, seed, ladder, timing = cfg["lengths"], cfg["seed"], cfg["ladder"], TimingConfig(**cfg["timing"])
         extra_lengths = cfg.get("context") or []  # recorded since --context
     else:
-        for b in policy.batches:  # a bad --context length fails before a run folder exists
-            for length in extra_lengths:
-                _shape(policy, b.batch, length)
         store, lengths, seed, timing = _new_run(policy, backend, (count, extra_lengths), low, high, ladder, timing,
                                                 results_root, seed, policy_path)
     run_id, copy_bw = store.manifest().run_id, store.manifest().copy_bandwidth_tbps
@@ -145,6 +142,9 @@ def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[in
     """A new validation folder: its held-out lengths drawn (``counts``: how many, and the extra
     lengths measured too), its configuration recorded."""
     count, extra = counts
+    for b in policy.batches:  # a bad --context length fails before a run folder exists
+        for length in extra:
+            _shape(policy, b.batch, length)
     from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
 
     seed = secrets.randbelow(2**31) if seed is None else seed
