@@ -349,7 +349,8 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
     if (lengths is not None and lengths < (0 if extra else 1)) or not 1 <= lo < hi:  # before the progress bar
         raise ConfigError(f"tune --validate needs --lengths >= 1 (or 0 with --context) and 1 <= --min-context < "
                           f"--max-context, got {lengths}, {lo}, {hi}")
-    if resume is None and (note := span_note(policy, lo, hi)):
+    measured = ([lo, hi] if lengths != 0 else []) + extra  # the span of what is measured: drawn and --context
+    if resume is None and (note := span_note(policy, min(measured), max(measured))):
         err.print(f"note: {note}")
     ladder_counts = int_list(ladder, "--ladder", "--ladder")
     timing = tune_timing().model_copy(update={"budget_s": budget_s}) if budget_s else None

@@ -171,7 +171,7 @@ def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], M
     concurrency)`` to :class:`MeasuredStep`.  A row's ``predicted`` is None (with ``why``) where a
     record or the reference is missing.  Attention is read at the middle of the decode
     (:func:`served_attention_us`, ``output_len`` the output tokens a request decodes; the row's
-    ``attention_context``)."""
+    ``attention_context``, None where no record was read: ``why`` names the contexts tried)."""
     rest: dict[int, float | None] = {}
     for conc in sorted({c for _, _, c in measured}):
         ref = measured.get((spec.reference, spec.short_input_len, conc))
@@ -192,7 +192,7 @@ def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], M
                      "measured_ms": got.step_ms, "step_from": got.step_from, "predicted_ms": pred,
                      "error_pct": None if pred is None else 100.0 * (pred - got.step_ms) / got.step_ms,
                      "tpot_ms": got.tpot_ms, "outside_step_pct": 100.0 * (got.tpot_ms - got.step_ms) / got.tpot_ms,
-                     "attention_us": attn, "attention_context": context,
+                     "attention_us": attn, "attention_context": None if attn is None else context,
                      "attention_share_pct": None if pred is None else 100.0 * spec.layers * attn / 1000.0 / pred,
                      "why": why})
     return rows

@@ -38,13 +38,17 @@ def _lengths_text(cfg: dict[str, Any]) -> str:
 
 
 def validate_config_text(cfg: dict[str, Any]) -> str:
-    """One line of a validation run's configuration: the policy's run, the held-out lengths, the ladder."""
+    """One line of a validation run's configuration: the policy's run, the held-out lengths (and
+    how many were given with ``--context`` instead of drawn), the ladder."""
     lengths = cfg.get("lengths") or []
     span = f"{style.context_text(min(lengths))}-{style.context_text(max(lengths))}" if lengths else "—"
     ladder = ", ".join(map(str, cfg["ladder"])) if cfg.get("ladder") else "the default ladder"
     source = (cfg.get("policy_source") or {}).get("run_id") or "a policy without a recorded run"
-    return (f"validate the {cfg.get('backend')} policy of {source} at {len(lengths)} held-out lengths per "
-            f"batch size ({span} tokens) against {ladder} of split counts and every public heuristic")
+    given = cfg.get("context") or []  # --context: not drawn, so held out only by chance
+    which = (f"lengths per batch size ({span} tokens: {len(set(lengths) - set(given))} held out, drawn; "
+             f"{len(given)} given with --context)" if given else f"held-out lengths per batch size ({span} tokens)")
+    return (f"validate the {cfg.get('backend')} policy of {source} at {len(lengths)} {which} against {ladder} of "
+            "split counts and every public heuristic")
 
 
 def config_row(config: dict[str, Any]) -> tuple[str, str] | None:

@@ -279,7 +279,7 @@ def header(runs: Any, title: str, command: str | None = None) -> list[Block]:
     kinds = ([f"{k.path} (kernel run, {len([r for r in runs.records if r.run_id == k.manifest.run_id])} points)"
               for k in runs.kernel_runs]
              + [f"{t.path} (tuning run, {len(t.records)} configurations measured)" for t in runs.tune_runs]
-             + [f"{v.path} (validation run, {len(v.points or [])} held-out points)" for v in runs.validation_runs]
+             + [f"{v.path} (validation run, {len(v.points or [])} points)" for v in runs.validation_runs]
              + [f"{s.path} (serve-bench run)" for s in runs.serve_runs]
              + [f"{g.path} (graph-check result, {len(g.rows)} rows)" for g in runs.graph_checks])
     blocks: list[Block] = [Heading(title, 1), Para("Runs read:"), Bullets(kinds)]

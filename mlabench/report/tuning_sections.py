@@ -93,7 +93,8 @@ def _validation_blocks(runs: Any, run: Any, specs: Sequence[FigureSpec], alone: 
         return blocks + [Missing(f"{run.path} has no {VALIDATION_FILE} (an interrupted validation): no regret "
                                  "to show; run `mlabench tune --validate POLICY` again")]
     names = sorted({h for p in run.points for h in p.heuristics})
-    summary = validation_tables(Validation(ResultStore(run.path), run.points, names))[0]
+    given = tuple(run.manifest.config["validate"].get("context") or ())
+    summary = validation_tables(Validation(ResultStore(run.path), run.points, names, given=given))[0]
     summary.title = f"{run.name}: {summary.title.lower()} (regret in %)"
     return blocks + [TableBlock(summary)] + _figures_of(specs, ("tuning-regret",), run.name, alone)
 

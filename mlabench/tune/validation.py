@@ -79,7 +79,7 @@ def span_note(policy: Policy, low: int, high: int) -> str | None:
     if lo <= low and high <= hi:
         return None
     above = f"; above its last bucket ({hi}) each batch size uses that bucket's choice" if high > hi else ""
-    return f"held-out lengths {low}-{high} reach outside the lengths the policy was tuned at ({lo}-{hi}){above}"
+    return f"lengths {low}-{high} reach outside the lengths the policy was tuned at ({lo}-{hi}){above}"
 
 
 def reference_counts(low: int, high: int, cap: int | None, ladder: list[int], around: list[int]) -> list[int]:
@@ -109,6 +109,7 @@ class Validation:
     heuristic_names: list[str]
     seed: int | None = None  # the held-out lengths' draw
     tolerance: float = TARGET_TOLERANCE  # the target: every point's policy regret at most this fraction
+    given: tuple[int, ...] = ()  # lengths given with --context, not drawn: held out only by chance
 
 
 def target_misses(points: list[PointResult], tolerance: float) -> list[PointResult]:
@@ -132,7 +133,9 @@ def target_verdict(points: list[PointResult], tolerance: float) -> str:
 def validation_tables(v: Validation) -> list[Table]:
     """A summary per batch (worst and geometric-mean regret of the policy and every heuristic,
     and how many split counts each point measured) and a table of every point; regrets in percent
-    against the best of the counts measured at the point, None where a configuration failed."""
+    against the best of the counts measured at the point, None where a configuration failed.  The
+    seed's note is left out where every length was given (``v.given``, ``--context``), which a note
+    names."""
     counted = any(p.counts_measured for p in v.points)  # validations recorded before did not count them
     cols = ["batch", "points", *(["counts"] if counted else []), "policy worst %", "policy geomean %"] + [
         f"{h} geomean %" for h in v.heuristic_names]
@@ -155,9 +158,12 @@ def validation_tables(v: Validation) -> list[Table]:
     summary.notes.append("regret = time / best time - 1; best = the fastest correct of the split counts measured "
                          f"at that point ({how}); — = a configuration failed")
     summary.notes.append(target_verdict(v.points, v.tolerance))
-    if v.seed is not None:
+    if v.seed is not None and any(p.context_len not in v.given for p in v.points):
         summary.notes.append(f"held-out lengths drawn with seed {v.seed} (tune --validate ... --seed {v.seed} "
                              "draws them again)")
+    if v.given:
+        summary.notes.append("given with --context, not drawn (held out only where no tuned length or bucket edge "
+                             f"is near): {', '.join(map(str, v.given))}")
     point_cols = ["batch", "context", *(["counts"] if counted else []), "best µs", "best splits", "policy splits",
                   "policy %", "target"] + [f"{h} (splits) %" for h in v.heuristic_names]
     # at 80 columns the heuristics' columns go first, then the counts; the policy's stay

@@ -94,6 +94,7 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
     if resume is not None:
         store, cfg = _reopen(policy, resume)
         lengths, seed, ladder, timing = cfg["lengths"], cfg["seed"], cfg["ladder"], TimingConfig(**cfg["timing"])
+        extra_lengths = cfg.get("context") or []  # recorded since --context
     else:
         store, lengths, seed, timing = _new_run(policy, backend, (count, extra_lengths), low, high, ladder, timing,
                                                 results_root, seed, policy_path)
@@ -110,7 +111,7 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
                                              prior))
                 if progress:
                     progress(len(points), total, shape.label())
-        return _finish(store, points, seed, tolerance)
+        return _finish(store, points, seed, tolerance, tuple(sorted(set(extra_lengths))))
     except KeyboardInterrupt:
         store.write_csv()
         raise Interrupted(f"interrupted: {len(points)} of {total} points recorded in {store.run_dir} (kept); "
@@ -121,12 +122,14 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
                               f"{validation_resume_command(policy_path, store.run_dir)}") from None
 
 
-def _finish(store: ResultStore, points: list[PointResult], seed: int, tolerance: float) -> Validation:
-    """The :class:`Validation` of ``points``, with ``validation.json``, ``validation.md`` and the CSV written."""
+def _finish(store: ResultStore, points: list[PointResult], seed: int, tolerance: float,
+            given: tuple[int, ...]) -> Validation:
+    """The :class:`Validation` of ``points`` (``given``: the lengths of ``--context``), with
+    ``validation.json``, ``validation.md`` and the CSV written."""
     from mlabench.tables.render import to_markdown
 
     names = sorted({k for p in points for k in p.heuristics})
-    result = Validation(store, points, names, seed, tolerance)
+    result = Validation(store, points, names, seed, tolerance, given)
     (store.run_dir / VALIDATION_FILE).write_text(json.dumps([asdict(p) for p in points], indent=1) + "\n")
     (store.run_dir / VALIDATION_TABLE_FILE).write_text("\n".join(to_markdown(t) for t in validation_tables(result)))
     store.write_csv()
@@ -141,6 +144,9 @@ def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[in
     from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
 
     count, extra = counts
+    for b in policy.batches:  # a bad --context length fails before a run folder exists
+        for length in extra:
+            _shape(policy, b.batch, length)
     seed = secrets.randbelow(2**31) if seed is None else seed
     span = policy_span(policy)
     low, high = span[0] if low is None else low, span[1] if high is None else high
@@ -155,7 +161,8 @@ def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[in
     copy_bw = measure_copy_bandwidth_tbps()
     run_id = fresh_run_id(results_root, "validate")
     config = {"validate": {"policy_source": policy.source, "backend": policy.backend, "lengths": lengths,
-                           "seed": seed, "ladder": ladder, "timing": timing.model_dump(),
+                           "context": sorted({int(n) for n in extra}), "seed": seed, "ladder": ladder,
+                           "timing": timing.model_dump(),
                            "policy": str(policy_path) if policy_path else None}}
     store = ResultStore.create(results_root / run_id, run_manifest(run_id, copy_bw, config, kind=VALIDATION_KIND))
     return store, lengths, seed, timing

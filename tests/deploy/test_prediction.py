@@ -73,6 +73,7 @@ def test_attention_is_read_at_the_middle_of_the_served_decode():
     assert rows[0]["attention_context"] == 4160 and rows[0]["attention_us"] == 26.0
     missing = prediction_rows(SPEC, _at_c1({("fm", 4096, 1): 5.0, ("ours", 4096, 1): 4.0}), recs, output_len=128)
     assert "context 4160 or 4096" in missing[1]["why"]
+    assert missing[1]["attention_context"] is None  # no record read: the column shows none, not 4160
 
 
 def _at_c1(tpot: dict) -> dict:

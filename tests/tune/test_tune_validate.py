@@ -95,6 +95,31 @@ def test_validate_also_measures_the_lengths_asked_for_wherever_they_fall(tmp_pat
     assert [p.context_len for p in only.points] == [65]
 
 
+def test_lengths_given_with_context_are_not_called_drawn_or_held_out(tmp_path, tiny_timing):
+    """--lengths 0 --context 45,65: 45 is the policy's tuned length, nothing is drawn; the tables
+    print no seed that "draws them again" and name the given lengths, the report's line counts them
+    apart, and a resume keeps saying so."""
+    from mlabench.report.run_text import validate_config_text
+
+    policy = fast_wrong_policy(6)
+    only = validate_policy(policy, count=0, ladder=[1, 6], timing=tiny_timing, results_root=tmp_path, seed=3,
+                           extra_lengths=[65, 45, 65])
+    cfg = only.store.manifest().config["validate"]
+    assert cfg["context"] == [45, 65] and cfg["lengths"] == [45, 65]
+    notes = " ".join(validation_tables(only)[0].notes)
+    assert "seed" not in notes and "given with --context, not drawn" in notes and "45, 65" in notes
+    assert "2 lengths per batch size (45-65 tokens: 0 held out, drawn; 2 given with --context)" in \
+        validate_config_text(cfg)
+    again = validate_policy(policy, resume=only.store.run_dir, timing=tiny_timing)
+    assert again.given == (45, 65) and "seed" not in " ".join(validation_tables(again)[0].notes)
+    both = validate_policy(policy, count=1, low=80, high=128, ladder=[1, 6], timing=tiny_timing,
+                           results_root=tmp_path, seed=3, extra_lengths=[65])
+    notes = " ".join(validation_tables(both)[0].notes)
+    assert "drawn with seed 3" in notes and "given with --context, not drawn (held out only" in notes
+    assert "held-out lengths per batch size" not in validate_config_text(both.store.manifest().config["validate"])
+    assert "held-out lengths per batch size" in validate_config_text({**cfg, "context": []})  # none given: as before
+
+
 def test_cli_validate_context_flag(tmp_path):
     from mlabench.cli import app
 
@@ -109,6 +134,22 @@ def test_cli_validate_context_flag(tmp_path):
         res = subprocess.run([sys.executable, "-m", "mlabench", *base, *args], capture_output=True, text=True,
                              timeout=120)
         assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_cli_validate_context_past_the_policy_says_so_and_a_bad_one_leaves_no_folder(tmp_path):
+    """--context 90 lies above the policy's last bucket (64), where it runs that bucket's choice:
+    the note says so, as for --max-context 90; a length no shape takes is refused before a
+    validation folder exists."""
+    path = tmp_path / "policy.json"
+    path.write_text(fast_wrong_policy(2).model_copy(update={"backend": "torch-splitkv"}).model_dump_json())
+    base = [sys.executable, "-m", "mlabench", "tune", "--validate", str(path), "--ladder", "1,2", "--budget-s", "0.02",
+            "--lengths", "0", "--results-dir", str(tmp_path / "res")]
+    res = subprocess.run([*base, "--context", "90"], capture_output=True, text=True, timeout=120)
+    assert res.returncode in (0, 1), res.stderr  # 1: the policy missed the target (a busy CPU)
+    assert "above its last bucket (64) each batch size uses that bucket's choice" in " ".join(res.stderr.split())
+    res = subprocess.run([*base, "--context", "90,99999999999"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "int32 lengths" in res.stderr and "Traceback" not in res.stderr
+    assert len(list((tmp_path / "res").iterdir())) == 1  # the first run's only
 
 
 def test_cli_tune_validate_export(tmp_path):
@@ -134,7 +175,7 @@ def test_cli_tune_validate_export(tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)[0]["rows"][-1]["policy worst %"] == 0.0
     assert "seed 11" in " ".join(json.loads(res.stdout)[0]["notes"])
-    assert "note: held-out lengths 90-200 reach outside the lengths the policy was tuned at" in " ".join(
+    assert "note: lengths 90-200 reach outside the lengths the policy was tuned at" in " ".join(
         res.stderr.split())  # beyond the last bucket (64): said
 
 
