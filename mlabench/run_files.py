@@ -77,6 +77,9 @@ SERVER_LOG_PATTERN = "server-*.log"
 #: :func:`bench_point_stem` (``<variant>[-i<input len>]-c<concurrency>-r<repeat>``).
 BENCH_RESULT_SUFFIX = ".json"
 BENCH_LOG_SUFFIX = ".log"
+#: The result files of :func:`bench_point_stem` in a run folder (a rerun's ``-2`` and a set-aside
+#: ``.unrecorded`` one included), as a glob.
+BENCH_RESULT_GLOB = "*-c*-r*" + BENCH_RESULT_SUFFIX
 #: Put after the stem of a result file (and its log) that serve-bench found with no record and set
 #: aside before running its point again (``<stem>.unrecorded[-N].json``).
 BENCH_UNRECORDED_INFIX = ".unrecorded"

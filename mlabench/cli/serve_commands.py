@@ -17,7 +17,7 @@ from mlabench.cli.options import Format, Json, Markdown, ResultsDir, VllmBin, in
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
 from mlabench.files import write_text
-from mlabench.run_files import ARCHIVED_RESULTS_FILE, CHECK_FILE, RESULTS_FILE
+from mlabench.run_files import ARCHIVED_RESULTS_FILE, BENCH_RESULT_GLOB, CHECK_FILE, RESULTS_FILE
 from mlabench.serving import bench, config as cfg, greedy_check as greedy, table as tbl
 from mlabench.serving.lifecycle import served_model
 
@@ -81,7 +81,7 @@ def serve_bench(
         _, results = bench.run_serve_bench(conf, results_dir, vllm_bin_flag=vllm_bin,
                                            progress=_progress, run_dir=run_dir, provenance=_provenance())
     except BaseException:  # keep what was measured, then re-raise (servers are stopped by now)
-        if bench.discard_unmeasured(run_dir, RESULTS_FILE):
+        if bench.discard_unmeasured(run_dir, RESULTS_FILE, BENCH_RESULT_GLOB):
             tbl.write_table_files(tbl.table_of(conf, bench.read_run(run_dir)[1], stat), run_dir)  # type: ignore[arg-type]
             notice(f"partial results kept in {run_dir}")
         raise

@@ -129,10 +129,12 @@ def require_started(variant: Variant) -> None:
         raise ServerError(f"variant {variant.name!r}: {exc}; {how}") from None
 
 
-def discard_unmeasured(run_dir: Path, measured: str) -> bool:
+def discard_unmeasured(run_dir: Path, measured: str, also: str = "") -> bool:
     """Remove ``run_dir``, a folder this run made, unless ``measured`` (the file results go to)
-    was written in it; True when the folder is kept.  Nothing measured leaves no folder behind."""
-    if (run_dir / measured).exists():
+    was written in it, or a file matching the glob ``also`` (a command's own result, written
+    before serve-bench could record it: ``--resume`` keeps it); True when the folder is kept.
+    Nothing measured leaves no folder behind."""
+    if (run_dir / measured).exists() or (also and any(run_dir.glob(also))):
         return True
     shutil.rmtree(run_dir, ignore_errors=True)
     return False

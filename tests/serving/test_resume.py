@@ -136,3 +136,19 @@ def test_a_vllm_whose_version_cannot_be_read_records_none(tmp_path, fake_vllm):
     assert vllm_version(fake_vllm) is None
     run = one_variant_run(tmp_path, fake_vllm)
     assert json.loads((run / "manifest.json").read_text())["versions"]["vllm"] is None
+
+
+def test_a_new_run_stopped_before_its_first_record_keeps_a_written_result(tmp_path):
+    """Stopped between the first command's end and its record: the folder holds that command's
+    result and is kept for --resume (which sets the file aside and runs the point again); a folder
+    with the manifest alone is removed."""
+    from mlabench.run_files import BENCH_RESULT_GLOB, MANIFEST_FILE, RESULTS_FILE
+    from mlabench.serving.bench import discard_unmeasured
+
+    kept, empty = tmp_path / "kept", tmp_path / "empty"
+    for d in (kept, empty):
+        d.mkdir()
+        (d / MANIFEST_FILE).write_text("{}")
+    (kept / "base-c1-r0.json").write_text("{}")
+    assert discard_unmeasured(kept, RESULTS_FILE, BENCH_RESULT_GLOB) and kept.is_dir()
+    assert not discard_unmeasured(empty, RESULTS_FILE, BENCH_RESULT_GLOB) and not empty.exists()
