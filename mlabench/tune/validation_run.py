@@ -94,9 +94,10 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
     if resume is not None:
         store, cfg = _reopen(policy, resume)
         lengths, seed, ladder, timing = cfg["lengths"], cfg["seed"], cfg["ladder"], TimingConfig(**cfg["timing"])
-        extra_lengths = cfg.get("context") or []  # recorded since --context
+        given = tuple(cfg.get("context") or ())  # recorded since --context
     else:
-        store, lengths, seed, timing = _new_run(policy, backend, (count, extra_lengths), low, high, ladder, timing,
+        given = tuple(sorted({int(n) for n in extra_lengths}))
+        store, lengths, seed, timing = _new_run(policy, backend, (count, given), low, high, ladder, timing,
                                                 results_root, seed, policy_path)
     run_id, copy_bw = store.manifest().run_id, store.manifest().copy_bandwidth_tbps
     prior = {r.key: r for r in store.records()}
@@ -111,7 +112,7 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
                                              prior))
                 if progress:
                     progress(len(points), total, shape.label())
-        return _finish(store, points, seed, tolerance, tuple(sorted(set(extra_lengths))))
+        return _finish(store, points, seed, tolerance, given)
     except KeyboardInterrupt:
         store.write_csv()
         raise Interrupted(f"interrupted: {len(points)} of {total} points recorded in {store.run_dir} (kept); "
@@ -140,7 +141,7 @@ def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[in
              high: int | None, ladder: list[int] | None, timing: TimingConfig | None, results_root: Path,
              seed: int | None, policy_path: Path | None) -> tuple[ResultStore, list[int], int, TimingConfig]:
     """A new validation folder: its held-out lengths drawn (``counts``: how many, and the extra
-    lengths measured too), its configuration recorded."""
+    lengths measured too, sorted and distinct), its configuration recorded."""
     from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
 
     count, extra = counts
@@ -156,12 +157,12 @@ def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[in
     if count is None:  # the default: 48, or as many as the range holds
         count = max(1, min(48, len(free_lengths(low, high, avoid, tile))))
     drawn = draw_lengths(count, low, high, avoid, tile, seed) if count else []
-    lengths = sorted(set(drawn) | {int(n) for n in extra})
+    lengths = sorted(set(drawn) | set(extra))
     timing = timing or tune_timing()
     copy_bw = measure_copy_bandwidth_tbps()
     run_id = fresh_run_id(results_root, "validate")
     config = {"validate": {"policy_source": policy.source, "backend": policy.backend, "lengths": lengths,
-                           "context": sorted({int(n) for n in extra}), "seed": seed, "ladder": ladder,
+                           "context": list(extra), "seed": seed, "ladder": ladder,
                            "timing": timing.model_dump(),
                            "policy": str(policy_path) if policy_path else None}}
     store = ResultStore.create(results_root / run_id, run_manifest(run_id, copy_bw, config, kind=VALIDATION_KIND))
