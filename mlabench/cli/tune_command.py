@@ -324,7 +324,7 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
     """``tune --validate``; ``grid``: --lengths, --min-context, --max-context, --ladder, --seed, --budget-s,
     --context.
     ``backend`` (--backend), when given, must be the policy's: a policy is measured on its own backend.
-    Exits 1 (:func:`~mlabench.cli.output.fail`, as ``graph-check`` does) when a held-out length misses
+    Exits 1 (:func:`~mlabench.cli.output.fail`, as ``graph-check`` does) when a measured length misses
     the target ``tolerance`` (--tolerance, default
     :data:`~mlabench.tune.validation.TARGET_TOLERANCE`), after the tables and the results line."""
     from mlabench.policy.tuned import load_policy
@@ -361,7 +361,7 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
     err.print(f"results: {result.store.run_dir}/ ({VALIDATION_TABLE_FILE}, {VALIDATION_FILE}, {RESULTS_FILE})",
               markup=False)
     if target_misses(result.points, tolerance):
-        fail(target_verdict(result.points, tolerance))
+        fail(target_verdict(result.points, tolerance, result.given))
 
 
 #: The commands of this group, registered by :mod:`mlabench.cli.app`.

@@ -118,11 +118,23 @@ def target_misses(points: list[PointResult], tolerance: float) -> list[PointResu
     return [p for p in points if (r := p.regret(p.policy_us)) is None or r > tolerance]
 
 
-def target_verdict(points: list[PointResult], tolerance: float) -> str:
+def lengths_noun(points: list[PointResult], given: tuple[int, ...] = ()) -> str:
+    """What the validated lengths are, for the verdict and the table title: ``"held-out length"``
+    (all drawn), ``"given length"`` (all given with ``--context``: a length a server decodes at
+    may sit next to a tuned one, so it is not called held out) or ``"length (held out or
+    given)"``."""
+    drawn = any(p.context_len not in given for p in points)
+    if not given or not any(p.context_len in given for p in points):
+        return "held-out length"
+    return "length (held out or given)" if drawn else "given length"
+
+
+def target_verdict(points: list[PointResult], tolerance: float, given: tuple[int, ...] = ()) -> str:
     """One line: whether every point is within ``tolerance`` of its best, else how many are not
-    and which (``batch B: L1, L2, ...`` per batch size)."""
+    and which (``batch B: L1, L2, ...`` per batch size); ``given``: the lengths given with
+    ``--context`` (:func:`lengths_noun` names the points by them)."""
     misses = target_misses(points, tolerance)
-    target = f"every held-out length within {100 * tolerance:g}% of the best count measured there"
+    target = f"every {lengths_noun(points, given)} within {100 * tolerance:g}% of the best count measured there"
     if not misses:
         return f"target met: {target} ({len(points)} points)"
     where = "; ".join(f"batch {b}: " + ", ".join(str(p.context_len) for p in misses if p.batch == b)
@@ -157,7 +169,7 @@ def validation_tables(v: Validation) -> list[Table]:
            "ladder, the policy's and the heuristics' counts")
     summary.notes.append("regret = time / best time - 1; best = the fastest correct of the split counts measured "
                          f"at that point ({how}); — = a configuration failed")
-    summary.notes.append(target_verdict(v.points, v.tolerance))
+    summary.notes.append(target_verdict(v.points, v.tolerance, v.given))
     if v.seed is not None and any(p.context_len not in v.given for p in v.points):
         summary.notes.append(f"held-out lengths drawn with seed {v.seed} (tune --validate ... --seed {v.seed} "
                              "draws them again)")
@@ -169,7 +181,8 @@ def validation_tables(v: Validation) -> list[Table]:
     # at 80 columns the heuristics' columns go first, then the counts; the policy's stay
     droppable = {f"{h} (splits) %": 1 for h in v.heuristic_names} | ({"counts": 2} if counted else {})
     missed = {id(p) for p in target_misses(v.points, v.tolerance)}
-    detail = Table(f"Held-out points (policy %: its slowdown over the best count; target: within "
+    noun = lengths_noun(v.points, v.given).replace("length", "points")
+    detail = Table(f"{noun[0].upper()}{noun[1:]} (policy %: its slowdown over the best count; target: within "
                    f"{100 * v.tolerance:g}%)", point_cols, styles={c: ColumnStyle(drop=d) for c, d in droppable.items()})
     for p in v.points:
         regret = p.regret(p.policy_us)

@@ -336,3 +336,17 @@ def test_target_verdict_names_each_length_over_the_tolerance_and_a_failed_policy
     summary, detail = validation_tables(Validation(store=None, points=points, heuristic_names=[], tolerance=0.05))
     assert [row[detail.columns.index("target")] for row in detail.rows] == ["ok", "ok", "miss", "ok"]
     assert "within 5%" in detail.title and any(n.startswith("target not met") for n in summary.notes)
+
+
+def test_the_verdict_and_the_points_title_call_lengths_given_with_context_given():
+    """A length given with ``--context`` (where a server decodes, e.g. just past a bucket edge) is
+    not held out: the verdict and the table title say "given" for it, "held-out" only for drawn ones."""
+    from mlabench.tune.validation import PointResult, Validation, target_verdict, validation_tables
+
+    points = [PointResult(1, n, 100.0, {"num_kv_splits": 8}, {"num_kv_splits": 4}, 110.0) for n in (1000, 4160)]
+    assert "every held-out length within 3%" in target_verdict(points, 0.03)
+    assert "every length (held out or given) within 3%" in target_verdict(points, 0.03, (4160,))
+    assert "every given length within 3%" in target_verdict(points[1:], 0.03, (4160,))
+    titles = [validation_tables(Validation(None, pts, [], given=given))[1].title
+              for pts, given in ((points, ()), (points, (4160,)), (points[1:], (4160,)))]
+    assert [t.split(" (policy")[0] for t in titles] == ["Held-out points", "Points (held out or given)", "Given points"]
