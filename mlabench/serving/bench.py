@@ -319,7 +319,8 @@ def point_stem(run_dir: Path, stem: str, recorded: set[str], progress: Progress)
         if (run_dir / (name + sfx)).exists():
             with user_path(run_dir / (name + sfx), "unrecorded bench result"):
                 (run_dir / (name + sfx)).rename(run_dir / (aside + sfx))
-    progress(f"{found.name}: a result with no record (serve-bench stopped before recording it) kept as "
+    progress(f"{found.name}: a result with no record (serve-bench stopped before recording it, or the record "
+             f"was removed) kept as "
              f"{aside}{BENCH_RESULT_SUFFIX} with its log; the point runs again")
     return name
 
