@@ -35,6 +35,8 @@ def test_markdown_report_has_every_section_and_its_figures(both_runs, tmp_path):
     assert "| triton-splitkv | 1 | 131072 | num_kv_splits=256 | 71.7 | 2.11 | 50 | 9630 |" in text
     assert "| 16 | 131072 | flashmla | — | 562 |" in text and "| 1.36 |" in text  # compare, speedup to 2 decimals
     assert "| 16 | 19.63 | 1.00x (base) |" in text and "1.34x" in text  # the serve-bench table's own cells
+    assert "| running TTFT mean ms | running ITL median ms |" in text
+    assert "| 16 | 19.63 | 1.00x (base) | 304.49 | 12.80 |" in text  # the median ITL, not the mean (19.63 again)
     assert "> **Missing:** no tuning run among the folders given" in text
 
 
