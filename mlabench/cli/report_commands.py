@@ -16,7 +16,7 @@ from mlabench.report.figures.plan import KINDS
 FromRuns = Annotated[list[Path], typer.Option(
     "--from", metavar="RUN",
     help="A run folder (sweep, tune, tune --validate, serve-bench), a graph-check JSON (graph-check --save), "
-         "or a folder holding them one level down; repeatable.")]
+         "or a folder holding them at any depth (never searched inside a run folder); repeatable.")]
 
 
 def plot(

@@ -205,8 +205,29 @@ def read_jsonl(path: Path, model: type[M], what: str) -> list[M]:
     return out
 
 
-def run_folders(paths: Iterable[Path]) -> list[Path]:
-    """Run folders named, or found one level inside the folders named (e.g. ``results/h200/x``).
+def folders_below(path: Path) -> list[Path]:
+    """``path`` and every folder under it, at any depth, in sorted order, without entering a run
+    folder (one with records, :func:`holds_run`, or a ``manifest.json``: its subfolders are its own),
+    a folder whose name starts with ``.``, or a linked folder (no cycles).  Empty when ``path`` is
+    not a folder."""
+    if not path.is_dir():
+        return []
+    found = [path]
+    if holds_run(path) or (path / MANIFEST_FILE).is_file():
+        return found
+    try:
+        inner = sorted(p for p in path.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))
+    except OSError:
+        return found
+    for sub in inner:
+        found.extend(folders_below(sub))
+    return found
+
+
+def run_folders(paths: Iterable[Path], *, any_depth: bool = False) -> list[Path]:
+    """Run folders named, or found one level inside the folders named (e.g. ``results/h200/x``);
+    with ``any_depth``, found at any depth under them (:func:`folders_below`: never inside a run
+    folder), as ``report`` and ``plot`` read them.
 
     Raises :class:`ResultsError` for a path that holds no run, naming the folders further down
     that hold runs, or saying that a ``records.jsonl`` without a manifest is a script's output.
@@ -216,10 +237,13 @@ def run_folders(paths: Iterable[Path]) -> list[Path]:
         if holds_run(path):
             found.append(path)
             continue
-        inner = sorted(p for p in path.iterdir() if p.is_dir() and holds_run(p)) if path.is_dir() else []
+        if any_depth:
+            inner = [p for p in folders_below(path) if holds_run(p)]
+        else:
+            inner = sorted(p for p in path.iterdir() if p.is_dir() and holds_run(p)) if path.is_dir() else []
         if not inner:
-            raise ResultsError(f"{path}: no run folder ({RESULTS_FILE}, {MANIFEST_FILE}) here or one level down"
-                               + _no_run_hint(path))
+            raise ResultsError(f"{path}: no run folder ({RESULTS_FILE}, {MANIFEST_FILE}) "
+                               + ("here or below" if any_depth else "here or one level down") + _no_run_hint(path))
         found.extend(inner)
     return found
 

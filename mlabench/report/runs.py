@@ -1,8 +1,8 @@
 """Recorded runs as plots and reports read them: kernel sweeps, tuning and validation runs,
 serve-bench runs and graph-check results, side by side.
 
-One function, :func:`load_runs`, reads every path named (a run folder, a folder holding runs one
-level down, or a graph-check JSON file) and sorts what it finds by kind:
+One function, :func:`load_runs`, reads every path named (a run folder, a folder holding runs at any
+depth, or a graph-check JSON file) and sorts what it finds by kind:
 
 - a ``serve-bench`` run (its ``manifest.json`` says ``"kind": "serve-bench"``);
 - a tuning run (``mlabench tune``, kind ``tune``; trial records in the order measured, the exported
@@ -15,7 +15,10 @@ each by its kind (:func:`mlabench.records.kinds.run_kind`: the manifest's ``kind
 recorded before manifests said it, derived from their configuration) and read by that kind's
 reader (:func:`mlabench.records.readers.read_run_folder`);
 - a graph-check result: the JSON table ``mlabench graph-check --save FILE`` writes, named directly
-  or found in a folder named (or one level inside it).
+  or found in a folder named or any folder under it.
+
+Folders are searched down to the run folders (:func:`mlabench.records.store.folders_below`), never
+inside one: ``results/h200/serving`` gives its serve-bench runs and the sweep runs of ``sweep/``.
 
 Nothing here measures or writes; re-rendering a saved run needs no GPU.
 """
@@ -31,7 +34,7 @@ from typing import Any
 from mlabench.errors import ResultsError
 from mlabench.records.readers import KernelRun, ServeRun, TuneRun, ValidationRun, read_run_folder
 from mlabench.records.record import Manifest, Record
-from mlabench.records.store import holds_run, records_of, run_folders
+from mlabench.records.store import folders_below, holds_run, records_of, run_folders
 
 #: Columns every graph-check table has (``mlabench.checks.graph_check_table.graph_check_table``).
 GRAPH_CHECK_COLUMNS = ("subject", "batch", "context", "graph_us", "tuned_us", "slowdown_pct", "correct", "flagged")
@@ -104,8 +107,9 @@ def read_graph_check(path: Path) -> GraphCheckRun | None:
 
 
 def graph_check_files(path: Path) -> list[GraphCheckRun]:
-    """Graph-check results at ``path``: the file itself, or the JSON files in the folder and one
-    level inside it.  :class:`ResultsError` for a file that is not a graph-check table."""
+    """Graph-check results at ``path``: the file itself, or the JSON files in the folder and in
+    every folder under it (:func:`~mlabench.records.store.folders_below`: a run folder's own files,
+    not its subfolders).  :class:`ResultsError` for a file that is not a graph-check table."""
     if path.is_file():
         found = read_graph_check(path)
         if found is None:
@@ -114,16 +118,16 @@ def graph_check_files(path: Path) -> list[GraphCheckRun]:
         return [found]
     if not path.is_dir():
         return []
-    files = sorted(path.glob("*.json")) + sorted(path.glob("*/*.json"))
+    files = [f for folder in folders_below(path) for f in sorted(folder.glob("*.json"))]
     return [g for g in map(read_graph_check, files) if g is not None]
 
 
 def _has_runs(path: Path) -> bool:
-    return path.is_dir() and (holds_run(path) or any(p.is_dir() and holds_run(p) for p in path.iterdir()))
+    return any(holds_run(p) for p in folders_below(path))
 
 
 def load_runs(paths: Iterable[Path | str]) -> Runs:
-    """Read the run folders and graph-check results named (or found one level inside the folders named).
+    """Read the run folders and graph-check results named (or found at any depth under the folders named).
 
     Raises :class:`~mlabench.errors.ResultsError` for a path holding neither a run nor a
     graph-check result, an unreadable record, manifest or validation file, or runs from different
@@ -138,7 +142,7 @@ def load_runs(paths: Iterable[Path | str]) -> Runs:
             with_runs.append(path)
     kinds = {KernelRun: runs.kernel_runs, TuneRun: runs.tune_runs, ValidationRun: runs.validation_runs,
              ServeRun: runs.serve_runs}
-    for folder in dict.fromkeys(run_folders(with_runs) if with_runs else []):
+    for folder in dict.fromkeys(run_folders(with_runs, any_depth=True) if with_runs else []):
         run = read_run_folder(folder)  # one reader per kind (mlabench.records.readers)
         kinds[type(run)].append(run)  # type: ignore[arg-type]
     kernel_folders = [k.path for k in runs.kernel_runs]

@@ -100,7 +100,7 @@ def test_plot_command_refuses_bad_flags(args, message, tmp_path, monkeypatch, ca
 
 def test_plot_command_refuses_a_folder_without_runs(tmp_path, monkeypatch, capsys):
     code, _out, err = run_cli(["plot", "--from", str(tmp_path)], monkeypatch, capsys)
-    assert code == 2 and err.strip() == f"error: {tmp_path}: no run folder (results.jsonl, manifest.json) here or one level down"
+    assert code == 2 and err.strip() == f"error: {tmp_path}: no run folder (results.jsonl, manifest.json) here or below"
 
 
 def test_a_serve_run_with_a_missing_result_still_draws_and_says_so(tmp_path):

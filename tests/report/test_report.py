@@ -13,7 +13,7 @@ import pytest
 from mlabench import cli
 from mlabench.report.build import build_report, write_report
 from mlabench.report.document import to_markdown_document
-from tests.report.conftest import H200, REPO, SERVE
+from tests.report.conftest import GRAPH_CHECK, H200, REPO, SERVE
 
 SECTIONS = ["# mlabench report: NVIDIA H200 · kimi-k3 TP8", "## Environment", "## Correctness",
             "## Latency and the memory-bandwidth floor", "## Best split count",
@@ -35,6 +35,8 @@ def test_markdown_report_has_every_section_and_its_figures(both_runs, tmp_path):
     assert "| triton-splitkv | 1 | 131072 | num_kv_splits=256 | 71.7 | 2.11 | 50 | 9630 |" in text
     assert "| 16 | 131072 | flashmla | — | 562 |" in text and "| 1.36 |" in text  # compare, speedup to 2 decimals
     assert "| 16 | 19.63 | 1.00x (base) |" in text and "1.34x" in text  # the serve-bench table's own cells
+    assert "| running TTFT mean ms | running ITL median ms |" in text
+    assert "| 16 | 19.63 | 1.00x (base) | 304.49 | 12.80 |" in text  # the median ITL, not the mean (19.63 again)
     assert "> **Missing:** no tuning run among the folders given" in text
 
 
@@ -175,3 +177,25 @@ def test_a_report_of_a_serve_run_and_its_sweeps_has_the_prediction_table(tmp_pat
     plain = to_markdown_document(build_report(load_runs([write_serve_run(tmp_path / "plain"), PREDICTION_SWEEP])).blocks)
     assert "decode step measured and predicted" not in plain  # no [prediction]: the caption says why
     assert "decode step measured and predicted" not in to_markdown_document(build_report(load_runs([run])).blocks)
+
+
+def test_report_from_a_results_folder_reads_the_runs_at_any_depth(tmp_path, monkeypatch, capsys):
+    """`report --from results/h200/serving` read its serve-bench runs one level down but not the
+    sweep runs of `sweep/<run>`, two levels down: no sweep sections, no prediction table.  Runs are
+    found at any depth, never inside a run folder (a run's own subfolders are its own)."""
+    from tests.report.serve_runs import PREDICTION, PREDICTION_SWEEP, write_serve_run
+
+    serving = tmp_path / "serving"
+    write_serve_run(serving, prediction=PREDICTION)
+    sweep = shutil.copytree(PREDICTION_SWEEP, serving / "sweep" / PREDICTION_SWEEP.name)
+    write_serve_run(sweep / "kept", name="serve-inside-a-run")  # inside a run folder: not a run of its own
+    (serving / "check" / "graphs").mkdir(parents=True)
+    shutil.copy(GRAPH_CHECK / "graph_check_splitkv.json", serving / "check" / "graphs")
+    monkeypatch.setattr(sys, "argv", ["mlabench", "report", "--from", str(serving), "--out", str(tmp_path / "out")])
+    cli.main()
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert f"- {sweep} (kernel run, " in text and "(serve-bench run)" in text
+    assert "serve-inside-a-run" not in text
+    assert "## Best split count\n\n**" in text  # the sweep's own section, not "Missing"
+    assert "**decode step measured and predicted (61 layers x attention µs" in text
+    assert "## Graph capture: frozen choices (graph-check)\n\n**" in text  # a saved table three levels down

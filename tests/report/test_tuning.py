@@ -294,7 +294,7 @@ def test_the_trial_axis_has_whole_number_ticks():
     run's batch-16 studies have 12-18 trials."""
     from mlabench.report.runs import load_runs
 
-    runs = load_runs([REPO / "results/h200/tune-kimi-k3-tp8/whole-tiles-attempt"])
+    runs = load_runs([REPO / "results/h200/tune-kimi-k3-tp8/whole-tiles-attempt/tune-kimi-k3-tp8-20261130-213908-441"])
     specs, _ = plan(runs, ["tuning-history"])
     fig = next(s for s in specs if s.stem == "tuning-history-b16").draw()
     fig.canvas.draw()

@@ -95,10 +95,11 @@ def test_missing_and_unreadable_files(tmp_path):
 
 
 def test_committed_cpu_run_re_renders_to_its_table():
-    """results/cpu-vllm: the raw vLLM 0.32.0 files parse to the committed results and table."""
+    """results/cpu-vllm: the raw vLLM 0.32.0 files parse to the committed results and table (its
+    ``table.md`` as ``serve-bench --from-run RUN --markdown`` prints it: a table per metric)."""
     from mlabench.serving.bench import read_run
-    from mlabench.serving.table import build_table, tpot_markdown_table
-    from mlabench.tables.render import to_markdown
+    from mlabench.serving.table import build_table, metric_tables
+    from mlabench.tables.render import render
 
     repo = HERE.parents[1]
     runs = sorted((repo / "results" / "cpu-vllm").glob("serve-*"))
@@ -110,7 +111,7 @@ def test_committed_cpu_run_re_renders_to_its_table():
         assert again == rec
     table = build_table(recorded, [v.name for v in config.variants], config.concurrencies,
                         config.baseline)
-    assert table.ok and to_markdown(tpot_markdown_table(table)) == (run / "table.md").read_text()
+    assert table.ok and render(metric_tables(table), "markdown") == (run / "table.md").read_text()
 
 
 @pytest.mark.parametrize("zeros", [("mean",), ("mean", "median", "p99"), ("p99",)])

@@ -204,3 +204,14 @@ def test_json_csv_and_the_terminal_carry_the_median_itl():
     assert "itl_median_ms" in to_csv(table).splitlines()[0]
     shown = [table.style(table.columns[i]).header for i in table.shown(human=True)]
     assert "ITL median ms" in shown and "ITL mean ms" not in shown
+
+
+def test_the_wide_layout_shows_the_median_itl():
+    """`mlabench report`'s serving table showed the mean ITL, the mean TPOT again, where serve-bench's
+    terminal and per-metric tables show the median ITL, the typical decode step that
+    results/h200/serving/README.md reasons with."""
+    results = [r.model_copy(update={"itl": MetricStats(mean_ms=r.tpot.mean_ms, median_ms=median)})
+               for r, median in ((res("a", 16, 0, 11.25), 8.01), (res("b", 16, 0, 11.81), 9.19))]
+    md = to_markdown(build_table(results, ["a", "b"], [16], "b"))
+    assert "| concurrency | a TPOT mean ms | a speedup | a TTFT mean ms | a ITL median ms | a out tok/s |" in md
+    assert "| 16 | 11.25 | 1.05x | 100.00 | 8.01 | 88.9 | 3/0 | 11.81 | 1.00x (base) | 100.00 | 9.19 |" in md
