@@ -133,7 +133,7 @@ DtypeFlag = Annotated[str | None, typer.Option(metavar="DTYPE", help="q and KV d
 SamplerFlag = Annotated[str | None, typer.Option(
     metavar="auto|tpe|gp|grid|brute",
     help="auto, tpe, gp, grid or brute.")]
-TrialsFlag = Annotated[int | None, typer.Option(metavar="N", help="Finished trials per study (heuristics included).")]
+TrialsFlag = Annotated[int | None, typer.Option(metavar="N", help="Finished trials per study (heuristics included; the enqueued ones all run, even past N).")]
 TimeoutFlag = Annotated[float | None, typer.Option(metavar="SECONDS", help="Seconds per study and worker.")]
 SpaceFlag = Annotated[list[str] | None, typer.Option(
     metavar="NAME=SPEC",

@@ -11,6 +11,7 @@ run, then chooses per study and writes the policy (``policy.json``, ``policy.h``
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -247,13 +248,16 @@ def _free_cached_memory() -> None:
 
 
 def _target(cfg: TuneConfig, spec: StudySpec) -> int:
-    """Trials a study will finish: ``trials``, or the whole space when an exhaustive sampler has fewer."""
+    """Trials a study will finish: ``trials`` (the whole space when an exhaustive sampler has fewer
+    points), or its enqueued trials (:func:`_enqueued`) where they are more: every one is measured
+    (:class:`~mlabench.tune.trial_worker.StopAtTrials`)."""
     backend = get_backend(cfg.backend)
-    dims, _fixed = study_space(backend, tune_shape(shape_dims(cfg), spec.batch, spec.length), cfg, spec.measured(),
-                               spec.max_splits)
+    shape = tune_shape(shape_dims(cfg), spec.batch, spec.length)
+    dims, _fixed = study_space(backend, shape, cfg, spec.measured(), spec.max_splits)
+    seeds = len({json.dumps(p, sort_keys=True) for _, p in _enqueued(backend, shape, cfg, spec)})
     if resolve_sampler(cfg, dims) in ("grid", "brute"):
-        return min(cfg.trials, space_size(dims))
-    return cfg.trials
+        return min(max(cfg.trials, seeds), space_size(dims))
+    return max(cfg.trials, seeds)
 
 
 def _identity(cfg: TuneConfig, spec: StudySpec, device: str, versions: dict[str, Any], revision: str) -> dict[str, Any]:

@@ -226,7 +226,12 @@ class Objective:
 class StopAtTrials:
     """Optuna callback: stop once distinct finished configurations (by what they launch,
     :func:`mlabench.tune.studies.distinct_finished`) plus other workers' running trials reach ``n``, or
-    finished trials with repeats plus those running reach ``MAX_TRIALS_FACTOR x n``."""
+    finished trials with repeats plus those running reach ``MAX_TRIALS_FACTOR x n`` -- and no trial
+    waits: the enqueued ones (heuristics, whole-tile candidates, the split ladder, a dead worker's
+    retries) are measured even past ``n``.  Why: with ``--trials 16`` a device-policy study at batch
+    1 on an H200 enqueues about 19 (4 heuristics, 15 ladder counts up to 132), and the last ones
+    cut were the ladder's largest counts, the best ones past 9K tokens in the committed validation
+    (``results/h200/deploy/qo1/validate-*``: 96-132 splits)."""
 
     def __init__(self, n: int):
         self.n = n
@@ -240,6 +245,8 @@ class StopAtTrials:
         trials = study.get_trials(deepcopy=False)
         running = sum(t.state.name == "RUNNING" and t.number != own for t in trials)
         finished = sum(t.state.name in FINISHED_STATES for t in trials)
+        if any(t.state.name == "WAITING" for t in trials):
+            return False
         return distinct_finished(trials) + running >= self.n or finished + running >= MAX_TRIALS_FACTOR * self.n
 
 

@@ -113,3 +113,26 @@ def test_a_device_policy_study_measures_the_split_ladder_up_to_one_wave_first():
     assert "ladder-1" in names and names.index("ladder-1") > names.index("vllm-triton")  # after the heuristics
     assert not any(n.startswith("ladder-") for n, _ in _enqueued(steps, one, cfg.model_copy(
         update={"device_policy": False}), spec))
+
+
+def test_every_enqueued_trial_is_measured_even_past_trials(tmp_path):
+    """With ``--trials`` below a study's enqueued trials the last ones were never run: a device
+    policy at batch 1 on an H200 enqueues 4 heuristics and 15 ladder counts, and ``--trials 16`` cut
+    the ladder's largest counts (96-132, the best ones past 9K tokens in the committed validation).
+    Here ``--trials 2``, and every enqueued trial (the heuristics, the ladder) is measured."""
+    import optuna
+
+    from mlabench.cli import app
+    from mlabench.tune.storage import open_storage
+
+    args = ["tune", "--backend", "test-steps", "--heads", "2", "--buckets", "256", "--page-size", "16",
+            "--lengths-per-bucket", "2", "--tokens-per-split", "off", "--device-policy", "--batch", "1",
+            "--trials", "2", "--budget-s", "0.02", "--results-dir", str(tmp_path), "--json"]
+    res = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    run = next(tmp_path.glob("tune-*"))
+    storage = open_storage(None, run)
+    (name,) = optuna.get_all_study_names(storage)
+    seeded = [t for t in optuna.load_study(study_name=name, storage=storage).trials if "enqueued_as" in t.user_attrs]
+    assert len({t.params["num_kv_splits"] for t in seeded}) > 2  # more than --trials
+    assert all(t.state.name == "COMPLETE" for t in seeded), [(t.user_attrs, t.state.name) for t in seeded]
