@@ -22,9 +22,11 @@
 #                          alembic, mako, sqlalchemy, colorlog, pydantic_core, annotated_types,
 #                          typing_inspection, typing_extensions; 2.6 MB under the 64 MiB with
 #                          .gpuserve/vllm) a device policy for gluon-splitkv tuned on this machine
-#                          (scripts/h200_gluon_deploy.sh with DEVICE_POLICY [2] sub-buckets per
-#                          octave, validated, also at the served contexts 4160, 32832 and 100064;
-#                          docs/tuning-device.md) into /tmp/tune and
+#                          (scripts/h200_gluon_deploy.sh with DEVICE_POLICY [3] sub-buckets per
+#                          octave: at batch 1 the best count of the committed validation doubles
+#                          between 3734 and 5161 tokens, 1.38x apart; validated, also at the
+#                          served contexts 4160, 32832 and 100064; docs/tuning-device.md) into
+#                          /tmp/tune and
 #                          OUT/tune.tar.gz: serve it with POLICY=$(ls /tmp/tune/qo1/tune-*/policy.json)
 #   wait OUT [SECONDS]     wait for serve-bench (at most SECONDS, default 560), then copy its run
 #                          folder and log to OUT/serve.tar.gz (also while it still runs: a call
@@ -64,7 +66,7 @@ case "$stage" in
     out="${2:?usage: $0 tune OUT}"; mkdir -p "$out"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/optsite .whl/opt/*.whl || exit 1
     # optuna only, not vLLM's site (the tune imports no vLLM: install-vllm may run beside it)
-    PYTHONPATH=/tmp/optsite DEVICE_POLICY="${DEVICE_POLICY:-2}" STAGES=qo1 \
+    PYTHONPATH=/tmp/optsite DEVICE_POLICY="${DEVICE_POLICY:-3}" STAGES=qo1 \
       MLABENCH_VALIDATE_CONTEXT="${MLABENCH_VALIDATE_CONTEXT:-4160,32832,100064}" \
       POLICY_MODES="${POLICY_MODES:-none}" bash scripts/h200_gluon_deploy.sh /tmp/tune
     cat /tmp/tune/qo1/timing.txt; tail -n 3 /tmp/tune/qo1/validate.md 2>/dev/null
