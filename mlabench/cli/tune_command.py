@@ -172,6 +172,10 @@ ToleranceFlag = Annotated[str | None, typer.Option(
     metavar="FRACTION",
     help="With --validate: the target, every held-out length within this fraction (0.03 or 3%) of the best "
          "split count measured there (default 0.03); exit code 1 when a length misses it.")]
+FromRunFlag = Annotated[list[Path] | None, typer.Option(
+    "--from-run", metavar="RUN",
+    help="With --validate: score the policy on what RUN recorded (validation, tuning or sweep runs, at "
+         "any depth; repeatable), no GPU, nothing written.")]
 ExportFlag = Annotated[Path | None, typer.Option(metavar="RUN", help="Rebuild the policy files of this tuning run.")]
 AllowIncompleteFlag = Annotated[bool, typer.Option(
     "--allow-incomplete",
@@ -191,7 +195,7 @@ def tune(
     gpus: GpusFlag = None, workers: WorkersFlag = None, results_dir: ResultsDir = Path("results"),
     resume: Resume = None, validate: ValidateFlag = None, lengths: LengthsFlag = None, context: ContextFlag = None,
     min_context: MinContextFlag = None, max_context: MaxContextFlag = None, ladder: LadderFlag = None,
-    seed: SeedFlag = None, tolerance: ToleranceFlag = None, export: ExportFlag = None,
+    seed: SeedFlag = None, tolerance: ToleranceFlag = None, from_run: FromRunFlag = None, export: ExportFlag = None,
     allow_incomplete: AllowIncompleteFlag = False,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
@@ -204,7 +208,7 @@ def tune(
     refuse_unused_flags(locals())
     if validate is not None:
         return _validate(validate, backend, (lengths, min_context, max_context, ladder, seed, budget_s, context),
-                         results_dir, fmt, resume, fraction(tolerance, "--tolerance"))
+                         results_dir, fmt, resume, fraction(tolerance, "--tolerance"), from_run)
     if export is not None:
         from mlabench.tune.run import export_run
 
@@ -245,7 +249,7 @@ SEARCH_FLAGS = ("config", "model", "tp", "model_config", "heads", "batch", "buck
                 "lengths_per_bucket", "combine", "max_waves", "tokens_per_split", "whole_tiles", "edges_per_octave",
                 "device_policy", "page_size", "qo_len", "non_causal", "dtype", "sampler", "trials", "timeout",
                 "space", "noise", "no_heuristics", "storage", "gpus", "workers")
-VALIDATE_FLAGS = ("lengths", "context", "min_context", "max_context", "ladder", "seed", "tolerance")
+VALIDATE_FLAGS = ("lengths", "context", "min_context", "max_context", "ladder", "seed", "tolerance", "from_run")
 EXPORT_FLAGS = ("storage", "noise", "combine", "allow_incomplete")
 
 
@@ -320,9 +324,10 @@ def _report(result: Any, fmt: str) -> None:
 
 
 def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_dir: Path, fmt: str,
-              resume: Path | None, tolerance: float | None) -> None:
+              resume: Path | None, tolerance: float | None, from_run: list[Path] | None = None) -> None:
     """``tune --validate``; ``grid``: --lengths, --min-context, --max-context, --ladder, --seed, --budget-s,
-    --context.
+    --context; ``from_run``: score on those runs' records instead of measuring
+    (:func:`~mlabench.tune.rescore.recorded_validation`), with none of ``grid`` or ``resume``.
     ``backend`` (--backend), when given, must be the policy's: a policy is measured on its own backend.
     Exits 1 (:func:`~mlabench.cli.output.fail`, as ``graph-check`` does) when a measured length misses
     the target ``tolerance`` (--tolerance, default
@@ -340,6 +345,20 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
     if backend is not None and backend != policy.backend:
         raise ConfigError(f"tune --validate measures a policy on its own backend ({policy.backend}), not --backend "
                           f"{backend}: leave --backend out or give the policy of {backend}")
+    if from_run:
+        if resume is not None or any(v is not None for v in grid):
+            raise ConfigError("tune --validate --from-run scores the policy at the recorded points; leave out "
+                              "--resume, --lengths, --context, --min-context, --max-context, --ladder, --seed and "
+                              "--budget-s")
+        from mlabench.tune.rescore import recorded_validation
+
+        result, notes = recorded_validation(policy, from_run, TARGET_TOLERANCE if tolerance is None else tolerance)
+        tables = validation_tables(result)
+        tables[0].notes += notes
+        emit(tables, fmt)
+        if target_misses(result.points, result.tolerance):
+            fail(target_verdict(result.points, result.tolerance, recorded=True))
+        return
     if resume is not None and any(v is not None for v in grid):
         raise ConfigError("tune --validate --resume continues with the recorded lengths, ladder, seed and timing; "
                           "leave out --lengths, --context, --min-context, --max-context, --ladder, --seed and "

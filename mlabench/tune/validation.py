@@ -25,6 +25,7 @@ from mlabench.errors import ConfigError
 from mlabench.policy.tuned import Policy
 from mlabench.records.side_files import PointResult, geomean_regret_pct  # noqa: F401  (the tables' types)
 from mlabench.records.store import ResultStore
+from mlabench.shapes import MLADecodeShape
 from mlabench.tables.table import ColumnStyle, Table
 
 #: The largest wave cap at which a held-out point measures every split count up to it.
@@ -63,6 +64,14 @@ def free_lengths(low: int, high: int, avoid: set[int], tile: int) -> list[int]:
     """The lengths in ``[low, high]`` more than ``tile`` tokens from every length in ``avoid``."""
     near = {n for a in avoid for n in range(a - tile, a + tile + 1)}
     return [n for n in range(low, high + 1) if n not in near]
+
+
+def policy_shape(policy: Policy, batch: int, length: int) -> MLADecodeShape:
+    """The uniform shape of ``batch`` requests of ``length`` tokens in ``policy``'s recorded shape
+    (heads, page size, dtypes, MLA widths, softmax scale, query length, causality)."""
+    keys = ("num_heads", "page_size", "q_dtype", "kv_dtype", "kv_lora_rank", "qk_rope_head_dim", "softmax_scale",
+            "qo_len", "causal")
+    return MLADecodeShape.uniform(batch, length, **{k: policy.shape[k] for k in keys if k in policy.shape})
 
 
 def policy_span(policy: Policy) -> tuple[int, int]:
@@ -110,6 +119,7 @@ class Validation:
     seed: int | None = None  # the held-out lengths' draw
     tolerance: float = TARGET_TOLERANCE  # the target: every point's policy regret at most this fraction
     given: tuple[int, ...] = ()  # lengths given with --context, not drawn: held out only by chance
+    recorded: bool = False  # scored on recorded measurements (--from-run), none drawn or measured
 
 
 def target_misses(points: list[PointResult], tolerance: float) -> list[PointResult]:
@@ -118,23 +128,26 @@ def target_misses(points: list[PointResult], tolerance: float) -> list[PointResu
     return [p for p in points if (r := p.regret(p.policy_us)) is None or r > tolerance]
 
 
-def lengths_noun(points: list[PointResult], given: tuple[int, ...] = ()) -> str:
+def lengths_noun(points: list[PointResult], given: tuple[int, ...] = (), recorded: bool = False) -> str:
     """What the validated lengths are, for the verdict and the table title: ``"held-out length"``
     (all drawn), ``"given length"`` (all given with ``--context``: a length a server decodes at
-    may sit next to a tuned one, so it is not called held out) or ``"length (held out or
-    given)"``."""
+    may sit next to a tuned one, so it is not called held out), ``"length (held out or
+    given)"``, or ``"recorded length"`` (``recorded``: scored on a run's records, ``--from-run``)."""
+    if recorded:
+        return "recorded length"
     drawn = any(p.context_len not in given for p in points)
     if not given or not any(p.context_len in given for p in points):
         return "held-out length"
     return "length (held out or given)" if drawn else "given length"
 
 
-def target_verdict(points: list[PointResult], tolerance: float, given: tuple[int, ...] = ()) -> str:
+def target_verdict(points: list[PointResult], tolerance: float, given: tuple[int, ...] = (),
+                   recorded: bool = False) -> str:
     """One line: whether every point is within ``tolerance`` of its best, else how many are not
-    and which (``batch B: L1, L2, ...`` per batch size); ``given``: the lengths given with
-    ``--context`` (:func:`lengths_noun` names the points by them)."""
+    and which (``batch B: L1, L2, ...`` per batch size); ``given`` and ``recorded`` name the points
+    (:func:`lengths_noun`)."""
     misses = target_misses(points, tolerance)
-    target = f"every {lengths_noun(points, given)} within {100 * tolerance:g}% of the best count measured there"
+    target = f"every {lengths_noun(points, given, recorded)} within {100 * tolerance:g}% of the best count measured there"
     if not misses:
         return f"target met: {target} ({len(points)} points)"
     where = "; ".join(f"batch {b}: " + ", ".join(str(p.context_len) for p in misses if p.batch == b)
@@ -167,9 +180,11 @@ def validation_tables(v: Validation) -> list[Table]:
            f"and every count within {WINDOW_FACTOR:g}x of the policy's and of the best ladder count; with the "
            "policy's and the heuristics'" if counted else "a validation recorded by an older mlabench: the split "
            "ladder, the policy's and the heuristics' counts")
+    if v.recorded:
+        how = "counts: how many the runs recorded there, every launch of any parameters; none measured now"
     summary.notes.append("regret = time / best time - 1; best = the fastest correct of the split counts measured "
                          f"at that point ({how}); — = a configuration failed")
-    summary.notes.append(target_verdict(v.points, v.tolerance, v.given))
+    summary.notes.append(target_verdict(v.points, v.tolerance, v.given, v.recorded))
     if v.seed is not None and any(p.context_len not in v.given for p in v.points):
         summary.notes.append(f"held-out lengths drawn with seed {v.seed} (tune --validate ... --seed {v.seed} "
                              "draws them again)")
@@ -181,17 +196,25 @@ def validation_tables(v: Validation) -> list[Table]:
     # at 80 columns the heuristics' columns go first, then the counts; the policy's stay
     droppable = {f"{h} (splits) %": 1 for h in v.heuristic_names} | ({"counts": 2} if counted else {})
     missed = {id(p) for p in target_misses(v.points, v.tolerance)}
-    noun = lengths_noun(v.points, v.given).replace("length", "points")
+    noun = lengths_noun(v.points, v.given, v.recorded).replace("length", "points")
     detail = Table(f"{noun[0].upper()}{noun[1:]} (policy %: its slowdown over the best count; target: within "
                    f"{100 * v.tolerance:g}%)", point_cols, styles={c: ColumnStyle(drop=d) for c, d in droppable.items()})
     for p in v.points:
         regret = p.regret(p.policy_us)
         detail.rows.append([p.batch, p.context_len, *([p.counts_measured] if counted else []), p.best_us,
-                            p.best_params.get("num_kv_splits"),
+                            _best_cell(p),
                             p.policy_params.get("num_kv_splits"), None if regret is None else 100 * regret,
                             "miss" if id(p) in missed else "ok"]
                            + [_heuristic_cell(p, h) for h in v.heuristic_names])
     return [summary, detail]
+
+
+def _best_cell(p: PointResult) -> int | str | None:
+    """The best launch's split count, with its other parameters where they differ from the
+    policy's (``"128 (pdl=0)"``): the same count can be the best and the policy's slower one."""
+    count = p.best_params.get("num_kv_splits")
+    other = {k: v for k, v in p.best_params.items() if k != "num_kv_splits" and p.policy_params.get(k, v) != v}
+    return f"{count} ({' '.join(f'{k}={v}' for k, v in sorted(other.items()))})" if other else count
 
 
 def _span(values: Any) -> str:

@@ -30,15 +30,10 @@ from mlabench.shapes import MLADecodeShape
 from mlabench.tune.manifest import fresh_run_id, run_manifest, validation_resume_command
 from mlabench.tune.space import tune_timing, wave_cap
 from mlabench.tune.validation import (TARGET_TOLERANCE, PointResult, Validation, draw_lengths, free_lengths,
-                                      policy_span, reference_counts, split_ladder, validation_tables)
+                                      policy_shape, policy_span, reference_counts, split_ladder,
+                                      validation_tables)
 
 Progress = Callable[[int, int, str], None]
-
-
-def _shape(policy: Policy, batch: int, length: int) -> MLADecodeShape:
-    keys = ("num_heads", "page_size", "q_dtype", "kv_dtype", "kv_lora_rank", "qk_rope_head_dim", "softmax_scale",
-            "qo_len", "causal")
-    return MLADecodeShape.uniform(batch, length, **{k: policy.shape[k] for k in keys if k in policy.shape})
 
 
 def _configs(policy: Policy, shape: MLADecodeShape, counts: list[int]) -> dict[str, dict[str, Any]]:
@@ -107,7 +102,7 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
     try:
         for b in policy.batches:
             for length in lengths:
-                shape = _shape(policy, b.batch, length)
+                shape = policy_shape(policy, b.batch, length)
                 points.append(_measure_point(backend, shape, policy, ladder, timing, seed, store, run_id, copy_bw,
                                              prior))
                 if progress:
@@ -147,7 +142,7 @@ def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[in
     count, extra = counts
     for b in policy.batches:  # a bad --context length fails before a run folder exists
         for length in extra:
-            _shape(policy, b.batch, length)
+            policy_shape(policy, b.batch, length)
     seed = secrets.randbelow(2**31) if seed is None else seed
     span = policy_span(policy)
     low, high = span[0] if low is None else low, span[1] if high is None else high
@@ -187,7 +182,7 @@ def _tile_tokens(backend: Any, policy: Policy) -> int:
     tiles = [e.tile_tokens for b in policy.batches for e in b.entries if getattr(e, "tile_tokens", None)]
     if tiles:
         return max(tiles)
-    shape = _shape(policy, 1, max(e.max_context_len for b in policy.batches for e in b.entries))
+    shape = policy_shape(policy, 1, max(e.max_context_len for b in policy.batches for e in b.entries))
     return backend.split_tile_tokens(shape, backend.resolve_params(shape)) or shape.page_size
 
 

@@ -1,0 +1,83 @@
+"""``tune --validate POLICY --from-run RUN``: a policy scored on recorded measurements (no GPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+REPO = Path(__file__).resolve().parents[2]
+QO1 = REPO / "results/h200/deploy/qo1"
+POLICY = QO1 / "tune-kimi-k3-tp8-20261201-152425-462/policy.json"
+VALIDATION = QO1 / "validate-20261201-152911-787"
+
+
+def _two_pages_policy(tmp_path: Path) -> Path:
+    """The committed policy's identity with one rule a batch size: 128 tokens (2 pages) a split, at
+    most 128 splits at batch 1 and 8 at batch 16, the other parameters at gluon-splitkv's defaults."""
+    data = json.loads(POLICY.read_text())
+    data["batches"] = [{"batch": b, "entries": [{"max_context_len": 131072, "tokens_per_split": 128, "params": {
+        "num_kv_splits": cap, "split_policy": "", "num_stages": 2, "pdl": pdl}}]} for b, cap, pdl in ((1, 128, 1), (16, 8, 0))]
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_the_policy_a_validation_measured_scores_as_that_validation_did():
+    """On its own validation run's records, the committed policy gets, at each of the 32 points,
+    the best and the policy times the live validation wrote in validation.json."""
+    from mlabench.policy.tuned import load_policy
+    from mlabench.records.store import records_of
+    from mlabench.tune.rescore import recorded_points
+
+    score = recorded_points(load_policy(POLICY), records_of([VALIDATION]))
+    measured = {(p["batch"], p["context_len"]): p for p in json.loads((VALIDATION / "validation.json").read_text())}
+    assert score.unscored == [] and len(score.points) == len(measured) == 32
+    for p in score.points:
+        want = measured[(p.batch, p.context_len)]
+        assert (p.best_us, p.policy_us, p.policy_params) == (want["best_us"], want["policy_us"], want["policy_params"])
+
+
+def test_another_policy_is_scored_where_its_launch_was_recorded_and_the_rest_is_named(tmp_path):
+    """A rule the validation did not measure: scored at the points where its count at the defaults
+    was recorded, the others left out by name; the best launch shows the parameters it differs in
+    (128 splits at pdl 0 beat the rule's 128 at pdl 1 at 35941 tokens); nothing is written; exit 1
+    because a point misses 3%."""
+    from mlabench.cli import app
+
+    res = CliRunner().invoke(app, ["tune", "--validate", str(_two_pages_policy(tmp_path)), "--from-run",
+                                   str(VALIDATION), "--results-dir", str(tmp_path / "runs"), "--json"])
+    assert res.exit_code == 1, res.output
+    summary, detail = json.loads(res.stdout)
+    rows = {(r["batch"], r["context"]): r for r in detail["rows"]}
+    assert len(rows) == 25 and (1, 1026) not in rows and rows[(16, 5161)]["policy %"] == 0
+    assert rows[(1, 35941)]["best splits"] == "128 (pdl=0)" and rows[(1, 35941)]["policy splits"] == 128
+    notes = " ".join(summary["notes"])
+    assert "7 recorded points left out" in notes and "batch 1: 1026, 2702, 3734, 5161, 7131, 9855, 13619" in notes
+    assert "every recorded length within 3%" in " ".join(res.stderr.split())
+    assert detail["title"].startswith("Recorded points") and not (tmp_path / "runs").exists()
+
+
+def _mlabench(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "mlabench", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_from_run_takes_none_of_the_measuring_flags():
+    """One error line, exit 2, for a flag that measures (the recorded points are the grid)."""
+    for extra in (["--lengths", "4"], ["--context", "4160"], ["--resume", str(VALIDATION)]):
+        res = _mlabench("tune", "--validate", str(POLICY), "--from-run", str(VALIDATION), *extra)
+        assert res.returncode == 2 and "--from-run scores the policy at the recorded points" in res.stderr
+        assert "Traceback" not in res.stderr
+
+
+def test_runs_without_the_policys_launch_are_refused_naming_what_they_hold():
+    """A sweep of other backends holds no point of the policy's launch: one error line, exit 2."""
+    sweep = next((REPO / "results/h200/kimi-k3-tp8").glob("kimi-k3-tp8-*"))
+    res = _mlabench("tune", "--validate", str(POLICY), "--from-run", str(sweep))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "no recorded point of gluon-splitkv at the policy's shape" in res.stderr
+    assert "the records cover backends" in res.stderr
