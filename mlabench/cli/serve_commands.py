@@ -51,8 +51,9 @@ def serve_bench(
                             "it has no ok result for, starting only the servers they need.")] = None,
     predict_from: Annotated[list[Path] | None, typer.Option(
         "--predict-from", metavar="SWEEP_RUN",
-        help="Sweep run folder(s) of the served kernels: print TPOT predicted from them beside the "
-             "measured one (the [prediction] of CONFIG, else the one the run recorded); repeatable.")] = None,
+        help="Sweep run folder(s) of the served kernels, or a folder holding them at any depth: print "
+             "TPOT predicted from them beside the measured one (the [prediction] of CONFIG, else the one the "
+             "run recorded); repeatable.")] = None,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Benchmark server variants with `vllm bench serve`; table of TPOT per (input length and) concurrency."""
@@ -237,7 +238,7 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dic
     if not runs:
         return None
     from mlabench.deploy.prediction import PredictionSpec
-    from mlabench.records.kinds import run_kind
+    from mlabench.records.kinds import run_kind, runs_of_kinds
     from mlabench.records.store import records_of
     from mlabench.run_files import SWEEP_KIND
 
@@ -247,8 +248,8 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dic
                                                             else "no such run folder"))
         if run_kind(run) != SWEEP_KIND:
             raise ConfigError(f"--predict-from {run}: a {run_kind(run)} run, not a sweep of the served kernels")
-
-    return (PredictionSpec.of(table or conf.prediction, [v.name for v in conf.variants]), records_of(runs),
+    sweeps = runs_of_kinds(runs, (SWEEP_KIND,), "--predict-from")  # a folder: the sweep runs under it, any depth
+    return (PredictionSpec.of(table or conf.prediction, [v.name for v in conf.variants]), records_of(sweeps),
             conf.input_lens()[0], conf.bench.random_output_len)
 
 
