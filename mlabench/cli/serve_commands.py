@@ -166,15 +166,14 @@ def _read_serve_run(run_dir: Path):
 
 
 def _refuse_a_folder_of_runs(folder: Path) -> None:
-    """One line for a folder that is no run but holds runs one level down (``results/h200/serving``
-    for its serve run, a ``sweep/`` folder): the serve-bench runs to give instead, or their kinds."""
+    """One line for a folder that is no run but holds runs at any depth, found as ``report --from``
+    finds them (``results/h200`` or ``results/h200/serving`` for a serve run, a ``sweep/`` folder):
+    the serve-bench runs to give instead, or their kinds."""
     from mlabench.records.kinds import run_kind
+    from mlabench.records.store import folders_below
     from mlabench.run_files import MANIFEST_FILE, SERVE_BENCH_KIND
 
-    try:
-        inner = sorted(p for p in folder.iterdir() if (p / MANIFEST_FILE).is_file())
-    except OSError:  # unreadable: read_run says so
-        return
+    inner = [p for p in folders_below(folder)[1:] if (p / MANIFEST_FILE).is_file()]  # unreadable: read_run says so
     serve = [str(p) for p in inner if run_kind(p) == SERVE_BENCH_KIND]
     if serve:
         raise ConfigError(f"{folder} is no run folder; give one of the serve-bench runs it holds: {', '.join(serve)}")

@@ -106,6 +106,17 @@ def test_a_folder_of_runs_given_to_from_run_names_the_serve_runs_in_it(tmp_path,
     assert code == 2 and err.count("\n") == 1 and "holds no serve-bench run (only sweep runs)" in err
 
 
+def test_from_run_names_the_serve_runs_at_any_depth(tmp_path, monkeypatch, capsys):
+    """`--from-run results/h200` (its serve runs in serving/, two levels down) said only "serve-bench
+    run manifest not found"; the runs to give are now found as `report --from` finds them."""
+    (tmp_path / "h200" / "serving").mkdir(parents=True)
+    serve = _serve_run(tmp_path / "h200" / "serving", PREDICTION)
+    for argv in (["--from-run", str(tmp_path)], ["--resume", str(tmp_path)]):
+        code, _out, err = run(["serve-bench", *argv], monkeypatch, capsys)
+        assert code == 2 and err == (f"error: {tmp_path} is no run folder; give one of the serve-bench runs it "
+                                     f"holds: {serve}\n")
+
+
 def test_a_file_given_for_a_run_folder_is_named_as_a_file(tmp_path, monkeypatch, capsys):
     """`--from-run RUN/results.jsonl.gz` said "manifest is not a folder (or a part of its path is a file)"."""
     serve = _serve_run(tmp_path, PREDICTION)
