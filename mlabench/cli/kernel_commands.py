@@ -159,7 +159,8 @@ def sweep(
 def compare(
     config: SweepFile = None,
     from_run: Annotated[list[Path] | None, typer.Option(
-        "--from", metavar="RUN", help="Only read this run folder (or folder holding runs); repeatable.")] = None,
+        "--from", metavar="RUN",
+        help="Only read this run folder (or a folder holding runs at any depth); repeatable.")] = None,
     resume: Annotated[Path | None, typer.Option(
         metavar="RUN", help="Measure what is missing into this run folder.")] = None,
     model: Model = None, tp: Tp = None, model_config: ModelConfig = None, heads: Heads = None,

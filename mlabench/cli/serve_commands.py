@@ -51,8 +51,9 @@ def serve_bench(
                             "it has no ok result for, starting only the servers they need.")] = None,
     predict_from: Annotated[list[Path] | None, typer.Option(
         "--predict-from", metavar="SWEEP_RUN",
-        help="Sweep run folder(s) of the served kernels: print TPOT predicted from them beside the "
-             "measured one (the [prediction] of CONFIG, else the one the run recorded); repeatable.")] = None,
+        help="Sweep run folder(s) of the served kernels, or a folder holding them at any depth: print "
+             "TPOT predicted from them beside the measured one (the [prediction] of CONFIG, else the one the "
+             "run recorded); repeatable.")] = None,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Benchmark server variants with `vllm bench serve`; table of TPOT per (input length and) concurrency."""
@@ -165,15 +166,14 @@ def _read_serve_run(run_dir: Path):
 
 
 def _refuse_a_folder_of_runs(folder: Path) -> None:
-    """One line for a folder that is no run but holds runs one level down (``results/h200/serving``
-    for its serve run, a ``sweep/`` folder): the serve-bench runs to give instead, or their kinds."""
+    """One line for a folder that is no run but holds runs at any depth, found as ``report --from``
+    finds them (``results/h200`` or ``results/h200/serving`` for a serve run, a ``sweep/`` folder):
+    the serve-bench runs to give instead, or their kinds."""
     from mlabench.records.kinds import run_kind
+    from mlabench.records.store import folders_below
     from mlabench.run_files import MANIFEST_FILE, SERVE_BENCH_KIND
 
-    try:
-        inner = sorted(p for p in folder.iterdir() if (p / MANIFEST_FILE).is_file())
-    except OSError:  # unreadable: read_run says so
-        return
+    inner = [p for p in folders_below(folder)[1:] if (p / MANIFEST_FILE).is_file()]  # unreadable: read_run says so
     serve = [str(p) for p in inner if run_kind(p) == SERVE_BENCH_KIND]
     if serve:
         raise ConfigError(f"{folder} is no run folder; give one of the serve-bench runs it holds: {', '.join(serve)}")
@@ -237,7 +237,7 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dic
     if not runs:
         return None
     from mlabench.deploy.prediction import PredictionSpec
-    from mlabench.records.kinds import run_kind
+    from mlabench.records.kinds import run_kind, runs_of_kinds
     from mlabench.records.store import records_of
     from mlabench.run_files import SWEEP_KIND
 
@@ -247,8 +247,8 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dic
                                                             else "no such run folder"))
         if run_kind(run) != SWEEP_KIND:
             raise ConfigError(f"--predict-from {run}: a {run_kind(run)} run, not a sweep of the served kernels")
-
-    return (PredictionSpec.of(table or conf.prediction, [v.name for v in conf.variants]), records_of(runs),
+    sweeps = runs_of_kinds(runs, (SWEEP_KIND,), "--predict-from")  # a folder: the sweep runs under it, any depth
+    return (PredictionSpec.of(table or conf.prediction, [v.name for v in conf.variants]), records_of(sweeps),
             conf.input_lens()[0], conf.bench.random_output_len)
 
 

@@ -227,7 +227,8 @@ def folders_below(path: Path) -> list[Path]:
 def run_folders(paths: Iterable[Path], *, any_depth: bool = False) -> list[Path]:
     """Run folders named, or found one level inside the folders named (e.g. ``results/h200/x``);
     with ``any_depth``, found at any depth under them (:func:`folders_below`: never inside a run
-    folder), as ``report`` and ``plot`` read them.
+    folder), as ``report``, ``plot``, ``compare --from`` and ``serve-bench --predict-from`` read
+    them (:func:`mlabench.records.kinds.runs_of_kinds`; ``diff``, one run per argument, keeps one level).
 
     Raises :class:`ResultsError` for a path that holds no run, naming the folders further down
     that hold runs, or saying that a ``records.jsonl`` without a manifest is a script's output.

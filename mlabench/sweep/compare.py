@@ -13,10 +13,15 @@ from typing import Any
 
 from mlabench.backends import get_backend
 from mlabench.errors import BackendUnavailableError, ConfigError, MissingResultError
+from mlabench.records.kinds import runs_of_kinds
 from mlabench.records.record import Record
 from mlabench.records.store import describe_records, records_of
+from mlabench.run_files import SWEEP_KIND, TUNE_KIND, VALIDATION_KIND
 from mlabench.sweep.summary import axis_values, best_ok, sortable, varying_axes
 from mlabench.tables.table import ColumnStyle, Table, fmt
+
+#: The kinds of run whose records compare reads (a serve-bench run's are no kernel timings).
+RECORD_KINDS = (SWEEP_KIND, TUNE_KIND, VALIDATION_KIND)
 
 #: The two paths the 12-head question is about, by backend family.
 PATHS = {"persistent": "padded persistent", "split-kv": "split-KV"}
@@ -26,9 +31,10 @@ def recorded_records(runs: Iterable[Path], batch: Sequence[int] | None = None,
                      context_lens: Sequence[int] | None = None,
                      backends: Sequence[str] | None = None,
                      qo_lens: Sequence[int] | None = None) -> list[Record]:
-    """The records of ``runs`` (run folders, or folders holding runs), kept when their batch is in
-    ``batch``, their longest context length in ``context_lens``, their backend in ``backends`` and
-    their query tokens per request in ``qo_lens`` (each filter off when None or empty; records
+    """The records of ``runs`` (run folders, or folders holding runs at any depth: the kernel, tuning
+    and validation runs under them, :func:`~mlabench.records.kinds.runs_of_kinds`), kept when their
+    batch is in ``batch``, their longest context length in ``context_lens``, their backend in
+    ``backends`` and their query tokens per request in ``qo_lens`` (each filter off when None or empty; records
     written before multi-token decode count as qo_len 1).
 
     Raises :class:`UnknownBackendError` for a backend name that is not registered (before reading
@@ -37,7 +43,7 @@ def recorded_records(runs: Iterable[Path], batch: Sequence[int] | None = None,
     """
     for name in backends or []:
         get_backend(name)
-    everything = records_of(runs)
+    everything = records_of(runs_of_kinds(runs, RECORD_KINDS, "compare --from"))
     kept = [r for r in everything
             if (not batch or r.batch in batch) and (not context_lens or r.context_len in context_lens)
             and (not backends or r.backend in backends) and (not qo_lens or r.qo_len in qo_lens)]

@@ -2,6 +2,7 @@
 here) beside the committed H200 sweep of gluon-splitkv and FlashMLA."""
 
 import json
+import shutil
 from pathlib import Path
 
 from mlabench.deploy.prediction import KernelRef, attention_us
@@ -105,6 +106,17 @@ def test_a_folder_of_runs_given_to_from_run_names_the_serve_runs_in_it(tmp_path,
     assert code == 2 and err.count("\n") == 1 and "holds no serve-bench run (only sweep runs)" in err
 
 
+def test_from_run_names_the_serve_runs_at_any_depth(tmp_path, monkeypatch, capsys):
+    """`--from-run results/h200` (its serve runs in serving/, two levels down) said only "serve-bench
+    run manifest not found"; the runs to give are now found as `report --from` finds them."""
+    (tmp_path / "h200" / "serving").mkdir(parents=True)
+    serve = _serve_run(tmp_path / "h200" / "serving", PREDICTION)
+    for argv in (["--from-run", str(tmp_path)], ["--resume", str(tmp_path)]):
+        code, _out, err = run(["serve-bench", *argv], monkeypatch, capsys)
+        assert code == 2 and err == (f"error: {tmp_path} is no run folder; give one of the serve-bench runs it "
+                                     f"holds: {serve}\n")
+
+
 def test_a_file_given_for_a_run_folder_is_named_as_a_file(tmp_path, monkeypatch, capsys):
     """`--from-run RUN/results.jsonl.gz` said "manifest is not a folder (or a part of its path is a file)"."""
     serve = _serve_run(tmp_path, PREDICTION)
@@ -155,3 +167,22 @@ def test_the_replaced_prediction_names_the_kernels_that_differ():
         "vllm-flashmla; new's kernel: none -> vllm-fa3-mla)")
     assert "recorded none" in replaced_prediction(given, None)
 
+
+
+def test_a_folder_gives_the_sweep_runs_under_it_at_any_depth(tmp_path, monkeypatch, capsys):
+    """`--predict-from results/h200/serving` read its serve-bench runs, one level down, as sweeps
+    ("unreadable manifest") and never reached the sweep runs of `sweep/<run>`, two levels down, which
+    `report --from` the same folder reads.  A folder now gives the sweep runs under it at any depth
+    (never inside a run folder); the serve-bench runs beside them are passed over."""
+    serving = tmp_path / "serving"
+    serving.mkdir()
+    run_dir = _serve_run(serving, PREDICTION)
+    shutil.copytree(SWEEP, serving / "sweep" / SWEEP.name)
+    argv = ["serve-bench", "--from-run", str(run_dir), "--json", "--predict-from"]
+    code, out, err = run([*argv, str(serving)], monkeypatch, capsys)
+    assert code == 0, err
+    assert out == run([*argv, str(SWEEP)], monkeypatch, capsys)[1]
+    shutil.rmtree(serving / "sweep")
+    code, out, err = run([*argv, str(serving)], monkeypatch, capsys)
+    assert code == 2 and not out and err == (f"error: --predict-from {serving}: no sweep run here or below "
+                                             "(only serve-bench runs)\n")

@@ -100,14 +100,15 @@ def test_compare_filter_matching_nothing_is_one_error_line_and_exit_1(flag, valu
                    "triton-persistent, triton-splitkv; batch 1, 16; qo_len 1; context 1024-131072 (8 lengths)\n")
 
 
-def test_from_a_folder_whose_runs_lie_deeper_names_the_folders_that_hold_them(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["mlabench", "compare", "--from", str(H200.parent)])
-    with pytest.raises(SystemExit) as info:
-        cli.main()
-    err = capsys.readouterr().err
-    listed = err.split("(name one, or the folder just above it): ")[-1].strip().split(", ")
-    assert info.value.code == 2  # the run folders themselves, at their real paths
-    assert all(any(p.startswith(f"{folder}/") for p in listed) for folder in (H200, H200.parent / "qo-len"))
+def test_from_a_folder_reads_the_runs_below_it_as_report_does(tmp_path, monkeypatch, capsys):
+    """`compare --from results/h200/serving` read its serve-bench runs as kernel runs and stopped
+    ("unreadable manifest"), while `report --from` it reads the sweeps of `sweep/`: compare reads
+    them too (the runs at any depth, serve-bench runs passed over).  A script's output, no run, is
+    still named as one."""
+    serving = H200.parent / "serving"
+    out = run_mlabench(["compare", "--from", str(serving), "--json"], monkeypatch, capsys)
+    assert out == run_mlabench(["compare", "--from", str(serving / "sweep"), "--json"], monkeypatch, capsys)
+    assert "kimi-k3-tp8-serving-host-20261204-211057-1293" in out  # its runs differ: a run column
     script_out = tmp_path / "hopper-kernel"  # a script's output from before it also wrote run/
     script_out.mkdir()
     (script_out / "records.jsonl").write_text(raw_records())

@@ -121,3 +121,30 @@ def test_compare_says_when_a_point_reads_above_its_copy_floor():
             "bandwidth (4.18 TB/s)") in "\n".join(notes)
     notes = compare_table(recorded_records([run], batch=[1]), backend_families()).notes
     assert not any("above 100%" in n for n in notes)
+
+
+def test_compare_from_a_folder_reads_the_kernel_runs_at_any_depth(tmp_path, monkeypatch, capsys):
+    """`compare --from results/h200/serving` read its serve-bench runs, one level down, as kernel
+    runs ("unreadable manifest") and never reached the sweep runs of `sweep/<run>`, two levels down,
+    which `report --from` the same folder reads.  Kernel runs are now found at any depth, never
+    inside a run folder, and serve-bench runs among them are passed over."""
+    import shutil
+
+    from tests.cli.test_cli import run
+    from tests.report.serve_runs import PREDICTION_SWEEP, write_serve_run
+
+    serving = tmp_path / "serving"
+    serve = write_serve_run(serving)
+    sweep = shutil.copytree(PREDICTION_SWEEP, serving / "sweep" / PREDICTION_SWEEP.name)
+    (sweep / "kept" / "not-a-run-of-its-own").mkdir(parents=True)  # inside a run folder: never read
+    (sweep / "kept" / "not-a-run-of-its-own" / "results.jsonl").write_text("garbled\nlines\n")
+    code, out, err = run(["compare", "--from", str(serving), "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    assert out == run(["compare", "--from", str(PREDICTION_SWEEP), "--json"], monkeypatch, capsys)[1]
+    code, out, err = run(["compare", "--from", str(serve)], monkeypatch, capsys)
+    assert code == 2 and not out and err == (f"error: compare --from {serve}: a serve-bench run, not a sweep, "
+                                             "tune or validation run\n")
+    shutil.rmtree(sweep)
+    code, out, err = run(["compare", "--from", str(serving)], monkeypatch, capsys)
+    assert code == 2 and not out and err == (f"error: compare --from {serving}: no sweep, tune or validation run "
+                                             "here or below (only serve-bench runs)\n")
