@@ -81,3 +81,12 @@ def test_runs_without_the_policys_launch_are_refused_naming_what_they_hold():
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "no recorded point of gluon-splitkv at the policy's shape" in res.stderr
     assert "the records cover backends" in res.stderr
+
+
+def test_serve_bench_runs_under_the_folder_are_passed_over():
+    """results/h200/serving holds serve-bench runs beside the sweeps of sweep/: they are not read
+    as kernel runs (no manifest error); the sweeps ran the policy in device mode, not its host
+    launch, so no point scores."""
+    res = _mlabench("tune", "--validate", str(POLICY), "--from-run", str(REPO / "results/h200/serving"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "manifest" not in res.stderr
+    assert "no recorded point of gluon-splitkv" in res.stderr and "6 points without it" in res.stderr
