@@ -304,6 +304,9 @@ def test_version(monkeypatch, capsys):
     assert code == 0 and out.startswith("mlabench ")
 
 
+H200_SWEEP = str(Path(__file__).resolve().parents[2] / "results" / "h200" / "kimi-k3-tp8")
+
+
 @pytest.mark.parametrize("args, message", [
     (["check", "--heads", "0"], "heads must be > 0"),
     (["check", "--heads", "12", "--batch", "0", "--context", "100"], "error: --batch takes values > 0, got 0"),
@@ -317,6 +320,10 @@ def test_version(monkeypatch, capsys):
     (["sweep", "--page-size", "32"], "error: --page-size takes 1, 16, 64, got 32"),
     (["sweep", "--budget-s", "0"], "'--budget-s': must be a finite number of seconds > 0, got 0.0"),
     (["compare", "--from", "nowhere"], "no run folder (results.jsonl, manifest.json)"),
+    # with --from, a length or batch <= 0 read "no recorded point matches --context -5", exit 1
+    (["compare", "--from", H200_SWEEP, "--context", "-5"], "context length must be > 0, got -5"),
+    (["compare", "--from", H200_SWEEP, "--batch", "0"], "batch must be > 0, got 0"),
+    (["compare", "--from", H200_SWEEP, "--qo-len", "0"], "--qo-len must be > 0, got 0"),
 ])
 def test_more_bad_input(tmp_path, monkeypatch, capsys, args, message):
     code, _, err = run([*args, *(["--results-dir", str(tmp_path)] if args[0] == "sweep" else [])],
