@@ -158,7 +158,11 @@ def test_default_sweep_runs_on_cpu_and_says_so(tmp_path, monkeypatch, capsys):
     (["sweep", "--heads", "12", "--context", "256", "--budget-s", "inf"], "'--budget-s': must be a finite number"),
     (["tune", "--backend", "torch-splitkv", "--budget-s", "nan"], "'--budget-s': must be a finite number"),
     (["tune", "--validate", "results/h200/deploy/qo1/tune-kimi-k3-tp8-20261201-152425-462/policy.json",
-      "--lengths", "0"], "needs --lengths >= 1 (or 0 with --context) and 1 <= --min-context < --max-context"),
+      "--lengths", "0"], "needs --lengths >= 1 (or 0 with --context), got 0"),
+    # it read "got None, 600, 512": --lengths not given, and the 512 the policy's, not the user's
+    (["tune", "--validate", "results/h200/deploy/qo1/tune-kimi-k3-tp8-20261201-152425-462/policy.json",
+      "--min-context", "200000"], "needs 1 <= --min-context < --max-context, got --min-context 200000 and "
+                                  "--max-context 131072 (the policy's)"),
     (["check", "--heads", "100000", "--context", "256"], "num_heads: must be 1..256"),
     (["check", "--heads", "12", "--rtol", "0.1"], "--rtol needs --atol"),
     (["plot", "--from", "results/h200/deploy/kimi-k3-tp8/kimi-k3-tp8-gluon-flashmla-20261201-183956-973",
