@@ -238,13 +238,14 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dic
         return None
     from mlabench.deploy.prediction import PredictionSpec
     from mlabench.records.kinds import run_kind
-    from mlabench.records.store import records_of
+    from mlabench.records.store import records_of, run_folders
     from mlabench.run_files import SWEEP_KIND
 
     for run in runs:
         if not run.is_dir():
             raise ConfigError(f"--predict-from {run}: " + ("a file, not a run folder" if run.is_file()
                                                             else "no such run folder"))
+    for run in run_folders(runs):  # a folder holding runs: each of them (a tuning run's trials are no sweep)
         if run_kind(run) != SWEEP_KIND:
             raise ConfigError(f"--predict-from {run}: a {run_kind(run)} run, not a sweep of the served kernels")
 

@@ -187,3 +187,15 @@ def test_a_report_of_a_run_at_concurrency_16_only_says_why_no_dash(tmp_path, mon
     text = (tmp_path / "report.md").read_text()
     assert "no TPOT predicted from the sweep runs given: the run has no concurrency-1 point, and above it the " \
            "predicted step is the median ITL" in text and ": ;" not in text
+
+
+def test_a_folder_holding_a_tuning_run_is_no_sweep_to_predict_from(tmp_path, monkeypatch, capsys):
+    """--predict-from refused a tuning run named itself but took the folder above it: the folder has
+    no manifest, so it read as a sweep, and every prediction came out empty, exit 0."""
+    run_dir = _serve_run(tmp_path, PREDICTION)
+    tuning = REPO / "results/h200/tune-kimi-k3-tp8/whole-tiles-attempt"
+    code, out, err = run(["serve-bench", "--from-run", str(run_dir), "--predict-from", str(tuning)],
+                         monkeypatch, capsys)
+    assert code == 2 and not out
+    assert err == f"error: --predict-from {tuning}/tune-kimi-k3-tp8-20261130-213908-441: a tune run, not a sweep " \
+                  "of the served kernels\n"
