@@ -87,14 +87,15 @@ def _config(heads: str | None, batch: str | None, context: str | None, page_size
     from mlabench.measure.timing import TimingConfig
 
     head_list = int_list(heads, "--heads", "heads") or [12]
-    non_causal_applies(non_causal, [qo_len or 1])
+    qo_len = 1 if qo_len is None else qo_len  # 0 is refused by validate(), not read as the default
+    non_causal_applies(non_causal, [qo_len])
     if len(head_list) != 1:
         raise ConfigError("graph-check takes one --heads value")
     return GraphCheckConfig(
         num_heads=head_list[0], batches=tuple(int_list(batch, "--batch", "batch") or (1,)),
         contexts=tuple(int_list(context, "--context", "context length") or DEFAULT_CONTEXTS),
         page_size=page_size_flag(page_size) or 64, dtype=dtype,
-        capture_len=capture_len if capture_len is not None else qo_len or 1, qo_len=qo_len or 1,
+        capture_len=capture_len if capture_len is not None else max(qo_len, 1), qo_len=qo_len,
         causal=not non_causal,
         splits=tuple(splits or DEFAULT_SPLITS), tolerance=tolerance,
         timing=TimingConfig(budget_s=0.5 if budget_s is None else budget_s), seed=seed)

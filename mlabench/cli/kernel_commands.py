@@ -187,8 +187,9 @@ def compare(
                                                                          param, page_size, budget_s)):
             raise ConfigError("--from only reads recorded runs: it takes --batch, --context, --qo-len and "
                               "--backend as filters, nothing else")
-        records = recorded_records(from_run, int_list(batch, "--batch"), int_list(context, "--context"),
-                                   name_list(backend), int_list(qo_len, "--qo-len"))
+        records = recorded_records(from_run, int_list(batch, "--batch", "batch"),
+                                   int_list(context, "--context", "context length"),
+                                   name_list(backend), int_list(qo_len, "--qo-len", "--qo-len"))
     else:
         from mlabench.sweep.config import resolve_sweep_config
 

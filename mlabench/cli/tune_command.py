@@ -365,9 +365,12 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
                           "--budget-s")
     span = policy_span(policy)
     lo, hi = span[0] if low is None else low, span[1] if high is None else high
-    if (lengths is not None and lengths < (0 if extra else 1)) or not 1 <= lo < hi:  # before the progress bar
-        raise ConfigError(f"tune --validate needs --lengths >= 1 (or 0 with --context) and 1 <= --min-context < "
-                          f"--max-context, got {lengths}, {lo}, {hi}")
+    if lengths is not None and lengths < (0 if extra else 1):  # before the progress bar
+        raise ConfigError(f"tune --validate needs --lengths >= 1 (or 0 with --context), got {lengths}")
+    if not 1 <= lo < hi:
+        given = lambda flag, v, what: f"{flag} {v}" + ("" if what is not None else " (the policy's)")  # noqa: E731
+        raise ConfigError(f"tune --validate needs 1 <= --min-context < --max-context, got "
+                          f"{given('--min-context', lo, low)} and {given('--max-context', hi, high)}")
     measured = ([lo, hi] if lengths != 0 else []) + extra  # the span of what is measured: drawn and --context
     if resume is None and (note := span_note(policy, min(measured), max(measured))):
         err.print(f"note: {note}")

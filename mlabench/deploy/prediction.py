@@ -77,7 +77,10 @@ class PredictionSpec(BaseModel):
     @classmethod
     def of(cls, table: dict[str, Any] | None, variants: Iterable[str]) -> PredictionSpec:
         """Validate a config's ``[prediction]`` against its ``variants``; :class:`ConfigError`
-        (one line) when there is none, it is malformed or names a variant the config lacks."""
+        (one line) when there is none, it is malformed or its reference is not among ``variants``.
+        Kernels of variants not among them are left out: a run of some of a config's variants
+        (``serve-bench --variant``) records the config's whole ``[prediction]``, and a CONFIG given
+        with ``--from-run`` lends its ``[prediction]`` to a run that may lack some of its variants."""
         if not table:
             raise ConfigError("the serve config has no [prediction] table (layers, reference, "
                               "short_input_len, kernels): nothing says which kernel each variant runs")
@@ -86,10 +89,10 @@ class PredictionSpec(BaseModel):
         except ValidationError as exc:
             raise ConfigError(f"[prediction]: {validation_line(exc)}") from None
         known = set(variants)
-        unknown = sorted({spec.reference, *spec.kernels} - known)
-        if unknown:
-            raise ConfigError(f"[prediction] names variants that the run or config it is read with lacks: "
-                              f"{', '.join(unknown)} (a CONFIG given with --from-run lends only its [prediction])")
+        if spec.reference not in known:
+            raise ConfigError(f"[prediction] reference {spec.reference!r} is a variant that the run or config it is "
+                              f"read with lacks: {spec.reference} (it has {', '.join(variants)})")
+        spec.kernels = {name: ref for name, ref in spec.kernels.items() if name in known}
         if spec.reference not in spec.kernels:
             raise ConfigError(f"[prediction] reference {spec.reference!r} needs an entry in kernels")
         return spec

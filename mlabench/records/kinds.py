@@ -15,7 +15,6 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from mlabench.errors import ResultsError
-from mlabench.records.store import holds_run, run_folders
 from mlabench.run_files import MANIFEST_FILE, SWEEP_KIND, manifest_kind
 
 
@@ -45,6 +44,8 @@ def runs_of_kinds(paths: Iterable[Path], kinds: Collection[str], what: str) -> l
     of other kinds only (naming them), and :func:`~mlabench.records.store.run_folders`' errors (a
     path with no run here or below).
     """
+    from mlabench.records.store import holds_run, run_folders  # store reads run_kind: imported here, not above
+
     *some, last = sorted(kinds)
     wanted = f"{', '.join(some)} or {last}" if some else last
     found: list[Path] = []

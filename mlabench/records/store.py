@@ -25,10 +25,11 @@ from pydantic import BaseModel, ValidationError
 from mlabench.errors import FileAccessError, ResultsError
 from mlabench.files import append_text, make_dir, read_text, user_path, validation_line, write_text
 from mlabench.records.csv_rows import CSV_FIELDS, csv_row
+from mlabench.records.kinds import run_kind
 from mlabench.records.record import Manifest, Record
 from mlabench.run_files import stored_file  # noqa: F401  (re-exported: readers import it from here)
 from mlabench.run_files import (ARCHIVED_JSONL_GLOB, ARCHIVED_RESULTS_FILE, GZIP_SUFFIX, MANIFEST_FILE,
-                                RESULTS_CSV_FILE, RESULTS_FILE, SCRIPT_RECORDS_FILE)
+                                RESULTS_CSV_FILE, RESULTS_FILE, SCRIPT_RECORDS_FILE, SERVE_BENCH_KIND)
 
 
 
@@ -42,11 +43,22 @@ def is_archived(run_dir: Path) -> bool:
     return stored_file(run_dir / RESULTS_FILE).name == ARCHIVED_RESULTS_FILE
 
 
+def refuse_serve_bench_run(run_dir: Path) -> None:
+    """Raise :class:`ResultsError` when ``run_dir`` is a serve-bench run (:func:`run_kind`): its
+    manifest and records are of another form, which a kernel, tuning or validation reader would
+    report as an unreadable manifest (``started_utc: unknown key``) or, resuming, as archived."""
+    if run_kind(run_dir) == SERVE_BENCH_KIND:
+        raise ResultsError(f"{run_dir} is a serve-bench run, not a sweep, tuning or validation run "
+                           f"(`mlabench serve-bench --from-run {run_dir}` reads it)")
+
+
 def refuse_archived(run_dir: Path) -> None:
     """Raise :class:`ResultsError` when ``run_dir`` is an archived run (:func:`is_archived`): it is
     read as it is and never written to, so it cannot be resumed.  Also when any other raw file is
     still gzipped (``sentinel.jsonl.gz`` without ``sentinel.jsonl``): a resumed run would append
-    to a new plain file, which readers then take instead of the gzipped records."""
+    to a new plain file, which readers then take instead of the gzipped records.  First, when it
+    is a serve-bench run (:func:`refuse_serve_bench_run`): that, not the gzip, is what stops it."""
+    refuse_serve_bench_run(run_dir)
     if is_archived(run_dir):
         raise ResultsError(f"{run_dir} is archived ({ARCHIVED_RESULTS_FILE}): gunzip it to add to it")
     left = sorted(p.name for p in Path(run_dir).glob(ARCHIVED_JSONL_GLOB) if not p.with_suffix("").exists())
@@ -129,6 +141,7 @@ class ResultStore:
         try:
             return Manifest.model_validate_json(text)
         except ValidationError as exc:
+            refuse_serve_bench_run(self.run_dir)
             raise ResultsError(f"{self.manifest_path}: unreadable manifest ({validation_line(exc)})") from None
 
     # ---- records -------------------------------------------------------------------------------

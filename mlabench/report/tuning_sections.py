@@ -85,18 +85,36 @@ def _validation_blocks(runs: Any, run: Any, specs: Sequence[FigureSpec], alone: 
     from mlabench.records.store import ResultStore
     from mlabench.tune.validation import Validation, validation_tables
 
-    given = any(t.name == run.policy_run_id for t in runs.tune_runs)
+    tune = next((t for t in runs.tune_runs if t.name == run.policy_run_id), None)
     blocks: list[Block] = [Heading(f"Validation run {run.name}", 3),
                            Para(f"{validate_config_text(run.manifest.config['validate'])}; the tuning run "
-                                + ("is in this report" if given else "is not among the folders given") + ".")]
+                                + ("is in this report" if tune else "is not among the folders given") + ".")]
     if run.points is None:
         return blocks + [Missing(f"{run.path} has no {VALIDATION_FILE} (an interrupted validation): no regret "
                                  "to show; run `mlabench tune --validate POLICY` again")]
+    if tune is not None and tune.policy is not None and (note := _another_policy_note(tune, run.points)):
+        blocks.append(Para(note))
     names = sorted({h for p in run.points for h in p.heuristics})
     given = tuple(run.manifest.config["validate"].get("context") or ())
     summary = validation_tables(Validation(ResultStore(run.path), run.points, names, given=given))[0]
     summary.title = f"{run.name}: {summary.title.lower()} (regret in %)"
     return blocks + [TableBlock(summary)] + _figures_of(specs, ("tuning-regret",), run.name, alone)
+
+
+def _another_policy_note(tune: Any, points: Sequence[Any]) -> str | None:
+    """A warning when the tuning run's ``policy.json`` is not the policy a validation measured: it
+    launches other parameters at some held-out points (``tune --export`` rewrites the file, e.g.
+    with another ``--combine``, after the validation); None when it launches what was measured at
+    every point.  The table beside the report's regret would otherwise be another policy's."""
+    other = [p for p in points if tune.policy.lookup(p.batch, p.context_len) != p.policy_params]
+    if not other:
+        return None
+    p = other[0]
+    return (f"Another policy: {tune.path}/{POLICY_FILE} is not the policy this run validated: it launches "
+            f"other parameters at {len(other)} of its {len(points)} held-out points (batch {p.batch}, "
+            f"{p.context_len} tokens: {params_text(tune.policy.lookup(p.batch, p.context_len))}, validated "
+            f"{params_text(p.policy_params)}), exported again since (`tune --export`). The regret below is "
+            f"the validated policy's; validate {POLICY_FILE} again for its own.")
 
 
 def tuning_section(runs: Any, specs: Sequence[FigureSpec]) -> list[Block]:

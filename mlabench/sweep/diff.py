@@ -194,13 +194,18 @@ def separating_dimensions(a: list[Record], b: list[Record]) -> list[str]:
     for name, value in {**DIMENSIONS, **fields}.items():
         va, vb = {value(r) for r in a}, {value(r) for r in b}
         if va and vb and not va & vb:
-            out.append(f"{name}: A {_values(va)}, B {_values(vb)}")
+            out.append(f"{name}: A {_values(va, name)}, B {_values(vb, name)}")
     return out
 
 
-def _values(values: set[Any]) -> str:
+#: What a shape field's None means, for :func:`separating_dimensions` (never a bare None).
+_NONE_MEANS = {"softmax_scale": "576 ** -0.5 (none given)"}
+
+
+def _values(values: set[Any], name: str = "") -> str:
     shown = sorted(values, key=lambda v: (str(type(v)), v if v is not None else 0))
-    return "/".join(map(str, shown[:4])) + (f"/... ({len(shown)} values)" if len(shown) > 4 else "")
+    text = [_NONE_MEANS.get(name, "not recorded") if v is None else str(v) for v in shown[:4]]
+    return "/".join(text) + (f"/... ({len(shown)} values)" if len(shown) > 4 else "")
 
 
 def manifest_differences(a: Manifest, b: Manifest) -> list[str]:

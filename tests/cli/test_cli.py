@@ -158,7 +158,11 @@ def test_default_sweep_runs_on_cpu_and_says_so(tmp_path, monkeypatch, capsys):
     (["sweep", "--heads", "12", "--context", "256", "--budget-s", "inf"], "'--budget-s': must be a finite number"),
     (["tune", "--backend", "torch-splitkv", "--budget-s", "nan"], "'--budget-s': must be a finite number"),
     (["tune", "--validate", "results/h200/deploy/qo1/tune-kimi-k3-tp8-20261201-152425-462/policy.json",
-      "--lengths", "0"], "needs --lengths >= 1 (or 0 with --context) and 1 <= --min-context < --max-context"),
+      "--lengths", "0"], "needs --lengths >= 1 (or 0 with --context), got 0"),
+    # it read "got None, 600, 512": --lengths not given, and the 512 the policy's, not the user's
+    (["tune", "--validate", "results/h200/deploy/qo1/tune-kimi-k3-tp8-20261201-152425-462/policy.json",
+      "--min-context", "200000"], "needs 1 <= --min-context < --max-context, got --min-context 200000 and "
+                                  "--max-context 131072 (the policy's)"),
     (["check", "--heads", "100000", "--context", "256"], "num_heads: must be 1..256"),
     (["check", "--heads", "12", "--rtol", "0.1"], "--rtol needs --atol"),
     (["plot", "--from", "results/h200/deploy/kimi-k3-tp8/kimi-k3-tp8-gluon-flashmla-20261201-183956-973",
@@ -304,6 +308,9 @@ def test_version(monkeypatch, capsys):
     assert code == 0 and out.startswith("mlabench ")
 
 
+H200_SWEEP = str(Path(__file__).resolve().parents[2] / "results" / "h200" / "kimi-k3-tp8")
+
+
 @pytest.mark.parametrize("args, message", [
     (["check", "--heads", "0"], "heads must be > 0"),
     (["check", "--heads", "12", "--batch", "0", "--context", "100"], "error: --batch takes values > 0, got 0"),
@@ -317,6 +324,10 @@ def test_version(monkeypatch, capsys):
     (["sweep", "--page-size", "32"], "error: --page-size takes 1, 16, 64, got 32"),
     (["sweep", "--budget-s", "0"], "'--budget-s': must be a finite number of seconds > 0, got 0.0"),
     (["compare", "--from", "nowhere"], "no run folder (results.jsonl, manifest.json)"),
+    # with --from, a length or batch <= 0 read "no recorded point matches --context -5", exit 1
+    (["compare", "--from", H200_SWEEP, "--context", "-5"], "context length must be > 0, got -5"),
+    (["compare", "--from", H200_SWEEP, "--batch", "0"], "batch must be > 0, got 0"),
+    (["compare", "--from", H200_SWEEP, "--qo-len", "0"], "--qo-len must be > 0, got 0"),
 ])
 def test_more_bad_input(tmp_path, monkeypatch, capsys, args, message):
     code, _, err = run([*args, *(["--results-dir", str(tmp_path)] if args[0] == "sweep" else [])],

@@ -97,3 +97,14 @@ def test_the_serve_bench_synopsis_names_every_option():
     assert "--predict-from" in options
     assert not [o for o in sorted(options) if f"[{o} " not in synopsis and f" {o} " not in synopsis], synopsis
     assert "[CONFIG] --from-run" in synopsis
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/backends.md"])
+def test_the_backend_tables_name_every_backend(page):
+    """The README's backend table left out ``vllm-fa3-mla``, which ``mlabench backends`` lists: a
+    new user reading it would not know vLLM's FA3 call can be swept (the serving sweeps time it)."""
+    from mlabench.backends.registry import backend_names
+
+    rows = re.findall(r"^\| `([a-z0-9-]+)`(?:, `([a-z0-9-]+)`)? \|", (REPO / page).read_text(), re.MULTILINE)
+    named = {name for row in rows for name in row if name}
+    assert set(backend_names()) <= named, f"{page} has no row for {sorted(set(backend_names()) - named)}"

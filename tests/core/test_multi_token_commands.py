@@ -187,3 +187,18 @@ def test_graph_check_capture_length_holds_a_causal_block():
     GraphCheckConfig(qo_len=4, capture_len=1, causal=False).validate()
     with pytest.raises(ConfigError, match="shorter than a causal block"):
         GraphCheckConfig(qo_len=4, capture_len=1).validate()
+
+
+@pytest.mark.parametrize("qo_len", [0, 9])
+def test_graph_check_refuses_a_qo_len_outside_1_to_8_before_it_needs_a_gpu(qo_len, monkeypatch, capsys):
+    """``graph-check --qo-len 9`` (or 0; its help says 1-8) was bad input that passed: on a CPU it
+    read "needs a CUDA or ROCm GPU", exit 3, and only a GPU would then refuse it."""
+    import sys
+
+    from mlabench import cli
+
+    monkeypatch.setattr(sys, "argv", ["mlabench", "graph-check", "--qo-len", str(qo_len), "--capture-len", "9"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == f"error: --qo-len takes 1-8 query tokens per request, got {qo_len}\n"

@@ -186,3 +186,46 @@ def test_a_folder_gives_the_sweep_runs_under_it_at_any_depth(tmp_path, monkeypat
     code, out, err = run([*argv, str(serving)], monkeypatch, capsys)
     assert code == 2 and not out and err == (f"error: --predict-from {serving}: no sweep run here or below "
                                              "(only serve-bench runs)\n")
+
+
+def test_a_run_of_some_of_a_configs_variants_reads_its_own_prediction(tmp_path, monkeypatch, capsys):
+    """The committed 4K repeat ran `serve-bench CONFIG --variant mlabench,fa3`: its manifest keeps the
+    config's whole [prediction] (kernels for flashmla and mlabench-host too), and reading it with
+    --predict-from (or report, plot) refused it: "[prediction] names variants that the run or config
+    it is read with lacks: flashmla, mlabench-host (a CONFIG given with --from-run ...)", no CONFIG
+    given.  The kernels of variants the run lacks are left out; a reference it lacks is still refused."""
+    serving = REPO / "results/h200/serving"
+    sweeps = ["--predict-from", str(serving / "sweep/kimi-k3-tp8-serving-20261204-211036-1205")]
+    code, out, err = run(["serve-bench", "--from-run", str(serving / "serve-20261205T022623Z-h200-proxy"),
+                          *sweeps, "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    rows = json.loads(out)[1]["rows"]
+    assert [(r["variant"], r["predicted_ms"] is not None) for r in rows] == [("mlabench", True), ("fa3", True)]
+    run_dir = _serve_run(tmp_path, {**PREDICTION, "reference": "gone"})
+    code, _, err = run(["serve-bench", "--from-run", str(run_dir), *sweeps], monkeypatch, capsys)
+    assert code == 2 and err == "error: [prediction] reference 'gone' is a variant that the run or config it is " \
+                                "read with lacks: gone (it has fm, ours)\n"
+
+
+def test_a_report_of_a_run_at_concurrency_16_only_says_why_no_dash(tmp_path, monkeypatch, capsys):
+    """Once that run's [prediction] read, the report's figure caption said "no TPOT predicted ...:
+    fa3: ; mlabench: ." (the rows' empty reasons): every step predicted is above concurrency 1."""
+    serving = REPO / "results/h200/serving"
+    code, _, err = run(["report", "--from", str(serving / "serve-20261205T022623Z-h200-proxy"), "--from",
+                        str(serving / "sweep/kimi-k3-tp8-serving-20261204-211036-1205"), "--out", str(tmp_path)],
+                       monkeypatch, capsys)
+    assert code == 0, err
+    text = (tmp_path / "report.md").read_text()
+    assert "no TPOT predicted from the sweep runs given: the run has no concurrency-1 point, and above it the " \
+           "predicted step is the median ITL" in text and ": ;" not in text
+
+
+def test_a_folder_holding_a_tuning_run_is_no_sweep_to_predict_from(tmp_path, monkeypatch, capsys):
+    """--predict-from refused a tuning run named itself but took the folder above it: the folder has
+    no manifest, so it read as a sweep, and every prediction came out empty, exit 0."""
+    run_dir = _serve_run(tmp_path, PREDICTION)
+    tuning = REPO / "results/h200/tune-kimi-k3-tp8/whole-tiles-attempt"
+    code, out, err = run(["serve-bench", "--from-run", str(run_dir), "--predict-from", str(tuning)],
+                         monkeypatch, capsys)
+    assert code == 2 and not out
+    assert err == f"error: --predict-from {tuning}: no sweep run here or below (only tune, validation runs)\n"

@@ -65,3 +65,30 @@ def test_new_sweep_tuning_and_validation_manifests_say_their_kind():
 def test_a_manifest_recorded_before_kinds_still_reads():
     manifest = json.loads((RESULTS / "h200/deploy/qo1/tune-kimi-k3-tp8-20261201-152425-462" / MANIFEST_FILE).read_text())
     assert "kind" not in manifest and Manifest.model_validate(manifest).kind is None
+
+
+SERVE_RUN = RESULTS / "h200/serving/serve-20261204T182027Z-h200-proxy"
+
+
+@pytest.mark.parametrize("args", [
+    ["compare", "--from", str(SERVE_RUN)],
+    ["diff", str(SERVE_RUN), str(RESULTS / "h200/kimi-k3-tp8/kimi-k3-tp8-20261130-105953-511")],
+    ["tune", "--export", str(SERVE_RUN)],
+    ["tune", "--resume", str(SERVE_RUN)],
+    ["sweep", "--resume", str(SERVE_RUN)],
+])
+def test_a_serve_bench_run_given_to_a_kernel_command_is_named_as_one(args, monkeypatch, capsys):
+    """A serve-bench run given to compare, diff or tune --export read "unreadable manifest
+    (started_utc: unknown key (a typo?))", as if the file were damaged; to --resume, "archived:
+    gunzip it to add to it", which would not have helped.  Now one line says what it is."""
+    import sys
+
+    from mlabench import cli
+
+    monkeypatch.setattr(sys, "argv", ["mlabench", *args])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.count("\n") == 1 and err.startswith(f"error: {SERVE_RUN} is a serve-bench run, not a sweep")
+    assert "serve-bench --from-run" in err and "unknown key" not in err and "gunzip" not in err

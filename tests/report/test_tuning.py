@@ -405,3 +405,22 @@ def test_a_heuristic_that_coincides_with_the_policy_or_another_stays_visible():
     labels = [t.get_text() for t in fig.legends[0].get_texts()] + \
         [t.get_text() for t in regret([panel], "gluon-splitkv", "t", "w").legends[0].get_texts()]
     assert "sglang (= the policy at 2 of 3 points)" in labels
+
+
+def test_a_policy_exported_again_after_its_validation_is_not_shown_as_the_validated_one(tmp_path):
+    """``tune --export RUN --combine geomean`` rewrites RUN's policy.json after a validation of the
+    old one; the report showed the new policy's table beside the old one's regret, as if validated."""
+    from mlabench.report.build import build_report
+    from mlabench.report.document import to_markdown_document
+    from mlabench.report.runs import load_runs
+
+    folder = _cut_tune_folder(tmp_path)
+    assert "Another policy" not in to_markdown_document(build_report(load_runs([folder])).blocks)
+    path = folder / TUNE_RUN.name / "policy.json"
+    policy = json.loads(path.read_text())
+    policy["batches"][0]["entries"][-1]["params"]["num_kv_splits"] = 7  # batch 1, the longest bucket
+    path.write_text(json.dumps(policy))
+    text = to_markdown_document(build_report(load_runs([folder])).blocks)
+    note = next(line for line in text.splitlines() if line.startswith("Another policy: "))
+    assert f"{path} is not the policy this run validated: it launches other parameters at " in note
+    assert "num_kv_splits=7" in note and "exported again since (`tune --export`)" in note

@@ -270,3 +270,14 @@ def test_the_four_terms_add_in_quadrature():
     # no uncertainty at all: any change is significant, none is not
     assert compare_point(at_us(100.0), at_us(100.01), None, None).significant
     assert not compare_point(at_us(100.0), at_us(100.0), None, None).significant
+
+
+def test_runs_apart_in_softmax_scale_say_what_a_missing_scale_means(monkeypatch, capsys):
+    """The committed Kimi K3 sweep (its model's scale) against the Hopper-kernel run (no model, no
+    scale recorded) read "they differ in softmax_scale: A 0.0721..., B None": a bare None."""
+    results = Path(__file__).resolve().parents[2] / "results/h200"
+    code, _, err = mlabench(["diff", str(results / "kimi-k3-tp8"), str(results / "hopper-kernel/run-72fb349")],
+                            monkeypatch, capsys)
+    assert code == 1
+    assert err.startswith("error: the two runs have no point in common: they differ in softmax_scale: A "
+                          "0.07216878364870322, B 576 ** -0.5 (none given); "), err

@@ -2,6 +2,7 @@
 the committed H200 run: machine B 2% slower everywhere, one point 10% slower on top."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,15 @@ def test_diff_command_prints_the_machine_table_after_the_summary(tmp_path, monke
     code, out, _ = mlabench(["diff", str(a), str(b), "--json", "--no-machine-factor"], monkeypatch, capsys)
     assert code == 0 and "points that move beyond the machine factor" not in out
     assert len(diff_tables(diff_runs(a, b))) + 1 == len(tables)
+
+
+def test_the_floors_estimate_compares_one_kind_of_bandwidth():
+    """The committed pair-3 run (read ceiling 4.51, copy 4.19 TB/s) against the older Kimi K3 sweep
+    (copy 4.18 only): the floors' estimate set A's read ceiling over B's copy bandwidth, +7.98%,
+    where the copy bandwidths agree within 0.3%."""
+    results = Path(__file__).resolve().parents[2] / "results/h200"
+    d = diff_runs(results / "repeatability/history-attempt/pair-3/runs/kimi-k3-tp8-20261201-025639-435",
+                  results / "kimi-k3-tp8/kimi-k3-tp8-20261130-105953-511")
+    a, b = d.a.manifest, d.b.manifest
+    assert b.read_bandwidth_tbps is None and a.read_bandwidth_tbps / b.copy_bandwidth_tbps > 1.07
+    assert machine_factor(d, force=True).floors == pytest.approx(a.copy_bandwidth_tbps / b.copy_bandwidth_tbps)

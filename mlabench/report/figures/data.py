@@ -351,8 +351,12 @@ def predictions(data: ServingData, conf: Any, table: Any, records: Sequence[Reco
     data.predicted_reference = spec.reference
     if any(b.predicted_ms is not None for b in data.bars):
         data.no_dash_note = _no_dash_note(rows, bool(data.input_lens))
-    return "" if any(b.predicted_ms is not None for b in data.bars) else \
-        "; ".join(sorted({f"{r['variant']}: {r['why']}" for r in rows})) or "no measured TPOT to predict"
+    if any(b.predicted_ms is not None for b in data.bars):
+        return ""
+    if any(r["predicted_ms"] is not None for r in rows):  # every predicted step is above concurrency 1
+        return ("the run has no concurrency-1 point, and above it the predicted step is the median ITL, not the "
+                "TPOT drawn (`serve-bench --from-run RUN --predict-from SWEEP...` prints it)")
+    return "; ".join(sorted({f"{r['variant']}: {r['why']}" for r in rows if r["why"]})) or "no measured TPOT to predict"
 
 
 def _no_dash_note(rows: list[dict[str, Any]], by_len: bool) -> str:
