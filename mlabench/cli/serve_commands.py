@@ -237,8 +237,8 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dic
     if not runs:
         return None
     from mlabench.deploy.prediction import PredictionSpec
-    from mlabench.records.kinds import run_kind, runs_of_kinds
-    from mlabench.records.store import records_of
+    from mlabench.records.kinds import run_kind
+    from mlabench.records.store import records_of, runs_of_kinds
     from mlabench.run_files import SWEEP_KIND
 
     for run in runs:

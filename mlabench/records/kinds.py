@@ -11,10 +11,8 @@ kernel sweep (serve-bench manifests have always said ``"kind": "serve-bench"``).
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable
 from pathlib import Path
 
-from mlabench.errors import ResultsError
 from mlabench.run_files import MANIFEST_FILE, SWEEP_KIND, manifest_kind
 
 
@@ -30,32 +28,3 @@ def run_kind(path: Path) -> str:
     except (OSError, ValueError):
         return SWEEP_KIND
     return manifest_kind(manifest) if isinstance(manifest, dict) else SWEEP_KIND
-
-
-def runs_of_kinds(paths: Iterable[Path], kinds: Collection[str], what: str) -> list[Path]:
-    """The run folders named, or found at any depth under the folders named, as ``report`` finds
-    them (:func:`~mlabench.records.store.run_folders` with ``any_depth``: never inside a run
-    folder), keeping those whose :func:`run_kind` is one of ``kinds``.  A run of another kind
-    found under a folder is passed over: ``results/h200/serving`` holds serve-bench runs beside the
-    sweep runs of ``sweep/``, and a command reading kernel records (``what``, said in errors: e.g.
-    ``compare --from``) reads the sweeps.
-
-    Raises :class:`ResultsError` for a run of another kind named directly, a folder holding runs
-    of other kinds only (naming them), and :func:`~mlabench.records.store.run_folders`' errors (a
-    path with no run here or below).
-    """
-    from mlabench.records.store import holds_run, run_folders  # store reads run_kind: imported here, not above
-
-    *some, last = sorted(kinds)
-    wanted = f"{', '.join(some)} or {last}" if some else last
-    found: list[Path] = []
-    for path in map(Path, paths):
-        folders = run_folders([path], any_depth=True)
-        kept = [f for f in folders if run_kind(f) in kinds]
-        if holds_run(path) and not kept:
-            raise ResultsError(f"{what} {path}: a {run_kind(path)} run, not a {wanted} run")
-        if not kept:
-            other = ", ".join(sorted({run_kind(f) for f in folders}))
-            raise ResultsError(f"{what} {path}: no {wanted} run here or below (only {other} runs)")
-        found.extend(kept)
-    return list(dict.fromkeys(found))  # a run named twice, or also under a folder named, is read once

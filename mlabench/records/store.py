@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import sys
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -241,7 +241,7 @@ def run_folders(paths: Iterable[Path], *, any_depth: bool = False) -> list[Path]
     """Run folders named, or found one level inside the folders named (e.g. ``results/h200/x``);
     with ``any_depth``, found at any depth under them (:func:`folders_below`: never inside a run
     folder), as ``report``, ``plot``, ``compare --from`` and ``serve-bench --predict-from`` read
-    them (:func:`mlabench.records.kinds.runs_of_kinds`; ``diff``, one run per argument, keeps one level).
+    them (:func:`runs_of_kinds`; ``diff``, one run per argument, keeps one level).
 
     Raises :class:`ResultsError` for a path that holds no run, naming the folders further down
     that hold runs, or saying that a ``records.jsonl`` without a manifest is a script's output.
@@ -303,3 +303,30 @@ def records_of(runs: Iterable[Path]) -> list[Record]:
         raise ResultsError("runs from different devices do not compare: "
                            + "; ".join(f"{d} ({p})" for d, p in devices.items()))
     return out
+
+
+def runs_of_kinds(paths: Iterable[Path], kinds: Collection[str], what: str) -> list[Path]:
+    """The run folders named, or found at any depth under the folders named, as ``report`` finds
+    them (:func:`~mlabench.records.store.run_folders` with ``any_depth``: never inside a run
+    folder), keeping those whose :func:`run_kind` is one of ``kinds``.  A run of another kind
+    found under a folder is passed over: ``results/h200/serving`` holds serve-bench runs beside the
+    sweep runs of ``sweep/``, and a command reading kernel records (``what``, said in errors: e.g.
+    ``compare --from``) reads the sweeps.
+
+    Raises :class:`ResultsError` for a run of another kind named directly, a folder holding runs
+    of other kinds only (naming them), and :func:`~mlabench.records.store.run_folders`' errors (a
+    path with no run here or below).
+    """
+    *some, last = sorted(kinds)
+    wanted = f"{', '.join(some)} or {last}" if some else last
+    found: list[Path] = []
+    for path in map(Path, paths):
+        folders = run_folders([path], any_depth=True)
+        kept = [f for f in folders if run_kind(f) in kinds]
+        if holds_run(path) and not kept:
+            raise ResultsError(f"{what} {path}: a {run_kind(path)} run, not a {wanted} run")
+        if not kept:
+            other = ", ".join(sorted({run_kind(f) for f in folders}))
+            raise ResultsError(f"{what} {path}: no {wanted} run here or below (only {other} runs)")
+        found.extend(kept)
+    return list(dict.fromkeys(found))  # a run named twice, or also under a folder named, is read once

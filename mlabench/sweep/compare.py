@@ -13,9 +13,8 @@ from typing import Any
 
 from mlabench.backends import get_backend
 from mlabench.errors import BackendUnavailableError, ConfigError, MissingResultError
-from mlabench.records.kinds import runs_of_kinds
 from mlabench.records.record import Record
-from mlabench.records.store import describe_records, records_of
+from mlabench.records.store import describe_records, records_of, runs_of_kinds
 from mlabench.run_files import SWEEP_KIND, TUNE_KIND, VALIDATION_KIND
 from mlabench.sweep.summary import axis_values, best_ok, sortable, varying_axes
 from mlabench.tables.table import ColumnStyle, Table, fmt
@@ -32,7 +31,7 @@ def recorded_records(runs: Iterable[Path], batch: Sequence[int] | None = None,
                      backends: Sequence[str] | None = None,
                      qo_lens: Sequence[int] | None = None) -> list[Record]:
     """The records of ``runs`` (run folders, or folders holding runs at any depth: the kernel, tuning
-    and validation runs under them, :func:`~mlabench.records.kinds.runs_of_kinds`), kept when their
+    and validation runs under them, :func:`~mlabench.records.store.runs_of_kinds`), kept when their
     batch is in ``batch``, their longest context length in ``context_lens``, their backend in
     ``backends`` and their query tokens per request in ``qo_lens`` (each filter off when None or empty; records
     written before multi-token decode count as qo_len 1).

@@ -28,8 +28,7 @@ from mlabench.errors import ResultsError
 from mlabench.policy.tuned import Policy
 from mlabench.records.record import Record, point_key
 from mlabench.records.side_files import PointResult
-from mlabench.records.kinds import runs_of_kinds
-from mlabench.records.store import describe_records, records_of
+from mlabench.records.store import describe_records, records_of, runs_of_kinds
 from mlabench.run_files import SWEEP_KIND, TUNE_KIND, VALIDATION_KIND
 from mlabench.tune.validation import Validation, policy_shape
 
@@ -84,7 +83,7 @@ def recorded_points(policy: Policy, records: Iterable[Record]) -> RecordedScore:
 def recorded_validation(policy: Policy, runs: list[Path], tolerance: float) -> tuple[Validation, list[str]]:
     """``tune --validate POLICY --from-run RUN``: :func:`recorded_points` over the records of the
     sweep, tuning and validation runs at any depth under ``runs`` (one device; serve-bench runs
-    beside them are passed over, :func:`~mlabench.records.kinds.runs_of_kinds`), as a :class:`Validation` (``recorded``; no
+    beside them are passed over, :func:`~mlabench.records.store.runs_of_kinds`), as a :class:`Validation` (``recorded``; no
     folder, nothing written) and the notes that say what was read and what was left out.  Raises
     :class:`ResultsError` when no run is found, the runs come from different devices, or no point
     recorded the policy's launch (naming what the records cover)."""
