@@ -321,6 +321,8 @@ def _report(result: Any, fmt: str) -> None:
     if any(c.tile_tokens for c in result.choices):
         policy.notes.append(TILES_NOTATION)
     emit([choices, policy], fmt)
+    if result.note:  # tune --export: the policy files already there were kept, or left as they were
+        err.print(f"note: {result.note}", markup=False)
 
 
 def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_dir: Path, fmt: str,
@@ -346,19 +348,8 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
         raise ConfigError(f"tune --validate measures a policy on its own backend ({policy.backend}), not --backend "
                           f"{backend}: leave --backend out or give the policy of {backend}")
     if from_run:
-        if resume is not None or any(v is not None for v in grid):
-            raise ConfigError("tune --validate --from-run scores the policy at the recorded points; leave out "
-                              "--resume, --lengths, --context, --min-context, --max-context, --ladder, --seed and "
-                              "--budget-s")
-        from mlabench.tune.rescore import recorded_validation
-
-        result, notes = recorded_validation(policy, from_run, TARGET_TOLERANCE if tolerance is None else tolerance)
-        tables = validation_tables(result)
-        tables[0].notes += notes
-        emit(tables, fmt)
-        if target_misses(result.points, result.tolerance):
-            fail(target_verdict(result.points, result.tolerance, recorded=True))
-        return
+        return _validate_recorded(policy, from_run, resume is not None or any(v is not None for v in grid),
+                                  TARGET_TOLERANCE if tolerance is None else tolerance, fmt)
     if resume is not None and any(v is not None for v in grid):
         raise ConfigError("tune --validate --resume continues with the recorded lengths, ladder, seed and timing; "
                           "leave out --lengths, --context, --min-context, --max-context, --ladder, --seed and "
@@ -384,6 +375,25 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
               markup=False)
     if target_misses(result.points, tolerance):
         fail(target_verdict(result.points, tolerance, result.given))
+
+
+def _validate_recorded(policy: Any, runs: list[Path], measuring: bool, tolerance: float, fmt: str) -> None:
+    """``tune --validate POLICY --from-run RUN``: the tables of
+    :func:`~mlabench.tune.rescore.recorded_validation`; exit 1 when a point misses ``tolerance``.
+    ``measuring``: a flag of a measured validation was given (--resume, --lengths...): refused."""
+    from mlabench.tune.rescore import recorded_validation
+    from mlabench.tune.validation import target_misses, target_verdict, validation_tables
+
+    if measuring:
+        raise ConfigError("tune --validate --from-run scores the policy at the recorded points; leave out "
+                          "--resume, --lengths, --context, --min-context, --max-context, --ladder, --seed and "
+                          "--budget-s")
+    result, notes = recorded_validation(policy, runs, tolerance)
+    tables = validation_tables(result)
+    tables[0].notes += notes
+    emit(tables, fmt)
+    if target_misses(result.points, tolerance):
+        fail(target_verdict(result.points, tolerance, recorded=True))
 
 
 #: The commands of this group, registered by :mod:`mlabench.cli.app`.

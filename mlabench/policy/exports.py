@@ -11,10 +11,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mlabench.files import write_text
+from mlabench.files import read_text, user_path, write_text
 from mlabench.policy.rules import rule_splits, whole_tile_splits
 from mlabench.policy.tuned import Policy, lookup_rows
-from mlabench.run_files import POLICY_FILES
+from mlabench.run_files import POLICY_FILES, POLICY_STEM
 
 
 # ---- exports -------------------------------------------------------------------------------------
@@ -121,3 +121,40 @@ def write_exports(policy: Policy, folder: Path) -> dict[str, Path]:
                        ("python", to_python_module(policy))):
         write_text(paths[kind], text, "policy file", atomic=True)
     return paths
+
+
+def _without_created(text: str) -> Any:
+    """A policy JSON text as data, its ``source.created`` (when the export was written) left out;
+    None when it is not a JSON object."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(data, dict) and isinstance(data.get("source"), dict):
+        data["source"] = {k: v for k, v in data["source"].items() if k != "created"}
+    return data if isinstance(data, dict) else None
+
+
+def export_policy(policy: Policy, folder: Path) -> tuple[dict[str, Path], str]:
+    """:func:`write_exports` into ``folder`` without losing the policy already there: ``(paths,
+    note)``.  The same policy but for ``source.created`` leaves the files as they are (note
+    "unchanged"); another one (``tune --export --combine geomean`` after a ``worst`` run) first moves
+    the three files to ``policy.prev.*``, ``policy.prev-2.*``..., and the note names them; none
+    there: written, note "".  Results are append-only: a committed run's policy is never
+    overwritten.  Raises :class:`~mlabench.errors.FileAccessError` when a file cannot be moved or
+    written."""
+    paths = {kind: folder / name for kind, name in POLICY_FILES.items()}
+    if not paths["json"].is_file():
+        return write_exports(policy, folder), ""
+    if _without_created(read_text(paths["json"], "policy file")) == _without_created(policy.to_json()):
+        return paths, f"{paths['json']}: the same policy as before, its files left unchanged"
+    n, stem = 1, f"{POLICY_STEM}.prev"
+    while any((folder / f"{stem}{p.suffix}").exists() for p in paths.values()):
+        n += 1
+        stem = f"{POLICY_STEM}.prev-{n}"
+    for path in paths.values():
+        if path.exists():
+            with user_path(path, "policy file"):
+                path.rename(folder / f"{stem}{path.suffix}")
+    return write_exports(policy, folder), (f"the policy changed: the previous one is kept as {folder / stem}.json "
+                                           "(.h, .py)")

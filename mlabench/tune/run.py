@@ -27,7 +27,7 @@ from mlabench.errors import (BackendUnavailableError, ConfigError, GPURequiredEr
                              UnsupportedShapeError, WorkerError)
 from mlabench.files import validation_line
 from mlabench.inputs import check_fits
-from mlabench.policy.exports import write_exports
+from mlabench.policy.exports import export_policy
 from mlabench.policy.tuned import Policy
 from mlabench.records.provenance import git_revision, library_versions
 from mlabench.records.record import Manifest, utc_now
@@ -61,6 +61,7 @@ class TuneResult:
     policy: Policy
     choices: list[BucketChoice]
     exports: dict[str, Path]
+    note: str = ""  # what became of the policy files already there (``tune --export``), else ""
 
 
 def gpu_model(devices: list[str | None]) -> str:
@@ -342,7 +343,8 @@ def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list
               "lengths_per_bucket": cfg.lengths_per_bucket, "combine": cfg.combine,
               "lengths": sorted({n for s in specs for n in s.measured()})}
     policy = build_policy(cfg, rows, device, versions, source)
-    return TuneResult(store, policy, rows, write_exports(policy, store.run_dir))
+    paths, note = export_policy(policy, store.run_dir)
+    return TuneResult(store, policy, rows, paths, note)
 
 
 def export_run(run_dir: Path, storage: str | None = None, noise: float | None = None,

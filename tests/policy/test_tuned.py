@@ -237,3 +237,23 @@ def test_exports_agree(tmp_path):
     assert [r[2] for r in got["json"] if r[0] == 1 and r[1] in (8193, 10425, 15898, 24242)] == [129, 109, 125, 127]
     assert [r[2] for r in got["json"] if r[0] == 4 and r[1] in (1, 8192, 8449, 10**6)] == [1, 64, 89, 132]
     assert "constexpr" in to_cpp_header(p)
+
+
+def test_an_export_never_overwrites_another_policy(tmp_path):
+    """`tune --export RUN --combine geomean` wrote over the run's policy files (a committed run's
+    too): the policy that was there is kept as policy.prev.*, policy.prev-2.*...; the same policy
+    again (only `created` newer) leaves the files as they were."""
+    from mlabench.policy.exports import export_policy
+
+    p = make_policy()
+    paths, note = export_policy(p, tmp_path)
+    assert note == "" and load_policy(paths["json"]) == p
+    before = {k: v.read_bytes() for k, v in paths.items()}
+    later = p.model_copy(update={"source": {**p.source, "created": "2099-01-01T00:00:00+00:00"}})
+    assert "left unchanged" in export_policy(later, tmp_path)[1]
+    assert {k: v.read_bytes() for k, v in paths.items()} == before
+    other = p.model_copy(update={"device": "another GPU"})
+    assert export_policy(other, tmp_path)[1].endswith(f"kept as {tmp_path / 'policy.prev'}.json (.h, .py)")
+    assert (tmp_path / "policy.prev.json").read_bytes() == before["json"] and load_policy(paths["json"]) == other
+    assert "policy.prev-2.json" in export_policy(p, tmp_path)[1]
+    assert load_policy(tmp_path / "policy.prev-2.json") == other and load_policy(paths["json"]) == p
