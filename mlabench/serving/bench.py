@@ -27,6 +27,7 @@ from mlabench.run_files import (BENCH_LOG_SUFFIX, BENCH_RESULT_SUFFIX, BENCH_UNR
                                 MANIFEST_FILE, RESULTS_FILE, SERVE_BENCH_KIND, bench_point_stem, server_log_file)
 from mlabench.serving.bench_process import BenchProcess, bench_process_mode, require_alive, vllm_version
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
+from mlabench.serving.gpus import visible_gpus
 from mlabench.serving.lifecycle import (
     ManagedServer, log_tail, require_launchable, require_reachable, served_model,
 )
@@ -208,7 +209,8 @@ def run_serve_bench(
 
 def write_manifest(run_dir: Path, config: ServeConfig, session: dict, resumed: bool) -> None:
     """Write what this session of a run is: ``session`` (``vllm_bin``, ``bench_process`` and the
-    provenance) with its start time and ``VLLM_*`` variables, ``versions.vllm`` replaced by the
+    provenance) with its start time, ``VLLM_*`` variables and the GPUs a server sees (``gpus``,
+    :func:`~mlabench.serving.gpus.visible_gpus`; [] on a CPU), ``versions.vllm`` replaced by the
     version the vLLM executable reports (:func:`vllm_version`, where it can be read).  A new run's
     ``manifest.json`` holds it with its kind and ``config``; a resumed run's (``resumed``) keeps
     its manifest and appends it to the list ``resumes`` (none in a run never resumed), with
@@ -216,7 +218,7 @@ def write_manifest(run_dir: Path, config: ServeConfig, session: dict, resumed: b
     each record can be told the session, ``bench_process`` and versions that made it.
     :class:`FileAccessError` when the manifest cannot be read or written."""
     session = {"started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-               "vllm_bin": session["vllm_bin"], "env": env_summary(), **session}
+               "vllm_bin": session["vllm_bin"], "env": env_summary(), "gpus": visible_gpus(), **session}
     version = vllm_version(session["vllm_bin"])
     if version is not None:
         session["versions"] = {**(session.get("versions") or {}), "vllm": version}
