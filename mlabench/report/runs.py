@@ -151,4 +151,22 @@ def load_runs(paths: Iterable[Path | str]) -> Runs:
     devices = {str(m.device.get("name")) for m in runs.manifests}
     if len(devices) > 1:
         raise ResultsError("runs from different devices do not compare: " + ", ".join(sorted(devices)))
+    _check_serving_devices(runs)
     return runs
+
+
+def _check_serving_devices(runs: Runs) -> None:
+    """ResultsError when a serve-bench run that names its GPUs (``gpus``, recorded since serve-bench
+    read them; older runs name none and are not checked) served on another device than the kernel
+    runs ran on: another GPU model, or no GPU beside GPU kernel runs (a CPU vLLM server's TPOT
+    beside an H200 sweep's prediction)."""
+    kernel = {str(m.device.get("name")): str(m.device.get("kind")) for m in runs.manifests}
+    for run in runs.serve_runs:
+        gpus = run.manifest.get("gpus")
+        if not kernel or not isinstance(gpus, list):
+            continue
+        served = sorted({str(g.get("name")) for g in gpus if isinstance(g, dict)}) or ["no GPU"]
+        if gpus and set(served) <= set(kernel) or not gpus and all(k == "cpu" for k in kernel.values()):
+            continue
+        raise ResultsError(f"runs from different devices do not compare: serve-bench run {run.name} served on "
+                           f"{', '.join(served)}, the kernel runs ran on {', '.join(sorted(kernel))}")
