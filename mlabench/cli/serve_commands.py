@@ -16,8 +16,8 @@ import typer
 from mlabench.cli.options import Format, Json, Markdown, ResultsDir, VllmBin, int_list, output_format
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
-from mlabench.files import write_text
-from mlabench.run_files import ARCHIVED_RESULTS_FILE, BENCH_RESULT_GLOB, CHECK_FILE, RESULTS_FILE
+from mlabench.files import read_json, write_text
+from mlabench.run_files import ARCHIVED_RESULTS_FILE, BENCH_RESULT_GLOB, CHECK_FILE, MANIFEST_FILE, RESULTS_FILE
 from mlabench.serving import bench, config as cfg, greedy_check as greedy, table as tbl
 from mlabench.serving.lifecycle import served_model
 
@@ -75,7 +75,7 @@ def serve_bench(
     conf = cfg.load_config(config_path, cfg.bench_overrides(set_ or [], concurrencies, repeats))
     if variant:
         conf = only_variants(conf, [n.strip() for item in variant for n in item.split(",") if n.strip()])
-    predict = _prediction_input(conf, predict_from)
+    predict = _prediction_input(conf, predict_from, served_gpus=_gpus_here(predict_from))
     bench.preflight(conf.variants, cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin))
     run_dir = bench.new_run_dir(results_dir, label or config_path.stem)
     try:
@@ -100,6 +100,14 @@ def only_variants(conf: cfg.ServeConfig, names: list[str]) -> cfg.ServeConfig:
     return conf.model_copy(update={"variants": [v for v in conf.variants if v.name in keep]})
 
 
+def _gpus_here(predict_from: list[Path] | None) -> object:
+    """The GPUs a server started from here sees (:func:`~mlabench.serving.gpus.visible_gpus`), read
+    only when there are sweeps to predict from (a new run or a ``--resume`` checks them against)."""
+    from mlabench.serving.gpus import visible_gpus
+
+    return visible_gpus() if predict_from else None
+
+
 def _provenance() -> dict:
     """What a serve-bench run's manifest records of where it (or a ``--resume`` of it) comes from:
     the command line, mlabench's git revision (``$MLABENCH_GIT_REVISION`` where the tree has no
@@ -118,7 +126,8 @@ def _from_run(run_dir: Path, config_path: Path | None, predict_from, stat: str, 
     conf, results = _read_serve_run(run_dir)
     table = config_prediction(config_path, bool(predict_from), "serve-bench --from-run", "--predict-from") \
         if config_path is not None else None
-    predict = _prediction_input(conf, predict_from, table)
+    gpus = read_json(run_dir / MANIFEST_FILE, "serve-bench run manifest").get("gpus") if predict_from else None
+    predict = _prediction_input(conf, predict_from, table, gpus)
     if table is not None and table != conf.prediction:
         notice(replaced_prediction(table, conf.prediction) + "; plot draws it given the same CONFIG, report "
                "the recorded one", style="")
@@ -171,7 +180,7 @@ def _refuse_a_folder_of_runs(folder: Path) -> None:
     the serve-bench runs to give instead, or their kinds."""
     from mlabench.records.kinds import run_kind
     from mlabench.records.store import folders_below
-    from mlabench.run_files import MANIFEST_FILE, SERVE_BENCH_KIND
+    from mlabench.run_files import SERVE_BENCH_KIND
 
     inner = [p for p in folders_below(folder)[1:] if (p / MANIFEST_FILE).is_file()]  # unreadable: read_run says so
     serve = [str(p) for p in inner if run_kind(p) == SERVE_BENCH_KIND]
@@ -194,7 +203,7 @@ def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str
     if is_archived(run_dir):
         raise ConfigError(f"{run_dir} is archived ({ARCHIVED_RESULTS_FILE}): to continue it, copy the folder "
                           f"and gunzip {ARCHIVED_RESULTS_FILE} in the copy (a committed run stays as it is)")
-    predict = _prediction_input(conf, predict_from)
+    predict = _prediction_input(conf, predict_from, served_gpus=_gpus_here(predict_from))
     done = bench.finished_points(recorded, len(conf.input_lens()) > 1)
     left = [v for v in conf.variants if bench.points_left(conf, v, done)]
     if left:  # a finished run needs no server and no vllm
@@ -231,14 +240,18 @@ def replaced_prediction(given: dict, recorded: dict | None) -> str:
     return f"the config's [prediction] replaces the one the run recorded ({'; '.join(said) or 'same values'})"
 
 
-def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dict | None = None):
+def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dict | None = None,
+                      served_gpus: object = None):
     """``(spec, records, the run's input length when it has one, its output tokens)`` for ``--predict-from``
-    (checked before anything runs), or None; ``table`` replaces ``conf``'s ``[prediction]``."""
+    (checked before anything runs), or None; ``table`` replaces ``conf``'s ``[prediction]``.
+    ``served_gpus``: the ``gpus`` the serve-bench run recorded (or a new run will see); sweeps of
+    another device are refused (:func:`~mlabench.serving.gpus.serving_device_mismatch`)."""
     if not runs:
         return None
     from mlabench.deploy.prediction import PredictionSpec
     from mlabench.records.kinds import run_kind
-    from mlabench.records.store import records_of, runs_of_kinds
+    from mlabench.records.store import ResultStore, records_of, runs_of_kinds
+    from mlabench.serving.gpus import serving_device_mismatch
     from mlabench.run_files import SWEEP_KIND
 
     for run in runs:
@@ -248,6 +261,9 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dic
         if run_kind(run) != SWEEP_KIND:
             raise ConfigError(f"--predict-from {run}: a {run_kind(run)} run, not a sweep of the served kernels")
     sweeps = runs_of_kinds(runs, (SWEEP_KIND,), "--predict-from")  # a folder: the sweep runs under it, any depth
+    devices = {str(d.get("name")): str(d.get("kind")) for d in (ResultStore(s).manifest().device for s in sweeps)}
+    if why := serving_device_mismatch(served_gpus, devices):
+        raise ConfigError(f"--predict-from: the serve-bench run {why}: its TPOT does not compare with their times")
     return (PredictionSpec.of(table or conf.prediction, [v.name for v in conf.variants]), records_of(sweeps),
             conf.input_lens()[0], conf.bench.random_output_len)
 

@@ -156,17 +156,12 @@ def load_runs(paths: Iterable[Path | str]) -> Runs:
 
 
 def _check_serving_devices(runs: Runs) -> None:
-    """ResultsError when a serve-bench run that names its GPUs (``gpus``, recorded since serve-bench
-    read them; older runs name none and are not checked) served on another device than the kernel
-    runs ran on: another GPU model, or no GPU beside GPU kernel runs (a CPU vLLM server's TPOT
-    beside an H200 sweep's prediction)."""
+    """ResultsError when a serve-bench run that names its GPUs served on another device than the
+    kernel runs ran on (:func:`~mlabench.serving.gpus.serving_device_mismatch`: a CPU vLLM server's
+    TPOT beside an H200 sweep's prediction, say)."""
+    from mlabench.serving.gpus import serving_device_mismatch
+
     kernel = {str(m.device.get("name")): str(m.device.get("kind")) for m in runs.manifests}
     for run in runs.serve_runs:
-        gpus = run.manifest.get("gpus")
-        if not kernel or not isinstance(gpus, list):
-            continue
-        served = sorted({str(g.get("name")) for g in gpus if isinstance(g, dict)}) or ["no GPU"]
-        if gpus and set(served) <= set(kernel) or not gpus and all(k == "cpu" for k in kernel.values()):
-            continue
-        raise ResultsError(f"runs from different devices do not compare: serve-bench run {run.name} served on "
-                           f"{', '.join(served)}, the kernel runs ran on {', '.join(sorted(kernel))}")
+        if why := serving_device_mismatch(run.manifest.get("gpus"), kernel):
+            raise ResultsError(f"runs from different devices do not compare: serve-bench run {run.name} {why}")

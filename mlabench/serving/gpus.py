@@ -72,3 +72,17 @@ def visible_gpus() -> list[dict[str, Any]]:
         return nvidia_gpus(text, os.environ.get("CUDA_VISIBLE_DEVICES"))
     text = _run(["rocm-smi", "--showproductname", "--json"])
     return rocm_gpus(text) if text is not None else []
+
+
+def serving_device_mismatch(gpus: Any, kernel_devices: dict[str, str]) -> str | None:
+    """Why a serve-bench run whose manifest recorded ``gpus`` (:func:`visible_gpus`) does not compare
+    with kernel runs of ``kernel_devices`` (``{device name: kind}``, ``kind`` ``cuda``, ``hip`` or
+    ``cpu``): another GPU model, or no GPU beside GPU kernel runs; None when it compares, or when
+    it cannot be told (``gpus`` not a list: a run recorded before serve-bench named its GPUs; no
+    kernel runs)."""
+    if not kernel_devices or not isinstance(gpus, list):
+        return None
+    served = sorted({str(g.get("name")) for g in gpus if isinstance(g, dict)}) or ["no GPU"]
+    if gpus and set(served) <= set(kernel_devices) or not gpus and set(kernel_devices.values()) == {"cpu"}:
+        return None
+    return f"served on {', '.join(served)}, the kernel runs ran on {', '.join(sorted(kernel_devices))}"

@@ -229,3 +229,17 @@ def test_a_folder_holding_a_tuning_run_is_no_sweep_to_predict_from(tmp_path, mon
                          monkeypatch, capsys)
     assert code == 2 and not out
     assert err == f"error: --predict-from {tuning}: no sweep run here or below (only tune, validation runs)\n"
+
+
+def test_sweeps_of_another_device_than_the_served_gpus_are_refused(tmp_path, monkeypatch, capsys):
+    """A serve-bench run that names its GPUs (a CPU server: none) predicted from H200 sweeps read as
+    if the kernel times were its own; now one line refuses it.  Its own GPU model reads."""
+    run_dir = _serve_run(tmp_path, PREDICTION)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    argv = ["serve-bench", "--from-run", str(run_dir), "--predict-from", str(SWEEP), "--json"]
+    (run_dir / "manifest.json").write_text(json.dumps({**manifest, "gpus": []}))
+    code, out, err = run(argv, monkeypatch, capsys)
+    assert code == 2 and not out and err == ("error: --predict-from: the serve-bench run served on no GPU, the kernel "
+                                             "runs ran on NVIDIA H200: its TPOT does not compare with their times\n")
+    (run_dir / "manifest.json").write_text(json.dumps({**manifest, "gpus": [{"name": "NVIDIA H200"}]}))
+    assert run(argv, monkeypatch, capsys)[0] == 0
