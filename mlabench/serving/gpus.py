@@ -33,8 +33,8 @@ def _run(argv: list[str]) -> str | None:
 def nvidia_gpus(csv_text: str, visible: str | None) -> list[dict[str, Any]]:
     """Parse ``nvidia-smi --query-gpu=index,uuid,name,driver_version,memory.total
     --format=csv,noheader,nounits`` output into ``{"name", "uuid", "driver", "memory_mib"}`` per GPU,
-    keeping those ``visible`` names (``CUDA_VISIBLE_DEVICES``: indices or UUIDs, in its order; None
-    or empty: all).  Malformed lines are skipped."""
+    keeping those ``visible`` names (``CUDA_VISIBLE_DEVICES``: indices or UUIDs, in its order; None:
+    all; empty, as CUDA reads it: none).  Malformed lines are skipped."""
     rows = {}
     for line in csv_text.splitlines():
         cells = [c.strip() for c in line.split(",")]
@@ -43,11 +43,11 @@ def nvidia_gpus(csv_text: str, visible: str | None) -> list[dict[str, Any]]:
         index, uuid, name, driver, memory = cells
         rows[index] = {"name": name, "uuid": uuid, "driver": driver,
                        "memory_mib": int(memory) if memory.isdigit() else None}
-    if not visible:
+    if visible is None:
         return list(rows.values())
     by_uuid = {r["uuid"]: r for r in rows.values()}
     picked = [rows.get(v) or by_uuid.get(v) or next((r for u, r in by_uuid.items() if u.startswith(v)), None)
-              for v in (s.strip() for s in visible.split(","))]
+              for v in (s.strip() for s in visible.split(",")) if v]
     return [r for r in picked if r is not None]
 
 

@@ -83,8 +83,9 @@ def recorded_points(policy: Policy, records: Iterable[Record]) -> RecordedScore:
 def recorded_validation(policy: Policy, runs: list[Path], tolerance: float) -> tuple[Validation, list[str]]:
     """``tune --validate POLICY --from-run RUN``: :func:`recorded_points` over the records of the
     sweep, tuning and validation runs at any depth under ``runs`` (one device; serve-bench runs
-    beside them are passed over, :func:`~mlabench.records.store.runs_of_kinds`), as a :class:`Validation` (``recorded``; no
-    folder, nothing written) and the notes that say what was read and what was left out.  Raises
+    beside them are passed over, :func:`~mlabench.records.store.runs_of_kinds`), as a
+    :class:`Validation` (``recorded``; no folder, nothing written) and the notes that say what was
+    read and what was left out.  Raises
     :class:`ResultsError` when no run is found, the runs come from different devices, or no point
     recorded the policy's launch (naming what the records cover)."""
     folders = runs_of_kinds(runs, (SWEEP_KIND, TUNE_KIND, VALIDATION_KIND), "tune --validate --from-run")

@@ -25,6 +25,7 @@ def test_nvidia_smi_rows_follow_cuda_visible_devices():
     assert [g["uuid"] for g in nvidia_gpus(SMI, "1,0")] == ["GPU-bbbb", "GPU-a390aa2c-a2a5"]
     assert [g["uuid"] for g in nvidia_gpus(SMI, "GPU-a390")] == ["GPU-a390aa2c-a2a5"]  # a UUID prefix
     assert nvidia_gpus("garbage\n", None) == [] and nvidia_gpus(SMI, "7") == []
+    assert nvidia_gpus(SMI, "") == []  # CUDA_VISIBLE_DEVICES="" hides every GPU
 
 
 def test_rocm_smi_cards():
