@@ -357,7 +357,7 @@ def _validate(path: Path, backend: str | None, grid: tuple[Any, ...], results_di
         tables[0].notes += notes
         emit(tables, fmt)
         if target_misses(result.points, result.tolerance):
-            fail(target_verdict(result.points, result.tolerance, recorded=True))
+            fail(target_verdict(result.points, result.tolerance, recorded=True, left_out=result.left_out))
         return
     if resume is not None and any(v is not None for v in grid):
         raise ConfigError("tune --validate --resume continues with the recorded lengths, ladder, seed and timing; "

@@ -55,7 +55,7 @@ def test_another_policy_is_scored_where_its_launch_was_recorded_and_the_rest_is_
     assert rows[(1, 35941)]["best splits"] == "128 (pdl=0)" and rows[(1, 35941)]["policy splits"] == 128
     notes = " ".join(summary["notes"])
     assert "7 recorded points left out" in notes and "batch 1: 1026, 2702, 3734, 5161, 7131, 9855, 13619" in notes
-    assert "every recorded length within 3%" in " ".join(res.stderr.split())
+    assert "every recorded length where the policy's launch was recorded within 3%" in " ".join(res.stderr.split())
     assert detail["title"].startswith("Recorded points") and not (tmp_path / "runs").exists()
 
 
@@ -90,3 +90,43 @@ def test_serve_bench_runs_under_the_folder_are_passed_over():
     res = _mlabench("tune", "--validate", str(POLICY), "--from-run", str(REPO / "results/h200/serving"))
     assert res.returncode == 2 and "Traceback" not in res.stderr and "manifest" not in res.stderr
     assert "no recorded point of gluon-splitkv" in res.stderr and "6 points without it" in res.stderr
+
+
+def test_a_point_where_no_launch_ran_correctly_is_a_miss_not_dropped(tmp_path):
+    """The validation's records with every launch at batch 1, 1026 tokens marked incorrect: the
+    point stays (32 points, none left out), with no best and no policy time, and misses the target,
+    as a live validation keeps a point where nothing ran correctly."""
+    import gzip
+    import shutil
+
+    from mlabench.policy.tuned import load_policy
+    from mlabench.records.store import records_of
+    from mlabench.tune.rescore import recorded_points
+    from mlabench.tune.validation import target_misses
+
+    run = tmp_path / VALIDATION.name
+    shutil.copytree(VALIDATION, run)
+    lines = [json.loads(line) for line in gzip.open(run / "results.jsonl.gz", "rt")]
+    for rec in lines:
+        if (rec["batch"], rec["context_len"]) == (1, 1026):
+            rec["status"], rec["message"] = "incorrect", "poisoned for the test"
+    with gzip.open(run / "results.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(rec) + "\n" for rec in lines))
+    score = recorded_points(load_policy(POLICY), records_of([run]))
+    assert len(score.points) == 32 and score.unscored == []
+    point = next(p for p in score.points if (p.batch, p.context_len) == (1, 1026))
+    assert point.best_us is None and point.policy_us is None and point in target_misses(score.points, 0.03)
+
+
+def test_a_met_target_with_points_left_out_claims_only_the_scored_lengths(tmp_path):
+    """The two-pages rule within 20% wherever its launch was recorded: target met, exit 0, but the
+    verdict says it holds where the launch was recorded and how many points were left out (it said
+    "every recorded length" with 7 of them unscored)."""
+    from mlabench.cli import app
+
+    res = CliRunner().invoke(app, ["tune", "--validate", str(_two_pages_policy(tmp_path)), "--from-run",
+                                   str(VALIDATION), "--tolerance", "0.2", "--json"])
+    assert res.exit_code == 0, res.output
+    notes = " ".join(json.loads(res.stdout)[0]["notes"])
+    assert ("target met: every recorded length where the policy's launch was recorded within 20% of the best "
+            "count measured there (25 points; 7 left out)") in notes
