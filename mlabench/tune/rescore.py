@@ -93,9 +93,14 @@ def recorded_validation(policy: Policy, runs: list[Path], tolerance: float) -> t
     records = records_of(folders)
     score = recorded_points(policy, records)
     if not score.points:
+        mine = policy_shape(policy, 1, 1)
+        heads = sorted({r.num_heads for r in records})
+        pages = sorted({r.shape.get("page_size") for r in records if r.shape.get("page_size") is not None})
         raise ResultsError(f"{', '.join(map(str, runs))}: no recorded point of {policy.backend} at the policy's "
-                           f"shape holds its own launch ({len(score.unscored)} points without it; the records "
-                           f"cover {describe_records(records)})")
+                           f"shape ({mine.num_heads} heads, page {mine.page_size}, qo_len {mine.qo_len}, "
+                           f"{mine.q_dtype}) holds its own launch ({len(score.unscored)} points without it; the "
+                           f"records cover {describe_records(records)}; heads {', '.join(map(str, heads))}; "
+                           f"page {', '.join(map(str, pages))})")
     notes = [f"scored on the records of {len(folders)} run(s) under {', '.join(map(str, runs))}: nothing measured "
              "now; lengths that shaped a policy are not held out for it"]
     if score.unscored:

@@ -130,3 +130,16 @@ def test_a_met_target_with_points_left_out_claims_only_the_scored_lengths(tmp_pa
     notes = " ".join(json.loads(res.stdout)[0]["notes"])
     assert ("target met: every recorded length where the policy's launch was recorded within 20% of the best "
             "count measured there (25 points; 7 left out)") in notes
+
+
+def test_a_policy_of_another_head_count_is_refused_naming_both_shapes(tmp_path):
+    """The committed policy relabelled 16 heads: one error line that names the policy's head count
+    and page size and those the records hold (it named only backends, batches and lengths)."""
+    data = json.loads(POLICY.read_text())
+    data["shape"]["num_heads"] = 16
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(data))
+    res = _mlabench("tune", "--validate", str(path), "--from-run", str(VALIDATION))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    line = " ".join(res.stderr.split())
+    assert "at the policy's shape (16 heads, page 64, qo_len 1, bfloat16)" in line and "heads 12; page 64" in line
