@@ -46,8 +46,9 @@ class RecordedScore:
 
 def recorded_points(policy: Policy, records: Iterable[Record]) -> RecordedScore:
     """Score ``policy`` on ``records`` (any runs' records; those of another backend, of another
-    head count, page size, dtype, query length or causality than the policy's, and those of
-    ragged batches are skipped).  At each remaining ``(batch, context)`` point: ``best_us`` the
+    head count, page size, dtype, query length or causality than the policy's, those of ragged
+    batches and those launched under a ``split_policy`` (``device:``/``host:``, whose
+    ``num_kv_splits`` is ignored: a sweep's 256 that ran 16) are skipped).  At each remaining ``(batch, context)`` point: ``best_us`` the
     fastest ``ok`` record (its ``params``), ``policy_us`` the time of the record whose key is the
     policy's launch there (its params as the policy names them, or completed with the backend's
     defaults; None when that launch did not run correctly), ``counts_measured`` the distinct
@@ -58,7 +59,7 @@ def recorded_points(policy: Policy, records: Iterable[Record]) -> RecordedScore:
     groups: dict[str, dict[str, Record]] = defaultdict(dict)
     for rec in records:
         lens = rec.shape.get("context_lens") or []
-        if rec.backend == policy.backend and lens and len(set(lens)) == 1:
+        if rec.backend == policy.backend and lens and len(set(lens)) == 1 and not rec.params.get("split_policy"):
             groups[json.dumps(rec.shape, sort_keys=True)][rec.key] = rec
     points, unscored = [], []
     for recorded_shape, by_key in groups.items():

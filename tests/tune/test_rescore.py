@@ -86,10 +86,11 @@ def test_runs_without_the_policys_launch_are_refused_naming_what_they_hold():
 def test_serve_bench_runs_under_the_folder_are_passed_over():
     """results/h200/serving holds serve-bench runs beside the sweeps of sweep/: they are not read
     as kernel runs (no manifest error); the sweeps ran the policy in device mode, not its host
-    launch, so no point scores."""
+    launch (those records are no split counts), and two fixed counts at 4096 tokens, not the
+    policy's, so no point scores."""
     res = _mlabench("tune", "--validate", str(POLICY), "--from-run", str(REPO / "results/h200/serving"))
     assert res.returncode == 2 and "Traceback" not in res.stderr and "manifest" not in res.stderr
-    assert "no recorded point of gluon-splitkv" in res.stderr and "6 points without it" in res.stderr
+    assert "no recorded point of gluon-splitkv" in res.stderr and "2 points without it" in res.stderr
 
 
 def test_a_point_where_no_launch_ran_correctly_is_a_miss_not_dropped(tmp_path):
@@ -143,3 +144,27 @@ def test_a_policy_of_another_head_count_is_refused_naming_both_shapes(tmp_path):
     assert res.returncode == 2 and "Traceback" not in res.stderr
     line = " ".join(res.stderr.split())
     assert "at the policy's shape (16 heads, page 64, qo_len 1, bfloat16)" in line and "heads 12; page 64" in line
+
+
+def test_records_launched_under_a_split_policy_are_not_split_counts(tmp_path):
+    """results/h200/serving/sweep holds gluon-splitkv launched in device mode (its params say 256
+    splits, num_kv_splits being ignored there; 16 ran at batch 16) beside fixed counts 16 and 108:
+    the device launch was the best at batch 16, 4096 tokens, shown as "256 (split_policy=device:...)"
+    with 3 counts.  Only the fixed counts are scored now."""
+    data = json.loads(POLICY.read_text())
+    data["batches"] = [{"batch": b, "entries": [{"max_context_len": 131072, "params": {
+        "num_kv_splits": 16, "split_policy": "", "num_stages": 2, "pdl": pdl}}]} for b, pdl in ((1, 1), (16, 0))]
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(data))
+    res = CliRunner().invoke(app_of(), ["tune", "--validate", str(path), "--from-run",
+                                        str(REPO / "results/h200/serving/sweep"), "--json"])
+    rows = {(r["batch"], r["context"]): r for r in json.loads(res.stdout)[1]["rows"]}
+    assert set(rows) == {(1, 4096), (16, 4096)}, rows
+    assert (rows[(16, 4096)]["best splits"], rows[(16, 4096)]["counts"], rows[(16, 4096)]["policy %"]) == (16, 2, 0)
+    assert rows[(1, 4096)]["best splits"] == 108 and res.exit_code == 1
+
+
+def app_of():
+    from mlabench.cli import app
+
+    return app
