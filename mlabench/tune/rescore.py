@@ -48,13 +48,13 @@ def recorded_points(policy: Policy, records: Iterable[Record]) -> RecordedScore:
     """Score ``policy`` on ``records`` (any runs' records; those of another backend, of another
     head count, page size, dtype, query length or causality than the policy's, those of ragged
     batches and those launched under a ``split_policy`` (``device:``/``host:``, whose
-    ``num_kv_splits`` is ignored: a sweep's 256 that ran 16) are skipped).  At each remaining ``(batch, context)`` point: ``best_us`` the
-    fastest ``ok`` record (its ``params``), ``policy_us`` the time of the record whose key is the
-    policy's launch there (its params as the policy names them, or completed with the backend's
-    defaults; None when that launch did not run correctly), ``counts_measured`` the distinct
-    ``num_kv_splits`` recorded; a point where no launch ran correctly is kept with ``best_us``
-    None (a miss, as a live validation keeps it).  The last record of a key counts (a rerun
-    supersedes)."""
+    ``num_kv_splits`` is ignored: a sweep's 256 that ran 16) are skipped).  At each remaining
+    ``(batch, context)`` point: ``best_us`` the fastest ``ok`` record (its ``params``),
+    ``policy_us`` the time of the record whose key is the policy's launch there (its params as
+    the policy names them, or completed with the backend's defaults; None when that launch did
+    not run correctly), ``counts_measured`` the distinct ``num_kv_splits`` recorded; a point where
+    no launch ran correctly is kept with ``best_us`` None (a miss, as a live validation keeps it).
+    The last record of a key counts (a rerun supersedes)."""
     backend = get_backend(policy.backend)
     groups: dict[str, dict[str, Record]] = defaultdict(dict)
     for rec in records:
