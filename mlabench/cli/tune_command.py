@@ -393,7 +393,7 @@ def _validate_recorded(policy: Any, runs: list[Path], measuring: bool, tolerance
     tables[0].notes += notes
     emit(tables, fmt)
     if target_misses(result.points, tolerance):
-        fail(target_verdict(result.points, tolerance, recorded=True))
+        fail(target_verdict(result.points, tolerance, recorded=True, left_out=result.left_out))
 
 
 #: The commands of this group, registered by :mod:`mlabench.cli.app`.

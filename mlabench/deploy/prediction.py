@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mlabench.errors import ConfigError
+from mlabench.errors import ConfigError, ResultsError
 from mlabench.files import validation_line
 from mlabench.records.record import Record
 from mlabench.tables.table import ColumnStyle, Table
@@ -101,11 +101,24 @@ class PredictionSpec(BaseModel):
 def attention_us(records: Iterable[Record], kernel: KernelRef, batch: int, context_len: int) -> float | None:
     """Median µs per call of the fastest correct record of ``kernel`` at ``batch`` one-token
     requests of ``context_len`` tokens; None when no such record exists (a fast wrong answer
-    never predicts anything)."""
-    times = [r.median_us for r in records
-             if kernel.matches(r, batch) and r.batch == batch and r.context_len == context_len
+    never predicts anything).  Raises :class:`ResultsError` when those records hold several
+    shapes (heads, page size, dtypes, MLA widths): the fastest of a 12-head and a 16-head sweep
+    is no served model's time, and ``--predict-from`` a folder reads every sweep under it."""
+    found = [r for r in records if kernel.matches(r, batch) and r.batch == batch and r.context_len == context_len
              and r.qo_len == 1 and r.status == "ok" and r.median_us is not None]
-    return min(times) if times else None
+    shapes = sorted({_shape_words(r) for r in found})
+    if len(shapes) > 1:
+        raise ResultsError(f"the records of {kernel.backend} at batch {batch}, context {context_len} hold "
+                           f"{len(shapes)} shapes ({'; '.join(shapes)}): give --predict-from the sweeps of the "
+                           "served shape only")
+    return min(r.median_us for r in found) if found else None
+
+
+def _shape_words(record: Record) -> str:
+    """A record's shape apart from its lengths, in words (``12 heads, page 64, bfloat16/bfloat16, 512+64``)."""
+    s = record.shape
+    return (f"{record.num_heads} heads, page {s.get('page_size')}, {s.get('q_dtype')}/{s.get('kv_dtype')}, "
+            f"{s.get('kv_lora_rank')}+{s.get('qk_rope_head_dim')}")
 
 
 def served_attention_us(records: list[Record], kernel: KernelRef, batch: int, input_len: int,

@@ -45,17 +45,20 @@ class RecordedScore:
 
 def recorded_points(policy: Policy, records: Iterable[Record]) -> RecordedScore:
     """Score ``policy`` on ``records`` (any runs' records; those of another backend, of another
-    head count, page size, dtype, query length or causality than the policy's, and those of
-    ragged batches are skipped).  At each remaining ``(batch, context)`` point: ``best_us`` the
-    fastest ``ok`` record (its ``params``), ``policy_us`` the time of the record whose key is the
-    policy's launch there (its params as the policy names them, or completed with the backend's
-    defaults; None when that launch did not run correctly), ``counts_measured`` the distinct
-    ``num_kv_splits`` recorded.  The last record of a key counts (a rerun supersedes)."""
+    head count, page size, dtype, query length or causality than the policy's, those of ragged
+    batches and those launched under a ``split_policy`` (``device:``/``host:``, whose
+    ``num_kv_splits`` is ignored: a sweep's 256 that ran 16) are skipped).  At each remaining
+    ``(batch, context)`` point: ``best_us`` the fastest ``ok`` record (its ``params``),
+    ``policy_us`` the time of the record whose key is the policy's launch there (its params as
+    the policy names them, or completed with the backend's defaults; None when that launch did
+    not run correctly), ``counts_measured`` the distinct ``num_kv_splits`` recorded; a point where
+    no launch ran correctly is kept with ``best_us`` None (a miss, as a live validation keeps it).
+    The last record of a key counts (a rerun supersedes)."""
     backend = get_backend(policy.backend)
     groups: dict[str, dict[str, Record]] = defaultdict(dict)
     for rec in records:
         lens = rec.shape.get("context_lens") or []
-        if rec.backend == policy.backend and lens and len(set(lens)) == 1:
+        if rec.backend == policy.backend and lens and len(set(lens)) == 1 and not rec.params.get("split_policy"):
             groups[json.dumps(rec.shape, sort_keys=True)][rec.key] = rec
     points, unscored = [], []
     for recorded_shape, by_key in groups.items():
@@ -63,18 +66,17 @@ def recorded_points(policy: Policy, records: Iterable[Record]) -> RecordedScore:
         shape = policy_shape(policy, first.batch, first.context_len)
         if json.dumps(shape.key(), sort_keys=True) != recorded_shape:
             continue
-        ok = [r for r in by_key.values() if r.status == "ok" and r.median_us is not None]
-        if not ok:
-            continue
         chosen = policy.lookup(shape.batch, shape.max_context_len)
         keys = [point_key(backend.name, p, shape.key()) for p in (chosen, backend.resolve_params(shape, chosen))]
         mine = next((by_key[k] for k in keys if k in by_key), None)
         if mine is None:
             unscored.append((shape.batch, shape.max_context_len))
             continue
-        best = min(ok, key=lambda r: r.median_us)
-        points.append(PointResult(shape.batch, shape.max_context_len, best.median_us, dict(best.params),
-                                  dict(chosen), mine.median_us if mine.status == "ok" else None,
+        ok = [r for r in by_key.values() if r.status == "ok" and r.median_us is not None]
+        best = min(ok, key=lambda r: r.median_us) if ok else None  # none correct: a miss, as validate keeps it
+        points.append(PointResult(shape.batch, shape.max_context_len, best.median_us if best else None,
+                                  dict(best.params) if best else {}, dict(chosen),
+                                  mine.median_us if mine.status == "ok" else None,
                                   counts_measured=len({r.params.get("num_kv_splits") for r in by_key.values()})))
     points.sort(key=lambda p: (p.batch, p.context_len))
     return RecordedScore(points, sorted(unscored))
@@ -92,9 +94,14 @@ def recorded_validation(policy: Policy, runs: list[Path], tolerance: float) -> t
     records = records_of(folders)
     score = recorded_points(policy, records)
     if not score.points:
+        mine = policy_shape(policy, 1, 1)
+        heads = sorted({r.num_heads for r in records})
+        pages = sorted({r.shape.get("page_size") for r in records if r.shape.get("page_size") is not None})
         raise ResultsError(f"{', '.join(map(str, runs))}: no recorded point of {policy.backend} at the policy's "
-                           f"shape holds its own launch ({len(score.unscored)} points without it; the records "
-                           f"cover {describe_records(records)})")
+                           f"shape ({mine.num_heads} heads, page {mine.page_size}, qo_len {mine.qo_len}, "
+                           f"{mine.q_dtype}) holds its own launch ({len(score.unscored)} points without it; the "
+                           f"records cover {describe_records(records)}; heads {', '.join(map(str, heads))}; "
+                           f"page {', '.join(map(str, pages))})")
     notes = [f"scored on the records of {len(folders)} run(s) under {', '.join(map(str, runs))}: nothing measured "
              "now; lengths that shaped a policy are not held out for it"]
     if score.unscored:
@@ -102,4 +109,4 @@ def recorded_validation(policy: Policy, runs: list[Path], tolerance: float) -> t
                           for b in sorted({b for b, _ in score.unscored}))
         notes.append(f"{len(score.unscored)} recorded points left out, the policy's launch not among their "
                      f"records ({where})")
-    return Validation(None, score.points, [], None, tolerance, recorded=True), notes
+    return Validation(None, score.points, [], None, tolerance, recorded=True, left_out=len(score.unscored)), notes

@@ -39,8 +39,8 @@ from mlabench.tune.edges import fine_edges
 from mlabench.tune.manifest import fresh_run_id, run_manifest, validation_resume_command
 from mlabench.tune.seeded_trials import heuristic_trials, ladder_trials, whole_tile_trials
 from mlabench.tune.space import (
-    LEGACY_FIELDS, TuneConfig, buckets_of, load_tune_config, resolve_sampler, shape_dims, space_size, study_space,
-    tune_shape, wave_cap,
+    LEGACY_FIELDS, TuneConfig, buckets_of, launched, load_tune_config, resolve_sampler, shape_dims, space_size,
+    study_space, tune_shape, wave_cap,
 )
 from mlabench.tune.storage import journal_copy, open_storage, optuna_module, redact_url
 from mlabench.tune.studies import (
@@ -251,11 +251,15 @@ def _free_cached_memory() -> None:
 def _target(cfg: TuneConfig, spec: StudySpec) -> int:
     """Trials a study will finish: ``trials`` (the whole space when an exhaustive sampler has fewer
     points), or its enqueued trials (:func:`_enqueued`) where they are more: every one is measured
-    (:class:`~mlabench.tune.trial_worker.StopAtTrials`)."""
+    (:class:`~mlabench.tune.trial_worker.StopAtTrials`).  Enqueued trials count as the study counts
+    its trials, by what they launch at its lengths (:func:`~mlabench.tune.space.launched`): two
+    heuristics launching the same counts are one (``aiter-gluon-0.1.19`` and ``vllm-triton`` both
+    1 split up to 64 tokens; counted by their parameters, a study finished at 3 of a target of 4)."""
     backend = get_backend(cfg.backend)
     shape = tune_shape(shape_dims(cfg), spec.batch, spec.length)
-    dims, _fixed = study_space(backend, shape, cfg, spec.measured(), spec.max_splits)
-    seeds = len({json.dumps(p, sort_keys=True) for _, p in _enqueued(backend, shape, cfg, spec)})
+    dims, fixed = study_space(backend, shape, cfg, spec.measured(), spec.max_splits)
+    seeds = len({json.dumps(launched(backend, fixed, p, spec.measured()), sort_keys=True)
+                 for _, p in _enqueued(backend, shape, cfg, spec)})
     if resolve_sampler(cfg, dims) in ("grid", "brute"):
         return min(max(cfg.trials, seeds), space_size(dims))
     return max(cfg.trials, seeds)

@@ -120,6 +120,7 @@ class Validation:
     tolerance: float = TARGET_TOLERANCE  # the target: every point's policy regret at most this fraction
     given: tuple[int, ...] = ()  # lengths given with --context, not drawn: held out only by chance
     recorded: bool = False  # scored on recorded measurements (--from-run), none drawn or measured
+    left_out: int = 0  # recorded points without the policy's launch (--from-run), not scored
 
 
 def target_misses(points: list[PointResult], tolerance: float) -> list[PointResult]:
@@ -142,14 +143,17 @@ def lengths_noun(points: list[PointResult], given: tuple[int, ...] = (), recorde
 
 
 def target_verdict(points: list[PointResult], tolerance: float, given: tuple[int, ...] = (),
-                   recorded: bool = False) -> str:
+                   recorded: bool = False, left_out: int = 0) -> str:
     """One line: whether every point is within ``tolerance`` of its best, else how many are not
     and which (``batch B: L1, L2, ...`` per batch size); ``given`` and ``recorded`` name the points
-    (:func:`lengths_noun`)."""
+    (:func:`lengths_noun`); ``left_out`` recorded points were not scored (the policy's launch not
+    among their records), so the line claims only the lengths where its launch was recorded."""
     misses = target_misses(points, tolerance)
-    target = f"every {lengths_noun(points, given, recorded)} within {100 * tolerance:g}% of the best count measured there"
+    where = " where the policy's launch was recorded" if left_out else ""
+    target = (f"every {lengths_noun(points, given, recorded)}{where} within {100 * tolerance:g}% of the best count "
+              "measured there")
     if not misses:
-        return f"target met: {target} ({len(points)} points)"
+        return f"target met: {target} ({len(points)} points{f'; {left_out} left out' if left_out else ''})"
     where = "; ".join(f"batch {b}: " + ", ".join(str(p.context_len) for p in misses if p.batch == b)
                       for b in sorted({p.batch for p in misses}))
     return f"target not met: {target}: {len(misses)} of {len(points)} points miss it ({where})"
@@ -184,7 +188,7 @@ def validation_tables(v: Validation) -> list[Table]:
         how = "counts: how many the runs recorded there, every launch of any parameters; none measured now"
     summary.notes.append("regret = time / best time - 1; best = the fastest correct of the split counts measured "
                          f"at that point ({how}); — = a configuration failed")
-    summary.notes.append(target_verdict(v.points, v.tolerance, v.given, v.recorded))
+    summary.notes.append(target_verdict(v.points, v.tolerance, v.given, v.recorded, v.left_out))
     if v.seed is not None and any(p.context_len not in v.given for p in v.points):
         summary.notes.append(f"held-out lengths drawn with seed {v.seed} (tune --validate ... --seed {v.seed} "
                              "draws them again)")

@@ -243,3 +243,30 @@ def test_sweeps_of_another_device_than_the_served_gpus_are_refused(tmp_path, mon
                                              "runs ran on NVIDIA H200: its TPOT does not compare with their times\n")
     (run_dir / "manifest.json").write_text(json.dumps({**manifest, "gpus": [{"name": "NVIDIA H200"}]}))
     assert run(argv, monkeypatch, capsys)[0] == 0
+
+
+def test_a_folder_of_sweeps_of_two_head_counts_is_refused_not_pooled(tmp_path, monkeypatch, capsys):
+    """``--predict-from`` a folder reads every sweep under it; the committed sweep beside a copy
+    recorded at 16 heads (and 10% faster): the fastest of both was taken as the served kernel's
+    time, silently.  Now one error line names the shapes."""
+    import gzip
+
+    run_dir = _serve_run(tmp_path, PREDICTION)
+    folder = tmp_path / "sweeps"
+    shutil.copytree(SWEEP, folder / SWEEP.name)
+    other = folder / "more" / (SWEEP.name + "-h16")
+    shutil.copytree(SWEEP, other)
+    lines = []
+    for line in gzip.open(other / "results.jsonl.gz", "rt"):
+        rec = json.loads(line)
+        rec["num_heads"] = rec["shape"]["num_heads"] = 16
+        if rec.get("stats"):
+            rec["stats"]["median_us"] *= 0.9
+        lines.append(json.dumps(rec) + "\n")
+    with gzip.open(other / "results.jsonl.gz", "wt") as f:
+        f.writelines(lines)
+    code, out, err = run(["serve-bench", "--from-run", str(run_dir), "--predict-from", str(folder), "--json"],
+                         monkeypatch, capsys)
+    assert code != 0 and "Traceback" not in err
+    line = " ".join(err.split())
+    assert "hold 2 shapes (12 heads, page 64" in line and "16 heads, page 64" in line

@@ -23,6 +23,8 @@ class Rec:
     params: dict = field(default_factory=dict)
     status: str = "ok"
     qo_len: int = 1
+    num_heads: int = 12
+    shape: dict = field(default_factory=lambda: {"page_size": 64, "q_dtype": "bfloat16", "kv_dtype": "bfloat16"})
 
 
 SPEC = PredictionSpec.of({

@@ -136,3 +136,19 @@ def test_every_enqueued_trial_is_measured_even_past_trials(tmp_path):
     seeded = [t for t in optuna.load_study(study_name=name, storage=storage).trials if "enqueued_as" in t.user_attrs]
     assert len({t.params["num_kv_splits"] for t in seeded}) > 2  # more than --trials
     assert all(t.state.name == "COMPLETE" for t in seeded), [(t.user_attrs, t.state.name) for t in seeded]
+
+
+def test_enqueued_trials_that_launch_alike_count_once_towards_the_target(tmp_path):
+    """Below 64 tokens ``aiter-gluon-0.1.19`` (at most 256 splits of 64 tokens) launches 1 split at
+    every length, as ``vllm-triton`` does: with ``--trials 2`` the study measured every enqueued
+    trial and stopped at 3 distinct launches, but its target counted 4 enqueued parameter sets, so
+    the run ended with "studies are not finished" (exit 2) and the live table showed 3/4."""
+    from mlabench.cli import app
+
+    args = ["tune", "--backend", "test-steps", "--heads", "2", "--buckets", "64", "--page-size", "16",
+            "--lengths-per-bucket", "2", "--batch", "1", "--trials", "2", "--budget-s", "0.02",
+            "--results-dir", str(tmp_path), "--json"]
+    res = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)[0]["rows"]
+    assert row["trials"] >= 3

@@ -55,7 +55,7 @@ def test_another_policy_is_scored_where_its_launch_was_recorded_and_the_rest_is_
     assert rows[(1, 35941)]["best splits"] == "128 (pdl=0)" and rows[(1, 35941)]["policy splits"] == 128
     notes = " ".join(summary["notes"])
     assert "7 recorded points left out" in notes and "batch 1: 1026, 2702, 3734, 5161, 7131, 9855, 13619" in notes
-    assert "every recorded length within 3%" in " ".join(res.stderr.split())
+    assert "every recorded length where the policy's launch was recorded within 3%" in " ".join(res.stderr.split())
     assert detail["title"].startswith("Recorded points") and not (tmp_path / "runs").exists()
 
 
@@ -86,7 +86,85 @@ def test_runs_without_the_policys_launch_are_refused_naming_what_they_hold():
 def test_serve_bench_runs_under_the_folder_are_passed_over():
     """results/h200/serving holds serve-bench runs beside the sweeps of sweep/: they are not read
     as kernel runs (no manifest error); the sweeps ran the policy in device mode, not its host
-    launch, so no point scores."""
+    launch (those records are no split counts), and two fixed counts at 4096 tokens, not the
+    policy's, so no point scores."""
     res = _mlabench("tune", "--validate", str(POLICY), "--from-run", str(REPO / "results/h200/serving"))
     assert res.returncode == 2 and "Traceback" not in res.stderr and "manifest" not in res.stderr
-    assert "no recorded point of gluon-splitkv" in res.stderr and "6 points without it" in res.stderr
+    assert "no recorded point of gluon-splitkv" in res.stderr and "2 points without it" in res.stderr
+
+
+def test_a_point_where_no_launch_ran_correctly_is_a_miss_not_dropped(tmp_path):
+    """The validation's records with every launch at batch 1, 1026 tokens marked incorrect: the
+    point stays (32 points, none left out), with no best and no policy time, and misses the target,
+    as a live validation keeps a point where nothing ran correctly."""
+    import gzip
+    import shutil
+
+    from mlabench.policy.tuned import load_policy
+    from mlabench.records.store import records_of
+    from mlabench.tune.rescore import recorded_points
+    from mlabench.tune.validation import target_misses
+
+    run = tmp_path / VALIDATION.name
+    shutil.copytree(VALIDATION, run)
+    lines = [json.loads(line) for line in gzip.open(run / "results.jsonl.gz", "rt")]
+    for rec in lines:
+        if (rec["batch"], rec["context_len"]) == (1, 1026):
+            rec["status"], rec["message"] = "incorrect", "poisoned for the test"
+    with gzip.open(run / "results.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(rec) + "\n" for rec in lines))
+    score = recorded_points(load_policy(POLICY), records_of([run]))
+    assert len(score.points) == 32 and score.unscored == []
+    point = next(p for p in score.points if (p.batch, p.context_len) == (1, 1026))
+    assert point.best_us is None and point.policy_us is None and point in target_misses(score.points, 0.03)
+
+
+def test_a_met_target_with_points_left_out_claims_only_the_scored_lengths(tmp_path):
+    """The two-pages rule within 20% wherever its launch was recorded: target met, exit 0, but the
+    verdict says it holds where the launch was recorded and how many points were left out (it said
+    "every recorded length" with 7 of them unscored)."""
+    from mlabench.cli import app
+
+    res = CliRunner().invoke(app, ["tune", "--validate", str(_two_pages_policy(tmp_path)), "--from-run",
+                                   str(VALIDATION), "--tolerance", "0.2", "--json"])
+    assert res.exit_code == 0, res.output
+    notes = " ".join(json.loads(res.stdout)[0]["notes"])
+    assert ("target met: every recorded length where the policy's launch was recorded within 20% of the best "
+            "count measured there (25 points; 7 left out)") in notes
+
+
+def test_a_policy_of_another_head_count_is_refused_naming_both_shapes(tmp_path):
+    """The committed policy relabelled 16 heads: one error line that names the policy's head count
+    and page size and those the records hold (it named only backends, batches and lengths)."""
+    data = json.loads(POLICY.read_text())
+    data["shape"]["num_heads"] = 16
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(data))
+    res = _mlabench("tune", "--validate", str(path), "--from-run", str(VALIDATION))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    line = " ".join(res.stderr.split())
+    assert "at the policy's shape (16 heads, page 64, qo_len 1, bfloat16)" in line and "heads 12; page 64" in line
+
+
+def test_records_launched_under_a_split_policy_are_not_split_counts(tmp_path):
+    """results/h200/serving/sweep holds gluon-splitkv launched in device mode (its params say 256
+    splits, num_kv_splits being ignored there; 16 ran at batch 16) beside fixed counts 16 and 108:
+    the device launch was the best at batch 16, 4096 tokens, shown as "256 (split_policy=device:...)"
+    with 3 counts.  Only the fixed counts are scored now."""
+    data = json.loads(POLICY.read_text())
+    data["batches"] = [{"batch": b, "entries": [{"max_context_len": 131072, "params": {
+        "num_kv_splits": 16, "split_policy": "", "num_stages": 2, "pdl": pdl}}]} for b, pdl in ((1, 1), (16, 0))]
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(data))
+    res = CliRunner().invoke(app_of(), ["tune", "--validate", str(path), "--from-run",
+                                        str(REPO / "results/h200/serving/sweep"), "--json"])
+    rows = {(r["batch"], r["context"]): r for r in json.loads(res.stdout)[1]["rows"]}
+    assert set(rows) == {(1, 4096), (16, 4096)}, rows
+    assert (rows[(16, 4096)]["best splits"], rows[(16, 4096)]["counts"], rows[(16, 4096)]["policy %"]) == (16, 2, 0)
+    assert rows[(1, 4096)]["best splits"] == 108 and res.exit_code == 1
+
+
+def app_of():
+    from mlabench.cli import app
+
+    return app
