@@ -28,7 +28,7 @@ from mlabench.errors import ResultsError
 from mlabench.policy.tuned import Policy
 from mlabench.records.record import Record, point_key
 from mlabench.records.side_files import PointResult
-from mlabench.records.store import describe_records, records_of, runs_of_kinds
+from mlabench.records.store import ResultStore, describe_records, records_of, runs_of_kinds
 from mlabench.run_files import SWEEP_KIND, TUNE_KIND, VALIDATION_KIND
 from mlabench.tune.validation import Validation, policy_shape
 
@@ -53,13 +53,15 @@ def recorded_points(policy: Policy, records: Iterable[Record]) -> RecordedScore:
     the policy names them, or completed with the backend's defaults; None when that launch did
     not run correctly), ``counts_measured`` the distinct ``num_kv_splits`` recorded; a point where
     no launch ran correctly is kept with ``best_us`` None (a miss, as a live validation keeps it).
-    The last record of a key counts (a rerun supersedes)."""
+    Of the records of one launch (a rerun, or several runs), the latest by its timestamp counts."""
     backend = get_backend(policy.backend)
     groups: dict[str, dict[str, Record]] = defaultdict(dict)
     for rec in records:
         lens = rec.shape.get("context_lens") or []
         if rec.backend == policy.backend and lens and len(set(lens)) == 1 and not rec.params.get("split_policy"):
-            groups[json.dumps(rec.shape, sort_keys=True)][rec.key] = rec
+            same = groups[json.dumps(rec.shape, sort_keys=True)]
+            if rec.key not in same or rec.timestamp >= same[rec.key].timestamp:
+                same[rec.key] = rec
     points, unscored = [], []
     for recorded_shape, by_key in groups.items():
         first = next(iter(by_key.values()))
@@ -102,7 +104,10 @@ def recorded_validation(policy: Policy, runs: list[Path], tolerance: float) -> t
                            f"{mine.q_dtype}) holds its own launch ({len(score.unscored)} points without it; the "
                            f"records cover {describe_records(records)}; heads {', '.join(map(str, heads))}; "
                            f"page {', '.join(map(str, pages))})")
-    notes = [f"scored on the records of {len(folders)} run(s) under {', '.join(map(str, runs))}: nothing measured "
+    revisions = {ResultStore(f).manifest().git_revision for f in folders}
+    notes = [f"records of {len(revisions)} mlabench revisions pooled: the best at a point may be another "
+             "kernel version's (name one run to score against it alone)"] if len(revisions) > 1 else []
+    notes += [f"scored on the records of {len(folders)} run(s) under {', '.join(map(str, runs))}: nothing measured "
              "now; lengths that shaped a policy are not held out for it"]
     if score.unscored:
         where = "; ".join(f"batch {b}: " + ", ".join(str(n) for bb, n in score.unscored if bb == b)

@@ -168,3 +168,14 @@ def app_of():
     from mlabench.cli import app
 
     return app
+
+
+def test_runs_of_several_revisions_pooled_are_said_so():
+    """results/h200/deploy holds runs of four mlabench revisions: a point's best may be another kernel
+    version's, and a note says so (one run named: no such note)."""
+    from mlabench.policy.tuned import load_policy
+    from mlabench.tune.rescore import recorded_validation
+
+    _, notes = recorded_validation(load_policy(POLICY), [REPO / "results/h200/deploy"], 0.03)
+    assert any(n.startswith("records of 4 mlabench revisions pooled") for n in notes)
+    assert not any("revisions pooled" in n for n in recorded_validation(load_policy(POLICY), [VALIDATION], 0.03)[1])
