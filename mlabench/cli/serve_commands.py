@@ -261,8 +261,7 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dic
         if run_kind(run) != SWEEP_KIND:
             raise ConfigError(f"--predict-from {run}: a {run_kind(run)} run, not a sweep of the served kernels")
     sweeps = runs_of_kinds(runs, (SWEEP_KIND,), "--predict-from")  # a folder: the sweep runs under it, any depth
-    devices = {str(d.get("name")): str(d.get("kind")) for d in (ResultStore(s).manifest().device for s in sweeps)}
-    if why := serving_device_mismatch(served_gpus, devices):
+    if why := serving_device_mismatch(served_gpus, (ResultStore(s).manifest().device for s in sweeps)):
         raise ConfigError(f"--predict-from: the serve-bench run {why}: its TPOT does not compare with their times")
     return (PredictionSpec.of(table or conf.prediction, [v.name for v in conf.variants]), records_of(sweeps),
             conf.input_lens()[0], conf.bench.random_output_len)

@@ -161,7 +161,6 @@ def _check_serving_devices(runs: Runs) -> None:
     TPOT beside an H200 sweep's prediction, say)."""
     from mlabench.serving.gpus import serving_device_mismatch
 
-    kernel = {str(m.device.get("name")): str(m.device.get("kind")) for m in runs.manifests}
     for run in runs.serve_runs:
-        if why := serving_device_mismatch(run.manifest.get("gpus"), kernel):
+        if why := serving_device_mismatch(run.manifest.get("gpus"), (m.device for m in runs.manifests)):
             raise ResultsError(f"runs from different devices do not compare: serve-bench run {run.name} {why}")

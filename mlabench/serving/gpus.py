@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterable
 from typing import Any
 
 #: What ``nvidia-smi --query-gpu`` is asked for, in this order (``--format=csv,noheader,nounits``).
@@ -74,15 +75,16 @@ def visible_gpus() -> list[dict[str, Any]]:
     return rocm_gpus(text) if text is not None else []
 
 
-def serving_device_mismatch(gpus: Any, kernel_devices: dict[str, str]) -> str | None:
+def serving_device_mismatch(gpus: Any, kernel_devices: Iterable[dict[str, Any]]) -> str | None:
     """Why a serve-bench run whose manifest recorded ``gpus`` (:func:`visible_gpus`) does not compare
-    with kernel runs of ``kernel_devices`` (``{device name: kind}``, ``kind`` ``cuda``, ``hip`` or
-    ``cpu``): another GPU model, or no GPU beside GPU kernel runs; None when it compares, or when
-    it cannot be told (``gpus`` not a list: a run recorded before serve-bench named its GPUs; no
-    kernel runs)."""
-    if not kernel_devices or not isinstance(gpus, list):
+    with kernel runs on ``kernel_devices`` (their manifests' ``device``: ``name`` and ``kind``,
+    ``cuda``, ``hip`` or ``cpu``): another GPU model, or no GPU beside GPU kernel runs; None when
+    it compares, or when it cannot be told (``gpus`` not a list: a run recorded before serve-bench
+    named its GPUs; no kernel runs)."""
+    kernel = {str(d.get("name")): str(d.get("kind")) for d in kernel_devices}
+    if not kernel or not isinstance(gpus, list):
         return None
     served = sorted({str(g.get("name")) for g in gpus if isinstance(g, dict)}) or ["no GPU"]
-    if gpus and set(served) <= set(kernel_devices) or not gpus and set(kernel_devices.values()) == {"cpu"}:
+    if gpus and set(served) <= set(kernel) or not gpus and set(kernel.values()) == {"cpu"}:
         return None
-    return f"served on {', '.join(served)}, the kernel runs ran on {', '.join(sorted(kernel_devices))}"
+    return f"served on {', '.join(served)}, the kernel runs ran on {', '.join(sorted(kernel))}"

@@ -243,10 +243,10 @@ class StopAtTrials:
     def reached(self, study: Any, own: int | None = None) -> bool:
         """Whether the study has its trials, counting running ones other than trial ``own``."""
         trials = study.get_trials(deepcopy=False)
-        running = sum(t.state.name == "RUNNING" and t.number != own for t in trials)
-        finished = sum(t.state.name in FINISHED_STATES for t in trials)
         if any(t.state.name == "WAITING" for t in trials):
             return False
+        running = sum(t.state.name == "RUNNING" and t.number != own for t in trials)
+        finished = sum(t.state.name in FINISHED_STATES for t in trials)
         return distinct_finished(trials) + running >= self.n or finished + running >= MAX_TRIALS_FACTOR * self.n
 
 
