@@ -19,9 +19,10 @@
 #                          call, not the machine)
 #   tune OUT               (optional, with install-vllm in the same call; carry .whl/opt: the cp312
 #                          wheels of optuna, pydantic and what they need that the GPU image lacks:
-#                          alembic, mako, sqlalchemy, colorlog, pydantic_core, annotated_types,
-#                          typing_inspection, typing_extensions; 2.6 MB under the 64 MiB with
-#                          .gpuserve/vllm) a device policy for gluon-splitkv tuned on this machine
+#                          colorlog, pydantic_core, annotated_types, typing_inspection,
+#                          typing_extensions; not sqlalchemy and alembic, which only --storage URLs
+#                          need, the tune's journal does not: 4.5 MB with them would pass the 64 MiB
+#                          with .gpuserve/vllm) a device policy for gluon-splitkv tuned on this machine
 #                          (scripts/h200_gluon_deploy.sh with DEVICE_POLICY [3] sub-buckets per
 #                          octave: at batch 1 the best count of the committed validation doubles
 #                          between 3734 and 5161 tokens, 1.38x apart; validated, also at the
