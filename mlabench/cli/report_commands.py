@@ -72,9 +72,12 @@ def _config_prediction(runs, config_path: Path) -> tuple[dict, str]:
 
 def report(
     from_run: FromRuns,
-    out: Annotated[Path | None, typer.Option(metavar="DIR", help="Folder for the report (default: the first --from).")] = None,
-    fmt: Annotated[str, typer.Option(
-        "--format", metavar="markdown|html", help="markdown (report.md + figures/) or html.")] = "markdown",
+    out: Annotated[Path | None, typer.Option(metavar="DIR|FILE", help=(
+        "Folder for the report (default: the first --from), or a file named *.md (figures in "
+        "<stem>-figures/ beside it) or *.html."))] = None,
+    fmt: Annotated[str | None, typer.Option(
+        "--format", metavar="markdown|html",
+        help="markdown (report.md + figures/) or html; default: markdown, or the --out file's.")] = None,
 ) -> None:
     """Write one report from recorded runs: environment, correctness, best split, compare, serving, tuned
     policy and validation, graph-check, figures."""

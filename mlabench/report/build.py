@@ -20,6 +20,8 @@ from mlabench.report.tuning_sections import graph_check_section, tuning_section
 
 FORMATS = {"markdown": "report.md", "html": "report.html"}
 FIGURE_DIR = "figures"
+#: ``report --out`` file suffixes and the format each implies.
+SUFFIX_FORMATS = {".md": "markdown", ".html": "html"}
 
 
 @dataclass
@@ -54,24 +56,42 @@ def build_report(runs: Any, families: dict[str, str] | None = None, figure_dir: 
     return Report(title, blocks, skipped)
 
 
-def write_report(runs: Any, out_dir: Path, fmt: str = "markdown", command: str | None = None) -> Path:
-    """Write ``report.md`` (and ``figures/*.png``) or ``report.html`` into ``out_dir``; return its path.
+def report_target(out: Path, fmt: str | None) -> tuple[Path, str, Path]:
+    """Where ``report --out OUT`` writes: ``(document path, format, figure folder)``.
 
-    The report and its figures are derived files: an earlier report in ``out_dir`` is replaced.
-    Raises :class:`ConfigError` for an unknown format.
+    ``out`` is a folder (``report.md`` and ``figures/`` or ``report.html`` inside, in ``fmt``,
+    default markdown), or a file named ``*.md`` or ``*.html``: the format then follows the suffix,
+    and a markdown file's figures go to ``<stem>-figures/`` beside it, so two reports in one folder
+    keep their own.  Raises :class:`ConfigError` for an unknown format, or a file suffix that
+    contradicts ``fmt``."""
+    if fmt is not None and fmt not in FORMATS:
+        raise ConfigError(f"report format must be one of {', '.join(FORMATS)}, got {fmt!r} (report writes one "
+                          "document; its --format is the document's file format, not a table's)")
+    implied = SUFFIX_FORMATS.get(out.suffix.lower())
+    if implied is None or out.is_dir():
+        return out / FORMATS[fmt or "markdown"], fmt or "markdown", out / FIGURE_DIR
+    if fmt is not None and fmt != implied:
+        raise ConfigError(f"--out {out} names a {implied} file and --format says {fmt}: give a {fmt} file name "
+                          f"or a folder")
+    return out, implied, out.with_name(f"{out.stem}-{FIGURE_DIR}")
+
+
+def write_report(runs: Any, out: Path, fmt: str | None = "markdown", command: str | None = None) -> Path:
+    """Write the report of ``runs`` where :func:`report_target` says (markdown with ``figures/*.png``,
+    or one self-contained HTML file); return the document's path.
+
+    The report and its figures are derived files: an earlier report there is replaced.
+    Raises :class:`ConfigError` as :func:`report_target` does.
     """
     from mlabench.report.figures.plan import render
 
-    if fmt not in FORMATS:
-        raise ConfigError(f"report format must be one of {', '.join(FORMATS)}, got {fmt!r} (report writes one "
-                          "document; its --format is the document's file format, not a table's)")
-    make_dir(out_dir, "report folder")
-    path = out_dir / FORMATS[fmt]
+    path, fmt, figure_dir = report_target(out, fmt)
+    make_dir(path.parent, "report folder")
     if fmt == "markdown":
         report = build_report(runs, command=command)
         for fig in report.figures:
-            write_bytes(out_dir / FIGURE_DIR / f"{fig.stem}.png", render(fig, "png"), "figure")
-        return write_text(path, to_markdown_document(report.blocks, FIGURE_DIR), "report")
+            write_bytes(figure_dir / f"{fig.stem}.png", render(fig, "png"), "figure")
+        return write_text(path, to_markdown_document(report.blocks, figure_dir.name), "report")
     report = build_report(runs, figure_dir=None, command=command)
     pngs = {fig.stem: render(fig, "png") for fig in report.figures}
     return write_text(path, to_html_document(report.blocks, report.title, pngs), "report")

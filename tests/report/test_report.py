@@ -121,6 +121,23 @@ def test_report_command(tmp_path, monkeypatch, capsys):
     assert exc.value.code == 2 and "report format must be one of markdown, html, got 'pdf' (report writes one document; its --format is the document's file format, not a table's)" in capsys.readouterr().err
 
 
+def test_report_out_names_a_file(tmp_path, monkeypatch, capsys):
+    """``--out pr.html`` writes that file (it made a folder ``pr.html/`` holding ``report.html``);
+    ``--out pr.md`` keeps its figures in ``pr-figures/`` beside it, linked from the page."""
+    for out, fmt in (("pr.html", []), ("pr.md", []), ("page.html", ["--format", "html"])):
+        monkeypatch.setattr(sys, "argv", ["mlabench", "report", "--from", str(H200), "--out", str(tmp_path / out), *fmt])
+        cli.main()
+        assert capsys.readouterr().out.strip() == str(tmp_path / out) and (tmp_path / out).is_file()
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", (tmp_path / "pr.md").read_text())
+    assert links and all(link.startswith("pr-figures/") and (tmp_path / link).is_file() for link in links)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["page.html", "pr-figures", "pr.html", "pr.md"]
+    monkeypatch.setattr(sys, "argv", ["mlabench", "report", "--from", str(H200), "--out", str(tmp_path / "x.md"),
+                                      "--format", "html"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2 and f"--out {tmp_path / 'x.md'} names a markdown file and --format says html" in capsys.readouterr().err
+
+
 def test_report_of_a_tuning_run_and_of_a_validation_run(tmp_path):
     """Tuning runs keep their timing under ``tune``, validation runs under ``validate``: both render."""
     from mlabench.report.build import write_report
