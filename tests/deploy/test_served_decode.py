@@ -4,7 +4,7 @@ workspace every step fits in, and which device table a batch size reads."""
 import pytest
 import torch
 
-from mlabench.deploy.served_decode import ServedDecode, grid_splits, served_variant, workspace_slots
+from mlabench.deploy.served_decode import ServedDecode, grid_splits, served_pdl, served_variant, workspace_slots
 from mlabench.policy.device_table import SplitPolicy
 
 POLICY = SplitPolicy.create({1: [(4096, 32), (131072, 128)], 16: [(4096, 4), (131072, 16)]})
@@ -126,4 +126,17 @@ def test_a_call_runs_the_served_variant(monkeypatch):
     ServedDecode(POLICY, "device", 12, 16, "cpu")(q, cache, torch.zeros(1, 2, dtype=torch.int32),
                                                  torch.ones(1, dtype=torch.int32), 100, 0.1)
     assert calls[-1]["variant"] == served_variant() and calls[-1]["variant"].pdl_prologue
-    assert calls[-1]["pdl"] == 1
+    assert calls[-1]["pdl"] == 0  # device mode: no PDL merge at batch 1 either (served_pdl)
+    ServedDecode(POLICY, "host", 12, 16, "cpu")(q, cache, torch.zeros(1, 2, dtype=torch.int32),
+                                               torch.ones(1, dtype=torch.int32), 100, 0.1)
+    assert calls[-1]["pdl"] == 1  # host mode: the backend's default at batch 1
+
+
+def test_served_pdl_is_the_backends_default_but_in_device_mode():
+    from mlabench.backends.gluon import PDL
+    from mlabench.shapes import MLADecodeShape
+
+    for batch in (1, 2, 16):
+        shape = MLADecodeShape(num_heads=12, context_lens=(4096,) * batch)
+        assert served_pdl("host", batch) == PDL.default_for(shape)
+        assert served_pdl("device", batch) == 0
