@@ -28,7 +28,11 @@
 #                          between 3734 and 5161 tokens, 1.38x apart; validated, also at the
 #                          served contexts 4160, 32832 and 100064; docs/tuning-device.md) into
 #                          /tmp/tune and
-#                          OUT/tune.tar.gz: serve it with POLICY=$(ls /tmp/tune/qo1/tune-*/policy.json)
+#                          OUT/tune.tar.gz: serve it with POLICY=$(ls /tmp/tune/qo1/tune-*/policy.json).
+#                          On an H200 (results/h200/deploy/qo1-k3/) the tune took 264 s and its
+#                          validation (54 points) about 7 minutes: one call of 10 cannot hold both,
+#                          so run MLABENCH_TUNE_VALIDATE=0 tune OUT, then, on the still warm machine,
+#                          TUNE_RUN=$(ls -d /tmp/tune/qo1/tune-*) tune OUT (validation only)
 #   wait OUT [SECONDS]     wait for serve-bench (at most SECONDS, default 560), then copy its run
 #                          folder and log to OUT/serve.tar.gz (also while it still runs: a call
 #                          that cannot wait to the end still takes what is measured)
