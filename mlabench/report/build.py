@@ -62,14 +62,17 @@ def report_target(out: Path, fmt: str | None) -> tuple[Path, str, Path]:
     ``out`` is a folder (``report.md`` and ``figures/`` or ``report.html`` inside, in ``fmt``,
     default markdown), or a file named ``*.md`` or ``*.html``: the format then follows the suffix,
     and a markdown file's figures go to ``<stem>-figures/`` beside it, so two reports in one folder
-    keep their own.  Raises :class:`ConfigError` for an unknown format, or a file suffix that
-    contradicts ``fmt``."""
+    keep their own.  Raises :class:`ConfigError` for an unknown format, a file suffix that
+    contradicts ``fmt``, or a file name that is a folder already."""
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError(f"report format must be one of {', '.join(FORMATS)}, got {fmt!r} (report writes one "
                           "document; its --format is the document's file format, not a table's)")
     implied = SUFFIX_FORMATS.get(out.suffix.lower())
-    if implied is None or out.is_dir():
+    if implied is None:
         return out / FORMATS[fmt or "markdown"], fmt or "markdown", out / FIGURE_DIR
+    if out.is_dir():
+        raise ConfigError(f"--out {out} names a {implied} file and is a folder (an older report's?): remove it or "
+                          "name another file")
     if fmt is not None and fmt != implied:
         raise ConfigError(f"--out {out} names a {implied} file and --format says {fmt}: give a {fmt} file name "
                           f"or a folder")
@@ -88,7 +91,7 @@ def write_report(runs: Any, out: Path, fmt: str | None = "markdown", command: st
     path, fmt, figure_dir = report_target(out, fmt)
     make_dir(path.parent, "report folder")
     if fmt == "markdown":
-        report = build_report(runs, command=command)
+        report = build_report(runs, figure_dir=figure_dir.name, command=command)
         for fig in report.figures:
             write_bytes(figure_dir / f"{fig.stem}.png", render(fig, "png"), "figure")
         return write_text(path, to_markdown_document(report.blocks, figure_dir.name), "report")

@@ -138,6 +138,21 @@ def test_report_out_names_a_file(tmp_path, monkeypatch, capsys):
     assert exc.value.code == 2 and f"--out {tmp_path / 'x.md'} names a markdown file and --format says html" in capsys.readouterr().err
 
 
+def test_report_out_file_names_its_figure_folder_and_refuses_a_folder(tmp_path, monkeypatch, capsys):
+    """``--out pr.md``'s figures paragraph names ``pr-figures/``, where they are; ``--out old.html`` where a
+    folder ``old.html/`` stands (the old ``--out``'s) is one error line, not a ``report.md`` written inside."""
+    monkeypatch.setattr(sys, "argv", ["mlabench", "report", "--from", str(H200), "--out", str(tmp_path / "pr.md")])
+    cli.main()
+    text = (tmp_path / "pr.md").read_text()
+    assert "figures (under pr-figures/):" in text and "(under figures/)" not in text
+    (tmp_path / "old.html").mkdir()
+    monkeypatch.setattr(sys, "argv", ["mlabench", "report", "--from", str(H200), "--out", str(tmp_path / "old.html")])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2 and f"--out {tmp_path / 'old.html'} names a html file and is a folder" in capsys.readouterr().err
+    assert list((tmp_path / "old.html").iterdir()) == []
+
+
 def test_report_of_a_tuning_run_and_of_a_validation_run(tmp_path):
     """Tuning runs keep their timing under ``tune``, validation runs under ``validate``: both render."""
     from mlabench.report.build import write_report
