@@ -48,8 +48,15 @@ KV_SPLITS = dataclasses.replace(
     help="page-granular KV splits per request (1-512); default: pages while they fill at most "
          "half a wave, else SMs // batch",
 )
+def default_pdl(batch: int) -> int:
+    """``pdl``'s default for a step of ``batch`` requests: 1 (a programmatic dependent launch of the
+    merge) at batch 1, else 0; H200: PDL saved 0.6-1.5 µs a call at batch 1 and cost 1-2 µs at
+    batch 16 (docs/PERFORMANCE.md)."""
+    return 1 if batch == 1 else 0
+
+
 PDL = ParamSpec(
-    "pdl", int, default=lambda s: 1 if s.batch == 1 else 0, low=0, high=2,
+    "pdl", int, default=lambda s: default_pdl(s.batch), low=0, high=2,
     help="merge launch: 0 plain; 1 programmatic dependent launch released at stage 1's start; "
          "2 released after stage 1's token loop.  Default 1 at batch 1, else 0 (H200: PDL saved "
          "0.6-1.5 µs a call at batch 1 and cost 1-2 µs at batch 16)",

@@ -59,12 +59,14 @@ def workspace_slots(policy: SplitPolicy, max_batch: int) -> int:
 
 def served_pdl(mode: str, batch: int) -> int:
     """The merge launch (``gluon-splitkv``'s ``pdl``) the plugin runs: 0 in ``device`` mode, else
-    the backend's default (1 at batch 1, else 0: :data:`mlabench.backends.gluon.PDL`).
+    the backend's default (1 at batch 1, else 0: :func:`mlabench.backends.gluon.default_pdl`).
 
     Device mode's grid holds the policy's largest count whatever the request's, and there PDL
     costs: at batch 1 on an H200, ``pdl`` 0 took 0-10.4% off ``pdl`` 1 at each of 6 lengths
     (35941 tokens: 19.45 against 21.71 µs), all correct (``results/h200/deploy/qo1-k3/pdl/``)."""
-    return 0 if mode == "device" or batch != 1 else 1
+    from mlabench.backends.gluon import default_pdl
+
+    return 0 if mode == "device" else default_pdl(batch)
 
 
 class ServedDecode:
