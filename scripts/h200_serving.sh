@@ -57,7 +57,7 @@ export VSITE="${VSITE:-/tmp/vsite}"
 export PYTHONPATH="$VSITE${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
        TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 COLUMNS=200 PYTHONUNBUFFERED=1
-export MLABENCH_SERVE_POLICY="${POLICY:-$PWD/results/h200/deploy/qo1/tune-kimi-k3-tp8-20261201-152425-462/policy.json}"
+export MLABENCH_SERVE_POLICY="${POLICY:-$PWD/results/h200/deploy/qo1-k3/tune-kimi-k3-tp8-20261205-122236-527/policy.json}"
 export MLABENCH_PROXY_MODEL_DIR=/tmp/models/kimi-k3-tp8-proxy MLABENCH_TINY_PROXY_DIR=/tmp/models/tiny-mla-12h
 export MLABENCH_VLLM_BIN=/tmp/vllm-bin/vllm
 config="${SERVE_CONFIG:-configs/serve/h200-kimi-k3-tp8-proxy.toml}"
