@@ -43,7 +43,8 @@
 # new process spending 15-20 s on imports: with one shared bench process (docs/serving.md) expect
 # about 1.7 minutes less a variant (not yet measured), so the full config should fit one session
 # with SKIP_SWEEP=1 (the prediction then reads sweeps of another session).  SERVE_CONFIG runs another config,
-# SKIP_SMOKE=1 and SKIP_SWEEP=1 leave those parts out of a second session.
+# SKIP_SMOKE=1 and SKIP_SWEEP=1 leave those parts out of a second session; SWEEP_SET adds arguments
+# to the served kernels' sweep ("--backend gluon-splitkv": only mlabench's, when the policy changed).
 # RESUME=results/serve-<time>-h200-proxy (carried) continues that run in a new session
 # (serve-bench --resume): the points it lacks, the servers they need.
 # Environment: VSITE (/tmp/vsite), POLICY (the committed tuned policy), GPU_TESTS (the pytest
@@ -117,8 +118,9 @@ case "$stage" in
     ts "microbenchmarks of the served kernels (prediction input)"
     # the served policy, and in host mode the counts its graphs freeze (the longest context at capture)
     host_splits="$(python3 -c "from mlabench.policy.device_table import load_split_policy as l; p = l('$MLABENCH_SERVE_POLICY'); print(','.join(str(p.lookup(b, 110000)) for b in (1, 16)))")"
+    # shellcheck disable=SC2086
     python3 -m mlabench sweep --config configs/sweeps/kimi-k3-tp8-serving.toml --results-dir "$out/sweep" \
-      --param "split_policy=device:$MLABENCH_SERVE_POLICY" 2>&1
+      --param "split_policy=device:$MLABENCH_SERVE_POLICY" ${SWEEP_SET:-} 2>&1
     python3 -m mlabench sweep --config configs/sweeps/kimi-k3-tp8-serving-host.toml --results-dir "$out/sweep" \
       --splits "$host_splits" 2>&1
     tar -czf "$out/sweep.tar.gz" -C "$out" sweep && rm -rf "$out/sweep"
