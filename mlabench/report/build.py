@@ -79,6 +79,37 @@ def report_target(out: Path, fmt: str | None) -> tuple[Path, str, Path]:
     return out, implied, out.with_name(f"{out.stem}-{FIGURE_DIR}")
 
 
+def default_out(source: Path, fmt: str | None) -> Path:
+    """``report``'s ``--out`` when none is given, from the first ``--from`` ``source``: that folder
+    (``report.md`` and ``figures/`` inside), or for a file (a graph-check JSON) ``<stem>.md``
+    (``<stem>.html`` with ``--format html``) beside it, its figures in ``<stem>-figures/`` as ``plot``
+    draws them.  Raises :class:`ConfigError` where that document stands already and is no report
+    mlabench wrote (a user's file is never overwritten unasked)."""
+    if not source.is_file():
+        return source
+    out = source.with_suffix(".html" if fmt == "html" else ".md")
+    if out.exists() and not _is_report(out):
+        raise ConfigError(f"the default report of {source} would be {out}, which is no mlabench report: "
+                          "pass --out")
+    return out
+
+
+def default_figure_dir(source: Path) -> Path:
+    """``plot``'s ``--out`` when none is given: ``<source>/figures`` for a folder, ``<stem>-figures/``
+    beside a file (a graph-check JSON), where ``report`` of that file puts its figures too."""
+    return source.with_name(f"{source.stem}-{FIGURE_DIR}") if source.is_file() else source / FIGURE_DIR
+
+
+def _is_report(path: Path) -> bool:
+    """Whether ``path`` is a document ``report`` wrote (its title says ``mlabench report``)."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            head = f.read(4096)
+    except (OSError, UnicodeError):
+        return False
+    return head.startswith("# mlabench report") or "<title>mlabench report" in head
+
+
 def write_report(runs: Any, out: Path, fmt: str | None = "markdown", command: str | None = None) -> Path:
     """Write the report of ``runs`` where :func:`report_target` says (markdown with ``figures/*.png``,
     or one self-contained HTML file); return the document's path.
