@@ -74,9 +74,9 @@ def _config_prediction(runs, config_path: Path) -> tuple[dict, str]:
 
 def report(
     from_run: FromRuns,
-    out: Annotated[Path | None, typer.Option(metavar="DIR|FILE", help=(
+    out: Annotated[str | None, typer.Option(metavar="DIR|FILE", show_default=False, help=(
         "Folder for the report (default: the first --from, or <stem>.md beside a --from file), or a file "
-        "named *.md (figures in <stem>-figures/ beside it) or *.html."))] = None,
+        "named *.md (figures in <stem>-figures/ beside it) or *.html; a trailing / means a folder."))] = None,
     fmt: Annotated[str | None, typer.Option(
         "--format", metavar="markdown|html",
         help="markdown (report.md + figures/) or html; default: markdown, or the --out file's.")] = None,
@@ -88,7 +88,8 @@ def report(
     from mlabench.report.runs import load_runs
 
     runs = load_runs(from_run)
-    path = write_report(runs, out or default_out(from_run[0], fmt), fmt, command=" ".join(command_line()))
+    target = out if out is not None else default_out(from_run[0], fmt)
+    path = write_report(runs, target, fmt, command=" ".join(command_line()))
     typer.echo(str(path))
 
 

@@ -8,6 +8,7 @@ graph capture (graph-check), and the figures; a section the runs cannot fill say
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,23 +57,29 @@ def build_report(runs: Any, families: dict[str, str] | None = None, figure_dir: 
     return Report(title, blocks, skipped)
 
 
-def report_target(out: Path, fmt: str | None) -> tuple[Path, str, Path]:
+def report_target(out: Path | str, fmt: str | None) -> tuple[Path, str, Path]:
     """Where ``report --out OUT`` writes: ``(document path, format, figure folder)``.
 
     ``out`` is a folder (``report.md`` and ``figures/`` or ``report.html`` inside, in ``fmt``,
     default markdown), or a file named ``*.md`` or ``*.html``: the format then follows the suffix,
     and a markdown file's figures go to ``<stem>-figures/`` beside it, so two reports in one folder
-    keep their own.  Raises :class:`ConfigError` for an unknown format, a file suffix that
-    contradicts ``fmt``, or a file name that is a folder already."""
+    keep their own.  A trailing ``/`` (``new.md/``) always means a folder.  Raises
+    :class:`ConfigError` for an unknown format, a file suffix that contradicts ``fmt``, a file name
+    that is a folder already, or a folder name (trailing ``/``) that is a file."""
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError(f"report format must be one of {', '.join(FORMATS)}, got {fmt!r} (report writes one "
                           "document; its --format is the document's file format, not a table's)")
-    implied = SUFFIX_FORMATS.get(out.suffix.lower())
+    as_folder = str(out).endswith(("/", os.sep))
+    out = Path(out)
+    implied = None if as_folder else SUFFIX_FORMATS.get(out.suffix.lower())
     if implied is None:
+        if as_folder and out.is_file():
+            raise ConfigError(f"--out {out}/ ends in / (a folder) and {out} is a file: drop the / to write that "
+                              "file, or name another folder")
         return out / FORMATS[fmt or "markdown"], fmt or "markdown", out / FIGURE_DIR
     if out.is_dir():
-        raise ConfigError(f"--out {out} names a {implied} file and is a folder (an older report's?): remove it or "
-                          "name another file")
+        raise ConfigError(f"--out {out} names a {implied} file and is a folder (an older report's?): remove it, "
+                          f"name another file, or give --out {out}/ to write inside it")
     if fmt is not None and fmt != implied:
         raise ConfigError(f"--out {out} names a {implied} file and --format says {fmt}: give a {fmt} file name "
                           f"or a folder")
@@ -110,7 +117,7 @@ def _is_report(path: Path) -> bool:
     return head.startswith("# mlabench report") or "<title>mlabench report" in head
 
 
-def write_report(runs: Any, out: Path, fmt: str | None = "markdown", command: str | None = None) -> Path:
+def write_report(runs: Any, out: Path | str, fmt: str | None = "markdown", command: str | None = None) -> Path:
     """Write the report of ``runs`` where :func:`report_target` says (markdown with ``figures/*.png``,
     or one self-contained HTML file); return the document's path.
 

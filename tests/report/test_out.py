@@ -47,3 +47,23 @@ def test_the_default_report_of_a_file_leaves_a_users_document_alone(tmp_path, mo
     code, out, err = run_cli(monkeypatch, capsys, "report", "--from", str(check))
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "pass --out" in err
     assert (tmp_path / "graph_check_splitkv.md").read_text() == "# my notes on the graph check\n"
+
+
+def test_out_with_a_trailing_slash_is_a_folder(tmp_path, monkeypatch, capsys):
+    """``--out new.md/`` wrote the file ``new.md``; the slash says folder: ``new.md/report.md`` and
+    ``new.md/figures/``, an existing folder ``old.html/`` gets ``report.html`` inside, and a file
+    standing at a name given with ``/`` is one error line."""
+    check = str(GRAPH_CHECK / "graph_check_splitkv.json")
+    code, out, err = run_cli(monkeypatch, capsys, "report", "--from", check, "--out", f"{tmp_path / 'new.md'}/")
+    assert (code, err) == (0, "") and out.strip() == str(tmp_path / "new.md" / "report.md")
+    assert (tmp_path / "new.md" / "report.md").is_file() and any((tmp_path / "new.md" / "figures").glob("*.png"))
+    (tmp_path / "old.html").mkdir()
+    code, out, err = run_cli(monkeypatch, capsys, "report", "--from", check, "--out", f"{tmp_path / 'old.html'}/",
+                             "--format", "html")
+    assert (code, err) == (0, "") and out.strip() == str(tmp_path / "old.html" / "report.html")
+    (tmp_path / "pr.md").write_text("a file\n")
+    code, out, err = run_cli(monkeypatch, capsys, "report", "--from", check, "--out", f"{tmp_path / 'pr.md'}/")
+    assert code == 2 and out == "" and err.strip() == (f"error: --out {tmp_path / 'pr.md'}/ ends in / (a folder) and "
+                                                       f"{tmp_path / 'pr.md'} is a file: drop the / to write that file, "
+                                                       "or name another folder")
+    assert (tmp_path / "pr.md").read_text() == "a file\n"
