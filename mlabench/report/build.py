@@ -9,12 +9,13 @@ graph capture (graph-check), and the figures; a section the runs cannot fill say
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlabench.errors import ConfigError
-from mlabench.files import make_dir, write_bytes, write_text
+from mlabench.files import make_dir, read_text, user_path, write_bytes, write_text
 from mlabench.report import sections as S
 from mlabench.report.document import Block, FigureBlock, to_html_document, to_markdown_document
 from mlabench.report.tuning_sections import graph_check_section, tuning_section
@@ -121,18 +122,45 @@ def write_report(runs: Any, out: Path | str, fmt: str | None = "markdown", comma
     """Write the report of ``runs`` where :func:`report_target` says (markdown with ``figures/*.png``,
     or one self-contained HTML file); return the document's path.
 
-    The report and its figures are derived files: an earlier report there is replaced.
-    Raises :class:`ConfigError` as :func:`report_target` does.
+    The report and its figures are derived files: an earlier report there is replaced, and the
+    figures it linked that the new one has not are removed (:func:`earlier_figures`); nothing else
+    in the figure folder is touched.  Raises :class:`ConfigError` as :func:`report_target` does.
     """
     from mlabench.report.figures.plan import render
 
     path, fmt, figure_dir = report_target(out, fmt)
     make_dir(path.parent, "report folder")
     if fmt == "markdown":
+        earlier = earlier_figures(path, figure_dir)
         report = build_report(runs, figure_dir=figure_dir.name, command=command)
         for fig in report.figures:
             write_bytes(figure_dir / f"{fig.stem}.png", render(fig, "png"), "figure")
-        return write_text(path, to_markdown_document(report.blocks, figure_dir.name), "report")
+        written = write_text(path, to_markdown_document(report.blocks, figure_dir.name), "report")
+        for name in sorted(earlier - {f"{fig.stem}.png" for fig in report.figures}):
+            with user_path(figure_dir / name, "earlier report's figure"):
+                (figure_dir / name).unlink(missing_ok=True)
+        return written
     report = build_report(runs, figure_dir=None, command=command)
     pngs = {fig.stem: render(fig, "png") for fig in report.figures}
     return write_text(path, to_html_document(report.blocks, report.title, pngs), "report")
+
+
+#: A markdown image link, ``![alt](target)``.
+_IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def earlier_figures(path: Path, figure_dir: Path) -> set[str]:
+    """The file names of the figures that the markdown report standing at ``path`` (if it is one
+    mlabench wrote) links in ``figure_dir``: PNG files directly inside it, each a regular file (no
+    folder, no symbolic link).  Those are the files that report wrote; anything else in the folder
+    (``plot``'s other figures, a user's files) is not among them."""
+    if not path.is_file() or not _is_report(path):
+        return set()
+    names = set()
+    for link in _IMAGE_LINK.findall(read_text(path, "earlier report")):
+        folder, _, name = link.partition("/")
+        target = figure_dir / name
+        if (folder == figure_dir.name and name.endswith(".png") and "/" not in name and "\\" not in name
+                and not name.startswith(".") and target.is_file() and not target.is_symlink()):
+            names.add(name)
+    return names

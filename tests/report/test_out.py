@@ -67,3 +67,25 @@ def test_out_with_a_trailing_slash_is_a_folder(tmp_path, monkeypatch, capsys):
                                                        f"{tmp_path / 'pr.md'} is a file: drop the / to write that file, "
                                                        "or name another folder")
     assert (tmp_path / "pr.md").read_text() == "a file\n"
+
+
+def test_a_report_rewritten_removes_only_the_figures_its_earlier_self_wrote(tmp_path, monkeypatch, capsys):
+    """``report --out X`` again with fewer runs left the earlier report's figures beside the new ones;
+    now those it linked and the new one has not go, and nothing else in the figure folder: ``plot``'s
+    SVGs, a user's PNG and notes stay, and a figure a user's own document links is not the report's."""
+    from tests.report.conftest import H200
+
+    for out, figures in ((tmp_path / "a", tmp_path / "a" / "figures"), (tmp_path / "pr.md", tmp_path / "pr-figures")):
+        assert run_cli(monkeypatch, capsys, "report", "--from", str(H200), "--from", str(CHECK), "--out", str(out))[0] == 0
+        earlier = {p.name for p in figures.glob("*.png")}
+        assert len(earlier) > 2 and "graph-check.png" in earlier
+        assert run_cli(monkeypatch, capsys, "plot", "--from", str(H200), "--out", str(figures), "--format", "svg")[0] == 0
+        kept = {p.name for p in figures.iterdir() if p.suffix == ".svg"} | {"mine.png", "notes.txt"}
+        (figures / "mine.png").write_bytes(b"a user's figure")
+        (figures / "notes.txt").write_text("notes\n")
+        assert run_cli(monkeypatch, capsys, "report", "--from", str(CHECK), "--out", str(out))[0] == 0
+        assert {p.name for p in figures.iterdir()} == kept | {"graph-check.png"}
+    document = tmp_path / "a" / "report.md"
+    document.write_text("# my page\n\n![mine](figures/mine.png)\n")
+    assert run_cli(monkeypatch, capsys, "report", "--from", str(CHECK), "--out", str(tmp_path / "a"))[0] == 0
+    assert (tmp_path / "a" / "figures" / "mine.png").read_bytes() == b"a user's figure"
