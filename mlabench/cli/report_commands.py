@@ -26,12 +26,14 @@ def plot(
         help="A serve config whose [prediction] the serving figure's predicted TPOT follows instead of the "
              "one each serve-bench run recorded (as serve-bench CONFIG --from-run); needs sweep runs.")] = None,
     out: Annotated[Path | None, typer.Option(
-        metavar="DIR", help="Folder for the figures (default: <first --from>/figures).")] = None,
+        metavar="DIR", help="Folder for the figures (default: <first --from>/figures, or <stem>-figures/ "
+                            "beside a --from file).")] = None,
     kind: Annotated[list[str] | None, typer.Option(
         metavar="KIND[,KIND...]", help="Only these figure kinds (default: all): " + ", ".join(KINDS) + ".")] = None,
     fmt: Annotated[str, typer.Option("--format", metavar="png|svg|png,svg", help="Figure format(s).")] = "png",
 ) -> None:
     """Draw the figures of recorded runs (PNG/SVG); a figure without data is skipped with the reason."""
+    from mlabench.report.build import default_figure_dir
     from mlabench.report.figures.plan import write_figures
     from mlabench.report.runs import load_runs
 
@@ -42,7 +44,7 @@ def plot(
     if config_path is not None:
         runs.prediction = _config_prediction(runs, config_path)
     formats = [f.strip() for f in fmt.split(",") if f.strip()]
-    written, skipped = write_figures(runs, out or from_run[0] / "figures", kinds, formats)
+    written, skipped = write_figures(runs, out or default_figure_dir(from_run[0]), kinds, formats)
     if not written:
         raise ConfigError("no figure to draw from these runs (" + "; ".join(s.line() for s in skipped) + ")")
     for s in skipped:
@@ -72,9 +74,9 @@ def _config_prediction(runs, config_path: Path) -> tuple[dict, str]:
 
 def report(
     from_run: FromRuns,
-    out: Annotated[Path | None, typer.Option(metavar="DIR|FILE", help=(
-        "Folder for the report (default: the first --from), or a file named *.md (figures in "
-        "<stem>-figures/ beside it) or *.html."))] = None,
+    out: Annotated[str | None, typer.Option(metavar="DIR|FILE", show_default=False, help=(
+        "Folder for the report (default: the first --from, or <stem>.md beside a --from file), or a file "
+        "named *.md (figures in <stem>-figures/ beside it) or *.html; a trailing / means a folder."))] = None,
     fmt: Annotated[str | None, typer.Option(
         "--format", metavar="markdown|html",
         help="markdown (report.md + figures/) or html; default: markdown, or the --out file's.")] = None,
@@ -82,11 +84,12 @@ def report(
     """Write one report from recorded runs: environment, correctness, best split, compare, serving, tuned
     policy and validation, graph-check, figures."""
     from mlabench.records.provenance import command_line
-    from mlabench.report.build import write_report
+    from mlabench.report.build import default_out, write_report
     from mlabench.report.runs import load_runs
 
     runs = load_runs(from_run)
-    path = write_report(runs, out or from_run[0], fmt, command=" ".join(command_line()))
+    target = out if out is not None else default_out(from_run[0], fmt)
+    path = write_report(runs, target, fmt, command=" ".join(command_line()))
     typer.echo(str(path))
 
 
