@@ -4,7 +4,7 @@ A split-KV kernel that cuts a request of ``p`` pages into ``S`` splits gives eac
 pages (gluon-splitkv: split ``s`` takes pages ``[s P, (s + 1) P)``), and ``ceil(p / P)`` of them own a
 page.  Where that is fewer than ``S``, the other programs run empty and the launch is slower: at
 7222 tokens (113 pages of 64), batch 1 on an H200, 57 splits (2 pages each, all owning pages) ran
-9.81 µs and 58-112 (also 2 pages each, 57 owning) 9-16% slower (``results/h200/deploy/qo1-k3``'s
+9.81 µs and 58-96 (also 2 pages each, 57 owning) 9.0-12.5% slower (``results/h200/deploy/qo1-k3``'s
 validation).  So the best count moves with every page or two of length, and one count per bucket
 (the per-bucket choice of a tuning run) is off between the lengths it was tuned at: that run's
 batch-1 table was 6.5% over the best count at held-out lengths (geometric mean, worst 12.9%).
