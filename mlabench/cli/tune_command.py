@@ -93,11 +93,9 @@ class LiveView:
 #: The options of ``tune`` that no other command has.
 BackendFlag = Annotated[str | None, typer.Option(metavar="NAME", help="Backend to tune, e.g. triton-splitkv.")]
 BucketsFlag = Annotated[str | None, typer.Option(
-    metavar="L[,L...]",
-    help="Context bucket upper edges, e.g. 1024,4096,32768,131072.")]
+    metavar="L[,L...]", help="Context bucket upper edges, e.g. 1024,4096,32768,131072.")]
 RepresentativeFlag = Annotated[str | None, typer.Option(
-    metavar="geomean|upper",
-    help="With one length per bucket, the length measured: geomean or upper.")]
+    metavar="geomean|upper", help="With one length per bucket, the length measured: geomean or upper.")]
 LengthsPerBucketFlag = Annotated[int | None, typer.Option(
     metavar="K",
     help="Lengths measured per bucket, log-spaced from its lower edge + 1 to its upper edge (default 3; 1: "
@@ -131,8 +129,7 @@ DevicePolicyFlag = Annotated[bool, typer.Option(
          "(--space still names any to search).")]
 DtypeFlag = Annotated[str | None, typer.Option(metavar="DTYPE", help="q and KV dtype (default bfloat16).")]
 SamplerFlag = Annotated[str | None, typer.Option(
-    metavar="auto|tpe|gp|grid|brute",
-    help="auto, tpe, gp, grid or brute.")]
+    metavar="auto|tpe|gp|grid|brute", help="auto, tpe, gp, grid or brute.")]
 TrialsFlag = Annotated[int | None, typer.Option(metavar="N", help="Finished trials per study (heuristics included; the enqueued ones all run, even past N).")]
 TimeoutFlag = Annotated[float | None, typer.Option(metavar="SECONDS", help="Seconds per study and worker.")]
 SpaceFlag = Annotated[list[str] | None, typer.Option(
@@ -140,8 +137,7 @@ SpaceFlag = Annotated[list[str] | None, typer.Option(
     help="Narrow a parameter's search space: NAME=LOW:HIGH or NAME=A,B (the range tune draws from; "
          "other commands set values with --param NAME=V[,V...]).")]
 NoiseFlag = Annotated[float | None, typer.Option(
-    metavar="FRACTION",
-    help="Ties within this fraction of the best (default 0.01).")]
+    metavar="FRACTION", help="Ties within this fraction of the best (default 0.01).")]
 NoHeuristicsFlag = Annotated[bool, typer.Option("--no-heuristics", help="Do not enqueue the public heuristics.")]
 StorageFlag = Annotated[str | None, typer.Option(
     metavar="URL",
@@ -164,8 +160,7 @@ MinContextFlag = Annotated[int | None, typer.Option(
 MaxContextFlag = Annotated[int | None, typer.Option(
     metavar="L", help="With --validate: longest length (default: the policy's last bucket).")]
 LadderFlag = Annotated[str | None, typer.Option(
-    metavar="N[,N...]",
-    help="With --validate: split counts of the exhaustive reference.")]
+    metavar="N[,N...]", help="With --validate: split counts of the exhaustive reference.")]
 SeedFlag = Annotated[int | None, typer.Option(
     metavar="N", help="With --validate: draw the held-out lengths with this seed (default: a fresh one, printed).")]
 ToleranceFlag = Annotated[str | None, typer.Option(
@@ -177,6 +172,9 @@ FromRunFlag = Annotated[list[Path] | None, typer.Option(
     help="With --validate: score the policy on what RUN recorded (validation, tuning or sweep runs, at "
          "any depth; repeatable), no GPU, nothing written.")]
 ExportFlag = Annotated[Path | None, typer.Option(metavar="RUN", help="Rebuild the policy files of this tuning run.")]
+PagesRuleFlag = Annotated[str | None, typer.Option(metavar="B[,B...]", help=(
+    "With --export: at these batch sizes, counts that follow the length by pages per split, fitted across "
+    "the run's lengths (a --device-policy run; docs/tuning-device.md), not one count per bucket."))]
 AllowIncompleteFlag = Annotated[bool, typer.Option(
     "--allow-incomplete",
     help="With --export: write the policy although a study has trials running, waiting or missing.")]
@@ -196,7 +194,7 @@ def tune(
     resume: Resume = None, validate: ValidateFlag = None, lengths: LengthsFlag = None, context: ContextFlag = None,
     min_context: MinContextFlag = None, max_context: MaxContextFlag = None, ladder: LadderFlag = None,
     seed: SeedFlag = None, tolerance: ToleranceFlag = None, from_run: FromRunFlag = None, export: ExportFlag = None,
-    allow_incomplete: AllowIncompleteFlag = False,
+    allow_incomplete: AllowIncompleteFlag = False, pages_rule: PagesRuleFlag = None,
     format: Format = None, as_json: Json = False, markdown: Markdown = False,
 ) -> None:
     """Tune split counts (and launch parameters) per batch and context bucket; write a policy.
@@ -212,7 +210,8 @@ def tune(
     if export is not None:
         from mlabench.tune.run import export_run
 
-        return _report(export_run(export, storage, noise, combine, allow_incomplete), fmt)
+        return _report(export_run(export, storage, noise, combine, allow_incomplete,
+                                  int_list(pages_rule, "--pages-rule", "--pages-rule batch size")), fmt)
     from mlabench.tune.run import requested_config, run_tune
     from mlabench.tune.worker_pool import worker_devices
 
@@ -250,7 +249,7 @@ SEARCH_FLAGS = ("config", "model", "tp", "model_config", "heads", "batch", "buck
                 "device_policy", "page_size", "qo_len", "non_causal", "dtype", "sampler", "trials", "timeout",
                 "space", "noise", "no_heuristics", "storage", "gpus", "workers")
 VALIDATE_FLAGS = ("lengths", "context", "min_context", "max_context", "ladder", "seed", "tolerance", "from_run")
-EXPORT_FLAGS = ("storage", "noise", "combine", "allow_incomplete")
+EXPORT_FLAGS = ("storage", "noise", "combine", "allow_incomplete", "pages_rule")
 
 
 def refuse_unused_flags(given: dict[str, Any]) -> None:

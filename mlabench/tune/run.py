@@ -37,6 +37,7 @@ from mlabench.shapes import model_spec, scale_note
 from mlabench.tune.choice import BucketChoice, build_policy, study_choice
 from mlabench.tune.edges import fine_edges
 from mlabench.tune.manifest import fresh_run_id, run_manifest, validation_resume_command
+from mlabench.tune.page_rule import pages_rule_policy, wave_caps
 from mlabench.tune.seeded_trials import heuristic_trials, ladder_trials, whole_tile_trials
 from mlabench.tune.space import (
     LEGACY_FIELDS, TuneConfig, buckets_of, launched, load_tune_config, resolve_sampler, shape_dims, space_size,
@@ -324,10 +325,11 @@ def _enqueued(backend: Any, shape: Any, cfg: TuneConfig, spec: StudySpec) -> lis
 
 
 def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list[StudySpec], device: str,
-            versions: dict[str, Any], allow_incomplete: bool) -> TuneResult:
+            versions: dict[str, Any], allow_incomplete: bool, pages_rule: list[int] | None = None) -> TuneResult:
     """Choose per study and write the policy; refuses (:class:`ResultsError`) when a study has
     trials running or waiting, or fewer than its target without a ``--timeout``, unless
-    ``allow_incomplete``."""
+    ``allow_incomplete``.  ``pages_rule``: batch sizes whose counts follow the length
+    (:func:`~mlabench.tune.page_rule.pages_rule_policy`) instead of the bucket choices."""
     short = [line for st, sp in zip(studies, specs) if (line := _incomplete(cfg, st, sp))]
     if short and not allow_incomplete:
         raise ResultsError(f"{len(short)} of {len(specs)} studies are not finished ({short[0]}{'; ...' if len(short) > 1 else ''}):"
@@ -346,15 +348,20 @@ def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list
               "representative": cfg.representative,
               "lengths_per_bucket": cfg.lengths_per_bucket, "combine": cfg.combine,
               "lengths": sorted({n for s in specs for n in s.measured()})}
-    policy = build_policy(cfg, rows, device, versions, source)
+    policy, rule_note = build_policy(cfg, rows, device, versions, source), ""
+    if pages_rule:
+        caps = wave_caps(cfg, specs, store.manifest().device.get("num_sms"))
+        policy, rule_note = pages_rule_policy(policy, store.records(), pages_rule, cfg.page_size, caps)
     paths, note = export_policy(policy, store.run_dir)
-    return TuneResult(store, policy, rows, paths, note)
+    return TuneResult(store, policy, rows, paths, "; ".join(n for n in (rule_note, note) if n))
 
 
 def export_run(run_dir: Path, storage: str | None = None, noise: float | None = None,
-               combine: str | None = None, allow_incomplete: bool = False) -> TuneResult:
+               combine: str | None = None, allow_incomplete: bool = False,
+               pages_rule: list[int] | None = None) -> TuneResult:
     """Rebuild and write the policy of a tuning run from its studies (``noise`` and ``combine``
-    override the run's: the choice is made again from what was measured, nothing is measured).
+    override the run's: the choice is made again from what was measured, nothing is measured;
+    ``pages_rule``: batch sizes whose counts are derived across lengths, :mod:`mlabench.tune.page_rule`).
     Raises :class:`ResultsError` for a study with trials running or missing, unless ``allow_incomplete``."""
     cfg, specs = recorded_config(run_dir)
     url = _storage_url(cfg.model_copy(update={"storage": storage}), cfg.storage)
@@ -370,5 +377,5 @@ def export_run(run_dir: Path, storage: str | None = None, noise: float | None = 
         studies = [optuna.load_study(study_name=s.name, storage=handle) for s in specs]
         manifest = store.manifest()
         return _finish(cfg, store, studies, specs, str(manifest.device.get("name")), manifest.versions,
-                       allow_incomplete)
+                       allow_incomplete, pages_rule)
 
