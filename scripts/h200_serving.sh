@@ -88,8 +88,10 @@ case "$stage" in
     python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
     mkdir -p /tmp/vllm-bin
     # a Python script (not a shell wrapper), so serve-bench runs every vllm bench serve of a run in
-    # one process that imports vLLM once (docs/serving.md, "Which vllm")
-    printf '#!/usr/bin/env python3\nimport sys\nfrom vllm.entrypoints.cli.main import main\nsys.exit(main())\n' > "$MLABENCH_VLLM_BIN"
+    # one process that imports vLLM once (docs/serving.md, "Which vllm"); with the main-module guard:
+    # vLLM starts its engine core by spawn, which imports this script again (without the guard the
+    # child ran `vllm serve` anew and every server failed: "Engine core initialization failed")
+    printf '#!/usr/bin/env python3\nimport sys\nfrom vllm.entrypoints.cli.main import main\nif __name__ == "__main__":\n    sys.exit(main())\n' > "$MLABENCH_VLLM_BIN"
     chmod +x "$MLABENCH_VLLM_BIN"
     python3 -c "from importlib.metadata import entry_points as e; print([p.value for p in e(group='vllm.general_plugins')])"
     rm -rf "$MLABENCH_PROXY_MODEL_DIR" "$MLABENCH_TINY_PROXY_DIR"
