@@ -208,11 +208,14 @@ H200_SERVING = REPO / "results/h200/serving"
 def test_the_serving_footer_fits_the_figure_and_says_why_bars_have_no_dash():
     """A new user's `plot CONFIG --from RUN --from SWEEP...` of the committed H200 runs: the footer
     naming a long CONFIG path ran off both PNG edges, and nothing said why most bars had no dash
-    (concurrency 16: the step is the median ITL; mlabench-host at 32K/100K: no host sweep point)."""
+    (concurrency 16: the step is the median ITL; mlabench-host: no host sweep point).  The config's
+    host counts are qo1-k3's (96 and 8 splits), which run 2's session's sweeps (qo1: 108 and 16) lack."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     config = REPO / "configs/serve/h200-kimi-k3-tp8-proxy-c16.toml"
-    runs = load_runs([H200_SERVING / "serve-20261204T211104Z-h200-proxy", *sorted((H200_SERVING / "sweep").iterdir())])
+    sweeps = sorted((H200_SERVING / "sweep").glob("kimi-k3-tp8-serving*-20261204-*"))
+    assert len(sweeps) == 3, sweeps
+    runs = load_runs([H200_SERVING / "serve-20261204T211104Z-h200-proxy", *sweeps])
     runs.prediction = (_config_prediction_table(config), f"the [prediction] of {config}")
     (spec,), _ = plan(runs, ["serving-tpot"])
     fig = spec.draw()
@@ -223,4 +226,4 @@ def test_the_serving_footer_fits_the_figure_and_says_why_bars_have_no_dash():
     footer = " ".join(fig.get_supxlabel().split())
     assert str(config) in footer.replace("/ ", "/")
     assert "no dash: above concurrency 1 (the predicted step there is the median ITL, not the TPOT drawn); " \
-           "mlabench-host at 32768, 100000 in (no sweep record)" in footer
+           "mlabench-host at 4096, 32768, 100000 in (no sweep record)" in footer
