@@ -111,3 +111,17 @@ def test_pages_rule_errors_are_one_line(tmp_path):
                         "error: --pages-rule goes with --export, not tune --validate")):
         res = subprocess.run([sys.executable, "-m", "mlabench", *args], capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and res.stderr.strip() == line, res.stderr
+
+
+def test_export_of_a_validation_run_says_it_is_no_tuning_run():
+    """`tune --export VALIDATION_RUN` (the run folder beside the tuning run) said "continue it with:
+    mlabench tune --validate /tmp/tune/qo1/.../policy.json --resume ...", the policy path of the H200
+    machine and a command that does not export: it now says which run --export takes."""
+    from mlabench.errors import ResultsError
+    from mlabench.tune.run import export_run
+
+    validation = next((DEPLOY / "qo1-k3").glob("validate-*"))
+    with pytest.raises(ResultsError, match=r"is a validation run, not a tuning run: --export takes the tuning run"
+                                           r" .*tune --validate POLICY --from-run") as caught:
+        export_run(validation, pages_rule=[1])
+    assert "continue it" not in str(caught.value) and "\n" not in str(caught.value)
