@@ -125,3 +125,14 @@ def test_export_of_a_validation_run_says_it_is_no_tuning_run():
                                            r" .*tune --validate POLICY --from-run") as caught:
         export_run(validation, pages_rule=[1])
     assert "continue it" not in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_batch_size_named_twice_is_recorded_once(tmp_path):
+    """`--pages-rule 1,1` wrote `"pages_rule": [1, 1]` into the policy's source, so exporting again
+    with `--pages-rule 1` kept a 'changed' policy aside that differed in nothing else."""
+    from mlabench.tune.run import export_run
+
+    run = qo1_k3_run(tmp_path)
+    export_run(run, pages_rule=[1, 1])
+    assert json.loads((run / "policy.json").read_text())["source"]["pages_rule"] == [1]
+    assert "same policy as before" in export_run(run, pages_rule=[1]).note
