@@ -329,4 +329,11 @@ def runs_of_kinds(paths: Iterable[Path], kinds: Collection[str], what: str) -> l
             other = ", ".join(sorted({run_kind(f) for f in folders}))
             raise ResultsError(f"{what} {path}: no {wanted} run here or below (only {other} runs)")
         found.extend(kept)
-    return list(dict.fromkeys(found))  # a run named twice, or also under a folder named, is read once
+    return once(found)  # a run named twice, or also under a folder named, is read once
+
+
+def once(paths: Iterable[Path]) -> list[Path]:
+    """``paths`` without repeats, by the place each names (``val`` and ``/tmp/r/val`` from ``/tmp/r``
+    are one run), each kept as first spelled."""
+    seen: set[Path] = set()
+    return [p for p in paths if not (p.resolve() in seen or seen.add(p.resolve()))]

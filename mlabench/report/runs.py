@@ -34,7 +34,7 @@ from typing import Any
 from mlabench.errors import ResultsError
 from mlabench.records.readers import KernelRun, ServeRun, TuneRun, ValidationRun, read_run_folder
 from mlabench.records.record import Manifest, Record
-from mlabench.records.store import folders_below, holds_run, records_of, run_folders
+from mlabench.records.store import folders_below, holds_run, once, records_of, run_folders
 
 #: Columns every graph-check table has (``mlabench.checks.graph_check_table.graph_check_table``).
 GRAPH_CHECK_COLUMNS = ("subject", "batch", "context", "graph_us", "tuned_us", "slowdown_pct", "correct", "flagged")
@@ -140,9 +140,12 @@ def load_runs(paths: Iterable[Path | str]) -> Runs:
         runs.graph_checks += checks
         if not checks or _has_runs(path):
             with_runs.append(path)
+    # a result named twice, or also under a folder named, is read once
+    runs.graph_checks = [next(g for g in runs.graph_checks if g.path == p)
+                         for p in once(g.path for g in runs.graph_checks)]
     kinds = {KernelRun: runs.kernel_runs, TuneRun: runs.tune_runs, ValidationRun: runs.validation_runs,
              ServeRun: runs.serve_runs}
-    for folder in dict.fromkeys(run_folders(with_runs, any_depth=True) if with_runs else []):
+    for folder in once(run_folders(with_runs, any_depth=True) if with_runs else []):
         run = read_run_folder(folder)  # one reader per kind (mlabench.records.readers)
         kinds[type(run)].append(run)  # type: ignore[arg-type]
     kernel_folders = [k.path for k in runs.kernel_runs]

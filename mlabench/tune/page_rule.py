@@ -167,7 +167,7 @@ def pages_rule_policy(policy: Policy, records: list[Record], batches: list[int],
         out.append(BatchPolicy(batch=b.batch, entries=entries))
         notes.append(f"batch {b.batch}: counts by pages per split across the tuned lengths ({len(entries)} "
                      f"entries, at most {caps[b.batch]} splits), not the bucket choices above")
-    source = {**policy.source, "pages_rule": sorted(batches)}
+    source = {**policy.source, "pages_rule": sorted(set(batches))}
     return policy.model_copy(update={"batches": out, "source": source}), "; ".join(notes)
 
 

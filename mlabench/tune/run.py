@@ -363,6 +363,9 @@ def export_run(run_dir: Path, storage: str | None = None, noise: float | None = 
     override the run's: the choice is made again from what was measured, nothing is measured;
     ``pages_rule``: batch sizes whose counts are derived across lengths, :mod:`mlabench.tune.page_rule`).
     Raises :class:`ResultsError` for a study with trials running or missing, unless ``allow_incomplete``."""
+    if "validate" in ResultStore(run_dir).manifest().config:
+        raise ResultsError(f"{run_dir} is a validation run, not a tuning run: --export takes the tuning run whose "
+                           f"policy it validated (tune --validate POLICY --from-run {run_dir} scores a policy on its records)")
     cfg, specs = recorded_config(run_dir)
     url = _storage_url(cfg.model_copy(update={"storage": storage}), cfg.storage)
     overrides = {k: v for k, v in (("noise", noise), ("combine", combine)) if v is not None}

@@ -91,6 +91,9 @@ def test_the_readmes_tpot_tables_are_the_runs(printed, printed3):
     header, *rows = _table_after(text, "At concurrency 16,")
     assert {r[1] for r in rows} == {"16"} and len(rows) == 3
     _check_tpot_table(printed3[0], header, rows, README_COLUMNS)
+    # README once said "11 of 12" (counting mlabench's own 4K row, 0 by construction) where the
+    # serving README and docs/vllm-plugin.md say "10 of 11"
+    assert "at 10 of 11 of the concurrency-16 run" in " ".join(text.split())
 
 
 def test_the_serving_readmes_tpot_tables_are_the_runs(printed, printed3):

@@ -111,3 +111,28 @@ def test_pages_rule_errors_are_one_line(tmp_path):
                         "error: --pages-rule goes with --export, not tune --validate")):
         res = subprocess.run([sys.executable, "-m", "mlabench", *args], capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and res.stderr.strip() == line, res.stderr
+
+
+def test_export_of_a_validation_run_says_it_is_no_tuning_run():
+    """`tune --export VALIDATION_RUN` (the run folder beside the tuning run) said "continue it with:
+    mlabench tune --validate /tmp/tune/qo1/.../policy.json --resume ...", the policy path of the H200
+    machine and a command that does not export: it now says which run --export takes."""
+    from mlabench.errors import ResultsError
+    from mlabench.tune.run import export_run
+
+    validation = next((DEPLOY / "qo1-k3").glob("validate-*"))
+    with pytest.raises(ResultsError, match=r"is a validation run, not a tuning run: --export takes the tuning run"
+                                           r" .*tune --validate POLICY --from-run") as caught:
+        export_run(validation, pages_rule=[1])
+    assert "continue it" not in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_batch_size_named_twice_is_recorded_once(tmp_path):
+    """`--pages-rule 1,1` wrote `"pages_rule": [1, 1]` into the policy's source, so exporting again
+    with `--pages-rule 1` kept a 'changed' policy aside that differed in nothing else."""
+    from mlabench.tune.run import export_run
+
+    run = qo1_k3_run(tmp_path)
+    export_run(run, pages_rule=[1, 1])
+    assert json.loads((run / "policy.json").read_text())["source"]["pages_rule"] == [1]
+    assert "same policy as before" in export_run(run, pages_rule=[1]).note
