@@ -29,10 +29,11 @@ from mlabench.files import validation_line
 from mlabench.inputs import check_fits
 from mlabench.policy.exports import export_policy
 from mlabench.policy.tuned import Policy
+from mlabench.records.kinds import run_kind
 from mlabench.records.provenance import git_revision, library_versions
 from mlabench.records.record import Manifest, utc_now
 from mlabench.records.store import ResultStore, refuse_archived
-from mlabench.run_files import TUNE_KIND, WORKERS_FOLDER
+from mlabench.run_files import TUNE_KIND, VALIDATION_KIND, WORKERS_FOLDER
 from mlabench.shapes import model_spec, scale_note
 from mlabench.tune.choice import BucketChoice, build_policy, study_choice
 from mlabench.tune.edges import fine_edges
@@ -363,7 +364,7 @@ def export_run(run_dir: Path, storage: str | None = None, noise: float | None = 
     override the run's: the choice is made again from what was measured, nothing is measured;
     ``pages_rule``: batch sizes whose counts are derived across lengths, :mod:`mlabench.tune.page_rule`).
     Raises :class:`ResultsError` for a study with trials running or missing, unless ``allow_incomplete``."""
-    if "validate" in ResultStore(run_dir).manifest().config:
+    if run_kind(run_dir) == VALIDATION_KIND:
         raise ResultsError(f"{run_dir} is a validation run, not a tuning run: --export takes the tuning run whose "
                            f"policy it validated (tune --validate POLICY --from-run {run_dir} scores a policy on its records)")
     cfg, specs = recorded_config(run_dir)
