@@ -41,6 +41,7 @@ from mlabench.errors import ConfigError, ResultsError
 from mlabench.policy.rules import MAX_KV_SPLITS
 from mlabench.policy.tuned import BatchPolicy, Policy, PolicyEntry, merge_adjacent
 from mlabench.records.record import Record
+from mlabench.tune.seeded_trials import ladder_top
 from mlabench.tune.space import TuneConfig, shape_dims, tune_shape
 from mlabench.tune.studies import StudySpec
 
@@ -179,15 +180,12 @@ def launch_key(params: dict[str, object]) -> str:
 def wave_caps(cfg: TuneConfig, specs: list[StudySpec], num_sms: int | None) -> dict[int, int]:
     """The most splits per batch size of a run: its studies' ``max_splits`` (the wave cap), else
     ``num_sms // (batch x programs a split launches)``, the top of the run's split ladder
-    (:func:`mlabench.tune.seeded_trials.ladder_trials`); :data:`MAX_KV_SPLITS` with neither."""
+    (:func:`mlabench.tune.seeded_trials.ladder_top`); :data:`MAX_KV_SPLITS` with neither."""
     backend, caps = get_backend(cfg.backend), {}
     for spec in specs:
-        if spec.max_splits is not None:
-            cap = spec.max_splits
-        elif num_sms:
-            shape = tune_shape(shape_dims(cfg), spec.batch, spec.length)
-            cap = max(1, num_sms // (spec.batch * backend.split_programs(shape, backend.resolve_params(shape))))
-        else:
+        if spec.max_splits is None and not num_sms:
             cap = MAX_KV_SPLITS
+        else:
+            cap = ladder_top(backend, tune_shape(shape_dims(cfg), spec.batch, spec.length), num_sms or 0, spec.max_splits)
         caps[spec.batch] = max(caps.get(spec.batch, 1), min(cap, MAX_KV_SPLITS))
     return caps

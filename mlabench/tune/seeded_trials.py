@@ -87,6 +87,13 @@ def whole_tile_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimens
     return [(f"whole-tiles-{n}", {**base, "num_kv_splits": n, TILE_PARAM: tile}) for n in caps]
 
 
+def ladder_top(backend: Backend, shape: MLADecodeShape, num_sms: int, max_splits: int | None = None) -> int:
+    """The most splits of the split ladder at ``shape``: ``max_splits`` (a study's wave cap) where
+    given, else ``num_sms // (batch x programs a split launches)`` at the backend's defaults (one
+    program per SM), at least 1."""
+    return max_splits or max(1, num_sms // (shape.batch * backend.split_programs(shape, backend.resolve_params(shape))))
+
+
 def ladder_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimension], num_sms: int,
                   max_splits: int | None = None) -> list[tuple[str, dict[str, Any]]]:
     """``(f"ladder-{n}", searched params)`` for each count ``n`` of the split ladder
@@ -105,8 +112,7 @@ def ladder_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimension]
     splits, rule = by_name.get("num_kv_splits"), by_name.get(RULE_PARAM)
     if splits is None or splits.choices or (rule is not None and rule.low > 1):
         return []
-    params = backend.resolve_params(shape)
-    top = max_splits or max(1, num_sms // (shape.batch * backend.split_programs(shape, params)))
+    top = ladder_top(backend, shape, num_sms, max_splits)
     base = {**default_point(backend, shape, dims), **({RULE_PARAM: 1} if rule else {}),
             **({TILE_PARAM: 0} if TILE_PARAM in by_name else {})}
     return [(f"ladder-{n}", {**base, "num_kv_splits": n})
