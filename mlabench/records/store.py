@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import sys
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -194,6 +194,7 @@ class ResultStore:
 
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 def read_jsonl(path: Path, model: type[M], what: str) -> list[M]:
@@ -332,8 +333,14 @@ def runs_of_kinds(paths: Iterable[Path], kinds: Collection[str], what: str) -> l
     return once(found)  # a run named twice, or also under a folder named, is read once
 
 
-def once(paths: Iterable[Path]) -> list[Path]:
-    """``paths`` without repeats, by the place each names (``val`` and ``/tmp/r/val`` from ``/tmp/r``
-    are one run), each kept as first spelled."""
+def once(items: Iterable[T], path: Callable[[T], Path] = lambda p: p) -> list[T]:
+    """``items`` (paths, or things ``path`` gives the path of) without repeats, by the place each
+    path names (``val`` and ``/tmp/r/val`` from ``/tmp/r`` are one run), each kept as first spelled."""
     seen: set[Path] = set()
-    return [p for p in paths if not (p.resolve() in seen or seen.add(p.resolve()))]
+    kept = []
+    for item in items:
+        place = path(item).resolve()
+        if place not in seen:
+            seen.add(place)
+            kept.append(item)
+    return kept

@@ -84,7 +84,7 @@ def report_target(out: Path | str, fmt: str | None) -> tuple[Path, str, Path]:
     if fmt is not None and fmt != implied:
         raise ConfigError(f"--out {out} names a {implied} file and --format says {fmt}: give a {fmt} file name "
                           f"or a folder")
-    return out, implied, out.with_name(f"{out.stem}-{FIGURE_DIR}")
+    return out, implied, figures_beside(out)
 
 
 def default_out(source: Path, fmt: str | None) -> Path:
@@ -105,7 +105,12 @@ def default_out(source: Path, fmt: str | None) -> Path:
 def default_figure_dir(source: Path) -> Path:
     """``plot``'s ``--out`` when none is given: ``<source>/figures`` for a folder, ``<stem>-figures/``
     beside a file (a graph-check JSON), where ``report`` of that file puts its figures too."""
-    return source.with_name(f"{source.stem}-{FIGURE_DIR}") if source.is_file() else source / FIGURE_DIR
+    return figures_beside(source) if source.is_file() else source / FIGURE_DIR
+
+
+def figures_beside(path: Path) -> Path:
+    """The figure folder of a report file or graph-check JSON ``path``: ``<stem>-figures/`` beside it."""
+    return path.with_name(f"{path.stem}-{FIGURE_DIR}")
 
 
 def _is_report(path: Path) -> bool:

@@ -141,8 +141,7 @@ def load_runs(paths: Iterable[Path | str]) -> Runs:
         if not checks or _has_runs(path):
             with_runs.append(path)
     # a result named twice, or also under a folder named, is read once
-    runs.graph_checks = [next(g for g in runs.graph_checks if g.path == p)
-                         for p in once(g.path for g in runs.graph_checks)]
+    runs.graph_checks = once(runs.graph_checks, lambda g: g.path)
     kinds = {KernelRun: runs.kernel_runs, TuneRun: runs.tune_runs, ValidationRun: runs.validation_runs,
              ServeRun: runs.serve_runs}
     for folder in once(run_folders(with_runs, any_depth=True) if with_runs else []):
