@@ -66,7 +66,8 @@ def report_target(out: Path | str, fmt: str | None) -> tuple[Path, str, Path]:
     and a markdown file's figures go to ``<stem>-figures/`` beside it, so two reports in one folder
     keep their own.  A trailing ``/`` (``new.md/``) always means a folder.  Raises
     :class:`ConfigError` for an unknown format, a file suffix that contradicts ``fmt``, a file name
-    that is a folder already, or a folder name (trailing ``/``) that is a file."""
+    that is a folder already, a folder name (trailing ``/``) that is a file, or a document path where
+    a file stands that is no report mlabench wrote (a user's file is never overwritten)."""
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError(f"report format must be one of {', '.join(FORMATS)}, got {fmt!r} (report writes one "
                           "document; its --format is the document's file format, not a table's)")
@@ -77,13 +78,16 @@ def report_target(out: Path | str, fmt: str | None) -> tuple[Path, str, Path]:
         if as_folder and out.is_file():
             raise ConfigError(f"--out {out}/ ends in / (a folder) and {out} is a file: drop the / to write that "
                               "file, or name another folder")
-        return out / FORMATS[fmt or "markdown"], fmt or "markdown", out / FIGURE_DIR
+        path = out / FORMATS[fmt or "markdown"]
+        _refuse_users_file(path)
+        return path, fmt or "markdown", out / FIGURE_DIR
     if out.is_dir():
         raise ConfigError(f"--out {out} names a {implied} file and is a folder (an older report's?): remove it, "
                           f"name another file, or give --out {out}/ to write inside it")
     if fmt is not None and fmt != implied:
         raise ConfigError(f"--out {out} names a {implied} file and --format says {fmt}: give a {fmt} file name "
                           f"or a folder")
+    _refuse_users_file(out)
     return out, implied, figures_beside(out)
 
 
@@ -96,9 +100,8 @@ def default_out(source: Path, fmt: str | None) -> Path:
     if not source.is_file():
         return source
     out = source.with_suffix(".html" if fmt == "html" else ".md")
-    if out.exists() and not _is_report(out):
-        raise ConfigError(f"the default report of {source} would be {out}, which is no mlabench report: "
-                          "pass --out")
+    _refuse_users_file(out, f"the default report of {source} would be {out}, which is no mlabench report: "
+                            "pass --out")
     return out
 
 
@@ -111,6 +114,14 @@ def default_figure_dir(source: Path) -> Path:
 def figures_beside(path: Path) -> Path:
     """The figure folder of a report file or graph-check JSON ``path``: ``<stem>-figures/`` beside it."""
     return path.with_name(f"{path.stem}-{FIGURE_DIR}")
+
+
+def _refuse_users_file(path: Path, error: str | None = None) -> None:
+    """Raise :class:`ConfigError` (``error``, else a line naming ``path``) where a file stands at
+    ``path`` that is no report mlabench wrote; an earlier report there is regenerated in place."""
+    if path.is_file() and not _is_report(path):
+        raise ConfigError(error or f"{path} stands already and is no mlabench report: report does not overwrite "
+                                   "it; move it, or give --out another file or folder")
 
 
 def _is_report(path: Path) -> bool:

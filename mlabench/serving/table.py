@@ -171,16 +171,29 @@ def _f(value: float | None, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+#: A cell's text where a variant never ran (its config leaves the point out) and where a result is missing.
+NOT_RUN, MISSING = "not run", "missing"
+
+
+def _gap_text(cell: Cell) -> str | None:
+    """:data:`NOT_RUN` for a cell its variant's config leaves out, :data:`MISSING` for one that should
+    hold a result and measured nothing (no run recorded, no result file), else None."""
+    if not cell.planned:
+        return NOT_RUN
+    if cell.status == "missing" and cell.tpot_mean_ms is None:
+        return MISSING
+    return None
+
+
 def cell_texts(cell: Cell, stat: Stat, is_baseline: bool) -> list[str]:
     """Printed columns of one cell: TPOT, speedup, mean TTFT, median ITL, out tok/s, completed/failed.
 
     The median ITL, as the terminal and per-metric tables show it (the typical decode step): the
     mean ITL is the mean TPOT again where every request decodes as many tokens, skewed by the steps
     that waited on other requests' prefills; it stays in JSON and CSV (``itl_mean_ms``)."""
-    if not cell.planned:
-        return ["not run", "—", "—", "—", "—", "—"]
-    if cell.status == "missing" and cell.tpot_mean_ms is None:
-        return ["MISSING", "—", "—", "—", "—", f"{cell.completed}/{cell.failed}"]
+    gap = _gap_text(cell)
+    if gap is not None:
+        return [gap, "—", "—", "—", "—", "—" if gap == NOT_RUN else f"{cell.completed}/{cell.failed}"]
     speed = "1.00x (base)" if is_baseline and cell.speedup else (
         "—" if cell.speedup is None else f"{cell.speedup:.2f}x")
     done = f"{cell.completed}/{cell.failed}"
@@ -246,11 +259,10 @@ METRICS: list[tuple[str, Callable[[Cell, ServeTable], str]]] = [
 
 
 def _metric_cell(cell: Cell, text: str) -> str:
-    """``text``, or ``not run`` / ``MISSING`` where nothing ran, with the status after it when not ok."""
-    if not cell.planned:
-        return "not run"
-    if cell.status == "missing" and not cell.repeats:
-        return "MISSING"
+    """``text``, or ``not run`` / ``missing`` where nothing ran, with the status after it when not ok."""
+    gap = _gap_text(cell)
+    if gap is not None:
+        return gap
     return text + ("" if cell.status == "ok" else f" {cell.status.upper()}")
 
 

@@ -99,11 +99,14 @@ def recorded_validation(policy: Policy, runs: list[Path], tolerance: float) -> t
         mine = policy_shape(policy, 1, 1)
         heads = sorted({r.num_heads for r in records})
         pages = sorted({r.shape.get("page_size") for r in records if r.shape.get("page_size") is not None})
-        raise ResultsError(f"{', '.join(map(str, runs))}: no recorded point of {policy.backend} at the policy's "
-                           f"shape ({mine.num_heads} heads, page {mine.page_size}, qo_len {mine.qo_len}, "
-                           f"{mine.q_dtype}) holds its own launch ({len(score.unscored)} points without it; the "
-                           f"records cover {describe_records(records)}; heads {', '.join(map(str, heads))}; "
-                           f"page {', '.join(map(str, pages))})")
+        at = (f"at the policy's shape ({mine.num_heads} heads, page {mine.page_size}, qo_len {mine.qo_len}, "
+              f"{mine.q_dtype})")
+        cover = (f"the records cover {describe_records(records)}; heads {', '.join(map(str, heads))}; "
+                 f"page {', '.join(map(str, pages))}")
+        n = len(score.unscored)
+        why = (f"no recorded point of {policy.backend} {at} holds its own launch ({n} point{'s' * (n > 1)} at "
+               f"that shape without it; {cover})" if n else f"no point of {policy.backend} is recorded {at}; {cover}")
+        raise ResultsError(f"{', '.join(map(str, runs))}: {why}")
     revisions = {ResultStore(f).manifest().git_revision for f in folders}
     notes = [f"records of {len(revisions)} mlabench revisions pooled: the best at a point may be another "
              "kernel version's (name one run to score against it alone)"] if len(revisions) > 1 else []

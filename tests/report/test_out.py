@@ -2,6 +2,7 @@
 with its trailing slash, and figures an earlier report wrote that the new one no longer has."""
 
 import shutil
+from pathlib import Path
 
 from tests.cli.test_cli import run
 from tests.report.conftest import GRAPH_CHECK, H200
@@ -57,7 +58,8 @@ def test_out_with_a_trailing_slash_is_a_folder(tmp_path, monkeypatch, capsys):
 def test_a_report_rewritten_removes_only_the_figures_its_earlier_self_wrote(tmp_path, monkeypatch, capsys):
     """``report --out X`` again with fewer runs left the earlier report's figures beside the new ones;
     now those it linked and the new one has not go, and nothing else in the figure folder: ``plot``'s
-    SVGs, a user's PNG and notes stay, and a figure a user's own document links is not the report's."""
+    SVGs, a user's PNG and notes stay; a user's own document standing as ``report.md`` is refused, and
+    the figure it links stays."""
     for out, figures in ((tmp_path / "a", tmp_path / "a" / "figures"), (tmp_path / "pr.md", tmp_path / "pr-figures")):
         both = ["--from", str(H200), "--from", str(CHECK)]
         assert run(["report", *both, "--out", str(out)], monkeypatch, capsys)[0] == 0
@@ -71,5 +73,29 @@ def test_a_report_rewritten_removes_only_the_figures_its_earlier_self_wrote(tmp_
         assert {p.name for p in figures.iterdir()} == kept | {"graph-check.png"}
     document = tmp_path / "a" / "report.md"
     document.write_text("# my page\n\n![mine](figures/mine.png)\n")
-    assert run(["report", "--from", str(CHECK), "--out", str(tmp_path / "a")], monkeypatch, capsys)[0] == 0
+    assert run(["report", "--from", str(CHECK), "--out", str(tmp_path / "a")], monkeypatch, capsys)[0] == 2
+    assert document.read_text() == "# my page\n\n![mine](figures/mine.png)\n"
     assert (tmp_path / "a" / "figures" / "mine.png").read_bytes() == b"a user's figure"
+
+
+def test_out_never_overwrites_a_users_file(tmp_path, monkeypatch, capsys):
+    """``--out notes.md`` (or a folder whose ``report.md``, an ``.html``) where a user's own file stands
+    replaced it; now one error line and exit 2, the file as it was and no figures written.  A report
+    mlabench wrote there earlier is regenerated in place, as before."""
+    check = str(CHECK)
+    notes = tmp_path / "notes.md"
+    (tmp_path / "page").mkdir()
+    for target, document in ((notes, notes), (tmp_path / "page", tmp_path / "page" / "report.md"),
+                             (tmp_path / "notes.html", tmp_path / "notes.html")):
+        document.write_text("# my notes\n")
+        code, out, err = run(["report", "--from", check, "--out", str(target)], monkeypatch, capsys)
+        assert code == 2 and out == "" and err.strip() == (f"error: {document} stands already and is no mlabench "
+                                                           "report: report does not overwrite it; move it, or give "
+                                                           "--out another file or folder")
+        assert document.read_text() == "# my notes\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.html", "notes.md", "page"]
+    assert [p.name for p in (tmp_path / "page").iterdir()] == ["report.md"]
+    for target in (tmp_path / "pr.md", tmp_path / "pr.html", tmp_path / "folder"):
+        for _ in range(2):
+            code, out, err = run(["report", "--from", check, "--out", str(target)], monkeypatch, capsys)
+            assert (code, err) == (0, "") and "mlabench report" in Path(out.strip()).read_text()

@@ -74,7 +74,7 @@ def test_serve_bench_table_speedup_and_files(tmp_path, fake_vllm):
 
 
 @pytest.mark.parametrize("mode,said", [("fail_requests", ("2/1 FAILED_REQUESTS", "connection reset")),
-                                       ("exit1", ("MISSING", "exit code 1"))])
+                                       ("exit1", ("| missing |", "exit code 1"))])
 def test_failed_or_missing_results_exit_non_zero(tmp_path, fake_vllm, mode, said):
     """Requests that failed, and a bench that exited 1 without a result: exit 1, saying which."""
     cfg = two_variant_config(tmp_path, fake_vllm, free_port(), free_port(), "concurrencies = [1]")

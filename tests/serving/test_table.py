@@ -71,7 +71,9 @@ def test_missing_result_is_a_row_not_a_gap():
     b16 = t.rows[1].cells[1]
     assert b16.status == "missing" and b16.speedup is None
     md = to_markdown(t)
-    assert "MISSING" in md and "no result file b-c16-r0.json" in md
+    assert "| missing |" in md and "no result file b-c16-r0.json" in md and "MISSING" not in md
+    from mlabench.serving.table import body
+    assert body(t)[1][-6:] == ["missing", "—", "—", "—", "—", "0/0"]  # the report's serving table
     assert not t.ok
 
 
@@ -155,7 +157,7 @@ def test_a_length_a_variant_leaves_out_is_not_run_rather_than_missing():
     unplanned = t.rows[1].cells[1]
     assert not unplanned.planned and unplanned.status == "missing"
     md = to_markdown(t)
-    assert "not run" in md and "MISSING" not in md
+    assert "not run" in md and "missing" not in md.lower()
     assert [r["variant"] for r in json.loads(to_json([tpot_table(t)]))[0]["rows"]] == ["a", "b", "a"]
     # without the plan (or once the variant ran there) the same gap is missing
     assert not build_table(results, ["a", "b"], [1], "a", input_lens=[4096, 32768]).ok
@@ -177,8 +179,8 @@ def test_a_concurrency_a_variant_leaves_out_is_not_run_rather_than_missing():
 
 def test_the_markdown_tables_mark_what_failed_or_did_not_run():
     """The table per metric (issue 33) keeps failures visible: a failed cell carries its status in
-    every table, a missing one says MISSING, one never planned "not run", and the reasons are
-    listed under the first table."""
+    every table, a missing one says "missing" (it said MISSING, where the docs say "missing"), one never
+    planned "not run", and the reasons are listed under the first table."""
     from mlabench.serving.table import metric_tables
 
     results = [res("a", 1, 0, 10.0), res("a", 1, 1, 10.0, "failed_requests", 2, 1), res("b", 1, 0, 5.0),
@@ -187,7 +189,7 @@ def test_the_markdown_tables_mark_what_failed_or_did_not_run():
     tpot, ttft, *_, done = metric_tables(t)
     assert tpot.title == "mean TPOT, ms (speedup vs a)" and tpot.columns == ["concurrency", "a", "b", "c"]
     assert tpot.rows == [["1", "10.00 FAILED_REQUESTS", "5.00 (2.00x)", "not run"],
-                         ["16", "20.00", "MISSING", "MISSING"]]
+                         ["16", "20.00", "missing", "missing"]]
     assert done.rows[0][1] == "5/1 FAILED_REQUESTS" and ttft.rows[0][2] == "100.00"
     assert "c=16 b: missing; no run recorded" in tpot.notes and not ttft.notes
 
