@@ -12,14 +12,14 @@ from tests.cli.test_cli import run
 
 REPO = Path(__file__).resolve().parents[2]
 SERVING = REPO / "results/h200/serving"
-#: run 1: every variant at every point (the qo1 policy); run 3: concurrency 16, every variant (qo1-k3)
+#: runs 1 and 4: every variant at every point, the qo1 and the qo1-k3 policy
 RUN1 = SERVING / "serve-20261204T182027Z-h200-proxy"
-RUN3 = SERVING / "serve-20261205T151337Z-h200-proxy"
+RUN4 = SERVING / "serve-20261205T180702Z-h200-proxy"
 SWEEPS1 = [SERVING / "sweep/kimi-k3-tp8-serving-20261204-211036-1205",
            SERVING / "sweep/kimi-k3-tp8-serving-host-20261204-211057-1293",
            SERVING / "sweep/kimi-k3-tp8-serving-20261204-213747-742"]
-#: the order of the serving README's command: run 3's session's sweeps of gluon-splitkv first
-SWEEPS3 = [SERVING / "sweep/kimi-k3-tp8-serving-20261205-150939-643",
+#: the order of the serving README's command: the qo1-k3 sweeps of gluon-splitkv first
+SWEEPS4 = [SERVING / "sweep/kimi-k3-tp8-serving-20261205-150939-643",
            SERVING / "sweep/kimi-k3-tp8-serving-host-20261205-151010-724", SWEEPS1[0], SWEEPS1[2]]
 CONFIG1 = REPO / "configs/serve/h200-kimi-k3-tp8-proxy.toml"
 #: README.md names the variants by the vLLM backend they run
@@ -67,11 +67,10 @@ def printed(monkeypatch, capsys, tmp_path):
 
 
 @pytest.fixture
-def printed3(monkeypatch, capsys):
-    """Run 3's rows, its recorded [prediction] (the serving README's command).  TRITON_MLA at 100K is
-    its one planned point without a result; mlabench-host's 32K and 100K the config never planned
-    (they once counted as failed too: "3 of 15")."""
-    return _printed(monkeypatch, capsys, None, RUN3, SWEEPS3, failed="1 of 13 results failed (failed requests")
+def printed4(monkeypatch, capsys):
+    """Run 4's rows, its recorded [prediction] (the serving README's command): every planned point
+    has a result, so it exits 0."""
+    return _printed(monkeypatch, capsys, None, RUN4, SWEEPS4)
 
 
 def _check_tpot_table(serve, header, rows, columns=None):
@@ -83,40 +82,38 @@ def _check_tpot_table(serve, header, rows, columns=None):
             assert cell == want, (row, name)
 
 
-def test_the_readmes_tpot_tables_are_the_runs(printed, printed3):
+def test_the_readmes_tpot_table_is_run_4(printed4):
     text = (REPO / "README.md").read_text()
     header, *rows = _table_after(text, "## End to end")
-    assert {r[1] for r in rows} == {"1"}
-    _check_tpot_table(printed[0], header, rows, README_COLUMNS)
-    header, *rows = _table_after(text, "At concurrency 16,")
-    assert {r[1] for r in rows} == {"16"} and len(rows) == 3
-    _check_tpot_table(printed3[0], header, rows, README_COLUMNS)
-    # README once said "11 of 12" (counting mlabench's own 4K row, 0 by construction) where the
-    # serving README and docs/vllm-plugin.md say "10 of 11"
-    assert "at 10 of 11 of the concurrency-16 run" in " ".join(text.split())
+    assert sorted((r[0], r[1]) for r in rows) == sorted((n, c) for n in ("4096", "32768", "100000") for c in ("1", "16"))
+    _check_tpot_table(printed4[0], header, rows, README_COLUMNS)
+    # README once said "11 of 12" (counting mlabench's own 4K row, 0 by construction); run 4's
+    # prediction has 24 points besides mlabench's two 4K rows
+    assert "within 10% of the server at all 24 points" in " ".join(text.split())
 
 
-def test_the_serving_readmes_tpot_tables_are_the_runs(printed, printed3):
+def test_the_serving_readmes_tpot_table_is_run_4(printed4):
     text = (SERVING / "README.md").read_text()
-    _check_tpot_table(printed3[0], *(lambda t: (t[0], t[1:]))(_table_after(text, "## Concurrency 16")))
-    _check_tpot_table(printed[0], *(lambda t: (t[0], t[1:]))(_table_after(text, "## Concurrency 1 ")))
+    header, *rows = _table_after(text, "## Every variant")
+    assert len(rows) == 6
+    _check_tpot_table(printed4[0], header, rows)
 
 
-def test_the_serving_readmes_prediction_table_is_the_command(printed3):
-    _, prediction = printed3
+def test_the_serving_readmes_prediction_table_is_the_command(printed4):
+    _, prediction = printed4
     text = (SERVING / "README.md").read_text()
     header, *rows = _table_after(text, "## Predicted from")
-    assert header[:3] == ["input tokens", "conc", "variant"] and len(rows) == 11
+    assert header[:3] == ["input tokens", "conc", "variant"] and len(rows) == 24
     for n, conc, variant, us, predicted, measured, error, outside in rows:
         r = prediction[(int(n), int(conc), variant)]
         assert [us, predicted, measured] == [f"{r['attention_us']:.1f}", f"{r['predicted_ms']:.2f}",
                                              f"{r['measured_ms']:.2f}"], variant
         assert error == f"{r['error_pct']:+.1f}" and float(outside) == round(r["outside_step_pct"], 1), variant
     errors = [r["error_pct"] for r in prediction.values() if r["error_pct"] is not None]
-    # the reference's own 4K row (0 by construction) is left out of the page
-    assert len(errors) == 12 and sum(abs(e) <= 10 for e in errors) == 11
-    assert "10 of 11 predictions are within 10%" in " ".join(text.split())
-    assert f"--from-run {RUN3.relative_to(REPO)}" in text
+    # the reference's own two 4K rows (0 by construction) are left out of the page
+    assert len(errors) == 26 and all(abs(e) <= 10 for e in errors)
+    assert "All 24 predictions are within 10% of the server" in " ".join(text.split())
+    assert f"--from-run {RUN4.relative_to(REPO)}" in text
 
 
 def test_run_1s_predictions_are_within_10_percent(printed):
