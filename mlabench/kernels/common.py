@@ -190,14 +190,19 @@ def policy_splits(seq_len, policy_ptr, cap, POLICY_ROWS: tl.constexpr):
 
     ``policy_ptr`` points at ``POLICY_ROWS`` int32 rows ``(max_context_len, num_kv_splits)``
     (row-major ``[POLICY_ROWS, 2]``, ``POLICY_ROWS`` a power of two): the count of the first row
-    with ``seq_len <= max_context_len``, else of the last row, clamped to ``[1, cap]``.  The rule of
-    :meth:`mlabench.policy.device_table.SplitPolicy.lookup`.
+    with ``seq_len <= max_context_len``, else of the last row; a negative count ``-t`` (a row
+    standing for a run of tokens-per-split rows, :func:`mlabench.policy.device_table.rule_rows`)
+    gives ``ceil(seq_len / t)``; then clamped to ``[1, cap]``.  The rule of
+    :meth:`mlabench.policy.device_table.SplitPolicy.lookup` on the table
+    :meth:`~mlabench.policy.device_table.SplitPolicy.device_table` writes
+    (:func:`~mlabench.policy.device_table.table_splits` is this lookup on the host).
     """
     rows = tl.arange(0, POLICY_ROWS)
     max_len = tl.load(policy_ptr + 2 * rows)
     splits = tl.load(policy_ptr + 2 * rows + 1)
     first = tl.min(tl.where(seq_len <= max_len, rows, POLICY_ROWS - 1), 0)
     chosen = tl.sum(tl.where(rows == first, splits, 0), 0)
+    chosen = tl.where(chosen < 0, tl.cdiv(seq_len, tl.maximum(-chosen, 1)), chosen)
     return tl.minimum(tl.maximum(chosen, 1), cap)
 
 

@@ -123,7 +123,9 @@ def lookup_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps
     """A request's split count from a policy table in device memory: ``POLICY_ROWS`` int32 rows
     ``(max_context_len, num_kv_splits)`` (a power of two of them, padded as
     :meth:`mlabench.policy.device_table.SplitPolicy.device_table` pads), the count of the first row with
-    ``seq_len <= max_context_len``, else of the last, clamped to ``[1, cap]``.  The rule of
+    ``seq_len <= max_context_len``, else of the last; a negative count ``-t`` (a row standing for a
+    run of tokens-per-split rows, :func:`mlabench.policy.device_table.rule_rows`) gives ``ceil(seq_len
+    / t)``; then clamped to ``[1, cap]``.  The rule of
     :meth:`~mlabench.policy.device_table.SplitPolicy.lookup` and of the Triton kernels'
     :func:`mlabench.kernels.common.policy_splits` (Gluon needs the layout spelled out).  Every
     warp holds the whole table (``ceil(R / 32)`` rows a lane), so the two reductions stay inside
@@ -134,6 +136,7 @@ def lookup_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps
     splits = gl.load(policy_ptr + 2 * rows + 1)
     first = gl.min(gl.where(seq_len <= max_len, rows, POLICY_ROWS - 1), axis=0)
     chosen = gl.sum(gl.where(rows == first, splits, 0), axis=0)
+    chosen = gl.where(chosen < 0, gl.cdiv(seq_len, gl.maximum(-chosen, 1)), chosen)
     return gl.minimum(gl.maximum(chosen, 1), cap)
 
 

@@ -19,10 +19,11 @@ Two ways to set ``S``:
 - fixed: ``S = num_kv_splits`` for every request, a kernel argument, so a captured graph keeps
   the count of capture time;
 - from a split policy in device memory (``split_policy``, an int32 ``[R, 2]`` table of
-  ``(max_context_len, num_kv_splits)``): each request looks its own ``S`` up from its length,
-  inside both stages (:func:`mlabench.kernels.common.policy_splits`), so one captured graph keeps
-  the policy's count at every length.  The grid's split axis is ``num_kv_splits`` (the most any
-  request may take; counts are clamped to it) and programs past a request's own count exit at once.
+  ``(max_context_len, num_kv_splits)``, a count ``-t`` meaning ``ceil(L / t)``): each request looks
+  its own ``S`` up from its length, inside both stages (:func:`mlabench.kernels.common.policy_splits`),
+  so one captured graph keeps the policy's count at every length.  The grid's split axis is
+  ``num_kv_splits`` (the most any request may take; counts are clamped to it) and programs past a
+  request's own count exit at once.
   A compile-time switch (``POLICY_ROWS == 0``) keeps the fixed path's code as it was.
 """
 

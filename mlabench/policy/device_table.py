@@ -18,8 +18,9 @@ rows sorted by ``max_context_len``.  Lookup (the rule of the ``tune`` command's 
 
 :meth:`SplitPolicy.device_table` lays one batch size's rows out as the int32 table the split-KV
 kernel looks each request up in (:mod:`mlabench.kernels.splitkv`), so that one captured CUDA graph
-picks the right count at every length.  :func:`heuristic_policy` writes vLLM's Triton MLA heuristic
-as such a table.
+picks the right count at every length; a run of rows that one tokens-per-split rule reproduces
+becomes one row there (:func:`rule_rows`; :func:`table_splits` is the kernels' lookup on the host).
+:func:`heuristic_policy` writes vLLM's Triton MLA heuristic as such a table.
 """
 
 from __future__ import annotations
@@ -107,11 +108,17 @@ class SplitPolicy:
     def device_table(self, batch: int, device: torch.device | str) -> torch.Tensor:
         """The rows of ``batch`` as an int32 ``[R, 2]`` tensor on ``device``, ``R`` a power of two.
 
-        Rows are ``(max_context_len, num_kv_splits)``; padding rows repeat the last count with
-        ``max_context_len = 2**31 - 1``.  The kernel's rule (first row with ``L <=
-        max_context_len``, else the last row) then gives what :meth:`lookup` gives.
+        Rows are ``(max_context_len, num_kv_splits)``, each run of rows one tokens-per-split rule
+        reproduces written as one row ``(max_context_len, -tokens_per_split)`` (:func:`rule_rows`);
+        padding rows repeat the last count (never a rule) with ``max_context_len = 2**31 - 1``.  The
+        kernels' rule (:func:`table_splits`: first row with ``L <= max_context_len``, else the last
+        row; a negative count -t is ``ceil(L / t)``; then clamped to ``[1, cap]``) gives what
+        :meth:`lookup` gives at every length, for any ``cap >= max_splits(batch)``.  Why: every
+        program loads the whole table, and on an H200 the rule policy's 512-row table at batch 1
+        ran 1.0-1.7 µs a call slower than a 12-row one choosing the same counts (at 1K, 4K and 8K
+        tokens: ``results/h200/deploy/qo1-k3/rule/graph_check_device.md``).
         """
-        rows = list(self.rows_for(batch))
+        rows = rule_rows(self.rows_for(batch))
         size = 1 << (len(rows) - 1).bit_length()
         rows += [(INT32_MAX, rows[-1][1])] * (size - len(rows))
         return torch.tensor(rows, dtype=torch.int32, device=device)
@@ -120,6 +127,49 @@ class SplitPolicy:
         """The minimal JSON layout (``{"num_kv_splits": {"<batch>": [[max_len, splits], ...]}}``)."""
         body = {str(b): [list(r) for r in rows] for b, rows in self.tables.items()}
         return json.dumps({"num_kv_splits": body}, indent=1) + "\n"
+
+
+def rule_rows(rows: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``rows`` with each run of two or more consecutive rows that one rule ``ceil(L / t)`` gives
+    exactly at every length of (from the row before's ``max_context_len + 1``, or 1) written as one
+    row ``(the run's last max_context_len, -t)``; ``t`` is the step between a run's first two
+    lengths, whose counts differ by one.  The last row stays a count: past it the lookup keeps
+    that count, where a rule would keep growing."""
+    out, i, last = [], 0, len(rows) - 1
+    while i < last:
+        end, t = _rule_run(rows, i, last)
+        out.append((rows[end][0], -t) if end > i else tuple(rows[i]))
+        i = end + 1
+    return out + [tuple(r) for r in rows[i:]]
+
+
+def _rule_run(rows: Sequence[tuple[int, int]], i: int, last: int) -> tuple[int, int]:
+    """``(end, t)``: the last row before ``last`` of the run from row ``i`` that ``ceil(L / t)``
+    gives exactly (``end == i``: no run)."""
+    if i + 1 >= last or rows[i + 1][1] != rows[i][1] + 1:
+        return i, 0
+    t, end = rows[i + 1][0] - rows[i][0], i - 1
+    while end + 1 < last:
+        lo = rows[end][0] + 1 if end >= 0 else 1
+        max_len, count = rows[end + 1]
+        if not -(-lo // t) == count == -(-max_len // t):
+            break
+        end += 1
+    return max(end, i), t
+
+
+def table_splits(table: torch.Tensor, context_lens: torch.Tensor, cap: int) -> torch.Tensor:
+    """The split count the kernels' lookup (:func:`mlabench.kernels.common.policy_splits`,
+    :func:`mlabench.kernels.gluon_blocks.lookup_splits`) reads from a :meth:`SplitPolicy.device_table`
+    for each of ``context_lens`` (int64, any shape) with ``cap`` as the call's ``num_kv_splits``:
+    the first row with ``L <= max_context_len``, else the last; a negative count -t gives
+    ``ceil(L / t)``; clamped to ``[1, cap]``.  On the host, for tests."""
+    table = table.to("cpu", torch.int64)
+    first = torch.searchsorted(table[:, 0].contiguous(), context_lens, side="left")
+    chosen = table[:, 1][first.clamp(max=table.shape[0] - 1)]
+    per_split = (-chosen).clamp(min=1)
+    chosen = torch.where(chosen < 0, -(-context_lens // per_split), chosen)
+    return chosen.clamp(1, cap)
 
 
 def heuristic_policy(num_sms: int = 132, max_splits: int = MAX_KV_SPLITS) -> SplitPolicy:

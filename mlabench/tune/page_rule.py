@@ -22,8 +22,9 @@ The rule, for each page count ``p`` (``ceil(L / page_size)``) of the batch size:
   the ends); the ``P`` of least cost wins (ties: more pages per split, fewer splits).
 
 Each run of page counts with one ``P`` becomes one entry ``tokens_per_split = P x page_size`` (its
-count ``ceil(L / t) = ceil(p / P)``; a run of one count is that count alone), which the device
-table expands to one row per count.  Fitted on that run's records, batch 1 scored 6.18% worst,
+count ``ceil(L / t) = ceil(p / P)``; a run of one count is that count alone), which the loaded
+policy expands to one row per count (a device table stores such a run as one rule row:
+:func:`mlabench.policy.device_table.rule_rows`).  Fitted on that run's records, batch 1 scored 6.18% worst,
 1.40% geometric mean, 21 of 27 held-out lengths within 3% on its validation (docs/tuning-device.md).
 At batch 16, where the best count stays at one wave (8), pages per split do not carry from one
 length to the next: 14.6% worst there, against the per-bucket choice's 4.85%.

@@ -378,6 +378,8 @@ def test_wide_merge_never_reads_an_empty_splits_partial():
     # request has the same count either way, and a wrong rule passed.
     ((2000, 640, 320, 1), 12, None),
     ((2000, 640, 320, 1), 12, [[400, 4], [700, 8], [1 << 20, 12]]),
+    # a rule row (SplitPolicy.device_table's run of tokens-per-split rows): ceil(L / 128) up to 1024
+    ((300, 640, 1, 2000), 16, [[1024, -128], [1536, 9], [1 << 20, 12]]),
 ])
 def test_wide_merge_from_lengths_reads_only_written_splits(lens, splits, policy_rows):
     """With the lengths (and the device table stage 1 read) the merge reads only the splits that
@@ -387,7 +389,8 @@ def test_wide_merge_from_lengths_reads_only_written_splits(lens, splits, policy_
     table, own = None, [splits] * len(lens)
     if policy_rows is not None:  # 4 rows (a power of two), the last repeated as the table pads
         table = torch.tensor(policy_rows + policy_rows[-1:], dtype=torch.int32, device=DEVICE)
-        own = [next(count for n_max, count in policy_rows if n <= n_max) for n in lens]
+        own = [next(count if count > 0 else -(-n // -count) for n_max, count in policy_rows if n <= n_max)
+               for n in lens]
     po = torch.full((len(lens) * splits, 12, 512), float("nan"), device=DEVICE)
     pl = torch.full((len(lens) * splits, 12), float("nan"), device=DEVICE)
     discriminating: list[bool] = []

@@ -60,6 +60,19 @@ def test_ragged_batch_each_request_its_own_count():
     assert_own_counts(lse, counts, cap=6)
 
 
+def test_rule_row_counts_follow_the_length():
+    """A run of tokens-per-split rows is one device row ``(128, -32)``: ``ceil(L / 32)`` splits for
+    each length inside it (1, 2, 4), the last row's fixed count past it (260 tokens: 6)."""
+    inp, ref = make_case(12, LENS, 16, "float16", seed=7)
+    policy = SplitPolicy.create({1: [(32, 1), (64, 2), (96, 3), (128, 4), (1 << 20, 6)]})
+    assert policy.device_table(4, "cpu").tolist()[0] == [128, -32]
+    counts = [policy.lookup(4, n) for n in LENS]
+    assert counts == [1, 2, 4, 6]
+    out, lse = run_policy(inp, policy, cap=6)
+    assert max_err(out, ref) < TOL["float16"]
+    assert_own_counts(lse, counts, cap=6)
+
+
 def test_counts_are_clamped_to_the_grid():
     inp, ref = make_case(32, (70, 9), 16, "float16", seed=4)  # two head tiles
     policy = SplitPolicy.create({1: [(10, 2), (100, 9)]})
