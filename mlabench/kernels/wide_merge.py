@@ -16,6 +16,10 @@ At batch 1 the merge is on the critical path: with 132-264 splits a request's pa
 - sizes its grid to the GPU: one program per (request, head, ``BLOCK_DV`` output columns) with
   ``BLOCK_DV`` chosen so that there are about two programs per SM (:func:`merge_blocks`): at batch
   1 and 12 heads 192 programs of 32 columns, at batch 16 384 programs of 256 columns;
+- with the lengths, merges a request that wrote at most ``FEW_SLOTS`` (32) slots with an lse
+  vector and slot tile of that size, not of the workspace's count (a run-time branch, the same
+  for all of a request's programs): under a device split policy the workspace holds the table's
+  largest count (132 at batch 1) and a 1K request writes 16;
 - can be launched as a programmatic dependent launch (``pdl=True``, NVIDIA sm_90+): it is
   scheduled while stage 1 still runs and waits on ``griddepcontrol.wait`` before its first read,
   so the gap between the two launches leaves the critical path.
@@ -36,6 +40,10 @@ D_V = 512  #: output width
 MAX_SPLITS_POW2 = 512  #: the lse vector of one request is loaded whole: S <= this
 TILE_ELEMENTS = 8192  #: BLOCK_S * BLOCK_DV fp32 per loop step: 64 registers a thread at 4 warps
 PAGE_TOKENS = tl.constexpr(_PAGE_TOKENS)  #: the page-granular splits' unit (a jit global: constexpr)
+#: With the lengths, a request that wrote at most this many slots is merged with an lse vector and
+#: slot tile of this size, not the workspace's: under a device policy the workspace holds the
+#: table's largest count (132 at batch 1) while a 1K request writes 16.
+FEW_SLOTS = 32
 
 
 def merge_blocks(batch: int, heads: int, num_kv_splits: int, num_sms: int) -> tuple[int, int]:
@@ -65,25 +73,14 @@ def written_splits(seqlens_ptr, policy_ptr, b, num_splits, POLICY_ROWS: tl.const
     return tl.cdiv(pages, per_split)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
-def _wide_merge_kernel(po_ptr, plse_ptr, out_ptr, seqlens_ptr, policy_ptr, num_splits, stride_ps,
-                       stride_ph, stride_ls, stride_ob, stride_oh, SPLITS_POW2: tl.constexpr,
-                       BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, USE_PDL: tl.constexpr,
-                       RELEASE_NEXT: tl.constexpr, FROM_LENGTHS: tl.constexpr,
-                       POLICY_ROWS: tl.constexpr):
-    if RELEASE_NEXT:  # the next kernel, launched as our programmatic dependent, may start now
-        tl.extra.cuda.gdc_launch_dependents()
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    if FROM_LENGTHS:  # only the splits that own pages wrote a record; the lengths and the table
-        written = written_splits(seqlens_ptr, policy_ptr, b, num_splits, POLICY_ROWS)
-    else:  # are not stage 1's outputs, so they are read before the wait, their latency hidden
-        written = num_splits
-    if USE_PDL:  # launched early: wait until stage 1 has finished and its stores are visible
-        tl.extra.cuda.gdc_wait()
-    cols = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    first = b.to(tl.int64) * num_splits
-    every = tl.arange(0, SPLITS_POW2)
+@triton.jit
+def merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph, stride_ls,
+                SLOTS_POW2: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Columns ``cols`` (``[BLOCK_DV]``) of head ``h``'s merge over slots ``first ..
+    first + written - 1`` (``written <= SLOTS_POW2``), fp32: the maximum lse of all of them from
+    one vector load, then the weighted partials ``BLOCK_S`` slots a step, up to the last
+    non-empty slot."""
+    every = tl.arange(0, SLOTS_POW2)
     lse_all = tl.load(plse_ptr + (first + every) * stride_ls + h, mask=every < written,
                       other=float("-inf"))
     top = tl.max(lse_all, 0)
@@ -102,7 +99,38 @@ def _wide_merge_kernel(po_ptr, plse_ptr, out_ptr, seqlens_ptr, policy_ptr, num_s
         part = tl.load(po_ptr + (first + idx)[:, None] * stride_ps + h * stride_ph + cols[None, :],
                        mask=live[:, None], other=0.0)
         acc += tl.sum(w[:, None] * part, 0)
-    res = tl.where(w_total > 0.0, acc / tl.where(w_total > 0.0, w_total, 1.0), 0.0)
+    return tl.where(w_total > 0.0, acc / tl.where(w_total > 0.0, w_total, 1.0), 0.0)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _wide_merge_kernel(po_ptr, plse_ptr, out_ptr, seqlens_ptr, policy_ptr, num_splits, stride_ps,
+                       stride_ph, stride_ls, stride_ob, stride_oh, SPLITS_POW2: tl.constexpr,
+                       BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, USE_PDL: tl.constexpr,
+                       RELEASE_NEXT: tl.constexpr, FROM_LENGTHS: tl.constexpr,
+                       POLICY_ROWS: tl.constexpr, FEW_SLOTS: tl.constexpr,
+                       FEW_BLOCK_S: tl.constexpr):
+    if RELEASE_NEXT:  # the next kernel, launched as our programmatic dependent, may start now
+        tl.extra.cuda.gdc_launch_dependents()
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    if FROM_LENGTHS:  # only the splits that own pages wrote a record; the lengths and the table
+        written = written_splits(seqlens_ptr, policy_ptr, b, num_splits, POLICY_ROWS)
+    else:  # are not stage 1's outputs, so they are read before the wait, their latency hidden
+        written = num_splits
+    if USE_PDL:  # launched early: wait until stage 1 has finished and its stores are visible
+        tl.extra.cuda.gdc_wait()
+    cols = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    first = b.to(tl.int64) * num_splits
+    if FEW_SLOTS > 0:  # a request that wrote few of its slots merges them with small tiles
+        if written <= FEW_SLOTS:
+            res = merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph,
+                              stride_ls, FEW_SLOTS, FEW_BLOCK_S, BLOCK_DV)
+        else:
+            res = merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph,
+                              stride_ls, SPLITS_POW2, BLOCK_S, BLOCK_DV)
+    else:
+        res = merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph,
+                          stride_ls, SPLITS_POW2, BLOCK_S, BLOCK_DV)
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + cols,
              res.to(out_ptr.dtype.element_ty))
 
@@ -142,14 +170,16 @@ def wide_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.
         raise ValueError(f"partials {tuple(partial_out.shape)} too small for B={batch} "
                          f"S={num_kv_splits} H={heads}")
     lengths = cache_seqlens if cache_seqlens is not None else partial_lse
+    splits_pow2 = max(16, triton.next_power_of_2(num_kv_splits))
     _wide_merge_kernel[(batch, heads, D_V // block_dv)](
         partial_out, partial_lse, out, lengths, lengths if split_policy is None else split_policy,
         int(num_kv_splits), partial_out.stride(0),
         partial_out.stride(1), partial_lse.stride(0), out.stride(0), out.stride(1),
-        SPLITS_POW2=max(16, triton.next_power_of_2(num_kv_splits)), BLOCK_S=block_s,
+        SPLITS_POW2=splits_pow2, BLOCK_S=block_s,
         BLOCK_DV=block_dv, USE_PDL=pdl, RELEASE_NEXT=release_next,
         FROM_LENGTHS=cache_seqlens is not None,
-        POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], num_warps=4,
-        **({"launch_pdl": True} if pdl else {}),
+        POLICY_ROWS=0 if split_policy is None else split_policy.shape[0],
+        FEW_SLOTS=FEW_SLOTS if cache_seqlens is not None and splits_pow2 > FEW_SLOTS else 0,
+        FEW_BLOCK_S=min(block_s, FEW_SLOTS), num_warps=4, **({"launch_pdl": True} if pdl else {}),
     )
     return out

@@ -380,6 +380,9 @@ def test_wide_merge_never_reads_an_empty_splits_partial():
     ((2000, 640, 320, 1), 12, [[400, 4], [700, 8], [1 << 20, 12]]),
     # a rule row (SplitPolicy.device_table's run of tokens-per-split rows): ceil(L / 128) up to 1024
     ((300, 640, 1, 2000), 16, [[1024, -128], [1536, 9], [1 << 20, 12]]),
+    # a workspace of 132 slots a request (a device table's largest count): 1024 tokens write 16,
+    # 3000 write 24 (both merged with FEW_SLOTS-sized tiles), 9000 write 71 (the workspace's)
+    ((1024, 3000, 1, 9000), 132, [[1024, 16], [4096, 40], [1 << 20, 132]]),
 ])
 def test_wide_merge_from_lengths_reads_only_written_splits(lens, splits, policy_rows):
     """With the lengths (and the device table stage 1 read) the merge reads only the splits that
