@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 34 items 2 and 3 on one H200 (~6 min warm): the GPU tests, then what one graph with the split
+# count in device memory costs at batch 1.
+#   1. tests/gpu (the kernels compiled: rule rows in both lookups, the merge's few-slot tiles);
+#   2. graph-check of gluon-splitkv in device mode, batch 1, 1K-128K, against the best of 12 counts,
+#      with the pages-rule policy (qo1-k3/rule/) and with the per-sub-bucket policy (qo1-k3/tune-*);
+#   3. the sweeps of results/h200/deploy/device-cost/: each policy looked up on the host and on the
+#      device, and counts 16/32 against 132 launched from the host.
+# Small files only: *.md, *.json, *.txt, the sweeps' run folders under OUTDIR/runs/.
+#   bash scripts/h200_device_cost.sh OUTDIR
+set -uo pipefail
+out="${1:?usage: $0 OUTDIR}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+cd "$(dirname "$0")/.."
+if compgen -G ".whl/*.whl" > /dev/null || compgen -G ".whl/opt/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl .whl/opt/*.whl || { echo "error: could not install .whl/" >&2; exit 2; }
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" MLABENCH_E2E=0 PYTHONUNBUFFERED=1 COLUMNS=200
+unset TRITON_INTERPRET CI
+mlabench=(python3 -m mlabench)
+deploy=results/h200/deploy
+contexts=1024,4096,8192,16384,32768,65536,100000,131072
+
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  python3 -m pytest -q -p no:cacheprovider tests/gpu > "$out/gpu_tests.txt" 2>&1
+  echo "gpu tests exit code: $?" >> "$out/gpu_tests.txt"
+fi
+for name in rule rows; do
+  policy="$deploy/qo1-k3/rule/policy.json"
+  [ "$name" = rows ] && policy="$deploy/qo1-k3/tune-kimi-k3-tp8-20261205-122236-527/policy.json"
+  "${mlabench[@]}" graph-check --backend gluon-splitkv --split-policy device --policy "$policy" \
+    --capture-len 1 --batch 1 --context "$contexts" --splits 1,2,4,8,12,16,24,33,44,66,88,132 \
+    --tolerance 0.03 --save "$out/graph_check_$name.json" --markdown \
+    > "$out/graph_check_$name.md" 2> "$out/graph_check_$name.log"
+  echo "graph-check exit code: $? (1: a length flagged)" >> "$out/graph_check_$name.log"
+done
+for cfg in device-cost capacity; do
+  "${mlabench[@]}" sweep --config "$deploy/device-cost/$cfg.toml" --results-dir "$out/runs" \
+    --format markdown > "$out/sweep-$cfg.md" 2> "$out/sweep-$cfg.log"
+  echo "sweep exit code: $?" >> "$out/sweep-$cfg.log"
+done
