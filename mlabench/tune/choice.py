@@ -134,11 +134,20 @@ def choose(configs: list[Measured], noise: float, combine: Combine = "worst",
         raise ResultsError("no configuration passed the correctness check")
     if best_us is None:
         best_us = {n: min(m.times()[n] for m in configs if n in m.times()) for c in configs for n in c.times()}
+    near, best = tied_configs(configs, noise, combine, best_us)
+    return near[0], best
+
+
+def tied_configs(configs: list[Measured], noise: float, combine: Combine,
+                 best_us: dict[int, float]) -> tuple[list[Measured], Measured]:
+    """``(near, best)``: the configurations scoring within :func:`tie_window` of the best one, in the
+    order of :func:`choose`'s tie rule (the fewest splits averaged over the lengths, then the better
+    score), and the best-scoring one.  ``configs`` must not be empty."""
     scored = {id(m): score(m, best_us, combine) for m in configs}
     best = min(configs, key=lambda m: scored[id(m)])
     near = [m for m in configs if scored[id(m)] <= scored[id(best)] * (1 + tie_window(noise, best))]
-    chosen = min(near, key=lambda m: (m.mean_splits(), scored[id(m)], json.dumps(m.params, sort_keys=True)))
-    return chosen, best
+    near.sort(key=lambda m: (m.mean_splits(), scored[id(m)], json.dumps(m.params, sort_keys=True)))
+    return near, best
 
 
 def tie_note(configs: list[Measured], chosen: Measured, best: Measured, noise: float, combine: Combine = "worst",
@@ -210,6 +219,26 @@ class BucketChoice:
     max_splits: int | None = None  #: the study's wave cap on num_kv_splits (None: none)
     tile_tokens: int | None = None  #: the chosen entry's whole-tile rule (None: not one)
     tie: str | None = None  #: what the tie rule did when it chose other than the best (:func:`tie_note`)
+    #: The configurations tied with the best (:func:`tied_configs`), as policy entries, the chosen first.
+    tied: tuple[TiedEntry, ...] = ()
+
+
+@dataclass(frozen=True)
+class TiedEntry:
+    """A configuration within the tie window of a study's best, as the policy entry it makes
+    (``params``, ``tokens_per_split``, ``tile_tokens``: :func:`policy_choice`) with its ``us`` (the
+    geometric mean over the bucket's lengths of its medians, µs) and ``worst`` (its worst ratio minus
+    1 over those lengths against the best time measured at each)."""
+
+    params: dict[str, Any]
+    tokens_per_split: int | None
+    tile_tokens: int | None
+    us: float
+    worst: float
+
+    def entry(self) -> tuple[str, int | None, int | None]:
+        """What the policy row launches: equal for two entries that make the same row."""
+        return json.dumps(self.params, sort_keys=True), self.tokens_per_split, self.tile_tokens
 
 
 def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend, fixed: dict[str, Any],
@@ -219,11 +248,13 @@ def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend
     Raises :class:`ResultsError` naming the bucket when no configuration passed the correctness check.
     """
     configs, best_us = measured_configs(trials, bucket.length), best_times(trials, bucket.length)
-    try:
-        chosen, best = choose(configs, noise, combine, best_us)
-    except ResultsError:
+    if not configs:
         raise ResultsError(f"batch {batch}, context {bucket.lo + 1}-{bucket.hi}: no configuration "
-                           f"passed the correctness check ({len(trials)} trials)") from None
+                           f"passed the correctness check ({len(trials)} trials)")
+    near, best = tied_configs(configs, noise, combine, best_us)
+    chosen = near[0]
+    tied = tuple(TiedEntry(*policy_choice(backend, fixed, m.params, bucket), m.median_us,
+                           score(m, best_us, "worst") - 1) for m in near)
     public = {h.name for h in HEURISTICS}  # not the tuner's own enqueued candidates (whole tiles)
     heuristics: dict[str, str] = {}  # launch -> the first public heuristic launching it
     for t in sorted(trials, key=lambda t: t.number):
@@ -238,7 +269,7 @@ def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend
         len(configs), params, tokens, chosen.median_us, score(chosen, best_us, "worst") - 1, best.median_us,
         heuristics[best_h.launch] if best_h else None,
         best_h.median_us if best_h else None, score(best_h, best_us, "worst") - 1 if best_h else None,
-        tile_tokens=tiles, tie=tie_note(configs, chosen, best, noise, combine, best_us))
+        tile_tokens=tiles, tie=tie_note(configs, chosen, best, noise, combine, best_us), tied=tied)
 
 
 def build_policy(cfg: TuneConfig, choices: list[BucketChoice], device: str, versions: dict[str, Any],

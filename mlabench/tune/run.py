@@ -38,6 +38,7 @@ from mlabench.shapes import model_spec, scale_note
 from mlabench.tune.choice import BucketChoice, build_policy, study_choice
 from mlabench.tune.edges import fine_edges
 from mlabench.tune.manifest import fresh_run_id, run_manifest, validation_resume_command
+from mlabench.tune.neighbour_ties import adopt_neighbour_ties
 from mlabench.tune.page_rule import pages_rule_policy, wave_caps
 from mlabench.tune.seeded_trials import heuristic_trials, ladder_trials, whole_tile_trials
 from mlabench.tune.space import (
@@ -349,6 +350,7 @@ def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list
               "representative": cfg.representative,
               "lengths_per_bucket": cfg.lengths_per_bucket, "combine": cfg.combine,
               "lengths": sorted({n for s in specs for n in s.measured()})}
+    rows = adopt_neighbour_ties(rows)
     policy, rule_note = build_policy(cfg, rows, device, versions, source), ""
     if pages_rule:
         caps = wave_caps(cfg, specs, store.manifest().device.get("num_sms"))

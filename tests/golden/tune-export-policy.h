@@ -29,13 +29,12 @@ inline constexpr Choice kChoices[] = {
     {8192, 64, 0, 128, ""},
     {32768, 0, 32, 132, ""},
     {131072, 0, 32, 264, ""},
-    {1024, 64, 0, 16, ""},
     {8192, 0, 32, 16, ""},
     {131072, 0, 0, 16, ""},
 };
 inline constexpr BatchRange kBatches[] = {
     {1, 0, 5},
-    {16, 5, 8},
+    {16, 5, 7},
 };
 inline constexpr int kNumBatches = 2;
 

@@ -14,8 +14,7 @@ ROWS = [(1,
    (32768, {'num_kv_splits': 132, 'split_policy': ''}, None, 32),
    (131072, {'num_kv_splits': 264, 'split_policy': ''}, None, 32)]),
  (16,
-  [(1024, {'num_kv_splits': 16, 'split_policy': ''}, 64, None),
-   (8192, {'num_kv_splits': 16, 'split_policy': ''}, None, 32),
+  [(8192, {'num_kv_splits': 16, 'split_policy': ''}, None, 32),
    (131072, {'num_kv_splits': 16, 'split_policy': ''}, None, None)])]
 
 
