@@ -40,7 +40,7 @@ from mlabench.tune.edges import fine_edges
 from mlabench.tune.manifest import fresh_run_id, run_manifest, validation_resume_command
 from mlabench.tune.neighbour_ties import adopt_neighbour_ties
 from mlabench.tune.page_rule import pages_rule_policy, wave_caps
-from mlabench.tune.seeded_trials import heuristic_trials, ladder_trials, whole_tile_trials
+from mlabench.tune.seeded_trials import heuristic_trials, ladder_trials, page_trials, whole_tile_trials
 from mlabench.tune.space import (
     LEGACY_FIELDS, TuneConfig, buckets_of, launched, load_tune_config, resolve_sampler, shape_dims, space_size,
     study_space, tune_shape, wave_cap,
@@ -309,14 +309,17 @@ def _enqueued(backend: Any, shape: Any, cfg: TuneConfig, spec: StudySpec) -> lis
     """The trials every study measures first: the public heuristics (unless ``cfg.heuristics`` is
     off), then the whole-tile candidates (where the study searches that rule; clamped to the
     searched range) and, for ``cfg.device_policy``, the split ladder up to one wave
-    (:func:`~mlabench.tune.seeded_trials.ladder_trials`).  The heuristics' counts stay as declared beyond the study's wave cap
+    (:func:`~mlabench.tune.seeded_trials.ladder_trials`) and the counts that cut each of the study's
+    lengths into whole page splits (:func:`~mlabench.tune.seeded_trials.page_trials`).  The heuristics' counts stay as declared beyond the study's wave cap
     (Optuna records a fixed value outside the searched range, and TPE and GP take it; the choice
     may still pick it); an exhaustive sampler cannot hold a trial outside its grid, so there the
     count is clamped to the cap."""
     capped, _fixed = study_space(backend, shape, cfg, spec.measured(), spec.max_splits)
     tiles = whole_tile_trials(backend, shape, capped)
-    if cfg.device_policy:  # a device policy's studies also measure the split ladder up to one wave
-        tiles += ladder_trials(backend, shape, capped, current_device().num_sms, spec.max_splits)
+    if cfg.device_policy:  # a device policy's studies also measure the split ladder up to one wave,
+        num_sms = current_device().num_sms  # and the counts giving each length whole page splits
+        tiles += ladder_trials(backend, shape, capped, num_sms, spec.max_splits)
+        tiles += page_trials(backend, shape, capped, spec.measured(), num_sms, spec.max_splits)
     if not cfg.heuristics:
         return tiles
     dims, _fixed = study_space(backend, shape, cfg, spec.measured())

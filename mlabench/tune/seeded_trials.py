@@ -12,7 +12,9 @@ beat them, each with its name in the trial's ``enqueued_as`` user attribute:
   one program per SM (132 splits, half the 264-program wave), and at 1-3K tokens 48-96 splits of
   one tile (docs/tuning.md);
 - :func:`ladder_trials`: for a device policy (``tune --device-policy``), the split ladder up to one
-  wave, named ``ladder-<n>``.
+  wave, named ``ladder-<n>``;
+- :func:`page_trials`: for a device policy, at each of the study's lengths the counts that cut it
+  into whole splits of the fewest pages one wave allows and a few more, named ``pages-<n>``.
 """
 
 from __future__ import annotations
@@ -117,3 +119,39 @@ def ladder_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimension]
             **({TILE_PARAM: 0} if TILE_PARAM in by_name else {})}
     return [(f"ladder-{n}", {**base, "num_kv_splits": n})
             for n in split_ladder(splits.low, min(splits.high, top), num_sms)]
+
+
+def exact_page_counts(pages: int, top: int) -> list[int]:
+    """The split counts that cut ``pages`` pages into ``P`` pages a split with no split left without
+    a page (``ceil(pages / P)`` splits), for ``P`` from the fewest that ``top`` splits allow,
+    ``P0 = ceil(pages / top)``, up to ``P0 + max(2, P0 // 2)``; largest count first, each once."""
+    first = -(-pages // top)
+    counts = [-(-pages // per) for per in range(first, first + max(2, first // 2) + 1)]
+    return sorted(set(counts), reverse=True)
+
+
+def page_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimension], lengths: tuple[int, ...],
+                num_sms: int, max_splits: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """``(f"pages-{n}", searched params)`` for each count of :func:`exact_page_counts` at each of
+    ``lengths`` (tokens; pages of ``shape.page_size``) up to the ladder's top (:func:`ladder_top`),
+    within the searched range, not on the split ladder (:func:`ladder_trials` has those); other
+    parameters as :func:`ladder_trials` sets them.  Empty when that is.
+
+    Why: ``tune --export --pages-rule`` costs each pages-per-split ``P`` at a tuned length by the
+    counts measured there that give ``P``, and the ladder's counts seldom give it with every split
+    owning a page: at 20-33K tokens, batch 1 on an H200 (``results/h200/deploy/qo1-k3``), 5-6
+    pages a split were best at held-out lengths (64-86 splits), the ladder measured 64, 96 and 128
+    (8, 6 with 10 splits empty, 4), and the rule chose 7 pages, up to 6.2% slower."""
+    ladder = ladder_trials(backend, shape, dims, num_sms, max_splits)
+    if not ladder:
+        return []
+    splits = next(d for d in dims if d.name == "num_kv_splits")
+    top = min(splits.high, ladder_top(backend, shape, num_sms, max_splits))
+    on_ladder = {p["num_kv_splits"] for _, p in ladder}
+    base = {k: v for k, v in ladder[0][1].items() if k != "num_kv_splits"}
+    counts: list[int] = []
+    for length in lengths:
+        pages = -(-length // shape.page_size)
+        counts += [n for n in exact_page_counts(pages, top)
+                   if splits.low <= n and n not in on_ladder and n not in counts]
+    return [(f"pages-{n}", {**base, "num_kv_splits": n}) for n in counts]

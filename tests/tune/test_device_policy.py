@@ -115,6 +115,34 @@ def test_a_device_policy_study_measures_the_split_ladder_up_to_one_wave_first():
         update={"device_policy": False}), spec))
 
 
+def test_a_device_policy_study_measures_whole_page_splits_at_its_lengths():
+    """At 20-33K tokens the ladder's counts seldom cut a request into splits that all own pages (at
+    32769 tokens, 513 pages: 96 splits of 6 pages leave 10 empty), so --pages-rule never saw 5-6
+    pages a split without empty programs; a device policy's studies also measure the counts that
+    cut each of their lengths into whole splits of P0..P0+2 pages, P0 the fewest one wave allows."""
+    from mlabench.tune.run import _enqueued
+    from mlabench.tune.seeded_trials import exact_page_counts, page_trials
+    from mlabench.tune.studies import StudySpec
+
+    assert exact_page_counts(513, 132) == [129, 103, 86] and exact_page_counts(17, 132) == [17, 9, 6]
+    assert len(exact_page_counts(2048, 132)) == 9  # P 16..24 at 128K: the best were 14-17 pages a split
+    for pages in (1, 7, 513, 2048):
+        assert all(-(-pages // -(-pages // n)) == n for n in exact_page_counts(pages, 132))  # no empty split
+    steps = get_backend("test-steps")
+    cfg = TuneConfig(backend="test-steps", heads=2, buckets=[1024], page_size=16, tokens_per_split=None,
+                     device_policy=True)
+    one = tune_shape({"num_heads": 2, "page_size": 16}, 1, 1000)
+    dims = study_space(steps, one, cfg, (1000,))[0]  # 1-12 splits (one wave at batch 1)
+    # 513 tokens: 33 pages, 3-5 a split (11, 9, 7 splits); 1000: 63 pages, 6-9 (11, 9, 8, 7); the ladder has 8
+    assert page_trials(steps, one, dims, (513, 1000), 132) == [
+        ("pages-11", {"num_kv_splits": 11}), ("pages-9", {"num_kv_splits": 9}), ("pages-7", {"num_kv_splits": 7})]
+    spec = StudySpec(512, 1024, 1000, (513, 1000), name="s", batch=1, max_splits=12)  # the wave cap, any GPU
+    names = [n for n, _ in _enqueued(steps, one, cfg, spec)]
+    assert names[-3:] == ["pages-11", "pages-9", "pages-7"] and "ladder-12" in names
+    assert not any(n.startswith("pages-") for n, _ in _enqueued(steps, one, cfg.model_copy(
+        update={"device_policy": False}), spec))
+
+
 def test_every_enqueued_trial_is_measured_even_past_trials(tmp_path):
     """With ``--trials`` below a study's enqueued trials the last ones were never run: a device
     policy at batch 1 on an H200 enqueues 4 heuristics and 15 ladder counts, and ``--trials 16`` cut
