@@ -4,7 +4,9 @@
 #   1. tests/gpu (the kernels compiled: rule rows in both lookups, the merge's few-slot tiles);
 #   2. graph-check of gluon-splitkv in device mode, batch 1, 1K-128K, against the best of 12 counts,
 #      with the pages-rule policy (qo1-k3/rule/) and with the per-sub-bucket policy (qo1-k3/tune-*);
-#   3. the sweeps of results/h200/deploy/device-cost/: each policy looked up on the host and on the
+#   3. scripts/h200_stage_times.py: stage 1 and the merge timed apart (torch.profiler over graph
+#      replays) at 1K, 4K, 8K, host counts 16/32/132 and both policies on the device, PDL 1 and 0;
+#   4. the sweeps of results/h200/deploy/device-cost/: each policy looked up on the host and on the
 #      device, and counts 16/32 against 132 launched from the host.
 # Small files only: *.md, *.json, *.txt, the sweeps' run folders under OUTDIR/runs/.
 #   bash scripts/h200_device_cost.sh OUTDIR
@@ -37,6 +39,10 @@ for name in rule rows; do
     > "$out/graph_check_$name.md" 2> "$out/graph_check_$name.log"
   echo "graph-check exit code: $? (1: a length flagged)" >> "$out/graph_check_$name.log"
 done
+python3 scripts/h200_stage_times.py --policy "rows=$deploy/qo1-k3/tune-kimi-k3-tp8-20261205-122236-527/policy.json" \
+  --policy "rule=$deploy/qo1-k3/rule/policy.json" --out "$out/stage_times.jsonl" \
+  > "$out/stage_times.md" 2> "$out/stage_times.log"
+echo "stage times exit code: $?" >> "$out/stage_times.log"
 for cfg in device-cost capacity; do
   "${mlabench[@]}" sweep --config "$deploy/device-cost/$cfg.toml" --results-dir "$out/runs" \
     --format markdown > "$out/sweep-$cfg.md" 2> "$out/sweep-$cfg.log"
