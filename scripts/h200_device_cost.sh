@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue 34 items 2 and 3 on one H200 (~6 min warm): the GPU tests, then what one graph with the split
 # count in device memory costs at batch 1.
-#   1. tests/gpu (the kernels compiled: rule rows in both lookups, the merge's few-slot tiles);
+#   1. tests/gpu (the kernels compiled: rule rows in both lookups) and the wide merge's tests of
+#      tests/kernels/test_gluon_splitkv.py on the GPU (its few-slot tiles);
 #   2. graph-check of gluon-splitkv in device mode, batch 1, 1K-128K, against the best of 12 counts,
-#      with the pages-rule policy (qo1-k3/rule/) and with the per-sub-bucket policy (qo1-k3/tune-*);
+#      with the pages-rule policy (qo1-k3/rule/) and with the per-sub-bucket policy as the run
+#      committed it (qo1-k3/tune-*/policy.json, 12 rows at batch 1: the policy measured before);
 #   3. scripts/h200_stage_times.py: stage 1 and the merge timed apart (torch.profiler over graph
 #      replays) at 1K, 4K, 8K, host counts 16/32/132 and both policies on the device, PDL 1 and 0;
 #   4. the sweeps of results/h200/deploy/device-cost/: each policy looked up on the host and on the
@@ -15,9 +17,12 @@ out="${1:?usage: $0 OUTDIR}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 cd "$(dirname "$0")/.."
-if compgen -G ".whl/*.whl" > /dev/null || compgen -G ".whl/opt/*.whl" > /dev/null; then
+shopt -s nullglob
+wheels=(.whl/*.whl .whl/opt/*.whl)  # sgl-flash-mla; pydantic, optuna and theirs (not in the image)
+shopt -u nullglob
+if [ ${#wheels[@]} -gt 0 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl .whl/opt/*.whl || { echo "error: could not install .whl/" >&2; exit 2; }
+    "${wheels[@]}" || { echo "error: could not install ${wheels[*]}" >&2; exit 2; }
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" MLABENCH_E2E=0 PYTHONUNBUFFERED=1 COLUMNS=200
@@ -29,6 +34,9 @@ contexts=1024,4096,8192,16384,32768,65536,100000,131072
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu > "$out/gpu_tests.txt" 2>&1
   echo "gpu tests exit code: $?" >> "$out/gpu_tests.txt"
+  python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gluon_splitkv.py -k wide_merge \
+    >> "$out/gpu_tests.txt" 2>&1
+  echo "wide merge tests (on the GPU) exit code: $?" >> "$out/gpu_tests.txt"
 fi
 for name in rule rows; do
   policy="$deploy/qo1-k3/rule/policy.json"

@@ -219,8 +219,10 @@ class BucketChoice:
     max_splits: int | None = None  #: the study's wave cap on num_kv_splits (None: none)
     tile_tokens: int | None = None  #: the chosen entry's whole-tile rule (None: not one)
     tie: str | None = None  #: what the tie rule did when it chose other than the best (:func:`tie_note`)
-    #: The configurations tied with the best (:func:`tied_configs`), as policy entries, the chosen first.
+    #: The configurations tied with the best (:func:`tied_configs`), as policy entries, the tie rule's
+    #: choice first (a neighbour's may be chosen instead: :mod:`mlabench.tune.neighbour_ties`).
     tied: tuple[TiedEntry, ...] = ()
+    tie_tolerance: float = 0.0  #: the relative window of those ties (:func:`tie_window`)
 
 
 @dataclass(frozen=True)
@@ -269,7 +271,8 @@ def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend
         len(configs), params, tokens, chosen.median_us, score(chosen, best_us, "worst") - 1, best.median_us,
         heuristics[best_h.launch] if best_h else None,
         best_h.median_us if best_h else None, score(best_h, best_us, "worst") - 1 if best_h else None,
-        tile_tokens=tiles, tie=tie_note(configs, chosen, best, noise, combine, best_us), tied=tied)
+        tile_tokens=tiles, tie=tie_note(configs, chosen, best, noise, combine, best_us), tied=tied,
+        tie_tolerance=tie_window(noise, best))
 
 
 def build_policy(cfg: TuneConfig, choices: list[BucketChoice], device: str, versions: dict[str, Any],

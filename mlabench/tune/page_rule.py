@@ -27,7 +27,8 @@ policy expands to one row per count (a device table stores such a run as one rul
 :func:`mlabench.policy.device_table.rule_rows`).  Fitted on that run's records, batch 1 scored 6.18% worst,
 1.40% geometric mean, 21 of 27 held-out lengths within 3% on its validation (docs/tuning-device.md).
 At batch 16, where the best count stays at one wave (8), pages per split do not carry from one
-length to the next: 14.6% worst there, against the per-bucket choice's 4.85%.
+length to the next: 14.6% worst there, against the per-bucket choice's 2.69% (ties settled by the
+neighbouring buckets, :mod:`mlabench.tune.neighbour_ties`; 4.85% before).
 """
 
 from __future__ import annotations

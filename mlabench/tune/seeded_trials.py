@@ -124,7 +124,10 @@ def ladder_trials(backend: Backend, shape: MLADecodeShape, dims: list[Dimension]
 def exact_page_counts(pages: int, top: int) -> list[int]:
     """The split counts that cut ``pages`` pages into ``P`` pages a split with no split left without
     a page (``ceil(pages / P)`` splits), for ``P`` from the fewest that ``top`` splits allow,
-    ``P0 = ceil(pages / top)``, up to ``P0 + max(2, P0 // 2)``; largest count first, each once."""
+    ``P0 = ceil(pages / top)``, up to ``P0 + max(2, P0 // 2)``; largest count first, each once.
+    Empty for no page."""
+    if pages < 1:
+        return []
     first = -(-pages // top)
     counts = [-(-pages // per) for per in range(first, first + max(2, first // 2) + 1)]
     return sorted(set(counts), reverse=True)

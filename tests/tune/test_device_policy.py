@@ -119,12 +119,14 @@ def test_a_device_policy_study_measures_whole_page_splits_at_its_lengths():
     """At 20-33K tokens the ladder's counts seldom cut a request into splits that all own pages (at
     32769 tokens, 513 pages: 96 splits of 6 pages leave 10 empty), so --pages-rule never saw 5-6
     pages a split without empty programs; a device policy's studies also measure the counts that
-    cut each of their lengths into whole splits of P0..P0+2 pages, P0 the fewest one wave allows."""
+    cut each of their lengths into whole splits of P0..P0+max(2, P0/2) pages, P0 the fewest one wave
+    allows."""
     from mlabench.tune.run import _enqueued
     from mlabench.tune.seeded_trials import exact_page_counts, page_trials
     from mlabench.tune.studies import StudySpec
 
     assert exact_page_counts(513, 132) == [129, 103, 86] and exact_page_counts(17, 132) == [17, 9, 6]
+    assert exact_page_counts(0, 132) == []
     assert len(exact_page_counts(2048, 132)) == 9  # P 16..24 at 128K: the best were 14-17 pages a split
     for pages in (1, 7, 513, 2048):
         assert all(-(-pages // -(-pages // n)) == n for n in exact_page_counts(pages, 132))  # no empty split

@@ -4,6 +4,7 @@ policy gains a row.  On the committed H200 run: batch 16's held-out lengths all 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 from pathlib import Path
@@ -24,7 +25,7 @@ def bucket(batch: int, hi: int, ties: list[int]) -> BucketChoice:
     """A study of ``batch`` up to ``hi`` tokens whose tie rule took ``ties[0]`` among ``ties``."""
     entries = tuple(tied(n, 10.0 + i / 100) for i, n in enumerate(ties))
     return BucketChoice(batch, f"-{hi}", hi, [hi], 4, 0, 4, entries[0].params, None, entries[0].us, 0.0, 10.0,
-                        None, None, None, tied=entries)
+                        None, None, None, tied=entries, tie_tolerance=0.01)
 
 
 def counts(choices: list[BucketChoice]) -> list[int]:
@@ -44,6 +45,20 @@ def test_a_choice_no_neighbour_shares_takes_a_tied_neighbours_choice():
     chain = adopt_neighbour_ties([bucket(1, 1024, [16]), bucket(1, 2048, [12, 16]), bucket(1, 4096, [20, 16]),
                                   bucket(1, 8192, [24])])
     assert counts(chain) == [16, 16, 16, 24] and "the bucket below" in chain[2].tie
+
+
+def test_passes_repeat_until_settled_and_take_ties_in_the_tie_rules_order():
+    """4 (tied with 8) below 5 (tied with 8) below 8: the first pass settles 5, the second 4; a tie
+    list 5, 6, 8 between neighbours 8 and 6 takes 6, the first of them that a neighbour chose."""
+    assert counts(adopt_neighbour_ties([bucket(1, 1024, [4, 8]), bucket(1, 2048, [5, 8]), bucket(1, 4096, [8])])) \
+        == [8, 8, 8]
+    out = adopt_neighbour_ties([bucket(1, 1024, [8]), bucket(1, 2048, [5, 6, 8]), bucket(1, 4096, [6])])
+    assert counts(out) == [8, 6, 6]
+    assert out[1].tie == ("3 configurations tied within ±1% of the best-scoring; the choice of the bucket above "
+                          "was among them and was taken (their policy rows merge), its µs 1.001x the best-scoring's")
+    noisy = dataclasses.replace(bucket(1, 2048, [5, 8]), tie="2 configurations tied (the tie rule's note)")
+    note = adopt_neighbour_ties([bucket(1, 1024, [8]), noisy])[1].tie
+    assert note.startswith("2 configurations tied (the tie rule's note); then the choice of the bucket below")
 
 
 def test_batch_sizes_are_settled_apart_and_the_order_is_kept():
