@@ -224,23 +224,22 @@ class BucketChoice:
     tied: tuple[TiedEntry, ...] = ()
     tie_tolerance: float = 0.0  #: the relative window of those ties (:func:`tie_window`)
 
+    def entry(self) -> PolicyEntry:
+        """The policy entry of the choice, for the bucket up to ``max_context_len``."""
+        return PolicyEntry(max_context_len=self.max_context_len, params=self.chosen,
+                           tokens_per_split=self.tokens_per_split, tile_tokens=self.tile_tokens)
+
 
 @dataclass(frozen=True)
 class TiedEntry:
-    """A configuration within the tie window of a study's best, as the policy entry it makes
-    (``params``, ``tokens_per_split``, ``tile_tokens``: :func:`policy_choice`) with its ``us`` (the
-    geometric mean over the bucket's lengths of its medians, µs) and ``worst`` (its worst ratio minus
-    1 over those lengths against the best time measured at each)."""
+    """A configuration within the tie window of a study's best, as the policy ``entry`` it makes
+    (:func:`policy_choice`), with its ``us`` (the geometric mean over the bucket's lengths of its
+    medians, µs) and ``worst`` (its worst ratio minus 1 over those lengths against the best time
+    measured at each)."""
 
-    params: dict[str, Any]
-    tokens_per_split: int | None
-    tile_tokens: int | None
+    entry: PolicyEntry
     us: float
     worst: float
-
-    def entry(self) -> tuple[str, int | None, int | None]:
-        """What the policy row launches: equal for two entries that make the same row."""
-        return json.dumps(self.params, sort_keys=True), self.tokens_per_split, self.tile_tokens
 
 
 def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend, fixed: dict[str, Any],
@@ -255,8 +254,9 @@ def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend
                            f"passed the correctness check ({len(trials)} trials)")
     near, best = tied_configs(configs, noise, combine, best_us)
     chosen = near[0]
-    tied = tuple(TiedEntry(*policy_choice(backend, fixed, m.params, bucket), m.median_us,
-                           score(m, best_us, "worst") - 1) for m in near)
+    tied = tuple(TiedEntry(PolicyEntry(max_context_len=bucket.hi, params=p, tokens_per_split=t, tile_tokens=g),
+                           m.median_us, score(m, best_us, "worst") - 1)
+                 for m in near for p, t, g in [policy_choice(backend, fixed, m.params, bucket)])
     public = {h.name for h in HEURISTICS}  # not the tuner's own enqueued candidates (whole tiles)
     heuristics: dict[str, str] = {}  # launch -> the first public heuristic launching it
     for t in sorted(trials, key=lambda t: t.number):
@@ -283,10 +283,7 @@ def build_policy(cfg: TuneConfig, choices: list[BucketChoice], device: str, vers
     by_key = {(c.batch, c.max_context_len): c for c in choices}
     batches = []
     for batch in cfg.batch:
-        entries = [PolicyEntry(max_context_len=hi, params=by_key[(batch, hi)].chosen,
-                               tokens_per_split=by_key[(batch, hi)].tokens_per_split,
-                               tile_tokens=by_key[(batch, hi)].tile_tokens)
-                   for hi in fine_edges(cfg.buckets, cfg.edges_per_octave)]
+        entries = [by_key[(batch, hi)].entry() for hi in fine_edges(cfg.buckets, cfg.edges_per_octave)]
         batches.append(BatchPolicy(batch=batch, entries=merge_adjacent(entries)))
     shape = dict(shape_dims(cfg))
     shape.setdefault("kv_lora_rank", 512)

@@ -21,14 +21,8 @@ held-out lengths within 3%, was 6; worst 12.7%, was 12.9%), against batch 16's 2
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from mlabench.tune.choice import BucketChoice, TiedEntry
-
-
-def entry_of(choice: BucketChoice) -> tuple[str, int | None, int | None]:
-    """The policy row a bucket's choice makes, comparable with :meth:`TiedEntry.entry`."""
-    return json.dumps(choice.chosen, sort_keys=True), choice.tokens_per_split, choice.tile_tokens
 
 
 def _adopted(choice: BucketChoice, tied: TiedEntry, side: str) -> BucketChoice:
@@ -37,8 +31,8 @@ def _adopted(choice: BucketChoice, tied: TiedEntry, side: str) -> BucketChoice:
     note = (f"{choice.tie}; then {taken}" if choice.tie else
             f"{len(choice.tied)} configurations tied within ±{100 * choice.tie_tolerance:.3g}% of the "
             f"best-scoring; {taken}")
-    return dataclasses.replace(choice, chosen=tied.params, tokens_per_split=tied.tokens_per_split,
-                               tile_tokens=tied.tile_tokens, chosen_us=tied.us, chosen_worst=tied.worst,
+    return dataclasses.replace(choice, chosen=tied.entry.params, tokens_per_split=tied.entry.tokens_per_split,
+                               tile_tokens=tied.entry.tile_tokens, chosen_us=tied.us, chosen_worst=tied.worst,
                                tie=note)
 
 
@@ -47,12 +41,13 @@ def _settle(out: list[BucketChoice], order: list[int]) -> bool:
     True when a bucket switched."""
     switched = False
     for k, i in enumerate(order):
-        near = {side: entry_of(out[order[j]]) for side, j in (("below", k - 1), ("above", k + 1))
+        near = {side: out[order[j]].entry() for side, j in (("below", k - 1), ("above", k + 1))
                 if 0 <= j < len(order)}
-        if entry_of(out[i]) in near.values():
+        own = out[i].entry()
+        if any(own.same_choice(e) for e in near.values()):  # the rule by which adjacent rows merge
             continue
         for tied in out[i].tied:
-            side = next((s for s, e in near.items() if e == tied.entry()), None)
+            side = next((s for s, e in near.items() if e.same_choice(tied.entry)), None)
             if side is not None:
                 out[i], switched = _adopted(out[i], tied, side), True
                 break

@@ -11,20 +11,21 @@ from pathlib import Path
 
 import pytest
 
+from mlabench.policy.tuned import PolicyEntry, merge_adjacent
 from mlabench.tune.choice import BucketChoice, TiedEntry
-from mlabench.tune.neighbour_ties import adopt_neighbour_ties, entry_of
+from mlabench.tune.neighbour_ties import adopt_neighbour_ties
 
 DEPLOY = Path(__file__).resolve().parents[2] / "results/h200/deploy"
 
 
-def tied(count: int, us: float = 10.0) -> TiedEntry:
-    return TiedEntry({"num_kv_splits": count}, None, None, us, 0.0)
+def tied(count: int, hi: int, us: float = 10.0) -> TiedEntry:
+    return TiedEntry(PolicyEntry(max_context_len=hi, params={"num_kv_splits": count}), us, 0.0)
 
 
 def bucket(batch: int, hi: int, ties: list[int]) -> BucketChoice:
     """A study of ``batch`` up to ``hi`` tokens whose tie rule took ``ties[0]`` among ``ties``."""
-    entries = tuple(tied(n, 10.0 + i / 100) for i, n in enumerate(ties))
-    return BucketChoice(batch, f"-{hi}", hi, [hi], 4, 0, 4, entries[0].params, None, entries[0].us, 0.0, 10.0,
+    entries = tuple(tied(n, hi, 10.0 + i / 100) for i, n in enumerate(ties))
+    return BucketChoice(batch, f"-{hi}", hi, [hi], 4, 0, 4, entries[0].entry.params, None, entries[0].us, 0.0, 10.0,
                         None, None, None, tied=entries, tie_tolerance=0.01)
 
 
@@ -67,8 +68,7 @@ def test_batch_sizes_are_settled_apart_and_the_order_is_kept():
 
 
 def rows(choices: list[BucketChoice]) -> int:
-    keys = [entry_of(c) for c in sorted(choices, key=lambda c: c.max_context_len)]
-    return sum(1 for i, k in enumerate(keys) if i == 0 or k != keys[i - 1])
+    return len(merge_adjacent([c.entry() for c in sorted(choices, key=lambda c: c.max_context_len)]))
 
 
 def test_no_policy_gains_a_row_and_every_choice_stays_a_tie():
@@ -77,7 +77,7 @@ def test_no_policy_gains_a_row_and_every_choice_stays_a_tie():
         choices = [bucket(1, 1024 * (i + 1), rng.sample(range(1, 6), rng.randint(1, 3))) for i in range(rng.randint(1, 7))]
         out = adopt_neighbour_ties(choices)
         assert rows(out) <= rows(choices)
-        assert all(entry_of(o) in {t.entry() for t in c.tied} for o, c in zip(out, choices))
+        assert all(any(o.entry().same_choice(t.entry) for t in c.tied) for o, c in zip(out, choices))
 
 
 def test_qo1_k3_batch_16_held_out_within_3_percent(tmp_path):
