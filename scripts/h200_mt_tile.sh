@@ -6,11 +6,13 @@
 #   2. the sweep configs/sweeps/kimi-k3-tp8-mt-tile.toml (qo_len 1, 2, 4, 8; batch 1 and 16; 4K,
 #      32K, 100K; multi_token 0, 1, 2 beside FlashMLA) -> sweep.md and the run folder;
 #   3. compare -> compare.md, compare.json.
-#   bash scripts/h200_mt_tile.sh OUTDIR
+#   bash scripts/h200_mt_tile.sh OUTDIR [SWEEP_CONFIG]
+# SWEEP_CONFIG: another sweep of configs/sweeps/ (kimi-k3-tp8-mt-pv: the pv_output form).
 # FLASHMLA_WHEEL=path installs FlashMLA first (no network needed).  The sweep runs only when the
 # GPU tests pass (SWEEP_ANYWAY=1 runs it regardless).
 set -uo pipefail
-out="${1:?usage: $0 OUTDIR}"
+out="${1:?usage: $0 OUTDIR [SWEEP_CONFIG]}"
+config="${2:-kimi-k3-tp8-mt-tile}"
 mkdir -p "$out"
 export COLUMNS=200 MLABENCH_E2E=0
 stage() { echo "[$(date +%H:%M:%S)] $*" >&2; }
@@ -29,10 +31,10 @@ if [[ $tests -ne 0 && "${SWEEP_ANYWAY:-0}" != 1 ]]; then
   echo "GPU tests failed: see $out/gpu_tests.txt (no sweep)" >&2; exit 1
 fi
 
-stage "sweep kimi-k3-tp8-mt-tile"
-python3 -m mlabench sweep --config kimi-k3-tp8-mt-tile --results-dir "$out" --markdown \
+stage "sweep $config"
+python3 -m mlabench sweep --config "$config" --results-dir "$out" --markdown \
   > "$out/sweep.md" 2> "$out/sweep.log" || { echo "sweep failed: see $out/sweep.log" >&2; exit 1; }
-run="$(ls -d "$out"/kimi-k3-tp8-mt-tile-* | tail -n 1)"
+run="$(ls -d "$out/$config"-* | tail -n 1)"
 
 stage "compare"
 python3 -m mlabench compare --from "$run" --markdown > "$out/compare.md"

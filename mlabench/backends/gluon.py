@@ -123,6 +123,35 @@ MULTI_TOKEN = ParamSpec(
          "pages, slower at <= 4",
 )
 
+# Not yet measured on a GPU: off by default.
+PV_OUTPUT = ParamSpec(
+    "pv_output", int, default=0, low=0, high=1, omit_default=True, searched=False,
+    help="1: with multi_token 1 or 2, a 64-row tile (qo_len 3-8 at 12 heads) computes its output "
+         "product as O = P V (rows as M, 128 columns a wgmma) instead of O^T = V^T P^T (rows as "
+         "N): half the wgmma instructions, 3/4 of their shared-memory operand bytes.  0 "
+         "(default): O^T = V^T P^T; 32-row tiles and the one-token kernel run it either way",
+)
+
+
+
+def _kernel_variant(params: dict[str, Any], s: MLADecodeShape, split_mode: str):
+    """The :class:`~mlabench.kernels.gluon_splitkv.KernelVariant` of resolved ``params`` (its
+    ``fused_merge`` off: the caller decides it from the grid).  Raises UnsupportedShapeError for
+    ``split_loop`` without ``split_policy=device`` (``split_mode``) or with ``multi_token``."""
+    from mlabench.kernels.gluon_splitkv import KernelVariant
+
+    split_loop = bool(int(SPLIT_LOOP.value_in(params, s)))
+    if split_loop and split_mode != "device":
+        raise UnsupportedShapeError("split_loop=1 runs only with split_policy=device:...: the "
+                                    "other split counts keep their grid")
+    multi_token = int(MULTI_TOKEN.value_in(params, s))
+    if split_loop and multi_token:
+        raise UnsupportedShapeError("split_loop=1 and multi_token=1 or 2 do not run together: "
+                                    "the multi-token stage 1 has no split loop")
+    return KernelVariant(str(O_SPLIT.value_in(params, s)), bool(int(LAZY_SUM.value_in(params, s))),
+                         bool(int(PDL_PROLOGUE.value_in(params, s))), False, split_loop,
+                         multi_token=multi_token,
+                         pv_output=bool(int(PV_OUTPUT.value_in(params, s))))
 
 def hopper_gluon_available() -> tuple[bool, str]:
     """``(True, "")`` on an NVIDIA compute-capability-9.0 GPU with Triton's Gluon importable,
@@ -163,7 +192,7 @@ class GluonSplitKVBackend(Backend):
     summary = ("project Gluon split-KV kernel for Hopper: TMA page ring, wgmma, up to 64 query rows "
                "a tile, num_kv_splits or a split policy")
     params = (KV_SPLITS, SPLIT_POLICY, RING_STAGES, PDL, O_SPLIT, LAZY_SUM, PDL_PROLOGUE,
-              FUSED_MERGE, SPLIT_LOOP, MULTI_TOKEN)
+              FUSED_MERGE, SPLIT_LOOP, MULTI_TOKEN, PV_OUTPUT)
 
     def available(self) -> tuple[bool, str]:
         return hopper_gluon_available()
@@ -186,7 +215,7 @@ class GluonSplitKVBackend(Backend):
     def prepare(self, inputs: MLADecodeInputs, params: dict[str, Any]) -> PreparedCall:
         from mlabench.kernels.gluon_fused_merge import fused_merge_fits, stage1_programs
         from mlabench.kernels.gluon_splitkv import (
-            KernelVariant, kv_descriptors, merge_sync_shape, mla_decode_gluon_splitkv,
+            kv_descriptors, merge_sync_shape, mla_decode_gluon_splitkv,
         )
         from mlabench.kernels.split_loop import stage1_grid_splits
         from mlabench.kernels.splitkv import splitkv_workspace_bytes
@@ -196,17 +225,8 @@ class GluonSplitKVBackend(Backend):
         choice = SplitChoice(params, s, inputs.device)
         stages, pdl = int(params["num_stages"]), int(params["pdl"])
         rows = s.qo_len * s.num_heads
-        split_loop = bool(int(SPLIT_LOOP.value_in(params, s)))
-        if split_loop and choice.mode != "device":
-            raise UnsupportedShapeError("split_loop=1 runs only with split_policy=device:...: the "
-                                        "other split counts keep their grid")
-        multi_token = int(MULTI_TOKEN.value_in(params, s))
-        if split_loop and multi_token:
-            raise UnsupportedShapeError("split_loop=1 and multi_token=1 or 2 do not run together: "
-                                        "the multi-token stage 1 has no split loop")
-        variant = KernelVariant(str(O_SPLIT.value_in(params, s)), bool(int(LAZY_SUM.value_in(params, s))),
-                                bool(int(PDL_PROLOGUE.value_in(params, s))), False, split_loop,
-                                multi_token=multi_token)
+        variant = _kernel_variant(params, s, choice.mode)
+        split_loop = variant.split_loop
         grid = stage1_grid_splits(split_loop, s.batch, rows, choice.grid_splits, stages,
                                   current_device().num_sms)
         fits = fused_merge_fits(stage1_programs(s.batch, rows, grid), current_device().num_sms)
@@ -237,7 +257,8 @@ class GluonSplitKVBackend(Backend):
                                 split_loop=int(variant.split_loop),
                                 **({"grid_splits": grid} if split_loop else {}))
         if variant.multi_token_tiling(rows) is not None:  # recorded only where it ran
-            choice.effective.update(multi_token=variant.multi_token if stages > 1 else 1)
+            choice.effective.update(multi_token=variant.multi_token if stages > 1 else 1,
+                                    **({"pv_output": 1} if variant.pv_output_runs(rows) else {}))
         return PreparedCall(fn=fn, out=out, effective_params=choice.effective, refresh=refresh,
                             workspace_bytes=splitkv_workspace_bytes(
                                 1, rows, sum(choice.counts(s.context_lens))),

@@ -78,6 +78,12 @@ def p_buffers(block_rows: int) -> int:
     return 2 if block_rows <= 32 else 1
 
 
+def pv_form_runs(block_rows: int) -> bool:
+    """Whether the ``O = P V`` output product runs for a tile of ``block_rows`` rows: at 64 only,
+    the M of a warpgroup's wgmma (a 32-row tile keeps ``O^T = V^T P^T``, its rows as N)."""
+    return block_rows == 64
+
+
 @gluon.jit
 def _loader(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, heads_per_token,
             qk_scale_log2, smem, bars, BLOCK_R: gl.constexpr, QO_LEN: gl.constexpr,
@@ -163,32 +169,53 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
 
 @gluon.jit
 def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr,
-            num_warps: gl.constexpr):
-    """Output partition (the default, ``num_warps`` = 8): ``O^T *= alpha; O^T += V^T P^T`` per
-    page, each warpgroup 256 of the 512 output columns; frees the page's slot and P buffer once
-    its products completed.  Returns ``(o [512, BLOCK_R] fp32, m [BLOCK_R], l [BLOCK_R])``."""
+            PV_FORM: gl.constexpr, num_warps: gl.constexpr):
+    """Output partition (the default, ``num_warps`` = 8), per page, each warpgroup 256 of the 512
+    output columns; frees the page's slot and P buffer once its product completed.
+
+    - ``PV_FORM`` False: ``O^T [512, R] *= alpha; O^T += V^T P^T``, the columns as M (16
+      ``m64nRk16`` a warpgroup and page, 2 KB of A and 2 KB of B read from shared memory each);
+    - ``PV_FORM`` True (64-row tiles): ``O [R, 512] *= alpha; O += P V``, the rows as M (8
+      ``m64n128k16``, 2 KB of A, the transposed P^T tile, and 4 KB of B, the page's latent tile):
+      half the instructions and 48 KB of operands a warpgroup and page instead of 64.  (N = 256,
+      one instruction for a warpgroup's columns, needs 128 accumulator registers a thread beside
+      its operands' descriptors: ptxas refuses it under the kernel's 128-register target.)
+
+    Returns ``(o, m [BLOCK_R], l [BLOCK_R])``, ``o`` fp32 ``[512, BLOCK_R]`` or ``[BLOCK_R, 512]``."""
     kn_smem, p_smem, a_smem, ml_smem = smem[0], smem[4], smem[5], smem[6]
     kv_free, p_ready, p_free, done = bars[1], bars[2], bars[3], bars[4]
     P_BUFS: gl.constexpr = p_smem.type.shape[0]
-    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                    instr_shape=[16, BLOCK_R, 16])
-    col: gl.constexpr = gl.SliceLayout(0, mma_o)
-    o = gl.zeros([D_NOPE, BLOCK_R], gl.float32, layout=mma_o)
+    if PV_FORM:
+        mma_o: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, num_warps // 4],
+            instr_shape=[16, 128, 16])
+        per_row: gl.constexpr = gl.SliceLayout(1, mma_o)
+        o = gl.zeros([BLOCK_R, D_NOPE], gl.float32, layout=mma_o)
+    else:
+        mma_o: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_R, 16])
+        per_row: gl.constexpr = gl.SliceLayout(0, mma_o)
+        o = gl.zeros([D_NOPE, BLOCK_R], gl.float32, layout=mma_o)
     for t in range(n_tiles):
         slot = t % NUM_STAGES
         j = t % P_BUFS
         mbarrier.wait(p_ready.index(j), (t // P_BUFS) & 1)
-        o = o * a_smem.index(j).load(col)[None, :]
-        o = warpgroup_mma(kn_smem.index(slot).permute((1, 0)), p_smem.index(j), o, is_async=True)
+        alpha = a_smem.index(j).load(per_row)
+        if PV_FORM:
+            o = warpgroup_mma(p_smem.index(j).permute((1, 0)), kn_smem.index(slot),
+                              o * alpha[:, None], is_async=True)
+        else:
+            o = warpgroup_mma(kn_smem.index(slot).permute((1, 0)), p_smem.index(j),
+                              o * alpha[None, :], is_async=True)
         o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
         mbarrier.arrive(kv_free.index(slot), count=1)
         mbarrier.arrive(p_free.index(j), count=1)
-    m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=col)
-    l_i = gl.zeros([BLOCK_R], gl.float32, layout=col)
+    m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=per_row)
+    l_i = gl.zeros([BLOCK_R], gl.float32, layout=per_row)
     if n_tiles > 0:
         mbarrier.wait(done.index(0), 0)
-        m_i = ml_smem.index(0).load(col)
-        l_i = ml_smem.index(1).load(col)
+        m_i = ml_smem.index(0).load(per_row)
+        l_i = ml_smem.index(1).load(per_row)
     return o, m_i, l_i
 
 
@@ -239,8 +266,8 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
                         BLOCK_R: gl.constexpr, ROW_TILES: gl.constexpr, QO_LEN: gl.constexpr,
                         CAUSAL: gl.constexpr, POLICY_ROWS: gl.constexpr,
                         NUM_STAGES: gl.constexpr, P_BUFS: gl.constexpr,
-                        SCORES_FIRST: gl.constexpr, PDL: gl.constexpr, WAIT_PRIOR: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        SCORES_FIRST: gl.constexpr, PV_FORM: gl.constexpr, PDL: gl.constexpr,
+                        WAIT_PRIOR: gl.constexpr, num_warps: gl.constexpr):
     if PDL == 1:  # let the merge grid be scheduled now; it waits for this grid before reading
         launch_dependents()
     # Grid (B * ROW_TILES, S) as the one-token kernel's: a request's row tiles share pages in L2.
@@ -266,7 +293,7 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
     # the worker partitions take the same arguments, spelled out in the call: a tuple assigned to
     # a variable first would turn its constexprs into tensors
     o, m_i, l_i = gl.warp_specialize([
-        (_output, (smem, bars, n_tiles, BLOCK_R, NUM_STAGES, num_warps)),
+        (_output, (smem, bars, n_tiles, BLOCK_R, NUM_STAGES, PV_FORM, num_warps)),
         (_softmax, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
                     heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
                     NUM_STAGES, SCORES_FIRST)),
@@ -276,6 +303,9 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
     ], [4, 1], [SOFTMAX_REGS, LOADER_REGS])
     if PDL == 2:  # the merge's launch overlaps this program's epilogue only
         launch_dependents()
+    if PV_FORM:  # O [R, 512] as the O^T [512, R] store_partial writes (a register transpose)
+        rows_st: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
+        o = gl.permute(gl.convert_layout(o, rows_st), (1, 0))
     if n_tiles > 0:  # an empty split writes nothing: the merge reads only the splits owning pages
         store_partial(po_ptr, plse_ptr, b * num_splits + split, row_lo, num_rows, o, l_i, m_i,
                       stride_ps, stride_ph, stride_ls, BLOCK_R, num_warps)
@@ -284,14 +314,16 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
 def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_table, cache_seqlens,
                               split_policy, partial_out, partial_lse, splits: int, heads: int,
                               qk_scale_log2: float, qo_len: int, causal: bool, num_stages: int,
-                              pdl: int, wait_prior: bool, scores_first: bool = False) -> None:
+                              pdl: int, wait_prior: bool, scores_first: bool = False,
+                              pv_form: bool = False) -> None:
     """Launch the multi-token stage 1 on the grid ``(B * tiling.row_tiles, splits)`` (arguments as
     :func:`mlabench.kernels.gluon_splitkv.mla_decode_gluon_splitkv` checked them; ``q_rows``
     ``[B, qo_len * H, 576]``, ``tiling`` from :func:`multi_token_tiling`, ``descriptors`` from
     :func:`~mlabench.kernels.gluon_splitkv.kv_descriptors`).  ``scores_first``: the softmax
     warpgroup computes page ``t + 1``'s scores before it hands page ``t``'s weights over (with a
     2-page ring only: with one slot the next page lands after that product, so it is ignored).
-    Writes the partials the wide merge reads; no fused merge."""
+    ``pv_form``: the output product as ``O = P V`` (:func:`_output`; 64-row tiles only, see
+    :func:`pv_form_runs`).  Writes the partials the wide merge reads; no fused merge."""
     kvn_desc, kvr_desc = descriptors
     batch = block_table.shape[0]
     _multi_token_stage1[(batch * tiling.row_tiles, splits)](
@@ -303,6 +335,6 @@ def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_tabl
         CAUSAL=bool(causal) and qo_len > 1,
         POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], NUM_STAGES=num_stages,
         P_BUFS=p_buffers(tiling.block_rows), SCORES_FIRST=scores_first and num_stages > 1,
-        PDL=pdl, WAIT_PRIOR=wait_prior, num_warps=tiling.num_warps, maxnreg=MT_MAXNREG,
+        PV_FORM=pv_form and pv_form_runs(tiling.block_rows), PDL=pdl, WAIT_PRIOR=wait_prior, num_warps=tiling.num_warps, maxnreg=MT_MAXNREG,
         **({"launch_pdl": True} if wait_prior else {}),
     )

@@ -156,6 +156,9 @@ class KernelVariant:
       are computed, 2 computes the next page's scores first (its softmax then runs under this
       page's output product; needs the 2-page ring, 1 runs otherwise).  0 (default): the kernel
       above (H200: 1 wins at >= 16 pages a split).  Requests of 16 rows or fewer run it either way.
+    - ``pv_output``: with ``multi_token``, a 64-row tile's output product as ``O = P V`` (the rows
+      as M, 128-column wgmma N; :func:`mlabench.kernels.gluon_multi_token._output`) instead of
+      ``O^T = V^T P^T`` (the rows as N): half the wgmma instructions and 3/4 of their operand bytes.
     Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``, a ``multi_token`` other
     than 0, 1 or 2, or ``split_loop`` with ``multi_token``.
     """
@@ -166,6 +169,7 @@ class KernelVariant:
     fused_merge: bool = False
     split_loop: bool = False
     multi_token: int = 0
+    pv_output: bool = False
 
     def __post_init__(self) -> None:
         if self.o_split not in ("n", "m"):
@@ -189,6 +193,14 @@ class KernelVariant:
         from mlabench.kernels.gluon_multi_token import multi_token_tiling
 
         return multi_token_tiling(rows) if self.multi_token else None
+
+    def pv_output_runs(self, rows: int) -> bool:
+        """Whether ``pv_output`` takes effect for ``rows`` packed rows a request: the multi-token
+        stage 1 runs, in 64-row tiles."""
+        from mlabench.kernels.gluon_multi_token import pv_form_runs
+
+        tiling = self.multi_token_tiling(rows)
+        return self.pv_output and tiling is not None and pv_form_runs(tiling.block_rows)
 
 
 def kv_descriptors(kv_cache: torch.Tensor) -> tuple[TensorDescriptor, TensorDescriptor]:
@@ -242,7 +254,8 @@ def _launch_stage1(q_rows, rope_rows, kv_cache, block_table, cache_seqlens, part
         launch_multi_token_stage1(mt_tiling, q_rows, (kvn_desc, kvr_desc), block_table,
                                   cache_seqlens, split_policy, partial_out, partial_lse, splits,
                                   heads, float(softmax_scale) * LOG2E, qo_len, causal, num_stages,
-                                  pdl, variant.pdl_prologue, variant.multi_token == 2)
+                                  pdl, variant.pdl_prologue, variant.multi_token == 2,
+                                  variant.pv_output)
         return
     mt = MergeTiling.for_launch(tiling.block_rows, grid_splits, tiling.num_warps)
     kernel = stage1_split_loop if grid_splits < splits else _gluon_splitkv_stage1

@@ -32,19 +32,21 @@ _COMPILE = """
 import json, sys
 from mlabench.kernels.offline_compile import compile_multi_token_sm90, mma_loops
 k = compile_multi_token_sm90(int(sys.argv[1]), int(sys.argv[2]), causal=sys.argv[3] == "1",
-                             policy_rows=int(sys.argv[4]), scores_first=sys.argv[5] == "1")
+                             policy_rows=int(sys.argv[4]), scores_first=sys.argv[5] == "1",
+                             pv_form=sys.argv[6] == "1")
 print(json.dumps({"ptx": k.asm["ptx"], "shared": k.metadata.shared,
                   "loops": mma_loops(k.asm["cubin"])}))
 """
 
 
 def _compile(block_rows: int, qo_len: int, causal: bool, policy_rows: int,
-             scores_first: bool) -> dict:
+             scores_first: bool, pv_form: bool = False) -> dict:
     """Compile the multi-token stage 1 for sm_90 in a fresh process (no interpreter state)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                          env.get("PYTHONPATH", "")])
-    args = [str(a) for a in (block_rows, qo_len, int(causal), policy_rows, int(scores_first))]
+    args = [str(a) for a in (block_rows, qo_len, int(causal), policy_rows, int(scores_first),
+                             int(pv_form))]
     run = subprocess.run([sys.executable, "-c", _COMPILE, *args], capture_output=True, text=True,
                          env=env, timeout=600)
     if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
@@ -114,6 +116,35 @@ def test_multi_token_stage1_compiles_warp_specialised(block_rows, qo_len, causal
     assert softmax_loop[2] <= 2, kernel["loops"]
 
 
+@pytest.mark.parametrize("qo_len,scores_first", [(8, False), (4, False), (8, True)])
+def test_pv_output_compiles_rows_as_m(qo_len, scores_first):
+    """``pv_output``: each output warpgroup's page update is 8 ``m64n128k16`` (``O [64, 512] +=
+    P V``, the rows as M, two 128-column halves of its 256 columns over 4 token steps) instead
+    of 16 ``m64n64k16``; the softmax warpgroup's 36 score products are unchanged; no local
+    memory in either loop."""
+    kernel = _compile(64, qo_len, True, 0, scores_first, pv_form=True)
+    ptx = kernel["ptx"]
+    shapes = {m: ptx.count(m) for m in
+              re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16", ptx)}
+    assert shapes == {"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16":
+                      36 * (2 if scores_first else 1),
+                      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16": 8}
+    assert kernel["shared"] <= 227 * 1024
+    output_loop = min(kernel["loops"])
+    assert output_loop[1] == 8 and output_loop[2] == 0, kernel["loops"]
+    softmax_loop = min(loop for loop in kernel["loops"] if loop[1] == 36)
+    assert softmax_loop[2] <= 2, kernel["loops"]
+
+
+def test_pv_output_runs_only_on_64_row_multi_token_tiles():
+    assert KernelVariant(multi_token=1, pv_output=True).pv_output_runs(96)
+    assert KernelVariant(multi_token=2, pv_output=True).pv_output_runs(48)
+    assert not KernelVariant(multi_token=1, pv_output=True).pv_output_runs(24)  # 32-row tile
+    assert not KernelVariant(multi_token=1, pv_output=True).pv_output_runs(12)  # one token
+    assert not KernelVariant(multi_token=0, pv_output=True).pv_output_runs(96)
+    assert not KernelVariant(multi_token=1).pv_output_runs(96)
+
+
 def test_backend_parameter_is_off_by_default_and_not_searched():
     """gluon-splitkv's ``multi_token`` parameter: 0 by default and left out of a point's
     parameters there (records before it pair with the points that run the one-token kernel),
@@ -129,8 +160,9 @@ def test_backend_parameter_is_off_by_default_and_not_searched():
 @pytest.mark.parametrize("qo_len,multi_token,want", [(8, 1, RowTiling(64, 2, 8)),
                                                      (2, 2, RowTiling(32, 1, 8)),
                                                      (1, 2, None), (8, 0, None)])
+@pytest.mark.parametrize("pv_output", [False, True])
 def test_entry_point_routes_multi_token_shapes_to_their_stage1(monkeypatch, qo_len, multi_token,
-                                                               want):
+                                                               want, pv_output):
     """``mla_decode_gluon_splitkv`` launches the multi-token stage 1 exactly where the variant is
     on and a request has more than 16 rows, with the wide merge after it even when the variant
     asks for a fused merge (no sync workspace needed there); elsewhere the one-token stage 1."""
@@ -140,7 +172,7 @@ def test_entry_point_routes_multi_token_shapes_to_their_stage1(monkeypatch, qo_l
 
     launched = []
     monkeypatch.setattr(gluon_multi_token, "launch_multi_token_stage1",
-                        lambda tiling, *a: launched.append(("multi", tiling, *a[-3:])))
+                        lambda tiling, *a: launched.append(("multi", tiling, *a[-4:])))
     monkeypatch.setattr(gluon_splitkv, "_gluon_splitkv_stage1",
                         type("K", (), {"__getitem__": lambda self, grid: (
                             lambda *a, **k: launched.append(("one", k["BLOCK_R"])))})())
@@ -155,15 +187,17 @@ def test_entry_point_routes_multi_token_shapes_to_their_stage1(monkeypatch, qo_l
     out = torch.zeros((batch * qo_len, heads, 512), dtype=torch.bfloat16)
     po = torch.zeros((batch * splits, qo_len * heads, 512))
     pl = torch.zeros((batch * splits, qo_len * heads))
-    variant = gluon_splitkv.KernelVariant(fused_merge=True, multi_token=multi_token)
+    variant = gluon_splitkv.KernelVariant(fused_merge=True, multi_token=multi_token,
+                                          pv_output=pv_output)
     gluon_splitkv.mla_decode_gluon_splitkv(q, cache, table, lens, out, splits, 0.1,
                                            partial_out=po, partial_lse=pl, descriptors=(1, 2),
                                            qo_len=qo_len, variant=variant)
     if want is None:
         assert launched[0] == ("fused", True) and launched[1][0] == "one"
-    else:  # (tiling, pdl, pdl_prologue, scores first); the fused merge dropped for the wide one
-        assert launched == [("fused", False), ("multi", want, 1, False, multi_token == 2),
-                            ("merge",)]
+    else:  # (tiling, pdl, pdl_prologue, scores first, pv form asked; the launch keeps it to 64
+        # rows); the fused merge dropped for the wide one
+        assert launched == [("fused", False), ("multi", want, 1, False, multi_token == 2,
+                                               pv_output), ("merge",)]
 
 
 def test_split_loop_and_multi_token_are_refused_together(tmp_path):
