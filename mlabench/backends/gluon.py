@@ -124,12 +124,13 @@ MULTI_TOKEN = ParamSpec(
 )
 
 # Not yet measured on a GPU: off by default.
-PV_OUTPUT = ParamSpec(
-    "pv_output", int, default=0, low=0, high=1, omit_default=True, searched=False,
-    help="1: with multi_token 1 or 2, a 64-row tile (qo_len 3-8 at 12 heads) computes its output "
-         "product as O = P V (rows as M, 128 columns a wgmma) instead of O^T = V^T P^T (rows as "
-         "N): half the wgmma instructions, 3/4 of their shared-memory operand bytes.  0 "
-         "(default): O^T = V^T P^T; 32-row tiles and the one-token kernel run it either way",
+ROWS_AS_M = ParamSpec(
+    "rows_as_m", int, default=0, low=0, high=2, omit_default=True, searched=False,
+    help="with multi_token 1 or 2, a 64-row tile (qo_len 3-8 at 12 heads) computes with its rows "
+         "as the wgmma M: 1 the output product as O = P V (half the instructions of O^T = V^T "
+         "P^T, 3/4 of their shared-memory operand bytes), 2 the scores as S = Q K^T too (a row's "
+         "softmax reductions within a warp).  0 (default): the rows as N; 32-row tiles and the "
+         "one-token kernel run it either way",
 )
 
 
@@ -151,7 +152,7 @@ def _kernel_variant(params: dict[str, Any], s: MLADecodeShape, split_mode: str):
     return KernelVariant(str(O_SPLIT.value_in(params, s)), bool(int(LAZY_SUM.value_in(params, s))),
                          bool(int(PDL_PROLOGUE.value_in(params, s))), False, split_loop,
                          multi_token=multi_token,
-                         pv_output=bool(int(PV_OUTPUT.value_in(params, s))))
+                         rows_as_m=int(ROWS_AS_M.value_in(params, s)))
 
 def hopper_gluon_available() -> tuple[bool, str]:
     """``(True, "")`` on an NVIDIA compute-capability-9.0 GPU with Triton's Gluon importable,
@@ -192,7 +193,7 @@ class GluonSplitKVBackend(Backend):
     summary = ("project Gluon split-KV kernel for Hopper: TMA page ring, wgmma, up to 64 query rows "
                "a tile, num_kv_splits or a split policy")
     params = (KV_SPLITS, SPLIT_POLICY, RING_STAGES, PDL, O_SPLIT, LAZY_SUM, PDL_PROLOGUE,
-              FUSED_MERGE, SPLIT_LOOP, MULTI_TOKEN, PV_OUTPUT)
+              FUSED_MERGE, SPLIT_LOOP, MULTI_TOKEN, ROWS_AS_M)
 
     def available(self) -> tuple[bool, str]:
         return hopper_gluon_available()
@@ -258,7 +259,8 @@ class GluonSplitKVBackend(Backend):
                                 **({"grid_splits": grid} if split_loop else {}))
         if variant.multi_token_tiling(rows) is not None:  # recorded only where it ran
             choice.effective.update(multi_token=variant.multi_token if stages > 1 else 1,
-                                    **({"pv_output": 1} if variant.pv_output_runs(rows) else {}))
+                                    **({"rows_as_m": variant.rows_as_m_runs(rows)}
+                                       if variant.rows_as_m_runs(rows) else {}))
         return PreparedCall(fn=fn, out=out, effective_params=choice.effective, refresh=refresh,
                             workspace_bytes=splitkv_workspace_bytes(
                                 1, rows, sum(choice.counts(s.context_lens))),

@@ -183,27 +183,30 @@ def split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS: gl.constexp
 
 
 @gluon.jit
-def scaled_scores(s, tok, seq_len, row_lim, qk_scale_log2, CAUSAL: gl.constexpr):
-    """Scores ``S^T [64 tokens, rows]`` in base-2 units, ``-inf`` for tokens past the length and,
-    under ``CAUSAL``, past each row's key limit ``row_lim``."""
-    if CAUSAL:
-        seen = (tok < seq_len)[:, None] & (tok[:, None] < row_lim[None, :])
-        return gl.where(seen, s * qk_scale_log2, float("-inf"))
-    return gl.where((tok < seq_len)[:, None], s * qk_scale_log2, float("-inf"))
+def scaled_scores(s, tok, seq_len, row_lim, qk_scale_log2, CAUSAL: gl.constexpr,
+                  TOKEN_AXIS: gl.constexpr = 0):
+    """Scores ``S^T [64 tokens, rows]`` (``TOKEN_AXIS`` 0) or ``S [rows, 64 tokens]`` (1) in
+    base-2 units, ``-inf`` for tokens past the length and, under ``CAUSAL``, past each row's key
+    limit ``row_lim``."""
+    tok2 = gl.expand_dims(tok, 1 - TOKEN_AXIS)
+    seen = tok2 < seq_len
+    if CAUSAL:  # row_lim [rows] (a scalar otherwise, not read)
+        seen = seen & (tok2 < gl.expand_dims(row_lim, TOKEN_AXIS))
+    return gl.where(seen, s * qk_scale_log2, float("-inf"))
 
 
 @gluon.jit
-def softmax_step(s, m_i, CAUSAL: gl.constexpr):
-    """One page of the online softmax over ``S^T [64, rows]``: ``(p, alpha, m_new)`` with the
-    running max ``m_new``, the page's weights ``p = 2^(s - m_new)`` and the rescale ``alpha`` of
-    what came before."""
-    m_new = gl.maximum(m_i, gl.max(s, axis=0))
+def softmax_step(s, m_i, CAUSAL: gl.constexpr, TOKEN_AXIS: gl.constexpr = 0):
+    """One page of the online softmax over ``S^T [64, rows]`` (``TOKEN_AXIS`` 0) or ``S [rows,
+    64]`` (1): ``(p, alpha, m_new)`` with the running max ``m_new``, the page's weights ``p =
+    2^(s - m_new)`` and the rescale ``alpha`` of what came before."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=TOKEN_AXIS))
     if CAUSAL:  # a row may have seen no key yet: keep -inf - -inf out of the exponent
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:  # finite: a page holds >= 1 valid token
         m_use = m_new
     alpha = gl.exp2(m_i - m_use)
-    return gl.exp2(s - m_use[None, :]), alpha, m_new
+    return gl.exp2(s - gl.expand_dims(m_use, TOKEN_AXIS)), alpha, m_new
 
 
 @gluon.jit

@@ -78,16 +78,17 @@ def p_buffers(block_rows: int) -> int:
     return 2 if block_rows <= 32 else 1
 
 
-def pv_form_runs(block_rows: int) -> bool:
-    """Whether the ``O = P V`` output product runs for a tile of ``block_rows`` rows: at 64 only,
-    the M of a warpgroup's wgmma (a 32-row tile keeps ``O^T = V^T P^T``, its rows as N)."""
+def rows_m_runs(block_rows: int) -> bool:
+    """Whether ``rows_as_m`` takes effect for a tile of ``block_rows`` rows: at 64 only, the M of
+    a warpgroup's wgmma (a 32-row tile keeps its rows as N in both products)."""
     return block_rows == 64
 
 
 @gluon.jit
 def _loader(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, heads_per_token,
             qk_scale_log2, smem, bars, BLOCK_R: gl.constexpr, QO_LEN: gl.constexpr,
-            CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_FIRST: gl.constexpr):
+            CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_FIRST: gl.constexpr,
+            ROWS_M: gl.constexpr):
     """Loader partition: page ``t`` into slot ``t % NUM_STAGES`` once the slot is free (a fresh
     mbarrier counts as having completed the phase before its first, so the first pages go at
     once)."""
@@ -101,50 +102,64 @@ def _loader(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, h
 
 
 @gluon.jit
-def _scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, dead, NUM_STAGES: gl.constexpr):
-    """``S^T = K Q^T`` of page ``t`` of the ring (latent and RoPE parts) once it has landed, into
-    the registers of ``dead`` (a ``[64, rows]`` score tensor no longer read: its values are not
-    used, so no zero tile stays live)."""
+def _scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, dead, NUM_STAGES: gl.constexpr,
+            ROWS_M: gl.constexpr):
+    """``S^T = K Q^T`` (``[64, rows]``; ``S = Q K^T``, ``[rows, 64]``, for ``ROWS_M`` 2) of page
+    ``t`` of the ring (latent and RoPE parts) once it has landed, into the registers of ``dead``
+    (a score tensor no longer read: its values are not used, so no zero tile stays live)."""
     slot = t % NUM_STAGES
     q = t >> 30  # 0 (a split has far fewer pages), but not provably so: see _shared_tiles
     mbarrier.wait(kv_ready.index(slot), (t // NUM_STAGES) & 1)
-    s = warpgroup_mma(kn_smem.index(slot), qn_smem.index(q).permute((1, 0)), dead, use_acc=False,
-                      is_async=True)
-    s = warpgroup_mma(kr_smem.index(slot), qr_smem.index(q).permute((1, 0)), s, is_async=True)
+    if ROWS_M == 2:
+        s = warpgroup_mma(qn_smem.index(q), kn_smem.index(slot).permute((1, 0)), dead,
+                          use_acc=False, is_async=True)
+        s = warpgroup_mma(qr_smem.index(q), kr_smem.index(slot).permute((1, 0)), s, is_async=True)
+    else:
+        s = warpgroup_mma(kn_smem.index(slot), qn_smem.index(q).permute((1, 0)), dead,
+                          use_acc=False, is_async=True)
+        s = warpgroup_mma(kr_smem.index(slot), qr_smem.index(q).permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
 
 
 @gluon.jit
 def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, heads_per_token,
              qk_scale_log2, smem, bars, BLOCK_R: gl.constexpr, QO_LEN: gl.constexpr,
-             CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_FIRST: gl.constexpr):
+             CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_FIRST: gl.constexpr,
+             ROWS_M: gl.constexpr):
     """Softmax partition (one warpgroup): per page the score product over all ``BLOCK_R`` rows,
-    the masks, one online-softmax step and the tail zeroing; publishes ``P^T`` and ``alpha`` in
-    buffer ``t % P_BUFS``, and after the last page the rows' max and sum (``ml_smem``, ``done``)."""
+    the masks, one online-softmax step and the tail zeroing; publishes ``P^T`` (``P`` for
+    ``ROWS_M`` 2, whose scores have the rows as M: a row's max and sum within a quad of threads,
+    not across the four warps) and ``alpha`` in buffer ``t % P_BUFS``, and after the last page
+    the rows' max and sum (``ml_smem``, ``done``)."""
     kn_smem, kr_smem, qn_smem, qr_smem, p_smem, a_smem, ml_smem = smem
     kv_ready, p_ready, p_free, done = bars[0], bars[2], bars[3], bars[4]
     P_BUFS: gl.constexpr = p_smem.type.shape[0]
+    AX: gl.constexpr = 1 if ROWS_M == 2 else 0  # the token axis of the scores
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_R, 16])
-    s = gl.zeros([PAGE_TOKENS, BLOCK_R], gl.float32, layout=mma)  # S^T of page t in iteration t
-    l_i = gl.zeros([PAGE_TOKENS, BLOCK_R], gl.float32, layout=mma)  # summed over tokens at the end
-    m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=gl.SliceLayout(0, mma))
-    offs_t = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1, mma))
+                                                  instr_shape=[16, PAGE_TOKENS if AX else BLOCK_R, 16])
+    if AX:
+        s = gl.zeros([BLOCK_R, PAGE_TOKENS], gl.float32, layout=mma)  # S of page t in iteration t
+        l_i = gl.zeros([BLOCK_R, PAGE_TOKENS], gl.float32, layout=mma)  # summed at the end
+    else:
+        s = gl.zeros([PAGE_TOKENS, BLOCK_R], gl.float32, layout=mma)  # S^T of page t
+        l_i = gl.zeros([PAGE_TOKENS, BLOCK_R], gl.float32, layout=mma)
+    m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=gl.SliceLayout(AX, mma))
+    offs_t = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1 - AX, mma))
     first_masked = seq_len - QO_LEN + 1  # under CAUSAL, no row sees a key from here on
     if SCORES_FIRST and n_tiles > 0:
-        s = _scores(0, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s, NUM_STAGES)
+        s = _scores(0, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s, NUM_STAGES, ROWS_M)
     for t in range(n_tiles):
         if not SCORES_FIRST:
-            s = _scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s, NUM_STAGES)
+            s = _scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s, NUM_STAGES, ROWS_M)
         tok = (page_lo + t) * PAGE_TOKENS + offs_t
         if CAUSAL and (page_lo + t + 1) * PAGE_TOKENS > first_masked:  # the last page or two
-            rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, mma))
+            rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(AX, mma))
             row_lim = causal_row_limits(seq_len, rows, heads_per_token, QO_LEN)
-            s = scaled_scores(s, tok, seq_len, row_lim, qk_scale_log2, True)
+            s = scaled_scores(s, tok, seq_len, row_lim, qk_scale_log2, True, AX)
         else:  # every row sees every key of the page below the length
-            s = scaled_scores(s, tok, seq_len, seq_len, qk_scale_log2, False)
-        p, alpha, m_i = softmax_step(s, m_i, CAUSAL)
-        l_i = l_i * alpha[None, :] + p
+            s = scaled_scores(s, tok, seq_len, seq_len, qk_scale_log2, False, AX)
+        p, alpha, m_i = softmax_step(s, m_i, CAUSAL, AX)
+        l_i = l_i * gl.expand_dims(alpha, AX) + p
         j = t % P_BUFS
         mbarrier.wait(p_free.index(j), ((t // P_BUFS) & 1) ^ 1)  # a fresh barrier: at once
         p_smem.index(j).store(p.to(p_smem.dtype))
@@ -159,24 +174,25 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
             # output product, so the next softmax runs under that product (after the last page
             # this page's again, still in its slot: one unused product a split, no branch)
             s = _scores(gl.minimum(t + 1, n_tiles - 1), kn_smem, kr_smem, qn_smem, qr_smem,
-                        kv_ready, s, NUM_STAGES)
+                        kv_ready, s, NUM_STAGES, ROWS_M)
         mbarrier.arrive(p_ready.index(j), count=1)
     if n_tiles > 0:
         ml_smem.index(0).store(m_i)
-        ml_smem.index(1).store(gl.sum(l_i, axis=0))
+        ml_smem.index(1).store(gl.sum(l_i, axis=AX))
         mbarrier.arrive(done.index(0), count=1)
 
 
 @gluon.jit
 def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr,
-            PV_FORM: gl.constexpr, num_warps: gl.constexpr):
+            ROWS_M: gl.constexpr, num_warps: gl.constexpr):
     """Output partition (the default, ``num_warps`` = 8), per page, each warpgroup 256 of the 512
     output columns; frees the page's slot and P buffer once its product completed.
 
-    - ``PV_FORM`` False: ``O^T [512, R] *= alpha; O^T += V^T P^T``, the columns as M (16
+    - ``ROWS_M`` 0: ``O^T [512, R] *= alpha; O^T += V^T P^T``, the columns as M (16
       ``m64nRk16`` a warpgroup and page, 2 KB of A and 2 KB of B read from shared memory each);
-    - ``PV_FORM`` True (64-row tiles): ``O [R, 512] *= alpha; O += P V``, the rows as M (8
-      ``m64n128k16``, 2 KB of A, the transposed P^T tile, and 4 KB of B, the page's latent tile):
+    - ``ROWS_M`` 1 or 2 (64-row tiles): ``O [R, 512] *= alpha; O += P V``, the rows as M (8
+      ``m64n128k16``, 2 KB of A, the P tile (1: P^T read transposed), and 4 KB of B, the page's
+      latent tile):
       half the instructions and 48 KB of operands a warpgroup and page instead of 64.  (N = 256,
       one instruction for a warpgroup's columns, needs 128 accumulator registers a thread beside
       its operands' descriptors: ptxas refuses it under the kernel's 128-register target.)
@@ -185,7 +201,7 @@ def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr
     kn_smem, p_smem, a_smem, ml_smem = smem[0], smem[4], smem[5], smem[6]
     kv_free, p_ready, p_free, done = bars[1], bars[2], bars[3], bars[4]
     P_BUFS: gl.constexpr = p_smem.type.shape[0]
-    if PV_FORM:
+    if ROWS_M:
         mma_o: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, num_warps // 4],
             instr_shape=[16, 128, 16])
@@ -201,7 +217,10 @@ def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr
         j = t % P_BUFS
         mbarrier.wait(p_ready.index(j), (t // P_BUFS) & 1)
         alpha = a_smem.index(j).load(per_row)
-        if PV_FORM:
+        if ROWS_M == 2:
+            o = warpgroup_mma(p_smem.index(j), kn_smem.index(slot), o * alpha[:, None],
+                              is_async=True)
+        elif ROWS_M == 1:
             o = warpgroup_mma(p_smem.index(j).permute((1, 0)), kn_smem.index(slot),
                               o * alpha[:, None], is_async=True)
         else:
@@ -266,7 +285,7 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
                         BLOCK_R: gl.constexpr, ROW_TILES: gl.constexpr, QO_LEN: gl.constexpr,
                         CAUSAL: gl.constexpr, POLICY_ROWS: gl.constexpr,
                         NUM_STAGES: gl.constexpr, P_BUFS: gl.constexpr,
-                        SCORES_FIRST: gl.constexpr, PV_FORM: gl.constexpr, PDL: gl.constexpr,
+                        SCORES_FIRST: gl.constexpr, ROWS_M: gl.constexpr, PDL: gl.constexpr,
                         WAIT_PRIOR: gl.constexpr, num_warps: gl.constexpr):
     if PDL == 1:  # let the merge grid be scheduled now; it waits for this grid before reading
         launch_dependents()
@@ -293,17 +312,17 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
     # the worker partitions take the same arguments, spelled out in the call: a tuple assigned to
     # a variable first would turn its constexprs into tensors
     o, m_i, l_i = gl.warp_specialize([
-        (_output, (smem, bars, n_tiles, BLOCK_R, NUM_STAGES, PV_FORM, num_warps)),
+        (_output, (smem, bars, n_tiles, BLOCK_R, NUM_STAGES, ROWS_M, num_warps)),
         (_softmax, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
                     heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
-                    NUM_STAGES, SCORES_FIRST)),
+                    NUM_STAGES, SCORES_FIRST, ROWS_M)),
         (_loader, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
                    heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
-                   NUM_STAGES, SCORES_FIRST)),
+                   NUM_STAGES, SCORES_FIRST, ROWS_M)),
     ], [4, 1], [SOFTMAX_REGS, LOADER_REGS])
     if PDL == 2:  # the merge's launch overlaps this program's epilogue only
         launch_dependents()
-    if PV_FORM:  # O [R, 512] as the O^T [512, R] store_partial writes (a register transpose)
+    if ROWS_M:  # O [R, 512] as the O^T [512, R] store_partial writes (a register transpose)
         rows_st: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
         o = gl.permute(gl.convert_layout(o, rows_st), (1, 0))
     if n_tiles > 0:  # an empty split writes nothing: the merge reads only the splits owning pages
@@ -315,15 +334,16 @@ def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_tabl
                               split_policy, partial_out, partial_lse, splits: int, heads: int,
                               qk_scale_log2: float, qo_len: int, causal: bool, num_stages: int,
                               pdl: int, wait_prior: bool, scores_first: bool = False,
-                              pv_form: bool = False) -> None:
+                              rows_as_m: int = 0) -> None:
     """Launch the multi-token stage 1 on the grid ``(B * tiling.row_tiles, splits)`` (arguments as
     :func:`mlabench.kernels.gluon_splitkv.mla_decode_gluon_splitkv` checked them; ``q_rows``
     ``[B, qo_len * H, 576]``, ``tiling`` from :func:`multi_token_tiling`, ``descriptors`` from
     :func:`~mlabench.kernels.gluon_splitkv.kv_descriptors`).  ``scores_first``: the softmax
     warpgroup computes page ``t + 1``'s scores before it hands page ``t``'s weights over (with a
     2-page ring only: with one slot the next page lands after that product, so it is ignored).
-    ``pv_form``: the output product as ``O = P V`` (:func:`_output`; 64-row tiles only, see
-    :func:`pv_form_runs`).  Writes the partials the wide merge reads; no fused merge."""
+    ``rows_as_m``: 1 the output product as ``O = P V``, 2 the score product as ``S = Q K^T`` too
+    (:func:`_output`, :func:`_softmax`; 64-row tiles only, :func:`rows_m_runs`; 0 elsewhere).
+    Writes the partials the wide merge reads; no fused merge."""
     kvn_desc, kvr_desc = descriptors
     batch = block_table.shape[0]
     _multi_token_stage1[(batch * tiling.row_tiles, splits)](
@@ -335,6 +355,7 @@ def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_tabl
         CAUSAL=bool(causal) and qo_len > 1,
         POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], NUM_STAGES=num_stages,
         P_BUFS=p_buffers(tiling.block_rows), SCORES_FIRST=scores_first and num_stages > 1,
-        PV_FORM=pv_form and pv_form_runs(tiling.block_rows), PDL=pdl, WAIT_PRIOR=wait_prior, num_warps=tiling.num_warps, maxnreg=MT_MAXNREG,
+        ROWS_M=rows_as_m if rows_m_runs(tiling.block_rows) else 0, PDL=pdl,
+        WAIT_PRIOR=wait_prior, num_warps=tiling.num_warps, maxnreg=MT_MAXNREG,
         **({"launch_pdl": True} if wait_prior else {}),
     )

@@ -156,11 +156,12 @@ class KernelVariant:
       are computed, 2 computes the next page's scores first (its softmax then runs under this
       page's output product; needs the 2-page ring, 1 runs otherwise).  0 (default): the kernel
       above (H200: 1 wins at >= 16 pages a split).  Requests of 16 rows or fewer run it either way.
-    - ``pv_output``: with ``multi_token``, a 64-row tile's output product as ``O = P V`` (the rows
-      as M, 128-column wgmma N; :func:`mlabench.kernels.gluon_multi_token._output`) instead of
-      ``O^T = V^T P^T`` (the rows as N): half the wgmma instructions and 3/4 of their operand bytes.
-    Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``, a ``multi_token`` other
-    than 0, 1 or 2, or ``split_loop`` with ``multi_token``.
+    - ``rows_as_m``: with ``multi_token``, a 64-row tile's products with its rows as M
+      (:mod:`mlabench.kernels.gluon_multi_token`): 1 the output product as ``O = P V`` (half the
+      wgmma instructions of ``O^T = V^T P^T``, 3/4 of their operand bytes), 2 the score product
+      as ``S = Q K^T`` too (a row's softmax max and sum within a quad of threads).  0: the rows as N.
+    Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``, a ``multi_token`` or
+    ``rows_as_m`` other than 0, 1 or 2, or ``split_loop`` with ``multi_token``.
     """
 
     o_split: str = "m"
@@ -169,13 +170,15 @@ class KernelVariant:
     fused_merge: bool = False
     split_loop: bool = False
     multi_token: int = 0
-    pv_output: bool = False
+    rows_as_m: int = 0
 
     def __post_init__(self) -> None:
         if self.o_split not in ("n", "m"):
             raise ValueError(f"o_split must be 'n' or 'm', got {self.o_split!r}")
         if self.multi_token not in (0, 1, 2):
             raise ValueError(f"multi_token must be 0, 1 or 2, got {self.multi_token!r}")
+        if self.rows_as_m not in (0, 1, 2):
+            raise ValueError(f"rows_as_m must be 0, 1 or 2, got {self.rows_as_m!r}")
         if self.split_loop and self.multi_token:
             raise ValueError("split_loop and multi_token do not run together (the multi-token "
                              "stage 1 has no split loop)")
@@ -194,13 +197,13 @@ class KernelVariant:
 
         return multi_token_tiling(rows) if self.multi_token else None
 
-    def pv_output_runs(self, rows: int) -> bool:
-        """Whether ``pv_output`` takes effect for ``rows`` packed rows a request: the multi-token
-        stage 1 runs, in 64-row tiles."""
-        from mlabench.kernels.gluon_multi_token import pv_form_runs
+    def rows_as_m_runs(self, rows: int) -> int:
+        """``rows_as_m`` where it takes effect for ``rows`` packed rows a request (the multi-token
+        stage 1 in 64-row tiles), else 0."""
+        from mlabench.kernels.gluon_multi_token import rows_m_runs
 
         tiling = self.multi_token_tiling(rows)
-        return self.pv_output and tiling is not None and pv_form_runs(tiling.block_rows)
+        return self.rows_as_m if tiling is not None and rows_m_runs(tiling.block_rows) else 0
 
 
 def kv_descriptors(kv_cache: torch.Tensor) -> tuple[TensorDescriptor, TensorDescriptor]:
@@ -255,7 +258,7 @@ def _launch_stage1(q_rows, rope_rows, kv_cache, block_table, cache_seqlens, part
                                   cache_seqlens, split_policy, partial_out, partial_lse, splits,
                                   heads, float(softmax_scale) * LOG2E, qo_len, causal, num_stages,
                                   pdl, variant.pdl_prologue, variant.multi_token == 2,
-                                  variant.pv_output)
+                                  variant.rows_as_m)
         return
     mt = MergeTiling.for_launch(tiling.block_rows, grid_splits, tiling.num_warps)
     kernel = stage1_split_loop if grid_splits < splits else _gluon_splitkv_stage1

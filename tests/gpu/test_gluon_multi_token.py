@@ -36,20 +36,20 @@ def _ref(x, lens, qo_len, causal=True, q=None):
 @pytest.mark.parametrize("lens,splits,stages", [((4096,), 64, 2), ((1000, 70, 8, 3000), 7, 2),
                                                 ((65, 2000), 512, 2), ((1000, 70, 8, 3000), 7, 1)])
 @pytest.mark.parametrize("mode", [1, 2])
-@pytest.mark.parametrize("pv", [0, 1])
-def test_multi_token_matches_fp32(qo_len, causal, lens, splits, stages, mode, pv):
+@pytest.mark.parametrize("rows_m", [0, 2])  # 1: the poisoned-input test below
+def test_multi_token_matches_fp32(qo_len, causal, lens, splits, stages, mode, rows_m):
     """32- and 64-row tiles (two past 64 rows), causal limits at split edges, a request whose
     context holds just the block, more splits than pages (splits that own none), both rings,
-    both orders of the softmax warpgroup (2 runs as 1 on the 1-page ring), both forms of the
-    output product (``pv_output``: 64-row tiles only, qo_len 3 up)."""
+    both orders of the softmax warpgroup (2 runs as 1 on the 1-page ring), the products with
+    the rows as N or M (``rows_as_m``: 64-row tiles only, qo_len 3 up)."""
     backend = _backend()
     shape, x = _case(qo_len, lens, causal, seed=qo_len)
     call = backend.prepare(x, backend.resolve_params(shape, {"num_kv_splits": splits,
                                                              "num_stages": stages,
                                                              "multi_token": mode,
-                                                             "pv_output": pv}))
+                                                             "rows_as_m": rows_m}))
     assert call.effective_params["multi_token"] == (mode if stages == 2 else 1)
-    assert call.effective_params.get("pv_output", 0) == (pv if qo_len > 2 else 0)
+    assert call.effective_params.get("rows_as_m", 0) == (rows_m if qo_len > 2 else 0)
     assert call.effective_params["fused_merge"] == 0
     out = call.fn()  # the output was poisoned with NaN by prepare
     torch.cuda.synchronize()
@@ -66,11 +66,11 @@ def test_one_token_ignores_the_variant():
     assert "multi_token" not in call.effective_params
 
 
-@pytest.mark.parametrize("qo_len,causal,mode,pv", [(4, True, 1, 0), (8, False, 1, 0),
-                                                   (8, True, 2, 0), (4, True, 1, 1),
-                                                   (8, True, 1, 1), (8, False, 2, 1)])
+@pytest.mark.parametrize("qo_len,causal,mode,rows_m", [(4, True, 1, 0), (8, False, 1, 0),
+                                                       (8, True, 2, 0), (4, True, 1, 1),
+                                                       (8, True, 1, 2), (8, False, 2, 2)])
 @pytest.mark.parametrize("splits", [1, 7, 64])
-def test_passes_every_input_set_on_poisoned_inputs(qo_len, causal, mode, pv, splits):
+def test_passes_every_input_set_on_poisoned_inputs(qo_len, causal, mode, rows_m, splits):
     """The check ``check`` and ``sweep`` take (NaN tails and padding pages, needles at the
     page-granular split edges, the peaky and the flat sets) with the variant on."""
     from mlabench.bench.shape_bench import ShapeBench
@@ -80,5 +80,5 @@ def test_passes_every_input_set_on_poisoned_inputs(qo_len, causal, mode, pv, spl
     shape = MLADecodeShape.create(num_heads=12, context_lens=(8, 1000, 4096, 777), page_size=64,
                                   qo_len=qo_len, causal=causal)
     _call, verdict = ShapeBench(shape, seed=3, copies=1).check(backend, backend.resolve_params(
-        shape, {"num_kv_splits": splits, "multi_token": mode, "pv_output": pv}))
+        shape, {"num_kv_splits": splits, "multi_token": mode, "rows_as_m": rows_m}))
     assert verdict.passed, verdict

@@ -33,20 +33,20 @@ import json, sys
 from mlabench.kernels.offline_compile import compile_multi_token_sm90, mma_loops
 k = compile_multi_token_sm90(int(sys.argv[1]), int(sys.argv[2]), causal=sys.argv[3] == "1",
                              policy_rows=int(sys.argv[4]), scores_first=sys.argv[5] == "1",
-                             pv_form=sys.argv[6] == "1")
+                             rows_as_m=int(sys.argv[6]))
 print(json.dumps({"ptx": k.asm["ptx"], "shared": k.metadata.shared,
                   "loops": mma_loops(k.asm["cubin"])}))
 """
 
 
 def _compile(block_rows: int, qo_len: int, causal: bool, policy_rows: int,
-             scores_first: bool, pv_form: bool = False) -> dict:
+             scores_first: bool, rows_as_m: int = 0) -> dict:
     """Compile the multi-token stage 1 for sm_90 in a fresh process (no interpreter state)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                          env.get("PYTHONPATH", "")])
     args = [str(a) for a in (block_rows, qo_len, int(causal), policy_rows, int(scores_first),
-                             int(pv_form))]
+                             rows_as_m)]
     run = subprocess.run([sys.executable, "-c", _COMPILE, *args], capture_output=True, text=True,
                          env=env, timeout=600)
     if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
@@ -116,13 +116,17 @@ def test_multi_token_stage1_compiles_warp_specialised(block_rows, qo_len, causal
     assert softmax_loop[2] <= 2, kernel["loops"]
 
 
-@pytest.mark.parametrize("qo_len,scores_first", [(8, False), (4, False), (8, True)])
-def test_pv_output_compiles_rows_as_m(qo_len, scores_first):
-    """``pv_output``: each output warpgroup's page update is 8 ``m64n128k16`` (``O [64, 512] +=
+@pytest.mark.parametrize("rows_as_m,qo_len,causal,scores_first", [
+    (1, 8, True, False), (1, 4, True, False), (1, 8, True, True),
+    (2, 8, True, False), (2, 8, False, False), (2, 4, True, True),
+])
+def test_rows_as_m_compiles_rows_as_the_wgmma_m(rows_as_m, qo_len, causal, scores_first):
+    """``rows_as_m``: each output warpgroup's page update is 8 ``m64n128k16`` (``O [64, 512] +=
     P V``, the rows as M, two 128-column halves of its 256 columns over 4 token steps) instead
-    of 16 ``m64n64k16``; the softmax warpgroup's 36 score products are unchanged; no local
-    memory in either loop."""
-    kernel = _compile(64, qo_len, True, 0, scores_first, pv_form=True)
+    of 16 ``m64n64k16``; the softmax warpgroup's 36 score products keep their shape (``S^T`` or,
+    with 2, ``S``: both 64 x 64); no local memory in either loop.  With 2 the softmax loop
+    loses its cross-warp reductions: fewer instructions than with 1."""
+    kernel = _compile(64, qo_len, causal, 0, scores_first, rows_as_m=rows_as_m)
     ptx = kernel["ptx"]
     shapes = {m: ptx.count(m) for m in
               re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16", ptx)}
@@ -134,15 +138,20 @@ def test_pv_output_compiles_rows_as_m(qo_len, scores_first):
     assert output_loop[1] == 8 and output_loop[2] == 0, kernel["loops"]
     softmax_loop = min(loop for loop in kernel["loops"] if loop[1] == 36)
     assert softmax_loop[2] <= 2, kernel["loops"]
+    if rows_as_m == 2:
+        by_n = _compile(64, qo_len, causal, 0, scores_first, rows_as_m=1)
+        assert softmax_loop[0] < min(loop for loop in by_n["loops"] if loop[1] == 36)[0]
 
 
-def test_pv_output_runs_only_on_64_row_multi_token_tiles():
-    assert KernelVariant(multi_token=1, pv_output=True).pv_output_runs(96)
-    assert KernelVariant(multi_token=2, pv_output=True).pv_output_runs(48)
-    assert not KernelVariant(multi_token=1, pv_output=True).pv_output_runs(24)  # 32-row tile
-    assert not KernelVariant(multi_token=1, pv_output=True).pv_output_runs(12)  # one token
-    assert not KernelVariant(multi_token=0, pv_output=True).pv_output_runs(96)
-    assert not KernelVariant(multi_token=1).pv_output_runs(96)
+def test_rows_as_m_runs_only_on_64_row_multi_token_tiles():
+    assert KernelVariant(multi_token=1, rows_as_m=2).rows_as_m_runs(96) == 2
+    assert KernelVariant(multi_token=2, rows_as_m=1).rows_as_m_runs(48) == 1
+    assert KernelVariant(multi_token=1, rows_as_m=2).rows_as_m_runs(24) == 0  # 32-row tile
+    assert KernelVariant(multi_token=1, rows_as_m=1).rows_as_m_runs(12) == 0  # one token
+    assert KernelVariant(multi_token=0, rows_as_m=1).rows_as_m_runs(96) == 0
+    assert KernelVariant(multi_token=1).rows_as_m_runs(96) == 0
+    with pytest.raises(ValueError, match="rows_as_m must be 0, 1 or 2"):
+        KernelVariant(rows_as_m=3)
 
 
 def test_backend_parameter_is_off_by_default_and_not_searched():
@@ -160,9 +169,9 @@ def test_backend_parameter_is_off_by_default_and_not_searched():
 @pytest.mark.parametrize("qo_len,multi_token,want", [(8, 1, RowTiling(64, 2, 8)),
                                                      (2, 2, RowTiling(32, 1, 8)),
                                                      (1, 2, None), (8, 0, None)])
-@pytest.mark.parametrize("pv_output", [False, True])
+@pytest.mark.parametrize("rows_as_m", [0, 2])
 def test_entry_point_routes_multi_token_shapes_to_their_stage1(monkeypatch, qo_len, multi_token,
-                                                               want, pv_output):
+                                                               want, rows_as_m):
     """``mla_decode_gluon_splitkv`` launches the multi-token stage 1 exactly where the variant is
     on and a request has more than 16 rows, with the wide merge after it even when the variant
     asks for a fused merge (no sync workspace needed there); elsewhere the one-token stage 1."""
@@ -188,16 +197,16 @@ def test_entry_point_routes_multi_token_shapes_to_their_stage1(monkeypatch, qo_l
     po = torch.zeros((batch * splits, qo_len * heads, 512))
     pl = torch.zeros((batch * splits, qo_len * heads))
     variant = gluon_splitkv.KernelVariant(fused_merge=True, multi_token=multi_token,
-                                          pv_output=pv_output)
+                                          rows_as_m=rows_as_m)
     gluon_splitkv.mla_decode_gluon_splitkv(q, cache, table, lens, out, splits, 0.1,
                                            partial_out=po, partial_lse=pl, descriptors=(1, 2),
                                            qo_len=qo_len, variant=variant)
     if want is None:
         assert launched[0] == ("fused", True) and launched[1][0] == "one"
-    else:  # (tiling, pdl, pdl_prologue, scores first, pv form asked; the launch keeps it to 64
-        # rows); the fused merge dropped for the wide one
+    else:  # (tiling, pdl, pdl_prologue, scores first, rows_as_m asked: the launch keeps it to
+        # 64-row tiles); the fused merge dropped for the wide one
         assert launched == [("fused", False), ("multi", want, 1, False, multi_token == 2,
-                                               pv_output), ("merge",)]
+                                               rows_as_m), ("merge",)]
 
 
 def test_split_loop_and_multi_token_are_refused_together(tmp_path):
