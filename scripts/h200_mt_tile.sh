@@ -22,9 +22,9 @@ fi
 start=$SECONDS
 
 stage "GPU tests"
-{ python3 -m pytest -q -p no:cacheprovider -rs tests/gpu/test_gluon_multi_token.py
+( python3 -m pytest -q -p no:cacheprovider -rs tests/gpu/test_gluon_multi_token.py; a=$?
   python3 -m pytest -q -p no:cacheprovider -rs tests/gpu/test_gluon_splitkv.py \
-    -k "pdl_prologue or device_policy"; } > "$out/gpu_tests.txt" 2>&1
+    -k "pdl_prologue or device_policy"; b=$?; exit $((a | b)) ) > "$out/gpu_tests.txt" 2>&1
 tests=$?
 echo "gpu tests exit code: $tests" >> "$out/gpu_tests.txt"
 if [[ $tests -ne 0 && "${SWEEP_ANYWAY:-0}" != 1 ]]; then

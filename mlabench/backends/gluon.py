@@ -258,9 +258,9 @@ class GluonSplitKVBackend(Backend):
                                 split_loop=int(variant.split_loop),
                                 **({"grid_splits": grid} if split_loop else {}))
         if variant.multi_token_tiling(rows) is not None:  # recorded only where it ran
-            choice.effective.update(multi_token=variant.multi_token if stages > 1 else 1,
-                                    **({"rows_as_m": variant.rows_as_m_runs(rows)}
-                                       if variant.rows_as_m_runs(rows) else {}))
+            choice.effective.update(multi_token=variant.multi_token if stages > 1 else 1)
+        if variant.rows_as_m:  # what ran where asked (0 on 32-row tiles and one token)
+            choice.effective.update(rows_as_m=variant.rows_as_m_runs(rows))
         return PreparedCall(fn=fn, out=out, effective_params=choice.effective, refresh=refresh,
                             workspace_bytes=splitkv_workspace_bytes(
                                 1, rows, sum(choice.counts(s.context_lens))),

@@ -26,6 +26,10 @@ splits each CTA's work among three partitions:
   *= alpha; += V^T P^T``, each warpgroup 256 of the 512 output columns (16 ``m64nRk16`` a page),
   then the normalised partial store that :func:`mlabench.kernels.wide_merge.wide_merge` reads.
 
+``rows_as_m`` (64-row tiles): the products with the rows as the wgmma M, as FlashMLA computes
+them: 1 the output product as ``O [R, 512] += P V``, 2 the scores as ``S = Q K^T`` too
+(:func:`_output`, :func:`_softmax`).
+
 Why not one CTA for all 96 rows of an 8-token request: its accumulator ``O^T [512, 96]`` fp32 is
 192 KB, three quarters of an SM's 256 KB register file before any score, weight or address
 register (two warpgroups would need 192 accumulator registers a thread, four 96 with 128 a thread
@@ -72,8 +76,8 @@ def multi_token_tiling(rows: int) -> RowTiling | None:
 
 
 def p_buffers(block_rows: int) -> int:
-    """P^T tiles between the softmax and the output warps: 2 up to 32 rows; 1 at 64, where a
-    second would take shared memory past the 227 KB a block may have (query 73.7 KB, ring 147.5
+    """P^T tiles (P with ``rows_as_m`` 2) between the softmax and the output warps: 2 up to 32
+    rows; 1 at 64, where a second would take shared memory past the 227 KB a block may have (query 73.7 KB, ring 147.5
     KB, P 8.2 KB: 224 KB)."""
     return 2 if block_rows <= 32 else 1
 
@@ -134,6 +138,7 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
     kn_smem, kr_smem, qn_smem, qr_smem, p_smem, a_smem, ml_smem = smem
     kv_ready, p_ready, p_free, done = bars[0], bars[2], bars[3], bars[4]
     P_BUFS: gl.constexpr = p_smem.type.shape[0]
+    gl.static_assert(ROWS_M == 0 or BLOCK_R == PAGE_TOKENS, "rows_as_m needs 64-row tiles")
     AX: gl.constexpr = 1 if ROWS_M == 2 else 0  # the token axis of the scores
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, PAGE_TOKENS if AX else BLOCK_R, 16])
@@ -239,8 +244,19 @@ def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr
 
 
 @gluon.jit
+def _columns_first(o, ROWS_M: gl.constexpr, num_warps: gl.constexpr):
+    """The output product as ``O^T [512, R]``, which :func:`store_partial` writes: ``o`` itself,
+    or for ``ROWS_M`` its ``O [R, 512]`` transposed (through the blocked layout whose transpose is
+    the store's, so the store converts nothing)."""
+    if ROWS_M:
+        rows_st: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
+        o = gl.permute(gl.convert_layout(o, rows_st), (1, 0))
+    return o
+
+
+@gluon.jit
 def _shared_tiles(dt: gl.constexpr, BLOCK_R: gl.constexpr, P_BUFS: gl.constexpr):
-    """The query tiles ``[1, BLOCK_R, 512]``/``[1, BLOCK_R, 64]``, ``P_BUFS`` P^T tiles ``[64,
+    """The query tiles ``[1, BLOCK_R, 512]``/``[1, BLOCK_R, 64]``, ``P_BUFS`` P^T (or P) tiles ``[64,
     BLOCK_R]``, their ``alpha`` rows and the final ``(m, l)`` rows (fp32).
 
     The query tiles have a leading dimension of 1 that the score product indexes with a value
@@ -322,11 +338,9 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
     ], [4, 1], [SOFTMAX_REGS, LOADER_REGS])
     if PDL == 2:  # the merge's launch overlaps this program's epilogue only
         launch_dependents()
-    if ROWS_M:  # O [R, 512] as the O^T [512, R] store_partial writes (a register transpose)
-        rows_st: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
-        o = gl.permute(gl.convert_layout(o, rows_st), (1, 0))
     if n_tiles > 0:  # an empty split writes nothing: the merge reads only the splits owning pages
-        store_partial(po_ptr, plse_ptr, b * num_splits + split, row_lo, num_rows, o, l_i, m_i,
+        store_partial(po_ptr, plse_ptr, b * num_splits + split, row_lo, num_rows,
+                      _columns_first(o, ROWS_M, num_warps), l_i, m_i,
                       stride_ps, stride_ph, stride_ls, BLOCK_R, num_warps)
 
 

@@ -239,16 +239,17 @@ def compile_multi_token_sm90(block_rows: int = 64, qo_len: int = 8, *, causal: b
     ``block_rows`` 32 or 64 (the tile :func:`~mlabench.kernels.gluon_multi_token.multi_token_tiling`
     launches), the launch's ``maxnreg`` and partition registers; ``scores_first`` the softmax
     warpgroup's order of ``multi_token`` 2, ``rows_as_m`` the products with the rows as M (64
-    rows; :func:`~mlabench.kernels.gluon_multi_token.launch_multi_token_stage1`).
+    rows; 0 elsewhere, as :func:`~mlabench.kernels.gluon_multi_token.launch_multi_token_stage1`
+    launches it).
     Run it where Triton's interpreter has not run."""
     from mlabench.kernels.gluon_multi_token import (
-        MT_MAXNREG, MT_NUM_WARPS, _multi_token_stage1, p_buffers,
+        MT_MAXNREG, MT_NUM_WARPS, _multi_token_stage1, p_buffers, rows_m_runs,
     )
 
     consts = {"BLOCK_R": block_rows, "ROW_TILES": 1, "QO_LEN": qo_len, "CAUSAL": causal,
               "POLICY_ROWS": policy_rows, "NUM_STAGES": num_stages,
               "P_BUFS": p_buffers(block_rows), "SCORES_FIRST": scores_first,
-              "ROWS_M": rows_as_m, "PDL": 1,
+              "ROWS_M": rows_as_m if rows_m_runs(block_rows) else 0, "PDL": 1,
               "WAIT_PRIOR": pdl_prologue,
               "num_warps": MT_NUM_WARPS}
     return _compile_gluon(_multi_token_stage1, dtype, consts,

@@ -28,6 +28,10 @@ from mlabench.kernels.row_tiling import RowTiling  # noqa: E402
 TMA_COPY = re.compile(r"cp\.async\.bulk\.tensor\.2d\.shared::(cta|cluster)\.global"
                       r"\.mbarrier::complete_tx::bytes")
 
+#: A wgmma instruction's N and its two transpose flags (A, B), the last immediates in PTX
+WGMMA_FLAGS = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.bf16\.bf16 "
+                         r"[^;]*, (\d), (\d);")
+
 _COMPILE = """
 import json, sys
 from mlabench.kernels.offline_compile import compile_multi_token_sm90, mma_loops
@@ -138,6 +142,13 @@ def test_rows_as_m_compiles_rows_as_the_wgmma_m(rows_as_m, qo_len, causal, score
     assert output_loop[1] == 8 and output_loop[2] == 0, kernel["loops"]
     softmax_loop = min(loop for loop in kernel["loops"] if loop[1] == 36)
     assert softmax_loop[2] <= 2, kernel["loops"]
+    # the operands' orientations (the transpose flags, PTX's last two immediates): the scores'
+    # A and B K-major either way (K Q^T with 1, Q K^T with 2); the output product's B the page's
+    # latent tile as stored (N-major), its A the P tile read transposed (1: P^T) or as stored (2)
+    flags = {m.group(1): set() for m in WGMMA_FLAGS.finditer(ptx)}
+    for m in WGMMA_FLAGS.finditer(ptx):
+        flags[m.group(1)].add((int(m.group(2)), int(m.group(3))))
+    assert flags == {"64": {(0, 0)}, "128": {(1 if rows_as_m == 1 else 0, 1)}}
     if rows_as_m == 2:
         by_n = _compile(64, qo_len, causal, 0, scores_first, rows_as_m=1)
         assert softmax_loop[0] < min(loop for loop in by_n["loops"] if loop[1] == 36)[0]
