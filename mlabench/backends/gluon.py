@@ -134,7 +134,6 @@ ROWS_AS_M = ParamSpec(
 )
 
 
-
 def _kernel_variant(params: dict[str, Any], s: MLADecodeShape, split_mode: str):
     """The :class:`~mlabench.kernels.gluon_splitkv.KernelVariant` of resolved ``params`` (its
     ``fused_merge`` off: the caller decides it from the grid).  Raises UnsupportedShapeError for
@@ -153,6 +152,7 @@ def _kernel_variant(params: dict[str, Any], s: MLADecodeShape, split_mode: str):
                          bool(int(PDL_PROLOGUE.value_in(params, s))), False, split_loop,
                          multi_token=multi_token,
                          rows_as_m=int(ROWS_AS_M.value_in(params, s)))
+
 
 def hopper_gluon_available() -> tuple[bool, str]:
     """``(True, "")`` on an NVIDIA compute-capability-9.0 GPU with Triton's Gluon importable,

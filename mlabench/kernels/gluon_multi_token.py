@@ -77,15 +77,15 @@ def multi_token_tiling(rows: int) -> RowTiling | None:
 
 def p_buffers(block_rows: int) -> int:
     """P^T tiles (P with ``rows_as_m`` 2) between the softmax and the output warps: 2 up to 32
-    rows; 1 at 64, where a second would take shared memory past the 227 KB a block may have (query 73.7 KB, ring 147.5
-    KB, P 8.2 KB: 224 KB)."""
+    rows; 1 at 64, where a second would take shared memory past the 227 KB a block may have
+    (query 73.7 KB, ring 147.5 KB, P 8.2 KB: 224 KB)."""
     return 2 if block_rows <= 32 else 1
 
 
-def rows_m_runs(block_rows: int) -> bool:
-    """Whether ``rows_as_m`` takes effect for a tile of ``block_rows`` rows: at 64 only, the M of
-    a warpgroup's wgmma (a 32-row tile keeps its rows as N in both products)."""
-    return block_rows == 64
+def rows_m_for(rows_as_m: int, block_rows: int) -> int:
+    """The ``rows_as_m`` a tile of ``block_rows`` rows runs: as asked at 64 rows, the M of a
+    warpgroup's wgmma; 0 at 32 (its rows stay N in both products)."""
+    return rows_as_m if block_rows == 64 else 0
 
 
 @gluon.jit
@@ -140,8 +140,8 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
     P_BUFS: gl.constexpr = p_smem.type.shape[0]
     gl.static_assert(ROWS_M == 0 or BLOCK_R == PAGE_TOKENS, "rows_as_m needs 64-row tiles")
     AX: gl.constexpr = 1 if ROWS_M == 2 else 0  # the token axis of the scores
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, PAGE_TOKENS if AX else BLOCK_R, 16])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, PAGE_TOKENS if AX else BLOCK_R, 16])
     if AX:
         s = gl.zeros([BLOCK_R, PAGE_TOKENS], gl.float32, layout=mma)  # S of page t in iteration t
         l_i = gl.zeros([BLOCK_R, PAGE_TOKENS], gl.float32, layout=mma)  # summed at the end
@@ -197,12 +197,12 @@ def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr
       ``m64nRk16`` a warpgroup and page, 2 KB of A and 2 KB of B read from shared memory each);
     - ``ROWS_M`` 1 or 2 (64-row tiles): ``O [R, 512] *= alpha; O += P V``, the rows as M (8
       ``m64n128k16``, 2 KB of A, the P tile (1: P^T read transposed), and 4 KB of B, the page's
-      latent tile):
-      half the instructions and 48 KB of operands a warpgroup and page instead of 64.  (N = 256,
+      latent tile): half the instructions and 48 KB of operands a warpgroup and page instead of 64.  (N = 256,
       one instruction for a warpgroup's columns, needs 128 accumulator registers a thread beside
       its operands' descriptors: ptxas refuses it under the kernel's 128-register target.)
 
-    Returns ``(o, m [BLOCK_R], l [BLOCK_R])``, ``o`` fp32 ``[512, BLOCK_R]`` or ``[BLOCK_R, 512]``."""
+    Returns ``(o, m [BLOCK_R], l [BLOCK_R])``, ``o`` fp32 ``[512, BLOCK_R]`` (0) or ``[BLOCK_R,
+    512]``."""
     kn_smem, p_smem, a_smem, ml_smem = smem[0], smem[4], smem[5], smem[6]
     kv_free, p_ready, p_free, done = bars[1], bars[2], bars[3], bars[4]
     P_BUFS: gl.constexpr = p_smem.type.shape[0]
@@ -256,8 +256,8 @@ def _columns_first(o, ROWS_M: gl.constexpr, num_warps: gl.constexpr):
 
 @gluon.jit
 def _shared_tiles(dt: gl.constexpr, BLOCK_R: gl.constexpr, P_BUFS: gl.constexpr):
-    """The query tiles ``[1, BLOCK_R, 512]``/``[1, BLOCK_R, 64]``, ``P_BUFS`` P^T (or P) tiles ``[64,
-    BLOCK_R]``, their ``alpha`` rows and the final ``(m, l)`` rows (fp32).
+    """The query tiles ``[1, BLOCK_R, 512]``/``[1, BLOCK_R, 64]``, ``P_BUFS`` P^T (or P) tiles
+    ``[64, BLOCK_R]``, their ``alpha`` rows and the final ``(m, l)`` rows (fp32).
 
     The query tiles have a leading dimension of 1 that the score product indexes with a value
     the compiler cannot prove to be 0 (:func:`_scores`): with a constant index, Triton 3.6 hoists
@@ -356,7 +356,7 @@ def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_tabl
     warpgroup computes page ``t + 1``'s scores before it hands page ``t``'s weights over (with a
     2-page ring only: with one slot the next page lands after that product, so it is ignored).
     ``rows_as_m``: 1 the output product as ``O = P V``, 2 the score product as ``S = Q K^T`` too
-    (:func:`_output`, :func:`_softmax`; 64-row tiles only, :func:`rows_m_runs`; 0 elsewhere).
+    (:func:`_output`, :func:`_softmax`; 64-row tiles only, :func:`rows_m_for`).
     Writes the partials the wide merge reads; no fused merge."""
     kvn_desc, kvr_desc = descriptors
     batch = block_table.shape[0]
@@ -369,7 +369,7 @@ def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_tabl
         CAUSAL=bool(causal) and qo_len > 1,
         POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], NUM_STAGES=num_stages,
         P_BUFS=p_buffers(tiling.block_rows), SCORES_FIRST=scores_first and num_stages > 1,
-        ROWS_M=rows_as_m if rows_m_runs(tiling.block_rows) else 0, PDL=pdl,
+        ROWS_M=rows_m_for(rows_as_m, tiling.block_rows), PDL=pdl,
         WAIT_PRIOR=wait_prior, num_warps=tiling.num_warps, maxnreg=MT_MAXNREG,
         **({"launch_pdl": True} if wait_prior else {}),
     )

@@ -159,7 +159,8 @@ class KernelVariant:
     - ``rows_as_m``: with ``multi_token``, a 64-row tile's products with its rows as M
       (:mod:`mlabench.kernels.gluon_multi_token`): 1 the output product as ``O = P V`` (half the
       wgmma instructions of ``O^T = V^T P^T``, 3/4 of their operand bytes), 2 the score product
-      as ``S = Q K^T`` too (a row's softmax max and sum within a quad of threads).  0: the rows as N.
+      as ``S = Q K^T`` too (a row's softmax max and sum within a quad of threads).  0: the rows
+      as N.
     Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``, a ``multi_token`` or
     ``rows_as_m`` other than 0, 1 or 2, or ``split_loop`` with ``multi_token``.
     """
@@ -200,10 +201,10 @@ class KernelVariant:
     def rows_as_m_runs(self, rows: int) -> int:
         """``rows_as_m`` where it takes effect for ``rows`` packed rows a request (the multi-token
         stage 1 in 64-row tiles), else 0."""
-        from mlabench.kernels.gluon_multi_token import rows_m_runs
+        from mlabench.kernels.gluon_multi_token import rows_m_for
 
         tiling = self.multi_token_tiling(rows)
-        return self.rows_as_m if tiling is not None and rows_m_runs(tiling.block_rows) else 0
+        return 0 if tiling is None else rows_m_for(self.rows_as_m, tiling.block_rows)
 
 
 def kv_descriptors(kv_cache: torch.Tensor) -> tuple[TensorDescriptor, TensorDescriptor]:

@@ -243,13 +243,13 @@ def compile_multi_token_sm90(block_rows: int = 64, qo_len: int = 8, *, causal: b
     launches it).
     Run it where Triton's interpreter has not run."""
     from mlabench.kernels.gluon_multi_token import (
-        MT_MAXNREG, MT_NUM_WARPS, _multi_token_stage1, p_buffers, rows_m_runs,
+        MT_MAXNREG, MT_NUM_WARPS, _multi_token_stage1, p_buffers, rows_m_for,
     )
 
     consts = {"BLOCK_R": block_rows, "ROW_TILES": 1, "QO_LEN": qo_len, "CAUSAL": causal,
               "POLICY_ROWS": policy_rows, "NUM_STAGES": num_stages,
               "P_BUFS": p_buffers(block_rows), "SCORES_FIRST": scores_first,
-              "ROWS_M": rows_as_m if rows_m_runs(block_rows) else 0, "PDL": 1,
+              "ROWS_M": rows_m_for(rows_as_m, block_rows), "PDL": 1,
               "WAIT_PRIOR": pdl_prologue,
               "num_warps": MT_NUM_WARPS}
     return _compile_gluon(_multi_token_stage1, dtype, consts,
