@@ -190,6 +190,13 @@ def policy_choice(backend: Backend, fixed: dict[str, Any], searched: dict[str, A
     return full_params(backend, fixed, {**values, "num_kv_splits": rule_splits(bucket.hi, tokens, cap)}), tokens, None
 
 
+def policy_entry(backend: Backend, fixed: dict[str, Any], searched: dict[str, Any], bucket: Bucket) -> PolicyEntry:
+    """The policy entry for ``bucket`` (up to ``bucket.hi`` tokens) from a study's ``searched``
+    point: :func:`policy_choice`'s params and rule."""
+    params, tokens, tiles = policy_choice(backend, fixed, searched, bucket)
+    return PolicyEntry(max_context_len=bucket.hi, params=params, tokens_per_split=tokens, tile_tokens=tiles)
+
+
 @dataclass
 class BucketChoice:
     """What one study chose (``chosen``, ``tokens_per_split`` and ``tile_tokens``: the policy entry), and how it,
@@ -254,9 +261,8 @@ def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend
                            f"passed the correctness check ({len(trials)} trials)")
     near, best = tied_configs(configs, noise, combine, best_us)
     chosen = near[0]
-    tied = tuple(TiedEntry(PolicyEntry(max_context_len=bucket.hi, params=p, tokens_per_split=t, tile_tokens=g),
-                           m.median_us, score(m, best_us, "worst") - 1)
-                 for m in near for p, t, g in [policy_choice(backend, fixed, m.params, bucket)])
+    tied = tuple(TiedEntry(policy_entry(backend, fixed, m.params, bucket), m.median_us,
+                           score(m, best_us, "worst") - 1) for m in near)
     public = {h.name for h in HEURISTICS}  # not the tuner's own enqueued candidates (whole tiles)
     heuristics: dict[str, str] = {}  # launch -> the first public heuristic launching it
     for t in sorted(trials, key=lambda t: t.number):
@@ -264,14 +270,14 @@ def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend
             heuristics.setdefault(launch_key(t), t.user_attrs["enqueued_as"])
     measured_h = [m for m in configs if m.launch in heuristics]
     best_h = min(measured_h, key=lambda m: score(m, best_us, combine)) if measured_h else None
-    params, tokens, tiles = policy_choice(backend, fixed, chosen.params, bucket)
+    entry = tied[0].entry  # the chosen configuration's
     return BucketChoice(
         batch, f"{bucket.lo + 1}-{bucket.hi}", bucket.hi, list(bucket.measured()), distinct_finished(trials),
         distinct_finished([t for t in trials if t.state.name == "PRUNED"]),
-        len(configs), params, tokens, chosen.median_us, score(chosen, best_us, "worst") - 1, best.median_us,
+        len(configs), dict(entry.params), entry.tokens_per_split, chosen.median_us, score(chosen, best_us, "worst") - 1, best.median_us,
         heuristics[best_h.launch] if best_h else None,
         best_h.median_us if best_h else None, score(best_h, best_us, "worst") - 1 if best_h else None,
-        tile_tokens=tiles, tie=tie_note(configs, chosen, best, noise, combine, best_us), tied=tied,
+        tile_tokens=entry.tile_tokens, tie=tie_note(configs, chosen, best, noise, combine, best_us), tied=tied,
         tie_tolerance=tie_window(noise, best))
 
 
