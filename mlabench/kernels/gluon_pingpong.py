@@ -59,10 +59,13 @@ def _page_scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s):
 
 
 @gluon.jit
-def _other_page(t, kn_smem, p_smem, x_smem, p_ready, o, l_i, W: gl.constexpr):
-    """Start the output product of the other warpgroup's page ``t``: wait for its weights, rescale
-    ``o`` and ``l_i`` by its ``alpha``, issue ``O += P V`` with ``P`` from shared memory.  Returns
-    ``(o, l_i, m)`` with ``m`` the running max after page ``t``."""
+def _other_page(t, kn_smem, p_smem, x_smem, kv_ready, p_ready, o, l_i, W: gl.constexpr):
+    """Start the output product of the other warpgroup's page ``t``: wait for its weights (and
+    for the page's copies, which the other warpgroup saw complete: the slot cannot be refilled
+    before this warpgroup frees it, so the phase is still that page's), rescale ``o`` and ``l_i``
+    by its ``alpha``, issue ``O += P V`` with ``P`` from shared memory.  Returns ``(o, l_i, m)``
+    with ``m`` the running max after page ``t``."""
+    mbarrier.wait(kv_ready.index(t % 2), (t // 2) & 1)
     mbarrier.wait(p_ready.index(1 - W), (t // 2) & 1)
     per_row: gl.constexpr = gl.SliceLayout(1, o.type.layout)
     alpha = x_smem.index(0).load(per_row)
@@ -142,13 +145,13 @@ def _math(kn_smem, kr_smem, qn_smem, qr_smem, p_smem, x_smem, l_smem, bars, page
     for t in range(2 - W, n_tiles, 2):
         s = _page_scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s)
         # the other's previous page: its product runs under this page's softmax
-        o, l_i, m_i = _other_page(t - 1, kn_smem, p_smem, x_smem, p_ready, o, l_i, W)
+        o, l_i, m_i = _other_page(t - 1, kn_smem, p_smem, x_smem, kv_ready, p_ready, o, l_i, W)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
         o, l_i, m_i = _own_page(t, s, o, l_i, m_i, kn_smem, p_smem, x_smem, kv_free, p_ready,
                                 page_lo, seq_len, row_lo, heads_per_token, qk_scale_log2, QO_LEN,
                                 CAUSAL, W)
     if n_tiles > 0 and (n_tiles - 1) % 2 != W:  # the split's last page is the other's
-        o, l_i, m_i = _other_page(n_tiles - 1, kn_smem, p_smem, x_smem, p_ready, o, l_i, W)
+        o, l_i, m_i = _other_page(n_tiles - 1, kn_smem, p_smem, x_smem, kv_ready, p_ready, o, l_i, W)
         o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
         mbarrier.arrive(kv_free.index((n_tiles - 1) % 2), count=1)
     if n_tiles > 0:  # each warpgroup summed its own pages' weights: the rows' sum is both
