@@ -7,8 +7,7 @@
 #      32K, 100K; multi_token 0, 1, 2 beside FlashMLA) -> sweep.md and the run folder;
 #   3. compare -> compare.md, compare.json.
 #   bash scripts/h200_mt_tile.sh OUTDIR [SWEEP_CONFIG]
-# SWEEP_CONFIG: another sweep of configs/sweeps/ (kimi-k3-tp8-mt-rows: rows_as_m 0 and 2;
-# kimi-k3-tp8-mt-pingpong: multi_token 3 against 1).
+# SWEEP_CONFIG: another sweep of configs/sweeps/ (kimi-k3-tp8-mt-rows: rows_as_m 0 and 2).
 # FLASHMLA_WHEEL=path installs FlashMLA first (no network needed).  The sweep runs only when the
 # GPU tests pass (SWEEP_ANYWAY=1 runs it regardless).
 set -uo pipefail

@@ -114,13 +114,11 @@ SPLIT_LOOP = ParamSpec(
 
 # H200 (docs/multi-token-tile.md): 1 wins where a split holds >= 16 pages, loses at <= 4; off by default.
 MULTI_TOKEN = ParamSpec(
-    "multi_token", int, default=0, low=0, high=3, omit_default=True, searched=False,
+    "multi_token", int, default=0, low=0, high=2, omit_default=True, searched=False,
     help="1 or 2: requests of more than 16 query rows (qo_len x heads) run the warp-specialised "
          "multi-token stage 1 (a TMA loader warp, a softmax warpgroup, two output warpgroups) "
          "with the wide merge (fused_merge is then 0); 2 computes the next page's scores before "
-         "handing a page's weights over (num_stages 2 only); 3 runs 64-row tiles (qo_len 3-8 at "
-         "12 heads) with two math warpgroups taking the pages in turn, as FlashMLA does (not yet "
-         "measured; 32-row tiles run as 1).  0 (default): the kernel above for "
+         "handing a page's weights over (num_stages 2 only).  0 (default): the kernel above for "
          "every shape.  Not with split_loop=1.  H200: 1 is faster where each split holds >= 16 "
          "pages, slower at <= 4",
 )
@@ -148,7 +146,7 @@ def _kernel_variant(params: dict[str, Any], s: MLADecodeShape, split_mode: str):
                                     "other split counts keep their grid")
     multi_token = int(MULTI_TOKEN.value_in(params, s))
     if split_loop and multi_token:
-        raise UnsupportedShapeError("split_loop=1 and multi_token=1, 2 or 3 do not run together: "
+        raise UnsupportedShapeError("split_loop=1 and multi_token=1 or 2 do not run together: "
                                     "the multi-token stage 1 has no split loop")
     return KernelVariant(str(O_SPLIT.value_in(params, s)), bool(int(LAZY_SUM.value_in(params, s))),
                          bool(int(PDL_PROLOGUE.value_in(params, s))), False, split_loop,
@@ -260,9 +258,7 @@ class GluonSplitKVBackend(Backend):
                                 split_loop=int(variant.split_loop),
                                 **({"grid_splits": grid} if split_loop else {}))
         if variant.multi_token_tiling(rows) is not None:  # recorded only where it ran
-            choice.effective.update(multi_token=variant.multi_token_runs(rows, stages))
-        if variant.pingpong_runs(rows):  # its own 2-page ring
-            choice.effective.update(num_stages=2)
+            choice.effective.update(multi_token=variant.multi_token if stages > 1 else 1)
         if variant.rows_as_m:  # what ran where asked (0 on 32-row tiles and one token)
             choice.effective.update(rows_as_m=variant.rows_as_m_runs(rows))
         return PreparedCall(fn=fn, out=out, effective_params=choice.effective, refresh=refresh,

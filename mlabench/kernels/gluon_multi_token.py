@@ -89,17 +89,19 @@ def rows_m_for(rows_as_m: int, block_rows: int) -> int:
 
 
 @gluon.jit
-def page_loader(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, ring, bars,
-                NUM_STAGES: gl.constexpr):
-    """Loader partition: page ``t`` of the split into slot ``t % NUM_STAGES`` of ``ring``
-    (latent and RoPE tiles) once ``bars[1]`` (``kv_free``) says the slot is free; the copies
-    complete on ``bars[0]`` (``kv_ready``).  A fresh mbarrier counts as having completed the
-    phase before its first, so the first pages go at once."""
+def _loader(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, heads_per_token,
+            qk_scale_log2, smem, bars, BLOCK_R: gl.constexpr, QO_LEN: gl.constexpr,
+            CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_FIRST: gl.constexpr,
+            ROWS_M: gl.constexpr):
+    """Loader partition: page ``t`` into slot ``t % NUM_STAGES`` once the slot is free (a fresh
+    mbarrier counts as having completed the phase before its first, so the first pages go at
+    once)."""
+    kn_smem, kr_smem = smem[0], smem[1]
     kv_ready, kv_free = bars[0], bars[1]
     for t in range(n_tiles):
         slot = t % NUM_STAGES
         mbarrier.wait(kv_free.index(slot), ((t // NUM_STAGES) & 1) ^ 1)
-        issue_page(kvn_desc, kvr_desc, bt_row_ptr, page_lo, t, ring[0], ring[1], kv_ready,
+        issue_page(kvn_desc, kvr_desc, bt_row_ptr, page_lo, t, kn_smem, kr_smem, kv_ready,
                    NUM_STAGES)
 
 
@@ -253,18 +255,6 @@ def _columns_first(o, ROWS_M: gl.constexpr, num_warps: gl.constexpr):
 
 
 @gluon.jit
-def shared_query(dt: gl.constexpr, BLOCK_R: gl.constexpr):
-    """The query tiles ``[1, BLOCK_R, 512]`` and ``[1, BLOCK_R, 64]`` (A of ``S = Q K^T``, B of
-    ``S^T = K Q^T``), indexed in the page loop with a value the compiler cannot prove to be 0
-    (:func:`_shared_tiles` says why)."""
-    qn_smem = gl.allocate_shared_memory(dt, [1, BLOCK_R, D_NOPE],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_R, D_NOPE], dt))
-    qr_smem = gl.allocate_shared_memory(dt, [1, BLOCK_R, 64],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_R, 64], dt))
-    return qn_smem, qr_smem
-
-
-@gluon.jit
 def _shared_tiles(dt: gl.constexpr, BLOCK_R: gl.constexpr, P_BUFS: gl.constexpr):
     """The query tiles ``[1, BLOCK_R, 512]``/``[1, BLOCK_R, 64]``, ``P_BUFS`` P^T (or P) tiles
     ``[64, BLOCK_R]``, their ``alpha`` rows and the final ``(m, l)`` rows (fp32).
@@ -275,7 +265,10 @@ def _shared_tiles(dt: gl.constexpr, BLOCK_R: gl.constexpr, P_BUFS: gl.constexpr)
     about 70 registers of the softmax warpgroup, which then spilled 42-54 values a page (Triton
     3.9 keeps only their low halves, in uniform registers).  Computed in the loop, they are a
     uniform add each, as the page's own descriptors are."""
-    qn_smem, qr_smem = shared_query(dt, BLOCK_R)
+    qn_smem = gl.allocate_shared_memory(dt, [1, BLOCK_R, D_NOPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_R, D_NOPE], dt))
+    qr_smem = gl.allocate_shared_memory(dt, [1, BLOCK_R, 64],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_R, 64], dt))
     p_smem = gl.allocate_shared_memory(dt, [P_BUFS, PAGE_TOKENS, BLOCK_R],
                                        gl.NVMMASharedLayout.get_default_for([PAGE_TOKENS, BLOCK_R], dt))
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -339,8 +332,9 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
         (_softmax, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
                     heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
                     NUM_STAGES, SCORES_FIRST, ROWS_M)),
-        (page_loader, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, (kn_smem, kr_smem),
-                       (kv_ready, kv_free), NUM_STAGES)),
+        (_loader, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
+                   heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
+                   NUM_STAGES, SCORES_FIRST, ROWS_M)),
     ], [4, 1], [SOFTMAX_REGS, LOADER_REGS])
     if PDL == 2:  # the merge's launch overlaps this program's epilogue only
         launch_dependents()

@@ -156,15 +156,13 @@ class KernelVariant:
       are computed, 2 computes the next page's scores first (its softmax then runs under this
       page's output product; needs the 2-page ring, 1 runs otherwise).  0 (default): the kernel
       above (H200: 1 wins at >= 16 pages a split).  Requests of 16 rows or fewer run it either way.
-      3: 64-row tiles run the ping-pong stage 1 of :mod:`mlabench.kernels.gluon_pingpong` (two
-      math warpgroups taking the pages in turn, the rows as M), 32-row tiles run as 1.
     - ``rows_as_m``: with ``multi_token``, a 64-row tile's products with its rows as M
       (:mod:`mlabench.kernels.gluon_multi_token`): 1 the output product as ``O = P V`` (half the
       wgmma instructions of ``O^T = V^T P^T``, 3/4 of their operand bytes), 2 the score product
       as ``S = Q K^T`` too (a row's softmax max and sum within a quad of threads).  0: the rows
       as N.
     Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``, a ``multi_token`` or
-    ``rows_as_m`` other than 0, 1 or 2 (``multi_token`` 0-3), or ``split_loop`` with ``multi_token``.
+    ``rows_as_m`` other than 0, 1 or 2, or ``split_loop`` with ``multi_token``.
     """
 
     o_split: str = "m"
@@ -178,8 +176,8 @@ class KernelVariant:
     def __post_init__(self) -> None:
         if self.o_split not in ("n", "m"):
             raise ValueError(f"o_split must be 'n' or 'm', got {self.o_split!r}")
-        if self.multi_token not in (0, 1, 2, 3):
-            raise ValueError(f"multi_token must be 0, 1, 2 or 3, got {self.multi_token!r}")
+        if self.multi_token not in (0, 1, 2):
+            raise ValueError(f"multi_token must be 0, 1 or 2, got {self.multi_token!r}")
         if self.rows_as_m not in (0, 1, 2):
             raise ValueError(f"rows_as_m must be 0, 1 or 2, got {self.rows_as_m!r}")
         if self.split_loop and self.multi_token:
@@ -206,28 +204,7 @@ class KernelVariant:
         from mlabench.kernels.gluon_multi_token import rows_m_for
 
         tiling = self.multi_token_tiling(rows)
-        if tiling is None or self.pingpong_runs(rows):
-            return 0
-        return rows_m_for(self.rows_as_m, tiling.block_rows)
-
-    def pingpong_runs(self, rows: int) -> bool:
-        """Whether ``rows`` packed rows a request run the ping-pong stage 1 (``multi_token`` 3 and
-        64-row tiles)."""
-        tiling = self.multi_token_tiling(rows)
-        return self.multi_token == 3 and tiling is not None and tiling.block_rows == 64
-
-    def multi_token_runs(self, rows: int, num_stages: int) -> int | None:
-        """The ``multi_token`` that runs for ``rows`` packed rows a request with a ring of
-        ``num_stages`` pages: None where the one-token kernel runs; 3 where the ping-pong stage 1
-        runs (its own 2-page ring); 1 for 2 or 3 otherwise where ``num_stages`` is 1 or the tile
-        has 32 rows (3); else as asked."""
-        if self.multi_token_tiling(rows) is None:
-            return None
-        if self.pingpong_runs(rows):
-            return 3
-        if num_stages < 2 or self.multi_token == 3:
-            return 1
-        return self.multi_token
+        return 0 if tiling is None else rows_m_for(self.rows_as_m, tiling.block_rows)
 
 
 def kv_descriptors(kv_cache: torch.Tensor) -> tuple[TensorDescriptor, TensorDescriptor]:
@@ -275,14 +252,6 @@ def _launch_stage1(q_rows, rope_rows, kv_cache, block_table, cache_seqlens, part
     batch, tiling = block_table.shape[0], RowTiling.for_rows(qo_len * heads)
     kvn_desc, kvr_desc = descriptors or kv_descriptors(kv_cache)
     mt_tiling = variant.multi_token_tiling(qo_len * heads)
-    if variant.pingpong_runs(qo_len * heads):
-        from mlabench.kernels.gluon_pingpong import launch_pingpong_stage1
-
-        launch_pingpong_stage1(mt_tiling.row_tiles, q_rows, (kvn_desc, kvr_desc), block_table,
-                               cache_seqlens, split_policy, partial_out, partial_lse, splits, heads,
-                               float(softmax_scale) * LOG2E, qo_len, causal, pdl,
-                               variant.pdl_prologue)
-        return
     if mt_tiling is not None:
         from mlabench.kernels.gluon_multi_token import launch_multi_token_stage1
 

@@ -256,20 +256,6 @@ def compile_multi_token_sm90(block_rows: int = 64, qo_len: int = 8, *, causal: b
                           {"num_warps": MT_NUM_WARPS, "maxnreg": MT_MAXNREG})
 
 
-def compile_pingpong_sm90(qo_len: int = 8, *, causal: bool = True, policy_rows: int = 0,
-                          dtype: str = "bf16", pdl_prologue: bool = False):
-    """Compile the ping-pong stage 1 (:mod:`mlabench.kernels.gluon_pingpong`, 64-row tiles) for
-    sm_90 without a GPU, with the launch's ``maxnreg`` and partition registers, and return
-    Triton's compiled kernel (as :func:`compile_stage1_sm90`).  Run it where Triton's
-    interpreter has not run."""
-    from mlabench.kernels.gluon_pingpong import PP_MAXNREG, PP_NUM_WARPS, _pingpong_stage1
-
-    consts = {"ROW_TILES": 1, "QO_LEN": qo_len, "CAUSAL": causal, "POLICY_ROWS": policy_rows,
-              "PDL": 1, "WAIT_PRIOR": pdl_prologue, "num_warps": PP_NUM_WARPS}
-    return _compile_gluon(_pingpong_stage1, dtype, consts,
-                          {"num_warps": PP_NUM_WARPS, "maxnreg": PP_MAXNREG})
-
-
 def main() -> None:
     """Print the resources of every row tile's default launch (both kernels, both targets, and
     the split-KV kernel's device policy path), then those of gluon-splitkv's multi-token stage 1."""

@@ -74,8 +74,8 @@ def test_multi_token_tiling_keeps_row_tiling_counts(rows, want):
 
 def test_variant_is_off_by_default_and_never_takes_one_token():
     assert KernelVariant().multi_token == 0
-    with pytest.raises(ValueError, match="multi_token must be 0, 1, 2 or 3"):
-        KernelVariant(multi_token=4)
+    with pytest.raises(ValueError, match="multi_token must be 0, 1 or 2"):
+        KernelVariant(multi_token=3)
     assert KernelVariant().multi_token_tiling(96) is None
     assert KernelVariant(multi_token=True).multi_token_tiling(12) is None
     assert KernelVariant(multi_token=True).multi_token_tiling(96) == RowTiling(64, 2, 8)
