@@ -197,9 +197,10 @@ def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr
       ``m64nRk16`` a warpgroup and page, 2 KB of A and 2 KB of B read from shared memory each);
     - ``ROWS_M`` 1 or 2 (64-row tiles): ``O [R, 512] *= alpha; O += P V``, the rows as M (8
       ``m64n128k16``, 2 KB of A, the P tile (1: P^T read transposed), and 4 KB of B, the page's
-      latent tile): half the instructions and 48 KB of operands a warpgroup and page instead of 64.  (N = 256,
-      one instruction for a warpgroup's columns, needs 128 accumulator registers a thread beside
-      its operands' descriptors: ptxas refuses it under the kernel's 128-register target.)
+      latent tile): half the instructions and 48 KB of operands a warpgroup and page instead of
+      64.  (N = 256, one instruction for a warpgroup's columns, needs 128 accumulator registers a
+      thread beside its operands' descriptors: ptxas refuses it under the kernel's 128-register
+      target.)
 
     Returns ``(o, m [BLOCK_R], l [BLOCK_R])``, ``o`` fp32 ``[512, BLOCK_R]`` (0) or ``[BLOCK_R,
     512]``."""
