@@ -145,9 +145,9 @@ def test_rows_as_m_compiles_rows_as_the_wgmma_m(rows_as_m, qo_len, causal, score
     # the operands' orientations (the transpose flags, PTX's last two immediates): the scores'
     # A and B K-major either way (K Q^T with 1, Q K^T with 2); the output product's B the page's
     # latent tile as stored (N-major), its A the P tile read transposed (1: P^T) or as stored (2)
-    flags = {m.group(1): set() for m in WGMMA_FLAGS.finditer(ptx)}
+    flags: dict[str, set[tuple[int, int]]] = {}
     for m in WGMMA_FLAGS.finditer(ptx):
-        flags[m.group(1)].add((int(m.group(2)), int(m.group(3))))
+        flags.setdefault(m.group(1), set()).add((int(m.group(2)), int(m.group(3))))
     assert flags == {"64": {(0, 0)}, "128": {(1 if rows_as_m == 1 else 0, 1)}}
     if rows_as_m == 2:
         by_n = _compile(64, qo_len, causal, 0, scores_first, rows_as_m=1)
