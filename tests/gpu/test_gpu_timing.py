@@ -6,6 +6,7 @@ under xdist they skip, and scripts/h200_tests.sh runs this file on its own.
 """
 
 import os
+import statistics
 
 import pytest
 import torch
@@ -34,7 +35,9 @@ def test_a_replay_holds_the_planned_work_and_per_call_time_is_flat():
     """A replay holds whole passes over the copies and at least ``min_replay_us`` of work, and its
     time divided by the calls it held does not depend on how many it held: a replay's one launch
     (a few µs) is 0.2% of 64 calls of ~30 µs, while a miscount of one pass over the 4 copies
-    moves the ratio of the two by 4.6%, past the 2% allowed."""
+    moves the ratio of the two by 4.6%, past the 2% allowed.  Each is timed three times, in turn,
+    and the medians compared: one timing of each, one after the other, differed by 2.3% on an
+    H100 whose clock drifted by up to 5% within a sweep."""
     from mlabench.backends import get_backend
     from mlabench.measure.timing import TimingConfig
     from mlabench.shapes import MLADecodeShape
@@ -46,11 +49,14 @@ def test_a_replay_holds_the_planned_work_and_per_call_time_is_flat():
     s = rec.stats
     assert rec.status == "ok" and s.calls_per_sample % len(bench.inputs) == 0
     assert s.calls_per_sample * s.median_us >= 0.9 * TimingConfig().min_replay_us
-    per_call = []
-    for n in (64, 256):
-        bench.timing = TimingConfig(eager=False, min_replay_us=0, min_calls_per_replay=n)
-        per_call.append(bench.run(backend, {"num_kv_splits": 64}, copy_bw_tbps=None, run_id="t").stats.median_us)
-    assert per_call[0] == pytest.approx(per_call[1], rel=0.02)
+    per_call = {64: [], 256: []}
+    for _ in range(3):  # in turn, so a drifting clock moves both alike
+        for n in per_call:
+            bench.timing = TimingConfig(eager=False, min_replay_us=0, min_calls_per_replay=n)
+            per_call[n].append(bench.run(backend, {"num_kv_splits": 64}, copy_bw_tbps=None,
+                                         run_id="t").stats.median_us)
+    assert statistics.median(per_call[64]) == pytest.approx(statistics.median(per_call[256]),
+                                                            rel=0.02)
 
 
 def test_samples_taken_from_several_captures_in_turn():
