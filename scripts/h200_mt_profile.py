@@ -1,0 +1,140 @@
+"""Nsight Compute profile of the multi-token stage 1 beside FlashMLA (issue 34 item 1): where a
+page's time goes at 8 query tokens, batch 16, 32K.
+
+``multi_token=1`` with ``rows_as_m=2`` takes 2.23 µs a page there on an H200 and FlashMLA 1.88
+(results/h200/deploy/mt-rows/; the tensor-core floor of a 64-row tile is 1.49).  Whether the page
+ring's two slots starve the products (a slot is refilled only after its page's output product)
+or the products themselves are slow decides the next structure; this script measures instead of
+guessing: each case is prepared as a sweep prepares it, compiled and warmed, then one call runs
+between ``cudaProfilerStart``/``Stop`` under ``ncu --profile-from-start off`` with the sections
+below, and the chosen metrics of every kernel are printed as one markdown table.
+
+    python3 scripts/h200_mt_profile.py --out OUTDIR [--case NAME ...]
+
+OUTDIR gets ``<case>.ncu-rep`` (open it in Nsight Compute), ``<case>.csv`` (every metric) and
+``profile.md`` (the table).  The cases (:data:`CASES`): ``mt1-ram2`` (4 splits, the fastest
+measured), ``mt1`` (rows as N), ``qo1`` (one token, 8 splits: the cache stream alone) and
+``flashmla``.  NVIDIA Hopper with ``ncu`` on the PATH; ``--run NAME`` is the profiled process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+#: name -> (backend, qo_len, params): batch 16, 32768 tokens each, causal.
+CASES = {
+    "mt1-ram2": ("gluon-splitkv", 8, {"num_kv_splits": 4, "multi_token": 1, "rows_as_m": 2}),
+    "mt1": ("gluon-splitkv", 8, {"num_kv_splits": 4, "multi_token": 1}),
+    "qo1": ("gluon-splitkv", 1, {"num_kv_splits": 8}),
+    "flashmla": ("flashmla", 8, {}),
+}
+BATCH, CONTEXT = 16, 32768
+SECTIONS = ["SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "WarpStateStats",
+            "SchedulerStats", "LaunchStats", "Occupancy"]
+#: (label, substring of ncu's metric name, case-insensitive): the first metric that matches.
+COLUMNS = [
+    ("time", "duration"),
+    ("SM busy %", "sm busy"),
+    ("DRAM tput %", "dram throughput"),
+    ("L2 hit %", "l2 hit rate"),
+    ("warp cycles / issued", "warp cycles per issued instruction"),
+    ("long scoreboard", "stall long scoreboard"),
+    ("barrier", "stall barrier"),
+    ("wait", "stall wait"),
+    ("math throttle", "stall math pipe throttle"),
+    ("MIO throttle", "stall mio throttle"),
+    ("registers", "registers per thread"),
+    ("shared KB", "dynamic shared memory per block"),
+]
+
+
+def run_case(name: str) -> None:
+    """The profiled process: prepare ``name``, warm it (compiles), then one call in the profiled
+    range.  Raises KeyError for an unknown case."""
+    import torch
+
+    from mlabench.backends import get_backend
+    from mlabench.inputs import make_inputs
+    from mlabench.shapes import MLADecodeShape
+
+    backend_name, qo_len, params = CASES[name]
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(CONTEXT,) * BATCH, page_size=64,
+                                  qo_len=qo_len, causal=True)
+    backend = get_backend(backend_name)
+    call = backend.prepare(make_inputs(shape, seed=0, poison=False),
+                           backend.resolve_params(shape, params))
+    for _ in range(3):
+        call.fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    call.fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def metric_rows(csv_text: str) -> dict[str, dict[str, str]]:
+    """ncu's ``--page details --csv`` as ``{kernel name: {metric name: "value unit"}}``."""
+    kernels: dict[str, dict[str, str]] = {}
+    for row in csv.DictReader(io.StringIO(csv_text)):
+        name = row.get("Kernel Name", "?")[:40] + f" #{row.get('ID', '')}"
+        unit = row.get("Metric Unit", "")
+        kernels.setdefault(name, {})[row.get("Metric Name", "")] = f"{row.get('Metric Value', '')} {unit}".strip()
+    return kernels
+
+
+def pick(metrics: dict[str, str], needle: str) -> str:
+    """The value of the first metric whose name contains ``needle`` (case-insensitive), else —."""
+    for key, value in metrics.items():
+        if needle in key.lower():
+            return value
+    return "—"
+
+
+def profile(out: Path, names: list[str]) -> str:
+    """Profile each case into ``out`` and return the markdown table."""
+    lines = ["| case | kernel | " + " | ".join(label for label, _ in COLUMNS) + " |",
+             "|---" * (len(COLUMNS) + 2) + "|"]
+    for name in names:
+        rep = out / name
+        cmd = ["ncu", "--profile-from-start", "off", "--target-processes", "all", "-f", "-o", str(rep)]
+        for section in SECTIONS:
+            cmd += ["--section", section]
+        done = subprocess.run(cmd + [sys.executable, __file__, "--run", name])
+        text = subprocess.run(["ncu", "--import", f"{rep}.ncu-rep", "--page", "details", "--csv"],
+                              capture_output=True, text=True).stdout if done.returncode == 0 else ""
+        if not text:
+            lines.append(f"| {name} | ncu failed (exit code {done.returncode}) |" + " |" * len(COLUMNS))
+            continue
+        (out / f"{name}.csv").write_text(text)
+        for kernel, metrics in metric_rows(text).items():
+            lines.append(f"| {name} | {kernel} | " + " | ".join(pick(metrics, n) for _, n in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="folder for the reports, CSVs and profile.md")
+    parser.add_argument("--case", action="append", choices=sorted(CASES), help="cases (default: all)")
+    parser.add_argument("--run", choices=sorted(CASES), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        run_case(args.run)
+        return
+    if args.out is None:
+        parser.error("--out is required")
+    if shutil.which("ncu") is None:
+        parser.error("ncu (Nsight Compute) is not on the PATH (on the device image: /usr/local/cuda/bin)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    table = profile(args.out, args.case or list(CASES))
+    (args.out / "profile.md").write_text(table)
+    print(table, end="")
+
+
+if __name__ == "__main__":
+    main()
