@@ -7,7 +7,8 @@ ring's two slots starve the products (a slot is refilled only after its page's o
 or the products themselves are slow decides the next structure; this script measures instead of
 guessing: each case is prepared as a sweep prepares it, compiled and warmed, then one call runs
 between ``cudaProfilerStart``/``Stop`` under ``ncu --profile-from-start off`` with the sections
-below, and the chosen metrics of every kernel are printed as one markdown table.
+below and the warp stall reasons (:data:`METRICS`), and the chosen metrics of every kernel are
+printed as one markdown table.
 
     python3 scripts/h200_mt_profile.py --out OUTDIR [--case NAME ...]
 
@@ -37,18 +38,21 @@ CASES = {
 BATCH, CONTEXT = 16, 32768
 SECTIONS = ["SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "WarpStateStats",
             "SchedulerStats", "LaunchStats", "Occupancy"]
+#: Warp stall reasons, as cycles a warp spends in each between two issued instructions (the
+#: ratios the WarpStateStats section's chart draws), asked for by name so that the details page
+#: lists them.
+STALLS = ["long_scoreboard", "barrier", "wait", "math_pipe_throttle", "mio_throttle",
+          "short_scoreboard", "sleeping", "membar"]
+METRICS = ["smsp__average_warps_active_per_issue_active.ratio"] + [
+    f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio" for s in STALLS]
 #: (label, substring of ncu's metric name, case-insensitive): the first metric that matches.
 COLUMNS = [
     ("time", "duration"),
     ("SM busy %", "sm busy"),
     ("DRAM tput %", "dram throughput"),
     ("L2 hit %", "l2 hit rate"),
-    ("warp cycles / issued", "warp cycles per issued instruction"),
-    ("long scoreboard", "stall long scoreboard"),
-    ("barrier", "stall barrier"),
-    ("wait", "stall wait"),
-    ("math throttle", "stall math pipe throttle"),
-    ("MIO throttle", "stall mio throttle"),
+    ("cycles / issue", "warps_active_per_issue_active"),
+    *[(s.replace("_", " "), f"stalled_{s}_per") for s in STALLS],
     ("registers", "registers per thread"),
     ("shared KB", "dynamic shared memory per block"),
 ]
@@ -105,6 +109,7 @@ def profile(out: Path, names: list[str]) -> str:
         cmd = ["ncu", "--profile-from-start", "off", "--target-processes", "all", "-f", "-o", str(rep)]
         for section in SECTIONS:
             cmd += ["--section", section]
+        cmd += ["--metrics", ",".join(METRICS)]
         done = subprocess.run(cmd + [sys.executable, __file__, "--run", name])
         text = subprocess.run(["ncu", "--import", f"{rep}.ncu-rep", "--page", "details", "--csv"],
                               capture_output=True, text=True).stdout if done.returncode == 0 else ""
