@@ -14,8 +14,11 @@ printed as one markdown table.
 
 OUTDIR gets ``<case>.ncu-rep`` (open it in Nsight Compute), ``<case>.csv`` (every metric) and
 ``profile.md`` (the table).  The cases (:data:`CASES`): ``mt1-ram2`` (4 splits, the fastest
-measured), ``mt1`` (rows as N), ``qo1`` (one token, 8 splits: the cache stream alone) and
-``flashmla``.  NVIDIA Hopper with ``ncu`` on the PATH; ``--run NAME`` is the profiled process.
+measured) and the same with its products alone (``-products``: no page copied after the ring's
+first ones) and its copies alone (``-copies``: no product), ``mt1`` (rows as N), ``qo1`` (one
+token, 8 splits: the cache stream at full occupancy) and ``flashmla``.  If ``-products`` takes
+about what ``mt1-ram2`` takes, the products and the softmax set the pace; if ``-copies`` does,
+the two-slot ring's copies do.  NVIDIA Hopper with ``ncu`` on the PATH; ``--run NAME`` is the profiled process.
 """
 
 from __future__ import annotations
@@ -28,12 +31,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: name -> (backend, qo_len, params): batch 16, 32768 tokens each, causal.
+_MT1_RAM2 = {"num_kv_splits": 4, "multi_token": 1, "rows_as_m": 2}
+#: name -> (backend, qo_len, params, KernelVariant.isolate): batch 16, 32768 tokens each, causal.
+#: The two ``isolate`` cases time one side of the pipeline alone (their output is wrong).
 CASES = {
-    "mt1-ram2": ("gluon-splitkv", 8, {"num_kv_splits": 4, "multi_token": 1, "rows_as_m": 2}),
-    "mt1": ("gluon-splitkv", 8, {"num_kv_splits": 4, "multi_token": 1}),
-    "qo1": ("gluon-splitkv", 1, {"num_kv_splits": 8}),
-    "flashmla": ("flashmla", 8, {}),
+    "mt1-ram2": ("gluon-splitkv", 8, _MT1_RAM2, ""),
+    "mt1-ram2-products": ("gluon-splitkv", 8, _MT1_RAM2, "products"),
+    "mt1-ram2-copies": ("gluon-splitkv", 8, _MT1_RAM2, "copies"),
+    "mt1": ("gluon-splitkv", 8, {"num_kv_splits": 4, "multi_token": 1}, ""),
+    "qo1": ("gluon-splitkv", 1, {"num_kv_splits": 8}, ""),
+    "flashmla": ("flashmla", 8, {}, ""),
 }
 BATCH, CONTEXT = 16, 32768
 SECTIONS = ["SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "WarpStateStats",
@@ -61,13 +68,19 @@ COLUMNS = [
 def run_case(name: str) -> None:
     """The profiled process: prepare ``name``, warm it (compiles), then one call in the profiled
     range.  Raises KeyError for an unknown case."""
+    import dataclasses
+
     import torch
 
     from mlabench.backends import get_backend
+    from mlabench.backends import gluon
     from mlabench.inputs import make_inputs
     from mlabench.shapes import MLADecodeShape
 
-    backend_name, qo_len, params = CASES[name]
+    backend_name, qo_len, params, isolate = CASES[name]
+    if isolate:  # no backend parameter reaches it: the variant the backend builds, amended
+        variant_of = gluon._kernel_variant
+        gluon._kernel_variant = lambda *a: dataclasses.replace(variant_of(*a), isolate=isolate)
     shape = MLADecodeShape.create(num_heads=12, context_lens=(CONTEXT,) * BATCH, page_size=64,
                                   qo_len=qo_len, causal=True)
     backend = get_backend(backend_name)

@@ -92,7 +92,7 @@ def rows_m_for(rows_as_m: int, block_rows: int) -> int:
 def _loader(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, heads_per_token,
             qk_scale_log2, smem, bars, BLOCK_R: gl.constexpr, QO_LEN: gl.constexpr,
             CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_FIRST: gl.constexpr,
-            ROWS_M: gl.constexpr):
+            ROWS_M: gl.constexpr, ISOLATE: gl.constexpr):
     """Loader partition: page ``t`` into slot ``t % NUM_STAGES`` once the slot is free (a fresh
     mbarrier counts as having completed the phase before its first, so the first pages go at
     once)."""
@@ -101,8 +101,11 @@ def _loader(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, h
     for t in range(n_tiles):
         slot = t % NUM_STAGES
         mbarrier.wait(kv_free.index(slot), ((t // NUM_STAGES) & 1) ^ 1)
-        issue_page(kvn_desc, kvr_desc, bt_row_ptr, page_lo, t, kn_smem, kr_smem, kv_ready,
-                   NUM_STAGES)
+        if ISOLATE == 1 and t >= NUM_STAGES:  # products alone: the slot "lands" as it is
+            mbarrier.arrive(kv_ready.index(slot), count=1)
+        else:
+            issue_page(kvn_desc, kvr_desc, bt_row_ptr, page_lo, t, kn_smem, kr_smem, kv_ready,
+                       NUM_STAGES)
 
 
 @gluon.jit
@@ -129,7 +132,7 @@ def _scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, dead, NUM_STAGES: g
 def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, heads_per_token,
              qk_scale_log2, smem, bars, BLOCK_R: gl.constexpr, QO_LEN: gl.constexpr,
              CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_FIRST: gl.constexpr,
-             ROWS_M: gl.constexpr):
+             ROWS_M: gl.constexpr, ISOLATE: gl.constexpr):
     """Softmax partition (one warpgroup): per page the score product over all ``BLOCK_R`` rows,
     the masks, one online-softmax step and the tail zeroing; publishes ``P^T`` (``P`` for
     ``ROWS_M`` 2, whose scores have the rows as M: a row's max and sum within a quad of threads,
@@ -151,9 +154,16 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
     m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=gl.SliceLayout(AX, mma))
     offs_t = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1 - AX, mma))
     first_masked = seq_len - QO_LEN + 1  # under CAUSAL, no row sees a key from here on
-    if SCORES_FIRST and n_tiles > 0:
+    pages = n_tiles
+    if ISOLATE == 2:  # copies alone: each page handed on unread
+        for t in range(n_tiles):
+            mbarrier.wait(kv_ready.index(t % NUM_STAGES), (t // NUM_STAGES) & 1)
+            mbarrier.wait(p_free.index(t % P_BUFS), ((t // P_BUFS) & 1) ^ 1)
+            mbarrier.arrive(p_ready.index(t % P_BUFS), count=1)
+        pages = 0
+    if SCORES_FIRST and pages > 0:
         s = _scores(0, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s, NUM_STAGES, ROWS_M)
-    for t in range(n_tiles):
+    for t in range(pages):
         if not SCORES_FIRST:
             s = _scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s, NUM_STAGES, ROWS_M)
         tok = (page_lo + t) * PAGE_TOKENS + offs_t
@@ -178,7 +188,7 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
         if SCORES_FIRST:  # the next page's scores reach the tensor cores before this page's
             # output product, so the next softmax runs under that product (after the last page
             # this page's again, still in its slot: one unused product a split, no branch)
-            s = _scores(gl.minimum(t + 1, n_tiles - 1), kn_smem, kr_smem, qn_smem, qr_smem,
+            s = _scores(gl.minimum(t + 1, pages - 1), kn_smem, kr_smem, qn_smem, qr_smem,
                         kv_ready, s, NUM_STAGES, ROWS_M)
         mbarrier.arrive(p_ready.index(j), count=1)
     if n_tiles > 0:
@@ -189,7 +199,7 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
 
 @gluon.jit
 def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr,
-            ROWS_M: gl.constexpr, num_warps: gl.constexpr):
+            ROWS_M: gl.constexpr, ISOLATE: gl.constexpr, num_warps: gl.constexpr):
     """Output partition (the default, ``num_warps`` = 8), per page, each warpgroup 256 of the 512
     output columns; frees the page's slot and P buffer once its product completed.
 
@@ -222,17 +232,18 @@ def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr
         slot = t % NUM_STAGES
         j = t % P_BUFS
         mbarrier.wait(p_ready.index(j), (t // P_BUFS) & 1)
-        alpha = a_smem.index(j).load(per_row)
-        if ROWS_M == 2:
-            o = warpgroup_mma(p_smem.index(j), kn_smem.index(slot), o * alpha[:, None],
-                              is_async=True)
-        elif ROWS_M == 1:
-            o = warpgroup_mma(p_smem.index(j).permute((1, 0)), kn_smem.index(slot),
-                              o * alpha[:, None], is_async=True)
-        else:
-            o = warpgroup_mma(kn_smem.index(slot).permute((1, 0)), p_smem.index(j),
-                              o * alpha[None, :], is_async=True)
-        o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
+        if ISOLATE != 2:  # copies alone: no product
+            alpha = a_smem.index(j).load(per_row)
+            if ROWS_M == 2:
+                o = warpgroup_mma(p_smem.index(j), kn_smem.index(slot), o * alpha[:, None],
+                                  is_async=True)
+            elif ROWS_M == 1:
+                o = warpgroup_mma(p_smem.index(j).permute((1, 0)), kn_smem.index(slot),
+                                  o * alpha[:, None], is_async=True)
+            else:
+                o = warpgroup_mma(kn_smem.index(slot).permute((1, 0)), p_smem.index(j),
+                                  o * alpha[None, :], is_async=True)
+            o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
         mbarrier.arrive(kv_free.index(slot), count=1)
         mbarrier.arrive(p_free.index(j), count=1)
     m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=per_row)
@@ -302,7 +313,8 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
                         BLOCK_R: gl.constexpr, ROW_TILES: gl.constexpr, QO_LEN: gl.constexpr,
                         CAUSAL: gl.constexpr, POLICY_ROWS: gl.constexpr,
                         NUM_STAGES: gl.constexpr, P_BUFS: gl.constexpr,
-                        SCORES_FIRST: gl.constexpr, ROWS_M: gl.constexpr, PDL: gl.constexpr,
+                        SCORES_FIRST: gl.constexpr, ROWS_M: gl.constexpr, ISOLATE: gl.constexpr,
+                        PDL: gl.constexpr,
                         WAIT_PRIOR: gl.constexpr, num_warps: gl.constexpr):
     if PDL == 1:  # let the merge grid be scheduled now; it waits for this grid before reading
         launch_dependents()
@@ -329,13 +341,13 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
     # the worker partitions take the same arguments, spelled out in the call: a tuple assigned to
     # a variable first would turn its constexprs into tensors
     o, m_i, l_i = gl.warp_specialize([
-        (_output, (smem, bars, n_tiles, BLOCK_R, NUM_STAGES, ROWS_M, num_warps)),
+        (_output, (smem, bars, n_tiles, BLOCK_R, NUM_STAGES, ROWS_M, ISOLATE, num_warps)),
         (_softmax, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
                     heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
-                    NUM_STAGES, SCORES_FIRST, ROWS_M)),
+                    NUM_STAGES, SCORES_FIRST, ROWS_M, ISOLATE)),
         (_loader, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
                    heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
-                   NUM_STAGES, SCORES_FIRST, ROWS_M)),
+                   NUM_STAGES, SCORES_FIRST, ROWS_M, ISOLATE)),
     ], [4, 1], [SOFTMAX_REGS, LOADER_REGS])
     if PDL == 2:  # the merge's launch overlaps this program's epilogue only
         launch_dependents()
@@ -349,7 +361,7 @@ def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_tabl
                               split_policy, partial_out, partial_lse, splits: int, heads: int,
                               qk_scale_log2: float, qo_len: int, causal: bool, num_stages: int,
                               pdl: int, wait_prior: bool, scores_first: bool = False,
-                              rows_as_m: int = 0) -> None:
+                              rows_as_m: int = 0, isolate: int = 0) -> None:
     """Launch the multi-token stage 1 on the grid ``(B * tiling.row_tiles, splits)`` (arguments as
     :func:`mlabench.kernels.gluon_splitkv.mla_decode_gluon_splitkv` checked them; ``q_rows``
     ``[B, qo_len * H, 576]``, ``tiling`` from :func:`multi_token_tiling`, ``descriptors`` from
@@ -357,7 +369,8 @@ def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_tabl
     warpgroup computes page ``t + 1``'s scores before it hands page ``t``'s weights over (with a
     2-page ring only: with one slot the next page lands after that product, so it is ignored).
     ``rows_as_m``: 1 the output product as ``O = P V``, 2 the score product as ``S = Q K^T`` too
-    (:func:`_output`, :func:`_softmax`; 64-row tiles only, :func:`rows_m_for`).
+    (:func:`_output`, :func:`_softmax`; 64-row tiles only, :func:`rows_m_for`).  ``isolate``
+    (timing only, wrong output): 1 no page copy after the ring's first, 2 no product.
     Writes the partials the wide merge reads; no fused merge."""
     kvn_desc, kvr_desc = descriptors
     batch = block_table.shape[0]
@@ -370,7 +383,7 @@ def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_tabl
         CAUSAL=bool(causal) and qo_len > 1,
         POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], NUM_STAGES=num_stages,
         P_BUFS=p_buffers(tiling.block_rows), SCORES_FIRST=scores_first and num_stages > 1,
-        ROWS_M=rows_m_for(rows_as_m, tiling.block_rows), PDL=pdl,
+        ROWS_M=rows_m_for(rows_as_m, tiling.block_rows), ISOLATE=isolate, PDL=pdl,
         WAIT_PRIOR=wait_prior, num_warps=tiling.num_warps, maxnreg=MT_MAXNREG,
         **({"launch_pdl": True} if wait_prior else {}),
     )

@@ -161,8 +161,13 @@ class KernelVariant:
       wgmma instructions of ``O^T = V^T P^T``, 3/4 of their operand bytes), 2 the score product
       as ``S = Q K^T`` too (a row's softmax max and sum within a quad of threads).  0: the rows
       as N.
+    - ``isolate`` (timing only, the output is wrong; no backend parameter reaches it): with
+      ``multi_token``, ``"products"`` copies no page after the ring's first ones (the products
+      reread the slots), ``"copies"`` computes no product (the pages only stream through the
+      ring): what each side of the pipeline takes alone (``scripts/h200_mt_profile.py``).
     Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``, a ``multi_token`` or
-    ``rows_as_m`` other than 0, 1 or 2, or ``split_loop`` with ``multi_token``.
+    ``rows_as_m`` other than 0, 1 or 2, ``split_loop`` with ``multi_token``, or an ``isolate``
+    other than ``""``, ``"products"`` or ``"copies"`` or without ``multi_token``.
     """
 
     o_split: str = "m"
@@ -172,8 +177,12 @@ class KernelVariant:
     split_loop: bool = False
     multi_token: int = 0
     rows_as_m: int = 0
+    isolate: str = ""
 
     def __post_init__(self) -> None:
+        if self.isolate not in ("", "products", "copies") or (self.isolate and not self.multi_token):
+            raise ValueError(f"isolate must be '', 'products' or 'copies', the last two with "
+                             f"multi_token; got {self.isolate!r}")
         if self.o_split not in ("n", "m"):
             raise ValueError(f"o_split must be 'n' or 'm', got {self.o_split!r}")
         if self.multi_token not in (0, 1, 2):
@@ -259,7 +268,7 @@ def _launch_stage1(q_rows, rope_rows, kv_cache, block_table, cache_seqlens, part
                                   cache_seqlens, split_policy, partial_out, partial_lse, splits,
                                   heads, float(softmax_scale) * LOG2E, qo_len, causal, num_stages,
                                   pdl, variant.pdl_prologue, variant.multi_token == 2,
-                                  variant.rows_as_m)
+                                  variant.rows_as_m, ("", "products", "copies").index(variant.isolate))
         return
     mt = MergeTiling.for_launch(tiling.block_rows, grid_splits, tiling.num_warps)
     kernel = stage1_split_loop if grid_splits < splits else _gluon_splitkv_stage1

@@ -233,14 +233,14 @@ def _compile_gluon(fn, dtype: str, consts: dict, options: dict):
 def compile_multi_token_sm90(block_rows: int = 64, qo_len: int = 8, *, causal: bool = True,
                              policy_rows: int = 0, num_stages: int = 2, dtype: str = "bf16",
                              pdl_prologue: bool = False, scores_first: bool = False,
-                             rows_as_m: int = 0):
+                             rows_as_m: int = 0, isolate: int = 0):
     """Compile the multi-token stage 1 (:mod:`mlabench.kernels.gluon_multi_token`) for sm_90
     without a GPU and return Triton's compiled kernel (as :func:`compile_stage1_sm90`):
     ``block_rows`` 32 or 64 (the tile :func:`~mlabench.kernels.gluon_multi_token.multi_token_tiling`
     launches), the launch's ``maxnreg`` and partition registers; ``scores_first`` the softmax
     warpgroup's order of ``multi_token`` 2, ``rows_as_m`` the products with the rows as M (64
     rows; 0 elsewhere, as :func:`~mlabench.kernels.gluon_multi_token.launch_multi_token_stage1`
-    launches it).
+    launches it); ``isolate`` 1 or 2 the timing-only kernels of ``KernelVariant.isolate``.
     Run it where Triton's interpreter has not run."""
     from mlabench.kernels.gluon_multi_token import (
         MT_MAXNREG, MT_NUM_WARPS, _multi_token_stage1, p_buffers, rows_m_for,
@@ -249,7 +249,7 @@ def compile_multi_token_sm90(block_rows: int = 64, qo_len: int = 8, *, causal: b
     consts = {"BLOCK_R": block_rows, "ROW_TILES": 1, "QO_LEN": qo_len, "CAUSAL": causal,
               "POLICY_ROWS": policy_rows, "NUM_STAGES": num_stages,
               "P_BUFS": p_buffers(block_rows), "SCORES_FIRST": scores_first,
-              "ROWS_M": rows_m_for(rows_as_m, block_rows), "PDL": 1,
+              "ROWS_M": rows_m_for(rows_as_m, block_rows), "ISOLATE": isolate, "PDL": 1,
               "WAIT_PRIOR": pdl_prologue,
               "num_warps": MT_NUM_WARPS}
     return _compile_gluon(_multi_token_stage1, dtype, consts,

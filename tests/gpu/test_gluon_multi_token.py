@@ -82,3 +82,25 @@ def test_passes_every_input_set_on_poisoned_inputs(qo_len, causal, mode, rows_m,
     _call, verdict = ShapeBench(shape, seed=3, copies=1).check(backend, backend.resolve_params(
         shape, {"num_kv_splits": splits, "multi_token": mode, "rows_as_m": rows_m}))
     assert verdict.passed, verdict
+
+
+@pytest.mark.parametrize("isolate", ["products", "copies"])
+@pytest.mark.parametrize("rows_m", [0, 2])
+def test_isolated_sides_run_to_the_end(isolate, rows_m):
+    """``KernelVariant.isolate`` (timing only, scripts/h200_mt_profile.py): each side alone
+    completes (no partition waits on a barrier the other side no longer signals) and writes
+    finite partials; copies alone merge to zeros."""
+    from mlabench.kernels.gluon_splitkv import KernelVariant, mla_decode_gluon_splitkv
+
+    shape, x = _case(8, (4096, 1000, 70), poison=False)
+    batch, splits, dev = len(shape.context_lens), 7, x.q.device
+    out = torch.empty((batch * 8, 12, 512), dtype=x.q.dtype, device=dev)
+    mla_decode_gluon_splitkv(
+        x.q, x.kv_cache, x.block_table, x.cache_seqlens, out, splits, shape.scale,
+        partial_out=torch.empty((batch * splits, 8 * 12, 512), device=dev),
+        partial_lse=torch.empty((batch * splits, 8 * 12), device=dev), qo_len=8,
+        variant=KernelVariant(multi_token=1, rows_as_m=rows_m, isolate=isolate))
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    if isolate == "copies":
+        assert not out.any()

@@ -165,6 +165,38 @@ def test_rows_as_m_runs_only_on_64_row_multi_token_tiles():
         KernelVariant(rows_as_m=3)
 
 
+def test_isolate_is_off_by_default_and_only_with_multi_token():
+    """``isolate`` (timing only, wrong output) is no backend parameter; the variant refuses an
+    unknown side and either side without the multi-token stage 1."""
+    from mlabench.backends.gluon import GluonSplitKVBackend
+
+    assert KernelVariant().isolate == "" and KernelVariant(multi_token=1, isolate="copies")
+    for bad in (KernelVariant, lambda **k: KernelVariant(multi_token=1, **k)):
+        with pytest.raises(ValueError, match="isolate must be"):
+            bad(isolate="pages")
+    with pytest.raises(ValueError, match="isolate must be"):
+        KernelVariant(isolate="products")
+    assert "isolate" not in {p.name for p in GluonSplitKVBackend.params}
+
+
+@pytest.mark.parametrize("isolate", [1, 2])
+def test_isolated_sides_compile_without_the_other(isolate):
+    """``isolate`` 1 (products alone): the ring's first pages are still copied and both products
+    stay; 2 (copies alone): the copies stay and no wgmma is left."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                         env.get("PYTHONPATH", "")])
+    code = ("import sys; from mlabench.kernels.offline_compile import compile_multi_token_sm90; "
+            "print(compile_multi_token_sm90(64, 8, rows_as_m=2, isolate=int(sys.argv[1])).asm['ptx'])")
+    run = subprocess.run([sys.executable, "-c", code, str(isolate)], capture_output=True,
+                         text=True, env=env, timeout=600)
+    if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
+        pytest.skip("this Triton build has no ptxas")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert TMA_COPY.search(run.stdout)
+    assert bool(WGMMA_FLAGS.search(run.stdout)) == (isolate == 1)
+
+
 def test_backend_parameter_is_off_by_default_and_not_searched():
     """gluon-splitkv's ``multi_token`` parameter: 0 by default and left out of a point's
     parameters there (records before it pair with the points that run the one-token kernel),
@@ -192,7 +224,7 @@ def test_entry_point_routes_multi_token_shapes_to_their_stage1(monkeypatch, qo_l
 
     launched = []
     monkeypatch.setattr(gluon_multi_token, "launch_multi_token_stage1",
-                        lambda tiling, *a: launched.append(("multi", tiling, *a[-4:])))
+                        lambda tiling, *a: launched.append(("multi", tiling, *a[-5:])))
     monkeypatch.setattr(gluon_splitkv, "_gluon_splitkv_stage1",
                         type("K", (), {"__getitem__": lambda self, grid: (
                             lambda *a, **k: launched.append(("one", k["BLOCK_R"])))})())
@@ -215,9 +247,9 @@ def test_entry_point_routes_multi_token_shapes_to_their_stage1(monkeypatch, qo_l
     if want is None:
         assert launched[0] == ("fused", True) and launched[1][0] == "one"
     else:  # (tiling, pdl, pdl_prologue, scores first, rows_as_m asked: the launch keeps it to
-        # 64-row tiles); the fused merge dropped for the wide one
+        # 64-row tiles, isolate off); the fused merge dropped for the wide one
         assert launched == [("fused", False), ("multi", want, 1, False, multi_token == 2,
-                                               rows_as_m), ("merge",)]
+                                               rows_as_m, 0), ("merge",)]
 
 
 def test_split_loop_and_multi_token_are_refused_together(tmp_path):
