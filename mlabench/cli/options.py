@@ -39,7 +39,8 @@ CheckContext = Annotated[str | None, typer.Option(
 CompareContext = Annotated[str | None, typer.Option(
     "--context", metavar="L[,L...]", help="Context lengths, e.g. 4096,131072 (with --from: a filter on the records).")]
 PageSize = Annotated[int | None, typer.Option(
-    metavar="N", help="KV page size: 1, 16 or 64 (default 64, or the sweep config's).")]
+    metavar="N", help="KV page size: 1, 16 or 64 (default: the sweep config's; 64, but 16 in the CPU "
+                      "default sweep that flags without --config change).")]
 #: ``--tp`` and ``--page-size`` of the commands that take no sweep config (check, graph-check).
 PlainTp = Annotated[int | None, typer.Option("--tp", metavar="N", help="Tensor-parallel size (default 1).")]
 PlainPageSize = Annotated[int | None, typer.Option(
