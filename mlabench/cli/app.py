@@ -88,16 +88,30 @@ def main() -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # no command: the help, as --help prints it
+            typer.echo(app_help(), err=True)
+            sys.exit(ExitCode.ERROR)
         if _is_usage_error(exc):
-            typer.echo(f"error: {usage_line(exc)}", err=True)
+            typer.echo(f"error: {usage_line(exc, sys.argv[1:])}", err=True)
             sys.exit(exc.exit_code or ExitCode.ERROR)
         raise
 
 
-def usage_line(exc: BaseException) -> str:
+def app_help() -> str:
+    """``mlabench --help``'s text (usage, commands, options), with the program named mlabench."""
+    import click
+
+    command = typer.main.get_command(app)
+    with click.Context(command, info_name="mlabench") as ctx:
+        return command.get_help(ctx)
+
+
+def usage_line(exc: BaseException, args: list[str] | None = None) -> str:
     """Click's usage error as one line: its message, without pydantic's ``Value error,`` prefix and
     with a lower-case start, then the command whose ``--help`` lists the options, e.g.
-    ``invalid value for '--order': 'bogus' is not one of ... (mlabench sweep --help)``."""
+    ``invalid value for '--order': 'bogus' is not one of ... (mlabench sweep --help)``.  Where
+    click names no context (an option missing its value), the command is the first of ``args``
+    (the command line after the program) if it is one."""
     format_message = getattr(exc, "format_message", None)
     text = format_message() if callable(format_message) else str(exc)
     text = " ".join(text.replace("Value error, ", "").split())
@@ -105,5 +119,8 @@ def usage_line(exc: BaseException) -> str:
     while ctx is not None and ctx.parent is not None:  # the root's name is the program's, however run
         names.insert(0, ctx.info_name)
         ctx = ctx.parent
+    commands = {name for group in GROUPS for name in group.COMMANDS}
+    if ctx is None and args and args[0] in commands:
+        names = [args[0]]
     path = " ".join(["mlabench", *names])
     return f"{text[:1].lower()}{text[1:]} ({path} --help)"

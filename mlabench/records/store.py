@@ -118,9 +118,12 @@ class ResultStore:
         return manifest
 
     @classmethod
-    def open_existing(cls, run_dir: Path, identity: dict[str, Any] | None = None) -> ResultStore:
+    def open_existing(cls, run_dir: Path, identity: dict[str, Any] | None = None,
+                      repair: bool = True) -> ResultStore:
         """Reopen a run to resume it; :class:`ResultsError` for a folder with no manifest, an
-        archived one (:func:`refuse_archived`), or one whose identity differs from ``identity``."""
+        archived one (:func:`refuse_archived`), or one whose identity differs from ``identity``.
+        ``repair``: cut a torn last record off now (:meth:`drop_torn_line`); a caller with more to
+        check first passes False and calls it once the resume is accepted."""
         store = cls(run_dir)
         if not store.manifest_path.exists():
             raise ResultsError(f"{run_dir}: no {MANIFEST_FILE}, nothing to resume")
@@ -133,7 +136,8 @@ class ResultStore:
                     f"{run_dir} was recorded with another {', '.join(diff)} "
                     f"({theirs[diff[0]]} vs {identity[diff[0]]}); start a new run instead"
                 )
-        store._drop_partial_line()
+        if repair:
+            store.drop_torn_line()
         return store
 
     def manifest(self) -> Manifest:
@@ -166,7 +170,7 @@ class ResultStore:
     def finished_keys(self) -> set[str]:
         return {r.key for r in self.records()}
 
-    def _drop_partial_line(self) -> None:
+    def drop_torn_line(self) -> None:
         """Cut a torn last line (no newline after it: a write cut short) off ``results.jsonl``
         before appending, with a ``notice:`` on stderr naming the bytes cut (the point it recorded,
         if whole, is measured again), as ``tune`` does for its journal."""

@@ -144,11 +144,19 @@ def _points(cfg: SweepConfig, strict_backends: bool, warn: Callable[[str], None]
 
 
 def _reopen(cfg: SweepConfig, resume: Path) -> ResultStore:
-    """The run folder to resume; refuses another identity or another configuration."""
-    store = ResultStore.open_existing(resume, identity=make_manifest("resume", cfg, 0.0).identity())
+    """The run folder to resume; refuses another identity or another configuration (naming the
+    settings that differ) before anything in the folder changes."""
+    store = ResultStore.open_existing(resume, identity=make_manifest("resume", cfg, 0.0).identity(),
+                                      repair=False)
     recorded = recorded_config(store)
     seed = recorded.order_seed if cfg.order_seed is None else cfg.order_seed
-    if recorded != cfg.model_copy(update={"order_seed": seed}):
-        raise ConfigError(f"{resume} was recorded with another sweep configuration; resume it "
-                          "without flags that change the sweep, or start a new run")
+    asked = cfg.model_copy(update={"order_seed": seed})
+    if recorded != asked:
+        theirs, ours = recorded.model_dump(), asked.model_dump()
+        diff = sorted(k for k in ours if ours[k] != theirs.get(k))
+        raise ConfigError(f"{resume} was recorded with another sweep configuration ({diff[0]}: "
+                          f"{theirs.get(diff[0])} there, {ours[diff[0]]} asked"
+                          f"{''.join(f', {k}' for k in diff[1:])}); resume it without flags that "
+                          "change the sweep, or start a new run")
+    store.drop_torn_line()
     return store

@@ -167,12 +167,14 @@ def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[in
 def _reopen(policy: Policy, resume: Path) -> tuple[ResultStore, dict[str, Any]]:
     """The validation folder ``resume`` of ``policy`` and its recorded configuration; refuses another
     kind of run, another policy, device, driver, library versions or git revision."""
-    store = ResultStore.open_existing(resume, identity=run_manifest("resume", 0.0, {}).identity())
+    store = ResultStore.open_existing(resume, identity=run_manifest("resume", 0.0, {}).identity(),
+                                      repair=False)
     cfg = store.manifest().config.get("validate")
     if cfg is None:
         raise ResultsError(f"{resume} is not a validation run (its manifest has no validate configuration)")
     if cfg["policy_source"] != policy.source or cfg["backend"] != policy.backend:
         raise ConfigError(f"{resume} validated another policy; give that policy's file, or start a new validation")
+    store.drop_torn_line()
     return store, cfg
 
 

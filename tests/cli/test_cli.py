@@ -585,3 +585,12 @@ def test_a_split_policy_table_too_long_for_the_kernel_is_one_line_before_any_run
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {policy}: batch 1: 5001 rows, more than the 4096")
     assert not results.exists()
+
+
+def test_no_command_prints_the_help_and_an_option_missing_its_value_names_the_command(monkeypatch, capsys):
+    """``mlabench`` alone: the help as ``--help`` prints it (several lines), exit 2; ``sweep
+    --batch`` with no value: one line pointing at ``sweep --help``, not the program's."""
+    code, out, err = run([], monkeypatch, capsys)
+    assert code == 2 and err.startswith("Usage: mlabench [OPTIONS] COMMAND") and "\n  sweep" in err
+    code, out, err = run(["sweep", "--batch"], monkeypatch, capsys)
+    assert code == 2 and err == "error: option '--batch' requires an argument. (mlabench sweep --help)\n"

@@ -193,10 +193,16 @@ def test_default_cpu_config_is_small():
 
 
 def test_resume_refuses_another_configuration(tmp_path):
+    """The refusal names the setting that differs and leaves the folder as it was, a torn last
+    record included (it is cut off only when the resume is accepted)."""
     run_sweep(small_config(batch=[1], context_lens=[16]), tmp_path)
     (run_dir,) = list(tmp_path.iterdir())
-    with pytest.raises(ConfigError, match="another sweep configuration"):
+    with open(run_dir / "results.jsonl", "a") as fh:  # a write cut short
+        fh.write('{"key": "torn')
+    before = (run_dir / "results.jsonl").read_bytes()
+    with pytest.raises(ConfigError, match=r"another sweep configuration \(page_size: 16 there, 64 asked\)"):
         run_sweep(small_config(batch=[1], context_lens=[16], page_size=64), tmp_path, resume=run_dir)
+    assert (run_dir / "results.jsonl").read_bytes() == before
 
 
 def test_repeated_axis_values_give_one_record_per_point(tmp_path):
