@@ -310,9 +310,12 @@ def choice_table(choices: list[Any]) -> Any:
 
 def _report(result: Any, fmt: str) -> None:
     from mlabench.policy.tuned import TILES_NOTATION
+    from mlabench.records.record import CPU_RUN_NOTE
     from mlabench.tables.table import Table
 
     choices = choice_table(result.choices)
+    if result.store.manifest().on_cpu():
+        choices.notes.append(CPU_RUN_NOTE)
     policy = Table(f"Policy for {result.policy.backend} on {result.policy.device} (adjacent buckets merged; "
                    "L: the context length)", ["batch", "max context", "params"])
     for b in result.policy.batches:

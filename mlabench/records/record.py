@@ -106,6 +106,11 @@ def _range_text(values: list[Any]) -> Any:
     return low if low == high else f"{low}-{high}"
 
 
+#: The note under every table of a run measured on a CPU (sweep, tune, tune --validate).
+CPU_RUN_NOTE = ("CPU run: a smoke test of the pipeline, not a measurement (wall-clock times of PyTorch "
+                "code on a CPU; compare nothing from them)")
+
+
 class Manifest(BaseModel):
     """Identity and provenance of a run."""
 
@@ -139,6 +144,11 @@ class Manifest(BaseModel):
     warmups: list[dict[str, Any]] = Field(
         default_factory=list, description="GPU warm-up to steady clocks, one per session (start, each resume).")
     drift: dict[str, Any] | None = Field(None, description="Sentinel re-measurements and the drift they show.")
+
+    def on_cpu(self) -> bool:
+        """Whether the run measured on a CPU (wall-clock times of PyTorch code: a smoke test,
+        :data:`CPU_RUN_NOTE`)."""
+        return self.device.get("kind") == "cpu"
 
     def visit_settings(self) -> dict[str, Any]:
         """The sweep's ``visits``, ``max_visits`` and ``visit_rel_se`` as ``config`` recorded them

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from mlabench.records.record import CPU_RUN_NOTE
 from mlabench.tables.table import PARAMS, ColumnStyle, Table, fmt, params_label, short_params
 
 if TYPE_CHECKING:  # records are only read here; importing results would load torch for the CLI
@@ -171,8 +172,7 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
         table.notes.append("split_policy points: best params and µs @N give the num_kv_splits the policy chose "
                            "(effective_params), not the one asked for")
     if any(r.timing_mode == "wall" for r in records):
-        table.notes.append("CPU run: a smoke test of the pipeline, not a measurement (wall-clock times of "
-                           "PyTorch code on a CPU; compare nothing from them)")
+        table.notes.append(CPU_RUN_NOTE)
     if measured:
         r0 = measured
         bw = r0.read_bandwidth_tbps if r0.floor_bandwidth == "read" else r0.copy_bandwidth_tbps

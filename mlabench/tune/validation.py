@@ -23,6 +23,7 @@ from typing import Any
 
 from mlabench.errors import ConfigError
 from mlabench.policy.tuned import Policy
+from mlabench.records.record import CPU_RUN_NOTE
 from mlabench.records.side_files import PointResult, geomean_regret_pct  # noqa: F401  (the tables' types)
 from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape
@@ -189,6 +190,8 @@ def validation_tables(v: Validation) -> list[Table]:
     summary.notes.append("regret = time / best time - 1; best = the fastest correct of the split counts measured "
                          f"at that point ({how}); — = a configuration failed")
     summary.notes.append(target_verdict(v.points, v.tolerance, v.given, v.recorded, v.left_out))
+    if v.store is not None and v.store.manifest().on_cpu():
+        summary.notes.append(CPU_RUN_NOTE)
     if v.seed is not None and any(p.context_len not in v.given for p in v.points):
         summary.notes.append(f"held-out lengths drawn with seed {v.seed} (tune --validate ... --seed {v.seed} "
                              "draws them again)")

@@ -166,6 +166,7 @@ def test_cli_tune_validate_export(tmp_path):
     assert "study.journal)" in res.stderr.replace("\n", "")
     assert [row["chosen"] for row in tables[0]["rows"]] == ["num_kv_splits=6", "num_kv_splits=6"]
     assert tables[1]["rows"] == [{"batch": 1, "max context": 64, "params": "num_kv_splits=6"}]  # merged
+    assert any(n.startswith("CPU run: a smoke test") for n in tables[0]["notes"])  # as sweep says it
     run = next(tmp_path.glob("tune-*"))
     res = runner.invoke(app, ["tune", "--export", str(run), "--markdown"], catch_exceptions=False)
     assert res.exit_code == 0 and "num_kv_splits=6" in res.stdout
@@ -175,6 +176,7 @@ def test_cli_tune_validate_export(tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)[0]["rows"][-1]["policy worst %"] == 0.0
     assert "seed 11" in " ".join(json.loads(res.stdout)[0]["notes"])
+    assert "CPU run: a smoke test" in " ".join(json.loads(res.stdout)[0]["notes"])
     assert "note: lengths 90-200 reach outside the lengths the policy was tuned at" in " ".join(
         res.stderr.split())  # beyond the last bucket (64): said
 
