@@ -59,9 +59,17 @@ def _timing_text(timing: dict[str, Any], device_kind: str | None) -> str:
         how = style.timing_text("graph" if timing.get("graph") else "eager", device_kind).split(",")[0]
     if timing.get("cold_cache") and device_kind != "cpu":
         how += f", cold cache ({timing.get('min_copies', 1)}-{timing.get('max_copies')} input copies)"
-    return (f"{how}; {timing.get('warmup_iters')} warm-up calls, {timing.get('min_samples')}-"
+    warmups = timing.get("warmup_iters")
+    return (f"{how}; {warmups} warm-up call{'' if warmups == 1 else 's'}, {timing.get('min_samples')}-"
             f"{timing.get('max_samples')} samples until the median's 95% CI is within "
             f"{100 * timing.get('target_rel_ci', 0):g}%, {timing.get('budget_s'):g} s budget per point")
+
+
+def _units(device: dict[str, Any]) -> str:
+    """What a recorded device's ``num_sms`` counts: CPU cores, AMD CUs or NVIDIA SMs."""
+    if device.get("kind") == "cpu":
+        return "cores"
+    return "CUs" if str(device.get("arch", "")).startswith("gfx") else "SMs"
 
 
 def _clocks_text(state: dict[str, Any]) -> str:
@@ -119,7 +127,8 @@ def kernel_environment(run: Any, records: Sequence[Record], kind: str = "Kernel 
         ["run", f"{m.run_id} ({run.path})"], ["recorded", m.created],
         ["command", " ".join(m.command)],
         ["git revision", m.git_revision[:12] + (" (with uncommitted changes)" if m.git_dirty else "")],
-        ["device", f"{dev.get('name')} ({dev.get('arch')}, {dev.get('num_sms')} SMs{memory})"],
+        ["device", f"{dev.get('name')} ({dev.get('arch')}, {dev.get('num_sms')} "
+                   f"{_units(dev)}{memory})"],
         ["driver", m.driver], ["clocks at start", _clocks_text(m.gpu_state)],
         clock_row(mine),
         ["versions", ", ".join(f"{k} {v}" for k, v in m.versions.items() if v)],
