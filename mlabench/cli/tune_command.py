@@ -144,8 +144,7 @@ StorageFlag = Annotated[str | None, typer.Option(
     help="Optuna storage URL (e.g. postgresql://...); default: a journal file in the run folder.")]
 GpusFlag = Annotated[str | None, typer.Option(metavar="N[,N...]", help="One worker per GPU, e.g. 0,1.")]
 WorkersFlag = Annotated[int | None, typer.Option(
-    metavar="N",
-    help="Worker processes sharing this host's devices (without --gpus).")]
+    metavar="N", help="Worker processes sharing this host's devices (without --gpus).")]
 ValidateFlag = Annotated[Path | None, typer.Option(
     metavar="POLICY",
     help="Measure this policy JSON on held-out lengths instead.")]
@@ -314,8 +313,7 @@ def _report(result: Any, fmt: str) -> None:
     from mlabench.tables.table import Table
 
     choices = choice_table(result.choices)
-    if result.store.manifest().on_cpu():
-        choices.notes.append(CPU_RUN_NOTE)
+    choices.notes += [CPU_RUN_NOTE] * result.store.manifest().on_cpu()
     policy = Table(f"Policy for {result.policy.backend} on {result.policy.device} (adjacent buckets merged; "
                    "L: the context length)", ["batch", "max context", "params"])
     for b in result.policy.batches:

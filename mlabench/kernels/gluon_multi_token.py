@@ -129,6 +129,21 @@ def _scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, dead, NUM_STAGES: g
 
 
 @gluon.jit
+def _pages_read(n_tiles, kv_ready, p_ready, p_free, NUM_STAGES: gl.constexpr, P_BUFS: gl.constexpr,
+                ISOLATE: gl.constexpr):
+    """The pages the softmax partition reads: ``n_tiles``, or none with ``ISOLATE`` 2 (copies
+    alone), each page then handed on unread once it has landed."""
+    pages = n_tiles
+    if ISOLATE == 2:
+        for t in range(n_tiles):
+            mbarrier.wait(kv_ready.index(t % NUM_STAGES), (t // NUM_STAGES) & 1)
+            mbarrier.wait(p_free.index(t % P_BUFS), ((t // P_BUFS) & 1) ^ 1)
+            mbarrier.arrive(p_ready.index(t % P_BUFS), count=1)
+        pages = 0
+    return pages
+
+
+@gluon.jit
 def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, heads_per_token,
              qk_scale_log2, smem, bars, BLOCK_R: gl.constexpr, QO_LEN: gl.constexpr,
              CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_FIRST: gl.constexpr,
@@ -154,13 +169,7 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
     m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=gl.SliceLayout(AX, mma))
     offs_t = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1 - AX, mma))
     first_masked = seq_len - QO_LEN + 1  # under CAUSAL, no row sees a key from here on
-    pages = n_tiles
-    if ISOLATE == 2:  # copies alone: each page handed on unread
-        for t in range(n_tiles):
-            mbarrier.wait(kv_ready.index(t % NUM_STAGES), (t // NUM_STAGES) & 1)
-            mbarrier.wait(p_free.index(t % P_BUFS), ((t // P_BUFS) & 1) ^ 1)
-            mbarrier.arrive(p_ready.index(t % P_BUFS), count=1)
-        pages = 0
+    pages = _pages_read(n_tiles, kv_ready, p_ready, p_free, NUM_STAGES, P_BUFS, ISOLATE)
     if SCORES_FIRST and pages > 0:
         s = _scores(0, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s, NUM_STAGES, ROWS_M)
     for t in range(pages):
