@@ -124,6 +124,11 @@ def _gluon_splitkv_stage1(q_ptr, qr_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr
                         stride_oh, BLOCK_R, MERGE_COLS, MERGE_SPLITS, M_TS, M_TR, M_TC, M_WS, M_WR)
 
 
+#: ``KernelVariant.isolate``'s values, in the order of the multi-token kernel's ``ISOLATE``
+#: constexpr (0 both sides, 1 products alone, 2 copies alone).
+ISOLATE_SIDES = ("", "products", "copies")
+
+
 @dataclass(frozen=True)
 class KernelVariant:
     """Layout and launch choices of stage 1 that leave its result unchanged (each measured on an
@@ -180,7 +185,7 @@ class KernelVariant:
     isolate: str = ""
 
     def __post_init__(self) -> None:
-        if self.isolate not in ("", "products", "copies") or (self.isolate and not self.multi_token):
+        if self.isolate not in ISOLATE_SIDES or (self.isolate and not self.multi_token):
             raise ValueError(f"isolate must be '', 'products' or 'copies', the last two with "
                              f"multi_token; got {self.isolate!r}")
         if self.o_split not in ("n", "m"):
@@ -268,7 +273,7 @@ def _launch_stage1(q_rows, rope_rows, kv_cache, block_table, cache_seqlens, part
                                   cache_seqlens, split_policy, partial_out, partial_lse, splits,
                                   heads, float(softmax_scale) * LOG2E, qo_len, causal, num_stages,
                                   pdl, variant.pdl_prologue, variant.multi_token == 2,
-                                  variant.rows_as_m, ("", "products", "copies").index(variant.isolate))
+                                  variant.rows_as_m, ISOLATE_SIDES.index(variant.isolate))
         return
     mt = MergeTiling.for_launch(tiling.block_rows, grid_splits, tiling.num_warps)
     kernel = stage1_split_loop if grid_splits < splits else _gluon_splitkv_stage1

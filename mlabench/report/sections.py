@@ -65,11 +65,11 @@ def _timing_text(timing: dict[str, Any], device_kind: str | None) -> str:
             f"{100 * timing.get('target_rel_ci', 0):g}%, {timing.get('budget_s'):g} s budget per point")
 
 
-def _units(device: dict[str, Any]) -> str:
-    """What a recorded device's ``num_sms`` counts: CPU cores, AMD CUs or NVIDIA SMs."""
-    if device.get("kind") == "cpu":
+def _units(manifest: Any) -> str:
+    """What a run's recorded ``num_sms`` counts: CPU cores, AMD CUs or NVIDIA SMs."""
+    if manifest.on_cpu():
         return "cores"
-    return "CUs" if str(device.get("arch", "")).startswith("gfx") else "SMs"
+    return "CUs" if str(manifest.device.get("arch", "")).startswith("gfx") else "SMs"
 
 
 def _clocks_text(state: dict[str, Any]) -> str:
@@ -128,7 +128,7 @@ def kernel_environment(run: Any, records: Sequence[Record], kind: str = "Kernel 
         ["command", " ".join(m.command)],
         ["git revision", m.git_revision[:12] + (" (with uncommitted changes)" if m.git_dirty else "")],
         ["device", f"{dev.get('name')} ({dev.get('arch')}, {dev.get('num_sms')} "
-                   f"{_units(dev)}{memory})"],
+                   f"{_units(m)}{memory})"],
         ["driver", m.driver], ["clocks at start", _clocks_text(m.gpu_state)],
         clock_row(mine),
         ["versions", ", ".join(f"{k} {v}" for k, v in m.versions.items() if v)],

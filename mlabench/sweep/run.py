@@ -154,9 +154,9 @@ def _reopen(cfg: SweepConfig, resume: Path) -> ResultStore:
     if recorded != asked:
         theirs, ours = recorded.model_dump(), asked.model_dump()
         diff = sorted(k for k in ours if ours[k] != theirs.get(k))
-        raise ConfigError(f"{resume} was recorded with another sweep configuration ({diff[0]}: "
-                          f"{theirs.get(diff[0])} there, {ours[diff[0]]} asked"
-                          f"{''.join(f', {k}' for k in diff[1:])}); resume it without flags that "
-                          "change the sweep, or start a new run")
+        which = (f" ({diff[0]}: {theirs.get(diff[0])} there, {ours[diff[0]]} asked"
+                 f"{''.join(f', {k}' for k in diff[1:])})" if diff else "")
+        raise ConfigError(f"{resume} was recorded with another sweep configuration{which}; resume it "
+                          "without flags that change the sweep, or start a new run")
     store.drop_torn_line()
     return store
