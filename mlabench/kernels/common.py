@@ -199,10 +199,14 @@ def policy_splits(seq_len, policy_ptr, cap, POLICY_ROWS: tl.constexpr):
     """
     rows = tl.arange(0, POLICY_ROWS)
     max_len = tl.load(policy_ptr + 2 * rows)
+    prev_len = tl.load(policy_ptr + 2 * rows - 2, mask=rows > 0, other=-1)
     splits = tl.load(policy_ptr + 2 * rows + 1)
-    first = tl.min(tl.where(seq_len <= max_len, rows, POLICY_ROWS - 1), 0)
-    chosen = tl.sum(tl.where(rows == first, splits, 0), 0)
-    chosen = tl.where(chosen < 0, tl.cdiv(seq_len, tl.maximum(-chosen, 1)), chosen)
+    # One reduction: the row whose (previous max, own max] holds the length (the last's open above;
+    # the maxima increase strictly).  The rule's division only where a rule row matched.
+    match = (seq_len > prev_len) & ((seq_len <= max_len) | (rows == POLICY_ROWS - 1))
+    chosen = tl.sum(tl.where(match, splits, 0), 0)
+    if chosen < 0:
+        chosen = tl.cdiv(seq_len, -chosen)
     return tl.minimum(tl.maximum(chosen, 1), cap)
 
 

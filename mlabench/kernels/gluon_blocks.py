@@ -133,10 +133,14 @@ def lookup_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps
     lay: gl.constexpr = gl.BlockedLayout([(POLICY_ROWS + 31) // 32], [32], [num_warps], [0])
     rows = gl.arange(0, POLICY_ROWS, layout=lay)
     max_len = gl.load(policy_ptr + 2 * rows)
+    prev_len = gl.load(policy_ptr + 2 * rows - 2, mask=rows > 0, other=-1)
     splits = gl.load(policy_ptr + 2 * rows + 1)
-    first = gl.min(gl.where(seq_len <= max_len, rows, POLICY_ROWS - 1), axis=0)
-    chosen = gl.sum(gl.where(rows == first, splits, 0), axis=0)
-    chosen = gl.where(chosen < 0, gl.cdiv(seq_len, gl.maximum(-chosen, 1)), chosen)
+    # The matching row is the one whose range (previous row's max, own max] holds the length (the
+    # last row's range open above): one reduction, not a first-row index then a second one.
+    match = (seq_len > prev_len) & ((seq_len <= max_len) | (rows == POLICY_ROWS - 1))
+    chosen = gl.sum(gl.where(match, splits, 0), axis=0)
+    if chosen < 0:  # a rule row: the division only where one matched (a uniform branch)
+        chosen = gl.cdiv(seq_len, -chosen)
     return gl.minimum(gl.maximum(chosen, 1), cap)
 
 
