@@ -179,11 +179,26 @@ def split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS: gl.constexp
                 num_warps: gl.constexpr):
     """``(first page, pages, written)`` of split ``split`` of a request of ``seq_len`` tokens
     (:func:`split_geometry`, :func:`split_range`, :func:`written_splits`); 0 pages past the
-    request's last page or its count."""
-    n_pages, per_split = split_geometry(seq_len, num_splits, policy_ptr, POLICY_ROWS, num_warps)
-    page_lo = gl.minimum(split * per_split, n_pages)  # split_range's, in main's order (same PTX)
-    written = written_splits(n_pages, per_split)
-    return page_lo, gl.minimum(page_lo + per_split, n_pages) - page_lo, written
+    request's last page or its count.  With a policy table a split at or past the request's
+    page count owns no page at any count, so it skips the lookup and exits sooner (``written``
+    is then 0: it stores nothing)."""
+    if POLICY_ROWS > 0:
+        n_pages = gl.cdiv(seq_len, PAGE_TOKENS)
+        page_lo = n_pages
+        n_tiles = n_pages - n_pages
+        written = n_tiles
+        if split < n_pages:  # the lookup's loads, reduction and division only where they count
+            own = lookup_splits(seq_len, policy_ptr, num_splits, POLICY_ROWS, num_warps)
+            per_split = gl.cdiv(n_pages, own)
+            page_lo = gl.minimum(split * per_split, n_pages)
+            n_tiles = gl.minimum(page_lo + per_split, n_pages) - page_lo
+            written = written_splits(n_pages, per_split)
+    else:
+        n_pages, per_split = split_geometry(seq_len, num_splits, policy_ptr, POLICY_ROWS, num_warps)
+        page_lo = gl.minimum(split * per_split, n_pages)  # split_range's, in main's order (same PTX)
+        written = written_splits(n_pages, per_split)
+        n_tiles = gl.minimum(page_lo + per_split, n_pages) - page_lo
+    return page_lo, n_tiles, written
 
 
 @gluon.jit
