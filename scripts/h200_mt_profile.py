@@ -24,6 +24,7 @@ the two-slot ring's copies do.  NVIDIA Hopper with ``ncu`` on the PATH; ``--run 
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import io
 import shutil
@@ -135,10 +136,71 @@ def profile(out: Path, names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: the stage-1 kernel of each backend, for the source-level profile (ncu's ``-k regex:``)
+STAGE1_KERNEL = {"gluon-splitkv": "stage1", "flashmla": "splitkv_mla"}
+SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+def loop_summary(sass_csv: str, top: int = 8) -> str:
+    """ncu's source page (``--page source --csv --print-source sass``) summed by each instruction's
+    warp-level execution count: the instructions of one partition's loop share it (the softmax
+    warpgroup's page loop runs CTAs x 4 warps x pages times, the output warps' twice that), so
+    each group is where those warps spend their samples.  Markdown: the ``top`` groups by
+    samples, their two main stall reasons ("other": samples ncu names no reason for, as an
+    HGMMA waiting to issue) and their most sampled instruction."""
+    rows = list(csv.reader(io.StringIO(sass_csv)))
+    header = next((r for r in rows if SAMPLES in r), None)
+    if header is None:
+        return "no source counters in the report\n"
+    ix = {h: i for i, h in enumerate(header)}
+    reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    groups: dict[int, dict] = {}
+    for r in rows[rows.index(header) + 1:]:
+        if len(r) < len(header) or not r[ix["Instructions Executed"]].isdigit():
+            continue
+        n, src = int(r[ix[SAMPLES]] or 0), r[ix["Source"]].strip()
+        g = groups.setdefault(int(r[ix["Instructions Executed"]]),
+                              {"n": 0, "count": 0, "why": collections.Counter(), "top": (0, "")})
+        g["n"] += n
+        g["count"] += 1
+        named = {h[6:]: int(r[ix[h]] or 0) for h in reasons}
+        g["why"].update({**named, "other": n - sum(named.values())})
+        g["top"] = max(g["top"], (n, src))
+    total = sum(g["n"] for g in groups.values()) or 1
+    lines = ["| executions | instructions | samples % | main stalls | most sampled instruction |",
+             "|---|---|---|---|---|"]
+    for execs, g in sorted(groups.items(), key=lambda kv: -kv[1]["n"])[:top]:
+        why = ", ".join(f"{k} {100 * v / max(g['n'], 1):.0f}%" for k, v in g["why"].most_common(2) if v > 0)
+        lines.append(f"| {execs} | {g['count']} | {100 * g['n'] / total:.1f} | {why} | "
+                     f"`{g['top'][1][:60]}` ({100 * g['top'][0] / total:.1f}%) |")
+    return "\n".join(lines) + "\n"
+
+
+def source_profile(out: Path, names: list[str]) -> str:
+    """Each case's stage 1 with ncu's source counters (warp stall samples per SASS instruction)
+    into ``out/<case>-sass.csv``; returns the :func:`loop_summary` of each as markdown."""
+    parts = []
+    for name in names:
+        rep = out / f"{name}-source"
+        cmd = ["ncu", "--profile-from-start", "off", "--target-processes", "all", "-f", "-o", str(rep),
+               "-k", f"regex:{STAGE1_KERNEL[CASES[name][0]]}", "--section", "SourceCounters",
+               "--section", "WarpStateStats", sys.executable, __file__, "--run", name]
+        done = subprocess.run(cmd)
+        text = subprocess.run(["ncu", "--import", f"{rep}.ncu-rep", "--page", "source", "--csv",
+                               "--print-source", "sass"], capture_output=True,
+                              text=True).stdout if done.returncode == 0 else ""
+        (out / f"{name}-sass.csv").write_text(text)
+        parts.append(f"**{name}**\n\n" + (loop_summary(text) if text else f"ncu failed (exit code {done.returncode})\n"))
+    return "\n".join(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="folder for the reports, CSVs and profile.md")
     parser.add_argument("--case", action="append", choices=sorted(CASES), help="cases (default: all)")
+    parser.add_argument("--source", action="store_true",
+                        help="instead: stage 1's warp stall samples per SASS instruction, summed by "
+                             "loop (source.md, <case>-sass.csv)")
     parser.add_argument("--run", choices=sorted(CASES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
@@ -149,8 +211,12 @@ def main() -> None:
     if shutil.which("ncu") is None:
         parser.error("ncu (Nsight Compute) is not on the PATH (on the device image: /usr/local/cuda/bin)")
     args.out.mkdir(parents=True, exist_ok=True)
-    table = profile(args.out, args.case or list(CASES))
-    (args.out / "profile.md").write_text(table)
+    if args.source:
+        table = source_profile(args.out, args.case or list(CASES))
+        (args.out / "source.md").write_text(table)
+    else:
+        table = profile(args.out, args.case or list(CASES))
+        (args.out / "profile.md").write_text(table)
     print(table, end="")
 
 
