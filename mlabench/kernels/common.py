@@ -197,13 +197,15 @@ def policy_splits(seq_len, policy_ptr, cap, POLICY_ROWS: tl.constexpr):
     :meth:`~mlabench.policy.device_table.SplitPolicy.device_table` writes
     (:func:`~mlabench.policy.device_table.table_splits` is this lookup on the host).
     """
-    rows = tl.arange(0, POLICY_ROWS)
-    max_len = tl.load(policy_ptr + 2 * rows)
-    prev_len = tl.load(policy_ptr + 2 * rows - 2, mask=rows > 0, other=-1)
-    splits = tl.load(policy_ptr + 2 * rows + 1)
+    LANES: tl.constexpr = 32 * ((POLICY_ROWS + 31) // 32)  # a whole-warp reduction (uniform)
+    rows = tl.arange(0, LANES)
+    real = rows < POLICY_ROWS
+    max_len = tl.load(policy_ptr + 2 * rows, mask=real, other=0)
+    prev_len = tl.load(policy_ptr + 2 * rows - 2, mask=real & (rows > 0), other=-1)
+    splits = tl.load(policy_ptr + 2 * rows + 1, mask=real, other=0)
     # One reduction: the row whose (previous max, own max] holds the length (the last's open above;
     # the maxima increase strictly).  The rule's division only where a rule row matched.
-    match = (seq_len > prev_len) & ((seq_len <= max_len) | (rows == POLICY_ROWS - 1))
+    match = real & (seq_len > prev_len) & ((seq_len <= max_len) | (rows == POLICY_ROWS - 1))
     chosen = tl.sum(tl.where(match, splits, 0), 0)
     if chosen < 0:
         chosen = tl.cdiv(seq_len, -chosen)

@@ -130,14 +130,19 @@ def lookup_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps
     :func:`mlabench.kernels.common.policy_splits` (Gluon needs the layout spelled out).  Every
     warp holds the whole table (``ceil(R / 32)`` rows a lane), so the two reductions stay inside
     a warp: no shared-memory round trip and no barrier before the first page is requested."""
-    lay: gl.constexpr = gl.BlockedLayout([(POLICY_ROWS + 31) // 32], [32], [num_warps], [0])
-    rows = gl.arange(0, POLICY_ROWS, layout=lay)
-    max_len = gl.load(policy_ptr + 2 * rows)
-    prev_len = gl.load(policy_ptr + 2 * rows - 2, mask=rows > 0, other=-1)
-    splits = gl.load(policy_ptr + 2 * rows + 1)
+    # At least one row a lane: a whole-warp sum is one redux.sync whose result the compiler knows
+    # is the same in every lane; over fewer rows it is a partial butterfly, a per-lane value, and
+    # the TMA coordinates built from it (uniform registers) cost the kernel ~200 instructions.
+    LANES: gl.constexpr = 32 * ((POLICY_ROWS + 31) // 32)
+    lay: gl.constexpr = gl.BlockedLayout([LANES // 32], [32], [num_warps], [0])
+    rows = gl.arange(0, LANES, layout=lay)
+    real = rows < POLICY_ROWS
+    max_len = gl.load(policy_ptr + 2 * rows, mask=real, other=0)
+    prev_len = gl.load(policy_ptr + 2 * rows - 2, mask=real & (rows > 0), other=-1)
+    splits = gl.load(policy_ptr + 2 * rows + 1, mask=real, other=0)
     # The matching row is the one whose range (previous row's max, own max] holds the length (the
     # last row's range open above): one reduction, not a first-row index then a second one.
-    match = (seq_len > prev_len) & ((seq_len <= max_len) | (rows == POLICY_ROWS - 1))
+    match = real & (seq_len > prev_len) & ((seq_len <= max_len) | (rows == POLICY_ROWS - 1))
     chosen = gl.sum(gl.where(match, splits, 0), axis=0)
     if chosen < 0:  # a rule row: the division only where one matched (a uniform branch)
         chosen = gl.cdiv(seq_len, -chosen)
