@@ -12,7 +12,8 @@
 #                 device, PDL 1 and 0;
 #   sweeps        the sweeps of results/h200/deploy/device-cost/ named in SWEEPS (default: lookup
 #                 capacity device-cost): the lookup alone and beside empty programs; 16/32 against
-#                 132 host splits; each policy looked up on the host and on the device.
+#                 132 host splits; each policy looked up on the host and on the device (also
+#                 grid: a grid of 128 from the host and the device, one table row and four).
 # PARTS (default: all four, in that order) picks some.  Everything is written under WORK
 # (default /tmp/device-cost, the sweeps' run folders in WORK/runs/) and packed into
 # OUTDIR/device-cost.tar.gz (a device call brings back few files).  On an H100 the four took 9.4

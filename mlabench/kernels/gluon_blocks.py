@@ -128,8 +128,11 @@ def lookup_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps
     / t)``; then clamped to ``[1, cap]``.  The rule of
     :meth:`~mlabench.policy.device_table.SplitPolicy.lookup` and of the Triton kernels'
     :func:`mlabench.kernels.common.policy_splits` (Gluon needs the layout spelled out).  Every
-    warp holds the whole table (``ceil(R / 32)`` rows a lane), so the two reductions stay inside
-    a warp: no shared-memory round trip and no barrier before the first page is requested."""
+    warp holds the whole table (at least one row a lane, masked past ``R``), so the one reduction
+    stays inside a warp (no shared-memory round trip, no barrier before the first page is
+    requested) and its result is warp-uniform.  The rows' ``max_context_len`` increase strictly
+    (padding rows repeat ``2**31 - 1``), so exactly one row's range ``(previous max, own max]``
+    (the last's open above) holds the length."""
     # At least one row a lane: a whole-warp sum is one redux.sync whose result the compiler knows
     # is the same in every lane; over fewer rows it is a partial butterfly, a per-lane value, and
     # the TMA coordinates built from it (uniform registers) cost the kernel ~200 instructions.
