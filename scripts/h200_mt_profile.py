@@ -18,7 +18,9 @@ measured) and the same with its products alone (``-products``: no page copied af
 first ones) and its copies alone (``-copies``: no product), ``mt1`` (rows as N), ``qo1`` (one
 token, 8 splits: the cache stream at full occupancy) and ``flashmla``.  If ``-products`` takes
 about what ``mt1-ram2`` takes, the products and the softmax set the pace; if ``-copies`` does,
-the two-slot ring's copies do.  NVIDIA Hopper with ``ncu`` on the PATH; ``--run NAME`` is the profiled process.
+the two-slot ring's copies do.  Nsight Compute locks the clocks (the SM near its base clock,
+printed per kernel): compare the cases with each other, not with sweeps at full clock.  NVIDIA
+Hopper with ``ncu`` on the PATH; ``--run NAME`` is the profiled process.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ METRICS = ["smsp__average_warps_active_per_issue_active.ratio"] + [
 #: (label, substring of ncu's metric name, case-insensitive): the first metric that matches.
 COLUMNS = [
     ("time", "duration"),
+    ("SM GHz", "sm frequency"),  # ncu locks the clocks (an H100's SM at ~1.4 GHz): compare cases
     ("SM busy %", "sm busy"),
     ("DRAM tput %", "dram throughput"),
     ("L2 hit %", "l2 hit rate"),
