@@ -136,3 +136,25 @@ def test_h200_integrity_refuses_a_missing_policy_in_one_line_before_measuring(tm
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip().endswith(f"error: policy not found: {tmp_path}/missing.json")
     assert not list((tmp_path / "out").glob("*.json")) and not (tmp_path / "out" / "run.log").exists()
+
+
+def test_mt_profile_source_summary_rebuilds_the_committed_table():
+    """``scripts/h200_mt_profile.py --source``'s summary, run again on the committed per-instruction
+    exports (results/h100/deploy/mt-profile/*-sass.csv.gz), gives the committed ``source.md``
+    that docs/multi-token-tile.md quotes; and a sample ncu names no reason for counts as "other"."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mt_profile", REPO / "scripts" / "h200_mt_profile.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    folder = REPO / "results" / "h100" / "deploy" / "mt-profile"
+    parts = [f"**{case}**\n\n" + script.loop_summary(gzip.open(folder / f"{case}-sass.csv.gz", "rt").read())
+             for case in ("mt1-ram2", "mt1-ram2-products", "flashmla")]
+    assert "\n".join(parts) == (folder / "source.md").read_text()
+    header = f'"Address","Source","{script.SAMPLES}","Instructions Executed","stall_wait"'
+    sample = "\n".join([header, '"0x10","HGMMA A","6","8","0"', '"0x20","BRA B","2","8","2"',
+                        '"0x30","EXIT","1","1","1"'])
+    table = script.loop_summary(sample)
+    assert "| 8 | 2 | 88.9 | other 75%, wait 25% | `HGMMA A` (66.7%) |" in table
+    assert table.index("| 8 |") < table.index("| 1 |")
