@@ -117,21 +117,28 @@ def pick(metrics: dict[str, str], needle: str) -> str:
     return "—"
 
 
+def ncu_csv(rep: Path, name: str, options: list[str], page: list[str]) -> tuple[str, int]:
+    """Case ``name`` profiled by ncu with ``options`` into ``rep.ncu-rep``, then that report's
+    ``page`` (e.g. ``["--page", "details"]``) as CSV: ``(text, ncu's exit code)``, the text empty
+    where the profile failed."""
+    cmd = ["ncu", "--profile-from-start", "off", "--target-processes", "all", "-f", "-o", str(rep)]
+    done = subprocess.run(cmd + options + [sys.executable, __file__, "--run", name])
+    if done.returncode:
+        return "", done.returncode
+    return subprocess.run(["ncu", "--import", f"{rep}.ncu-rep", *page, "--csv"], capture_output=True,
+                          text=True).stdout, 0
+
+
 def profile(out: Path, names: list[str]) -> str:
     """Profile each case into ``out`` and return the markdown table."""
     lines = ["| case | kernel | " + " | ".join(label for label, _ in COLUMNS) + " |",
              "|---" * (len(COLUMNS) + 2) + "|"]
     for name in names:
-        rep = out / name
-        cmd = ["ncu", "--profile-from-start", "off", "--target-processes", "all", "-f", "-o", str(rep)]
-        for section in SECTIONS:
-            cmd += ["--section", section]
-        cmd += ["--metrics", ",".join(METRICS)]
-        done = subprocess.run(cmd + [sys.executable, __file__, "--run", name])
-        text = subprocess.run(["ncu", "--import", f"{rep}.ncu-rep", "--page", "details", "--csv"],
-                              capture_output=True, text=True).stdout if done.returncode == 0 else ""
+        options = [arg for section in SECTIONS for arg in ("--section", section)]
+        text, code = ncu_csv(out / name, name, options + ["--metrics", ",".join(METRICS)],
+                             ["--page", "details"])
         if not text:
-            lines.append(f"| {name} | ncu failed (exit code {done.returncode}) |" + " |" * len(COLUMNS))
+            lines.append(f"| {name} | ncu failed (exit code {code}) |" + " |" * len(COLUMNS))
             continue
         (out / f"{name}.csv").write_text(text)
         for kernel, metrics in metric_rows(text).items():
@@ -184,16 +191,12 @@ def source_profile(out: Path, names: list[str]) -> str:
     into ``out/<case>-sass.csv``; returns the :func:`loop_summary` of each as markdown."""
     parts = []
     for name in names:
-        rep = out / f"{name}-source"
-        cmd = ["ncu", "--profile-from-start", "off", "--target-processes", "all", "-f", "-o", str(rep),
-               "-k", f"regex:{STAGE1_KERNEL[CASES[name][0]]}", "--section", "SourceCounters",
-               "--section", "WarpStateStats", sys.executable, __file__, "--run", name]
-        done = subprocess.run(cmd)
-        text = subprocess.run(["ncu", "--import", f"{rep}.ncu-rep", "--page", "source", "--csv",
-                               "--print-source", "sass"], capture_output=True,
-                              text=True).stdout if done.returncode == 0 else ""
+        options = ["-k", f"regex:{STAGE1_KERNEL[CASES[name][0]]}", "--section", "SourceCounters",
+                   "--section", "WarpStateStats"]
+        text, code = ncu_csv(out / f"{name}-source", name, options,
+                             ["--page", "source", "--print-source", "sass"])
         (out / f"{name}-sass.csv").write_text(text)
-        parts.append(f"**{name}**\n\n" + (loop_summary(text) if text else f"ncu failed (exit code {done.returncode})\n"))
+        parts.append(f"**{name}**\n\n" + (loop_summary(text) if text else f"ncu failed (exit code {code})\n"))
     return "\n".join(parts)
 
 

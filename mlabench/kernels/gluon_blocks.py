@@ -196,10 +196,9 @@ def split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS: gl.constexp
         n_tiles = n_pages - n_pages
         written = n_tiles
         if split < n_pages:  # the lookup's loads, reduction and division only where they count
-            own = lookup_splits(seq_len, policy_ptr, num_splits, POLICY_ROWS, num_warps)
-            per_split = gl.cdiv(n_pages, own)
-            page_lo = gl.minimum(split * per_split, n_pages)
-            n_tiles = gl.minimum(page_lo + per_split, n_pages) - page_lo
+            n_pages, per_split = split_geometry(seq_len, num_splits, policy_ptr, POLICY_ROWS,
+                                                num_warps)
+            page_lo, n_tiles = split_range(split, n_pages, per_split)
             written = written_splits(n_pages, per_split)
     else:
         n_pages, per_split = split_geometry(seq_len, num_splits, policy_ptr, POLICY_ROWS, num_warps)
