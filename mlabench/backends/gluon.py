@@ -125,11 +125,12 @@ MULTI_TOKEN = ParamSpec(
 
 # H200 (docs/multi-token-tile.md): 2 beats 0 at every point measured with multi_token 1 and 2.
 ROWS_AS_M = ParamSpec(
-    "rows_as_m", int, default=0, low=0, high=2, omit_default=True, searched=False,
+    "rows_as_m", int, default=0, low=0, high=3, omit_default=True, searched=False,
     help="with multi_token 1 or 2, a 64-row tile (qo_len 3-8 at 12 heads) computes with its rows "
          "as the wgmma M: 1 the output product as O = P V (half the instructions of O^T = V^T "
          "P^T, 3/4 of their shared-memory operand bytes), 2 the scores as S = Q K^T too (a row's "
-         "softmax reductions within a warp).  0 (default): the rows as N; 32-row tiles and the "
+         "softmax reductions within a warp), 3 as 2 with the output product as m64n256k16 and the "
+         "output warps copying the pages (no loader warp).  0 (default): the rows as N; 32-row tiles and the "
          "one-token kernel run it either way.  H200: 2 is 5-25% faster than 0 with multi_token=1",
 )
 

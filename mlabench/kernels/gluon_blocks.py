@@ -21,6 +21,9 @@ PAGE_TOKENS = gl.constexpr(PAGE_SIZE)
 #: The TMA global-to-shared copy is ``async_copy_global_to_shared`` in Triton 3.6 and ``async_load``
 #: from 3.7 on.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+#: The barrier of a partition's (or the CTA's) warps: ``thread_barrier`` in Triton 3.6, ``barrier``
+#: later.
+partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @gluon.jit
@@ -28,8 +31,14 @@ def issue_page(kvn_desc, kvr_desc, bt_row_ptr, page_lo, t, kn_smem, kr_smem, bar
                NUM_STAGES: gl.constexpr):
     """Start the two bulk copies of the request's page ``page_lo + t`` into ring slot
     ``t % NUM_STAGES``; they complete on that slot's mbarrier."""
-    slot = t % NUM_STAGES
-    page = gl.load(bt_row_ptr + page_lo + t)
+    copy_page(kvn_desc, kvr_desc, gl.load(bt_row_ptr + page_lo + t), t % NUM_STAGES, kn_smem,
+              kr_smem, bars)
+
+
+@gluon.jit
+def copy_page(kvn_desc, kvr_desc, page, slot, kn_smem, kr_smem, bars):
+    """Start the two bulk copies of cache page ``page`` (its block-table entry) into ring slot
+    ``slot``; they complete on that slot's mbarrier."""
     row = page * PAGE_TOKENS
     bar = bars.index(slot)
     mbarrier.expect(bar, kvn_desc.block_type.nbytes + kvr_desc.block_type.nbytes)

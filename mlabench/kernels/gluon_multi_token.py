@@ -28,7 +28,11 @@ splits each CTA's work among three partitions:
 
 ``rows_as_m`` (64-row tiles): the products with the rows as the wgmma M, as FlashMLA computes
 them: 1 the output product as ``O [R, 512] += P V``, 2 the scores as ``S = Q K^T`` too
-(:func:`_output`, :func:`_softmax`).
+(:func:`_output`, :func:`_softmax`), 3 as 2 with the output product as ``m64n256k16`` and no
+loader warp: ptxas needs 154 registers a thread for that instruction, and the kernel's register
+target applies to every partition, so it runs 12 warps at 168 (16 at 128 with the loader warp
+padded to a warpgroup); the output warps then copy a slot's next page once their products of
+its page are done (:mod:`mlabench.kernels.gluon_mt_feed`).
 
 Why not one CTA for all 96 rows of an 8-token request: its accumulator ``O^T [512, 96]`` fp32 is
 192 KB, three quarters of an SM's 256 KB register file before any score, weight or address
@@ -50,8 +54,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mlabench.kernels.common import causal_row_limits
 from mlabench.kernels.gluon_blocks import (
-    D_NOPE, PAGE_TOKENS, issue_page, launch_dependents, load_q_tiles, page_ring, scaled_scores,
-    softmax_step, split_pages, store_partial, wait_prior_grid, zero_rows_from,
+    D_NOPE, PAGE_TOKENS, launch_dependents, load_q_tiles, page_ring, scaled_scores, softmax_step,
+    split_pages, store_partial, wait_prior_grid, zero_rows_from,
+)
+from mlabench.kernels.gluon_mt_feed import (
+    fill_ring, loader_partition, mt_barriers, page_scores, pages_read, refill_slot, shared_tiles,
 )
 from mlabench.kernels.row_tiling import RowTiling
 
@@ -63,6 +70,13 @@ MT_NUM_WARPS = 8  #: warps of the output partition (the kernel's ``num_warps``)
 SOFTMAX_REGS = gl.constexpr(168)
 LOADER_REGS = gl.constexpr(24)
 MT_MAXNREG = 128
+
+
+def mt_maxnreg(rows_m: int) -> int:
+    """The launch's register target: ``MT_MAXNREG``, or 168 with ``rows_m`` 3, whose 12 warps
+    (no loader warp) may each have 168 of the 64K registers, as ptxas needs for its output
+    product's ``m64n256k16`` (128 accumulator registers beside the operands' descriptors)."""
+    return 168 if rows_m == 3 else MT_MAXNREG
 
 
 def multi_token_tiling(rows: int) -> RowTiling | None:
@@ -89,61 +103,6 @@ def rows_m_for(rows_as_m: int, block_rows: int) -> int:
 
 
 @gluon.jit
-def _loader(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, heads_per_token,
-            qk_scale_log2, smem, bars, BLOCK_R: gl.constexpr, QO_LEN: gl.constexpr,
-            CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_FIRST: gl.constexpr,
-            ROWS_M: gl.constexpr, ISOLATE: gl.constexpr):
-    """Loader partition: page ``t`` into slot ``t % NUM_STAGES`` once the slot is free (a fresh
-    mbarrier counts as having completed the phase before its first, so the first pages go at
-    once)."""
-    kn_smem, kr_smem = smem[0], smem[1]
-    kv_ready, kv_free = bars[0], bars[1]
-    for t in range(n_tiles):
-        slot = t % NUM_STAGES
-        mbarrier.wait(kv_free.index(slot), ((t // NUM_STAGES) & 1) ^ 1)
-        if ISOLATE == 1 and t >= NUM_STAGES:  # products alone: the slot "lands" as it is
-            mbarrier.arrive(kv_ready.index(slot), count=1)
-        else:
-            issue_page(kvn_desc, kvr_desc, bt_row_ptr, page_lo, t, kn_smem, kr_smem, kv_ready,
-                       NUM_STAGES)
-
-
-@gluon.jit
-def _scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, dead, NUM_STAGES: gl.constexpr,
-            ROWS_M: gl.constexpr):
-    """``S^T = K Q^T`` (``[64, rows]``; ``S = Q K^T``, ``[rows, 64]``, for ``ROWS_M`` 2) of page
-    ``t`` of the ring (latent and RoPE parts) once it has landed, into the registers of ``dead``
-    (a score tensor no longer read: its values are not used, so no zero tile stays live)."""
-    slot = t % NUM_STAGES
-    q = t >> 30  # 0 (a split has far fewer pages), but not provably so: see _shared_tiles
-    mbarrier.wait(kv_ready.index(slot), (t // NUM_STAGES) & 1)
-    if ROWS_M == 2:
-        s = warpgroup_mma(qn_smem.index(q), kn_smem.index(slot).permute((1, 0)), dead,
-                          use_acc=False, is_async=True)
-        s = warpgroup_mma(qr_smem.index(q), kr_smem.index(slot).permute((1, 0)), s, is_async=True)
-    else:
-        s = warpgroup_mma(kn_smem.index(slot), qn_smem.index(q).permute((1, 0)), dead,
-                          use_acc=False, is_async=True)
-        s = warpgroup_mma(kr_smem.index(slot), qr_smem.index(q).permute((1, 0)), s, is_async=True)
-    return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-
-
-@gluon.jit
-def _pages_read(n_tiles, kv_ready, p_ready, p_free, NUM_STAGES: gl.constexpr, P_BUFS: gl.constexpr,
-                ISOLATE: gl.constexpr):
-    """The pages the softmax partition reads: ``n_tiles``, or none with ``ISOLATE`` 2 (copies
-    alone), each page then handed on unread once it has landed."""
-    pages = n_tiles
-    if ISOLATE == 2:
-        for t in range(n_tiles):
-            mbarrier.wait(kv_ready.index(t % NUM_STAGES), (t // NUM_STAGES) & 1)
-            mbarrier.wait(p_free.index(t % P_BUFS), ((t // P_BUFS) & 1) ^ 1)
-            mbarrier.arrive(p_ready.index(t % P_BUFS), count=1)
-        pages = 0
-    return pages
-
-
-@gluon.jit
 def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, heads_per_token,
              qk_scale_log2, smem, bars, BLOCK_R: gl.constexpr, QO_LEN: gl.constexpr,
              CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, SCORES_FIRST: gl.constexpr,
@@ -157,7 +116,7 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
     kv_ready, p_ready, p_free, done = bars[0], bars[2], bars[3], bars[4]
     P_BUFS: gl.constexpr = p_smem.type.shape[0]
     gl.static_assert(ROWS_M == 0 or BLOCK_R == PAGE_TOKENS, "rows_as_m needs 64-row tiles")
-    AX: gl.constexpr = 1 if ROWS_M == 2 else 0  # the token axis of the scores
+    AX: gl.constexpr = 1 if ROWS_M >= 2 else 0  # the token axis of the scores
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, PAGE_TOKENS if AX else BLOCK_R, 16])
     if AX:
@@ -169,12 +128,12 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
     m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=gl.SliceLayout(AX, mma))
     offs_t = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1 - AX, mma))
     first_masked = seq_len - QO_LEN + 1  # under CAUSAL, no row sees a key from here on
-    pages = _pages_read(n_tiles, kv_ready, p_ready, p_free, NUM_STAGES, P_BUFS, ISOLATE)
+    pages = pages_read(n_tiles, kv_ready, p_ready, p_free, NUM_STAGES, P_BUFS, ISOLATE)
     if SCORES_FIRST and pages > 0:
-        s = _scores(0, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s, NUM_STAGES, ROWS_M)
+        s = page_scores(0, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s, NUM_STAGES, ROWS_M)
     for t in range(pages):
         if not SCORES_FIRST:
-            s = _scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s, NUM_STAGES, ROWS_M)
+            s = page_scores(t, kn_smem, kr_smem, qn_smem, qr_smem, kv_ready, s, NUM_STAGES, ROWS_M)
         tok = (page_lo + t) * PAGE_TOKENS + offs_t
         if CAUSAL and (page_lo + t + 1) * PAGE_TOKENS > first_masked:  # the last page or two
             rows = row_lo + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(AX, mma))
@@ -197,7 +156,7 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
         if SCORES_FIRST:  # the next page's scores reach the tensor cores before this page's
             # output product, so the next softmax runs under that product (after the last page
             # this page's again, still in its slot: one unused product a split, no branch)
-            s = _scores(gl.minimum(t + 1, pages - 1), kn_smem, kr_smem, qn_smem, qr_smem,
+            s = page_scores(gl.minimum(t + 1, pages - 1), kn_smem, kr_smem, qn_smem, qr_smem,
                         kv_ready, s, NUM_STAGES, ROWS_M)
         mbarrier.arrive(p_ready.index(j), count=1)
     if n_tiles > 0:
@@ -207,7 +166,7 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
 
 
 @gluon.jit
-def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr,
+def _output(smem, bars, pages, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr,
             ROWS_M: gl.constexpr, ISOLATE: gl.constexpr, num_warps: gl.constexpr):
     """Output partition (the default, ``num_warps`` = 8), per page, each warpgroup 256 of the 512
     output columns; frees the page's slot and P buffer once its product completed.
@@ -217,19 +176,19 @@ def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr
     - ``ROWS_M`` 1 or 2 (64-row tiles): ``O [R, 512] *= alpha; O += P V``, the rows as M (8
       ``m64n128k16``, 2 KB of A, the P tile (1: P^T read transposed), and 4 KB of B, the page's
       latent tile): half the instructions and 48 KB of operands a warpgroup and page instead of
-      64.  (N = 256, one instruction for a warpgroup's columns, needs 128 accumulator registers a
-      thread beside its operands' descriptors: ptxas refuses it under the kernel's 128-register
-      target.)
+      64;
+    - ``ROWS_M`` 3: as 2 with 4 ``m64n256k16`` (P read once: 40 KB), which needs 154 registers
+      a thread (:func:`mt_maxnreg`), and the copies of the pages (``pages``) issued from here.
 
-    Returns ``(o, m [BLOCK_R], l [BLOCK_R])``, ``o`` fp32 ``[512, BLOCK_R]`` (0) or ``[BLOCK_R,
-    512]``."""
+    Returns ``(o, m [BLOCK_R], l [BLOCK_R])``, ``o`` fp32 ``[512, BLOCK_R]`` (0) or ``[R, 512]``."""
     kn_smem, p_smem, a_smem, ml_smem = smem[0], smem[4], smem[5], smem[6]
-    kv_free, p_ready, p_free, done = bars[1], bars[2], bars[3], bars[4]
+    kv_ready, kv_free, p_ready, p_free, done = bars
+    bt_row_ptr, page_lo = pages[2], pages[3]
     P_BUFS: gl.constexpr = p_smem.type.shape[0]
     if ROWS_M:
         mma_o: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, num_warps // 4],
-            instr_shape=[16, 128, 16])
+            instr_shape=[16, 256 if ROWS_M == 3 else 128, 16])
         per_row: gl.constexpr = gl.SliceLayout(1, mma_o)
         o = gl.zeros([BLOCK_R, D_NOPE], gl.float32, layout=mma_o)
     else:
@@ -240,10 +199,12 @@ def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr
     for t in range(n_tiles):
         slot = t % NUM_STAGES
         j = t % P_BUFS
+        if ROWS_M == 3:  # the block-table entry of the page this slot takes next, early
+            nxt = gl.load(bt_row_ptr + page_lo + gl.minimum(t + NUM_STAGES, n_tiles - 1))
         mbarrier.wait(p_ready.index(j), (t // P_BUFS) & 1)
         if ISOLATE != 2:  # copies alone: no product
             alpha = a_smem.index(j).load(per_row)
-            if ROWS_M == 2:
+            if ROWS_M >= 2:
                 o = warpgroup_mma(p_smem.index(j), kn_smem.index(slot), o * alpha[:, None],
                                   is_async=True)
             elif ROWS_M == 1:
@@ -253,7 +214,10 @@ def _output(smem, bars, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.constexpr
                 o = warpgroup_mma(kn_smem.index(slot).permute((1, 0)), p_smem.index(j),
                                   o * alpha[None, :], is_async=True)
             o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
-        mbarrier.arrive(kv_free.index(slot), count=1)
+        if ROWS_M == 3:  # no loader warp: the slot's next page is copied from here
+            refill_slot(pages, nxt, t, n_tiles, kn_smem, smem[1], kv_ready, NUM_STAGES, ISOLATE)
+        else:
+            mbarrier.arrive(kv_free.index(slot), count=1)
         mbarrier.arrive(p_free.index(j), count=1)
     m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=per_row)
     l_i = gl.zeros([BLOCK_R], gl.float32, layout=per_row)
@@ -275,46 +239,6 @@ def _columns_first(o, ROWS_M: gl.constexpr, num_warps: gl.constexpr):
     return o
 
 
-@gluon.jit
-def _shared_tiles(dt: gl.constexpr, BLOCK_R: gl.constexpr, P_BUFS: gl.constexpr):
-    """The query tiles ``[1, BLOCK_R, 512]``/``[1, BLOCK_R, 64]``, ``P_BUFS`` P^T (or P) tiles
-    ``[64, BLOCK_R]``, their ``alpha`` rows and the final ``(m, l)`` rows (fp32).
-
-    The query tiles have a leading dimension of 1 that the score product indexes with a value
-    the compiler cannot prove to be 0 (:func:`_scores`): with a constant index, Triton 3.6 hoists
-    the 36 wgmma descriptors of the query out of the page loop, 64 bits each, and keeps them in
-    about 70 registers of the softmax warpgroup, which then spilled 42-54 values a page (Triton
-    3.9 keeps only their low halves, in uniform registers).  Computed in the loop, they are a
-    uniform add each, as the page's own descriptors are."""
-    qn_smem = gl.allocate_shared_memory(dt, [1, BLOCK_R, D_NOPE],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_R, D_NOPE], dt))
-    qr_smem = gl.allocate_shared_memory(dt, [1, BLOCK_R, 64],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_R, 64], dt))
-    p_smem = gl.allocate_shared_memory(dt, [P_BUFS, PAGE_TOKENS, BLOCK_R],
-                                       gl.NVMMASharedLayout.get_default_for([PAGE_TOKENS, BLOCK_R], dt))
-    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_R], flat)
-    ml_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_R], flat)
-    return qn_smem, qr_smem, p_smem, a_smem, ml_smem
-
-
-@gluon.jit
-def _barriers(NUM_STAGES: gl.constexpr, P_BUFS: gl.constexpr):
-    """``(kv_ready, kv_free, p_ready, p_free, done)``, each mbarrier initialised to one arrival."""
-    lay: gl.constexpr = mbarrier.MBarrierLayout()
-    kv_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], lay)
-    p_ready = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], lay)
-    p_free = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], lay)
-    done = gl.allocate_shared_memory(gl.int64, [1, 1], lay)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(kv_free.index(i), count=1)
-    for i in gl.static_range(P_BUFS):
-        mbarrier.init(p_ready.index(i), count=1)
-        mbarrier.init(p_free.index(i), count=1)
-    mbarrier.init(done.index(0), count=1)
-    return kv_free, p_ready, p_free, done
-
-
 @gluon.jit(do_not_specialize=["num_splits"])
 def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_ptr, po_ptr,
                         plse_ptr, num_splits, num_rows, heads_per_token, qk_scale_log2, stride_qb,
@@ -323,8 +247,7 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
                         CAUSAL: gl.constexpr, POLICY_ROWS: gl.constexpr,
                         NUM_STAGES: gl.constexpr, P_BUFS: gl.constexpr,
                         SCORES_FIRST: gl.constexpr, ROWS_M: gl.constexpr, ISOLATE: gl.constexpr,
-                        PDL: gl.constexpr,
-                        WAIT_PRIOR: gl.constexpr, num_warps: gl.constexpr):
+                        PDL: gl.constexpr, WAIT_PRIOR: gl.constexpr, num_warps: gl.constexpr):
     if PDL == 1:  # let the merge grid be scheduled now; it waits for this grid before reading
         launch_dependents()
     # Grid (B * ROW_TILES, S) as the one-token kernel's: a request's row tiles share pages in L2.
@@ -336,8 +259,8 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
                                             num_warps)
     bt_row_ptr = bt_ptr + b.to(gl.int64) * stride_btb
     kn_smem, kr_smem, kv_ready = page_ring(kvn_desc, kvr_desc, NUM_STAGES)
-    qn_smem, qr_smem, p_smem, a_smem, ml_smem = _shared_tiles(kvn_desc.dtype, BLOCK_R, P_BUFS)
-    kv_free, p_ready, p_free, done = _barriers(NUM_STAGES, P_BUFS)
+    qn_smem, qr_smem, p_smem, a_smem, ml_smem = shared_tiles(kvn_desc.dtype, BLOCK_R, P_BUFS)
+    kv_free, p_ready, p_free, done = mt_barriers(NUM_STAGES, P_BUFS)
     if WAIT_PRIOR:  # PDL prologue: an empty split touches neither q nor the partials
         if n_tiles > 0:
             wait_prior_grid()
@@ -347,17 +270,30 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
         fence_async_shared()
     smem = (kn_smem, kr_smem, qn_smem, qr_smem, p_smem, a_smem, ml_smem)
     bars = (kv_ready, kv_free, p_ready, p_free, done)
+    pages = (kvn_desc, kvr_desc, bt_row_ptr, page_lo)
     # the worker partitions take the same arguments, spelled out in the call: a tuple assigned to
     # a variable first would turn its constexprs into tensors
-    o, m_i, l_i = gl.warp_specialize([
-        (_output, (smem, bars, n_tiles, BLOCK_R, NUM_STAGES, ROWS_M, ISOLATE, num_warps)),
-        (_softmax, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
-                    heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
-                    NUM_STAGES, SCORES_FIRST, ROWS_M, ISOLATE)),
-        (_loader, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
-                   heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
-                   NUM_STAGES, SCORES_FIRST, ROWS_M, ISOLATE)),
-    ], [4, 1], [SOFTMAX_REGS, LOADER_REGS])
+    if ROWS_M == 3:  # the output warps copy the pages: no loader warp
+        fill_ring(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, kn_smem, kr_smem, kv_ready,
+                  NUM_STAGES)
+        o, m_i, l_i = gl.warp_specialize([
+            (_output, (smem, bars, pages, n_tiles, BLOCK_R, NUM_STAGES, ROWS_M, ISOLATE,
+                       num_warps)),
+            (_softmax, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
+                        heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
+                        NUM_STAGES, SCORES_FIRST, ROWS_M, ISOLATE)),
+        ], [4], [SOFTMAX_REGS])
+    else:
+        o, m_i, l_i = gl.warp_specialize([
+            (_output, (smem, bars, pages, n_tiles, BLOCK_R, NUM_STAGES, ROWS_M, ISOLATE,
+                       num_warps)),
+            (_softmax, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo,
+                        heads_per_token, qk_scale_log2, smem, bars, BLOCK_R, QO_LEN, CAUSAL,
+                        NUM_STAGES, SCORES_FIRST, ROWS_M, ISOLATE)),
+            (loader_partition, (kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len,
+                                row_lo, heads_per_token, qk_scale_log2, smem, bars, BLOCK_R,
+                                QO_LEN, CAUSAL, NUM_STAGES, SCORES_FIRST, ROWS_M, ISOLATE)),
+        ], [4, 1], [SOFTMAX_REGS, LOADER_REGS])
     if PDL == 2:  # the merge's launch overlaps this program's epilogue only
         launch_dependents()
     if n_tiles > 0:  # an empty split writes nothing: the merge reads only the splits owning pages
@@ -393,6 +329,7 @@ def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_tabl
         POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], NUM_STAGES=num_stages,
         P_BUFS=p_buffers(tiling.block_rows), SCORES_FIRST=scores_first and num_stages > 1,
         ROWS_M=rows_m_for(rows_as_m, tiling.block_rows), ISOLATE=isolate, PDL=pdl,
-        WAIT_PRIOR=wait_prior, num_warps=tiling.num_warps, maxnreg=MT_MAXNREG,
+        WAIT_PRIOR=wait_prior, num_warps=tiling.num_warps,
+        maxnreg=mt_maxnreg(rows_m_for(rows_as_m, tiling.block_rows)),
         **({"launch_pdl": True} if wait_prior else {}),
     )

@@ -164,14 +164,15 @@ class KernelVariant:
     - ``rows_as_m``: with ``multi_token``, a 64-row tile's products with its rows as M
       (:mod:`mlabench.kernels.gluon_multi_token`): 1 the output product as ``O = P V`` (half the
       wgmma instructions of ``O^T = V^T P^T``, 3/4 of their operand bytes), 2 the score product
-      as ``S = Q K^T`` too (a row's softmax max and sum within a quad of threads).  0: the rows
-      as N.
+      as ``S = Q K^T`` too (a row's softmax max and sum within a quad of threads), 3 as 2 with
+      the output product as ``m64n256k16`` (one instruction a warpgroup and k-step, P read once)
+      and no loader warp (the output warps copy the pages).  0: the rows as N.
     - ``isolate`` (timing only, the output is wrong; no backend parameter reaches it): with
       ``multi_token``, ``"products"`` copies no page after the ring's first ones (the products
       reread the slots), ``"copies"`` computes no product (the pages only stream through the
       ring): what each side of the pipeline takes alone (``scripts/h200_mt_profile.py``).
     Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``, a ``multi_token`` or
-    ``rows_as_m`` other than 0, 1 or 2, ``split_loop`` with ``multi_token``, or an ``isolate``
+    ``rows_as_m`` other than 0 to 3, ``split_loop`` with ``multi_token``, or an ``isolate``
     other than ``""``, ``"products"`` or ``"copies"`` or without ``multi_token``.
     """
 
@@ -192,8 +193,8 @@ class KernelVariant:
             raise ValueError(f"o_split must be 'n' or 'm', got {self.o_split!r}")
         if self.multi_token not in (0, 1, 2):
             raise ValueError(f"multi_token must be 0, 1 or 2, got {self.multi_token!r}")
-        if self.rows_as_m not in (0, 1, 2):
-            raise ValueError(f"rows_as_m must be 0, 1 or 2, got {self.rows_as_m!r}")
+        if self.rows_as_m not in (0, 1, 2, 3):
+            raise ValueError(f"rows_as_m must be 0, 1, 2 or 3, got {self.rows_as_m!r}")
         if self.split_loop and self.multi_token:
             raise ValueError("split_loop and multi_token do not run together (the multi-token "
                              "stage 1 has no split loop)")

@@ -243,7 +243,7 @@ def compile_multi_token_sm90(block_rows: int = 64, qo_len: int = 8, *, causal: b
     launches it); ``isolate`` 1 or 2 the timing-only kernels of ``KernelVariant.isolate``.
     Run it where Triton's interpreter has not run."""
     from mlabench.kernels.gluon_multi_token import (
-        MT_MAXNREG, MT_NUM_WARPS, _multi_token_stage1, p_buffers, rows_m_for,
+        MT_NUM_WARPS, _multi_token_stage1, mt_maxnreg, p_buffers, rows_m_for,
     )
 
     consts = {"BLOCK_R": block_rows, "ROW_TILES": 1, "QO_LEN": qo_len, "CAUSAL": causal,
@@ -253,7 +253,8 @@ def compile_multi_token_sm90(block_rows: int = 64, qo_len: int = 8, *, causal: b
               "WAIT_PRIOR": pdl_prologue,
               "num_warps": MT_NUM_WARPS}
     return _compile_gluon(_multi_token_stage1, dtype, consts,
-                          {"num_warps": MT_NUM_WARPS, "maxnreg": MT_MAXNREG})
+                          {"num_warps": MT_NUM_WARPS,
+                           "maxnreg": mt_maxnreg(rows_m_for(rows_as_m, block_rows))})
 
 
 def main() -> None:

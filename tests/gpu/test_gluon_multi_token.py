@@ -36,7 +36,7 @@ def _ref(x, lens, qo_len, causal=True, q=None):
 @pytest.mark.parametrize("lens,splits,stages", [((4096,), 64, 2), ((1000, 70, 8, 3000), 7, 2),
                                                 ((65, 2000), 512, 2), ((1000, 70, 8, 3000), 7, 1)])
 @pytest.mark.parametrize("mode", [1, 2])
-@pytest.mark.parametrize("rows_m", [0, 2])  # 1: the poisoned-input test below
+@pytest.mark.parametrize("rows_m", [0, 2, 3])  # 1: the poisoned-input test below
 def test_multi_token_matches_fp32(qo_len, causal, lens, splits, stages, mode, rows_m):
     """32- and 64-row tiles (two past 64 rows), causal limits at split edges, a request whose
     context holds just the block, more splits than pages (splits that own none), both rings,
@@ -68,7 +68,8 @@ def test_one_token_ignores_the_variant():
 
 @pytest.mark.parametrize("qo_len,causal,mode,rows_m", [(4, True, 1, 0), (8, False, 1, 0),
                                                        (8, True, 2, 0), (4, True, 1, 1),
-                                                       (8, True, 1, 2), (8, False, 2, 2)])
+                                                       (8, True, 1, 2), (8, False, 2, 2),
+                                                       (8, True, 1, 3), (4, True, 2, 3)])
 @pytest.mark.parametrize("splits", [1, 7, 64])
 def test_passes_every_input_set_on_poisoned_inputs(qo_len, causal, mode, rows_m, splits):
     """The check ``check`` and ``sweep`` take (NaN tails and padding pages, needles at the
@@ -85,7 +86,7 @@ def test_passes_every_input_set_on_poisoned_inputs(qo_len, causal, mode, rows_m,
 
 
 @pytest.mark.parametrize("isolate", ["products", "copies"])
-@pytest.mark.parametrize("rows_m", [0, 2])
+@pytest.mark.parametrize("rows_m", [0, 2, 3])
 def test_isolated_sides_run_to_the_end(isolate, rows_m):
     """``KernelVariant.isolate`` (timing only, scripts/h200_mt_profile.py): each side alone
     completes (no partition waits on a barrier the other side no longer signals) and writes

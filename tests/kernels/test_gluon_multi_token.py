@@ -161,8 +161,8 @@ def test_rows_as_m_runs_only_on_64_row_multi_token_tiles():
     assert KernelVariant(multi_token=1, rows_as_m=1).rows_as_m_runs(12) == 0  # one token
     assert KernelVariant(multi_token=0, rows_as_m=1).rows_as_m_runs(96) == 0
     assert KernelVariant(multi_token=1).rows_as_m_runs(96) == 0
-    with pytest.raises(ValueError, match="rows_as_m must be 0, 1 or 2"):
-        KernelVariant(rows_as_m=3)
+    with pytest.raises(ValueError, match="rows_as_m must be 0, 1, 2 or 3"):
+        KernelVariant(rows_as_m=4)
 
 
 def test_isolate_is_off_by_default_and_only_with_multi_token():
