@@ -161,8 +161,10 @@ def test_rows_as_m_runs_only_on_64_row_multi_token_tiles():
     assert KernelVariant(multi_token=1, rows_as_m=1).rows_as_m_runs(12) == 0  # one token
     assert KernelVariant(multi_token=0, rows_as_m=1).rows_as_m_runs(96) == 0
     assert KernelVariant(multi_token=1).rows_as_m_runs(96) == 0
-    with pytest.raises(ValueError, match="rows_as_m must be 0, 1, 2 or 3"):
-        KernelVariant(rows_as_m=4)
+    with pytest.raises(ValueError, match="rows_as_m must be 0 to 4"):
+        KernelVariant(rows_as_m=5)
+    with pytest.raises(ValueError, match="multi_token=1 only"):
+        KernelVariant(multi_token=2, rows_as_m=4)
 
 
 def test_isolate_is_off_by_default_and_only_with_multi_token():
@@ -277,3 +279,21 @@ def test_split_loop_and_multi_token_are_refused_together(tmp_path):
     for one in ({"split_loop": 1}, {"multi_token": 2}):
         call = backend.prepare(x, backend.resolve_params(shape, {**one, **device}))
         assert all(call.effective_params[k] == v for k, v in one.items())
+
+
+def test_rows_as_m_4_refuses_mode_2():
+    """Two softmax warpgroups (``rows_as_m`` 4) take alternate pages in page order, which the
+    order of ``multi_token`` 2 (the next page's scores before this page's weights) would break:
+    the backend reports the pair unsupported in one line; with 1 it prepares and records 4."""
+    from mlabench.backends import get_backend, gluon as _gluon  # noqa: F401
+    from mlabench.errors import UnsupportedShapeError
+    from mlabench.inputs import make_inputs
+    from mlabench.shapes import MLADecodeShape
+
+    backend = get_backend("gluon-splitkv")
+    shape = MLADecodeShape.create(num_heads=12, context_lens=(4096,) * 2, page_size=64, qo_len=8)
+    x = make_inputs(shape, seed=0)
+    with pytest.raises(UnsupportedShapeError, match="rows_as_m=4 .* multi_token=1 only"):
+        backend.prepare(x, backend.resolve_params(shape, {"multi_token": 2, "rows_as_m": 4}))
+    call = backend.prepare(x, backend.resolve_params(shape, {"multi_token": 1, "rows_as_m": 4}))
+    assert call.effective_params["rows_as_m"] == 4
