@@ -151,9 +151,9 @@ def _kernel_variant(params: dict[str, Any], s: MLADecodeShape, split_mode: str):
         raise UnsupportedShapeError("split_loop=1 and multi_token=1 or 2 do not run together: "
                                     "the multi-token stage 1 has no split loop")
     rows_as_m = int(ROWS_AS_M.value_in(params, s))
-    if rows_as_m == 4 and multi_token != 1:
+    if rows_as_m == 4 and (multi_token != 1 or int(params.get("num_stages", 2)) != 2):
         raise UnsupportedShapeError("rows_as_m=4 (two softmax warpgroups) runs with "
-                                    "multi_token=1 only")
+                                    "multi_token=1 and num_stages=2 only")
     return KernelVariant(str(O_SPLIT.value_in(params, s)), bool(int(LAZY_SUM.value_in(params, s))),
                          bool(int(PDL_PROLOGUE.value_in(params, s))), False, split_loop,
                          multi_token=multi_token, rows_as_m=rows_as_m)

@@ -90,10 +90,15 @@ def shared_tiles(dt: gl.constexpr, BLOCK_R: gl.constexpr, P_BUFS: gl.constexpr,
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_R, D_NOPE], dt))
     qr_smem = gl.allocate_shared_memory(dt, [1, BLOCK_R, 64],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_R, 64], dt))
-    p_smem = gl.allocate_shared_memory(dt, [P_BUFS, PAGE_TOKENS, BLOCK_R],
-                                       gl.NVMMASharedLayout.get_default_for([PAGE_TOKENS, BLOCK_R], dt))
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_R], flat)
+    if GROUPS == 2:  # P in the ring slots' RoPE tiles (gluon_mt_groups): no tile of its own
+        a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_R], flat)
+        p_smem = a_smem
+    else:
+        p_smem = gl.allocate_shared_memory(
+            dt, [P_BUFS, PAGE_TOKENS, BLOCK_R],
+            gl.NVMMASharedLayout.get_default_for([PAGE_TOKENS, BLOCK_R], dt))
+        a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_R], flat)
     ml_smem = gl.allocate_shared_memory(gl.float32, [2 * GROUPS, BLOCK_R], flat)
     if GROUPS == 2:
         mx_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_R], flat)

@@ -10,8 +10,11 @@ the other's product.  What stays serial is the running max: page ``t``'s weights
 against the max after page ``t - 1``, which the other group stores (``mx_smem[(t - 1) % 2]``,
 ``m_ready``) as soon as it has it, before its exponentials.  Each group sums its own pages'
 weights relative to the last max it saw and hands ``(m, l)`` over at the end; the output warps
-combine the two (:func:`final_rows`).  The weights still pass through the one P tile that fits
-(224 KB of the 227 a block may have), in page order.
+combine the two (:func:`final_rows`).  A page's weights go to the output warps in its ring
+slot's RoPE tile (``[64, 64]`` bf16, the P tile's shape and layout), which only its score product
+reads and which is refilled only after its output product: one P tile a slot, where a separate
+second one would not fit (224 KB of the 227 a block may have), so a group need not wait for the
+previous page's output product before storing its weights.
 
 Registers: 16 warps (two output warpgroups at 160, these two at 96): each group holds one page's
 scores ``[64, 64]`` fp32 and its row sums as vectors (a full ``[64, 64]`` sum tile would spill).
@@ -42,12 +45,12 @@ def softmax_group(page_lo, n_tiles, seq_len, row_lo, heads_per_token, qk_scale_l
     """Softmax warpgroup ``GROUP`` (0 or 1) of two: for each page ``t = GROUP, GROUP + 2, ...``
     of the split, ``S = Q K^T`` (``[BLOCK_R, 64]`` fp32, the rows as M), the length and causal
     masks, the max after page ``t`` from the max after page ``t - 1`` (published for the other
-    group at once), the weights ``P`` (bf16) and ``alpha`` into the P tile once the output warps
-    have freed it (``p_free``), the tail zeroing of a last page; then its ``(m, l)`` rows into
+    group at once), the weights ``P`` (bf16) and ``alpha`` (``a_smem[slot]``) into the
+    RoPE tile of the page's slot, the tail zeroing of a last page; then its ``(m, l)`` rows into
     ``ml_smem[2 GROUP], [2 GROUP + 1]`` (``done`` counts both groups)."""
-    kn_smem, kr_smem, qn_smem, qr_smem, p_smem, a_smem, ml_smem, mx_smem = smem
-    kv_ready, p_ready, p_free, done, m_ready = bars[0], bars[2], bars[3], bars[4], bars[5]
-    P_BUFS: gl.constexpr = p_smem.type.shape[0]
+    kn_smem, kr_smem, qn_smem, qr_smem, _p, a_smem, ml_smem, mx_smem = smem
+    kv_ready, p_ready, done, m_ready = bars[0], bars[2], bars[4], bars[5]
+    gl.static_assert(NUM_STAGES == 2, "two softmax warpgroups need the 2-page ring")
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, PAGE_TOKENS, 16])
     per_row: gl.constexpr = gl.SliceLayout(1, mma)
@@ -75,15 +78,13 @@ def softmax_group(page_lo, n_tiles, seq_len, row_lo, heads_per_token, qk_scale_l
         l_own = l_own * gl.exp2(m_own - gl.where(m_new == float("-inf"), 0.0, m_new))
         l_own += gl.sum(p, axis=1)
         m_own = m_new
-        j = t % P_BUFS
-        mbarrier.wait(p_free.index(j), ((t // P_BUFS) & 1) ^ 1)  # pages in order: see above
-        p_smem.index(j).store(p.to(p_smem.dtype))
-        a_smem.index(j).store(alpha)
+        slot = t % NUM_STAGES  # the page's RoPE tile, free since its score product completed
+        kr_smem.index(slot).store(p.to(kr_smem.dtype))
+        a_smem.index(slot).store(alpha)
         fence_async_shared()  # P is read by wgmma (the async proxy) in the output partition
         if (page_lo + t + 1) * PAGE_TOKENS > seq_len:
-            zero_rows_from(kn_smem.index(t % NUM_STAGES), seq_len - (page_lo + t) * PAGE_TOKENS,
-                           4)
-        mbarrier.arrive(p_ready.index(j), count=1)
+            zero_rows_from(kn_smem.index(slot), seq_len - (page_lo + t) * PAGE_TOKENS, 4)
+        mbarrier.arrive(p_ready.index(slot), count=1)
     if n_tiles > 0:
         ml_smem.index(2 * GROUP).store(m_own)
         ml_smem.index(2 * GROUP + 1).store(l_own)

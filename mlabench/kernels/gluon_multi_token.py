@@ -90,11 +90,12 @@ def multi_token_tiling(rows: int) -> RowTiling | None:
     return RowTiling.for_rows(rows)
 
 
-def p_buffers(block_rows: int) -> int:
+def p_buffers(block_rows: int, rows_m: int = 0) -> int:
     """P^T tiles (P with ``rows_as_m`` 2) between the softmax and the output warps: 2 up to 32
     rows; 1 at 64, where a second would take shared memory past the 227 KB a block may have
-    (query 73.7 KB, ring 147.5 KB, P 8.2 KB: 224 KB)."""
-    return 2 if block_rows <= 32 else 1
+    (query 73.7 KB, ring 147.5 KB, P 8.2 KB: 224 KB); 2 with ``rows_m`` 4, whose P tiles are the
+    ring slots' RoPE tiles (:mod:`mlabench.kernels.gluon_mt_groups`)."""
+    return 2 if block_rows <= 32 or rows_m == 4 else 1
 
 
 def rows_m_for(rows_as_m: int, block_rows: int) -> int:
@@ -205,7 +206,10 @@ def _output(smem, bars, pages, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.co
         mbarrier.wait(p_ready.index(j), (t // P_BUFS) & 1)
         if ISOLATE != 2:  # copies alone: no product
             alpha = a_smem.index(j).load(per_row)
-            if ROWS_M >= 2:
+            if ROWS_M == 4:  # P in the slot's RoPE tile (gluon_mt_groups)
+                o = warpgroup_mma(smem[1].index(slot), kn_smem.index(slot), o * alpha[:, None],
+                                  is_async=True)
+            elif ROWS_M >= 2:
                 o = warpgroup_mma(p_smem.index(j), kn_smem.index(slot), o * alpha[:, None],
                                   is_async=True)
             elif ROWS_M == 1:
@@ -341,9 +345,12 @@ def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_tabl
     ``rows_as_m``: 1 the output product as ``O = P V``, 2 the score product as ``S = Q K^T`` too
     (:func:`_output`, :func:`_softmax`; 64-row tiles only, :func:`rows_m_for`).  ``isolate``
     (timing only, wrong output): 1 no page copy after the ring's first, 2 no product.
-    Writes the partials the wide merge reads; no fused merge."""
+    Writes the partials the wide merge reads; no fused merge.  Raises ValueError for
+    ``rows_as_m`` 4 on a 64-row tile with one ring slot (its groups' waits need two)."""
     kvn_desc, kvr_desc = descriptors
-    batch = block_table.shape[0]
+    batch, rows_m = block_table.shape[0], rows_m_for(rows_as_m, tiling.block_rows)
+    if rows_m == 4 and num_stages != 2:
+        raise ValueError("rows_as_m=4 (two softmax warpgroups) needs num_stages=2")
     _multi_token_stage1[(batch * tiling.row_tiles, splits)](
         q_rows, kvn_desc, kvr_desc, block_table, cache_seqlens,
         cache_seqlens if split_policy is None else split_policy, partial_out, partial_lse,
@@ -352,9 +359,9 @@ def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_tabl
         BLOCK_R=tiling.block_rows, ROW_TILES=tiling.row_tiles, QO_LEN=qo_len,
         CAUSAL=bool(causal) and qo_len > 1,
         POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], NUM_STAGES=num_stages,
-        P_BUFS=p_buffers(tiling.block_rows), SCORES_FIRST=scores_first and num_stages > 1,
-        ROWS_M=rows_m_for(rows_as_m, tiling.block_rows), ISOLATE=isolate, PDL=pdl,
+        P_BUFS=p_buffers(tiling.block_rows, rows_m), SCORES_FIRST=scores_first and num_stages > 1,
+        ROWS_M=rows_m, ISOLATE=isolate, PDL=pdl,
         WAIT_PRIOR=wait_prior, num_warps=tiling.num_warps,
-        maxnreg=mt_maxnreg(rows_m_for(rows_as_m, tiling.block_rows)),
+        maxnreg=mt_maxnreg(rows_m),
         **({"launch_pdl": True} if wait_prior else {}),
     )

@@ -283,8 +283,9 @@ def test_split_loop_and_multi_token_are_refused_together(tmp_path):
 
 def test_rows_as_m_4_refuses_mode_2():
     """Two softmax warpgroups (``rows_as_m`` 4) take alternate pages in page order, which the
-    order of ``multi_token`` 2 (the next page's scores before this page's weights) would break:
-    the backend reports the pair unsupported in one line; with 1 it prepares and records 4."""
+    order of ``multi_token`` 2 (the next page's scores before this page's weights) would break,
+    and wait on the ring's two slots (one slot's phases would alias): the backend reports either
+    unsupported in one line; with 1 and two slots it prepares and records 4."""
     from mlabench.backends import get_backend, gluon as _gluon  # noqa: F401
     from mlabench.errors import UnsupportedShapeError
     from mlabench.inputs import make_inputs
@@ -293,7 +294,8 @@ def test_rows_as_m_4_refuses_mode_2():
     backend = get_backend("gluon-splitkv")
     shape = MLADecodeShape.create(num_heads=12, context_lens=(4096,) * 2, page_size=64, qo_len=8)
     x = make_inputs(shape, seed=0)
-    with pytest.raises(UnsupportedShapeError, match="rows_as_m=4 .* multi_token=1 only"):
-        backend.prepare(x, backend.resolve_params(shape, {"multi_token": 2, "rows_as_m": 4}))
+    for other in ({"multi_token": 2}, {"multi_token": 1, "num_stages": 1}):
+        with pytest.raises(UnsupportedShapeError, match="multi_token=1 and num_stages=2 only"):
+            backend.prepare(x, backend.resolve_params(shape, {**other, "rows_as_m": 4}))
     call = backend.prepare(x, backend.resolve_params(shape, {"multi_token": 1, "rows_as_m": 4}))
     assert call.effective_params["rows_as_m"] == 4
