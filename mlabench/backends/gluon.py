@@ -125,13 +125,12 @@ MULTI_TOKEN = ParamSpec(
 
 # H200 (docs/multi-token-tile.md): 2 beats 0 at every point measured with multi_token 1 and 2.
 ROWS_AS_M = ParamSpec(
-    "rows_as_m", int, default=0, low=0, high=4, omit_default=True, searched=False,
+    "rows_as_m", int, default=0, low=0, high=3, omit_default=True, searched=False,
     help="with multi_token 1 or 2, a 64-row tile (qo_len 3-8 at 12 heads) computes with its rows "
          "as the wgmma M: 1 the output product as O = P V (half the instructions of O^T = V^T "
          "P^T, 3/4 of their shared-memory operand bytes), 2 the scores as S = Q K^T too (a row's "
          "softmax reductions within a warp), 3 as 2 with the output product as m64n256k16 and the "
-         "output warps copying the pages (no loader warp), 4 as 2 with two softmax warpgroups taking "
-         "alternate pages (multi_token 1 only).  0 (default): the rows as N; 32-row tiles and the "
+         "output warps copying the pages (no loader warp).  0 (default): the rows as N; 32-row tiles and the "
          "one-token kernel run it either way.  H200: 2 is 5-25% faster than 0 with multi_token=1",
 )
 
@@ -150,13 +149,10 @@ def _kernel_variant(params: dict[str, Any], s: MLADecodeShape, split_mode: str):
     if split_loop and multi_token:
         raise UnsupportedShapeError("split_loop=1 and multi_token=1 or 2 do not run together: "
                                     "the multi-token stage 1 has no split loop")
-    rows_as_m = int(ROWS_AS_M.value_in(params, s))
-    if rows_as_m == 4 and (multi_token != 1 or int(params.get("num_stages", 2)) != 2):
-        raise UnsupportedShapeError("rows_as_m=4 (two softmax warpgroups) runs with "
-                                    "multi_token=1 and num_stages=2 only")
     return KernelVariant(str(O_SPLIT.value_in(params, s)), bool(int(LAZY_SUM.value_in(params, s))),
                          bool(int(PDL_PROLOGUE.value_in(params, s))), False, split_loop,
-                         multi_token=multi_token, rows_as_m=rows_as_m)
+                         multi_token=multi_token,
+                         rows_as_m=int(ROWS_AS_M.value_in(params, s)))
 
 
 def hopper_gluon_available() -> tuple[bool, str]:

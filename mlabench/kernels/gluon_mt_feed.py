@@ -73,12 +73,9 @@ def pages_read(n_tiles, kv_ready, p_ready, p_free, NUM_STAGES: gl.constexpr,
 
 
 @gluon.jit
-def shared_tiles(dt: gl.constexpr, BLOCK_R: gl.constexpr, P_BUFS: gl.constexpr,
-                 GROUPS: gl.constexpr):
+def shared_tiles(dt: gl.constexpr, BLOCK_R: gl.constexpr, P_BUFS: gl.constexpr):
     """The query tiles ``[1, BLOCK_R, 512]``/``[1, BLOCK_R, 64]``, ``P_BUFS`` P^T (or P) tiles
-    ``[64, BLOCK_R]``, their ``alpha`` rows, the final ``(m, l)`` rows of each of ``GROUPS``
-    softmax warpgroups, and with two of them the running max after each of the last two pages
-    (fp32; else the ``(m, l)`` rows again, unused).
+    ``[64, BLOCK_R]``, their ``alpha`` rows and the final ``(m, l)`` rows (fp32).
 
     The query tiles have a leading dimension of 1 that the score product indexes with a value
     the compiler cannot prove to be 0 (:func:`page_scores`): with a constant index, Triton 3.6 hoists
@@ -90,28 +87,17 @@ def shared_tiles(dt: gl.constexpr, BLOCK_R: gl.constexpr, P_BUFS: gl.constexpr,
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_R, D_NOPE], dt))
     qr_smem = gl.allocate_shared_memory(dt, [1, BLOCK_R, 64],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_R, 64], dt))
+    p_smem = gl.allocate_shared_memory(dt, [P_BUFS, PAGE_TOKENS, BLOCK_R],
+                                       gl.NVMMASharedLayout.get_default_for([PAGE_TOKENS, BLOCK_R], dt))
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    if GROUPS == 2:  # P in the ring slots' RoPE tiles (gluon_mt_groups): no tile of its own
-        a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_R], flat)
-        p_smem = a_smem
-    else:
-        p_smem = gl.allocate_shared_memory(
-            dt, [P_BUFS, PAGE_TOKENS, BLOCK_R],
-            gl.NVMMASharedLayout.get_default_for([PAGE_TOKENS, BLOCK_R], dt))
-        a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_R], flat)
-    ml_smem = gl.allocate_shared_memory(gl.float32, [2 * GROUPS, BLOCK_R], flat)
-    if GROUPS == 2:
-        mx_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_R], flat)
-    else:
-        mx_smem = ml_smem
-    return qn_smem, qr_smem, p_smem, a_smem, ml_smem, mx_smem
+    a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_R], flat)
+    ml_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_R], flat)
+    return qn_smem, qr_smem, p_smem, a_smem, ml_smem
 
 
 @gluon.jit
-def mt_barriers(NUM_STAGES: gl.constexpr, P_BUFS: gl.constexpr, GROUPS: gl.constexpr):
-    """``(kv_free, p_ready, p_free, done, m_ready)``, each mbarrier initialised to one arrival
-    (``done`` to one a softmax warpgroup); ``m_ready`` (two, with two softmax warpgroups: the
-    running max after a page of each parity is stored; else ``done`` again, unused)."""
+def mt_barriers(NUM_STAGES: gl.constexpr, P_BUFS: gl.constexpr):
+    """``(kv_ready, kv_free, p_ready, p_free, done)``, each mbarrier initialised to one arrival."""
     lay: gl.constexpr = mbarrier.MBarrierLayout()
     kv_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], lay)
     p_ready = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], lay)
@@ -122,14 +108,8 @@ def mt_barriers(NUM_STAGES: gl.constexpr, P_BUFS: gl.constexpr, GROUPS: gl.const
     for i in gl.static_range(P_BUFS):
         mbarrier.init(p_ready.index(i), count=1)
         mbarrier.init(p_free.index(i), count=1)
-    mbarrier.init(done.index(0), count=GROUPS)
-    if GROUPS == 2:
-        m_ready = gl.allocate_shared_memory(gl.int64, [2, 1], lay)
-        for i in gl.static_range(2):
-            mbarrier.init(m_ready.index(i), count=1)
-    else:
-        m_ready = done
-    return kv_free, p_ready, p_free, done, m_ready
+    mbarrier.init(done.index(0), count=1)
+    return kv_free, p_ready, p_free, done
 
 
 @gluon.jit

@@ -60,7 +60,6 @@ from mlabench.kernels.gluon_blocks import (
 from mlabench.kernels.gluon_mt_feed import (
     fill_ring, loader_partition, mt_barriers, page_scores, pages_read, refill_slot, shared_tiles,
 )
-from mlabench.kernels.gluon_mt_groups import GROUP_REGS, final_rows, softmax_group
 from mlabench.kernels.row_tiling import RowTiling
 
 MT_NUM_WARPS = 8  #: warps of the output partition (the kernel's ``num_warps``)
@@ -77,7 +76,7 @@ def mt_maxnreg(rows_m: int) -> int:
     """The launch's register target: ``MT_MAXNREG``, or 168 with ``rows_m`` 3, whose 12 warps
     (no loader warp) may each have 168 of the 64K registers, as ptxas needs for its output
     product's ``m64n256k16`` (128 accumulator registers beside the operands' descriptors)."""
-    return 168 if rows_m == 3 else MT_MAXNREG  # 4: 16 warps, at most 128
+    return 168 if rows_m == 3 else MT_MAXNREG
 
 
 def multi_token_tiling(rows: int) -> RowTiling | None:
@@ -90,12 +89,11 @@ def multi_token_tiling(rows: int) -> RowTiling | None:
     return RowTiling.for_rows(rows)
 
 
-def p_buffers(block_rows: int, rows_m: int = 0) -> int:
+def p_buffers(block_rows: int) -> int:
     """P^T tiles (P with ``rows_as_m`` 2) between the softmax and the output warps: 2 up to 32
     rows; 1 at 64, where a second would take shared memory past the 227 KB a block may have
-    (query 73.7 KB, ring 147.5 KB, P 8.2 KB: 224 KB); 2 with ``rows_m`` 4, whose P tiles are the
-    ring slots' RoPE tiles (:mod:`mlabench.kernels.gluon_mt_groups`)."""
-    return 2 if block_rows <= 32 or rows_m == 4 else 1
+    (query 73.7 KB, ring 147.5 KB, P 8.2 KB: 224 KB)."""
+    return 2 if block_rows <= 32 else 1
 
 
 def rows_m_for(rows_as_m: int, block_rows: int) -> int:
@@ -114,7 +112,7 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
     ``ROWS_M`` 2, whose scores have the rows as M: a row's max and sum within a quad of threads,
     not across the four warps) and ``alpha`` in buffer ``t % P_BUFS``, and after the last page
     the rows' max and sum (``ml_smem``, ``done``)."""
-    kn_smem, kr_smem, qn_smem, qr_smem, p_smem, a_smem, ml_smem, _mx = smem
+    kn_smem, kr_smem, qn_smem, qr_smem, p_smem, a_smem, ml_smem = smem
     kv_ready, p_ready, p_free, done = bars[0], bars[2], bars[3], bars[4]
     P_BUFS: gl.constexpr = p_smem.type.shape[0]
     gl.static_assert(ROWS_M == 0 or BLOCK_R == PAGE_TOKENS, "rows_as_m needs 64-row tiles")
@@ -184,7 +182,7 @@ def _output(smem, bars, pages, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.co
 
     Returns ``(o, m [BLOCK_R], l [BLOCK_R])``, ``o`` fp32 ``[512, BLOCK_R]`` (0) or ``[R, 512]``."""
     kn_smem, p_smem, a_smem, ml_smem = smem[0], smem[4], smem[5], smem[6]
-    kv_ready, kv_free, p_ready, p_free, done = bars[0], bars[1], bars[2], bars[3], bars[4]
+    kv_ready, kv_free, p_ready, p_free, done = bars
     bt_row_ptr, page_lo = pages[2], pages[3]
     P_BUFS: gl.constexpr = p_smem.type.shape[0]
     if ROWS_M:
@@ -201,15 +199,12 @@ def _output(smem, bars, pages, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.co
     for t in range(n_tiles):
         slot = t % NUM_STAGES
         j = t % P_BUFS
-        if ROWS_M >= 3:  # the block-table entry of the page this slot takes next, early
+        if ROWS_M == 3:  # the block-table entry of the page this slot takes next, early
             nxt = gl.load(bt_row_ptr + page_lo + gl.minimum(t + NUM_STAGES, n_tiles - 1))
         mbarrier.wait(p_ready.index(j), (t // P_BUFS) & 1)
         if ISOLATE != 2:  # copies alone: no product
             alpha = a_smem.index(j).load(per_row)
-            if ROWS_M == 4:  # P in the slot's RoPE tile (gluon_mt_groups)
-                o = warpgroup_mma(smem[1].index(slot), kn_smem.index(slot), o * alpha[:, None],
-                                  is_async=True)
-            elif ROWS_M >= 2:
+            if ROWS_M >= 2:
                 o = warpgroup_mma(p_smem.index(j), kn_smem.index(slot), o * alpha[:, None],
                                   is_async=True)
             elif ROWS_M == 1:
@@ -219,12 +214,17 @@ def _output(smem, bars, pages, n_tiles, BLOCK_R: gl.constexpr, NUM_STAGES: gl.co
                 o = warpgroup_mma(kn_smem.index(slot).permute((1, 0)), p_smem.index(j),
                                   o * alpha[None, :], is_async=True)
             o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
-        if ROWS_M >= 3:  # no loader warp: the slot's next page is copied from here
+        if ROWS_M == 3:  # no loader warp: the slot's next page is copied from here
             refill_slot(pages, nxt, t, n_tiles, kn_smem, smem[1], kv_ready, NUM_STAGES, ISOLATE)
         else:
             mbarrier.arrive(kv_free.index(slot), count=1)
         mbarrier.arrive(p_free.index(j), count=1)
-    m_i, l_i = final_rows(ml_smem, done, n_tiles, BLOCK_R, 2 if ROWS_M == 4 else 1, per_row)
+    m_i = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=per_row)
+    l_i = gl.zeros([BLOCK_R], gl.float32, layout=per_row)
+    if n_tiles > 0:
+        mbarrier.wait(done.index(0), 0)
+        m_i = ml_smem.index(0).load(per_row)
+        l_i = ml_smem.index(1).load(per_row)
     return o, m_i, l_i
 
 
@@ -239,35 +239,6 @@ def _columns_first(o, ROWS_M: gl.constexpr, num_warps: gl.constexpr):
     return o
 
 
-@gluon.jit
-def _program_tile(seqlens_ptr, policy_ptr, bt_ptr, num_splits, stride_btb, ROW_TILES: gl.constexpr,
-                  BLOCK_R: gl.constexpr, POLICY_ROWS: gl.constexpr, num_warps: gl.constexpr):
-    """This program's ``(b, row_lo, split, seq_len, page_lo, n_tiles, bt_row_ptr)``: the grid is
-    ``(B * ROW_TILES, S)`` as the one-token kernel's (a request's row tiles share pages in L2),
-    the split's pages as :func:`~mlabench.kernels.gluon_blocks.split_pages` gives them."""
-    b = gl.program_id(0) // ROW_TILES
-    row_lo = (gl.program_id(0) % ROW_TILES) * BLOCK_R
-    split = gl.program_id(1)
-    seq_len = gl.load(seqlens_ptr + b)
-    page_lo, n_tiles, _written = split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS,
-                                             num_warps)
-    return b, row_lo, split, seq_len, page_lo, n_tiles, bt_ptr + b.to(gl.int64) * stride_btb
-
-
-@gluon.jit
-def _load_query(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem, qr_smem, n_tiles,
-                WAIT_PRIOR: gl.constexpr, BLOCK_R: gl.constexpr, num_warps: gl.constexpr):
-    """The tile's query rows into shared memory (a split with no page loads none; under the PDL
-    prologue, ``WAIT_PRIOR``, once the grid before has finished)."""
-    if WAIT_PRIOR:
-        if n_tiles > 0:
-            wait_prior_grid()
-    if n_tiles > 0:
-        load_q_tiles(q_ptr, q_ptr + D_NOPE, b, row_lo, num_rows, stride_qb, stride_qh, stride_qb,
-                     stride_qh, qn_smem.index(0), qr_smem.index(0), BLOCK_R, num_warps)
-        fence_async_shared()
-
-
 @gluon.jit(do_not_specialize=["num_splits"])
 def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_ptr, po_ptr,
                         plse_ptr, num_splits, num_rows, heads_per_token, qk_scale_log2, stride_qb,
@@ -279,32 +250,32 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
                         PDL: gl.constexpr, WAIT_PRIOR: gl.constexpr, num_warps: gl.constexpr):
     if PDL == 1:  # let the merge grid be scheduled now; it waits for this grid before reading
         launch_dependents()
-    b, row_lo, split, seq_len, page_lo, n_tiles, bt_row_ptr = _program_tile(
-        seqlens_ptr, policy_ptr, bt_ptr, num_splits, stride_btb, ROW_TILES, BLOCK_R, POLICY_ROWS,
-        num_warps)
+    # Grid (B * ROW_TILES, S) as the one-token kernel's: a request's row tiles share pages in L2.
+    b = gl.program_id(0) // ROW_TILES
+    row_lo = (gl.program_id(0) % ROW_TILES) * BLOCK_R
+    split = gl.program_id(1)
+    seq_len = gl.load(seqlens_ptr + b)
+    page_lo, n_tiles, written = split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS,
+                                            num_warps)
+    bt_row_ptr = bt_ptr + b.to(gl.int64) * stride_btb
     kn_smem, kr_smem, kv_ready = page_ring(kvn_desc, kvr_desc, NUM_STAGES)
-    qn_smem, qr_smem, p_smem, a_smem, ml_smem, mx_smem = shared_tiles(
-        kvn_desc.dtype, BLOCK_R, P_BUFS, 2 if ROWS_M == 4 else 1)  # 4: two softmax warpgroups
-    kv_free, p_ready, p_free, done, m_ready = mt_barriers(NUM_STAGES, P_BUFS, 2 if ROWS_M == 4 else 1)
-    _load_query(q_ptr, b, row_lo, num_rows, stride_qb, stride_qh, qn_smem, qr_smem, n_tiles,
-                WAIT_PRIOR, BLOCK_R, num_warps)
-    smem = (kn_smem, kr_smem, qn_smem, qr_smem, p_smem, a_smem, ml_smem, mx_smem)
-    bars = (kv_ready, kv_free, p_ready, p_free, done, m_ready)
+    qn_smem, qr_smem, p_smem, a_smem, ml_smem = shared_tiles(kvn_desc.dtype, BLOCK_R, P_BUFS)
+    kv_free, p_ready, p_free, done = mt_barriers(NUM_STAGES, P_BUFS)
+    if WAIT_PRIOR:  # PDL prologue: an empty split touches neither q nor the partials
+        if n_tiles > 0:
+            wait_prior_grid()
+    if n_tiles > 0:
+        load_q_tiles(q_ptr, q_ptr + D_NOPE, b, row_lo, num_rows, stride_qb, stride_qh, stride_qb,
+                     stride_qh, qn_smem.index(0), qr_smem.index(0), BLOCK_R, num_warps)
+        fence_async_shared()
+    smem = (kn_smem, kr_smem, qn_smem, qr_smem, p_smem, a_smem, ml_smem)
+    bars = (kv_ready, kv_free, p_ready, p_free, done)
     pages = (kvn_desc, kvr_desc, bt_row_ptr, page_lo)
-    if ROWS_M >= 3:  # the output warps copy the pages: no loader warp
+    # the worker partitions take the same arguments, spelled out in the call: a tuple assigned to
+    # a variable first would turn its constexprs into tensors
+    if ROWS_M == 3:  # the output warps copy the pages: no loader warp
         fill_ring(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, kn_smem, kr_smem, kv_ready,
                   NUM_STAGES)
-    # each partition's arguments spelled out: a tuple variable would make constexprs tensors
-    if ROWS_M == 4:
-        o, m_i, l_i = gl.warp_specialize([
-            (_output, (smem, bars, pages, n_tiles, BLOCK_R, NUM_STAGES, ROWS_M, ISOLATE,
-                       num_warps)),
-            (softmax_group, (page_lo, n_tiles, seq_len, row_lo, heads_per_token, qk_scale_log2,
-                             smem, bars, 0, BLOCK_R, QO_LEN, CAUSAL, NUM_STAGES)),
-            (softmax_group, (page_lo, n_tiles, seq_len, row_lo, heads_per_token, qk_scale_log2,
-                             smem, bars, 1, BLOCK_R, QO_LEN, CAUSAL, NUM_STAGES)),
-        ], [4, 4], [GROUP_REGS, GROUP_REGS])
-    elif ROWS_M == 3:
         o, m_i, l_i = gl.warp_specialize([
             (_output, (smem, bars, pages, n_tiles, BLOCK_R, NUM_STAGES, ROWS_M, ISOLATE,
                        num_warps)),
@@ -345,12 +316,9 @@ def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_tabl
     ``rows_as_m``: 1 the output product as ``O = P V``, 2 the score product as ``S = Q K^T`` too
     (:func:`_output`, :func:`_softmax`; 64-row tiles only, :func:`rows_m_for`).  ``isolate``
     (timing only, wrong output): 1 no page copy after the ring's first, 2 no product.
-    Writes the partials the wide merge reads; no fused merge.  Raises ValueError for
-    ``rows_as_m`` 4 on a 64-row tile with one ring slot (its groups' waits need two)."""
+    Writes the partials the wide merge reads; no fused merge."""
     kvn_desc, kvr_desc = descriptors
-    batch, rows_m = block_table.shape[0], rows_m_for(rows_as_m, tiling.block_rows)
-    if rows_m == 4 and num_stages != 2:
-        raise ValueError("rows_as_m=4 (two softmax warpgroups) needs num_stages=2")
+    batch = block_table.shape[0]
     _multi_token_stage1[(batch * tiling.row_tiles, splits)](
         q_rows, kvn_desc, kvr_desc, block_table, cache_seqlens,
         cache_seqlens if split_policy is None else split_policy, partial_out, partial_lse,
@@ -359,9 +327,9 @@ def launch_multi_token_stage1(tiling: RowTiling, q_rows, descriptors, block_tabl
         BLOCK_R=tiling.block_rows, ROW_TILES=tiling.row_tiles, QO_LEN=qo_len,
         CAUSAL=bool(causal) and qo_len > 1,
         POLICY_ROWS=0 if split_policy is None else split_policy.shape[0], NUM_STAGES=num_stages,
-        P_BUFS=p_buffers(tiling.block_rows, rows_m), SCORES_FIRST=scores_first and num_stages > 1,
-        ROWS_M=rows_m, ISOLATE=isolate, PDL=pdl,
+        P_BUFS=p_buffers(tiling.block_rows), SCORES_FIRST=scores_first and num_stages > 1,
+        ROWS_M=rows_m_for(rows_as_m, tiling.block_rows), ISOLATE=isolate, PDL=pdl,
         WAIT_PRIOR=wait_prior, num_warps=tiling.num_warps,
-        maxnreg=mt_maxnreg(rows_m),
+        maxnreg=mt_maxnreg(rows_m_for(rows_as_m, tiling.block_rows)),
         **({"launch_pdl": True} if wait_prior else {}),
     )

@@ -166,14 +166,13 @@ class KernelVariant:
       wgmma instructions of ``O^T = V^T P^T``, 3/4 of their operand bytes), 2 the score product
       as ``S = Q K^T`` too (a row's softmax max and sum within a quad of threads), 3 as 2 with
       the output product as ``m64n256k16`` (one instruction a warpgroup and k-step, P read once)
-      and no loader warp (the output warps copy the pages), 4 as 2 with two softmax warpgroups
-      taking alternate pages and no loader warp (multi_token 1 only).  0: the rows as N.
+      and no loader warp (the output warps copy the pages).  0: the rows as N.
     - ``isolate`` (timing only, the output is wrong; no backend parameter reaches it): with
       ``multi_token``, ``"products"`` copies no page after the ring's first ones (the products
       reread the slots), ``"copies"`` computes no product (the pages only stream through the
       ring): what each side of the pipeline takes alone (``scripts/h200_mt_profile.py``).
     Raises ValueError for an ``o_split`` other than ``"n"`` or ``"m"``, a ``multi_token`` or
-    ``rows_as_m`` other than 0 to 4 (4 with ``multi_token`` 1 only), ``split_loop`` with ``multi_token``, or an ``isolate``
+    ``rows_as_m`` other than 0 to 3, ``split_loop`` with ``multi_token``, or an ``isolate``
     other than ``""``, ``"products"`` or ``"copies"`` or without ``multi_token``.
     """
 
@@ -194,11 +193,8 @@ class KernelVariant:
             raise ValueError(f"o_split must be 'n' or 'm', got {self.o_split!r}")
         if self.multi_token not in (0, 1, 2):
             raise ValueError(f"multi_token must be 0, 1 or 2, got {self.multi_token!r}")
-        if self.rows_as_m not in (0, 1, 2, 3, 4):
-            raise ValueError(f"rows_as_m must be 0 to 4, got {self.rows_as_m!r}")
-        if self.rows_as_m == 4 and (self.multi_token != 1 or self.isolate):
-            raise ValueError("rows_as_m=4 (two softmax warpgroups) runs with multi_token=1 only, "
-                             "not isolated")
+        if self.rows_as_m not in (0, 1, 2, 3):
+            raise ValueError(f"rows_as_m must be 0, 1, 2 or 3, got {self.rows_as_m!r}")
         if self.split_loop and self.multi_token:
             raise ValueError("split_loop and multi_token do not run together (the multi-token "
                              "stage 1 has no split loop)")

@@ -248,8 +248,7 @@ def compile_multi_token_sm90(block_rows: int = 64, qo_len: int = 8, *, causal: b
 
     consts = {"BLOCK_R": block_rows, "ROW_TILES": 1, "QO_LEN": qo_len, "CAUSAL": causal,
               "POLICY_ROWS": policy_rows, "NUM_STAGES": num_stages,
-              "P_BUFS": p_buffers(block_rows, rows_m_for(rows_as_m, block_rows)),
-              "SCORES_FIRST": scores_first,
+              "P_BUFS": p_buffers(block_rows), "SCORES_FIRST": scores_first,
               "ROWS_M": rows_m_for(rows_as_m, block_rows), "ISOLATE": isolate, "PDL": 1,
               "WAIT_PRIOR": pdl_prologue,
               "num_warps": MT_NUM_WARPS}
