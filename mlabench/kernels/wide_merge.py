@@ -74,6 +74,18 @@ def written_splits(seqlens_ptr, policy_ptr, b, num_splits, POLICY_ROWS: tl.const
 
 
 @triton.jit
+def wait_prior_after(x):
+    """``griddepcontrol.wait`` (PDL: until the grid this one depends on has finished and its
+    stores are visible) with the int32 scalar ``x`` as its input, returned unchanged: ``x`` is
+    then computed before the wait, where its latency overlaps that grid, instead of where the
+    compiler would sink it, after the wait next to its first use (the two integer divisions of
+    :func:`written_splits`).  NVIDIA sm_90+ only."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $1, -2147483648; @p griddepcontrol.wait; mov.b32 $0, $1; }",
+        "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph, stride_ls,
                 SLOTS_POW2: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
     """Columns ``cols`` (``[BLOCK_DV]``) of head ``h``'s merge over slots ``first ..
@@ -118,7 +130,10 @@ def _wide_merge_kernel(po_ptr, plse_ptr, out_ptr, seqlens_ptr, policy_ptr, num_s
     else:  # are not stage 1's outputs, so they are read before the wait, their latency hidden
         written = num_splits
     if USE_PDL:  # launched early: wait until stage 1 has finished and its stores are visible
-        tl.extra.cuda.gdc_wait()
+        if FROM_LENGTHS:  # with `written` computed first (its divisions overlap stage 1)
+            written = wait_prior_after(written)
+        else:
+            tl.extra.cuda.gdc_wait()
     cols = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     first = b.to(tl.int64) * num_splits
     if FEW_SLOTS > 0:  # a request that wrote few of its slots merges them with small tiles
