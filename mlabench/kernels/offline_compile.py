@@ -84,10 +84,9 @@ def _ptxas_usage(ptx: str) -> tuple[int, int]:
     return int(regs.group(1)), int(spills.group(1))
 
 
-def mma_loops(cubin: bytes) -> list[tuple[int, int, int]]:
-    """``(instructions, tensor-core products, LDL/STL)`` of every loop of ``cubin``'s SASS
-    (Triton's bundled ``cuobjdump``) that holds an ``HMMA``/``HGMMA``; loops are the ranges of
-    backward branches, outer loops included."""
+def sass_instructions(cubin: bytes) -> list[tuple[int, str]]:
+    """``(address, instruction)`` of every SASS instruction of ``cubin``, in address order, as
+    Triton's bundled ``cuobjdump -sass`` prints them (predicate included, no ``;``)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     cuobjdump = str(Path(get_ptxas(90).path).with_name("cuobjdump"))
@@ -96,8 +95,15 @@ def mma_loops(cubin: bytes) -> list[tuple[int, int, int]]:
         f.flush()
         sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True,
                               check=True).stdout
-    ins = [(int(m.group(1), 16), m.group(2))
-           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    return [(int(m.group(1), 16), m.group(2))
+            for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+
+
+def mma_loops(cubin: bytes) -> list[tuple[int, int, int]]:
+    """``(instructions, tensor-core products, LDL/STL)`` of every loop of ``cubin``'s SASS
+    (:func:`sass_instructions`) that holds an ``HMMA``/``HGMMA``; loops are the ranges of
+    backward branches, outer loops included."""
+    ins = sass_instructions(cubin)
     loops = []
     for addr, text in ins:
         target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
@@ -257,9 +263,33 @@ def compile_multi_token_sm90(block_rows: int = 64, qo_len: int = 8, *, causal: b
                            "maxnreg": mt_maxnreg(rows_m_for(rows_as_m, block_rows))})
 
 
+def compile_wide_merge_sm90(policy_rows: int = 16, *, pdl: bool = True, from_lengths: bool = True):
+    """Compile the wide merge (:mod:`mlabench.kernels.wide_merge`) for sm_90 without a GPU, as
+    gluon-splitkv launches it at batch 1 (bf16 output, 32 columns a program, the lengths and a
+    ``policy_rows``-row device table with ``from_lengths``; ``pdl`` its programmatic dependent
+    launch) and return Triton's compiled kernel.  Run it where Triton's interpreter has not run."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from mlabench.kernels.wide_merge import FEW_SLOTS, _wide_merge_kernel
+
+    fn = _wide_merge_kernel
+    consts = {"SPLITS_POW2": 256, "BLOCK_S": 64, "BLOCK_DV": 32, "USE_PDL": pdl,
+              "RELEASE_NEXT": False, "FROM_LENGTHS": from_lengths,
+              "POLICY_ROWS": policy_rows if from_lengths else 0,
+              "FEW_SLOTS": FEW_SLOTS if from_lengths else 0, "FEW_BLOCK_S": 32}
+    pointer = {"po_ptr": "*fp32", "plse_ptr": "*fp32", "out_ptr": "*bf16"}
+    sig = {n: "constexpr" if n in consts else pointer.get(n, "*i32") if n.endswith("_ptr")
+           else "i32" for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t[0] == "*"}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
 def main() -> None:
     """Print the resources of every row tile's default launch (both kernels, both targets, and
-    the split-KV kernel's device policy path), then those of gluon-splitkv's multi-token stage 1."""
+    the split-KV kernel's device policy path), then those of gluon-splitkv's multi-token stage 1,
+    then where the wide merge's PDL wait lies."""
     print("kernel            target  rows  launch (block_n, warps, stages)  registers  spills  "
           "shared  spills in token loop")
     for target in ("sm90", "gfx942"):
@@ -275,6 +305,10 @@ def main() -> None:
         k = compile_multi_token_sm90(rows, TILE_QO_LEN[rows])
         print(rows, k.metadata.shared, _ptxas_usage(k.asm["ptx"])[1], mma_loops(k.asm["cubin"]),
               flush=True)
+    sass = [t for _, t in sass_instructions(compile_wide_merge_sm90().asm["cubin"])]
+    wait = next(i for i, t in enumerate(sass) if "ACQBULK" in t)
+    print(f"\nwide merge, sm90 (batch 1, 16-row table, PDL): griddepcontrol.wait at instruction "
+          f"{wait} of {len(sass)}, after {sum('MUFU.RCP' in t for t in sass[:wait])} reciprocals")
 
 
 if __name__ == "__main__":

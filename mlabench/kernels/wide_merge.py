@@ -22,7 +22,8 @@ At batch 1 the merge is on the critical path: with 132-264 splits a request's pa
   largest count (132 at batch 1) and a 1K request writes 16;
 - can be launched as a programmatic dependent launch (``pdl=True``, NVIDIA sm_90+): it is
   scheduled while stage 1 still runs and waits on ``griddepcontrol.wait`` before its first read,
-  so the gap between the two launches leaves the critical path.
+  so the gap between the two launches leaves the critical path; with the lengths, the count of
+  a request's written splits is computed before that wait (:func:`wait_prior_after`).
 
 Portable Triton (CUDA, ROCm, the CPU interpreter; ``pdl`` only on NVIDIA Hopper and later).
 """

@@ -123,23 +123,28 @@ def test_multi_token_stage1_compiles_warp_specialised(block_rows, qo_len, causal
 @pytest.mark.parametrize("rows_as_m,qo_len,causal,scores_first", [
     (1, 8, True, False), (1, 4, True, False), (1, 8, True, True),
     (2, 8, True, False), (2, 8, False, False), (2, 4, True, True),
+    (3, 8, True, False), (3, 4, True, True),
 ])
 def test_rows_as_m_compiles_rows_as_the_wgmma_m(rows_as_m, qo_len, causal, scores_first):
     """``rows_as_m``: each output warpgroup's page update is 8 ``m64n128k16`` (``O [64, 512] +=
     P V``, the rows as M, two 128-column halves of its 256 columns over 4 token steps) instead
-    of 16 ``m64n64k16``; the softmax warpgroup's 36 score products keep their shape (``S^T`` or,
-    with 2, ``S``: both 64 x 64); no local memory in either loop.  With 2 the softmax loop
-    loses its cross-warp reductions: fewer instructions than with 1."""
+    of 16 ``m64n64k16``, with 3 four ``m64n256k16`` (its 256 columns in one instruction a step)
+    on 12 warps (no loader warp) at a register target of 168, which ptxas needs for that
+    instruction (at 152 it refuses); the softmax warpgroup's 36 score products keep their shape
+    (``S^T`` or, from 2, ``S``: both 64 x 64); no local memory in either loop.  With 2 the
+    softmax loop loses its cross-warp reductions: fewer instructions than with 1."""
     kernel = _compile(64, qo_len, causal, 0, scores_first, rows_as_m=rows_as_m)
     ptx = kernel["ptx"]
+    n_out, per_page = (256, 4) if rows_as_m == 3 else (128, 8)
     shapes = {m: ptx.count(m) for m in
               re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16", ptx)}
     assert shapes == {"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16":
                       36 * (2 if scores_first else 1),
-                      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16": 8}
+                      f"wgmma.mma_async.sync.aligned.m64n{n_out}k16.f32.bf16.bf16": per_page}
+    assert (".reqntid 384" in ptx and ".maxnreg 168" in ptx) == (rows_as_m == 3)
     assert kernel["shared"] <= 227 * 1024
     output_loop = min(kernel["loops"])
-    assert output_loop[1] == 8 and output_loop[2] == 0, kernel["loops"]
+    assert output_loop[1] == per_page and output_loop[2] == 0, kernel["loops"]
     softmax_loop = min(loop for loop in kernel["loops"] if loop[1] == 36)
     assert softmax_loop[2] <= 2, kernel["loops"]
     # the operands' orientations (the transpose flags, PTX's last two immediates): the scores'
@@ -148,33 +153,10 @@ def test_rows_as_m_compiles_rows_as_the_wgmma_m(rows_as_m, qo_len, causal, score
     flags: dict[str, set[tuple[int, int]]] = {}
     for m in WGMMA_FLAGS.finditer(ptx):
         flags.setdefault(m.group(1), set()).add((int(m.group(2)), int(m.group(3))))
-    assert flags == {"64": {(0, 0)}, "128": {(1 if rows_as_m == 1 else 0, 1)}}
+    assert flags == {"64": {(0, 0)}, str(n_out): {(1 if rows_as_m == 1 else 0, 1)}}
     if rows_as_m == 2:
         by_n = _compile(64, qo_len, causal, 0, scores_first, rows_as_m=1)
         assert softmax_loop[0] < min(loop for loop in by_n["loops"] if loop[1] == 36)[0]
-
-
-@pytest.mark.parametrize("qo_len,causal,scores_first", [(8, True, False), (4, True, True)])
-def test_rows_as_m_3_has_one_output_product_a_step_and_no_loader_warp(qo_len, causal,
-                                                                       scores_first):
-    """``rows_as_m`` 3: each output warpgroup's page update is 4 ``m64n256k16`` (its 256 columns
-    in one instruction a token step, P read once) beside the 36 score products; the launch has
-    12 warps (no loader warp: 8 output, 4 softmax) at a register target of 168, which ptxas
-    needs for that instruction (at 152 it refuses: "Insufficient registers"); no local memory
-    in either loop."""
-    kernel = _compile(64, qo_len, causal, 0, scores_first, rows_as_m=3)
-    ptx = kernel["ptx"]
-    shapes = {m: ptx.count(m) for m in
-              re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16", ptx)}
-    assert shapes == {"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16":
-                      36 * (2 if scores_first else 1),
-                      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16": 4}
-    assert ".reqntid 384" in ptx and ".maxnreg 168" in ptx
-    assert kernel["shared"] <= 227 * 1024
-    output_loop = min(kernel["loops"])
-    assert output_loop[1] == 4 and output_loop[2] == 0, kernel["loops"]
-    softmax_loop = min(loop for loop in kernel["loops"] if loop[1] == 36)
-    assert softmax_loop[2] <= 2, kernel["loops"]
 
 
 def test_rows_as_m_runs_only_on_64_row_multi_token_tiles():
