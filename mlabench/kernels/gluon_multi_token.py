@@ -157,7 +157,7 @@ def _softmax(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, seq_len, row_lo, 
             # output product, so the next softmax runs under that product (after the last page
             # this page's again, still in its slot: one unused product a split, no branch)
             s = page_scores(gl.minimum(t + 1, pages - 1), kn_smem, kr_smem, qn_smem, qr_smem,
-                        kv_ready, s, NUM_STAGES, ROWS_M)
+                            kv_ready, s, NUM_STAGES, ROWS_M)
         mbarrier.arrive(p_ready.index(j), count=1)
     if n_tiles > 0:
         ml_smem.index(0).store(m_i)
