@@ -193,7 +193,8 @@ def resolve_sweep_config(config: str | Path | None, overrides: dict[str, Any],
     Resume policy: resuming without ``config`` re-runs the configuration recorded in the run's
     manifest (flags change it, and :func:`run_sweep` then refuses a configuration that differs
     from the recorded one).  On the default sweep a heads axis without a model drops the model
-    (576**-0.5 scale), and any override renames the run ``sweep``.  Raises :class:`ConfigError` /
+    (576**-0.5 scale), a model named without ``tp`` runs at TP 1 (the default's TP 8 is Kimi
+    K3's), and any override renames the run ``sweep``.  Raises :class:`ConfigError` /
     :class:`ResultsError` for a bad file, field or run folder.
     """
     given = any(v is not None for v in overrides.values())
@@ -207,8 +208,11 @@ def resolve_sweep_config(config: str | Path | None, overrides: dict[str, Any],
     if config is not None:
         return load_sweep_config(config, overrides)
     base = default_sweep_config().model_dump(mode="json", by_alias=True)
-    if overrides.get("heads") and not (overrides.get("model") or overrides.get("model_config")):
+    named = overrides.get("model") or overrides.get("model_config")
+    if overrides.get("heads") and not named:
         base["model"] = None
+    if named and overrides.get("tp") is None:  # the default's TP 8 is Kimi K3's: a model named
+        base["tp"] = 1  # here runs at --tp, else 1, as `check` runs it
     if given:
         base["name"] = "sweep"
     return load_sweep_config(None, overrides, base=base)

@@ -296,6 +296,11 @@ def test_resolve_the_default_sweep_changed_by_flags():
     assert heads_only.model is None and heads_only.heads == [8, 16]  # a heads axis drops the model
     shipped = resolve_sweep_config("kimi-k3-tp8", sweep_overrides(batch=[4]))
     assert shipped.name == "kimi-k3-tp8" and shipped.batch == [4]
+    # a model named on the default sweep runs at --tp, else 1 (as `check`), not Kimi K3's TP 8
+    assert resolve_sweep_config(None, sweep_overrides(model="deepseek-v3")).tp == 1
+    assert resolve_sweep_config(None, sweep_overrides(model="deepseek-v3", tp=8)).tp == 8
+    assert resolve_sweep_config(None, sweep_overrides(context_lens=[48])).tp == 8
+    assert resolve_sweep_config("kimi-k3-tp8", sweep_overrides(model="deepseek-v3")).tp == 8
 
 
 def test_resume_policy_reruns_the_recorded_configuration(tmp_path):
