@@ -18,7 +18,7 @@ from typing import Annotated, Any, Sequence
 
 import typer
 
-from mlabench.errors import ConfigError
+from mlabench.errors import BackendUnavailableError, ConfigError
 
 # ---- what to measure ----------------------------------------------------------------------------
 Model = Annotated[str | None, typer.Option(metavar="NAME", help="Model preset (configs/models/).")]
@@ -212,9 +212,10 @@ def backend_params(params: list[str] | None, splits: str | None,
     those available here judge, as a sweep's own points would; a name not registered is left to the
     command, which names it, and the check is then against every backend).  Raises :class:`ConfigError` in one line for text not ``NAME=V[,V...]``, a name given
     twice or by both flags, a name none of those backends takes (listing the parameters they take),
-    unnamed, a name no backend available here takes (those that take it cannot run here, so every
-    point would run without it), and a value a backend that takes the name refuses (the spec's own
-    error, after the flag).
+    unnamed, and a value a backend that takes the name refuses (the spec's own error, after the
+    flag); then :class:`BackendUnavailableError` (exit 3), unnamed, for a valid value of a name no
+    backend available here takes (those that take it cannot run here, so every point would run
+    without it).
     """
     from mlabench.backends import backend_names, get_backend
 
@@ -244,17 +245,18 @@ def backend_params(params: list[str] | None, splits: str | None,
         takers = [spec for spec in specs if spec.name == name]
         if not takers:
             raise ConfigError(_not_taken(flags[name], name, names, specs, everyone=names is known))
-        if names is known and not any(spec.name == name for spec in here):
-            owners = [b for b in names if any(spec.name == name for spec in get_backend(b).params)]
-            raise ConfigError(f"{flags[name]}: no backend available here takes {name!r}, so every point would "
-                              f"run without it ({', '.join(owners)} {'takes' if len(owners) == 1 else 'take'} it: "
-                              f"`mlabench backends` says why {'it is' if len(owners) == 1 else 'they are'} not "
-                              f"available); leave {flags[name]} out, or run where {' or '.join(owners)} runs")
         judges = [spec for spec in here if spec.name == name] or takers
         try:
             axes[name] = [[spec.validate(v) for spec in judges][0] for v in values]
         except ConfigError as exc:
             raise ConfigError(f"{flags[name]}: {exc}") from None
+        if names is known and not any(spec.name == name for spec in here):
+            owners = [b for b in names if any(spec.name == name for spec in get_backend(b).params)]
+            raise BackendUnavailableError(
+                f"{flags[name]}: no backend available here takes {name!r}, so every point would run "
+                f"without it ({', '.join(owners)} {'takes' if len(owners) == 1 else 'take'} it: "
+                f"`mlabench backends` says why {'it is' if len(owners) == 1 else 'they are'} not "
+                f"available); leave {flags[name]} out, or run where {' or '.join(owners)} runs")
     return axes
 
 

@@ -82,14 +82,17 @@ def test_sweep_records_param_values_as_its_splits_axis(tmp_path, monkeypatch, ca
 
 def test_a_param_no_backend_available_here_takes_is_refused(monkeypatch, capsys):
     """A new user's `check --param num_stages=2` on a machine without gluon-splitkv checked the other
-    backends without it, silently: refused in one line naming the parameter and who takes it."""
+    backends without it, silently: refused in one line naming the parameter and who takes it,
+    exit 3 (cannot run here), once the value is one its backend takes (a bad value: exit 2)."""
     from mlabench.backends import backend_names, get_backend
 
     owners = [n for n in backend_names() if any(s.name == "num_stages" for s in get_backend(n).params)]
     assert owners == ["gluon-splitkv"]
     monkeypatch.setattr(get_backend("gluon-splitkv"), "available", lambda: (False, "needs an NVIDIA Hopper GPU"))
+    code, out, err = run(["check", "--heads", "4", "--context", "64", "--param", "num_stages=9"], monkeypatch, capsys)
+    assert code == 2 and not out and "num_stages must be <= 2, got 9" in err
     code, out, err = run(["check", "--heads", "4", "--context", "64", "--param", "num_stages=2"], monkeypatch, capsys)
-    assert code == 2 and not out
+    assert code == 3 and not out
     assert err.strip().splitlines() == [
         "error: --param num_stages: no backend available here takes 'num_stages', so every point would run without "
         "it (gluon-splitkv takes it: `mlabench backends` says why it is not available); leave --param num_stages "
