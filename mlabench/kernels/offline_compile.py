@@ -60,7 +60,8 @@ def _signature(fn, dtype: str, constexprs: dict) -> tuple[dict, dict]:
             sig[name] = "constexpr"
             continue
         if name.endswith("_ptr"):
-            sig[name] = _POINTER_TYPES.get(name, f"*{dtype}" if name in ("q_ptr", "kv_ptr") else "*i32")
+            sig[name] = _POINTER_TYPES.get(name, f"*{dtype}" if name in ("q_ptr", "kv_ptr", "out_ptr")
+                                           else "*i32")
         else:
             sig[name] = "fp32" if name == "qk_scale_log2" else "i32"
         if sig[name].startswith("*") or (name.startswith("stride") and name not in _NOT_DIVISIBLE):
@@ -273,16 +274,13 @@ def compile_wide_merge_sm90(policy_rows: int = 16, *, pdl: bool = True, from_len
 
     from mlabench.kernels.wide_merge import FEW_SLOTS, _wide_merge_kernel
 
-    fn = _wide_merge_kernel
     consts = {"SPLITS_POW2": 256, "BLOCK_S": 64, "BLOCK_DV": 32, "USE_PDL": pdl,
               "RELEASE_NEXT": False, "FROM_LENGTHS": from_lengths,
               "POLICY_ROWS": policy_rows if from_lengths else 0,
               "FEW_SLOTS": FEW_SLOTS if from_lengths else 0, "FEW_BLOCK_S": 32}
-    pointer = {"po_ptr": "*fp32", "plse_ptr": "*fp32", "out_ptr": "*bf16"}
-    sig = {n: "constexpr" if n in consts else pointer.get(n, "*i32") if n.endswith("_ptr")
-           else "i32" for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t[0] == "*"}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+    sig, attrs = _signature(_wide_merge_kernel, "bf16", consts)
+    return triton.compile(ASTSource(fn=_wide_merge_kernel, signature=sig, constexprs=consts,
+                                    attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 
