@@ -48,9 +48,11 @@ def copy_page(kvn_desc, kvr_desc, page, slot, kn_smem, kr_smem, bars):
 
 @gluon.jit
 def issue_first_pages(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, kn_smem, kr_smem, bars,
-                      NUM_STAGES: gl.constexpr):
-    """Start the copies of the split's first ``NUM_STAGES - 1`` pages (those it owns)."""
-    for i in gl.static_range(NUM_STAGES - 1):
+                      NUM_STAGES: gl.constexpr, PAGES: gl.constexpr):
+    """Start the copies of the split's first ``PAGES`` pages (those it owns; at most
+    ``NUM_STAGES``, one a ring slot): ``NUM_STAGES - 1`` where the page loop copies each next
+    page itself, the whole ring where the multi-token kernel's output warps refill it."""
+    for i in gl.static_range(PAGES):
         if i < n_tiles:
             issue_page(kvn_desc, kvr_desc, bt_row_ptr, page_lo, i, kn_smem, kr_smem, bars,
                        NUM_STAGES)

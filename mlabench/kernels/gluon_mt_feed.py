@@ -127,14 +127,3 @@ def refill_slot(pages, page, t, n_tiles, kn_smem, kr_smem, kv_ready, NUM_STAGES:
             mbarrier.arrive(kv_ready.index(slot), count=1)
         else:
             copy_page(pages[0], pages[1], page, slot, kn_smem, kr_smem, kv_ready)
-
-
-@gluon.jit
-def fill_ring(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, kn_smem, kr_smem, kv_ready,
-              NUM_STAGES: gl.constexpr):
-    """Start the copies of the split's first ``NUM_STAGES`` pages (those it owns), one a slot:
-    the ring's first fill where no loader warp runs."""
-    for i in gl.static_range(NUM_STAGES):
-        if i < n_tiles:
-            issue_page(kvn_desc, kvr_desc, bt_row_ptr, page_lo, i, kn_smem, kr_smem, kv_ready,
-                       NUM_STAGES)

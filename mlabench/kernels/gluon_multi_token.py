@@ -54,11 +54,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mlabench.kernels.common import causal_row_limits
 from mlabench.kernels.gluon_blocks import (
-    D_NOPE, PAGE_TOKENS, launch_dependents, load_q_tiles, page_ring, scaled_scores, softmax_step,
-    split_pages, store_partial, wait_prior_grid, zero_rows_from,
+    D_NOPE, PAGE_TOKENS, issue_first_pages, launch_dependents, load_q_tiles, page_ring,
+    scaled_scores, softmax_step, split_pages, store_partial, wait_prior_grid, zero_rows_from,
 )
 from mlabench.kernels.gluon_mt_feed import (
-    fill_ring, loader_partition, mt_barriers, page_scores, pages_read, refill_slot, shared_tiles,
+    loader_partition, mt_barriers, page_scores, pages_read, refill_slot, shared_tiles,
 )
 from mlabench.kernels.row_tiling import RowTiling
 
@@ -274,8 +274,8 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
     # the worker partitions take the same arguments, spelled out in the call: a tuple assigned to
     # a variable first would turn its constexprs into tensors
     if ROWS_M == 3:  # the output warps copy the pages: no loader warp
-        fill_ring(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, kn_smem, kr_smem, kv_ready,
-                  NUM_STAGES)
+        issue_first_pages(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, kn_smem, kr_smem,
+                          kv_ready, NUM_STAGES, NUM_STAGES)
         o, m_i, l_i = gl.warp_specialize([
             (_output, (smem, bars, pages, n_tiles, BLOCK_R, NUM_STAGES, ROWS_M, ISOLATE,
                        num_warps)),

@@ -90,7 +90,7 @@ def _gluon_splitkv_stage1(q_ptr, qr_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr
             wait_prior_grid()  # split touches neither, and exits at once, freeing its SM
     # Start the first pages before anything else: their latency hides the query load.
     issue_first_pages(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, kn_smem, kr_smem, bars,
-                      NUM_STAGES)
+                      NUM_STAGES, NUM_STAGES - 1)
     qn_smem, qr_smem, p_smem = row_tiles(kvn_desc.dtype, BLOCK_R)
     if n_tiles > 0:  # an empty split loads nothing and stores nothing
         load_q_tiles(q_ptr, qr_ptr, b, row_lo, num_rows, stride_qb, stride_qh, stride_qrb,
