@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 
 from mlabench.device import current_device, triton_interpreting
@@ -20,6 +26,22 @@ DEVICE = "cpu" if INTERPRETED else current_device().torch_device
 #: (fp16's 10-bit mantissa) in a compiled ``tl.dot`` on NVIDIA GPUs, so fp16's bound holds for both.
 #: bf16 operands carry 8-bit mantissas (upcast to fp32 for the dots in the interpreter).
 TOL = {"float16": 2e-3, "bfloat16": 2e-2, "float32": 2e-3}
+
+
+def run_compile_script(code: str, *args: object, timeout: int = 600) -> str:
+    """Standard output of ``python3 -c code args...`` run in a fresh process (no interpreter state:
+    ``TRITON_INTERPRET`` removed; the repository first on the path): how the compile tests build
+    a kernel for sm_90 without a GPU.  Skips the test where this Triton build has no ptxas; fails
+    with the script's stderr tail on any other error."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                         env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True,
+                         text=True, env=env, timeout=timeout)
+    if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
+        pytest.skip("this Triton build has no ptxas")
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout
 
 
 def make_case(heads: int, lens: tuple[int, ...], page: int, dtype: str = "float16",

@@ -9,11 +9,7 @@ product's loop).  tests/gpu/test_gluon_multi_token.py runs it against the fp32 r
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -22,6 +18,7 @@ pytest.importorskip("triton.experimental.gluon")
 from mlabench.kernels.gluon_multi_token import multi_token_tiling, p_buffers  # noqa: E402
 from mlabench.kernels.gluon_splitkv import KernelVariant  # noqa: E402
 from mlabench.kernels.row_tiling import RowTiling  # noqa: E402
+from tests.kernels.helpers import run_compile_script  # noqa: E402
 
 #: The cache's bulk tensor copy, completing on an mbarrier: Triton 3.9 names the CTA's shared
 #: memory as the destination, 3.6 (the H200's) the cluster's (the same for a CTA without a cluster)
@@ -46,17 +43,9 @@ print(json.dumps({"ptx": k.asm["ptx"], "shared": k.metadata.shared,
 def _compile(block_rows: int, qo_len: int, causal: bool, policy_rows: int,
              scores_first: bool, rows_as_m: int = 0) -> dict:
     """Compile the multi-token stage 1 for sm_90 in a fresh process (no interpreter state)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                         env.get("PYTHONPATH", "")])
-    args = [str(a) for a in (block_rows, qo_len, int(causal), policy_rows, int(scores_first),
-                             rows_as_m)]
-    run = subprocess.run([sys.executable, "-c", _COMPILE, *args], capture_output=True, text=True,
-                         env=env, timeout=600)
-    if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
-        pytest.skip("this Triton build has no ptxas")
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    out = run_compile_script(_COMPILE, block_rows, qo_len, int(causal), policy_rows,
+                             int(scores_first), rows_as_m)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("rows,want", [
@@ -188,18 +177,11 @@ def test_isolate_is_off_by_default_and_only_with_multi_token():
 def test_isolated_sides_compile_without_the_other(isolate):
     """``isolate`` 1 (products alone): the ring's first pages are still copied and both products
     stay; 2 (copies alone): the copies stay and no wgmma is left."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                         env.get("PYTHONPATH", "")])
     code = ("import sys; from mlabench.kernels.offline_compile import compile_multi_token_sm90; "
             "print(compile_multi_token_sm90(64, 8, rows_as_m=2, isolate=int(sys.argv[1])).asm['ptx'])")
-    run = subprocess.run([sys.executable, "-c", code, str(isolate)], capture_output=True,
-                         text=True, env=env, timeout=600)
-    if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
-        pytest.skip("this Triton build has no ptxas")
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert TMA_COPY.search(run.stdout)
-    assert bool(WGMMA_FLAGS.search(run.stdout)) == (isolate == 1)
+    ptx = run_compile_script(code, isolate)
+    assert TMA_COPY.search(ptx)
+    assert bool(WGMMA_FLAGS.search(ptx)) == (isolate == 1)
 
 
 def test_backend_parameter_is_off_by_default_and_not_searched():

@@ -11,10 +11,6 @@ from __future__ import annotations
 import json
 import re
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +20,7 @@ from mlabench.backends import gluon as _gluon_backend  # noqa: F401  (registers 
 from mlabench.backends.gluon import default_gluon_splits
 from mlabench.kernels.wide_merge import merge_blocks, wide_merge
 from mlabench.shapes import MLADecodeShape
-from tests.kernels.helpers import DEVICE, INTERPRETED, make_case, max_err
+from tests.kernels.helpers import DEVICE, INTERPRETED, make_case, max_err, run_compile_script
 
 LOG2E = 1.4426950408889634
 
@@ -165,17 +161,9 @@ def _compile_stage1(num_stages: int, block_rows: int = 16, qo_len: int = 1, caus
     """Compile stage 1 for sm_90 in a fresh process (no interpreter state, no GPU needed);
     ``split_loop``: the kernel of the persistent split loop."""
     pytest.importorskip("triton.experimental.gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                         env.get("PYTHONPATH", "")])
-    args = [str(a) for a in (num_stages, block_rows, qo_len, int(causal), policy_rows, o_split,
-                             int(fused_merge), num_splits, int(split_loop))]
-    run = subprocess.run([sys.executable, "-c", _COMPILE, *args], capture_output=True,
-                         text=True, env=env, timeout=300)
-    if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
-        pytest.skip("this Triton build has no ptxas")
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    out = run_compile_script(_COMPILE, num_stages, block_rows, qo_len, int(causal), policy_rows,
+                             o_split, int(fused_merge), num_splits, int(split_loop), timeout=300)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("num_stages,max_shared", [(1, 100_000), (2, 227 * 1024)])

@@ -7,12 +7,10 @@ pinned order took 0.10-0.22 us off a batch-1 call (results/h100/deploy/merge-pin
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from tests.kernels.helpers import run_compile_script
 
 _COMPILE = """
 import json, sys
@@ -24,15 +22,8 @@ print(json.dumps([t for _, t in sass_instructions(k.asm["cubin"])]))
 
 def _sass(policy_rows: int, pdl: bool) -> list[str]:
     """The merge's SASS instructions, compiled in a fresh process (no interpreter state)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                         env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", _COMPILE, str(policy_rows), str(int(pdl))],
-                         capture_output=True, text=True, env=env, timeout=600)
-    if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
-        pytest.skip("this Triton build has no ptxas")
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    out = run_compile_script(_COMPILE, policy_rows, int(pdl))
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("policy_rows", [16, 64])
