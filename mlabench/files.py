@@ -199,12 +199,15 @@ def config_file(name_or_path: str | Path, kind: str, what: str) -> Path:
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
     """Parse the TOML file ``path``; :class:`ConfigError` names ``what`` when it is missing,
-    unreadable, not text (:class:`~mlabench.errors.FileAccessError`) or malformed."""
+    unreadable, not text (:class:`~mlabench.errors.FileAccessError`) or malformed, and says so
+    when it is JSON (a ``.json`` name or a leading ``{``) rather than reporting a TOML error."""
     p = Path(path)
     text = read_text(p, what)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
+        if p.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+            raise ConfigError(f"{p}: a {what} is TOML, not JSON (the shipped ones: configs/)") from None
         raise ConfigError(f"{p}: malformed TOML ({exc})") from None
 
 

@@ -113,6 +113,7 @@ def test_default_backends_on_a_gpu_are_the_gpu_kernels(monkeypatch):
     ("colour = 'red'\n", "colour: unknown key"),
     ("[params]\nnum_kv_splits = 4\n", "params.num_kv_splits"),
     ("[params]\nnum_kv_splits = []\n", "^sweep config: params: num_kv_splits must be a non-empty list$"),
+    ('{"name": "x", "batch": [1]}', r"s\.toml: a sweep config is TOML, not JSON"),
 ])
 def test_bad_sweep_files(tmp_path, text, msg):
     p = tmp_path / "s.toml"
