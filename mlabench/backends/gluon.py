@@ -258,8 +258,9 @@ class GluonSplitKVBackend(Backend):
                                 fused_merge=int(variant.fused_merge),
                                 split_loop=int(variant.split_loop),
                                 **({"grid_splits": grid} if split_loop else {}))
-        if variant.multi_token_tiling(rows) is not None:  # recorded only where it ran
-            choice.effective.update(multi_token=variant.multi_token if stages > 1 else 1)
+        if variant.multi_token:  # what ran where asked (0: one token, or 16 rows or fewer)
+            runs = variant.multi_token_tiling(rows) is not None
+            choice.effective.update(multi_token=(variant.multi_token if stages > 1 else 1) * runs)
         if variant.rows_as_m:  # what ran where asked (0 on 32-row tiles and one token)
             choice.effective.update(rows_as_m=variant.rows_as_m_runs(rows))
         return PreparedCall(fn=fn, out=out, effective_params=choice.effective, refresh=refresh,

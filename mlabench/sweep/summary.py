@@ -185,6 +185,24 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
     return table
 
 
+def varied_params(records: Iterable[Record]) -> list[str]:
+    """Names of the parameters other than ``num_kv_splits`` whose shown values differ among the
+    ok ``records`` (one backend's at one shape: ``multi_token``, ``rows_as_m``, ... of a variant
+    sweep; not a default that differs between batch sizes), sorted."""
+    shown = [r.shown_params() for r in records if r.status == "ok"]
+    names = {n for p in shown for n in p} - {"num_kv_splits"}
+    return sorted(n for n in names if len({str(p.get(n, "")) for p in shown}) > 1)  # "": left out
+
+
+def _variant_cell(record: Record | None, names: list[str]) -> list[Any]:
+    """The ``split-KV params`` cell of ``record``: its values of ``names`` (``defaults`` where it
+    gives none of them; no cell without names)."""
+    if not names:
+        return []
+    shown = record.shown_params() if record else {}
+    return [" ".join(f"{n}={shown[n]}" for n in names if n in shown) or "defaults" if record else None]
+
+
 #: At a narrow terminal the compare table leaves out the persistent params, setup µs, then the
 #: two % floor columns (the speedup and both times stay).
 COMPARE_STYLES = {"params": ColumnStyle(text=short_params, drop=5), "setup µs": ColumnStyle(drop=4),
@@ -197,7 +215,10 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
     them: :data:`SHAPE_AXES`).
 
     ``families`` maps backend name -> family (``persistent`` / ``split-kv``).  ``speedup`` is
-    split-KV µs / persistent µs: above 1 the padded persistent path is faster.  Only ok records
+    split-KV µs / persistent µs: above 1 the padded persistent path is faster.  Where a
+    split-KV backend's records at one shape vary other parameters (:func:`varied_params`: a
+    variant sweep's ``multi_token``, ``rows_as_m``), a ``split-KV params`` column gives the best
+    one's values.  Only ok records
     count; a configuration with no ok record shows as a dash.  A backend whose every record at a
     batch, context and qo_len is ``unsupported`` is left out there (its rows would be all dashes),
     with a note naming it and why.
@@ -214,6 +235,10 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
         key = (r.batch, *axis_values(r, SHAPE_AXES), r.context_len, r.qo_len, not r.causal)
         cells.setdefault(key, {}).setdefault(r.backend, []).append(r)
     dropped = _drop_unsupported(cells)
+    variant = sorted({n for by_backend in cells.values() for b, recs in by_backend.items()
+                      if families.get(b) == "split-kv" for n in varied_params(recs)})
+    if variant:  # the best split-KV configuration's values of what varies within a cell
+        t.columns.insert(t.columns.index("split-KV µs"), "split-KV params")
     persistent = sorted({b for b, f in families.items() if f == "persistent"})
     splitkv = sorted({b for b, f in families.items() if f == "split-kv"})
     for key, by_backend in sorted(cells.items(), key=lambda kv: sortable(kv[0])):
@@ -229,7 +254,7 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
                     batch, *ctx, *qo_cell, p, params_label(pb.shown_params()) if pb else None,
                     pb.stats.median_us if pb else None, pb.pct_of_floor if pb else None,
                     sum(pb.setup_us.values()) if pb and pb.setup_us else None, s, sb.effective_params.get("num_kv_splits", sb.params.get("num_kv_splits")) if sb else None,
-                    sb.stats.median_us if sb else None, sb.pct_of_floor if sb else None, speedup,
+                    *_variant_cell(sb, variant), sb.stats.median_us if sb else None, sb.pct_of_floor if sb else None, speedup,
                 ])
     t.notes.append("speedup = split-KV µs / persistent µs (> 1: padding to 16 heads and running the "
                    "persistent kernel wins); only configurations that passed the correctness check count")

@@ -148,3 +148,29 @@ def test_compare_from_a_folder_reads_the_kernel_runs_at_any_depth(tmp_path, monk
     code, out, err = run(["compare", "--from", str(serving)], monkeypatch, capsys)
     assert code == 2 and not out and err == (f"error: compare --from {serving}: no sweep, tune or validation run "
                                              "here or below (only serve-bench runs)\n")
+
+
+def test_compare_names_the_split_kv_variant_that_won():
+    """A variant sweep (gluon-splitkv with multi_token and rows_as_m beside FlashMLA) showed only
+    the best split count: which variant won was not in the table (a fresh user's run).  The
+    parameters that vary within a cell get a column with the winner's values; a default that
+    only differs between batch sizes (pdl) does not."""
+    from mlabench.sweep.summary import compare_table
+
+    def variant(us, batch=1, **params):
+        r = _rec("gluon-splitkv", 12, us, splits=8)
+        return r.model_copy(update={"params": {**r.params, **params}, "batch": batch})
+
+    families = backend_families()
+    recs = [_rec("flashmla", 12, 20.0), variant(18.0, pdl=1, multi_token=1, rows_as_m=2),
+            variant(17.0, pdl=1, multi_token=1, rows_as_m=3), variant(19.0, pdl=1)]
+    table = compare_table(recs, families)
+    col = table.columns.index("split-KV params")
+    assert table.columns[col - 1:col + 2] == ["best splits", "split-KV params", "split-KV µs"]
+    assert [(row[col], row[col + 1]) for row in table.rows] == [("multi_token=1 rows_as_m=3", 17.0)]
+    slow = [r.model_copy(update={"stats": r.stats.model_copy(update={"median_us": 30.0})})
+            for r in recs[1:3]]
+    assert compare_table([recs[0], *slow, recs[3]], families).rows[0][col] == "defaults"
+    by_batch = [_rec("flashmla", 12, 20.0), variant(18.0, pdl=1),
+                _rec("flashmla", 12, 20.0).model_copy(update={"batch": 16}), variant(30.0, 16, pdl=0)]
+    assert "split-KV params" not in compare_table(by_batch, families).columns
