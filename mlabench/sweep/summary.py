@@ -203,10 +203,11 @@ def _variant_cell(record: Record | None, names: list[str]) -> list[Any]:
     return [" ".join(f"{n}={shown[n]}" for n in names if n in shown) or "defaults" if record else None]
 
 
-#: At a narrow terminal the compare table leaves out the persistent params, setup µs, then the
-#: two % floor columns (the speedup and both times stay).
+#: At a narrow terminal the compare table leaves out the persistent params, setup µs, the two %
+#: floor columns, then the split-KV params (the speedup and both times stay).
 COMPARE_STYLES = {"params": ColumnStyle(text=short_params, drop=5), "setup µs": ColumnStyle(drop=4),
-                  "% floor": ColumnStyle(drop=3), "split-KV % floor": ColumnStyle(drop=3)}
+                  "% floor": ColumnStyle(drop=3), "split-KV % floor": ColumnStyle(drop=3),
+                  "split-KV params": ColumnStyle(text=short_params, drop=2)}
 
 
 def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
