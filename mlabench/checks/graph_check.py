@@ -48,7 +48,7 @@ from mlabench.inputs import input_bytes, make_inputs
 from mlabench.kernels.reference import mla_decode_reference
 from mlabench.measure.timing import TimingConfig, cold_cache_copies
 from mlabench.policy.device_table import POLICY_MODES, SplitPolicy
-from mlabench.shapes import MAX_QO_LEN, MLADecodeShape
+from mlabench.shapes import MAX_QO_LEN, SUPPORTED_DTYPES, MLADecodeShape
 
 DEFAULT_CONTEXTS = (4096, 16384, 32768, 65536, 100000, 131072)
 DEFAULT_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -118,8 +118,9 @@ class GraphCheckConfig:
 
     def validate(self) -> None:
         """ConfigError for empty lists, lengths or batch sizes < 1, a ``qo_len`` outside 1-8
-        (:data:`~mlabench.shapes.MAX_QO_LEN`), a negative tolerance, or a causal block captured at
-        fewer tokens than it holds."""
+        (:data:`~mlabench.shapes.MAX_QO_LEN`), a negative tolerance, a dtype not in
+        :data:`~mlabench.shapes.SUPPORTED_DTYPES`, or a causal block captured at fewer tokens than
+        it holds."""
         if not self.batches or not self.contexts or not self.splits:
             raise ConfigError("graph-check needs batch sizes, context lengths and split counts")
         if min(self.batches) < 1 or min(self.contexts) < 1 or self.capture_len < 1 or min(self.splits) < 1:
@@ -128,6 +129,8 @@ class GraphCheckConfig:
             raise ConfigError(f"--qo-len takes 1-{MAX_QO_LEN} query tokens per request, got {self.qo_len}")
         if self.tolerance < 0:
             raise ConfigError(f"tolerance must be >= 0, got {self.tolerance}")
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise ConfigError(f"--dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}")
         if self.causal and self.capture_len < self.qo_len:
             raise ConfigError(f"--capture-len {self.capture_len} is shorter than a causal block of "
                               f"--qo-len {self.qo_len} (its own tokens are in the cache)")

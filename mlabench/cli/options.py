@@ -198,7 +198,7 @@ def non_causal_applies(non_causal: bool, qo_lens: list[int]) -> None:
     masks are the same problem, so the flag would change nothing.  Raises :class:`ConfigError`."""
     if non_causal and all(t == 1 for t in qo_lens):
         raise ConfigError("--non-causal changes nothing at one query token (both masks are the same there); "
-                          "give --qo-len 2 or more (e.g. --qo-len 2,4), or leave --non-causal out")
+                          "give --qo-len 2 or more (e.g. --qo-len 2), or leave --non-causal out")
 
 
 def backend_params(params: list[str] | None, splits: str | None,

@@ -202,3 +202,18 @@ def test_graph_check_refuses_a_qo_len_outside_1_to_8_before_it_needs_a_gpu(qo_le
         cli.main()
     assert exc.value.code == 2
     assert capsys.readouterr().err == f"error: --qo-len takes 1-8 query tokens per request, got {qo_len}\n"
+
+
+def test_graph_check_refuses_a_bad_dtype_before_it_needs_a_gpu(monkeypatch, capsys):
+    """``graph-check --dtype foo`` said "needs a CUDA or ROCm GPU", exit 3, on a CPU (a fresh
+    user's run), where ``check --dtype int8`` names the dtypes, exit 2."""
+    import sys
+
+    from mlabench import cli
+
+    monkeypatch.setattr(sys, "argv", ["mlabench", "graph-check", "--dtype", "foo"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == ("error: --dtype must be one of bfloat16, float16, float32, "
+                                       "got 'foo'\n")
