@@ -185,22 +185,48 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
     return table
 
 
+def ran_values(record: Record) -> dict[str, str]:
+    """The parameters ``record`` asked for as they ran, for telling variants apart: the value in
+    ``effective_params`` where it holds the name; a name asked for that a non-empty
+    ``effective_params`` does not hold did not run (gluon-splitkv's ``multi_token`` at one
+    token before it recorded 0 there) and is left out; ``num_kv_splits`` is left out."""
+    eff = record.effective_params
+    return {n: str(eff.get(n, v)) for n, v in record.params.items()
+            if n != "num_kv_splits" and (n in eff or not eff)}
+
+
 def varied_params(records: Iterable[Record]) -> list[str]:
-    """Names of the parameters other than ``num_kv_splits`` whose shown values differ among the
-    ok ``records`` (one backend's at one shape: ``multi_token``, ``rows_as_m``, ... of a variant
-    sweep; not a default that differs between batch sizes), sorted."""
-    shown = [r.shown_params() for r in records if r.status == "ok"]
-    names = {n for p in shown for n in p} - {"num_kv_splits"}
-    return sorted(n for n in names if len({str(p.get(n, "")) for p in shown}) > 1)  # "": left out
+    """Names of the parameters whose :func:`ran_values` differ among the ok ``records`` (one
+    backend's at one shape: ``multi_token``, ``rows_as_m``, ... of a variant sweep; not a
+    default that differs between batch sizes, nor ``16 (asked auto)`` against ``16``), sorted."""
+    ran = [ran_values(r) for r in records if r.status == "ok"]
+    names = {n for p in ran for n in p}
+    return sorted(n for n in names if len({p.get(n, "") for p in ran}) > 1)  # "": left out
 
 
-def _variant_cell(record: Record | None, names: list[str]) -> list[Any]:
-    """The ``split-KV params`` cell of ``record``: its values of ``names`` (``defaults`` where it
-    gives none of them; no cell without names)."""
+def variant_names(cells: dict[tuple, dict[str, list[Record]]],
+                  families: dict[str, str]) -> dict[str, list[str]]:
+    """Per split-KV backend of ``cells`` (``{shape key: {backend: records}}``), the names
+    :func:`varied_params` finds in any of its cells; backends with none are left out."""
+    names: dict[str, set[str]] = {}
+    for by_backend in cells.values():
+        for b, recs in by_backend.items():
+            if families.get(b) == "split-kv":
+                names.setdefault(b, set()).update(varied_params(recs))
+    return {b: sorted(n) for b, n in names.items() if n}
+
+
+def _variant_cell(record: Record | None, names: dict[str, list[str]]) -> list[Any]:
+    """The ``split-KV params`` cell of ``record``: its shown values of its backend's ``names``
+    that ran (``defaults`` where none did; None for a backend without any, or no record); no
+    cell when no backend has names."""
     if not names:
         return []
-    shown = record.shown_params() if record else {}
-    return [" ".join(f"{n}={shown[n]}" for n in names if n in shown) or "defaults" if record else None]
+    mine = names.get(record.backend, []) if record else []
+    if not mine:
+        return [None]
+    shown, ran = record.shown_params(), ran_values(record)
+    return [" ".join(f"{n}={shown[n]}" for n in mine if n in ran) or "defaults"]
 
 
 #: At a narrow terminal the compare table leaves out the persistent params, setup µs, the two %
@@ -236,8 +262,7 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
         key = (r.batch, *axis_values(r, SHAPE_AXES), r.context_len, r.qo_len, not r.causal)
         cells.setdefault(key, {}).setdefault(r.backend, []).append(r)
     dropped = _drop_unsupported(cells)
-    variant = sorted({n for by_backend in cells.values() for b, recs in by_backend.items()
-                      if families.get(b) == "split-kv" for n in varied_params(recs)})
+    variant = variant_names(cells, families)
     if variant:  # the best split-KV configuration's values of what varies within a cell
         t.columns.insert(t.columns.index("split-KV µs"), "split-KV params")
     persistent = sorted({b for b, f in families.items() if f == "persistent"})

@@ -174,3 +174,14 @@ def test_compare_names_the_split_kv_variant_that_won():
     by_batch = [_rec("flashmla", 12, 20.0), variant(18.0, pdl=1),
                 _rec("flashmla", 12, 20.0).model_copy(update={"batch": 16}), variant(30.0, 16, pdl=0)]
     assert "split-KV params" not in compare_table(by_batch, families).columns
+    # a split-KV backend without variants gets a dash; a variant asked for but not run (absent
+    # from effective_params: multi_token at one token) is no variant, nor is "16 (asked auto)"
+    other = _rec("triton-splitkv", 12, 16.0, splits=8)
+    rows = compare_table([*recs, other], families).rows
+    assert [(row[col - 2], row[col]) for row in rows] == [("gluon-splitkv", "multi_token=1 rows_as_m=3"),
+                                                           ("triton-splitkv", None)]
+    ran = {"num_kv_splits": 8, "pdl": 1, "rows_per_tile": 16}
+    one_token = [r.model_copy(update={"effective_params": ran,
+                                      "params": {**r.params, "rows_per_tile": tile}})
+                 for r, tile in zip(recs[1:], ("auto", 16, 16))]
+    assert "split-KV params" not in compare_table([recs[0], *one_token], families).columns
