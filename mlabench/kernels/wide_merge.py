@@ -47,7 +47,7 @@ PAGE_TOKENS = tl.constexpr(_PAGE_TOKENS)  #: the page-granular splits' unit (a j
 FEW_SLOTS = 32
 #: ... and one that wrote at most this many (more than ``FEW_SLOTS``) with tiles of this size
 #: (0: none): the H100-tuned policy writes 64 of its 104 slots at batch 1 from 8K to 64K, where
-#: this took 0.2-0.4 µs off device mode (results/h100/deploy/README.md, ``merge-tiers/``).
+#: this took 0.32-0.36 µs off device mode (results/h100/deploy/README.md, ``merge-tiers/``).
 MID_SLOTS = 64
 
 
