@@ -220,6 +220,23 @@ def split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS: gl.constexp
 
 
 @gluon.jit
+def program_split(seqlens_ptr, bt_ptr, stride_btb, num_splits, policy_ptr,
+                  ROW_TILES: gl.constexpr, BLOCK_R: gl.constexpr, POLICY_ROWS: gl.constexpr,
+                  num_warps: gl.constexpr):
+    """What a stage-1 program of the grid ``(B * ROW_TILES, S)`` works on (a request's row tiles
+    next to each other, so they share its pages in L2): ``(b, row_lo, split, seq_len, page_lo,
+    n_tiles, written, bt_row_ptr)``, its request, first row, split, the request's length, the
+    split's pages (:func:`split_pages`) and the request's block-table row."""
+    b = gl.program_id(0) // ROW_TILES
+    row_lo = (gl.program_id(0) % ROW_TILES) * BLOCK_R
+    split = gl.program_id(1)
+    seq_len = gl.load(seqlens_ptr + b)
+    page_lo, n_tiles, written = split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS,
+                                            num_warps)
+    return b, row_lo, split, seq_len, page_lo, n_tiles, written, bt_ptr + b.to(gl.int64) * stride_btb
+
+
+@gluon.jit
 def scaled_scores(s, tok, seq_len, row_lim, qk_scale_log2, CAUSAL: gl.constexpr,
                   TOKEN_AXIS: gl.constexpr = 0):
     """Scores ``S^T [64 tokens, rows]`` (``TOKEN_AXIS`` 0) or ``S [rows, 64 tokens]`` (1) in

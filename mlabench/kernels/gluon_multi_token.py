@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from mlabench.kernels.common import causal_row_limits
 from mlabench.kernels.gluon_blocks import (
     D_NOPE, PAGE_TOKENS, issue_first_pages, launch_dependents, load_q_tiles, page_ring,
-    scaled_scores, softmax_step, split_pages, store_partial, wait_prior_grid, zero_rows_from,
+    program_split, scaled_scores, softmax_step, store_partial, wait_prior_grid, zero_rows_from,
 )
 from mlabench.kernels.gluon_mt_feed import (
     loader_partition, mt_barriers, page_scores, pages_read, refill_slot, shared_tiles,
@@ -250,14 +250,10 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
                         PDL: gl.constexpr, WAIT_PRIOR: gl.constexpr, num_warps: gl.constexpr):
     if PDL == 1:  # let the merge grid be scheduled now; it waits for this grid before reading
         launch_dependents()
-    # Grid (B * ROW_TILES, S) as the one-token kernel's: a request's row tiles share pages in L2.
-    b = gl.program_id(0) // ROW_TILES
-    row_lo = (gl.program_id(0) % ROW_TILES) * BLOCK_R
-    split = gl.program_id(1)
-    seq_len = gl.load(seqlens_ptr + b)
-    page_lo, n_tiles, written = split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS,
-                                            num_warps)
-    bt_row_ptr = bt_ptr + b.to(gl.int64) * stride_btb
+    # the grid and program of the one-token kernel: a request's row tiles share pages in L2
+    b, row_lo, split, seq_len, page_lo, n_tiles, written, bt_row_ptr = program_split(
+        seqlens_ptr, bt_ptr, stride_btb, num_splits, policy_ptr, ROW_TILES, BLOCK_R, POLICY_ROWS,
+        num_warps)
     kn_smem, kr_smem, kv_ready = page_ring(kvn_desc, kvr_desc, NUM_STAGES)
     qn_smem, qr_smem, p_smem, a_smem, ml_smem = shared_tiles(kvn_desc.dtype, BLOCK_R, P_BUFS)
     kv_free, p_ready, p_free, done = mt_barriers(NUM_STAGES, P_BUFS)

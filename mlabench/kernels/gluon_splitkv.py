@@ -47,7 +47,7 @@ from mlabench.kernels.gluon_fused_merge import (
 )
 from mlabench.kernels.gluon_blocks import (
     PAGE_SIZE, accumulators, attend_page, issue_first_pages, issue_page, launch_dependents,
-    load_q_tiles, page_ring, row_tiles, split_pages, store_partial, wait_prior_grid,
+    load_q_tiles, page_ring, program_split, row_tiles, store_partial, wait_prior_grid,
 )
 from mlabench.kernels.gluon_split_loop import stage1_split_loop
 from mlabench.kernels.row_tiling import QK_WIDTH as D_QK, RowTiling
@@ -75,14 +75,9 @@ def _gluon_splitkv_stage1(q_ptr, qr_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr
                           M_WS: gl.constexpr, M_WR: gl.constexpr, num_warps: gl.constexpr):
     if PDL == 1:  # let the merge grid be scheduled now; it waits for this grid before reading
         launch_dependents()
-    # Grid (B * ROW_TILES, S): a (request, split)'s row tiles run together, sharing pages in L2.
-    b = gl.program_id(0) // ROW_TILES
-    row_lo = (gl.program_id(0) % ROW_TILES) * BLOCK_R
-    split = gl.program_id(1)
-    seq_len = gl.load(seqlens_ptr + b)
-    page_lo, n_tiles, written = split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS,
-                                            num_warps)
-    bt_row_ptr = bt_ptr + b.to(gl.int64) * stride_btb
+    b, row_lo, split, seq_len, page_lo, n_tiles, written, bt_row_ptr = program_split(
+        seqlens_ptr, bt_ptr, stride_btb, num_splits, policy_ptr, ROW_TILES, BLOCK_R, POLICY_ROWS,
+        num_warps)
 
     kn_smem, kr_smem, bars = page_ring(kvn_desc, kvr_desc, NUM_STAGES)
     if WAIT_PRIOR:  # launched early (PDL): the length, the split and the ring are ready; now wait
