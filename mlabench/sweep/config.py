@@ -23,7 +23,7 @@ from mlabench.files import config_file, read_toml, validation_line
 from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
 from mlabench.records.store import ResultStore, refuse_archived
-from mlabench.shapes import MLADecodeShape, resolve_heads
+from mlabench.shapes import SUPPORTED_PAGE_SIZES, MLADecodeShape, resolve_heads
 from mlabench.sweep.order import DEFAULT_ORDER, Order
 from mlabench.sweep.visits import DEFAULT_VISIT_REL_SE
 
@@ -68,6 +68,12 @@ class SweepConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
+    @field_validator("batch", "context_lens", "qo_len", "heads", mode="before")
+    @classmethod
+    def _one_value_axis(cls, v: Any) -> Any:
+        """A single number is an axis of one value: ``batch = 16`` reads as ``batch = [16]``."""
+        return [v] if isinstance(v, int) and not isinstance(v, bool) else v
+
     @field_validator("batch", "context_lens", "qo_len")
     @classmethod
     def _positive(cls, v: list[int], info: Any) -> list[int]:
@@ -92,6 +98,21 @@ class SweepConfig(BaseModel):
             raise ValueError("must be a non-empty list of values > 0")
         return v
 
+    @field_validator("page_size")
+    @classmethod
+    def _page_size(cls, v: int) -> int:
+        if v not in SUPPORTED_PAGE_SIZES:
+            raise ValueError(f"must be one of {SUPPORTED_PAGE_SIZES}, got {v}")
+        return v
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _one_value_params(cls, v: Any) -> Any:
+        """A parameter given one value (``num_kv_splits = 4``) is an axis of that value."""
+        if isinstance(v, dict):
+            return {name: values if isinstance(values, list) else [values] for name, values in v.items()}
+        return v
+
     @field_validator("params")
     @classmethod
     def _axes(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
@@ -107,11 +128,15 @@ def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None 
     ``base``, and apply ``overrides`` (None values are ignored).  A flag replaces what the file
     says: ``model`` or ``model_config`` given as a flag drops the file's other one.
 
-    Raises :class:`ConfigError` with one line for a missing file, bad TOML or a bad field.
+    A single value where an axis is a list (``batch = 16``, ``num_kv_splits = 4`` under
+    ``[params]``) is an axis of that one value.  Raises :class:`ConfigError` with one line for a
+    missing file, bad TOML or a bad field; a bad field of a file is named with the file's path.
     """
     data: dict[str, Any] = dict(base or {})
+    where = "sweep config"
     if path is not None:
-        data = read_toml(config_file(path, "sweeps", "sweep config"), "sweep config")
+        file = config_file(path, "sweeps", "sweep config")
+        data, where = read_toml(file, "sweep config"), f"sweep config {file}"
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     for source in MODEL_SOURCES:  # a model named by a flag replaces the file's, whichever kind
         if source in given:
@@ -126,7 +151,7 @@ def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None 
     try:
         return SweepConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"sweep config: {validation_line(exc)}") from None
+        raise ConfigError(f"{where}: {validation_line(exc)}") from None
 
 
 def recorded_config(store: ResultStore) -> SweepConfig:

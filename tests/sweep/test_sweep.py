@@ -111,8 +111,9 @@ def test_default_backends_on_a_gpu_are_the_gpu_kernels(monkeypatch):
     ("batch = [0]\n", "batch: must be > 0"),
     ("context_lens = [-1]\n", "context_lens: must be > 0"),
     ("colour = 'red'\n", "colour: unknown key"),
-    ("[params]\nnum_kv_splits = 4\n", "params.num_kv_splits"),
-    ("[params]\nnum_kv_splits = []\n", "^sweep config: params: num_kv_splits must be a non-empty list$"),
+    ("[params]\nnum_kv_splits = []\n", r"^sweep config .*s\.toml: params: num_kv_splits must be a non-empty list$"),
+    ("page_size = 7\n", r"s\.toml: page_size: must be one of \(1, 16, 64\), got 7$"),
+    ("batch = true\n", "batch: Input should be a valid list"),
     ('{"name": "x", "batch": [1]}', r"s\.toml: a sweep config is TOML, not JSON"),
 ])
 def test_bad_sweep_files(tmp_path, text, msg):
@@ -120,6 +121,14 @@ def test_bad_sweep_files(tmp_path, text, msg):
     p.write_text(text)
     with pytest.raises(ConfigError, match=msg):
         load_sweep_config(p)
+
+
+def test_one_value_where_an_axis_is_a_list_is_an_axis_of_it(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text("batch = 16\ncontext_lens = 4096\nheads = 12\n[params]\nnum_kv_splits = 4\nsplit_policy = 'device'\n")
+    cfg = load_sweep_config(p)
+    assert (cfg.batch, cfg.context_lens, cfg.heads, cfg.qo_len) == ([16], [4096], [12], [1])
+    assert cfg.params == {"num_kv_splits": [4], "split_policy": ["device"]}
 
 
 def test_run_records_every_point_with_its_verdict(tmp_path):
