@@ -7,11 +7,12 @@ Exit codes (:class:`~mlabench.errors.ExitCode`): 0 done; 1 a check failed or a r
 as one ``error:`` line: :func:`usage_line`) or
 a :class:`~mlabench.errors.MlabenchError` (one ``error: ...`` line on stderr, or the error's own
 ``exit_code``); 3 cannot run here (no GPU, a backend or package missing: the error's own ``exit_code``);
-130 Ctrl-C.  Tables go to stdout, progress and notices to stderr.
+130 Ctrl-C or SIGTERM (:func:`stop_on_sigterm`).  Tables go to stdout, progress and notices to stderr.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -69,8 +70,19 @@ def help_wins(args: list[str]) -> list[str]:
     return [*args[:first_option], "--help"]
 
 
+def stop_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, ``timeout``, a job scheduler's stop) end a command as Ctrl-C does:
+    Python's default for it ends the process at once, so an interrupted sweep or tune would not
+    print the ``--resume`` line and serve-bench would not stop its server in order.  Only from the
+    main thread (Python delivers signals there)."""
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def main() -> None:
     """Console-script entry point: run the app and turn what it raised into an exit code."""
+    stop_on_sigterm()
     try:
         # With standalone_mode=False click returns the code of a typer.Exit instead of raising it,
         # and typer turns Ctrl-C inside a command into code 130.

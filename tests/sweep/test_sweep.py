@@ -409,3 +409,30 @@ def test_a_disk_filling_mid_run_leaves_whole_records_and_names_the_resume(tmp_pa
     monkeypatch.undo()
     _, recs = run_sweep(small_config(), tmp_path, resume=run_dir)
     assert len(recs) == 8
+
+
+def test_sigterm_mid_sweep_ends_it_as_ctrl_c_does_naming_the_resume(tmp_path):
+    """`timeout` or a job scheduler stops a sweep with SIGTERM: the records so far stay, and the
+    command says how to continue (exit 130, as Ctrl-C), instead of dying with Python's default."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "mlabench", "sweep", "--heads", "12", "--batch", "1,2",
+                             "--context", "16,40,64,128", "--page-size", "16", "--backend", "torch-splitkv",
+                             "--splits", "1,2,3,4", "--budget-s", "0.5", "--results-dir", str(runs)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    deadline = time.monotonic() + 120
+    while not any(p.stat().st_size for p in runs.glob("*/results.jsonl")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    (run_dir,) = list(runs.iterdir())
+    kept = len(ResultStore(run_dir).records())
+    assert proc.returncode == 130 and 0 < kept < 32, err
+    assert "points recorded" in err and f"continue with: mlabench sweep --resume {run_dir}" in err, err
