@@ -186,7 +186,7 @@ def test_the_scale_says_where_it_came_from(tmp_path):
     assert scale_note(spec) == (f"softmax scale 0.159192 = (128 + 64) ** -0.5 x 1.4852 ** 2 (YaRN mscale of factor "
                                 f"128, mscale_all_dim 1) from {tmp_path / 'config.json'}")
     assert scale_note(load_model("kimi-k3")).startswith("softmax scale 0.072169 = (128 + 64) ** -0.5 (no rope "
-                                                        "scaling) from vLLM ROCm 12-head")
+                                                        "scaling) from the vLLM ROCm 12-head MLA pull request (96 heads)")
     assert scale_note(None) == "softmax scale 0.041667 = 576 ** -0.5 (no model given: 1 / sqrt of the query width)"
 
 
