@@ -11,8 +11,11 @@ and its parameters) and batch size this module:
    NaN-poisoned output and checks it against the fp32 reference, then times replays;
 3. compares with the same backend tuned for L: prepared knowing L (as an eager server launching
    per step would) and, where it has ``num_kv_splits`` and can be steered to it, the fastest of
-   the candidate counts (else its own choice at L).  Both are timed the same way (graph replay,
-   device events, the stopping rule of :mod:`mlabench.measure.timing`), so only the choice differs.
+   the candidate counts (else its own choice at L).  The search runs before the capture; the
+   row's two times are then taken side by side: the graph and the chosen call, prepared again at L
+   and captured, timed in turn (:meth:`~mlabench.checks.graph_bench.GraphBench.side_by_side`), the
+   same way (graph replay, device events, the stopping rule of :mod:`mlabench.measure.timing`), so
+   only the choice differs.
 
 A row is flagged when the captured graph is wrong after refresh or slower than the tuned call by
 more than ``tolerance`` (a split count or schedule frozen at capture).  A subject whose
@@ -35,26 +38,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mlabench.backends import get_backend
-from mlabench.backends.base import SPLITS_ON_DEVICE, PreparedCall
+from mlabench.backends.base import SPLITS_ON_DEVICE
+from mlabench.checks.graph_bench import SPLITS_PARAM, GraphBench, Tuned
 from mlabench.checks.graph_engines import EagerEngine, GraphEngine, replay_us
-from mlabench.checks.verdict import compare_outputs
-from mlabench.device import current_device, free_memory_bytes
+from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, ConfigError, UnsupportedShapeError
 from mlabench.files import write_text
-from mlabench.inputs import input_bytes, make_inputs
-from mlabench.kernels.reference import mla_decode_reference
-from mlabench.measure.timing import TimingConfig, cold_cache_copies
+from mlabench.measure.timing import TimingConfig
 from mlabench.policy.device_table import POLICY_MODES, SplitPolicy
-from mlabench.shapes import MAX_QO_LEN, SUPPORTED_DTYPES, MLADecodeShape
+from mlabench.shapes import MAX_QO_LEN, SUPPORTED_DTYPES
 
 DEFAULT_CONTEXTS = (4096, 16384, 32768, 65536, 100000, 131072)
 DEFAULT_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_TOLERANCE = 0.05
-#: The split-count parameter a tuned baseline searches, where a backend has it.
-SPLITS_PARAM = "num_kv_splits"
 
 
 @dataclass(frozen=True)
@@ -196,7 +193,7 @@ def run_graph_check(cfg: GraphCheckConfig, subjects: Sequence[Subject], engine: 
     result = GraphCheckResult(rows=[], policy=policy, device=current_device().name)
     tuned_tables: dict[int, list[tuple[int, int]]] = {}
     for batch in cfg.batches:
-        bench = _Bench(cfg, batch, engine)
+        bench = GraphBench(cfg, batch, engine)
         for s in subjects:
             ok, why = get_backend(s.backend).supports(bench.shape)
             if not ok:
@@ -207,13 +204,13 @@ def run_graph_check(cfg: GraphCheckConfig, subjects: Sequence[Subject], engine: 
         policy_subjects = [s for s in subjects if s.policy_mode]
         if policy_subjects and policy is None:
             source = tuned[baseline_key(policy_subjects[0])]
-            tuned_tables[batch] = [(L, source[L][1] or 1) for L in cfg.contexts]
+            tuned_tables[batch] = [(L, source[L].splits or 1) for L in cfg.contexts]
             result.policy = SplitPolicy.create(tuned_tables, source="tuned by this graph-check run")
         if policy_subjects:
             write_text(policy_path, result.policy.to_json(), "split policy")
         for s in subjects:
             say(f"capture {s.label} B={batch} at L={cfg.capture_len}")
-            result.rows += bench.captured(s, policy_path, tuned[baseline_key(s)])
+            result.rows += captured_rows(bench, s, policy_path, tuned[baseline_key(s)])
     return result
 
 
@@ -225,132 +222,44 @@ def baseline_key(s: Subject) -> tuple[str, tuple[tuple[str, Any], ...]]:
     return s.backend, tuple(sorted(s.params.items()))
 
 
-class _Bench:
-    """Inputs of one batch size, sized for the longest context, and its measurements."""
-
-    def __init__(self, cfg: GraphCheckConfig, batch: int, engine: Any):
-        self.cfg, self.batch, self.engine = cfg, batch, engine
-        kw = dict(num_heads=cfg.num_heads, page_size=cfg.page_size, q_dtype=cfg.dtype, kv_dtype=cfg.dtype,
-                  qo_len=cfg.qo_len, causal=cfg.causal)
-        self.shape = MLADecodeShape.create(context_lens=(max(cfg.contexts),) * batch, **kw)
-        read = MLADecodeShape.create(context_lens=(min(cfg.contexts),) * batch, **kw)
-        dev = current_device()
-        want = cold_cache_copies(read.min_bytes_moved, dev, cfg.timing)  # cold at the shortest L
-        fit = int(0.8 * free_memory_bytes(dev)) // input_bytes(self.shape) - 1  # 1 set for scratch
-        self.inputs = [make_inputs(self.shape, seed=cfg.seed + i) for i in range(max(1, min(want, fit)))]
-        self._refs: dict[int, torch.Tensor] = {}
-
-    def set_lengths(self, length: int) -> None:
-        for x in self.inputs:
-            x.cache_seqlens.fill_(length)
-
-    def reference(self, length: int) -> torch.Tensor:
-        if length not in self._refs:
-            x = self.inputs[0]
-            self._refs[length], _ = mla_decode_reference(
-                x.q, x.kv_cache, x.block_table, [length] * self.batch, self.shape.scale,
-                qo_len=self.shape.qo_len, causal=self.shape.causal)
-        return self._refs[length]
-
-    def prepare(self, backend: str, params: dict[str, Any]) -> list[PreparedCall]:
-        b = get_backend(backend)
-        resolved = b.resolve_params(self.shape, params)
-        return [b.prepare(x, resolved) for x in self.inputs]
-
-    def time_calls(self, calls: list[PreparedCall]) -> float | None:
-        """Per-call µs of ``calls`` captured together; None when they cannot be captured."""
-        try:
-            replay = self.engine.capture([c.fn for c in calls])
-        except RuntimeError:
-            self.engine.sync()
-            return None
-        return replay_us(replay, len(calls), self.cfg.timing)
-
-    def tuned(self, backend: str, params: dict[str, Any], length: int,
-              say: Callable[[str], None]) -> tuple[float | None, Any]:
-        """``(µs, split count)`` of ``backend`` with ``params`` prepared at ``length``: the fastest
-        correct candidate count where it has :data:`SPLITS_PARAM` and can be steered to one here;
-        else its own choice prepared at ``length`` (the count it reports, None where it reports
-        none), so a backend whose count cannot be steered is compared with itself knowing the
-        length; ``(None, None)`` when no candidate is correct."""
-        self.set_lengths(length)
-        say(f"tune {backend} B={self.batch} L={length}")
-        counts = list(self.cfg.splits) if SPLITS_PARAM in get_backend(backend).param_names() else []
-        best, steered = (float("inf"), None), False
-        for count in counts:
-            try:
-                calls = self.prepare(backend, {**params, SPLITS_PARAM: count})
-            except UnsupportedShapeError:
-                continue  # a count it cannot take here (e.g. AITER >= v0.1.20 chooses its own)
-            steered = True
-            best = self._faster(best, calls, count)
-        if not steered:
-            try:
-                calls = self.prepare(backend, params)
-            except UnsupportedShapeError:
-                return None, None
-            best = self._faster(best, calls, calls[0].effective_params.get(SPLITS_PARAM))
-        return best if best[0] < float("inf") else (None, None)
-
-    def _faster(self, best: tuple[float, Any], calls: list[PreparedCall], count: Any) -> tuple[float, Any]:
-        """``(µs, count)`` of ``calls`` when they are timed faster than ``best`` and correct, else ``best``."""
-        us = self.time_calls(calls)
-        return (us, count) if us is not None and us < best[0] and self._correct(calls[0])[0] else best
-
-    def _correct(self, call: PreparedCall) -> tuple[bool, float | None]:
-        """Replay-free check of copy 0's output after the last run (it ran in ``time_calls``)."""
-        self.engine.sync()
-        v = compare_outputs(call.out, self.reference(int(self.inputs[0].cache_seqlens[0])))
-        return v.passed, v.max_abs_err
-
-    def _capture(self, backend: str, params: dict[str, Any]) -> tuple[list[PreparedCall], Any, str]:
-        """``(calls, replay, "")`` of ``backend`` prepared and captured at the capture length, or
-        ``(calls, None, why)`` when it is refused there, not graph-safe or fails to capture."""
-        self.set_lengths(self.cfg.capture_len)
-        try:
-            calls = self.prepare(backend, params)
-        except UnsupportedShapeError as exc:
-            return [], None, f"refused at the capture length: {exc}"
-        if not calls[0].graph_safe:
-            return calls, None, "not graph-safe: cannot be captured"
-        try:
-            return calls, self.engine.capture([c.fn for c in calls]), ""
-        except RuntimeError as exc:
-            self.engine.sync()
-            first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            return calls, None, f"capture failed: {first}"
-
-    def captured(self, s: Subject, policy_path: Path | None,
-                 tuned: dict[int, tuple[float | None, Any]]) -> list[GraphCheckRow]:
-        cfg = self.cfg
-        params = dict(s.params)
-        if s.policy_mode:
-            params[POLICY_PARAM] = f"{s.policy_mode}:{policy_path}"
-        base = dict(subject=s.label, backend=s.backend, batch=self.batch, capture_len=cfg.capture_len)
-        calls, replay, why = self._capture(s.backend, params)
-        if why:
-            return [GraphCheckRow(context_len=L, tuned_us=tuned[L][0], tuned_splits=tuned[L][1],
-                                  flagged=True, note=why, **base) for L in cfg.contexts]
-        eff = calls[0].effective_params
-        frozen = copy.copy(eff.get(SPLITS_PARAM))
-        rows = []
-        for length in cfg.contexts:
-            self.set_lengths(length)
-            t0 = time.perf_counter()
-            for c in calls:
-                c.refresh_for_new_lengths()
-            self.engine.sync()
-            refresh_us = (time.perf_counter() - t0) * 1e6 / len(calls)
-            calls[0].out.fill_(float("nan"))
-            replay()
-            correct, err = self._correct(calls[0])
+def captured_rows(bench: GraphBench, s: Subject, policy_path: Path | None,
+                  tuned: dict[int, Tuned]) -> list[GraphCheckRow]:
+    """The rows of subject ``s`` at one batch size: captured at ``capture_len``, then per length
+    refreshed, replayed on a NaN-poisoned output and checked, and timed side by side with the
+    tuned call of that length (``tuned``: its ``(µs, count)`` from the search; the row keeps the
+    count and the side-by-side µs, :meth:`GraphBench.side_by_side`)."""
+    cfg = bench.cfg
+    params = dict(s.params)
+    if s.policy_mode:
+        params[POLICY_PARAM] = f"{s.policy_mode}:{policy_path}"
+    base = dict(subject=s.label, backend=s.backend, batch=bench.batch, capture_len=cfg.capture_len)
+    calls, replay, why = bench.capture(s.backend, params)
+    if why:
+        return [GraphCheckRow(context_len=L, tuned_us=tuned[L].us, tuned_splits=tuned[L].splits,
+                              flagged=True, note=why, **base) for L in cfg.contexts]
+    eff = calls[0].effective_params
+    frozen = copy.copy(eff.get(SPLITS_PARAM))
+    rows = []
+    for length in cfg.contexts:
+        bench.set_lengths(length)
+        t0 = time.perf_counter()
+        for c in calls:
+            c.refresh_for_new_lengths()
+        bench.engine.sync()
+        refresh_us = (time.perf_counter() - t0) * 1e6 / len(calls)
+        calls[0].out.fill_(float("nan"))
+        replay()
+        correct, err = bench.correct(calls[0])
+        tuned_us, tuned_splits, tuned_params = tuned[length]
+        if tuned_params is None:
             graph_us = replay_us(replay, len(calls), cfg.timing)
-            tuned_us, tuned_splits = tuned[length]
-            row = GraphCheckRow(context_len=length, graph_us=graph_us, tuned_us=tuned_us, tuned_splits=tuned_splits,
-                                captured_splits=splits_in_graph(frozen, eff), refresh_us=refresh_us,
-                                correct=correct, max_abs_err=err, **base)
-            rows.append(assess(row, cfg.tolerance))
-        return rows
+        else:
+            graph_us, tuned_us = bench.side_by_side(replay, len(calls), s.backend, tuned_params, length)
+        row = GraphCheckRow(context_len=length, graph_us=graph_us, tuned_us=tuned_us, tuned_splits=tuned_splits,
+                            captured_splits=splits_in_graph(frozen, eff), refresh_us=refresh_us,
+                            correct=correct, max_abs_err=err, **base)
+        rows.append(assess(row, cfg.tolerance))
+    return rows
 
 
 def splits_in_graph(frozen: Any, effective: dict[str, Any]) -> Any:

@@ -153,3 +153,34 @@ def test_the_json_names_the_device_per_row_and_a_small_speedup_is_not_minus_zero
     assert "device" not in _headers                         # a note says it to people
     slower = _headers.index("slower %")
     assert [t[slower] for t in texts] == ["0.0", "+50.0"]
+
+
+def test_each_row_times_the_graph_and_the_tuned_call_side_by_side(monkeypatch):
+    """The count search runs before the capture, over many allocations; the row's two times come
+    from the graph and the chosen count prepared again at that length, timed in turn."""
+    from mlabench.checks import graph_bench
+
+    timed = []
+    real = graph_bench.replay_us
+    monkeypatch.setattr(graph_bench, "replay_us", lambda replay, calls, cfg: timed.append(replay) or real(replay, calls, cfg))
+    captures = []
+
+    class Engine(EagerEngine):
+        def capture(self, fns):
+            replay = super().capture(fns)
+            captures.append(replay)
+            return replay
+
+    cfg = small_config(contexts=(48, 160), splits=(1, 3))
+    result = run_graph_check(cfg, [Subject("torch-splitkv")], engine=Engine())
+    # 2 counts x 2 lengths searched, the subject captured once, and one tuned call a length again
+    assert len(captures) == 4 + 1 + 2
+    graph = captures[4]
+    turns = 2 * graph_bench.SIDE_BY_SIDE_ROUNDS
+    assert timed[:4] == captures[:4] and len(timed) == 4 + 2 * turns  # the search, then per length
+    per_length = [timed[4:4 + turns], timed[4 + turns:]]
+    for k, turns in enumerate(per_length):  # graph, tuned, graph, tuned, ...
+        assert turns[0::2] == [graph] * graph_bench.SIDE_BY_SIDE_ROUNDS
+        assert turns[1::2] == [captures[5 + k]] * graph_bench.SIDE_BY_SIDE_ROUNDS
+    assert all(r.correct and r.tuned_us and r.graph_us for r in result.rows)
+    assert all(r.tuned_splits in (1, 3) for r in result.rows)
