@@ -24,9 +24,9 @@ the ``L`` cached tokens, for every query token.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mlabench.errors import ShapeError
 from mlabench.files import validation_line
@@ -39,6 +39,18 @@ __all__ = ["MLADecodeShape", "ModelSpec", "list_models", "load_model", "model_sp
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 SUPPORTED_PAGE_SIZES = (1, 16, 64)
+
+
+def check_page_size(page_size: int) -> int:
+    """``page_size`` when it is one of :data:`SUPPORTED_PAGE_SIZES`; ValueError otherwise (a
+    pydantic field reports it as that field's error)."""
+    if page_size not in SUPPORTED_PAGE_SIZES:
+        raise ValueError(f"must be one of {SUPPORTED_PAGE_SIZES}, got {page_size}")
+    return page_size
+
+
+#: A KV-cache page size field, checked by :func:`check_page_size`.
+PageSize = Annotated[int, AfterValidator(check_page_size)]
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 #: Query tokens per request a shape may have: plain decode (1) to an 8-token speculative block.
 MAX_QO_LEN = 8
@@ -76,7 +88,7 @@ class MLADecodeShape(BaseModel):
                                            "(False: every token sees all cached tokens).")
     kv_lora_rank: int = Field(512, description="Latent width; also the value (output) dim.")
     qk_rope_head_dim: int = Field(64, description="Decoupled RoPE width appended to the latent.")
-    page_size: int = Field(64, description="Tokens per KV-cache page.")
+    page_size: PageSize = Field(64, description="Tokens per KV-cache page.")
     q_dtype: str = Field("bfloat16", description="Query and output dtype.")
     kv_dtype: str = Field("bfloat16", description="Latent cache dtype.")
     softmax_scale: float | None = Field(None, description="Score scale; None means 576**-0.5.")
@@ -113,13 +125,6 @@ class MLADecodeShape(BaseModel):
         if isinstance(data, dict) and data.get("qo_len", 1) == 1 and "causal" in data:
             data = {**data, "causal": True}  # one token: both masks are the same problem
         return data
-
-    @field_validator("page_size")
-    @classmethod
-    def _page_size(cls, v: int) -> int:
-        if v not in SUPPORTED_PAGE_SIZES:
-            raise ValueError(f"must be one of {SUPPORTED_PAGE_SIZES}, got {v}")
-        return v
 
     @field_validator("q_dtype", "kv_dtype")
     @classmethod

@@ -23,7 +23,7 @@ from mlabench.files import config_file, read_toml, validation_line
 from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
 from mlabench.records.store import ResultStore, refuse_archived
-from mlabench.shapes import SUPPORTED_PAGE_SIZES, MLADecodeShape, resolve_heads
+from mlabench.shapes import MLADecodeShape, PageSize, resolve_heads
 from mlabench.sweep.order import DEFAULT_ORDER, Order
 from mlabench.sweep.visits import DEFAULT_VISIT_REL_SE
 
@@ -45,7 +45,7 @@ class SweepConfig(BaseModel):
     qo_len: list[int] = Field([1], description="Query tokens per request (1-8; speculative verify, MTP), an axis.")
     causal: bool = Field(True, description="Query token t sees the prefix and block tokens 0..t (False: a draft "
                                            "block that sees only the cache).")
-    page_size: int = Field(64, description="KV-cache page size.")
+    page_size: PageSize = Field(64, description="KV-cache page size.")
     q_dtype: str = Field("bfloat16", description="Query/output dtype.")
     kv_dtype: str = Field("bfloat16", description="Latent cache dtype.")
     seed: int = Field(0, description="Seed of the random inputs.")
@@ -96,13 +96,6 @@ class SweepConfig(BaseModel):
     def _heads(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and (not v or any(h <= 0 for h in v)):
             raise ValueError("must be a non-empty list of values > 0")
-        return v
-
-    @field_validator("page_size")
-    @classmethod
-    def _page_size(cls, v: int) -> int:
-        if v not in SUPPORTED_PAGE_SIZES:
-            raise ValueError(f"must be one of {SUPPORTED_PAGE_SIZES}, got {v}")
         return v
 
     @field_validator("params", mode="before")
