@@ -87,7 +87,7 @@ def test_check_passes_for_kimi_k3_tp8():
                for r in rows)
     assert "random, needles, peaky, flat" in json.loads(result.stdout)[0]["notes"][0]
     # issue 25 item 7: the scale in use and where it came from
-    assert "softmax scale 0.072169 = (128 + 64) ** -0.5 (no rope scaling) from vLLM ROCm" in \
+    assert "softmax scale 0.072169 = (128 + 64) ** -0.5 (no rope scaling) from the vLLM ROCm" in \
         json.loads(result.stdout)[0]["notes"][-1]
 
 
