@@ -91,7 +91,7 @@ class CheckConfig(BaseModel):
     files written before the relative verdict set both to 1e-2).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # as SweepConfig
     rel_rmse_limit: float | None = Field(None, gt=0,
                                          description="Relative RMSE limit; None: from the dtypes.")
     rel_max_err_limit: float | None = Field(None, gt=0,

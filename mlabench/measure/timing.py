@@ -45,7 +45,7 @@ from mlabench.measure.stats import Stats, median_rel_ci, summarize
 class TimingConfig(BaseModel):
     """Knobs of the measurement engine (TOML table ``[timing]`` of a sweep)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)  # as SweepConfig
 
     warmup_iters: int = Field(3, ge=0, description="Untimed samples before measuring.")
     min_samples: int = Field(10, ge=3, description="Samples always taken.")

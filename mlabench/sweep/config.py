@@ -66,7 +66,8 @@ class SweepConfig(BaseModel):
         "visits' medians is above this fraction of that mean."))
     drift_target: float = Field(0.01, gt=0, description="Sentinel drift (relative) beyond which the run is flagged.")
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # strict: a file's "16", true or 16.0 is refused where a number is asked (lax, they would run 16, 1, 16)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
     @field_validator("batch", "context_lens", "qo_len", "heads", mode="before")
     @classmethod
@@ -91,6 +92,13 @@ class SweepConfig(BaseModel):
             raise ValueError(f"must be letters, digits, '.', '_' or '-' (it names the run folder), got {v!r}")
         return v
 
+    @field_validator("backends")
+    @classmethod
+    def _backends(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
+            raise ValueError("must not be empty (leave the key out for every backend available here)")
+        return v
+
     @field_validator("heads")
     @classmethod
     def _heads(cls, v: list[int] | None) -> list[int] | None:
@@ -109,10 +117,28 @@ class SweepConfig(BaseModel):
     @field_validator("params")
     @classmethod
     def _axes(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        integers = integer_params()
         for name, values in v.items():
             if not isinstance(values, list) or not values:
                 raise ValueError(f"{name} must be a non-empty list")
+            stray = [x for x in values if name in integers and (isinstance(x, bool) or not isinstance(x, int))]
+            if stray:  # as strict as the file's other numbers: "4" is not read as 4
+                raise ValueError(f"{name} takes integers, got {stray[0]!r}")
         return v
+
+
+def integer_params() -> set[str]:
+    """Names of the backend parameters that take integers (``num_kv_splits``, ``pdl``, ...)."""
+    return {spec.name for b in map(get_backend, backend_names()) for spec in b.params if spec.kind is int}
+
+
+def params_taken(params: dict[str, Any], backends: list[str]) -> dict[str, Any]:
+    """The axes of ``params`` that one of ``backends`` (names; unknown ones are skipped, and
+    refused later) takes: a config narrowed to some of its backends by ``--backend`` keeps only
+    their axes, where keeping another backend's would be refused as taken by none of the run's."""
+    known = [get_backend(name) for name in backends if name in backend_names()]
+    taken = {spec.name for b in known for spec in b.params}
+    return {name: values for name, values in params.items() if name in taken}
 
 
 def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None = None,
@@ -121,7 +147,8 @@ def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None 
     ``base``, and apply ``overrides`` (None values are ignored).  A flag replaces what the file
     says: ``model`` or ``model_config`` given as a flag drops the file's other one.
 
-    A single value where an axis is a list (``batch = 16``, ``num_kv_splits = 4`` under
+    ``backends`` given as a flag narrows the file's: its ``[params]`` axes that none of those
+    backends takes are dropped.  A single value where an axis is a list (``batch = 16``, ``num_kv_splits = 4`` under
     ``[params]``) is an axis of that one value.  Raises :class:`ConfigError` with one line for a
     missing file, bad TOML or a bad field; a bad field of a file is named with the file's path.
     """
@@ -134,6 +161,8 @@ def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None 
     for source in MODEL_SOURCES:  # a model named by a flag replaces the file's, whichever kind
         if source in given:
             data.update({other: None for other in MODEL_SOURCES if other != source})
+    if given.get("backends") and isinstance(data.get("params"), dict):  # --backend narrows: the
+        data["params"] = params_taken(data["params"], given["backends"])  # others' axes go with them
     for key, value in given.items():
         if key == "params":
             data.setdefault("params", {}).update(value)

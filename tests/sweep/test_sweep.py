@@ -7,7 +7,7 @@ from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, UnknownBackendError
 from mlabench.measure.timing import TimingConfig
 from mlabench.records.store import ResultStore
-from mlabench.sweep.config import SweepConfig, default_sweep_config, expand, load_sweep_config
+from mlabench.sweep.config import SweepConfig, default_sweep_config, expand, integer_params, load_sweep_config
 from mlabench.sweep.run import run_sweep
 
 FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
@@ -57,18 +57,18 @@ def test_expand_rejects_a_parameter_no_backend_of_the_run_takes(backends, key, t
     """Issue 35 A3: a real key on the wrong backends was dropped without a word."""
     from mlabench.backends import gluon as _gluon  # noqa: F401  (registers gluon-splitkv)
 
-    cfg = small_config(backends=backends, params={"num_kv_splits": [1], key: ["x"]})
+    value = [1] if key in integer_params() else ["x"]
+    cfg = small_config(backends=backends, params={"num_kv_splits": [1], key: value})
     with pytest.raises(ConfigError) as err:
         expand(cfg, [get_backend("torch-splitkv")])
     assert str(err.value) == (f"parameter {key!r} is taken only by {takers}, none of the backends of this "
                               f"sweep ({backends[0]})")
     # without names, the run's backends are the ones selected here
     with pytest.raises(ConfigError, match=f"none of the backends of this sweep \\(torch-splitkv\\)"):
-        expand(small_config(backends=None, params={key: ["x"]}), [get_backend("torch-splitkv")])
+        expand(small_config(backends=None, params={key: value}), [get_backend("torch-splitkv")])
 
 
-@pytest.mark.parametrize("value,match", [(2, "fused_merge must be <= 1, got 2"),
-                                         ("yes", "fused_merge must be an integer, got 'yes'")])
+@pytest.mark.parametrize("value,match", [(2, "fused_merge must be <= 1, got 2")])
 def test_a_bad_value_is_named_even_for_a_backend_not_available_here(tmp_path, value, match):
     """A config's parameter value is checked against every named backend that declares it before
     the unavailable ones are left out (gluon-splitkv cannot run on this CPU machine)."""
@@ -115,6 +115,13 @@ def test_default_backends_on_a_gpu_are_the_gpu_kernels(monkeypatch):
     ("page_size = 7\n", r"s\.toml: page_size: must be one of \(1, 16, 64\), got 7$"),
     ("batch = true\n", "batch: Input should be a valid list"),
     ('{"name": "x", "batch": [1]}', r"s\.toml: a sweep config is TOML, not JSON"),
+    # strict: a string, a boolean or a float is not read as the integer it looks like
+    ("page_size = true\n", r"s\.toml: page_size: Input should be a valid integer$"),
+    ('batch = ["16"]\n', "batch.0: Input should be a valid integer$"),
+    ("tp = 8.0\n", "tp: Input should be a valid integer$"),
+    ('[timing]\neager = "no"\n', "timing.eager: Input should be a valid boolean$"),
+    ('[params]\nnum_kv_splits = "4"\n', "params: num_kv_splits takes integers, got '4'$"),
+    ("[params]\nfused_merge = [true]\n", "params: fused_merge takes integers, got True$"),
 ])
 def test_bad_sweep_files(tmp_path, text, msg):
     p = tmp_path / "s.toml"
@@ -436,3 +443,17 @@ def test_sigterm_mid_sweep_ends_it_as_ctrl_c_does_naming_the_resume(tmp_path):
     kept = len(ResultStore(run_dir).records())
     assert proc.returncode == 130 and 0 < kept < 32, err
     assert "points recorded" in err and f"continue with: mlabench sweep --resume {run_dir}" in err, err
+
+
+def test_backend_flag_narrows_a_config_with_its_axes(tmp_path):
+    """A fresh user's sweep --config kimi-k3-tp8 --backend triton-splitkv was refused: the file's
+    head_padding axis (triton-persistent's) was taken by none of the run's backends."""
+    cfg = load_sweep_config("kimi-k3-tp8", {"backends": ["torch-splitkv"]})
+    assert cfg.backends == ["torch-splitkv"] and set(cfg.params) == {"num_kv_splits"}
+    assert "head_padding" in load_sweep_config("kimi-k3-tp8").params  # the file alone keeps it
+    both = load_sweep_config("kimi-k3-tp8", {"backends": ["triton-persistent"], "params": {"num_kv_splits": [4]}})
+    assert both.params["num_kv_splits"] == [4] and "head_padding" in both.params  # a flag's axis stays
+    p = tmp_path / "s.toml"
+    p.write_text("backends = []\n")
+    with pytest.raises(ConfigError, match=r"s\.toml: backends: must not be empty \(leave the key out"):
+        load_sweep_config(p)
