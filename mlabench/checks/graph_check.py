@@ -43,11 +43,11 @@ from mlabench.backends.base import SPLITS_ON_DEVICE
 from mlabench.checks.graph_bench import SPLITS_PARAM, GraphBench, Tuned
 from mlabench.checks.graph_engines import EagerEngine, GraphEngine, replay_us
 from mlabench.device import current_device
-from mlabench.errors import BackendUnavailableError, ConfigError, UnsupportedShapeError
+from mlabench.errors import BackendUnavailableError, ConfigError, ShapeError, UnsupportedShapeError
 from mlabench.files import write_text
 from mlabench.measure.timing import TimingConfig
 from mlabench.policy.device_table import POLICY_MODES, SplitPolicy
-from mlabench.shapes import MAX_QO_LEN, SUPPORTED_DTYPES
+from mlabench.shapes import MAX_QO_LEN, SUPPORTED_DTYPES, MLADecodeShape
 
 DEFAULT_CONTEXTS = (4096, 16384, 32768, 65536, 100000, 131072)
 DEFAULT_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -117,7 +117,8 @@ class GraphCheckConfig:
         """ConfigError for empty lists, lengths or batch sizes < 1, a ``qo_len`` outside 1-8
         (:data:`~mlabench.shapes.MAX_QO_LEN`), a negative tolerance, a dtype not in
         :data:`~mlabench.shapes.SUPPORTED_DTYPES`, or a causal block captured at fewer tokens than
-        it holds."""
+        it holds; :class:`~mlabench.errors.ShapeError` for heads, a length or a batch out of the
+        range a decode step may have (:meth:`~mlabench.shapes.MLADecodeShape.uniform`)."""
         if not self.batches or not self.contexts or not self.splits:
             raise ConfigError("graph-check needs batch sizes, context lengths and split counts")
         if min(self.batches) < 1 or min(self.contexts) < 1 or self.capture_len < 1 or min(self.splits) < 1:
@@ -131,6 +132,13 @@ class GraphCheckConfig:
         if self.causal and self.capture_len < self.qo_len:
             raise ConfigError(f"--capture-len {self.capture_len} is shorter than a causal block of "
                               f"--qo-len {self.qo_len} (its own tokens are in the cache)")
+        for flag, length in (("", max(self.contexts)), ("--capture-len: ", self.capture_len)):
+            try:  # heads, lengths and batch in range, as sweep checks them
+                MLADecodeShape.uniform(max(self.batches), length, self.num_heads, page_size=self.page_size,
+                                       q_dtype=self.dtype, kv_dtype=self.dtype, qo_len=self.qo_len,
+                                       causal=self.causal)
+            except ShapeError as exc:
+                raise ShapeError(f"{flag}{exc}") from None
 
 
 @dataclass

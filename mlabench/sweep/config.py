@@ -37,7 +37,7 @@ class SweepConfig(BaseModel):
     name: str = Field("sweep", description="Run-id prefix.")
     model: str | None = Field(None, description="Model preset under configs/models/.")
     model_config_path: str | None = Field(None, alias="model_config", description="A model's HF config.json.")
-    tp: int = Field(1, description="Tensor-parallel size dividing the model's heads.")
+    tp: int = Field(1, ge=1, description="Tensor-parallel size dividing the model's heads.")
     heads: list[int] | None = Field(None, description="Local heads axis (instead of, or equal to, the model's).")
     backends: list[str] | None = Field(None, description="Backends to run; default: every available non-reference one.")
     batch: list[int] = Field([1], description="Batch sizes.")

@@ -184,3 +184,18 @@ def test_each_row_times_the_graph_and_the_tuned_call_side_by_side(monkeypatch):
         assert turns[1::2] == [captures[5 + k]] * graph_bench.SIDE_BY_SIDE_ROUNDS
     assert all(r.correct and r.tuned_us and r.graph_us for r in result.rows)
     assert all(r.tuned_splits in (1, 3) for r in result.rows)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(num_heads=300), "^num_heads: must be 1..256"),
+    (dict(contexts=(4096, 99_999_999_999)), "^context_lens: context length must be <= 2,147,483,647"),
+    (dict(capture_len=10**12), "^--capture-len: context_lens: context length must be <="),
+    (dict(batches=(10**8,), contexts=(131072,)), "KV pages .* cannot be one decode step"),
+])
+def test_heads_lengths_and_batch_are_checked_before_any_gpu_work(bad, message):
+    """A fresh user's graph-check --heads 300 passed the flag checks and met the GPU refusal
+    (exit 3) where sweep refuses the same value (exit 2)."""
+    from mlabench.errors import ShapeError
+
+    with pytest.raises(ShapeError, match=message):
+        small_config(**bad).validate()

@@ -119,6 +119,7 @@ def test_default_backends_on_a_gpu_are_the_gpu_kernels(monkeypatch):
     ("page_size = true\n", r"s\.toml: page_size: Input should be a valid integer$"),
     ('batch = ["16"]\n', "batch.0: Input should be a valid integer$"),
     ("tp = 8.0\n", "tp: Input should be a valid integer$"),
+    ("tp = 0\n", r"s\.toml: tp: Input should be greater than or equal to 1$"),  # was "--tp must be > 0"
     ('[timing]\neager = "no"\n', "timing.eager: Input should be a valid boolean$"),
     ('[params]\nnum_kv_splits = "4"\n', "params: num_kv_splits takes integers, got '4'$"),
     ("[params]\nfused_merge = [true]\n", "params: fused_merge takes integers, got True$"),
