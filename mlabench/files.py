@@ -179,8 +179,8 @@ def configs_dir() -> Path:
 
 
 def config_file(name_or_path: str | Path, kind: str, what: str) -> Path:
-    """The config file ``name_or_path`` names: a path to a file, or a bare name (no folder, no
-    suffix) of ``configs/<kind>/<name>.toml`` (``kind``: ``models``, ``sweeps`` or ``serve``).
+    """The config file ``name_or_path`` names: a path to a file, or a bare name (no folder; with
+    or without ``.toml``) of ``configs/<kind>/<name>.toml`` (``kind``: ``models``, ``sweeps`` or ``serve``).
 
     Raises :class:`ConfigError` for a path that does not exist, or a bare name that is neither a
     file here nor a shipped config, listing the shipped ones.
@@ -188,6 +188,8 @@ def config_file(name_or_path: str | Path, kind: str, what: str) -> Path:
     path = Path(name_or_path)
     if path.exists():
         return path
+    if len(path.parts) == 1 and path.suffix == ".toml" and (configs_dir() / kind / path).is_file():
+        return configs_dir() / kind / path  # a shipped config named with its suffix
     known = ", ".join(sorted(p.stem for p in (configs_dir() / kind).glob("*.toml"))) or "none"
     if path.suffix or len(path.parts) != 1:
         raise ConfigError(f"{what} not found: {path} does not exist (known: {known})")

@@ -72,8 +72,9 @@ class SweepConfig(BaseModel):
     @field_validator("batch", "context_lens", "qo_len", "heads", mode="before")
     @classmethod
     def _one_value_axis(cls, v: Any) -> Any:
-        """A single number is an axis of one value: ``batch = 16`` reads as ``batch = [16]``."""
-        return [v] if isinstance(v, int) and not isinstance(v, bool) else v
+        """A single value is an axis of one value: ``batch = 16`` reads as ``batch = [16]`` (and
+        ``batch = "16"`` is refused as ``batch.0``, no integer, not as no list)."""
+        return [v] if isinstance(v, (int, float, str, bool)) else v
 
     @field_validator("batch", "context_lens", "qo_len")
     @classmethod

@@ -113,13 +113,14 @@ def test_default_backends_on_a_gpu_are_the_gpu_kernels(monkeypatch):
     ("colour = 'red'\n", "colour: unknown key"),
     ("[params]\nnum_kv_splits = []\n", r"^sweep config .*s\.toml: params: num_kv_splits must be a non-empty list$"),
     ("page_size = 7\n", r"s\.toml: page_size: must be one of \(1, 16, 64\), got 7$"),
-    ("batch = true\n", "batch: Input should be a valid list"),
+    ("batch = true\n", "batch.0: Input should be a valid integer"),
     ('{"name": "x", "batch": [1]}', r"s\.toml: a sweep config is TOML, not JSON"),
     # strict: a string, a boolean or a float is not read as the integer it looks like
     ("page_size = true\n", r"s\.toml: page_size: Input should be a valid integer$"),
     ('batch = ["16"]\n', "batch.0: Input should be a valid integer$"),
     ("tp = 8.0\n", "tp: Input should be a valid integer$"),
     ("tp = 0\n", r"s\.toml: tp: Input should be greater than or equal to 1$"),  # was "--tp must be > 0"
+    ("heads = 4.0\n", "heads.0: Input should be a valid integer$"),  # not "a valid list": one value is an axis
     ('[timing]\neager = "no"\n', "timing.eager: Input should be a valid boolean$"),
     ('[params]\nnum_kv_splits = "4"\n', "params: num_kv_splits takes integers, got '4'$"),
     ("[params]\nfused_merge = [true]\n", "params: fused_merge takes integers, got True$"),
@@ -444,6 +445,13 @@ def test_sigterm_mid_sweep_ends_it_as_ctrl_c_does_naming_the_resume(tmp_path):
     kept = len(ResultStore(run_dir).records())
     assert proc.returncode == 130 and 0 < kept < 32, err
     assert "points recorded" in err and f"continue with: mlabench sweep --resume {run_dir}" in err, err
+
+
+def test_a_shipped_config_may_be_named_with_its_suffix(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no file of that name here
+    assert load_sweep_config("kimi-k3-tp8.toml") == load_sweep_config("kimi-k3-tp8")
+    with pytest.raises(ConfigError, match="sweep config not found: nope.toml does not exist"):
+        load_sweep_config("nope.toml")
 
 
 def test_backend_flag_narrows_a_config_with_its_axes(tmp_path):
