@@ -133,13 +133,23 @@ def integer_params() -> set[str]:
     return {spec.name for b in map(get_backend, backend_names()) for spec in b.params if spec.kind is int}
 
 
+def param_takers() -> dict[str, list[str]]:
+    """Every backend parameter's name -> the names of the backends that take it."""
+    takers: dict[str, list[str]] = {}
+    for b in map(get_backend, backend_names()):
+        for spec in b.params:
+            takers.setdefault(spec.name, []).append(b.name)
+    return takers
+
+
 def params_taken(params: dict[str, Any], backends: list[str]) -> dict[str, Any]:
-    """The axes of ``params`` that one of ``backends`` (names; unknown ones are skipped, and
-    refused later) takes: a config narrowed to some of its backends by ``--backend`` keeps only
-    their axes, where keeping another backend's would be refused as taken by none of the run's."""
-    known = [get_backend(name) for name in backends if name in backend_names()]
-    taken = {spec.name for b in known for spec in b.params}
-    return {name: values for name, values in params.items() if name in taken}
+    """``params`` less the axes that only other backends than ``backends`` take: a config narrowed
+    to some of its backends by ``--backend`` keeps their axes, where keeping another backend's
+    would be refused as taken by none of the run's.  A name no backend has stays, for
+    :func:`expand` to refuse."""
+    takers = param_takers()
+    return {name: values for name, values in params.items()
+            if name not in takers or set(takers[name]) & set(backends)}
 
 
 def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None = None,
@@ -311,10 +321,7 @@ def expand(cfg: SweepConfig, backends: list[Backend]) -> list[Point]:
     Raises :class:`ConfigError` for a parameter no backend has, and for one none of the run's
     backends takes (those ``cfg.backends`` names, else ``backends``): each backend's grid reads
     only its own parameters, so it would be dropped without a word."""
-    takers: dict[str, list[str]] = {}
-    for b in map(get_backend, backend_names()):
-        for spec in b.params:
-            takers.setdefault(spec.name, []).append(b.name)
+    takers = param_takers()
     stray = sorted(set(cfg.params) - set(takers))
     if stray:
         raise ConfigError(f"parameter {stray[0]!r} belongs to no backend (known: {', '.join(sorted(takers))})")

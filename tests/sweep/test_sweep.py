@@ -462,6 +462,12 @@ def test_backend_flag_narrows_a_config_with_its_axes(tmp_path):
     assert "head_padding" in load_sweep_config("kimi-k3-tp8").params  # the file alone keeps it
     both = load_sweep_config("kimi-k3-tp8", {"backends": ["triton-persistent"], "params": {"num_kv_splits": [4]}})
     assert both.params["num_kv_splits"] == [4] and "head_padding" in both.params  # a flag's axis stays
+    typo = tmp_path / "typo.toml"  # a name no backend has is not narrowed away: expand refuses it
+    typo.write_text("heads = 4\n[params]\nnum_kv_splitz = [4]\n")
+    narrowed = load_sweep_config(typo, {"backends": ["torch-splitkv"]})
+    assert narrowed.params == {"num_kv_splitz": [4]}
+    with pytest.raises(ConfigError, match="'num_kv_splitz' belongs to no backend"):
+        expand(narrowed, [get_backend("torch-splitkv")])
     p = tmp_path / "s.toml"
     p.write_text("backends = []\n")
     with pytest.raises(ConfigError, match=r"s\.toml: backends: must not be empty \(leave the key out"):
