@@ -130,14 +130,20 @@ def wait_prior_grid():
 
 
 @gluon.jit
-def load_policy(policy_ptr, POLICY_ROWS: gl.constexpr, num_warps: gl.constexpr):
-    """A policy table in device memory, read into every warp: ``(rows, max_len, prev_len,
-    splits)``, at least one row a lane (``POLICY_ROWS`` int32 rows ``(max_context_len,
-    num_kv_splits)``, a power of two of them, padded as
-    :meth:`mlabench.policy.device_table.SplitPolicy.device_table` pads; lanes past them masked,
-    ``prev_len`` of the first row -1).  It needs no length, so stage 1 issues these loads beside
-    the request's length load instead of after it (one global-memory latency fewer before the
-    first page is requested)."""
+def lookup_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps: gl.constexpr):
+    """A request's split count from a policy table in device memory: ``POLICY_ROWS`` int32 rows
+    ``(max_context_len, num_kv_splits)`` (a power of two of them, padded as
+    :meth:`mlabench.policy.device_table.SplitPolicy.device_table` pads), the count of the first row with
+    ``seq_len <= max_context_len``, else of the last; a negative count ``-t`` (a row standing for a
+    run of tokens-per-split rows, :func:`mlabench.policy.device_table.rule_rows`) gives ``ceil(seq_len
+    / t)``; then clamped to ``[1, cap]``.  The rule of
+    :meth:`~mlabench.policy.device_table.SplitPolicy.lookup` and of the Triton kernels'
+    :func:`mlabench.kernels.common.policy_splits` (Gluon needs the layout spelled out).  Every
+    warp holds the whole table (at least one row a lane, masked past ``R``), so the one reduction
+    stays inside a warp (no shared-memory round trip, no barrier before the first page is
+    requested) and its result is warp-uniform.  The rows' ``max_context_len`` increase strictly
+    (padding rows repeat ``2**31 - 1``), so exactly one row's range ``(previous max, own max]``
+    (the last's open above) holds the length."""
     # At least one row a lane: a whole-warp sum is one redux.sync whose result the compiler knows
     # is the same in every lane; over fewer rows it is a partial butterfly, a per-lane value, and
     # the TMA coordinates built from it (uniform registers) cost the kernel ~200 instructions.
@@ -148,25 +154,9 @@ def load_policy(policy_ptr, POLICY_ROWS: gl.constexpr, num_warps: gl.constexpr):
     max_len = gl.load(policy_ptr + 2 * rows, mask=real, other=0)
     prev_len = gl.load(policy_ptr + 2 * rows - 2, mask=real & (rows > 0), other=-1)
     splits = gl.load(policy_ptr + 2 * rows + 1, mask=real, other=0)
-    return rows, max_len, prev_len, splits
-
-
-@gluon.jit
-def lookup_splits(seq_len, rows, max_len, prev_len, splits, cap, POLICY_ROWS: gl.constexpr):
-    """A request's split count from a policy table read by :func:`load_policy`: the count of the
-    first row with ``seq_len <= max_context_len``, else of the last; a negative count ``-t`` (a row
-    standing for a run of tokens-per-split rows, :func:`mlabench.policy.device_table.rule_rows`)
-    gives ``ceil(seq_len / t)``; then clamped to ``[1, cap]``.  The rule of
-    :meth:`~mlabench.policy.device_table.SplitPolicy.lookup` and of the Triton kernels'
-    :func:`mlabench.kernels.common.policy_splits` (Gluon needs the layout spelled out).  Every
-    warp holds the whole table, so the one reduction stays inside a warp (no shared-memory round
-    trip, no barrier before the first page is requested) and its result is warp-uniform.  The
-    rows' ``max_context_len`` increase strictly (padding rows repeat ``2**31 - 1``), so exactly
-    one row's range ``(previous max, own max]`` (the last's open above) holds the length."""
     # The matching row is the one whose range (previous row's max, own max] holds the length (the
     # last row's range open above): one reduction, not a first-row index then a second one.
-    match = (rows < POLICY_ROWS) & (seq_len > prev_len) & ((seq_len <= max_len) |
-                                                           (rows == POLICY_ROWS - 1))
+    match = real & (seq_len > prev_len) & ((seq_len <= max_len) | (rows == POLICY_ROWS - 1))
     chosen = gl.sum(gl.where(match, splits, 0), axis=0)
     if chosen < 0:  # a rule row: the division only where one matched (a uniform branch)
         chosen = gl.cdiv(seq_len, -chosen)
@@ -181,8 +171,7 @@ def split_geometry(seq_len, num_splits, policy_ptr, POLICY_ROWS: gl.constexpr,
     ``ceil(pages / count)`` pages each.  The host's model is
     :func:`mlabench.kernels.split_loop.split_geometry`."""
     if POLICY_ROWS > 0:  # the request's own count; splits past it own no page
-        rows, max_len, prev_len, splits = load_policy(policy_ptr, POLICY_ROWS, num_warps)
-        own = lookup_splits(seq_len, rows, max_len, prev_len, splits, num_splits, POLICY_ROWS)
+        own = lookup_splits(seq_len, policy_ptr, num_splits, POLICY_ROWS, num_warps)
     else:
         own = num_splits
     n_pages = gl.cdiv(seq_len, PAGE_TOKENS)
@@ -213,14 +202,13 @@ def split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS: gl.constexp
     page count owns no page at any count, so it skips the lookup and exits sooner (``written``
     is then 0: it stores nothing)."""
     if POLICY_ROWS > 0:
-        rows, max_len, prev_len, splits = load_policy(policy_ptr, POLICY_ROWS, num_warps)
         n_pages = gl.cdiv(seq_len, PAGE_TOKENS)
         page_lo = n_pages
         n_tiles = n_pages - n_pages
         written = n_tiles
-        if split < n_pages:  # the reduction and divisions only where they count
-            own = lookup_splits(seq_len, rows, max_len, prev_len, splits, num_splits, POLICY_ROWS)
-            per_split = gl.cdiv(n_pages, own)
+        if split < n_pages:  # the lookup's loads, reduction and division only where they count
+            n_pages, per_split = split_geometry(seq_len, num_splits, policy_ptr, POLICY_ROWS,
+                                                num_warps)
             page_lo, n_tiles = split_range(split, n_pages, per_split)
             written = written_splits(n_pages, per_split)
     else:
