@@ -51,17 +51,37 @@ def replay_us(graph: torch.cuda.CUDAGraph, replays: int) -> float:
     return start.elapsed_time(end) * 1000 / replays
 
 
-def kernel_us(graph: torch.cuda.CUDAGraph, replays: int) -> dict[str, float]:
-    """Each kernel's device time per replay (µs), by name, from ``torch.profiler``."""
+def kernel_us(graph: torch.cuda.CUDAGraph, replays: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Each kernel's device time per replay (µs), by name, from ``torch.profiler``; and the
+    replay's timeline (:func:`timeline`)."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             graph.replay()
         torch.cuda.synchronize()
     total: dict[str, float] = collections.defaultdict(float)
+    kernels = []
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             total[event.name.split("(")[0][:48]] += event.device_time / replays
-    return {name: round(us, 2) for name, us in total.items()}
+            kernels.append((event.time_range.start, event.time_range.end, "merge" in event.name))
+    return {name: round(us, 2) for name, us in total.items()}, timeline(sorted(kernels))
+
+
+def timeline(kernels: list[tuple[float, float, bool]]) -> dict[str, float]:
+    """Median µs, over replays of stage 1 then the merge (``(start, end, is_merge)`` by start), of:
+    stage 1's span (``stage1``), the merge's start after stage 1's (``merge_start``), the merge's
+    end after stage 1's (``merge_tail``) and the next stage 1's start after the merge's end
+    (``gap``); empty when the kernels are not in that order."""
+    rows = []
+    for i in range(len(kernels) - 2):
+        (s1, e1, m1), (s2, e2, m2), (s3, _, m3) = kernels[i:i + 3]
+        if not m1 and m2 and not m3:
+            rows.append((e1 - s1, s2 - s1, e2 - e1, s3 - e2))
+    if not rows:
+        return {}
+    cols = list(zip(*rows))
+    return {key: round(sorted(col)[len(col) // 2], 2)
+            for key, col in zip(("stage1", "merge_start", "merge_tail", "gap"), cols)}
 
 
 def measure(length: int, params: dict) -> dict:
@@ -76,7 +96,8 @@ def measure(length: int, params: dict) -> dict:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call.fn()
-    return {"graph_us": round(replay_us(graph, 400), 2), "kernels_us": kernel_us(graph, 200),
+    kernels, spans = kernel_us(graph, 200)
+    return {"graph_us": round(replay_us(graph, 400), 2), "kernels_us": kernels, "timeline_us": spans,
             "effective": {k: call.effective_params.get(k) for k in ("num_kv_splits", "pdl", "pdl_prologue")}}
 
 
@@ -89,7 +110,8 @@ def main() -> None:
     args = parser.parse_args()
     policies = dict(p.split("=", 1) for p in args.policy)
     todo = cases(policies, [int(x) for x in args.context.split(",")], [int(x) for x in args.splits.split(",")])
-    print("| context | launch | pdl | graph µs | stage 1 µs | merge µs |\n|---|---|---|---|---|---|")
+    print("| context | launch | pdl | graph µs | stage 1 µs | merge µs | span: stage 1 | merge start | merge tail | gap |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
     with open(args.out, "a") as out:
         for length, label, params in todo:
             row = {"context": length, "launch": label, "params": params, **measure(length, params)}
@@ -97,7 +119,10 @@ def main() -> None:
             k = row["kernels_us"]
             stage1 = sum(v for n, v in k.items() if "stage1" in n or "split_loop" in n)
             merge = sum(v for n, v in k.items() if "merge" in n)
-            print(f"| {length} | {label} | {params['pdl']} | {row['graph_us']} | {stage1:.2f} | {merge:.2f} |", flush=True)
+            t = row["timeline_us"]
+            spans = " | ".join(str(t.get(key, "")) for key in ("stage1", "merge_start", "merge_tail", "gap"))
+            print(f"| {length} | {label} | {params['pdl']} | {row['graph_us']} | {stage1:.2f} | {merge:.2f} | {spans} |",
+                  flush=True)
 
 
 if __name__ == "__main__":
