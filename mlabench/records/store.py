@@ -204,8 +204,10 @@ T = TypeVar("T")
 def read_jsonl(path: Path, model: type[M], what: str) -> list[M]:
     """Every line of a JSONL file as ``model``, in order; [] when the file does not exist.
 
-    A last line cut short (an interrupted write: no newline after it) is ignored; a bad line
-    elsewhere raises :class:`ResultsError` naming the file, the line and ``what`` it should be.
+    A last line cut short (an interrupted write: no newline after it) is left out, with a
+    ``notice:`` on stderr naming the file (a reader must not take a run that lost its last point
+    for a whole one); a bad line elsewhere raises :class:`ResultsError` naming the file, the line
+    and ``what`` it should be.
     """
     if not path.exists():
         return []
@@ -218,6 +220,8 @@ def read_jsonl(path: Path, model: type[M], what: str) -> list[M]:
             out.append(model.model_validate_json(line))
         except ValidationError:
             if i == len(lines) - 1:
+                print(f"notice: {path}: its last line is cut short ({len(line.encode())} bytes, an interrupted "
+                      f"write) and is left out", file=sys.stderr, flush=True)
                 break
             raise ResultsError(f"{path}:{i + 1}: not a valid {what}") from None
     return out

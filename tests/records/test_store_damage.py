@@ -35,6 +35,23 @@ def test_a_torn_last_record_is_cut_off_on_resume_with_a_notice(tmp_path, capsys)
     assert capsys.readouterr().err == ""                     # a whole file: nothing to say
 
 
+def test_a_reader_of_a_run_whose_last_record_is_torn_is_told(tmp_path, capsys):
+    """A fresh user's review: compare, diff, report and plot read a run whose last record was cut
+    short (plain or in a whole archive) as a whole run of one point fewer, without a word."""
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    store.append(record(1))
+    with open(store.jsonl, "a") as fh:
+        fh.write(record(2).model_dump_json()[:40])
+    assert [r.key for r in store.records()] == [record(1).key]
+    assert capsys.readouterr().err == (f"notice: {store.jsonl}: its last line is cut short (40 bytes, an "
+                                       "interrupted write) and is left out\n")
+    data = store.jsonl.read_bytes()
+    store.jsonl.unlink()
+    (store.run_dir / "results.jsonl.gz").write_bytes(gzip.compress(data))
+    assert len(ResultStore(store.run_dir).records()) == 1
+    assert "results.jsonl.gz: its last line is cut short (40 bytes" in capsys.readouterr().err
+
+
 def test_an_empty_archive_is_refused_rather_than_read_as_no_records(tmp_path):
     store = ResultStore.create(tmp_path / "r1", manifest())
     (store.run_dir / "results.jsonl.gz").write_bytes(b"")
