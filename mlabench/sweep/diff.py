@@ -287,15 +287,15 @@ def _noise_text(run: Run) -> str:
     return f"unknown ({have}; 3 needed), counted as 0"
 
 
-def _params(r: Record) -> str:
+def point_params(r: Record) -> str:
     """A point's parameters, after its query tokens per request when there are several."""
     label = params_label(r.shown_params())
     return label if r.qo_len == 1 else f"qo={r.qo_label} {label}"
 
 
 def _check_min_us(min_us: float) -> None:
-    if min_us < 0:
-        raise ConfigError(f"--min-us must be >= 0 µs, got {min_us:g}")
+    if not 0 <= min_us < math.inf:  # nan fails both comparisons
+        raise ConfigError(f"--min-us must be a finite number >= 0 µs, got {min_us:g}")
 
 
 def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> list[Table]:
@@ -342,7 +342,7 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
     points.notes.append("change: B median / A median - 1 (+: B slower; JSON and CSV give the ratio B / A); "
                         f"z: |ln(B/A)| over the combined uncertainty, significant above {Z_CRITICAL:g}")
     for p in shown:
-        points.add_row([p.a.backend, p.a.batch, p.a.context_len, _params(p.a), p.a.stats.median_us,
+        points.add_row([p.a.backend, p.a.batch, p.a.context_len, point_params(p.a), p.a.stats.median_us,
                         p.b.stats.median_us, p.ratio, p.z, p.significant], style="red" if p.significant else None)
     if show_all or shown:
         tables.append(points)
@@ -354,7 +354,7 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
     rows = [(r, r.status, "absent") for r in d.only_a] + [(r, "absent", r.status) for r in d.only_b]
     rows += [(ra, ra.status, rb.status) for ra, rb in d.untimed]
     for r, sa, sb in rows:
-        missing.rows.append([r.backend, r.batch, r.context_len, _params(r), sa, sb])
+        missing.rows.append([r.backend, r.batch, r.context_len, point_params(r), sa, sb])
     if missing.rows:
         tables.append(missing)
     return tables

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from mlabench.records.record import Manifest
 from mlabench.records.side_files import read_sentinels
 from mlabench.sweep.diff import (
-    Z_CRITICAL, PointDiff, RunDiff, combined_se, comparable_key, z_score,
+    Z_CRITICAL, PointDiff, RunDiff, combined_se, comparable_key, point_params, z_score,
 )
-from mlabench.tables.table import PARAMS, ColumnStyle, Table, params_label
+from mlabench.tables.table import PARAMS, ColumnStyle, Table
 
 
 @dataclass
@@ -113,7 +113,7 @@ def machine_tables(mf: MachineFactor | None) -> list[Table]:
                       "vs_machine": ColumnStyle(text=fmt, header="beyond machine", justify="right"),
                       "z": ColumnStyle(justify="right", drop=1)})
     for p, rel, z in mf.beyond:
-        t.add_row([p.a.backend, p.a.batch, p.a.context_len, params_label(p.a.shown_params()), p.a.stats.median_us,
+        t.add_row([p.a.backend, p.a.batch, p.a.context_len, point_params(p.a), p.a.stats.median_us,
                    p.b.stats.median_us, p.ratio, rel, z], style="red")
     slower = sum(rel > 1 for _, rel, _ in mf.beyond)
     t.notes += [

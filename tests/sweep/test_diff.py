@@ -227,8 +227,9 @@ def test_diff_of_a_run_with_itself_says_so_and_a_negative_floor_is_refused():
 
     d = diff_runs(H200_RUN, H200_RUN)
     assert d.manifest_notes[0].startswith("A and B are the same run folder")
-    with pytest.raises(ConfigError, match="--min-us must be >= 0"):
-        diff_tables(d, min_us=-5)
+    for bad in (-5, float("nan"), float("inf")):  # nan and inf read as a floor no point passes
+        with pytest.raises(ConfigError, match="--min-us must be a finite number >= 0"):
+            diff_tables(d, min_us=bad)
 
 
 def at_us(median_us: float, visits: list[float] | None = None):

@@ -1,6 +1,7 @@
 """The machine factor of ``mlabench diff`` for runs from two machines (issue 27 item 5), on copies of
 the committed H200 run: machine B 2% slower everywhere, one point 10% slower on top."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 
 from mlabench.measure.stats import summarize
 from mlabench.records.store import ResultStore
-from mlabench.sweep.diff import diff_runs, diff_tables
+from mlabench.sweep.diff import diff_runs, diff_tables, point_params
 from mlabench.sweep.machine import machine_factor, machine_tables, two_machines
 from mlabench.sweep.sentinel import append_sentinel
 from tests.cli.test_cli import run as mlabench
@@ -53,6 +54,11 @@ def test_runs_from_two_hosts_get_the_machine_factor_and_the_one_point_beyond_it(
     assert p.a.key == CHANGED and rel == pytest.approx(1.1, rel=1e-6) and z > 3
     (table,) = machine_tables(mf)
     assert [row[0] for row in table.rows] == ["triton-splitkv"]
+    # the params as the other diff tables show them: points of several query tokens say how many
+    assert table.rows[0][3] == point_params(p.a) and "qo=" not in table.rows[0][3]
+    four = dataclasses.replace(p, a=p.a.model_copy(update={"qo_len": 4}))
+    (many,) = machine_tables(dataclasses.replace(mf, beyond=[(four, rel, z)]))
+    assert many.rows[0][3].startswith("qo=4 ")
     assert table.notes[0].startswith("two machines (hosts vm vs other-host): machine factor +2.00% (B/A, the "
                                      f"median over the {len(d.points)} points compared); the sentinel says +2.00%, "
                                      "the floors' bandwidths +2.04%")
