@@ -183,8 +183,8 @@ def compare(
     fmt = output_format(format, as_json, markdown)
     families = backend_families()
     if from_run:
-        if config or resume or non_causal or any(v is not None for v in (model, tp, model_config, heads, splits,
-                                                                         param, page_size, budget_s)):
+        if config or resume or non_causal or results_dir != Path("results") or any(
+                v is not None for v in (model, tp, model_config, heads, splits, param, page_size, budget_s)):
             raise ConfigError("--from only reads recorded runs: it takes --batch, --context, --qo-len and "
                               "--backend as filters, nothing else")
         records = recorded_records(from_run, int_list(batch, "--batch", "batch"),

@@ -43,7 +43,7 @@ def plot(
     runs = load_runs(from_run)
     if config_path is not None:
         runs.prediction = _config_prediction(runs, config_path)
-    formats = [f.strip() for f in fmt.split(",") if f.strip()]
+    formats = list(dict.fromkeys(f.strip() for f in fmt.split(",") if f.strip()))  # svg,svg: once
     written, skipped = write_figures(runs, out or default_figure_dir(from_run[0]), kinds, formats)
     if not written:
         raise ConfigError("no figure to draw from these runs (" + "; ".join(s.line() for s in skipped) + ")")

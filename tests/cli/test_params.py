@@ -56,6 +56,7 @@ def test_check_param_is_the_same_as_splits(monkeypatch, capsys):
      "which reference does not take"),
     (["compare", "--heads", "4", "--param", "bogus=1"], "which no backend takes"),
     (["compare", "--from", "results", "--param", "num_kv_splits=2"], "--from only reads recorded runs"),
+    (["compare", "--from", "results", "--results-dir", "elsewhere"], "--from only reads recorded runs"),
     (["graph-check", "--param", "rows_per_tile=16,32"], "--param rows_per_tile: graph-check captures one value"),
     (["graph-check", "--param", "split_policy=host"], "graph-check sets it from --split-policy"),
     (["graph-check", "--param", "head_padding=zero"], "which triton-splitkv does not take"),

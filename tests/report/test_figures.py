@@ -83,6 +83,9 @@ def test_plot_command(tmp_path, monkeypatch, capsys):
     assert out.split() == [str(tmp_path / n) for n in ("split-heatmap-triton-splitkv.png",
                                                         "split-heatmap-triton-splitkv.svg",
                                                         "serving-tpot.png", "serving-tpot.svg")]
+    code, out, err = run_cli(["plot", "--from", str(SERVE), "--out", str(tmp_path / "twice"), "--kind", "serving-tpot",
+                              "--format", "svg,svg"], monkeypatch, capsys)  # a format named twice is drawn once
+    assert code == 0 and out.split() == [str(tmp_path / "twice" / "serving-tpot.svg")], err
     code, out, err = run_cli(["plot", "--from", str(SERVE), "--out", str(tmp_path / "none"), "--kind", "latency"],
                              monkeypatch, capsys)
     assert code == 2 and err.startswith("error: no figure to draw") and "no kernel sweep records" in err
