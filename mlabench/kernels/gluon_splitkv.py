@@ -78,6 +78,8 @@ def _gluon_splitkv_stage1(q_ptr, qr_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr
     b, row_lo, split, seq_len, page_lo, n_tiles, written, bt_row_ptr = program_split(
         seqlens_ptr, bt_ptr, stride_btb, num_splits, policy_ptr, ROW_TILES, BLOCK_R, POLICY_ROWS,
         num_warps)
+    if n_tiles == 0:  # a split that owns no page exits before any set-up (its barriers, zeroed
+        return  # accumulators): results/h100/deploy/README.md#empty-splits-exit-first-empty-exit
 
     kn_smem, kr_smem, bars = page_ring(kvn_desc, kvr_desc, NUM_STAGES)
     if WAIT_PRIOR:  # launched early (PDL): the length, the split and the ring are ready; now wait
