@@ -207,6 +207,26 @@ def test_multi_row_tiles_compile_without_spills(block_rows, qo_len, causal, poli
         assert "LOCAL:0" in kernel["usage"] and "STACK:0" in kernel["usage"], kernel["usage"]
 
 
+_SASS = """
+import json, sys
+from mlabench.kernels.offline_compile import compile_stage1_sm90, sass_instructions
+k = compile_stage1_sm90(2, policy_rows=int(sys.argv[1]))
+print(json.dumps([t for _, t in sass_instructions(k.asm["cubin"])]))
+"""
+
+
+@pytest.mark.parametrize("policy_rows", [0, 16])
+def test_an_empty_split_exits_before_its_barriers(policy_rows):
+    """A split that owns no page exits before the page ring's mbarriers are set up (SASS
+    ``SYNCS.EXCH``) or a thread barrier: such set-up in empty programs lengthened the merge's end
+    after stage 1's at batch 1 (results/h100/deploy/README.md, ``empty-exit/``)."""
+    pytest.importorskip("triton.experimental.gluon")
+    sass = json.loads(run_compile_script(_SASS, policy_rows, timeout=300).strip().splitlines()[-1])
+    exits = [i for i, t in enumerate(sass) if re.fullmatch(r"@!?U?P\d+ EXIT", t.strip())]
+    setup = next(i for i, t in enumerate(sass) if "SYNCS.EXCH" in t or "BAR.SYNC" in t)
+    assert exits and exits[0] < setup, (exits, setup)
+
+
 #: The spellings of a gpu-scope release add in PTX (issue 35 item 6): Triton 3.9 writes the add
 #: whose result is unused as ``red.global.gpu.release.add.u32``, Triton 3.8 (and 3.5-3.7) as
 #: ``atom.global.gpu.release.add.u32`` with a result no one reads; both order every earlier store
