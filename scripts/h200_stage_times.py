@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import statistics
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -79,9 +80,8 @@ def timeline(kernels: list[tuple[float, float, bool]]) -> dict[str, float]:
             rows.append((e1 - s1, s2 - s1, e2 - e1, s3 - e2))
     if not rows:
         return {}
-    cols = list(zip(*rows))
-    return {key: round(sorted(col)[len(col) // 2], 2)
-            for key, col in zip(("stage1", "merge_start", "merge_tail", "gap"), cols)}
+    return {key: round(statistics.median_high(col), 2)
+            for key, col in zip(("stage1", "merge_start", "merge_tail", "gap"), zip(*rows))}
 
 
 def measure(length: int, params: dict) -> dict:
