@@ -144,6 +144,9 @@ class Manifest(BaseModel):
     warmups: list[dict[str, Any]] = Field(
         default_factory=list, description="GPU warm-up to steady clocks, one per session (start, each resume).")
     drift: dict[str, Any] | None = Field(None, description="Sentinel re-measurements and the drift they show.")
+    planned_points: int | None = Field(
+        None, description="Points the sweep set out to record (its grid, less backends left out as unavailable); "
+                          "fewer records mean it was interrupted.  None in runs recorded before, and in scripts' runs.")
 
     def on_cpu(self) -> bool:
         """Whether the run measured on a CPU (wall-clock times of PyTorch code: a smoke test,

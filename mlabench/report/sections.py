@@ -136,7 +136,8 @@ def kernel_environment(run: Any, records: Sequence[Record], kind: str = "Kernel 
         list(config_row(m.config) or ("sweep", _sweep_text(m.config))),
         ["timing", _timing_text(_run_timing(m.config), dev.get("kind"))
          + (f"; each point in {visits} visits spread over the run{further}, samples pooled" if visits > 1 else "")],
-        ["points", f"{len(mine)} ({sum(r.status == 'ok' for r in mine)} ok)"],
+        ["points", f"{len(mine)}" + (f" of {m.planned_points} planned" if m.planned_points else "")
+         + f" ({sum(r.status == 'ok' for r in mine)} ok)"],
     ]
     rows += [["health", note] for note in health_notes(m, mine)]
     return Table(f"{kind} {m.run_id}", ["field", "value"], rows)

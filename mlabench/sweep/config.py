@@ -182,9 +182,37 @@ def load_sweep_config(path: str | Path | None, overrides: dict[str, Any] | None 
         else:
             data[key] = value
     try:
-        return SweepConfig.model_validate(data)
+        cfg = SweepConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{where}: {validation_line(exc)}") from None
+    if path is not None:  # what the file's fields say together, named with the file
+        try:
+            check_sweep(cfg, set(given))
+        except ConfigError as exc:
+            raise type(exc)(f"{where}: {exc}") from None
+    return cfg
+
+
+#: The fields :func:`shapes_of` reads: a flag among them leaves the shapes to be judged later.
+SHAPE_FIELDS = frozenset({"model", "model_config", "tp", "heads", "batch", "context_lens", "qo_len", "causal",
+                          "page_size"})
+
+
+def check_sweep(cfg: SweepConfig, flags: set[str] = frozenset()) -> None:
+    """What a sweep's fields can get wrong together, on any machine and before anything is
+    measured: backend names, parameter names and values (:func:`check_param_names`,
+    :func:`check_param_values`), the model and its heads at ``tp``, dtypes and query tokens
+    (:func:`shapes_of`, without the memory check).  A check that reads a field named in ``flags``
+    (set by a flag, :func:`sweep_overrides`' keys) is left to :func:`run_sweep`, where its error
+    does not blame the file.  Raises the :class:`ConfigError` (or subclass) of the first problem."""
+    if "backends" not in flags:
+        for name in cfg.backends or ():
+            get_backend(name)
+    if not {"backends", "params"} & flags:
+        check_param_values(cfg)
+        check_param_names(cfg, list(cfg.backends or ()))
+    if not SHAPE_FIELDS & flags:
+        shapes_of(cfg, check_memory=False)
 
 
 def recorded_config(store: ResultStore) -> SweepConfig:
@@ -275,14 +303,14 @@ def resolve_sweep_config(config: str | Path | None, overrides: dict[str, Any],
         base["name"] = "sweep"
     return load_sweep_config(None, overrides, base=base)
 
-def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
+def shapes_of(cfg: SweepConfig, check_memory: bool = True) -> list[MLADecodeShape]:
     """Every shape of the sweep (heads x batch x context x qo_len), validated and without repeats.
 
     The heads axis is ``cfg.heads`` when given, else the model's local heads at ``cfg.tp``; a model
     (preset or config.json) also sets the softmax scale and the latent widths.  Each shape's size
-    is checked against free memory from its numbers before it is built
-    (:class:`OutOfMemoryError`: a batch of a billion requests is refused, not built); bad values
-    raise :class:`ShapeError`.
+    is checked against free memory from its numbers before it is built, unless ``check_memory``
+    is false (:class:`OutOfMemoryError`: a batch of a billion requests is refused, not built); bad
+    values raise :class:`ShapeError`.
     """
     spec = None
     if cfg.model or cfg.model_config_path:
@@ -299,7 +327,8 @@ def shapes_of(cfg: SweepConfig) -> list[MLADecodeShape]:
     shapes = []
     for h, b, L, t in ((h, b, L, t) for h in heads_axis for b in cfg.batch for L in cfg.context_lens
                        for t in cfg.qo_len):
-        check_fits(MLADecodeShape.uniform(1, L, h, qo_len=t, **dims), repeat=b)  # before b lengths are built
+        if check_memory:  # before b lengths are built
+            check_fits(MLADecodeShape.uniform(1, L, h, qo_len=t, **dims), repeat=b)
         shapes.append(MLADecodeShape.uniform(b, L, h, qo_len=t, **dims))
     return list(dict.fromkeys(shapes))
 
@@ -315,21 +344,26 @@ def check_param_values(cfg: SweepConfig) -> None:
                 spec.validate(value)
 
 
-def expand(cfg: SweepConfig, backends: list[Backend]) -> list[Point]:
-    """All points of the sweep, grouped by shape.
-
-    Raises :class:`ConfigError` for a parameter no backend has, and for one none of the run's
-    backends takes (those ``cfg.backends`` names, else ``backends``): each backend's grid reads
-    only its own parameters, so it would be dropped without a word."""
+def check_param_names(cfg: SweepConfig, run: list[str]) -> None:
+    """:class:`ConfigError` for a parameter of ``cfg.params`` that no backend has, or, where
+    ``run`` names the sweep's backends, that none of them takes: each backend's grid reads only
+    its own parameters, so it would be dropped without a word."""
     takers = param_takers()
     stray = sorted(set(cfg.params) - set(takers))
     if stray:
         raise ConfigError(f"parameter {stray[0]!r} belongs to no backend (known: {', '.join(sorted(takers))})")
-    run = list(cfg.backends) if cfg.backends else [b.name for b in backends]
-    for name in sorted(cfg.params):
+    for name in sorted(cfg.params) if run else ():
         if not set(takers[name]) & set(run):
             raise ConfigError(f"parameter {name!r} is taken only by {', '.join(takers[name])}, none of the "
                               f"backends of this sweep ({', '.join(run)})")
+
+
+def expand(cfg: SweepConfig, backends: list[Backend]) -> list[Point]:
+    """All points of the sweep, grouped by shape.
+
+    Raises :class:`ConfigError` as :func:`check_param_names` does, for the backends
+    ``cfg.backends`` names, else ``backends``."""
+    check_param_names(cfg, list(cfg.backends) if cfg.backends else [b.name for b in backends])
     points: dict[str, Point] = {}
     for shape in shapes_of(cfg):
         for b in backends:

@@ -34,12 +34,15 @@ from mlabench.sweep.visits import DEFAULT_GPU_VISITS, MAX_VISITS_FACTOR, read_vi
 
 
 def make_manifest(run_id: str, cfg: SweepConfig, copy_bw_tbps: float, read_bw_tbps: float | None = None,
-                  warmups: list[dict[str, Any]] | None = None, read_ceiling: dict[str, Any] | None = None) -> Manifest:
+                  warmups: list[dict[str, Any]] | None = None, read_ceiling: dict[str, Any] | None = None,
+                  planned_points: int | None = None) -> Manifest:
     """The manifest of a new sweep run: :func:`kernel_run_manifest` with ``cfg`` as its configuration,
-    and the softmax scale its model sets (:func:`~mlabench.shapes.scale_note`)."""
+    the softmax scale its model sets (:func:`~mlabench.shapes.scale_note`) and the points it will
+    record (``planned_points``)."""
     manifest = kernel_run_manifest(run_id, cfg.model_dump(mode="json", by_alias=True), copy_bw_tbps, read_bw_tbps,
                                    warmups, read_ceiling)
-    return manifest.model_copy(update={"softmax_scale": scale_note(model_spec(cfg.model, cfg.model_config_path))})
+    return manifest.model_copy(update={"softmax_scale": scale_note(model_spec(cfg.model, cfg.model_config_path)),
+                                       "planned_points": planned_points})
 
 
 def kernel_run_manifest(run_id: str, config: dict[str, Any], copy_bw_tbps: float, read_bw_tbps: float | None = None,
@@ -112,7 +115,7 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
         copy_bw, ceiling = measure_copy_bandwidth_tbps(), measure_read_ceiling()
         run_id = new_run_id(cfg.name)
         store = ResultStore.create(results_root / run_id, make_manifest(
-            run_id, cfg, copy_bw, ceiling.tbps, [steady.model_dump()], ceiling.as_dict()))
+            run_id, cfg, copy_bw, ceiling.tbps, [steady.model_dump()], ceiling.as_dict(), len(points)))
     else:
         store.update_manifest(warmups=[*store.manifest().warmups, steady.model_dump()])
         if warn:

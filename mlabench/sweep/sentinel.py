@@ -102,7 +102,8 @@ def drift_of(sentinels: Sequence[SentinelMeasurement], records: Sequence[Record]
 
 
 def health_notes(manifest: Manifest, records: Sequence[Record], verbose: bool = False) -> list[str]:
-    """Notes for a sweep's summary, one line per kind: the GPU's warm-up, the sentinel's drift
+    """Notes for a sweep's summary, one line per kind: an interrupted run (fewer points recorded
+    than ``manifest.planned_points``), the GPU's warm-up, the sentinel's drift
     against its reference, the drifting windows, points measured below the steady clock, and points
     whose visits still disagreed when they reached the most visits (:func:`unsettled`).  A line
     names at most 3 points or windows and counts the rest, which the manifest (``drift.windows``) and
@@ -110,13 +111,16 @@ def health_notes(manifest: Manifest, records: Sequence[Record], verbose: bool = 
     window has its own line naming up to 8 of its points, and the other lines name up to 8 points
     (issue 25 item 13: 40 lines of windows under one H200 sweep's table)."""
     most = 8 if verbose else 3
+    recorded, planned = len({r.key for r in records}), manifest.planned_points
+    notes = [f"interrupted: {recorded} of the {planned} points planned are recorded; `mlabench sweep --resume` "
+             "on this run folder measures the rest"] if planned is not None and recorded < planned else []
     warmups: Counter[str] = Counter()  # a resumed run warms up again: the same text once, with a count
     for w in manifest.warmups:
         clock = f" at {w['sm_clock_mhz']:.0f} MHz" if w.get("sm_clock_mhz") else ""
         power = f", {w['power_w']:.0f} W" if w.get("power_w") else ""
         warmups[f"{w.get('reason')}{clock}{power}"] += 1
-    notes = ["GPU warm-up" + (f" (x{len(manifest.warmups)}: the run was resumed)" if len(manifest.warmups) > 1 else "")
-             + ": " + "; ".join(warmups)] if warmups else []
+    notes += ["GPU warm-up" + (f" (x{len(manifest.warmups)}: the run was resumed)" if len(manifest.warmups) > 1 else "")
+              + ": " + "; ".join(warmups)] if warmups else []
     if manifest.drift:
         notes += _drift_notes(Drift.model_validate(manifest.drift), manifest, verbose)
     for flagged, what in ((

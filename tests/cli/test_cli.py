@@ -583,7 +583,8 @@ def test_a_split_policy_table_too_long_for_the_kernel_is_one_line_before_any_run
     results = tmp_path / "results"
     code, out, err = run(["sweep", "--config", str(config), "--results-dir", str(results)], monkeypatch, capsys)
     lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {policy}: batch 1: 5001 rows, more than the 4096")
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(
+        f"error: sweep config {config}: {policy}: batch 1: 5001 rows, more than the 4096")
     assert not results.exists()
 
 

@@ -7,8 +7,10 @@ from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, ConfigError, Interrupted, UnknownBackendError
 from mlabench.measure.timing import TimingConfig
 from mlabench.records.store import ResultStore
-from mlabench.sweep.config import SweepConfig, default_sweep_config, expand, integer_params, load_sweep_config
+from mlabench.sweep.config import (SweepConfig, check_sweep, default_sweep_config, expand, integer_params,
+                                   load_sweep_config)
 from mlabench.sweep.run import run_sweep
+from mlabench.sweep.sentinel import health_notes
 
 FAST = TimingConfig(warmup_iters=0, min_samples=3, max_samples=3, budget_s=0.01)
 
@@ -170,11 +172,24 @@ def test_interrupted_run_resumes_without_repeating_points(tmp_path):
     assert f"mlabench sweep --resume {run_dir}" in str(info.value) and info.value.exit_code == 130
     assert len(ResultStore(run_dir).records()) == 3
     assert len((run_dir / "results.csv").read_text().splitlines()) == 4  # CSV saved at the interrupt
+    store = ResultStore(run_dir)  # what report and the sweep's summary say of the run folder
+    assert store.manifest().planned_points == 8
+    assert health_notes(store.manifest(), store.records())[0] == (
+        "interrupted: 3 of the 8 points planned are recorded; `mlabench sweep --resume` on this run folder "
+        "measures the rest")
+    from mlabench.report.runs import load_runs
+    from mlabench.report.sections import kernel_environment
+
+    runs = load_runs([run_dir])
+    rows = kernel_environment(runs.kernel_runs[0], runs.records).rows
+    assert ["points", "3 of 8 planned (3 ok)"] in rows
+    assert [v for k, v in rows if k == "health"][0].startswith("interrupted: 3 of the 8 points")
     resumed = []
     _, recs = run_sweep(cfg, tmp_path, resume=run_dir,
                         progress=lambda p, r, d, t: r is not None and resumed.append(p.key))
     assert len(resumed) == 5 and not set(resumed) & set(seen)
     assert len(recs) == 8 and len({r.key for r in recs}) == 8
+    assert not any(n.startswith("interrupted") for n in health_notes(ResultStore(run_dir).manifest(), recs))
     before = {name: (run_dir / name).read_bytes() for name in ("manifest.json", "sentinel.jsonl", "results.jsonl")}
     said = []
     _, again = run_sweep(cfg, tmp_path, resume=run_dir, warn=said.append)  # nothing left to do
@@ -472,3 +487,28 @@ def test_backend_flag_narrows_a_config_with_its_axes(tmp_path):
     p.write_text("backends = []\n")
     with pytest.raises(ConfigError, match=r"s\.toml: backends: must not be empty \(leave the key out"):
         load_sweep_config(p)
+
+
+@pytest.mark.parametrize("body, says", [
+    ('backends = ["nope"]', "unknown backend 'nope'"),
+    ('model = "nope"', "unknown model 'nope'"),
+    ('model = "kimi-k3"\ntp = 5', "kimi-k3: 96 heads are not divisible by tp=5"),
+    ('heads = [12]\nq_dtype = "int3"', "q_dtype: dtype must be one of"),
+    ('heads = [12]\nqo_len = [9]', "qo_len: must be 1-8 query tokens per request, got 9"),
+    ('heads = [12]\n[params]\nbogus = [1]', "parameter 'bogus' belongs to no backend"),
+    ('heads = [12]\nbackends = ["torch-splitkv"]\n[params]\nnum_kv_splits = [0]', "num_kv_splits must be >= 1"),
+])
+def test_a_files_fields_that_do_not_go_together_are_named_with_the_file(tmp_path, body, says):
+    """A fresh user's review: an unknown backend or model, a bad dtype or query-token count, a bad
+    parameter in a sweep file were refused without naming the file; a flag's value is judged later,
+    not blamed on the file."""
+    path = tmp_path / "mine.toml"
+    path.write_text(f'name = "t"\n{body}\n')
+    with pytest.raises(ConfigError) as info:
+        load_sweep_config(path)
+    assert str(info.value).startswith(f"sweep config {path}: {says}")
+    if "backends" in body:  # the same backend given as a flag: the file is not named
+        path.write_text('name = "t"\nheads = [12]\n')
+        cfg = load_sweep_config(path, {"backends": ["nope"]})
+        with pytest.raises(ConfigError, match="^unknown backend 'nope'"):
+            check_sweep(cfg)
