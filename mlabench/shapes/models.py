@@ -102,7 +102,8 @@ class ModelSpec(BaseModel):
             raise ShapeError(f"--tp must be > 0, got {tp}")
         if self.num_attention_heads % tp:
             raise ShapeError(
-                f"{self.name}: {self.num_attention_heads} heads are not divisible by tp={tp}"
+                f"{self.source if self.source.endswith('.json') else self.name}: {self.num_attention_heads} "
+                f"heads are not divisible by tp={tp}"
             )
         return self.num_attention_heads // tp
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -257,8 +258,13 @@ def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend
     """
     configs, best_us = measured_configs(trials, bucket.length), best_times(trials, bucket.length)
     if not configs:
-        raise ResultsError(f"batch {batch}, context {bucket.lo + 1}-{bucket.hi}: no configuration "
-                           f"passed the correctness check ({len(trials)} trials)")
+        where = f"batch {batch}, context {bucket.lo + 1}-{bucket.hi}"
+        if not any(t.state.name == "COMPLETE" for t in trials):  # nothing measured, nothing failed
+            states = Counter(t.state.name.lower() for t in trials)
+            raise ResultsError(f"{where}: none of its {len(trials)} trials finished ("
+                               + ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+                               + "): nothing to choose from; `mlabench tune --resume` on the run folder measures them")
+        raise ResultsError(f"{where}: no configuration passed the correctness check ({len(trials)} trials)")
     near, best = tied_configs(configs, noise, combine, best_us)
     chosen = near[0]
     tied = tuple(TiedEntry(policy_entry(backend, fixed, m.params, bucket), m.median_us,

@@ -33,7 +33,7 @@ from mlabench.records.kinds import run_kind
 from mlabench.records.provenance import git_revision, library_versions
 from mlabench.records.record import Manifest, utc_now
 from mlabench.records.store import ResultStore, refuse_archived
-from mlabench.run_files import TUNE_KIND, VALIDATION_KIND, WORKERS_FOLDER
+from mlabench.run_files import JOURNAL_FILE, TUNE_KIND, VALIDATION_KIND, WORKERS_FOLDER
 from mlabench.shapes import model_spec, scale_note
 from mlabench.tune.choice import BucketChoice, build_policy, study_choice
 from mlabench.tune.edges import fine_edges
@@ -189,6 +189,10 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
         if recorded.model_copy(update={"storage": None}) != cfg.model_copy(update={"storage": None}):
             raise ConfigError(f"{resume} was recorded with another tuning configuration; resume it without flags")
         here = _manifest("resume", cfg, specs, 0.0, device).identity()
+        if storage_url is None and not (Path(resume) / JOURNAL_FILE).exists():  # Optuna would start afresh
+            raise ResultsError(f"{resume}: no {JOURNAL_FILE}: the trials its studies ran are not there, so a "
+                               "resume would start every study over beside the records it holds; restore the "
+                               "journal, or start a new run")
         storage = open_storage(storage_url, resume)  # checked before anything is written to the folder
         store = ResultStore.open_existing(resume, identity=here)
         specs = recorded_specs
@@ -338,8 +342,9 @@ def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list
     short = [line for st, sp in zip(studies, specs) if (line := _incomplete(cfg, st, sp))]
     if short and not allow_incomplete:
         raise ResultsError(f"{len(short)} of {len(specs)} studies are not finished ({short[0]}{'; ...' if len(short) > 1 else ''}):"
-                           f" their policy would rest on part of the search; wait for the workers and run tune --export "
-                           f"{store.run_dir}, or add --allow-incomplete to export it as it is")
+                           f" their policy would rest on part of the search; wait for the workers (if they stopped: "
+                           f"tune --resume {store.run_dir}) and run tune --export {store.run_dir}, or add "
+                           "--allow-incomplete to export it as it is")
     backend = get_backend(cfg.backend)
     dims_kw = shape_dims(cfg)
     rows: list[BucketChoice] = []

@@ -20,6 +20,16 @@ def test_heads_not_divisible_by_tp():
         load_model("kimi-k3").local_heads(5)
 
 
+def test_heads_not_divisible_names_the_config_file(tmp_path):
+    """A fresh user's review: a config.json without model_type in the working folder gave
+    'error: : 128 heads are not divisible by tp=3'."""
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"num_attention_heads": 128, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                                "qk_nope_head_dim": 128}))
+    with pytest.raises(ShapeError, match=f"^{path}: 128 heads are not divisible by tp=3$"):
+        read_hf_config(path).local_heads(3)
+
+
 def test_unknown_model_lists_known():
     with pytest.raises(UnknownModelError, match="kimi-k3"):
         load_model("kimi-k9")

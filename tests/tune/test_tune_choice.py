@@ -163,3 +163,20 @@ def test_a_huge_spread_does_not_make_a_much_slower_configuration_a_tie(spread):
     assert tie_window(0.2, four) == 0.2                        # --noise as the user set it is not capped
     assert choose([one, four], 0.9)[0] is one
 
+
+
+def test_a_study_whose_trials_never_ran_says_so_not_that_they_failed():
+    """A fresh user's review: a tune killed before some studies started, exported with
+    --allow-incomplete, said 'no configuration passed the correctness check (5 trials)' of five
+    trials that were only waiting."""
+    from types import SimpleNamespace
+
+    from mlabench.errors import ResultsError
+
+    waiting = [SimpleNamespace(state=SimpleNamespace(name="WAITING"), number=i) for i in range(4)]
+    running = [SimpleNamespace(state=SimpleNamespace(name="RUNNING"), number=4)]
+    bucket = Bucket(0, 128, 128)
+    with pytest.raises(ResultsError, match=r"^batch 1, context 1-128: none of its 5 trials finished "
+                                           r"\(1 running, 4 waiting\): nothing to choose from; "
+                                           r"`mlabench tune --resume`"):
+        study_choice(waiting + running, bucket, 1, get_backend("torch-splitkv"), {}, 0.01, "worst")

@@ -73,6 +73,11 @@ def test_real_cpu_backend_end_to_end(tmp_path, tiny_timing):
     assert [b.batch for b in result.policy.batches] == [1, 2]
     again = export_run(run_dir)
     assert again.policy.batches == result.policy.batches
+    records = (run_dir / "results.jsonl").read_bytes()
+    (run_dir / "study.journal").unlink()  # a fresh user's review: --resume then started every study over
+    with pytest.raises(ResultsError, match=r"no study\.journal: the trials its studies ran are not there"):
+        run_tune(cfg, tmp_path, resume=run_dir)
+    assert (run_dir / "results.jsonl").read_bytes() == records and not (run_dir / "study.journal").exists()
 
 
 def test_resume_after_kill9_repeats_no_finished_trial(tmp_path, tiny_timing, monkeypatch):
