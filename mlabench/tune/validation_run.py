@@ -140,6 +140,10 @@ def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[in
     from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
 
     count, extra = counts
+    spec = _splits_spec(backend)
+    lo, hi = spec.low or 1, spec.high or 512
+    if stray := sorted(n for n in ladder or () if not lo <= n <= hi):  # it would be left out unmeasured
+        raise ConfigError(f"--ladder {stray[0]}: {backend.name} takes num_kv_splits {lo}-{hi}")
     for b in policy.batches:  # a bad --context length fails before a run folder exists
         for length in extra:
             policy_shape(policy, b.batch, length)

@@ -9,6 +9,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
+from mlabench.backends import get_backend
 from mlabench.errors import ConfigError
 from mlabench.policy.exports import write_exports
 from mlabench.policy.tuned import BatchPolicy, Policy, PolicyEntry
@@ -76,6 +77,12 @@ def test_validate_measures_regret_and_never_calls_a_wrong_config_best(tmp_path, 
     run = result.store.run_dir
     assert (run / "validation.md").read_text().count("|") > 10 and json.loads((run / "validation.json").read_text())
     assert {r.status for r in result.store.records()} == {"ok", "incorrect"}
+    spec = next(p for p in get_backend("test-fast-wrong").params if p.name == "num_kv_splits")
+    with pytest.raises(ConfigError, match=rf"^--ladder {spec.high + 1}: test-fast-wrong takes num_kv_splits "
+                                          rf"{spec.low or 1}-{spec.high}$"):  # it was left out, unmeasured
+        validate_policy(fast_wrong_policy(6), count=1, low=32, high=128, ladder=[1, spec.high + 1],
+                        timing=tiny_timing, results_root=tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
     worse = validate_policy(fast_wrong_policy(1), count=1, low=90, high=100, ladder=[1, 6], timing=tiny_timing,
                             results_root=tmp_path)
     assert worse.points[0].regret(worse.points[0].policy_us) > 0.2
