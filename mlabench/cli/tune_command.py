@@ -17,6 +17,7 @@ from mlabench.cli.options import (
     SweepFile, Tp, fraction, int_list, non_causal_applies, output_format,
 )
 from mlabench.cli.output import emit, err, fail, progress_bar
+from mlabench.cli.tune_flags import refuse_unused_flags
 from mlabench.errors import ConfigError
 from mlabench.run_files import (JOURNAL_FILE, POLICY_FILE, POLICY_HEADER_FILE, POLICY_MODULE_FILE, RESULTS_FILE,
                                 VALIDATION_FILE, VALIDATION_TABLE_FILE)
@@ -239,35 +240,6 @@ def tune(
     err.print(f"results: {result.store.run_dir}/ ({POLICY_FILE}, {POLICY_HEADER_FILE}, {POLICY_MODULE_FILE}, "
               f"{RESULTS_FILE}{journal})",
               markup=False)
-
-
-#: ``tune``'s parameters by what reads them: the search (a new run or ``--resume``), ``--validate``
-#: and ``--export`` (the backend, --budget-s, --results-dir, --resume and the output flags are shared).
-SEARCH_FLAGS = ("config", "model", "tp", "model_config", "heads", "batch", "buckets", "representative",
-                "lengths_per_bucket", "combine", "max_waves", "tokens_per_split", "whole_tiles", "edges_per_octave",
-                "device_policy", "page_size", "qo_len", "non_causal", "dtype", "sampler", "trials", "timeout",
-                "space", "noise", "no_heuristics", "storage", "gpus", "workers")
-VALIDATE_FLAGS = ("lengths", "context", "min_context", "max_context", "ladder", "seed", "tolerance", "from_run")
-EXPORT_FLAGS = ("storage", "noise", "combine", "allow_incomplete", "pages_rule")
-
-
-def refuse_unused_flags(given: dict[str, Any]) -> None:
-    """ConfigError naming the flags given (not None or False) that the mode of ``tune`` does not
-    read: ``--validate`` reads a policy, ``--export`` a run's studies, a search neither's flags.
-    ``given``: the command's parameters by name (``--tolerance 0.05`` without ``--validate``, or
-    ``--edges-per-octave 4`` with it, ran as if they were not there)."""
-    modes = {"a tuning run": SEARCH_FLAGS, "--validate": VALIDATE_FLAGS, "--export": EXPORT_FLAGS}
-    mode = "--validate" if given.get("validate") is not None else (
-        "--export" if given.get("export") is not None else "a tuning run")
-    by_owner: dict[str, list[str]] = {}
-    for name in dict.fromkeys(n for names in modes.values() for n in names):
-        if name not in modes[mode] and given.get(name) not in (None, False):
-            owners = " or ".join(m for m, names in modes.items() if name in names)
-            by_owner.setdefault(owners, []).append(f"--{name.replace('_', '-')}")
-    if by_owner:
-        raise ConfigError("; ".join(f"{', '.join(flags)} go{'es' if len(flags) == 1 else ''} with {owners}"
-                                    for owners, flags in by_owner.items())
-                          + f", not {'tune ' if mode.startswith('--') else ''}{mode}")
 
 
 def _one_value(values: list[int] | None, flag: str) -> int | None:

@@ -184,18 +184,7 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
     specs = plan(cfg)
     revision = rev[:12] + ("+dirty" if dirty else "")
     if resume is not None:
-        recorded, recorded_specs = recorded_config(resume)
-        storage_url = _storage_url(cfg, recorded.storage)
-        if recorded.model_copy(update={"storage": None}) != cfg.model_copy(update={"storage": None}):
-            raise ConfigError(f"{resume} was recorded with another tuning configuration; resume it without flags")
-        here = _manifest("resume", cfg, specs, 0.0, device).identity()
-        if storage_url is None and not (Path(resume) / JOURNAL_FILE).exists():  # Optuna would start afresh
-            raise ResultsError(f"{resume}: no {JOURNAL_FILE}: the trials its studies ran are not there, so a "
-                               "resume would start every study over beside the records it holds; restore the "
-                               "journal, or start a new run")
-        storage = open_storage(storage_url, resume)  # checked before anything is written to the folder
-        store = ResultStore.open_existing(resume, identity=here)
-        specs = recorded_specs
+        storage_url, storage, store, specs = _reopen(cfg, resume, _manifest("resume", cfg, specs, 0.0, device))
     else:
         from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
 
@@ -231,6 +220,22 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
                           f"mlabench tune --resume {store.run_dir}", exc.exit_code) from None
     store.write_csv()
     return _finish(cfg, store, studies, specs, device, versions, allow_incomplete=False)
+
+
+def _reopen(cfg: TuneConfig, resume: Path, here: Manifest) -> tuple[str | None, Any, ResultStore, list[StudySpec]]:
+    """``(storage URL, storage, store, studies)`` of the tuning run ``resume``, after checking,
+    before anything is written to it, that ``cfg`` is its configuration, that its storage (a URL
+    given again, or its ``study.journal``) is there, and that ``here`` (this process's manifest)
+    has its identity; :class:`ConfigError` / :class:`ResultsError` otherwise."""
+    recorded, recorded_specs = recorded_config(resume)
+    storage_url = _storage_url(cfg, recorded.storage)
+    if recorded.model_copy(update={"storage": None}) != cfg.model_copy(update={"storage": None}):
+        raise ConfigError(f"{resume} was recorded with another tuning configuration; resume it without flags")
+    if storage_url is None and not (Path(resume) / JOURNAL_FILE).exists():  # Optuna would start afresh
+        raise ResultsError(f"{resume}: no {JOURNAL_FILE}: the trials its studies ran are not there, so a resume "
+                           "would start every study over beside the records it holds; restore it, or start a new run")
+    storage = open_storage(storage_url, resume)
+    return storage_url, storage, ResultStore.open_existing(resume, identity=here.identity()), recorded_specs
 
 
 def _incomplete(cfg: TuneConfig, study: Any, spec: StudySpec) -> str:

@@ -253,6 +253,14 @@ def test_validate_measures_every_count_up_to_a_small_wave_cap(tmp_path, tiny_tim
      "error: --edges-per-octave, --device-policy, --trials go with a tuning run, not tune --validate"),
     (["tune", "--export", "run", "--edges-per-octave", "4", "--seed", "1"],
      "error: --edges-per-octave goes with a tuning run; --seed goes with --validate, not tune --export"),
+    # a fresh user's review: the second mode, or a shared flag, ran as if it were not there
+    (["tune", "--export", "run", "--validate", "p.json"], "error: --validate and --export are two modes of tune: give one"),
+    (["tune", "--export", "run", "--resume", "run", "--backend", "x"],
+     "error: --backend, --resume: tune --export reads the run's own settings and writes into its folder"),
+    (["tune", "--export", "run", "--budget-s", "1", "--results-dir", "elsewhere"],
+     "error: --budget-s, --results-dir: tune --export reads"),
+    (["tune", "--resume", "run", "--results-dir", "elsewhere"],
+     "error: --results-dir: --resume continues in the run's own folder; leave it out"),
 ])
 def test_cli_errors_are_one_line(args, message):
     res = subprocess.run([sys.executable, "-m", "mlabench", *args], capture_output=True, text=True, timeout=120)
