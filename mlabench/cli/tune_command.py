@@ -99,8 +99,8 @@ RepresentativeFlag = Annotated[str | None, typer.Option(
     metavar="geomean|upper", help="With one length per bucket, the length measured: geomean or upper.")]
 LengthsPerBucketFlag = Annotated[int | None, typer.Option(
     metavar="K",
-    help="Lengths measured per bucket, log-spaced from its lower edge + 1 to its upper edge (default 3; 1: "
-         "the representative length only).")]
+    help="Lengths measured per bucket, log-spaced from its lower edge + 1 (the first bucket's: half its upper "
+         "edge) to its upper edge (default 3; 1: the representative length only).")]
 CombineFlag = Annotated[str | None, typer.Option(
     metavar="worst|geomean",
     help="How a configuration's times at a bucket's lengths combine, each over the best time there: the "

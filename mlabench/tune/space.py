@@ -65,7 +65,7 @@ class TuneConfig(BaseModel):
     representative: Literal["geomean", "upper"] = Field("geomean", description="With one length per bucket, "
         "the length measured for (lo, hi]: sqrt(lo * hi) or hi; with several, where the heuristics' counts are taken.")
     lengths_per_bucket: int = Field(3, ge=1, le=16, description="Lengths measured per bucket (lo, hi], log-spaced "
-                                    "from lo + 1 to hi; 1: the representative length only.")
+                                    "from lo + 1 (hi / 2 for the first) to hi; 1: the representative length only.")
     combine: Literal["worst", "geomean"] = Field("worst", description="How a configuration's times at a bucket's "
         "lengths combine, each over the best measured there: the worst ratio (min-max) or their geometric mean.")
     tokens_per_split: SpaceRange | None = Field(
