@@ -176,7 +176,8 @@ def int_list(text: str | None, flag: str, positive: str | None = None) -> list[i
 def fraction(text: str | None, flag: str, below_one: bool = True) -> float | None:
     """``"0.03"`` or ``"3%"`` -> ``0.03``; None when the flag was not given.  Raises
     :class:`ConfigError` naming ``flag`` for anything else, for a negative value and, with
-    ``below_one``, for one of 1 (100%) or more."""
+    ``below_one``, for one of 1 (100%) or more; without it, 100% or more only as a percentage
+    (a bare ``5``, meant as 5%, would read as 500%)."""
     if text is None:
         return None
     body = text.strip()
@@ -187,6 +188,9 @@ def fraction(text: str | None, flag: str, below_one: bool = True) -> float | Non
     if not math.isfinite(value) or value < 0 or (below_one and value >= 1):
         span = "[0, 1)" if below_one else ">= 0"
         raise ConfigError(f"{flag} is a fraction {span} (0.03 or 3%), got {text!r}")
+    if value >= 1 and not body.endswith("%"):
+        raise ConfigError(f"{flag} {text} reads as {100 * value:g}%: give 0.05 or 5% for 5%, or a slowdown of "
+                          f"100% or more as a percentage ({100 * value:g}%)")
     return value
 
 

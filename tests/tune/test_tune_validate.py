@@ -246,6 +246,8 @@ def test_validate_measures_every_count_up_to_a_small_wave_cap(tmp_path, tiny_tim
     # 3% is read as 0.03: the command goes on to the policy file
     (["tune", "--validate", "missing.json", "--tolerance", "3%"], "error: policy not found"),
     (["graph-check", "--tolerance", "five"], "error: --tolerance takes a fraction such as 0.03 or 3%, got 'five'"),
+    # a fresh user's review: 5 meant as 5% switched the slowdown flag off (500%)
+    (["graph-check", "--tolerance", "5"], "error: --tolerance 5 reads as 500%: give 0.05 or 5% for 5%"),
     (["tune", "--backend", "torch-splitkv", "--heads", "2", "--buckets", "64", "--edges-per-octave", "0"],
      "error: --edges-per-octave: Input should be greater than or equal to 1"),
     # flags another mode reads ran as if they were not there
@@ -265,6 +267,15 @@ def test_validate_measures_every_count_up_to_a_small_wave_cap(tmp_path, tiny_tim
 def test_cli_errors_are_one_line(args, message):
     res = subprocess.run([sys.executable, "-m", "mlabench", *args], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_graph_checks_tolerance_takes_100_percent_or_more_only_as_a_percentage():
+    from mlabench.cli.options import fraction
+
+    assert fraction("150%", "--tolerance", below_one=False) == pytest.approx(1.5)
+    assert fraction("0.5", "--tolerance", below_one=False) == 0.5
+    with pytest.raises(ConfigError, match="reads as 150%"):
+        fraction("1.5", "--tolerance", below_one=False)
 
 
 def test_cli_bad_policy_file_is_one_line_in_its_terms(tmp_path):
