@@ -106,6 +106,9 @@ def recorded_validation(policy: Policy, runs: list[Path], tolerance: float) -> t
         n = len(score.unscored)
         why = (f"no recorded point of {policy.backend} {at} holds its own launch ({n} point{'s' * (n > 1)} at "
                f"that shape without it; {cover})" if n else f"no point of {policy.backend} is recorded {at}; {cover}")
+        if under := sum(r.backend == policy.backend and bool(r.params.get("split_policy")) for r in records):
+            why += (f"; {under} of its records ran under a split_policy, whose num_kv_splits is not the count "
+                    "that ran: they are not scored")
         raise ResultsError(f"{', '.join(map(str, runs))}: {why}")
     revisions = {ResultStore(f).manifest().git_revision for f in folders}
     notes = [f"records of {len(revisions)} mlabench revisions pooled: the best at a point may be another "

@@ -87,6 +87,16 @@ def test_runs_without_the_policys_launch_are_refused_naming_what_they_hold():
     assert "the records cover backends" in res.stderr
 
 
+def test_records_run_under_a_split_policy_are_named_as_why_none_scores():
+    """A fresh user's review: a sweep of the policy in device mode at its own shape was refused as
+    holding no point at that shape, while the records' coverage it listed matched it field for
+    field; the split policy they ran under is why."""
+    res = _mlabench("tune", "--validate", str(POLICY), "--from-run", str(REPO / "results/h200/deploy/qo1-k3/pdl"))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert res.stderr.strip().endswith("; 72 of its records ran under a split_policy, whose num_kv_splits is not "
+                                       "the count that ran: they are not scored")
+
+
 def test_serve_bench_runs_under_the_folder_are_passed_over():
     """results/h200/serving holds serve-bench runs beside the sweeps of sweep/: they are not read
     as kernel runs (no manifest error); the sweeps ran the policy in device mode, not its host
