@@ -67,8 +67,10 @@ def check_identity(study: Any, identity: dict[str, Any]) -> None:
     differ = [f"{k} {theirs.get(k, '(none)')!s} there, {mine.get(k, '(none)')!s} here"
               for k in sorted(set(mine) | set(theirs)) if k.split(".")[0] in have and theirs.get(k) != mine.get(k)]
     if differ:
-        raise ResultsError(f"study {study.study_name!r} measures trials another way ({'; '.join(differ)}): a "
-                           f"machine joins only with the same settings, software and GPU (or use another --storage)")
+        raise ResultsError(f"study {study.study_name!r} measures trials another way ({'; '.join(differ)}): a run "
+                           "resumes, and a machine joins, only with the same settings, software and GPU; go back to "
+                           "the revision and versions it names, or start a new run (with a shared --storage: "
+                           "another one)")
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:

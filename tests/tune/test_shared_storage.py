@@ -176,6 +176,8 @@ def test_a_machine_tuning_another_way_is_refused_before_its_run_folder(tmp_path,
     with pytest.raises(ResultsError) as exc:
         run_tune(other, tmp_path / "second")
     assert "timing.budget_s 0.02 there, 0.05 here" in str(exc.value) and "search.tokens_per_split" in str(exc.value)
+    assert str(exc.value).endswith("go back to the revision and versions it names, or start a new run (with a "
+                                   "shared --storage: another one)")  # advice for a resume too, not only a join
     assert not (tmp_path / "second").exists()
 
 
