@@ -74,7 +74,7 @@ def check_journal(path: Path) -> int:
     """Check an Optuna journal before anything reads or appends to it: every line a JSON object.
 
     A torn last line (no newline, or not JSON: a crash mid-write) is cut off, the file truncated to
-    the end of the line before it, with a notice on stderr (the trial it recorded runs again);
+    the end of the line before it, with a notice on stderr (the trial it recorded is measured again when the run resumes);
     returns the bytes cut (0: the file was whole).  Raises :class:`ResultsError` naming the first
     bad line elsewhere (nothing is written to such a file).
     """
@@ -98,7 +98,7 @@ def check_journal(path: Path) -> int:
         with open(path, "r+b") as fh:
             fh.truncate(good_end)
         print(f"notice: {path}: its last line was torn ({cut} bytes, a write cut short) and is cut off; "
-              f"the trial it recorded runs again", file=sys.stderr, flush=True)
+              f"the trial it recorded is measured again when the run resumes", file=sys.stderr, flush=True)
     return cut
 
 
