@@ -76,7 +76,9 @@ class SplitPolicy:
                 raise ConfigError(f"{where}: rows must be [max_context_len, num_kv_splits] "
                                   "pairs of integers") from None
             lens = [n for n, _ in pairs]
-            if not pairs or lens != sorted(set(lens)) or lens[0] < 1:
+            if not pairs:
+                raise ConfigError(f"{where}: no rows (give at least one [max_context_len, num_kv_splits] pair)")
+            if lens != sorted(set(lens)) or lens[0] < 1:
                 raise ConfigError(f"{where}: max_context_len must be >= 1 and increase strictly, "
                                   f"got {lens}")
             if any(not 1 <= s <= MAX_KV_SPLITS for _, s in pairs):

@@ -41,7 +41,7 @@ def test_device_table_pads_to_a_power_of_two():
 
 @pytest.mark.parametrize("tables,match", [
     ({}, "no batch sizes"),
-    ({1: []}, "increase strictly"),
+    ({1: []}, r"batch 1: no rows \(give at least one"),  # a review: it said "got []"
     ({1: [(100, 2), (100, 4)]}, "increase strictly"),
     ({1: [(0, 2)]}, "increase strictly"),
     ({1: [(100, 0)]}, "1..512"),
