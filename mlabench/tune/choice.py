@@ -27,7 +27,7 @@ from mlabench.policy.rules import rule_splits
 from mlabench.policy.tuned import BatchPolicy, Policy, PolicyEntry, merge_adjacent
 from mlabench.tune.edges import fine_edges
 from mlabench.tune.space import RULE_PARAM, TILE_PARAM, Bucket, TuneConfig, full_params, params_at, shape_dims
-from mlabench.tune.studies import distinct_finished, launch_key
+from mlabench.tune.studies import FINISHED_STATES, distinct_finished, launch_key
 
 Combine = Literal["worst", "geomean"]
 
@@ -259,7 +259,7 @@ def study_choice(trials: list[Any], bucket: Bucket, batch: int, backend: Backend
     configs, best_us = measured_configs(trials, bucket.length), best_times(trials, bucket.length)
     if not configs:
         where = f"batch {batch}, context {bucket.lo + 1}-{bucket.hi}"
-        if not any(t.state.name == "COMPLETE" for t in trials):  # nothing measured, nothing failed
+        if not any(t.state.name in FINISHED_STATES for t in trials):  # nothing measured, nothing failed
             states = Counter(t.state.name.lower() for t in trials)
             raise ResultsError(f"{where}: none of its {len(trials)} trials finished ("
                                + ", ".join(f"{n} {state}" for state, n in sorted(states.items()))

@@ -57,6 +57,13 @@ def _splits_spec(backend: Any) -> Any:
     return next((p for p in backend.params if p.name == "num_kv_splits"), None)
 
 
+def _splits_range(backend: Any) -> tuple[int, int] | None:
+    """The split counts ``backend`` takes, ``(low, high)`` (1 and 512 where its spec leaves one
+    open); None when it takes no ``num_kv_splits``."""
+    spec = _splits_spec(backend)
+    return None if spec is None else (spec.low or 1, spec.high or 512)
+
+
 def validate_policy(policy: Policy, count: int | None = 48, low: int | None = None, high: int | None = None,
                     ladder: list[int] | None = None, timing: TimingConfig | None = None,
                     results_root: Path = Path("results"), progress: Progress | None = None,
@@ -140,8 +147,7 @@ def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[in
     from mlabench.measure.bandwidth import measure_copy_bandwidth_tbps
 
     count, extra = counts
-    spec = _splits_spec(backend)
-    lo, hi = spec.low or 1, spec.high or 512
+    lo, hi = _splits_range(backend)  # validate_policy refused a backend without num_kv_splits
     if stray := sorted(n for n in ladder or () if not lo <= n <= hi):  # it would be left out unmeasured
         raise ConfigError(f"--ladder {stray[0]}: {backend.name} takes num_kv_splits {lo}-{hi}")
     for b in policy.batches:  # a bad --context length fails before a run folder exists
@@ -212,9 +218,9 @@ def _measure_point(backend, shape, policy, ladder, timing, seed, store, run_id, 
         return configs
 
     configs = measure(_configs(policy, shape, []))
-    spec = _splits_spec(backend)
-    if spec is not None:
-        lo, hi = spec.low or 1, spec.high or 512
+    counts = _splits_range(backend)
+    if counts is not None:
+        lo, hi = counts
         steps = ladder if ladder is not None else split_ladder(lo, hi, current_device().num_sms)
         cap, mine = wave_cap(backend, shape, 1.0), configs["policy"].get("num_kv_splits")
         configs = measure(_configs(policy, shape, reference_counts(lo, hi, cap, steps, [mine] if mine else [])))
