@@ -54,30 +54,34 @@ def redact_url(url: str) -> str:
 
 
 def journal_copy(run_dir: Path, into: Path) -> Path:
-    """The folder to open a run's journal from for reading: ``run_dir`` itself, or ``into`` holding
-    a plain copy of an archived run's ``study.journal.gz`` (Optuna reads only a plain file).
-    Raises :class:`ResultsError` when the run has no journal (nothing was tuned there) or the
-    archive is not gzip."""
-    if (run_dir / JOURNAL_FILE).exists():
-        return run_dir
-    archived = run_dir / ARCHIVED_JOURNAL_FILE
-    if not archived.exists():
+    """The folder to open a run's journal from for reading: ``into``, holding a copy of the run's
+    ``study.journal`` (or the plain text of its archived ``study.journal.gz``: Optuna reads only a
+    plain file), checked by :func:`check_journal`.  Reading a copy leaves the run's own file as it
+    is: a torn last line may be a write of a run still going, so only that run (or its ``--resume``)
+    may cut it.  Raises :class:`ResultsError` when the run has no journal (nothing was tuned there),
+    the archive is not gzip, or the journal is corrupt."""
+    plain, archived = run_dir / JOURNAL_FILE, run_dir / ARCHIVED_JOURNAL_FILE
+    if not plain.exists() and not archived.exists():
         raise ResultsError(f"{run_dir}: no {JOURNAL_FILE} (or {ARCHIVED_JOURNAL_FILE}): not a tuning run with a journal")
     try:
-        (into / JOURNAL_FILE).write_bytes(gzip.decompress(archived.read_bytes()))
+        data = plain.read_bytes() if plain.exists() else gzip.decompress(archived.read_bytes())
     except (OSError, EOFError, zlib.error) as exc:
         raise ResultsError(f"{archived}: not a readable gzip file ({exc})") from None
+    (into / JOURNAL_FILE).write_bytes(data)
+    check_journal(into / JOURNAL_FILE, original=plain if plain.exists() else archived)
     return into
 
 
-def check_journal(path: Path) -> int:
+def check_journal(path: Path, original: Path | None = None) -> int:
     """Check an Optuna journal before anything reads or appends to it: every line a JSON object.
 
     A torn last line (no newline, or not JSON: a crash mid-write) is cut off, the file truncated to
     the end of the line before it, with a notice on stderr (the trial it recorded is measured again when the run resumes);
-    returns the bytes cut (0: the file was whole).  Raises :class:`ResultsError` naming the first
-    bad line elsewhere (nothing is written to such a file).
+    returns the bytes cut (0: the file was whole).  ``original``: ``path`` is a reading copy of this
+    file (:func:`journal_copy`), which messages name and which is left as it is.  Raises
+    :class:`ResultsError` naming the first bad line elsewhere (nothing is written to such a file).
     """
+    shown = original or path
     data = path.read_bytes()
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends with a newline
@@ -91,14 +95,17 @@ def check_journal(path: Path) -> int:
             break
         good_end += len(line) + 1
     if bad is not None and (bad < len(lines) or tail):
-        raise ResultsError(f"{path}: line {bad} is not a journal record (a corrupt file; nothing was "
+        raise ResultsError(f"{shown}: line {bad} is not a journal record (a corrupt file; nothing was "
                            f"written to it): restore it from a copy, or start a new run")
     cut = len(data) - good_end
     if cut:
         with open(path, "r+b") as fh:
             fh.truncate(good_end)
-        print(f"notice: {path}: its last line was torn ({cut} bytes, a write cut short) and is cut off; "
-              f"the trial it recorded is measured again when the run resumes", file=sys.stderr, flush=True)
+        what = ("is cut off; the trial it recorded is measured again when the run resumes" if original is None else
+                "is left out of this reading (the file is left as it is: a run still writing it, or its --resume, "
+                "completes or cuts it)")
+        print(f"notice: {shown}: its last line was torn ({cut} bytes, a write cut short) and {what}",
+              file=sys.stderr, flush=True)
     return cut
 
 

@@ -17,7 +17,7 @@ from mlabench.records.store import ResultStore
 from mlabench.tune.manifest import run_manifest
 from mlabench.tune.run import export_run, recorded_config, run_tune
 from mlabench.tune.space import TuneConfig
-from mlabench.tune.storage import check_journal, open_storage, optuna_module
+from mlabench.tune.storage import check_journal, journal_copy, open_storage, optuna_module
 from mlabench.tune.studies import StudySpec, prepare_study
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,6 +72,19 @@ def test_a_torn_last_journal_line_is_cut_off_with_a_notice(tmp_path, capsys):
     assert journal.read_bytes() == whole[:whole[:-40].rfind(b"\n") + 1]  # cut at the last whole line
     optuna_module().load_study(study_name="s", storage=storage).get_trials()  # reads cleanly
     assert check_journal(journal) == 0
+
+
+def test_reading_a_journal_with_a_torn_line_leaves_the_file_as_it_is(tmp_path, capsys):
+    journal = journal_with_trials(tmp_path / "run")
+    torn = journal.read_bytes()[:-40]                              # a run still writing its last line
+    journal.write_bytes(torn)
+    (tmp_path / "scratch").mkdir()
+    copy = journal_copy(journal.parent, tmp_path / "scratch")
+    err = capsys.readouterr().err
+    assert str(journal) in err and "left as it is" in err
+    assert journal.read_bytes() == torn                            # the run's own file is untouched
+    trials = optuna_module().load_study(study_name="s", storage=open_storage(None, copy)).get_trials()
+    assert len(trials) >= 2
 
 
 @pytest.mark.parametrize("garbage", [b"\xff\xfe not utf-8\n", b'{"op_code": 1, \n', b"[1, 2]\n"])
