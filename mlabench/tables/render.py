@@ -137,22 +137,40 @@ def to_json(tables: Sequence[Table]) -> str:
 
 def to_csv(table: Table) -> str:
     """The machine columns as CSV: a header row, raw values (None empty, lists and dicts as JSON)."""
+    return _csv([table.columns[i] for i in table.shown(human=False)], table.as_dicts())
+
+
+def tables_to_csv(tables: Sequence[Table]) -> str:
+    """Several tables as one CSV stream with one header, so a CSV reader takes it whole: a first
+    column ``table`` (each row's table title, or its 1-based position where untitled), then every
+    machine column of any table in order of first appearance, empty where a table lacks it.  One
+    table is :func:`to_csv`."""
+    if len(tables) == 1:
+        return to_csv(tables[0])
+    columns = list(dict.fromkeys(t.columns[i] for t in tables for i in t.shown(human=False)))
+    rows = [{"table": t.title or str(n), **row} for n, t in enumerate(tables, start=1) for row in t.as_dicts()]
+    return _csv(["table", *columns], [{c: row.get(c) for c in ["table", *columns]} for row in rows])
+
+
+def _csv(header: list[str], rows: list[dict[str, Any]]) -> str:
+    """``header`` then ``rows`` (dicts in header order) as CSV text (None empty, lists and dicts as JSON)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow([table.columns[i] for i in table.shown(human=False)])
-    for row in table.as_dicts():
+    writer.writerow(header)
+    for row in rows:
         writer.writerow(["" if v is None else json.dumps(v) if isinstance(v, (list, dict)) else v
                          for v in row.values()])
     return buf.getvalue()
 
 
 def render(tables: Sequence[Table], format: Format) -> str:
-    """The text of ``tables`` in ``format`` (json, markdown or csv; several tables one after the
-    other).  The ``table`` format is Rich's: print :func:`to_rich` to a console instead."""
+    """The text of ``tables`` in ``format`` (json, markdown: several tables one after the other;
+    csv: one stream, :func:`tables_to_csv`).  The ``table`` format is Rich's: print :func:`to_rich`
+    to a console instead."""
     if format == "json":
         return to_json(tables) + "\n"
     if format == "markdown":
         return "\n".join(to_markdown(t) for t in tables)
     if format == "csv":
-        return "\n".join(to_csv(t) for t in tables)
+        return tables_to_csv(tables)
     raise ValueError(f"render: no text form for format {format!r}")

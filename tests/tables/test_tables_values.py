@@ -40,7 +40,11 @@ def test_machine_formats_keep_strings_raw_and_write_paths_as_text():
 
 def test_render_puts_tables_one_after_the_other():
     a, b = Table("", ["a"], [[1]]), Table("", ["b"], [[2]])
-    assert render([a, b], "csv") == "a\n1\n\nb\n2\n"
+    assert render([a, b], "markdown").count("|") == 12
+    assert render([a, b], "csv") == "table,a,b\n1,1,\n2,,2\n"                # one stream, one header
+    assert render([Table("TPOT", ["a"], [[1]]), Table("TTFT", ["a", "b"], [[2, 3]])], "csv") == (
+        "table,a,b\nTPOT,1,\nTTFT,2,3\n")
+    assert render([a], "csv") == "a\n1\n"
     with pytest.raises(ValueError, match="no text form for format 'table'"):
         render([a], "table")
 
