@@ -139,15 +139,20 @@ def export_policy(policy: Policy, folder: Path) -> tuple[dict[str, Path], str]:
     """:func:`write_exports` into ``folder`` without losing the policy already there: ``(paths,
     note)``.  The same policy but for ``source.created`` leaves the files as they are (note
     "unchanged"); another one (``tune --export --combine geomean`` after a ``worst`` run) first moves
-    the three files to ``policy.prev.*``, ``policy.prev-2.*``..., and the note names them; none
+    the three files to ``policy.prev.*``, ``policy.prev-2.*``..., and the note names them (and says
+    whether the choices changed or only the ``source`` record of how they were made); none
     there: written, note "".  Results are append-only: a committed run's policy is never
     overwritten.  Raises :class:`~mlabench.errors.FileAccessError` when a file cannot be moved or
     written."""
     paths = {kind: folder / name for kind, name in POLICY_FILES.items()}
     if not paths["json"].is_file():
         return write_exports(policy, folder), ""
-    if _without_created(read_text(paths["json"], "policy file")) == _without_created(policy.to_json()):
+    before, after = _without_created(read_text(paths["json"], "policy file")), _without_created(policy.to_json())
+    if before == after:
         return paths, f"{paths['json']}: the same policy as before, its files left unchanged"
+    what = ("the same choices, another record of how they were made (source: noise, combine)"
+            if before is not None and after is not None and {**before, "source": None} == {**after, "source": None}
+            else "the policy changed")
     n, stem = 1, f"{POLICY_STEM}.prev"
     while any((folder / f"{stem}{p.suffix}").exists() for p in paths.values()):
         n += 1
@@ -156,5 +161,4 @@ def export_policy(policy: Policy, folder: Path) -> tuple[dict[str, Path], str]:
         if path.exists():
             with user_path(path, "policy file"):
                 path.rename(folder / f"{stem}{path.suffix}")
-    return write_exports(policy, folder), (f"the policy changed: the previous one is kept as {folder / stem}.json "
-                                           "(.h, .py)")
+    return write_exports(policy, folder), f"{what}: the previous one is kept as {folder / stem}.json (.h, .py)"

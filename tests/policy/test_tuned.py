@@ -257,3 +257,5 @@ def test_an_export_never_overwrites_another_policy(tmp_path):
     assert (tmp_path / "policy.prev.json").read_bytes() == before["json"] and load_policy(paths["json"]) == other
     assert "policy.prev-2.json" in export_policy(p, tmp_path)[1]
     assert load_policy(tmp_path / "policy.prev-2.json") == other and load_policy(paths["json"]) == p
+    noisier = p.model_copy(update={"source": {**p.source, "noise": 0.05}})  # --export --noise 0.05: same counts
+    assert export_policy(noisier, tmp_path)[1].startswith("the same choices, another record of how they were made")
