@@ -336,12 +336,26 @@ def shapes_of(cfg: SweepConfig, check_memory: bool = True) -> list[MLADecodeShap
 def check_param_values(cfg: SweepConfig) -> None:
     """Validate every value of ``cfg.params`` against each backend ``cfg.backends`` names that
     declares it (available here or not), so a bad value is named in one line even where that
-    backend cannot run; :class:`ConfigError` otherwise.  Without names, the backends available
-    here check their own values when the points are built."""
-    for b in map(get_backend, cfg.backends or ()):
-        for spec in b.params:
-            for value in cfg.params.get(spec.name, ()):
-                spec.validate(value)
+    backend cannot run; :class:`ConfigError` otherwise.  Without names, a value that no backend
+    declaring the parameter accepts (``num_kv_splits = [0]``) raises the first one's error; one
+    that some accept is left to the backends available here when the points are built."""
+    if cfg.backends:
+        for b in map(get_backend, cfg.backends):
+            for spec in b.params:
+                for value in cfg.params.get(spec.name, ()):
+                    spec.validate(value)
+        return
+    specs = [spec for b in map(get_backend, backend_names()) for spec in b.params]
+    for name, values in cfg.params.items():
+        for value in values:
+            errors = []
+            for spec in (s for s in specs if s.name == name):
+                try:
+                    spec.validate(value)
+                except ConfigError as exc:
+                    errors.append(exc)
+            if errors and len(errors) == sum(s.name == name for s in specs):
+                raise errors[0]
 
 
 def check_param_names(cfg: SweepConfig, run: list[str]) -> None:

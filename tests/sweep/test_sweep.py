@@ -497,6 +497,7 @@ def test_backend_flag_narrows_a_config_with_its_axes(tmp_path):
     ('heads = [12]\nqo_len = [9]', "qo_len: must be 1-8 query tokens per request, got 9"),
     ('heads = [12]\n[params]\nbogus = [1]', "parameter 'bogus' belongs to no backend"),
     ('heads = [12]\nbackends = ["torch-splitkv"]\n[params]\nnum_kv_splits = [0]', "num_kv_splits must be >= 1"),
+    ('heads = [12]\n[params]\nnum_kv_splits = [0]', "num_kv_splits must be >= 1"),  # no backend takes 0
 ])
 def test_a_files_fields_that_do_not_go_together_are_named_with_the_file(tmp_path, body, says):
     """A fresh user's review: an unknown backend or model, a bad dtype or query-token count, a bad
