@@ -78,7 +78,9 @@ class ResultStore:
     # ---- lifecycle -----------------------------------------------------------------------------
     @classmethod
     def create(cls, run_dir: Path, manifest: Manifest) -> ResultStore:
-        """Make a new run folder; :class:`ResultsError` if it already holds results.
+        """Make a new run folder: its manifest and an empty ``results.jsonl``, so a run stopped
+        before its first record is still a run folder that ``report`` and ``--resume`` find;
+        :class:`ResultsError` if it already holds results.
 
         When the manifest cannot be written (:class:`FileAccessError`, e.g. a full disk), a folder
         made here is removed again and the error says so: no run folder without a manifest is left.
@@ -90,6 +92,7 @@ class ResultStore:
         make_dir(store.run_dir, "run folder")
         try:
             store._write_manifest(manifest)
+            append_text(store.jsonl, "", "run results")
         except FileAccessError as exc:
             left = "it holds no run"
             if made:
@@ -300,13 +303,20 @@ def records_of(runs: Iterable[Path]) -> list[Record]:
     """Every record of the given run folders (read-only).
 
     Runs recorded on different devices are refused (:class:`ResultsError`): their times do not
-    compare.
+    compare; so are two folders holding the same run (one run id: a copy, e.g. one unpacked to be
+    resumed beside the committed one), whose records would count twice.
     """
     out: list[Record] = []
     devices: dict[str, Path] = {}
-    for run in run_folders(runs):
+    ids: dict[str, Path] = {}
+    for run in once(run_folders(runs)):  # a folder named twice is read once
         store = ResultStore(run)
-        devices.setdefault(str(store.manifest().device.get("name")), run)
+        manifest = store.manifest()
+        first = ids.setdefault(manifest.run_id, run)
+        if first != run:
+            raise ResultsError(f"{first} and {run} hold the same run ({manifest.run_id}): one is a copy of the "
+                               f"other and its records would count twice; give one of them")
+        devices.setdefault(str(manifest.device.get("name")), run)
         out.extend(store.records())
     if len(devices) > 1:
         raise ResultsError("runs from different devices do not compare: "

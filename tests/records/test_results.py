@@ -221,9 +221,34 @@ def test_update_manifest_rewrites_summaries_and_refuses_identity_fields(tmp_path
 
 def test_a_results_file_that_cannot_be_read_is_named_on_resume(tmp_path):
     store = ResultStore.create(tmp_path / "r1", manifest())
+    store.jsonl.unlink()
     store.jsonl.mkdir()  # not a file
     with pytest.raises(FileAccessError, match=rf"^run results is a folder, not a file: {store.jsonl}$"):
         ResultStore.open_existing(tmp_path / "r1")
+
+
+def test_a_run_stopped_before_its_first_record_is_a_run_folder(tmp_path):
+    """A fresh user's review: a sweep stopped before its first point left a manifest and no
+    results.jsonl, which report, plot, compare and diff called 'no run folder'."""
+    from mlabench.records.store import holds_run, run_folders
+
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    assert holds_run(store.run_dir) and store.records() == []
+    assert run_folders([tmp_path]) == [store.run_dir]
+
+
+def test_a_copy_of_a_run_beside_it_is_refused_not_counted_twice(tmp_path):
+    """A fresh user's review: report --from RUN --from COPY listed 544 points for a 272-point run."""
+    import shutil
+
+    from mlabench.records.store import records_of
+
+    store = ResultStore.create(tmp_path / "r1", manifest())
+    store.append(record(1))
+    shutil.copytree(store.run_dir, tmp_path / "copy")
+    with pytest.raises(ResultsError, match=r"r1 and .*copy hold the same run \(.*\): one is a copy"):
+        records_of([tmp_path / "r1", tmp_path / "copy"])
+    assert len(records_of([tmp_path / "r1", tmp_path / "r1"])) == 1  # one folder named twice: read once
 
 
 def test_no_run_folder_says_why_and_where_the_runs_are(tmp_path):

@@ -54,6 +54,7 @@ def test_a_reader_of_a_run_whose_last_record_is_torn_is_told(tmp_path, capsys):
 
 def test_an_empty_archive_is_refused_rather_than_read_as_no_records(tmp_path):
     store = ResultStore.create(tmp_path / "r1", manifest())
+    store.jsonl.unlink()
     (store.run_dir / "results.jsonl.gz").write_bytes(b"")
     with pytest.raises(FileAccessError, match=r"records file is empty \(0 bytes, not a gzip file\)"):
         ResultStore(store.run_dir).records()
