@@ -305,11 +305,10 @@ def report_title(runs: Any) -> str:
     """'mlabench report: <device> · <model> TP<n>' from the kernel and tuning runs (the serve runs' and
     graph-check results' names without one)."""
     where = [runs.device_name] if runs.device_name else []
-    models = {(k.manifest.config.get("model"), k.manifest.config.get("tp")) for k in runs.kernel_runs}
-    models |= {(t.config.get("model"), t.config.get("tp")) for t in runs.tune_runs}
-    if len(models) == 1 and None not in next(iter(models)):
-        model, tp = next(iter(models))
-        where.append(f"{model} TP{tp}")
+    models = {style.run_model(k.manifest.config) for k in runs.kernel_runs}
+    models |= {style.run_model(t.config) for t in runs.tune_runs}
+    if len(models) == 1 and next(iter(models))[0]:
+        where.append(style.model_text(*next(iter(models)), at=" "))
     if (runs.serve_runs or runs.graph_checks) and not where:
         where.append(", ".join([s.name for s in runs.serve_runs] + [g.name for g in runs.graph_checks]))
     return "mlabench report" + (f": {' · '.join(where)}" if where else "")

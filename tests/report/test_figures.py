@@ -216,3 +216,16 @@ def test_each_split_panel_has_its_own_split_counts_and_a_one_split_panel_says_so
     assert not [line for line in sweep.get_axes()[1].get_lines() if line.get_marker() == "*" and len(line.get_xdata())]
     cells = [t.get_text() for t in heat.get_axes()[1].texts]
     assert len(cells) == 3 and all(c.endswith(" µs") for c in cells)  # no ratio of 1.00 to the only count
+
+
+def test_heads_given_beside_a_model_claim_no_tp():
+    """A fresh user's review: `sweep --model kimi-k3 --heads 12` was labelled 'kimi-k3 TP1' in the
+    report's title and '12 heads (kimi-k3 at TP1)' on its figures: Kimi K3 at TP1 has 96 heads."""
+    from mlabench.report.figures.plan import _where_text
+    from mlabench.report.figures.style import model_text, run_model
+
+    assert run_model({"model": "kimi-k3", "tp": 8, "heads": None}) == ("kimi-k3", 8)
+    assert run_model({"model": "kimi-k3", "tp": 1, "heads": [12]}) == ("kimi-k3", None)
+    assert model_text("kimi-k3", 8, at=" ") == "kimi-k3 TP8" and model_text(None, 8) == ""
+    assert _where_text("H200", 12, *run_model({"model": "kimi-k3", "tp": 1, "heads": [12]}), 1, True, 64, "bf16",
+                       "", None).startswith("H200 · 12 heads (kimi-k3's dimensions) · page 64")

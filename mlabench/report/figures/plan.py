@@ -45,7 +45,8 @@ def _where_text(device: str | None, heads: int | None, model: Any, tp: Any, qo_l
     """Device, heads (with the model and TP when known), query tokens, page, dtype, timing: ' · '-joined.
 
     One query token is named only with ``name_one_token`` (when figures of other qo_lens stand beside it)."""
-    heads_text = f"{heads} heads" + (f" ({model} at TP{tp})" if model and tp else "") if heads else ""
+    label = style.model_text(model, tp)
+    heads_text = f"{heads} heads" + (f" ({label})" if label else "") if heads else ""
     if qo_len == 1:
         qo = "1 query token" if name_one_token else ""
     else:
@@ -59,7 +60,7 @@ def _where(runs: Any, group: D.ShapeGroup, records: Sequence[Any], name_one_toke
     """Device, model (when every kernel run names the same one), heads, page, dtype, timing; then the
     backends with records in the group but no correct one, and their status (``not drawn: ...``)."""
     mode = next((r.timing_mode for r in records if r.timing_mode), "")
-    models = {(k.manifest.config.get("model"), k.manifest.config.get("tp")) for k in runs.kernel_runs}
+    models = {style.run_model(k.manifest.config) for k in runs.kernel_runs}
     model, tp = models.pop() if len(models) == 1 else (None, None)
     where = _where_text(runs.device_name, group.num_heads, model, tp, group.qo_len, group.causal,
                         group.page_size, group.kv_dtype or "?", mode,
@@ -213,7 +214,7 @@ def _tuned_policy(runs: Any, families: dict[str, str], kind: str) -> list[Figure
         specs.append(FigureSpec(kind, "tuned-policy" + _suffix(runs.tune_runs, run), caption, partial(
             _draw_tuning().policy_steps, steps, backend,
             f"{backend}: tuned num_kv_splits per context length vs the public heuristics",
-            _run_where(run.manifest, run.records, run.config.get("model"), run.config.get("tp")))))
+            _run_where(run.manifest, run.records, *style.run_model(run.config)))))
     return specs or "; ".join(why) or "no tuning run (`mlabench tune`) among the runs given"
 
 
@@ -221,7 +222,7 @@ def _tuning_history(runs: Any, families: dict[str, str], kind: str) -> list[Figu
     specs = []
     for run in runs.tune_runs:
         backend = run.config["backend"]
-        where = _run_where(run.manifest, run.records, run.config.get("model"), run.config.get("tp"))
+        where = _run_where(run.manifest, run.records, *style.run_model(run.config))
         for batch, histories in T.tuning_history(run).items():
             if not any(h.trials for h in histories):
                 continue

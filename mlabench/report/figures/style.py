@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Collection, Sequence
+from typing import Any
 
 # One colour per backend in every figure (matplotlib's tab10 hues; gluon-splitkv tab20b's indigo, dark
 # beside triton-splitkv's blue and away from every heuristic's hue), fixed by name so that a figure
@@ -150,6 +151,22 @@ DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8
 TIMING_TEXT = {"graph": "{api} graph replay, cold cache", "eager": "eager launches, cold cache",
                "wall": "CPU wall clock"}
 GRAPH_API = {"cuda": "CUDA", "rocm": "HIP"}
+
+
+def run_model(config: dict[str, Any]) -> tuple[Any, Any]:
+    """``(model, tp)`` of a run's recorded configuration for labels; ``tp`` None where the run gave
+    its own ``heads`` beside the model (``sweep --model kimi-k3 --heads 12``: the model's latent
+    widths and scale at heads that are not its local heads at any TP named), so no label claims
+    "kimi-k3 at TP1" for them."""
+    return config.get("model"), None if config.get("heads") else config.get("tp")
+
+
+def model_text(model: Any, tp: Any, at: str = " at ") -> str:
+    """``kimi-k3 at TP8`` (``at`` between model and TP); ``kimi-k3's dimensions`` without a TP
+    (:func:`run_model`); "" without a model."""
+    if not model:
+        return ""
+    return f"{model}{at}TP{tp}" if tp else f"{model}'s dimensions"
 
 
 def timing_text(mode: str, device_kind: str | None) -> str:
