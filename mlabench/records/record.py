@@ -162,9 +162,12 @@ class Manifest(BaseModel):
                 "visit_rel_se": self.config.get("visit_rel_se")}
 
     def identity(self) -> dict[str, Any]:
-        """What must match to append to this run: device, driver, versions, git revision, schema."""
+        """What must match to append to this run: device, driver, versions, git revision and whether
+        the code had uncommitted changes (a run recorded clean is not resumed by edited code, nor the
+        other way round; two edited trees are not told apart), schema."""
         return {"schema_version": self.schema_version, "device": self.device.get("name"),
-                "driver": self.driver, "versions": self.versions, "git_revision": self.git_revision}
+                "driver": self.driver, "versions": self.versions, "git_revision": self.git_revision,
+                "git_dirty": self.git_dirty}
 
 
 def utc_now() -> str:

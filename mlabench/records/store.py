@@ -134,6 +134,13 @@ class ResultStore:
         if identity is not None:
             theirs = store.manifest().identity()
             diff = sorted(k for k in identity if identity[k] != theirs.get(k))
+            if diff == ["git_dirty"]:
+                raise ResultsError(
+                    f"{run_dir} was recorded at {theirs['git_revision'][:12]} "
+                    + ("with uncommitted changes, and the code here has none" if theirs["git_dirty"] else
+                       "without uncommitted changes, and the code here has some")
+                    + ": its points would mix two versions of the code; resume with the code it was recorded "
+                    "with, or start a new run")
             if diff:
                 raise ResultsError(
                     f"{run_dir} was recorded with another {', '.join(diff)} "

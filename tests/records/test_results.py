@@ -192,13 +192,23 @@ def test_a_damaged_archive_is_one_error_line_and_exit_2(tmp_path, damage, why):
 def test_resume_refuses_a_run_of_another_device_driver_versions_revision_or_schema(tmp_path, field, other):
     m = manifest()
     assert m.identity() == {"schema_version": 1, "device": "cpu", "driver": "n/a", "versions": {"torch": "2.13.0"},
-                            "git_revision": "abc"}
+                            "git_revision": "abc", "git_dirty": False}
     ResultStore.create(tmp_path / "r1", m)
     theirs = m.model_copy(update={field: other, "command": ["other"], "created": "then", "host": "elsewhere"})
     with pytest.raises(ResultsError, match=f"was recorded with another {field} "):
         ResultStore.open_existing(tmp_path / "r1", identity=theirs.identity())
     # what is not identity (command line, time, host) does not matter
     ResultStore.open_existing(tmp_path / "r1", identity=m.model_copy(update={"host": "elsewhere"}).identity())
+
+
+def test_resume_refuses_code_edited_since_the_run_was_recorded(tmp_path):
+    """A fresh user's review: a run recorded from a clean tree resumed with edited code, and its
+    manifest still said git_dirty false: one run held points of two versions of the code."""
+    ResultStore.create(tmp_path / "r1", manifest())
+    edited = manifest().model_copy(update={"git_dirty": True})
+    with pytest.raises(ResultsError, match=r"^\S+ was recorded at abc without uncommitted changes, and the code "
+                                           r"here has some: its points would mix two versions of the code"):
+        ResultStore.open_existing(tmp_path / "r1", identity=edited.identity())
 
 
 def test_resume_names_every_field_that_differs(tmp_path):
