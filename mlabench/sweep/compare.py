@@ -16,7 +16,7 @@ from mlabench.errors import BackendUnavailableError, ConfigError, MissingResultE
 from mlabench.records.record import Record
 from mlabench.records.store import describe_records, records_of, runs_of_kinds
 from mlabench.run_files import SWEEP_KIND, TUNE_KIND, VALIDATION_KIND
-from mlabench.sweep.summary import axis_values, best_ok, sortable, varying_axes
+from mlabench.sweep.summary import axis_values, best_ok, compare_key, sortable, varying_axes
 from mlabench.tables.table import ColumnStyle, Table, fmt
 
 #: The kinds of run whose records compare reads (a serve-bench run's are no kernel timings).
@@ -126,7 +126,9 @@ def check_comparable(records: Sequence[Record], families: dict[str, str]) -> Non
     """Raise :class:`MissingResultError` (exit 1) unless ``records`` hold a correct record of a
     padded persistent backend and one of a split-KV backend: otherwise the comparison the command
     is for cannot be made, and ``compare`` prints this error alone, before any table (a table would
-    be a column of dashes).  The message says which side is missing and what the runs do hold."""
+    be a column of dashes); also where both paths have records but at no common point
+    (:func:`~mlabench.sweep.summary.compare_key`: another batch, context or shape).  The message says
+    which side is missing and what the runs do hold."""
     ok = [r for r in records if r.status == "ok"]
     if not ok:
         raise MissingResultError(f"no correct record among the {len(records)} read: nothing to compare "
@@ -136,3 +138,11 @@ def check_comparable(records: Sequence[Record], families: dict[str, str]) -> Non
         if not any(families.get(b) == family for b in held):
             raise MissingResultError(f"nothing to compare: compare needs {what} backend with correct records; "
                                      f"these runs have {', '.join(held)}")
+    paths = {}
+    for r in ok:
+        paths.setdefault(compare_key(r), set()).add(families.get(r.backend))
+    if not any({"persistent", "split-kv"} <= found for found in paths.values()):
+        side = lambda family: describe_records(r for r in ok if families.get(r.backend) == family)  # noqa: E731
+        raise MissingResultError("nothing to compare: no point has correct records of both paths at the same batch, "
+                                 f"context and shape (compare pairs them only there): padded persistent: "
+                                 f"{side('persistent')}; split-KV: {side('split-kv')}")

@@ -36,7 +36,7 @@ from typing import Any
 from mlabench.backends import get_backend
 from mlabench.errors import ConfigError, MissingResultError, MlabenchError, ResultsError
 from mlabench.measure.stats import geomean, mean_rel_se, median_rel_ci, repeat_noise
-from mlabench.records.record import Manifest, Record, point_key
+from mlabench.records.record import CPU_RUN_NOTE, Manifest, Record, point_key
 from mlabench.records.side_files import read_sentinels
 from mlabench.records.store import ResultStore, describe_records, run_folders
 from mlabench.shapes import MLADecodeShape
@@ -330,6 +330,7 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
                       "of them within 1%, the largest |B/A - 1| among them"]
     summary.notes += d.manifest_notes or ["the two runs were recorded with the same GPU, driver, library versions, "
                                           "revision and settings"]
+    summary.notes += [CPU_RUN_NOTE] * (d.a.manifest.on_cpu() or d.b.manifest.on_cpu())
     shown = d.points if show_all else [p for p in d.points if p.significant]
     tables = [summary]
     points = Table("points" if show_all else "points that differ significantly",

@@ -44,6 +44,19 @@ def test_compare_needs_both_paths_with_a_correct_record():
     failed = [r.model_copy(update={"status": "incorrect"}) for r in records[:5]]
     with pytest.raises(MissingResultError, match="no correct record among the 5 read"):
         check_comparable(failed, families)
+    from mlabench.records.record import CPU_RUN_NOTE
+    from mlabench.sweep.summary import compare_table
+
+    assert CPU_RUN_NOTE not in compare_table(records, families).notes
+    wall = [r.model_copy(update={"timing_mode": "wall"}) for r in records]
+    assert CPU_RUN_NOTE in compare_table(wall, families).notes  # a CPU run's compare says what its times are
+    # a fresh user's review: both paths, but never at one point (another batch here): a table of one-sided rows
+    apart = [r for r in records if r.status == "ok" and (r.batch == 1) == (families.get(r.backend) == "persistent")]
+    assert {families.get(r.backend) for r in apart} == {"persistent", "split-kv"}
+    with pytest.raises(MissingResultError, match=r"no point has correct records of both paths at the same batch, "
+                                                 r"context and shape .*padded persistent: backends .*batch 1;.*"
+                                                 r"split-KV: backends .*batch 16;"):
+        check_comparable(apart, families)
 
 
 def _rec(backend, heads, median_us, splits=None, page=64, dtype="bfloat16"):
@@ -185,3 +198,18 @@ def test_compare_names_the_split_kv_variant_that_won():
                                       "params": {**r.params, "rows_per_tile": tile}})
                  for r, tile in zip(recs[1:], ("auto", 16, 16))]
     assert "split-KV params" not in compare_table([recs[0], *one_token], families).columns
+
+
+def test_a_row_missing_split_counts_says_its_best_is_of_those_measured():
+    """A fresh user's review: after an interrupted sweep the summary named a best split count for a
+    row where 1 of 3 counts had been measured, without a word."""
+    from mlabench.records.store import ResultStore
+    from mlabench.sweep.summary import sweep_summary
+
+    run = Path(__file__).resolve().parents[2] / "results/h200/kimi-k3-tp8/kimi-k3-tp8-20261130-105953-511"
+    records = [r for r in ResultStore(run).records() if r.backend == "triton-splitkv"]
+    assert not any("fewer split counts" in n for n in sweep_summary(records).notes)
+    first = records[0]
+    cut = [r for r in records if (r.batch, r.context_len) != (first.batch, first.context_len)
+           or r.params.get("num_kv_splits") == first.params.get("num_kv_splits")]
+    assert any(n.startswith("1 of ") and "fewer split counts" in n for n in sweep_summary(cut).notes)

@@ -39,6 +39,16 @@ def test_identical_runs_differ_nowhere(tmp_path):
     assert not (d.only_a or d.only_b or d.untimed)
 
 
+def test_a_diff_of_cpu_runs_says_they_are_no_measurement(tmp_path):
+    """A fresh user's review: the diff of two CPU smoke runs called points 'significantly' slower
+    with none of the sweep table's CPU-run note."""
+    cpu = {**ResultStore(H200_RUN).manifest().device, "kind": "cpu"}
+    a = copy_run(H200_RUN, tmp_path / "a", device=cpu)
+    notes = diff_tables(diff_runs(a, copy_run(a, tmp_path / "b", scale=1.05)))[0].notes
+    assert any(n.startswith("CPU run: a smoke test") for n in notes)
+    assert not any(n.startswith("CPU run") for n in diff_tables(diff_runs(H200_RUN, H200_RUN))[0].notes)
+
+
 def test_every_sample_five_percent_slower_is_significant_everywhere(tmp_path):
     d = diff_runs(H200_RUN, copy_run(H200_RUN, tmp_path / "b", scale=1.05))
     assert len(d.points) == 272 and all(p.significant and p.ratio == pytest.approx(1.05) for p in d.points)
