@@ -242,8 +242,12 @@ def _flags_apply(cfg, param: list[str] | None, splits: str | None, non_causal: b
 
 
 def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool, check_backends=None):
-    """Run the sweep with a progress bar from its first point (``check_backends``: run_sweep's)."""
+    """Run the sweep with a progress bar from its first point (``check_backends``: run_sweep's).
+    Raises :class:`ConfigError` for ``--results-dir`` beside ``--resume`` (it was ignored)."""
     from mlabench.sweep.run import run_sweep
+
+    if resume is not None and results_dir != Path("results"):
+        raise ConfigError("--results-dir: --resume continues in the run's own folder; leave it out")
 
     with progress_bar("sweep") as update:
         def progress(point, record, done, total):

@@ -95,12 +95,12 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
         cfg = cfg.model_copy(update={"visits": DEFAULT_GPU_VISITS if time_it and current_device().is_gpu else 1})
     if cfg.max_visits is None:
         cfg = cfg.model_copy(update={"max_visits": MAX_VISITS_FACTOR * cfg.visits if cfg.visits > 1 else 1})
+    store = _reopen(cfg, resume) if resume is not None else None  # first: a resume's changed visits are named
     if cfg.max_visits < cfg.visits:
         raise ConfigError(f"--max-visits {cfg.max_visits} is below --visits {cfg.visits} (max_visits, visits)")
     if cfg.max_visits > cfg.visits == 1:
         raise ConfigError(f"--max-visits {cfg.max_visits} needs --visits 2 or more: a point's visits are "
                           "compared once it has two")
-    store = _reopen(cfg, resume) if resume is not None else None
     if store is not None and {p.key for p in points} <= store.finished_keys():
         if warn:  # nothing to measure: no warm-up, no sentinel, only the CSV written again
             warn(f"{store.run_dir}: every one of its {len(points)} points is recorded; nothing to measure")

@@ -255,6 +255,12 @@ def test_resume_from_cli(tmp_path, monkeypatch, capsys):
     assert code == 0, err
     assert len((run_dir / "results.jsonl").read_text().splitlines()) == 2
     assert json.loads(out)[0]["rows"][0]["best params"].startswith("num_kv_splits=")
+    # a fresh user's review: a changed --visits named the recorded --max-visits the user never gave,
+    # and --results-dir beside --resume was ignored
+    code, _, err = run(["sweep", "--resume", str(run_dir), "--visits", "3"], monkeypatch, capsys)
+    assert code == 2 and "recorded with another sweep configuration" in err and "visits" in err, err
+    code, _, err = run(["sweep", "--resume", str(run_dir), "--results-dir", str(tmp_path / "x")], monkeypatch, capsys)
+    assert code == 2 and err.strip() == "error: --results-dir: --resume continues in the run's own folder; leave it out"
 
 
 def test_resuming_an_archived_run_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
