@@ -58,6 +58,9 @@ def user_path(path: str | Path, what: str) -> Iterator[None]:
     except UnicodeError:
         raise FileAccessError(f"{what} is not a text file (not UTF-8): {path}") from None
     except OSError as exc:
+        culprit = Path(exc.filename) if isinstance(exc.filename, str) else None
+        if culprit is not None and culprit in Path(path).parents:  # a folder on the way is in the way
+            raise FileAccessError(f"{what} {path}: its folder {culprit} {_reason(exc)}") from None
         raise FileAccessError(f"{what} {_reason(exc)}: {path}") from None
 
 

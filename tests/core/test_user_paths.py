@@ -80,3 +80,12 @@ def test_graph_check_and_tune_read_their_files_with_one_line(bad, monkeypatch, c
                           (["diff", "{garbled_run}", "{garbled_run}"], "is not a text file")):
         code, _, err = run([a.format(**bad) for a in args], monkeypatch, capsys)
         assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, (args, err)
+
+
+def test_a_file_in_the_way_of_a_folder_is_the_path_named(tmp_path, monkeypatch, capsys):
+    """A fresh user's review: a report folder whose ``figures`` was a file said "figure exists
+    already as a file: .../figures/latency-vs-context.png", naming the figure, not the file in the way."""
+    (tmp_path / "rep").mkdir()
+    (tmp_path / "rep" / "figures").write_text("x")
+    code, _, err = run(["report", "--from", str(RUN), "--out", str(tmp_path / "rep")], monkeypatch, capsys)
+    assert code == 2 and f"its folder {tmp_path / 'rep' / 'figures'} exists already as a file" in err, err
