@@ -385,6 +385,7 @@ def test_compare_from_filters_and_refuses_mixed_devices(tmp_path, monkeypatch, c
     (other / "results.jsonl").write_text((run_dir / "results.jsonl").read_text())
     manifest = json.loads((run_dir / "manifest.json").read_text())
     manifest["device"]["name"] = f"not {manifest['device']['name']}"  # another device, wherever this runs
+    manifest["run_id"] += "-elsewhere"  # another run, not a copy of this one
     (other / "manifest.json").write_text(json.dumps(manifest))
     code, _, err = run(["compare", "--from", str(run_dir), "--from", str(other)], monkeypatch, capsys)
     assert code == 2 and "different devices" in err
