@@ -256,6 +256,9 @@ def test_a_folder_of_sweeps_of_two_head_counts_is_refused_not_pooled(tmp_path, m
     shutil.copytree(SWEEP, folder / SWEEP.name)
     other = folder / "more" / (SWEEP.name + "-h16")
     shutil.copytree(SWEEP, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["run_id"] += "-h16"  # another run, not a copy of the committed one
+    (other / "manifest.json").write_text(json.dumps(manifest))
     lines = []
     for line in gzip.open(other / "results.jsonl.gz", "rt"):
         rec = json.loads(line)
