@@ -313,22 +313,21 @@ def records_of(runs: Iterable[Path]) -> list[Record]:
     compare; so are two folders holding the same run (one run id: a copy, e.g. one unpacked to be
     resumed beside the committed one), whose records would count twice.
     """
-    out: list[Record] = []
+    stores = [ResultStore(run) for run in once(run_folders(runs))]  # a folder named twice is read once
+    manifests = [store.manifest() for store in stores]
     devices: dict[str, Path] = {}
-    ids: dict[str, Path] = {}
-    for run in once(run_folders(runs)):  # a folder named twice is read once
-        store = ResultStore(run)
-        manifest = store.manifest()
-        first = ids.setdefault(manifest.run_id, run)
-        if first != run:
-            raise ResultsError(f"{first} and {run} hold the same run ({manifest.run_id}): one is a copy of the "
-                               f"other and its records would count twice; give one of them")
-        devices.setdefault(str(manifest.device.get("name")), run)
-        out.extend(store.records())
+    for store, manifest in zip(stores, manifests):
+        devices.setdefault(str(manifest.device.get("name")), store.run_dir)
     if len(devices) > 1:
         raise ResultsError("runs from different devices do not compare: "
                            + "; ".join(f"{d} ({p})" for d, p in devices.items()))
-    return out
+    ids: dict[str, Path] = {}
+    for store, manifest in zip(stores, manifests):
+        first = ids.setdefault(manifest.run_id, store.run_dir)
+        if first != store.run_dir:
+            raise ResultsError(f"{first} and {store.run_dir} hold the same run ({manifest.run_id}): one is a copy "
+                               f"of the other and its records would count twice; give one of them")
+    return [r for store in stores for r in store.records()]
 
 
 def runs_of_kinds(paths: Iterable[Path], kinds: Collection[str], what: str) -> list[Path]:

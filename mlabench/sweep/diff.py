@@ -328,9 +328,8 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
                       f"sentinel: {noise})",
                       f"≥{min_us:g}µs, in 1%, worst: the points whose A median is ≥ {min_us:g} µs, the share "
                       "of them within 1%, the largest |B/A - 1| among them"]
-    summary.notes += d.manifest_notes or ["the two runs were recorded with the same GPU, driver, library versions, "
-                                          "revision and settings"]
-    summary.notes += [CPU_RUN_NOTE] * (d.a.manifest.on_cpu() or d.b.manifest.on_cpu())
+    summary.notes += (d.manifest_notes or ["the two runs were recorded with the same GPU, driver, library versions, "
+                                           "revision and settings"]) + [CPU_RUN_NOTE] * (d.a.manifest.on_cpu() or d.b.manifest.on_cpu())
     shown = d.points if show_all else [p for p in d.points if p.significant]
     tables = [summary]
     points = Table("points" if show_all else "points that differ significantly",

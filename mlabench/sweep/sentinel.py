@@ -112,7 +112,8 @@ def health_notes(manifest: Manifest, records: Sequence[Record], verbose: bool = 
     (issue 25 item 13: 40 lines of windows under one H200 sweep's table)."""
     most = 8 if verbose else 3
     recorded, planned = len({r.key for r in records}), manifest.planned_points
-    notes = [f"interrupted: {recorded} of the {planned} points planned are recorded; `mlabench sweep --resume` "
+    notes = [f"interrupted: {recorded} of the {planned} points planned are recorded (a best configuration is "
+             "the best of those measured: — marks a split count not measured); `mlabench sweep --resume` "
              "on this run folder measures the rest"] if planned is not None and recorded < planned else []
     warmups: Counter[str] = Counter()  # a resumed run warms up again: the same text once, with a count
     for w in manifest.warmups:

@@ -162,7 +162,6 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
         noisy = [r for r in recs if r.stats is not None and r.stats.noisy]
         row.append(f"{len(noisy)}{' incl. best' if best in noisy else ''}" if noisy else "")
         table.rows.append(row)
-    table.notes += _partial_note(groups)
     noisy = sum(1 for r in records if r.stats is not None and r.stats.noisy)
     if noisy:
         table.notes.append(f"{noisy} of {len(records)} points are noisy: the 95% CI of their median stayed wider "
@@ -286,25 +285,9 @@ def compare_table(records: Sequence[Record], families: dict[str, str]) -> Table:
                    "persistent kernel wins); only configurations that passed the correctness check count")
     t.notes.append("setup µs: scheduling metadata / work list built once per decode step outside the "
                    "timed call (wall clock, as servers share it across layers)")
-    t.notes += floor_notes(records) + dropped + raised + ran_note(r for r in records if families.get(r.backend) == "persistent")
-    t.notes += [CPU_RUN_NOTE] * any(r.timing_mode == "wall" for r in records)
+    t.notes += floor_notes(records) + [CPU_RUN_NOTE] * any(r.timing_mode == "wall" for r in records)
+    t.notes += dropped + raised + ran_note(r for r in records if families.get(r.backend) == "persistent")
     return t
-
-
-def _partial_note(groups: dict[tuple, list[Record]]) -> list[str]:
-    """A note on the rows of :func:`sweep_summary` (``groups``: ``{(backend, ...): records}``) whose
-    backend recorded fewer split counts there than elsewhere in the run (an interrupted run, a
-    per-bucket grid): their best is only the best of what was measured."""
-    asked = lambda recs: {r.params.get("num_kv_splits") for r in recs}  # noqa: E731 - not the clamped count ran
-    counts: dict[str, set[Any]] = {}
-    for key, recs in groups.items():
-        counts.setdefault(key[0], set()).update(asked(recs))
-    partial = [key for key, recs in groups.items() if asked(recs) < counts[key[0]]]
-    if not partial:
-        return []
-    return [f"{len(partial)} of {len(groups)} rows hold fewer split counts than their backend has elsewhere in "
-            "these runs (an interrupted run, or a grid per length; — : not measured there): their best params are "
-            "the best of those measured"]
 
 
 def compare_key(record: Record) -> tuple:

@@ -199,17 +199,3 @@ def test_compare_names_the_split_kv_variant_that_won():
                  for r, tile in zip(recs[1:], ("auto", 16, 16))]
     assert "split-KV params" not in compare_table([recs[0], *one_token], families).columns
 
-
-def test_a_row_missing_split_counts_says_its_best_is_of_those_measured():
-    """A fresh user's review: after an interrupted sweep the summary named a best split count for a
-    row where 1 of 3 counts had been measured, without a word."""
-    from mlabench.records.store import ResultStore
-    from mlabench.sweep.summary import sweep_summary
-
-    run = Path(__file__).resolve().parents[2] / "results/h200/kimi-k3-tp8/kimi-k3-tp8-20261130-105953-511"
-    records = [r for r in ResultStore(run).records() if r.backend == "triton-splitkv"]
-    assert not any("fewer split counts" in n for n in sweep_summary(records).notes)
-    first = records[0]
-    cut = [r for r in records if (r.batch, r.context_len) != (first.batch, first.context_len)
-           or r.params.get("num_kv_splits") == first.params.get("num_kv_splits")]
-    assert any(n.startswith("1 of ") and "fewer split counts" in n for n in sweep_summary(cut).notes)

@@ -175,8 +175,8 @@ def test_interrupted_run_resumes_without_repeating_points(tmp_path):
     store = ResultStore(run_dir)  # what report and the sweep's summary say of the run folder
     assert store.manifest().planned_points == 8
     assert health_notes(store.manifest(), store.records())[0] == (
-        "interrupted: 3 of the 8 points planned are recorded; `mlabench sweep --resume` on this run folder "
-        "measures the rest")
+        "interrupted: 3 of the 8 points planned are recorded (a best configuration is the best of those measured: "
+        "— marks a split count not measured); `mlabench sweep --resume` on this run folder measures the rest")
     from mlabench.report.runs import load_runs
     from mlabench.report.sections import kernel_environment
 
