@@ -8,6 +8,8 @@ started is stopped.
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Annotated
 
@@ -63,6 +65,9 @@ def serve_bench(
         raise ConfigError(f"--stat must be mean, median or p99, not {stat!r}")
     if from_run is not None and resume is not None:
         raise ConfigError("give either --from-run (re-render) or --resume (run what is left), not both")
+    _check_run_flags(from_run, resume, label, results_dir,
+                     {"--set": set_, "--concurrency": concurrency, "--repeats": repeats, "--variant": variant,
+                      "--label": label, "--vllm-bin": vllm_bin})
     if from_run is not None:
         _from_run(from_run, config_path, predict_from, stat, fmt)
         return
@@ -189,6 +194,23 @@ def _refuse_a_folder_of_runs(folder: Path) -> None:
     if inner:
         kinds = ", ".join(sorted({run_kind(p) for p in inner}))
         raise ConfigError(f"{folder} is no run folder and holds no serve-bench run (only {kinds} runs)")
+
+
+def _check_run_flags(from_run: Path | None, resume: Path | None, label: str | None, results_dir: Path,
+                     run_flags: dict[str, object]) -> None:
+    """Refuse, in one :class:`ConfigError` line, a ``--label`` that is no plain name (it becomes part
+    of the run folder's name: ``../x`` made folders elsewhere), and the flags a ``--from-run``
+    re-render or a ``--resume`` would ignore: with ``--from-run`` those of ``run_flags`` given and
+    ``--results-dir``; with ``--resume``, ``--label`` and ``--results-dir`` (the run keeps its folder)."""
+    if label is not None and (not re.fullmatch(r"[A-Za-z0-9_.-]+", label) or set(label) == {"."}):
+        raise ConfigError(f"--label {label!r}: letters, digits, '.', '_' and '-' only (it names the run folder)")
+    given = [flag for flag, value in run_flags.items() if value is not None and value != []]
+    given += ["--results-dir"] * (results_dir != Path("results"))
+    if from_run is not None and given:
+        raise ConfigError(f"--from-run re-renders a saved run and runs nothing: {', '.join(given)} would be "
+                          "ignored; leave it out (CONFIG, --predict-from and --stat apply)")
+    if resume is not None and {"--label", "--results-dir"} & set(given):
+        raise ConfigError("--resume continues the run in its own folder: leave --label and --results-dir out")
 
 
 def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str, predict_from) -> None:

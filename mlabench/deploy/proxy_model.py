@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mlabench.errors import ConfigError
+from mlabench.files import make_dir, user_path, write_text
 
 #: Public numbers of moonshotai/Kimi-K2-Instruct's config.json (DeepSeek-V3 architecture); Kimi
 #: K3's head count (96) is from the ROCm 12-head pull request (shared reference).
@@ -164,7 +165,8 @@ def write_model_folder(proxy: ProxyModel, out_dir: str | Path) -> Path:
     ``vocab_size`` tokens (``tokenizer.json``, ``tokenizer_config.json``) into ``out_dir``.
 
     Needs the ``tokenizers`` package (vLLM brings it); raises :class:`DependencyError` without it
-    and :class:`ConfigError` when ``out_dir`` exists and is not empty."""
+    and :class:`ConfigError` when ``out_dir`` exists and is not empty, :class:`FileAccessError`
+    when it cannot be made or written (a file in the way of its parent)."""
     from mlabench.extras import require
 
     out = Path(out_dir)
@@ -172,14 +174,18 @@ def write_model_folder(proxy: ProxyModel, out_dir: str | Path) -> Path:
         raise ConfigError(f"{out} is a file: give a new folder")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} exists and is not empty: give a new folder")
+    above = next((p for p in out.parents if p.exists()), None)  # the nearest part of its path that exists
+    if above is not None and not above.is_dir():
+        raise ConfigError(f"{out}: {above} is a file, not a folder: give a new folder")
     tk = require("tokenizers")
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out, "model folder")
     vocab = {token: i for i, token in enumerate(vocabulary(proxy.vocab_size))}
     tok = tk.Tokenizer(tk.models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
     tok.decoder = tk.decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
     tok.add_special_tokens(["<s>", "</s>", "<unk>"])
-    tok.save(str(out / "tokenizer.json"))
+    with user_path(out / "tokenizer.json", "tokenizer file"):
+        tok.save(str(out / "tokenizer.json"))
     files = {
         "config.json": proxy.config_json(),
         "generation_config.json": {"bos_token_id": 0, "eos_token_id": 1},
@@ -188,5 +194,5 @@ def write_model_folder(proxy: ProxyModel, out_dir: str | Path) -> Path:
                                   "model_max_length": proxy.max_position_embeddings},
     }
     for name, body in files.items():
-        (out / name).write_text(json.dumps(body, indent=2) + "\n")
+        write_text(out / name, json.dumps(body, indent=2) + "\n", "model file")
     return out

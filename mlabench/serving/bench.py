@@ -103,7 +103,7 @@ def preflight(variants: list[Variant], vllm_bin: str, bench: bool = True) -> Non
     executable that runs ``vllm bench serve`` exists.
 
     Raises :class:`ServerError` (a server not reachable, a launch program missing) or
-    :class:`ConfigError` (no vllm executable), each one line.
+    :class:`DependencyError` (no vllm executable, for the benchmark or a ``{vllm_bin}`` launch), each one line.
     """
     for variant in variants:
         if variant.launch is None:
@@ -111,8 +111,8 @@ def preflight(variants: list[Variant], vllm_bin: str, bench: bool = True) -> Non
             continue
         try:
             require_launchable(variant.launch, vllm_bin)
-        except ServerError as exc:
-            raise ServerError(f"variant {variant.name!r}: {exc}") from None
+        except (ServerError, DependencyError) as exc:
+            raise type(exc)(f"variant {variant.name!r}: {exc}") from None
     if bench and shutil.which(vllm_bin) is None:
         raise DependencyError(f"cannot run vllm bench serve: {vllm_bin!r} is not an executable program here "
                           "(set MLABENCH_VLLM_BIN, --vllm-bin or the config's vllm_bin)")

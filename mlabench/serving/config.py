@@ -66,6 +66,17 @@ class BenchParams(_Strict):
         default_factory=list, description="Raw flags appended as they are (pass-through)."
     )
 
+    @field_validator("request_rate")
+    @classmethod
+    def _rate(cls, value: str) -> str:
+        try:
+            rate = float(value)
+        except ValueError:
+            rate = math.nan
+        if value != "inf" and not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"must be requests per second above 0 or 'inf', not {value!r}")
+        return value
+
     @field_validator("random_input_len", mode="before")
     @classmethod
     def _lengths_shape(cls, value: Any) -> Any:

@@ -19,7 +19,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
-from mlabench.errors import ServerError
+from mlabench.errors import DependencyError, ServerError
 from mlabench.serving.config import LaunchSpec, expand
 
 
@@ -154,11 +154,15 @@ def launch_argv(spec: LaunchSpec, vllm_bin: str) -> list[str]:
 
 def require_launchable(spec: LaunchSpec, vllm_bin: str) -> None:
     """Raise :class:`ServerError` unless the program of ``spec``'s command exists and is executable
-    (looked up on ``PATH``, or relative to ``spec.cwd``), checked before anything is started."""
+    (looked up on ``PATH``, or relative to ``spec.cwd``), checked before anything is started;
+    :class:`DependencyError` (exit 3, a package missing here) where that program is ``{vllm_bin}``."""
     program = launch_argv(spec, vllm_bin)[0]
     if os.sep in program and not os.path.isabs(program) and spec.cwd:
         program = os.path.join(expand(spec.cwd), program)
     if shutil.which(program) is None:
+        if spec.command and "{vllm_bin}" in spec.command[0]:
+            raise DependencyError(f"cannot start server: {program!r} is not an executable program here "
+                                  "(set MLABENCH_VLLM_BIN, --vllm-bin or the config's vllm_bin)")
         raise ServerError(f"cannot start server: {program!r} is not an executable program here")
 
 

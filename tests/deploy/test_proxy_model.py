@@ -78,5 +78,7 @@ def test_the_command_refuses_an_unknown_name_and_a_folder_in_use(tmp_path, monke
     (tmp_path / "x").write_text("")
     code, _out, err = run(["proxy-model", "tiny", str(tmp_path)], monkeypatch, capsys)
     assert code == 2 and "exists and is not empty" in err
+    code, _out, err = run(["proxy-model", "tiny", str(tmp_path / "x" / "m")], monkeypatch, capsys)  # was a traceback
+    assert code == 2 and err.strip() == f"error: {tmp_path / 'x' / 'm'}: {tmp_path / 'x'} is a file, not a folder: give a new folder"
     code, _out, err = run(["proxy-model", "tiny", str(tmp_path / "x")], monkeypatch, capsys)
     assert code == 2 and err.strip().endswith("is a file: give a new folder")

@@ -137,6 +137,8 @@ def one_variant(tmp_path, port, launch=None, extra=""):
     ("closed port", "variant 'a': no healthy server at"),
     ("no launch program", "variant 'a': cannot start server: 'no-such-server' is not an executable program"),
     ("no vllm", "cannot run vllm bench serve: '/no/vllm' is not an executable program"),
+    ("no vllm to launch", "variant 'a': cannot start server: '/no/vllm' is not an executable program here (set "
+                          "MLABENCH_VLLM_BIN"),
 ])
 def test_nothing_measured_leaves_no_folder_and_one_line(tmp_path, fake_vllm, case, why):
     """Issue 8 item 9: what can fail before a run folder exists is checked first."""
@@ -144,17 +146,19 @@ def test_nothing_measured_leaves_no_folder_and_one_line(tmp_path, fake_vllm, cas
     cfg = {"closed port": one_variant(tmp_path, port),
            "no launch program": one_variant(tmp_path, port, ["no-such-server", "serve"]),
            "no vllm": one_variant(tmp_path, port, server_command(port, "ok", tmp_path / "p"),
-                                  'vllm_bin = "/no/vllm"\n')}[case]
+                                  'vllm_bin = "/no/vllm"\n'),
+           "no vllm to launch": one_variant(tmp_path, port, ["{vllm_bin}", "serve"], 'vllm_bin = "/no/vllm"\n')}[case]
     r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"))
     # a missing vllm is a package missing here (exit 3); the rest the user's config or server (2)
-    assert r.returncode == (3 if case == "no vllm" else 2), r.stderr
+    assert r.returncode == (3 if case.startswith("no vllm") else 2), r.stderr
     assert r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
     assert r.stderr.startswith("error: ") and why in r.stderr
     assert not (tmp_path / "res").exists()
     r = run_cli("serve-check", str(cfg), "--fixture", str(tmp_path / "fx.json"), "--save-fixture",
                 "--results-dir", str(tmp_path / "res"))
     if case != "no vllm":  # serve-check runs no benchmark
-        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and why in r.stderr
+        assert r.returncode == (3 if case.startswith("no vllm") else 2) and len(r.stderr.strip().splitlines()) == 1
+        assert why in r.stderr
         assert not (tmp_path / "res").exists()
 
 
@@ -428,3 +432,25 @@ def test_resume_of_an_archived_run_is_refused_and_the_run_left_as_it_is(tmp_path
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: {run_dir} is archived (results.jsonl.gz): to continue it, copy")
     assert sorted(p.name for p in run_dir.iterdir()) == before
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--set", "baseline=fa3"], "--from-run re-renders a saved run and runs nothing: --set would be ignored"),
+    (["--variant", "fa3", "-c", "1"], "--from-run re-renders a saved run and runs nothing: --concurrency, --variant"),
+    (["--repeats", "0", "--results-dir", "x"], "--from-run re-renders a saved run and runs nothing: --repeats, "
+                                               "--results-dir would be ignored"),
+])
+def test_from_run_refuses_the_flags_it_would_ignore(flags, says):
+    """A fresh user's review: `--from-run RUN --set baseline=fa3 --variant fa3 -c 1` printed the run's
+    table unchanged, exit 0."""
+    run = Path(__file__).resolve().parents[2] / "results/h200/serving/serve-20261205T180702Z-h200-proxy"
+    r = run_cli("serve-bench", "--from-run", str(run), *flags)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {says}"), r.stderr
+
+
+@pytest.mark.parametrize("label", ["../escape", "a/b", ".."])
+def test_a_label_that_is_no_plain_name_is_refused(tmp_path, label):
+    r = run_cli("serve-bench", "configs/serve/cpu-tiny.toml", "--label", label, "--results-dir", str(tmp_path))
+    assert r.returncode == 2 and "it names the run folder" in r.stderr and not list(tmp_path.iterdir())
+    r = run_cli("serve-bench", "--resume", str(tmp_path), "--label", "ok")
+    assert r.returncode == 2 and "leave --label and --results-dir out" in r.stderr

@@ -55,6 +55,9 @@ def test_overrides_and_per_variant_bench(tmp_path):
                     ["bench.random_input_len=256", "concurrencies=[1, 4]", "bench.request_rate=2"])
     assert c.bench.random_input_len == 256 and c.concurrencies == [1, 4]
     assert c.bench.request_rate == "2"
+    for bad in ("-3", "abc", "0"):  # a fresh user's review: every point ran and failed, exit 1
+        with pytest.raises(ConfigError, match="request_rate: .*must be requests per second above 0 or 'inf'"):
+            load_config(write(tmp_path, text), [f"bench.request_rate={bad}"])
     assert c.bench_for(c.variants[0]).num_prompts == 9
     assert c.bench_for(c.variants[0]).random_input_len == 256
     with pytest.raises(ConfigError, match="not KEY=VALUE"):
