@@ -17,6 +17,8 @@ import json
 import os
 import shlex
 import shutil
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -24,7 +26,8 @@ from typing import Callable, Iterator
 from mlabench.errors import ConfigError, DependencyError, ServerError
 from mlabench.files import append_text, make_dir, read_json, read_text, user_path, write_text
 from mlabench.run_files import (BENCH_LOG_SUFFIX, BENCH_RESULT_SUFFIX, BENCH_UNRECORDED_INFIX, COMMANDS_FILE,
-                                MANIFEST_FILE, RESULTS_FILE, SERVE_BENCH_KIND, bench_point_stem, server_log_file)
+                                MANIFEST_FILE, RESULTS_FILE, SERVE_BENCH_KIND, SERVER_LOG_PATTERN, bench_point_stem,
+                                server_log_file)
 from mlabench.serving.bench_process import BenchProcess, bench_process_mode, require_alive, vllm_version
 from mlabench.serving.config import BenchParams, ServeConfig, Variant, expand, resolve_vllm_bin
 from mlabench.serving.gpus import visible_gpus
@@ -134,9 +137,18 @@ def discard_unmeasured(run_dir: Path, measured: str, also: str = "") -> bool:
     """Remove ``run_dir``, a folder this run made, unless ``measured`` (the file results go to)
     was written in it, or a file matching the glob ``also`` (a command's own result, written
     before serve-bench could record it: ``--resume`` keeps it); True when the folder is kept.
-    Nothing measured leaves no folder behind."""
+    Nothing measured leaves no folder behind; the logs of servers it launched (why one did not
+    start: its start-up message was named while it ran) are moved first to a new folder of the
+    system's temporary folder, named in a ``notice:`` on stderr."""
     if (run_dir / measured).exists() or (also and any(run_dir.glob(also))):
         return True
+    logs = sorted(run_dir.glob(SERVER_LOG_PATTERN))
+    if logs:
+        kept = Path(tempfile.mkdtemp(prefix="mlabench-server-logs-"))
+        for log in logs:
+            shutil.move(str(log), kept / log.name)
+        print(f"notice: nothing was measured, so {run_dir} is removed; its server logs are kept in {kept}",
+              file=sys.stderr, flush=True)
     shutil.rmtree(run_dir, ignore_errors=True)
     return False
 

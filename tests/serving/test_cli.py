@@ -169,6 +169,11 @@ def test_serve_check_with_a_launched_server_that_dies_leaves_no_folder(tmp_path)
                 "--results-dir", str(tmp_path / "res"))
     assert r.returncode == 2 and "fake engine failed to start" in r.stderr
     assert not list((tmp_path / "res").iterdir())
+    # a fresh user's review: the log named at launch went with the folder; now it is kept elsewhere, and named
+    kept = Path(r.stderr.split("its server logs are kept in ")[1].split()[0])
+    assert "fake engine failed to start" in (kept / "server-a.log").read_text()
+    import shutil
+    shutil.rmtree(kept)
 
 
 def test_what_was_measured_is_kept_when_a_later_variant_fails(tmp_path, fake_vllm):
