@@ -170,7 +170,12 @@ def top2_gap(top: dict[int, float | None]) -> float | None:
 
 
 def compare(out: GreedyOutput, fixture: GreedyOutput, tie_threshold: float) -> CheckReport:
-    """Compare a run with the fixture (count, finiteness, ids, near tie at the first divergence)."""
+    """Compare a run with the fixture (count, finiteness, ids, near tie at the first divergence).
+
+    A divergence is a near tie when the top two logprobs of both the run and the fixture lie within
+    ``tie_threshold`` nats there (the larger of the two gaps is reported) and the two tokens are
+    each other's runner-up (each in the other's top logprobs): two unsure servers flipping between
+    the same pair.  A fixture that was sure, or a token the fixture did not consider, is a mismatch."""
     problems = []
     finite = all(v is not None and math.isfinite(v) for v in out.logprobs) and all(
         v is not None and math.isfinite(v) for d in out.top_logprobs for v in d.values())
@@ -187,20 +192,20 @@ def compare(out: GreedyOutput, fixture: GreedyOutput, tie_threshold: float) -> C
     report = dict(n_tokens=len(out.token_ids), expected_tokens=out.max_tokens, all_finite=finite,
                   tie_threshold=tie_threshold, matched_prefix=first if first is not None
                   else len(out.token_ids))
-    gap = None
+    gap, swapped = None, False
     if first is not None and first < len(out.token_ids) and first < len(fixture.token_ids):
-        gaps = [g for g in (top2_gap(out.top_logprobs[first]),
-                            top2_gap(fixture.top_logprobs[first])) if g is not None]
-        gap = min(gaps) if gaps else None
-        report.update(first_divergence=first, expected_token=fixture.token_ids[first],
-                      got_token=out.token_ids[first], top2_gap=gap)
+        gaps = [top2_gap(out.top_logprobs[first]), top2_gap(fixture.top_logprobs[first])]
+        gap = None if None in gaps else max(gaps)  # both servers unsure, not just one
+        want, got = fixture.token_ids[first], out.token_ids[first]
+        swapped = want in out.top_logprobs[first] and got in fixture.top_logprobs[first]  # the same two tokens
+        report.update(first_divergence=first, expected_token=want, got_token=got, top2_gap=gap)
     elif first is not None:
         report.update(first_divergence=first)
     if problems:
         verdict: Verdict = "invalid"
     elif first is None:
         verdict = "match"
-    elif gap is not None and gap < tie_threshold:
+    elif gap is not None and gap < tie_threshold and swapped:
         verdict = "near_tie_divergence"
         problems.append(f"token {first} differs at a near tie (gap {gap:.3g} < {tie_threshold})")
     else:

@@ -44,9 +44,19 @@ def test_mismatch_reports_first_divergent_position():
 
 
 def test_near_tie_divergence():
-    r = compare(out([1, 9], gaps=[1.0, 0.01]), out([1, 2]), 0.05)
+    """Two unsure servers flipping between the same two tokens; a fresh user's review: a server with
+    flat logits (a broken kernel) was excused where the fixture had been sure, or had not even
+    considered the token it chose (the smaller of the two gaps was read)."""
+    fixture, got = out([1, 2], gaps=[1.0, 0.03]), out([1, 9], gaps=[1.0, 0.01])
+    fixture.top_logprobs[1] = {2: -1.0, 9: -1.03}
+    got.top_logprobs[1] = {9: -1.0, 2: -1.01}
+    r = compare(got, fixture, 0.05)
     assert r.verdict == "near_tie_divergence" and r.first_divergence == 1
-    assert r.top2_gap == pytest.approx(0.01)
+    assert r.top2_gap == pytest.approx(0.03)                       # the larger of the two gaps
+    fixture.top_logprobs[1] = {2: -1.0, 9: -2.9}                   # the fixture was sure
+    assert compare(got, fixture, 0.05).verdict == "mismatch"
+    fixture.top_logprobs[1] = {2: -1.0, 7: -1.03}                  # unsure, between 2 and 7, not 9
+    assert compare(got, fixture, 0.05).verdict == "mismatch"
 
 
 def test_wrong_count_and_non_finite_are_invalid():
