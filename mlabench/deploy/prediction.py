@@ -114,6 +114,19 @@ def attention_us(records: Iterable[Record], kernel: KernelRef, batch: int, conte
     return min(r.median_us for r in found) if found else None
 
 
+def pattern_values(records: Iterable[Record], kernel: KernelRef, batch: int, context_len: int) -> list[str]:
+    """What the parameters ``kernel`` names by a pattern (``*`` or ``?``: ``split_policy = "device:*"``)
+    held in the correct records :func:`attention_us` reads at this point, the fastest record's first
+    (``split_policy=device:.../qo1-k3/.../policy.json``); [] without such a parameter or record.
+    More than one: records of several policies matched, and the fastest stands for the served one."""
+    wanted = {k: v for k, v in {**kernel.params, **kernel.by_concurrency.get(batch, {})}.items()
+              if any(c in str(v) for c in "*?")}
+    found = sorted((r for r in records if wanted and kernel.matches(r, batch) and r.batch == batch
+                    and r.context_len == context_len and r.qo_len == 1 and r.status == "ok"
+                    and r.median_us is not None), key=lambda r: r.median_us or 0.0)
+    return list(dict.fromkeys(" ".join(f"{k}={r.params.get(k)}" for k in sorted(wanted)) for r in found))
+
+
 def _shape_words(record: Record) -> str:
     """A record's shape apart from its lengths, in words (``12 heads, page 64, bfloat16/bfloat16, 512+64``)."""
     s = record.shape
@@ -204,13 +217,14 @@ def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], M
                f"no non-attention time at c={conc} ({spec.reference} at {spec.short_input_len})"
                if rest[conc] is None else "")
         pred = None if why else predicted_step_ms(rest[conc], spec.layers, attn)
+        matched = pattern_values(records, kernel, conc, context) if kernel and attn is not None else []
         rows.append({"input_len": input_len, "concurrency": conc, "variant": variant,
                      "measured_ms": got.step_ms, "step_from": got.step_from, "predicted_ms": pred,
                      "error_pct": None if pred is None else 100.0 * (pred - got.step_ms) / got.step_ms,
                      "tpot_ms": got.tpot_ms, "outside_step_pct": 100.0 * (got.tpot_ms - got.step_ms) / got.tpot_ms,
                      "attention_us": attn, "attention_context": None if attn is None else context,
                      "attention_share_pct": None if pred is None else 100.0 * spec.layers * attn / 1000.0 / pred,
-                     "why": why})
+                     "why": why, "kernel_records": matched})
     return rows
 
 
@@ -247,4 +261,22 @@ def prediction_table(spec: PredictionSpec, rows: list[dict[str, Any]], stat: str
                        f"TPOT outside step % = ({stat} TPOT - step) / TPOT: at concurrency above 1 the "
                        "prefill of the other requests, which no decode microbenchmark sees")
     table.notes.extend(dict.fromkeys(f"{r['variant']}: {r['why']}" for r in rows if r["why"]))
+    table.notes.extend(_records_used(rows))
     return table
+
+
+def _records_used(rows: list[dict[str, Any]]) -> list[str]:
+    """Notes naming, per variant, the records its [prediction] pattern matched (the points each
+    value gave), and where records of several values matched at one point (the fastest was read,
+    which need not be the one the server ran: narrow the pattern, or give --predict-from only the
+    served one's sweeps)."""
+    used: dict[tuple[str, str], list[str]] = {}
+    notes = []
+    for r in rows:
+        if r.get("kernel_records"):
+            used.setdefault((r["variant"], r["kernel_records"][0]), []).append(f"{r['input_len']}/c={r['concurrency']}")
+        if len(r.get("kernel_records") or []) > 1:
+            notes.append(f"{r['variant']} at {r['input_len']} tokens, c={r['concurrency']}: records of "
+                         f"{len(r['kernel_records'])} values match ({'; '.join(r['kernel_records'])}); the fastest "
+                         "is read, which need not be the served one: narrow [prediction] or --predict-from")
+    return [f"{variant} read {value} at {', '.join(points)}" for (variant, value), points in used.items()] + notes

@@ -273,3 +273,29 @@ def test_a_folder_of_sweeps_of_two_head_counts_is_refused_not_pooled(tmp_path, m
     assert code != 0 and "Traceback" not in err
     line = " ".join(err.split())
     assert "hold 2 shapes (12 heads, page 64" in line and "16 heads, page 64" in line
+
+
+def test_a_pattern_says_which_records_it_read_and_where_several_matched(monkeypatch, capsys):
+    """A fresh user's review: run 4's prediction read the qo1 policy's records at concurrency 1
+    (`split_policy = "device:*"` matches any device policy) while the docs said qo1-k3, and nothing
+    in the table said so; pooled sweeps of several policies gave the fastest silently."""
+    s = REPO / "results/h200/serving/sweep"
+    code, out, err = run(["serve-bench", "--from-run", str(REPO / "results/h200/serving/serve-20261205T180702Z-h200-proxy"),
+                          "--predict-from", str(s / "kimi-k3-tp8-serving-20261205-150939-643"),
+                          "--predict-from", str(s / "kimi-k3-tp8-serving-20261204-211036-1205"),
+                          "--predict-from", str(s / "kimi-k3-tp8-serving-20261204-213747-742"), "--json"],
+                         monkeypatch, capsys)
+    assert code == 0, err
+    notes = json.loads(out)[-1]["notes"]
+    assert any(n.startswith("mlabench read split_policy=device:results/h200/deploy/qo1/") and "/c=1" in n
+               and "/c=16" not in n for n in notes), notes
+    assert any(n.startswith("mlabench read split_policy=device:") and "qo1-k3" in n and "/c=16" in n for n in notes)
+    from mlabench.deploy.prediction import pattern_values
+
+    records = records_of([SWEEP])
+    kernel = KernelRef(backend="gluon-splitkv", params={"num_kv_splits": "*"})
+    at = [r for r in records if kernel.matches(r, 1) and r.batch == 1 and r.context_len == 4096 and r.status == "ok"]
+    fastest = min(at, key=lambda r: r.median_us)
+    values = pattern_values(records, kernel, 1, 4096)                 # every split count swept, the fastest first
+    assert len(values) == len({r.params["num_kv_splits"] for r in at}) > 1
+    assert values[0] == f"num_kv_splits={fastest.params['num_kv_splits']}"

@@ -82,8 +82,10 @@ def test_serve_check_fixture_and_divergence(cpu_server, tmp_path):
     assert r.returncode == 0 and rep["verdict"] == "match" and rep["all_finite"], rep
     assert rep["n_tokens"] == 32
     # a fixture that differs at position 5 must be reported there; with dummy weights every
-    # position is a near tie (logits ~ uniform over 1024 tokens), so it is a tie divergence
-    saved["token_ids"][5] = (saved["token_ids"][5] + 1) % 1000
+    # position is a near tie (logits ~ uniform over 1024 tokens), so a fixture holding the runner-up
+    # there (the two tokens each other's runner-up, both gaps small) is a tie divergence
+    runner_up = sorted(saved["top_logprobs"][5].items(), key=lambda kv: -kv[1])[1][0]
+    saved["token_ids"][5] = int(runner_up)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(saved))
     r = cli("serve-check", "--base-url", base_url, "--fixture", str(bad), "-n", "32", "--json",

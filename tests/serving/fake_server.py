@@ -3,8 +3,9 @@
 MODE: ok (healthy), die (exit 3 at once), unhealthy (/health 503 forever),
 stubborn (healthy, ignores SIGINT, so stop must escalate), slow (healthy after 1.5 s);
 SIGTERM stops the child and exits, as vLLM stops its engine;
-for POST /v1/completions: ok answers ids 5,6,7,5,...; tie / wrong change position 2 to id 99
-with a top-2 gap of 0.01 / 2.0 nats; short answers one token less than asked.
+for POST /v1/completions: ok answers ids 5,6,7,5,... (at position 2, 99 a runner-up 0.01 nats
+behind 7); tie swaps the two there, wrong answers 99 with a top-2 gap of 2.0 nats; short answers
+one token less than asked.
 It also starts a child process in its group, to check that the whole group is stopped.
 """
 
@@ -59,12 +60,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         n = req["max_tokens"] - (1 if mode == "short" else 0)
         ids = [5 + i % 3 for i in range(n)]
-        gaps = [1.0] * n
+        gaps, second = [1.0] * n, [1] * n
+        if n > 2:  # position 2: 7 and 99 nearly tied (ok, tie), or 99 sure of itself (wrong)
+            gaps[2], second[2] = 0.01, 99
         if mode in ("tie", "wrong") and n > 2:
-            ids[2], gaps[2] = 99, (0.01 if mode == "tie" else 2.0)
+            ids[2], gaps[2], second[2] = 99, (0.01 if mode == "tie" else 2.0), (7 if mode == "tie" else 1)
         lp = {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-0.1] * n,
-              "top_logprobs": [{f"token_id:{t}": -0.1, "token_id:1": -0.1 - g}
-                               for t, g in zip(ids, gaps)]}
+              "top_logprobs": [{f"token_id:{t}": -0.1, f"token_id:{u}": -0.1 - g}
+                               for t, u, g in zip(ids, second, gaps)]}
         body = json.dumps({"model": "fake-model", "choices": [
             {"text": "", "logprobs": lp, "finish_reason": "length"}]}).encode()
         self.send_response(200)
