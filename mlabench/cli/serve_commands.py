@@ -22,6 +22,7 @@ from mlabench.files import read_json, write_text
 from mlabench.run_files import ARCHIVED_RESULTS_FILE, BENCH_RESULT_GLOB, CHECK_FILE, MANIFEST_FILE, RESULTS_FILE
 from mlabench.serving import bench, config as cfg, greedy_check as greedy, table as tbl
 from mlabench.serving.lifecycle import served_model
+from mlabench.serving.overrides import bench_overrides
 
 ServeFile = Annotated[Path | None, typer.Argument(
     metavar="CONFIG", help="Serve config: a path, or a name under configs/serve/ (e.g. cpu-tiny).")]
@@ -65,9 +66,8 @@ def serve_bench(
         raise ConfigError(f"--stat must be mean, median or p99, not {stat!r}")
     if from_run is not None and resume is not None:
         raise ConfigError("give either --from-run (re-render) or --resume (run what is left), not both")
-    _check_run_flags(from_run, resume, label, results_dir,
-                     {"--set": set_, "--concurrency": concurrency, "--repeats": repeats, "--variant": variant,
-                      "--label": label, "--vllm-bin": vllm_bin})
+    _check_run_flags(from_run, resume, label, results_dir, {"--set": set_, "--concurrency": concurrency, "--repeats":
+                     repeats, "--variant": variant, "--label": label, "--vllm-bin": vllm_bin})
     if from_run is not None:
         _from_run(from_run, config_path, predict_from, stat, fmt)
         return
@@ -77,7 +77,7 @@ def serve_bench(
     if config_path is None:
         raise ConfigError("give a serve config (configs/serve/*.toml), --from-run RUN_DIR or --resume RUN_DIR")
     concurrencies = int_list(",".join(concurrency), "--concurrency", "concurrency") if concurrency else None
-    conf = cfg.load_config(config_path, cfg.bench_overrides(set_ or [], concurrencies, repeats))
+    conf = cfg.load_config(config_path, bench_overrides(set_ or [], concurrencies, repeats))
     if variant:
         conf = only_variants(conf, [n.strip() for item in variant for n in item.split(",") if n.strip()])
     predict = _prediction_input(conf, predict_from, served_gpus=_gpus_here(predict_from))

@@ -8,10 +8,8 @@ request rate inf, ignore-eos, ``/v1/completions``, backend ``vllm``).
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,6 +22,7 @@ from mlabench.errors import ConfigError
 from mlabench.files import config_file, read_text, read_toml, validation_line
 from mlabench.serving.counts import count_table, counts_text, unrun_count_keys
 from mlabench.serving.environment import expand
+from mlabench.serving.overrides import apply_overrides
 
 VLLM_BIN_ENV = "MLABENCH_VLLM_BIN"
 
@@ -340,38 +339,6 @@ def resolve_vllm_bin(config_value: str | None = None, flag: str | None = None) -
     return "vllm"
 
 
-def _apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``section.key=value`` strings (value parsed as TOML, else kept as a string)."""
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not KEY=VALUE (e.g. bench.num_prompts=8)")
-        key, raw = item.split("=", 1)
-        try:
-            value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = raw
-        node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {part!r} is not a table")
-        node[parts[-1]] = value
-    return data
-
-
-def bench_overrides(sets: list[str], concurrencies: list[int] | None = None,
-                    repeats: int | None = None) -> list[str]:
-    """``--set`` strings, then ``--concurrency`` / ``--repeats`` as the same ``key=value`` strings
-    (they replace the config's ``concurrencies`` and ``repeats``)."""
-    out = list(sets)
-    if concurrencies:
-        out.append(f"concurrencies={json.dumps(concurrencies)}")
-    if repeats is not None:
-        out.append(f"repeats={repeats}")
-    return out
-
-
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ServeConfig:
     """Read and validate a serve config TOML (``path``: a file, or the name of a shipped config,
     ``configs/serve/<name>.toml``) after ``overrides``, ``key.path=value`` strings (e.g.
@@ -380,7 +347,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> ServeCo
     raw = read_toml(p, "serve config")
     declared = {"declared_concurrencies": raw.get("concurrencies")}  # count tables may key these under -c
     try:
-        return ServeConfig.model_validate(_apply_overrides(raw, overrides or []), context=declared)
+        return ServeConfig.model_validate(apply_overrides(raw, overrides or []), context=declared)
     except ValidationError as exc:
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise ConfigError(f"{p}: {validation_line(exc)}{more}") from None

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from mlabench.errors import ConfigError
-from mlabench.serving.config import bench_overrides, expand, load_config, resolve_vllm_bin
+from mlabench.serving.config import expand, load_config, resolve_vllm_bin
+from mlabench.serving.overrides import bench_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 MINIMAL = 'baseline = "a"\n[[variants]]\nname = "a"\nbase_url = "http://127.0.0.1:1"\n'
