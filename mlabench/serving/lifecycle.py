@@ -155,7 +155,11 @@ def launch_argv(spec: LaunchSpec, vllm_bin: str) -> list[str]:
 def require_launchable(spec: LaunchSpec, vllm_bin: str) -> None:
     """Raise :class:`ServerError` unless the program of ``spec``'s command exists and is executable
     (looked up on ``PATH``, or relative to ``spec.cwd``), checked before anything is started;
-    :class:`DependencyError` (exit 3, a package missing here) where that program is ``{vllm_bin}``."""
+    :class:`DependencyError` (exit 3, a package missing here) where that program is ``{vllm_bin}``;
+    :class:`ConfigError` for a ``$VAR`` of the command or of its ``env`` that is not set (an ``env``
+    value was first expanded at launch, after earlier variants had run)."""
+    for value in spec.env.values():
+        expand(value)
     program = launch_argv(spec, vllm_bin)[0]
     if os.sep in program and not os.path.isabs(program) and spec.cwd:
         program = os.path.join(expand(spec.cwd), program)

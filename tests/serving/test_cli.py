@@ -459,3 +459,14 @@ def test_a_label_that_is_no_plain_name_is_refused(tmp_path, label):
     assert r.returncode == 2 and "it names the run folder" in r.stderr and not list(tmp_path.iterdir())
     r = run_cli("serve-bench", "--resume", str(tmp_path), "--label", "ok")
     assert r.returncode == 2 and "leave --label and --results-dir out" in r.stderr
+
+
+def test_an_unset_variable_in_a_launch_env_is_refused_before_anything_runs(tmp_path):
+    """A fresh user's review: `env = { MLABENCH_SPLIT_POLICY = "$MLABENCH_SERVE_POLICY" }` unset was
+    found when that variant launched, after the variants before it had been benchmarked."""
+    port = free_port()
+    cfg = one_variant(tmp_path, port, server_command(port, "ok", tmp_path / "p"))
+    cfg.write_text(cfg.read_text() + 'env = { POLICY = "$MLABENCH_NOT_SET_IN_THIS_TEST" }\n')
+    r = run_cli("serve-bench", str(cfg), "--results-dir", str(tmp_path / "res"))
+    assert r.returncode == 2 and r.stderr.startswith("error: environment variable $MLABENCH_NOT_SET_IN_THIS_TEST")
+    assert not (tmp_path / "res").exists() and not (tmp_path / "p").exists()
