@@ -48,9 +48,9 @@ from mlabench.tune.space import (
 from mlabench.tune.storage import journal_copy, open_storage, optuna_module, redact_url
 from mlabench.tune.studies import (
     FINISHED_STATES, StudyProgress, StudySpec, check_device, check_identity, distinct_finished, prepare_study,
-    study_name, study_progress,
+    study_name, study_progress, wait_for_other_machines,
 )
-from mlabench.tune.trial_worker import MAX_TRIALS_FACTOR, STORAGE_ENV
+from mlabench.tune.trial_worker import MAX_TRIALS_FACTOR, POLL_S, STORAGE_ENV
 from mlabench.tune.worker_pool import start_workers, supervise
 
 Monitor = Callable[[list[StudyProgress]], None]
@@ -200,8 +200,7 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
     studies = [_prepare(storage, cfg, spec, store, device, _identity(cfg, spec, device, store.manifest().versions, revision))
                for spec in specs]
     payload = {"config": cfg.model_dump(mode="json", by_alias=True, exclude={"storage"}),
-               "run_dir": str(store.run_dir), "studies": [dataclasses.asdict(s) for s in specs],
-               "workers": len(devices)}
+               "run_dir": str(store.run_dir), "studies": [dataclasses.asdict(s) for s in specs], "workers": len(devices)}
     totals = [_target(cfg, spec) for spec in specs]
     poll = (lambda: monitor([study_progress(st, sp, n) for st, sp, n in zip(studies, specs, totals)])) if monitor else None
     import torch
@@ -219,6 +218,7 @@ def run_tune(cfg: TuneConfig, results_root: Path = Path("results"), resume: Path
         raise WorkerError(f"{exc}; trials so far are kept in {store.run_dir}; continue with: "
                           f"mlabench tune --resume {store.run_dir}", exc.exit_code) from None
     store.write_csv()
+    wait_for_other_machines(studies, POLL_S)
     return _finish(cfg, store, studies, specs, device, versions, allow_incomplete=False)
 
 

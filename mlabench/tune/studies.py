@@ -11,6 +11,7 @@ identity, kept in its user attributes: a worker that differs refuses to join, na
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 from mlabench.errors import ConfigError, ResultsError
 from mlabench.shapes import MLADecodeShape
 from mlabench.tune.space import Bucket
-from mlabench.tune.storage import fail_stale, has_heartbeat, optuna_module, storage_lock
+from mlabench.tune.storage import fail_stale, grace_period_s, has_heartbeat, optuna_module, storage_lock
 from mlabench.tune.worker_pool import worker_alive
 
 FINISHED_STATES = ("COMPLETE", "PRUNED")
@@ -207,3 +208,14 @@ def study_progress(study: Any, spec: StudySpec, total: int) -> StudyProgress:
                          sum(t.state.name == "RUNNING" for t in trials), total,
                          best.value if best else None, dict(best.params) if best else {})
 
+
+def wait_for_other_machines(studies: list[Any], poll_s: float) -> None:
+    """Wait, at most twice :func:`~mlabench.tune.storage.grace_period_s`, while a trial of another
+    machine sharing the storage still runs (looking every ``poll_s`` seconds): this machine's
+    workers stop once they see none running, and another machine may start a last one (a retry)
+    just after, which the export would then refuse as unfinished.  A dead machine's trial is failed
+    by the heartbeats within that time."""
+    deadline = time.monotonic() + 2 * grace_period_s()
+    while time.monotonic() < deadline and any(t.state.name == "RUNNING" for st in studies
+                                              for t in st.get_trials(deepcopy=False)):
+        time.sleep(poll_s)
