@@ -54,10 +54,14 @@ class KernelRef(BaseModel):
     by_concurrency: dict[int, dict[str, Any]] = Field(
         default_factory=dict, description="Concurrency -> parameters that hold at that concurrency only.")
 
+    def params_at(self, concurrency: int) -> dict[str, Any]:
+        """The parameters a record must match at ``concurrency``: ``params`` with ``by_concurrency``'s."""
+        return {**self.params, **self.by_concurrency.get(concurrency, {})}
+
     def matches(self, record: Record, concurrency: int) -> bool:
         """True when ``record`` is this backend with every parameter named for ``concurrency``
         matching."""
-        wanted = {**self.params, **self.by_concurrency.get(concurrency, {})}
+        wanted = self.params_at(concurrency)
         return record.backend == self.backend and all(
             name in record.params and fnmatch.fnmatchcase(str(record.params[name]), str(want))
             for name, want in wanted.items())
@@ -104,8 +108,7 @@ def attention_us(records: Iterable[Record], kernel: KernelRef, batch: int, conte
     never predicts anything).  Raises :class:`ResultsError` when those records hold several
     shapes (heads, page size, dtypes, MLA widths): the fastest of a 12-head and a 16-head sweep
     is no served model's time, and ``--predict-from`` a folder reads every sweep under it."""
-    found = [r for r in records if kernel.matches(r, batch) and r.batch == batch and r.context_len == context_len
-             and r.qo_len == 1 and r.status == "ok" and r.median_us is not None]
+    found = _point_records(records, kernel, batch, context_len)
     shapes = sorted({_shape_words(r) for r in found})
     if len(shapes) > 1:
         raise ResultsError(f"the records of {kernel.backend} at batch {batch}, context {context_len} hold "
@@ -119,12 +122,15 @@ def pattern_values(records: Iterable[Record], kernel: KernelRef, batch: int, con
     held in the correct records :func:`attention_us` reads at this point, the fastest record's first
     (``split_policy=device:.../qo1-k3/.../policy.json``); [] without such a parameter or record.
     More than one: records of several policies matched, and the fastest stands for the served one."""
-    wanted = {k: v for k, v in {**kernel.params, **kernel.by_concurrency.get(batch, {})}.items()
-              if any(c in str(v) for c in "*?")}
-    found = sorted((r for r in records if wanted and kernel.matches(r, batch) and r.batch == batch
-                    and r.context_len == context_len and r.qo_len == 1 and r.status == "ok"
-                    and r.median_us is not None), key=lambda r: r.median_us or 0.0)
-    return list(dict.fromkeys(" ".join(f"{k}={r.params.get(k)}" for k in sorted(wanted)) for r in found))
+    wanted = sorted(k for k, v in kernel.params_at(batch).items() if any(c in str(v) for c in "*?"))
+    found = sorted(_point_records(records, kernel, batch, context_len) if wanted else [], key=lambda r: r.median_us)
+    return list(dict.fromkeys(" ".join(f"{k}={r.params.get(k)}" for k in wanted) for r in found))
+
+
+def _point_records(records: Iterable[Record], kernel: KernelRef, batch: int, context_len: int) -> list[Record]:
+    """The correct, timed one-token records of ``kernel`` at ``batch`` requests of ``context_len`` tokens."""
+    return [r for r in records if kernel.matches(r, batch) and r.batch == batch and r.context_len == context_len
+            and r.qo_len == 1 and r.status == "ok" and r.median_us is not None]
 
 
 def _shape_words(record: Record) -> str:
@@ -231,7 +237,7 @@ def prediction_rows(spec: PredictionSpec, measured: dict[tuple[str, int, int], M
 def _params_text(kernel: KernelRef, concurrency: int) -> str:
     """`` with num_kv_splits=256`` for a reason line: the parameters a record had to match, but for
     those it had to hold empty (``split_policy = ""``: "split_policy=" read as a value left out)."""
-    wanted = {k: v for k, v in {**kernel.params, **kernel.by_concurrency.get(concurrency, {})}.items() if v != ""}
+    wanted = {k: v for k, v in kernel.params_at(concurrency).items() if v != ""}
     return " with " + " ".join(f"{k}={v}" for k, v in wanted.items()) if wanted else ""
 
 
