@@ -17,6 +17,7 @@ from mlabench.cli.options import (
     Context, Format, GraphCaptures, Heads, Json, Markdown, MaxVisits, Model, ModelConfig, NonCausal, Order, OrderSeed,
     PageSize, Params, PlainPageSize, PlainTp, QoLens, ResultsDir, Resume, Splits, SweepFile, Tp, Visits,
     backend_params, int_list, name_list, non_causal_applies, output_format, page_size_flag,
+    refuse_results_dir_on_resume,
 )
 from mlabench.cli.output import emit, fail, notice, progress_bar
 from mlabench.errors import ConfigError, MissingResultError
@@ -246,9 +247,7 @@ def _run_with_progress(cfg, results_dir: Path, resume: Path | None, strict: bool
     Raises :class:`ConfigError` for ``--results-dir`` beside ``--resume`` (it was ignored)."""
     from mlabench.sweep.run import run_sweep
 
-    if resume is not None and results_dir != Path("results"):
-        raise ConfigError("--results-dir: --resume continues in the run's own folder; leave it out")
-
+    refuse_results_dir_on_resume(resume, results_dir)
     with progress_bar("sweep") as update:
         def progress(point, record, done, total):
             status = record.status if record else "…"

@@ -83,6 +83,13 @@ ResultsDir = Annotated[Path, typer.Option(metavar="DIR", help="Parent folder of 
 Resume = Annotated[Path | None, typer.Option(metavar="RUN", help="Resume this run folder (skips finished points).")]
 
 
+def refuse_results_dir_on_resume(resume: Path | None, results_dir: Path | None) -> None:
+    """:class:`ConfigError` for ``--results-dir`` (other than its default) beside ``--resume``: a
+    resumed run continues in its own folder, so the flag would be ignored."""
+    if resume is not None and results_dir not in (None, Path("results")):
+        raise ConfigError("--results-dir: --resume continues in the run's own folder; leave it out")
+
+
 class OrderChoice(str, Enum):
     """``--order``: the measuring order of a sweep (:mod:`mlabench.sweep.order`)."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mlabench.cli.options import refuse_results_dir_on_resume
 from mlabench.errors import ConfigError
 
 #: ``tune``'s parameters by what reads them: the search (a new run or ``--resume``), ``--validate``
@@ -51,5 +52,5 @@ def _refuse_shared_flags(given: dict[str, Any], mode: str) -> None:
         if stray or moved:
             raise ConfigError(f"{', '.join(stray + ['--results-dir'] * moved)}: tune --export reads the run's own "
                               "settings and writes into its folder; leave them out")
-    elif given.get("resume") is not None and moved:
-        raise ConfigError("--results-dir: --resume continues in the run's own folder; leave it out")
+    else:
+        refuse_results_dir_on_resume(given.get("resume"), given.get("results_dir"))
