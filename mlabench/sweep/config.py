@@ -347,14 +347,15 @@ def check_param_values(cfg: SweepConfig) -> None:
         return
     specs = [spec for b in map(get_backend, backend_names()) for spec in b.params]
     for name, values in cfg.params.items():
+        takers = [spec for spec in specs if spec.name == name]
         for value in values:
             errors = []
-            for spec in (s for s in specs if s.name == name):
+            for spec in takers:
                 try:
                     spec.validate(value)
                 except ConfigError as exc:
                     errors.append(exc)
-            if errors and len(errors) == sum(s.name == name for s in specs):
+            if takers and len(errors) == len(takers):
                 raise errors[0]
 
 

@@ -146,8 +146,7 @@ def sweep_summary(records: Sequence[Record], splits: Sequence[int] | None = None
     table = Table("Sweep: best configuration per backend, batch and context", cols, styles=styles)
     groups: dict[tuple, list[Record]] = {}
     for r in records:
-        key = (r.backend, r.batch, *axis_values(r, SHAPE_AXES), r.context_len, r.qo_len, not r.causal)
-        groups.setdefault(key, []).append(r)
+        groups.setdefault((r.backend, *compare_key(r)), []).append(r)
     for key, recs in sorted(groups.items(), key=lambda kv: sortable(kv[0])):
         best = best_ok(recs)
         row: list[Any] = [key[0], key[1], *axis_values(recs[0], axes), recs[0].context_len,
