@@ -66,7 +66,7 @@ def _config_prediction(runs, config_path: Path) -> tuple[dict, str]:
                           "gives none")
     table = config_prediction(config_path, bool(runs.records), "plot", "--from")
     for run in runs.serve_runs:
-        PredictionSpec.of(table, [v.name for v in run.config.variants])
+        PredictionSpec.of(table, [v.name for v in run.config.variants], run.launch_env)
         if table != run.config.prediction:
             notice(f"{run.name}: " + replaced_prediction(table, run.config.prediction), style="")
     return table, f"the [prediction] of {config_path}"

@@ -80,8 +80,8 @@ def serve_bench(
     conf = cfg.load_config(config_path, bench_overrides(set_ or [], concurrencies, repeats))
     if variant:
         conf = only_variants(conf, [n.strip() for item in variant for n in item.split(",") if n.strip()])
-    predict = _prediction_input(conf, predict_from, served_gpus=_gpus_here(predict_from))
-    bench.preflight(conf.variants, cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin))
+    bench.preflight(conf.variants, cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin))  # launch envs' $VARs set
+    predict = _prediction_input(conf, predict_from, served_gpus=_gpus_here(predict_from), starting=conf.variants)
     run_dir = bench.new_run_dir(results_dir, label or config_path.stem)
     try:
         _, results = bench.run_serve_bench(conf, results_dir, vllm_bin_flag=vllm_bin,
@@ -131,8 +131,8 @@ def _from_run(run_dir: Path, config_path: Path | None, predict_from, stat: str, 
     conf, results = _read_serve_run(run_dir)
     table = config_prediction(config_path, bool(predict_from), "serve-bench --from-run", "--predict-from") \
         if config_path is not None else None
-    gpus = read_json(run_dir / MANIFEST_FILE, "serve-bench run manifest").get("gpus") if predict_from else None
-    predict = _prediction_input(conf, predict_from, table, gpus)
+    manifest = read_json(run_dir / MANIFEST_FILE, "serve-bench run manifest") if predict_from else {}
+    predict = _prediction_input(conf, predict_from, table, manifest.get("gpus"), manifest)
     if table is not None and table != conf.prediction:
         notice(replaced_prediction(table, conf.prediction) + "; plot draws it given the same CONFIG, report "
                "the recorded one", style="")
@@ -225,11 +225,13 @@ def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str
     if is_archived(run_dir):
         raise ConfigError(f"{run_dir} is archived ({ARCHIVED_RESULTS_FILE}): to continue it, copy the folder "
                           f"and gunzip {ARCHIVED_RESULTS_FILE} in the copy (a committed run stays as it is)")
-    predict = _prediction_input(conf, predict_from, served_gpus=_gpus_here(predict_from))
     done = bench.finished_points(recorded, len(conf.input_lens()) > 1)
     left = [v for v in conf.variants if bench.points_left(conf, v, done)]
     if left:  # a finished run needs no server and no vllm
         bench.preflight(left, cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin))
+    manifest = read_json(run_dir / MANIFEST_FILE, "serve-bench run manifest") if predict_from else {}
+    predict = _prediction_input(conf, predict_from, served_gpus=_gpus_here(predict_from), manifest=manifest,
+                                starting=left)
     notice(f"resuming {run_dir}: {len(done)} point(s) recorded ok; variants left: "
            f"{', '.join(v.name for v in left) or 'none'}", style="")
     try:
@@ -263,17 +265,21 @@ def replaced_prediction(given: dict, recorded: dict | None) -> str:
 
 
 def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dict | None = None,
-                      served_gpus: object = None):
+                      served_gpus: object = None, manifest: dict | None = None, starting: list = ()):
     """``(spec, records, the run's input length when it has one, its output tokens)`` for ``--predict-from``
     (checked before anything runs), or None; ``table`` replaces ``conf``'s ``[prediction]``.
     ``served_gpus``: the ``gpus`` the serve-bench run recorded (or a new run will see); sweeps of
-    another device are refused (:func:`~mlabench.serving.gpus.serving_device_mismatch`)."""
+    another device are refused (:func:`~mlabench.serving.gpus.serving_device_mismatch`).
+    ``manifest``: the run's (none for a new run), and ``starting`` the variants this session will
+    start: their launch envs beside the recorded ones give ``{env:NAME}`` in ``[prediction]``
+    (:func:`~mlabench.serving.run_folder.recorded_launch_env`)."""
     if not runs:
         return None
     from mlabench.deploy.prediction import PredictionSpec
     from mlabench.records.kinds import run_kind
     from mlabench.records.store import ResultStore, records_of, runs_of_kinds
     from mlabench.serving.gpus import serving_device_mismatch
+    from mlabench.serving.run_folder import recorded_launch_env
     from mlabench.run_files import SWEEP_KIND
 
     for run in runs:
@@ -285,8 +291,17 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dic
     sweeps = runs_of_kinds(runs, (SWEEP_KIND,), "--predict-from")  # a folder: the sweep runs under it, any depth
     if why := serving_device_mismatch(served_gpus, (ResultStore(s).manifest().device for s in sweeps)):
         raise ConfigError(f"--predict-from: the serve-bench run {why}: its TPOT does not compare with their times")
-    return (PredictionSpec.of(table or conf.prediction, [v.name for v in conf.variants]), records_of(sweeps),
+    return (PredictionSpec.of(table or conf.prediction, [v.name for v in conf.variants],
+                              recorded_launch_env(_with_session(manifest or {}, starting))), records_of(sweeps),
             conf.input_lens()[0], conf.bench.random_output_len)
+
+
+def _with_session(manifest: dict, starting: list) -> dict:
+    """``manifest`` with a resume entry for the session to come: the launch envs of ``starting``
+    (:func:`bench.launch_env`), as :func:`bench.write_manifest` will record them."""
+    if not starting:
+        return manifest
+    return {**manifest, "resumes": [*(manifest.get("resumes") or []), {"launch_env": bench.launch_env(starting)}]}
 
 
 def _show(t: tbl.ServeTable, run_dir: Path | None, fmt: str, predict=None) -> None:

@@ -30,23 +30,29 @@ times come from sweep run folders (``mlabench sweep``), the measured steps from 
 from __future__ import annotations
 
 import fnmatch
+import glob
+import re
 from dataclasses import dataclass
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from mlabench.errors import ConfigError, ResultsError
 from mlabench.files import validation_line
 from mlabench.records.record import Record
 from mlabench.tables.table import ColumnStyle, Table
 
+#: ``{env:NAME}`` in a kernel parameter of ``[prediction]``: NAME's value in the variant's launch env.
+_ENV_REF = re.compile(r"\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+
 
 class KernelRef(BaseModel):
     """The microbenchmark of the kernel a variant's server runs: a backend and the parameters its
     records must have (values compared as text; ``*`` and ``?`` match as in file names, e.g.
-    ``split_policy = "device:*"``), with ``by_concurrency`` adding or replacing some at one
-    concurrency (a count a captured graph froze differs by batch size)."""
+    ``split_policy = "device:*"``; ``{env:NAME}`` is the value of NAME in the variant's launch env
+    as the serve-bench run recorded it: :meth:`PredictionSpec.of`), with ``by_concurrency`` adding
+    or replacing some at one concurrency (a count a captured graph froze differs by batch size)."""
 
     model_config = ConfigDict(extra="forbid")
     backend: str = Field(description="mlabench backend name, e.g. gluon-splitkv.")
@@ -77,14 +83,21 @@ class PredictionSpec(BaseModel):
     reference: str = Field(description="Variant whose short-context TPOT gives the non-attention time.")
     short_input_len: int = Field(gt=0, description="Input length of that measurement, tokens.")
     kernels: dict[str, KernelRef] = Field(description="Variant name -> the kernel its server runs.")
+    _env_notes: list[str] = PrivateAttr(default_factory=list)
 
     @classmethod
-    def of(cls, table: dict[str, Any] | None, variants: Iterable[str]) -> PredictionSpec:
+    def of(cls, table: dict[str, Any] | None, variants: Iterable[str],
+           launch_env: Mapping[str, Mapping[str, list[str]]] | None = None) -> PredictionSpec:
         """Validate a config's ``[prediction]`` against its ``variants``; :class:`ConfigError`
         (one line) when there is none, it is malformed or its reference is not among ``variants``.
         Kernels of variants not among them are left out: a run of some of a config's variants
         (``serve-bench --variant``) records the config's whole ``[prediction]``, and a CONFIG given
-        with ``--from-run`` lends its ``[prediction]`` to a run that may lack some of its variants."""
+        with ``--from-run`` lends its ``[prediction]`` to a run that may lack some of its variants.
+        ``launch_env`` (variant -> variable -> values, as
+        :func:`~mlabench.serving.run_folder.recorded_launch_env` reads a run) fills ``{env:NAME}``
+        in kernel parameters: ``split_policy = "device:{env:MLABENCH_SPLIT_POLICY}"`` reads the
+        records of the policy the server ran, not any policy's; :class:`ConfigError` where the run
+        recorded no value of NAME for that variant, or several (resumed with another)."""
         if not table:
             raise ConfigError("the serve config has no [prediction] table (layers, reference, "
                               "short_input_len, kernels): nothing says which kernel each variant runs")
@@ -99,7 +112,31 @@ class PredictionSpec(BaseModel):
         spec.kernels = {name: ref for name, ref in spec.kernels.items() if name in known}
         if spec.reference not in spec.kernels:
             raise ConfigError(f"[prediction] reference {spec.reference!r} needs an entry in kernels")
+        for name, ref in spec.kernels.items():
+            spec.kernels[name] = spec._with_launch_env(name, ref, (launch_env or {}).get(name, {}))
         return spec
+
+    def _with_launch_env(self, variant: str, ref: KernelRef, env: Mapping[str, list[str]]) -> KernelRef:
+        """``ref`` with each ``{env:NAME}`` in its parameter values replaced by ``variant``'s one
+        recorded value of NAME (escaped: matched as it is, not as a pattern); a note for the table
+        names each.  :class:`ConfigError` where the run recorded no value or several."""
+        def fill(match: re.Match) -> str:
+            values = env.get(match.group(1), [])
+            if len(values) != 1:
+                raise ConfigError(
+                    f"[prediction] kernels.{variant} reads {match.group(0)}: " +
+                    (f"{variant}'s server ran with {len(values)} values of it across the run's sessions "
+                     f"({'; '.join(values)}); give the value or a pattern instead" if values else
+                     f"the run records no {match.group(1)} in {variant}'s launch env (its [variants.launch] "
+                     "env lacks it, or the run predates recorded launch envs); give the value or a pattern"))
+            self._env_notes.append(f"{variant}: {match.group(0)} is {values[0]}, as its server was launched")
+            return glob.escape(values[0])
+
+        def filled(params: dict[str, Any]) -> dict[str, Any]:
+            return {k: _ENV_REF.sub(fill, v) if isinstance(v, str) else v for k, v in params.items()}
+
+        return ref.model_copy(update={"params": filled(ref.params),
+                                      "by_concurrency": {c: filled(p) for c, p in ref.by_concurrency.items()}})
 
 
 def attention_us(records: Iterable[Record], kernel: KernelRef, batch: int, context_len: int) -> float | None:
@@ -267,6 +304,7 @@ def prediction_table(spec: PredictionSpec, rows: list[dict[str, Any]], stat: str
                        f"TPOT outside step % = ({stat} TPOT - step) / TPOT: at concurrency above 1 the "
                        "prefill of the other requests, which no decode microbenchmark sees")
     table.notes.extend(dict.fromkeys(f"{r['variant']}: {r['why']}" for r in rows if r["why"]))
+    table.notes.extend(dict.fromkeys(spec._env_notes))
     table.notes.extend(_records_used(rows))
     return table
 

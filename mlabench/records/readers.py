@@ -21,7 +21,7 @@ from mlabench.records.store import ResultStore
 from mlabench.run_files import POLICY_FILE, SERVE_BENCH_KIND, SWEEP_KIND, TUNE_KIND, VALIDATION_KIND
 from mlabench.serving.config import ServeConfig
 from mlabench.serving.results import BenchResult
-from mlabench.serving.run_folder import read_serve_folder
+from mlabench.serving.run_folder import read_serve_folder, recorded_launch_env
 
 
 @dataclass
@@ -95,6 +95,12 @@ class ServeRun:
     def name(self) -> str:
         """The run folder's name."""
         return self.path.name
+
+    @property
+    def launch_env(self) -> dict[str, dict[str, list[str]]]:
+        """Variant -> variable -> the values its server's launch env had in this run
+        (:func:`~mlabench.serving.run_folder.recorded_launch_env`), for ``{env:NAME}`` in ``[prediction]``."""
+        return recorded_launch_env(self.manifest)
 
 
 AnyRun = Union[KernelRun, TuneRun, ValidationRun, ServeRun]

@@ -248,23 +248,23 @@ def serving_section(runs: Any, specs: Sequence[FigureSpec]) -> list[Block]:
                       headers(t), body(t))
         table.notes += failure_lines(t)
         blocks.append(TableBlock(table))
-        blocks += _prediction_block(conf, t, runs.records)
+        blocks += _prediction_block(conf, t, runs.records, run.launch_env)
         blocks += [f for f in _figures(specs, "serving-tpot") if f.stem.endswith(run.name)
                    or len(runs.serve_runs) == 1]
     return blocks
 
 
-def _prediction_block(conf: Any, table: Any, records: Sequence[Record]) -> list[Block]:
+def _prediction_block(conf: Any, table: Any, records: Sequence[Record], launch_env: dict) -> list[Block]:
     """The table of `serve-bench --from-run RUN --predict-from SWEEP...` (the run's recorded
-    ``[prediction]``) when sweep ``records`` were given and the run has a valid ``[prediction]``;
-    nothing otherwise (the figure's caption says why none)."""
+    ``[prediction]``, ``{env:NAME}`` read from its ``launch_env``) when sweep ``records`` were given
+    and the run has a valid ``[prediction]``; nothing otherwise (the figure's caption says why none)."""
     from mlabench.deploy.prediction import PredictionSpec, measured_steps, prediction_rows, prediction_table
     from mlabench.errors import ConfigError
 
     if not records or not conf.prediction:
         return []
     try:
-        spec = PredictionSpec.of(conf.prediction, [v.name for v in conf.variants])
+        spec = PredictionSpec.of(conf.prediction, [v.name for v in conf.variants], launch_env)
     except ConfigError:
         return []
     t = prediction_table(spec, prediction_rows(spec, measured_steps(table, conf.input_lens()[0]), list(records),

@@ -1,7 +1,8 @@
 """Driving ``vllm bench serve`` for each variant, concurrency and repeat; one run folder per run.
 
 Layout of ``results/<run-id>/`` (append-only; a new run never reuses a folder):
-``manifest.json`` (config, vllm executable, start time; each resume's in ``resumes``), ``commands.txt``
+``manifest.json`` (config, vllm executable, start time, each started variant's launch env
+expanded; each resume's in ``resumes``), ``commands.txt``
 (every command run), ``server-<variant>.log``, ``<variant>-c<conc>-r<repeat>.json`` (vLLM's saved
 result; named ``<variant>-i<input len>-c<conc>-r<repeat>.json`` when ``random_input_len`` lists
 several lengths; a rerun's and a result set aside: :func:`point_stem`) and ``.log``,
@@ -199,9 +200,11 @@ def run_serve_bench(
     results: list[BenchResult] = []
     recorded = recorded_result_files(run_dir)  # a resumed run's: no command writes over them
     with BenchProcess(vllm_bin, run_dir, progress) as runner:
-        if done is None or any(points_left(config, v, done) for v in config.variants):  # a session that runs
+        starting = [v for v in config.variants if points_left(config, v, done or set())]
+        if done is None or starting:  # a session that runs
             write_manifest(run_dir, config, {"vllm_bin": vllm_bin, "bench_process": "shared" if runner.shared
-                                             else "per-run", **(provenance or {})}, resumed=done is not None)
+                                             else "per-run", "launch_env": launch_env(starting),
+                                             **(provenance or {})}, resumed=done is not None)
         for variant in config.variants:
             params = config.bench_for(variant)
             todo = points_left(config, variant, done or set())
@@ -337,6 +340,14 @@ def point_stem(run_dir: Path, stem: str, recorded: set[str], progress: Progress)
              f"was removed) kept as "
              f"{aside}{BENCH_RESULT_SUFFIX} with its log; the point runs again")
     return name
+
+
+def launch_env(variants: list[Variant]) -> dict[str, dict[str, str]]:
+    """Variant name -> the environment its [launch] adds, expanded as its server gets it
+    (:meth:`~mlabench.serving.config.LaunchSpec.expanded_env`), for the variants of ``variants``
+    that add some: a session's ``launch_env`` in the manifest, which ``[prediction]``'s
+    ``{env:NAME}`` reads (:func:`mlabench.serving.run_folder.recorded_launch_env`)."""
+    return {v.name: v.launch.expanded_env() for v in variants if v.launch is not None and v.launch.env}
 
 
 def env_summary() -> dict[str, str]:

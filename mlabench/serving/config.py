@@ -192,6 +192,11 @@ class LaunchSpec(_Strict):
         1.0, gt=0, description="Seconds between GET /health tries while the server starts."
     )
 
+    def expanded_env(self) -> dict[str, str]:
+        """``env`` with ``$VAR`` and ``~`` expanded (:func:`expand`): what the server gets, and what a
+        serve-bench run records of it (``launch_env`` in its manifest)."""
+        return {k: expand(v) for k, v in self.env.items()}
+
 
 class Variant(_Strict):
     """One server variant: an existing base URL, or a launch spec that serves at ``base_url``."""

@@ -211,7 +211,7 @@ class ManagedServer:
                 f"something already answers at {self.base_url}; refusing to launch a second server "
                 "there (stop it, or give the variant no [launch] to use it as it is)"
             )
-        env = {**os.environ, **{k: expand(v) for k, v in self.spec.env.items()}}
+        env = {**os.environ, **self.spec.expanded_env()}
         argv = self.argv()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")

@@ -82,3 +82,17 @@ def read_run(run_dir: Path) -> tuple[ServeConfig, list[BenchResult]]:
     (:func:`read_serve_folder` without the manifest); the same errors."""
     _, config, results = read_serve_folder(run_dir)
     return config, results
+
+
+def recorded_launch_env(manifest: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
+    """Variant name -> variable -> the values its server's launch env had, one per distinct value in
+    session order (the run's ``launch_env``, then each resume's: a resume that started the variant
+    again with another value adds it); {} for a run recorded before manifests held ``launch_env``."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for session in [manifest, *(manifest.get("resumes") or [])]:
+        for variant, env in (session.get("launch_env") or {}).items():
+            for name, value in env.items():
+                values = found.setdefault(variant, {}).setdefault(name, [])
+                if value not in values:
+                    values.append(value)
+    return found

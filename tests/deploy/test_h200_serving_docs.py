@@ -55,12 +55,16 @@ def _printed(monkeypatch, capsys, config, run_dir, sweeps, failed=""):
 @pytest.fixture
 def printed(monkeypatch, capsys, tmp_path):
     """Run 1's rows, with the config of its policy's serving: the committed one with the host counts
-    of the qo1 policy (108 and 16 splits), which is what the serving README's `git show` gives."""
+    of the qo1 policy (108 and 16 splits) and mlabench's policy by a pattern, which is what the
+    serving README's `git show` gives."""
     text = CONFIG1.read_text()
     line = "by_concurrency = { 1 = { num_kv_splits = 96 }, 16 = { num_kv_splits = 8 } }"
     assert line in text
     config = tmp_path / "qo1.toml"
-    config.write_text(text.replace(line, "by_concurrency = { 1 = { num_kv_splits = 108 }, 16 = { num_kv_splits = 16 } }"))
+    served = 'split_policy = "device:{env:MLABENCH_SPLIT_POLICY}"'  # run 1 recorded no launch env
+    assert served in text
+    config.write_text(text.replace(line, "by_concurrency = { 1 = { num_kv_splits = 108 }, 16 = { num_kv_splits = 16 } }")
+                      .replace(served, 'split_policy = "device:*"'))
     monkeypatch.setenv("MLABENCH_PROXY_MODEL_DIR", str(tmp_path))
     monkeypatch.setenv("MLABENCH_SERVE_POLICY", str(tmp_path))
     return _printed(monkeypatch, capsys, config, RUN1, SWEEPS1)

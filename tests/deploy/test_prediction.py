@@ -165,16 +165,21 @@ def test_the_notes_say_what_each_step_from_value_means():
 
 @pytest.mark.parametrize("config", ["configs/serve/h200-kimi-k3-tp8-proxy.toml",
                                     "configs/serve/h200-kimi-k3-tp8-proxy-c16.toml"])
-def test_the_h200_configs_name_registered_backends_for_each_variant(config):
+def test_the_h200_configs_name_registered_backends_for_each_variant(config, monkeypatch):
     """Every kernel a shipped [prediction] names is a registered backend (a typo predicts nothing);
     the H200 configs predict the FLASHMLA server from vLLM's own call (vllm-flashmla), not from
     the flashmla backend's sgl-flash-mla kernel, which under-predicted that server by 6-11.5%."""
     from pathlib import Path
 
     from mlabench.backends import backend_names
+    from mlabench.serving.bench import launch_env
     from mlabench.serving.config import load_config
+    from mlabench.serving.run_folder import recorded_launch_env
 
     conf = load_config(Path(__file__).resolve().parents[2] / config)
-    spec = PredictionSpec.of(conf.prediction, [v.name for v in conf.variants])
+    monkeypatch.setenv("MLABENCH_SERVE_POLICY", "/served/policy.json")  # what mlabench's server gets
+    spec = PredictionSpec.of(conf.prediction, [v.name for v in conf.variants],
+                             recorded_launch_env({"launch_env": launch_env(conf.variants)}))
     assert {k.backend for k in spec.kernels.values()} <= set(backend_names())
     assert spec.kernels["flashmla"].backend == "vllm-flashmla"
+    assert spec.kernels["mlabench"].params == {"split_policy": "device:/served/policy.json"}

@@ -205,14 +205,18 @@ def test_a_bar_has_no_speedup_label_where_the_baseline_has_no_tpot(tmp_path):
 H200_SERVING = REPO / "results/h200/serving"
 
 
-def test_the_serving_footer_fits_the_figure_and_says_why_bars_have_no_dash():
+def test_the_serving_footer_fits_the_figure_and_says_why_bars_have_no_dash(tmp_path):
     """A new user's `plot CONFIG --from RUN --from SWEEP...` of the committed H200 runs: the footer
     naming a long CONFIG path ran off both PNG edges, and nothing said why most bars had no dash
     (concurrency 16: the step is the median ITL; mlabench-host: no host sweep point).  The config's
-    host counts are qo1-k3's (96 and 8 splits), which run 2's session's sweeps (qo1: 108 and 16) lack."""
+    host counts are qo1-k3's (96 and 8 splits), which run 2's session's sweeps (qo1: 108 and 16) lack;
+    mlabench's policy by a pattern, as the config of run 2's time named it (the run records no launch env)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    config = REPO / "configs/serve/h200-kimi-k3-tp8-proxy-c16.toml"
+    text = (REPO / "configs/serve/h200-kimi-k3-tp8-proxy-c16.toml").read_text()
+    config = tmp_path / "a-serve-config-in-a-folder-with-a-long-name" / "h200-kimi-k3-tp8-proxy-c16.toml"
+    config.parent.mkdir()
+    config.write_text(text.replace("device:{env:MLABENCH_SPLIT_POLICY}", "device:*"))
     sweeps = sorted((H200_SERVING / "sweep").glob("kimi-k3-tp8-serving*-20261204-*"))
     assert len(sweeps) == 3, sweeps
     runs = load_runs([H200_SERVING / "serve-20261204T211104Z-h200-proxy", *sweeps])

@@ -326,20 +326,20 @@ def serving_tpot(run: Any, stat: str = "mean", records: Sequence[Record] = (),
         conf = conf.model_copy(update={"prediction": prediction[0]})
         data.prediction_source = prediction[1]
     if records:
-        data.predicted_note = predictions(data, conf, table, records)
+        data.predicted_note = predictions(data, conf, table, records, run.launch_env)
     return data
 
 
-def predictions(data: ServingData, conf: Any, table: Any, records: Sequence[Record]) -> str:
+def predictions(data: ServingData, conf: Any, table: Any, records: Sequence[Record], launch_env: dict) -> str:
     """Set ``predicted_ms`` of ``data``'s bars: TPOT predicted from the kernel ``records`` as
     ``serve-bench --predict-from`` prints it (:mod:`mlabench.deploy.prediction`, the run's
-    ``[prediction]``).  Returns why no bar got one ("" when some did): no or a malformed
-    ``[prediction]``, or no record it matches."""
+    ``[prediction]``, ``{env:NAME}`` read from its ``launch_env``).  Returns why no bar got one
+    ("" when some did): no or a malformed ``[prediction]``, or no record it matches."""
     from mlabench.deploy.prediction import PredictionSpec, measured_steps, prediction_rows
     from mlabench.errors import ConfigError
 
     try:
-        spec = PredictionSpec.of(conf.prediction, data.variants)
+        spec = PredictionSpec.of(conf.prediction, data.variants, launch_env)
     except ConfigError as exc:
         return str(exc)
     rows = prediction_rows(spec, measured_steps(table, conf.input_lens()[0]), list(records),
