@@ -10,7 +10,7 @@ import typer
 
 from mlabench.cli.options import name_list
 from mlabench.cli.output import notice
-from mlabench.errors import ConfigError
+from mlabench.errors import ConfigError, MissingResultError
 from mlabench.report.figures.plan import KINDS
 
 FromRuns = Annotated[list[Path], typer.Option(
@@ -46,7 +46,7 @@ def plot(
     formats = list(dict.fromkeys(f.strip() for f in fmt.split(",") if f.strip()))  # svg,svg: once
     written, skipped = write_figures(runs, out or default_figure_dir(from_run[0]), kinds, formats)
     if not written:
-        raise ConfigError("no figure to draw from these runs (" + "; ".join(s.line() for s in skipped) + ")")
+        raise MissingResultError("no figure to draw from these runs (" + "; ".join(s.line() for s in skipped) + ")")
     for s in skipped:
         notice(s.line(), style="")
     for _spec, paths in written:

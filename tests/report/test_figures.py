@@ -88,7 +88,7 @@ def test_plot_command(tmp_path, monkeypatch, capsys):
     assert code == 0 and out.split() == [str(tmp_path / "twice" / "serving-tpot.svg")], err
     code, out, err = run_cli(["plot", "--from", str(SERVE), "--out", str(tmp_path / "none"), "--kind", "latency"],
                              monkeypatch, capsys)
-    assert code == 2 and err.startswith("error: no figure to draw") and "no kernel sweep records" in err
+    assert code == 1 and err.startswith("error: no figure to draw") and "no kernel sweep records" in err
     assert not (tmp_path / "none").exists()
 
 
