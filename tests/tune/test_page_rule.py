@@ -94,8 +94,9 @@ def test_qo1_k3_batch_1_by_pages_beats_its_bucket_choice_on_the_held_out_validat
 
 
 def test_pages_rule_errors_are_one_line(tmp_path):
-    """A batch size the run did not tune, a run whose choices differ in more than a fixed count (the
-    qo1 run, tuned with rules and pdl), and --pages-rule without --export: one line, exit 2."""
+    """A batch size the run did not tune, a run tuned without --device-policy (the qo1 run), a
+    policy whose choices differ in more than a fixed count (qo1's, tuned with rules and pdl), and
+    --pages-rule without --export: one line, exit 2."""
     from mlabench.tune.run import export_run
 
     run = qo1_k3_run(tmp_path)
@@ -103,8 +104,17 @@ def test_pages_rule_errors_are_one_line(tmp_path):
         export_run(run, pages_rule=[4])
     qo1 = tmp_path / "qo1"
     shutil.copytree(next((DEPLOY / "qo1").glob("tune-*")), qo1)
-    with pytest.raises(ConfigError, match="differ in more than a fixed count; tune with --device-policy"):
+    # a fresh user's review: a run tuned without --device-policy was exported with the rule (at most
+    # 2 splits at batch 1, 34% worst regret on its own records where its policy had 5%)
+    with pytest.raises(ConfigError, match=r"^--pages-rule reads the split ladder a --device-policy run measures .* "
+                                          r"was tuned without --device-policy: export it without --pages-rule$"):
         export_run(qo1, pages_rule=[1])
+    assert not (qo1 / "policy.prev.json").exists()
+    from mlabench.policy.tuned import load_policy
+    from mlabench.tune.page_rule import pages_rule_policy
+
+    with pytest.raises(ConfigError, match="differ in more than a fixed count; tune with --device-policy"):
+        pages_rule_policy(load_policy(qo1 / "policy.json"), [], [1], 64, {1: 132})
     for args, line in ((["tune", "--export", str(run), "--pages-rule", "0"],
                         "error: --pages-rule batch size must be > 0, got 0"),
                        (["tune", "--validate", str(run / "policy.json"), "--pages-rule", "1"],
