@@ -230,7 +230,8 @@ def resolve_heads(
     """Local heads and softmax scale from ``--model``/``--model-config``/``--tp`` or ``--heads``.
 
     Returns ``(num_heads, softmax_scale or None, spec or None)``.  Without a model the scale is
-    None (576 ** -0.5 is used).  Raises :class:`ConfigError` when both or none are given.
+    None (576 ** -0.5 is used).  Raises :class:`ConfigError` when both or none are given, and
+    for ``tp`` other than 1 without a model (``--heads`` is the local head count, which no TP divides).
     """
     if model and model_config:
         raise ConfigError("give --model or --model-config, not both")
@@ -238,6 +239,9 @@ def resolve_heads(
     if spec is None:
         if heads is None:
             raise ConfigError("give --model NAME --tp N, --model-config PATH, or --heads N")
+        if tp != 1:  # --heads is the local count already: a TP without a model would divide nothing
+            raise ConfigError(f"--tp {tp} divides a model's heads: give --model or --model-config with it, or "
+                              f"--heads alone (the heads one GPU holds)")
         if heads <= 0:
             raise ShapeError(f"heads must be > 0, got {heads}")
         return heads, None, None

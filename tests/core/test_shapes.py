@@ -102,7 +102,10 @@ def test_resolve_heads_conflicts():
         resolve_heads(model="kimi-k3", model_config="x", tp=8)
     with pytest.raises(ConfigError, match="contradicts"):
         resolve_heads(model="kimi-k3", tp=8, heads=16)
-    assert resolve_heads(heads=12) == (12, None, None)
+    assert resolve_heads(heads=12) == (12, None, None) == resolve_heads(heads=12, tp=1)
+    # a fresh user's review: `check --tp 8 --heads 96` ran 96 heads, `tune --tp 8 --heads 16` recorded 16
+    with pytest.raises(ConfigError, match=r"^--tp 8 divides a model's heads: give --model or --model-config"):
+        resolve_heads(heads=96, tp=8)
 
 
 V3_ATTENTION = {"model_type": "deepseek_v3", "num_attention_heads": 128, "kv_lora_rank": 512,
