@@ -109,6 +109,20 @@ def write_text(path: str | Path, text: str, what: str, atomic: bool = False) -> 
     return p
 
 
+def check_writable(path: str | Path, what: str) -> None:
+    """Refuse, before any work, a file ``path`` that :func:`write_text` could not write later: a
+    folder at ``path``, a file in the way of its folder, or a nearest existing folder this process
+    may not write in (:class:`FileAccessError`, one line).  Nothing is created."""
+    p = Path(path)
+    if p.is_dir():
+        raise FileAccessError(f"{what} {p} is a folder: give a file name")
+    folder = next(a for a in p.absolute().parents if a.exists())
+    if not folder.is_dir():
+        raise FileAccessError(f"{what} {p}: its folder {folder} is a file")
+    if not os.access(p if p.exists() else folder, os.W_OK):
+        raise FileAccessError(f"{what} {p}: permission denied")
+
+
 def write_bytes(path: str | Path, data: bytes, what: str) -> Path:
     """Write ``data`` to ``path``, creating its folder; :class:`FileAccessError` on failure."""
     p = Path(path)

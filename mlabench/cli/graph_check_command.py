@@ -19,7 +19,7 @@ from mlabench.cli.options import (
 )
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
-from mlabench.files import write_text
+from mlabench.files import check_writable, write_text
 from mlabench.run_files import POLICY_FILE
 
 
@@ -58,6 +58,9 @@ def graph_check(
     from mlabench.tables.render import render
 
     fmt = output_format(format, as_json, markdown)
+    for path, flag in ((save, "--save"), (policy_out, "--policy-out")):
+        if path is not None:
+            check_writable(path, flag)
     backends = name_list(backend) or ["triton-splitkv"]
     axes = backend_params(param, splits, backends) or {}
     split_list = axes.pop("num_kv_splits", None)
@@ -70,9 +73,9 @@ def graph_check(
         result = run_graph_check(cfg, subjects, policy=given, policy_path=path,
                                  progress=lambda msg: notice(msg, style="dim"))
     table = graph_check_table(result, cfg)
+    emit([table], fmt)  # printed first: a file that cannot be written (it was checked) loses no run
     if save is not None:
         write_text(save, render([table], "json"), "table file")
-    emit([table], fmt)
     flagged = sorted({r.subject for r in result.rows if r.flagged})
     if flagged:
         fail(f"flagged: {', '.join(flagged)}")

@@ -137,8 +137,8 @@ SpaceFlag = Annotated[list[str] | None, typer.Option(
     metavar="NAME=SPEC",
     help="Narrow a parameter's search space: NAME=LOW:HIGH or NAME=A,B (the range tune draws from; "
          "other commands set values with --param NAME=V[,V...]).")]
-NoiseFlag = Annotated[float | None, typer.Option(
-    metavar="FRACTION", help="Ties within this fraction of the best (default 0.01).")]
+NoiseFlag = Annotated[str | None, typer.Option(
+    metavar="FRACTION", help="Ties within this fraction of the best (0.01 or 1%; default 1%).")]
 NoHeuristicsFlag = Annotated[bool, typer.Option("--no-heuristics", help="Do not enqueue the public heuristics.")]
 StorageFlag = Annotated[str | None, typer.Option(
     metavar="URL",
@@ -210,13 +210,13 @@ def tune(
     if export is not None:
         from mlabench.tune.run import export_run
 
-        return _report(export_run(export, storage, noise, combine, allow_incomplete,
+        return _report(export_run(export, storage, fraction(noise, "--noise"), combine, allow_incomplete,
                                   int_list(pages_rule, "--pages-rule", "--pages-rule batch size")), fmt)
     from mlabench.tune.run import requested_config, run_tune
     from mlabench.tune.worker_pool import worker_devices
 
     rule = parse_rule_range(tokens_per_split)
-    values = {"backend": backend, "model": model, "tp": tp, "model_config": str(model_config) if model_config else None,
+    values = {"backend": _one_backend(backend), "model": model, "tp": tp, "model_config": str(model_config) if model_config else None,
               "heads": _one_value(int_list(heads, "--heads", "heads"), "--heads"),
               "batch": int_list(batch, "--batch", "batch"),
               "buckets": int_list(buckets, "--buckets", "--buckets"), "representative": representative,
@@ -225,10 +225,13 @@ def tune(
               "device_policy": True if device_policy else None,
               "page_size": page_size, "q_dtype": dtype, "kv_dtype": dtype, "qo_len": qo_len,
               "causal": False if non_causal else None, "sampler": sampler, "trials": trials, "timeout_s": timeout,
-              "space": parse_space(space), "noise": noise, "heuristics": False if no_heuristics else None,
+              "space": parse_space(space), "noise": fraction(noise, "--noise"), "heuristics": False if no_heuristics else None,
               "timing": {"budget_s": budget_s, "eager": False} if budget_s is not None else None, "storage": storage}
     cfg = requested_config(values, config, resume)
     non_causal_applies(non_causal, [cfg.qo_len])
+    if representative is not None and cfg.lengths_per_bucket != 1:
+        raise ConfigError(f"--representative picks a bucket's one measured length: give it with --lengths-per-bucket"
+                          f" 1 (this run measures {cfg.lengths_per_bucket} lengths a bucket, edge to edge)")
     devices = worker_devices(gpus, workers)
     view = LiveView()
     try:
@@ -243,9 +246,20 @@ def tune(
 
 
 def _one_value(values: list[int] | None, flag: str) -> int | None:
+    """The one value of a flag that tune takes once (``--heads``); :class:`ConfigError` naming
+    the values given where there are several."""
     if values is not None and len(values) != 1:
-        raise ConfigError(f"{flag} takes one value when tuning, got {len(values)}")
+        raise ConfigError(f"{flag} takes one value when tuning, got {','.join(map(str, values))}")
     return values[0] if values else None
+
+
+def _one_backend(backend: str | None) -> str | None:
+    """``--backend`` of a tuning run: one name (a study searches one kernel's parameters);
+    :class:`ConfigError` for a list, which would be looked up as one unknown name."""
+    if backend is not None and "," in backend:
+        raise ConfigError(f"tune takes one backend a run, got --backend {backend}: tune each in its own run "
+                          "(sweep --backend a,b measures several side by side)")
+    return backend
 
 
 #: At a narrow terminal (80 columns in a log) the choice table leaves out, as far as it must, the

@@ -89,7 +89,7 @@ class TuneConfig(BaseModel):
     trials: int = Field(64, ge=1, description="Finished trials per study (enqueued heuristics count).")
     timeout_s: float | None = Field(None, gt=0, description="Per study and worker, seconds.")
     space: dict[str, SpaceRange] = Field(default_factory=dict, description="Narrower ranges than the backend declares.")
-    noise: float = Field(0.01, ge=0, description="Configurations within this fraction of the best are ties.")
+    noise: float = Field(0.01, ge=0, lt=1, description="Configurations within this fraction of the best are ties.")
     heuristics: bool = Field(True, description="Enqueue the public heuristics as the first trials.")
     atol: float | None = Field(None, gt=0, description="Elementwise absolute tolerance on top of the "
                                "relative verdict (optional; a sweep's [check] atol).")

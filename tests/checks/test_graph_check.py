@@ -128,6 +128,37 @@ def test_refuses_without_a_gpu_in_one_line(monkeypatch, capsys):
     assert err.startswith("error: graph-check needs a CUDA or ROCm GPU")
 
 
+def test_an_unwritable_save_is_refused_before_the_gpu_work_and_a_failed_write_keeps_the_table(
+        tmp_path, monkeypatch, capsys):
+    """A fresh user's review: `--save` was written before the table was printed and checked only
+    then, so a bad path lost a whole GPU run.  Now a path that cannot be written is bad input
+    before anything runs (exit 2, not the no-GPU 3), and the table prints before the file is written."""
+    import mlabench.checks.graph_check as gc
+    from mlabench.errors import FileAccessError
+
+    (tmp_path / "a-file").write_text("")
+    for flag, path, line in (("--save", tmp_path, f"error: --save {tmp_path} is a folder: give a file name"),
+                             ("--policy-out", tmp_path / "a-file" / "p.json",
+                              f"error: --policy-out {tmp_path}/a-file/p.json: its folder {tmp_path}/a-file is a file")):
+        monkeypatch.setattr(sys, "argv", ["mlabench", "graph-check", flag, str(path)])
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+        assert exc.value.code == 2 and capsys.readouterr().err.strip() == line
+    monkeypatch.setattr(gc, "run_graph_check", lambda *a, **k: GraphCheckResult(rows=[assess(row(), 0.05)]))
+    import mlabench.cli.graph_check_command as command
+
+    def full_disk(path, text, what, atomic=False):
+        raise FileAccessError(f"{what} could not be written (no space left on device): {path}")
+    monkeypatch.setattr(command, "write_text", full_disk)
+    monkeypatch.setattr(sys, "argv", ["mlabench", "graph-check", "--backend", "torch-splitkv", "--context", "64",
+                                      "--save", str(tmp_path / "t.json"), "--json"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2 and "no space left" in err
+    assert json.loads(out)[0]["rows"]  # the table was printed all the same
+
+
 class FailingEngine(EagerEngine):
     def capture(self, fns):
         raise RuntimeError("operation not permitted when stream is capturing")

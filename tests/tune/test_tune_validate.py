@@ -263,6 +263,17 @@ def test_validate_measures_every_count_up_to_a_small_wave_cap(tmp_path, tiny_tim
      "error: --budget-s, --results-dir: tune --export reads"),
     (["tune", "--resume", "run", "--results-dir", "elsewhere"],
      "error: --results-dir: --resume continues in the run's own folder; leave it out"),
+    # a fresh user's review of tune: flags that ran as something else, or messages that named the wrong thing
+    (["tune", "--backend", "torch-splitkv,reference", "--heads", "2", "--buckets", "64"],
+     "error: tune takes one backend a run, got --backend torch-splitkv,reference"),
+    (["tune", "--backend", "torch-splitkv", "--heads", "2,4", "--buckets", "64"],
+     "error: --heads takes one value when tuning, got 2,4"),
+    (["tune", "--backend", "torch-splitkv", "--tp", "8", "--heads", "16", "--buckets", "64"],
+     "error: --tp 8 divides a model's heads"),
+    (["tune", "--backend", "torch-splitkv", "--heads", "2", "--buckets", "64", "--noise", "2"],
+     "error: --noise is a fraction [0, 1) (0.03 or 3%), got '2'"),
+    (["tune", "--backend", "torch-splitkv", "--heads", "2", "--buckets", "64", "--representative", "upper"],
+     "error: --representative picks a bucket's one measured length: give it with --lengths-per-bucket 1"),
 ])
 def test_cli_errors_are_one_line(args, message):
     res = subprocess.run([sys.executable, "-m", "mlabench", *args], capture_output=True, text=True, timeout=120)
