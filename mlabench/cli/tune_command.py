@@ -227,11 +227,8 @@ def tune(
               "causal": False if non_causal else None, "sampler": sampler, "trials": trials, "timeout_s": timeout,
               "space": parse_space(space), "noise": fraction(noise, "--noise"), "heuristics": False if no_heuristics else None,
               "timing": {"budget_s": budget_s, "eager": False} if budget_s is not None else None, "storage": storage}
-    cfg = requested_config(values, config, resume)
+    cfg = _representative_applies(requested_config(values, config, resume), representative)
     non_causal_applies(non_causal, [cfg.qo_len])
-    if representative is not None and cfg.lengths_per_bucket != 1:
-        raise ConfigError(f"--representative picks a bucket's one measured length: give it with --lengths-per-bucket"
-                          f" 1 (this run measures {cfg.lengths_per_bucket} lengths a bucket, edge to edge)")
     devices = worker_devices(gpus, workers)
     view = LiveView()
     try:
@@ -243,6 +240,15 @@ def tune(
     err.print(f"results: {result.store.run_dir}/ ({POLICY_FILE}, {POLICY_HEADER_FILE}, {POLICY_MODULE_FILE}, "
               f"{RESULTS_FILE}{journal})",
               markup=False)
+
+
+def _representative_applies(cfg: Any, representative: str | None) -> Any:
+    """``cfg`` (a :class:`~mlabench.tune.space.TuneConfig`); :class:`ConfigError` where
+    ``--representative`` was given and a bucket measures more than one length (it picks the one)."""
+    if representative is not None and cfg.lengths_per_bucket != 1:
+        raise ConfigError(f"--representative picks a bucket's one measured length: give it with --lengths-per-bucket"
+                          f" 1 (this run measures {cfg.lengths_per_bucket} lengths a bucket, edge to edge)")
+    return cfg
 
 
 def _one_value(values: list[int] | None, flag: str) -> int | None:

@@ -147,11 +147,15 @@ def rule_entries(points: list[TunedPoint], max_context_len: int, page_size: int,
 
 
 def pages_rule_policy(policy: Policy, records: list[Record], batches: list[int], page_size: int,
-                      caps: dict[int, int]) -> tuple[Policy, str]:
+                      caps: dict[int, int], device_policy: bool = True) -> tuple[Policy, str]:
     """``policy`` (a run's per-bucket choice) with the entries of each batch size of ``batches``
     derived by :func:`rule_entries` from ``records`` (the run's) up to its last tuned length, and a
-    note saying so.  ``caps``: each batch size's wave cap.  Raises :class:`ConfigError` for a batch
+    note saying so.  ``caps``: each batch size's wave cap.  Raises :class:`ConfigError` for a run
+    tuned without ``device_policy`` (its studies measured no split ladder up to one wave), a batch
     size the run did not tune, or a policy whose entries differ in more than the count."""
+    if not device_policy:
+        raise ConfigError("--pages-rule reads the split ladder a --device-policy run measures up to one wave, and "
+                          "this run was tuned without --device-policy: export it without --pages-rule")
     tuned = {b.batch: b for b in policy.batches}
     if missing := [b for b in batches if b not in tuned]:
         raise ConfigError(f"--pages-rule {','.join(map(str, missing))}: the run tuned batch sizes "

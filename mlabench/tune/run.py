@@ -367,7 +367,7 @@ def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list
     policy, rule_note = build_policy(cfg, rows, device, versions, source), ""
     if pages_rule:
         caps = wave_caps(cfg, specs, store.manifest().device.get("num_sms"))
-        policy, rule_note = pages_rule_policy(policy, store.records(), pages_rule, cfg.page_size, caps)
+        policy, rule_note = pages_rule_policy(policy, store.records(), pages_rule, cfg.page_size, caps, cfg.device_policy)
     paths, note = export_policy(policy, store.run_dir)
     return TuneResult(store, policy, rows, paths, "; ".join(n for n in (rule_note, note) if n))
 
@@ -377,16 +377,12 @@ def export_run(run_dir: Path, storage: str | None = None, noise: float | None = 
                pages_rule: list[int] | None = None) -> TuneResult:
     """Rebuild and write the policy of a tuning run from its studies (``noise`` and ``combine``
     override the run's: the choice is made again from what was measured, nothing is measured;
-    ``pages_rule``: batch sizes whose counts are derived across lengths, :mod:`mlabench.tune.page_rule`,
-    on a ``device_policy`` run only: :class:`ConfigError` otherwise).
+    ``pages_rule``: batch sizes whose counts are derived across lengths, :mod:`mlabench.tune.page_rule`).
     Raises :class:`ResultsError` for a study with trials running or missing, unless ``allow_incomplete``."""
     if run_kind(run_dir) == VALIDATION_KIND:
         raise ResultsError(f"{run_dir} is a validation run, not a tuning run: --export takes the tuning run whose "
                            f"policy it validated (tune --validate POLICY --from-run {run_dir} scores a policy on its records)")
     cfg, specs = recorded_config(run_dir)
-    if pages_rule and not cfg.device_policy:
-        raise ConfigError(f"--pages-rule reads the split ladder a --device-policy run measures up to one wave, and "
-                          f"{run_dir} was tuned without --device-policy: export it without --pages-rule")
     url = _storage_url(cfg.model_copy(update={"storage": storage}), cfg.storage)
     overrides = {k: v for k, v in (("noise", noise), ("combine", combine)) if v is not None}
     try:
