@@ -41,15 +41,12 @@ from mlabench.tune.manifest import fresh_run_id, run_manifest, validation_resume
 from mlabench.tune.neighbour_ties import adopt_neighbour_ties
 from mlabench.tune.page_rule import pages_rule_policy, wave_caps
 from mlabench.tune.seeded_trials import heuristic_trials, ladder_trials, page_trials, whole_tile_trials
-from mlabench.tune.space import (
-    LEGACY_FIELDS, TuneConfig, buckets_of, launched, load_tune_config, resolve_sampler, shape_dims, space_size,
-    study_space, tune_shape, wave_cap,
-)
+from mlabench.tune.space import (LEGACY_FIELDS, TuneConfig, buckets_of, launched, load_tune_config, resolve_sampler,
+                                 shape_dims, space_size, study_space, tune_shape, wave_cap)
 from mlabench.tune.storage import journal_copy, open_storage, optuna_module, redact_url
-from mlabench.tune.studies import (
-    FINISHED_STATES, StudyProgress, StudySpec, check_device, check_identity, distinct_finished, prepare_study,
-    study_name, study_progress, wait_for_other_machines,
-)
+from mlabench.tune.studies import (FINISHED_STATES, StudyProgress, StudySpec, check_device, check_identity,
+                                   distinct_finished, prepare_study, repeats_note, study_name, study_progress,
+                                   wait_for_other_machines)
 from mlabench.tune.trial_worker import MAX_TRIALS_FACTOR, POLL_S, STORAGE_ENV
 from mlabench.tune.worker_pool import start_workers, supervise
 
@@ -369,7 +366,8 @@ def _finish(cfg: TuneConfig, store: ResultStore, studies: list[Any], specs: list
         caps = wave_caps(cfg, specs, store.manifest().device.get("num_sms"))
         policy, rule_note = pages_rule_policy(policy, store.records(), pages_rule, cfg.page_size, caps, cfg.device_policy)
     paths, note = export_policy(policy, store.run_dir)
-    return TuneResult(store, policy, rows, paths, "; ".join(n for n in (rule_note, note) if n))
+    repeats = repeats_note(studies, specs, [_target(cfg, sp) for sp in specs], MAX_TRIALS_FACTOR)
+    return TuneResult(store, policy, rows, paths, "; ".join(n for n in (rule_note, note, repeats) if n))
 
 
 def export_run(run_dir: Path, storage: str | None = None, noise: float | None = None,

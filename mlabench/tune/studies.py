@@ -183,6 +183,23 @@ def distinct_finished(trials: list[Any]) -> int:
     return len({launch_key(t) for t in trials if t.state.name in FINISHED_STATES})
 
 
+def repeats_note(studies: list[Any], specs: list[StudySpec], targets: list[int], factor: int) -> str:
+    """A note naming the studies that stopped short of their target of distinct configurations
+    (``targets``, by :func:`distinct_finished`) because ``factor`` x the target of trials had
+    finished, repeats included (the cap of :class:`~mlabench.tune.trial_worker.StopAtTrials`:
+    the sampler kept suggesting launches already measured); "" when none did."""
+    short = []
+    for study, spec, target in zip(studies, specs, targets):
+        trials = study.get_trials(deepcopy=False)
+        distinct, finished = distinct_finished(trials), sum(t.state.name in FINISHED_STATES for t in trials)
+        if distinct < target and finished >= factor * target:
+            short.append(f"batch {spec.batch} context {spec.lo + 1}-{spec.hi}: {distinct}/{target}")
+    return (f"{len(short)} of {len(specs)} studies stopped short of --trials distinct configurations "
+            f"({'; '.join(short)}): their sampler kept suggesting launches already measured until {factor}x "
+            "--trials had run, so the space there holds few others it finds; fewer --trials, or a narrower "
+            "--space, says the same in less time") if short else ""
+
+
 @dataclass
 class StudyProgress:
     """Where one study stands: finished/running trials of the target, the best objective value so
