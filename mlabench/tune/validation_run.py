@@ -20,6 +20,7 @@ from mlabench.backends import get_backend
 from mlabench.bench.shape_bench import ShapeBench
 from mlabench.device import current_device
 from mlabench.errors import BackendUnavailableError, ConfigError, FileAccessError, Interrupted, ResultsError
+from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
 from mlabench.policy.heuristics import heuristic_splits
 from mlabench.policy.tuned import Policy
@@ -163,6 +164,8 @@ def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[in
         count = max(1, min(48, len(free_lengths(low, high, avoid, tile))))
     drawn = draw_lengths(count, low, high, avoid, tile, seed) if count else []
     lengths = sorted(set(drawn) | set(extra))
+    for b in policy.batches if lengths else ():  # each batch's longest point fits, before a run folder exists
+        check_fits(policy_shape(policy, b.batch, lengths[-1]))
     timing = timing or tune_timing()
     copy_bw = measure_copy_bandwidth_tbps()
     run_id = fresh_run_id(results_root, "validate")

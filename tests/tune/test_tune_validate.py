@@ -389,3 +389,15 @@ def test_the_verdict_and_the_points_title_call_lengths_given_with_context_given(
     titles = [validation_tables(Validation(None, pts, [], given=given))[1].title
               for pts, given in ((points, ()), (points, (4160,)), (points[1:], (4160,)))]
     assert [t.split(" (policy")[0] for t in titles] == ["Held-out points", "Points (held out or given)", "Given points"]
+
+
+def test_a_validation_refused_for_memory_leaves_no_run_folder(tmp_path, tiny_timing):
+    """A fresh user's review: `tune --validate P --max-context 100000000` was refused for memory at
+    its first point and left a validate-* folder that --resume could only refuse again."""
+    from mlabench.errors import OutOfMemoryError
+
+    with pytest.raises(OutOfMemoryError, match="needs .* GiB"):
+        validate_policy(fast_wrong_policy(2), count=1, low=10**8 - 10, high=10**8, timing=tiny_timing,
+                        results_root=tmp_path, seed=0)
+    assert list(tmp_path.iterdir()) == []
+
