@@ -264,24 +264,21 @@ def compile_multi_token_sm90(block_rows: int = 64, qo_len: int = 8, *, causal: b
                            "maxnreg": mt_maxnreg(rows_m_for(rows_as_m, block_rows))})
 
 
-def compile_wide_merge_sm90(policy_rows: int = 16, *, pdl: bool = True, from_lengths: bool = True,
-                            block_dv: int = 32, block_s: int = 64, tiers: bool = True):
+def compile_wide_merge_sm90(policy_rows: int = 16, *, pdl: bool = True, from_lengths: bool = True):
     """Compile the wide merge (:mod:`mlabench.kernels.wide_merge`) for sm_90 without a GPU, as
-    gluon-splitkv launches it at batch 1 (bf16 output, ``block_dv`` 32 columns a program and
-    ``block_s`` 64 slots a step; batch 16 launches 256 and 32; the lengths and a
-    ``policy_rows``-row device table with ``from_lengths``, and then, with ``tiers``, the lse
-    vectors of 32 and 64 slots; ``pdl`` its programmatic dependent launch) and return Triton's
-    compiled kernel.  Run it where Triton's interpreter has not run."""
+    gluon-splitkv launches it at batch 1 (bf16 output, 32 columns a program, the lengths and a
+    ``policy_rows``-row device table with ``from_lengths``; ``pdl`` its programmatic dependent
+    launch) and return Triton's compiled kernel.  Run it where Triton's interpreter has not run."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from mlabench.kernels.wide_merge import FEW_SLOTS, MID_SLOTS, _wide_merge_kernel
 
-    tiered = from_lengths and tiers
-    consts = {"SPLITS_POW2": 256, "BLOCK_S": block_s, "BLOCK_DV": block_dv, "USE_PDL": pdl,
+    consts = {"SPLITS_POW2": 256, "BLOCK_S": 64, "BLOCK_DV": 32, "USE_PDL": pdl,
               "RELEASE_NEXT": False, "FROM_LENGTHS": from_lengths,
               "POLICY_ROWS": policy_rows if from_lengths else 0,
-              "FEW_SLOTS": FEW_SLOTS if tiered else 0, "MID_SLOTS": MID_SLOTS if tiered else 0}
+              "FEW_SLOTS": FEW_SLOTS if from_lengths else 0, "FEW_BLOCK_S": 32,
+              "MID_SLOTS": MID_SLOTS if from_lengths else 0, "MID_BLOCK_S": 64}
     sig, attrs = _signature(_wide_merge_kernel, "bf16", consts)
     return triton.compile(ASTSource(fn=_wide_merge_kernel, signature=sig, constexprs=consts,
                                     attrs=attrs),

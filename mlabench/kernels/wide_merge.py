@@ -16,12 +16,10 @@ At batch 1 the merge is on the critical path: with 132-264 splits a request's pa
 - sizes its grid to the GPU: one program per (request, head, ``BLOCK_DV`` output columns) with
   ``BLOCK_DV`` chosen so that there are about two programs per SM (:func:`merge_blocks`): at batch
   1 and 12 heads 192 programs of 32 columns, at batch 16 384 programs of 256 columns;
-- with the lengths, reads the lses of a request that wrote at most ``FEW_SLOTS`` (32), else at
-  most ``MID_SLOTS`` (64), slots as a vector of that size, not of the workspace's count (a
-  run-time branch, the same for all of a request's programs): under a device split policy the
-  workspace holds the table's largest count (132 at batch 1) and a 1K request writes 16.  The
-  partials' loop is one for every tier: a loop a tier takes its own pipeline buffers (twice the
-  shared memory, fewer merge programs resident beside stage 1 or each other);
+- with the lengths, merges a request that wrote at most ``FEW_SLOTS`` (32), else at most
+  ``MID_SLOTS`` (64), slots with an lse vector and slot tile of that size, not of the workspace's
+  count (a run-time branch, the same for all of a request's programs): under a device split
+  policy the workspace holds the table's largest count (132 at batch 1) and a 1K request writes 16;
 - can be launched as a programmatic dependent launch (``pdl=True``, NVIDIA sm_90+): it is
   scheduled while stage 1 still runs and waits on ``griddepcontrol.wait`` before its first read,
   so the gap between the two launches leaves the critical path; with the lengths, the count of
@@ -43,14 +41,13 @@ D_V = 512  #: output width
 MAX_SPLITS_POW2 = 512  #: the lse vector of one request is loaded whole: S <= this
 TILE_ELEMENTS = 8192  #: BLOCK_S * BLOCK_DV fp32 per loop step: 64 registers a thread at 4 warps
 PAGE_TOKENS = tl.constexpr(_PAGE_TOKENS)  #: the page-granular splits' unit (a jit global: constexpr)
-#: With the lengths, a request that wrote at most this many slots has its lses read as a vector of
-#: this size, not the workspace's: under a device policy the workspace holds the table's largest
-#: count (132 at batch 1) while a 1K request writes 16.
+#: With the lengths, a request that wrote at most this many slots is merged with an lse vector and
+#: slot tile of this size, not the workspace's: under a device policy the workspace holds the
+#: table's largest count (132 at batch 1) while a 1K request writes 16.
 FEW_SLOTS = 32
-#: ... and one that wrote at most this many (more than ``FEW_SLOTS``) as a vector of this size
+#: ... and one that wrote at most this many (more than ``FEW_SLOTS``) with tiles of this size
 #: (0: none): the H100-tuned policy writes 64 of its 104 slots at batch 1 from 8K to 64K, where
-#: this tier with a slot loop of its own took 0.32-0.36 µs off device mode
-#: (results/h100/deploy/README.md, ``merge-tiers/``).
+#: this took 0.32-0.36 µs off device mode (results/h100/deploy/README.md, ``merge-tiers/``).
 MID_SLOTS = 64
 
 
@@ -94,10 +91,11 @@ def wait_prior_after(x):
 
 
 @triton.jit
-def slot_weights(plse_ptr, first, h, written, stride_ls, SLOTS_POW2: tl.constexpr):
-    """Head ``h``'s ``(top, w_total, live_hi)`` over slots ``first .. first + written - 1``
-    (``written <= SLOTS_POW2``) from one vector load of their lses: the maximum lse (0 where
-    every slot is empty), the sum of the weights ``2^(lse - top)``, and one past the last
+def merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph, stride_ls,
+                SLOTS_POW2: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Columns ``cols`` (``[BLOCK_DV]``) of head ``h``'s merge over slots ``first ..
+    first + written - 1`` (``written <= SLOTS_POW2``), fp32: the maximum lse of all of them from
+    one vector load, then the weighted partials ``BLOCK_S`` slots a step, up to the last
     non-empty slot."""
     every = tl.arange(0, SLOTS_POW2)
     lse_all = tl.load(plse_ptr + (first + every) * stride_ls + h, mask=every < written,
@@ -109,15 +107,6 @@ def slot_weights(plse_ptr, first, h, written, stride_ls, SLOTS_POW2: tl.constexp
     # merge up to the last non-empty slot, whose partials stage 1 has written.  The bound comes
     # from the one lse load above, so no partial load waits on another lse load.
     live_hi = tl.max(tl.where(lse_all > float("-inf"), every + 1, 0), 0)
-    return top, w_total, live_hi
-
-
-@triton.jit
-def merge_slots(po_ptr, plse_ptr, first, h, cols, top, w_total, live_hi, stride_ps, stride_ph,
-                stride_ls, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """Columns ``cols`` (``[BLOCK_DV]``) of head ``h``'s merge over slots ``first ..
-    first + live_hi - 1`` with :func:`slot_weights`' ``top`` and ``w_total``, fp32: the weighted
-    partials ``BLOCK_S`` slots a step."""
     acc = tl.zeros([BLOCK_DV], tl.float32)
     for c in tl.range(0, live_hi, BLOCK_S, num_stages=3):
         idx = c + tl.arange(0, BLOCK_S)
@@ -136,7 +125,8 @@ def _wide_merge_kernel(po_ptr, plse_ptr, out_ptr, seqlens_ptr, policy_ptr, num_s
                        BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, USE_PDL: tl.constexpr,
                        RELEASE_NEXT: tl.constexpr, FROM_LENGTHS: tl.constexpr,
                        POLICY_ROWS: tl.constexpr, FEW_SLOTS: tl.constexpr,
-                       MID_SLOTS: tl.constexpr):
+                       FEW_BLOCK_S: tl.constexpr, MID_SLOTS: tl.constexpr,
+                       MID_BLOCK_S: tl.constexpr):
     if RELEASE_NEXT:  # the next kernel, launched as our programmatic dependent, may start now
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
@@ -152,26 +142,23 @@ def _wide_merge_kernel(po_ptr, plse_ptr, out_ptr, seqlens_ptr, policy_ptr, num_s
             tl.extra.cuda.gdc_wait()
     cols = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     first = b.to(tl.int64) * num_splits
-    # A request that wrote few of its slots reads their lses as a vector of that size; the loop
-    # over partials is one for every tier (each loop of its own would take its own pipeline
-    # buffers: the merge's shared memory doubled, 17.4 -> 33.8 KB at batch 1).
-    if FEW_SLOTS > 0:
+    if FEW_SLOTS > 0:  # a request that wrote few of its slots merges them with small tiles
         if written <= FEW_SLOTS:
-            top, w_total, live_hi = slot_weights(plse_ptr, first, h, written, stride_ls, FEW_SLOTS)
+            res = merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph,
+                              stride_ls, FEW_SLOTS, FEW_BLOCK_S, BLOCK_DV)
         elif MID_SLOTS > 0:
             if written <= MID_SLOTS:
-                top, w_total, live_hi = slot_weights(plse_ptr, first, h, written, stride_ls,
-                                                     MID_SLOTS)
+                res = merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph,
+                                  stride_ls, MID_SLOTS, MID_BLOCK_S, BLOCK_DV)
             else:
-                top, w_total, live_hi = slot_weights(plse_ptr, first, h, written, stride_ls,
-                                                     SPLITS_POW2)
+                res = merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph,
+                                  stride_ls, SPLITS_POW2, BLOCK_S, BLOCK_DV)
         else:
-            top, w_total, live_hi = slot_weights(plse_ptr, first, h, written, stride_ls,
-                                                 SPLITS_POW2)
+            res = merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph,
+                              stride_ls, SPLITS_POW2, BLOCK_S, BLOCK_DV)
     else:
-        top, w_total, live_hi = slot_weights(plse_ptr, first, h, written, stride_ls, SPLITS_POW2)
-    res = merge_slots(po_ptr, plse_ptr, first, h, cols, top, w_total, live_hi, stride_ps, stride_ph,
-                      stride_ls, BLOCK_S, BLOCK_DV)
+        res = merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph,
+                          stride_ls, SPLITS_POW2, BLOCK_S, BLOCK_DV)
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + cols,
              res.to(out_ptr.dtype.element_ty))
 
@@ -221,7 +208,8 @@ def wide_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.
         FROM_LENGTHS=cache_seqlens is not None,
         POLICY_ROWS=0 if split_policy is None else split_policy.shape[0],
         FEW_SLOTS=FEW_SLOTS if cache_seqlens is not None and splits_pow2 > FEW_SLOTS else 0,
+        FEW_BLOCK_S=min(block_s, FEW_SLOTS),
         MID_SLOTS=MID_SLOTS if cache_seqlens is not None and splits_pow2 > MID_SLOTS else 0,
-        num_warps=4, **({"launch_pdl": True} if pdl else {}),
+        MID_BLOCK_S=min(block_s, MID_SLOTS or 1), num_warps=4, **({"launch_pdl": True} if pdl else {}),
     )
     return out

@@ -43,22 +43,3 @@ def test_written_count_is_computed_before_the_wait(policy_rows):
 
 def test_no_wait_without_pdl():
     assert not any("ACQBULK" in t for t in _sass(16, pdl=False))
-
-
-_SHARED = """
-import json
-from mlabench.kernels.offline_compile import compile_wide_merge_sm90
-print(json.dumps({f"{dv}/{s}/{t}": compile_wide_merge_sm90(16, block_dv=dv, block_s=s, tiers=t).metadata.shared
-                  for dv, s in ((32, 64), (256, 32)) for t in (False, True)}))
-"""
-
-
-def test_the_slot_tiers_add_no_shared_memory():
-    """The 32- and 64-slot tiers size only the lse vector; the partials' pipelined loop is one for
-    every tier.  With a loop a tier (74e251b), each took pipeline buffers of its own: 33.8 KB of
-    shared memory a program at batch 1 instead of 17.4 (one merge program beside a stage-1 CTA
-    instead of three, during the PDL overlap) and 131.6 KB at batch 16 instead of 67.8 (one
-    program an SM instead of three); on an H200 the best batch-1 count from 16K ran 2-10% slower."""
-    shared = json.loads(run_compile_script(_SHARED).strip().splitlines()[-1])
-    assert shared["32/64/True"] == shared["32/64/False"] <= 17408, shared
-    assert shared["256/32/True"] == shared["256/32/False"] <= 67840, shared
