@@ -122,6 +122,7 @@ class Validation:
     given: tuple[int, ...] = ()  # lengths given with --context, not drawn: held out only by chance
     recorded: bool = False  # scored on recorded measurements (--from-run), none drawn or measured
     left_out: int = 0  # recorded points without the policy's launch (--from-run), not scored
+    policy_device: str | None = None  # the GPU the policy was tuned on (Policy.device)
 
 
 def target_misses(points: list[PointResult], tolerance: float) -> list[PointResult]:
@@ -192,6 +193,10 @@ def validation_tables(v: Validation) -> list[Table]:
     summary.notes.append(target_verdict(v.points, v.tolerance, v.given, v.recorded, v.left_out))
     if v.store is not None and v.store.manifest().on_cpu():
         summary.notes.append(CPU_RUN_NOTE)
+    here = v.store.manifest().device.get("name") if v.store is not None and not v.recorded else None
+    if here and v.policy_device and here != v.policy_device:
+        summary.notes.append(f"the policy was tuned on {v.policy_device} and is measured here on {here}: the best "
+                             "count of each point is this device's, its choices the other's (docs/tuning.md)")
     if v.seed is not None and any(p.context_len not in v.given for p in v.points):
         summary.notes.append(f"held-out lengths drawn with seed {v.seed} (tune --validate ... --seed {v.seed} "
                              "draws them again)")

@@ -115,7 +115,7 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
                                              prior))
                 if progress:
                     progress(len(points), total, shape.label())
-        return _finish(store, points, seed, tolerance, given)
+        return _finish(store, points, seed, tolerance, given, policy.device)
     except KeyboardInterrupt:
         store.write_csv()
         raise Interrupted(f"interrupted: {len(points)} of {total} points recorded in {store.run_dir} (kept); "
@@ -127,13 +127,14 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
 
 
 def _finish(store: ResultStore, points: list[PointResult], seed: int, tolerance: float,
-            given: tuple[int, ...]) -> Validation:
-    """The :class:`Validation` of ``points`` (``given``: the lengths of ``--context``), with
-    ``validation.json``, ``validation.md`` and the CSV written."""
+            given: tuple[int, ...], policy_device: str | None) -> Validation:
+    """The :class:`Validation` of ``points`` (``given``: the lengths of ``--context``;
+    ``policy_device``: the GPU the policy was tuned on), with ``validation.json``,
+    ``validation.md`` and the CSV written."""
     from mlabench.tables.render import to_markdown
 
     names = sorted({k for p in points for k in p.heuristics})
-    result = Validation(store, points, names, seed, tolerance, given)
+    result = Validation(store, points, names, seed, tolerance, given, policy_device=policy_device)
     (store.run_dir / VALIDATION_FILE).write_text(json.dumps([asdict(p) for p in points], indent=1) + "\n")
     (store.run_dir / VALIDATION_TABLE_FILE).write_text("\n".join(to_markdown(t) for t in validation_tables(result)))
     store.write_csv()

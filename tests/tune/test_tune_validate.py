@@ -401,3 +401,19 @@ def test_a_validation_refused_for_memory_leaves_no_run_folder(tmp_path, tiny_tim
                         results_root=tmp_path, seed=0)
     assert list(tmp_path.iterdir()) == []
 
+
+def test_a_policy_of_another_device_is_named_beside_the_verdict(tmp_path, tiny_timing):
+    """A fresh user's review: a policy tuned on an H200 validated here said nothing of it, while
+    docs/tuning.md says a policy is tuned for one GPU model."""
+    from mlabench.device import current_device
+    from mlabench.tune.validation import validation_tables
+
+    here = current_device().name
+    for device, said in (("NVIDIA H200", True), (here, False)):
+        policy = fast_wrong_policy(2).model_copy(update={"device": device})
+        result = validate_policy(policy, count=1, low=90, high=100, timing=tiny_timing,
+                                 results_root=tmp_path / device.replace(" ", "-"), seed=0)
+        notes = validation_tables(result)[0].notes
+        assert any(n.startswith(f"the policy was tuned on NVIDIA H200 and is measured here on {here}:")
+                   for n in notes) == said, notes
+
