@@ -18,7 +18,7 @@ import typer
 from mlabench.cli.options import Format, Json, Markdown, ResultsDir, VllmBin, int_list, output_format
 from mlabench.cli.output import emit, fail, notice
 from mlabench.errors import ConfigError
-from mlabench.files import read_json, write_text
+from mlabench.files import write_text
 from mlabench.run_files import ARCHIVED_RESULTS_FILE, BENCH_RESULT_GLOB, CHECK_FILE, MANIFEST_FILE, RESULTS_FILE
 from mlabench.serving import bench, config as cfg, greedy_check as greedy, table as tbl
 from mlabench.serving.lifecycle import served_model
@@ -128,10 +128,9 @@ def _provenance() -> dict:
 def _from_run(run_dir: Path, config_path: Path | None, predict_from, stat: str, fmt: str) -> None:
     """``serve-bench [CONFIG] --from-run RUN [--predict-from SWEEP...]``: the recorded run's table; a
     CONFIG replaces only the recorded ``[prediction]`` (another reference, say), and says so."""
-    conf, results = _read_serve_run(run_dir)
+    manifest, conf, results = _read_serve_run(run_dir)
     table = config_prediction(config_path, bool(predict_from), "serve-bench --from-run", "--predict-from") \
         if config_path is not None else None
-    manifest = read_json(run_dir / MANIFEST_FILE, "serve-bench run manifest") if predict_from else {}
     predict = _prediction_input(conf, predict_from, table, manifest.get("gpus"), manifest)
     if table is not None and table != conf.prediction:
         notice(replaced_prediction(table, conf.prediction) + "; plot draws it given the same CONFIG, report "
@@ -165,14 +164,16 @@ def _renamed_env() -> None:
 
 
 def _read_serve_run(run_dir: Path):
-    """:func:`bench.read_run` of a folder that is a serve-bench run; one line saying what it is
-    otherwise (a file, a folder of runs, another kind of run: read_run says that, or no run)."""
+    """``(manifest, config, results)`` of a folder that is a serve-bench run
+    (:func:`~mlabench.serving.run_folder.read_serve_folder`); one line saying what it is otherwise
+    (a file, a folder of runs, another kind of run: the reader says that, or no run)."""
     from mlabench.errors import FileAccessError
+    from mlabench.serving.run_folder import read_serve_folder
 
     if run_dir.is_file():
         raise ConfigError(f"{run_dir} is a file: give the run folder that holds it")
     try:
-        return bench.read_run(run_dir)
+        return read_serve_folder(run_dir)
     except FileAccessError:  # no readable manifest: a folder holding runs gets its own line
         if run_dir.is_dir():
             _refuse_a_folder_of_runs(run_dir)
@@ -219,7 +220,7 @@ def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str
     if config_path is not None or overrides:
         raise ConfigError("--resume continues a run with the config it recorded: give no CONFIG, "
                           "--set, --concurrency, --repeats or --variant with it")
-    conf, recorded = _read_serve_run(run_dir)
+    manifest, conf, recorded = _read_serve_run(run_dir)
     from mlabench.records.store import is_archived
 
     if is_archived(run_dir):
@@ -229,7 +230,6 @@ def _resume(run_dir: Path, config_path, overrides, vllm_bin, stat: str, fmt: str
     left = [v for v in conf.variants if bench.points_left(conf, v, done)]
     if left:  # a finished run needs no server and no vllm
         bench.preflight(left, cfg.resolve_vllm_bin(conf.vllm_bin, vllm_bin))
-    manifest = read_json(run_dir / MANIFEST_FILE, "serve-bench run manifest") if predict_from else {}
     predict = _prediction_input(conf, predict_from, served_gpus=_gpus_here(predict_from), manifest=manifest,
                                 starting=left)
     notice(f"resuming {run_dir}: {len(done)} point(s) recorded ok; variants left: "

@@ -191,9 +191,10 @@ def validation_tables(v: Validation) -> list[Table]:
     summary.notes.append("regret = time / best time - 1; best = the fastest correct of the split counts measured "
                          f"at that point ({how}); — = a configuration failed")
     summary.notes.append(target_verdict(v.points, v.tolerance, v.given, v.recorded, v.left_out))
-    if v.store is not None and v.store.manifest().on_cpu():
+    manifest = v.store.manifest() if v.store is not None else None
+    if manifest is not None and manifest.on_cpu():
         summary.notes.append(CPU_RUN_NOTE)
-    here = v.store.manifest().device.get("name") if v.store is not None and not v.recorded else None
+    here = manifest.device.get("name") if manifest is not None and not v.recorded else None
     if here and v.policy_device and here != v.policy_device:
         summary.notes.append(f"the policy was tuned on {v.policy_device} and is measured here on {here}: the best "
                              "count of each point is this device's, its choices the other's (docs/tuning.md)")
