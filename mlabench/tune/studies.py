@@ -19,7 +19,7 @@ from typing import Any
 
 from mlabench.errors import ConfigError, ResultsError
 from mlabench.shapes import MLADecodeShape
-from mlabench.tune.space import Bucket
+from mlabench.tune.space import RULE_PARAM, TILE_PARAM, Bucket
 from mlabench.tune.storage import fail_stale, grace_period_s, has_heartbeat, optuna_module, storage_lock
 from mlabench.tune.worker_pool import worker_alive
 
@@ -203,7 +203,8 @@ def repeats_note(studies: list[Any], specs: list[StudySpec], targets: list[int],
 @dataclass
 class StudyProgress:
     """Where one study stands: finished/running trials of the target, the best objective value so
-    far (µs: the geometric mean of the medians at the study's lengths)."""
+    far (µs: the geometric mean of the medians at the study's lengths) and what that trial launched
+    (:func:`launched_params`)."""
 
     batch: int
     bucket: str
@@ -215,6 +216,22 @@ class StudyProgress:
     best_params: dict[str, Any]
 
 
+def launched_params(trial: Any) -> dict[str, Any]:
+    """What ``trial`` launched of its searched parameters, one value each: the value where every
+    length of the study launched the same, else each length's in length order joined by ``/`` (a
+    ``tokens_per_split`` rule is shown as the ``num_kv_splits=4/8/16`` it launched, not as the
+    sampled cap).  Its params for a trial recorded before the ``launched`` attribute."""
+    launches = trial.user_attrs.get("launched")
+    if not launches:
+        return dict(trial.params)
+    per_length = [params for _, params in sorted(launches, key=lambda item: item[0])]
+    shown = {}
+    for key in dict.fromkeys(k for k in trial.params if k not in (RULE_PARAM, TILE_PARAM)):
+        values = [params.get(key, "—") for params in per_length]
+        shown[key] = values[0] if len(set(map(str, values))) == 1 else "/".join(map(str, values))
+    return shown
+
+
 def study_progress(study: Any, spec: StudySpec, total: int) -> StudyProgress:
     """A :class:`StudyProgress` read from the storage now."""
     trials = study.get_trials(deepcopy=False)
@@ -223,7 +240,7 @@ def study_progress(study: Any, spec: StudySpec, total: int) -> StudyProgress:
     return StudyProgress(spec.batch, f"{spec.lo + 1}-{spec.hi}", ",".join(map(str, spec.measured())),
                          distinct_finished(trials),
                          sum(t.state.name == "RUNNING" for t in trials), total,
-                         best.value if best else None, dict(best.params) if best else {})
+                         best.value if best else None, launched_params(best) if best else {})
 
 
 def wait_for_other_machines(studies: list[Any], poll_s: float) -> None:
