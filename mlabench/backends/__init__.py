@@ -14,6 +14,8 @@ from mlabench.backends import torch_reference as _reference  # noqa: F401
 from mlabench.backends import vllm_fa3 as _vllm_fa3  # noqa: F401
 from mlabench.backends import vllm_flashmla as _vllm_flashmla  # noqa: F401
 from mlabench.backends import vllm_triton as _vllm_triton  # noqa: F401
-from mlabench.backends.registry import available_backends, backend_families, backend_names, get_backend, register
+from mlabench.backends.registry import (
+    available_backends, backend_families, backend_names, backend_params, get_backend, register,
+)
 
-__all__ = ["available_backends", "backend_families", "backend_names", "get_backend", "register"]
+__all__ = ["available_backends", "backend_families", "backend_names", "backend_params", "get_backend", "register"]

@@ -54,6 +54,12 @@ def available_backends() -> list[Backend]:
     return [b for b in (get_backend(n) for n in backend_names()) if b.available()[0]]
 
 
+def backend_params() -> dict[str, tuple[str, ...]]:
+    """``{backend name: its parameter names}`` of every registered backend: what a serve config's
+    ``[prediction]`` may name (:meth:`mlabench.deploy.prediction.PredictionSpec.of`)."""
+    return {name: get_backend(name).param_names() for name in backend_names()}
+
+
 def backend_packages() -> dict[str, tuple[str, ...]]:
     """Every registered backend's :attr:`~mlabench.backends.base.Backend.packages`, merged:
     manifest key -> distribution names (the first installed one counts)."""

@@ -59,6 +59,7 @@ def _config_prediction(runs, config_path: Path) -> tuple[dict, str]:
     ``serve-bench CONFIG --from-run`` checks it (:func:`~mlabench.cli.serve_commands.config_prediction`,
     then against each serve run's variants); a line for each run whose recorded one it replaces."""
     from mlabench.cli.serve_commands import config_prediction, replaced_prediction
+    from mlabench.backends import backend_params
     from mlabench.deploy.prediction import PredictionSpec
 
     if not runs.serve_runs:
@@ -66,7 +67,8 @@ def _config_prediction(runs, config_path: Path) -> tuple[dict, str]:
                           "gives none")
     table = config_prediction(config_path, bool(runs.records), "plot", "--from")
     for run in runs.serve_runs:
-        PredictionSpec.of(table, [v.name for v in run.config.variants], run.launch_env)
+        PredictionSpec.of(table, [v.name for v in run.config.variants], run.launch_env, run.config.input_lens(),
+                          run.config.concurrencies, backend_params())
         if table != run.config.prediction:
             notice(f"{run.name}: " + replaced_prediction(table, run.config.prediction), style="")
     return table, f"the [prediction] of {config_path}"

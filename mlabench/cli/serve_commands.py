@@ -275,6 +275,7 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dic
     (:func:`~mlabench.serving.run_folder.recorded_launch_env`)."""
     if not runs:
         return None
+    from mlabench.backends import backend_params
     from mlabench.deploy.prediction import PredictionSpec
     from mlabench.records.kinds import run_kind
     from mlabench.records.store import ResultStore, records_of, runs_of_kinds
@@ -292,7 +293,8 @@ def _prediction_input(conf: cfg.ServeConfig, runs: list[Path] | None, table: dic
     if why := serving_device_mismatch(served_gpus, (ResultStore(s).manifest().device for s in sweeps)):
         raise ConfigError(f"--predict-from: the serve-bench run {why}: its TPOT does not compare with their times")
     return (PredictionSpec.of(table or conf.prediction, [v.name for v in conf.variants],
-                              recorded_launch_env(_with_session(manifest or {}, starting))), records_of(sweeps),
+                              recorded_launch_env(_with_session(manifest or {}, starting)), conf.input_lens(),
+                              conf.concurrencies, backend_params()), records_of(sweeps),
             conf.input_lens()[0], conf.bench.random_output_len)
 
 

@@ -34,6 +34,7 @@ import glob
 import re
 from dataclasses import dataclass
 from collections.abc import Iterable, Mapping
+from pathlib import PurePosixPath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
@@ -45,12 +46,36 @@ from mlabench.tables.table import ColumnStyle, Table
 
 #: ``{env:NAME}`` in a kernel parameter of ``[prediction]``: NAME's value in the variant's launch env.
 _ENV_REF = re.compile(r"\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+#: What is left of a launch env reference that is not ``{env:NAME}`` (``{env:}``, ``{Env:X}``,
+#: ``{env: X}``, an unclosed ``{env:X``, a shell's ``$X``): refused rather than matched as text.
+_BAD_ENV_REF = re.compile(r"\{\s*env|\$\{?[A-Za-z_]", re.IGNORECASE)
+#: A parameter value naming a path, with an optional ``word:`` prefix (``device:results/.../policy.json``).
+_PATH_VALUE = re.compile(r"([a-z]+:)?([^:]*/[^:]*)")
+
+
+def value_matches(have: Any, want: Any) -> bool:
+    """A record's parameter value ``have`` against a ``[prediction]`` one ``want``, as text where
+    ``*`` and ``?`` match as in file names.  A path value also matches the same path written from
+    another folder: with one of the two relative, its parts are the other's last parts
+    (``device:results/h200/.../policy.json`` matches the ``device:/work/main/results/h200/.../policy.json``
+    a sweep recorded run from its checkout, and the other way)."""
+    have, want = str(have), str(want)
+    if fnmatch.fnmatchcase(have, want):
+        return True
+    a, b = _PATH_VALUE.fullmatch(have), _PATH_VALUE.fullmatch(want)
+    if not (a and b and a[1] == b[1]):
+        return False
+    have_parts, want_parts = PurePosixPath(a[2]).parts, PurePosixPath(b[2]).parts
+    n = min(len(have_parts), len(want_parts))
+    if PurePosixPath(a[2] if len(have_parts) == n else b[2]).is_absolute():
+        return False  # two absolute paths: the whole text decides
+    return all(fnmatch.fnmatchcase(h, w) for h, w in zip(have_parts[-n:], want_parts[-n:]))
 
 
 class KernelRef(BaseModel):
     """The microbenchmark of the kernel a variant's server runs: a backend and the parameters its
-    records must have (values compared as text; ``*`` and ``?`` match as in file names, e.g.
-    ``split_policy = "device:*"``; ``{env:NAME}`` is the value of NAME in the variant's launch env
+    records must have (values compared by :func:`value_matches`: ``*`` and ``?`` match as in file
+    names, e.g. ``split_policy = "device:*"``; ``{env:NAME}`` is the value of NAME in the variant's launch env
     as the serve-bench run recorded it: :meth:`PredictionSpec.of`), with ``by_concurrency`` adding
     or replacing some at one concurrency (a count a captured graph froze differs by batch size)."""
 
@@ -69,8 +94,7 @@ class KernelRef(BaseModel):
         matching."""
         wanted = self.params_at(concurrency)
         return record.backend == self.backend and all(
-            name in record.params and fnmatch.fnmatchcase(str(record.params[name]), str(want))
-            for name, want in wanted.items())
+            name in record.params and value_matches(record.params[name], want) for name, want in wanted.items())
 
 
 class PredictionSpec(BaseModel):
@@ -83,16 +107,21 @@ class PredictionSpec(BaseModel):
     reference: str = Field(description="Variant whose short-context TPOT gives the non-attention time.")
     short_input_len: int = Field(gt=0, description="Input length of that measurement, tokens.")
     kernels: dict[str, KernelRef] = Field(description="Variant name -> the kernel its server runs.")
-    _env_notes: list[str] = PrivateAttr(default_factory=list)
+    _notes: list[str] = PrivateAttr(default_factory=list)
 
     @classmethod
     def of(cls, table: dict[str, Any] | None, variants: Iterable[str],
-           launch_env: Mapping[str, Mapping[str, list[str]]] | None = None) -> PredictionSpec:
+           launch_env: Mapping[str, Mapping[str, list[str]]] | None = None, input_lens: Iterable[int] = (),
+           concurrencies: Iterable[int] = (), backends: Mapping[str, Iterable[str]] | None = None) -> PredictionSpec:
         """Validate a config's ``[prediction]`` against its ``variants``; :class:`ConfigError`
-        (one line) when there is none, it is malformed or its reference is not among ``variants``.
-        Kernels of variants not among them are left out: a run of some of a config's variants
-        (``serve-bench --variant``) records the config's whole ``[prediction]``, and a CONFIG given
-        with ``--from-run`` lends its ``[prediction]`` to a run that may lack some of its variants.
+        (one line) when there is none, it is malformed, its reference is not among ``variants``, a
+        kernel names a backend or parameter not in ``backends`` (name -> parameter names:
+        :func:`mlabench.backends.backend_params`, when given), or ``short_input_len`` is not among
+        ``input_lens`` (the run's or config's input lengths, when given).
+        Kernels of variants not among them are left out, with a note: a run of some of a config's
+        variants (``serve-bench --variant``) records the config's whole ``[prediction]``, and a
+        CONFIG given with ``--from-run`` lends its ``[prediction]`` to a run that may lack some of
+        its variants; a note too for a ``by_concurrency`` key not among ``concurrencies``.
         ``launch_env`` (variant -> variable -> values, as
         :func:`~mlabench.serving.run_folder.recorded_launch_env` reads a run) fills ``{env:NAME}``
         in kernel parameters: ``split_policy = "device:{env:MLABENCH_SPLIT_POLICY}"`` reads the
@@ -105,11 +134,22 @@ class PredictionSpec(BaseModel):
             spec = cls.model_validate(table)
         except ValidationError as exc:
             raise ConfigError(f"[prediction]: {validation_line(exc)}") from None
-        known = set(variants)
-        if spec.reference not in known:
-            raise ConfigError(f"[prediction] reference {spec.reference!r} is a variant that the run or config it is "
-                              f"read with lacks: {spec.reference} (it has {', '.join(variants)})")
-        spec.kernels = {name: ref for name, ref in spec.kernels.items() if name in known}
+        variants, input_lens, concurrencies = list(variants), sorted(set(input_lens)), set(concurrencies)
+        if spec.reference not in variants:
+            raise ConfigError(f"[prediction] reference {spec.reference!r} is no variant of the run or config it "
+                              f"is read with (it has {', '.join(variants)})")
+        if input_lens and spec.short_input_len not in input_lens:
+            raise ConfigError(f"[prediction] short_input_len {spec.short_input_len} is no input length of the run "
+                              f"or config it is read with ({', '.join(map(str, input_lens))}): the reference's step "
+                              "there gives the non-attention time")
+        for name, ref in spec.kernels.items():
+            if backends is not None:
+                _check_kernel(name, ref, backends)
+            spec._notes.extend(f"[prediction] kernels.{name}.by_concurrency {c}: no concurrency {c} runs here "
+                               "(unused)" for c in ref.by_concurrency if concurrencies and c not in concurrencies)
+        spec._notes.extend(f"[prediction] kernels.{name}: no variant {name} here (left out)"
+                           for name in spec.kernels if name not in variants)
+        spec.kernels = {name: ref for name, ref in spec.kernels.items() if name in variants}
         if spec.reference not in spec.kernels:
             raise ConfigError(f"[prediction] reference {spec.reference!r} needs an entry in kernels")
         for name, ref in spec.kernels.items():
@@ -126,17 +166,37 @@ class PredictionSpec(BaseModel):
                 raise ConfigError(
                     f"[prediction] kernels.{variant} reads {match.group(0)}: " +
                     (f"{variant}'s server ran with {len(values)} values of it across the run's sessions "
-                     f"({'; '.join(values)}); give the value or a pattern instead" if values else
-                     f"the run records no {match.group(1)} in {variant}'s launch env (its [variants.launch] "
-                     "env lacks it, or the run predates recorded launch envs); give the value or a pattern"))
-            self._env_notes.append(f"{variant}: {match.group(0)} is {values[0]}, as its server was launched")
+                     f"({'; '.join(values)})" if values else
+                     f"the run records no {match.group(1)} in {variant}'s launch env (runs before serve-bench "
+                     "recorded launch envs record none, or its [variants.launch] env lacks it)") +
+                    "; write the value or a pattern (device:*) instead (with --from-run: in a copy of the "
+                    "config, given as CONFIG)")
+            self._notes.append(f"{variant}: {match.group(0)} is {values[0]}, as its server was launched")
             return glob.escape(values[0])
 
         def filled(params: dict[str, Any]) -> dict[str, Any]:
-            return {k: _ENV_REF.sub(fill, v) if isinstance(v, str) else v for k, v in params.items()}
+            out = {k: _ENV_REF.sub(fill, v) if isinstance(v, str) else v for k, v in params.items()}
+            for k, v in params.items():
+                if isinstance(v, str) and _BAD_ENV_REF.search(_ENV_REF.sub("", v)):
+                    raise ConfigError(f"[prediction] kernels.{variant} {k} = {v!r}: a launch env value is "
+                                      "written {env:NAME}, NAME a variable of the variant's [variants.launch] env")
+            return out
 
         return ref.model_copy(update={"params": filled(ref.params),
                                       "by_concurrency": {c: filled(p) for c, p in ref.by_concurrency.items()}})
+
+
+def _check_kernel(variant: str, ref: KernelRef, backends: Mapping[str, Iterable[str]]) -> None:
+    """:class:`ConfigError` (one line) where ``ref`` names a backend not in ``backends``, or a
+    parameter its backend does not take (a typo would only find no record)."""
+    if ref.backend not in backends:
+        raise ConfigError(f"[prediction] kernels.{variant}: unknown backend {ref.backend!r} "
+                          f"(known: {', '.join(backends)})")
+    known = tuple(backends[ref.backend])
+    for name in [*ref.params, *(k for p in ref.by_concurrency.values() for k in p)]:
+        if name not in known:
+            raise ConfigError(f"[prediction] kernels.{variant}: {ref.backend} has no parameter {name!r} "
+                              f"(it has {', '.join(known) or 'none'})")
 
 
 def attention_us(records: Iterable[Record], kernel: KernelRef, batch: int, context_len: int) -> float | None:
@@ -220,13 +280,13 @@ def predicted_step_ms(rest_ms: float, layers: int, attn_us: float) -> float:
 
 def measured_steps(table: Any, only_len: int) -> dict[tuple[str, int, int], MeasuredStep]:
     """The ok cells of a :class:`mlabench.serving.table.ServeTable` as ``(variant, input_len,
-    concurrency) ->`` :class:`MeasuredStep` (TPOT of the table's ``stat``; variants in the table's
-    order, the config's), the input of :func:`prediction_rows`; ``only_len`` (tokens) stands for
-    the input length of a run of one length, whose rows have none."""
-    from mlabench.serving.table import tpot_of
-
-    return {(c.variant, r.input_len or only_len, r.concurrency): measured_step(r.concurrency, t, c.itl_median_ms)
-            for r in table.rows for c in r.cells if c.status == "ok" and (t := tpot_of(c, table.stat))}
+    concurrency) ->`` :class:`MeasuredStep` (the mean TPOT whatever the table's ``stat``: a predicted
+    step is a mean one, and the share outside it compares the mean TPOT with the median ITL;
+    variants in the table's order, the config's), the input of :func:`prediction_rows`;
+    ``only_len`` (tokens) stands for the input length of a run of one length, whose rows have none."""
+    return {(c.variant, r.input_len or only_len, r.concurrency): measured_step(r.concurrency, c.tpot_mean_ms,
+                                                                               c.itl_median_ms)
+            for r in table.rows for c in r.cells if c.status == "ok" and c.tpot_mean_ms}
 
 
 #: How a row's ``why`` begins where the sweeps hold no correct record of its kernel at its point.
@@ -279,7 +339,9 @@ def _params_text(kernel: KernelRef, concurrency: int) -> str:
 
 
 def prediction_table(spec: PredictionSpec, rows: list[dict[str, Any]], stat: str = "mean") -> Table:
-    """The rows of :func:`prediction_rows` as a table, grouped by input length and concurrency."""
+    """The rows of :func:`prediction_rows` as a table, grouped by input length and concurrency;
+    ``stat``, the measured table's TPOT statistic, only gets a note when it is not the mean (the
+    prediction holds the mean: :func:`measured_steps`)."""
     columns = ["input_len", "concurrency", "variant", "measured_ms", "step_from", "predicted_ms", "error_pct",
                "tpot_ms", "outside_step_pct", "attention_us", "attention_context", "attention_share_pct"]
     table = Table(
@@ -291,22 +353,30 @@ def prediction_table(spec: PredictionSpec, rows: list[dict[str, Any]], stat: str
                 "step_from": ColumnStyle(header="step from"),
                 "predicted_ms": ColumnStyle(header="predicted step ms"),
                 "error_pct": ColumnStyle(header="error %", text=lambda v: "—" if v is None else f"{v:.2f}"),
-                "tpot_ms": ColumnStyle(header=f"{stat} TPOT ms"),
-                "outside_step_pct": ColumnStyle(header="TPOT outside step %"),
+                "tpot_ms": ColumnStyle(header="mean TPOT ms"),
+                "outside_step_pct": ColumnStyle(header="TPOT outside step %", text=_pct1),
                 "attention_us": ColumnStyle(header="attention µs/layer"),
                 "attention_context": ColumnStyle(header="at context"),
-                "attention_share_pct": ColumnStyle(header="attention % of step")})
+                "attention_share_pct": ColumnStyle(header="attention % of step", text=_pct1)})
     table.notes.append(f"error % = (predicted - measured) / measured; at {spec.short_input_len} tokens "
                        f"{spec.reference}'s prediction is its measurement by construction")
     table.notes.append("measured step (\"step from\"): TPOT at concurrency 1, where every step decodes the one "
                        "request; p50 ITL above it, the median inter-token latency over every token of every "
                        "request, the typical decode step; "
-                       f"TPOT outside step % = ({stat} TPOT - step) / TPOT: at concurrency above 1 the "
+                       "TPOT outside step % = (mean TPOT - step) / TPOT: at concurrency above 1 the "
                        "prefill of the other requests, which no decode microbenchmark sees")
+    if stat != "mean":
+        table.notes.append(f"the prediction holds the mean TPOT and the median ITL, not the {stat} TPOT of the "
+                           "table above: a predicted step is a mean one")
     table.notes.extend(dict.fromkeys(f"{r['variant']}: {r['why']}" for r in rows if r["why"]))
-    table.notes.extend(dict.fromkeys(spec._env_notes))
+    table.notes.extend(dict.fromkeys(spec._notes))
     table.notes.extend(_records_used(rows))
     return table
+
+
+def _pct1(value: float | None) -> str:
+    """A share in % to one decimal (``—`` for none), in every table alike."""
+    return "—" if value is None else f"{value:.1f}"
 
 
 def _records_used(rows: list[dict[str, Any]]) -> list[str]:

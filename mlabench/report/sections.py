@@ -264,7 +264,8 @@ def _prediction_block(conf: Any, table: Any, records: Sequence[Record], launch_e
     if not records or not conf.prediction:
         return []
     try:
-        spec = PredictionSpec.of(conf.prediction, [v.name for v in conf.variants], launch_env)
+        spec = PredictionSpec.of(conf.prediction, [v.name for v in conf.variants], launch_env, conf.input_lens(),
+                                 conf.concurrencies)
     except ConfigError:
         return []
     t = prediction_table(spec, prediction_rows(spec, measured_steps(table, conf.input_lens()[0]), list(records),

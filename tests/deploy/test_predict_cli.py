@@ -203,8 +203,8 @@ def test_a_run_of_some_of_a_configs_variants_reads_its_own_prediction(tmp_path, 
     assert [(r["variant"], r["predicted_ms"] is not None) for r in rows] == [("mlabench", True), ("fa3", True)]
     run_dir = _serve_run(tmp_path, {**PREDICTION, "reference": "gone"})
     code, _, err = run(["serve-bench", "--from-run", str(run_dir), *sweeps], monkeypatch, capsys)
-    assert code == 2 and err == "error: [prediction] reference 'gone' is a variant that the run or config it is " \
-                                "read with lacks: gone (it has fm, ours)\n"
+    assert code == 2 and err == "error: [prediction] reference 'gone' is no variant of the run or config it is " \
+                                "read with (it has fm, ours)\n"
 
 
 def test_a_report_of_a_run_at_concurrency_16_only_says_why_no_dash(tmp_path, monkeypatch, capsys):
@@ -299,3 +299,28 @@ def test_a_pattern_says_which_records_it_read_and_where_several_matched(monkeypa
     values = pattern_values(records, kernel, 1, 4096)                 # every split count swept, the fastest first
     assert len(values) == len({r.params["num_kv_splits"] for r in at}) > 1
     assert values[0] == f"num_kv_splits={fastest.params['num_kv_splits']}"
+
+
+def test_the_prediction_holds_the_mean_tpot_whatever_stat_the_table_shows(monkeypatch, capsys):
+    """A fresh user's review: with --stat p99 the prediction held the p99 TPOT at concurrency 1
+    (its "step from" still said TPOT) and put (p99 TPOT - median ITL) / p99 TPOT in its prefill column
+    at concurrency 16 (52.4% for mlabench at 4K, 26.5% from the mean)."""
+    args = ["serve-bench", "--from-run", str(REPO / "results/h200/serving/serve-20261205T180702Z-h200-proxy"),
+            "--predict-from", str(REPO / "results/h200/serving/sweep"), "--json"]
+    code, out, err = run(args, monkeypatch, capsys)
+    assert code == 0, err
+    mean = json.loads(out)[-1]
+    code, out, err = run([*args, "--stat", "p99"], monkeypatch, capsys)
+    assert code == 0, err
+    p99 = json.loads(out)[-1]
+    assert p99["rows"] == mean["rows"]                        # measured step, TPOT and its shares: the mean's
+    assert any("not the p99 TPOT of the table above" in n for n in p99["notes"])
+    assert not any("p99" in n for n in mean["notes"])
+
+
+def test_a_typo_in_a_kernel_of_the_prediction_is_one_line(tmp_path, monkeypatch, capsys):
+    """A misspelled backend found no record: empty predictions with exit 0 (a fresh user's review)."""
+    run_dir = _serve_run(tmp_path, {**PREDICTION, "kernels": {**PREDICTION["kernels"], "fm": {"backend": "flashmal"}}})
+    code, _, err = run(["serve-bench", "--from-run", str(run_dir), "--predict-from", str(SWEEP)], monkeypatch, capsys)
+    assert code == 2 and err.startswith("error: [prediction] kernels.fm: unknown backend 'flashmal' (known: ")
+    assert err.count("\n") == 1

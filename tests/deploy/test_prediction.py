@@ -5,9 +5,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from mlabench.backends import backend_params
 from mlabench.deploy.prediction import (
     KernelRef, MeasuredStep, PredictionSpec, attention_us, measured_step, non_attention_ms,
-    predicted_step_ms, prediction_rows, prediction_table, served_attention_us,
+    predicted_step_ms, prediction_rows, prediction_table, served_attention_us, value_matches,
 )
 from mlabench.errors import ConfigError
 
@@ -120,16 +121,60 @@ def test_a_note_omits_empty_params_and_error_pct_has_two_decimals():
     assert errors == ["0.00", f"{100 * (5.4 - 5.123) / 5.123:.2f}"]
 
 
+_ONE = {"layers": 1, "reference": "fm", "short_input_len": 4096}
+
+
 @pytest.mark.parametrize("table, words", [
     (None, "no [prediction] table"),
     ({"layers": 0, "reference": "fm", "short_input_len": 1, "kernels": {}}, "layers"),
-    ({"layers": 1, "reference": "zz", "short_input_len": 1, "kernels": {"fm": {"backend": "x"}}}, "lacks: zz"),
-    ({"layers": 1, "reference": "fa3", "short_input_len": 1, "kernels": {"fm": {"backend": "x"}}}, "needs an entry"),
+    ({**_ONE, "reference": "zz", "kernels": {"fm": {"backend": "flashmla"}}}, "reference 'zz' is no variant"),
+    ({**_ONE, "reference": "fa3", "kernels": {"fm": {"backend": "flashmla"}}}, "needs an entry"),
+    # a fresh user's typos, each of which found no record and printed empty predictions with exit 0
+    ({**_ONE, "kernels": {"fm": {"backend": "vllm-flashml"}}}, "kernels.fm: unknown backend 'vllm-flashml'"),
+    ({**_ONE, "kernels": {"fm": {"backend": "vllm-fa3-mla", "params": {"max_num_split": 32}}}},
+     "kernels.fm: vllm-fa3-mla has no parameter 'max_num_split' (it has max_num_splits"),
+    ({**_ONE, "kernels": {"fm": {"backend": "gluon-splitkv", "by_concurrency": {1: {"num_kv_split": 8}}}}},
+     "gluon-splitkv has no parameter 'num_kv_split'"),
+    ({**_ONE, "kernels": {"fm": {"backend": "gluon-splitkv", "params": {"split_policy": "device:{env:}"}}}},
+     "kernels.fm split_policy = 'device:{env:}': a launch env value is written {env:NAME}"),
+    ({**_ONE, "kernels": {"fm": {"backend": "gluon-splitkv", "params": {"split_policy": "device:{Env:P}"}}}},
+     "is written {env:NAME}"),
+    ({**_ONE, "kernels": {"fm": {"backend": "gluon-splitkv", "params": {"split_policy": "device:{env:P"}}}},
+     "is written {env:NAME}"),
+    ({**_ONE, "kernels": {"fm": {"backend": "gluon-splitkv", "params": {"split_policy": "$POLICY"}}}},
+     "is written {env:NAME}"),
+    ({**_ONE, "short_input_len": 4000, "kernels": {"fm": {"backend": "flashmla"}}},
+     "short_input_len 4000 is no input length of the run or config it is read with (4096, 32768)"),
 ])
 def test_a_bad_spec_is_one_line(table, words):
     with pytest.raises(ConfigError) as err:
-        PredictionSpec.of(table, ["fm", "ours", "fa3"])
+        PredictionSpec.of(table, ["fm", "ours", "fa3"], {}, [32768, 4096], [1, 16], backend_params())
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_kernels_of_absent_variants_and_unused_concurrency_keys_are_named_in_notes():
+    spec = PredictionSpec.of({**_ONE, "kernels": {"fm": {"backend": "flashmla"}, "flashmal": {"backend": "flashmla"},
+                                                  "ours": {"backend": "gluon-splitkv",
+                                                           "by_concurrency": {11: {"num_kv_splits": 8}}}}},
+                             ["fm", "ours"], {}, [4096], [1, 16])
+    assert set(spec.kernels) == {"fm", "ours"}
+    assert spec._notes == ["[prediction] kernels.ours.by_concurrency 11: no concurrency 11 runs here (unused)",
+                           "[prediction] kernels.flashmal: no variant flashmal here (left out)"]
+
+
+@pytest.mark.parametrize("have, want, same", [
+    ("device:/work/main/results/h200/q/policy.json", "device:results/h200/q/policy.json", True),
+    ("device:results/h200/q/policy.json", "device:/srv/co/results/h200/q/policy.json", True),  # the other way
+    ("device:./results/h200/q/policy.json", "device:results/h200/q/policy.json", True),
+    ("device:/work/main/results/h200/q/policy.json", "device:results/h200/*/policy.json", True),
+    ("device:/work/main/results/h200/q/policy.json", "device:results/h200/r/policy.json", False),
+    ("device:/a/results/h200/q/policy.json", "device:/b/results/h200/q/policy.json", False),  # both absolute
+    ("device:/work/main/results/h200/q/policy.json", "results/h200/q/policy.json", False),  # not a device policy
+    ("device:/work/main/xresults/h200/q/policy.json", "device:results/h200/q/policy.json", False),  # whole parts
+    ("8", "8", True), ("16", "8", False), ("device:x", "device:*", True),
+])
+def test_a_path_value_matches_the_same_path_written_from_another_folder(have, want, same):
+    assert value_matches(have, want) is same
 
 
 def test_above_concurrency_1_the_step_is_the_median_itl_and_the_rest_of_the_tpot_is_shown():

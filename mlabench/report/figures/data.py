@@ -339,7 +339,7 @@ def predictions(data: ServingData, conf: Any, table: Any, records: Sequence[Reco
     from mlabench.errors import ConfigError
 
     try:
-        spec = PredictionSpec.of(conf.prediction, data.variants, launch_env)
+        spec = PredictionSpec.of(conf.prediction, data.variants, launch_env, conf.input_lens(), conf.concurrencies)
     except ConfigError as exc:
         return str(exc)
     rows = prediction_rows(spec, measured_steps(table, conf.input_lens()[0]), list(records),
