@@ -49,7 +49,9 @@ def plot(
         raise MissingResultError("no figure to draw from these runs (" + "; ".join(s.line() for s in skipped) + ")")
     for s in skipped:
         notice(s.line(), style="")
-    for _spec, paths in written:
+    for spec, paths in written:
+        if spec.note:
+            notice(spec.note, style="")
         for path in paths:
             typer.echo(str(path))
 

@@ -324,3 +324,15 @@ def test_a_typo_in_a_kernel_of_the_prediction_is_one_line(tmp_path, monkeypatch,
     code, _, err = run(["serve-bench", "--from-run", str(run_dir), "--predict-from", str(SWEEP)], monkeypatch, capsys)
     assert code == 2 and err.startswith("error: [prediction] kernels.fm: unknown backend 'flashmal' (known: ")
     assert err.count("\n") == 1
+
+
+def test_plot_says_why_its_serving_figure_has_no_predicted_tpot(tmp_path, monkeypatch, capsys):
+    """plot wrote a serving figure without dashes, exit 0, and said why only in the figure's caption,
+    which plot does not print (a fresh user's review)."""
+    serving = REPO / "results/h200/serving"
+    code, out, err = run(["plot", "--from", str(serving / "serve-20261205T022623Z-h200-proxy"), "--from",
+                          str(serving / "sweep/kimi-k3-tp8-serving-20261204-211036-1205"), "--kind", "serving-tpot",
+                          "--out", str(tmp_path)], monkeypatch, capsys)
+    assert code == 0, err
+    assert "serving-tpot: no TPOT predicted: the run has no concurrency-1 point" in " ".join(err.split()), err
+    assert out.strip().endswith("serving-tpot.png")

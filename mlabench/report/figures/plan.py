@@ -172,8 +172,10 @@ def _serving(runs: Any, families: dict[str, str], kind: str) -> list[FigureSpec]
                    f"speedup over {data.baseline} (baseline TPOT / variant TPOT)"
                    + ("; a panel per input length and concurrency, each on its own axis" if data.input_lens
                       else "") + _predicted_caption(data) + ".")
+        note = f"serving-tpot{suffix}: no TPOT predicted: {data.predicted_note}" if data.predicted_note else ""
         specs.append(FigureSpec(kind, "serving-tpot" + suffix, caption,
-                                partial(_draw_serving().serving, data, title, f"{data.description} · {data.workload}")))
+                                partial(_draw_serving().serving, data, title, f"{data.description} · {data.workload}"),
+                                note))
     return specs or "no serve-bench run with a TPOT result among the runs given"
 
 

@@ -14,12 +14,15 @@ from typing import Any
 
 @dataclass
 class FigureSpec:
-    """One figure to draw: its kind, file stem, a caption for reports, and a drawing callable."""
+    """One figure to draw: its kind, file stem, a caption for reports, a drawing callable, and a
+    note ``plot`` prints beside the file it writes ("" for none: e.g. why a serving figure has no
+    predicted TPOT although sweep runs were given, which only its caption would say)."""
 
     kind: str
     stem: str
     caption: str
     draw: Callable[[], Any]
+    note: str = ""
 
 
 @dataclass
