@@ -22,7 +22,7 @@ from mlabench.cli import (
     diff_command as diff, graph_check_command as graphs, kernel_commands as kernels, report_commands as report,
     serve_commands as serve, tune_command as tune,
 )
-from mlabench.errors import ExitCode, MlabenchError
+from mlabench.errors import ConfigError, ExitCode, MlabenchError
 
 app = typer.Typer(
     name="mlabench",
@@ -70,6 +70,27 @@ def help_wins(args: list[str]) -> list[str]:
     return [*args[:first_option], "--help"]
 
 
+def repeated_option(args: list[str]) -> str:
+    """One line naming an option of the command ``args`` run that is given twice although it takes
+    one value (click keeps the last: ``tune --backend a --backend b`` tuned b without a word), or
+    "".  Options that take several (``check --backend``) and flags may repeat; ``--`` ends the scan."""
+    command, rest = typer.main.get_command(app), list(args)
+    while hasattr(command, "list_commands") and rest and not rest[0].startswith("-"):  # a group
+        command, rest = command.commands.get(rest[0]), rest[1:]
+    if command is None:
+        return ""
+    rest = rest[:rest.index("--")] if "--" in rest else rest
+    for param in command.params:
+        if (param.param_type_name == "option" and not param.multiple and not param.is_flag
+                and param.nargs == 1):
+            values = [(rest[i + 1:i + 2] or [""])[0] if a in param.opts else a.split("=", 1)[1]
+                      for i, a in enumerate(rest) if a in param.opts or a.split("=", 1)[0] in param.opts and "=" in a]
+            if len(values) > 1:
+                return (f"{param.opts[0]} given {len(values)} times ({', '.join(values)}); it takes one value "
+                        "(the last would win)")
+    return ""
+
+
 def stop_on_sigterm() -> None:
     """Make SIGTERM (``kill``, ``timeout``, a job scheduler's stop) end a command as Ctrl-C does:
     Python's default for it ends the process at once, so an interrupted sweep or tune would not
@@ -86,6 +107,8 @@ def main() -> None:
     try:
         # With standalone_mode=False click returns the code of a typer.Exit instead of raising it,
         # and typer turns Ctrl-C inside a command into code 130.
+        if (why := repeated_option(sys.argv[1:])) and "--help" not in sys.argv:
+            raise ConfigError(why)
         code = app(args=help_wins(sys.argv[1:]), standalone_mode=False)
         if code == ExitCode.INTERRUPTED:
             typer.echo("aborted", err=True)

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from mlabench.cli.options import (
-    Batch, BudgetS, Format, Heads, Json, Markdown, Model, ModelConfig, NonCausal, PageSize, QoLen, ResultsDir, Resume,
+    Batch, BudgetS, Format, Json, Markdown, Model, ModelConfig, NonCausal, QoLen, ResultsDir, Resume,
     SweepFile, Tp, fraction, int_list, non_causal_applies, output_format,
 )
 from mlabench.cli.output import emit, err, fail, progress_bar
@@ -93,6 +93,9 @@ class LiveView:
 
 #: The options of ``tune`` that no other command has.
 BackendFlag = Annotated[str | None, typer.Option(metavar="NAME", help="Backend to tune, e.g. triton-splitkv.")]
+TuneHeads = Annotated[str | None, typer.Option("--heads", metavar="H", help="Local heads, e.g. 12, without a model.")]
+TunePageSize = Annotated[int | None, typer.Option(
+    "--page-size", metavar="N", help="KV page size: 1, 16 or 64 (default: the --config sweep's, else 64).")]
 BucketsFlag = Annotated[str | None, typer.Option(
     metavar="L[,L...]", help="Context bucket upper edges, e.g. 1024,4096,32768,131072.")]
 RepresentativeFlag = Annotated[str | None, typer.Option(
@@ -182,11 +185,11 @@ AllowIncompleteFlag = Annotated[bool, typer.Option(
 
 def tune(
     backend: BackendFlag = None, config: SweepFile = None, model: Model = None, tp: Tp = None,
-    model_config: ModelConfig = None, heads: Heads = None, batch: Batch = None, buckets: BucketsFlag = None,
+    model_config: ModelConfig = None, heads: TuneHeads = None, batch: Batch = None, buckets: BucketsFlag = None,
     representative: RepresentativeFlag = None, lengths_per_bucket: LengthsPerBucketFlag = None,
     combine: CombineFlag = None, max_waves: MaxWavesFlag = None, tokens_per_split: TokensPerSplitFlag = None,
     whole_tiles: WholeTilesFlag = None, edges_per_octave: EdgesPerOctaveFlag = None,
-    device_policy: DevicePolicyFlag = False, page_size: PageSize = None, qo_len: QoLen = None,
+    device_policy: DevicePolicyFlag = False, page_size: TunePageSize = None, qo_len: QoLen = None,
     non_causal: NonCausal = False, dtype: DtypeFlag = None, sampler: SamplerFlag = None, trials: TrialsFlag = None,
     timeout: TimeoutFlag = None, space: SpaceFlag = None, noise: NoiseFlag = None,
     no_heuristics: NoHeuristicsFlag = False, budget_s: BudgetS = None, storage: StorageFlag = None,

@@ -309,6 +309,28 @@ def test_usage_mistakes_are_one_line_and_exit_2_without_traceback(monkeypatch, c
     assert code == 2 and err == message + "\n"
 
 
+@pytest.mark.parametrize("args, message", [
+    (["tune", "--backend", "triton-splitkv", "--backend", "torch-splitkv"],
+     "error: --backend given 2 times (triton-splitkv, torch-splitkv); it takes one value (the last would win)"),
+    (["tune", "--heads", "4", "--heads=6"], "error: --heads given 2 times (4, 6); it takes one value (the last would win)"),
+    (["sweep", "--order", "grid", "--order=shuffled"],
+     "error: --order given 2 times (grid, shuffled); it takes one value (the last would win)"),
+])
+def test_an_option_of_one_value_given_twice_is_refused(monkeypatch, capsys, args, message):
+    """A fresh user's review: tune --backend a --backend b --heads 4 --heads 6 tuned b with 6 heads
+    without a word (click keeps the last), where --backend a,b and --heads 4,6 are refused."""
+    code, _, err = run(args, monkeypatch, capsys)
+    assert code == 2 and err == message + "\n"
+
+
+def test_options_that_take_several_values_may_repeat(monkeypatch, capsys):
+    from mlabench.cli.app import repeated_option
+
+    assert repeated_option(["check", "--backend", "a", "--backend", "b"]) == ""  # check --backend is repeatable
+    assert repeated_option(["report", "--from", "a", "--from", "b", "--", "--out", "x", "--out", "y"]) == ""
+    assert repeated_option(["report", "--from", "a", "--out", "x", "--out", "y"]).startswith("--out given 2 times")
+
+
 def test_version(monkeypatch, capsys):
     code, out, _ = run(["--version"], monkeypatch, capsys)
     assert code == 0 and out.startswith("mlabench ")
