@@ -346,7 +346,10 @@ def runs_of_kinds(paths: Iterable[Path], kinds: Collection[str], what: str) -> l
     wanted = f"{', '.join(some)} or {last}" if some else last
     found: list[Path] = []
     for path in map(Path, paths):
-        folders = run_folders([path], any_depth=True)
+        try:
+            folders = run_folders([path], any_depth=True)
+        except ResultsError as exc:  # the path's own line, named by the option that gave it
+            raise ResultsError(f"{what} {exc}") from None
         kept = [f for f in folders if run_kind(f) in kinds]
         if holds_run(path) and not kept:
             raise ResultsError(f"{what} {path}: a {run_kind(path)} run, not a {wanted} run")

@@ -123,7 +123,12 @@ def test_a_file_given_for_a_run_folder_is_named_as_a_file(tmp_path, monkeypatch,
     results = serve / "results.jsonl"
     for argv, words in ((["--from-run", str(results)], f"error: {results} is a file: give the run folder that holds it"),
                         (["--from-run", str(serve), "--predict-from", str(results)],
-                         f"error: --predict-from {results}: a file, not a run folder")):
+                         f"error: --predict-from {results}: a file, not a run folder"),
+                        # a folder without a run under it was named without the option (a fresh user's review)
+                        (["--from-run", str(serve), "--predict-from", str(tmp_path / "empty")],
+                         f"error: --predict-from {tmp_path / 'empty'}: no run folder (results.jsonl, manifest.json) "
+                         "here or below")):
+        (tmp_path / "empty").mkdir(exist_ok=True)
         code, _out, err = run(["serve-bench", *argv], monkeypatch, capsys)
         assert code == 2 and err == words + "\n"
 
