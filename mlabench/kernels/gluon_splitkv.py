@@ -78,11 +78,12 @@ def _gluon_splitkv_stage1(q_ptr, qr_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr
     b, row_lo, split, seq_len, page_lo, n_tiles, written, bt_row_ptr = program_split(
         seqlens_ptr, bt_ptr, stride_btb, num_splits, policy_ptr, ROW_TILES, BLOCK_R, POLICY_ROWS,
         num_warps)
-    if n_tiles == 0:  # a split that owns no page exits before any set-up (its barriers, zeroed
-        return  # accumulators): results/h100/deploy/README.md#empty-splits-exit-first-empty-exit
+    if n_tiles == 0:  # an empty split exits before any set-up, after the grid before (PDL): see
+        if WAIT_PRIOR:  # results/h100/deploy/README.md#empty-splits-exit-first-empty-exit and
+            wait_prior_grid()  # #an-empty-split-waits-for-the-grid-before-empty-wait
+        return
     # The n_tiles > 0 guards below can no longer be false; they stay because without them ptxas
     # allocates otherwise (2368 SASS instructions against 2360), and that kernel was not measured.
-
     kn_smem, kr_smem, bars = page_ring(kvn_desc, kvr_desc, NUM_STAGES)
     if WAIT_PRIOR:  # launched early (PDL): the length, the split and the ring are ready; now wait
         if n_tiles > 0:  # for the grid before (it may write q and read our partials); an empty
