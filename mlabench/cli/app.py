@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import Any
 
 import typer
 
@@ -70,24 +71,30 @@ def help_wins(args: list[str]) -> list[str]:
     return [*args[:first_option], "--help"]
 
 
-def repeated_option(args: list[str]) -> str:
-    """One line naming an option of the command ``args`` run that is given twice although it takes
-    one value (click keeps the last: ``tune --backend a --backend b`` tuned b without a word), or
-    "".  Options that take several (``check --backend``) and flags may repeat; ``--`` ends the scan."""
-    command, rest = typer.main.get_command(app), list(args)
+def repeated_option(command: Any, args: list[str]) -> str:
+    """One line naming an option of the command ``args`` run (``command``: the app's click command)
+    that is given twice although it takes one value (click keeps the last: ``tune --backend a
+    --backend b`` tuned b without a word), or "".  Options that take several (``check --backend``)
+    and flags may repeat; ``--`` ends the scan."""
+    rest = list(args)
     while hasattr(command, "list_commands") and rest and not rest[0].startswith("-"):  # a group
         command, rest = command.commands.get(rest[0]), rest[1:]
     if command is None:
         return ""
     rest = rest[:rest.index("--")] if "--" in rest else rest
     for param in command.params:
-        if (param.param_type_name == "option" and not param.multiple and not param.is_flag
-                and param.nargs == 1):
-            values = [(rest[i + 1:i + 2] or [""])[0] if a in param.opts else a.split("=", 1)[1]
-                      for i, a in enumerate(rest) if a in param.opts or a.split("=", 1)[0] in param.opts and "=" in a]
-            if len(values) > 1:
-                return (f"{param.opts[0]} given {len(values)} times ({', '.join(values)}); it takes one value "
-                        "(the last would win)")
+        if param.param_type_name != "option" or param.multiple or param.is_flag or param.nargs != 1:
+            continue
+        values = []
+        for i, arg in enumerate(rest):
+            name, eq, value = arg.partition("=")
+            if arg in param.opts:  # --opt VALUE
+                values.append((rest[i + 1:i + 2] or [""])[0])
+            elif eq and name in param.opts:  # --opt=VALUE
+                values.append(value)
+        if len(values) > 1:
+            return (f"{param.opts[0]} given {len(values)} times ({', '.join(values)}); it takes one value "
+                    "(the last would win)")
     return ""
 
 
@@ -107,9 +114,10 @@ def main() -> None:
     try:
         # With standalone_mode=False click returns the code of a typer.Exit instead of raising it,
         # and typer turns Ctrl-C inside a command into code 130.
-        if (why := repeated_option(sys.argv[1:])) and "--help" not in sys.argv:
+        command = typer.main.get_command(app)  # built once: the check below and the run share it
+        if (why := repeated_option(command, sys.argv[1:])) and "--help" not in sys.argv:
             raise ConfigError(why)
-        code = app(args=help_wins(sys.argv[1:]), standalone_mode=False)
+        code = command(args=help_wins(sys.argv[1:]), standalone_mode=False)
         if code == ExitCode.INTERRUPTED:
             typer.echo("aborted", err=True)
         if isinstance(code, int) and code:

@@ -324,11 +324,14 @@ def test_an_option_of_one_value_given_twice_is_refused(monkeypatch, capsys, args
 
 
 def test_options_that_take_several_values_may_repeat(monkeypatch, capsys):
+    import typer
+
     from mlabench.cli.app import repeated_option
 
-    assert repeated_option(["check", "--backend", "a", "--backend", "b"]) == ""  # check --backend is repeatable
-    assert repeated_option(["report", "--from", "a", "--from", "b", "--", "--out", "x", "--out", "y"]) == ""
-    assert repeated_option(["report", "--from", "a", "--out", "x", "--out", "y"]).startswith("--out given 2 times")
+    app = typer.main.get_command(cli.app)
+    assert repeated_option(app, ["check", "--backend", "a", "--backend", "b"]) == ""  # check --backend is repeatable
+    assert repeated_option(app, ["report", "--from", "a", "--from", "b", "--", "--out", "x", "--out", "y"]) == ""
+    assert repeated_option(app, ["report", "--from", "a", "--out", "x", "--out", "y"]).startswith("--out given 2 times")
 
 
 def test_version(monkeypatch, capsys):
