@@ -30,9 +30,11 @@ from pydantic import ValidationError
 from mlabench.errors import ConfigError, FileAccessError
 
 
-def _reason(exc: OSError) -> str:
+def _reason(exc: OSError, making: bool = False) -> str:
+    """What went wrong, for people; ``making``: the path was being created (a folder that cannot
+    be made, e.g. under /proc, reads ENOENT as if it were missing)."""
     if isinstance(exc, FileNotFoundError):
-        return "not found"
+        return "could not be created there" if making else "not found"
     if isinstance(exc, IsADirectoryError):
         return "is a folder, not a file"
     if isinstance(exc, NotADirectoryError):
@@ -47,11 +49,13 @@ def _reason(exc: OSError) -> str:
 
 
 @contextmanager
-def user_path(path: str | Path, what: str) -> Iterator[None]:
+def user_path(path: str | Path, what: str, making: bool = False) -> Iterator[None]:
     """Run the block; an ``OSError`` or ``UnicodeError`` inside it becomes a
     :class:`FileAccessError` like ``sweep config not found: x.toml``.
 
-    ``what`` names the file for people (``"model config"``, ``"run folder"``).
+    ``what`` names the file for people (``"model config"``, ``"run folder"``); ``making``: the
+    block creates ``path`` (a folder), so ENOENT means it could not be made.  A folder on the way
+    that fails is always one being made (the writers create their folders).
     """
     try:
         yield
@@ -60,8 +64,8 @@ def user_path(path: str | Path, what: str) -> Iterator[None]:
     except OSError as exc:
         culprit = Path(exc.filename) if isinstance(exc.filename, str) else None
         if culprit is not None and culprit in Path(path).parents:  # a folder on the way is in the way
-            raise FileAccessError(f"{what} {path}: its folder {culprit} {_reason(exc)}") from None
-        raise FileAccessError(f"{what} {_reason(exc)}: {path}") from None
+            raise FileAccessError(f"{what} {path}: its folder {culprit} {_reason(exc, True)}") from None
+        raise FileAccessError(f"{what} {_reason(exc, making)}: {path}") from None
 
 
 def read_text(path: str | Path, what: str) -> str:
@@ -174,9 +178,9 @@ def make_dir(path: str | Path, what: str, exist_ok: bool = True) -> Path:
         except FileExistsError:
             raise
         except OSError as exc:
-            raise FileAccessError(f"{what} {_reason(exc)}: {p}") from None
+            raise FileAccessError(f"{what} {_reason(exc, True)}: {p}") from None
         return p
-    with user_path(p, what):
+    with user_path(p, what, making=True):
         p.mkdir(parents=True, exist_ok=True)
     return p
 

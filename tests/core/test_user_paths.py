@@ -89,3 +89,16 @@ def test_a_file_in_the_way_of_a_folder_is_the_path_named(tmp_path, monkeypatch, 
     (tmp_path / "rep" / "figures").write_text("x")
     code, _, err = run(["report", "--from", str(RUN), "--out", str(tmp_path / "rep")], monkeypatch, capsys)
     assert code == 2 and f"its folder {tmp_path / 'rep' / 'figures'} exists already as a file" in err, err
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc (no folder can be made in it)")
+@pytest.mark.parametrize("args, message", [
+    (["report", "--from", str(RUN), "--out", "/proc/mlabench-x"], "report folder could not be created there: /proc/mlabench-x"),
+    (["sweep", "--heads", "12", "--backend", "torch-splitkv", "--context", "32", "--splits", "1", "--page-size", "16",
+      "--budget-s", "0.05", "--results-dir", "/proc/mlabench-x"], "its folder /proc/mlabench-x could not be created there"),
+])
+def test_a_folder_that_cannot_be_made_is_not_called_missing(monkeypatch, capsys, args, message):
+    """A fresh user's review: ``--results-dir /proc/x`` said "its folder /proc/x not found" and
+    ``report --out /proc/x`` "report folder not found", where both commands make missing folders."""
+    code, _, err = run(args, monkeypatch, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
