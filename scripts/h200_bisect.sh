@@ -2,7 +2,8 @@
 # The batch-1 one-token time of gluon-splitkv (kimi-k3-tp8, 16K/32K/100K, 64 and 132 splits) with
 # the kernels of several revisions, on one GPU in one call: which commit moved it.
 #   here:       bash scripts/h200_bisect.sh prepare REV...   (git archive of mlabench/ at each
-#               REV into .whl/t/<short rev>/; .whl/opt holds the pydantic and optuna wheels)
+#               REV into .whl/t/<short rev>/, stamped with REV, so its runs record it, and a copy
+#               edited by hand records it dirty; .whl/opt holds the pydantic and optuna wheels)
 #   the device: ORDER="<short rev> ..." bash scripts/h200_bisect.sh run OUT   (carry .whl)
 # Each revision's sweep is a run folder under /tmp/bis/<i>-<rev>/, packed into OUT/bis.tgz after
 # each one (a call cut by its limit keeps those done); ~20 s a revision on a warm H100.  Name the
@@ -16,6 +17,7 @@ case "${1:-}" in
     for rev in "$@"; do
       short="$(git rev-parse --short "$rev")" || exit 2
       rm -rf ".whl/t/$short" && mkdir -p ".whl/t/$short" && git archive "$rev" mlabench | tar -x -C ".whl/t/$short"
+      python3 scripts/stamp_revision.py ".whl/t/$short" "$(git rev-parse "$rev")" > /dev/null || exit 2
       echo "$short"
     done ;;
   run)

@@ -36,13 +36,15 @@ def code_digest(repo: Path) -> str:
     return digest.hexdigest()
 
 
-def write_revision_stamp(repo: Path | None = None) -> dict:
+def write_revision_stamp(repo: Path | None = None, revision: str | None = None) -> dict:
     """Write ``repo/.mlabench-revision.json``: the checkout's git revision, whether it is dirty, and
     :func:`code_digest` of its code.  A copy of the tree without ``.git`` (a GPU machine's) that
     carries the stamp records that revision, dirty once its code no longer has that digest
-    (:func:`git_revision`).  Returns the stamp.  Raises RuntimeError outside a git checkout."""
+    (:func:`git_revision`).  ``revision``: ``repo`` is that commit's ``mlabench/`` exported with
+    ``git archive`` (no checkout of its own), stamped clean as it is now.  Returns the stamp.
+    Raises RuntimeError outside a git checkout when no ``revision`` is given."""
     repo = (repo or Path(__file__).resolve().parents[2]).resolve()
-    rev = _checkout_revision(repo)
+    rev = (revision, False) if revision else _checkout_revision(repo)
     if rev is None:
         raise RuntimeError(f"{repo} is not a git checkout: nothing to stamp")
     stamp = {"revision": rev[0], "dirty": rev[1], "digest": code_digest(repo)}

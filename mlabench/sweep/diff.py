@@ -229,7 +229,11 @@ def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
     if changed:
         notes.append("different library versions: " + ", ".join(changed))
     rev = lambda m: short_revision(m.git_revision) + ("+changes" if m.git_dirty else "")  # noqa: E731
-    if rev(a) != rev(b):
+    unknown = [f"{side} ({m.git_revision})" for side, m in (("A", a), ("B", b)) if not is_commit(m.git_revision)]
+    if unknown:  # a copy of the code without .git or a stamp records the package version alone
+        notes.append(f"mlabench revision not recorded for {' and '.join(unknown)}: run from a copy of the code "
+                     "without .git or a revision stamp (scripts/stamp_revision.py), so the code may differ")
+    elif rev(a) != rev(b):
         notes.append(f"different mlabench revisions: {rev(a)} vs {rev(b)}")
     for name in ("timing", "order", "check"):
         va, vb = a.config.get(name), b.config.get(name)
@@ -360,8 +364,13 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
     return tables
 
 
+def is_commit(revision: str) -> bool:
+    """Whether a manifest's ``git_revision`` is a git commit id (12 or more hex digits), not the
+    package version a run records where it found neither git, a stamp nor a wheel's revision."""
+    return len(revision) >= 12 and all(c in "0123456789abcdef" for c in revision.lower())
+
+
 def short_revision(revision: str) -> str:
     """A git commit id cut to 12 hex digits; anything else (``mlabench-0.1.0``, a wheel's
     version) whole."""
-    is_sha = len(revision) >= 12 and all(c in "0123456789abcdef" for c in revision.lower())
-    return revision[:12] if is_sha else revision
+    return revision[:12] if is_commit(revision) else revision

@@ -120,3 +120,20 @@ def test_the_stamp_script_outside_git_is_one_error_line(tmp_path):
     (tmp_path / "mlabench").mkdir()
     r = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.strip() == f"error: {tmp_path} is not a git checkout: nothing to stamp"
+
+
+def test_an_exported_tree_stamped_with_its_commit_records_it(tmp_path):
+    """``scripts/h200_bisect.sh prepare`` exports a commit's mlabench/ with git archive (no .git)
+    and stamps it with that commit: its runs record it, and a hand-edited copy records it dirty
+    (a fresh user's review: such runs recorded ``mlabench-0.1.0`` and diff called them the same)."""
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "mlabench/measure").mkdir(parents=True)
+    (tmp_path / "mlabench/measure/timing.py").write_text("x = 1\n")
+    script = Path(__file__).resolve().parents[2] / "scripts/stamp_revision.py"
+    r = subprocess.run([sys.executable, str(script), str(tmp_path), "ab" * 20], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert git_revision(tmp_path) == ("ab" * 20, False)
+    (tmp_path / "mlabench/measure/timing.py").write_text("x = 2\n")
+    assert git_revision(tmp_path) == ("ab" * 20, True)

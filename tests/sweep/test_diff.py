@@ -104,6 +104,20 @@ def test_runs_on_two_gpus_of_one_model_are_said_to_differ(tmp_path):
     assert [n[:31] for n in diff_runs(a, a).manifest_notes] == ["A and B are the same run folder"]
 
 
+def test_a_run_without_a_recorded_revision_is_never_said_to_match(tmp_path):
+    """A fresh user's review: two copies of different code run without .git both recorded
+    ``mlabench-0.1.0``, and diff said they had the same revision."""
+    a = copy_run(H200_RUN, tmp_path / "a", git_revision="mlabench-0.1.0")
+    b = copy_run(H200_RUN, tmp_path / "b", git_revision="mlabench-0.1.0")
+    notes = diff_runs(a, b).manifest_notes
+    assert len(notes) == 1 and notes[0].startswith(
+        "mlabench revision not recorded for A (mlabench-0.1.0) and B (mlabench-0.1.0)"), notes
+    assert diff_runs(H200_RUN, b).manifest_notes[0].startswith("mlabench revision not recorded for B ")
+    sha = ResultStore(H200_RUN).manifest().git_revision
+    c = copy_run(H200_RUN, tmp_path / "c", git_revision="f" * 40)
+    assert diff_runs(H200_RUN, c).manifest_notes == [f"different mlabench revisions: {sha[:12]} vs {'f' * 12}"]
+
+
 def test_points_in_one_run_only_and_manifest_differences(tmp_path):
     b = copy_run(H200_RUN, tmp_path / "b", keep=lambda r: r.backend != "flashmla", driver="590.1",
                  versions={**ResultStore(H200_RUN).manifest().versions, "triton": "3.7.0"})
