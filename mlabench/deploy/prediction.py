@@ -169,8 +169,8 @@ class PredictionSpec(BaseModel):
                      f"({'; '.join(values)})" if values else
                      f"the run records no {match.group(1)} in {variant}'s launch env (runs before serve-bench "
                      "recorded launch envs record none, or its [variants.launch] env lacks it)") +
-                    "; write the value or a pattern (device:*) instead (with --from-run: in a copy of the "
-                    "config, given as CONFIG)")
+                    "; write the value itself instead (a path value may be a pattern, e.g. device:*; with "
+                    "--from-run: in a copy of the config, given as CONFIG)")
             self._notes.append(f"{variant}: {match.group(0)} is {values[0]}, as its server was launched")
             return glob.escape(values[0])
 

@@ -107,8 +107,8 @@ def _range_text(values: list[Any]) -> Any:
 
 
 #: The note under every table of a run measured on a CPU (sweep, tune, tune --validate).
-CPU_RUN_NOTE = ("CPU run: a smoke test of the pipeline, not a measurement (wall-clock times of PyTorch "
-                "code on a CPU; compare nothing from them)")
+CPU_RUN_NOTE = ("CPU run: a smoke test of the pipeline, not a measurement (wall-clock times on a CPU, of "
+                "PyTorch code or of Triton kernels under its interpreter; compare nothing from them)")
 
 
 class Manifest(BaseModel):
@@ -149,8 +149,8 @@ class Manifest(BaseModel):
                           "fewer records mean it was interrupted.  None in runs recorded before, and in scripts' runs.")
 
     def on_cpu(self) -> bool:
-        """Whether the run measured on a CPU (wall-clock times of PyTorch code: a smoke test,
-        :data:`CPU_RUN_NOTE`)."""
+        """Whether the run measured on a CPU (wall-clock times of PyTorch code or interpreted
+        Triton: a smoke test, :data:`CPU_RUN_NOTE`)."""
         return self.device.get("kind") == "cpu"
 
     def visit_settings(self) -> dict[str, Any]:

@@ -59,3 +59,6 @@ def test_a_run_that_did_not_record_the_variable_is_one_line(monkeypatch, capsys)
                         str(REPO / "configs/serve/h200-kimi-k3-tp8-proxy.toml")], monkeypatch, capsys)
     assert code != 0 and "Traceback" not in err
     assert "reads {env:MLABENCH_SPLIT_POLICY}: the run records no MLABENCH_SPLIT_POLICY in mlabench's" in " ".join(err.split())
+    # the way out fits any parameter (a fresh user's review: "a pattern (device:*)" read as the fix
+    # for num_kv_splits too)
+    assert "write the value itself instead (a path value may be a pattern, e.g. device:*;" in " ".join(err.split())

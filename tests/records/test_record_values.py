@@ -399,8 +399,8 @@ def test_the_check_judges_on_the_coarser_dtypes_limits_or_those_asked_for(q_dtyp
 
 def test_a_cpu_sweep_says_it_is_a_smoke_test():
     """Issue 25 item 11: wall-clock (CPU) records get a plain note; GPU records do not."""
-    said = ("CPU run: a smoke test of the pipeline, not a measurement (wall-clock times of PyTorch code on a "
-            "CPU; compare nothing from them)")
+    said = ("CPU run: a smoke test of the pipeline, not a measurement (wall-clock times on a CPU, of PyTorch "
+            "code or of Triton kernels under its interpreter; compare nothing from them)")
     assert said in sweep_summary([record(1, 3.0)]).notes
     graph = [record(1, 3.0).model_copy(update={"timing_mode": "graph"})]
     assert not any("smoke test" in n for n in sweep_summary(graph).notes)
