@@ -18,6 +18,7 @@ import errno
 import gzip
 import json
 import os
+import tempfile
 import tomllib
 import zlib
 from collections.abc import Callable, Iterator
@@ -115,8 +116,9 @@ def write_text(path: str | Path, text: str, what: str, atomic: bool = False) -> 
 
 def check_writable(path: str | Path, what: str) -> None:
     """Refuse, before any work, a file ``path`` that :func:`write_text` could not write later: a
-    folder at ``path``, a file in the way of its folder, or a nearest existing folder this process
-    may not write in (:class:`FileAccessError`, one line).  Nothing is created."""
+    folder at ``path``, a file in the way of its folder, a nearest existing folder this process
+    may not write in, or one that takes no new entry (``/proc``: a probe file is made there and
+    removed at once) (:class:`FileAccessError`, one line).  Nothing is left behind."""
     p = Path(path)
     if p.is_dir():
         raise FileAccessError(f"{what} {p} is a folder: give a file name")
@@ -125,6 +127,14 @@ def check_writable(path: str | Path, what: str) -> None:
         raise FileAccessError(f"{what} {p}: its folder {folder} is a file")
     if not os.access(p if p.exists() else folder, os.W_OK):
         raise FileAccessError(f"{what} {p}: permission denied")
+    if not p.exists():
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".mlabench-probe-", dir=folder)
+        except OSError as exc:
+            why = "" if isinstance(exc, FileNotFoundError) else f" ({_reason(exc)})"
+            raise FileAccessError(f"{what} {p}: nothing can be created in {folder}{why}") from None
+        os.close(fd)
+        os.unlink(probe)
 
 
 def write_bytes(path: str | Path, data: bytes, what: str) -> Path:

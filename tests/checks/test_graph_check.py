@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,6 +145,12 @@ def test_an_unwritable_save_is_refused_before_the_gpu_work_and_a_failed_write_ke
         with pytest.raises(SystemExit) as exc:
             cli.main()
         assert exc.value.code == 2 and capsys.readouterr().err.strip() == line
+    if Path("/proc/self").is_dir():  # a folder that takes no new file (the last review's "left alone")
+        monkeypatch.setattr(sys, "argv", ["mlabench", "graph-check", "--save", "/proc/mlabench-x/t.json"])
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+        assert exc.value.code == 2 and capsys.readouterr().err.strip() == (
+            "error: --save /proc/mlabench-x/t.json: nothing can be created in /proc")
     monkeypatch.setattr(gc, "run_graph_check", lambda *a, **k: GraphCheckResult(rows=[assess(row(), 0.05)]))
     import mlabench.cli.graph_check_command as command
 
