@@ -272,13 +272,12 @@ def compile_wide_merge_sm90(policy_rows: int = 16, *, pdl: bool = True, from_len
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from mlabench.kernels.wide_merge import FEW_SLOTS, MID_SLOTS, _wide_merge_kernel
+    from mlabench.kernels.wide_merge import FEW_SLOTS, _wide_merge_kernel
 
     consts = {"SPLITS_POW2": 256, "BLOCK_S": 64, "BLOCK_DV": 32, "USE_PDL": pdl,
               "RELEASE_NEXT": False, "FROM_LENGTHS": from_lengths,
               "POLICY_ROWS": policy_rows if from_lengths else 0,
-              "FEW_SLOTS": FEW_SLOTS if from_lengths else 0, "FEW_BLOCK_S": 32,
-              "MID_SLOTS": MID_SLOTS if from_lengths else 0, "MID_BLOCK_S": 64}
+              "FEW_SLOTS": FEW_SLOTS if from_lengths else 0, "FEW_BLOCK_S": 32}
     sig, attrs = _signature(_wide_merge_kernel, "bf16", consts)
     return triton.compile(ASTSource(fn=_wide_merge_kernel, signature=sig, constexprs=consts,
                                     attrs=attrs),

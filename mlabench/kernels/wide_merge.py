@@ -16,10 +16,12 @@ At batch 1 the merge is on the critical path: with 132-264 splits a request's pa
 - sizes its grid to the GPU: one program per (request, head, ``BLOCK_DV`` output columns) with
   ``BLOCK_DV`` chosen so that there are about two programs per SM (:func:`merge_blocks`): at batch
   1 and 12 heads 192 programs of 32 columns, at batch 16 384 programs of 256 columns;
-- with the lengths, merges a request that wrote at most ``FEW_SLOTS`` (32), else at most
-  ``MID_SLOTS`` (64), slots with an lse vector and slot tile of that size, not of the workspace's
-  count (a run-time branch, the same for all of a request's programs): under a device split
-  policy the workspace holds the table's largest count (132 at batch 1) and a 1K request writes 16;
+- with the lengths, merges a request that wrote at most ``FEW_SLOTS`` (32) slots with an lse
+  vector and slot tile of that size, not of the workspace's count (a run-time branch, the same
+  for all of a request's programs): under a device split policy the workspace holds the table's
+  largest count (132 at batch 1) and a 1K request writes 16; no tier between (a 64-slot one,
+  74e251b, doubled a program's shared memory and cost batch 1 at 132 host splits 2.0-2.9 µs on an
+  H100: results/h100/deploy/README.md, bisect-132);
 - can be launched as a programmatic dependent launch (``pdl=True``, NVIDIA sm_90+): it is
   scheduled while stage 1 still runs and waits on ``griddepcontrol.wait`` before its first read,
   so the gap between the two launches leaves the critical path; with the lengths, the count of
@@ -45,10 +47,6 @@ PAGE_TOKENS = tl.constexpr(_PAGE_TOKENS)  #: the page-granular splits' unit (a j
 #: slot tile of this size, not the workspace's: under a device policy the workspace holds the
 #: table's largest count (132 at batch 1) while a 1K request writes 16.
 FEW_SLOTS = 32
-#: ... and one that wrote at most this many (more than ``FEW_SLOTS``) with tiles of this size
-#: (0: none): the H100-tuned policy writes 64 of its 104 slots at batch 1 from 8K to 64K, where
-#: this took 0.32-0.36 µs off device mode (results/h100/deploy/README.md, ``merge-tiers/``).
-MID_SLOTS = 64
 
 
 def merge_blocks(batch: int, heads: int, num_kv_splits: int, num_sms: int) -> tuple[int, int]:
@@ -125,8 +123,7 @@ def _wide_merge_kernel(po_ptr, plse_ptr, out_ptr, seqlens_ptr, policy_ptr, num_s
                        BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, USE_PDL: tl.constexpr,
                        RELEASE_NEXT: tl.constexpr, FROM_LENGTHS: tl.constexpr,
                        POLICY_ROWS: tl.constexpr, FEW_SLOTS: tl.constexpr,
-                       FEW_BLOCK_S: tl.constexpr, MID_SLOTS: tl.constexpr,
-                       MID_BLOCK_S: tl.constexpr):
+                       FEW_BLOCK_S: tl.constexpr):
     if RELEASE_NEXT:  # the next kernel, launched as our programmatic dependent, may start now
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
@@ -146,13 +143,6 @@ def _wide_merge_kernel(po_ptr, plse_ptr, out_ptr, seqlens_ptr, policy_ptr, num_s
         if written <= FEW_SLOTS:
             res = merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph,
                               stride_ls, FEW_SLOTS, FEW_BLOCK_S, BLOCK_DV)
-        elif MID_SLOTS > 0:
-            if written <= MID_SLOTS:
-                res = merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph,
-                                  stride_ls, MID_SLOTS, MID_BLOCK_S, BLOCK_DV)
-            else:
-                res = merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph,
-                                  stride_ls, SPLITS_POW2, BLOCK_S, BLOCK_DV)
         else:
             res = merge_slots(po_ptr, plse_ptr, first, h, cols, written, stride_ps, stride_ph,
                               stride_ls, SPLITS_POW2, BLOCK_S, BLOCK_DV)
@@ -208,8 +198,6 @@ def wide_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.
         FROM_LENGTHS=cache_seqlens is not None,
         POLICY_ROWS=0 if split_policy is None else split_policy.shape[0],
         FEW_SLOTS=FEW_SLOTS if cache_seqlens is not None and splits_pow2 > FEW_SLOTS else 0,
-        FEW_BLOCK_S=min(block_s, FEW_SLOTS),
-        MID_SLOTS=MID_SLOTS if cache_seqlens is not None and splits_pow2 > MID_SLOTS else 0,
-        MID_BLOCK_S=min(block_s, MID_SLOTS or 1), num_warps=4, **({"launch_pdl": True} if pdl else {}),
+        FEW_BLOCK_S=min(block_s, FEW_SLOTS), num_warps=4, **({"launch_pdl": True} if pdl else {}),
     )
     return out

@@ -391,7 +391,7 @@ def test_wide_merge_never_reads_an_empty_splits_partial():
     # a workspace of 132 slots a request (a device table's largest count): 1024 tokens write 16,
     # 3000 write 24 (both merged with FEW_SLOTS-sized tiles), 9000 write 71 (the workspace's)
     ((1024, 3000, 1, 9000), 132, [[1024, 16], [4096, 40], [1 << 20, 132]]),
-    # 3500 tokens write 55 of the 132 (MID_SLOTS-sized tiles), 2000 write 32 (FEW_SLOTS')
+    # 3500 tokens write 55 of the 132 (the workspace's tiles), 2000 write 32 (FEW_SLOTS')
     ((2000, 3500, 1, 9000), 132, [[2048, 32], [3200, 40], [1 << 20, 132]]),
 ])
 def test_wide_merge_from_lengths_reads_only_written_splits(lens, splits, policy_rows):

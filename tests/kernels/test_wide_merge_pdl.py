@@ -43,3 +43,21 @@ def test_written_count_is_computed_before_the_wait(policy_rows):
 
 def test_no_wait_without_pdl():
     assert not any("ACQBULK" in t for t in _sass(16, pdl=False))
+
+
+_SHARED = """
+import sys
+from mlabench.kernels.offline_compile import compile_wide_merge_sm90
+print(compile_wide_merge_sm90(16, from_lengths=sys.argv[1] == "1").metadata.shared)
+"""
+
+
+def test_the_slot_tiers_take_no_shared_memory_of_their_own():
+    """The merge with its 32-slot tier (the lengths given) holds no more shared memory a program
+    than the one-tier merge: a 64-slot tier's loop of its own (74e251b) took 33.8 KB at batch 1
+    against 17.4 (one merge program beside a stage-1 CTA instead of three) and cost batch 1 at 132
+    splits from the host 2.0-2.9 us on an H100 (results/h100/deploy/README.md, bisect-132).  Fails
+    on that kernel (33792 against 17408 bytes under Triton 3.9)."""
+    tiered, one_tier = (int(run_compile_script(_SHARED, flag).strip().splitlines()[-1]) for flag in (1, 0))
+    assert tiered == one_tier, (tiered, one_tier)
+
