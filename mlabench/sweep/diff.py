@@ -210,8 +210,8 @@ def _values(values: set[Any], name: str = "") -> str:
 
 def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
     """One note per way the two runs' set-ups differ: GPU (model, or the physical GPU by its UUID
-    where both runs recorded one), driver, library versions, revision, timing settings, order; empty
-    when they match.  The 87-94% of the note on other GPUs of one model is from
+    where both runs recorded one), driver, library versions, revision (or that a run recorded none:
+    never called the same), timing settings, order; empty when they match.  The 87-94% of the note on other GPUs of one model is from
     results/h200/repeatability/history-attempt/ (runs from different device calls)."""
     notes = []
     if a.device.get("name") != b.device.get("name"):
@@ -365,12 +365,13 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
 
 
 def is_commit(revision: str) -> bool:
-    """Whether a manifest's ``git_revision`` is a git commit id (12 or more hex digits), not the
-    package version a run records where it found neither git, a stamp nor a wheel's revision."""
-    return len(revision) >= 12 and all(c in "0123456789abcdef" for c in revision.lower())
+    """Whether a manifest's ``git_revision`` is a git commit id (7 to 40 hex digits, e.g. a short id
+    from ``$MLABENCH_GIT_REVISION``), not the package version a run records where it found neither
+    git, a stamp nor a wheel's revision (``mlabench-0.1.0``)."""
+    return 7 <= len(revision) <= 40 and all(c in "0123456789abcdef" for c in revision.lower())
 
 
 def short_revision(revision: str) -> str:
-    """A git commit id cut to 12 hex digits; anything else (``mlabench-0.1.0``, a wheel's
-    version) whole."""
+    """A git commit id cut to 12 hex digits (a shorter one whole); anything else
+    (``mlabench-0.1.0``, a wheel's version) whole."""
     return revision[:12] if is_commit(revision) else revision

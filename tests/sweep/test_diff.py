@@ -116,6 +116,8 @@ def test_a_run_without_a_recorded_revision_is_never_said_to_match(tmp_path):
     sha = ResultStore(H200_RUN).manifest().git_revision
     c = copy_run(H200_RUN, tmp_path / "c", git_revision="f" * 40)
     assert diff_runs(H200_RUN, c).manifest_notes == [f"different mlabench revisions: {sha[:12]} vs {'f' * 12}"]
+    short = copy_run(H200_RUN, tmp_path / "d", git_revision="6cf2b10")  # $MLABENCH_GIT_REVISION's short id
+    assert diff_runs(H200_RUN, short).manifest_notes == [f"different mlabench revisions: {sha[:12]} vs 6cf2b10"]
 
 
 def test_points_in_one_run_only_and_manifest_differences(tmp_path):
