@@ -116,25 +116,34 @@ def write_text(path: str | Path, text: str, what: str, atomic: bool = False) -> 
 
 def check_writable(path: str | Path, what: str) -> None:
     """Refuse, before any work, a file ``path`` that :func:`write_text` could not write later: a
-    folder at ``path``, a file in the way of its folder, a nearest existing folder this process
-    may not write in, or one that takes no new entry (``/proc``: a probe file is made there and
-    removed at once) (:class:`FileAccessError`, one line).  Nothing is left behind."""
+    folder at ``path``, a file in the way of its folder, an existing file that cannot be opened for
+    writing, or a nearest existing folder that takes no new file: no permission, or none at all
+    (``/proc``) (:class:`FileAccessError`, one line).  The folder is probed with a file made there
+    and removed at once; an existing file is opened for appending, nothing written: nothing is
+    left behind or changed."""
     p = Path(path)
     if p.is_dir():
         raise FileAccessError(f"{what} {p} is a folder: give a file name")
     folder = next(a for a in p.absolute().parents if a.exists())
     if not folder.is_dir():
         raise FileAccessError(f"{what} {p}: its folder {folder} is a file")
-    if not os.access(p if p.exists() else folder, os.W_OK):
-        raise FileAccessError(f"{what} {p}: permission denied")
-    if not p.exists():
-        try:
-            fd, probe = tempfile.mkstemp(prefix=".mlabench-probe-", dir=folder)
-        except OSError as exc:
-            why = "" if isinstance(exc, FileNotFoundError) else f" ({_reason(exc)})"
-            raise FileAccessError(f"{what} {p}: nothing can be created in {folder}{why}") from None
+    try:
+        if p.exists():
+            os.close(os.open(p, os.O_WRONLY | os.O_APPEND))
+            return
+        fd, probe = tempfile.mkstemp(prefix=".mlabench-probe-", dir=folder)
+    except OSError as exc:
+        if isinstance(exc, PermissionError):
+            raise FileAccessError(f"{what} {p}: permission denied") from None
+        if p.exists():
+            raise FileAccessError(f"{what} {p}: cannot be opened for writing ({_reason(exc)})") from None
+        why = "" if isinstance(exc, FileNotFoundError) else f" ({_reason(exc)})"
+        raise FileAccessError(f"{what} {p}: nothing can be created in {folder}{why}") from None
+    try:
         os.close(fd)
-        os.unlink(probe)
+    finally:
+        with user_path(probe, f"{what}'s probe file"):
+            os.unlink(probe)
 
 
 def write_bytes(path: str | Path, data: bytes, what: str) -> Path:

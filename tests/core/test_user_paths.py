@@ -102,3 +102,22 @@ def test_a_folder_that_cannot_be_made_is_not_called_missing(monkeypatch, capsys,
     ``report --out /proc/x`` "report folder not found", where both commands make missing folders."""
     code, _, err = run(args, monkeypatch, capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_the_writability_probe_leaves_nothing_and_names_a_folder_without_permission(tmp_path):
+    """check_writable makes a probe file where the output would go and removes it; a folder that
+    refuses new files is refused in one line (graph-check's --save before any GPU work)."""
+    import os
+
+    from mlabench.files import check_writable
+
+    check_writable(tmp_path / "new" / "out.json", "--save")
+    assert list(tmp_path.iterdir()) == []  # no probe file, no folder made
+    (tmp_path / "kept.json").write_text("x")
+    check_writable(tmp_path / "kept.json", "--save")
+    assert (tmp_path / "kept.json").read_text() == "x"  # opened for appending, nothing written
+    if os.geteuid() != 0:  # root writes in a read-only-mode folder
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(FileAccessError, match=f"--save {locked}/x.json: permission denied"):
+            check_writable(locked / "x.json", "--save")
