@@ -2,8 +2,9 @@
 # The batch-1 one-token time of gluon-splitkv (kimi-k3-tp8, 16K/32K/100K, 64 and 132 splits) with
 # the kernels of several revisions, on one GPU in one call: which commit moved it.
 #   here:       bash scripts/h200_bisect.sh prepare REV...   (git archive of mlabench/ at each
-#               REV into .whl/t/<short rev>/, stamped with REV, so its runs record it, and a copy
-#               edited by hand records it dirty; .whl/opt holds the pydantic and optuna wheels)
+#               REV into .whl/t/<short rev>/, stamped with REV: runs of a tree from d8b69d3 on
+#               record it (dirty in a copy edited by hand); older trees cannot read a stamp and
+#               record mlabench-0.1.0; .whl/opt holds the pydantic and optuna wheels)
 #   the device: ORDER="<short rev> ..." bash scripts/h200_bisect.sh run OUT   (carry .whl)
 # Each revision's sweep is a run folder under /tmp/bis/<i>-<rev>/, packed into OUT/bis.tgz after
 # each one (a call cut by its limit keeps those done); ~20 s a revision on a warm H100.  Name the

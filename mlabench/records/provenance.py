@@ -42,8 +42,13 @@ def write_revision_stamp(repo: Path | None = None, revision: str | None = None) 
     carries the stamp records that revision, dirty once its code no longer has that digest
     (:func:`git_revision`).  ``revision``: ``repo`` is that commit's ``mlabench/`` exported with
     ``git archive`` (no checkout of its own), stamped clean as it is now.  Returns the stamp.
-    Raises RuntimeError outside a git checkout when no ``revision`` is given."""
+    Raises RuntimeError outside a git checkout when no ``revision`` is given, and for a
+    ``revision`` that is not a full 40-digit commit id or a ``repo`` without ``mlabench/``."""
     repo = (repo or Path(__file__).resolve().parents[2]).resolve()
+    if revision is not None and (len(revision) != 40 or any(c not in "0123456789abcdef" for c in revision)):
+        raise RuntimeError(f"{revision!r} is not a full commit id (40 hex digits: git rev-parse REV)")
+    if revision is not None and not (repo / "mlabench").is_dir():
+        raise RuntimeError(f"{repo} has no mlabench/ to stamp")
     rev = (revision, False) if revision else _checkout_revision(repo)
     if rev is None:
         raise RuntimeError(f"{repo} is not a git checkout: nothing to stamp")
