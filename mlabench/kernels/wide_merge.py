@@ -20,7 +20,7 @@ At batch 1 the merge is on the critical path: with 132-264 splits a request's pa
   vector and slot tile of that size, not of the workspace's count (a run-time branch, the same
   for all of a request's programs): under a device split policy the workspace holds the table's
   largest count (132 at batch 1) and a 1K request writes 16; no tier between (a 64-slot one,
-  74e251b, doubled a program's shared memory and cost batch 1 at 132 host splits 2.0-2.9 µs on an
+  74e251b, doubled a program's shared memory and cost batch 1 at 132 host splits 1.8-2.9 µs on an
   H100: results/h100/deploy/README.md, bisect-132);
 - can be launched as a programmatic dependent launch (``pdl=True``, NVIDIA sm_90+): it is
   scheduled while stage 1 still runs and waits on ``griddepcontrol.wait`` before its first read,

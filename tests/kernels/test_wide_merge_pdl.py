@@ -56,8 +56,7 @@ def test_the_slot_tiers_take_no_shared_memory_of_their_own():
     """The merge with its 32-slot tier (the lengths given) holds no more shared memory a program
     than the one-tier merge: a 64-slot tier's loop of its own (74e251b) took 33.8 KB at batch 1
     against 17.4 (one merge program beside a stage-1 CTA instead of three) and cost batch 1 at 132
-    splits from the host 2.0-2.9 us on an H100 (results/h100/deploy/README.md, bisect-132).  Fails
+    splits from the host 1.8-2.9 us on an H100 (results/h100/deploy/README.md, bisect-132).  Fails
     on that kernel (33792 against 17408 bytes under Triton 3.9)."""
     tiered, one_tier = (int(run_compile_script(_SHARED, flag).strip().splitlines()[-1]) for flag in (1, 0))
     assert tiered == one_tier, (tiered, one_tier)
-
