@@ -127,15 +127,16 @@ def check_writable(path: str | Path, what: str) -> None:
     folder = next(a for a in p.absolute().parents if a.exists())
     if not folder.is_dir():
         raise FileAccessError(f"{what} {p}: its folder {folder} is a file")
+    exists = p.exists()
     try:
-        if p.exists():
+        if exists:
             os.close(os.open(p, os.O_WRONLY | os.O_APPEND))
             return
         fd, probe = tempfile.mkstemp(prefix=".mlabench-probe-", dir=folder)
     except OSError as exc:
         if isinstance(exc, PermissionError):
             raise FileAccessError(f"{what} {p}: permission denied") from None
-        if p.exists():
+        if exists:
             raise FileAccessError(f"{what} {p}: cannot be opened for writing ({_reason(exc)})") from None
         why = "" if isinstance(exc, FileNotFoundError) else f" ({_reason(exc)})"
         raise FileAccessError(f"{what} {p}: nothing can be created in {folder}{why}") from None

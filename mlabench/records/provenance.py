@@ -36,6 +36,13 @@ def code_digest(repo: Path) -> str:
     return digest.hexdigest()
 
 
+def is_commit(revision: str) -> bool:
+    """Whether a manifest's ``git_revision`` is a git commit id (7 to 40 hex digits, e.g. a short id
+    from ``$MLABENCH_GIT_REVISION``), not the package version :func:`git_revision` records where it
+    found neither git, a stamp nor a wheel's revision (``mlabench-0.1.0``)."""
+    return 7 <= len(revision) <= 40 and all(c in "0123456789abcdef" for c in revision.lower())
+
+
 def write_revision_stamp(repo: Path | None = None, revision: str | None = None) -> dict:
     """Write ``repo/.mlabench-revision.json``: the checkout's git revision, whether it is dirty, and
     :func:`code_digest` of its code.  A copy of the tree without ``.git`` (a GPU machine's) that
@@ -45,7 +52,7 @@ def write_revision_stamp(repo: Path | None = None, revision: str | None = None) 
     Raises RuntimeError outside a git checkout when no ``revision`` is given, and for a
     ``revision`` that is not a full 40-digit commit id or a ``repo`` without ``mlabench/``."""
     repo = (repo or Path(__file__).resolve().parents[2]).resolve()
-    if revision is not None and (len(revision) != 40 or any(c not in "0123456789abcdef" for c in revision)):
+    if revision is not None and not (len(revision) == 40 and revision == revision.lower() and is_commit(revision)):
         raise RuntimeError(f"{revision!r} is not a full commit id (40 hex digits: git rev-parse REV)")
     if revision is not None and not (repo / "mlabench").is_dir():
         raise RuntimeError(f"{repo} has no mlabench/ to stamp")

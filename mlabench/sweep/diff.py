@@ -36,6 +36,7 @@ from typing import Any
 from mlabench.backends import get_backend
 from mlabench.errors import ConfigError, MissingResultError, MlabenchError, ResultsError
 from mlabench.measure.stats import geomean, mean_rel_se, median_rel_ci, repeat_noise
+from mlabench.records.provenance import is_commit
 from mlabench.records.record import CPU_RUN_NOTE, Manifest, Record, point_key
 from mlabench.records.side_files import read_sentinels
 from mlabench.records.store import ResultStore, describe_records, run_folders
@@ -211,8 +212,9 @@ def _values(values: set[Any], name: str = "") -> str:
 def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
     """One note per way the two runs' set-ups differ: GPU (model, or the physical GPU by its UUID
     where both runs recorded one), driver, library versions, revision (or that a run recorded none:
-    never called the same), timing settings, order; empty when they match.  The 87-94% of the note on other GPUs of one model is from
-    results/h200/repeatability/history-attempt/ (runs from different device calls)."""
+    never called the same), timing settings, order; empty when they match.  The 87-94% of the note
+    on other GPUs of one model is from results/h200/repeatability/history-attempt/ (runs from
+    different device calls)."""
     notes = []
     if a.device.get("name") != b.device.get("name"):
         notes.append(f"different GPUs: {a.device.get('name')} vs {b.device.get('name')}")
@@ -362,13 +364,6 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
     if missing.rows:
         tables.append(missing)
     return tables
-
-
-def is_commit(revision: str) -> bool:
-    """Whether a manifest's ``git_revision`` is a git commit id (7 to 40 hex digits, e.g. a short id
-    from ``$MLABENCH_GIT_REVISION``), not the package version a run records where it found neither
-    git, a stamp nor a wheel's revision (``mlabench-0.1.0``)."""
-    return 7 <= len(revision) <= 40 and all(c in "0123456789abcdef" for c in revision.lower())
 
 
 def short_revision(revision: str) -> str:
