@@ -53,7 +53,7 @@ def write_revision_stamp(repo: Path | None = None, revision: str | None = None) 
     ``revision`` that is not a full 40-digit commit id or a ``repo`` without ``mlabench/``."""
     repo = (repo or Path(__file__).resolve().parents[2]).resolve()
     if revision is not None and not (len(revision) == 40 and revision == revision.lower() and is_commit(revision)):
-        raise RuntimeError(f"{revision!r} is not a full commit id (40 hex digits: git rev-parse REV)")
+        raise RuntimeError(f"{revision!r} is not a full commit id (40 lower-case hex digits: git rev-parse REV)")
     if revision is not None and not (repo / "mlabench").is_dir():
         raise RuntimeError(f"{repo} has no mlabench/ to stamp")
     rev = (revision, False) if revision else _checkout_revision(repo)

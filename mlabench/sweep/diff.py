@@ -235,7 +235,7 @@ def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
     if unknown:  # a copy of the code without .git or a stamp records the package version alone
         notes.append(f"mlabench revision not recorded for {' and '.join(unknown)}: run from a copy of the code "
                      "without .git or a revision stamp (scripts/stamp_revision.py), so the code may differ")
-    elif rev(a) != rev(b):
+    elif a.git_dirty != b.git_dirty or not _same_commit(short_revision(a.git_revision), short_revision(b.git_revision)):
         notes.append(f"different mlabench revisions: {rev(a)} vs {rev(b)}")
     for name in ("timing", "order", "check"):
         va, vb = a.config.get(name), b.config.get(name)
@@ -364,6 +364,13 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
     if missing.rows:
         tables.append(missing)
     return tables
+
+
+def _same_commit(x: str, y: str) -> bool:
+    """Whether two recorded commit ids name one commit: equal, or one a prefix of the other (a
+    short id, ``$MLABENCH_GIT_REVISION``'s, beside the full one)."""
+    x, y = x.lower(), y.lower()
+    return x.startswith(y) or y.startswith(x)
 
 
 def short_revision(revision: str) -> str:

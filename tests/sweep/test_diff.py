@@ -118,6 +118,10 @@ def test_a_run_without_a_recorded_revision_is_never_said_to_match(tmp_path):
     assert diff_runs(H200_RUN, c).manifest_notes == [f"different mlabench revisions: {sha[:12]} vs {'f' * 12}"]
     short = copy_run(H200_RUN, tmp_path / "d", git_revision="6cf2b10")  # $MLABENCH_GIT_REVISION's short id
     assert diff_runs(H200_RUN, short).manifest_notes == [f"different mlabench revisions: {sha[:12]} vs 6cf2b10"]
+    full = copy_run(H200_RUN, tmp_path / "e", git_revision="6cf2b10" + "0" * 33)  # the same commit, in full
+    assert diff_runs(short, full).manifest_notes == []
+    assert diff_runs(short, copy_run(H200_RUN, tmp_path / "f", git_revision="6cf2b11" + "0" * 33)).manifest_notes == [
+        "different mlabench revisions: 6cf2b10 vs 6cf2b1100000"]
 
 
 def test_points_in_one_run_only_and_manifest_differences(tmp_path):
