@@ -50,10 +50,13 @@ def write_revision_stamp(repo: Path | None = None, revision: str | None = None) 
     (:func:`git_revision`).  ``revision``: ``repo`` is that commit's ``mlabench/`` exported with
     ``git archive`` (no checkout of its own), stamped clean as it is now.  Returns the stamp.
     Raises RuntimeError outside a git checkout when no ``revision`` is given, and for a
-    ``revision`` that is not a full 40-digit commit id or a ``repo`` without ``mlabench/``."""
+    ``revision`` that is not a full 40-digit commit id (git's null id, 40 zeros, included) or a
+    ``repo`` without ``mlabench/``."""
     repo = (repo or Path(__file__).resolve().parents[2]).resolve()
     if revision is not None and not (len(revision) == 40 and revision == revision.lower() and is_commit(revision)):
         raise RuntimeError(f"{revision!r} is not a full commit id (40 lower-case hex digits: git rev-parse REV)")
+    if revision is not None and not revision.strip("0"):
+        raise RuntimeError(f"{revision!r} is git's null id, no commit (git rev-parse REV)")
     if revision is not None and not (repo / "mlabench").is_dir():
         raise RuntimeError(f"{repo} has no mlabench/ to stamp")
     rev = (revision, False) if revision else _checkout_revision(repo)

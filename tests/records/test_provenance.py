@@ -137,7 +137,8 @@ def test_an_exported_tree_stamped_with_its_commit_records_it(tmp_path):
     assert git_revision(tmp_path) == ("ab" * 20, False)
     (tmp_path / "mlabench/measure/timing.py").write_text("x = 2\n")
     assert git_revision(tmp_path) == ("ab" * 20, True)
-    for bad, said in (("HEAD", "is not a full commit id"), ("ab" * 4, "is not a full commit id")):
+    for bad, said in (("HEAD", "is not a full commit id"), ("ab" * 4, "is not a full commit id"),
+                       ("0" * 40, "is git's null id")):
         r = subprocess.run([sys.executable, str(script), str(tmp_path), bad], capture_output=True, text=True)
         assert r.returncode == 1 and said in r.stderr, r.stderr
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "mlabench/measure"), "ab" * 20],
