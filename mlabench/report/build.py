@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlabench.errors import ConfigError
-from mlabench.files import make_dir, read_text, user_path, write_bytes, write_text
+from mlabench.files import check_writable, make_dir, read_text, user_path, write_bytes, write_text
 from mlabench.report import sections as S
 from mlabench.report.document import Block, FigureBlock, to_html_document, to_markdown_document
 from mlabench.report.tuning_sections import graph_check_section, tuning_section
@@ -140,11 +140,14 @@ def write_report(runs: Any, out: Path | str, fmt: str | None = "markdown", comma
 
     The report and its figures are derived files: an earlier report there is replaced, and the
     figures it linked that the new one has not are removed (:func:`earlier_figures`); nothing else
-    in the figure folder is touched.  Raises :class:`ConfigError` as :func:`report_target` does.
+    in the figure folder is touched.  Raises :class:`ConfigError` as :func:`report_target` does, and
+    :class:`FileAccessError` before anything is written where the document could not be
+    (:func:`~mlabench.files.check_writable`).
     """
     from mlabench.report.figures.plan import render
 
     path, fmt, figure_dir = report_target(out, fmt)
+    check_writable(path, "--out")  # before the figures: /proc/x.md named /proc/x-figures/ as the culprit
     make_dir(path.parent, "report folder")
     if fmt == "markdown":
         earlier = earlier_figures(path, figure_dir)

@@ -42,7 +42,7 @@ CASES = [
     (["serve-check", "--base-url", "http://127.0.0.1:9", "--fixture", "{binary}"], "fixture is not a text file"),
     (["serve-check", "--base-url", "http://127.0.0.1:9", "--fixture", "{folder}"], "fixture is a folder"),
     (["plot", "--from", str(RUN), "--out", "{under_file}"], "figure folder is not a folder"),
-    (["report", "--from", str(RUN), "--out", "{under_file}"], "report folder is not a folder"),
+    (["report", "--from", str(RUN), "--out", "{under_file}"], "a_file is a file"),
     (["report", "--from", "{garbled_run}"], "is not a text file"),
 ]
 
@@ -93,15 +93,21 @@ def test_a_file_in_the_way_of_a_folder_is_the_path_named(tmp_path, monkeypatch, 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc (no folder can be made in it)")
 @pytest.mark.parametrize("args, message", [
-    (["report", "--from", str(RUN), "--out", "/proc/mlabench-x"], "report folder could not be created there: /proc/mlabench-x"),
+    (["report", "--from", str(RUN), "--out", "/proc/mlabench-x"], "--out /proc/mlabench-x/report.md: "),
+    (["report", "--from", str(RUN), "--out", "/proc/mlabench-x.md"], "--out /proc/mlabench-x.md: "),
     (["sweep", "--heads", "12", "--backend", "torch-splitkv", "--context", "32", "--splits", "1", "--page-size", "16",
       "--budget-s", "0.05", "--results-dir", "/proc/mlabench-x"], "its folder /proc/mlabench-x could not be created there"),
 ])
 def test_a_folder_that_cannot_be_made_is_not_called_missing(monkeypatch, capsys, args, message):
     """A fresh user's review: ``--results-dir /proc/x`` said "its folder /proc/x not found" and
-    ``report --out /proc/x`` "report folder not found", where both commands make missing folders."""
+    ``report --out /proc/x`` "report folder not found", where both commands make missing folders;
+    ``report --out /proc/x.md`` named its figure folder, /proc/x-figures (the next review).  The
+    report is refused before anything is written: nothing can be created in /proc (permission
+    denied where root may write there)."""
     code, _, err = run(args, monkeypatch, capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    if args[0] == "report":
+        assert err.strip().endswith(("nothing can be created in /proc", "permission denied")), err
 
 
 def test_the_writability_probe_leaves_nothing_and_names_a_folder_without_permission(tmp_path):
