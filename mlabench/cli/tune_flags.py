@@ -17,6 +17,8 @@ SEARCH_FLAGS = ("config", "model", "tp", "model_config", "heads", "batch", "buck
                 "space", "noise", "no_heuristics", "storage", "gpus", "workers")
 VALIDATE_FLAGS = ("lengths", "context", "min_context", "max_context", "ladder", "seed", "tolerance", "from_run")
 EXPORT_FLAGS = ("storage", "noise", "combine", "allow_incomplete", "pages_rule")
+#: Why ``tune --export`` reads no flag of the other modes, appended to each refusal of one.
+_EXPORT_READS = "tune --export reads the run's own settings and writes into its folder"
 
 
 def refuse_unused_flags(given: dict[str, Any]) -> None:
@@ -35,7 +37,8 @@ def refuse_unused_flags(given: dict[str, Any]) -> None:
     if by_owner:
         raise ConfigError("; ".join(f"{', '.join(flags)} go{'es' if len(flags) == 1 else ''} with {owners}"
                                     for owners, flags in by_owner.items())
-                          + f", not {'tune ' if mode.startswith('--') else ''}{mode}")
+                          + f", not {'tune ' if mode.startswith('--') else ''}{mode}"
+                          + (f": {_EXPORT_READS}" if mode == "--export" else ""))
     _refuse_shared_flags(given, mode)
 
 
@@ -50,7 +53,8 @@ def _refuse_shared_flags(given: dict[str, Any], mode: str) -> None:
     if mode == "--export":
         stray = [f"--{n.replace('_', '-')}" for n in ("backend", "budget_s", "resume") if given.get(n) is not None]
         if stray or moved:
-            raise ConfigError(f"{', '.join(stray + ['--results-dir'] * moved)}: tune --export reads the run's own "
-                              "settings and writes into its folder; leave them out")
+            flags = stray + ["--results-dir"] * moved
+            raise ConfigError(f"{', '.join(flags)} go{'es' if len(flags) == 1 else ''} with a tuning run or --validate, "
+                              f"not tune --export: {_EXPORT_READS}")
     else:
         refuse_results_dir_on_resume(given.get("resume"), given.get("results_dir"))

@@ -254,13 +254,19 @@ def test_validate_measures_every_count_up_to_a_small_wave_cap(tmp_path, tiny_tim
     (["tune", "--validate", "missing.json", "--edges-per-octave", "4", "--device-policy", "--trials", "3"],
      "error: --edges-per-octave, --device-policy, --trials go with a tuning run, not tune --validate"),
     (["tune", "--export", "run", "--edges-per-octave", "4", "--seed", "1"],
-     "error: --edges-per-octave goes with a tuning run; --seed goes with --validate, not tune --export"),
+     "error: --edges-per-octave goes with a tuning run; --seed goes with --validate, not tune --export: tune --export "
+     "reads the run's own settings and writes into its folder"),
+    # the last reviews: --heads and --backend with --export were refused in two wordings
+    (["tune", "--export", "run", "--heads", "16"],
+     "error: --heads goes with a tuning run, not tune --export: tune --export reads the run's own settings"),
     # a fresh user's review: the second mode, or a shared flag, ran as if it were not there
     (["tune", "--export", "run", "--validate", "p.json"], "error: --validate and --export are two modes of tune: give one"),
     (["tune", "--export", "run", "--resume", "run", "--backend", "x"],
-     "error: --backend, --resume: tune --export reads the run's own settings and writes into its folder"),
+     "error: --backend, --resume go with a tuning run or --validate, not tune --export: tune --export reads the run's "
+     "own settings and writes into its folder"),
     (["tune", "--export", "run", "--budget-s", "1", "--results-dir", "elsewhere"],
-     "error: --budget-s, --results-dir: tune --export reads"),
+     "error: --budget-s, --results-dir go with a tuning run or --validate, not tune --export: tune --export reads"),
+    (["tune", "--export", "run", "--backend", "x"], "error: --backend goes with a tuning run or --validate, not tune"),
     (["tune", "--resume", "run", "--results-dir", "elsewhere"],
      "error: --results-dir: --resume continues in the run's own folder; leave it out"),
     # a fresh user's review of tune: flags that ran as something else, or messages that named the wrong thing
