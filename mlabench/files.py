@@ -99,19 +99,7 @@ def write_text(path: str | Path, text: str, what: str, atomic: bool = False) -> 
     """Write ``text`` (UTF-8) to ``path``, creating its folder; with ``atomic`` through a temporary
     file renamed over it (removed again when the write fails, e.g. on a full disk).
     :class:`FileAccessError` when it cannot be written."""
-    p = Path(path)
-    target = p.with_name(p.name + ".tmp") if atomic else p
-    with user_path(p, what):
-        p.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            _write_file(target, text.encode("utf-8"), os.O_TRUNC)
-        except OSError:
-            if atomic and target.is_file():
-                target.unlink()
-            raise
-        if atomic:
-            target.replace(p)
-    return p
+    return write_bytes(path, text.encode("utf-8"), what, atomic)
 
 
 def check_writable(path: str | Path, what: str) -> None:
@@ -147,12 +135,21 @@ def check_writable(path: str | Path, what: str) -> None:
             os.unlink(probe)
 
 
-def write_bytes(path: str | Path, data: bytes, what: str) -> Path:
-    """Write ``data`` to ``path``, creating its folder; :class:`FileAccessError` on failure."""
+def write_bytes(path: str | Path, data: bytes, what: str, atomic: bool = False) -> Path:
+    """Write ``data`` to ``path``, creating its folder, with ``atomic`` as :func:`write_text` does;
+    :class:`FileAccessError` on failure."""
     p = Path(path)
+    target = p.with_name(p.name + ".tmp") if atomic else p
     with user_path(p, what):
         p.parent.mkdir(parents=True, exist_ok=True)
-        _write_file(p, data, os.O_TRUNC)
+        try:
+            _write_file(target, data, os.O_TRUNC)
+        except OSError:
+            if atomic and target.is_file():
+                target.unlink()
+            raise
+        if atomic:
+            target.replace(p)
     return p
 
 

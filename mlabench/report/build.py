@@ -153,15 +153,16 @@ def write_report(runs: Any, out: Path | str, fmt: str | None = "markdown", comma
         earlier = earlier_figures(path, figure_dir)
         report = build_report(runs, figure_dir=figure_dir.name, command=command)
         for fig in report.figures:
-            write_bytes(figure_dir / f"{fig.stem}.png", render(fig, "png"), "figure")
-        written = write_text(path, to_markdown_document(report.blocks, figure_dir.name), "report")
+            write_bytes(figure_dir / f"{fig.stem}.png", render(fig, "png"), "figure", atomic=True)
+        written = write_text(path, to_markdown_document(report.blocks, figure_dir.name), "report",
+                             atomic=True)
         for name in sorted(earlier - {f"{fig.stem}.png" for fig in report.figures}):
             with user_path(figure_dir / name, "earlier report's figure"):
                 (figure_dir / name).unlink(missing_ok=True)
         return written
     report = build_report(runs, figure_dir=None, command=command)
     pngs = {fig.stem: render(fig, "png") for fig in report.figures}
-    return write_text(path, to_html_document(report.blocks, report.title, pngs), "report")
+    return write_text(path, to_html_document(report.blocks, report.title, pngs), "report", atomic=True)
 
 
 #: A markdown image link, ``![alt](target)``.

@@ -99,3 +99,25 @@ def test_out_never_overwrites_a_users_file(tmp_path, monkeypatch, capsys):
         for _ in range(2):
             code, out, err = run(["report", "--from", check, "--out", str(target)], monkeypatch, capsys)
             assert (code, err) == (0, "") and "mlabench report" in Path(out.strip()).read_text()
+
+
+def test_a_full_disk_leaves_no_empty_report_nor_figure(tmp_path, monkeypatch, capsys):
+    """A fresh user's review: ``report`` and ``plot`` on a full disk left 0-byte ``x.html`` and
+    figures, and the retry was refused (``x.html stands already and is no mlabench report``).  Each
+    file is written through a temporary one renamed over it: nothing is left, and the retry writes."""
+    import errno
+    import os
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    check = str(GRAPH_CHECK / "graph_check_splitkv.json")
+    for i, (command, out) in enumerate((("report", "x.html"), ("report", "rep"), ("plot", "figs"))):
+        args, where = [command, "--from", check, "--out", str(tmp_path / str(i) / out)], tmp_path / str(i)
+        with monkeypatch.context() as m:
+            m.setattr("mlabench.files.os.write", full)
+            code, _, err = run(args, monkeypatch, capsys)
+        assert code != 0 and "the disk is full" in err, err
+        assert [p for p in where.rglob("*") if p.is_file()] == [], args
+        code, out, err = run(args, monkeypatch, capsys)
+        assert code == 0 and "error" not in err, err
