@@ -40,6 +40,7 @@ from mlabench.records.provenance import is_commit
 from mlabench.records.record import CPU_RUN_NOTE, Manifest, Record, point_key
 from mlabench.records.side_files import read_sentinels
 from mlabench.records.store import ResultStore, describe_records, run_folders
+from mlabench.run_files import SWEEP_KIND, TUNE_KIND, VALIDATION_KIND, manifest_kind
 from mlabench.shapes import MLADecodeShape
 from mlabench.tables.table import PARAMS, ColumnStyle, Table, params_label
 
@@ -212,7 +213,8 @@ def _values(values: set[Any], name: str = "") -> str:
 def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
     """One note per way the two runs' set-ups differ: GPU (model, or the physical GPU by its UUID
     where both runs recorded one), driver, library versions, revision (or that a run recorded none:
-    never called the same), timing settings, order; empty when they match.  The 87-94% of the note
+    never called the same), kind of run (a sweep against a tuning run), timing settings (each kind's
+    own), order; empty when they match.  The 87-94% of the note
     on other GPUs of one model is from results/h200/repeatability/history-attempt/ (runs from
     different device calls)."""
     notes = []
@@ -237,13 +239,28 @@ def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
                      "without .git or a revision stamp (scripts/stamp_revision.py), so the code may differ")
     elif a.git_dirty != b.git_dirty or not _same_commit(short_revision(a.git_revision), short_revision(b.git_revision)):
         notes.append(f"different mlabench revisions: {rev(a)} vs {rev(b)}")
-    for name in ("timing", "order", "check"):
-        va, vb = a.config.get(name), b.config.get(name)
+    kind_a, kind_b = (manifest_kind({"kind": m.kind, "config": m.config}) for m in (a, b))
+    if kind_a != kind_b:  # a tuning run's trials are timed as its config.tune says (a fresh user's review)
+        notes.append(f"different kinds of run: A is {_KIND_NAMES.get(kind_a, kind_a)}, B {_KIND_NAMES.get(kind_b, kind_b)}"
+                     " (a search times only the points it chose, under its own settings)")
+    for name in ("timing",) if kind_a != kind_b else ("timing", "order", "check"):
+        va, vb = _settings(a, kind_a).get(name), _settings(b, kind_b).get(name)
         if va != vb:
             notes.append(f"different {name} settings: {_changed(va, vb)}")
     if a.visit_settings() != b.visit_settings():
         notes.append(f"different visit settings: {_changed(a.visit_settings(), b.visit_settings())}")
     return notes
+
+
+#: A run kind as the notes name it.
+_KIND_NAMES = {SWEEP_KIND: "a sweep", TUNE_KIND: "a tuning run", VALIDATION_KIND: "a validation run"}
+
+
+def _settings(m: Manifest, kind: str) -> dict[str, Any]:
+    """Where a run of ``kind`` records its timing settings: a sweep's config, a tuning run's
+    ``config.tune``, a validation run's ``config.validate``."""
+    key = {TUNE_KIND: "tune", VALIDATION_KIND: "validate"}.get(kind)
+    return (m.config.get(key) or {}) if key else m.config
 
 
 def _changed(va: Any, vb: Any) -> str:

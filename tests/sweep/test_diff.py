@@ -151,6 +151,21 @@ def test_a_setting_or_version_one_run_lacks_is_said_to_be_not_recorded(tmp_path)
     assert not any("None" in n for n in notes), notes
 
 
+def test_a_sweep_against_a_tuning_run_says_so_and_reads_the_tunings_timing(tmp_path):
+    """A fresh user's review: ``diff SWEEP TUNE`` said the tuning run's timing and check settings
+    were "not recorded" (they are, under ``config.tune``) and never that B is a tuning run."""
+    m = ResultStore(H200_RUN).manifest()
+    tune = {"name": "t", "timing": {**m.config["timing"], "budget_s": 0.5}, "atol": 0.01}
+    b = copy_run(H200_RUN, tmp_path / "b", kind="tune", config={"tune": tune, "studies": []})
+    notes = diff_runs(H200_RUN, b).manifest_notes
+    assert notes[0] == ("different kinds of run: A is a sweep, B a tuning run (a search times only the points it "
+                        "chose, under its own settings)"), notes
+    assert notes[1] == f"different timing settings: budget_s {m.config['timing']['budget_s']} vs 0.5", notes
+    assert not any("not recorded" in n or "order" in n for n in notes), notes
+    same = copy_run(H200_RUN, tmp_path / "c", kind="tune", config={"tune": tune, "studies": []})
+    assert diff_runs(b, same).manifest_notes == []
+
+
 def test_runs_with_other_visit_settings_are_said_to_differ(tmp_path):
     """The committed run predates visits (1 visit); one recorded with 4 to 12 visits differs."""
     config = {**ResultStore(H200_RUN).manifest().config, "visits": 4, "max_visits": 12, "visit_rel_se": 0.003}
