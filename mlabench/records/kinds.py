@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mlabench.run_files import MANIFEST_FILE, SWEEP_KIND, manifest_kind
+from mlabench.errors import ResultsError
+from mlabench.run_files import MANIFEST_FILE, SWEEP_KIND, TUNE_KIND, VALIDATION_KIND, manifest_kind
 
 
 def run_kind(path: Path) -> str:
@@ -28,3 +29,23 @@ def run_kind(path: Path) -> str:
     except (OSError, ValueError):
         return SWEEP_KIND
     return manifest_kind(manifest) if isinstance(manifest, dict) else SWEEP_KIND
+
+
+def validation_resume_command(policy_path: str | Path | None, run_dir: Path) -> str:
+    """The command that continues the ``tune --validate`` folder ``run_dir`` of the policy file
+    ``policy_path`` (None: not recorded, shown as ``POLICY``)."""
+    return f"mlabench tune --validate {policy_path or 'POLICY'} --resume {run_dir}"
+
+
+def refuse_search_runs(manifest: dict, run_dir: Path) -> None:
+    """:class:`~mlabench.errors.ResultsError` naming the command that continues ``run_dir`` when its
+    parsed ``manifest`` is a tuning or a validation run's, for a reader that continues sweeps
+    (``sweep --resume`` of a tuning run said "unknown key (a typo?)": a fresh user's review)."""
+    kind = manifest_kind(manifest)
+    if kind == TUNE_KIND:
+        raise ResultsError(f"{run_dir} is a tuning run, not a sweep; continue it with: "
+                           f"mlabench tune --resume {run_dir}")
+    if kind == VALIDATION_KIND:
+        policy = (manifest.get("config") or {}).get("validate", {}).get("policy")
+        raise ResultsError(f"{run_dir} is a validation run, not a sweep; continue it with: "
+                           f"{validation_resume_command(policy, run_dir)}")

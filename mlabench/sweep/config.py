@@ -22,6 +22,7 @@ from mlabench.errors import ConfigError, ResultsError
 from mlabench.files import config_file, read_toml, validation_line
 from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
+from mlabench.records.kinds import refuse_search_runs
 from mlabench.records.store import ResultStore, refuse_archived
 from mlabench.shapes import MLADecodeShape, PageSize, resolve_heads
 from mlabench.sweep.order import DEFAULT_ORDER, Order
@@ -217,11 +218,13 @@ def check_sweep(cfg: SweepConfig, flags: set[str] = frozenset()) -> None:
 
 def recorded_config(store: ResultStore) -> SweepConfig:
     """The sweep configuration a run folder's manifest recorded; :class:`ResultsError` when it is
-    not one (a folder of another tool, or a manifest edited by hand).  A run recorded before
+    not one (a tuning or validation run: the command that continues it; a folder of another tool,
+    or a manifest edited by hand).  A run recorded before
     ``visits`` existed measured each point once: its ``visits`` is 1; one recorded before
     ``max_visits`` existed measured exactly its ``visits``."""
     try:
         manifest = store.manifest()
+        refuse_search_runs({"kind": manifest.kind, "config": manifest.config}, store.run_dir)
         settings = manifest.visit_settings()
         config = {**manifest.config, "visits": settings["visits"], "max_visits": settings["max_visits"]}
         return SweepConfig.model_validate(config)

@@ -1,6 +1,5 @@
-"""What a tuning or a validation run records about itself: its manifest (:func:`run_manifest`), a
-fresh run id (:func:`fresh_run_id`) and the command that continues a validation
-(:func:`validation_resume_command`).
+"""What a tuning or a validation run records about itself: its manifest (:func:`run_manifest`) and
+a fresh run id (:func:`fresh_run_id`).
 
 Shared by :mod:`.run` and :mod:`.validation_run`; it imports neither the studies nor the worker
 processes.
@@ -42,9 +41,3 @@ def fresh_run_id(results_root: Path, prefix: str) -> str:
         n += 1
         run_id = f"{base}-{n}"
     return run_id
-
-
-def validation_resume_command(policy_path: str | Path | None, run_dir: Path) -> str:
-    """The command that continues the ``tune --validate`` folder ``run_dir`` of the policy file
-    ``policy_path`` (None: not recorded, shown as ``POLICY``)."""
-    return f"mlabench tune --validate {policy_path or 'POLICY'} --resume {run_dir}"

@@ -29,7 +29,7 @@ from mlabench.files import validation_line
 from mlabench.inputs import check_fits
 from mlabench.policy.exports import export_policy
 from mlabench.policy.tuned import Policy
-from mlabench.records.kinds import run_kind
+from mlabench.records.kinds import run_kind, validation_resume_command
 from mlabench.records.provenance import git_revision, library_versions
 from mlabench.records.record import Manifest, utc_now
 from mlabench.records.store import ResultStore, refuse_archived
@@ -37,7 +37,7 @@ from mlabench.run_files import JOURNAL_FILE, TUNE_KIND, VALIDATION_KIND, WORKERS
 from mlabench.shapes import model_spec, scale_note
 from mlabench.tune.choice import BucketChoice, build_policy, study_choice
 from mlabench.tune.edges import fine_edges
-from mlabench.tune.manifest import fresh_run_id, run_manifest, validation_resume_command
+from mlabench.tune.manifest import fresh_run_id, run_manifest
 from mlabench.tune.neighbour_ties import adopt_neighbour_ties
 from mlabench.tune.page_rule import pages_rule_policy, wave_caps
 from mlabench.tune.seeded_trials import heuristic_trials, ladder_trials, page_trials, whole_tile_trials

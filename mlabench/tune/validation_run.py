@@ -24,11 +24,12 @@ from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
 from mlabench.policy.heuristics import heuristic_splits
 from mlabench.policy.tuned import Policy
+from mlabench.records.kinds import validation_resume_command
 from mlabench.records.record import point_key
 from mlabench.records.store import ResultStore
 from mlabench.run_files import VALIDATION_FILE, VALIDATION_KIND, VALIDATION_TABLE_FILE
 from mlabench.shapes import MLADecodeShape
-from mlabench.tune.manifest import fresh_run_id, run_manifest, validation_resume_command
+from mlabench.tune.manifest import fresh_run_id, run_manifest
 from mlabench.tune.space import tune_timing, wave_cap
 from mlabench.tune.validation import (TARGET_TOLERANCE, PointResult, Validation, draw_lengths, free_lengths,
                                       policy_shape, policy_span, reference_counts, split_ladder,

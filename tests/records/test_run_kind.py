@@ -95,3 +95,32 @@ def test_a_serve_bench_run_given_to_a_kernel_command_is_named_as_one(args, monke
         assert err == f"error: compare --from {SERVE_RUN}: a serve-bench run, not a sweep, tune or validation run\n"
     else:
         assert err.startswith(f"error: {SERVE_RUN} is a serve-bench run, not a sweep") and "serve-bench --from-run" in err
+
+
+@pytest.mark.parametrize("kind, run, command", [
+    ("tuning", "tune-kimi-k3-tp8-20261130-161711-925", "mlabench tune --resume {run}"),
+    ("validation", "validate-20261130-161822-1004", "mlabench tune --validate {policy} --resume {run}"),
+])
+def test_sweep_resume_of_a_tuning_or_validation_run_names_the_command_that_continues_it(
+        tmp_path, monkeypatch, capsys, kind, run, command):
+    """A fresh user's review: ``sweep --resume TUNE`` said "the manifest holds no sweep configuration
+    (tune: unknown key (a typo?))", blaming the file; ``tune --resume`` of a validation run already
+    named its command."""
+    import gzip
+    import shutil
+    import sys
+
+    from mlabench import cli
+
+    src = Path(__file__).resolve().parents[1] / "report/fixtures/h200-tune-first-attempt" / run
+    folder = Path(shutil.copytree(src, tmp_path / run))
+    for packed in folder.glob("*.gz"):  # an archived run is refused before its kind is read
+        packed.with_suffix("").write_bytes(gzip.decompress(packed.read_bytes()))
+        packed.unlink()
+    policy = json.loads((folder / MANIFEST_FILE).read_text())["config"].get("validate", {}).get("policy")
+    monkeypatch.setattr(sys, "argv", ["mlabench", "sweep", "--resume", str(folder)])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2 and capsys.readouterr().err == (
+        f"error: {folder} is a {kind} run, not a sweep; continue it with: "
+        f"{command.format(run=folder, policy=policy or 'POLICY')}\n")  # this older run recorded none
