@@ -283,6 +283,8 @@ def run_folders(paths: Iterable[Path], *, any_depth: bool = False) -> list[Path]
 
 def _no_run_hint(path: Path) -> str:
     """Why ``path`` holds no run folder, and where the runs are when they lie deeper."""
+    if not path.exists():  # a typo'd name read as the wrong kind of file (a fresh user's review)
+        return " (not found: no such file or folder)"
     if not path.is_dir():
         return " (not a folder)"
     if (path / SCRIPT_RECORDS_FILE).is_file():
