@@ -21,9 +21,9 @@ class ExitCode(IntEnum):
     FAILED = 1
     #: A usage mistake (click's message) or an error the user can cause: one ``error:`` line either way.
     ERROR = 2
-    #: The input is fine but this machine cannot run it: no GPU, a backend or a package missing here
-    #: (:class:`BackendUnavailableError`, :class:`GPURequiredError`, :class:`DependencyError`); one
-    #: ``error:`` line.  Kept apart from 2 so that a script can skip rather than fail.
+    #: The input is fine but this machine cannot run it: no GPU, a backend or a package missing here,
+    #: a full disk (:class:`BackendUnavailableError`, :class:`GPURequiredError`,
+    #: :class:`DependencyError`, :class:`DiskFullError`); one ``error:`` line.  Kept apart from 2 so that a script can skip rather than fail.
     UNAVAILABLE = 3
     #: Stopped by Ctrl-C (128 + SIGINT), after saving what was measured.
     INTERRUPTED = 130
@@ -42,6 +42,14 @@ class ConfigError(MlabenchError):
 class FileAccessError(ConfigError):
     """A file or folder the user named that cannot be read or written: missing, a folder where a
     file belongs (or the reverse), not UTF-8 text, not valid JSON, no permission, disk full."""
+
+
+class DiskFullError(FileAccessError):
+    """A file that could not be written because the disk (or the user's quota) is full: nothing
+    wrong with the input, so it exits 3 like a machine that cannot run it, and a resumed run goes
+    on once space is freed (a fresh user's review: it exited 2, "bad input")."""
+
+    exit_code: ClassVar[int] = ExitCode.UNAVAILABLE
 
 
 class UnknownModelError(ConfigError):

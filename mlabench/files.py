@@ -28,7 +28,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mlabench.errors import ConfigError, FileAccessError
+from mlabench.errors import ConfigError, DiskFullError, FileAccessError
+
+
+#: The errnos of a full disk or quota (:class:`~mlabench.errors.DiskFullError`).
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _reason(exc: OSError, making: bool = False) -> str:
@@ -44,7 +48,7 @@ def _reason(exc: OSError, making: bool = False) -> str:
         return "exists already as a file"
     if isinstance(exc, PermissionError):
         return "permission denied"
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if exc.errno in _DISK_FULL:
         return "could not be written: the disk is full (no space left on device)"
     return exc.strerror or type(exc).__name__
 
@@ -63,10 +67,11 @@ def user_path(path: str | Path, what: str, making: bool = False) -> Iterator[Non
     except UnicodeError:
         raise FileAccessError(f"{what} is not a text file (not UTF-8): {path}") from None
     except OSError as exc:
+        error = DiskFullError if exc.errno in _DISK_FULL else FileAccessError
         culprit = Path(exc.filename) if isinstance(exc.filename, str) else None
         if culprit is not None and culprit in Path(path).parents:  # a folder on the way is in the way
-            raise FileAccessError(f"{what} {path}: its folder {culprit} {_reason(exc, True)}") from None
-        raise FileAccessError(f"{what} {_reason(exc, making)}: {path}") from None
+            raise error(f"{what} {path}: its folder {culprit} {_reason(exc, True)}") from None
+        raise error(f"{what} {_reason(exc, making)}: {path}") from None
 
 
 def read_text(path: str | Path, what: str) -> str:
@@ -195,7 +200,8 @@ def make_dir(path: str | Path, what: str, exist_ok: bool = True) -> Path:
         except FileExistsError:
             raise
         except OSError as exc:
-            raise FileAccessError(f"{what} {_reason(exc, True)}: {p}") from None
+            error = DiskFullError if exc.errno in _DISK_FULL else FileAccessError
+            raise error(f"{what} {_reason(exc, True)}: {p}") from None
         return p
     with user_path(p, what, making=True):
         p.mkdir(parents=True, exist_ok=True)

@@ -131,7 +131,7 @@ class SweepRunner:
             raise Interrupted(f"interrupted: {self._kept(len(ordered))}; continue with: "
                               f"mlabench sweep --resume {self.store.run_dir}") from None
         except FileAccessError as exc:  # e.g. a full disk: every record on disk is whole (append_text)
-            raise FileAccessError(f"{exc}; {self._kept(len(ordered))}, none cut short; free space, then "
+            raise type(exc)(f"{exc}; {self._kept(len(ordered))}, none cut short; free space, then "
                                   f"continue with: mlabench sweep --resume {self.store.run_dir}") from None
         self.finish()
 

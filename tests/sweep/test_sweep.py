@@ -428,6 +428,7 @@ def test_a_disk_filling_mid_run_leaves_whole_records_and_names_the_resume(tmp_pa
     said = str(info.value)
     assert "the disk is full" in said and "3 of 8 points recorded" in said, said
     assert said.endswith(f"free space, then continue with: mlabench sweep --resume {run_dir}") and "\n" not in said
+    assert info.value.exit_code == 3  # the input was fine: this machine cannot go on (exit 2 said 'bad input')
     data = (run_dir / "results.jsonl").read_bytes()
     assert data.endswith(b"\n") and len(data.splitlines()) == 3
     monkeypatch.undo()

@@ -219,10 +219,10 @@ def test_export_reads_an_archived_runs_gzipped_journal_and_resume_refuses_it(tmp
 def test_a_failed_worker_names_the_command_that_resumes(tmp_path, tiny_timing, monkeypatch):
     """Issue 25 item 5: a worker that stopped on a full disk ends the run with its error and the
     resume command (the CSV is not rewritten: the disk is full)."""
-    said = "worker 0 (this host's devices) exited with 2: error: run results could not be written: the disk is full"
+    said = "worker 0 (this host's devices) exited with 3: error: run results could not be written: the disk is full"
 
     def supervise(workers, poll=None):
-        raise WorkerError(said, 2)
+        raise WorkerError(said, 3)
 
     monkeypatch.setattr("mlabench.tune.run.start_workers", lambda *a, **k: [])
     monkeypatch.setattr("mlabench.tune.run.supervise", supervise)
@@ -230,7 +230,7 @@ def test_a_failed_worker_names_the_command_that_resumes(tmp_path, tiny_timing, m
         run_tune(fast_wrong_config(tiny_timing), tmp_path)
     (run_dir,) = list(tmp_path.iterdir())
     assert str(info.value) == f"{said}; trials so far are kept in {run_dir}; continue with: mlabench tune --resume {run_dir}"
-    assert info.value.exit_code == 2
+    assert info.value.exit_code == 3  # a full disk: nothing wrong with the input
     # issue 25 item 7: a tuning run's manifest names its softmax scale too (12 heads, no model: 576 ** -0.5)
     assert ResultStore(run_dir).manifest().softmax_scale.startswith("softmax scale 0.041667 = 576 ** -0.5")
 

@@ -93,10 +93,10 @@ def _log_on_a_full_disk() -> None:
 
 def disk_full_worker(payload, index):
     """A worker entry whose log cannot be written and whose store append fails on a full disk."""
-    from mlabench.errors import FileAccessError
+    from mlabench.errors import DiskFullError
 
     _log_on_a_full_disk()
-    raise FileAccessError("run results could not be written: the disk is full (no space left on device): x.jsonl")
+    raise DiskFullError("run results could not be written: the disk is full (no space left on device): x.jsonl")
 
 
 def crashing_worker(payload, index):
@@ -108,7 +108,7 @@ def crashing_worker(payload, index):
 
 
 @pytest.mark.parametrize("entry, said, code", [
-    ("disk_full_worker", "exited with 2: error: run results could not be written: the disk is full", 2),
+    ("disk_full_worker", "exited with 3: error: run results could not be written: the disk is full", 3),
     ("crashing_worker", "exited with 1: OSError: [Errno 28] No space left on device", 1),
 ])
 def test_a_worker_whose_log_cannot_be_written_still_reports_its_error(tmp_path, entry, said, code):
