@@ -62,6 +62,22 @@ def test_a_figure_title_says_what_and_where(h200_runs):
     assert "4.18 TB/s" in " ".join(t.get_text() for t in fig.legends[0].get_texts())
 
 
+def test_a_figure_of_an_interrupted_run_says_so(h200_runs):
+    """A fresh user's review: figures of a run cut short dropped its unmeasured columns and did not
+    say the run was interrupted (the report did).  The title's second line says how many points."""
+    from dataclasses import replace
+
+    recorded = len({r.key for r in h200_runs.records})
+    (run,) = h200_runs.kernel_runs
+    cut = replace(h200_runs, kernel_runs=[replace(run, manifest=run.manifest.model_copy(
+        update={"planned_points": recorded + 5}))])
+    for kind in ("latency", "split-heatmap"):
+        specs, _ = plan(cut, kinds=[kind])
+        assert f"interrupted: {recorded} of {recorded + 5} points" in specs[0].draw()._suptitle.get_text()
+        specs, _ = plan(h200_runs, kinds=[kind])
+        assert "interrupted" not in specs[0].draw()._suptitle.get_text()
+
+
 def run_cli(args, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["mlabench", *args])
     try:
