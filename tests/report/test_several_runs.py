@@ -5,7 +5,7 @@ import pytest
 
 from mlabench.report.figures import data as D, style
 from mlabench.sweep.summary import sweep_summary
-from tests.report.conftest import EMPTY_PROGRAMS, FUSED_MERGE
+from tests.report.conftest import EMPTY_PROGRAMS, FUSED_MERGE, REPO
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +152,18 @@ def test_a_starred_split_count_keeps_its_tick_label_over_a_near_neighbour():
     assert style.thin_labels(values, list("abcdef"), 1.2, prefer=[128]) == ["a", "b", "c", "d", "", "f"]
     assert style.thin_labels([128, 132], ["x", "y"], 1.2, prefer=[128]) == ["x", ""]
     assert style.thin_labels(values, list("abcdef"), 1.2, prefer=[128, 132]) == ["a", "b", "c", "d/e", "", "f"]
+
+
+def test_the_latency_legend_lists_curves_by_label_then_the_floor_and_the_noise_key():
+    """A fresh user's review of the committed serving runs' latency figure: a run drawn only at
+    batch 16 stood after "hollow: noisy point", apart from its backend's other runs."""
+    from mlabench.report.figures.plan import plan
+    from mlabench.report.runs import load_runs
+
+    runs = load_runs([REPO / "results/h200/serving"])
+    (spec,), _ = plan(runs, kinds=["latency"])
+    _, legend, _ = _legend_box(spec)
+    texts = [t.get_text().replace("\n", " ") for t in legend.get_texts()]
+    curves = [t for t in texts if not t.startswith(("floor: ", "hollow: "))]
+    assert curves == sorted(curves) and texts[len(curves):][0].startswith("floor: "), texts
+    assert texts[-1] == "hollow: noisy point", texts

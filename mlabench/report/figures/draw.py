@@ -120,14 +120,21 @@ def _log_y(ax: Any, label: str) -> None:
     ax.set_ylabel(label)
 
 
-def _dedup_legend(fig: Any, axes: list[Any], last: str | None = None, **kw: Any) -> None:
-    """One legend for all panels, outside them; the entry labelled ``last`` goes last."""
+def _dedup_legend(fig: Any, axes: list[Any], last: str | tuple[str, ...] | None = None, by_label: bool = False,
+                  **kw: Any) -> None:
+    """One legend for all panels, outside them, in the order drawn (``by_label``: sorted by label);
+    the entries whose labels start with ``last`` (one prefix or several, in that order) go last: a
+    curve drawn only in a later panel stays among the curves (a fresh user's review: one stood
+    after "hollow: noisy point", apart from its backend's other runs)."""
     seen: dict[str, Any] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, handle)
-    if last in seen:
-        seen[last] = seen.pop(last)
+    if by_label:
+        seen = dict(sorted(seen.items()))
+    for prefix in (last,) if isinstance(last, str) else last or ():
+        for label in [label for label in seen if label.startswith(prefix)]:
+            seen[label] = seen.pop(label)
     if seen:
         labels = list(seen)
         if "ncol" in kw:  # fewer columns than asked where they do not fit; the lines added get their height
@@ -215,7 +222,7 @@ def latency(data: LatencyData, title: str, where: str, metric: str = "us") -> An
             if floor:
                 ax.plot(*zip(*floor), "--", color=style.FLOOR_COLOR, linewidth=1.2,
                         label=f"floor: bytes / {floor_text(data)}")
-            _log_y(ax, "µs per decode call (median, log scale)")
+            _log_y(ax, "µs per decode call (median, log scale)" if ax is axes[0] else "")  # one unit: one label
         else:
             ax.axhline(100, linestyle="--", color=style.FLOOR_COLOR, linewidth=1.2,
                        label=f"100% = floor (bytes / {floor_text(data)})")
@@ -227,7 +234,8 @@ def latency(data: LatencyData, title: str, where: str, metric: str = "us") -> An
         ax.grid(True, which="major", alpha=0.3)
     if noisy:
         axes[0].plot([], [], "o", color="white", markeredgecolor="grey", label="hollow: noisy point")
-    _dedup_legend(fig, axes, loc="outside lower center", ncol=5)
+    _dedup_legend(fig, axes, last=("floor: ", "100% = floor", "hollow: "), by_label=True, loc="outside lower center",
+                  ncol=5)
     return fig
 
 
