@@ -5,7 +5,8 @@ fixtures, prompt files, run folders, output folders) is read or written through 
 OS error (missing, a folder where a file is expected, a file where a folder is expected, no
 permission, disk full) or a file that is not UTF-8 text becomes a
 :class:`~mlabench.errors.FileAccessError` saying what the file is, why, and where, which the CLI
-prints as one ``error:`` line with exit code 2.
+prints as one ``error:`` line with exit code 2 (3 for a full disk:
+:class:`~mlabench.errors.DiskFullError`).
 
 Configuration files too: where the shipped configuration lives (:func:`configs_dir`), finding one by
 name or path (:func:`config_file`), reading TOML (:func:`read_toml`) and a pydantic validation error
@@ -127,6 +128,8 @@ def check_writable(path: str | Path, what: str) -> None:
             return
         fd, probe = tempfile.mkstemp(prefix=".mlabench-probe-", dir=folder)
     except OSError as exc:
+        if exc.errno in _DISK_FULL:
+            raise DiskFullError(f"{what} {p}: {_reason(exc)}") from None
         if isinstance(exc, PermissionError):
             raise FileAccessError(f"{what} {p}: permission denied") from None
         if exists:
@@ -142,15 +145,18 @@ def check_writable(path: str | Path, what: str) -> None:
 
 def write_bytes(path: str | Path, data: bytes, what: str, atomic: bool = False) -> Path:
     """Write ``data`` to ``path``, creating its folder, with ``atomic`` as :func:`write_text` does;
-    :class:`FileAccessError` on failure."""
+    :class:`FileAccessError` on failure.  A write that fails (a full disk, Ctrl-C) removes the
+    file it was making: the temporary one, or ``path`` where it did not exist before (a report's
+    0-byte leftover was then refused as "no mlabench report": a fresh user's review)."""
     p = Path(path)
     target = p.with_name(p.name + ".tmp") if atomic else p
     with user_path(p, what):
         p.parent.mkdir(parents=True, exist_ok=True)
+        made = atomic or not p.exists()
         try:
             _write_file(target, data, os.O_TRUNC)
-        except OSError:
-            if atomic and target.is_file():
+        except BaseException:
+            if made and target.is_file():
                 target.unlink()
             raise
         if atomic:

@@ -6,7 +6,8 @@ Exit codes (:class:`~mlabench.errors.ExitCode`): 0 done; 1 a check failed or a r
 :class:`~mlabench.errors.MissingResultError` gives one ``error:`` line and 1); 2 a usage mistake (click's message
 as one ``error:`` line: :func:`usage_line`) or
 a :class:`~mlabench.errors.MlabenchError` (one ``error: ...`` line on stderr, or the error's own
-``exit_code``); 3 cannot run here (no GPU, a backend or package missing: the error's own ``exit_code``);
+``exit_code``); 3 cannot run here (no GPU, a backend or package missing, a full disk: the error's own
+``exit_code``);
 130 Ctrl-C or SIGTERM (:func:`stop_on_sigterm`).  Tables go to stdout, progress and notices to stderr.
 """
 

@@ -101,7 +101,7 @@ class ResultStore:
                     left = "the run folder was removed"
                 except OSError:
                     left = "the run folder could not be removed: delete it"
-            raise FileAccessError(f"{exc} (nothing was recorded; {left})") from None
+            raise type(exc)(f"{exc} (nothing was recorded; {left})") from None  # a full disk stays one (exit 3)
         return store
 
     def _write_manifest(self, manifest: Manifest) -> None:

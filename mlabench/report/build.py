@@ -147,22 +147,21 @@ def write_report(runs: Any, out: Path | str, fmt: str | None = "markdown", comma
     from mlabench.report.figures.plan import render
 
     path, fmt, figure_dir = report_target(out, fmt)
-    check_writable(path, "--out")  # before the figures: /proc/x.md named /proc/x-figures/ as the culprit
+    check_writable(path, "report")  # before the figures: /proc/x.md named /proc/x-figures/ as the culprit
     make_dir(path.parent, "report folder")
     if fmt == "markdown":
         earlier = earlier_figures(path, figure_dir)
         report = build_report(runs, figure_dir=figure_dir.name, command=command)
         for fig in report.figures:
-            write_bytes(figure_dir / f"{fig.stem}.png", render(fig, "png"), "figure", atomic=True)
-        written = write_text(path, to_markdown_document(report.blocks, figure_dir.name), "report",
-                             atomic=True)
+            write_bytes(figure_dir / f"{fig.stem}.png", render(fig, "png"), "figure")
+        written = write_text(path, to_markdown_document(report.blocks, figure_dir.name), "report")
         for name in sorted(earlier - {f"{fig.stem}.png" for fig in report.figures}):
             with user_path(figure_dir / name, "earlier report's figure"):
                 (figure_dir / name).unlink(missing_ok=True)
         return written
     report = build_report(runs, figure_dir=None, command=command)
     pngs = {fig.stem: render(fig, "png") for fig in report.figures}
-    return write_text(path, to_html_document(report.blocks, report.title, pngs), "report", atomic=True)
+    return write_text(path, to_html_document(report.blocks, report.title, pngs), "report")
 
 
 #: A markdown image link, ``![alt](target)``.

@@ -122,7 +122,7 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
         raise Interrupted(f"interrupted: {len(points)} of {total} points recorded in {store.run_dir} (kept); "
                           f"continue with: {validation_resume_command(policy_path, store.run_dir)}") from None
     except FileAccessError as exc:  # e.g. the disk filled up: what was recorded stays, and how to go on
-        raise FileAccessError(f"{exc}; {len(points)} of {total} points are recorded in {store.run_dir} (kept); "
+        raise type(exc)(f"{exc}; {len(points)} of {total} points are recorded in {store.run_dir} (kept); "
                               f"once it can be written, continue with: "
                               f"{validation_resume_command(policy_path, store.run_dir)}") from None
 

@@ -93,8 +93,8 @@ def test_a_file_in_the_way_of_a_folder_is_the_path_named(tmp_path, monkeypatch, 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc (no folder can be made in it)")
 @pytest.mark.parametrize("args, message", [
-    (["report", "--from", str(RUN), "--out", "/proc/mlabench-x"], "--out /proc/mlabench-x/report.md: "),
-    (["report", "--from", str(RUN), "--out", "/proc/mlabench-x.md"], "--out /proc/mlabench-x.md: "),
+    (["report", "--from", str(RUN), "--out", "/proc/mlabench-x"], "report /proc/mlabench-x/report.md: "),
+    (["report", "--from", str(RUN), "--out", "/proc/mlabench-x.md"], "report /proc/mlabench-x.md: "),
     (["sweep", "--heads", "12", "--backend", "torch-splitkv", "--context", "32", "--splits", "1", "--page-size", "16",
       "--budget-s", "0.05", "--results-dir", "/proc/mlabench-x"], "its folder /proc/mlabench-x could not be created there"),
 ])

@@ -450,3 +450,15 @@ def test_a_full_disk_leaves_no_temporary_file(tmp_path, monkeypatch):
         with pytest.raises(FileAccessError, match="the disk is full"):
             store.write_csv()
     assert sorted(p.name for p in store.run_dir.iterdir()) == ["manifest.json", "results.jsonl"]
+
+
+def test_a_run_folder_made_on_a_full_disk_is_a_full_disk_error(tmp_path, monkeypatch):
+    """ResultStore.create words the failure again (nothing recorded, the folder removed): it stays a
+    DiskFullError, exit 3, as every other full-disk write (a review: it became exit 2)."""
+    from mlabench.errors import DiskFullError
+
+    with monkeypatch.context() as m:
+        _fill_disk_after(m, 0)
+        with pytest.raises(DiskFullError, match="the disk is full.*nothing was recorded; the run folder was removed") as info:
+            ResultStore.create(tmp_path / "r1", manifest())
+    assert info.value.exit_code == 3 and not (tmp_path / "r1").exists()

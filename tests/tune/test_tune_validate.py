@@ -190,7 +190,11 @@ def test_cli_tune_validate_export(tmp_path):
 
 def test_validate_on_a_full_disk_keeps_what_it_recorded_and_says_how_to_continue(tmp_path, tiny_timing, monkeypatch):
     """Issue 35 item 13: a disk filling up mid-validation ends it with the command that continues."""
+    import errno
+    import os
+
     from mlabench.errors import FileAccessError
+    from mlabench.files import user_path
     from mlabench.records import store as store_module
 
     real, calls = store_module.append_text, []
@@ -198,7 +202,8 @@ def test_validate_on_a_full_disk_keeps_what_it_recorded_and_says_how_to_continue
     def append_text(path, text, what, sync=False):
         calls.append(path)
         if len(calls) > 2:
-            raise FileAccessError(f"{what} could not be written: the disk is full (no space left on device): {path}")
+            with user_path(path, what):  # as append_text's write fails on a full disk
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(path, text, what, sync)
 
     monkeypatch.setattr(store_module, "append_text", append_text)
@@ -209,6 +214,7 @@ def test_validate_on_a_full_disk_keeps_what_it_recorded_and_says_how_to_continue
     assert str(info.value).startswith("run results could not be written: the disk is full")
     assert str(info.value).endswith(f"0 of 2 points are recorded in {run} (kept); once it can be written, continue "
                                     f"with: mlabench tune --validate {tmp_path / 'policy.json'} --resume {run}")
+    assert info.value.exit_code == 3  # the re-worded error is still a full disk's (it exited 2)
 
 
 def test_validate_finds_a_best_off_the_ladder_and_off_the_policys_window(tmp_path, tiny_timing):

@@ -366,7 +366,6 @@ def write_figures(runs: Any, out_dir: Path, kinds: Sequence[str] | None = None,
         make_dir(out_dir, "figure folder")
     written = []
     for spec in specs:
-        paths = [write_bytes(out_dir / f"{spec.stem}.{fmt}", render(spec, fmt), "figure", atomic=True)
-                 for fmt in formats]
+        paths = [write_bytes(out_dir / f"{spec.stem}.{fmt}", render(spec, fmt), "figure") for fmt in formats]
         written.append((spec, paths))
     return written, skipped
