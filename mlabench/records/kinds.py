@@ -24,17 +24,29 @@ def run_kind(path: Path) -> str:
     A folder whose manifest is missing, unreadable or not a JSON object reads as
     :data:`~mlabench.run_files.SWEEP_KIND`: reading it as a kernel run then says what is wrong.
     """
+    return manifest_kind(_manifest(path))
+
+
+def _manifest(path: Path) -> dict:
+    """The parsed ``manifest.json`` of the folder ``path``; {} where it is missing, unreadable or
+    not a JSON object."""
     try:
         manifest = json.loads((Path(path) / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return SWEEP_KIND
-    return manifest_kind(manifest) if isinstance(manifest, dict) else SWEEP_KIND
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
 
 
 def validation_resume_command(policy_path: str | Path | None, run_dir: Path) -> str:
     """The command that continues the ``tune --validate`` folder ``run_dir`` of the policy file
     ``policy_path`` (None: not recorded, shown as ``POLICY``)."""
     return f"mlabench tune --validate {policy_path or 'POLICY'} --resume {run_dir}"
+
+
+def refuse_search_run_folder(run_dir: Path) -> None:
+    """:func:`refuse_search_runs` of the folder ``run_dir``'s own manifest, before anything else is
+    read (an archived tuning run was told to be gunzipped, then refused as a tuning run)."""
+    refuse_search_runs(_manifest(run_dir), run_dir)
 
 
 def refuse_search_runs(manifest: dict, run_dir: Path) -> None:

@@ -242,12 +242,12 @@ def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
     kind_a, kind_b = (manifest_kind({"kind": m.kind, "config": m.config}) for m in (a, b))
     if kind_a != kind_b:  # a tuning run's trials are timed as its config.tune says (a fresh user's review)
         notes.append(f"different kinds of run: A is {_KIND_NAMES.get(kind_a, kind_a)}, B {_KIND_NAMES.get(kind_b, kind_b)}"
-                     " (a search times only the points it chose, under its own settings)")
+                     " (each times its own points under its own settings)")
     for name in ("timing",) if kind_a != kind_b else ("timing", "order", "check"):
         va, vb = _settings(a, kind_a).get(name), _settings(b, kind_b).get(name)
         if va != vb:
             notes.append(f"different {name} settings: {_changed(va, vb)}")
-    if a.visit_settings() != b.visit_settings():
+    if kind_a == kind_b == SWEEP_KIND and a.visit_settings() != b.visit_settings():  # only sweeps visit
         notes.append(f"different visit settings: {_changed(a.visit_settings(), b.visit_settings())}")
     return notes
 
@@ -257,10 +257,14 @@ _KIND_NAMES = {SWEEP_KIND: "a sweep", TUNE_KIND: "a tuning run", VALIDATION_KIND
 
 
 def _settings(m: Manifest, kind: str) -> dict[str, Any]:
-    """Where a run of ``kind`` records its timing settings: a sweep's config, a tuning run's
-    ``config.tune``, a validation run's ``config.validate``."""
+    """Where a run of ``kind`` records its timing and check settings: a sweep's config, a tuning
+    run's ``config.tune`` (its ``atol``/``rtol`` read as its check settings), a validation run's
+    ``config.validate``."""
     key = {TUNE_KIND: "tune", VALIDATION_KIND: "validate"}.get(kind)
-    return (m.config.get(key) or {}) if key else m.config
+    if key is None:
+        return m.config
+    own = m.config.get(key) or {}  # a tuning run keeps its tolerances beside its other settings
+    return {**own, "check": {k: own[k] for k in ("atol", "rtol") if k in own} or own.get("check")}
 
 
 def _changed(va: Any, vb: Any) -> str:

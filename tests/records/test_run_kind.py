@@ -118,9 +118,10 @@ def test_sweep_resume_of_a_tuning_or_validation_run_names_the_command_that_conti
         packed.with_suffix("").write_bytes(gzip.decompress(packed.read_bytes()))
         packed.unlink()
     policy = json.loads((folder / MANIFEST_FILE).read_text())["config"].get("validate", {}).get("policy")
-    monkeypatch.setattr(sys, "argv", ["mlabench", "sweep", "--resume", str(folder)])
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-    assert exc.value.code == 2 and capsys.readouterr().err == (
-        f"error: {folder} is a {kind} run, not a sweep; continue it with: "
-        f"{command.format(run=folder, policy=policy or 'POLICY')}\n")  # this older run recorded none
+    for given in (folder, src):  # archived too: it was told to gunzip first, then refused as a tuning run
+        monkeypatch.setattr(sys, "argv", ["mlabench", "sweep", "--resume", str(given)])
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+        assert exc.value.code == 2 and capsys.readouterr().err == (
+            f"error: {given} is a {kind} run, not a sweep; continue it with: "
+            f"{command.format(run=given, policy=policy or 'POLICY')}\n")  # this older run recorded none

@@ -158,12 +158,14 @@ def test_a_sweep_against_a_tuning_run_says_so_and_reads_the_tunings_timing(tmp_p
     tune = {"name": "t", "timing": {**m.config["timing"], "budget_s": 0.5}, "atol": 0.01}
     b = copy_run(H200_RUN, tmp_path / "b", kind="tune", config={"tune": tune, "studies": []})
     notes = diff_runs(H200_RUN, b).manifest_notes
-    assert notes[0] == ("different kinds of run: A is a sweep, B a tuning run (a search times only the points it "
-                        "chose, under its own settings)"), notes
+    assert notes[0] == ("different kinds of run: A is a sweep, B a tuning run (each times its own points under its "
+                        "own settings)"), notes
     assert notes[1] == f"different timing settings: budget_s {m.config['timing']['budget_s']} vs 0.5", notes
-    assert not any("not recorded" in n or "order" in n for n in notes), notes
+    assert not any("not recorded" in n or "order" in n or "visit" in n for n in notes), notes
     same = copy_run(H200_RUN, tmp_path / "c", kind="tune", config={"tune": tune, "studies": []})
     assert diff_runs(b, same).manifest_notes == []
+    looser = copy_run(H200_RUN, tmp_path / "d", kind="tune", config={"tune": {**tune, "atol": 0.5}, "studies": []})
+    assert diff_runs(b, looser).manifest_notes == ["different check settings: atol 0.01 vs 0.5"]  # it said nothing
 
 
 def test_runs_with_other_visit_settings_are_said_to_differ(tmp_path):
