@@ -43,21 +43,27 @@ def validation_resume_command(policy_path: str | Path | None, run_dir: Path) -> 
     return f"mlabench tune --validate {policy_path or 'POLICY'} --resume {run_dir}"
 
 
-def refuse_search_run_folder(run_dir: Path) -> None:
+_RUN_NOUNS = {SWEEP_KIND: "a sweep", TUNE_KIND: "a tuning run", VALIDATION_KIND: "a validation run"}
+
+
+def refuse_search_run_folder(run_dir: Path, reader: str = SWEEP_KIND) -> None:
     """:func:`refuse_search_runs` of the folder ``run_dir``'s own manifest, before anything else is
     read (an archived tuning run was told to be gunzipped, then refused as a tuning run)."""
-    refuse_search_runs(_manifest(run_dir), run_dir)
+    refuse_search_runs(_manifest(run_dir), run_dir, reader)
 
 
-def refuse_search_runs(manifest: dict, run_dir: Path) -> None:
+def refuse_search_runs(manifest: dict, run_dir: Path, reader: str = SWEEP_KIND) -> None:
     """:class:`~mlabench.errors.ResultsError` naming the command that continues ``run_dir`` when its
-    parsed ``manifest`` is a tuning or a validation run's, for a reader that continues sweeps
-    (``sweep --resume`` of a tuning run said "unknown key (a typo?)": a fresh user's review)."""
+    parsed ``manifest`` is a tuning or a validation run's and ``reader`` (the kind of run the caller
+    continues: :data:`~mlabench.run_files.SWEEP_KIND` or :data:`~mlabench.run_files.TUNE_KIND`) is
+    another (``sweep --resume`` of a tuning run said "unknown key (a typo?)": a fresh user's review).
+    One wording for ``sweep --resume`` and ``tune --resume``: "X is a validation run, not a sweep;
+    continue it with: mlabench tune --validate POLICY --resume X"."""
     kind = manifest_kind(manifest)
+    if kind == reader or kind not in (TUNE_KIND, VALIDATION_KIND):
+        return
     if kind == TUNE_KIND:
-        raise ResultsError(f"{run_dir} is a tuning run, not a sweep; continue it with: "
-                           f"mlabench tune --resume {run_dir}")
-    if kind == VALIDATION_KIND:
-        policy = (manifest.get("config") or {}).get("validate", {}).get("policy")
-        raise ResultsError(f"{run_dir} is a validation run, not a sweep; continue it with: "
-                           f"{validation_resume_command(policy, run_dir)}")
+        command = f"mlabench tune --resume {run_dir}"
+    else:
+        command = validation_resume_command((manifest.get("config") or {}).get("validate", {}).get("policy"), run_dir)
+    raise ResultsError(f"{run_dir} is {_RUN_NOUNS[kind]}, not {_RUN_NOUNS[reader]}; continue it with: {command}")

@@ -47,7 +47,7 @@ def test_an_interrupted_validation_keeps_its_points_and_resumes_without_measurin
                         seed=1, policy_path=path)
     run = next(tmp_path.glob("validate-*"))
     before = [r.key for r in ResultStore(run).records()]
-    with pytest.raises(ResultsError, match=r"validation run; continue it with: mlabench tune --validate .*--resume"):
+    with pytest.raises(ResultsError, match=r"validation run, not a tuning run; continue it with: mlabench tune --validate .*--resume"):
         recorded_config(run)  # `tune --resume` of a validation folder names the command that continues it
     with pytest.raises(ConfigError, match="another policy"):
         other = span_policy()
