@@ -54,6 +54,12 @@ def _reason(exc: OSError, making: bool = False) -> str:
     return exc.strerror or type(exc).__name__
 
 
+def _access_error(exc: OSError) -> type[FileAccessError]:
+    """The error class for ``exc``: :class:`~mlabench.errors.DiskFullError` (exit 3) for a full disk
+    or quota, else :class:`FileAccessError`."""
+    return DiskFullError if exc.errno in _DISK_FULL else FileAccessError
+
+
 @contextmanager
 def user_path(path: str | Path, what: str, making: bool = False) -> Iterator[None]:
     """Run the block; an ``OSError`` or ``UnicodeError`` inside it becomes a
@@ -68,7 +74,7 @@ def user_path(path: str | Path, what: str, making: bool = False) -> Iterator[Non
     except UnicodeError:
         raise FileAccessError(f"{what} is not a text file (not UTF-8): {path}") from None
     except OSError as exc:
-        error = DiskFullError if exc.errno in _DISK_FULL else FileAccessError
+        error = _access_error(exc)
         culprit = Path(exc.filename) if isinstance(exc.filename, str) else None
         if culprit is not None and culprit in Path(path).parents:  # a folder on the way is in the way
             raise error(f"{what} {path}: its folder {culprit} {_reason(exc, True)}") from None
@@ -206,8 +212,7 @@ def make_dir(path: str | Path, what: str, exist_ok: bool = True) -> Path:
         except FileExistsError:
             raise
         except OSError as exc:
-            error = DiskFullError if exc.errno in _DISK_FULL else FileAccessError
-            raise error(f"{what} {_reason(exc, True)}: {p}") from None
+            raise _access_error(exc)(f"{what} {_reason(exc, True)}: {p}") from None
         return p
     with user_path(p, what, making=True):
         p.mkdir(parents=True, exist_ok=True)
