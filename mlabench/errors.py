@@ -23,7 +23,8 @@ class ExitCode(IntEnum):
     ERROR = 2
     #: The input is fine but this machine cannot run it: no GPU, a backend or a package missing here,
     #: a full disk (:class:`BackendUnavailableError`, :class:`GPURequiredError`,
-    #: :class:`DependencyError`, :class:`DiskFullError`); one ``error:`` line.  Kept apart from 2 so that a script can skip rather than fail.
+    #: :class:`DependencyError`, :class:`DiskFullError`); one ``error:`` line.  Kept apart from 2
+    #: so that a script can skip rather than fail.
     UNAVAILABLE = 3
     #: Stopped by Ctrl-C (128 + SIGINT), after saving what was measured.
     INTERRUPTED = 130

@@ -132,7 +132,7 @@ class SweepRunner:
                               f"mlabench sweep --resume {self.store.run_dir}") from None
         except FileAccessError as exc:  # e.g. a full disk: every record on disk is whole (append_text)
             raise type(exc)(f"{exc}; {self._kept(len(ordered))}, none cut short; free space, then "
-                                  f"continue with: mlabench sweep --resume {self.store.run_dir}") from None
+                            f"continue with: mlabench sweep --resume {self.store.run_dir}") from None
         self.finish()
 
     def _kept(self, points: int) -> str:

@@ -123,8 +123,8 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
                           f"continue with: {validation_resume_command(policy_path, store.run_dir)}") from None
     except FileAccessError as exc:  # e.g. the disk filled up: what was recorded stays, and how to go on
         raise type(exc)(f"{exc}; {len(points)} of {total} points are recorded in {store.run_dir} (kept); "
-                              f"once it can be written, continue with: "
-                              f"{validation_resume_command(policy_path, store.run_dir)}") from None
+                        f"once it can be written, continue with: "
+                        f"{validation_resume_command(policy_path, store.run_dir)}") from None
 
 
 def _finish(store: ResultStore, points: list[PointResult], seed: int, tolerance: float,
