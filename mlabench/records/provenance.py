@@ -12,6 +12,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from mlabench.errors import ConfigError
+
 
 #: Where a wheel keeps the revision it was built from (``setup.py`` writes it; absent in a checkout).
 BUILT_REVISION = Path(__file__).resolve().parents[1] / "_revision.txt"
@@ -99,7 +101,8 @@ def git_revision(repo: Path | None = None) -> tuple[str, bool]:
     package); dirty when code that can change a measurement (not the serving driver) was edited
     since the commit.  In order:
 
-    1. ``$MLABENCH_GIT_REVISION`` (``<sha>`` or ``<sha>-dirty``);
+    1. ``$MLABENCH_GIT_REVISION`` (``<sha>`` or ``<sha>-dirty``; :class:`ConfigError` for anything
+       else, git's null id of 40 zeros included);
     2. git, where ``repo`` is the top level of a clean git work tree (so a wheel installed in a
        virtual environment inside some other repository does not record that repository's
        revision);
@@ -115,7 +118,11 @@ def git_revision(repo: Path | None = None) -> tuple[str, bool]:
 
     env = os.environ.get("MLABENCH_GIT_REVISION")
     if env:
-        return _named_revision(env)
+        rev = _named_revision(env)
+        if not is_commit(rev[0]) or not rev[0].strip("0"):
+            raise ConfigError(f"$MLABENCH_GIT_REVISION={env!r} is not a commit id (7 to 40 hex digits, not git's "
+                              "null id, optionally ending in -dirty: git rev-parse HEAD)")
+        return rev
     repo = (repo or Path(__file__).resolve().parents[2]).resolve()
     checkout = _checkout_revision(repo)
     if checkout and not checkout[1]:

@@ -47,10 +47,20 @@ def test_outside_git_the_package_version_stands_for_the_revision(tmp_path, monke
     assert git_revision(tmp_path) == (f"mlabench-{__version__}", False)
 
 
-@pytest.mark.parametrize("value, want", [("abc123", ("abc123", False)), ("abc123-dirty", ("abc123", True))])
+@pytest.mark.parametrize("value, want", [("abc1234", ("abc1234", False)), ("abc1234-dirty", ("abc1234", True))])
 def test_the_environment_names_the_revision_of_a_copy_without_git(tmp_path, monkeypatch, value, want):
     monkeypatch.setenv("MLABENCH_GIT_REVISION", value)
     assert git_revision(tmp_path) == want
+
+
+@pytest.mark.parametrize("value", ["0" * 40, "abc123", "main", "abc1234-dirtyish", "-dirty"])
+def test_an_environment_revision_that_is_no_commit_is_refused(tmp_path, monkeypatch, value):
+    """A run recorded git's null id (40 zeros) or a branch name as the commit it measured."""
+    from mlabench.errors import ConfigError
+
+    monkeypatch.setenv("MLABENCH_GIT_REVISION", value)
+    with pytest.raises(ConfigError, match=r"MLABENCH_GIT_REVISION=.* is not a commit id"):
+        git_revision(tmp_path)
 
 
 @pytest.mark.parametrize("text, want", [("0123456789abcdef0123\n", ("0123456789abcdef0123", False)),
