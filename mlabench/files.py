@@ -233,6 +233,13 @@ def configs_dir() -> Path:
     return package / "_configs"
 
 
+def file_in_the_way(path: str | Path) -> str | None:
+    """``its folder X is a file`` where a folder on the way to ``path`` (which does not exist) is a
+    file, so that the error says so (it read "not found"); None otherwise."""
+    file_above = next((a for a in Path(path).parents if a.is_file()), None)
+    return f"its folder {file_above} is a file" if file_above else None
+
+
 def config_file(name_or_path: str | Path, kind: str, what: str) -> Path:
     """The config file ``name_or_path`` names: a path to a file, or a bare name (no folder; with
     or without ``.toml``) of ``configs/<kind>/<name>.toml`` (``kind``: ``models``, ``sweeps`` or ``serve``).
@@ -247,7 +254,8 @@ def config_file(name_or_path: str | Path, kind: str, what: str) -> Path:
         return configs_dir() / kind / path  # a shipped config named with its suffix
     known = ", ".join(sorted(p.stem for p in (configs_dir() / kind).glob("*.toml"))) or "none"
     if path.suffix or len(path.parts) != 1:
-        raise ConfigError(f"{what} not found: {path} does not exist (known: {known})")
+        why = file_in_the_way(path)
+        raise ConfigError(f"{what} not found: {path}{f': {why}' if why else ' does not exist'} (known: {known})")
     shipped = configs_dir() / kind / f"{path}.toml"
     if not shipped.is_file():
         raise ConfigError(f"{what} not found: {path} is neither a file nor a shipped {what} (known: {known})")

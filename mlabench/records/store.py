@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from mlabench.errors import FileAccessError, ResultsError
-from mlabench.files import append_text, make_dir, read_text, user_path, validation_line, write_text
+from mlabench.files import append_text, file_in_the_way, make_dir, read_text, user_path, validation_line, write_text
 from mlabench.records.csv_rows import CSV_FIELDS, csv_row
 from mlabench.records.kinds import run_kind
 from mlabench.records.record import Manifest, Record
@@ -284,7 +284,7 @@ def run_folders(paths: Iterable[Path], *, any_depth: bool = False) -> list[Path]
 def _no_run_hint(path: Path) -> str:
     """Why ``path`` holds no run folder, and where the runs are when they lie deeper."""
     if not path.exists():  # a typo'd name read as the wrong kind of file (a fresh user's review)
-        return " (not found: no such file or folder)"
+        return f" (not found: {file_in_the_way(path) or 'no such file or folder'})"
     if not path.is_dir():
         return " (not a folder)"
     if (path / SCRIPT_RECORDS_FILE).is_file():

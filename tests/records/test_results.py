@@ -272,6 +272,7 @@ def test_no_run_folder_says_why_and_where_the_runs_are(tmp_path):
     (tmp_path / "file").write_text("")
     assert message(tmp_path / "file") == " (not a folder)"
     assert message(tmp_path / "typo.json") == " (not found: no such file or folder)"  # read as 'not a folder'
+    assert message(tmp_path / "file" / "run") == f" (not found: its folder {tmp_path / 'file'} is a file)"
     (tmp_path / "script").mkdir()
     (tmp_path / "script" / "records.jsonl").write_text("")
     assert message(tmp_path / "script") == ("; its records.jsonl is a script's output, not a run (its README.md says "

@@ -468,6 +468,9 @@ def test_a_shipped_config_may_be_named_with_its_suffix(tmp_path, monkeypatch):
     assert load_sweep_config("kimi-k3-tp8.toml") == load_sweep_config("kimi-k3-tp8")
     with pytest.raises(ConfigError, match="sweep config not found: nope.toml does not exist"):
         load_sweep_config("nope.toml")
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match="sweep config not found: afile/x.toml: its folder afile is a file"):
+        load_sweep_config("afile/x.toml")
 
 
 def test_backend_flag_narrows_a_config_with_its_axes(tmp_path):
