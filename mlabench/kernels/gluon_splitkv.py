@@ -78,16 +78,26 @@ def _gluon_splitkv_stage1(q_ptr, qr_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr
     b, row_lo, split, seq_len, page_lo, n_tiles, written, bt_row_ptr = program_split(
         seqlens_ptr, bt_ptr, stride_btb, num_splits, policy_ptr, ROW_TILES, BLOCK_R, POLICY_ROWS,
         num_warps)
-    if n_tiles == 0:  # an empty split exits before any set-up, after the grid before (PDL): see
-        if WAIT_PRIOR:  # results/h100/deploy/README.md#empty-splits-exit-first-empty-exit and
-            wait_prior_grid()  # #an-empty-split-waits-for-the-grid-before-empty-wait
-        return
-    # The n_tiles > 0 guards below can no longer be false; they stay because without them ptxas
-    # allocates otherwise (2368 SASS instructions against 2360), and that kernel was not measured.
+    # With a device policy the grid is sized for the table's largest count, so a short request
+    # leaves many programs empty: they exit before any set-up, after the grid before (PDL), which
+    # keeps its graph within 3% of tuned (results/h100/deploy/README.md#empty-splits-exit-first-
+    # empty-exit).  A host count leaves a few empty (4 of 132 at 16K), and there the exit cost
+    # 3.4 us at batch 1 (17.9 against 14.5 us, #the-empty-exit-for-device-policies-only-host-exit):
+    # an empty split of a host count runs on, loading and storing nothing.
+    if POLICY_ROWS > 0:
+        if n_tiles == 0:
+            if WAIT_PRIOR:
+                wait_prior_grid()
+            return
+    # With a device policy the n_tiles > 0 guards below can no longer be false; they stay because
+    # without them ptxas allocates otherwise (2368 SASS instructions against 2360), unmeasured.
     kn_smem, kr_smem, bars = page_ring(kvn_desc, kvr_desc, NUM_STAGES)
     if WAIT_PRIOR:  # launched early (PDL): the length, the split and the ring are ready; now wait
-        if n_tiles > 0:  # for the grid before (it may write q and read our partials); an empty
-            wait_prior_grid()  # split touches neither, and exits at once, freeing its SM
+        if POLICY_ROWS > 0:  # for the grid before (it may write q and read our partials)
+            if n_tiles > 0:
+                wait_prior_grid()
+        else:
+            wait_prior_grid()
     # Start the first pages before anything else: their latency hides the query load.
     issue_first_pages(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, kn_smem, kr_smem, bars,
                       NUM_STAGES, NUM_STAGES - 1)
