@@ -82,8 +82,8 @@ def _gluon_splitkv_stage1(q_ptr, qr_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr
     # leaves many programs empty: they exit before any set-up, after the grid before (PDL), which
     # keeps its graph within 3% of tuned (results/h100/deploy/README.md#empty-splits-exit-first-
     # empty-exit).  A host count leaves a few empty (4 of 132 at 16K), and there the exit cost
-    # 3.4 us at batch 1 (17.9 against 14.5 us, #the-empty-exit-for-device-policies-only-host-exit):
-    # an empty split of a host count runs on, loading and storing nothing.
+    # 3.4 us at batch 1 (17.9 against 14.5 us; the README's #the-empty-exit-for-device-policies-
+    # only-bisect-132host-exit): an empty split of a host count runs on, loading and storing nothing.
     if POLICY_ROWS > 0:
         if n_tiles == 0:
             if WAIT_PRIOR:
