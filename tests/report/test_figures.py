@@ -77,6 +77,10 @@ def test_a_figure_of_an_interrupted_run_says_so(h200_runs):
         assert f"interrupted: {recorded} of {recorded + 5} points" in specs[0].draw()._suptitle.get_text()
         specs, _ = plan(h200_runs, kinds=[kind])
         assert "interrupted" not in specs[0].draw()._suptitle.get_text()
+    from mlabench.report.figures.plan import _interrupted
+
+    assert _interrupted(cut, []) == ""  # a figure of another shape group does not name the run
+    assert _interrupted(cut, h200_runs.records[:1]) == f" · interrupted: {recorded} of {recorded + 5} points"
 
 
 def run_cli(args, monkeypatch, capsys):

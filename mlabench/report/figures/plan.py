@@ -66,21 +66,24 @@ def _where(runs: Any, group: D.ShapeGroup, records: Sequence[Any], name_one_toke
                         group.page_size, group.kv_dtype or "?", mode,
                         runs.kernel_runs[0].manifest.device.get("kind") if runs.kernel_runs else None, name_one_token)
     absent = ", ".join(f"{b} ({why})" for b, why in D.backends_without_result(records).items())
-    where += _interrupted(runs)
+    where += _interrupted(runs, records)
     return f"{where} · not drawn: {absent}" if absent else where
 
 
-def _interrupted(runs: Any) -> str:
-    """`` · interrupted: 15 of 24 points`` for kernel runs that recorded fewer points than they
-    planned (each named by its id where there are several), else ''.  A fresh user's review: a
-    figure of a cut-short run dropped its missing columns and did not say so."""
+def _interrupted(runs: Any, records: Sequence[Any]) -> str:
+    """`` · interrupted: 15 of 24 points`` for the kernel runs with ``records`` in the figure that
+    recorded fewer points than they planned (each named by its id where there are several), else
+    ''.  A fresh user's review: a figure of a cut-short run dropped its missing columns and did not
+    say so.  A run drawn in another shape group's figure only is not named here."""
+    drawn = {r.run_id for r in records}
     keys: dict[str, set[str]] = {}
     for r in runs.records:
-        keys.setdefault(r.run_id, set()).add(r.key)
+        if r.run_id in drawn:
+            keys.setdefault(r.run_id, set()).add(r.key)
     several = len(runs.kernel_runs) > 1
-    cut = [f"{k.manifest.run_id + ' ' if several else ''}{len(keys.get(k.manifest.run_id, ()))} of "
+    cut = [f"{k.manifest.run_id + ' ' if several else ''}{len(keys[k.manifest.run_id])} of "
            f"{k.manifest.planned_points} points" for k in runs.kernel_runs
-           if k.manifest.planned_points and len(keys.get(k.manifest.run_id, ())) < k.manifest.planned_points]
+           if k.manifest.run_id in drawn and len(keys[k.manifest.run_id]) < (k.manifest.planned_points or 0)]
     return f" · interrupted: {', '.join(cut)}" if cut else ""
 
 
