@@ -61,6 +61,10 @@ LOG2E = 1.4426950408889634
 DEFAULT_NUM_STAGES = 2
 
 
+# A device policy's grid fits its largest count: many empty programs, which exit first (after the
+# grid before). A host count's few (4 of 132 at 16K) run on, storing nothing: there the exit cost
+# 3.4 us at batch 1 (results/h100/deploy/README.md: empty-exit/, bisect-132/host-exit/).  The
+# n_tiles > 0 guards in the body stay: without them ptxas allocates otherwise (unmeasured).
 @gluon.jit(do_not_specialize=["num_splits"])
 def _gluon_splitkv_stage1(q_ptr, qr_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_ptr,
                           po_ptr, plse_ptr, out_ptr, sync_ptr, num_splits, num_rows,
@@ -78,25 +82,14 @@ def _gluon_splitkv_stage1(q_ptr, qr_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr
     b, row_lo, split, seq_len, page_lo, n_tiles, written, bt_row_ptr = program_split(
         seqlens_ptr, bt_ptr, stride_btb, num_splits, policy_ptr, ROW_TILES, BLOCK_R, POLICY_ROWS,
         num_warps)
-    # With a device policy the grid is sized for the table's largest count, so a short request
-    # leaves many programs empty: they exit before any set-up, after the grid before (PDL), which
-    # keeps its graph within 3% of tuned (results/h100/deploy/README.md#empty-splits-exit-first-
-    # empty-exit).  A host count leaves a few empty (4 of 132 at 16K), and there the exit cost
-    # 3.4 us at batch 1 (17.9 against 14.5 us; the README's #the-empty-exit-for-device-policies-
-    # only-bisect-132host-exit): an empty split of a host count runs on, loading and storing nothing.
-    if POLICY_ROWS > 0:
+    if POLICY_ROWS > 0:  # empty splits of a device policy exit first (see above)
         if n_tiles == 0:
             if WAIT_PRIOR:
                 wait_prior_grid()
             return
-    # With a device policy the n_tiles > 0 guards below can no longer be false; they stay because
-    # without them ptxas allocates otherwise (2368 SASS instructions against 2360), unmeasured.
     kn_smem, kr_smem, bars = page_ring(kvn_desc, kvr_desc, NUM_STAGES)
     if WAIT_PRIOR:  # launched early (PDL): the length, the split and the ring are ready; now wait
-        if POLICY_ROWS > 0:  # for the grid before (it may write q and read our partials)
-            if n_tiles > 0:
-                wait_prior_grid()
-        else:
+        if POLICY_ROWS == 0 or n_tiles > 0:  # for the grid before (it may write q, read partials)
             wait_prior_grid()
     # Start the first pages before anything else: their latency hides the query load.
     issue_first_pages(kvn_desc, kvr_desc, bt_row_ptr, page_lo, n_tiles, kn_smem, kr_smem, bars,
