@@ -49,21 +49,24 @@ _RUN_NOUNS = {SWEEP_KIND: "a sweep", TUNE_KIND: "a tuning run", VALIDATION_KIND:
 def refuse_search_run_folder(run_dir: Path, reader: str = SWEEP_KIND) -> None:
     """:func:`refuse_search_runs` of the folder ``run_dir``'s own manifest, before anything else is
     read (an archived tuning run was told to be gunzipped, then refused as a tuning run)."""
-    refuse_search_runs(_manifest(run_dir), run_dir, reader)
+    manifest = _manifest(run_dir)
+    config = manifest.get("config")
+    refuse_search_runs(manifest_kind(manifest), config if isinstance(config, dict) else {}, run_dir, reader)
 
 
-def refuse_search_runs(manifest: dict, run_dir: Path, reader: str = SWEEP_KIND) -> None:
+def refuse_search_runs(kind: str, config: dict, run_dir: Path, reader: str = SWEEP_KIND) -> None:
     """:class:`~mlabench.errors.ResultsError` naming the command that continues ``run_dir`` when its
-    parsed ``manifest`` is a tuning or a validation run's and ``reader`` (the kind of run the caller
-    continues: :data:`~mlabench.run_files.SWEEP_KIND` or :data:`~mlabench.run_files.TUNE_KIND`) is
-    another (``sweep --resume`` of a tuning run said "unknown key (a typo?)": a fresh user's review).
+    ``kind`` (:func:`~mlabench.run_files.manifest_kind`; ``config``: its manifest's configuration,
+    which names a validation run's policy) is a tuning or a validation run's and ``reader`` (the kind
+    of run the caller continues: :data:`~mlabench.run_files.SWEEP_KIND` or
+    :data:`~mlabench.run_files.TUNE_KIND`) is another (``sweep --resume`` of a tuning run said
+    "unknown key (a typo?)": a fresh user's review).
     One wording for ``sweep --resume`` and ``tune --resume``: "X is a validation run, not a sweep;
     continue it with: mlabench tune --validate POLICY --resume X"."""
-    kind = manifest_kind(manifest)
     if kind == reader or kind not in (TUNE_KIND, VALIDATION_KIND):
         return
     if kind == TUNE_KIND:
         command = f"mlabench tune --resume {run_dir}"
     else:
-        command = validation_resume_command((manifest.get("config") or {}).get("validate", {}).get("policy"), run_dir)
+        command = validation_resume_command((config.get("validate") or {}).get("policy"), run_dir)
     raise ResultsError(f"{run_dir} is {_RUN_NOUNS[kind]}, not {_RUN_NOUNS[reader]}; continue it with: {command}")

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mlabench.checks.verdict import Verdict
 from mlabench.measure.stats import Stats
+from mlabench.run_files import manifest_kind
 
 SCHEMA_VERSION = 1
 
@@ -152,6 +153,12 @@ class Manifest(BaseModel):
         """Whether the run measured on a CPU (wall-clock times of PyTorch code or interpreted
         Triton: a smoke test, :data:`CPU_RUN_NOTE`)."""
         return self.device.get("kind") == "cpu"
+
+    def run_kind(self) -> str:
+        """What run this is (one of :data:`~mlabench.run_files.RUN_KINDS`): its ``kind``, or for a run
+        recorded before manifests said it, derived from its ``config``
+        (:func:`~mlabench.run_files.manifest_kind`)."""
+        return manifest_kind({"kind": self.kind, "config": self.config})
 
     def visit_settings(self) -> dict[str, Any]:
         """The sweep's ``visits``, ``max_visits`` and ``visit_rel_se`` as ``config`` recorded them

@@ -224,7 +224,7 @@ def recorded_config(store: ResultStore) -> SweepConfig:
     ``max_visits`` existed measured exactly its ``visits``."""
     try:
         manifest = store.manifest()
-        refuse_search_runs({"kind": manifest.kind, "config": manifest.config}, store.run_dir)
+        refuse_search_runs(manifest.run_kind(), manifest.config, store.run_dir)
         settings = manifest.visit_settings()
         config = {**manifest.config, "visits": settings["visits"], "max_visits": settings["max_visits"]}
         return SweepConfig.model_validate(config)

@@ -40,7 +40,7 @@ from mlabench.records.provenance import is_commit
 from mlabench.records.record import CPU_RUN_NOTE, Manifest, Record, point_key
 from mlabench.records.side_files import read_sentinels
 from mlabench.records.store import ResultStore, describe_records, run_folders
-from mlabench.run_files import SWEEP_KIND, TUNE_KIND, VALIDATION_KIND, manifest_kind
+from mlabench.run_files import SWEEP_KIND, TUNE_KIND, VALIDATION_KIND
 from mlabench.shapes import MLADecodeShape
 from mlabench.tables.table import PARAMS, ColumnStyle, Table, params_label
 
@@ -239,7 +239,7 @@ def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
                      "without .git or a revision stamp (scripts/stamp_revision.py), so the code may differ")
     elif a.git_dirty != b.git_dirty or not _same_commit(short_revision(a.git_revision), short_revision(b.git_revision)):
         notes.append(f"different mlabench revisions: {rev(a)} vs {rev(b)}")
-    kind_a, kind_b = (manifest_kind({"kind": m.kind, "config": m.config}) for m in (a, b))
+    kind_a, kind_b = (m.run_kind() for m in (a, b))
     if kind_a != kind_b:  # a tuning run's trials are timed as its config.tune says (a fresh user's review)
         notes.append(f"different kinds of run: A is {_KIND_NAMES.get(kind_a, kind_a)}, B {_KIND_NAMES.get(kind_b, kind_b)}"
                      " (each times its own points under its own settings)")

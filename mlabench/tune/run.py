@@ -29,7 +29,7 @@ from mlabench.files import validation_line
 from mlabench.inputs import check_fits
 from mlabench.policy.exports import export_policy
 from mlabench.policy.tuned import Policy
-from mlabench.records.kinds import refuse_search_run_folder, run_kind
+from mlabench.records.kinds import refuse_search_runs, run_kind
 from mlabench.records.provenance import git_revision, library_versions
 from mlabench.records.record import Manifest, utc_now
 from mlabench.records.store import ResultStore, refuse_archived
@@ -98,8 +98,9 @@ def _manifest(run_id: str, cfg: TuneConfig, specs: list[StudySpec], copy_bw: flo
 def recorded_config(run_dir: Path) -> tuple[TuneConfig, list[StudySpec]]:
     """The configuration and studies a tuning run folder was created with (:class:`ResultsError`
     when the folder holds no tuning run)."""
-    refuse_search_run_folder(run_dir, reader=TUNE_KIND)
-    config = ResultStore(run_dir).manifest().config
+    manifest = ResultStore(run_dir).manifest()
+    refuse_search_runs(manifest.run_kind(), manifest.config, run_dir, reader=TUNE_KIND)
+    config = manifest.config
     if "tune" not in config:
         raise ResultsError(f"{run_dir} is not a tuning run (its manifest has no tune configuration)")
     recorded = {**LEGACY_FIELDS, **config["tune"]}  # a run from before a field: what it measured then
