@@ -45,6 +45,12 @@ def is_commit(revision: str) -> bool:
     return 7 <= len(revision) <= 40 and all(c in "0123456789abcdef" for c in revision.lower())
 
 
+def is_null_id(revision: str) -> bool:
+    """Whether ``revision`` is git's null id (zeros only, e.g. 40 of them: no commit, what git
+    prints for a ref that does not exist yet)."""
+    return bool(revision) and not revision.strip("0")
+
+
 def write_revision_stamp(repo: Path | None = None, revision: str | None = None) -> dict:
     """Write ``repo/.mlabench-revision.json``: the checkout's git revision, whether it is dirty, and
     :func:`code_digest` of its code.  A copy of the tree without ``.git`` (a GPU machine's) that
@@ -57,7 +63,7 @@ def write_revision_stamp(repo: Path | None = None, revision: str | None = None) 
     repo = (repo or Path(__file__).resolve().parents[2]).resolve()
     if revision is not None and not (len(revision) == 40 and revision == revision.lower() and is_commit(revision)):
         raise RuntimeError(f"{revision!r} is not a full commit id (40 lower-case hex digits: git rev-parse REV)")
-    if revision is not None and not revision.strip("0"):
+    if revision is not None and is_null_id(revision):
         raise RuntimeError(f"{revision!r} is git's null id, no commit (git rev-parse REV)")
     if revision is not None and not (repo / "mlabench").is_dir():
         raise RuntimeError(f"{repo} has no mlabench/ to stamp")
@@ -119,7 +125,7 @@ def git_revision(repo: Path | None = None) -> tuple[str, bool]:
     env = os.environ.get("MLABENCH_GIT_REVISION")
     if env:
         rev = _named_revision(env)
-        if not is_commit(rev[0]) or not rev[0].strip("0"):
+        if not is_commit(rev[0]) or is_null_id(rev[0]):
             raise ConfigError(f"$MLABENCH_GIT_REVISION={env!r} is not a commit id (7 to 40 hex digits, not git's "
                               "null id, optionally ending in -dirty: git rev-parse HEAD)")
         return rev
