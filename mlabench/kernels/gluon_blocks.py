@@ -137,7 +137,8 @@ def policy_rows(policy_ptr, POLICY_ROWS: gl.constexpr, num_warps: gl.constexpr):
     reads them: ``(max_len, prev_len, splits)``, each over one lane a row or more (masked past
     ``POLICY_ROWS``; ``prev_len`` the row before's maximum, -1 for the first).  Loaded apart from
     the lookup so that a kernel issues them before the request's length: the two loads' latencies
-    then overlap instead of adding up (device mode's own cost at batch 16, 1K tokens: ~0.6 us)."""
+    then overlap instead of adding up before a split's first page is requested (issued after the
+    length, in a split that owns pages, they were one more global load in that chain)."""
     # At least one row a lane: a whole-warp sum is one redux.sync whose result the compiler knows
     # is the same in every lane; over fewer rows it is a partial butterfly, a per-lane value, and
     # the TMA coordinates built from it (uniform registers) cost the kernel ~200 instructions.
