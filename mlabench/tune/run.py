@@ -43,7 +43,7 @@ from mlabench.tune.page_rule import pages_rule_policy, wave_caps
 from mlabench.tune.seeded_trials import heuristic_trials, ladder_trials, page_trials, whole_tile_trials
 from mlabench.tune.space import (LEGACY_FIELDS, TuneConfig, buckets_of, launched, load_tune_config, resolve_sampler,
                                  shape_dims, space_size, study_space, tune_shape, wave_cap)
-from mlabench.tune.storage import journal_copy, open_storage, optuna_module, redact_url
+from mlabench.tune.storage import journal_copy, load_studies, open_storage, optuna_module, redact_url
 from mlabench.tune.studies import (FINISHED_STATES, StudyProgress, StudySpec, check_device, check_identity,
                                    distinct_finished, prepare_study, repeats_note, study_name, study_progress,
                                    wait_for_other_machines)
@@ -387,10 +387,10 @@ def export_run(run_dir: Path, storage: str | None = None, noise: float | None = 
     except ValidationError as exc:
         raise ConfigError(f"tune --export: {validation_line(exc)}") from None
     store = ResultStore(run_dir)
-    optuna = optuna_module()
     with tempfile.TemporaryDirectory(prefix="mlabench-journal-") as scratch:
         handle = open_storage(url, run_dir if url else journal_copy(run_dir, Path(scratch)))
-        studies = [optuna.load_study(study_name=s.name, storage=handle) for s in specs]
+        where = f"--storage {redact_url(url)}" if url else f"{run_dir}'s study journal"
+        studies = load_studies([s.name for s in specs], handle, where)
         manifest = store.manifest()
         return _finish(cfg, store, studies, specs, str(manifest.device.get("name")), manifest.versions,
                        allow_incomplete, pages_rule)

@@ -53,6 +53,21 @@ def redact_url(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
+def load_studies(names: list[str], storage: Any, where: str) -> list[Any]:
+    """The Optuna studies ``names`` of ``storage`` (from :func:`open_storage`), in order.  Raises
+    :class:`ResultsError` when ``storage`` lacks one, naming ``where`` it was read (an empty or
+    cut-short journal, a database the run did not write; Optuna's own error there was a
+    ``KeyError`` traceback: a fresh user's review)."""
+    optuna = optuna_module()
+    held = set(optuna.get_all_study_names(storage))
+    missing = [name for name in names if name not in held]
+    if missing:
+        raise ResultsError(f"{where} holds {len(names) - len(missing)} of the run's {len(names)} studies (first "
+                           f"missing: {missing[0]!r}; empty or cut short?): their trials cannot be read, and "
+                           "tune --resume measures the missing studies again")
+    return [optuna.load_study(study_name=name, storage=storage) for name in names]
+
+
 def journal_copy(run_dir: Path, into: Path) -> Path:
     """The folder to open a run's journal from for reading: ``into``, holding a copy of the run's
     ``study.journal`` (or the plain text of its archived ``study.journal.gz``: Optuna reads only a

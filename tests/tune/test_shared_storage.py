@@ -112,6 +112,18 @@ def test_resume_and_export_of_a_corrupt_journal_fail_in_one_line(tmp_path, tiny_
     assert journal.read_bytes() == broken
 
 
+@pytest.mark.parametrize("name", ["study.journal", "study.journal.gz"])
+def test_export_of_an_empty_journal_fails_in_one_line(tmp_path, tiny_timing, name):
+    """An empty journal (plain, or an archived run's 0-byte ``.gz``) holds none of the run's studies:
+    export says so in one line (Optuna's KeyError traceback before: a fresh user's review)."""
+    result = run_tune(small_config(tiny_timing), tmp_path)
+    (result.store.run_dir / "study.journal").unlink()
+    (result.store.run_dir / name).write_bytes(b"")
+    with pytest.raises(ResultsError, match=r"study journal holds 0 of the run's 1 studies \(first missing") as exc:
+        export_run(result.store.run_dir)
+    assert "\n" not in str(exc.value)
+
+
 def test_a_study_made_another_way_is_refused_naming_what_differs(tmp_path):
     store = ResultStore.create(tmp_path / "run", run_manifest("run", 1.0, {}))
     storage = open_storage(None, store.run_dir)
