@@ -45,6 +45,16 @@ def is_commit(revision: str) -> bool:
     return 7 <= len(revision) <= 40 and all(c in "0123456789abcdef" for c in revision.lower())
 
 
+def same_commit(x: str, y: str) -> bool:
+    """Whether two recorded revisions name one commit: equal, or both commit ids (:func:`is_commit`)
+    and one a prefix of the other in any case (a short or upper-case ``$MLABENCH_GIT_REVISION``
+    beside the full id git records)."""
+    if x == y:
+        return True
+    x, y = x.lower(), y.lower()
+    return is_commit(x) and is_commit(y) and (x.startswith(y) or y.startswith(x))
+
+
 def is_null_id(revision: str) -> bool:
     """Whether ``revision`` is git's null id (zeros only, e.g. 40 of them: no commit, what git
     prints for a ref that does not exist yet)."""

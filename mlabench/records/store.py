@@ -26,6 +26,7 @@ from mlabench.errors import FileAccessError, ResultsError
 from mlabench.files import append_text, file_in_the_way, make_dir, read_text, user_path, validation_line, write_text
 from mlabench.records.csv_rows import CSV_FIELDS, csv_row
 from mlabench.records.kinds import run_kind
+from mlabench.records.provenance import same_commit
 from mlabench.records.record import Manifest, Record
 from mlabench.run_files import stored_file  # noqa: F401  (re-exported: readers import it from here)
 from mlabench.run_files import (ARCHIVED_JSONL_GLOB, ARCHIVED_RESULTS_FILE, GZIP_SUFFIX, MANIFEST_FILE,
@@ -64,6 +65,14 @@ def refuse_archived(run_dir: Path) -> None:
     left = sorted(p.name for p in Path(run_dir).glob(ARCHIVED_JSONL_GLOB) if not p.with_suffix("").exists())
     if left:
         raise ResultsError(f"{run_dir}: {left[0]} is still gzipped: gunzip it too before resuming")
+
+
+def _identity_difference(field: str, recorded: Any, here: Any) -> str:
+    """``field (recorded there, here)``; of a mapping (``versions``) each differing key's values."""
+    if isinstance(recorded, dict) and isinstance(here, dict):
+        keys = sorted(k for k in recorded.keys() | here.keys() if recorded.get(k) != here.get(k))
+        return f"{field} (" + "; ".join(f"{k} {recorded.get(k)} there, {here.get(k)} here" for k in keys) + ")"
+    return f"{field} ({recorded} there, {here} here)"
 
 
 class ResultStore:
@@ -133,7 +142,8 @@ class ResultStore:
         refuse_archived(run_dir)
         if identity is not None:
             theirs = store.manifest().identity()
-            diff = sorted(k for k in identity if identity[k] != theirs.get(k))
+            diff = sorted(k for k in identity if identity[k] != theirs.get(k)
+                          and not (k == "git_revision" and same_commit(str(identity[k]), str(theirs.get(k)))))
             if diff == ["git_dirty"]:
                 raise ResultsError(
                     f"{run_dir} was recorded at {theirs['git_revision'][:12]} "
@@ -142,10 +152,9 @@ class ResultStore:
                     + ": its points would mix two versions of the code; resume with the code it was recorded "
                     "with, or start a new run")
             if diff:
-                raise ResultsError(
-                    f"{run_dir} was recorded with another {', '.join(diff)} "
-                    f"({theirs[diff[0]]} vs {identity[diff[0]]}); start a new run instead"
-                )
+                raise ResultsError(f"{run_dir} was recorded with another "
+                                   f"{', '.join(_identity_difference(k, theirs.get(k), identity[k]) for k in diff)}; "
+                                   "start a new run instead")
         if repair:
             store.drop_torn_line()
         return store

@@ -36,7 +36,7 @@ from typing import Any
 from mlabench.backends import get_backend
 from mlabench.errors import ConfigError, MissingResultError, MlabenchError, ResultsError
 from mlabench.measure.stats import geomean, mean_rel_se, median_rel_ci, repeat_noise
-from mlabench.records.provenance import is_commit
+from mlabench.records.provenance import is_commit, same_commit
 from mlabench.records.record import CPU_RUN_NOTE, Manifest, Record, point_key
 from mlabench.records.side_files import read_sentinels
 from mlabench.records.store import ResultStore, describe_records, run_folders
@@ -237,7 +237,7 @@ def manifest_differences(a: Manifest, b: Manifest) -> list[str]:
     if unknown:  # a copy of the code without .git or a stamp records the package version alone
         notes.append(f"mlabench revision not recorded for {' and '.join(unknown)}: run from a copy of the code "
                      "without .git or a revision stamp (scripts/stamp_revision.py), so the code may differ")
-    elif a.git_dirty != b.git_dirty or not _same_commit(short_revision(a.git_revision), short_revision(b.git_revision)):
+    elif a.git_dirty != b.git_dirty or not same_commit(a.git_revision, b.git_revision):
         notes.append(f"different mlabench revisions: {rev(a)} vs {rev(b)}")
     kind_a, kind_b = (m.run_kind() for m in (a, b))
     if kind_a != kind_b:  # a tuning run's trials are timed as its config.tune says (a fresh user's review)
@@ -385,13 +385,6 @@ def diff_tables(d: RunDiff, min_us: float = 20.0, show_all: bool = False) -> lis
     if missing.rows:
         tables.append(missing)
     return tables
-
-
-def _same_commit(x: str, y: str) -> bool:
-    """Whether two recorded commit ids name one commit: equal, or one a prefix of the other (a
-    short id, ``$MLABENCH_GIT_REVISION``'s, beside the full one)."""
-    x, y = x.lower(), y.lower()
-    return x.startswith(y) or y.startswith(x)
 
 
 def short_revision(revision: str) -> str:

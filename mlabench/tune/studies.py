@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mlabench.errors import ConfigError, ResultsError
+from mlabench.records.provenance import same_commit
 from mlabench.shapes import MLADecodeShape
 from mlabench.tune.space import RULE_PARAM, TILE_PARAM, Bucket
 from mlabench.tune.storage import fail_stale, grace_period_s, has_heartbeat, optuna_module, storage_lock
@@ -66,7 +67,8 @@ def check_identity(study: Any, identity: dict[str, Any]) -> None:
     mine = _flat(json.loads(json.dumps(identity, sort_keys=True, default=str)))
     theirs = _flat({k: v for k, v in have.items() if k in identity})
     differ = [f"{k} {theirs.get(k, '(none)')!s} there, {mine.get(k, '(none)')!s} here"
-              for k in sorted(set(mine) | set(theirs)) if k.split(".")[0] in have and theirs.get(k) != mine.get(k)]
+              for k in sorted(set(mine) | set(theirs)) if k.split(".")[0] in have and theirs.get(k) != mine.get(k)
+              and not (k == "revision" and same_commit(str(theirs.get(k)), str(mine.get(k))))]  # a short id
     if differ:
         raise ResultsError(f"study {study.study_name!r} measures trials another way ({'; '.join(differ)}): a run "
                            "resumes, and a machine joins, only with the same settings, software and GPU; go back to "

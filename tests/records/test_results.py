@@ -211,12 +211,25 @@ def test_resume_refuses_code_edited_since_the_run_was_recorded(tmp_path):
         ResultStore.open_existing(tmp_path / "r1", identity=edited.identity())
 
 
-def test_resume_names_every_field_that_differs(tmp_path):
+def test_resume_names_every_field_that_differs_with_both_values(tmp_path):
+    """A fresh user's review: several fields differed and only the first one's values were shown."""
     ResultStore.create(tmp_path / "r1", manifest())
-    theirs = manifest(rev="def").model_copy(update={"driver": "550.1"})
-    with pytest.raises(ResultsError, match=r"^\S+ was recorded with another driver, git_revision \(n/a vs 550\.1\); "
-                                           r"start a new run instead$"):
+    theirs = manifest(rev="def").model_copy(update={"driver": "550.1", "versions": {"torch": "2.14.0", "triton": "3.6"}})
+    with pytest.raises(ResultsError, match=r"^\S+ was recorded with another driver \(n/a there, 550\.1 here\), "
+                                           r"git_revision \(abc there, def here\), versions \(torch 2\.13\.0 there, "
+                                           r"2\.14\.0 here; triton None there, 3\.6 here\); start a new run instead$"):
         ResultStore.open_existing(tmp_path / "r1", identity=theirs.identity())
+
+
+@pytest.mark.parametrize("given", ["a54eaac", "A54EAAC2AF3B6AC3CDD0410E74ADE6F18C129448"])
+def test_resume_takes_a_short_or_upper_case_id_of_the_recorded_commit(tmp_path, given):
+    """A fresh user's review: $MLABENCH_GIT_REVISION=a54eaac resuming a run recorded at the full id
+    was refused as 'another git_revision'."""
+    full = "a54eaac2af3b6ac3cdd0410e74ade6f18c129448"
+    ResultStore.create(tmp_path / "r1", manifest(rev=full))
+    ResultStore.open_existing(tmp_path / "r1", identity=manifest(rev=given).identity())
+    with pytest.raises(ResultsError, match="another git_revision"):
+        ResultStore.open_existing(tmp_path / "r1", identity=manifest(rev="a54eaad").identity())
 
 
 def test_update_manifest_rewrites_summaries_and_refuses_identity_fields(tmp_path):

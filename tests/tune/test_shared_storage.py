@@ -138,6 +138,19 @@ def test_a_study_made_another_way_is_refused_naming_what_differs(tmp_path):
     assert "\n" not in line and "timing.budget_s 0.1 there, 0.05 here" in line and "revision abc there, def here" in line
 
 
+def test_a_short_id_of_the_studys_revision_joins_it(tmp_path):
+    """$MLABENCH_GIT_REVISION may name the commit a study was made at by a short id."""
+    store = ResultStore.create(tmp_path / "run", run_manifest("run", 1.0, {}))
+    storage = open_storage(None, store.run_dir)
+    spec = StudySpec(0, 48, 48, name="study", batch=1)
+    mine = {"device": "cpu", "timing": {"budget_s": 0.1, "eager": False}, "run_id": "a",
+            "revision": "a54eaac2af3b6ac3cdd0410e74ade6f18c129448"}
+    prepare_study(storage, spec, mine, [], "cpu", store.run_dir)
+    prepare_study(storage, spec, {**mine, "revision": "a54eaac"}, [], "cpu", store.run_dir)
+    with pytest.raises(ResultsError, match="revision a54eaac2af3b6ac3cdd0410e74ade6f18c129448 there, a54eaad here"):
+        prepare_study(storage, spec, {**mine, "revision": "a54eaad"}, [], "cpu", store.run_dir)
+
+
 def test_seeds_are_enqueued_once_per_study_whoever_comes_first(tmp_path):
     store = ResultStore.create(tmp_path / "run", run_manifest("run", 1.0, {}))
     storage = open_storage(None, store.run_dir)
