@@ -252,3 +252,14 @@ def test_two_workers_finish_a_grid_search(tmp_path, tiny_timing, monkeypatch):
     done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
     assert sorted({t.params["num_kv_splits"] for t in done}) == list(range(1, 17))
     assert len({t.user_attrs["worker"] for t in done}) == 2           # both workers took trials
+
+
+@pytest.mark.parametrize("kind", ["sweep", None])
+def test_tune_resume_of_a_sweep_names_the_command_that_continues_it(tmp_path, kind):
+    """A fresh user's review: `tune --resume` of a kernel sweep said only that it is no tuning run."""
+    from mlabench.tune.run import recorded_config
+
+    store = ResultStore.create(tmp_path / "sweep", run_manifest("sweep", 1.0, {"backends": ["torch-ref"]}, kind=kind))
+    with pytest.raises(ResultsError, match=r"is not a tuning run \(its manifest has no tune configuration\); "
+                                           r"continue it with: mlabench sweep --resume .*sweep$"):
+        recorded_config(store.run_dir)
