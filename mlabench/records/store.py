@@ -67,6 +67,17 @@ def refuse_archived(run_dir: Path) -> None:
         raise ResultsError(f"{run_dir}: {left[0]} is still gzipped: gunzip it too before resuming")
 
 
+def _refuse_no_run_folder(run_dir: Path) -> None:
+    """:class:`ResultsError` where ``run_dir`` (no manifest in it) is a file, or a folder holding runs
+    one level down: a fresh user's review, told "run manifest is not a folder" for a policy file and
+    "run manifest not found" for a folder of runs."""
+    if run_dir.is_file():
+        raise ResultsError(f"{run_dir} is a file, not a run folder")
+    inner = sorted(p for p in run_dir.iterdir() if p.is_dir() and holds_run(p)) if run_dir.is_dir() else []
+    if inner:
+        raise ResultsError(f"{run_dir} is no run folder; it holds runs (name one): " + ", ".join(map(str, inner)))
+
+
 def _identity_difference(field: str, recorded: Any, here: Any) -> str:
     """``field (recorded there, here)``; of a mapping (``versions``) each differing key's values."""
     if isinstance(recorded, dict) and isinstance(here, dict):
@@ -160,6 +171,10 @@ class ResultStore:
         return store
 
     def manifest(self) -> Manifest:
+        """The run's manifest; :class:`ResultsError` for a path that is a file or a folder of runs
+        (naming them), :class:`FileAccessError` for a missing or unreadable one."""
+        if not self.manifest_path.exists():
+            _refuse_no_run_folder(self.run_dir)
         text = read_text(self.manifest_path, "run manifest")
         try:
             return Manifest.model_validate_json(text)

@@ -476,3 +476,15 @@ def test_a_run_folder_made_on_a_full_disk_is_a_full_disk_error(tmp_path, monkeyp
         with pytest.raises(DiskFullError, match="the disk is full.*nothing was recorded; the run folder was removed") as info:
             ResultStore.create(tmp_path / "r1", manifest())
     assert info.value.exit_code == 3 and not (tmp_path / "r1").exists()
+
+
+def test_a_file_or_a_folder_of_runs_is_refused_as_no_run_folder(tmp_path):
+    """A fresh user's review: `tune --export RUN/policy.json` said "run manifest is not a folder", and
+    a folder of runs "run manifest not found"."""
+    for name in ("a", "b"):
+        ResultStore.create(tmp_path / "runs" / name, manifest(run_id=name))
+    with pytest.raises(ResultsError, match=r"runs is no run folder; it holds runs \(name one\): \S+/runs/a, \S+/runs/b$"):
+        ResultStore(tmp_path / "runs").manifest()
+    (tmp_path / "policy.json").write_text("{}")
+    with pytest.raises(ResultsError, match=r"policy\.json is a file, not a run folder$"):
+        ResultStore(tmp_path / "policy.json").manifest()
