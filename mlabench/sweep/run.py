@@ -15,7 +15,7 @@ from typing import Any
 from mlabench.backends.base import Backend
 from mlabench.backends.registry import backend_packages, select_backends
 from mlabench.device import current_device
-from mlabench.errors import BackendUnavailableError, ConfigError
+from mlabench.errors import BackendUnavailableError, ConfigError, ResultsError
 from mlabench.inputs import check_fits
 from mlabench.measure.bandwidth import (
     datasheet_bandwidth_tbps, measure_copy_bandwidth_tbps, measure_read_ceiling,
@@ -25,7 +25,7 @@ from mlabench.measure.steady import warm_up
 from mlabench.records.provenance import command_line, git_revision, library_versions
 from mlabench.records.record import Manifest, Record, new_run_id, utc_now
 from mlabench.records.store import ResultStore
-from mlabench.run_files import SWEEP_KIND
+from mlabench.run_files import MANIFEST_FILE, SWEEP_KIND
 from mlabench.shapes import model_spec, scale_note
 from mlabench.sweep.config import Point, SweepConfig, check_param_values, expand, recorded_config
 from mlabench.sweep.order import order_points
@@ -90,6 +90,8 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     ``check_backends(backends)``, given, judges the backends that would run (after the shapes are
     judged, before anything is written or measured) and raises to refuse them.
     """
+    if resume is not None and (Path(resume) / MANIFEST_FILE).is_file():  # before backends are looked for here
+        _refuse_another_device(Path(resume))
     points = _points(cfg, strict_backends, warn, check_backends)
     if cfg.visits is None:  # recorded resolved, so a resumed run keeps its own
         cfg = cfg.model_copy(update={"visits": DEFAULT_GPU_VISITS if time_it and current_device().is_gpu else 1})
@@ -128,6 +130,16 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     runner = SweepRunner(cfg, store, steady_mhz=steady.sm_clock_mhz, time_it=time_it)
     runner.run(order_points(points, cfg.order, cfg.order_seed), choose_sentinel(points), progress)
     return store, store.records()
+
+
+def _refuse_another_device(resume: Path) -> None:
+    """:class:`ResultsError` for a run folder recorded on another device than this machine's (a fresh
+    user's review: an H200 sweep resumed on a CPU listed its backends as unavailable here, then said
+    "no backend available here")."""
+    recorded, here = ResultStore(resume).manifest().device.get("name"), current_device().name
+    if recorded != here:
+        raise ResultsError(f"{resume} was recorded on {recorded} and this machine is {here}: resume it on "
+                           "that device, or start a new run")
 
 
 def _points(cfg: SweepConfig, strict_backends: bool, warn: Callable[[str], None] | None,

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from mlabench.backends import get_backend
@@ -237,6 +239,20 @@ def test_resume_refuses_another_configuration(tmp_path):
     with pytest.raises(ConfigError, match=r"another sweep configuration \(page_size: 16 there, 64 asked\)"):
         run_sweep(small_config(batch=[1], context_lens=[16], page_size=64), tmp_path, resume=run_dir)
     assert (run_dir / "results.jsonl").read_bytes() == before
+
+
+def test_resume_of_a_run_of_another_device_says_so_before_looking_for_backends(tmp_path):
+    """A fresh user's review: an H200 sweep resumed on a CPU listed its backends as unavailable here,
+    then said "no backend available here"; the refusal docs/sweep.md promises comes first."""
+    from mlabench.errors import ResultsError
+
+    run_sweep(small_config(batch=[1], context_lens=[16]), tmp_path)
+    (run_dir,) = list(tmp_path.iterdir())
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["device"]["name"] = "NVIDIA H200"
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ResultsError, match=r"was recorded on NVIDIA H200 and this machine is .*: resume it on that device"):
+        run_sweep(small_config(batch=[1], context_lens=[16], backends=["no-such-backend"]), tmp_path, resume=run_dir)
 
 
 def test_repeated_axis_values_give_one_record_per_point(tmp_path):
