@@ -119,8 +119,9 @@ def requested_config(values: dict[str, Any], config: str | Path | None, resume: 
     if resume is not None:
         if any(v is not None for k, v in values.items() if k != "storage") or config:
             raise ConfigError("--resume continues the run as recorded: only --storage, --gpus and --workers go with it")
+        recorded = recorded_config(resume)[0]  # first: a gzipped run of another kind is named as such
         refuse_archived(resume)
-        return recorded_config(resume)[0].model_copy(update={"storage": values.get("storage")})
+        return recorded.model_copy(update={"storage": values.get("storage")})
     if values.get("backend") is None:
         raise ConfigError("give --backend (e.g. triton-splitkv)")
     if values.get("buckets") is None and config is None:
