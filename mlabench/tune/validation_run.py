@@ -24,10 +24,10 @@ from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
 from mlabench.policy.heuristics import heuristic_splits
 from mlabench.policy.tuned import Policy
-from mlabench.records.kinds import validation_resume_command
+from mlabench.records.kinds import run_kind, validation_resume_command
 from mlabench.records.record import point_key
 from mlabench.records.store import ResultStore
-from mlabench.run_files import VALIDATION_FILE, VALIDATION_KIND, VALIDATION_TABLE_FILE
+from mlabench.run_files import MANIFEST_FILE, VALIDATION_FILE, VALIDATION_KIND, VALIDATION_TABLE_FILE
 from mlabench.shapes import MLADecodeShape
 from mlabench.tune.manifest import fresh_run_id, run_manifest
 from mlabench.tune.space import tune_timing, wave_cap
@@ -92,6 +92,7 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
     if _splits_spec(backend) is None:
         raise ConfigError(f"backend {backend.name} takes no num_kv_splits: there are no split counts to validate "
                           f"(tune --backend {backend.name} has nothing to tune either)")
+    _refuse_another_kind(resume)  # before this machine's backends are asked (a fresh user's review)
     ok, why = backend.available()
     if not ok:
         raise BackendUnavailableError(f"backend {backend.name} is not available here: {why}")
@@ -179,6 +180,16 @@ def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[in
     return store, lengths, seed, timing
 
 
+def _not_a_validation_run(resume: Path) -> ResultsError:
+    return ResultsError(f"{resume} is not a validation run (its manifest has no validate configuration)")
+
+
+def _refuse_another_kind(resume: Path | None) -> None:
+    """:func:`_not_a_validation_run` for a ``resume`` folder whose manifest says another kind of run."""
+    if resume is not None and (Path(resume) / MANIFEST_FILE).is_file() and run_kind(resume) != VALIDATION_KIND:
+        raise _not_a_validation_run(resume)
+
+
 def _reopen(policy: Policy, resume: Path) -> tuple[ResultStore, dict[str, Any]]:
     """The validation folder ``resume`` of ``policy`` and its recorded configuration; refuses another
     kind of run, another policy, device, driver, library versions or git revision."""
@@ -186,7 +197,7 @@ def _reopen(policy: Policy, resume: Path) -> tuple[ResultStore, dict[str, Any]]:
                                       repair=False)
     cfg = store.manifest().config.get("validate")
     if cfg is None:
-        raise ResultsError(f"{resume} is not a validation run (its manifest has no validate configuration)")
+        raise _not_a_validation_run(resume)
     if cfg["policy_source"] != policy.source or cfg["backend"] != policy.backend:
         raise ConfigError(f"{resume} validated another policy; give that policy's file, or start a new validation")
     store.drop_torn_line()

@@ -73,3 +73,15 @@ def test_the_policys_numbers_stay_in_the_summary_with_one_batch_size(tmp_path, t
     headers = [str(c.header).replace("\n", " ") for c in table.columns]
     assert "policy worst %" in headers and "policy geomean %" in headers, headers
     assert "policy worst" not in str(table.caption)
+
+
+def test_resume_of_a_sweep_folder_is_refused_as_no_validation_run_before_the_backend_is_asked(tmp_path):
+    """A fresh user's review: `tune --validate P --resume <sweep>` with a GPU backend's policy on a
+    CPU said the backend is not available here (exit 3), not what the folder is."""
+    from mlabench.backends import gluon as _gluon  # noqa: F401  (registers gluon-splitkv)
+    from mlabench.tune.manifest import run_manifest
+
+    store = ResultStore.create(tmp_path / "sweep", run_manifest("sweep", 1.0, {"backends": ["torch-ref"]}, kind="sweep"))
+    policy = span_policy().model_copy(update={"backend": "gluon-splitkv"})
+    with pytest.raises(ResultsError, match=r"sweep is not a validation run \(its manifest has no validate configuration\)$"):
+        validate_policy(policy, resume=store.run_dir, results_root=tmp_path)
