@@ -48,24 +48,29 @@ _RUN_NOUNS = {SWEEP_KIND: "a sweep", TUNE_KIND: "a tuning run", VALIDATION_KIND:
 
 def refuse_search_run_folder(run_dir: Path, reader: str = SWEEP_KIND) -> None:
     """:func:`refuse_search_runs` of the folder ``run_dir``'s own manifest, before anything else is
-    read (an archived tuning run was told to be gunzipped, then refused as a tuning run)."""
+    read (an archived tuning run was told to be gunzipped, then refused as a tuning run).  A folder
+    whose manifest is missing or unreadable passes: reading it as ``reader``'s run says what is wrong."""
     manifest = _manifest(run_dir)
-    config = manifest.get("config")
-    refuse_search_runs(manifest_kind(manifest), config if isinstance(config, dict) else {}, run_dir, reader)
+    if manifest:
+        config = manifest.get("config")
+        refuse_search_runs(manifest_kind(manifest), config if isinstance(config, dict) else {}, run_dir, reader)
 
 
 def refuse_search_runs(kind: str, config: dict, run_dir: Path, reader: str = SWEEP_KIND) -> None:
     """:class:`~mlabench.errors.ResultsError` naming the command that continues ``run_dir`` when its
     ``kind`` (:func:`~mlabench.run_files.manifest_kind`; ``config``: its manifest's configuration,
-    which names a validation run's policy) is a tuning or a validation run's and ``reader`` (the kind
-    of run the caller continues: :data:`~mlabench.run_files.SWEEP_KIND` or
-    :data:`~mlabench.run_files.TUNE_KIND`) is another (``sweep --resume`` of a tuning run said
-    "unknown key (a typo?)": a fresh user's review).
-    One wording for ``sweep --resume`` and ``tune --resume``: "X is a validation run, not a sweep;
+    which names a validation run's policy) is a sweep, a tuning or a validation run's and ``reader``
+    (the kind of run the caller continues: :data:`~mlabench.run_files.SWEEP_KIND`,
+    :data:`~mlabench.run_files.TUNE_KIND` or :data:`~mlabench.run_files.VALIDATION_KIND`) is another
+    (``sweep --resume`` of a tuning run said "unknown key (a typo?)"; ``tune --resume`` of a sweep,
+    only that it is no tuning run: fresh users' reviews).  Other kinds (serve-bench) pass: their
+    readers refuse them.  One wording for every reader: "X is a validation run, not a sweep;
     continue it with: mlabench tune --validate POLICY --resume X"."""
-    if kind == reader or kind not in (TUNE_KIND, VALIDATION_KIND):
+    if kind == reader or kind not in _RUN_NOUNS:
         return
-    if kind == TUNE_KIND:
+    if kind == SWEEP_KIND:
+        command = f"mlabench sweep --resume {run_dir}"
+    elif kind == TUNE_KIND:
         command = f"mlabench tune --resume {run_dir}"
     else:
         command = validation_resume_command((config.get("validate") or {}).get("policy"), run_dir)

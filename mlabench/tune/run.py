@@ -33,7 +33,7 @@ from mlabench.records.kinds import refuse_search_runs, run_kind
 from mlabench.records.provenance import git_revision, library_versions
 from mlabench.records.record import Manifest, utc_now
 from mlabench.records.store import ResultStore, refuse_archived
-from mlabench.run_files import JOURNAL_FILE, SWEEP_KIND, TUNE_KIND, VALIDATION_KIND, WORKERS_FOLDER
+from mlabench.run_files import JOURNAL_FILE, TUNE_KIND, VALIDATION_KIND, WORKERS_FOLDER
 from mlabench.shapes import model_spec, scale_note
 from mlabench.tune.choice import BucketChoice, build_policy, study_choice
 from mlabench.tune.edges import fine_edges
@@ -102,8 +102,7 @@ def recorded_config(run_dir: Path) -> tuple[TuneConfig, list[StudySpec]]:
     refuse_search_runs(manifest.run_kind(), manifest.config, run_dir, reader=TUNE_KIND)
     config = manifest.config
     if "tune" not in config:
-        sweep = f"; continue it with: mlabench sweep --resume {run_dir}" if manifest.run_kind() == SWEEP_KIND else ""
-        raise ResultsError(f"{run_dir} is not a tuning run (its manifest has no tune configuration){sweep}")
+        raise ResultsError(f"{run_dir} is not a tuning run (its manifest has no tune configuration)")
     recorded = {**LEGACY_FIELDS, **config["tune"]}  # a run from before a field: what it measured then
     return TuneConfig.model_validate(recorded), [StudySpec(**s) for s in config["studies"]]
 

@@ -24,10 +24,10 @@ from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
 from mlabench.policy.heuristics import heuristic_splits
 from mlabench.policy.tuned import Policy
-from mlabench.records.kinds import run_kind, validation_resume_command
+from mlabench.records.kinds import refuse_search_run_folder, validation_resume_command
 from mlabench.records.record import point_key
 from mlabench.records.store import ResultStore
-from mlabench.run_files import MANIFEST_FILE, VALIDATION_FILE, VALIDATION_KIND, VALIDATION_TABLE_FILE
+from mlabench.run_files import VALIDATION_FILE, VALIDATION_KIND, VALIDATION_TABLE_FILE
 from mlabench.shapes import MLADecodeShape
 from mlabench.tune.manifest import fresh_run_id, run_manifest
 from mlabench.tune.space import tune_timing, wave_cap
@@ -88,14 +88,7 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
     :class:`ConfigError` for a bad grid or a backend that takes no ``num_kv_splits`` (it would
     run every count alike, and the policy's regret would read 0%).
     """
-    backend = get_backend(policy.backend)
-    if _splits_spec(backend) is None:
-        raise ConfigError(f"backend {backend.name} takes no num_kv_splits: there are no split counts to validate "
-                          f"(tune --backend {backend.name} has nothing to tune either)")
-    _refuse_another_kind(resume)  # before this machine's backends are asked (a fresh user's review)
-    ok, why = backend.available()
-    if not ok:
-        raise BackendUnavailableError(f"backend {backend.name} is not available here: {why}")
+    backend = _backend_here(policy, resume)
     if resume is not None:
         store, cfg = _reopen(policy, resume)
         lengths, seed, ladder, timing = cfg["lengths"], cfg["seed"], cfg["ladder"], TimingConfig(**cfg["timing"])
@@ -126,6 +119,22 @@ def validate_policy(policy: Policy, count: int | None = 48, low: int | None = No
         raise type(exc)(f"{exc}; {len(points)} of {total} points are recorded in {store.run_dir} (kept); "
                         f"once it can be written, continue with: "
                         f"{validation_resume_command(policy_path, store.run_dir)}") from None
+
+
+def _backend_here(policy: Policy, resume: Path | None) -> Any:
+    """The backend of ``policy``, once it is known to take ``num_kv_splits`` (:class:`ConfigError`)
+    and, where ``resume`` is another kind of run, that run is named as such before this machine's
+    backends are asked (a fresh user's review), to run here (:class:`BackendUnavailableError`)."""
+    backend = get_backend(policy.backend)
+    if _splits_spec(backend) is None:
+        raise ConfigError(f"backend {backend.name} takes no num_kv_splits: there are no split counts to validate "
+                          f"(tune --backend {backend.name} has nothing to tune either)")
+    if resume is not None:
+        refuse_search_run_folder(Path(resume), reader=VALIDATION_KIND)
+    ok, why = backend.available()
+    if not ok:
+        raise BackendUnavailableError(f"backend {backend.name} is not available here: {why}")
+    return backend
 
 
 def _finish(store: ResultStore, points: list[PointResult], seed: int, tolerance: float,
@@ -182,12 +191,6 @@ def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[in
 
 def _not_a_validation_run(resume: Path) -> ResultsError:
     return ResultsError(f"{resume} is not a validation run (its manifest has no validate configuration)")
-
-
-def _refuse_another_kind(resume: Path | None) -> None:
-    """:func:`_not_a_validation_run` for a ``resume`` folder whose manifest says another kind of run."""
-    if resume is not None and (Path(resume) / MANIFEST_FILE).is_file() and run_kind(resume) != VALIDATION_KIND:
-        raise _not_a_validation_run(resume)
 
 
 def _reopen(policy: Policy, resume: Path) -> tuple[ResultStore, dict[str, Any]]:

@@ -125,3 +125,36 @@ def test_sweep_resume_of_a_tuning_or_validation_run_names_the_command_that_conti
         assert exc.value.code == 2 and capsys.readouterr().err == (
             f"error: {given} is a {kind} run, not a sweep; continue it with: "
             f"{command.format(run=given, policy=policy or 'POLICY')}\n")  # this older run recorded none
+
+
+@pytest.mark.parametrize(("kind", "reader", "command"), [
+    (SWEEP_KIND, TUNE_KIND, "mlabench sweep --resume {run}"),
+    (SWEEP_KIND, VALIDATION_KIND, "mlabench sweep --resume {run}"),
+    (TUNE_KIND, SWEEP_KIND, "mlabench tune --resume {run}"),
+    (TUNE_KIND, VALIDATION_KIND, "mlabench tune --resume {run}"),
+    (VALIDATION_KIND, SWEEP_KIND, "mlabench tune --validate /p/policy.json --resume {run}"),
+    (VALIDATION_KIND, TUNE_KIND, "mlabench tune --validate /p/policy.json --resume {run}"),
+])
+def test_a_run_read_as_another_kind_names_the_command_that_continues_it(tmp_path, kind, reader, command):
+    """One wording for every reader (fresh users' reviews: each command said something else)."""
+    from mlabench.errors import ResultsError
+    from mlabench.records.kinds import _RUN_NOUNS, refuse_search_run_folder
+
+    config = {"validate": {"policy": "/p/policy.json"}} if kind == VALIDATION_KIND else {}
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"kind": kind, "config": config}))
+    line = f"{tmp_path} is {_RUN_NOUNS[kind]}, not {_RUN_NOUNS[reader]}; continue it with: {command.format(run=tmp_path)}"
+    with pytest.raises(ResultsError) as raised:
+        refuse_search_run_folder(tmp_path, reader=reader)
+    assert str(raised.value) == line
+    refuse_search_run_folder(tmp_path, reader=kind)  # its own reader: no refusal
+
+
+def test_a_folder_without_a_readable_manifest_or_of_another_kind_is_left_to_its_reader(tmp_path):
+    from mlabench.records.kinds import refuse_search_run_folder
+
+    refuse_search_run_folder(tmp_path, reader=VALIDATION_KIND)  # no manifest: not taken for a sweep
+    (tmp_path / MANIFEST_FILE).write_text("{")
+    refuse_search_run_folder(tmp_path, reader=TUNE_KIND)
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"kind": SERVE_BENCH_KIND}))
+    for reader in (SWEEP_KIND, TUNE_KIND, VALIDATION_KIND):
+        refuse_search_run_folder(tmp_path, reader=reader)

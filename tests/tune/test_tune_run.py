@@ -262,9 +262,9 @@ def test_tune_resume_of_a_sweep_names_the_command_that_continues_it(tmp_path, ki
     from mlabench.tune.run import requested_config
 
     store = ResultStore.create(tmp_path / "sweep", run_manifest("sweep", 1.0, {"backends": ["torch-ref"]}, kind=kind))
-    with pytest.raises(ResultsError, match=r"is not a tuning run \(its manifest has no tune configuration\); "
+    with pytest.raises(ResultsError, match=r"sweep is a sweep, not a tuning run; "
                                            r"continue it with: mlabench sweep --resume .*sweep$"):
         recorded_config(store.run_dir)
     os.rename(store.run_dir / "results.jsonl", store.run_dir / "results.jsonl.gz")  # archived: named, not unzipped
-    with pytest.raises(ResultsError, match=r"is not a tuning run .*continue it with: mlabench sweep --resume"):
+    with pytest.raises(ResultsError, match=r"is a sweep, not a tuning run; continue it with: mlabench sweep --resume"):
         requested_config({}, None, store.run_dir)

@@ -83,5 +83,5 @@ def test_resume_of_a_sweep_folder_is_refused_as_no_validation_run_before_the_bac
 
     store = ResultStore.create(tmp_path / "sweep", run_manifest("sweep", 1.0, {"backends": ["torch-ref"]}, kind="sweep"))
     policy = span_policy().model_copy(update={"backend": "gluon-splitkv"})
-    with pytest.raises(ResultsError, match=r"sweep is not a validation run \(its manifest has no validate configuration\)$"):
+    with pytest.raises(ResultsError, match=r"sweep is a sweep, not a validation run; continue it with: mlabench sweep --resume .*sweep$"):
         validate_policy(policy, resume=store.run_dir, results_root=tmp_path)
