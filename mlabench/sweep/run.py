@@ -25,7 +25,7 @@ from mlabench.measure.steady import warm_up
 from mlabench.records.provenance import command_line, git_revision, library_versions
 from mlabench.records.record import Manifest, Record, new_run_id, utc_now
 from mlabench.records.store import ResultStore
-from mlabench.run_files import MANIFEST_FILE, SWEEP_KIND
+from mlabench.run_files import SWEEP_KIND
 from mlabench.shapes import model_spec, scale_note
 from mlabench.sweep.config import Point, SweepConfig, check_param_values, expand, recorded_config
 from mlabench.sweep.order import order_points
@@ -90,26 +90,26 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     ``check_backends(backends)``, given, judges the backends that would run (after the shapes are
     judged, before anything is written or measured) and raises to refuse them.
     """
-    if resume is not None and (Path(resume) / MANIFEST_FILE).is_file():  # before backends are looked for here
-        _refuse_another_device(Path(resume))
-    points = _points(cfg, strict_backends, warn, check_backends)
     if cfg.visits is None:  # recorded resolved, so a resumed run keeps its own
         cfg = cfg.model_copy(update={"visits": DEFAULT_GPU_VISITS if time_it and current_device().is_gpu else 1})
     if cfg.max_visits is None:
         cfg = cfg.model_copy(update={"max_visits": MAX_VISITS_FACTOR * cfg.visits if cfg.visits > 1 else 1})
-    store = _reopen(cfg, resume) if resume is not None else None  # first: a resume's changed visits are named
+    store = None
+    if resume is not None:  # before backends are looked for here: a run of another device says so first
+        store, cfg = _reopen(cfg, resume)
+    points = _points(cfg, strict_backends, warn, check_backends)
     if cfg.max_visits < cfg.visits:
         raise ConfigError(f"--max-visits {cfg.max_visits} is below --visits {cfg.visits} (max_visits, visits)")
     if cfg.max_visits > cfg.visits == 1:
         raise ConfigError(f"--max-visits {cfg.max_visits} needs --visits 2 or more: a point's visits are "
                           "compared once it has two")
-    if store is not None and {p.key for p in points} <= store.finished_keys():
-        if warn:  # nothing to measure: no warm-up, no sentinel, only the CSV written again
-            warn(f"{store.run_dir}: every one of its {len(points)} points is recorded; nothing to measure")
-        store.write_csv()
-        return store, store.records()
     if store is not None:
-        cfg = cfg.model_copy(update={"order_seed": recorded_config(store).order_seed})
+        store.drop_torn_line()
+        if {p.key for p in points} <= store.finished_keys():
+            if warn:  # nothing to measure: no warm-up, no sentinel, only the CSV written again
+                warn(f"{store.run_dir}: every one of its {len(points)} points is recorded; nothing to measure")
+            store.write_csv()
+            return store, store.records()
     elif cfg.order_seed is None:
         cfg = cfg.model_copy(update={"order_seed": secrets.randbelow(2**31)})
     steady = warm_up(cfg.timing)
@@ -132,16 +132,6 @@ def run_sweep(cfg: SweepConfig, results_root: Path = Path("results"), resume: Pa
     return store, store.records()
 
 
-def _refuse_another_device(resume: Path) -> None:
-    """:class:`ResultsError` for a run folder recorded on another device than this machine's (a fresh
-    user's review: an H200 sweep resumed on a CPU listed its backends as unavailable here, then said
-    "no backend available here")."""
-    recorded, here = ResultStore(resume).manifest().device.get("name"), current_device().name
-    if recorded != here:
-        raise ResultsError(f"{resume} was recorded on {recorded} and this machine is {here}: resume it on "
-                           "that device, or start a new run")
-
-
 def _points(cfg: SweepConfig, strict_backends: bool, warn: Callable[[str], None] | None,
             check_backends: Callable[[list[Backend]], None] | None) -> list[Point]:
     """The points of ``cfg``, judged before anything is written (:func:`run_sweep`'s arguments):
@@ -158,9 +148,11 @@ def _points(cfg: SweepConfig, strict_backends: bool, warn: Callable[[str], None]
     return points
 
 
-def _reopen(cfg: SweepConfig, resume: Path) -> ResultStore:
-    """The run folder to resume; refuses another identity or another configuration (naming the
-    settings that differ) before anything in the folder changes."""
+def _reopen(cfg: SweepConfig, resume: Path) -> tuple[ResultStore, SweepConfig]:
+    """The run folder to resume and ``cfg`` with its recorded order seed (when ``cfg`` has none);
+    refuses another identity (device first: an H200 sweep resumed on a CPU listed its backends as
+    unavailable here, then said "no backend available here": a fresh user's review) or another
+    configuration (naming the settings that differ) before anything in the folder changes."""
     store = ResultStore.open_existing(resume, identity=make_manifest("resume", cfg, 0.0).identity(),
                                       repair=False)
     recorded = recorded_config(store)
@@ -173,5 +165,4 @@ def _reopen(cfg: SweepConfig, resume: Path) -> ResultStore:
                  f"{''.join(f', {k}' for k in diff[1:])})" if diff else "")
         raise ConfigError(f"{resume} was recorded with another sweep configuration{which}; resume it "
                           "without flags that change the sweep, or start a new run")
-    store.drop_torn_line()
-    return store
+    return store, asked

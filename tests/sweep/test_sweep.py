@@ -251,7 +251,7 @@ def test_resume_of_a_run_of_another_device_says_so_before_looking_for_backends(t
     manifest = json.loads((run_dir / "manifest.json").read_text())
     manifest["device"]["name"] = "NVIDIA H200"
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ResultsError, match=r"was recorded on NVIDIA H200 and this machine is .*: resume it on that device"):
+    with pytest.raises(ResultsError, match=r"was recorded with another device \(NVIDIA H200 there, .* here\); start a new run"):
         run_sweep(small_config(batch=[1], context_lens=[16], backends=["no-such-backend"]), tmp_path, resume=run_dir)
 
 
