@@ -33,7 +33,6 @@ from mlabench.run_files import (ARCHIVED_JSONL_GLOB, ARCHIVED_RESULTS_FILE, GZIP
                                 RESULTS_CSV_FILE, RESULTS_FILE, SCRIPT_RECORDS_FILE, SERVE_BENCH_KIND)
 
 
-
 def holds_run(path: Path) -> bool:
     """Whether ``path`` is a run folder: it has ``results.jsonl`` or, archived, ``results.jsonl.gz``."""
     return (path / RESULTS_FILE).is_file() or (path / ARCHIVED_RESULTS_FILE).is_file()
@@ -73,7 +72,7 @@ def _refuse_no_run_folder(run_dir: Path) -> None:
     "run manifest not found" for a folder of runs."""
     if run_dir.is_file():
         raise ResultsError(f"{run_dir} is a file, not a run folder")
-    inner = sorted(p for p in run_dir.iterdir() if p.is_dir() and holds_run(p)) if run_dir.is_dir() else []
+    inner = runs_one_level_down(run_dir)
     if inner:
         raise ResultsError(f"{run_dir} is no run folder; it holds runs (name one): " + ", ".join(map(str, inner)))
 
@@ -294,15 +293,17 @@ def run_folders(paths: Iterable[Path], *, any_depth: bool = False) -> list[Path]
         if holds_run(path):
             found.append(path)
             continue
-        if any_depth:
-            inner = [p for p in folders_below(path) if holds_run(p)]
-        else:
-            inner = sorted(p for p in path.iterdir() if p.is_dir() and holds_run(p)) if path.is_dir() else []
+        inner = [p for p in folders_below(path) if holds_run(p)] if any_depth else runs_one_level_down(path)
         if not inner:
             raise ResultsError(f"{path}: no run folder ({RESULTS_FILE}, {MANIFEST_FILE}) "
                                + ("here or below" if any_depth else "here or one level down") + _no_run_hint(path))
         found.extend(inner)
     return found
+
+
+def runs_one_level_down(path: Path) -> list[Path]:
+    """The folders directly inside ``path`` that hold a run (:func:`holds_run`), sorted ([] for no folder)."""
+    return sorted(p for p in path.iterdir() if p.is_dir() and holds_run(p)) if path.is_dir() else []
 
 
 def _no_run_hint(path: Path) -> str:
