@@ -73,5 +73,6 @@ def refuse_search_runs(kind: str, config: dict, run_dir: Path, reader: str = SWE
     elif kind == TUNE_KIND:
         command = f"mlabench tune --resume {run_dir}"
     else:
-        command = validation_resume_command((config.get("validate") or {}).get("policy"), run_dir)
+        policy = (config.get("validate") or {}).get("policy")  # named where it is a file here, not elsewhere's
+        command = validation_resume_command(policy if policy and Path(policy).is_file() else None, run_dir)
     raise ResultsError(f"{run_dir} is {_RUN_NOUNS[kind]}, not {_RUN_NOUNS[reader]}; continue it with: {command}")

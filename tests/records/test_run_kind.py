@@ -132,17 +132,20 @@ def test_sweep_resume_of_a_tuning_or_validation_run_names_the_command_that_conti
     (SWEEP_KIND, VALIDATION_KIND, "mlabench sweep --resume {run}"),
     (TUNE_KIND, SWEEP_KIND, "mlabench tune --resume {run}"),
     (TUNE_KIND, VALIDATION_KIND, "mlabench tune --resume {run}"),
-    (VALIDATION_KIND, SWEEP_KIND, "mlabench tune --validate /p/policy.json --resume {run}"),
-    (VALIDATION_KIND, TUNE_KIND, "mlabench tune --validate /p/policy.json --resume {run}"),
+    (VALIDATION_KIND, SWEEP_KIND, "mlabench tune --validate {policy} --resume {run}"),
+    (VALIDATION_KIND, TUNE_KIND, "mlabench tune --validate {policy} --resume {run}"),
 ])
 def test_a_run_read_as_another_kind_names_the_command_that_continues_it(tmp_path, kind, reader, command):
     """One wording for every reader (fresh users' reviews: each command said something else)."""
     from mlabench.errors import ResultsError
     from mlabench.records.kinds import _RUN_NOUNS, refuse_search_run_folder
 
-    config = {"validate": {"policy": "/p/policy.json"}} if kind == VALIDATION_KIND else {}
+    policy = tmp_path / "policy.json"
+    policy.write_text("{}")
+    config = {"validate": {"policy": str(policy)}} if kind == VALIDATION_KIND else {}
     (tmp_path / MANIFEST_FILE).write_text(json.dumps({"kind": kind, "config": config}))
-    line = f"{tmp_path} is {_RUN_NOUNS[kind]}, not {_RUN_NOUNS[reader]}; continue it with: {command.format(run=tmp_path)}"
+    line = (f"{tmp_path} is {_RUN_NOUNS[kind]}, not {_RUN_NOUNS[reader]}; "
+            f"continue it with: {command.format(run=tmp_path, policy=policy)}")
     with pytest.raises(ResultsError) as raised:
         refuse_search_run_folder(tmp_path, reader=reader)
     assert str(raised.value) == line
@@ -158,3 +161,18 @@ def test_a_folder_without_a_readable_manifest_or_of_another_kind_is_left_to_its_
     (tmp_path / MANIFEST_FILE).write_text(json.dumps({"kind": SERVE_BENCH_KIND}))
     for reader in (SWEEP_KIND, TUNE_KIND, VALIDATION_KIND):
         refuse_search_run_folder(tmp_path, reader=reader)
+
+
+def test_a_validation_runs_hint_names_its_policy_file_only_where_it_is_here(tmp_path):
+    """A fresh user's review: a run copied from another machine was to be continued with the
+    recording machine's /tmp/tune/.../policy.json."""
+    from mlabench.errors import ResultsError
+    from mlabench.records.kinds import refuse_search_run_folder
+
+    policy = tmp_path / "policy.json"
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"config": {"validate": {"policy": str(policy)}}}))
+    with pytest.raises(ResultsError, match=r"continue it with: mlabench tune --validate POLICY --resume "):
+        refuse_search_run_folder(tmp_path, reader=SWEEP_KIND)
+    policy.write_text("{}")
+    with pytest.raises(ResultsError, match=rf"continue it with: mlabench tune --validate {policy} --resume "):
+        refuse_search_run_folder(tmp_path, reader=SWEEP_KIND)
