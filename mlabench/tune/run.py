@@ -228,8 +228,10 @@ def _reopen(cfg: TuneConfig, resume: Path, here: Manifest) -> tuple[str | None, 
     storage_url = _storage_url(cfg, recorded.storage)
     if recorded.model_copy(update={"storage": None}) != cfg.model_copy(update={"storage": None}):
         raise ConfigError(f"{resume} was recorded with another tuning configuration; resume it without flags")
-    if storage_url is None and not (Path(resume) / JOURNAL_FILE).exists():  # Optuna would start afresh
-        raise ResultsError(f"{resume}: no {JOURNAL_FILE}: the trials its studies ran are not there, so a resume "
+    journal = Path(resume) / JOURNAL_FILE  # missing, or emptied beside records: Optuna would start afresh
+    lost = "no" if not journal.exists() else "an empty" if not journal.stat().st_size and ResultStore(resume).records() else ""
+    if storage_url is None and lost:
+        raise ResultsError(f"{resume}: {lost} {JOURNAL_FILE}: the trials its studies ran are not there, so a resume "
                            "would start every study over beside the records it holds; restore it, or start a new run")
     storage = open_storage(storage_url, resume)
     return storage_url, storage, ResultStore.open_existing(resume, identity=here.identity()), recorded_specs

@@ -74,7 +74,10 @@ def test_real_cpu_backend_end_to_end(tmp_path, tiny_timing):
     again = export_run(run_dir)
     assert again.policy.batches == result.policy.batches
     records = (run_dir / "results.jsonl").read_bytes()
-    (run_dir / "study.journal").unlink()  # a fresh user's review: --resume then started every study over
+    (run_dir / "study.journal").write_bytes(b"")  # fresh users' reviews: --resume then started every study over
+    with pytest.raises(ResultsError, match=r"an empty study\.journal: the trials its studies ran are not there"):
+        run_tune(cfg, tmp_path, resume=run_dir)
+    (run_dir / "study.journal").unlink()
     with pytest.raises(ResultsError, match=r"no study\.journal: the trials its studies ran are not there"):
         run_tune(cfg, tmp_path, resume=run_dir)
     assert (run_dir / "results.jsonl").read_bytes() == records and not (run_dir / "study.journal").exists()
