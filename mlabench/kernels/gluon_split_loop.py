@@ -30,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from mlabench.kernels.common import causal_row_limits
 from mlabench.kernels.gluon_blocks import (
     accumulators, attend_page, issue_page, launch_dependents, load_q_tiles, page_ring, row_tiles,
-    D_NOPE, policy_table, split_geometry, split_range, wait_prior_grid, written_splits,
+    D_NOPE, split_geometry, split_range, wait_prior_grid, written_splits,
 )
 from mlabench.kernels.gluon_fused_merge import arrive_and_wait, merge_share
 
@@ -130,9 +130,8 @@ def stage1_split_loop(q_ptr, qr_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, po
     row_lo = (gl.program_id(0) % ROW_TILES) * BLOCK_R
     first = gl.program_id(1)
     step = gl.num_programs(1)
-    table = policy_table(policy_ptr, POLICY_ROWS, num_warps)  # its loads before the length's
     seq_len = gl.load(seqlens_ptr + b)
-    n_pages, per_split = split_geometry(seq_len, num_splits, table, POLICY_ROWS, num_warps)
+    n_pages, per_split = split_geometry(seq_len, num_splits, policy_ptr, POLICY_ROWS, num_warps)
     written = written_splits(n_pages, per_split)
     bt_row_ptr = bt_ptr + b.to(gl.int64) * stride_btb
 
