@@ -130,20 +130,13 @@ def wait_prior_grid():
 
 
 @gluon.jit
-def lookup_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps: gl.constexpr):
-    """A request's split count from a policy table in device memory: ``POLICY_ROWS`` int32 rows
-    ``(max_context_len, num_kv_splits)`` (a power of two of them, padded as
-    :meth:`mlabench.policy.device_table.SplitPolicy.device_table` pads), the count of the first row with
-    ``seq_len <= max_context_len``, else of the last; a negative count ``-t`` (a row standing for a
-    run of tokens-per-split rows, :func:`mlabench.policy.device_table.rule_rows`) gives ``ceil(seq_len
-    / t)``; then clamped to ``[1, cap]``.  The rule of
-    :meth:`~mlabench.policy.device_table.SplitPolicy.lookup` and of the Triton kernels'
-    :func:`mlabench.kernels.common.policy_splits` (Gluon needs the layout spelled out).  Every
-    warp holds the whole table (at least one row a lane, masked past ``R``), so the one reduction
-    stays inside a warp (no shared-memory round trip, no barrier before the first page is
-    requested) and its result is warp-uniform.  The rows' ``max_context_len`` increase strictly
-    (padding rows repeat ``2**31 - 1``), so exactly one row's range ``(previous max, own max]``
-    (the last's open above) holds the length."""
+def policy_rows(policy_ptr, POLICY_ROWS: gl.constexpr, num_warps: gl.constexpr):
+    """The rows of a policy table in device memory, ``POLICY_ROWS`` int32 pairs ``(max_context_len,
+    num_kv_splits)`` (a power of two of them, padded as
+    :meth:`mlabench.policy.device_table.SplitPolicy.device_table` pads), as :func:`lookup_splits`
+    reads them: ``(rows, max_len, prev_len, splits)``, the row indices and each row's values over
+    one lane a row or more (masked past ``POLICY_ROWS``; ``prev_len`` the row before's maximum, -1
+    for the first)."""
     # At least one row a lane: a whole-warp sum is one redux.sync whose result the compiler knows
     # is the same in every lane; over fewer rows it is a partial butterfly, a per-lane value, and
     # the TMA coordinates built from it (uniform registers) cost the kernel ~200 instructions.
@@ -154,9 +147,49 @@ def lookup_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps
     max_len = gl.load(policy_ptr + 2 * rows, mask=real, other=0)
     prev_len = gl.load(policy_ptr + 2 * rows - 2, mask=real & (rows > 0), other=-1)
     splits = gl.load(policy_ptr + 2 * rows + 1, mask=real, other=0)
+    return rows, max_len, prev_len, splits
+
+
+@gluon.jit
+def policy_table(policy_ptr, POLICY_ROWS: gl.constexpr, TABLE_FIRST: gl.constexpr,
+                 num_warps: gl.constexpr):
+    """What :func:`split_pages` reads as ``table``: with ``TABLE_FIRST`` and ``POLICY_ROWS > 0``
+    the rows (:func:`policy_rows`), loaded now, before the request's length, so that the two
+    loads overlap instead of adding up; else ``policy_ptr``, whose rows :func:`lookup_splits`
+    loads after the length, and only in a split that owns pages.  A kernel with the fused merge
+    loads them first (on an H100, batch 16 at 1K: device mode's own cost from +3.5% to +0.9-1.6%
+    of the best count), one with the wide merge after (first, batch 1 ran 3.0-4.0 µs slower from
+    64K on the 132-split grid, a cause not found): results/h100/deploy/README.md, "The table's rows
+    before the length"."""
+    if TABLE_FIRST and POLICY_ROWS > 0:
+        table = policy_rows(policy_ptr, POLICY_ROWS, num_warps)
+    else:
+        table = policy_ptr
+    return table
+
+
+@gluon.jit
+def lookup_splits(seq_len, table, cap, POLICY_ROWS: gl.constexpr, TABLE_FIRST: gl.constexpr,
+                  num_warps: gl.constexpr):
+    """A request's split count from a policy table (:func:`policy_table`'s ``table``: its rows,
+    loaded, with ``TABLE_FIRST``, else the pointer to load them from): the count of the first row
+    with ``seq_len <= max_context_len``, else of the last; a negative count ``-t`` (a row standing
+    for a run of tokens-per-split rows, :func:`mlabench.policy.device_table.rule_rows`) gives
+    ``ceil(seq_len / t)``; then clamped to ``[1, cap]``.  The rule of
+    :meth:`~mlabench.policy.device_table.SplitPolicy.lookup` and of the Triton kernels'
+    :func:`mlabench.kernels.common.policy_splits` (Gluon needs the layout spelled out).  Every
+    warp holds the whole table (at least one row a lane), so the one reduction stays inside a warp
+    (no shared-memory round trip, no barrier before the first page is requested) and its result is
+    warp-uniform.  The rows' ``max_context_len`` increase strictly (padding rows repeat ``2**31 -
+    1``), so exactly one row's range ``(previous max, own max]`` (the last's open above) holds the
+    length."""
+    if TABLE_FIRST:
+        rows, max_len, prev_len, splits = table
+    else:
+        rows, max_len, prev_len, splits = policy_rows(table, POLICY_ROWS, num_warps)
     # The matching row is the one whose range (previous row's max, own max] holds the length (the
     # last row's range open above): one reduction, not a first-row index then a second one.
-    match = real & (seq_len > prev_len) & ((seq_len <= max_len) | (rows == POLICY_ROWS - 1))
+    match = (rows < POLICY_ROWS) & (seq_len > prev_len) & ((seq_len <= max_len) | (rows == POLICY_ROWS - 1))
     chosen = gl.sum(gl.where(match, splits, 0), axis=0)
     if chosen < 0:  # a rule row: the division only where one matched (a uniform branch)
         chosen = gl.cdiv(seq_len, -chosen)
@@ -164,14 +197,14 @@ def lookup_splits(seq_len, policy_ptr, cap, POLICY_ROWS: gl.constexpr, num_warps
 
 
 @gluon.jit
-def split_geometry(seq_len, num_splits, policy_ptr, POLICY_ROWS: gl.constexpr,
+def split_geometry(seq_len, num_splits, table, POLICY_ROWS: gl.constexpr, TABLE_FIRST: gl.constexpr,
                    num_warps: gl.constexpr):
     """``(pages, pages per split)`` of a request of ``seq_len`` tokens cut into its own count
-    (``num_splits``, or the policy's with ``POLICY_ROWS > 0``, at most ``num_splits``) of
-    ``ceil(pages / count)`` pages each.  The host's model is
+    (``num_splits``, or with ``POLICY_ROWS > 0`` the policy's, from :func:`policy_table`'s
+    ``table``, at most ``num_splits``) of ``ceil(pages / count)`` pages each.  The host's model is
     :func:`mlabench.kernels.split_loop.split_geometry`."""
     if POLICY_ROWS > 0:  # the request's own count; splits past it own no page
-        own = lookup_splits(seq_len, policy_ptr, num_splits, POLICY_ROWS, num_warps)
+        own = lookup_splits(seq_len, table, num_splits, POLICY_ROWS, TABLE_FIRST, num_warps)
     else:
         own = num_splits
     n_pages = gl.cdiv(seq_len, PAGE_TOKENS)
@@ -194,25 +227,25 @@ def written_splits(n_pages, per_split):
 
 
 @gluon.jit
-def split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS: gl.constexpr,
+def split_pages(seq_len, split, num_splits, table, POLICY_ROWS: gl.constexpr, TABLE_FIRST: gl.constexpr,
                 num_warps: gl.constexpr):
     """``(first page, pages, written)`` of split ``split`` of a request of ``seq_len`` tokens
     (:func:`split_geometry`, :func:`split_range`, :func:`written_splits`); 0 pages past the
     request's last page or its count.  With a policy table a split at or past the request's
     page count owns no page at any count, so it skips the lookup and exits sooner (``written``
-    is then 0: it stores nothing)."""
+    is then 0: it stores nothing); ``table``: :func:`policy_table`'s."""
     if POLICY_ROWS > 0:
         n_pages = gl.cdiv(seq_len, PAGE_TOKENS)
         page_lo = n_pages
         n_tiles = n_pages - n_pages
         written = n_tiles
         if split < n_pages:  # the lookup's loads, reduction and division only where they count
-            n_pages, per_split = split_geometry(seq_len, num_splits, policy_ptr, POLICY_ROWS,
+            n_pages, per_split = split_geometry(seq_len, num_splits, table, POLICY_ROWS, TABLE_FIRST,
                                                 num_warps)
             page_lo, n_tiles = split_range(split, n_pages, per_split)
             written = written_splits(n_pages, per_split)
     else:
-        n_pages, per_split = split_geometry(seq_len, num_splits, policy_ptr, POLICY_ROWS, num_warps)
+        n_pages, per_split = split_geometry(seq_len, num_splits, table, POLICY_ROWS, TABLE_FIRST, num_warps)
         page_lo = gl.minimum(split * per_split, n_pages)  # split_range's, in main's order (same PTX)
         written = written_splits(n_pages, per_split)
         n_tiles = gl.minimum(page_lo + per_split, n_pages) - page_lo
@@ -222,16 +255,18 @@ def split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS: gl.constexp
 @gluon.jit
 def program_split(seqlens_ptr, bt_ptr, stride_btb, num_splits, policy_ptr,
                   ROW_TILES: gl.constexpr, BLOCK_R: gl.constexpr, POLICY_ROWS: gl.constexpr,
-                  num_warps: gl.constexpr):
+                  TABLE_FIRST: gl.constexpr, num_warps: gl.constexpr):
     """What a stage-1 program of the grid ``(B * ROW_TILES, S)`` works on (a request's row tiles
     next to each other, so they share its pages in L2): ``(b, row_lo, split, seq_len, page_lo,
     n_tiles, written, bt_row_ptr)``, its request, first row, split, the request's length, the
-    split's pages (:func:`split_pages`) and the request's block-table row."""
+    split's pages (:func:`split_pages`; ``TABLE_FIRST``: :func:`policy_table`'s) and the request's
+    block-table row."""
     b = gl.program_id(0) // ROW_TILES
     row_lo = (gl.program_id(0) % ROW_TILES) * BLOCK_R
     split = gl.program_id(1)
+    table = policy_table(policy_ptr, POLICY_ROWS, TABLE_FIRST, num_warps)
     seq_len = gl.load(seqlens_ptr + b)
-    page_lo, n_tiles, written = split_pages(seq_len, split, num_splits, policy_ptr, POLICY_ROWS,
+    page_lo, n_tiles, written = split_pages(seq_len, split, num_splits, table, POLICY_ROWS, TABLE_FIRST,
                                             num_warps)
     return b, row_lo, split, seq_len, page_lo, n_tiles, written, bt_ptr + b.to(gl.int64) * stride_btb
 

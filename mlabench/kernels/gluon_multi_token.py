@@ -253,7 +253,7 @@ def _multi_token_stage1(q_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, policy_p
     # the grid and program of the one-token kernel: a request's row tiles share pages in L2
     b, row_lo, split, seq_len, page_lo, n_tiles, written, bt_row_ptr = program_split(
         seqlens_ptr, bt_ptr, stride_btb, num_splits, policy_ptr, ROW_TILES, BLOCK_R, POLICY_ROWS,
-        num_warps)
+        False, num_warps)
     kn_smem, kr_smem, kv_ready = page_ring(kvn_desc, kvr_desc, NUM_STAGES)
     qn_smem, qr_smem, p_smem, a_smem, ml_smem = shared_tiles(kvn_desc.dtype, BLOCK_R, P_BUFS)
     kv_free, p_ready, p_free, done = mt_barriers(NUM_STAGES, P_BUFS)

@@ -131,7 +131,7 @@ def stage1_split_loop(q_ptr, qr_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr, po
     first = gl.program_id(1)
     step = gl.num_programs(1)
     seq_len = gl.load(seqlens_ptr + b)
-    n_pages, per_split = split_geometry(seq_len, num_splits, policy_ptr, POLICY_ROWS, num_warps)
+    n_pages, per_split = split_geometry(seq_len, num_splits, policy_ptr, POLICY_ROWS, False, num_warps)
     written = written_splits(n_pages, per_split)
     bt_row_ptr = bt_ptr + b.to(gl.int64) * stride_btb
 

@@ -81,7 +81,7 @@ def _gluon_splitkv_stage1(q_ptr, qr_ptr, kvn_desc, kvr_desc, bt_ptr, seqlens_ptr
         launch_dependents()
     b, row_lo, split, seq_len, page_lo, n_tiles, written, bt_row_ptr = program_split(
         seqlens_ptr, bt_ptr, stride_btb, num_splits, policy_ptr, ROW_TILES, BLOCK_R, POLICY_ROWS,
-        num_warps)
+        FUSED, num_warps)  # the table's rows before the length with the fused merge (policy_table)
     if POLICY_ROWS > 0:  # empty splits of a device policy exit first (see above)
         if n_tiles == 0:
             if WAIT_PRIOR:
