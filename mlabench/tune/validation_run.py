@@ -184,9 +184,16 @@ def _new_run(policy: Policy, backend: Any, counts: tuple[int | None, Sequence[in
     config = {"validate": {"policy_source": policy.source, "backend": policy.backend, "lengths": lengths,
                            "context": list(extra), "seed": seed, "ladder": ladder,
                            "timing": timing.model_dump(),
-                           "policy": str(policy_path) if policy_path else None}}
+                           "policy": str(policy_path) if policy_path else None, "choices": _choices(policy)}}
     store = ResultStore.create(results_root / run_id, run_manifest(run_id, copy_bw, config, kind=VALIDATION_KIND))
     return store, lengths, seed, timing
+
+
+def _choices(policy: Policy) -> list[dict[str, Any]]:
+    """What a policy chooses (its batches' entries, as JSON), recorded so that a resume with a policy
+    of the same tuning run but other counts is refused: it rewrote the run's scores (a fresh
+    user's review)."""
+    return policy.model_dump(mode="json")["batches"]
 
 
 def _not_a_validation_run(resume: Path) -> ResultsError:
@@ -201,8 +208,10 @@ def _reopen(policy: Policy, resume: Path) -> tuple[ResultStore, dict[str, Any]]:
     cfg = store.manifest().config.get("validate")
     if cfg is None:
         raise _not_a_validation_run(resume)
-    if cfg["policy_source"] != policy.source or cfg["backend"] != policy.backend:
-        raise ConfigError(f"{resume} validated another policy; give that policy's file, or start a new validation")
+    if (cfg["policy_source"] != policy.source or cfg["backend"] != policy.backend
+            or cfg.get("choices", _choices(policy)) != _choices(policy)):  # recorded since a fresh user's review
+        raise ConfigError(f"{resume} validated another policy; give that policy's file, or start a new validation "
+                          f"(tune --validate POLICY --from-run {resume} scores this one on its records)")
     store.drop_torn_line()
     return store, cfg
 

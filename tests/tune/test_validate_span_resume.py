@@ -85,3 +85,18 @@ def test_resume_of_a_sweep_folder_is_refused_as_no_validation_run_before_the_bac
     policy = span_policy().model_copy(update={"backend": "gluon-splitkv"})
     with pytest.raises(ResultsError, match=r"sweep is a sweep, not a validation run; continue it with: mlabench sweep --resume .*sweep$"):
         validate_policy(policy, resume=store.run_dir, results_root=tmp_path)
+
+
+def test_resume_with_other_counts_of_the_same_tuning_run_is_refused(tmp_path, tiny_timing):
+    """A fresh user's review: `tune --validate OTHER --resume RUN`, OTHER the same tuning run's
+    policy with one count changed, rewrote RUN's validation.json with OTHER's scores (its manifest
+    still naming the first policy)."""
+    result = validate_policy(span_policy(6), count=1, ladder=[1, 6], timing=tiny_timing, results_root=tmp_path, seed=1)
+    run = result.store.run_dir
+    before = (run / "validation.json").read_bytes()
+    with pytest.raises(ConfigError, match=r"validated another policy; give that policy's file, or start a new "
+                                          r"validation \(tune --validate POLICY --from-run .* scores this one"):
+        validate_policy(span_policy(3), resume=run, results_root=tmp_path)
+    assert (run / "validation.json").read_bytes() == before
+    again = validate_policy(span_policy(6), resume=run, results_root=tmp_path)  # its own policy resumes
+    assert [p.context_len for p in again.points] == [p.context_len for p in result.points]
