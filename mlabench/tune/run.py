@@ -43,7 +43,7 @@ from mlabench.tune.page_rule import pages_rule_policy, wave_caps
 from mlabench.tune.seeded_trials import heuristic_trials, ladder_trials, page_trials, whole_tile_trials
 from mlabench.tune.space import (LEGACY_FIELDS, TuneConfig, buckets_of, launched, load_tune_config, resolve_sampler,
                                  shape_dims, space_size, study_space, tune_shape, wave_cap)
-from mlabench.tune.storage import journal_copy, load_studies, open_storage, optuna_module, redact_url
+from mlabench.tune.storage import journal_copy, journal_lost, load_studies, open_storage, optuna_module, redact_url
 from mlabench.tune.studies import (FINISHED_STATES, StudyProgress, StudySpec, check_device, check_identity,
                                    distinct_finished, prepare_study, repeats_note, study_name, study_progress,
                                    wait_for_other_machines)
@@ -228,8 +228,7 @@ def _reopen(cfg: TuneConfig, resume: Path, here: Manifest) -> tuple[str | None, 
     storage_url = _storage_url(cfg, recorded.storage)
     if recorded.model_copy(update={"storage": None}) != cfg.model_copy(update={"storage": None}):
         raise ConfigError(f"{resume} was recorded with another tuning configuration; resume it without flags")
-    journal = Path(resume) / JOURNAL_FILE  # missing, or emptied beside records: Optuna would start afresh
-    lost = "no" if not journal.exists() else "an empty" if not journal.stat().st_size and ResultStore(resume).records() else ""
+    lost = journal_lost(Path(resume))  # Optuna would start every study afresh
     if storage_url is None and lost:
         raise ResultsError(f"{resume}: {lost} {JOURNAL_FILE}: the trials its studies ran are not there, so a resume "
                            "would start every study over beside the records it holds; restore it, or start a new run")

@@ -61,10 +61,11 @@ def load_studies(names: list[str], storage: Any, where: str) -> list[Any]:
     optuna = optuna_module()
     held = set(optuna.get_all_study_names(storage))
     missing = [name for name in names if name not in held]
-    if missing:
+    if missing:  # none at all: tune --resume refuses it too (an empty journal beside records)
+        then = ("; restore it, or start a new run" if len(missing) == len(names) else
+                ", and tune --resume measures the missing studies again")
         raise ResultsError(f"{where} holds {len(names) - len(missing)} of the run's {len(names)} studies (first "
-                           f"missing: {missing[0]!r}; empty or cut short?): their trials cannot be read, and "
-                           "tune --resume measures the missing studies again")
+                           f"missing: {missing[0]!r}; empty or cut short?): their trials cannot be read{then}")
     return [optuna.load_study(study_name=name, storage=storage) for name in names]
 
 
@@ -122,6 +123,20 @@ def check_journal(path: Path, original: Path | None = None) -> int:
         print(f"notice: {shown}: its last line was torn ({cut} bytes, a write cut short) and {what}",
               file=sys.stderr, flush=True)
     return cut
+
+
+def journal_lost(run_dir: Path) -> str:
+    """Why the study journal of the tuning run ``run_dir`` cannot continue its trials, for
+    ``tune --resume``'s refusal: "no" where neither it nor its gzipped copy is there, "an empty"
+    where it is empty beside recorded trials; "" otherwise (a gzipped copy is refused by
+    :func:`open_storage`, saying to gunzip it; an empty journal and no records, a run stopped
+    before its studies were made, resumes)."""
+    from mlabench.records.store import ResultStore
+
+    journal = run_dir / JOURNAL_FILE
+    if not journal.exists():
+        return "" if (run_dir / ARCHIVED_JOURNAL_FILE).exists() else "no"
+    return "an empty" if not journal.stat().st_size and ResultStore(run_dir).records() else ""
 
 
 def grace_period_s() -> int:

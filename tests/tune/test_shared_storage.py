@@ -121,7 +121,12 @@ def test_export_of_an_empty_journal_fails_in_one_line(tmp_path, tiny_timing, nam
     (result.store.run_dir / name).write_bytes(b"")
     with pytest.raises(ResultsError, match=r"study journal holds 0 of the run's 1 studies \(first missing") as exc:
         export_run(result.store.run_dir)
-    assert "\n" not in str(exc.value)
+    assert "\n" not in str(exc.value) and str(exc.value).endswith("; restore it, or start a new run")
+    # tune --resume says what export says, not that it measures the studies again (a fresh user's review);
+    # a gzipped journal is to be gunzipped, not called missing
+    refusal = "an empty study.journal: the trials" if name == "study.journal" else r"study.journal.gz: .*gunzip it"
+    with pytest.raises((ResultsError, ConfigError), match=refusal):
+        run_tune(small_config(tiny_timing), tmp_path, resume=result.store.run_dir)
 
 
 def test_a_study_made_another_way_is_refused_naming_what_differs(tmp_path):
