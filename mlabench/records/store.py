@@ -142,15 +142,14 @@ class ResultStore:
     @classmethod
     def open_existing(cls, run_dir: Path, identity: dict[str, Any] | None = None,
                       repair: bool = True) -> ResultStore:
-        """Reopen a run to resume it; :class:`ResultsError` for a folder with no manifest, an
-        archived one (:func:`refuse_archived`), or one whose identity differs from ``identity``.
+        """Reopen a run to resume it; :class:`ResultsError` for a folder with no manifest, one whose
+        identity differs from ``identity``, or then an archived one (:func:`refuse_archived`).
         ``repair``: cut a torn last record off now (:meth:`drop_torn_line`); a caller with more to
         check first passes False and calls it once the resume is accepted."""
         store = cls(run_dir)
         if not store.manifest_path.exists():
             raise ResultsError(f"{run_dir}: no {MANIFEST_FILE}, nothing to resume")
-        refuse_archived(run_dir)
-        if identity is not None:
+        if identity is not None:  # before the archive (a serve-bench run's manifest() refuses it): a copy of another GPU's run was to be gunzipped first
             theirs = store.manifest().identity()
             diff = sorted(k for k in identity if identity[k] != theirs.get(k)
                           and not (k == "git_revision" and same_commit(str(identity[k]), str(theirs.get(k)))))
@@ -165,6 +164,7 @@ class ResultStore:
                 raise ResultsError(f"{run_dir} was recorded with another "
                                    f"{', '.join(_identity_difference(k, theirs.get(k), identity[k]) for k in diff)}; "
                                    "start a new run instead")
+        refuse_archived(run_dir)
         if repair:
             store.drop_torn_line()
         return store
