@@ -68,6 +68,10 @@ def refuse_search_runs(kind: str, config: dict, run_dir: Path, reader: str = SWE
     continue it with: mlabench tune --validate POLICY --resume X"."""
     if kind == reader or kind not in _RUN_NOUNS:
         return
+    script = config.get("script")  # a script's kernel run (scripts/h200_hopper_kernel.py): nothing continues it
+    if kind == SWEEP_KIND and isinstance(script, dict) and script.get("path"):
+        raise ResultsError(f"{run_dir} is a kernel run of {script['path']}, not {_RUN_NOUNS[reader]}: it cannot be "
+                           "resumed")
     if kind == SWEEP_KIND:
         command = f"mlabench sweep --resume {run_dir}"
     elif kind == TUNE_KIND:

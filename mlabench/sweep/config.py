@@ -229,6 +229,10 @@ def recorded_config(store: ResultStore) -> SweepConfig:
         config = {**manifest.config, "visits": settings["visits"], "max_visits": settings["max_visits"]}
         return SweepConfig.model_validate(config)
     except ValidationError as exc:
+        script = manifest.config.get("script")  # a script's kernel run: never `mlabench sweep`'s to resume
+        if isinstance(script, dict) and script.get("path"):
+            raise ResultsError(f"{store.run_dir} was recorded by {script['path']}, not by mlabench sweep: it "
+                               "cannot be resumed (run the script again for new measurements)") from None
         raise ResultsError(f"{store.run_dir}: the manifest holds no sweep configuration "
                            f"({validation_line(exc)})") from None
 

@@ -176,3 +176,15 @@ def test_a_validation_runs_hint_names_its_policy_file_only_where_it_is_here(tmp_
     policy.write_text("{}")
     with pytest.raises(ResultsError, match=rf"continue it with: mlabench tune --validate {policy} --resume "):
         refuse_search_run_folder(tmp_path, reader=SWEEP_KIND)
+
+
+def test_a_scripts_kernel_run_read_as_a_tuning_run_is_not_sent_to_sweep_resume(tmp_path):
+    """A fresh user's review: `tune --resume` of the h200_hopper_kernel.py run said to continue it
+    with `mlabench sweep --resume`, which then refused it (no sweep configuration)."""
+    from mlabench.errors import ResultsError
+    from mlabench.records.kinds import refuse_search_run_folder
+
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"config": {"script": {"path": "scripts/x.py", "args": {}}}}))
+    with pytest.raises(ResultsError, match=r"is a kernel run of scripts/x\.py, not a tuning run: it cannot be resumed$"):
+        refuse_search_run_folder(tmp_path, reader=TUNE_KIND)
+    refuse_search_run_folder(tmp_path, reader=SWEEP_KIND)  # sweep --resume: its reader says it (recorded_config)

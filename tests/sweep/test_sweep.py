@@ -533,3 +533,19 @@ def test_a_files_fields_that_do_not_go_together_are_named_with_the_file(tmp_path
         cfg = load_sweep_config(path, {"backends": ["nope"]})
         with pytest.raises(ConfigError, match="^unknown backend 'nope'"):
             check_sweep(cfg)
+
+
+def test_a_scripts_kernel_run_is_named_as_such_not_as_a_typo(tmp_path):
+    """A fresh user's review: resuming the committed h200_hopper_kernel.py run (gunzipped) said
+    "the manifest holds no sweep configuration (script: unknown key (a typo?))"."""
+    import shutil
+    from pathlib import Path
+
+    from mlabench.errors import ResultsError
+    from mlabench.sweep.config import recorded_config
+
+    run = shutil.copytree(Path(__file__).resolve().parents[2] / "results/h200/hopper-kernel/run-72fb349/run",
+                          tmp_path / "run")
+    with pytest.raises(ResultsError, match=r"run was recorded by scripts/h200_hopper_kernel\.py, not by mlabench "
+                                           r"sweep: it cannot be resumed \(run the script again"):
+        recorded_config(ResultStore(run))
