@@ -67,11 +67,11 @@ def refuse_archived(run_dir: Path) -> None:
 
 
 def _refuse_no_run_folder(run_dir: Path) -> None:
-    """:class:`ResultsError` where ``run_dir`` (no manifest in it) is a file, or a folder holding runs
+    """:class:`ResultsError` where ``run_dir`` (no manifest in it) is a file, missing, or a folder holding runs
     one level down: a fresh user's review, told "run manifest is not a folder" for a policy file and
     "run manifest not found" for a folder of runs."""
-    if run_dir.is_file():
-        raise ResultsError(f"{run_dir} is a file, not a run folder")
+    if not run_dir.is_dir():  # a name not there said "run manifest not found: X/manifest.json"
+        raise ResultsError(f"{run_dir} is a file, not a run folder" if run_dir.exists() else f"{run_dir}: no such folder")
     inner = runs_one_level_down(run_dir)
     if inner:
         raise ResultsError(f"{run_dir} is no run folder; it holds runs (name one): " + ", ".join(map(str, inner)))

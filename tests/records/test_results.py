@@ -488,3 +488,5 @@ def test_a_file_or_a_folder_of_runs_is_refused_as_no_run_folder(tmp_path):
     (tmp_path / "policy.json").write_text("{}")
     with pytest.raises(ResultsError, match=r"policy\.json is a file, not a run folder$"):
         ResultStore(tmp_path / "policy.json").manifest()
+    with pytest.raises(ResultsError, match=r"nope: no such folder$"):  # a fresh user's review: "run manifest not found"
+        ResultStore(tmp_path / "nope").manifest()
