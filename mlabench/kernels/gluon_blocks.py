@@ -158,7 +158,7 @@ def policy_table(policy_ptr, POLICY_ROWS: gl.constexpr, TABLE_FIRST: gl.constexp
     loads overlap instead of adding up; else ``policy_ptr``, whose rows :func:`lookup_splits`
     loads after the length, and only in a split that owns pages.  A kernel with the fused merge
     loads them first (on an H100, batch 16 at 1K: device mode's own cost from +3.5% to +0.9-1.6%
-    of the best count), one with the wide merge after (first, batch 1 ran 3.0-4.0 µs slower from
+    of the best count), one with the wide merge after (first, batch 1 ran 2.9-4.1 µs slower from
     64K on the 132-split grid, a cause not found): results/h100/deploy/README.md, "The table's rows
     before the length"."""
     if TABLE_FIRST and POLICY_ROWS > 0:

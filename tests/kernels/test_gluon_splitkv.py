@@ -245,7 +245,7 @@ def test_a_device_policys_table_is_loaded_before_the_length_with_the_fused_merge
     the table's three loads beside the length's, before its first branch (the empty split's): on
     an H100 that took batch 16 at 1K from +3.5% to +0.9-1.6% of the best count.  With the wide
     merge the length's load comes alone and the table's follow in a split that owns pages: loaded
-    first, batch 1 ran 3.0-4.0 us slower from 64K (results/h100/deploy/README.md, "The table's
+    first, batch 1 ran 2.9-4.1 us slower from 64K (results/h100/deploy/README.md, "The table's
     rows before the length"; both kernels measured there compile to these instructions)."""
     pytest.importorskip("triton.experimental.gluon")
     sass = json.loads(run_compile_script(_SASS_VARIANT, int(fused), timeout=300).strip().splitlines()[-1])
