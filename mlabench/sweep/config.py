@@ -23,7 +23,7 @@ from mlabench.files import config_file, read_toml, validation_line
 from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
 from mlabench.records.kinds import refuse_search_run_folder, refuse_search_runs
-from mlabench.records.store import ResultStore, refuse_archived
+from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape, PageSize, resolve_heads
 from mlabench.sweep.order import DEFAULT_ORDER, Order
 from mlabench.sweep.visits import DEFAULT_VISIT_REL_SE
@@ -291,9 +291,8 @@ def resolve_sweep_config(config: str | Path | None, overrides: dict[str, Any],
     :class:`ResultsError` for a bad file, field or run folder.
     """
     given = any(v is not None for v in overrides.values())
-    if resume is not None:  # before anything else: a tuning run is no sweep; an archived run is never resumed
-        refuse_search_run_folder(Path(resume))
-        refuse_archived(Path(resume))
+    if resume is not None:  # before anything else: a tuning run is no sweep (an archived run is refused by
+        refuse_search_run_folder(Path(resume))  # run_sweep's reopening, after another device's: a fresh user's review)
     if resume is not None and config is None:
         recorded = recorded_config(ResultStore(resume))
         if not given:

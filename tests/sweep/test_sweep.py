@@ -549,3 +549,23 @@ def test_a_scripts_kernel_run_is_named_as_such_not_as_a_typo(tmp_path):
     with pytest.raises(ResultsError, match=r"run was recorded by scripts/h200_hopper_kernel\.py, not by mlabench "
                                            r"sweep: it cannot be resumed \(run the script again"):
         recorded_config(ResultStore(run))
+
+
+def test_an_archived_run_of_another_device_is_refused_as_another_devices_first(tmp_path):
+    """A fresh user's review: a copy of a committed H100 sweep was to be gunzipped (results, then
+    sentinel), then refused as another device's."""
+    import gzip
+
+    from mlabench.errors import ResultsError
+    from mlabench.sweep.config import resolve_sweep_config
+
+    run_sweep(small_config(batch=[1], context_lens=[16]), tmp_path)
+    (run_dir,) = list(tmp_path.iterdir())
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["device"]["name"] = "NVIDIA H100 80GB HBM3"
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    (run_dir / "results.jsonl.gz").write_bytes(gzip.compress((run_dir / "results.jsonl").read_bytes()))
+    (run_dir / "results.jsonl").unlink()
+    cfg = resolve_sweep_config(None, {}, resume=run_dir)
+    with pytest.raises(ResultsError, match=r"another device \(NVIDIA H100 80GB HBM3 there, .* here\)"):
+        run_sweep(cfg, tmp_path, resume=run_dir)
