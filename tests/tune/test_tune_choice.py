@@ -85,8 +85,10 @@ def test_heuristics_are_enqueued_as_rules_and_fixed_counts(tiny_timing):
 
 def test_study_finds_the_length_scaled_rule_and_every_export_agrees(tmp_path, tiny_timing):
     """On a landscape whose best count is ceil(L / 4), the study over (16, 64] (lengths 17, 32, 64)
-    chooses the rule t=4 and its entry launches the best count at every length in every export;
-    the best count at the middle length alone (8) is 50% off at 64 tokens."""
+    chooses the rule t=4 and its entry launches the best count at every length in every export
+    (its cap 16, or 15: only 5.6% off at 64 tokens, which the tie window, widened by the best's
+    spread under load, can hold); the best count at the middle length alone (8) is 50% off at 64
+    tokens."""
     cfg = tiny_config("test-length-scaled", tiny_timing, buckets=[16, 64], lengths_per_bucket=3, sampler="brute",
                       trials=64, space={"num_kv_splits": {"low": 1, "high": 16}},
                       tokens_per_split={"low": 1, "high": 4}, heuristics=False)
@@ -96,7 +98,8 @@ def test_study_finds_the_length_scaled_rule_and_every_export_agrees(tmp_path, ti
     assert len(store.records()) == len({(r.context_len, r.params["num_kv_splits"]) for r in store.records()})
     backend = get_backend(cfg.backend)
     choice = study_choice(study.trials, bucket, 1, backend, {}, cfg.noise, "worst")
-    assert choice.tokens_per_split == 4 and choice.chosen == {"num_kv_splits": 16}
+    cap = choice.chosen["num_kv_splits"]
+    assert choice.tokens_per_split == 4 and cap in (15, 16), choice  # a CI run chose 15 under load
     assert choice.chosen_worst < 0.1
     fixed8 = next(m for m in measured_configs(study.trials) if m.splits == {17: 8, 32: 8, 64: 8})
     assert fixed8.times_us[64] > 1.3 * fixed8.times_us[32]
@@ -105,7 +108,7 @@ def test_study_finds_the_length_scaled_rule_and_every_export_agrees(tmp_path, ti
     lengths = list(range(1, 80))
     got = export_lookups(policy, tmp_path, [1, 2], lengths)
     assert got["json"] == got["python"] == got["cpp"]
-    assert [r[2] for r in got["json"][:79]] == [rule_splits(n, 4, 16) for n in lengths]
+    assert [r[2] for r in got["json"][:79]] == [rule_splits(n, 4, cap) for n in lengths]
 
 
 def test_validation_evaluates_a_rule_entry_at_each_held_out_length(tmp_path, tiny_timing):
