@@ -43,6 +43,13 @@ def validation_resume_command(policy_path: str | Path | None, run_dir: Path) -> 
     return f"mlabench tune --validate {policy_path or 'POLICY'} --resume {run_dir}"
 
 
+def recording_script(config: dict) -> str | None:
+    """The script that recorded a kernel run (its manifest's ``config["script"]["path"]``, e.g.
+    ``scripts/h200_hopper_kernel.py``); None for a run of a command (``mlabench sweep``)."""
+    script = config.get("script")
+    return script.get("path") if isinstance(script, dict) else None
+
+
 _RUN_NOUNS = {SWEEP_KIND: "a sweep", TUNE_KIND: "a tuning run", VALIDATION_KIND: "a validation run"}
 
 
@@ -68,10 +75,9 @@ def refuse_search_runs(kind: str, config: dict, run_dir: Path, reader: str = SWE
     continue it with: mlabench tune --validate POLICY --resume X"."""
     if kind == reader or kind not in _RUN_NOUNS:
         return
-    script = config.get("script")  # a script's kernel run (scripts/h200_hopper_kernel.py): nothing continues it
-    if kind == SWEEP_KIND and isinstance(script, dict) and script.get("path"):
-        raise ResultsError(f"{run_dir} is a kernel run of {script['path']}, not {_RUN_NOUNS[reader]}: it cannot be "
-                           "resumed")
+    script = recording_script(config)  # a script's kernel run (scripts/h200_hopper_kernel.py): nothing continues it
+    if kind == SWEEP_KIND and script:
+        raise ResultsError(f"{run_dir} is a kernel run of {script}, not {_RUN_NOUNS[reader]}: it cannot be resumed")
     if kind == SWEEP_KIND:
         command = f"mlabench sweep --resume {run_dir}"
     elif kind == TUNE_KIND:

@@ -22,7 +22,7 @@ from mlabench.errors import ConfigError, ResultsError
 from mlabench.files import config_file, read_toml, validation_line
 from mlabench.inputs import check_fits
 from mlabench.measure.timing import TimingConfig
-from mlabench.records.kinds import refuse_search_run_folder, refuse_search_runs
+from mlabench.records.kinds import recording_script, refuse_search_run_folder, refuse_search_runs
 from mlabench.records.store import ResultStore
 from mlabench.shapes import MLADecodeShape, PageSize, resolve_heads
 from mlabench.sweep.order import DEFAULT_ORDER, Order
@@ -229,9 +229,9 @@ def recorded_config(store: ResultStore) -> SweepConfig:
         config = {**manifest.config, "visits": settings["visits"], "max_visits": settings["max_visits"]}
         return SweepConfig.model_validate(config)
     except ValidationError as exc:
-        script = manifest.config.get("script")  # a script's kernel run: never `mlabench sweep`'s to resume
-        if isinstance(script, dict) and script.get("path"):
-            raise ResultsError(f"{store.run_dir} was recorded by {script['path']}, not by mlabench sweep: it "
+        script = recording_script(manifest.config)  # a script's kernel run: never `mlabench sweep`'s to resume
+        if script:
+            raise ResultsError(f"{store.run_dir} was recorded by {script}, not by mlabench sweep: it "
                                "cannot be resumed (run the script again for new measurements)") from None
         raise ResultsError(f"{store.run_dir}: the manifest holds no sweep configuration "
                            f"({validation_line(exc)})") from None
