@@ -149,7 +149,7 @@ class ResultStore:
         store = cls(run_dir)
         if not store.manifest_path.exists():
             raise ResultsError(f"{run_dir}: no {MANIFEST_FILE}, nothing to resume")
-        if identity is not None:  # before the archive (a serve-bench run's manifest() refuses it): a copy of another GPU's run was to be gunzipped first
+        if identity is not None:  # before the archive: a copy of another GPU's run was to be gunzipped first
             theirs = store.manifest().identity()
             diff = sorted(k for k in identity if identity[k] != theirs.get(k)
                           and not (k == "git_revision" and same_commit(str(identity[k]), str(theirs.get(k)))))

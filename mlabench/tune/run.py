@@ -228,8 +228,7 @@ def _reopen(cfg: TuneConfig, resume: Path, here: Manifest) -> tuple[str | None, 
     storage_url = _storage_url(cfg, recorded.storage)
     if recorded.model_copy(update={"storage": None}) != cfg.model_copy(update={"storage": None}):
         raise ConfigError(f"{resume} was recorded with another tuning configuration; resume it without flags")
-    lost = journal_lost(Path(resume))  # Optuna would start every study afresh
-    if storage_url is None and lost:
+    if storage_url is None and (lost := journal_lost(Path(resume))):  # Optuna would start every study afresh
         raise ResultsError(f"{resume}: {lost} {JOURNAL_FILE}: the trials its studies ran are not there, so a resume "
                            "would start every study over beside the records it holds; restore it, or start a new run")
     storage = open_storage(storage_url, resume)
